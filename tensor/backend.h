@@ -1,0 +1,201 @@
+// Backend: the small interface through which the device-independent core (Tensor, ops,
+// autograd) reaches device-specific code. One Backend is registered per DeviceType: the
+// CPU backend always, the CUDA backend from tensor/cuda/ when Tandem is built with CUDA.
+// Core code never includes a CUDA header; it calls these virtual functions.
+//
+// Kernels take KernelTensor views (data pointer already offset, sizes and strides in
+// elements). They run asynchronously with respect to the host on devices that queue work
+// (CUDA: on the device's current stream); CopyToHost and Synchronize wait.
+//
+// Most users never touch this header. A new device type implements Backend and registers
+// it with a static BackendRegistration:
+//
+//   static tandem::BackendRegistration registration(tandem::DeviceType::kCUDA,
+//                                                   &MyCudaBackend::Instance);
+#ifndef TANDEM_TENSOR_BACKEND_H_
+#define TANDEM_TENSOR_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tensor/allocator.h"
+#include "tensor/device.h"
+#include "tensor/dtype.h"
+
+namespace tandem {
+
+inline constexpr int kMaxDims = 8;
+
+// A strided view of device memory, handed to kernels. Plain data so that it can be passed
+// by value to a CUDA kernel.
+struct KernelTensor {
+  void* data = nullptr;
+  DType dtype = DType::kFloat32;
+  int ndim = 0;
+  int64_t sizes[kMaxDims] = {};
+  int64_t strides[kMaxDims] = {};  // in elements; 0 for broadcast dimensions
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; ++d) n *= sizes[d];
+    return n;
+  }
+  bool is_contiguous() const {
+    int64_t expected = 1;
+    for (int d = ndim - 1; d >= 0; --d) {
+      if (sizes[d] != 1 && strides[d] != expected) return false;
+      expected *= sizes[d];
+    }
+    return true;
+  }
+  template <typename T>
+  T* ptr() const {
+    return static_cast<T*>(data);
+  }
+};
+
+// Elementwise functions of one input and an optional scalar parameter `s`.
+// Float32 only, except kNeg, kAbs, kAddScalar, kMulScalar which also accept int64.
+enum class UnaryOp : int8_t {
+  kNeg,        // -x
+  kExp,        // e^x
+  kLog,        // ln x
+  kRelu,       // max(x, 0)
+  kSqrt,       // sqrt x
+  kAbs,        // |x|
+  kTanh,       // tanh x
+  kSigmoid,    // 1 / (1 + e^-x)
+  kSquare,     // x * x
+  kAddScalar,  // x + s
+  kMulScalar,  // x * s
+  kPowScalar,  // x ^ s
+  kGeScalar,   // x >= s ? 1 : 0
+};
+
+// Elementwise functions of two inputs of the same dtype (float32 or int64). Comparisons
+// give 1 or 0 in that dtype.
+enum class BinaryOp : int8_t {
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  kMaximum,
+  kMinimum,
+  kEq,
+  kNe,
+  kLt,
+  kLe,
+  kGt,
+  kGe,
+  kReluBackward,  // a if b > 0 else 0 (a: incoming gradient, b: relu input)
+};
+
+// Reductions over the middle axis of a contiguous [outer, reduce, inner] input into a
+// contiguous [outer, inner] output. kArgMax/kArgMin write int64 indices; the others keep
+// the input's dtype. Ties in arg reductions pick the first index, as PyTorch does.
+enum class ReduceOp : int8_t { kSum, kMax, kMin, kArgMax, kArgMin };
+
+// Describes a 2-D convolution or pooling window over NCHW images.
+struct Conv2dGeometry {
+  int64_t batch = 0, channels = 0, height = 0, width = 0;
+  int64_t kernel_h = 0, kernel_w = 0;
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;
+  int64_t out_h() const { return (height + 2 * pad_h - kernel_h) / stride_h + 1; }
+  int64_t out_w() const { return (width + 2 * pad_w - kernel_w) / stride_w + 1; }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual DeviceType type() const = 0;
+  // Devices of this type usable in this process (0 when, e.g., there is no GPU).
+  virtual int DeviceCount() const = 0;
+  // Why DeviceCount() is 0, for error messages ("no CUDA driver: ..."); empty otherwise.
+  virtual std::string UnavailableReason() const { return ""; }
+
+  // ---- Memory and copies -------------------------------------------------------------
+  virtual Allocator& GetAllocator(int index) = 0;
+  // Waits for all work queued on the device.
+  virtual void Synchronize(int index) = 0;
+  // Contiguous byte copies between the device and host memory. CopyToHost returns when
+  // the bytes are on the host; CopyFromHost may return earlier only if `src` is pinned.
+  virtual void CopyToHost(int index, void* dst, const void* src, size_t bytes) = 0;
+  virtual void CopyFromHost(int index, void* dst, const void* src, size_t bytes) = 0;
+  // Contiguous byte copy between two devices of this type. The copy is ordered after work
+  // already queued on the source device and before work queued later on the destination.
+  virtual void CopyBetweenDevices(int dst_index, void* dst, int src_index, const void* src,
+                                  size_t bytes) = 0;
+  // Page-locked host memory for fast, asynchronous copies to this device type. Backends
+  // without such memory return nullptr.
+  virtual std::shared_ptr<void> AllocatePinnedHost(size_t bytes) { return nullptr; }
+
+  // ---- Kernels (all tensors on device `index`) ----------------------------------------
+  // dst[i] = src[i] for strided views of the same shape; converts dtype if they differ.
+  virtual void Copy(int index, const KernelTensor& dst, const KernelTensor& src) = 0;
+  virtual void Fill(int index, const KernelTensor& dst, double value) = 0;
+  // dst = op(src, scalar); shapes equal (strides may differ; dst may alias src exactly).
+  virtual void Unary(int index, UnaryOp op, const KernelTensor& dst, const KernelTensor& src,
+                     double scalar) = 0;
+  // dst = op(a, b); a and b already broadcast to dst's shape (stride 0 where broadcast).
+  virtual void Binary(int index, BinaryOp op, const KernelTensor& dst, const KernelTensor& a,
+                      const KernelTensor& b) = 0;
+  // See ReduceOp. `src` and `dst` are contiguous.
+  virtual void Reduce(int index, ReduceOp op, const KernelTensor& dst, const KernelTensor& src,
+                      int64_t outer, int64_t reduce, int64_t inner) = 0;
+  // Softmax or log-softmax over the middle axis of contiguous [outer, dim, inner] float32.
+  virtual void Softmax(int index, bool log, float* dst, const float* src, int64_t outer,
+                       int64_t dim, int64_t inner) = 0;
+  // Row-major batched SGEMM: for b in [0, batch):
+  //   C_b = alpha * op(A_b) * op(B_b) + beta * C_b,  op(X) = X or X^T,
+  // with A_b = a + b * stride_a (stride 0 reuses one matrix), likewise B and C.
+  // op(A) is m x k, op(B) is k x n, C is m x n; lda/ldb/ldc are row strides.
+  virtual void Gemm(int index, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                    float alpha, const float* a, int64_t lda, int64_t stride_a, const float* b,
+                    int64_t ldb, int64_t stride_b, float beta, float* c, int64_t ldc,
+                    int64_t stride_c, int64_t batch) = 0;
+  // Unfolds NCHW images into columns [batch, channels*kh*kw, out_h*out_w] (zero padding).
+  virtual void Im2Col(int index, const Conv2dGeometry& g, const float* image, float* columns) = 0;
+  // The adjoint of Im2Col: sums columns back into images (overwrites `image`).
+  virtual void Col2Im(int index, const Conv2dGeometry& g, const float* columns, float* image) = 0;
+  // Max pooling over NCHW (padding counts as -inf). Writes the output and, per output
+  // element, the flat index (within its H*W plane) of the chosen input element.
+  virtual void MaxPool2d(int index, const Conv2dGeometry& g, const float* input, float* output,
+                         int64_t* argmax) = 0;
+  // grad_input (zeroed here first) += grad_output at the argmax positions.
+  virtual void MaxPool2dBackward(int index, const Conv2dGeometry& g, const float* grad_output,
+                                 const int64_t* argmax, float* grad_input) = 0;
+  // dst[r] = src[r * cols + idx[r]] for r in [0, rows). Indices must be in [0, cols): the
+  // caller validates them.
+  virtual void GatherColumns(int index, float* dst, const float* src, const int64_t* idx,
+                             int64_t rows, int64_t cols) = 0;
+  // dst[r * cols + idx[r]] += src[r] (dst is not cleared).
+  virtual void ScatterAddColumns(int index, float* dst, const float* src, const int64_t* idx,
+                                 int64_t rows, int64_t cols) = 0;
+  // Counter-based random numbers (see tensor/philox.h): element i is a pure function of
+  // (seed, offset + i), so every backend produces the same numbers for the same request.
+  // Uniform in [low, high), or normal(mean, stddev) by Box-Muller.
+  virtual void RandomUniform(int index, float* dst, int64_t n, uint64_t seed, uint64_t offset,
+                             float low, float high) = 0;
+  virtual void RandomNormal(int index, float* dst, int64_t n, uint64_t seed, uint64_t offset,
+                            float mean, float stddev) = 0;
+};
+
+// The backend for a device type; throws tandem::Error (naming how to get one) if none is
+// registered, e.g. cuda in a CPU-only build.
+Backend& GetBackend(DeviceType type);
+Backend* FindBackend(DeviceType type);  // nullptr when not registered
+inline Backend& GetBackend(Device device) { return GetBackend(device.type()); }
+
+// Registers a backend at static-initialisation time. `instance` is called once, lazily.
+class BackendRegistration {
+ public:
+  BackendRegistration(DeviceType type, Backend& (*instance)());
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_TENSOR_BACKEND_H_

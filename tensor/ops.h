@@ -1,0 +1,107 @@
+// Operations on tensors, differentiable where it makes sense. All inputs of one op must be
+// on the same device (move them with to() first); the result is on that device.
+// Elementwise binary ops broadcast as NumPy and PyTorch do; mixing int64 with float32
+// promotes to float32.
+//
+//   Tensor logits = linear(x, weight, bias);             // x [B, in], weight [out, in]
+//   Tensor loss = cross_entropy(logits, labels);         // labels int64 [B]
+//   Tensor accuracy = eq(argmax(logits, 1), labels).to(kFloat32).mean();
+//
+// Included by tensor/tensor.h; include that instead.
+#ifndef TANDEM_TENSOR_OPS_H_
+#define TANDEM_TENSOR_OPS_H_
+
+#include <cstdint>
+#include <vector>
+
+namespace tandem {
+
+class Tensor;
+class Generator;
+
+// ---- Elementwise -------------------------------------------------------------------------
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);  // float32 only
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double b);
+Tensor mul(const Tensor& a, double b);
+Tensor pow(const Tensor& a, double exponent);
+Tensor neg(const Tensor& a);
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+Tensor sqrt(const Tensor& a);
+Tensor abs(const Tensor& a);
+Tensor tanh(const Tensor& a);
+Tensor sigmoid(const Tensor& a);
+Tensor square(const Tensor& a);
+Tensor relu(const Tensor& a);
+
+// Comparisons (not differentiable): 1 where true, 0 elsewhere, in the inputs' dtype.
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator+(const Tensor& a, double b);
+Tensor operator-(const Tensor& a, double b);
+Tensor operator*(const Tensor& a, double b);
+Tensor operator/(const Tensor& a, double b);
+Tensor operator+(double a, const Tensor& b);
+Tensor operator-(double a, const Tensor& b);
+Tensor operator*(double a, const Tensor& b);
+Tensor operator-(const Tensor& a);
+
+// ---- Reductions ----------------------------------------------------------------------
+Tensor sum(const Tensor& a);  // all elements, 0-dim result
+Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim = false);
+Tensor mean(const Tensor& a);
+Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim = false);
+Tensor amax(const Tensor& a, int64_t dim, bool keepdim = false);  // differentiable
+Tensor argmax(const Tensor& a, int64_t dim, bool keepdim = false);  // int64
+Tensor argmin(const Tensor& a, int64_t dim, bool keepdim = false);  // int64
+// Sums `a` over broadcast dimensions down to `shape` (the adjoint of expand).
+Tensor sum_to(const Tensor& a, const std::vector<int64_t>& shape);
+
+// ---- Neural-network functions --------------------------------------------------------
+Tensor softmax(const Tensor& a, int64_t dim);
+Tensor log_softmax(const Tensor& a, int64_t dim);
+// [..., n] x [n, m] style matrix product: 2-D x 2-D, or batched 3-D x 3-D / 3-D x 2-D.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// x [*, in] · weight[out, in]^T + bias[out].
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// Mean negative log-likelihood of int64 class targets [N] under log-probabilities [N, C].
+Tensor nll_loss(const Tensor& log_probs, const Tensor& targets);
+// log_softmax + nll_loss, numerically stable.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
+Tensor mse_loss(const Tensor& input, const Tensor& target);  // mean reduction
+// NCHW input, weight [out, in, kh, kw], optional bias [out] (undefined Tensor for none).
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
+              std::vector<int64_t> stride = {1, 1}, std::vector<int64_t> padding = {0, 0});
+// Stride defaults to the kernel size, as in PyTorch.
+Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
+                  std::vector<int64_t> stride = {}, std::vector<int64_t> padding = {0, 0});
+// Zeroes elements with probability p and scales the rest by 1/(1-p) when training;
+// the identity otherwise.
+Tensor dropout(const Tensor& input, double p, bool training, Generator* gen = nullptr);
+
+// ---- Joining -------------------------------------------------------------------------
+// Concatenates along an existing dimension; all on one device. Differentiable.
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+// Joins along a new dimension. Differentiable.
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+
+// True when both have the same shape and |a - b| <= atol + rtol * |b| everywhere.
+bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8);
+
+}  // namespace tandem
+
+#endif  // TANDEM_TENSOR_OPS_H_

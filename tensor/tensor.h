@@ -1,0 +1,230 @@
+// Tensor: a dense, strided, n-dimensional array of float32 or int64 on a CPU or CUDA
+// device, with define-by-run autograd. A Tensor is a cheap handle to a shared
+// implementation (storage + offset + shape + strides); copying a Tensor shares the data.
+// Views (view/reshape, narrow, chunk, split, transpose, expand, ...) share storage with
+// their source; `to(device)` returns a new tensor and never changes the source.
+//
+//   using namespace tandem;
+//   Tensor w = randn({784, 10}, TensorOptions().requires_grad(true));
+//   Tensor x = rand({32, 784});
+//   Tensor loss = matmul(x, w).relu().sum();
+//   loss.backward();            // w.grad() now holds d loss / d w
+//   Tensor y = x.to(Device::Parse("cpu:1"));   // x itself stays on cpu:0
+//
+// Operations live in tensor/ops.h (included here); factories and random numbers below.
+#ifndef TANDEM_TENSOR_TENSOR_H_
+#define TANDEM_TENSOR_TENSOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "tensor/device.h"
+#include "tensor/dtype.h"
+#include "tensor/error.h"
+
+namespace tandem {
+
+using Shape = std::vector<int64_t>;
+std::string ShapeToString(const Shape& shape);  // "[2, 3]"
+int64_t NumElements(const Shape& shape);
+
+class Node;  // tensor/autograd.h
+struct TensorImpl;
+
+// Where a new tensor goes and how it is made.
+struct TensorOptions {
+  DType dtype_ = kFloat32;
+  Device device_ = Device::Cpu(0);
+  bool requires_grad_ = false;
+  bool pinned_ = false;  // page-locked host memory (CPU tensors, CUDA builds only)
+
+  TensorOptions() = default;
+  TensorOptions(Device d) : device_(d) {}  // NOLINT: lets a Device stand for options.
+  TensorOptions(DType t) : dtype_(t) {}    // NOLINT: lets a DType stand for options.
+  TensorOptions& dtype(DType t) { dtype_ = t; return *this; }
+  TensorOptions& device(Device d) { device_ = d; return *this; }
+  TensorOptions& requires_grad(bool r) { requires_grad_ = r; return *this; }
+  TensorOptions& pinned(bool p) { pinned_ = p; return *this; }
+};
+
+class Tensor {
+ public:
+  // An undefined tensor (defined() is false), as a default value or "no gradient".
+  Tensor() = default;
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  bool defined() const { return impl_ != nullptr; }
+
+  // ---- Metadata ------------------------------------------------------------------------
+  const Shape& shape() const;
+  const std::vector<int64_t>& strides() const;  // in elements
+  int64_t dim() const { return static_cast<int64_t>(shape().size()); }
+  int64_t size(int64_t dim) const;              // negative dims count from the end
+  int64_t numel() const;
+  DType dtype() const;
+  Device device() const;
+  int64_t storage_offset() const;  // in elements
+  bool is_contiguous() const;
+  bool is_pinned() const;
+  // True if both tensors view the same storage.
+  bool shares_storage_with(const Tensor& other) const;
+
+  // ---- Data access (copies to the host when needed; waits for the device) -------------
+  template <typename T>
+  std::vector<T> to_vector() const;  // T must match dtype(): float or int64_t
+  // The single value of a one-element tensor, as a double.
+  double item() const;
+  template <typename T>
+  T item() const {
+    return static_cast<T>(item());
+  }
+  // Raw pointer to the first element (host memory for CPU tensors, device memory else).
+  void* raw_data() const;
+  template <typename T>
+  T* data() const;  // checks dtype
+
+  // ---- Views (share storage; differentiable) -------------------------------------------
+  // New shape with the same number of elements; one dimension may be -1. view() requires
+  // compatible strides, reshape() copies when it must.
+  Tensor view(const Shape& shape) const;
+  Tensor reshape(const Shape& shape) const;
+  Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
+  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
+  Tensor select(int64_t dim, int64_t index) const;  // removes `dim`
+  // torch.chunk: split size ceil(n / chunks), so fewer than `chunks` pieces may come back.
+  std::vector<Tensor> chunk(int64_t chunks, int64_t dim = 0) const;
+  // Pieces of `split_size` along dim (the last may be smaller).
+  std::vector<Tensor> split(int64_t split_size, int64_t dim = 0) const;
+  // Pieces of the given sizes, which must add up to size(dim).
+  std::vector<Tensor> split_with_sizes(const std::vector<int64_t>& sizes, int64_t dim = 0) const;
+  Tensor transpose(int64_t dim0, int64_t dim1) const;
+  Tensor t() const { return transpose(0, 1); }
+  Tensor permute(const std::vector<int64_t>& dims) const;
+  Tensor unsqueeze(int64_t dim) const;
+  Tensor squeeze(int64_t dim) const;
+  // Broadcasts size-1 dimensions (stride 0) to `shape`; may add leading dimensions.
+  Tensor expand(const Shape& shape) const;
+  // This tensor if contiguous, else a contiguous copy.
+  Tensor contiguous() const;
+
+  // ---- Copies --------------------------------------------------------------------------
+  // A new tensor on `device` (this tensor if it is already there, as in PyTorch).
+  // Differentiable: the gradient flows back to this tensor's device.
+  Tensor to(Device device) const;
+  Tensor to(DType dtype) const;
+  // A copy in pinned host memory (CPU tensors; needs a CUDA build with a GPU).
+  Tensor pin_memory() const;
+  Tensor clone() const;  // differentiable deep copy
+  // A tensor sharing data with this one but outside the autograd graph.
+  Tensor detach() const;
+
+  // ---- In-place (not recorded by autograd: use under NoGradGuard or on tensors that do
+  // not require grad) ----------------------------------------------------------------
+  Tensor& fill_(double value);
+  Tensor& zero_() { return fill_(0.0); }
+  Tensor& copy_(const Tensor& src);  // src broadcast to this shape; any devices
+  Tensor& add_(const Tensor& other, double alpha = 1.0);  // this += alpha * other
+  Tensor& sub_(const Tensor& other) { return add_(other, -1.0); }
+  Tensor& mul_(const Tensor& other);
+  Tensor& mul_(double scalar);
+  Tensor& div_(const Tensor& other);
+  Tensor& add_(double scalar);
+
+  // ---- Autograd ----------------------------------------------------------------------
+  bool requires_grad() const;
+  // Marks a leaf tensor as a parameter whose gradient is accumulated.
+  Tensor& set_requires_grad(bool requires_grad);
+  bool is_leaf() const;
+  // The accumulated gradient of a leaf (undefined until a backward pass reaches it).
+  Tensor grad() const;
+  void set_grad(const Tensor& grad);
+  // Back-propagates from this tensor. `gradient` defaults to ones for a one-element
+  // tensor and must be given otherwise. Each device's part of the graph runs on that
+  // device's worker, so replicas on different devices run in parallel.
+  void backward(const Tensor& gradient = Tensor()) const;
+  const std::shared_ptr<Node>& grad_fn() const;
+
+  // ---- Common ops as methods (see ops.h) -----------------------------------------------
+  Tensor relu() const;
+  Tensor exp() const;
+  Tensor log() const;
+  Tensor sum() const;
+  Tensor sum(const std::vector<int64_t>& dims, bool keepdim = false) const;
+  Tensor mean() const;
+  Tensor mean(const std::vector<int64_t>& dims, bool keepdim = false) const;
+  Tensor argmax(int64_t dim, bool keepdim = false) const;
+  Tensor matmul(const Tensor& other) const;
+
+  // "tensor([[1.0000, 2.0000], ...], device='cpu:1')", PyTorch's format.
+  std::string ToString() const;
+
+  TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+
+ private:
+  void CheckDefined(const char* what) const;
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+std::ostream& operator<<(std::ostream& out, const Tensor& tensor);
+
+// ---- Factories -----------------------------------------------------------------------
+Tensor empty(const Shape& shape, const TensorOptions& options = {});
+Tensor zeros(const Shape& shape, const TensorOptions& options = {});
+Tensor ones(const Shape& shape, const TensorOptions& options = {});
+Tensor full(const Shape& shape, double value, const TensorOptions& options = {});
+Tensor zeros_like(const Tensor& like);
+Tensor ones_like(const Tensor& like);
+// 0, 1, ..., n-1.
+Tensor arange(int64_t n, const TensorOptions& options = {});
+// From host values (row-major); values.size() must equal the shape's element count.
+Tensor from_vector(const std::vector<float>& values, const Shape& shape,
+                   const TensorOptions& options = {});
+Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape,
+                   const TensorOptions& options = {});
+// A zero-dimensional tensor holding `value`.
+Tensor scalar_tensor(double value, const TensorOptions& options = {});
+
+// ---- Random numbers ------------------------------------------------------------------
+// A seeded stream of counter-based (Philox) random numbers. Each request takes the next
+// `n` counters, so the same seed and the same sequence of requests give the same numbers
+// on every device and whatever the number of threads.
+class Generator {
+ public:
+  explicit Generator(uint64_t seed = 0) : seed_(seed) {}
+  Generator(const Generator&) = delete;
+  Generator& operator=(const Generator&) = delete;
+
+  // Restarts the stream: the next request gets the same numbers as the first one did.
+  void manual_seed(uint64_t seed);
+  uint64_t seed() const;
+  // Reserves `n` counters and returns the first; thread-safe.
+  uint64_t Reserve(uint64_t n);
+
+ private:
+  mutable std::mutex mutex_;
+  uint64_t seed_;
+  uint64_t offset_ = 0;
+};
+
+// The process-wide generator used when none is passed.
+Generator& default_generator();
+void manual_seed(uint64_t seed);
+
+// Uniform in [0, 1) and standard normal.
+Tensor rand(const Shape& shape, const TensorOptions& options = {}, Generator* gen = nullptr);
+Tensor randn(const Shape& shape, const TensorOptions& options = {}, Generator* gen = nullptr);
+Tensor uniform(const Shape& shape, double low, double high, const TensorOptions& options = {},
+               Generator* gen = nullptr);
+// A random permutation of 0..n-1 (int64, on the CPU), from `gen`.
+Tensor randperm(int64_t n, Generator* gen = nullptr);
+
+}  // namespace tandem
+
+#include "tensor/ops.h"  // IWYU pragma: export
+
+#endif  // TANDEM_TENSOR_TENSOR_H_

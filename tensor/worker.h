@@ -1,0 +1,105 @@
+// Workers and thread pools behind devices.
+//
+// DeviceWorker: one thread per device with a FIFO of tasks. The autograd engine runs each
+// device's part of a backward pass there, and parallel_apply runs each replica's forward
+// there, so work on different devices overlaps.
+//
+// ThreadPool / ParallelFor: the intra-op threads of one logical CPU device (its fixed share
+// of the cores). Kernels split large loops with ParallelFor; small loops run inline.
+//
+//   std::future<int> f = tandem::DeviceWorker::For(tandem::Device::Cpu(1)).Submit([] { return 7; });
+//   tandem::ParallelFor(tandem::Device::Cpu(0), n, 4096, [&](int64_t begin, int64_t end) { ... });
+#ifndef TANDEM_TENSOR_WORKER_H_
+#define TANDEM_TENSOR_WORKER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "tensor/device.h"
+
+namespace tandem {
+
+class DeviceWorker {
+ public:
+  // The worker of a device, started on first use and joined at process exit.
+  static DeviceWorker& For(Device device);
+  // The worker whose thread is calling, or nullptr on other threads.
+  static DeviceWorker* Current();
+
+  explicit DeviceWorker(Device device);
+  ~DeviceWorker();  // finishes queued tasks, then joins
+  DeviceWorker(const DeviceWorker&) = delete;
+  DeviceWorker& operator=(const DeviceWorker&) = delete;
+
+  Device device() const { return device_; }
+
+  // Queues `task`; exceptions it throws reach the future.
+  template <typename F>
+  auto Submit(F&& task) -> std::future<std::invoke_result_t<F>> {
+    using R = std::invoke_result_t<F>;
+    auto packaged = std::make_shared<std::packaged_task<R()>>(std::forward<F>(task));
+    std::future<R> result = packaged->get_future();
+    Post([packaged] { (*packaged)(); });
+    return result;
+  }
+  // Queues a task that must not throw (it is the caller's job to catch).
+  void Post(std::function<void()> task);
+
+ private:
+  void Loop();
+
+  Device device_;
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::function<void()>> tasks_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+// A fixed set of threads that run the chunks of ParallelFor; the calling thread takes a
+// chunk too, so a pool of n threads has n - 1 helpers.
+class ThreadPool {
+ public:
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return num_threads_; }
+  // Calls fn(begin, end) over [0, n) in at most num_threads() contiguous chunks of at least
+  // `grain` elements; returns when all are done and rethrows the first exception.
+  void Run(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
+
+ private:
+  struct Job;
+  void Loop();
+
+  int num_threads_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::shared_ptr<Job> job_;
+  uint64_t generation_ = 0;
+  bool stopping_ = false;
+  std::mutex run_mutex_;  // one Run at a time per pool
+  std::vector<std::thread> threads_;
+};
+
+// The intra-op pool of a logical CPU device (CpuThreadsPerDevice() threads).
+ThreadPool& CpuThreadPool(int cpu_index);
+
+// Splits [0, n) over the pool of `device` (a CPU device) when n >= 2 * grain, inline
+// otherwise. Nested calls from inside a chunk run inline.
+void ParallelFor(Device device, int64_t n, int64_t grain,
+                 const std::function<void(int64_t, int64_t)>& fn);
+
+}  // namespace tandem
+
+#endif  // TANDEM_TENSOR_WORKER_H_
