@@ -131,7 +131,7 @@ class Backend {
                                   size_t bytes) = 0;
   // Page-locked host memory for fast, asynchronous copies to this device type. Backends
   // without such memory return nullptr.
-  virtual std::shared_ptr<void> AllocatePinnedHost(size_t bytes) { return nullptr; }
+  virtual std::shared_ptr<void> AllocatePinnedHost(size_t /*bytes*/) { return nullptr; }
 
   // ---- Kernels (all tensors on device `index`) ----------------------------------------
   // dst[i] = src[i] for strided views of the same shape; converts dtype if they differ.

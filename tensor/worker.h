@@ -92,6 +92,10 @@ class ThreadPool {
   std::vector<std::thread> threads_;
 };
 
+// Drops the CPU pools so that they are recreated with the current share of cores. Called by
+// SetCpuDeviceCount; no work may be running on them.
+void ResetCpuThreadPools();
+
 // The intra-op pool of a logical CPU device (CpuThreadsPerDevice() threads).
 ThreadPool& CpuThreadPool(int cpu_index);
 
