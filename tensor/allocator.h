@@ -18,11 +18,11 @@
 namespace tandem {
 
 struct MemoryStats {
-  int64_t in_use_bytes = 0;    // held by live tensors
-  int64_t peak_bytes = 0;      // highest in_use_bytes since start or ResetPeak
-  int64_t reserved_bytes = 0;  // taken from the system (>= in_use for caching allocators)
-  int64_t limit_bytes = 0;     // 0: no limit
-  int64_t num_allocations = 0; // calls to Allocate that succeeded
+  int64_t in_use_bytes = 0;            // held by live tensors
+  int64_t peak_bytes = 0;              // highest in_use_bytes since start or ResetPeak
+  int64_t reserved_bytes = 0;          // taken from the system (>= in_use for caching allocators)
+  int64_t limit_bytes = 0;             // 0: no limit
+  int64_t num_allocations = 0;         // calls to Allocate that succeeded
   int64_t num_system_allocations = 0;  // of those, how many went to the system (malloc/cudaMalloc)
 };
 

@@ -50,9 +50,7 @@ class Device {
 
   std::string ToString() const;
 
-  friend bool operator==(Device a, Device b) {
-    return a.type_ == b.type_ && a.index_ == b.index_;
-  }
+  friend bool operator==(Device a, Device b) { return a.type_ == b.type_ && a.index_ == b.index_; }
   friend bool operator!=(Device a, Device b) { return !(a == b); }
   friend bool operator<(Device a, Device b) {
     return a.type_ != b.type_ ? a.type_ < b.type_ : a.index_ < b.index_;

@@ -15,19 +15,32 @@ namespace tandem {
 
 TANDEM_HOST_DEVICE float ApplyUnary(UnaryOp op, float x, float s) {
   switch (op) {
-    case UnaryOp::kNeg: return -x;
-    case UnaryOp::kExp: return expf(x);
-    case UnaryOp::kLog: return logf(x);
-    case UnaryOp::kRelu: return x > 0.0f ? x : 0.0f;
-    case UnaryOp::kSqrt: return sqrtf(x);
-    case UnaryOp::kAbs: return fabsf(x);
-    case UnaryOp::kTanh: return tanhf(x);
-    case UnaryOp::kSigmoid: return 1.0f / (1.0f + expf(-x));
-    case UnaryOp::kSquare: return x * x;
-    case UnaryOp::kAddScalar: return x + s;
-    case UnaryOp::kMulScalar: return x * s;
-    case UnaryOp::kPowScalar: return powf(x, s);
-    case UnaryOp::kGeScalar: return x >= s ? 1.0f : 0.0f;
+    case UnaryOp::kNeg:
+      return -x;
+    case UnaryOp::kExp:
+      return expf(x);
+    case UnaryOp::kLog:
+      return logf(x);
+    case UnaryOp::kRelu:
+      return x > 0.0f ? x : 0.0f;
+    case UnaryOp::kSqrt:
+      return sqrtf(x);
+    case UnaryOp::kAbs:
+      return fabsf(x);
+    case UnaryOp::kTanh:
+      return tanhf(x);
+    case UnaryOp::kSigmoid:
+      return 1.0f / (1.0f + expf(-x));
+    case UnaryOp::kSquare:
+      return x * x;
+    case UnaryOp::kAddScalar:
+      return x + s;
+    case UnaryOp::kMulScalar:
+      return x * s;
+    case UnaryOp::kPowScalar:
+      return powf(x, s);
+    case UnaryOp::kGeScalar:
+      return x >= s ? 1.0f : 0.0f;
   }
   return 0.0f;
 }
@@ -35,11 +48,16 @@ TANDEM_HOST_DEVICE float ApplyUnary(UnaryOp op, float x, float s) {
 // The int64 subset (kNeg, kAbs, kAddScalar, kMulScalar); callers reject the others.
 TANDEM_HOST_DEVICE int64_t ApplyUnary(UnaryOp op, int64_t x, double s) {
   switch (op) {
-    case UnaryOp::kNeg: return -x;
-    case UnaryOp::kAbs: return x < 0 ? -x : x;
-    case UnaryOp::kAddScalar: return x + static_cast<int64_t>(s);
-    case UnaryOp::kMulScalar: return x * static_cast<int64_t>(s);
-    default: return 0;
+    case UnaryOp::kNeg:
+      return -x;
+    case UnaryOp::kAbs:
+      return x < 0 ? -x : x;
+    case UnaryOp::kAddScalar:
+      return x + static_cast<int64_t>(s);
+    case UnaryOp::kMulScalar:
+      return x * static_cast<int64_t>(s);
+    default:
+      return 0;
   }
 }
 
@@ -51,19 +69,32 @@ inline constexpr bool UnarySupportsInt64(UnaryOp op) {
 template <typename T>
 TANDEM_HOST_DEVICE T ApplyBinary(BinaryOp op, T a, T b) {
   switch (op) {
-    case BinaryOp::kAdd: return a + b;
-    case BinaryOp::kSub: return a - b;
-    case BinaryOp::kMul: return a * b;
-    case BinaryOp::kDiv: return a / b;
-    case BinaryOp::kMaximum: return a > b ? a : b;
-    case BinaryOp::kMinimum: return a < b ? a : b;
-    case BinaryOp::kEq: return a == b ? T(1) : T(0);
-    case BinaryOp::kNe: return a != b ? T(1) : T(0);
-    case BinaryOp::kLt: return a < b ? T(1) : T(0);
-    case BinaryOp::kLe: return a <= b ? T(1) : T(0);
-    case BinaryOp::kGt: return a > b ? T(1) : T(0);
-    case BinaryOp::kGe: return a >= b ? T(1) : T(0);
-    case BinaryOp::kReluBackward: return b > T(0) ? a : T(0);
+    case BinaryOp::kAdd:
+      return a + b;
+    case BinaryOp::kSub:
+      return a - b;
+    case BinaryOp::kMul:
+      return a * b;
+    case BinaryOp::kDiv:
+      return a / b;
+    case BinaryOp::kMaximum:
+      return a > b ? a : b;
+    case BinaryOp::kMinimum:
+      return a < b ? a : b;
+    case BinaryOp::kEq:
+      return a == b ? T(1) : T(0);
+    case BinaryOp::kNe:
+      return a != b ? T(1) : T(0);
+    case BinaryOp::kLt:
+      return a < b ? T(1) : T(0);
+    case BinaryOp::kLe:
+      return a <= b ? T(1) : T(0);
+    case BinaryOp::kGt:
+      return a > b ? T(1) : T(0);
+    case BinaryOp::kGe:
+      return a >= b ? T(1) : T(0);
+    case BinaryOp::kReluBackward:
+      return b > T(0) ? a : T(0);
   }
   return T(0);
 }

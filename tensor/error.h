@@ -34,12 +34,11 @@ std::string Concat(const Args&... args) {
 }  // namespace tandem
 
 // Throws tandem::Error with the concatenated message when `condition` is false.
-#define TANDEM_CHECK(condition, ...)                                                        \
-  do {                                                                                      \
-    if (!(condition)) {                                                                     \
-      ::tandem::internal::ThrowError(__FILE__, __LINE__,                                    \
-                                     ::tandem::internal::Concat(__VA_ARGS__));              \
-    }                                                                                       \
+#define TANDEM_CHECK(condition, ...)                                                               \
+  do {                                                                                             \
+    if (!(condition)) {                                                                            \
+      ::tandem::internal::ThrowError(__FILE__, __LINE__, ::tandem::internal::Concat(__VA_ARGS__)); \
+    }                                                                                              \
   } while (false)
 
 // Throws tandem::Error unconditionally.

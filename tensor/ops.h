@@ -65,7 +65,7 @@ Tensor sum(const Tensor& a);  // all elements, 0-dim result
 Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim = false);
 Tensor mean(const Tensor& a);
 Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim = false);
-Tensor amax(const Tensor& a, int64_t dim, bool keepdim = false);  // differentiable
+Tensor amax(const Tensor& a, int64_t dim, bool keepdim = false);    // differentiable
 Tensor argmax(const Tensor& a, int64_t dim, bool keepdim = false);  // int64
 Tensor argmin(const Tensor& a, int64_t dim, bool keepdim = false);  // int64
 // Sums `a` over broadcast dimensions down to `shape` (the adjoint of expand).

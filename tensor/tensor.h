@@ -45,10 +45,22 @@ struct TensorOptions {
   TensorOptions() = default;
   TensorOptions(Device d) : device_(d) {}  // NOLINT: lets a Device stand for options.
   TensorOptions(DType t) : dtype_(t) {}    // NOLINT: lets a DType stand for options.
-  TensorOptions& dtype(DType t) { dtype_ = t; return *this; }
-  TensorOptions& device(Device d) { device_ = d; return *this; }
-  TensorOptions& requires_grad(bool r) { requires_grad_ = r; return *this; }
-  TensorOptions& pinned(bool p) { pinned_ = p; return *this; }
+  TensorOptions& dtype(DType t) {
+    dtype_ = t;
+    return *this;
+  }
+  TensorOptions& device(Device d) {
+    device_ = d;
+    return *this;
+  }
+  TensorOptions& requires_grad(bool r) {
+    requires_grad_ = r;
+    return *this;
+  }
+  TensorOptions& pinned(bool p) {
+    pinned_ = p;
+    return *this;
+  }
 };
 
 class Tensor {
@@ -63,7 +75,7 @@ class Tensor {
   const Shape& shape() const;
   const std::vector<int64_t>& strides() const;  // in elements
   int64_t dim() const { return static_cast<int64_t>(shape().size()); }
-  int64_t size(int64_t dim) const;              // negative dims count from the end
+  int64_t size(int64_t dim) const;  // negative dims count from the end
   int64_t numel() const;
   DType dtype() const;
   Device device() const;

@@ -39,7 +39,8 @@ struct TensorImpl {
 
   Device device() const { return storage->device; }
   void* data() const {
-    return static_cast<char*>(storage->data.get()) + offset * static_cast<int64_t>(ElementSize(dtype));
+    return static_cast<char*>(storage->data.get()) +
+           offset * static_cast<int64_t>(ElementSize(dtype));
   }
 };
 

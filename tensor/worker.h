@@ -7,8 +7,9 @@
 // ThreadPool / ParallelFor: the intra-op threads of one logical CPU device (its fixed share
 // of the cores). Kernels split large loops with ParallelFor; small loops run inline.
 //
-//   std::future<int> f = tandem::DeviceWorker::For(tandem::Device::Cpu(1)).Submit([] { return 7; });
-//   tandem::ParallelFor(tandem::Device::Cpu(0), n, 4096, [&](int64_t begin, int64_t end) { ... });
+//   std::future<int> f = tandem::DeviceWorker::For(tandem::Device::Cpu(1)).Submit([] { return 7;
+//   }); tandem::ParallelFor(tandem::Device::Cpu(0), n, 4096, [&](int64_t begin, int64_t end) { ...
+//   });
 #ifndef TANDEM_TENSOR_WORKER_H_
 #define TANDEM_TENSOR_WORKER_H_
 
