@@ -1,0 +1,1223 @@
+// The operations of tensor/ops.h and the op methods of Tensor.
+//
+// Every op validates its inputs, computes through the device's Backend kernels (never by
+// touching memory from the host, so the same code runs on CUDA) and, when an input needs a
+// gradient, records a backward closure. Backward closures run with grad mode off and are
+// written with these same ops (or raw kernels), so they work on every device too.
+//
+// Conventions inside this file: functions named *Raw never record autograd; saved tensors
+// are detached so that a node never keeps its inputs' graphs alive through saved values.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tensor/autograd.h"
+#include "tensor/backend.h"
+#include "tensor/elementwise_math.h"
+#include "tensor/error.h"
+#include "tensor/tensor.h"
+#include "tensor/tensor_impl.h"
+
+namespace tandem {
+namespace {
+
+// ---- Small helpers ---------------------------------------------------------------------
+
+Backend& BackendOf(const Tensor& t) { return GetBackend(t.device()); }
+int IndexOf(const Tensor& t) { return t.device().index(); }
+
+float* FloatPtr(const Tensor& t) { return static_cast<float*>(ToKernel(t).data); }
+int64_t* Int64Ptr(const Tensor& t) { return static_cast<int64_t*>(ToKernel(t).data); }
+
+int64_t Product(const Shape& shape, size_t begin, size_t end) {
+  int64_t n = 1;
+  for (size_t i = begin; i < end; ++i) n *= shape[i];
+  return n;
+}
+
+void CheckDefined(const Tensor& t, const char* op, const char* name) {
+  TANDEM_CHECK(t.defined(), op, ": ", name,
+               " is an undefined Tensor; pass a tensor made by a factory (zeros, randn, "
+               "from_vector, ...) or by another op");
+}
+
+void CheckSameDevice(const Tensor& a, const char* a_name, const Tensor& b, const char* b_name,
+                     const char* op) {
+  TANDEM_CHECK(a.device() == b.device(), op, ": ", a_name, " is on ", a.device(), " and ", b_name,
+               " on ", b.device(), "; all inputs of an op must be on one device: move one ",
+               "with .to(", a.device(), ")");
+}
+
+void CheckFloat(const Tensor& t, const char* op, const char* name) {
+  TANDEM_CHECK(t.dtype() == kFloat32, op, ": ", name, " must be float32 but is ", t.dtype(),
+               "; convert it with .to(kFloat32)");
+}
+
+// A possibly negative dim of a tensor with `ndim` dimensions; zero-dimensional tensors
+// accept 0 and -1, as in PyTorch.
+int64_t Dim(int64_t dim, int64_t ndim, const char* op) {
+  return WrapDim(dim, std::max<int64_t>(ndim, 1), op);
+}
+
+// A contiguous tensor with `t`'s data and the given shape (t must be contiguous).
+Tensor ViewRaw(const Tensor& t, const Shape& shape) {
+  return MakeView(t, shape, ContiguousStrides(shape), t.storage_offset());
+}
+
+// The last two dimensions swapped, as a view.
+Tensor TransposedRaw(const Tensor& t) {
+  Shape shape = t.shape();
+  std::vector<int64_t> strides = t.strides();
+  const size_t n = shape.size();
+  std::swap(shape[n - 1], shape[n - 2]);
+  std::swap(strides[n - 1], strides[n - 2]);
+  return MakeView(t, shape, strides, t.storage_offset());
+}
+
+// `t` broadcast to `shape`, materialised as a new contiguous tensor (converting dtype).
+Tensor BroadcastCopyRaw(const Tensor& t, const Shape& shape, DType dtype) {
+  Tensor out = NewTensor(shape, dtype, t.device());
+  if (out.numel() > 0) BackendOf(t).Copy(IndexOf(t), ToKernel(out), ToKernelBroadcast(t, shape));
+  return out;
+}
+
+Tensor ContiguousRaw(const Tensor& t) {
+  if (t.is_contiguous()) return t;
+  return BroadcastCopyRaw(t, t.shape(), t.dtype());
+}
+
+Tensor CastRaw(const Tensor& t, DType dtype) {
+  if (t.dtype() == dtype) return t;
+  return BroadcastCopyRaw(t, t.shape(), dtype);
+}
+
+Tensor FilledRaw(const Shape& shape, DType dtype, Device device, double value) {
+  Tensor out = NewTensor(shape, dtype, device);
+  if (out.numel() > 0) GetBackend(device).Fill(device.index(), ToKernel(out), value);
+  return out;
+}
+
+Tensor UnaryRaw(UnaryOp op, const Tensor& a, double scalar) {
+  Tensor out = NewTensor(a.shape(), a.dtype(), a.device());
+  if (out.numel() > 0) BackendOf(a).Unary(IndexOf(a), op, ToKernel(out), ToKernel(a), scalar);
+  return out;
+}
+
+// a and b of one dtype; the result has their broadcast shape.
+Tensor BinaryRaw(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
+  const Shape shape = BroadcastShapes(a.shape(), b.shape(), name);
+  Tensor out = NewTensor(shape, a.dtype(), a.device());
+  if (out.numel() > 0) {
+    BackendOf(a).Binary(IndexOf(a), op, ToKernel(out), ToKernelBroadcast(a, shape),
+                        ToKernelBroadcast(b, shape));
+  }
+  return out;
+}
+
+// ---- Reductions --------------------------------------------------------------------------
+
+// Sorted, de-duplicated, non-negative dims; an empty list means every dimension.
+std::vector<int64_t> NormalizeDims(const std::vector<int64_t>& dims, int64_t ndim, const char* op) {
+  std::vector<int64_t> out;
+  if (dims.empty()) {
+    for (int64_t d = 0; d < std::max<int64_t>(ndim, 1); ++d) out.push_back(d);
+    return out;
+  }
+  for (int64_t d : dims) out.push_back(Dim(d, ndim, op));
+  std::sort(out.begin(), out.end());
+  for (size_t i = 1; i < out.size(); ++i) {
+    TANDEM_CHECK(out[i] != out[i - 1], op, ": dimension ", out[i],
+                 " appears more than once in the list of dimensions to reduce");
+  }
+  return out;
+}
+
+// The shape after reducing `dims` (sorted) of `shape`.
+Shape ReducedShape(const Shape& shape, const std::vector<int64_t>& dims, bool keepdim) {
+  Shape out;
+  for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {
+    const bool reduced = std::binary_search(dims.begin(), dims.end(), d);
+    if (!reduced) {
+      out.push_back(shape[d]);
+    } else if (keepdim) {
+      out.push_back(1);
+    }
+  }
+  return out;
+}
+
+// Reduces `a` over the sorted dims with Backend::Reduce, one run of adjacent dims at a
+// time (last run first, so earlier dims keep their positions). The result has the keepdim
+// shape; kArgMax/kArgMin give int64 and take a single dim.
+Tensor ReduceRaw(const Tensor& a, const std::vector<int64_t>& dims, ReduceOp op, const char* name) {
+  const bool zero_dim = a.dim() == 0;
+  Shape shape = zero_dim ? Shape{1} : a.shape();
+  const DType out_dtype = (op == ReduceOp::kArgMax || op == ReduceOp::kArgMin) ? kInt64 : a.dtype();
+  Tensor current = ContiguousRaw(a);
+  size_t run_end = dims.size();
+  while (run_end > 0) {
+    size_t run_begin = run_end - 1;
+    while (run_begin > 0 && dims[run_begin - 1] + 1 == dims[run_begin]) --run_begin;
+    const size_t first = static_cast<size_t>(dims[run_begin]);
+    const size_t last = static_cast<size_t>(dims[run_end - 1]);
+    const int64_t outer = Product(shape, 0, first);
+    const int64_t reduce = Product(shape, first, last + 1);
+    const int64_t inner = Product(shape, last + 1, shape.size());
+    Shape next = shape;
+    for (size_t d = first; d <= last; ++d) next[d] = 1;
+    Tensor out = NewTensor(zero_dim ? Shape{} : next, out_dtype, a.device());
+    if (outer * inner > 0) {
+      if (reduce == 0) {
+        TANDEM_CHECK(op == ReduceOp::kSum, name, ": cannot reduce over a dimension of size 0 (",
+                     "input is ", ShapeToString(a.shape()),
+                     "); a maximum, minimum or arg-reduction over no elements is undefined");
+        BackendOf(a).Fill(IndexOf(a), ToKernel(out), 0.0);
+      } else {
+        BackendOf(a).Reduce(IndexOf(a), op, ToKernel(out), ToKernel(current), outer, reduce, inner);
+      }
+    }
+    current = out;
+    shape = next;
+    run_end = run_begin;
+  }
+  return current;
+}
+
+Tensor SumAllRaw(const Tensor& a) {
+  return ViewRaw(ReduceRaw(a, NormalizeDims({}, a.dim(), "sum"), ReduceOp::kSum, "sum"), {});
+}
+
+// `grad` (of the reduced shape) broadcast back to `input_shape`, as a new tensor.
+Tensor ExpandGradRaw(const Tensor& grad, const Shape& kept_shape, const Shape& input_shape) {
+  Tensor kept = grad.shape() == kept_shape ? grad : ViewRaw(ContiguousRaw(grad), kept_shape);
+  return BroadcastCopyRaw(kept, input_shape, grad.dtype());
+}
+
+// ---- Elementwise with autograd -------------------------------------------------------
+
+struct Promoted {
+  Tensor a, b;
+};
+
+// Checks a binary op's inputs and converts an int64 operand to float32 when the other one
+// is float32.
+Promoted PromoteBinary(const Tensor& a, const Tensor& b, const char* op) {
+  CheckDefined(a, op, "a");
+  CheckDefined(b, op, "b");
+  CheckSameDevice(a, "a", b, "b", op);
+  const DType dtype = a.dtype() == b.dtype() ? a.dtype() : kFloat32;
+  return {CastRaw(a, dtype), CastRaw(b, dtype)};
+}
+
+bool IsIntegral(double value) { return std::isfinite(value) && value == std::floor(value); }
+
+// A float32 version of `a` (int64 inputs promote, as PyTorch does for exp, log, ...).
+Tensor FloatInput(const Tensor& a, const char* op) {
+  CheckDefined(a, op, "input");
+  return CastRaw(a, kFloat32);
+}
+
+template <typename Backward>
+void Record(const char* name, const std::vector<Tensor>& inputs, Tensor& out, Backward backward) {
+  RecordOp(name, inputs, out, FunctionNode::Backward(std::move(backward)));
+}
+
+// Float unary op `op` whose gradient is grad * derivative(input, output).
+template <typename Derivative>
+Tensor FloatUnaryOp(const Tensor& a, UnaryOp op, double scalar, const char* name,
+                    const char* node_name, Derivative derivative) {
+  Tensor x = FloatInput(a, name);
+  Tensor out = UnaryRaw(op, x, scalar);
+  if (NeedsGrad({a})) {
+    Tensor saved_in = x.detach();
+    Tensor saved_out = out.detach();
+    Record(node_name, {a}, out, [saved_in, saved_out, derivative](const Tensor& grad) {
+      return std::vector<Tensor>{derivative(grad, saved_in, saved_out)};
+    });
+  }
+  return out;
+}
+
+// ---- Matrix products ---------------------------------------------------------------------
+
+// How Gemm reads a 2-D [rows, cols] (or 3-D [batch, rows, cols]) float32 tensor without
+// copying: row-major (trans = false) or column-major (trans = true, e.g. a transposed view).
+struct GemmOperand {
+  Tensor holder;  // keeps a contiguous copy alive when the layout needed one
+  const float* data = nullptr;
+  bool trans = false;
+  int64_t ld = 1;
+  int64_t batch_stride = 0;
+};
+
+bool TryGemmLayout(const Tensor& t, GemmOperand* operand) {
+  const int64_t n = t.dim();
+  const int64_t rows = t.shape()[n - 2], cols = t.shape()[n - 1];
+  const int64_t row_stride = t.strides()[n - 2], col_stride = t.strides()[n - 1];
+  const bool row_major =
+      (cols <= 1 || col_stride == 1) && (rows <= 1 || row_stride >= std::max<int64_t>(cols, 1));
+  const bool col_major =
+      (rows <= 1 || row_stride == 1) && (cols <= 1 || col_stride >= std::max<int64_t>(rows, 1));
+  if (row_major) {
+    operand->trans = false;
+    operand->ld = rows <= 1 ? std::max<int64_t>(cols, 1) : row_stride;
+  } else if (col_major) {
+    operand->trans = true;
+    operand->ld = cols <= 1 ? std::max<int64_t>(rows, 1) : col_stride;
+  } else {
+    return false;
+  }
+  operand->batch_stride = (n == 3 && t.shape()[0] > 1) ? t.strides()[0] : 0;
+  operand->data = FloatPtr(t);
+  return true;
+}
+
+GemmOperand MakeGemmOperand(const Tensor& t) {
+  GemmOperand operand;
+  if (TryGemmLayout(t, &operand)) return operand;
+  operand.holder = BroadcastCopyRaw(t, t.shape(), kFloat32);
+  TryGemmLayout(operand.holder, &operand);
+  return operand;
+}
+
+// out (contiguous [m, n] or [batch, m, n]) = a · b + beta · out, where a is [m, k] or
+// [batch, m, k] and b is [k, n] or [batch, k, n]; a 2-D operand is reused for every batch.
+void GemmIntoRaw(const Tensor& out, const Tensor& a, const Tensor& b, float beta) {
+  const int64_t batch = out.dim() == 3 ? out.shape()[0] : 1;
+  const int64_t m = a.shape()[a.dim() - 2], k = a.shape()[a.dim() - 1];
+  const int64_t n = b.shape()[b.dim() - 1];
+  if (out.numel() == 0) return;
+  if (k == 0) {
+    if (beta == 0.0f) BackendOf(out).Fill(IndexOf(out), ToKernel(out), 0.0);
+    return;
+  }
+  const GemmOperand lhs = MakeGemmOperand(a);
+  const GemmOperand rhs = MakeGemmOperand(b);
+  BackendOf(out).Gemm(IndexOf(out), lhs.trans, rhs.trans, m, n, k, 1.0f, lhs.data, lhs.ld,
+                      lhs.batch_stride, rhs.data, rhs.ld, rhs.batch_stride, beta, FloatPtr(out), n,
+                      m * n, batch);
+}
+
+Tensor MatmulRaw(const Tensor& a, const Tensor& b) {
+  const int64_t m = a.shape()[a.dim() - 2], n = b.shape()[b.dim() - 1];
+  Shape shape = {m, n};
+  if (a.dim() == 3) {
+    shape.insert(shape.begin(), a.shape()[0]);
+  } else if (b.dim() == 3) {
+    shape.insert(shape.begin(), b.shape()[0]);
+  }
+  Tensor out = NewTensor(shape, kFloat32, a.device());
+  GemmIntoRaw(out, a, b, 0.0f);
+  return out;
+}
+
+// 2-D x 2-D, 3-D x 3-D (equal batches), 3-D x 2-D or 2-D x 3-D, with autograd.
+Tensor MatmulCore(const Tensor& a, const Tensor& b) {
+  Tensor out = MatmulRaw(a, b);
+  if (NeedsGrad({a, b})) {
+    const bool grad_a = NeedsGrad({a}), grad_b = NeedsGrad({b});
+    Tensor sa = a.detach(), sb = b.detach();
+    Record("MatmulBackward", {a, b}, out, [sa, sb, grad_a, grad_b](const Tensor& grad) {
+      Tensor da, db;
+      if (grad_a) {
+        // dA = G · B^T, summed over the batch when A was shared by every batch.
+        da = MatmulRaw(grad, TransposedRaw(sb));
+        if (sa.dim() == 2 && da.dim() == 3)
+          da = ViewRaw(ReduceRaw(da, {0}, ReduceOp::kSum, "matmul"), sa.shape());
+      }
+      if (grad_b) {
+        if (sb.dim() == 2 && sa.dim() == 3) {
+          // dB = sum_b A_b^T · G_b = A'^T · G' with the batch folded into the rows.
+          const int64_t rows = sa.shape()[0] * sa.shape()[1];
+          Tensor folded_a = ViewRaw(ContiguousRaw(sa), {rows, sa.shape()[2]});
+          Tensor folded_g = ViewRaw(ContiguousRaw(grad), {rows, grad.shape()[2]});
+          db = MatmulRaw(TransposedRaw(folded_a), folded_g);
+        } else {
+          db = MatmulRaw(TransposedRaw(sa), grad);
+        }
+      }
+      return std::vector<Tensor>{da, db};
+    });
+  }
+  return out;
+}
+
+// ---- Losses ----------------------------------------------------------------------------
+
+// Checks that int64 `targets` [N] hold class indices in [0, classes), on any device (two
+// reductions and two scalar reads, not a walk over host memory).
+void CheckTargets(const Tensor& targets, int64_t classes, const char* op) {
+  if (targets.numel() == 0) return;
+  const auto largest = static_cast<int64_t>(ReduceRaw(targets, {0}, ReduceOp::kMax, op).item());
+  const auto smallest = static_cast<int64_t>(ReduceRaw(targets, {0}, ReduceOp::kMin, op).item());
+  TANDEM_CHECK(smallest >= 0 && largest < classes, op,
+               ": targets must be class indices in [0, C) = [0, ", classes, ") but range over [",
+               smallest, ", ", largest, "]; check the labels and the number of classes ",
+               "(negative ignore_index values are not supported)");
+}
+
+// Mean NLL of `targets` under `log_probs` [N, C]; validated by the caller.
+Tensor NllLossCore(const Tensor& log_probs, const Tensor& targets) {
+  const int64_t rows = log_probs.shape()[0], cols = log_probs.shape()[1];
+  Tensor lp = ContiguousRaw(log_probs);
+  Tensor idx = ContiguousRaw(targets);
+  Tensor picked = NewTensor({rows}, kFloat32, lp.device());
+  if (rows > 0) {
+    BackendOf(lp).GatherColumns(IndexOf(lp), FloatPtr(picked), FloatPtr(lp), Int64Ptr(idx), rows,
+                                cols);
+  }
+  // Mean over zero rows is NaN, as in PyTorch.
+  const double scale =
+      rows > 0 ? -1.0 / static_cast<double>(rows) : std::numeric_limits<double>::quiet_NaN();
+  Tensor out = UnaryRaw(UnaryOp::kMulScalar, SumAllRaw(picked), scale);
+  if (NeedsGrad({log_probs})) {
+    Record("NllLossBackward", {log_probs}, out, [idx, rows, cols, scale](const Tensor& grad) {
+      Tensor grad_lp = FilledRaw({rows, cols}, kFloat32, grad.device(), 0.0);
+      if (rows > 0) {
+        Tensor per_row =
+            BroadcastCopyRaw(UnaryRaw(UnaryOp::kMulScalar, grad, scale), {rows}, kFloat32);
+        BackendOf(grad).ScatterAddColumns(IndexOf(grad), FloatPtr(grad_lp), FloatPtr(per_row),
+                                          Int64Ptr(idx), rows, cols);
+      }
+      return std::vector<Tensor>{grad_lp};
+    });
+  }
+  return out;
+}
+
+void CheckClassification(const Tensor& scores, const Tensor& targets, const char* op,
+                         const char* scores_name) {
+  CheckDefined(scores, op, scores_name);
+  CheckDefined(targets, op, "targets");
+  CheckSameDevice(scores, scores_name, targets, "targets", op);
+  CheckFloat(scores, op, scores_name);
+  TANDEM_CHECK(scores.dim() == 2, op, ": ", scores_name, " must be 2-D [N, C] but is ",
+               ShapeToString(scores.shape()), "; flatten extra dimensions into N first");
+  TANDEM_CHECK(targets.dtype() == kInt64, op, ": targets must be int64 class indices but are ",
+               targets.dtype(), "; convert them with .to(kInt64)");
+  TANDEM_CHECK(targets.dim() == 1 && targets.shape()[0] == scores.shape()[0], op, ": ", scores_name,
+               " is ", ShapeToString(scores.shape()), " so targets must be [", scores.shape()[0],
+               "] but are ", ShapeToString(targets.shape()));
+  CheckTargets(targets, scores.shape()[1], op);
+}
+
+// ---- Convolution and pooling -------------------------------------------------------------
+
+std::pair<int64_t, int64_t> Pair(const std::vector<int64_t>& values, const char* op,
+                                 const char* what) {
+  TANDEM_CHECK(values.size() == 1 || values.size() == 2, op, ": ", what,
+               " must have 1 or 2 values (height, width) but has ", values.size());
+  return {values[0], values.size() == 2 ? values[1] : values[0]};
+}
+
+void CheckImageInput(const Tensor& input, const char* op) {
+  CheckDefined(input, op, "input");
+  CheckFloat(input, op, "input");
+  TANDEM_CHECK(input.dim() == 4, op, ": input must be 4-D [N, C, H, W] but is ",
+               ShapeToString(input.shape()), "; add a batch dimension with unsqueeze(0)");
+}
+
+}  // namespace
+
+// ---- Elementwise ---------------------------------------------------------------------------
+
+Tensor sum_to(const Tensor& a, const std::vector<int64_t>& shape) {
+  CheckDefined(a, "sum_to", "a");
+  const int64_t lead = a.dim() - static_cast<int64_t>(shape.size());
+  bool broadcastable = lead >= 0;
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; broadcastable && d < a.dim(); ++d) {
+    if (d < lead) {
+      dims.push_back(d);
+    } else if (shape[d - lead] != a.shape()[d]) {
+      if (shape[d - lead] == 1) {
+        dims.push_back(d);
+      } else {
+        broadcastable = false;
+      }
+    }
+  }
+  TANDEM_CHECK(broadcastable, "sum_to: cannot sum ", ShapeToString(a.shape()), " down to ",
+               ShapeToString(shape), "; the target must broadcast to the input's shape");
+  if (a.shape() == shape) return a;
+  Tensor reduced = dims.empty() ? a : sum(a, dims, /*keepdim=*/true);
+  return reduced.reshape(shape);
+}
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  const Promoted p = PromoteBinary(a, b, "add");
+  Tensor out = BinaryRaw(BinaryOp::kAdd, p.a, p.b, "add");
+  if (NeedsGrad({a, b})) {
+    const bool grad_a = NeedsGrad({a}), grad_b = NeedsGrad({b});
+    Record("AddBackward", {a, b}, out,
+           [grad_a, grad_b, sa = a.shape(), sb = b.shape()](const Tensor& grad) {
+             return std::vector<Tensor>{grad_a ? sum_to(grad, sa) : Tensor(),
+                                        grad_b ? sum_to(grad, sb) : Tensor()};
+           });
+  }
+  return out;
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  const Promoted p = PromoteBinary(a, b, "sub");
+  Tensor out = BinaryRaw(BinaryOp::kSub, p.a, p.b, "sub");
+  if (NeedsGrad({a, b})) {
+    const bool grad_a = NeedsGrad({a}), grad_b = NeedsGrad({b});
+    Record("SubBackward", {a, b}, out,
+           [grad_a, grad_b, sa = a.shape(), sb = b.shape()](const Tensor& grad) {
+             return std::vector<Tensor>{grad_a ? sum_to(grad, sa) : Tensor(),
+                                        grad_b ? neg(sum_to(grad, sb)) : Tensor()};
+           });
+  }
+  return out;
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  const Promoted p = PromoteBinary(a, b, "mul");
+  Tensor out = BinaryRaw(BinaryOp::kMul, p.a, p.b, "mul");
+  if (NeedsGrad({a, b})) {
+    const bool grad_a = NeedsGrad({a}), grad_b = NeedsGrad({b});
+    Record("MulBackward", {a, b}, out,
+           [grad_a, grad_b, sa = p.a.detach(), sb = p.b.detach()](const Tensor& grad) {
+             return std::vector<Tensor>{grad_a ? sum_to(mul(grad, sb), sa.shape()) : Tensor(),
+                                        grad_b ? sum_to(mul(grad, sa), sb.shape()) : Tensor()};
+           });
+  }
+  return out;
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+  // True division: int64 operands promote to float32, as in PyTorch.
+  Promoted p = PromoteBinary(a, b, "div");
+  p.a = CastRaw(p.a, kFloat32);
+  p.b = CastRaw(p.b, kFloat32);
+  Tensor out = BinaryRaw(BinaryOp::kDiv, p.a, p.b, "div");
+  if (NeedsGrad({a, b})) {
+    const bool grad_a = NeedsGrad({a}), grad_b = NeedsGrad({b});
+    Record(
+        "DivBackward", {a, b}, out,
+        [grad_a, grad_b, sa = a.shape(), sb = p.b.detach(), so = out.detach()](const Tensor& grad) {
+          Tensor grad_over_b = div(grad, sb);
+          // d(a/b)/db = -(a/b)/b.
+          return std::vector<Tensor>{
+              grad_a ? sum_to(grad_over_b, sa) : Tensor(),
+              grad_b ? neg(sum_to(mul(grad_over_b, so), sb.shape())) : Tensor()};
+        });
+  }
+  return out;
+}
+
+namespace {
+
+// maximum/minimum: the gradient goes to the chosen input and is split evenly on ties, as
+// in PyTorch.
+Tensor MaxMin(const Tensor& a, const Tensor& b, bool is_max) {
+  const char* name = is_max ? "maximum" : "minimum";
+  const Promoted p = PromoteBinary(a, b, name);
+  Tensor out = BinaryRaw(is_max ? BinaryOp::kMaximum : BinaryOp::kMinimum, p.a, p.b, name);
+  if (NeedsGrad({a, b})) {
+    const bool grad_a = NeedsGrad({a}), grad_b = NeedsGrad({b});
+    Record(is_max ? "MaximumBackward" : "MinimumBackward", {a, b}, out,
+           [grad_a, grad_b, is_max, sa = p.a.detach(), sb = p.b.detach()](const Tensor& grad) {
+             const Tensor ties = mul(eq(sa, sb), 0.5);
+             const Tensor a_wins = add(is_max ? gt(sa, sb) : lt(sa, sb), ties);
+             const Tensor b_wins = add(is_max ? lt(sa, sb) : gt(sa, sb), ties);
+             return std::vector<Tensor>{grad_a ? sum_to(mul(grad, a_wins), sa.shape()) : Tensor(),
+                                        grad_b ? sum_to(mul(grad, b_wins), sb.shape()) : Tensor()};
+           });
+  }
+  return out;
+}
+
+Tensor Compare(const Tensor& a, const Tensor& b, BinaryOp op, const char* name) {
+  const Promoted p = PromoteBinary(a, b, name);
+  return BinaryRaw(op, p.a, p.b, name);
+}
+
+}  // namespace
+
+Tensor maximum(const Tensor& a, const Tensor& b) { return MaxMin(a, b, true); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return MaxMin(a, b, false); }
+
+Tensor add(const Tensor& a, double b) {
+  CheckDefined(a, "add", "a");
+  // An int64 tensor stays int64 with an integral scalar and promotes otherwise.
+  Tensor x = a.dtype() == kInt64 && !IsIntegral(b) ? CastRaw(a, kFloat32) : a;
+  Tensor out = UnaryRaw(UnaryOp::kAddScalar, x, b);
+  if (NeedsGrad({a})) {
+    Record("AddScalarBackward", {a}, out,
+           [](const Tensor& grad) { return std::vector<Tensor>{grad}; });
+  }
+  return out;
+}
+
+Tensor mul(const Tensor& a, double b) {
+  CheckDefined(a, "mul", "a");
+  Tensor x = a.dtype() == kInt64 && !IsIntegral(b) ? CastRaw(a, kFloat32) : a;
+  Tensor out = UnaryRaw(UnaryOp::kMulScalar, x, b);
+  if (NeedsGrad({a})) {
+    Record("MulScalarBackward", {a}, out,
+           [b](const Tensor& grad) { return std::vector<Tensor>{mul(grad, b)}; });
+  }
+  return out;
+}
+
+Tensor pow(const Tensor& a, double exponent) {
+  return FloatUnaryOp(a, UnaryOp::kPowScalar, exponent, "pow", "PowBackward",
+                      [exponent](const Tensor& grad, const Tensor& x, const Tensor&) {
+                        if (exponent == 0.0) return zeros_like(grad);
+                        if (exponent == 1.0) return grad;
+                        return mul(grad, mul(pow(x, exponent - 1.0), exponent));
+                      });
+}
+
+Tensor neg(const Tensor& a) {
+  CheckDefined(a, "neg", "input");
+  Tensor out = UnaryRaw(UnaryOp::kNeg, a, 0.0);
+  if (NeedsGrad({a})) {
+    Record("NegBackward", {a}, out,
+           [](const Tensor& grad) { return std::vector<Tensor>{neg(grad)}; });
+  }
+  return out;
+}
+
+Tensor exp(const Tensor& a) {
+  return FloatUnaryOp(
+      a, UnaryOp::kExp, 0.0, "exp", "ExpBackward",
+      [](const Tensor& grad, const Tensor&, const Tensor& y) { return mul(grad, y); });
+}
+
+Tensor log(const Tensor& a) {
+  return FloatUnaryOp(
+      a, UnaryOp::kLog, 0.0, "log", "LogBackward",
+      [](const Tensor& grad, const Tensor& x, const Tensor&) { return div(grad, x); });
+}
+
+Tensor sqrt(const Tensor& a) {
+  return FloatUnaryOp(
+      a, UnaryOp::kSqrt, 0.0, "sqrt", "SqrtBackward",
+      [](const Tensor& grad, const Tensor&, const Tensor& y) { return mul(div(grad, y), 0.5); });
+}
+
+Tensor abs(const Tensor& a) {
+  CheckDefined(a, "abs", "input");
+  Tensor out = UnaryRaw(UnaryOp::kAbs, a, 0.0);
+  if (NeedsGrad({a})) {
+    Record("AbsBackward", {a}, out, [x = a.detach()](const Tensor& grad) {
+      // sign(x), with sign(0) = 0 as in PyTorch.
+      const Tensor zero = FilledRaw({}, kFloat32, x.device(), 0.0);
+      return std::vector<Tensor>{mul(grad, sub(gt(x, zero), lt(x, zero)))};
+    });
+  }
+  return out;
+}
+
+Tensor tanh(const Tensor& a) {
+  return FloatUnaryOp(a, UnaryOp::kTanh, 0.0, "tanh", "TanhBackward",
+                      [](const Tensor& grad, const Tensor&, const Tensor& y) {
+                        return mul(grad, add(neg(square(y)), 1.0));
+                      });
+}
+
+Tensor sigmoid(const Tensor& a) {
+  return FloatUnaryOp(a, UnaryOp::kSigmoid, 0.0, "sigmoid", "SigmoidBackward",
+                      [](const Tensor& grad, const Tensor&, const Tensor& y) {
+                        return mul(grad, mul(y, add(neg(y), 1.0)));
+                      });
+}
+
+Tensor square(const Tensor& a) {
+  CheckDefined(a, "square", "input");
+  Tensor out = a.dtype() == kInt64 ? BinaryRaw(BinaryOp::kMul, a, a, "square")
+                                   : UnaryRaw(UnaryOp::kSquare, a, 0.0);
+  if (NeedsGrad({a})) {
+    Record("SquareBackward", {a}, out, [x = a.detach()](const Tensor& grad) {
+      return std::vector<Tensor>{mul(grad, mul(x, 2.0))};
+    });
+  }
+  return out;
+}
+
+Tensor relu(const Tensor& a) {
+  CheckDefined(a, "relu", "input");
+  if (a.dtype() == kInt64) {
+    return BinaryRaw(BinaryOp::kMaximum, a, FilledRaw({}, kInt64, a.device(), 0.0), "relu");
+  }
+  Tensor out = UnaryRaw(UnaryOp::kRelu, a, 0.0);
+  if (NeedsGrad({a})) {
+    Record("ReluBackward", {a}, out, [y = out.detach()](const Tensor& grad) {
+      // relu's output is positive exactly where its input is.
+      return std::vector<Tensor>{BinaryRaw(BinaryOp::kReluBackward, grad, y, "relu backward")};
+    });
+  }
+  return out;
+}
+
+Tensor eq(const Tensor& a, const Tensor& b) { return Compare(a, b, BinaryOp::kEq, "eq"); }
+Tensor ne(const Tensor& a, const Tensor& b) { return Compare(a, b, BinaryOp::kNe, "ne"); }
+Tensor lt(const Tensor& a, const Tensor& b) { return Compare(a, b, BinaryOp::kLt, "lt"); }
+Tensor le(const Tensor& a, const Tensor& b) { return Compare(a, b, BinaryOp::kLe, "le"); }
+Tensor gt(const Tensor& a, const Tensor& b) { return Compare(a, b, BinaryOp::kGt, "gt"); }
+Tensor ge(const Tensor& a, const Tensor& b) { return Compare(a, b, BinaryOp::kGe, "ge"); }
+
+Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+Tensor operator+(const Tensor& a, double b) { return add(a, b); }
+Tensor operator-(const Tensor& a, double b) { return add(a, -b); }
+Tensor operator*(const Tensor& a, double b) { return mul(a, b); }
+// Multiplies by the reciprocal (exact for powers of two, within an ulp otherwise); an
+// int64 tensor promotes to float32 unless 1/b is integral.
+Tensor operator/(const Tensor& a, double b) {
+  CheckDefined(a, "div", "a");
+  return mul(CastRaw(a, kFloat32), 1.0 / b);
+}
+Tensor operator+(double a, const Tensor& b) { return add(b, a); }
+Tensor operator-(double a, const Tensor& b) { return add(neg(b), a); }
+Tensor operator*(double a, const Tensor& b) { return mul(b, a); }
+Tensor operator-(const Tensor& a) { return neg(a); }
+
+// ---- Reductions ----------------------------------------------------------------------------
+
+Tensor sum(const Tensor& a) {
+  CheckDefined(a, "sum", "input");
+  Tensor out = SumAllRaw(a);
+  if (NeedsGrad({a})) {
+    Record("SumBackward", {a}, out, [shape = a.shape()](const Tensor& grad) {
+      return std::vector<Tensor>{BroadcastCopyRaw(grad, shape, grad.dtype())};
+    });
+  }
+  return out;
+}
+
+Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  CheckDefined(a, "sum", "input");
+  const std::vector<int64_t> reduced = NormalizeDims(dims, a.dim(), "sum");
+  const Shape kept_shape = ReducedShape(a.shape(), reduced, true);
+  Tensor kept = ReduceRaw(a, reduced, ReduceOp::kSum, "sum");
+  Tensor out = keepdim ? kept : ViewRaw(kept, ReducedShape(a.shape(), reduced, false));
+  if (NeedsGrad({a})) {
+    Record("SumBackward", {a}, out, [kept_shape, shape = a.shape()](const Tensor& grad) {
+      return std::vector<Tensor>{ExpandGradRaw(grad, kept_shape, shape)};
+    });
+  }
+  return out;
+}
+
+Tensor mean(const Tensor& a) {
+  CheckDefined(a, "mean", "input");
+  TANDEM_CHECK(a.dtype() == kFloat32, "mean: input must be float32 but is ", a.dtype(),
+               "; convert it with .to(kFloat32) first");
+  // Mean of no elements is NaN, as in PyTorch.
+  const double scale = a.numel() > 0 ? 1.0 / static_cast<double>(a.numel())
+                                     : std::numeric_limits<double>::quiet_NaN();
+  return mul(sum(a), scale);
+}
+
+Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  CheckDefined(a, "mean", "input");
+  TANDEM_CHECK(a.dtype() == kFloat32, "mean: input must be float32 but is ", a.dtype(),
+               "; convert it with .to(kFloat32) first");
+  const std::vector<int64_t> reduced = NormalizeDims(dims, a.dim(), "mean");
+  int64_t count = 1;
+  for (int64_t d : reduced) count *= a.dim() == 0 ? 1 : a.shape()[d];
+  const double scale =
+      count > 0 ? 1.0 / static_cast<double>(count) : std::numeric_limits<double>::quiet_NaN();
+  return mul(sum(a, reduced, keepdim), scale);
+}
+
+Tensor amax(const Tensor& a, int64_t dim, bool keepdim) {
+  CheckDefined(a, "amax", "input");
+  const std::vector<int64_t> reduced = {Dim(dim, a.dim(), "amax")};
+  const Shape kept_shape = ReducedShape(a.shape(), reduced, true);
+  Tensor kept = ReduceRaw(a, reduced, ReduceOp::kMax, "amax");
+  Tensor out = keepdim ? kept : ViewRaw(kept, ReducedShape(a.shape(), reduced, false));
+  if (NeedsGrad({a})) {
+    Record("AmaxBackward", {a}, out,
+           [kept_shape, reduced, x = a.detach(), m = kept.detach()](const Tensor& grad) {
+             // Ties share the gradient evenly, as PyTorch's amax does.
+             const Tensor is_max = eq(x, m);
+             const Tensor ties = sum(is_max, reduced, /*keepdim=*/true);
+             const Tensor g = grad.shape() == kept_shape ? grad : grad.reshape(kept_shape);
+             return std::vector<Tensor>{mul(is_max, div(g, ties))};
+           });
+  }
+  return out;
+}
+
+namespace {
+
+Tensor ArgReduce(const Tensor& a, int64_t dim, bool keepdim, ReduceOp op, const char* name) {
+  CheckDefined(a, name, "input");
+  const std::vector<int64_t> reduced = {Dim(dim, a.dim(), name)};
+  Tensor kept = ReduceRaw(a, reduced, op, name);
+  return keepdim ? kept : ViewRaw(kept, ReducedShape(a.shape(), reduced, false));
+}
+
+}  // namespace
+
+Tensor argmax(const Tensor& a, int64_t dim, bool keepdim) {
+  return ArgReduce(a, dim, keepdim, ReduceOp::kArgMax, "argmax");
+}
+
+Tensor argmin(const Tensor& a, int64_t dim, bool keepdim) {
+  return ArgReduce(a, dim, keepdim, ReduceOp::kArgMin, "argmin");
+}
+
+// ---- Neural-network functions ------------------------------------------------------------
+
+namespace {
+
+Tensor SoftmaxImpl(const Tensor& a, int64_t dim, bool log) {
+  const char* name = log ? "log_softmax" : "softmax";
+  CheckDefined(a, name, "input");
+  CheckFloat(a, name, "input");
+  const int64_t d = Dim(dim, a.dim(), name);
+  const Shape shape = a.dim() == 0 ? Shape{1} : a.shape();
+  Tensor x = ContiguousRaw(a);
+  Tensor out = NewTensor(a.shape(), kFloat32, a.device());
+  if (out.numel() > 0) {
+    const auto split = static_cast<size_t>(d);
+    BackendOf(a).Softmax(IndexOf(a), log, FloatPtr(out), FloatPtr(x), Product(shape, 0, split),
+                         shape[split], Product(shape, split + 1, shape.size()));
+  }
+  if (NeedsGrad({a})) {
+    Record(log ? "LogSoftmaxBackward" : "SoftmaxBackward", {a}, out,
+           [log, d, y = out.detach()](const Tensor& grad) {
+             const std::vector<int64_t> dims = {d};
+             if (log) {
+               // d log_softmax: g - softmax * sum(g).
+               return std::vector<Tensor>{sub(grad, mul(exp(y), sum(grad, dims, true)))};
+             }
+             // d softmax: y * (g - sum(g * y)).
+             return std::vector<Tensor>{mul(y, sub(grad, sum(mul(grad, y), dims, true)))};
+           });
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& a, int64_t dim) { return SoftmaxImpl(a, dim, false); }
+Tensor log_softmax(const Tensor& a, int64_t dim) { return SoftmaxImpl(a, dim, true); }
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  CheckDefined(a, "matmul", "a");
+  CheckDefined(b, "matmul", "b");
+  CheckSameDevice(a, "a", b, "b", "matmul");
+  CheckFloat(a, "matmul", "a");
+  CheckFloat(b, "matmul", "b");
+  TANDEM_CHECK(a.dim() >= 1 && a.dim() <= 3 && b.dim() >= 1 && b.dim() <= 3,
+               "matmul: supports 1-D, 2-D and 3-D (batched) operands but a is ",
+               ShapeToString(a.shape()), " and b is ", ShapeToString(b.shape()),
+               "; reshape the batch dimensions into one");
+  if (a.dim() == 1 || b.dim() == 1) {
+    // Vectors become a 1-row / 1-column matrix and that dimension is dropped afterwards.
+    Tensor result = matmul(a.dim() == 1 ? a.unsqueeze(0) : a, b.dim() == 1 ? b.unsqueeze(1) : b);
+    if (b.dim() == 1) result = result.squeeze(-1);
+    if (a.dim() == 1) result = result.squeeze(b.dim() == 1 ? -1 : -2);
+    return result;
+  }
+  TANDEM_CHECK(a.size(-1) == b.size(-2), "matmul: a is ", ShapeToString(a.shape()), " and b is ",
+               ShapeToString(b.shape()), "; a.size(-1) (", a.size(-1), ") must equal b.size(-2) (",
+               b.size(-2), ")");
+  if (a.dim() == 3 && b.dim() == 3 && a.size(0) != b.size(0)) {
+    TANDEM_CHECK(a.size(0) == 1 || b.size(0) == 1, "matmul: a is ", ShapeToString(a.shape()),
+                 " and b is ", ShapeToString(b.shape()), "; the batch sizes (", a.size(0), " and ",
+                 b.size(0), ") must be equal or one of them 1");
+    // A batch of one is shared by every batch of the other operand.
+    return a.size(0) == 1 ? MatmulCore(a.squeeze(0), b) : MatmulCore(a, b.squeeze(0));
+  }
+  return MatmulCore(a, b);
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  CheckDefined(x, "linear", "x");
+  CheckDefined(weight, "linear", "weight");
+  CheckSameDevice(x, "x", weight, "weight", "linear");
+  CheckFloat(x, "linear", "x");
+  CheckFloat(weight, "linear", "weight");
+  TANDEM_CHECK(weight.dim() == 2, "linear: weight must be 2-D [out_features, in_features] but is ",
+               ShapeToString(weight.shape()));
+  TANDEM_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: x is ",
+               ShapeToString(x.shape()), " and weight is ", ShapeToString(weight.shape()),
+               "; x.size(-1) must equal weight.size(1) (in_features = ", weight.size(1), ")");
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  if (bias.defined()) {
+    CheckSameDevice(x, "x", bias, "bias", "linear");
+    CheckFloat(bias, "linear", "bias");
+    TANDEM_CHECK(bias.dim() == 1 && bias.size(0) == out_features, "linear: bias must be [",
+                 out_features, "] (out_features) but is ", ShapeToString(bias.shape()));
+  }
+  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+  const int64_t rows = NumElements(out_shape);
+  out_shape.push_back(out_features);
+  const Tensor x2 = x.dim() == 2 ? x : x.reshape({rows, in});
+
+  // y = x2 · weight^T (+ bias): the bias is broadcast into y first and Gemm adds onto it.
+  Tensor y = bias.defined() ? BroadcastCopyRaw(bias, {rows, out_features}, kFloat32)
+                            : NewTensor({rows, out_features}, kFloat32, x.device());
+  GemmIntoRaw(y, x2, TransposedRaw(weight), bias.defined() ? 1.0f : 0.0f);
+  std::vector<Tensor> inputs = {x2, weight};
+  if (bias.defined()) inputs.push_back(bias);
+  if (NeedsGrad(inputs)) {
+    const bool grad_x = NeedsGrad({x2}), grad_w = NeedsGrad({weight});
+    const bool has_bias = bias.defined(), grad_b = has_bias && NeedsGrad({bias});
+    Record("LinearBackward", inputs, y,
+           [grad_x, grad_w, has_bias, grad_b, sx = x2.detach(),
+            sw = weight.detach()](const Tensor& grad) {
+             std::vector<Tensor> grads = {grad_x ? MatmulRaw(grad, sw) : Tensor(),
+                                          grad_w ? MatmulRaw(TransposedRaw(grad), sx) : Tensor()};
+             if (has_bias) {
+               grads.push_back(grad_b ? ViewRaw(ReduceRaw(grad, {0}, ReduceOp::kSum, "linear"),
+                                                {grad.shape()[1]})
+                                      : Tensor());
+             }
+             return grads;
+           });
+  }
+  return x.dim() == 2 ? y : y.reshape(out_shape);
+}
+
+Tensor nll_loss(const Tensor& log_probs, const Tensor& targets) {
+  CheckClassification(log_probs, targets, "nll_loss", "log_probs");
+  return NllLossCore(log_probs, targets);
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
+  CheckClassification(logits, targets, "cross_entropy", "logits");
+  return NllLossCore(log_softmax(logits, 1), targets);
+}
+
+Tensor mse_loss(const Tensor& input, const Tensor& target) {
+  CheckDefined(input, "mse_loss", "input");
+  CheckDefined(target, "mse_loss", "target");
+  CheckSameDevice(input, "input", target, "target", "mse_loss");
+  CheckFloat(input, "mse_loss", "input");
+  TANDEM_CHECK(input.shape() == target.shape(), "mse_loss: input is ", ShapeToString(input.shape()),
+               " and target is ", ShapeToString(target.shape()),
+               "; they must have the same shape (broadcasting here usually hides a bug: ",
+               "reshape one of them)");
+  return mean(square(sub(input, target)));
+}
+
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
+              std::vector<int64_t> stride, std::vector<int64_t> padding) {
+  CheckImageInput(input, "conv2d");
+  CheckDefined(weight, "conv2d", "weight");
+  CheckSameDevice(input, "input", weight, "weight", "conv2d");
+  CheckFloat(weight, "conv2d", "weight");
+  TANDEM_CHECK(weight.dim() == 4, "conv2d: weight must be 4-D [out_channels, in_channels, kh, ",
+               "kw] but is ", ShapeToString(weight.shape()));
+  TANDEM_CHECK(input.size(1) == weight.size(1), "conv2d: input has ", input.size(1),
+               " channels but weight expects ", weight.size(1), " (weight is ",
+               ShapeToString(weight.shape()), ", input is ", ShapeToString(input.shape()), ")");
+  const int64_t out_channels = weight.size(0);
+  if (bias.defined()) {
+    CheckSameDevice(input, "input", bias, "bias", "conv2d");
+    CheckFloat(bias, "conv2d", "bias");
+    TANDEM_CHECK(bias.dim() == 1 && bias.size(0) == out_channels, "conv2d: bias must be [",
+                 out_channels, "] (out_channels) but is ", ShapeToString(bias.shape()));
+  }
+  const auto [stride_h, stride_w] = Pair(stride, "conv2d", "stride");
+  const auto [pad_h, pad_w] = Pair(padding, "conv2d", "padding");
+  TANDEM_CHECK(stride_h > 0 && stride_w > 0, "conv2d: stride must be positive but is [", stride_h,
+               ", ", stride_w, "]");
+  TANDEM_CHECK(pad_h >= 0 && pad_w >= 0, "conv2d: padding must be non-negative but is [", pad_h,
+               ", ", pad_w, "]");
+  Conv2dGeometry g;
+  g.batch = input.size(0);
+  g.channels = input.size(1);
+  g.height = input.size(2);
+  g.width = input.size(3);
+  g.kernel_h = weight.size(2);
+  g.kernel_w = weight.size(3);
+  g.stride_h = stride_h;
+  g.stride_w = stride_w;
+  g.pad_h = pad_h;
+  g.pad_w = pad_w;
+  TANDEM_CHECK(g.height + 2 * pad_h >= g.kernel_h && g.width + 2 * pad_w >= g.kernel_w,
+               "conv2d: input is ", ShapeToString(input.shape()), " (", g.height, "x", g.width,
+               " with padding [", pad_h, ", ", pad_w, "]) but the kernel is ", g.kernel_h, "x",
+               g.kernel_w, "; the padded input must be at least as large as the kernel");
+
+  const int64_t batch = g.batch, oh = g.out_h(), ow = g.out_w();
+  const int64_t plane = oh * ow, patch = g.channels * g.kernel_h * g.kernel_w;
+  Tensor x = ContiguousRaw(input);
+  Tensor w = ContiguousRaw(weight);
+  Backend& backend = BackendOf(x);
+  const int index = IndexOf(x);
+
+  Tensor out;
+  if (bias.defined()) {
+    const Tensor bias_column =
+        MakeView(bias, {out_channels, 1}, {bias.strides()[0], 1}, bias.storage_offset());
+    out = ViewRaw(BroadcastCopyRaw(bias_column, {batch, out_channels, plane}, kFloat32),
+                  {batch, out_channels, oh, ow});
+  } else {
+    out = FilledRaw({batch, out_channels, oh, ow}, kFloat32, x.device(), 0.0);
+  }
+  if (batch > 0 && plane > 0 && patch > 0 && out_channels > 0) {
+    Tensor columns = NewTensor({batch, patch, plane}, kFloat32, x.device());
+    backend.Im2Col(index, g, FloatPtr(x), FloatPtr(columns));
+    // out_n [O, L] += W [O, K] · columns_n [K, L] for every image n.
+    backend.Gemm(index, false, false, out_channels, plane, patch, 1.0f, FloatPtr(w), patch, 0,
+                 FloatPtr(columns), plane, patch * plane, 1.0f, FloatPtr(out), plane,
+                 out_channels * plane, batch);
+  }
+  std::vector<Tensor> inputs = {input, weight};
+  if (bias.defined()) inputs.push_back(bias);
+  if (NeedsGrad(inputs)) {
+    const bool grad_x = NeedsGrad({input}), grad_w = NeedsGrad({weight});
+    const bool has_bias = bias.defined(), grad_b = has_bias && NeedsGrad({bias});
+    Record("Conv2dBackward", inputs, out,
+           [g, grad_x, grad_w, has_bias, grad_b, out_channels, sx = x.detach(), sw = w.detach(),
+            weight_shape = weight.shape()](const Tensor& grad_output) {
+             const int64_t batch = g.batch, plane = g.out_h() * g.out_w();
+             const int64_t patch = g.channels * g.kernel_h * g.kernel_w;
+             const bool work = batch > 0 && plane > 0 && patch > 0 && out_channels > 0;
+             Backend& backend = BackendOf(grad_output);
+             const int index = IndexOf(grad_output);
+             const Tensor grad = ContiguousRaw(grad_output);
+             Tensor grad_input, grad_weight, grad_bias;
+             if (grad_x) {
+               // Col2Im overwrites every element, so only an empty problem needs a fill.
+               grad_input = work ? NewTensor(sx.shape(), kFloat32, sx.device())
+                                 : FilledRaw(sx.shape(), kFloat32, sx.device(), 0.0);
+               if (work) {
+                 // columns_n [K, L] = W^T [K, O] · grad_n [O, L], then folded back.
+                 Tensor grad_columns = NewTensor({batch, patch, plane}, kFloat32, sx.device());
+                 backend.Gemm(index, true, false, patch, plane, out_channels, 1.0f, FloatPtr(sw),
+                              patch, 0, FloatPtr(grad), plane, out_channels * plane, 0.0f,
+                              FloatPtr(grad_columns), plane, patch * plane, batch);
+                 backend.Col2Im(index, g, FloatPtr(grad_columns), FloatPtr(grad_input));
+               }
+             }
+             if (grad_w) {
+               if (work) {
+                 // Per image: grad_n [O, L] · columns_n^T [L, K]; then summed over images.
+                 Tensor columns = NewTensor({batch, patch, plane}, kFloat32, sx.device());
+                 backend.Im2Col(index, g, FloatPtr(sx), FloatPtr(columns));
+                 Tensor per_image = NewTensor({batch, out_channels, patch}, kFloat32, sx.device());
+                 backend.Gemm(index, false, true, out_channels, patch, plane, 1.0f, FloatPtr(grad),
+                              plane, out_channels * plane, FloatPtr(columns), plane, patch * plane,
+                              0.0f, FloatPtr(per_image), patch, out_channels * patch, batch);
+                 grad_weight =
+                     ViewRaw(ReduceRaw(per_image, {0}, ReduceOp::kSum, "conv2d"), weight_shape);
+               } else {
+                 grad_weight = FilledRaw(weight_shape, kFloat32, sx.device(), 0.0);
+               }
+             }
+             if (grad_b) {
+               grad_bias =
+                   ViewRaw(ReduceRaw(grad, {0, 2, 3}, ReduceOp::kSum, "conv2d"), {out_channels});
+             }
+             std::vector<Tensor> grads = {grad_input, grad_weight};
+             if (has_bias) grads.push_back(grad_bias);
+             return grads;
+           });
+  }
+  return out;
+}
+
+Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
+                  std::vector<int64_t> stride, std::vector<int64_t> padding) {
+  CheckImageInput(input, "max_pool2d");
+  const auto [kernel_h, kernel_w] = Pair(kernel_size, "max_pool2d", "kernel_size");
+  const auto [stride_h, stride_w] = stride.empty() ? std::pair<int64_t, int64_t>{kernel_h, kernel_w}
+                                                   : Pair(stride, "max_pool2d", "stride");
+  const auto [pad_h, pad_w] = Pair(padding, "max_pool2d", "padding");
+  TANDEM_CHECK(kernel_h > 0 && kernel_w > 0, "max_pool2d: kernel_size must be positive but is [",
+               kernel_h, ", ", kernel_w, "]");
+  TANDEM_CHECK(stride_h > 0 && stride_w > 0, "max_pool2d: stride must be positive but is [",
+               stride_h, ", ", stride_w, "]");
+  TANDEM_CHECK(pad_h >= 0 && pad_w >= 0 && 2 * pad_h <= kernel_h && 2 * pad_w <= kernel_w,
+               "max_pool2d: padding must be between 0 and half the kernel size, but padding is [",
+               pad_h, ", ", pad_w, "] for a ", kernel_h, "x", kernel_w, " kernel");
+  Conv2dGeometry g;
+  g.batch = input.size(0);
+  g.channels = input.size(1);
+  g.height = input.size(2);
+  g.width = input.size(3);
+  g.kernel_h = kernel_h;
+  g.kernel_w = kernel_w;
+  g.stride_h = stride_h;
+  g.stride_w = stride_w;
+  g.pad_h = pad_h;
+  g.pad_w = pad_w;
+  TANDEM_CHECK(g.height + 2 * pad_h >= kernel_h && g.width + 2 * pad_w >= kernel_w,
+               "max_pool2d: input is ", ShapeToString(input.shape()), " (", g.height, "x", g.width,
+               " with padding [", pad_h, ", ", pad_w, "]) but the window is ", kernel_h, "x",
+               kernel_w, "; the padded input must be at least as large as the window");
+  const Shape out_shape = {g.batch, g.channels, g.out_h(), g.out_w()};
+  Tensor x = ContiguousRaw(input);
+  Tensor out = NewTensor(out_shape, kFloat32, x.device());
+  Tensor argmax = NewTensor(out_shape, kInt64, x.device());
+  if (out.numel() > 0) {
+    BackendOf(x).MaxPool2d(IndexOf(x), g, FloatPtr(x), FloatPtr(out), Int64Ptr(argmax));
+  }
+  if (NeedsGrad({input})) {
+    Record("MaxPool2dBackward", {input}, out,
+           [g, argmax, input_shape = input.shape()](const Tensor& grad_output) {
+             const Tensor grad = ContiguousRaw(grad_output);
+             Tensor grad_input = NewTensor(input_shape, kFloat32, grad.device());
+             if (grad.numel() > 0) {
+               BackendOf(grad).MaxPool2dBackward(IndexOf(grad), g, FloatPtr(grad), Int64Ptr(argmax),
+                                                 FloatPtr(grad_input));
+             } else if (grad_input.numel() > 0) {
+               BackendOf(grad).Fill(IndexOf(grad), ToKernel(grad_input), 0.0);
+             }
+             return std::vector<Tensor>{grad_input};
+           });
+  }
+  return out;
+}
+
+Tensor dropout(const Tensor& input, double p, bool training, Generator* gen) {
+  CheckDefined(input, "dropout", "input");
+  CheckFloat(input, "dropout", "input");
+  TANDEM_CHECK(p >= 0.0 && p < 1.0, "dropout: p must be in [0, 1) but is ", p);
+  if (!training || p == 0.0) return input;
+  Generator& generator = gen != nullptr ? *gen : default_generator();
+  const int64_t n = input.numel();
+  const uint64_t seed = generator.seed();
+  const uint64_t offset = generator.Reserve(static_cast<uint64_t>(n));
+  Tensor mask = NewTensor(input.shape(), kFloat32, input.device());
+  if (n > 0) {
+    Backend& backend = BackendOf(input);
+    const int index = IndexOf(input);
+    backend.RandomUniform(index, FloatPtr(mask), n, seed, offset, 0.0f, 1.0f);
+    // Keep where u >= p (probability 1 - p), scaled so that the expectation is unchanged.
+    backend.Unary(index, UnaryOp::kGeScalar, ToKernel(mask), ToKernel(mask), p);
+    backend.Unary(index, UnaryOp::kMulScalar, ToKernel(mask), ToKernel(mask), 1.0 / (1.0 - p));
+  }
+  Tensor out = BinaryRaw(BinaryOp::kMul, input, mask, "dropout");
+  if (NeedsGrad({input})) {
+    Record("DropoutBackward", {input}, out,
+           [mask](const Tensor& grad) { return std::vector<Tensor>{mul(grad, mask)}; });
+  }
+  return out;
+}
+
+// ---- Joining -------------------------------------------------------------------------------
+
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  TANDEM_CHECK(!tensors.empty(), "cat: expected at least one tensor but got an empty list");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    TANDEM_CHECK(tensors[i].defined(), "cat: tensor ", i, " is an undefined Tensor");
+  }
+  const Tensor& first = tensors[0];
+  TANDEM_CHECK(first.dim() > 0, "cat: tensor 0 is zero-dimensional and has no dimension to ",
+               "join along; use stack, or unsqueeze(0) each tensor first");
+  const int64_t d = WrapDim(dim, first.dim(), "cat");
+  Shape shape = first.shape();
+  shape[d] = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    TANDEM_CHECK(t.device() == first.device(), "cat: tensor ", i, " is on ", t.device(),
+                 " but tensor 0 is on ", first.device(), "; move them to one device with .to()");
+    TANDEM_CHECK(t.dtype() == first.dtype(), "cat: tensor ", i, " is ", t.dtype(),
+                 " but tensor 0 is ", first.dtype(), "; convert them to one dtype with .to()");
+    bool same = t.dim() == first.dim();
+    for (int64_t k = 0; same && k < t.dim(); ++k) {
+      same = k == d || t.shape()[k] == first.shape()[k];
+    }
+    TANDEM_CHECK(same, "cat: tensor ", i, " is ", ShapeToString(t.shape()), " but tensor 0 is ",
+                 ShapeToString(first.shape()), "; all sizes except dimension ", d, " must match");
+    shape[d] += t.shape()[d];
+  }
+  Tensor out = NewTensor(shape, first.dtype(), first.device());
+  std::vector<int64_t> starts;
+  int64_t start = 0;
+  for (const Tensor& t : tensors) {
+    starts.push_back(start);
+    if (t.numel() > 0) {
+      const Tensor slot =
+          MakeView(out, t.shape(), out.strides(), out.storage_offset() + start * out.strides()[d]);
+      BackendOf(out).Copy(IndexOf(out), ToKernel(slot), ToKernel(t));
+    }
+    start += t.shape()[d];
+  }
+  if (NeedsGrad(tensors)) {
+    std::vector<bool> needed;
+    std::vector<Shape> shapes;
+    for (const Tensor& t : tensors) {
+      needed.push_back(NeedsGrad({t}));
+      shapes.push_back(t.shape());
+    }
+    Record("CatBackward", tensors, out, [d, needed, shapes, starts](const Tensor& grad) {
+      std::vector<Tensor> grads(shapes.size());
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        if (!needed[i]) continue;
+        const Tensor piece = MakeView(grad, shapes[i], grad.strides(),
+                                      grad.storage_offset() + starts[i] * grad.strides()[d]);
+        grads[i] = BroadcastCopyRaw(piece, shapes[i], grad.dtype());
+      }
+      return grads;
+    });
+  }
+  return out;
+}
+
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
+  TANDEM_CHECK(!tensors.empty(), "stack: expected at least one tensor but got an empty list");
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    TANDEM_CHECK(tensors[i].defined(), "stack: tensor ", i, " is an undefined Tensor");
+    TANDEM_CHECK(tensors[i].shape() == tensors[0].shape(), "stack: tensor ", i, " is ",
+                 ShapeToString(tensors[i].shape()), " but tensor 0 is ",
+                 ShapeToString(tensors[0].shape()), "; all tensors must have the same shape");
+  }
+  const int64_t d = WrapDim(dim, tensors[0].dim() + 1, "stack");
+  std::vector<Tensor> unsqueezed;
+  unsqueezed.reserve(tensors.size());
+  for (const Tensor& t : tensors) unsqueezed.push_back(t.unsqueeze(d));
+  return cat(unsqueezed, d);
+}
+
+bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
+  CheckDefined(a, "allclose", "a");
+  CheckDefined(b, "allclose", "b");
+  if (a.shape() != b.shape()) return false;
+  const auto host_values = [](const Tensor& t) {
+    const Tensor host = t.detach().to(Device::Cpu()).contiguous();
+    std::vector<double> values;
+    if (host.dtype() == kFloat32) {
+      for (float v : host.to_vector<float>()) values.push_back(v);
+    } else {
+      for (int64_t v : host.to_vector<int64_t>()) values.push_back(static_cast<double>(v));
+    }
+    return values;
+  };
+  const std::vector<double> x = host_values(a), y = host_values(b);
+  for (size_t i = 0; i < x.size(); ++i) {
+    if (x[i] == y[i]) continue;  // equal infinities included
+    if (!(std::fabs(x[i] - y[i]) <= atol + rtol * std::fabs(y[i]))) return false;
+  }
+  return true;
+}
+
+// ---- Tensor methods -------------------------------------------------------------------------
+
+Tensor Tensor::relu() const { return tandem::relu(*this); }
+Tensor Tensor::exp() const { return tandem::exp(*this); }
+Tensor Tensor::log() const { return tandem::log(*this); }
+Tensor Tensor::sum() const { return tandem::sum(*this); }
+Tensor Tensor::sum(const std::vector<int64_t>& dims, bool keepdim) const {
+  return tandem::sum(*this, dims, keepdim);
+}
+Tensor Tensor::mean() const { return tandem::mean(*this); }
+Tensor Tensor::mean(const std::vector<int64_t>& dims, bool keepdim) const {
+  return tandem::mean(*this, dims, keepdim);
+}
+Tensor Tensor::argmax(int64_t dim, bool keepdim) const {
+  return tandem::argmax(*this, dim, keepdim);
+}
+Tensor Tensor::matmul(const Tensor& other) const { return tandem::matmul(*this, other); }
+
+}  // namespace tandem
