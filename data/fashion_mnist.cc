@@ -1,0 +1,132 @@
+#include "data/fashion_mnist.h"
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+#include "data/idx.h"
+
+namespace tandem {
+namespace data {
+
+namespace {
+
+constexpr int64_t kImageBytes = FashionMnist::kRows * FashionMnist::kCols;
+
+// root/name.gz, or root/name when only the uncompressed file is there. Throws naming the
+// .gz file and the Debian package that provides it when neither exists.
+std::string FindFile(const std::string& root, const std::string& name) {
+  namespace fs = std::filesystem;
+  const fs::path gzipped = fs::path(root) / (name + ".gz");
+  const fs::path plain = fs::path(root) / name;
+  std::error_code error;
+  if (fs::exists(gzipped, error)) return gzipped.string();
+  if (fs::exists(plain, error)) return plain.string();
+  TANDEM_FAIL("Fashion-MNIST file not found: ", gzipped.string(),
+              ". Install it with: apt-get install dataset-fashion-mnist (Debian's package puts "
+              "the files in ",
+              FashionMnist::kDefaultRoot, "), or pass the folder that holds ", name,
+              ".gz as the root");
+}
+
+}  // namespace
+
+const char* FashionMnist::ClassName(int64_t label) {
+  static constexpr const char* kNames[kNumClasses] = {
+      "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+      "Sandal",      "Shirt",   "Sneaker",  "Bag",   "Ankle boot"};
+  TANDEM_CHECK(label >= 0 && label < kNumClasses, "FashionMnist::ClassName: label ", label,
+               " is outside 0..", kNumClasses - 1);
+  return kNames[label];
+}
+
+const char* FashionMnist::SplitPrefix(Split split) {
+  return split == Split::kTrain ? "train" : "t10k";
+}
+
+FashionMnist::FashionMnist(const std::string& root, Split split, Options options)
+    : split_(split), options_(options) {
+  TANDEM_CHECK(!options.normalize_ || (std::isfinite(options.std_) && options.std_ > 0 &&
+                                       std::isfinite(options.mean_)),
+               "FashionMnist: normalize needs a finite mean and a positive finite std but got "
+               "mean ",
+               options.mean_, ", std ", options.std_);
+  const std::string prefix = SplitPrefix(split);
+  const std::string images_path = FindFile(root, prefix + "-images-idx3-ubyte");
+  const std::string labels_path = FindFile(root, prefix + "-labels-idx1-ubyte");
+
+  IdxArray images = ReadIdxFile(images_path, 3);
+  TANDEM_CHECK(images.dims[1] == kRows && images.dims[2] == kCols, images_path, " holds ",
+               images.dims[1], "x", images.dims[2], " images but Fashion-MNIST's are ", kRows, "x",
+               kCols, "; this is not a Fashion-MNIST file");
+  IdxArray labels = ReadIdxFile(labels_path, 1);
+  TANDEM_CHECK(images.dims[0] == labels.dims[0], images_path, " holds ", images.dims[0],
+               " images but ", labels_path, " holds ", labels.dims[0],
+               " labels; the two files must come from the same split and release");
+  for (size_t i = 0; i < labels.bytes.size(); ++i) {
+    TANDEM_CHECK(labels.bytes[i] < kNumClasses, labels_path, ": label ", int{labels.bytes[i]},
+                 " of item ", i, " is outside 0..", kNumClasses - 1, "; the file is corrupt");
+  }
+  pixels_ = std::move(images.bytes);
+  labels_ = std::move(labels.bytes);
+
+  for (int value = 0; value < 256; ++value) {
+    const float scaled = static_cast<float>(value) / 255.0f;
+    pixel_to_float_[value] = options.normalize_ ? (scaled - options.mean_) / options.std_ : scaled;
+  }
+}
+
+int64_t FashionMnist::label(int64_t index) const {
+  CheckIndex(index, "FashionMnist::label");
+  return labels_[index];
+}
+
+const uint8_t* FashionMnist::pixels(int64_t index) const {
+  CheckIndex(index, "FashionMnist::pixels");
+  return pixels_.data() + index * kImageBytes;
+}
+
+void FashionMnist::ConvertImage(int64_t index, float* out) const {
+  const uint8_t* in = pixels_.data() + index * kImageBytes;
+  for (int64_t p = 0; p < kImageBytes; ++p) out[p] = pixel_to_float_[in[p]];
+}
+
+Example FashionMnist::get(int64_t index) const {
+  CheckIndex(index, "FashionMnist::get");
+  Tensor image = empty({1, kRows, kCols});
+  ConvertImage(index, image.data<float>());
+  Tensor label = scalar_tensor(static_cast<double>(labels_[index]), kInt64);
+  return {image, label};
+}
+
+Batch FashionMnist::get_batch(const std::vector<int64_t>& indices, bool pinned) const {
+  TANDEM_CHECK(!indices.empty(), "FashionMnist::get_batch needs at least one index but got none");
+  for (const int64_t index : indices) CheckIndex(index, "FashionMnist::get_batch");
+  const auto batch_size = static_cast<int64_t>(indices.size());
+  Tensor images = empty({batch_size, 1, kRows, kCols}, TensorOptions().pinned(pinned));
+  Tensor labels = empty({batch_size}, TensorOptions().dtype(kInt64).pinned(pinned));
+  float* image_data = images.data<float>();
+  int64_t* label_data = labels.data<int64_t>();
+  for (int64_t b = 0; b < batch_size; ++b) {
+    ConvertImage(indices[b], image_data + b * kImageBytes);
+    label_data[b] = labels_[indices[b]];
+  }
+  Batch batch;
+  batch.fields = {images, labels};
+  batch.indices = indices;
+  return batch;
+}
+
+Tensor FashionMnist::images() const {
+  Tensor all = empty({size(), 1, kRows, kCols});
+  float* out = all.data<float>();
+  for (int64_t i = 0; i < size(); ++i) ConvertImage(i, out + i * kImageBytes);
+  return all;
+}
+
+Tensor FashionMnist::labels() const {
+  return from_vector(std::vector<int64_t>(labels_.begin(), labels_.end()), {size()}, kInt64);
+}
+
+}  // namespace data
+}  // namespace tandem
