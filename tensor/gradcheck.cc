@@ -1,0 +1,151 @@
+#include "tensor/gradcheck.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tensor/autograd.h"
+#include "tensor/error.h"
+#include "tensor/tensor.h"
+
+namespace tandem {
+namespace {
+
+constexpr int kMaxReportedMismatches = 5;
+// Fixed so that a failing check fails the same way every run.
+constexpr uint64_t kProjectionSeed = 0x6772616463686bULL;
+
+std::vector<double> HostValues(const Tensor& t) {
+  const std::vector<float> values = t.detach().contiguous().to_vector<float>();
+  return std::vector<double>(values.begin(), values.end());
+}
+
+std::string ElementIndex(int64_t flat, const Shape& shape) {
+  std::vector<int64_t> index(shape.size());
+  for (size_t d = shape.size(); d-- > 0;) {
+    index[d] = flat % shape[d];
+    flat /= shape[d];
+  }
+  std::ostringstream out;
+  out << "(";
+  for (size_t d = 0; d < index.size(); ++d) out << (d > 0 ? ", " : "") << index[d];
+  out << ")";
+  return out.str();
+}
+
+// f's output on the host, checked against the shape it had when the gradients were taken.
+std::vector<double> Evaluate(const GradCheckFunction& f, const std::vector<Tensor>& inputs,
+                             const Shape& expected_shape) {
+  const Tensor y = f(inputs);
+  TANDEM_CHECK(y.defined() && y.shape() == expected_shape, "CheckGradients: f returned ",
+               y.defined() ? ShapeToString(y.shape()) : "undefined", " for perturbed inputs but ",
+               ShapeToString(expected_shape),
+               " before; f must be a deterministic function of its inputs");
+  return HostValues(y);
+}
+
+}  // namespace
+
+GradCheckResult CheckGradients(GradCheckFunction f, std::vector<Tensor> inputs, double eps,
+                               double atol, double rtol) {
+  TANDEM_CHECK(static_cast<bool>(f), "CheckGradients: f is empty");
+  TANDEM_CHECK(eps > 0.0 && atol >= 0.0 && rtol >= 0.0,
+               "CheckGradients: eps must be positive and atol, rtol non-negative but eps = ", eps,
+               ", atol = ", atol, ", rtol = ", rtol);
+  // Fresh leaves, so that the caller's tensors and their gradients stay untouched.
+  std::vector<Tensor> leaves(inputs.size());
+  std::vector<bool> checked(inputs.size(), false);
+  bool any_checked = false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    TANDEM_CHECK(inputs[i].defined(), "CheckGradients: input ", i, " is an undefined Tensor");
+    checked[i] = inputs[i].dtype() == kFloat32 && inputs[i].requires_grad();
+    any_checked = any_checked || checked[i];
+    leaves[i] = inputs[i];
+    if (checked[i]) {
+      leaves[i] = inputs[i].detach().clone();
+      leaves[i].set_requires_grad(true);
+    }
+  }
+  TANDEM_CHECK(any_checked,
+               "CheckGradients: no input is a float32 tensor that requires grad; call "
+               "set_requires_grad(true) on the inputs whose gradients should be checked");
+
+  const Tensor output = f(leaves);
+  TANDEM_CHECK(output.defined() && output.dtype() == kFloat32,
+               "CheckGradients: f must return a defined float32 tensor but returned ",
+               output.defined() ? DTypeName(output.dtype()) : "an undefined tensor");
+  const Shape output_shape = output.shape();
+  Generator generator(kProjectionSeed);
+  const Tensor projection = randn(output_shape, TensorOptions(output.device()), &generator);
+  const std::vector<double> weights = HostValues(projection);
+  if (output.requires_grad()) sum(mul(output, projection)).backward();
+
+  GradCheckResult result;
+  std::ostringstream report;
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!checked[i]) continue;
+    const Shape& shape = inputs[i].shape();
+    const Tensor grad = leaves[i].grad();
+    if (grad.defined() && grad.shape() != shape) {
+      result.ok = false;
+      report << "input " << i << " is " << ShapeToString(shape) << " but its gradient is "
+             << ShapeToString(grad.shape()) << "\n";
+      continue;
+    }
+    const std::vector<double> analytic =
+        grad.defined() ? HostValues(grad) : std::vector<double>(NumElements(shape), 0.0);
+
+    std::vector<Tensor> probe = leaves;
+    probe[i] = leaves[i].detach().clone().contiguous();
+    const Tensor flat = probe[i].view({-1});
+    const std::vector<double> original = HostValues(probe[i]);
+    for (int64_t j = 0; j < static_cast<int64_t>(original.size()); ++j) {
+      const float x = static_cast<float>(original[j]);
+      const float step = static_cast<float>(eps * std::max(1.0, std::fabs(original[j])));
+      // The step actually taken in float32, which is what the difference must be divided by.
+      const float plus = x + step, minus = x - step;
+      Tensor element = flat.narrow(0, j, 1);
+      element.fill_(plus);
+      const std::vector<double> y_plus = Evaluate(f, probe, output_shape);
+      element.fill_(minus);
+      const std::vector<double> y_minus = Evaluate(f, probe, output_shape);
+      element.fill_(x);
+      // Differences first, then the projection: untouched outputs cancel exactly.
+      double difference = 0.0;
+      for (size_t k = 0; k < weights.size(); ++k) {
+        difference += weights[k] * (y_plus[k] - y_minus[k]);
+      }
+      const double numeric = difference / (static_cast<double>(plus) - static_cast<double>(minus));
+      const double error = std::fabs(analytic[j] - numeric);
+      ++result.checked_elements;
+      if (!(error <= result.max_abs_error)) result.max_abs_error = error;
+      if (!(error <= atol + rtol * std::fabs(numeric))) {
+        result.ok = false;
+        if (++result.mismatched_elements <= kMaxReportedMismatches) {
+          report << "input " << i << " " << ShapeToString(shape) << " element "
+                 << ElementIndex(j, shape) << ": analytic " << analytic[j] << ", numeric "
+                 << numeric << " (|difference| " << error << " > atol " << atol << " + rtol "
+                 << rtol << " * |numeric|)\n";
+        }
+      }
+    }
+  }
+  if (!result.ok) {
+    std::ostringstream message;
+    message << "gradient check failed: " << result.mismatched_elements << " of "
+            << result.checked_elements << " elements differ from finite differences (eps " << eps
+            << ")\n"
+            << report.str();
+    if (result.mismatched_elements > kMaxReportedMismatches) {
+      message << "... and " << result.mismatched_elements - kMaxReportedMismatches << " more\n";
+    }
+    result.message = message.str();
+  }
+  return result;
+}
+
+}  // namespace tandem
