@@ -19,12 +19,15 @@ struct GzCloser {
 };
 
 // zlib's description of the stream's error state, or "" when it has none.
-std::string GzipError(gzFile file) {
+std::string GzipError(gzFile file, const std::string& path) {
   int code = Z_OK;
   const char* message = gzerror(file, &code);
   if (code == Z_OK || code == Z_STREAM_END) return "";
   if (code == Z_ERRNO) return std::strerror(errno);
-  return message != nullptr ? message : "unknown zlib error";
+  std::string text = message != nullptr ? message : "unknown zlib error";
+  // zlib prefixes the path, which our message names already.
+  if (text.rfind(path + ": ", 0) == 0) text = text.substr(path.size() + 2);
+  return text;
 }
 
 uint32_t ReadBigEndian32(const uint8_t* p) {
@@ -45,7 +48,7 @@ std::vector<uint8_t> ReadGzipFile(const std::string& path) {
     const size_t old_size = content.size();
     content.resize(old_size + kChunk);
     const int got = gzread(file.get(), content.data() + old_size, kChunk);
-    const std::string error = GzipError(file.get());
+    const std::string error = GzipError(file.get(), path);
     TANDEM_CHECK(
         got >= 0 && error.empty(), path,
         " is not a valid gzip file or is truncated (zlib: ", error.empty() ? "read error" : error,
