@@ -192,10 +192,16 @@ Tensor SumAllRaw(const Tensor& a) {
   return ViewRaw(ReduceRaw(a, NormalizeDims({}, a.dim(), "sum"), ReduceOp::kSum, "sum"), {});
 }
 
-// `grad` (of the reduced shape) broadcast back to `input_shape`, as a new tensor.
+// `grad` (of the reduced shape) broadcast back to `input_shape` as a stride-0 view: the
+// engine copies gradients before accumulating into them, so a view saves a full copy.
 Tensor ExpandGradRaw(const Tensor& grad, const Shape& kept_shape, const Shape& input_shape) {
-  Tensor kept = grad.shape() == kept_shape ? grad : ViewRaw(ContiguousRaw(grad), kept_shape);
-  return BroadcastCopyRaw(kept, input_shape, grad.dtype());
+  const Tensor kept = grad.shape() == kept_shape ? grad : ViewRaw(ContiguousRaw(grad), kept_shape);
+  const size_t lead = input_shape.size() - kept_shape.size();
+  std::vector<int64_t> strides(input_shape.size(), 0);
+  for (size_t d = lead; d < input_shape.size(); ++d) {
+    if (kept_shape[d - lead] == input_shape[d]) strides[d] = kept.strides()[d - lead];
+  }
+  return MakeView(kept, input_shape, strides, kept.storage_offset());
 }
 
 // ---- Elementwise with autograd -------------------------------------------------------
@@ -690,7 +696,7 @@ Tensor sum(const Tensor& a) {
   Tensor out = SumAllRaw(a);
   if (NeedsGrad({a})) {
     Record("SumBackward", {a}, out, [shape = a.shape()](const Tensor& grad) {
-      return std::vector<Tensor>{BroadcastCopyRaw(grad, shape, grad.dtype())};
+      return std::vector<Tensor>{ExpandGradRaw(grad, {}, shape)};
     });
   }
   return out;
@@ -1155,9 +1161,9 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
       std::vector<Tensor> grads(shapes.size());
       for (size_t i = 0; i < shapes.size(); ++i) {
         if (!needed[i]) continue;
-        const Tensor piece = MakeView(grad, shapes[i], grad.strides(),
-                                      grad.storage_offset() + starts[i] * grad.strides()[d]);
-        grads[i] = BroadcastCopyRaw(piece, shapes[i], grad.dtype());
+        // A view of the gradient's slice; the engine copies before it accumulates.
+        grads[i] = MakeView(grad, shapes[i], grad.strides(),
+                            grad.storage_offset() + starts[i] * grad.strides()[d]);
       }
       return grads;
     });
