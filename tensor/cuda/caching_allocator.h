@@ -1,0 +1,117 @@
+// CachingAllocator: a device-memory allocator that keeps freed blocks for reuse, so that a
+// steady training loop stops calling the system allocator (cudaMalloc, which synchronises
+// the device and costs far more than a kernel launch) after its first step.
+//
+// The design follows PyTorch's CUDA caching allocator, smaller:
+//   - Sizes round up to 512-byte classes. Requests up to 1 MiB come from a "small" pool
+//     carved out of 2 MiB segments; larger ones from a "large" pool (20 MiB segments for
+//     requests under 10 MiB, else the size rounded up to 2 MiB).
+//   - A free block is found best-fit among the blocks of the same pool and the same stream
+//     and split when the remainder is worth keeping; freed neighbours merge again.
+//   - Blocks are reused only by the stream they were allocated on: work on that stream is
+//     ordered, so a block freed while a kernel still reads it can be handed out again at
+//     once — the next user's kernels queue behind it.
+//   - When the system says no, the allocator frees every cached segment that is wholly
+//     unused and tries once more, then throws an out-of-memory tandem::Error.
+//
+// The system memory is injected (SystemMemory), which keeps this file free of CUDA: the
+// CUDA backend plugs in cudaMalloc/cudaFree, and caching_allocator_test plugs in a fake
+// with a capacity, so the pooling logic is tested on machines without a GPU.
+//
+//   CachingAllocator allocator(Device::Cuda(0), std::make_unique<MySystemMemory>());
+//   std::shared_ptr<void> block = allocator.Allocate(1000);  // a 1024-byte block
+//   block.reset();                                           // back to the pool
+#ifndef TANDEM_TENSOR_CUDA_CACHING_ALLOCATOR_H_
+#define TANDEM_TENSOR_CUDA_CACHING_ALLOCATOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "tensor/allocator.h"
+#include "tensor/device.h"
+
+namespace tandem {
+namespace cuda {
+
+// Where a CachingAllocator gets memory from (cudaMalloc for a GPU).
+class SystemMemory {
+ public:
+  virtual ~SystemMemory() = default;
+  // Returns nullptr, with the reason in `error`, when `bytes` cannot be had.
+  virtual void* Allocate(size_t bytes, std::string* error) = 0;
+  virtual void Free(void* ptr) = 0;
+  // An identifier of the stream that new allocations will be used on.
+  virtual uintptr_t CurrentStream() { return 0; }
+  // What the system is called in error messages ("cudaMalloc").
+  virtual const char* Name() const = 0;
+};
+
+class CachingAllocator : public Allocator {
+ public:
+  static constexpr size_t kRoundBytes = 512;          // size classes
+  static constexpr size_t kSmallRequest = 1 << 20;    // up to 1 MiB: small pool
+  static constexpr size_t kSmallSegment = 2 << 20;    // small-pool segments
+  static constexpr size_t kMediumRequest = 10 << 20;  // under 10 MiB: 20 MiB segments
+  static constexpr size_t kMediumSegment = 20 << 20;
+  static constexpr size_t kLargeSegmentRound = 2 << 20;  // bigger: rounded to 2 MiB
+
+  // The size class of a request: a multiple of 512, at least 512 (so zero bytes still
+  // gets a distinct, valid pointer).
+  static size_t RoundSize(size_t bytes);
+  // The size of the segment taken from the system to serve a request of `rounded` bytes.
+  static size_t SegmentSize(size_t rounded);
+
+  CachingAllocator(Device device, std::unique_ptr<SystemMemory> system);
+  // Returns the cached segments to the system. Every block must have been freed: the
+  // backend's allocators live for the whole process, so only tests destroy one.
+  ~CachingAllocator() override;
+  CachingAllocator(const CachingAllocator&) = delete;
+  CachingAllocator& operator=(const CachingAllocator&) = delete;
+
+  // A block of at least `bytes`, for use on the system's current stream. Statistics count
+  // the bytes asked for (so they compare across devices); `reserved` counts segments.
+  std::shared_ptr<void> Allocate(size_t bytes) override;
+  std::shared_ptr<void> AllocateOnStream(size_t bytes, uintptr_t stream);
+  MemoryStats Stats() const override { return counter_.Stats(); }
+  void ResetPeak() override { counter_.ResetPeak(); }
+  void SetLimit(int64_t bytes) override { counter_.SetLimit(bytes); }
+  // Returns every wholly unused segment to the system.
+  void EmptyCache() override;
+
+  // Bytes held in free cached blocks, and the number of segments taken from the system
+  // and not yet returned (for tests and diagnostics).
+  int64_t CachedBytes() const;
+  int64_t NumSegments() const;
+
+ private:
+  struct Block;
+  struct BlockOrder {
+    bool operator()(const Block* a, const Block* b) const;
+  };
+  using Pool = std::set<Block*, BlockOrder>;
+
+  Block* FindFreeBlock(Pool& pool, uintptr_t stream, size_t size);
+  Block* NewSegment(Pool& pool, uintptr_t stream, size_t size, size_t requested);
+  Block* SplitIfWorthIt(Pool& pool, Block* block, size_t size);
+  void Free(Block* block);
+  // Frees every wholly unused segment; returns the bytes given back. Needs mutex_.
+  size_t ReleaseUnusedSegmentsLocked();
+
+  const Device device_;
+  const std::unique_ptr<SystemMemory> system_;
+  AllocationCounter counter_;
+  mutable std::mutex mutex_;
+  Pool small_pool_;  // free blocks only
+  Pool large_pool_;
+  int64_t cached_bytes_ = 0;
+  int64_t num_segments_ = 0;
+};
+
+}  // namespace cuda
+}  // namespace tandem
+
+#endif  // TANDEM_TENSOR_CUDA_CACHING_ALLOCATOR_H_

@@ -1,0 +1,55 @@
+// tandem::cuda: what a user (or another Tandem library) may ask of the CUDA backend
+// directly. Tensors on "cuda:N" devices need none of it; this header is for checks, for
+// timing (Synchronize), for the TF32 switch and for interoperating with other CUDA code.
+// It exposes no CUDA type, so it compiles without the CUDA toolkit's headers.
+//
+//   if (tandem::cuda::IsAvailable()) {
+//     tandem::Tensor x = tandem::rand({1024, 1024}, tandem::Device::Cuda(0));
+//     tandem::Tensor y = tandem::matmul(x, x);
+//     tandem::cuda::Synchronize(0);  // y's kernels have finished
+//   } else {
+//     std::cerr << tandem::cuda::UnavailableReason() << "\n";
+//   }
+//
+// Devices: by default cuda:N is physical GPU N (as numbered by CUDA_VISIBLE_DEVICES).
+// For testing multi-device code on one GPU, TANDEM_CUDA_LOGICAL_DEVICES=N maps N logical
+// devices onto GPU 0, each with its own stream, memory pool and cuBLAS handle (see
+// tensor/cuda/README.md).
+#ifndef TANDEM_TENSOR_CUDA_CUDA_H_
+#define TANDEM_TENSOR_CUDA_CUDA_H_
+
+#include <string>
+
+namespace tandem {
+namespace cuda {
+
+// Whether at least one CUDA device can be used.
+bool IsAvailable();
+// Usable (logical) CUDA devices; 0 without a GPU or driver.
+int DeviceCount();
+// Why DeviceCount() is 0 ("no CUDA driver: cudaGetDeviceCount returned
+// cudaErrorInsufficientDriver ..."); empty when devices are available.
+std::string UnavailableReason();
+
+// Waits until all work queued on `device` (its stream) has finished. Throws tandem::Error
+// carrying any asynchronous error a kernel raised (e.g. an illegal address).
+void Synchronize(int device);
+
+// Whether float32 matrix products may use TF32 tensor cores (about 8x faster on an H200,
+// with 10-bit mantissas for the inputs). Off by default, so that GPU results match the
+// CPU's to float32 precision; PyTorch's torch.backends.cuda.matmul.allow_tf32 is the same
+// switch. Applies to products queued after the call, on every device.
+void SetAllowTf32(bool allow);
+bool AllowTf32();
+
+// The physical GPU behind a logical device (differs from `device` only with
+// TANDEM_CUDA_LOGICAL_DEVICES).
+int PhysicalDevice(int device);
+// The device's stream, as an opaque handle to cast to cudaStream_t, for code that queues
+// its own CUDA work (NCCL, custom kernels) in order with Tandem's.
+void* Stream(int device);
+
+}  // namespace cuda
+}  // namespace tandem
+
+#endif  // TANDEM_TENSOR_CUDA_CUDA_H_

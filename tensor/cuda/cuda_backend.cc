@@ -1,0 +1,472 @@
+// The CUDA backend: Backend for DeviceType::kCUDA, registered at static initialisation.
+//
+// Each call makes its device's physical GPU current, validates its arguments (with the
+// CPU backend's messages, so errors read the same on either device), and queues its work
+// on the device's stream (tensor/cuda/cuda_device.h). Kernels are in kernels.cu; GEMM is
+// cuBLAS. Nothing here waits for the GPU except CopyToHost, pageable CopyFromHost and
+// Synchronize.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <limits>
+#include <memory>
+#include <string>
+
+#include "tensor/allocator.h"
+#include "tensor/backend.h"
+#include "tensor/cuda/caching_allocator.h"
+#include "tensor/cuda/cuda.h"
+#include "tensor/cuda/cuda_check.h"
+#include "tensor/cuda/cuda_device.h"
+#include "tensor/cuda/kernels.h"
+#include "tensor/dtype.h"
+#include "tensor/elementwise_math.h"
+#include "tensor/error.h"
+
+namespace tandem {
+namespace cuda {
+namespace {
+
+std::atomic<bool> allow_tf32{false};
+
+// ---- Argument checks (the CPU backend's, with "CUDA" in the message) --------------------
+
+std::string ShapeString(const KernelTensor& t) {
+  std::string text = "[";
+  for (int d = 0; d < t.ndim; ++d) text += (d ? ", " : "") + std::to_string(t.sizes[d]);
+  return text + "]";
+}
+
+void CheckLayout(const KernelTensor& t, const char* kernel) {
+  TANDEM_CHECK(t.ndim >= 0 && t.ndim <= kMaxDims, "CUDA ", kernel, " got a tensor with ", t.ndim,
+               " dimensions; at most ", kMaxDims, " are supported");
+  for (int d = 0; d < t.ndim; ++d) {
+    TANDEM_CHECK(t.sizes[d] >= 0, "CUDA ", kernel, " got a negative size ", t.sizes[d],
+                 " in dimension ", d);
+  }
+}
+
+void CheckSameShape(const KernelTensor& dst, const KernelTensor& src, const char* kernel,
+                    const char* what) {
+  bool same = dst.ndim == src.ndim;
+  for (int d = 0; same && d < dst.ndim; ++d) same = dst.sizes[d] == src.sizes[d];
+  TANDEM_CHECK(same, "CUDA ", kernel, " expects ", what, " of the output's shape ",
+               ShapeString(dst), " but got ", ShapeString(src),
+               "; broadcast or reshape it before calling the kernel");
+}
+
+void CheckGeometry(const Conv2dGeometry& g, const char* kernel) {
+  TANDEM_CHECK(g.batch >= 0 && g.channels >= 0 && g.height >= 0 && g.width >= 0, "CUDA ", kernel,
+               " expects non-negative image sizes but got batch=", g.batch,
+               " channels=", g.channels, " height=", g.height, " width=", g.width);
+  TANDEM_CHECK(g.kernel_h > 0 && g.kernel_w > 0 && g.stride_h > 0 && g.stride_w > 0 &&
+                   g.pad_h >= 0 && g.pad_w >= 0,
+               "CUDA ", kernel,
+               " expects a positive kernel and stride and non-negative padding but got kernel ",
+               g.kernel_h, "x", g.kernel_w, ", stride ", g.stride_h, "x", g.stride_w, ", padding ",
+               g.pad_h, "x", g.pad_w);
+  TANDEM_CHECK(g.height + 2 * g.pad_h >= g.kernel_h && g.width + 2 * g.pad_w >= g.kernel_w, "CUDA ",
+               kernel, ": the ", g.kernel_h, "x", g.kernel_w, " window is larger than the padded ",
+               g.height + 2 * g.pad_h, "x", g.width + 2 * g.pad_w,
+               " image; use a smaller kernel or more padding");
+}
+
+const char* ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kArgMax:
+      return "argmax";
+    case ReduceOp::kArgMin:
+      return "argmin";
+  }
+  return "?";
+}
+
+// BLAS needs rows that do not overlap, except where a matrix has at most one row (the
+// CPU backend's rule, which cuBLAS shares).
+int64_t LeadingDimension(int64_t rows, int64_t cols, int64_t ld, const char* name) {
+  if (rows <= 1) return std::max<int64_t>(ld, std::max<int64_t>(cols, 1));
+  TANDEM_CHECK(ld >= std::max<int64_t>(cols, 1), "CUDA Gemm: the row stride ", name, " = ", ld,
+               " is smaller than the row length ", cols,
+               "; BLAS needs rows that do not overlap: make the matrix contiguous first");
+  return ld;
+}
+
+// ---- The backend -------------------------------------------------------------------------
+
+class CudaBackend final : public Backend {
+ public:
+  static Backend& Instance() {
+    // Leaked on purpose, like the devices (see CudaDevices::Get).
+    static CudaBackend* backend = new CudaBackend;
+    return *backend;
+  }
+
+  DeviceType type() const override { return DeviceType::kCUDA; }
+  int DeviceCount() const override { return CudaDevices::Get().count(); }
+  std::string UnavailableReason() const override { return CudaDevices::Get().unavailable_reason(); }
+
+  Allocator& GetAllocator(int index) override { return Device(index).allocator(); }
+
+  void Synchronize(int index) override {
+    CudaDevice& device = Device(index);
+    DeviceGuard guard(device.physical());
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(device.stream()), index);
+  }
+
+  void CopyToHost(int index, void* dst, const void* src, size_t bytes) override;
+  void CopyFromHost(int index, void* dst, const void* src, size_t bytes) override;
+  void CopyBetweenDevices(int dst_index, void* dst, int src_index, const void* src,
+                          size_t bytes) override;
+  std::shared_ptr<void> AllocatePinnedHost(size_t bytes) override {
+    return CudaDevices::Get().pinned().Allocate(bytes);
+  }
+
+  void Copy(int index, const KernelTensor& dst, const KernelTensor& src) override;
+  void Fill(int index, const KernelTensor& dst, double value) override;
+  void Unary(int index, UnaryOp op, const KernelTensor& dst, const KernelTensor& src,
+             double scalar) override;
+  void Binary(int index, BinaryOp op, const KernelTensor& dst, const KernelTensor& a,
+              const KernelTensor& b) override;
+  void Reduce(int index, ReduceOp op, const KernelTensor& dst, const KernelTensor& src,
+              int64_t outer, int64_t reduce, int64_t inner) override;
+  void Softmax(int index, bool log, float* dst, const float* src, int64_t outer, int64_t dim,
+               int64_t inner) override;
+  void Gemm(int index, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+            const float* a, int64_t lda, int64_t stride_a, const float* b, int64_t ldb,
+            int64_t stride_b, float beta, float* c, int64_t ldc, int64_t stride_c,
+            int64_t batch) override;
+  void Im2Col(int index, const Conv2dGeometry& g, const float* image, float* columns) override;
+  void Col2Im(int index, const Conv2dGeometry& g, const float* columns, float* image) override;
+  void MaxPool2d(int index, const Conv2dGeometry& g, const float* input, float* output,
+                 int64_t* argmax) override;
+  void MaxPool2dBackward(int index, const Conv2dGeometry& g, const float* grad_output,
+                         const int64_t* argmax, float* grad_input) override;
+  void GatherColumns(int index, float* dst, const float* src, const int64_t* idx, int64_t rows,
+                     int64_t cols) override;
+  void ScatterAddColumns(int index, float* dst, const float* src, const int64_t* idx, int64_t rows,
+                         int64_t cols) override;
+  void RandomUniform(int index, float* dst, int64_t n, uint64_t seed, uint64_t offset, float low,
+                     float high) override;
+  void RandomNormal(int index, float* dst, int64_t n, uint64_t seed, uint64_t offset, float mean,
+                    float stddev) override;
+
+ private:
+  CudaBackend() = default;
+
+  static CudaDevice& Device(int index) { return CudaDevices::Get().device(index); }
+};
+
+// ---- Copies ----------------------------------------------------------------------------
+
+void CudaBackend::CopyToHost(int index, void* dst, const void* src, size_t bytes) {
+  CudaDevice& device = Device(index);
+  if (bytes == 0) return;
+  DeviceGuard guard(device.physical());
+  // Queued behind the kernels that produce `src`; the host waits for the bytes.
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, device.stream()),
+                    index);
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(device.stream()), index);
+}
+
+void CudaBackend::CopyFromHost(int index, void* dst, const void* src, size_t bytes) {
+  CudaDevice& device = Device(index);
+  if (bytes == 0) return;
+  DeviceGuard guard(device.physical());
+  PinnedHostAllocator& pinned = CudaDevices::Get().pinned();
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, device.stream()),
+                    index);
+  if (pinned.Contains(src, bytes)) {
+    // Returns at once. The caller may free `src` as soon as we return: the pinned
+    // allocator will not hand the block out again until this copy has read it.
+    pinned.RecordUse(src, device.stream(), device.physical());
+  } else {
+    // Pageable (or someone else's pinned) memory: its owner may reuse it the moment we
+    // return, and nothing tracks it, so wait for the copy (as PyTorch's blocking copy does).
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(device.stream()), index);
+  }
+}
+
+void CudaBackend::CopyBetweenDevices(int dst_index, void* dst, int src_index, const void* src,
+                                     size_t bytes) {
+  CudaDevice& to = Device(dst_index);
+  CudaDevice& from = Device(src_index);
+  if (bytes == 0) return;
+  if (dst_index == src_index) {
+    DeviceGuard guard(to.physical());
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, to.stream()),
+                      dst_index);
+    return;
+  }
+  if (to.physical() != from.physical()) {
+    CudaDevices::Get().EnablePeerAccess(to.physical(), from.physical());
+  }
+  // 1. The copy runs on the destination's stream, after everything already queued on the
+  //    source's (which may still be writing `src`).
+  cudaEvent_t source_ready;
+  {
+    DeviceGuard guard(from.physical());
+    TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&source_ready, cudaEventDisableTiming), src_index);
+    TANDEM_CUDA_CHECK(cudaEventRecord(source_ready, from.stream()), src_index);
+  }
+  DeviceGuard guard(to.physical());
+  TANDEM_CUDA_CHECK(cudaStreamWaitEvent(to.stream(), source_ready, 0), dst_index);
+  // Destroying a recorded event is safe: CUDA releases it once it has completed.
+  TANDEM_CUDA_CHECK(cudaEventDestroy(source_ready), src_index);
+  if (to.physical() == from.physical()) {
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, to.stream()),
+                      dst_index);
+  } else {
+    TANDEM_CUDA_CHECK(
+        cudaMemcpyPeerAsync(dst, to.physical(), src, from.physical(), bytes, to.stream()),
+        dst_index);
+  }
+  // 2. `src`'s block may be freed as soon as we return, and the source's allocator hands
+  //    it out again to work on the source's stream: make that stream wait for the copy.
+  cudaEvent_t copy_done;
+  TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&copy_done, cudaEventDisableTiming), dst_index);
+  TANDEM_CUDA_CHECK(cudaEventRecord(copy_done, to.stream()), dst_index);
+  TANDEM_CUDA_CHECK(cudaStreamWaitEvent(from.stream(), copy_done, 0), src_index);
+  TANDEM_CUDA_CHECK(cudaEventDestroy(copy_done), dst_index);
+}
+
+// ---- Elementwise ---------------------------------------------------------------------------
+
+void CudaBackend::Copy(int index, const KernelTensor& dst, const KernelTensor& src) {
+  CudaDevice& device = Device(index);
+  CheckLayout(dst, "Copy");
+  CheckLayout(src, "Copy");
+  CheckSameShape(dst, src, "Copy", "a source");
+  DeviceGuard guard(device.physical());
+  LaunchCopy(device.Launch(), dst, src);
+}
+
+void CudaBackend::Fill(int index, const KernelTensor& dst, double value) {
+  CudaDevice& device = Device(index);
+  CheckLayout(dst, "Fill");
+  DeviceGuard guard(device.physical());
+  LaunchFill(device.Launch(), dst, value);
+}
+
+void CudaBackend::Unary(int index, UnaryOp op, const KernelTensor& dst, const KernelTensor& src,
+                        double scalar) {
+  CudaDevice& device = Device(index);
+  CheckLayout(dst, "Unary");
+  CheckLayout(src, "Unary");
+  CheckSameShape(dst, src, "Unary", "an input");
+  TANDEM_CHECK(dst.dtype == src.dtype, "CUDA Unary expects the output's dtype (", dst.dtype,
+               ") to match the input's (", src.dtype, "); convert with Copy first");
+  TANDEM_CHECK(src.dtype == kFloat32 || UnarySupportsInt64(op), "CUDA Unary: op ",
+               static_cast<int>(op), " is defined for float32 only but got ", src.dtype,
+               "; convert the tensor to float32 first");
+  DeviceGuard guard(device.physical());
+  LaunchUnary(device.Launch(), op, dst, src, scalar);
+}
+
+void CudaBackend::Binary(int index, BinaryOp op, const KernelTensor& dst, const KernelTensor& a,
+                         const KernelTensor& b) {
+  CudaDevice& device = Device(index);
+  CheckLayout(dst, "Binary");
+  CheckLayout(a, "Binary");
+  CheckLayout(b, "Binary");
+  CheckSameShape(dst, a, "Binary", "a first input (already broadcast)");
+  CheckSameShape(dst, b, "Binary", "a second input (already broadcast)");
+  TANDEM_CHECK(a.dtype == b.dtype && dst.dtype == a.dtype,
+               "CUDA Binary expects inputs and output of one dtype but got ", a.dtype, " and ",
+               b.dtype, " into ", dst.dtype, "; convert them to a common dtype first");
+  DeviceGuard guard(device.physical());
+  LaunchBinary(device.Launch(), op, dst, a, b);
+}
+
+// ---- Reductions ------------------------------------------------------------------------------
+
+void CudaBackend::Reduce(int index, ReduceOp op, const KernelTensor& dst, const KernelTensor& src,
+                         int64_t outer, int64_t reduce, int64_t inner) {
+  CudaDevice& device = Device(index);
+  TANDEM_CHECK(outer >= 0 && reduce >= 0 && inner >= 0,
+               "CUDA Reduce expects non-negative [outer, reduce, inner] but got [", outer, ", ",
+               reduce, ", ", inner, "]");
+  TANDEM_CHECK(src.numel() == outer * reduce * inner, "CUDA Reduce: the input has ", src.numel(),
+               " elements but [outer, reduce, inner] = [", outer, ", ", reduce, ", ", inner,
+               "] describes ", outer * reduce * inner);
+  TANDEM_CHECK(dst.numel() == outer * inner, "CUDA Reduce: the output has ", dst.numel(),
+               " elements but [outer, inner] = [", outer, ", ", inner, "] needs ", outer * inner);
+  TANDEM_CHECK(src.is_contiguous() && dst.is_contiguous(),
+               "CUDA Reduce expects contiguous tensors; call contiguous() first");
+  const bool arg = op == ReduceOp::kArgMax || op == ReduceOp::kArgMin;
+  TANDEM_CHECK(dst.dtype == (arg ? kInt64 : src.dtype), "CUDA Reduce ", ReduceOpName(op),
+               " writes ", (arg ? kInt64 : src.dtype), " but the output is ", dst.dtype);
+  if (outer * inner == 0) return;
+  TANDEM_CHECK(reduce > 0 || op == ReduceOp::kSum, "CUDA Reduce: ", ReduceOpName(op),
+               " of an empty dimension is undefined (the dimension being reduced has size 0); "
+               "reduce a non-empty dimension");
+  DeviceGuard guard(device.physical());
+  LaunchReduce(device.Launch(), op, dst, src, outer, reduce, inner);
+}
+
+void CudaBackend::Softmax(int index, bool log, float* dst, const float* src, int64_t outer,
+                          int64_t dim, int64_t inner) {
+  CudaDevice& device = Device(index);
+  TANDEM_CHECK(outer >= 0 && dim >= 0 && inner >= 0,
+               "CUDA Softmax expects non-negative [outer, dim, inner] but got [", outer, ", ", dim,
+               ", ", inner, "]");
+  DeviceGuard guard(device.physical());
+  LaunchSoftmax(device.Launch(), log, dst, src, outer, dim, inner);
+}
+
+// ---- GEMM --------------------------------------------------------------------------------------
+
+void CudaBackend::Gemm(int index, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                       float alpha, const float* a, int64_t lda, int64_t stride_a, const float* b,
+                       int64_t ldb, int64_t stride_b, float beta, float* c, int64_t ldc,
+                       int64_t stride_c, int64_t batch) {
+  CudaDevice& device = Device(index);
+  TANDEM_CHECK(m >= 0 && n >= 0 && k >= 0 && batch >= 0,
+               "CUDA Gemm expects non-negative sizes but got m=", m, " n=", n, " k=", k,
+               " batch=", batch);
+  if (m == 0 || n == 0 || batch == 0) return;
+  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+  TANDEM_CHECK(m <= kIntMax && n <= kIntMax && k <= kIntMax && batch <= kIntMax, "CUDA Gemm: m=", m,
+               " n=", n, " k=", k, " batch=", batch,
+               " exceed cuBLAS's 32-bit sizes; split the product");
+  TANDEM_CHECK(batch == 1 || stride_c != 0, "CUDA Gemm: a batch of ", batch,
+               " products cannot write one C (stride_c = 0); give each product its own C");
+  lda = LeadingDimension(trans_a ? k : m, trans_a ? m : k, lda, "lda");
+  ldb = LeadingDimension(trans_b ? n : k, trans_b ? k : n, ldb, "ldb");
+  ldc = LeadingDimension(m, n, ldc, "ldc");
+  DeviceGuard guard(device.physical());
+  if (k == 0 || alpha == 0.0f) {
+    // C = beta * C, as BLAS defines it; cuBLAS would reject k == 0's leading dimensions.
+    LaunchScaleMatrices(device.Launch(), beta, c, m, n, ldc, stride_c, batch);
+    return;
+  }
+  TANDEM_CHECK(lda <= kIntMax && ldb <= kIntMax && ldc <= kIntMax,
+               "CUDA Gemm: row strides lda=", lda, " ldb=", ldb, " ldc=", ldc,
+               " exceed cuBLAS's 32-bit sizes");
+  cublasHandle_t handle = device.blas();
+  std::lock_guard<std::mutex> lock(device.blas_mutex());
+  const cublasMath_t mode = allow_tf32.load() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
+  if (device.blas_math_mode() != mode) {
+    TANDEM_CUBLAS_CHECK(cublasSetMathMode(handle, mode), index);
+    device.blas_math_mode() = mode;
+  }
+  // cuBLAS is column-major, and a row-major matrix is its transpose in column-major
+  // terms. So the row-major C = op(A) op(B) is computed as the column-major
+  // C^T = op(B)^T op(A)^T: swap the operands and m with n; the transposition flags and
+  // leading dimensions stay as they are.
+  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (batch == 1) {
+    TANDEM_CUBLAS_CHECK(cublasSgemm(handle, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
+                                    static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a,
+                                    static_cast<int>(lda), &beta, c, static_cast<int>(ldc)),
+                        index);
+  } else {
+    TANDEM_CUBLAS_CHECK(
+        cublasSgemmStridedBatched(handle, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
+                                  static_cast<int>(k), &alpha, b, static_cast<int>(ldb), stride_b,
+                                  a, static_cast<int>(lda), stride_a, &beta, c,
+                                  static_cast<int>(ldc), stride_c, static_cast<int>(batch)),
+        index);
+  }
+}
+
+// ---- Convolution, pooling, gather/scatter
+// --------------------------------------------------------
+
+void CudaBackend::Im2Col(int index, const Conv2dGeometry& g, const float* image, float* columns) {
+  CudaDevice& device = Device(index);
+  CheckGeometry(g, "Im2Col");
+  DeviceGuard guard(device.physical());
+  LaunchIm2Col(device.Launch(), g, image, columns);
+}
+
+void CudaBackend::Col2Im(int index, const Conv2dGeometry& g, const float* columns, float* image) {
+  CudaDevice& device = Device(index);
+  CheckGeometry(g, "Col2Im");
+  DeviceGuard guard(device.physical());
+  LaunchCol2Im(device.Launch(), g, columns, image);
+}
+
+void CudaBackend::MaxPool2d(int index, const Conv2dGeometry& g, const float* input, float* output,
+                            int64_t* argmax) {
+  CudaDevice& device = Device(index);
+  CheckGeometry(g, "MaxPool2d");
+  TANDEM_CHECK(g.pad_h * 2 <= g.kernel_h && g.pad_w * 2 <= g.kernel_w, "CUDA MaxPool2d: padding ",
+               g.pad_h, "x", g.pad_w, " must be at most half the kernel ", g.kernel_h, "x",
+               g.kernel_w, " (as in PyTorch), so that every window covers part of the image");
+  const bool has_output = g.batch * g.channels * g.out_h() * g.out_w() > 0;
+  TANDEM_CHECK(!has_output || g.height * g.width > 0, "CUDA MaxPool2d: cannot pool ", g.height, "x",
+               g.width,
+               " images: every window would lie in the padding; give images at least one pixel");
+  DeviceGuard guard(device.physical());
+  LaunchMaxPool2d(device.Launch(), g, input, output, argmax);
+}
+
+void CudaBackend::MaxPool2dBackward(int index, const Conv2dGeometry& g, const float* grad_output,
+                                    const int64_t* argmax, float* grad_input) {
+  CudaDevice& device = Device(index);
+  CheckGeometry(g, "MaxPool2dBackward");
+  DeviceGuard guard(device.physical());
+  LaunchMaxPool2dBackward(device.Launch(), g, grad_output, argmax, grad_input);
+}
+
+void CudaBackend::GatherColumns(int index, float* dst, const float* src, const int64_t* idx,
+                                int64_t rows, int64_t cols) {
+  CudaDevice& device = Device(index);
+  DeviceGuard guard(device.physical());
+  LaunchGatherColumns(device.Launch(), dst, src, idx, rows, cols);
+}
+
+void CudaBackend::ScatterAddColumns(int index, float* dst, const float* src, const int64_t* idx,
+                                    int64_t rows, int64_t cols) {
+  CudaDevice& device = Device(index);
+  DeviceGuard guard(device.physical());
+  LaunchScatterAddColumns(device.Launch(), dst, src, idx, rows, cols);
+}
+
+// ---- Random numbers
+// -------------------------------------------------------------------------------
+
+void CudaBackend::RandomUniform(int index, float* dst, int64_t n, uint64_t seed, uint64_t offset,
+                                float low, float high) {
+  CudaDevice& device = Device(index);
+  DeviceGuard guard(device.physical());
+  LaunchRandomUniform(device.Launch(), dst, n, seed, offset, low, high);
+}
+
+void CudaBackend::RandomNormal(int index, float* dst, int64_t n, uint64_t seed, uint64_t offset,
+                               float mean, float stddev) {
+  CudaDevice& device = Device(index);
+  DeviceGuard guard(device.physical());
+  LaunchRandomNormal(device.Launch(), dst, n, seed, offset, mean, stddev);
+}
+
+BackendRegistration registration(DeviceType::kCUDA, &CudaBackend::Instance);
+
+}  // namespace
+
+// ---- tensor/cuda/cuda.h
+// ----------------------------------------------------------------------------
+
+bool IsAvailable() { return DeviceCount() > 0; }
+int DeviceCount() { return CudaDevices::Get().count(); }
+std::string UnavailableReason() { return CudaDevices::Get().unavailable_reason(); }
+
+void Synchronize(int device) { CudaBackend::Instance().Synchronize(device); }
+
+void SetAllowTf32(bool allow) { allow_tf32.store(allow); }
+bool AllowTf32() { return allow_tf32.load(); }
+
+int PhysicalDevice(int device) { return CudaDevices::Get().device(device).physical(); }
+void* Stream(int device) { return CudaDevices::Get().device(device).stream(); }
+
+}  // namespace cuda
+}  // namespace tandem

@@ -1,0 +1,1012 @@
+// CUDA kernels for CudaBackend. See kernels.h for the contract.
+//
+// Shapes used throughout:
+//   - Elementwise kernels are grid-stride loops over the output's elements: a grid of a
+//     few blocks per SM covers any size, and each thread walks the tensor in steps of the
+//     whole grid so that neighbouring threads touch neighbouring elements (coalesced).
+//   - Contiguous float32 operands that are 16-byte aligned go four at a time through
+//     float4 loads and stores, which halves the memory instructions of a bandwidth-bound
+//     loop; the last n % 4 elements take a scalar tail.
+//   - Anything else takes a strided path: dimensions are merged where every operand is
+//     contiguous across them (as in the CPU backend), then each thread turns its linear
+//     index into an offset per operand. Index arithmetic is 32-bit whenever every offset
+//     fits, because 64-bit division is emulated on the GPU and would dominate the loop.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <type_traits>
+
+#include "tensor/cuda/cuda_check.h"
+#include "tensor/cuda/kernels.h"
+#include "tensor/elementwise_math.h"
+#include "tensor/error.h"
+#include "tensor/philox.h"
+
+namespace tandem {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;  // threads per block for grid-stride kernels
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+// Resident threads per SM on Hopper (and Ampere): 2048, i.e. 8 blocks of 256.
+constexpr int kThreadsPerSm = 2048;
+
+// Blocks for a grid-stride loop over `items`: enough to cover them, at most two waves of
+// fully occupied SMs (more blocks only add scheduling overhead).
+int GridFor(const LaunchContext& context, int64_t items, int threads = kThreads) {
+  const int64_t needed = (items + threads - 1) / threads;
+  const int64_t cap = static_cast<int64_t>(context.num_sms) * (kThreadsPerSm / threads) * 2;
+  return static_cast<int>(std::max<int64_t>(1, std::min(needed, cap)));
+}
+
+__device__ __forceinline__ int64_t GlobalThread() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t GridThreads() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x;
+}
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// ---- Strided layouts ------------------------------------------------------------------
+
+// The common shape of kArity operands (operand 0 is the output) and each one's strides,
+// with size-1 dimensions dropped and dimensions merged where every operand is contiguous
+// across them: a contiguous op ends with one dimension of stride 1, a row-broadcast add
+// with two.
+template <int kArity>
+struct HostLayout {
+  int ndim = 0;
+  int64_t sizes[kMaxDims] = {};
+  int64_t strides[kArity][kMaxDims] = {};
+
+  bool IsContiguous() const {
+    if (ndim == 0) return true;
+    if (ndim > 1) return false;
+    for (int a = 0; a < kArity; ++a) {
+      if (strides[a][0] != 1) return false;
+    }
+    return true;
+  }
+  // Whether every linear index and every operand offset fits in int32.
+  bool FitsInt32(int64_t numel) const {
+    constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+    if (numel > kMax) return false;
+    for (int a = 0; a < kArity; ++a) {
+      int64_t extent = 0;
+      for (int d = 0; d < ndim; ++d) {
+        if (strides[a][d] < 0) return false;
+        extent += (sizes[d] - 1) * strides[a][d];
+      }
+      if (extent > kMax) return false;
+    }
+    return true;
+  }
+};
+
+template <int kArity>
+HostLayout<kArity> MakeLayout(const KernelTensor* const (&operands)[kArity]) {
+  const KernelTensor& shape = *operands[0];
+  HostLayout<kArity> layout;
+  for (int d = 0; d < shape.ndim; ++d) {
+    if (shape.sizes[d] == 1) continue;
+    const int out = layout.ndim;
+    bool merge = out > 0;
+    for (int a = 0; a < kArity && merge; ++a) {
+      merge = layout.strides[a][out - 1] == operands[a]->strides[d] * shape.sizes[d];
+    }
+    if (merge) {
+      layout.sizes[out - 1] *= shape.sizes[d];
+      for (int a = 0; a < kArity; ++a) layout.strides[a][out - 1] = operands[a]->strides[d];
+    } else {
+      layout.sizes[out] = shape.sizes[d];
+      for (int a = 0; a < kArity; ++a) layout.strides[a][out] = operands[a]->strides[d];
+      ++layout.ndim;
+    }
+  }
+  return layout;
+}
+
+// HostLayout in the kernel's index type; passed to kernels by value.
+template <int kArity, typename Index>
+struct DeviceLayout {
+  int ndim;
+  Index sizes[kMaxDims];
+  Index strides[kArity][kMaxDims];
+
+  // Offsets in each operand of the element with row-major linear index `i`. The loop is
+  // unrolled over kMaxDims so that every array index is a constant: indexing the kernel's
+  // parameters with a runtime value would make the compiler copy them to local memory.
+  __device__ __forceinline__ void Offsets(Index i, Index (&offsets)[kArity]) const {
+#pragma unroll
+    for (int a = 0; a < kArity; ++a) offsets[a] = 0;
+#pragma unroll
+    for (int d = kMaxDims - 1; d >= 0; --d) {
+      if (d >= ndim) continue;
+      const Index coordinate = i % sizes[d];
+      i /= sizes[d];
+#pragma unroll
+      for (int a = 0; a < kArity; ++a) offsets[a] += coordinate * strides[a][d];
+    }
+  }
+};
+
+template <typename Index, int kArity>
+DeviceLayout<kArity, Index> ToDevice(const HostLayout<kArity>& host) {
+  DeviceLayout<kArity, Index> layout;
+  layout.ndim = host.ndim;
+  for (int d = 0; d < kMaxDims; ++d) {
+    layout.sizes[d] = static_cast<Index>(host.sizes[d]);
+    for (int a = 0; a < kArity; ++a) layout.strides[a][d] = static_cast<Index>(host.strides[a][d]);
+  }
+  return layout;
+}
+
+// ---- Elementwise functors ---------------------------------------------------------------
+
+template <typename T, typename Scalar>
+struct UnaryFn {
+  UnaryOp op;
+  Scalar scalar;
+  __device__ __forceinline__ T operator()(T x) const { return ApplyUnary(op, x, scalar); }
+};
+
+template <typename To, typename From>
+struct ConvertFn {
+  __device__ __forceinline__ To operator()(From x) const { return static_cast<To>(x); }
+};
+
+template <typename T>
+struct BinaryFn {
+  BinaryOp op;
+  __device__ __forceinline__ T operator()(T a, T b) const { return ApplyBinary(op, a, b); }
+};
+
+// ---- Elementwise kernels ----------------------------------------------------------------
+// Map0 writes a value, Map1 maps one input, Map2 combines two. Each has a contiguous
+// kernel, a float4 kernel for aligned contiguous float32, and a strided kernel.
+
+template <typename T>
+__global__ void FillContiguousKernel(T* dst, int64_t n, T value) {
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) dst[i] = value;
+}
+
+__global__ void FillContiguousVec4Kernel(float* dst, int64_t n, float value) {
+  const int64_t n4 = n / 4;
+  const float4 v = make_float4(value, value, value, value);
+  float4* dst4 = reinterpret_cast<float4*>(dst);
+  for (int64_t i = GlobalThread(); i < n4; i += GridThreads()) dst4[i] = v;
+  for (int64_t i = 4 * n4 + GlobalThread(); i < n; i += GridThreads()) dst[i] = value;
+}
+
+template <typename T, typename Index>
+__global__ void FillStridedKernel(T* dst, DeviceLayout<1, Index> layout, Index n, T value) {
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+    Index offsets[1];
+    layout.Offsets(static_cast<Index>(i), offsets);
+    dst[offsets[0]] = value;
+  }
+}
+
+template <typename Out, typename In, typename Fn>
+__global__ void Map1ContiguousKernel(Out* dst, const In* src, int64_t n, Fn fn) {
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) dst[i] = fn(src[i]);
+}
+
+template <typename Fn>
+__global__ void Map1Vec4Kernel(float* dst, const float* src, int64_t n, Fn fn) {
+  const int64_t n4 = n / 4;
+  const float4* src4 = reinterpret_cast<const float4*>(src);
+  float4* dst4 = reinterpret_cast<float4*>(dst);
+  for (int64_t i = GlobalThread(); i < n4; i += GridThreads()) {
+    const float4 x = src4[i];
+    dst4[i] = make_float4(fn(x.x), fn(x.y), fn(x.z), fn(x.w));
+  }
+  for (int64_t i = 4 * n4 + GlobalThread(); i < n; i += GridThreads()) dst[i] = fn(src[i]);
+}
+
+template <typename Out, typename In, typename Fn, typename Index>
+__global__ void Map1StridedKernel(Out* dst, const In* src, DeviceLayout<2, Index> layout, Index n,
+                                  Fn fn) {
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+    Index offsets[2];
+    layout.Offsets(static_cast<Index>(i), offsets);
+    dst[offsets[0]] = fn(src[offsets[1]]);
+  }
+}
+
+template <typename T, typename Fn>
+__global__ void Map2ContiguousKernel(T* dst, const T* a, const T* b, int64_t n, Fn fn) {
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) dst[i] = fn(a[i], b[i]);
+}
+
+template <typename Fn>
+__global__ void Map2Vec4Kernel(float* dst, const float* a, const float* b, int64_t n, Fn fn) {
+  const int64_t n4 = n / 4;
+  const float4* a4 = reinterpret_cast<const float4*>(a);
+  const float4* b4 = reinterpret_cast<const float4*>(b);
+  float4* dst4 = reinterpret_cast<float4*>(dst);
+  for (int64_t i = GlobalThread(); i < n4; i += GridThreads()) {
+    const float4 x = a4[i];
+    const float4 y = b4[i];
+    dst4[i] = make_float4(fn(x.x, y.x), fn(x.y, y.y), fn(x.z, y.z), fn(x.w, y.w));
+  }
+  for (int64_t i = 4 * n4 + GlobalThread(); i < n; i += GridThreads()) dst[i] = fn(a[i], b[i]);
+}
+
+template <typename T, typename Fn, typename Index>
+__global__ void Map2StridedKernel(T* dst, const T* a, const T* b, DeviceLayout<3, Index> layout,
+                                  Index n, Fn fn) {
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+    Index offsets[3];
+    layout.Offsets(static_cast<Index>(i), offsets);
+    dst[offsets[0]] = fn(a[offsets[1]], b[offsets[2]]);
+  }
+}
+
+// ---- Elementwise launchers --------------------------------------------------------------
+
+template <typename T>
+void RunFill(const LaunchContext& context, const KernelTensor& dst, T value) {
+  const int64_t n = dst.numel();
+  const KernelTensor* operands[1] = {&dst};
+  const HostLayout<1> layout = MakeLayout(operands);
+  T* out = dst.ptr<T>();
+  if (layout.IsContiguous()) {
+    if (value == T(0) && !std::signbit(static_cast<double>(value))) {
+      // All-zero bytes: the copy engine's memset is the fastest fill there is.
+      TANDEM_CUDA_CHECK(cudaMemsetAsync(out, 0, n * sizeof(T), context.stream), context.device);
+      return;
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      if (Aligned16(out)) {
+        FillContiguousVec4Kernel<<<GridFor(context, (n + 3) / 4), kThreads, 0, context.stream>>>(
+            out, n, value);
+        TANDEM_CUDA_CHECK_LAUNCH(context.device);
+        return;
+      }
+    }
+    FillContiguousKernel<T><<<GridFor(context, n), kThreads, 0, context.stream>>>(out, n, value);
+  } else if (layout.FitsInt32(n)) {
+    FillStridedKernel<T, int32_t><<<GridFor(context, n), kThreads, 0, context.stream>>>(
+        out, ToDevice<int32_t>(layout), static_cast<int32_t>(n), value);
+  } else {
+    FillStridedKernel<T, int64_t><<<GridFor(context, n), kThreads, 0, context.stream>>>(
+        out, ToDevice<int64_t>(layout), n, value);
+  }
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+}
+
+template <typename Out, typename In, typename Fn>
+void RunMap1(const LaunchContext& context, const KernelTensor& dst, const KernelTensor& src,
+             Fn fn) {
+  const int64_t n = dst.numel();
+  const KernelTensor* operands[2] = {&dst, &src};
+  const HostLayout<2> layout = MakeLayout(operands);
+  Out* out = dst.ptr<Out>();
+  const In* in = src.ptr<const In>();
+  if (layout.IsContiguous()) {
+    if constexpr (std::is_same_v<Out, float> && std::is_same_v<In, float>) {
+      if (Aligned16(out) && Aligned16(in)) {
+        Map1Vec4Kernel<<<GridFor(context, (n + 3) / 4), kThreads, 0, context.stream>>>(out, in, n,
+                                                                                       fn);
+        TANDEM_CUDA_CHECK_LAUNCH(context.device);
+        return;
+      }
+    }
+    Map1ContiguousKernel<<<GridFor(context, n), kThreads, 0, context.stream>>>(out, in, n, fn);
+  } else if (layout.FitsInt32(n)) {
+    Map1StridedKernel<<<GridFor(context, n), kThreads, 0, context.stream>>>(
+        out, in, ToDevice<int32_t>(layout), static_cast<int32_t>(n), fn);
+  } else {
+    Map1StridedKernel<<<GridFor(context, n), kThreads, 0, context.stream>>>(
+        out, in, ToDevice<int64_t>(layout), n, fn);
+  }
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+}
+
+template <typename T, typename Fn>
+void RunMap2(const LaunchContext& context, const KernelTensor& dst, const KernelTensor& a,
+             const KernelTensor& b, Fn fn) {
+  const int64_t n = dst.numel();
+  const KernelTensor* operands[3] = {&dst, &a, &b};
+  const HostLayout<3> layout = MakeLayout(operands);
+  T* out = dst.ptr<T>();
+  const T* x = a.ptr<const T>();
+  const T* y = b.ptr<const T>();
+  if (layout.IsContiguous()) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (Aligned16(out) && Aligned16(x) && Aligned16(y)) {
+        Map2Vec4Kernel<<<GridFor(context, (n + 3) / 4), kThreads, 0, context.stream>>>(out, x, y, n,
+                                                                                       fn);
+        TANDEM_CUDA_CHECK_LAUNCH(context.device);
+        return;
+      }
+    }
+    Map2ContiguousKernel<<<GridFor(context, n), kThreads, 0, context.stream>>>(out, x, y, n, fn);
+  } else if (layout.FitsInt32(n)) {
+    Map2StridedKernel<<<GridFor(context, n), kThreads, 0, context.stream>>>(
+        out, x, y, ToDevice<int32_t>(layout), static_cast<int32_t>(n), fn);
+  } else {
+    Map2StridedKernel<<<GridFor(context, n), kThreads, 0, context.stream>>>(
+        out, x, y, ToDevice<int64_t>(layout), n, fn);
+  }
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+}
+
+// ---- Reductions -------------------------------------------------------------------------
+// The input is [outer, reduce, inner]. Each output element is reduced by one warp when
+// inner == 1 (a row is contiguous: the 32 lanes read 32 neighbours, then combine with
+// shuffles) and by one thread otherwise (neighbouring threads take neighbouring columns,
+// so their reads coalesce). When there are too few outputs to fill the GPU — a full sum,
+// or a sum over the batch of a small tensor — the reduced axis is cut into `splits`
+// chunks: a first pass writes [outer, splits, inner] partial results to a workspace and a
+// second pass reduces those. Float32 sums accumulate in double like the CPU's, so both
+// agree closely whatever the order of the additions.
+
+template <typename T>
+__device__ __forceinline__ bool IsNan(T x) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return isnan(x);
+  } else {
+    return false;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ T Lowest() {
+  if constexpr (std::is_floating_point_v<T>) {
+    return -INFINITY;
+  } else {
+    return std::numeric_limits<T>::lowest();
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ T Highest() {
+  if constexpr (std::is_floating_point_v<T>) {
+    return INFINITY;
+  } else {
+    return std::numeric_limits<T>::max();
+  }
+}
+
+constexpr int64_t kNoIndex = std::numeric_limits<int64_t>::max();
+
+// A running sum, or a running extremum and where it was found.
+template <typename Acc>
+struct Partial {
+  Acc value;
+  int64_t index;
+};
+
+__device__ __forceinline__ bool IsMax(ReduceOp op) {
+  return op == ReduceOp::kMax || op == ReduceOp::kArgMax;
+}
+
+template <typename Acc>
+__device__ __forceinline__ Partial<Acc> Identity(ReduceOp op) {
+  if (op == ReduceOp::kSum) return {Acc(0), kNoIndex};
+  return {IsMax(op) ? Lowest<Acc>() : Highest<Acc>(), kNoIndex};
+}
+
+// The CPU's rule made order-independent: NaN beats any number, the larger (max) or smaller
+// (min) value wins, and among equals (or NaNs) the smaller index wins. The result is the
+// same however the elements are split between lanes, warps and passes.
+template <typename Acc>
+__device__ __forceinline__ void Combine(ReduceOp op, Partial<Acc>& best, Acc value, int64_t index) {
+  if (op == ReduceOp::kSum) {
+    best.value += value;
+    return;
+  }
+  bool replace;
+  if (IsNan(value)) {
+    replace = !IsNan(best.value) || index < best.index;
+  } else if (IsNan(best.value)) {
+    replace = false;
+  } else if (value == best.value) {
+    replace = index < best.index;
+  } else {
+    replace = IsMax(op) ? value > best.value : value < best.value;
+  }
+  if (replace) {
+    best.value = value;
+    best.index = index;
+  }
+}
+
+template <typename Acc>
+__device__ __forceinline__ void WarpCombine(ReduceOp op, Partial<Acc>& partial) {
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    const Acc value = __shfl_down_sync(kFullMask, partial.value, offset);
+    const int64_t index = __shfl_down_sync(kFullMask, partial.index, offset);
+    Combine(op, partial, value, index);
+  }
+}
+
+// One warp per (row, split) of a [rows, reduce] input (inner == 1).
+template <typename In, typename Acc, typename Out>
+__global__ void ReduceRowsKernel(ReduceOp op, const In* src, const int64_t* src_index, int64_t rows,
+                                 int64_t reduce, int64_t splits, int64_t chunk, Out* dst_value,
+                                 int64_t* dst_index) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t warps = GridThreads() / kWarpSize;
+  for (int64_t item = GlobalThread() / kWarpSize; item < rows * splits; item += warps) {
+    const int64_t row = item / splits;
+    const int64_t begin = (item % splits) * chunk;
+    const int64_t end = min(reduce, begin + chunk);
+    const int64_t base = row * reduce;
+    Partial<Acc> partial = Identity<Acc>(op);
+    for (int64_t r = begin + lane; r < end; r += kWarpSize) {
+      Combine(op, partial, static_cast<Acc>(src[base + r]),
+              src_index != nullptr ? src_index[base + r] : r);
+    }
+    WarpCombine(op, partial);
+    if (lane == 0) {
+      if (dst_value != nullptr) dst_value[item] = static_cast<Out>(partial.value);
+      if (dst_index != nullptr) dst_index[item] = partial.index;
+    }
+  }
+}
+
+// One thread per (outer, split, inner) output of an [outer, reduce, inner] input.
+template <typename In, typename Acc, typename Out>
+__global__ void ReduceColumnsKernel(ReduceOp op, const In* src, const int64_t* src_index,
+                                    int64_t outer, int64_t reduce, int64_t inner, int64_t splits,
+                                    int64_t chunk, Out* dst_value, int64_t* dst_index) {
+  for (int64_t item = GlobalThread(); item < outer * splits * inner; item += GridThreads()) {
+    const int64_t column = item % inner;
+    const int64_t split = (item / inner) % splits;
+    const int64_t o = item / (inner * splits);
+    const int64_t begin = split * chunk;
+    const int64_t end = min(reduce, begin + chunk);
+    Partial<Acc> partial = Identity<Acc>(op);
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t at = (o * reduce + r) * inner + column;
+      Combine(op, partial, static_cast<Acc>(src[at]), src_index != nullptr ? src_index[at] : r);
+    }
+    if (dst_value != nullptr) dst_value[item] = static_cast<Out>(partial.value);
+    if (dst_index != nullptr) dst_index[item] = partial.index;
+  }
+}
+
+// One pass: reduces each `chunk` of the reduced axis (`splits` of them), writing [outer,
+// splits, inner] values and/or indices. With src_index, the index of element r is
+// src_index[...] (the second pass of a split reduction), else r itself.
+template <typename In, typename Acc, typename Out>
+void ReducePass(const LaunchContext& context, ReduceOp op, const In* src, const int64_t* src_index,
+                int64_t outer, int64_t reduce, int64_t inner, int64_t splits, int64_t chunk,
+                Out* dst_value, int64_t* dst_index) {
+  if (inner == 1) {
+    const int64_t threads = outer * splits * kWarpSize;
+    ReduceRowsKernel<In, Acc, Out><<<GridFor(context, threads), kThreads, 0, context.stream>>>(
+        op, src, src_index, outer, reduce, splits, chunk, dst_value, dst_index);
+  } else {
+    const int64_t threads = outer * splits * inner;
+    ReduceColumnsKernel<In, Acc, Out><<<GridFor(context, threads), kThreads, 0, context.stream>>>(
+        op, src, src_index, outer, reduce, inner, splits, chunk, dst_value, dst_index);
+  }
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+}
+
+// How many chunks to cut the reduced axis into: enough that the first pass keeps every SM
+// busy, with chunks of at least kMinChunk elements so the second pass stays small.
+int64_t ChooseSplits(const LaunchContext& context, int64_t outputs, int64_t reduce, int64_t inner) {
+  constexpr int64_t kMinChunk = 1024;
+  const int64_t busy_threads = outputs * (inner == 1 ? kWarpSize : 1);
+  const int64_t gpu_threads = static_cast<int64_t>(context.num_sms) * kThreadsPerSm;
+  if (busy_threads >= gpu_threads || reduce < 2 * kMinChunk) return 1;
+  const int64_t wanted = (gpu_threads + busy_threads - 1) / busy_threads;
+  return std::max<int64_t>(1, std::min(wanted, reduce / kMinChunk));
+}
+
+template <typename In, typename Acc>
+void ReduceTyped(const LaunchContext& context, ReduceOp op, void* dst, const In* src, int64_t outer,
+                 int64_t reduce, int64_t inner) {
+  const bool arg = op == ReduceOp::kArgMax || op == ReduceOp::kArgMin;
+  In* dst_value = arg ? nullptr : static_cast<In*>(dst);
+  int64_t* dst_index = arg ? static_cast<int64_t*>(dst) : nullptr;
+  int64_t splits = ChooseSplits(context, outer * inner, reduce, inner);
+  if (splits == 1) {
+    ReducePass<In, Acc, In>(context, op, src, nullptr, outer, reduce, inner, 1, reduce, dst_value,
+                            dst_index);
+    return;
+  }
+  const int64_t chunk = (reduce + splits - 1) / splits;
+  splits = (reduce + chunk - 1) / chunk;  // no empty chunk at the end
+  // The workspace goes back to the allocator when this function returns, while the passes
+  // may still be queued: that is safe because the allocator hands it out again only to
+  // work on this same stream, which runs after them.
+  const int64_t partials = outer * splits * inner;
+  std::shared_ptr<void> values = context.workspace->Allocate(partials * sizeof(Acc));
+  std::shared_ptr<void> indices =
+      arg ? context.workspace->Allocate(partials * sizeof(int64_t)) : nullptr;
+  Acc* partial_values = static_cast<Acc*>(values.get());
+  int64_t* partial_indices = static_cast<int64_t*>(indices.get());
+  ReducePass<In, Acc, Acc>(context, op, src, nullptr, outer, reduce, inner, splits, chunk,
+                           partial_values, partial_indices);
+  ReducePass<Acc, Acc, In>(context, op, partial_values, partial_indices, outer, splits, inner, 1,
+                           splits, dst_value, dst_index);
+}
+
+// ---- Softmax ----------------------------------------------------------------------------
+// Three passes over each row like the CPU's (max; sum of exp(x - max) in double; write), so
+// both compute the same expression. A row is read three times, but from L1/L2 after the
+// first, so the kernel stays close to one read and one write of the tensor.
+
+__device__ __forceinline__ float MaxPropagatingNan(float a, float b) {
+  return (isnan(a) || a > b) ? a : b;
+}
+
+// Block-wide reductions through one shared slot per warp. Every thread gets the result.
+__device__ float BlockMax(float value) {
+  __shared__ float warp_results[kWarpSize];
+  __shared__ float result;
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    value = MaxPropagatingNan(value, __shfl_down_sync(kFullMask, value, offset));
+  }
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  if (lane == 0) warp_results[warp] = value;
+  __syncthreads();
+  if (warp == 0) {
+    const int warps = blockDim.x / kWarpSize;
+    value = lane < warps ? warp_results[lane] : -INFINITY;
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+      value = MaxPropagatingNan(value, __shfl_down_sync(kFullMask, value, offset));
+    }
+    if (lane == 0) result = value;
+  }
+  __syncthreads();
+  return result;
+}
+
+__device__ double BlockSum(double value) {
+  __shared__ double warp_results[kWarpSize];
+  __shared__ double result;
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    value += __shfl_down_sync(kFullMask, value, offset);
+  }
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  if (lane == 0) warp_results[warp] = value;
+  __syncthreads();
+  if (warp == 0) {
+    const int warps = blockDim.x / kWarpSize;
+    value = lane < warps ? warp_results[lane] : 0.0;
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+      value += __shfl_down_sync(kFullMask, value, offset);
+    }
+    if (lane == 0) result = value;
+  }
+  __syncthreads();
+  return result;
+}
+
+// One block per row of a [rows, dim] input (inner == 1); the block's threads stride along
+// the row so that their reads coalesce. blockDim.x is a multiple of 32.
+__global__ void SoftmaxRowsKernel(bool log, float* dst, const float* src, int64_t rows,
+                                  int64_t dim) {
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const float* x = src + row * dim;
+    float* y = dst + row * dim;
+    float max_value = -INFINITY;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
+      max_value = MaxPropagatingNan(x[j], max_value);
+    }
+    max_value = BlockMax(max_value);
+    double sum = 0.0;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) sum += expf(x[j] - max_value);
+    sum = BlockSum(sum);
+    if (log) {
+      const float log_sum = static_cast<float>(::log(sum));
+      for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) y[j] = (x[j] - max_value) - log_sum;
+    } else {
+      const float scale = static_cast<float>(1.0 / sum);
+      for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) y[j] = expf(x[j] - max_value) * scale;
+    }
+  }
+}
+
+// One thread per (outer, inner) column of an [outer, dim, inner] input: neighbouring
+// threads read neighbouring columns, so every step along `dim` is one coalesced load.
+__global__ void SoftmaxColumnsKernel(bool log, float* dst, const float* src, int64_t outer,
+                                     int64_t dim, int64_t inner) {
+  for (int64_t item = GlobalThread(); item < outer * inner; item += GridThreads()) {
+    const int64_t start = (item / inner) * dim * inner + item % inner;
+    const float* x = src + start;
+    float* y = dst + start;
+    float max_value = -INFINITY;
+    for (int64_t j = 0; j < dim; ++j) max_value = MaxPropagatingNan(x[j * inner], max_value);
+    double sum = 0.0;
+    for (int64_t j = 0; j < dim; ++j) sum += expf(x[j * inner] - max_value);
+    if (log) {
+      const float log_sum = static_cast<float>(::log(sum));
+      for (int64_t j = 0; j < dim; ++j) y[j * inner] = (x[j * inner] - max_value) - log_sum;
+    } else {
+      const float scale = static_cast<float>(1.0 / sum);
+      for (int64_t j = 0; j < dim; ++j) y[j * inner] = expf(x[j * inner] - max_value) * scale;
+    }
+  }
+}
+
+// ---- GEMM helper --------------------------------------------------------------------------
+
+// C = beta * C over `batch` strided m x n matrices; beta == 0 writes zeros (BLAS semantics:
+// C is not read, so NaN in C does not survive).
+__global__ void ScaleMatricesKernel(float beta, float* c, int64_t m, int64_t n, int64_t ldc,
+                                    int64_t stride_c, int64_t batch) {
+  for (int64_t i = GlobalThread(); i < batch * m * n; i += GridThreads()) {
+    const int64_t column = i % n, row = (i / n) % m, matrix = i / (m * n);
+    float& element = c[matrix * stride_c + row * ldc + column];
+    element = beta == 0.0f ? 0.0f : element * beta;
+  }
+}
+
+// ---- Convolution and pooling --------------------------------------------------------------
+
+// One thread per (image plane, output position), looping over the kernel window: the
+// index arithmetic is paid once per window, and for each (ky, kx) neighbouring threads write
+// neighbouring column elements.
+__global__ void Im2ColKernel(Conv2dGeometry g, int64_t out_h, int64_t out_w, const float* image,
+                             float* columns) {
+  const int64_t out_plane = out_h * out_w;
+  const int64_t window = g.kernel_h * g.kernel_w;
+  const int64_t total = g.batch * g.channels * out_plane;
+  for (int64_t i = GlobalThread(); i < total; i += GridThreads()) {
+    const int64_t plane = i / out_plane;  // b * channels + c
+    const int64_t oy = (i % out_plane) / out_w, ox = i % out_w;
+    const float* in = image + plane * g.height * g.width;
+    float* out = columns + plane * window * out_plane + oy * out_w + ox;
+    for (int64_t ky = 0; ky < g.kernel_h; ++ky) {
+      const int64_t y = oy * g.stride_h - g.pad_h + ky;
+      for (int64_t kx = 0; kx < g.kernel_w; ++kx) {
+        const int64_t x = ox * g.stride_w - g.pad_w + kx;
+        const bool inside = y >= 0 && y < g.height && x >= 0 && x < g.width;
+        out[(ky * g.kernel_w + kx) * out_plane] = inside ? in[y * g.width + x] : 0.0f;
+      }
+    }
+  }
+}
+
+// One thread per image element, gathering the column entries that came from it, in the
+// order the CPU adds them (ky, then kx): no atomics, and the result is bitwise the CPU's.
+__global__ void Col2ImKernel(Conv2dGeometry g, int64_t out_h, int64_t out_w, const float* columns,
+                             float* image) {
+  const int64_t plane_size = g.height * g.width;
+  const int64_t out_plane = out_h * out_w;
+  const int64_t window = g.kernel_h * g.kernel_w;
+  const int64_t total = g.batch * g.channels * plane_size;
+  for (int64_t i = GlobalThread(); i < total; i += GridThreads()) {
+    const int64_t plane = i / plane_size;
+    const int64_t y = (i % plane_size) / g.width, x = i % g.width;
+    const float* in = columns + plane * window * out_plane;
+    float sum = 0.0f;
+    for (int64_t ky = 0; ky < g.kernel_h; ++ky) {
+      const int64_t oy_scaled = y + g.pad_h - ky;  // oy * stride_h when (y, ky) pair up
+      if (oy_scaled < 0 || oy_scaled % g.stride_h != 0 || oy_scaled / g.stride_h >= out_h) {
+        continue;
+      }
+      const int64_t oy = oy_scaled / g.stride_h;
+      for (int64_t kx = 0; kx < g.kernel_w; ++kx) {
+        const int64_t ox_scaled = x + g.pad_w - kx;
+        if (ox_scaled < 0 || ox_scaled % g.stride_w != 0 || ox_scaled / g.stride_w >= out_w) {
+          continue;
+        }
+        const int64_t ox = ox_scaled / g.stride_w;
+        sum += in[(ky * g.kernel_w + kx) * out_plane + oy * out_w + ox];
+      }
+    }
+    image[i] = sum;
+  }
+}
+
+__device__ __forceinline__ bool ReplacesMax(float candidate, float best) {
+  if (isnan(candidate)) return !isnan(best);
+  return candidate > best;
+}
+
+// One thread per output element; the window scan is the CPU's, element for element.
+__global__ void MaxPool2dKernel(Conv2dGeometry g, int64_t out_h, int64_t out_w, const float* input,
+                                float* output, int64_t* argmax) {
+  const int64_t out_plane = out_h * out_w;
+  const int64_t total = g.batch * g.channels * out_plane;
+  for (int64_t i = GlobalThread(); i < total; i += GridThreads()) {
+    const int64_t plane = i / out_plane;
+    const int64_t oy = (i % out_plane) / out_w, ox = i % out_w;
+    const float* in = input + plane * g.height * g.width;
+    const int64_t y0 = max(oy * g.stride_h - g.pad_h, int64_t{0});
+    const int64_t y1 = min(oy * g.stride_h - g.pad_h + g.kernel_h, g.height);
+    const int64_t x0 = max(ox * g.stride_w - g.pad_w, int64_t{0});
+    const int64_t x1 = min(ox * g.stride_w - g.pad_w + g.kernel_w, g.width);
+    int64_t best_at = y0 * g.width + x0;
+    float best = in[best_at];
+    for (int64_t y = y0; y < y1; ++y) {
+      for (int64_t x = x0; x < x1; ++x) {
+        const int64_t at = y * g.width + x;
+        if (ReplacesMax(in[at], best)) {
+          best = in[at];
+          best_at = at;
+        }
+      }
+    }
+    output[i] = best;
+    argmax[i] = best_at;
+  }
+}
+
+// One thread per input element, summing the gradients of the outputs whose window covers
+// it and chose it. A gather rather than atomicAdd scatters: deterministic, no separate
+// zeroing pass, and it adds in the CPU's order (ascending output index), so the result is
+// bitwise the CPU's even where windows overlap.
+__global__ void MaxPool2dBackwardKernel(Conv2dGeometry g, int64_t out_h, int64_t out_w,
+                                        const float* grad_output, const int64_t* argmax,
+                                        float* grad_input) {
+  const int64_t plane_size = g.height * g.width;
+  const int64_t out_plane = out_h * out_w;
+  const int64_t total = g.batch * g.channels * plane_size;
+  for (int64_t i = GlobalThread(); i < total; i += GridThreads()) {
+    const int64_t plane = i / plane_size;
+    const int64_t at = i % plane_size;
+    const int64_t y = at / g.width, x = at % g.width;
+    // Outputs oy whose window [oy * stride - pad, oy * stride - pad + kernel) holds y.
+    const int64_t oy_begin =
+        y + g.pad_h < g.kernel_h ? 0 : (y + g.pad_h - g.kernel_h) / g.stride_h + 1;
+    const int64_t oy_end = min((y + g.pad_h) / g.stride_h + 1, out_h);
+    const int64_t ox_begin =
+        x + g.pad_w < g.kernel_w ? 0 : (x + g.pad_w - g.kernel_w) / g.stride_w + 1;
+    const int64_t ox_end = min((x + g.pad_w) / g.stride_w + 1, out_w);
+    const int64_t* chosen = argmax + plane * out_plane;
+    const float* grad = grad_output + plane * out_plane;
+    float sum = 0.0f;
+    for (int64_t oy = oy_begin; oy < oy_end; ++oy) {
+      for (int64_t ox = ox_begin; ox < ox_end; ++ox) {
+        const int64_t o = oy * out_w + ox;
+        if (chosen[o] == at) sum += grad[o];
+      }
+    }
+    grad_input[i] = sum;
+  }
+}
+
+// ---- Gather / scatter of one column per row -------------------------------------------------
+
+__global__ void GatherColumnsKernel(float* dst, const float* src, const int64_t* idx, int64_t rows,
+                                    int64_t cols) {
+  for (int64_t r = GlobalThread(); r < rows; r += GridThreads()) dst[r] = src[r * cols + idx[r]];
+}
+
+// Row r only ever touches row r of dst, so threads never collide: a plain read-modify-write
+// is race-free and, unlike atomicAdd, deterministic.
+__global__ void ScatterAddColumnsKernel(float* dst, const float* src, const int64_t* idx,
+                                        int64_t rows, int64_t cols) {
+  for (int64_t r = GlobalThread(); r < rows; r += GridThreads()) dst[r * cols + idx[r]] += src[r];
+}
+
+// ---- Random numbers ---------------------------------------------------------------------
+// Element i is a function of counter offset + i alone (tensor/philox.h). Each thread owns
+// one Philox block — 4 counters for uniforms, 2 for normals — and writes the elements of
+// the request that fall in it, so a block is generated once and the output is the same
+// whatever the grid. __fmul_rn/__fadd_rn keep nvcc from fusing a * b + c into an FMA,
+// whose single rounding would differ from the CPU's two.
+
+__global__ void RandomUniformKernel(float* dst, int64_t n, uint64_t key, uint64_t offset, float low,
+                                    float range, float high, float below_high) {
+  const uint64_t first_block = offset / 4;
+  const uint64_t blocks = (offset + n + 3) / 4 - first_block;
+  for (int64_t b = GlobalThread(); b < static_cast<int64_t>(blocks); b += GridThreads()) {
+    const uint64_t block_index = first_block + b;
+    const philox::Block block = philox::Generate(key, block_index);
+#pragma unroll
+    for (int lane = 0; lane < 4; ++lane) {
+      const uint64_t counter = block_index * 4 + lane;
+      if (counter < offset || counter >= offset + n) continue;
+      const float value = __fadd_rn(low, __fmul_rn(range, philox::ToUnit(block.x[lane])));
+      dst[counter - offset] = value >= high && high > low ? below_high : value;
+    }
+  }
+}
+
+__global__ void RandomNormalKernel(float* dst, int64_t n, uint64_t key, uint64_t offset, float mean,
+                                   float stddev) {
+  const uint64_t first_block = offset / 2;
+  const uint64_t blocks = (offset + n + 1) / 2 - first_block;
+  for (int64_t b = GlobalThread(); b < static_cast<int64_t>(blocks); b += GridThreads()) {
+    const uint64_t block_index = first_block + b;
+    const philox::Block block = philox::Generate(key, block_index);
+#pragma unroll
+    for (int lane = 0; lane < 2; ++lane) {
+      const uint64_t counter = block_index * 2 + lane;
+      if (counter < offset || counter >= offset + n) continue;
+      // The arithmetic of philox::Normal (and of the CPU backend), step by step.
+      const float u1 = ((block.x[2 * lane] >> 8) + 1) * (1.0f / 16777216.0f);
+      const float u2 = philox::ToUnit(block.x[2 * lane + 1]);
+      const float radius = sqrtf(-2.0f * logf(u1));
+      const float z = __fmul_rn(radius, cosf(__fmul_rn(6.2831853071795864769f, u2)));
+      dst[counter - offset] = __fadd_rn(mean, __fmul_rn(stddev, z));
+    }
+  }
+}
+
+}  // namespace
+
+// ---- Launchers ----------------------------------------------------------------------------
+
+void LaunchCopy(const LaunchContext& context, const KernelTensor& dst, const KernelTensor& src) {
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  const KernelTensor* operands[2] = {&dst, &src};
+  const HostLayout<2> layout = MakeLayout(operands);
+  if (dst.dtype == src.dtype) {
+    if (dst.data == src.data) {
+      bool same_strides = true;
+      for (int d = 0; d < layout.ndim; ++d) {
+        same_strides &= layout.strides[0][d] == layout.strides[1][d];
+      }
+      if (same_strides) return;  // a view copied onto itself
+    }
+    if (layout.IsContiguous()) {
+      TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, n * ElementSize(dst.dtype),
+                                        cudaMemcpyDeviceToDevice, context.stream),
+                        context.device);
+      return;
+    }
+  }
+  if (dst.dtype == kFloat32) {
+    if (src.dtype == kFloat32)
+      return RunMap1<float, float>(context, dst, src, ConvertFn<float, float>{});
+    return RunMap1<float, int64_t>(context, dst, src, ConvertFn<float, int64_t>{});
+  }
+  if (src.dtype == kFloat32) {
+    return RunMap1<int64_t, float>(context, dst, src, ConvertFn<int64_t, float>{});
+  }
+  RunMap1<int64_t, int64_t>(context, dst, src, ConvertFn<int64_t, int64_t>{});
+}
+
+void LaunchFill(const LaunchContext& context, const KernelTensor& dst, double value) {
+  if (dst.numel() == 0) return;
+  if (dst.dtype == kFloat32) return RunFill(context, dst, static_cast<float>(value));
+  RunFill(context, dst, static_cast<int64_t>(value));
+}
+
+void LaunchUnary(const LaunchContext& context, UnaryOp op, const KernelTensor& dst,
+                 const KernelTensor& src, double scalar) {
+  if (dst.numel() == 0) return;
+  if (src.dtype == kFloat32) {
+    // The CPU hands ApplyUnary a float scalar too.
+    return RunMap1<float, float>(context, dst, src,
+                                 UnaryFn<float, float>{op, static_cast<float>(scalar)});
+  }
+  RunMap1<int64_t, int64_t>(context, dst, src, UnaryFn<int64_t, double>{op, scalar});
+}
+
+void LaunchBinary(const LaunchContext& context, BinaryOp op, const KernelTensor& dst,
+                  const KernelTensor& a, const KernelTensor& b) {
+  if (dst.numel() == 0) return;
+  if (dst.dtype == kFloat32) return RunMap2<float>(context, dst, a, b, BinaryFn<float>{op});
+  RunMap2<int64_t>(context, dst, a, b, BinaryFn<int64_t>{op});
+}
+
+void LaunchReduce(const LaunchContext& context, ReduceOp op, const KernelTensor& dst,
+                  const KernelTensor& src, int64_t outer, int64_t reduce, int64_t inner) {
+  if (outer * inner == 0) return;
+  if (reduce == 0) return LaunchFill(context, dst, 0.0);  // an empty sum
+  const bool sum = op == ReduceOp::kSum;
+  if (src.dtype == kFloat32) {
+    if (sum) {
+      return ReduceTyped<float, double>(context, op, dst.data, src.ptr<const float>(), outer,
+                                        reduce, inner);
+    }
+    return ReduceTyped<float, float>(context, op, dst.data, src.ptr<const float>(), outer, reduce,
+                                     inner);
+  }
+  ReduceTyped<int64_t, int64_t>(context, op, dst.data, src.ptr<const int64_t>(), outer, reduce,
+                                inner);
+}
+
+void LaunchSoftmax(const LaunchContext& context, bool log, float* dst, const float* src,
+                   int64_t outer, int64_t dim, int64_t inner) {
+  if (outer * dim * inner == 0) return;
+  if (inner == 1) {
+    // A warp per short row (10 classes), up to 512 threads for long ones.
+    const int threads =
+        static_cast<int>(std::min<int64_t>(512, (dim + kWarpSize - 1) / kWarpSize * kWarpSize));
+    const int64_t grid = std::min<int64_t>(outer, static_cast<int64_t>(context.num_sms) * 32);
+    SoftmaxRowsKernel<<<static_cast<int>(grid), threads, 0, context.stream>>>(log, dst, src, outer,
+                                                                              dim);
+  } else {
+    SoftmaxColumnsKernel<<<GridFor(context, outer * inner), kThreads, 0, context.stream>>>(
+        log, dst, src, outer, dim, inner);
+  }
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+}
+
+void LaunchScaleMatrices(const LaunchContext& context, float beta, float* c, int64_t m, int64_t n,
+                         int64_t ldc, int64_t stride_c, int64_t batch) {
+  if (m * n * batch == 0 || beta == 1.0f) return;
+  ScaleMatricesKernel<<<GridFor(context, batch * m * n), kThreads, 0, context.stream>>>(
+      beta, c, m, n, ldc, stride_c, batch);
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+}
+
+void LaunchIm2Col(const LaunchContext& context, const Conv2dGeometry& g, const float* image,
+                  float* columns) {
+  const int64_t total = g.batch * g.channels * g.out_h() * g.out_w();
+  if (total == 0) return;
+  Im2ColKernel<<<GridFor(context, total), kThreads, 0, context.stream>>>(g, g.out_h(), g.out_w(),
+                                                                         image, columns);
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+}
+
+void LaunchCol2Im(const LaunchContext& context, const Conv2dGeometry& g, const float* columns,
+                  float* image) {
+  const int64_t total = g.batch * g.channels * g.height * g.width;
+  if (total == 0) return;
+  Col2ImKernel<<<GridFor(context, total), kThreads, 0, context.stream>>>(g, g.out_h(), g.out_w(),
+                                                                         columns, image);
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+}
+
+void LaunchMaxPool2d(const LaunchContext& context, const Conv2dGeometry& g, const float* input,
+                     float* output, int64_t* argmax) {
+  const int64_t total = g.batch * g.channels * g.out_h() * g.out_w();
+  if (total == 0) return;
+  MaxPool2dKernel<<<GridFor(context, total), kThreads, 0, context.stream>>>(g, g.out_h(), g.out_w(),
+                                                                            input, output, argmax);
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+}
+
+void LaunchMaxPool2dBackward(const LaunchContext& context, const Conv2dGeometry& g,
+                             const float* grad_output, const int64_t* argmax, float* grad_input) {
+  const int64_t total = g.batch * g.channels * g.height * g.width;
+  if (total == 0) return;
+  MaxPool2dBackwardKernel<<<GridFor(context, total), kThreads, 0, context.stream>>>(
+      g, g.out_h(), g.out_w(), grad_output, argmax, grad_input);
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+}
+
+void LaunchGatherColumns(const LaunchContext& context, float* dst, const float* src,
+                         const int64_t* idx, int64_t rows, int64_t cols) {
+  if (rows <= 0) return;
+  GatherColumnsKernel<<<GridFor(context, rows), kThreads, 0, context.stream>>>(dst, src, idx, rows,
+                                                                               cols);
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+}
+
+void LaunchScatterAddColumns(const LaunchContext& context, float* dst, const float* src,
+                             const int64_t* idx, int64_t rows, int64_t cols) {
+  if (rows <= 0) return;
+  ScatterAddColumnsKernel<<<GridFor(context, rows), kThreads, 0, context.stream>>>(dst, src, idx,
+                                                                                   rows, cols);
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+}
+
+void LaunchRandomUniform(const LaunchContext& context, float* dst, int64_t n, uint64_t seed,
+                         uint64_t offset, float low, float high) {
+  if (n <= 0) return;
+  // As in the CPU backend: low + range * u can round up to `high`; the largest float below
+  // it keeps the interval half-open.
+  const float range = high - low;
+  const float below_high = std::nextafter(high, low);
+  const int64_t blocks = static_cast<int64_t>((offset + n + 3) / 4 - offset / 4);
+  RandomUniformKernel<<<GridFor(context, blocks), kThreads, 0, context.stream>>>(
+      dst, n, seed ^ philox::kUniformStream, offset, low, range, high, below_high);
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+}
+
+void LaunchRandomNormal(const LaunchContext& context, float* dst, int64_t n, uint64_t seed,
+                        uint64_t offset, float mean, float stddev) {
+  if (n <= 0) return;
+  const int64_t blocks = static_cast<int64_t>((offset + n + 1) / 2 - offset / 2);
+  RandomNormalKernel<<<GridFor(context, blocks), kThreads, 0, context.stream>>>(
+      dst, n, seed ^ philox::kNormalStream, offset, mean, stddev);
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+}
+
+}  // namespace cuda
+}  // namespace tandem

@@ -1,0 +1,67 @@
+// The CUDA kernels behind CudaBackend (internal to tensor/cuda/), one launcher per Backend
+// kernel with the Backend's own arguments plus a LaunchContext. Launchers queue work on the
+// context's stream and return at once; they launch nothing for empty tensors and check
+// every launch (throwing tandem::Error naming the logical device). Arguments are validated
+// by CudaBackend before it calls them.
+//
+// Numerics follow the CPU backend exactly where the hardware allows: the same scalar math
+// (tensor/elementwise_math.h), the same Philox streams (bitwise-equal uniforms), the same
+// NaN and tie rules for max/argmax, sums accumulated in double for float32.
+//
+//   LaunchContext context{stream, /*device=*/0, /*num_sms=*/132, &allocator};
+//   LaunchUnary(context, UnaryOp::kRelu, dst, src, 0.0);
+#ifndef TANDEM_TENSOR_CUDA_KERNELS_H_
+#define TANDEM_TENSOR_CUDA_KERNELS_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "tensor/allocator.h"
+#include "tensor/backend.h"
+
+namespace tandem {
+namespace cuda {
+
+struct LaunchContext {
+  cudaStream_t stream = nullptr;
+  int device = 0;                  // logical device index, for error messages
+  int num_sms = 1;                 // streaming multiprocessors: sizes grids and reduction splits
+  Allocator* workspace = nullptr;  // device memory for temporaries (split reductions)
+};
+
+void LaunchCopy(const LaunchContext& context, const KernelTensor& dst, const KernelTensor& src);
+void LaunchFill(const LaunchContext& context, const KernelTensor& dst, double value);
+void LaunchUnary(const LaunchContext& context, UnaryOp op, const KernelTensor& dst,
+                 const KernelTensor& src, double scalar);
+void LaunchBinary(const LaunchContext& context, BinaryOp op, const KernelTensor& dst,
+                  const KernelTensor& a, const KernelTensor& b);
+void LaunchReduce(const LaunchContext& context, ReduceOp op, const KernelTensor& dst,
+                  const KernelTensor& src, int64_t outer, int64_t reduce, int64_t inner);
+void LaunchSoftmax(const LaunchContext& context, bool log, float* dst, const float* src,
+                   int64_t outer, int64_t dim, int64_t inner);
+// C = beta * C for `batch` m x n matrices (row stride ldc, batch stride stride_c): the
+// k == 0 / alpha == 0 case of GEMM, which cuBLAS rejects or would read A and B for.
+void LaunchScaleMatrices(const LaunchContext& context, float beta, float* c, int64_t m, int64_t n,
+                         int64_t ldc, int64_t stride_c, int64_t batch);
+void LaunchIm2Col(const LaunchContext& context, const Conv2dGeometry& g, const float* image,
+                  float* columns);
+void LaunchCol2Im(const LaunchContext& context, const Conv2dGeometry& g, const float* columns,
+                  float* image);
+void LaunchMaxPool2d(const LaunchContext& context, const Conv2dGeometry& g, const float* input,
+                     float* output, int64_t* argmax);
+void LaunchMaxPool2dBackward(const LaunchContext& context, const Conv2dGeometry& g,
+                             const float* grad_output, const int64_t* argmax, float* grad_input);
+void LaunchGatherColumns(const LaunchContext& context, float* dst, const float* src,
+                         const int64_t* idx, int64_t rows, int64_t cols);
+void LaunchScatterAddColumns(const LaunchContext& context, float* dst, const float* src,
+                             const int64_t* idx, int64_t rows, int64_t cols);
+void LaunchRandomUniform(const LaunchContext& context, float* dst, int64_t n, uint64_t seed,
+                         uint64_t offset, float low, float high);
+void LaunchRandomNormal(const LaunchContext& context, float* dst, int64_t n, uint64_t seed,
+                        uint64_t offset, float mean, float stddev);
+
+}  // namespace cuda
+}  // namespace tandem
+
+#endif  // TANDEM_TENSOR_CUDA_KERNELS_H_
