@@ -224,6 +224,13 @@ def _cuda_library_impl(ctx):
     return [
         DefaultInfo(files = depset(files), runfiles = runfiles),
         cc_info,
+        # nvcc output is not instrumented, but coverage of the cc deps must
+        # still reach tests that depend on them through this target.
+        coverage_common.instrumented_files_info(
+            ctx,
+            source_attributes = [],
+            dependency_attributes = ["deps", "data"],
+        ),
     ]
 
 _cuda_library = rule(
