@@ -1,0 +1,763 @@
+// Every CUDA kernel against the CPU backend (the oracle) on fresh random inputs: sizes that
+// are not multiples of the block size, empty and one-element tensors, strided and
+// misaligned views. Output buffers start poisoned (NaN, or a sentinel for int64) on both
+// devices, and whole buffers are compared, so an element the GPU forgot to write, or one
+// it wrote outside the view, shows up as a mismatch.
+//
+// Skips (with the reason) where there is no usable GPU. The random seed is printed; set
+// TANDEM_TEST_SEED to replay a run.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <limits>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "tensor/allocator.h"
+#include "tensor/backend.h"
+#include "tensor/cuda/cuda.h"
+#include "tensor/device.h"
+#include "tensor/elementwise_math.h"
+#include "tensor/error.h"
+
+namespace tandem {
+namespace {
+
+constexpr int64_t kPoisonInt = -7777777777;
+
+template <typename T>
+T Poison() {
+  if constexpr (std::is_same_v<T, float>) {
+    return std::numeric_limits<float>::quiet_NaN();
+  } else {
+    return kPoisonInt;
+  }
+}
+
+// The same logical buffer on the CPU (a host vector) and on cuda:0, both poisoned.
+template <typename T>
+class Buffer {
+ public:
+  explicit Buffer(size_t n) : host_(n, Poison<T>()) {
+    device_ = GetAllocator(Device::Cuda(0)).Allocate(n * sizeof(T));
+    Upload();
+  }
+  explicit Buffer(const std::vector<T>& values) : Buffer(values.size()) { Set(values); }
+
+  void Set(const std::vector<T>& values) {
+    host_ = values;
+    Upload();
+  }
+  // What the GPU holds now (waits for it).
+  std::vector<T> Gpu() const {
+    std::vector<T> out(host_.size());
+    GetBackend(DeviceType::kCUDA).CopyToHost(0, out.data(), device_.get(), Bytes());
+    return out;
+  }
+  const std::vector<T>& Cpu() const { return host_; }
+  T* cpu() { return host_.data(); }
+  T* gpu() { return static_cast<T*>(device_.get()); }
+  size_t size() const { return host_.size(); }
+
+  // The same view of both buffers (offset, sizes and strides in elements).
+  KernelTensor CpuView(const std::vector<int64_t>& sizes, std::vector<int64_t> strides = {},
+                       int64_t offset = 0) {
+    return View(cpu() + offset, sizes, strides);
+  }
+  KernelTensor GpuView(const std::vector<int64_t>& sizes, std::vector<int64_t> strides = {},
+                       int64_t offset = 0) {
+    return View(gpu() + offset, sizes, strides);
+  }
+
+ private:
+  size_t Bytes() const { return host_.size() * sizeof(T); }
+  void Upload() {
+    GetBackend(DeviceType::kCUDA).CopyFromHost(0, device_.get(), host_.data(), Bytes());
+  }
+  static KernelTensor View(T* data, const std::vector<int64_t>& sizes,
+                           std::vector<int64_t> strides) {
+    KernelTensor t;
+    t.data = data;
+    t.dtype = DTypeOf<T>::value;
+    t.ndim = static_cast<int>(sizes.size());
+    if (strides.empty()) {
+      strides.assign(sizes.size(), 1);
+      for (int d = t.ndim - 2; d >= 0; --d) strides[d] = strides[d + 1] * sizes[d + 1];
+    }
+    for (int d = 0; d < t.ndim; ++d) {
+      t.sizes[d] = sizes[d];
+      t.strides[d] = strides[d];
+    }
+    return t;
+  }
+
+  std::vector<T> host_;
+  std::shared_ptr<void> device_;
+};
+
+// Elementwise comparison; NaN matches NaN (so poison left alone on both sides matches).
+void ExpectNear(const std::vector<float>& expected, const std::vector<float>& actual, double rtol,
+                double atol, const std::string& what) {
+  ASSERT_EQ(expected.size(), actual.size()) << what;
+  int reported = 0;
+  int64_t mismatches = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const float e = expected[i], a = actual[i];
+    bool ok;
+    if (std::isnan(e) || std::isnan(a)) {
+      ok = std::isnan(e) && std::isnan(a);
+    } else if (std::isinf(e) || std::isinf(a)) {
+      ok = e == a;
+    } else {
+      ok = std::fabs(static_cast<double>(a) - e) <= atol + rtol * std::fabs(e);
+    }
+    if (!ok) {
+      ++mismatches;
+      if (reported++ < 5) {
+        ADD_FAILURE() << what << ": element " << i << " is " << a << " on cuda but " << e
+                      << " on cpu";
+      }
+    }
+  }
+  EXPECT_EQ(mismatches, 0) << what << ": " << mismatches << " of " << expected.size()
+                           << " elements differ";
+}
+
+void ExpectBitwiseEqual(const std::vector<float>& expected, const std::vector<float>& actual,
+                        const std::string& what) {
+  ASSERT_EQ(expected.size(), actual.size()) << what;
+  int64_t mismatches = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (std::memcmp(&expected[i], &actual[i], sizeof(float)) != 0 &&
+        !(std::isnan(expected[i]) && std::isnan(actual[i]))) {
+      if (mismatches++ < 5) {
+        ADD_FAILURE() << what << ": element " << i << " is " << actual[i] << " on cuda but "
+                      << expected[i] << " on cpu (bitwise equality expected)";
+      }
+    }
+  }
+  EXPECT_EQ(mismatches, 0) << what;
+}
+
+void ExpectEqual(const std::vector<int64_t>& expected, const std::vector<int64_t>& actual,
+                 const std::string& what) {
+  ASSERT_EQ(expected.size(), actual.size()) << what;
+  int64_t mismatches = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    if (expected[i] != actual[i] && mismatches++ < 5) {
+      ADD_FAILURE() << what << ": element " << i << " is " << actual[i] << " on cuda but "
+                    << expected[i] << " on cpu";
+    }
+  }
+  EXPECT_EQ(mismatches, 0) << what;
+}
+
+class CudaBackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (DeviceCount(DeviceType::kCUDA) == 0) {
+      GTEST_SKIP() << "no usable CUDA device: " << cuda::UnavailableReason();
+    }
+    const char* seed_text = std::getenv("TANDEM_TEST_SEED");
+    seed_ = seed_text != nullptr ? std::strtoull(seed_text, nullptr, 10) : std::random_device{}();
+    std::cout << "TANDEM_TEST_SEED=" << seed_ << "\n";
+    rng_.seed(seed_);
+  }
+
+  std::vector<float> RandomFloats(size_t n, float low = -2.0f, float high = 2.0f) {
+    std::uniform_real_distribution<float> dist(low, high);
+    std::vector<float> values(n);
+    for (float& v : values) v = dist(rng_);
+    return values;
+  }
+  // Small integers as floats: plenty of exact ties for max/argmax.
+  std::vector<float> RandomIntegerFloats(size_t n, int low, int high) {
+    std::uniform_int_distribution<int> dist(low, high);
+    std::vector<float> values(n);
+    for (float& v : values) v = static_cast<float>(dist(rng_));
+    return values;
+  }
+  std::vector<int64_t> RandomInts(size_t n, int64_t low, int64_t high) {
+    std::uniform_int_distribution<int64_t> dist(low, high);
+    std::vector<int64_t> values(n);
+    for (int64_t& v : values) v = dist(rng_);
+    return values;
+  }
+
+  std::string Note(const std::string& what) const {
+    std::ostringstream out;
+    out << what << " (TANDEM_TEST_SEED=" << seed_ << ")";
+    return out.str();
+  }
+
+  Backend& cpu_ = GetBackend(DeviceType::kCPU);
+  Backend& gpu_ = GetBackend(DeviceType::kCUDA);
+  uint64_t seed_ = 0;
+  std::mt19937_64 rng_;
+};
+
+// ---- Copy and Fill --------------------------------------------------------------------------
+
+TEST_F(CudaBackendTest, CopyContiguousStridedAndConverting) {
+  for (int64_t rows : {0, 1, 3, 257}) {
+    for (int64_t cols : {1, 5, 1029}) {
+      const int64_t n = rows * cols;
+      Buffer<float> src(RandomFloats(n, -100.0f, 100.0f));
+      // Contiguous copy.
+      Buffer<float> dst(n);
+      cpu_.Copy(0, dst.CpuView({rows, cols}), src.CpuView({rows, cols}));
+      gpu_.Copy(0, dst.GpuView({rows, cols}), src.GpuView({rows, cols}));
+      ExpectBitwiseEqual(dst.Cpu(), dst.Gpu(), Note("contiguous copy"));
+      // Transposing copy: dst[c][r] = src[r][c].
+      Buffer<float> transposed(n);
+      cpu_.Copy(0, transposed.CpuView({rows, cols}, {1, rows}), src.CpuView({rows, cols}));
+      gpu_.Copy(0, transposed.GpuView({rows, cols}, {1, rows}), src.GpuView({rows, cols}));
+      ExpectBitwiseEqual(transposed.Cpu(), transposed.Gpu(), Note("transposing copy"));
+      // float32 -> int64 and back.
+      Buffer<int64_t> as_int(n);
+      cpu_.Copy(0, as_int.CpuView({rows, cols}), src.CpuView({rows, cols}));
+      gpu_.Copy(0, as_int.GpuView({rows, cols}), src.GpuView({rows, cols}));
+      ExpectEqual(as_int.Cpu(), as_int.Gpu(), Note("float32 -> int64 copy"));
+      Buffer<float> back(n);
+      cpu_.Copy(0, back.CpuView({rows, cols}), as_int.CpuView({rows, cols}));
+      gpu_.Copy(0, back.GpuView({rows, cols}), as_int.GpuView({rows, cols}));
+      ExpectBitwiseEqual(back.Cpu(), back.Gpu(), Note("int64 -> float32 copy"));
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, CopyBroadcastsAndLeavesOtherElementsAlone) {
+  // A row broadcast into every other column of a wider buffer: stride-0 source, strided
+  // destination; the untouched columns must stay poisoned.
+  const int64_t rows = 33, cols = 70;
+  Buffer<float> row(RandomFloats(cols));
+  Buffer<float> dst(rows * cols * 2);
+  cpu_.Copy(0, dst.CpuView({rows, cols}, {2 * cols, 2}, 1), row.CpuView({rows, cols}, {0, 1}));
+  gpu_.Copy(0, dst.GpuView({rows, cols}, {2 * cols, 2}, 1), row.GpuView({rows, cols}, {0, 1}));
+  ExpectBitwiseEqual(dst.Cpu(), dst.Gpu(), Note("broadcasting strided copy"));
+}
+
+TEST_F(CudaBackendTest, FillContiguousStridedAndInt64) {
+  for (int64_t n : {0, 1, 3, 4, 1000, 100003}) {
+    for (double value : {0.0, -0.0, 2.5, -1e30}) {
+      for (int64_t offset : {0, 1}) {  // 1: not 16-byte aligned
+        Buffer<float> dst(n + 1);
+        cpu_.Fill(0, dst.CpuView({n}, {}, offset), value);
+        gpu_.Fill(0, dst.GpuView({n}, {}, offset), value);
+        ExpectBitwiseEqual(dst.Cpu(), dst.Gpu(), Note("float fill"));
+      }
+    }
+    Buffer<float> every_third(3 * n);
+    cpu_.Fill(0, every_third.CpuView({n}, {3}), 7.0);
+    gpu_.Fill(0, every_third.GpuView({n}, {3}), 7.0);
+    ExpectBitwiseEqual(every_third.Cpu(), every_third.Gpu(), Note("strided fill"));
+    Buffer<int64_t> ints(n);
+    cpu_.Fill(0, ints.CpuView({n}), -42.0);
+    gpu_.Fill(0, ints.GpuView({n}), -42.0);
+    ExpectEqual(ints.Cpu(), ints.Gpu(), Note("int64 fill"));
+  }
+}
+
+// ---- Unary and Binary ---------------------------------------------------------------------------
+
+const UnaryOp kAllUnary[] = {UnaryOp::kNeg,       UnaryOp::kExp,       UnaryOp::kLog,
+                             UnaryOp::kRelu,      UnaryOp::kSqrt,      UnaryOp::kAbs,
+                             UnaryOp::kTanh,      UnaryOp::kSigmoid,   UnaryOp::kSquare,
+                             UnaryOp::kAddScalar, UnaryOp::kMulScalar, UnaryOp::kPowScalar,
+                             UnaryOp::kGeScalar};
+
+TEST_F(CudaBackendTest, UnaryFloatOpsMatchTheCpu) {
+  for (UnaryOp op : kAllUnary) {
+    const bool positive_only =
+        op == UnaryOp::kLog || op == UnaryOp::kSqrt || op == UnaryOp::kPowScalar;
+    for (int64_t n : {0, 1, 7, 1024, 100001}) {
+      const std::string what = Note("unary op " + std::to_string(static_cast<int>(op)) + " on " +
+                                    std::to_string(n) + " elements");
+      Buffer<float> src(positive_only ? RandomFloats(n + 1, 0.01f, 5.0f) : RandomFloats(n + 1));
+      for (int64_t offset : {0, 1}) {  // aligned (float4 path) and misaligned
+        Buffer<float> dst(n + 1);
+        cpu_.Unary(0, op, dst.CpuView({n}, {}, offset), src.CpuView({n}, {}, offset), 1.5);
+        gpu_.Unary(0, op, dst.GpuView({n}, {}, offset), src.GpuView({n}, {}, offset), 1.5);
+        // expf/logf/tanhf/powf of CUDA and glibc differ by a few ulps.
+        ExpectNear(dst.Cpu(), dst.Gpu(), 4e-6, 1e-30, what);
+      }
+      // Strided: a transposed view into a transposed view.
+      const int64_t rows = n / 7, cols = 7;
+      Buffer<float> dst(n + 1);
+      cpu_.Unary(0, op, dst.CpuView({cols, rows}, {1, cols}), src.CpuView({cols, rows}, {1, cols}),
+                 -0.5);
+      gpu_.Unary(0, op, dst.GpuView({cols, rows}, {1, cols}), src.GpuView({cols, rows}, {1, cols}),
+                 -0.5);
+      ExpectNear(dst.Cpu(), dst.Gpu(), 4e-6, 1e-30, what + " (strided)");
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, UnaryInPlaceAndInt64) {
+  const int64_t n = 5003;
+  Buffer<float> x(RandomFloats(n));
+  cpu_.Unary(0, UnaryOp::kRelu, x.CpuView({n}), x.CpuView({n}), 0.0);
+  gpu_.Unary(0, UnaryOp::kRelu, x.GpuView({n}), x.GpuView({n}), 0.0);
+  ExpectBitwiseEqual(x.Cpu(), x.Gpu(), Note("in-place relu"));
+  for (UnaryOp op : {UnaryOp::kNeg, UnaryOp::kAbs, UnaryOp::kAddScalar, UnaryOp::kMulScalar}) {
+    Buffer<int64_t> src(RandomInts(n, -1000000, 1000000));
+    Buffer<int64_t> dst(n);
+    cpu_.Unary(0, op, dst.CpuView({n}), src.CpuView({n}), -3.0);
+    gpu_.Unary(0, op, dst.GpuView({n}), src.GpuView({n}), -3.0);
+    ExpectEqual(dst.Cpu(), dst.Gpu(),
+                Note("int64 unary op " + std::to_string(static_cast<int>(op))));
+  }
+  Buffer<int64_t> ints(4);
+  EXPECT_THROW(gpu_.Unary(0, UnaryOp::kExp, ints.GpuView({4}), ints.GpuView({4}), 0.0), Error);
+}
+
+const BinaryOp kAllBinary[] = {
+    BinaryOp::kAdd,     BinaryOp::kSub, BinaryOp::kMul,         BinaryOp::kDiv, BinaryOp::kMaximum,
+    BinaryOp::kMinimum, BinaryOp::kEq,  BinaryOp::kNe,          BinaryOp::kLt,  BinaryOp::kLe,
+    BinaryOp::kGt,      BinaryOp::kGe,  BinaryOp::kReluBackward};
+
+// Shapes of b relative to a's [rows, cols] output: full, a row, a column, a scalar.
+struct Broadcast {
+  const char* name;
+  bool row, column;
+};
+const Broadcast kBroadcasts[] = {
+    {"full", false, false}, {"row", true, false}, {"column", false, true}, {"scalar", true, true}};
+
+TEST_F(CudaBackendTest, BinaryFloatOpsWithBroadcasting) {
+  for (BinaryOp op : kAllBinary) {
+    for (const Broadcast& broadcast : kBroadcasts) {
+      for (auto [rows, cols] : {std::pair<int64_t, int64_t>{0, 3}, {1, 1}, {3, 5}, {129, 257}}) {
+        const std::string what =
+            Note("binary op " + std::to_string(static_cast<int>(op)) + ", " + broadcast.name +
+                 " b, " + std::to_string(rows) + "x" + std::to_string(cols));
+        const int64_t n = rows * cols;
+        // Integer-valued inputs make comparisons hit equality too.
+        Buffer<float> a(RandomIntegerFloats(n + 1, -4, 4));
+        Buffer<float> b(RandomIntegerFloats(n + 1, -4, 4));
+        if (op == BinaryOp::kDiv) b.Set(RandomFloats(n + 1, 0.5f, 3.0f));
+        const std::vector<int64_t> b_strides = {broadcast.column ? 0 : cols, broadcast.row ? 0 : 1};
+        for (int64_t offset : {0, 1}) {
+          Buffer<float> dst(n + 1);
+          cpu_.Binary(0, op, dst.CpuView({rows, cols}, {}, offset),
+                      a.CpuView({rows, cols}, {}, offset),
+                      b.CpuView({rows, cols}, b_strides, offset));
+          gpu_.Binary(0, op, dst.GpuView({rows, cols}, {}, offset),
+                      a.GpuView({rows, cols}, {}, offset),
+                      b.GpuView({rows, cols}, b_strides, offset));
+          ExpectBitwiseEqual(dst.Cpu(), dst.Gpu(), what);
+        }
+        // In place into a (dst aliases a exactly).
+        cpu_.Binary(0, op, a.CpuView({rows, cols}), a.CpuView({rows, cols}),
+                    b.CpuView({rows, cols}, b_strides));
+        gpu_.Binary(0, op, a.GpuView({rows, cols}), a.GpuView({rows, cols}),
+                    b.GpuView({rows, cols}, b_strides));
+        ExpectBitwiseEqual(a.Cpu(), a.Gpu(), what + " (in place)");
+      }
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, BinaryInt64OpsAndTransposedOutput) {
+  const int64_t rows = 37, cols = 41, n = rows * cols;
+  for (BinaryOp op : kAllBinary) {
+    Buffer<int64_t> a(RandomInts(n, -50, 50));
+    Buffer<int64_t> b(RandomInts(n, 1, 9));  // no division by zero
+    Buffer<int64_t> dst(n);
+    // The output is written transposed: dst viewed [rows, cols] with strides {1, rows}.
+    cpu_.Binary(0, op, dst.CpuView({rows, cols}, {1, rows}), a.CpuView({rows, cols}),
+                b.CpuView({rows, cols}));
+    gpu_.Binary(0, op, dst.GpuView({rows, cols}, {1, rows}), a.GpuView({rows, cols}),
+                b.GpuView({rows, cols}));
+    ExpectEqual(dst.Cpu(), dst.Gpu(),
+                Note("int64 binary op " + std::to_string(static_cast<int>(op))));
+  }
+}
+
+TEST_F(CudaBackendTest, ElementwiseOnLargeFourDimensionalViews) {
+  // A permuted 4-D view that merges into nothing simpler (the strided path), plus a
+  // broadcast over two of its dimensions.
+  const std::vector<int64_t> sizes = {3, 17, 5, 129};
+  const int64_t n = 3 * 17 * 5 * 129;
+  Buffer<float> a(RandomFloats(n));
+  Buffer<float> b(RandomFloats(17 * 129));
+  Buffer<float> dst(n);
+  const std::vector<int64_t> a_strides = {5 * 129, 3 * 5 * 129, 1, 5};  // a permutation
+  const std::vector<int64_t> b_strides = {0, 129, 0, 1};
+  cpu_.Binary(0, BinaryOp::kMul, dst.CpuView(sizes), a.CpuView(sizes, a_strides),
+              b.CpuView(sizes, b_strides));
+  gpu_.Binary(0, BinaryOp::kMul, dst.GpuView(sizes), a.GpuView(sizes, a_strides),
+              b.GpuView(sizes, b_strides));
+  ExpectBitwiseEqual(dst.Cpu(), dst.Gpu(), Note("4-D strided multiply"));
+}
+
+// ---- Reductions
+// ----------------------------------------------------------------------------------
+
+struct ReduceShape {
+  int64_t outer, reduce, inner;
+};
+const ReduceShape kReduceShapes[] = {
+    {1, 1, 1},      {1, 7, 1},      {64, 10, 1},     {7, 1000, 1},
+    {5, 7, 33},     {2, 3000, 300}, {1, 3000001, 1},  // one row, split over many blocks
+    {3, 50000, 5},                                    // few columns, split
+    {1, 1, 100003},                                   // nothing to reduce
+    {0, 5, 3},                                        // no output
+};
+
+TEST_F(CudaBackendTest, ReduceFloat) {
+  for (ReduceOp op :
+       {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kArgMax, ReduceOp::kArgMin}) {
+    const bool arg = op == ReduceOp::kArgMax || op == ReduceOp::kArgMin;
+    for (const ReduceShape& s : kReduceShapes) {
+      const std::string what =
+          Note("reduce op " + std::to_string(static_cast<int>(op)) + " over [" +
+               std::to_string(s.outer) + ", " + std::to_string(s.reduce) + ", " +
+               std::to_string(s.inner) + "]");
+      const int64_t n = s.outer * s.reduce * s.inner, outputs = s.outer * s.inner;
+      // Ties everywhere for max/argmax; continuous values for sums.
+      Buffer<float> src(op == ReduceOp::kSum ? RandomFloats(n) : RandomIntegerFloats(n, -20, 20));
+      const std::vector<int64_t> in_shape = {s.outer, s.reduce, s.inner};
+      const std::vector<int64_t> out_shape = {s.outer, s.inner};
+      if (arg) {
+        Buffer<int64_t> dst(outputs);
+        cpu_.Reduce(0, op, dst.CpuView(out_shape), src.CpuView(in_shape), s.outer, s.reduce,
+                    s.inner);
+        gpu_.Reduce(0, op, dst.GpuView(out_shape), src.GpuView(in_shape), s.outer, s.reduce,
+                    s.inner);
+        ExpectEqual(dst.Cpu(), dst.Gpu(), what);
+      } else {
+        Buffer<float> dst(outputs);
+        cpu_.Reduce(0, op, dst.CpuView(out_shape), src.CpuView(in_shape), s.outer, s.reduce,
+                    s.inner);
+        gpu_.Reduce(0, op, dst.GpuView(out_shape), src.GpuView(in_shape), s.outer, s.reduce,
+                    s.inner);
+        // Both sum in double, in different orders: they agree to float32 rounding.
+        ExpectNear(dst.Cpu(), dst.Gpu(), 1e-6, 1e-6, what);
+      }
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, ReduceNanAndInt64AndEmptySum) {
+  // NaN wins max and argmax (the first NaN), as on the CPU.
+  const int64_t rows = 4, cols = 3001;
+  std::vector<float> values = RandomFloats(rows * cols);
+  values[1 * cols + 2000] = NAN;
+  values[1 * cols + 2500] = NAN;
+  values[3 * cols + 7] = NAN;
+  Buffer<float> src(values);
+  Buffer<int64_t> argmax(rows);
+  Buffer<float> max(rows);
+  cpu_.Reduce(0, ReduceOp::kMax, max.CpuView({rows}), src.CpuView({rows, cols}), rows, cols, 1);
+  gpu_.Reduce(0, ReduceOp::kMax, max.GpuView({rows}), src.GpuView({rows, cols}), rows, cols, 1);
+  ExpectBitwiseEqual(max.Cpu(), max.Gpu(), Note("max with NaN"));
+  cpu_.Reduce(0, ReduceOp::kArgMax, argmax.CpuView({rows}), src.CpuView({rows, cols}), rows, cols,
+              1);
+  gpu_.Reduce(0, ReduceOp::kArgMax, argmax.GpuView({rows}), src.GpuView({rows, cols}), rows, cols,
+              1);
+  ExpectEqual(argmax.Cpu(), argmax.Gpu(), Note("argmax with NaN"));
+  EXPECT_EQ(argmax.Gpu()[1], 2000);
+
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kArgMin}) {
+    const int64_t outer = 3, reduce = 20001, inner = 2;
+    Buffer<int64_t> ints(RandomInts(outer * reduce * inner, -1000, 1000));
+    Buffer<int64_t> dst(outer * inner);
+    cpu_.Reduce(0, op, dst.CpuView({outer, inner}), ints.CpuView({outer, reduce, inner}), outer,
+                reduce, inner);
+    gpu_.Reduce(0, op, dst.GpuView({outer, inner}), ints.GpuView({outer, reduce, inner}), outer,
+                reduce, inner);
+    ExpectEqual(dst.Cpu(), dst.Gpu(),
+                Note("int64 reduce op " + std::to_string(static_cast<int>(op))));
+  }
+
+  Buffer<float> empty_sum(6);
+  Buffer<float> nothing(1);
+  gpu_.Reduce(0, ReduceOp::kSum, empty_sum.GpuView({2, 3}), nothing.GpuView({2, 0, 3}), 2, 0, 3);
+  EXPECT_EQ(empty_sum.Gpu(), std::vector<float>(6, 0.0f));
+  EXPECT_THROW(gpu_.Reduce(0, ReduceOp::kMax, empty_sum.GpuView({2, 3}), nothing.GpuView({2, 0, 3}),
+                           2, 0, 3),
+               Error);
+}
+
+// ---- Softmax
+// ---------------------------------------------------------------------------------------
+
+TEST_F(CudaBackendTest, SoftmaxAndLogSoftmax) {
+  const ReduceShape shapes[] = {{1, 1, 1}, {257, 10, 1}, {3, 5000, 1}, {2, 1025, 1},
+                                {4, 7, 9}, {2, 300, 65}, {0, 3, 1},    {3, 0, 2}};
+  for (bool log : {false, true}) {
+    for (const ReduceShape& s : shapes) {
+      const std::string what =
+          Note(std::string(log ? "log_softmax" : "softmax") + " over [" + std::to_string(s.outer) +
+               ", " + std::to_string(s.reduce) + ", " + std::to_string(s.inner) + "]");
+      const int64_t n = s.outer * s.reduce * s.inner;
+      Buffer<float> src(RandomFloats(n, -10.0f, 10.0f));
+      Buffer<float> dst(n);
+      cpu_.Softmax(0, log, dst.cpu(), src.cpu(), s.outer, s.reduce, s.inner);
+      gpu_.Softmax(0, log, dst.gpu(), src.gpu(), s.outer, s.reduce, s.inner);
+      ExpectNear(dst.Cpu(), dst.Gpu(), 1e-5, 1e-7, what);
+    }
+  }
+  // A row with -inf (a masked logit) and a row with NaN.
+  Buffer<float> special(std::vector<float>{-INFINITY, 1.0f, 2.0f, NAN, 0.0f, 1.0f});
+  Buffer<float> out(6);
+  cpu_.Softmax(0, false, out.cpu(), special.cpu(), 2, 3, 1);
+  gpu_.Softmax(0, false, out.gpu(), special.gpu(), 2, 3, 1);
+  ExpectNear(out.Cpu(), out.Gpu(), 1e-6, 0.0, Note("softmax of -inf and NaN"));
+}
+
+// ---- GEMM
+// ----------------------------------------------------------------------------------------
+
+struct GemmCase {
+  int64_t m, n, k, batch;
+};
+
+TEST_F(CudaBackendTest, GemmAllTranspositionsAndBatches) {
+  const GemmCase cases[] = {{1, 1, 1, 1},   {33, 17, 65, 1}, {128, 256, 64, 1},
+                            {5, 300, 2, 1}, {7, 9, 11, 4},   {64, 10, 784, 3}};
+  for (const GemmCase& g : cases) {
+    for (bool trans_a : {false, true}) {
+      for (bool trans_b : {false, true}) {
+        for (bool shared_a : {false, true}) {  // stride_a = 0: one A for the whole batch
+          const std::string what = Note(
+              "gemm m=" + std::to_string(g.m) + " n=" + std::to_string(g.n) +
+              " k=" + std::to_string(g.k) + " batch=" + std::to_string(g.batch) +
+              (trans_a ? " A^T" : "") + (trans_b ? " B^T" : "") + (shared_a ? " shared A" : ""));
+          // Leading dimensions wider than the rows, to test strides.
+          const int64_t lda = (trans_a ? g.m : g.k) + 3, ldb = (trans_b ? g.k : g.n) + 1,
+                        ldc = g.n + 2;
+          const int64_t a_rows = trans_a ? g.k : g.m, b_rows = trans_b ? g.n : g.k;
+          const int64_t stride_a = shared_a ? 0 : a_rows * lda, stride_b = b_rows * ldb,
+                        stride_c = g.m * ldc;
+          Buffer<float> a(RandomFloats((shared_a ? 1 : g.batch) * a_rows * lda, -1.0f, 1.0f));
+          Buffer<float> b(RandomFloats(g.batch * b_rows * ldb, -1.0f, 1.0f));
+          Buffer<float> c(RandomFloats(g.batch * stride_c, -1.0f, 1.0f));
+          for (float beta : {0.0f, 0.5f}) {
+            Buffer<float> out(c.Cpu());  // the same initial C on both devices
+            cpu_.Gemm(0, trans_a, trans_b, g.m, g.n, g.k, 1.25f, a.cpu(), lda, stride_a, b.cpu(),
+                      ldb, stride_b, beta, out.cpu(), ldc, stride_c, g.batch);
+            gpu_.Gemm(0, trans_a, trans_b, g.m, g.n, g.k, 1.25f, a.gpu(), lda, stride_a, b.gpu(),
+                      ldb, stride_b, beta, out.gpu(), ldc, stride_c, g.batch);
+            // Float32 products summed in different orders: error grows like sqrt(k).
+            ExpectNear(out.Cpu(), out.Gpu(), 1e-5, 2e-6 * std::sqrt(static_cast<double>(g.k)),
+                       what + " beta=" + std::to_string(beta));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, GemmDegenerateSizes) {
+  // k = 0 or alpha = 0: C = beta * C; beta = 0 clears even NaN. m = 0: nothing.
+  const int64_t m = 3, n = 4;
+  std::vector<float> c_values = RandomFloats(m * n);
+  c_values[5] = NAN;
+  for (auto [k, alpha, beta] : {std::tuple<int64_t, float, float>{0, 1.0f, 0.0f},
+                                {0, 1.0f, 2.0f},
+                                {5, 0.0f, 0.0f},
+                                {5, 0.0f, -1.0f}}) {
+    Buffer<float> a(RandomFloats(m * 5));
+    Buffer<float> b(RandomFloats(5 * n));
+    Buffer<float> c(c_values);
+    const int64_t lda = std::max<int64_t>(k, 1);  // BLAS wants a row stride of at least 1
+    cpu_.Gemm(0, false, false, m, n, k, alpha, a.cpu(), lda, 0, b.cpu(), n, 0, beta, c.cpu(), n, 0,
+              1);
+    gpu_.Gemm(0, false, false, m, n, k, alpha, a.gpu(), lda, 0, b.gpu(), n, 0, beta, c.gpu(), n, 0,
+              1);
+    ExpectBitwiseEqual(c.Cpu(), c.Gpu(), Note("degenerate gemm k=" + std::to_string(k)));
+  }
+  Buffer<float> c(c_values);
+  gpu_.Gemm(0, false, false, 0, n, 5, 1.0f, nullptr, 5, 0, nullptr, n, 0, 0.0f, c.gpu(), n, 0, 1);
+  ExpectBitwiseEqual(c.Cpu(), c.Gpu(), Note("gemm with m = 0 writes nothing"));
+  EXPECT_THROW(gpu_.Gemm(0, false, false, m, n, 5, 1.0f, c.gpu(), 2, 0, c.gpu(), n, 0, 0.0f,
+                         c.gpu(), n, 0, 1),
+               Error);  // lda = 2 < k = 5
+}
+
+TEST_F(CudaBackendTest, GemmTf32SwitchTradesPrecisionForSpeed) {
+  const int64_t m = 256, n = 256, k = 1024;
+  Buffer<float> a(RandomFloats(m * k, -1.0f, 1.0f));
+  Buffer<float> b(RandomFloats(k * n, -1.0f, 1.0f));
+  Buffer<float> c(m * n);
+  cpu_.Gemm(0, false, false, m, n, k, 1.0f, a.cpu(), k, 0, b.cpu(), n, 0, 0.0f, c.cpu(), n, 0, 1);
+  ASSERT_FALSE(cuda::AllowTf32());
+  cuda::SetAllowTf32(true);
+  gpu_.Gemm(0, false, false, m, n, k, 1.0f, a.gpu(), k, 0, b.gpu(), n, 0, 0.0f, c.gpu(), n, 0, 1);
+  const std::vector<float> tf32 = c.Gpu();
+  cuda::SetAllowTf32(false);
+  gpu_.Gemm(0, false, false, m, n, k, 1.0f, a.gpu(), k, 0, b.gpu(), n, 0, 0.0f, c.gpu(), n, 0, 1);
+  const std::vector<float> fp32 = c.Gpu();
+  double tf32_error = 0.0, fp32_error = 0.0;
+  for (int64_t i = 0; i < m * n; ++i) {
+    tf32_error = std::max(tf32_error, std::fabs(static_cast<double>(tf32[i]) - c.Cpu()[i]));
+    fp32_error = std::max(fp32_error, std::fabs(static_cast<double>(fp32[i]) - c.Cpu()[i]));
+  }
+  // TF32 keeps 10 mantissa bits: errors of order 1e-3 * sqrt(k) here; FP32 about 1e-5.
+  EXPECT_LT(fp32_error, 1e-4);
+  EXPECT_LT(tf32_error, 0.5);
+  EXPECT_GT(tf32_error, fp32_error)
+      << "allowing TF32 changed nothing: is NVIDIA_TF32_OVERRIDE=0 set?";
+}
+
+// ---- Convolution and pooling --------------------------------------------------------------------
+
+Conv2dGeometry Geometry(int64_t batch, int64_t channels, int64_t height, int64_t width,
+                        int64_t kernel_h, int64_t kernel_w, int64_t stride_h, int64_t stride_w,
+                        int64_t pad_h, int64_t pad_w) {
+  Conv2dGeometry g;
+  g.batch = batch;
+  g.channels = channels;
+  g.height = height;
+  g.width = width;
+  g.kernel_h = kernel_h;
+  g.kernel_w = kernel_w;
+  g.stride_h = stride_h;
+  g.stride_w = stride_w;
+  g.pad_h = pad_h;
+  g.pad_w = pad_w;
+  return g;
+}
+
+const Conv2dGeometry kGeometries[] = {
+    Geometry(2, 3, 7, 9, 3, 3, 1, 1, 1, 1),   Geometry(1, 2, 8, 8, 2, 2, 2, 2, 0, 0),
+    Geometry(2, 1, 5, 6, 3, 2, 2, 1, 1, 0),   Geometry(1, 1, 1, 1, 1, 1, 1, 1, 0, 0),
+    Geometry(3, 4, 28, 28, 5, 5, 1, 1, 2, 2), Geometry(2, 5, 13, 11, 3, 3, 2, 2, 1, 1),
+    Geometry(0, 3, 4, 4, 3, 3, 1, 1, 1, 1),
+};
+
+std::string Describe(const Conv2dGeometry& g) {
+  std::ostringstream out;
+  out << "[" << g.batch << ", " << g.channels << ", " << g.height << ", " << g.width << "] kernel "
+      << g.kernel_h << "x" << g.kernel_w << " stride " << g.stride_h << "x" << g.stride_w << " pad "
+      << g.pad_h << "x" << g.pad_w;
+  return out.str();
+}
+
+TEST_F(CudaBackendTest, Im2ColAndCol2Im) {
+  for (const Conv2dGeometry& g : kGeometries) {
+    const int64_t image_size = g.batch * g.channels * g.height * g.width;
+    const int64_t column_size =
+        g.batch * g.channels * g.kernel_h * g.kernel_w * g.out_h() * g.out_w();
+    Buffer<float> image(RandomFloats(image_size));
+    Buffer<float> columns(column_size);
+    cpu_.Im2Col(0, g, image.cpu(), columns.cpu());
+    gpu_.Im2Col(0, g, image.gpu(), columns.gpu());
+    ExpectBitwiseEqual(columns.Cpu(), columns.Gpu(), Note("im2col " + Describe(g)));
+    // Col2Im adds in the CPU's order: bitwise equal too.
+    Buffer<float> grad_columns(RandomFloats(column_size));
+    Buffer<float> grad_image(image_size);
+    cpu_.Col2Im(0, g, grad_columns.cpu(), grad_image.cpu());
+    gpu_.Col2Im(0, g, grad_columns.gpu(), grad_image.gpu());
+    ExpectBitwiseEqual(grad_image.Cpu(), grad_image.Gpu(), Note("col2im " + Describe(g)));
+  }
+}
+
+TEST_F(CudaBackendTest, MaxPoolForwardAndBackward) {
+  for (const Conv2dGeometry& g : kGeometries) {
+    if (2 * g.pad_h > g.kernel_h || 2 * g.pad_w > g.kernel_w) continue;
+    const int64_t input_size = g.batch * g.channels * g.height * g.width;
+    const int64_t output_size = g.batch * g.channels * g.out_h() * g.out_w();
+    // Few distinct values: many ties, which must resolve to the same (first) element.
+    Buffer<float> input(RandomIntegerFloats(input_size, -3, 3));
+    Buffer<float> output(output_size);
+    Buffer<int64_t> argmax(output_size);
+    cpu_.MaxPool2d(0, g, input.cpu(), output.cpu(), argmax.cpu());
+    gpu_.MaxPool2d(0, g, input.gpu(), output.gpu(), argmax.gpu());
+    ExpectBitwiseEqual(output.Cpu(), output.Gpu(), Note("max_pool2d " + Describe(g)));
+    ExpectEqual(argmax.Cpu(), argmax.Gpu(), Note("max_pool2d argmax " + Describe(g)));
+    Buffer<float> grad_output(RandomFloats(output_size));
+    Buffer<float> grad_input(input_size);
+    cpu_.MaxPool2dBackward(0, g, grad_output.cpu(), argmax.cpu(), grad_input.cpu());
+    gpu_.MaxPool2dBackward(0, g, grad_output.gpu(), argmax.gpu(), grad_input.gpu());
+    ExpectBitwiseEqual(grad_input.Cpu(), grad_input.Gpu(),
+                       Note("max_pool2d backward " + Describe(g)));
+  }
+}
+
+// ---- Gather / scatter
+// -----------------------------------------------------------------------------
+
+TEST_F(CudaBackendTest, GatherAndScatterAddColumns) {
+  for (int64_t rows : {0, 1, 1000, 70001}) {
+    const int64_t cols = 17;
+    Buffer<float> src(RandomFloats(rows * cols));
+    Buffer<int64_t> idx(RandomInts(rows, 0, cols - 1));
+    Buffer<float> gathered(rows);
+    cpu_.GatherColumns(0, gathered.cpu(), src.cpu(), idx.cpu(), rows, cols);
+    gpu_.GatherColumns(0, gathered.gpu(), src.gpu(), idx.gpu(), rows, cols);
+    ExpectBitwiseEqual(gathered.Cpu(), gathered.Gpu(), Note("gather " + std::to_string(rows)));
+    Buffer<float> grad(RandomFloats(rows));
+    cpu_.ScatterAddColumns(0, src.cpu(), grad.cpu(), idx.cpu(), rows, cols);
+    gpu_.ScatterAddColumns(0, src.gpu(), grad.gpu(), idx.gpu(), rows, cols);
+    ExpectBitwiseEqual(src.Cpu(), src.Gpu(), Note("scatter-add " + std::to_string(rows)));
+  }
+}
+
+// ---- Random numbers
+// -------------------------------------------------------------------------------
+
+TEST_F(CudaBackendTest, RandomUniformIsBitwiseTheCpus) {
+  const uint64_t seed = rng_();
+  for (int64_t n : {0, 1, 5, 1000003}) {
+    for (uint64_t offset : {0, 1, 2, 3, 7, 1 << 20}) {
+      for (auto [low, high] : {std::pair<float, float>{0.0f, 1.0f}, {-3.0f, 5.0f}}) {
+        Buffer<float> dst(n);
+        cpu_.RandomUniform(0, dst.cpu(), n, seed, offset, low, high);
+        gpu_.RandomUniform(0, dst.gpu(), n, seed, offset, low, high);
+        ExpectBitwiseEqual(
+            dst.Cpu(), dst.Gpu(),
+            Note("uniform n=" + std::to_string(n) + " offset=" + std::to_string(offset)));
+      }
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, RandomNormalMatchesTheCpuToAFewUlps) {
+  const uint64_t seed = rng_();
+  for (int64_t n : {0, 1, 5, 1000003}) {
+    for (uint64_t offset : {0, 1, 3}) {
+      Buffer<float> dst(n);
+      cpu_.RandomNormal(0, dst.cpu(), n, seed, offset, 0.5f, 2.0f);
+      gpu_.RandomNormal(0, dst.gpu(), n, seed, offset, 0.5f, 2.0f);
+      ExpectNear(dst.Cpu(), dst.Gpu(), 2e-6, 2e-6,
+                 Note("normal n=" + std::to_string(n) + " offset=" + std::to_string(offset)));
+    }
+  }
+}
+
+// ---- Errors
+// -------------------------------------------------------------------------------------------
+
+TEST_F(CudaBackendTest, BadArgumentsThrowClearErrors) {
+  Buffer<float> x(12);
+  try {
+    gpu_.Unary(0, UnaryOp::kNeg, x.GpuView({3, 4}), x.GpuView({4, 3}), 0.0);
+    FAIL() << "a shape mismatch must throw";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("[3, 4]"), std::string::npos) << error.what();
+  }
+  const int count = DeviceCount(DeviceType::kCUDA);
+  try {
+    gpu_.Fill(count, x.GpuView({12}), 1.0);
+    FAIL() << "a device index past the last device must throw";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("cuda:" + std::to_string(count)), std::string::npos)
+        << error.what();
+  }
+}
+
+}  // namespace
+}  // namespace tandem
