@@ -81,7 +81,7 @@ TEST(GradCheckTest, ChecksEveryInputThatRequiresGradAndSkipsTheOthers) {
   Tensor a = Leaf({2, 3}, 4);
   Tensor b = Leaf({3}, 5);
   Tensor constant = randn({2, 3});
-  Tensor labels = from_vector(std::vector<int64_t>{0, 1}, {2});
+  Tensor labels = from_vector(std::vector<int64_t>{0, 1}, {2}, kInt64);
   const auto f = [](const std::vector<Tensor>& in) {
     return add(mul(in[0], in[1]), mul(in[2], in[3].to(kFloat32).unsqueeze(1)));
   };

@@ -355,15 +355,16 @@ Tensor MatmulCore(const Tensor& a, const Tensor& b) {
 
 // ---- Losses ----------------------------------------------------------------------------
 
-// Checks that int64 `targets` [N] hold class indices in [0, classes), on any device (two
-// reductions and two scalar reads, not a walk over host memory).
+// Checks that int64 `targets` [N] hold class indices in [0, classes), on any device: two
+// reductions and a single two-element read back, not a walk over host memory.
 void CheckTargets(const Tensor& targets, int64_t classes, const char* op) {
   if (targets.numel() == 0) return;
-  const auto largest = static_cast<int64_t>(ReduceRaw(targets, {0}, ReduceOp::kMax, op).item());
-  const auto smallest = static_cast<int64_t>(ReduceRaw(targets, {0}, ReduceOp::kMin, op).item());
-  TANDEM_CHECK(smallest >= 0 && largest < classes, op,
+  const Tensor largest = ViewRaw(ReduceRaw(targets, {0}, ReduceOp::kMax, op), {1});
+  const Tensor smallest = ViewRaw(ReduceRaw(targets, {0}, ReduceOp::kMin, op), {1});
+  const std::vector<int64_t> range = cat({smallest, largest}).to_vector<int64_t>();
+  TANDEM_CHECK(range[0] >= 0 && range[1] < classes, op,
                ": targets must be class indices in [0, C) = [0, ", classes, ") but range over [",
-               smallest, ", ", largest, "]; check the labels and the number of classes ",
+               range[0], ", ", range[1], "]; check the labels and the number of classes ",
                "(negative ignore_index values are not supported)");
 }
 
@@ -1203,6 +1204,7 @@ bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
   const std::vector<double> x = host_values(a), y = host_values(b);
   for (size_t i = 0; i < x.size(); ++i) {
     if (x[i] == y[i]) continue;  // equal infinities included
+    if (!std::isfinite(x[i]) || !std::isfinite(y[i])) return false;
     if (!(std::fabs(x[i] - y[i]) <= atol + rtol * std::fabs(y[i]))) return false;
   }
   return true;

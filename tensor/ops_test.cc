@@ -38,6 +38,12 @@ std::string ErrorOf(const std::function<void()>& fn) {
 
 std::vector<float> Values(const Tensor& t) { return t.to_vector<float>(); }
 
+// An int64 tensor (class labels, indices) from host values.
+Tensor Labels(const std::vector<int64_t>& values, const Shape& shape,
+              Device device = Device::Cpu(0)) {
+  return from_vector(values, shape, TensorOptions(kInt64).device(device));
+}
+
 Tensor Randn(const Shape& shape, uint64_t seed) {
   Generator gen(seed);
   return randn(shape, {}, &gen);
@@ -231,8 +237,8 @@ TEST_F(OpsTest, ComparisonsGiveOnesAndZerosInTheInputDtype) {
   EXPECT_THAT(Values(gt(a, b)), ElementsAre(0, 0, 1, 1));
   EXPECT_THAT(Values(ge(a, b)), ElementsAre(0, 1, 1, 1));
   // Broadcasting, and int64 stays int64.
-  const Tensor labels = from_vector(std::vector<int64_t>{0, 1, 2}, {3});
-  const Tensor column = from_vector(std::vector<int64_t>{1, 2}, {2, 1});
+  const Tensor labels = Labels(std::vector<int64_t>{0, 1, 2}, {3});
+  const Tensor column = Labels(std::vector<int64_t>{1, 2}, {2, 1});
   const Tensor hits = eq(labels, column);
   EXPECT_EQ(hits.dtype(), kInt64);
   EXPECT_EQ(hits.shape(), (Shape{2, 3}));
@@ -246,8 +252,8 @@ TEST_F(OpsTest, ComparisonsGiveOnesAndZerosInTheInputDtype) {
 }
 
 TEST_F(OpsTest, Int64ArithmeticStaysInt64AndMixingPromotes) {
-  const Tensor a = from_vector(std::vector<int64_t>{1, -2, 3, 7}, {2, 2});
-  const Tensor b = from_vector(std::vector<int64_t>{4, 5}, {2});
+  const Tensor a = Labels(std::vector<int64_t>{1, -2, 3, 7}, {2, 2});
+  const Tensor b = Labels(std::vector<int64_t>{4, 5}, {2});
   EXPECT_EQ(add(a, b).dtype(), kInt64);
   EXPECT_THAT(add(a, b).to_vector<int64_t>(), ElementsAre(5, 3, 7, 12));
   EXPECT_THAT(sub(a, b).to_vector<int64_t>(), ElementsAre(-3, -7, -1, 2));
@@ -288,7 +294,7 @@ TEST_F(OpsTest, Int64ArithmeticStaysInt64AndMixingPromotes) {
 }
 
 TEST_F(OpsTest, Int64OnlyOpsThatNeedFloatSayHowToConvert) {
-  const Tensor labels = from_vector(std::vector<int64_t>{1, 2, 3, 4}, {2, 2});
+  const Tensor labels = Labels(std::vector<int64_t>{1, 2, 3, 4}, {2, 2});
   EXPECT_THAT(ErrorOf([&] { mean(labels); }),
               HasSubstr("mean: input must be float32 but is int64; convert it with .to(kFloat32)"));
   EXPECT_THAT(ErrorOf([&] { softmax(labels, 1); }),
@@ -401,7 +407,7 @@ TEST_F(OpsTest, OpsRunOnTheInputsDevice) {
   const Tensor expected = relu(add(mul(a.to(Device::Cpu(0)), b.to(Device::Cpu(0))), 1.0)).sum({1});
   EXPECT_TRUE(allclose(y.to(Device::Cpu(0)), expected));
   EXPECT_EQ(matmul(a, a.t()).device(), cpu1);
-  EXPECT_EQ(cross_entropy(a, from_vector(std::vector<int64_t>{0, 1, 3}, {3}, cpu1)).device(), cpu1);
+  EXPECT_EQ(cross_entropy(a, Labels(std::vector<int64_t>{0, 1, 3}, {3}, cpu1)).device(), cpu1);
 }
 
 // ---- Reductions ----------------------------------------------------------------------------
@@ -720,7 +726,7 @@ TEST_F(OpsTest, CrossEntropyMatchesAHandComputedValue) {
   // Row 0: logits (0, ln 3) -> p = (1/4, 3/4), target 1: -ln(3/4).
   // Row 1: logits (2, 2)    -> p = (1/2, 1/2), target 0: ln 2.
   const Tensor logits = from_vector(std::vector<float>{0.0f, std::log(3.0f), 2.0f, 2.0f}, {2, 2});
-  const Tensor targets = from_vector(std::vector<int64_t>{1, 0}, {2});
+  const Tensor targets = Labels(std::vector<int64_t>{1, 0}, {2});
   const double expected = (-std::log(0.75) + std::log(2.0)) / 2;  // 0.490414...
   EXPECT_NEAR(cross_entropy(logits, targets).item(), expected, 1e-6);
   EXPECT_NEAR(nll_loss(log_softmax(logits, 1), targets).item(), expected, 1e-6);
@@ -730,7 +736,7 @@ TEST_F(OpsTest, CrossEntropyMatchesAHandComputedValue) {
 TEST_F(OpsTest, CrossEntropyAndNllLossMatchTheHostOnRandomInputs) {
   const Tensor logits = mul(Randn({6, 5}, 41), 2.0);
   const std::vector<int64_t> labels = {0, 4, 2, 2, 1, 3};
-  const Tensor targets = from_vector(labels, {6});
+  const Tensor targets = Labels(labels, {6});
   const double expected = HostCrossEntropy(Values(logits), labels, 5);
   EXPECT_NEAR(cross_entropy(logits, targets).item(), expected, 1e-5);
   // nll_loss just picks -log_probs[r, target[r]] and averages.
@@ -745,7 +751,7 @@ TEST_F(OpsTest, CrossEntropyAndNllLossMatchTheHostOnRandomInputs) {
 
 TEST_F(OpsTest, CrossEntropyStaysFiniteForHugeLogits) {
   const Tensor logits = from_vector(std::vector<float>{1000, -1000, 0, -1000, 1000, 0}, {2, 3});
-  const Tensor targets = from_vector(std::vector<int64_t>{0, 0}, {2});
+  const Tensor targets = Labels(std::vector<int64_t>{0, 0}, {2});
   Tensor x = Param(logits);
   Tensor loss = cross_entropy(x, targets);
   ASSERT_TRUE(std::isfinite(loss.item()));
@@ -759,12 +765,12 @@ TEST_F(OpsTest, CrossEntropyStaysFiniteForHugeLogits) {
 TEST_F(OpsTest, LossErrorsSayWhatToFix) {
   const Tensor logits = zeros({3, 4});
   EXPECT_THAT(ErrorOf([&] {
-                cross_entropy(logits, from_vector(std::vector<int64_t>{0, 4, 1}, {3}));
+                cross_entropy(logits, Labels(std::vector<int64_t>{0, 4, 1}, {3}));
               }),
               HasSubstr("cross_entropy: targets must be class indices in [0, C) = [0, 4) but "
                         "range over [0, 4]"));
   EXPECT_THAT(ErrorOf([&] {
-                nll_loss(logits, from_vector(std::vector<int64_t>{0, -1, 1}, {3}));
+                nll_loss(logits, Labels(std::vector<int64_t>{0, -1, 1}, {3}));
               }),
               HasSubstr("nll_loss: targets must be class indices in [0, C) = [0, 4) but range "
                         "over [-1, 1]"));
@@ -1001,7 +1007,7 @@ TEST_F(OpsTest, CatJoinsAlongAnyDimension) {
   ExpectValues(cat({a, a}), {4, 3}, rows, 0);
   ExpectValues(cat({a, zeros({0, 3})}), {2, 3}, av, 0);
   ExpectValues(cat({a.t().contiguous().t(), a}), {4, 3}, rows, 0);  // a strided input
-  const Tensor ints = cat({arange(3), arange(2)});
+  const Tensor ints = cat({arange(3, kInt64), arange(2, kInt64)});
   EXPECT_EQ(ints.dtype(), kInt64);
   EXPECT_THAT(ints.to_vector<int64_t>(), ElementsAre(0, 1, 2, 0, 1));
   ExpectValues(cat({a}, 0), {2, 3}, av, 0);
@@ -1072,7 +1078,7 @@ TEST_F(OpsTest, AllcloseComparesOnTheHost) {
                         from_vector(std::vector<float>{NAN}, {1})));
   EXPECT_FALSE(allclose(zeros({2, 3}), zeros({3, 2})));
   EXPECT_FALSE(allclose(zeros({3}), zeros({1, 3})));
-  EXPECT_TRUE(allclose(arange(4), arange(4).to(kFloat32)));
+  EXPECT_TRUE(allclose(arange(4, kInt64), arange(4, kInt64).to(kFloat32)));
   EXPECT_TRUE(allclose(ones({2}, Device::Cpu(1)), ones({2})));
   EXPECT_TRUE(allclose(zeros({2, 3}).t(), zeros({3, 2})));
   EXPECT_THAT(ErrorOf([] { allclose(Tensor(), zeros({1})); }),
@@ -1126,7 +1132,7 @@ TEST_F(OpsTest, AmaxSplitsTheGradientEvenlyAmongTies) {
 
 TEST_F(OpsTest, IntegerTargetsAndConstantsGetNoGradient) {
   Tensor logits = Param(Randn({3, 4}, 121));
-  const Tensor targets = from_vector(std::vector<int64_t>{0, 3, 1}, {3});
+  const Tensor targets = Labels(std::vector<int64_t>{0, 3, 1}, {3});
   Tensor loss = cross_entropy(logits, targets);
   loss.backward();
   EXPECT_EQ(logits.grad().shape(), (Shape{3, 4}));
@@ -1290,7 +1296,7 @@ TEST_F(OpsTest, GradientsOfLinear) {
 
 TEST_F(OpsTest, GradientsOfLosses) {
   const Tensor scores = Param(Randn({4, 5}, 301));
-  const Tensor targets = from_vector(std::vector<int64_t>{1, 0, 4, 1}, {4});
+  const Tensor targets = Labels(std::vector<int64_t>{1, 0, 4, 1}, {4});
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return nll_loss(in[0], in[1]); }, {scores, targets},
                          kLinearEps);
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return cross_entropy(in[0], in[1]); },
