@@ -1,0 +1,347 @@
+#include "nn/checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <sstream>
+
+#include "tensor/autograd.h"
+
+namespace tandem::nn {
+namespace {
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "checkpoints store tensor data as little-endian bytes; add byte swapping to port "
+              "this to a big-endian machine");
+
+constexpr char kMagic[8] = {'T', 'A', 'N', 'D', 'E', 'M', 'C', 'K'};
+constexpr uint32_t kVersion = 1;
+constexpr size_t kHeaderBytes = sizeof(kMagic) + 4 + 4 + 4;
+constexpr uint32_t kMaxRank = 64;  // far above what any tensor has; bounds a corrupt rank
+
+uint32_t Crc32(const uint8_t* data, size_t size) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  // zlib takes uInt lengths: feed large buffers in pieces.
+  while (size > 0) {
+    const uInt piece = static_cast<uInt>(std::min<size_t>(size, 1u << 30));
+    crc = crc32(crc, data, piece);
+    data += piece;
+    size -= piece;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+// ---- Writing ---------------------------------------------------------------------------
+
+class ByteWriter {
+ public:
+  void Bytes(const void* data, size_t size) {
+    const auto* p = static_cast<const uint8_t*>(data);
+    out_.insert(out_.end(), p, p + size);
+  }
+  template <typename T>
+  void Int(T value) {
+    Bytes(&value, sizeof(value));  // the host is little-endian (static_assert above)
+  }
+  std::vector<uint8_t>& bytes() { return out_; }
+
+ private:
+  std::vector<uint8_t> out_;
+};
+
+std::vector<uint8_t> Serialize(const std::vector<CheckpointEntry>& entries) {
+  ByteWriter file;
+  file.Bytes(kMagic, sizeof(kMagic));
+  file.Int<uint32_t>(kVersion);
+  file.Int<uint32_t>(static_cast<uint32_t>(entries.size()));
+  file.Int<uint32_t>(Crc32(file.bytes().data(), file.bytes().size()));
+  for (const CheckpointEntry& entry : entries) {
+    TANDEM_CHECK(entry.value.defined(), "checkpoint: tensor '", entry.name, "' is undefined");
+    const Tensor& value = entry.value;
+    ByteWriter body;
+    body.Int<uint8_t>(entry.is_buffer ? 1 : 0);
+    body.Int<uint8_t>(static_cast<uint8_t>(value.dtype()));
+    body.Int<uint32_t>(static_cast<uint32_t>(entry.name.size()));
+    body.Bytes(entry.name.data(), entry.name.size());
+    body.Int<uint32_t>(static_cast<uint32_t>(value.dim()));
+    for (int64_t size : value.shape()) body.Int<int64_t>(size);
+    const uint64_t data_bytes = static_cast<uint64_t>(value.numel()) * ElementSize(value.dtype());
+    body.Int<uint64_t>(data_bytes);
+    if (value.dtype() == kFloat32) {
+      const std::vector<float> values = value.to_vector<float>();
+      body.Bytes(values.data(), data_bytes);
+    } else {
+      const std::vector<int64_t> values = value.to_vector<int64_t>();
+      body.Bytes(values.data(), data_bytes);
+    }
+    TANDEM_CHECK(body.bytes().size() <= UINT32_MAX, "checkpoint: tensor '", entry.name, "' (",
+                 ShapeToString(value.shape()), ") is too large for format version ", kVersion,
+                 " (records hold at most 4 GiB)");
+    file.Int<uint32_t>(static_cast<uint32_t>(body.bytes().size()));
+    file.Bytes(body.bytes().data(), body.bytes().size());
+    file.Int<uint32_t>(Crc32(body.bytes().data(), body.bytes().size()));
+  }
+  return std::move(file.bytes());
+}
+
+std::string ErrnoText() { return std::strerror(errno); }
+
+std::string DirectoryOf(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+// Writes `bytes` to `path` atomically: temporary file in the same directory, fsync,
+// rename, fsync of the directory. On failure the temporary file is removed and `path` is
+// untouched.
+void WriteFileAtomically(const std::vector<uint8_t>& bytes, const std::string& path) {
+  std::string temp = path + ".tmp.XXXXXX";
+  const int fd = mkstemp(temp.data());
+  TANDEM_CHECK(fd >= 0, "cannot save checkpoint '", path, "': creating a temporary file in '",
+               DirectoryOf(path), "' failed: ", ErrnoText());
+  auto fail = [&](const std::string& what) {
+    const std::string reason = ErrnoText();
+    close(fd);
+    unlink(temp.c_str());
+    TANDEM_FAIL("cannot save checkpoint '", path, "': ", what, " '", temp, "' failed: ", reason,
+                "; the previous file, if any, is unchanged");
+  };
+  size_t written = 0;
+  while (written < bytes.size()) {
+    const ssize_t n = write(fd, bytes.data() + written, bytes.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail("writing");
+    written += static_cast<size_t>(n);
+  }
+  if (fchmod(fd, 0644) != 0) fail("setting permissions of");
+  if (fsync(fd) != 0) fail("flushing");
+  if (close(fd) != 0) {
+    const std::string reason = ErrnoText();
+    unlink(temp.c_str());
+    TANDEM_FAIL("cannot save checkpoint '", path, "': closing '", temp, "' failed: ", reason);
+  }
+  if (rename(temp.c_str(), path.c_str()) != 0) {
+    const std::string reason = ErrnoText();
+    unlink(temp.c_str());
+    TANDEM_FAIL("cannot save checkpoint '", path,
+                "': renaming the temporary file over it "
+                "failed: ",
+                reason, "; the previous file, if any, is unchanged");
+  }
+  // Make the rename itself durable. A failure here does not undo a complete save.
+  const int dir = open(DirectoryOf(path).c_str(), O_RDONLY | O_DIRECTORY);
+  if (dir >= 0) {
+    fsync(dir);
+    close(dir);
+  }
+}
+
+// ---- Reading ---------------------------------------------------------------------------
+
+class ByteReader {
+ public:
+  ByteReader(const uint8_t* data, size_t size, std::string path)
+      : data_(data), size_(size), path_(std::move(path)) {}
+
+  size_t remaining() const { return size_ - position_; }
+
+  // Reads `size` bytes of `what`, or reports a truncated file.
+  const uint8_t* Take(size_t size, const std::string& what) {
+    TANDEM_CHECK(size <= remaining(), "checkpoint '", path_, "' is truncated or corrupted: ", what,
+                 " needs ", size, " bytes at offset ", position_, " but the file ends after ",
+                 remaining(), " more");
+    const uint8_t* p = data_ + position_;
+    position_ += size;
+    return p;
+  }
+  template <typename T>
+  T Int(const std::string& what) {
+    T value;
+    std::memcpy(&value, Take(sizeof(T), what), sizeof(T));
+    return value;
+  }
+
+ private:
+  const uint8_t* data_;
+  size_t size_;
+  std::string path_;
+  size_t position_ = 0;
+};
+
+std::vector<uint8_t> ReadWholeFile(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY);
+  TANDEM_CHECK(fd >= 0, "cannot open checkpoint '", path, "': ", ErrnoText());
+  std::vector<uint8_t> bytes;
+  uint8_t buffer[1 << 16];
+  while (true) {
+    const ssize_t n = read(fd, buffer, sizeof(buffer));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const std::string reason = ErrnoText();
+      close(fd);
+      TANDEM_FAIL("cannot read checkpoint '", path, "': ", reason);
+    }
+    if (n == 0) break;
+    bytes.insert(bytes.end(), buffer, buffer + n);
+  }
+  close(fd);
+  return bytes;
+}
+
+CheckpointEntry ParseRecordBody(const uint8_t* data, size_t size, const std::string& path,
+                                uint32_t index) {
+  const std::string where = "record " + std::to_string(index);
+  ByteReader in(data, size, path);
+  auto corrupt = [&](const std::string& what) {
+    TANDEM_FAIL("checkpoint '", path, "' is corrupted: ", where, " ", what);
+  };
+  CheckpointEntry entry;
+  const uint8_t kind = in.Int<uint8_t>(where + " kind");
+  if (kind > 1) corrupt("has kind " + std::to_string(kind) + " (expected 0 or 1)");
+  entry.is_buffer = kind == 1;
+  const uint8_t dtype_code = in.Int<uint8_t>(where + " dtype");
+  if (dtype_code > 1) corrupt("has dtype code " + std::to_string(dtype_code));
+  const DType dtype = static_cast<DType>(dtype_code);
+  const uint32_t name_size = in.Int<uint32_t>(where + " name length");
+  const uint8_t* name = in.Take(name_size, where + " name");
+  entry.name.assign(reinterpret_cast<const char*>(name), name_size);
+  const std::string named = where + " ('" + entry.name + "')";
+  const uint32_t rank = in.Int<uint32_t>(named + " rank");
+  if (rank > kMaxRank) corrupt("has rank " + std::to_string(rank));
+  Shape shape(rank);
+  uint64_t numel = 1;
+  for (uint32_t d = 0; d < rank; ++d) {
+    shape[d] = in.Int<int64_t>(named + " sizes");
+    if (shape[d] < 0) corrupt("has a negative size in " + ShapeToString(shape));
+    if (shape[d] > 0 && numel > UINT64_MAX / static_cast<uint64_t>(shape[d])) {
+      corrupt("has an impossible shape");
+    }
+    numel *= static_cast<uint64_t>(shape[d]);
+  }
+  const uint64_t data_bytes = in.Int<uint64_t>(named + " data length");
+  if (numel > UINT64_MAX / ElementSize(dtype) || data_bytes != numel * ElementSize(dtype)) {
+    corrupt("holds " + std::to_string(data_bytes) + " data bytes for a " + DTypeName(dtype) +
+            " tensor of shape " + ShapeToString(shape));
+  }
+  const uint8_t* values = in.Take(data_bytes, named + " data");
+  if (in.remaining() != 0) corrupt("has " + std::to_string(in.remaining()) + " stray bytes");
+  if (dtype == kFloat32) {
+    std::vector<float> host(numel);
+    std::memcpy(host.data(), values, data_bytes);
+    entry.value = from_vector(host, shape);
+  } else {
+    std::vector<int64_t> host(numel);
+    std::memcpy(host.data(), values, data_bytes);
+    entry.value = from_vector(host, shape);
+  }
+  return entry;
+}
+
+}  // namespace
+
+void WriteCheckpoint(const std::vector<CheckpointEntry>& entries, const std::string& path) {
+  // Everything is read from the devices before the file is touched.
+  WriteFileAtomically(Serialize(entries), path);
+}
+
+std::vector<CheckpointEntry> ReadCheckpoint(const std::string& path) {
+  const std::vector<uint8_t> bytes = ReadWholeFile(path);
+  ByteReader in(bytes.data(), bytes.size(), path);
+  const uint8_t* magic = in.Take(sizeof(kMagic), "the header");
+  TANDEM_CHECK(std::memcmp(magic, kMagic, sizeof(kMagic)) == 0, "'", path,
+               "' is not a Tandem checkpoint (it does not start with \"TANDEMCK\")");
+  const uint32_t version = in.Int<uint32_t>("the header");
+  const uint32_t count = in.Int<uint32_t>("the header");
+  const uint32_t header_crc = in.Int<uint32_t>("the header");
+  TANDEM_CHECK(header_crc == Crc32(bytes.data(), kHeaderBytes - 4), "checkpoint '", path,
+               "' is corrupted: its header fails its CRC32 check");
+  TANDEM_CHECK(version == kVersion, "checkpoint '", path, "' has format version ", version,
+               " but this build reads version ", kVersion);
+  std::vector<CheckpointEntry> entries;
+  for (uint32_t i = 0; i < count; ++i) {
+    const std::string where = "record " + std::to_string(i) + " of " + std::to_string(count);
+    const uint32_t size = in.Int<uint32_t>(where);
+    const uint8_t* body = in.Take(size, where);
+    const uint32_t stored_crc = in.Int<uint32_t>(where + " checksum");
+    const uint32_t actual_crc = Crc32(body, size);
+    if (stored_crc != actual_crc) {
+      std::ostringstream message;
+      message << "checkpoint '" << path << "' is corrupted: " << where
+              << " fails its CRC32 check (stored 0x" << std::hex << stored_crc << ", computed 0x"
+              << actual_crc << ")";
+      TANDEM_FAIL(message.str());
+    }
+    entries.push_back(ParseRecordBody(body, size, path, i));
+  }
+  TANDEM_CHECK(in.remaining() == 0, "checkpoint '", path, "' is corrupted: ", in.remaining(),
+               " unexpected bytes follow its last record");
+  return entries;
+}
+
+void SaveCheckpoint(const Module& module, const std::string& path) {
+  std::vector<CheckpointEntry> entries;
+  for (NamedTensor& p : module.named_parameters()) {
+    entries.push_back({std::move(p.name), false, std::move(p.value)});
+  }
+  for (NamedTensor& b : module.named_buffers()) {
+    entries.push_back({std::move(b.name), true, std::move(b.value)});
+  }
+  WriteCheckpoint(entries, path);
+}
+
+void LoadCheckpoint(Module& module, const std::string& path) {
+  std::vector<CheckpointEntry> entries = ReadCheckpoint(path);
+  std::map<std::pair<bool, std::string>, Tensor> from_file;
+  for (CheckpointEntry& e : entries) {
+    const bool fresh = from_file.emplace(std::make_pair(e.is_buffer, e.name), e.value).second;
+    TANDEM_CHECK(fresh, "checkpoint '", path, "' holds '", e.name, "' twice");
+  }
+
+  // Match everything before changing anything.
+  std::vector<std::string> problems;
+  std::vector<std::pair<Tensor, Tensor>> copies;  // (module tensor, file tensor)
+  for (const bool is_buffer : {false, true}) {
+    const char* kind = is_buffer ? "buffer" : "parameter";
+    for (NamedTensor& t : is_buffer ? module.named_buffers() : module.named_parameters()) {
+      auto it = from_file.find({is_buffer, t.name});
+      if (it == from_file.end()) {
+        problems.push_back(std::string(kind) + " '" + t.name + "' is missing from the checkpoint");
+        continue;
+      }
+      const Tensor& stored = it->second;
+      if (stored.shape() != t.value.shape() || stored.dtype() != t.value.dtype()) {
+        problems.push_back(std::string(kind) + " '" + t.name + "' is " +
+                           ShapeToString(stored.shape()) + " " + DTypeName(stored.dtype()) +
+                           " in the checkpoint but " + ShapeToString(t.value.shape()) + " " +
+                           DTypeName(t.value.dtype()) + " in the module");
+      } else {
+        copies.emplace_back(t.value, stored.to(t.value.device()));
+      }
+      from_file.erase(it);
+    }
+  }
+  for (const auto& [key, value] : from_file) {
+    problems.push_back(std::string("the checkpoint's ") + (key.first ? "buffer" : "parameter") +
+                       " '" + key.second + "' is not in the module");
+  }
+  if (!problems.empty()) {
+    std::string list;
+    for (const std::string& p : problems) list += "\n  " + p;
+    TANDEM_FAIL("checkpoint '", path, "' does not match ", module.name(),
+                " (nothing was loaded):", list);
+  }
+  // The values were moved to the module's devices above: the in-place copies allocate nothing.
+  NoGradGuard no_grad;
+  for (auto& [target, source] : copies) target.copy_(source);
+}
+
+}  // namespace tandem::nn

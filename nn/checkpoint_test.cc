@@ -1,0 +1,258 @@
+#include "nn/checkpoint.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+
+#include "nn/layers.h"
+#include "nn/sequential.h"
+#include "nn/test_util.h"
+
+namespace tandem::nn {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::AnyOf;
+using testing::ErrorOf;
+using ::testing::HasSubstr;
+
+// A small model with parameters in submodules and an int64 buffer of its own.
+class Net : public Cloneable<Net> {
+ public:
+  explicit Net(int64_t hidden = 3) : hidden_(hidden) { reset(); }
+  void reset() override {
+    body_ = register_module("body", Sequential(Linear(4, hidden_), ReLU(), Linear(hidden_, 2)));
+    counts_ = register_buffer("counts", arange(5));
+  }
+  Tensor forward(const Tensor& x) { return body_->forward(x); }
+
+ private:
+  int64_t hidden_;
+  std::shared_ptr<Sequential> body_;
+  Buffer counts_;
+};
+
+// Every parameter and buffer, by name, as host values (float buffers as doubles).
+std::map<std::string, std::vector<double>> StateOf(const Module& module) {
+  std::map<std::string, std::vector<double>> state;
+  for (const NamedTensor& p : module.named_parameters()) {
+    const std::vector<float> v = p.value.to(Device::Cpu(0)).to_vector<float>();
+    state[p.name] = std::vector<double>(v.begin(), v.end());
+  }
+  for (const NamedTensor& b : module.named_buffers()) {
+    const std::vector<int64_t> v = b.value.to(Device::Cpu(0)).to_vector<int64_t>();
+    state[b.name] = std::vector<double>(v.begin(), v.end());
+  }
+  return state;
+}
+
+std::vector<char> ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+}
+
+void WriteBytes(const std::string& path, const std::vector<char>& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+class CheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SetCpuDeviceCount(2);
+    manual_seed(0);
+    dir_ = fs::path(::testing::TempDir()) /
+           ("nn_checkpoint_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string PathOf(const std::string& name) const { return (dir_ / name).string(); }
+  std::vector<std::string> Files() const {
+    std::vector<std::string> names;
+    for (const auto& entry : fs::directory_iterator(dir_)) {
+      names.push_back(entry.path().filename().string());
+    }
+    return names;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(CheckpointTest, RoundTripRestoresEveryTensor) {
+  Net saved;
+  {
+    NoGradGuard no_grad;
+    Tensor counts = saved.buffer("counts");
+    counts.fill_(9.0);  // buffers travel too
+  }
+  const std::string path = PathOf("net.ckpt");
+  SaveCheckpoint(saved, path);
+
+  Net loaded;
+  loaded.to(Device::Cpu(1));
+  const Tensor weight_before = loaded.parameter("body.0.weight");
+  ASSERT_NE(StateOf(loaded), StateOf(saved));
+  LoadCheckpoint(loaded, path);
+  EXPECT_EQ(StateOf(loaded), StateOf(saved));
+  // Loaded in place: same tensors, still on their device, still parameters.
+  EXPECT_EQ(loaded.parameter("body.0.weight").impl(), weight_before.impl());
+  EXPECT_EQ(weight_before.device(), Device::Cpu(1));
+  EXPECT_TRUE(weight_before.requires_grad());
+
+  const std::vector<CheckpointEntry> entries = ReadCheckpoint(path);
+  ASSERT_EQ(entries.size(), 5u);
+  EXPECT_EQ(entries[0].name, "body.0.weight");
+  EXPECT_FALSE(entries[0].is_buffer);
+  EXPECT_EQ(entries[0].value.shape(), (Shape{3, 4}));
+  EXPECT_EQ(entries[4].name, "counts");
+  EXPECT_TRUE(entries[4].is_buffer);
+  EXPECT_EQ(entries[4].value.dtype(), kInt64);
+  EXPECT_EQ(Files(), std::vector<std::string>{"net.ckpt"});  // no temporary left behind
+}
+
+TEST_F(CheckpointTest, EveryTruncationIsRefusedAndChangesNothing) {
+  Net saved;
+  const std::string path = PathOf("net.ckpt");
+  SaveCheckpoint(saved, path);
+  const std::vector<char> bytes = ReadBytes(path);
+  Net target;
+  const auto before = StateOf(target);
+  const std::string cut = PathOf("cut.ckpt");
+  for (size_t size = 0; size < bytes.size(); ++size) {
+    WriteBytes(cut, std::vector<char>(bytes.begin(), bytes.begin() + size));
+    const std::string error = ErrorOf([&] { LoadCheckpoint(target, cut); });
+    ASSERT_THAT(error, AnyOf(HasSubstr("is truncated"), HasSubstr("is not a Tandem checkpoint")))
+        << "after cutting the file to " << size << " of " << bytes.size() << " bytes";
+  }
+  EXPECT_EQ(StateOf(target), before);
+  EXPECT_THAT(ErrorOf([&] {
+                WriteBytes(cut, std::vector<char>(bytes.begin(), bytes.end() - 1));
+                LoadCheckpoint(target, cut);
+              }),
+              HasSubstr("checkpoint '" + cut +
+                        "' is truncated or corrupted: record 4 of 5 "
+                        "checksum needs 4 bytes"));
+}
+
+TEST_F(CheckpointTest, EveryFlippedByteIsDetectedAndChangesNothing) {
+  Net saved;
+  const std::string path = PathOf("net.ckpt");
+  SaveCheckpoint(saved, path);
+  const std::vector<char> bytes = ReadBytes(path);
+  Net target;
+  const auto before = StateOf(target);
+  const std::string flipped = PathOf("flipped.ckpt");
+  for (size_t at = 0; at < bytes.size(); ++at) {
+    std::vector<char> corrupt = bytes;
+    corrupt[at] = static_cast<char>(corrupt[at] ^ 0x5a);
+    WriteBytes(flipped, corrupt);
+    ASSERT_NE(ErrorOf([&] { LoadCheckpoint(target, flipped); }), "<no error>")
+        << "flipping byte " << at << " of " << bytes.size() << " went unnoticed";
+  }
+  EXPECT_EQ(StateOf(target), before);
+  // A flip inside the last tensor's values: its record's checksum fails.
+  std::vector<char> corrupt = bytes;
+  corrupt[bytes.size() - 10] ^= 1;
+  WriteBytes(flipped, corrupt);
+  EXPECT_THAT(ErrorOf([&] { LoadCheckpoint(target, flipped); }),
+              HasSubstr("is corrupted: record 4 of 5 fails its CRC32 check"));
+  // Extra bytes after the last record.
+  corrupt = bytes;
+  corrupt.push_back('x');
+  WriteBytes(flipped, corrupt);
+  EXPECT_THAT(ErrorOf([&] { LoadCheckpoint(target, flipped); }),
+              HasSubstr("1 unexpected bytes follow its last record"));
+  WriteBytes(flipped, {'h', 'e', 'l', 'l', 'o', ',', ' ', 'w', 'o', 'r', 'l', 'd', '!', '!', '!'});
+  EXPECT_THAT(ErrorOf([&] { LoadCheckpoint(target, flipped); }),
+              HasSubstr("is not a Tandem checkpoint"));
+}
+
+TEST_F(CheckpointTest, MismatchedModulesAreRefusedNamingEveryDifference) {
+  Net saved(/*hidden=*/3);
+  const std::string path = PathOf("net.ckpt");
+  SaveCheckpoint(saved, path);
+  Net wider(/*hidden=*/5);
+  const auto before = StateOf(wider);
+  const std::string error = ErrorOf([&] { LoadCheckpoint(wider, path); });
+  EXPECT_THAT(error, HasSubstr("does not match Net (nothing was loaded)"));
+  EXPECT_THAT(error, HasSubstr("parameter 'body.0.weight' is [3, 4] float32 in the checkpoint but "
+                               "[5, 4] float32 in the module"));
+  EXPECT_THAT(error, HasSubstr("parameter 'body.2.weight' is [2, 3] float32 in the checkpoint but "
+                               "[2, 5] float32 in the module"));
+  EXPECT_EQ(StateOf(wider), before);
+
+  Sequential other(Linear(4, 3), ReLU(), Linear(3, 2), Linear(2, 2));
+  const std::string other_error = ErrorOf([&] { LoadCheckpoint(other, path); });
+  EXPECT_THAT(other_error, HasSubstr("parameter '0.weight' is missing from the checkpoint"));
+  EXPECT_THAT(other_error, HasSubstr("parameter '3.bias' is missing from the checkpoint"));
+  EXPECT_THAT(other_error, HasSubstr("the checkpoint's parameter 'body.0.weight' is not in the "
+                                     "module"));
+  EXPECT_THAT(other_error, HasSubstr("the checkpoint's buffer 'counts' is not in the module"));
+}
+
+TEST_F(CheckpointTest, AFailedSaveLeavesThePreviousFileInPlace) {
+  const std::string path = PathOf("net.ckpt");
+  Net small;
+  SaveCheckpoint(small, path);
+  const std::vector<char> good = ReadBytes(path);
+
+  // Make writes fail part-way: files may not grow past 100 bytes (SIGXFSZ ignored, so
+  // write() reports EFBIG instead of killing the process).
+  Linear big(64, 64);
+  rlimit saved_limit;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved_limit), 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit tight = saved_limit;
+  tight.rlim_cur = 100;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &tight), 0);
+  const std::string error = ErrorOf([&] { SaveCheckpoint(big, path); });
+  setrlimit(RLIMIT_FSIZE, &saved_limit);
+  std::signal(SIGXFSZ, old_handler);
+
+  EXPECT_THAT(error, HasSubstr("cannot save checkpoint '" + path + "': writing"));
+  EXPECT_THAT(error, HasSubstr("the previous file, if any, is unchanged"));
+  EXPECT_EQ(ReadBytes(path), good);
+  EXPECT_EQ(Files(), std::vector<std::string>{"net.ckpt"});
+  Net reloaded;
+  LoadCheckpoint(reloaded, path);
+  EXPECT_EQ(StateOf(reloaded), StateOf(small));
+}
+
+TEST_F(CheckpointTest, ReportsFileSystemErrors) {
+  Net net;
+  EXPECT_THAT(ErrorOf([&] { SaveCheckpoint(net, PathOf("missing/dir/net.ckpt")); }),
+              HasSubstr("creating a temporary file in '" + PathOf("missing/dir") + "' failed"));
+  // Renaming a file over a directory fails: the temporary file must not be left behind.
+  fs::create_directories(PathOf("occupied"));
+  EXPECT_THAT(ErrorOf([&] { SaveCheckpoint(net, PathOf("occupied")); }),
+              HasSubstr("renaming the temporary file over it failed"));
+  EXPECT_EQ(Files(), std::vector<std::string>{"occupied"});
+  EXPECT_THAT(ErrorOf([&] { LoadCheckpoint(net, PathOf("absent.ckpt")); }),
+              HasSubstr("cannot open checkpoint '" + PathOf("absent.ckpt") + "'"));
+}
+
+TEST_F(CheckpointTest, LoadsIntoCuda) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  Net saved;
+  const std::string path = PathOf("net.ckpt");
+  SaveCheckpoint(saved, path);
+  Net loaded;
+  loaded.to(Device::Cuda(0));
+  LoadCheckpoint(loaded, path);
+  EXPECT_EQ(loaded.parameter("body.0.weight").device(), Device::Cuda(0));
+  EXPECT_EQ(StateOf(loaded), StateOf(saved));
+  SaveCheckpoint(loaded, PathOf("from_gpu.ckpt"));  // reads values back from the device
+  EXPECT_EQ(ReadBytes(PathOf("from_gpu.ckpt")), ReadBytes(path));
+}
+
+}  // namespace
+}  // namespace tandem::nn

@@ -1,0 +1,454 @@
+#include "nn/module.h"
+
+#include <cxxabi.h>
+
+#include <cstdlib>
+#include <sstream>
+#include <typeinfo>
+
+namespace tandem::nn {
+namespace {
+
+thread_local int clone_depth = 0;
+
+// "tandem::nn::Linear" -> "Linear", keeping template arguments whole.
+std::string UnqualifiedName(const std::string& qualified) {
+  size_t start = 0;
+  int depth = 0;
+  for (size_t i = 0; i < qualified.size(); ++i) {
+    const char c = qualified[i];
+    if (c == '<' || c == '(') ++depth;
+    if (c == '>' || c == ')') --depth;
+    if (depth == 0 && c == ':' && i + 1 < qualified.size() && qualified[i + 1] == ':') {
+      start = i + 2;
+    }
+  }
+  return qualified.substr(start);
+}
+
+std::string DemangledTypeName(const std::type_info& type) {
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(type.name(), nullptr, nullptr, &status);
+  std::string name = status == 0 && demangled != nullptr ? demangled : type.name();
+  std::free(demangled);
+  return UnqualifiedName(name);
+}
+
+std::vector<std::string> SplitLines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// Python's torch.nn.modules.module._addindent: indents every line but the first.
+std::string AddIndent(const std::string& text, int spaces) {
+  const std::vector<std::string> lines = SplitLines(text);
+  if (lines.size() <= 1) return text;
+  std::string out = lines[0];
+  for (size_t i = 1; i < lines.size(); ++i) out += "\n" + std::string(spaces, ' ') + lines[i];
+  return out;
+}
+
+std::string JoinNames(const std::vector<std::string>& names) {
+  if (names.empty()) return "(none)";
+  std::string out;
+  for (const std::string& name : names) out += (out.empty() ? "" : ", ") + name;
+  return out;
+}
+
+const char* KindName(bool parameter) { return parameter ? "parameter" : "buffer"; }
+
+}  // namespace
+
+const Tensor& TensorHandle::get() const {
+  TANDEM_CHECK(slot_ != nullptr,
+               "this nn::Parameter/nn::Buffer handle refers to nothing: assign it the result of "
+               "register_parameter() or register_buffer() (in reset(), for Cloneable modules)");
+  return *slot_;
+}
+
+Module::Module(std::string name) : explicit_name_(std::move(name)) {}
+
+std::string Module::name() const {
+  return explicit_name_.empty() ? DemangledTypeName(typeid(*this)) : explicit_name_;
+}
+
+std::vector<Tensor> Module::forward_tensors(const std::vector<Tensor>& inputs) {
+  TANDEM_FAIL(name(), " does not implement forward_tensors() (it was called with ", inputs.size(),
+              " tensors): derive it from nn::Cloneable<", name(),
+              ">, which calls its typed forward(), or override forward_tensors()");
+}
+
+// ---- Registration ----------------------------------------------------------------------
+
+bool Module::cloning() { return clone_depth > 0; }
+Module::CloningScope::CloningScope() { ++clone_depth; }
+Module::CloningScope::~CloningScope() { --clone_depth; }
+
+void Module::CheckNewName(const std::string& entry_name, const char* what) const {
+  TANDEM_CHECK(!entry_name.empty(), name(), ": cannot register a ", what, " with an empty name");
+  TANDEM_CHECK(entry_name.find('.') == std::string::npos, name(), ": cannot register ", what, " '",
+               entry_name,
+               "': names must not contain '.' (it separates the levels of dotted names such as "
+               "'fc1.weight')");
+  auto check_free = [&](const std::string& existing, const char* existing_kind) {
+    TANDEM_CHECK(existing != entry_name, name(), ": cannot register ", what, " '", entry_name,
+                 "': a ", existing_kind, " of that name is already registered");
+  };
+  for (const Entry& e : parameters_) check_free(e.name, "parameter");
+  for (const Entry& e : buffers_) check_free(e.name, "buffer");
+  for (const NamedModule& c : children_) check_free(c.name, "submodule");
+}
+
+Parameter Module::register_parameter(const std::string& name, Tensor tensor, bool requires_grad) {
+  CheckNewName(name, "parameter");
+  TANDEM_CHECK(tensor.defined(), this->name(), ": register_parameter('", name,
+               "') was given an undefined tensor");
+  TANDEM_CHECK(tensor.dtype() == kFloat32, this->name(), ": parameter '", name,
+               "' must be float32 (gradients are float32) but is ", tensor.dtype());
+  TANDEM_CHECK(tensor.is_leaf(), this->name(), ": parameter '", name,
+               "' must be a leaf tensor (gradients accumulate in leaves) but is the result of ",
+               tensor.grad_fn()->name(), "; register tensor.detach() instead");
+  tensor.set_requires_grad(requires_grad);
+  auto slot = std::make_shared<Tensor>(std::move(tensor));
+  parameters_.push_back({name, slot});
+  return Parameter(std::move(slot));
+}
+
+Buffer Module::register_buffer(const std::string& name, Tensor tensor) {
+  CheckNewName(name, "buffer");
+  TANDEM_CHECK(tensor.defined(), this->name(), ": register_buffer('", name,
+               "') was given an undefined tensor");
+  auto slot = std::make_shared<Tensor>(std::move(tensor));
+  buffers_.push_back({name, slot});
+  return Buffer(std::move(slot));
+}
+
+void Module::RegisterChild(const std::string& name, std::shared_ptr<Module> module) {
+  CheckNewName(name, "submodule");
+  TANDEM_CHECK(module != nullptr, this->name(), ": register_module('", name,
+               "') was given a null module");
+  for (const Module* m : static_cast<const Module&>(*module).modules()) {
+    TANDEM_CHECK(m != this, this->name(), ": cannot register submodule '", name,
+                 "': it contains this module, which would make the module tree a cycle");
+  }
+  children_.push_back({name, std::move(module)});
+}
+
+// ---- Inspection ------------------------------------------------------------------------
+
+void Module::CollectTensors(Kind kind, const std::string& prefix, bool recurse,
+                            std::vector<NamedTensor>& out,
+                            std::unordered_set<const TensorImpl*>& seen) const {
+  for (const Entry& e : EntriesOf(kind)) {
+    if (seen.insert(e.slot->impl()).second) out.push_back({prefix + e.name, *e.slot});
+  }
+  if (!recurse) return;
+  for (const NamedModule& c : children_) {
+    c.module->CollectTensors(kind, prefix + c.name + ".", recurse, out, seen);
+  }
+}
+
+std::vector<NamedTensor> Module::named_parameters(bool recurse) const {
+  std::vector<NamedTensor> out;
+  std::unordered_set<const TensorImpl*> seen;
+  CollectTensors(Kind::kParameter, "", recurse, out, seen);
+  return out;
+}
+
+std::vector<Tensor> Module::parameters(bool recurse) const {
+  std::vector<Tensor> out;
+  for (NamedTensor& p : named_parameters(recurse)) out.push_back(std::move(p.value));
+  return out;
+}
+
+std::vector<NamedTensor> Module::named_buffers(bool recurse) const {
+  std::vector<NamedTensor> out;
+  std::unordered_set<const TensorImpl*> seen;
+  CollectTensors(Kind::kBuffer, "", recurse, out, seen);
+  return out;
+}
+
+std::vector<Tensor> Module::buffers(bool recurse) const {
+  std::vector<Tensor> out;
+  for (NamedTensor& b : named_buffers(recurse)) out.push_back(std::move(b.value));
+  return out;
+}
+
+std::vector<std::shared_ptr<Module>> Module::children() const {
+  std::vector<std::shared_ptr<Module>> out;
+  for (const NamedModule& c : children_) out.push_back(c.module);
+  return out;
+}
+
+std::vector<Module*> Module::modules() {
+  std::vector<Module*> out = {this};
+  for (const NamedModule& c : children_) {
+    for (Module* m : c.module->modules()) out.push_back(m);
+  }
+  return out;
+}
+
+std::vector<const Module*> Module::modules() const {
+  std::vector<const Module*> out = {this};
+  for (const NamedModule& c : children_) {
+    for (const Module* m : static_cast<const Module&>(*c.module).modules()) out.push_back(m);
+  }
+  return out;
+}
+
+const Module::Entry& Module::FindEntry(Kind kind, const std::string& dotted_name) const {
+  const bool parameter = kind == Kind::kParameter;
+  const Module* owner = this;
+  std::string rest = dotted_name;
+  for (size_t dot; (dot = rest.find('.')) != std::string::npos;) {
+    const std::string child_name = rest.substr(0, dot);
+    const Module* next = nullptr;
+    std::vector<std::string> names;
+    for (const NamedModule& c : owner->children_) {
+      names.push_back(c.name);
+      if (c.name == child_name) next = c.module.get();
+    }
+    TANDEM_CHECK(next != nullptr, name(), " has no ", KindName(parameter), " '", dotted_name,
+                 "': ", owner->name(), " has no submodule '", child_name,
+                 "' (its submodules: ", JoinNames(names), ")");
+    owner = next;
+    rest = rest.substr(dot + 1);
+  }
+  std::vector<std::string> names;
+  for (const Entry& e : owner->EntriesOf(kind)) {
+    if (e.name == rest) return e;
+    names.push_back(e.name);
+  }
+  TANDEM_FAIL(name(), " has no ", KindName(parameter), " '", dotted_name, "' (", owner->name(),
+              "'s ", KindName(parameter), "s: ", JoinNames(names), ")");
+}
+
+Tensor Module::parameter(const std::string& dotted_name) const {
+  return *FindEntry(Kind::kParameter, dotted_name).slot;
+}
+
+Tensor Module::buffer(const std::string& dotted_name) const {
+  return *FindEntry(Kind::kBuffer, dotted_name).slot;
+}
+
+// ---- State -----------------------------------------------------------------------------
+
+void Module::train(bool on) {
+  training_ = on;
+  for (const NamedModule& c : children_) c.module->train(on);
+}
+
+void Module::PlanMove(Device device, CopyMemo& moved,
+                      std::vector<std::pair<std::shared_ptr<Tensor>, Tensor>>& plan) const {
+  for (Kind kind : {Kind::kParameter, Kind::kBuffer}) {
+    for (const Entry& e : EntriesOf(kind)) {
+      const Tensor& old = *e.slot;
+      if (old.device() == device) continue;
+      auto it = moved.find(old.impl());
+      if (it == moved.end()) {
+        Tensor copy = old.detach().to(device);
+        if (old.requires_grad()) copy.set_requires_grad(true);
+        const Tensor grad = old.is_leaf() ? old.grad() : Tensor();
+        if (grad.defined()) copy.set_grad(grad.to(device));
+        it = moved.emplace(old.impl(), std::move(copy)).first;
+      }
+      plan.emplace_back(e.slot, it->second);
+    }
+  }
+  for (const NamedModule& c : children_) c.module->PlanMove(device, moved, plan);
+}
+
+void Module::to(Device device) {
+  device.CheckAvailable();
+  NoGradGuard no_grad;
+  // Copy everything first and swap in afterwards, so that a failed copy (out of memory)
+  // leaves the module as it was.
+  CopyMemo moved;
+  std::vector<std::pair<std::shared_ptr<Tensor>, Tensor>> plan;
+  PlanMove(device, moved, plan);
+  for (auto& [slot, copy] : plan) *slot = std::move(copy);
+}
+
+void Module::zero_grad(bool set_to_none) {
+  NoGradGuard no_grad;
+  for (Tensor& p : parameters()) {
+    Tensor grad = p.grad();
+    if (!grad.defined()) continue;
+    if (set_to_none) {
+      p.set_grad(Tensor());
+    } else {
+      grad.zero_();
+    }
+  }
+}
+
+void Module::ReplaceEntry(Kind kind, const std::string& dotted_name, Tensor value) {
+  const Entry& entry = FindEntry(kind, dotted_name);
+  const Tensor& current = *entry.slot;
+  const char* what = KindName(kind == Kind::kParameter);
+  TANDEM_CHECK(value.defined(), name(), ": cannot replace ", what, " '", dotted_name,
+               "' with an undefined tensor");
+  TANDEM_CHECK(value.shape() == current.shape() && value.dtype() == current.dtype(), name(),
+               ": cannot replace ", what, " '", dotted_name, "' (", ShapeToString(current.shape()),
+               " ", current.dtype(), ") with a tensor of a different shape or dtype (",
+               ShapeToString(value.shape()), " ", value.dtype(), ")");
+  *entry.slot = std::move(value);
+}
+
+void Module::replace_parameter(const std::string& dotted_name, Tensor value) {
+  ReplaceEntry(Kind::kParameter, dotted_name, std::move(value));
+}
+
+void Module::replace_buffer(const std::string& dotted_name, Tensor value) {
+  ReplaceEntry(Kind::kBuffer, dotted_name, std::move(value));
+}
+
+// ---- Cloning ---------------------------------------------------------------------------
+
+std::shared_ptr<Module> Module::clone(std::optional<Device> device) const {
+  TANDEM_FAIL(name(), " cannot be cloned: derive it from nn::Cloneable<", name(),
+              "> and create its parameters, buffers and submodules in reset(), or override "
+              "clone()");
+}
+
+void Module::ClearRegistrations() {
+  parameters_.clear();
+  buffers_.clear();
+  children_.clear();
+}
+
+void Module::CopyStateFrom(const Module& original, std::optional<Device> device) {
+  if (device) device->CheckAvailable();
+  NoGradGuard no_grad;
+  CopyMemo copied;
+  CopyStateRecursive(original, device, "", copied);
+}
+
+void Module::CopyStateRecursive(const Module& original, std::optional<Device> device,
+                                const std::string& path, CopyMemo& copied) {
+  const std::string problem = "cannot clone " + original.name() + ": ";
+  const std::string advice =
+      " (create and register every parameter, buffer and submodule in reset(), not in the "
+      "constructor, so that clone() can rebuild the module)";
+
+  // What reset() registered must be what the original has, name for name.
+  auto check_names = [&](const char* what, const std::vector<std::string>& want,
+                         const std::vector<std::string>& have) {
+    for (const std::string& n : want) {
+      bool found = false;
+      for (const std::string& h : have) found = found || h == n;
+      TANDEM_CHECK(found, problem, "the original has ", what, " '", path + n,
+                   "' but reset() did not register it", advice);
+    }
+    for (const std::string& h : have) {
+      bool found = false;
+      for (const std::string& n : want) found = found || h == n;
+      TANDEM_CHECK(found, problem, "reset() registered ", what, " '", path + h,
+                   "' which the original does not have", advice);
+    }
+  };
+  auto names_of = [](const std::vector<Entry>& entries) {
+    std::vector<std::string> names;
+    for (const Entry& e : entries) names.push_back(e.name);
+    return names;
+  };
+  std::vector<std::string> original_children, copy_children;
+  for (const NamedModule& c : original.children_) original_children.push_back(c.name);
+  for (const NamedModule& c : children_) copy_children.push_back(c.name);
+  check_names("parameter", names_of(original.parameters_), names_of(parameters_));
+  check_names("buffer", names_of(original.buffers_), names_of(buffers_));
+  check_names("submodule", original_children, copy_children);
+
+  for (Kind kind : {Kind::kParameter, Kind::kBuffer}) {
+    const char* what = KindName(kind == Kind::kParameter);
+    for (const Entry& source_entry : original.EntriesOf(kind)) {
+      const Tensor& source = *source_entry.slot;
+      Entry* target = nullptr;
+      for (Entry& e : EntriesOf(kind)) {
+        if (e.name == source_entry.name) target = &e;
+      }
+      const Tensor& rebuilt = *target->slot;
+      TANDEM_CHECK(rebuilt.shape() == source.shape() && rebuilt.dtype() == source.dtype(), problem,
+                   what, " '", path + source_entry.name, "' is ", ShapeToString(source.shape()),
+                   " ", source.dtype(), " in the original but reset() made it ",
+                   ShapeToString(rebuilt.shape()), " ", rebuilt.dtype(),
+                   " (was a configuration member changed after construction?)");
+      auto it = copied.find(source.impl());
+      if (it == copied.end()) {
+        const Tensor detached = source.detach();
+        const Device where = device.value_or(source.device());
+        Tensor copy = where == source.device() ? detached.clone() : detached.to(where);
+        if (source.requires_grad()) copy.set_requires_grad(true);
+        it = copied.emplace(source.impl(), std::move(copy)).first;
+      }
+      *target->slot = it->second;
+    }
+  }
+
+  for (const NamedModule& source_child : original.children_) {
+    NamedModule* target = nullptr;
+    for (NamedModule& c : children_) {
+      if (c.name == source_child.name) target = &c;
+    }
+    const std::string child_path = path + source_child.name;
+    TANDEM_CHECK(target->module != source_child.module, problem, "reset() registered submodule '",
+                 child_path,
+                 "' that the original holds too, so the clone would share it instead of copying "
+                 "it; create submodules inside reset() (e.g. with std::make_shared), or override "
+                 "clone()");
+    const Module& source_module = *source_child.module;
+    const Module& target_module = *target->module;
+    TANDEM_CHECK(typeid(source_module) == typeid(target_module), problem, "submodule '", child_path,
+                 "' is a ", source_module.name(), " in the original but reset() made a ",
+                 target_module.name());
+    target->module->CopyStateRecursive(*source_child.module, device, child_path + ".", copied);
+  }
+  training_ = original.training_;
+}
+
+// ---- Printing --------------------------------------------------------------------------
+
+void Module::pretty_print(std::ostream& out) const {}
+
+std::string Module::ToString() const {
+  std::ostringstream extra;
+  pretty_print(extra);
+  const std::vector<std::string> extra_lines = SplitLines(extra.str());
+  std::vector<std::string> lines = extra_lines;
+  for (const NamedModule& c : children_) {
+    lines.push_back("(" + c.name + "): " + AddIndent(c.module->ToString(), 2));
+  }
+  std::string out = name() + "(";
+  if (extra_lines.size() == 1 && children_.empty()) {
+    out += extra_lines[0];
+  } else if (!lines.empty()) {
+    for (const std::string& line : lines) out += "\n  " + line;
+    out += "\n";
+  }
+  return out + ")";
+}
+
+std::ostream& operator<<(std::ostream& out, const Module& module) {
+  return out << module.ToString();
+}
+
+namespace internal {
+
+void ThrowForwardArity(const std::string& module, size_t given,
+                       const std::vector<size_t>& accepted) {
+  if (accepted.empty()) {
+    TANDEM_FAIL(module, " has no public forward() taking up to ", kMaxForwardArity,
+                " tensors and returning a Tensor or std::vector<Tensor>, so it cannot be called "
+                "with ",
+                given, " tensors; declare one, or override forward_tensors()");
+  }
+  std::string counts;
+  for (size_t n : accepted) counts += (counts.empty() ? "" : " or ") + std::to_string(n);
+  TANDEM_FAIL(module, ".forward() takes ", counts, " tensor", accepted.back() == 1 ? "" : "s",
+              " but was given ", given);
+}
+
+}  // namespace internal
+}  // namespace tandem::nn

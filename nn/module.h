@@ -1,0 +1,340 @@
+// Module: the base of every layer and model, after PyTorch's C++ frontend (libtorch).
+//
+// A module registers its parameters (tensors that training updates), buffers (tensors that
+// are state but not trained) and submodules by name, in order. The registry is what
+// parameters(), to(), train()/eval(), zero_grad(), printing, checkpoints and clone() walk.
+// A module keeps a *handle* (nn::Parameter / nn::Buffer) to each registered tensor and
+// reads the tensor through it in forward(), so that whatever replaces the registered
+// tensor — to(device), a checkpoint load, or DataParallel giving a replica broadcast copies
+// with replace_parameter() — is what forward() uses.
+//
+// A user-defined module with a two-input forward:
+//
+//   class TwoTower : public tandem::nn::Cloneable<TwoTower> {
+//    public:
+//     TwoTower(int64_t x_features, int64_t y_features)
+//         : x_features_(x_features), y_features_(y_features) {
+//       reset();
+//     }
+//     // Creates and registers everything; clone() calls it again on the copy.
+//     void reset() override {
+//       left_ = register_module("left", nn::Linear(x_features_, 8));
+//       right_ = register_module("right", nn::Linear(y_features_, 8));
+//       scale_ = register_parameter("scale", tandem::ones({8}));
+//     }
+//     Tensor forward(const Tensor& x, const Tensor& y) {
+//       return (left_->forward(x) + right_->forward(y)) * *scale_;
+//     }
+//
+//    private:
+//     int64_t x_features_, y_features_;
+//     std::shared_ptr<nn::Linear> left_, right_;
+//     nn::Parameter scale_;
+//   };
+//
+//   auto model = std::make_shared<TwoTower>(4, 3);
+//   Tensor out = model->forward(x, y);               // typed call
+//   std::vector<Tensor> outs = model->forward_tensors({x, y});   // generic call
+//   std::shared_ptr<nn::Module> replica = model->clone(Device::Cpu(1));
+//   std::cout << *model;                             // PyTorch's format
+//
+// Cloneable<Derived> supplies clone() and the generic forward_tensors() from the typed
+// forward (any number of tensor arguments, returning a Tensor or a vector of them).
+#ifndef TANDEM_NN_MODULE_H_
+#define TANDEM_NN_MODULE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "tensor/autograd.h"
+#include "tensor/tensor.h"
+
+namespace tandem::nn {
+
+class Module;
+
+struct NamedTensor {
+  std::string name;  // dotted path from the module it was asked of, e.g. "fc1.weight"
+  Tensor value;
+};
+
+struct NamedModule {
+  std::string name;
+  std::shared_ptr<Module> module;
+};
+
+// A module's handle to one of its registered tensors. It behaves like a pointer to the
+// tensor currently registered under that name: when the module replaces the tensor
+// (to(), replace_parameter(), load), every copy of the handle sees the new one. Only
+// Module::register_parameter / register_buffer make handles that refer to something.
+class TensorHandle {
+ public:
+  TensorHandle() = default;
+
+  // True once it refers to a registered tensor.
+  explicit operator bool() const { return slot_ != nullptr; }
+  const Tensor& operator*() const { return get(); }
+  const Tensor* operator->() const { return &get(); }
+  const Tensor& get() const;
+
+ private:
+  friend class Module;
+  explicit TensorHandle(std::shared_ptr<Tensor> slot) : slot_(std::move(slot)) {}
+  std::shared_ptr<Tensor> slot_;
+};
+
+using Parameter = TensorHandle;
+using Buffer = TensorHandle;
+
+class Module {
+ public:
+  // `name` is what printing shows ("Linear"); by default, the class name of the object.
+  explicit Module(std::string name = "");
+  virtual ~Module() = default;
+
+  // Copying a module is shallow, as copying a Tensor is: the copy shares its parameters,
+  // buffers and submodules with the original. clone() makes a deep copy.
+  Module(const Module&) = default;
+  Module& operator=(const Module&) = default;
+  Module(Module&&) = default;
+  Module& operator=(Module&&) = default;
+
+  // The class name ("Linear", "TwoTower") or the name given to the constructor.
+  std::string name() const;
+
+  // ---- Forward -------------------------------------------------------------------------
+  // The generic entry point (DataParallel and Sequential call this): tensors in, tensors
+  // out. Cloneable<Derived> implements it by calling Derived's typed forward(...); the
+  // default throws, naming the module. (A distinct name, so that a typed forward in a
+  // derived class does not hide it.)
+  virtual std::vector<Tensor> forward_tensors(const std::vector<Tensor>& inputs);
+
+  // ---- Registration --------------------------------------------------------------------
+  // Names are non-empty, contain no '.', and are unique among a module's parameters,
+  // buffers and submodules. A parameter must be a float32 leaf; it is marked
+  // requires_grad(requires_grad) in place.
+  Parameter register_parameter(const std::string& name, Tensor tensor, bool requires_grad = true);
+  Buffer register_buffer(const std::string& name, Tensor tensor);
+  template <typename M>
+  std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> module) {
+    static_assert(std::is_base_of_v<Module, M>, "register_module takes a Module");
+    RegisterChild(name, module);
+    return module;
+  }
+  // Registers a module given by value: register_module("fc", nn::Linear(4, 8)).
+  template <typename M, typename = std::enable_if_t<std::is_base_of_v<Module, std::decay_t<M>>>>
+  std::shared_ptr<std::decay_t<M>> register_module(const std::string& name, M&& module) {
+    return register_module(name, std::make_shared<std::decay_t<M>>(std::forward<M>(module)));
+  }
+
+  // ---- Inspection ----------------------------------------------------------------------
+  // Parameters of this module and (if recurse) its descendants, depth first in
+  // registration order, each once even if registered under several names.
+  std::vector<Tensor> parameters(bool recurse = true) const;
+  std::vector<NamedTensor> named_parameters(bool recurse = true) const;
+  std::vector<Tensor> buffers(bool recurse = true) const;
+  std::vector<NamedTensor> named_buffers(bool recurse = true) const;
+  std::vector<std::shared_ptr<Module>> children() const;
+  const std::vector<NamedModule>& named_children() const { return children_; }
+  // This module and all its descendants, pre-order (this first). Non-owning.
+  std::vector<Module*> modules();
+  std::vector<const Module*> modules() const;
+  // The registered parameter or buffer with this dotted name ("fc1.weight"); throws
+  // naming the module and what it has when there is none.
+  Tensor parameter(const std::string& dotted_name) const;
+  Tensor buffer(const std::string& dotted_name) const;
+
+  // ---- State ---------------------------------------------------------------------------
+  bool is_training() const { return training_; }
+  // Sets training mode on this module and all descendants (Dropout is active only then).
+  virtual void train(bool on = true);
+  void eval() { train(false); }
+  // Moves every parameter and buffer to `device` in place: each is replaced by a copy on
+  // the device, parameters keeping requires_grad and their gradients moving along. The
+  // copies are leaves (a parameter replaced by a non-leaf becomes a leaf again). Tensors
+  // registered in several places stay shared. Handles follow; Tensors obtained earlier
+  // from parameters() (e.g. held by an optimizer) do not, so move a module first.
+  void to(Device device);
+  // Clears the gradients of all parameters (set_to_none: drop them; else fill with 0).
+  void zero_grad(bool set_to_none = true);
+
+  // Replaces the tensor registered under a dotted name (e.g. "fc1.weight") with `value`,
+  // which must have the same shape and dtype. `value` may be a non-leaf — DataParallel
+  // gives each replica broadcast copies whose gradients flow back to the original — and
+  // its requires_grad is left as it is. Every handle to the entry sees `value` afterwards.
+  void replace_parameter(const std::string& dotted_name, Tensor value);
+  void replace_buffer(const std::string& dotted_name, Tensor value);
+
+  // ---- Cloning -------------------------------------------------------------------------
+  // A deep copy (structure, values, training mode) with its tensors on `device` (each on
+  // its own device if none), sharing no storage with this module. Implemented by
+  // Cloneable<Derived> and by containers (Sequential); the default throws, explaining.
+  virtual std::shared_ptr<Module> clone(std::optional<Device> device = std::nullopt) const;
+
+  // ---- Printing ------------------------------------------------------------------------
+  // Writes what goes between the parentheses after the name, e.g.
+  // "in_features=10, out_features=5, bias=True" (PyTorch's extra_repr). Default: nothing.
+  virtual void pretty_print(std::ostream& out) const;
+  // The whole module tree in PyTorch's format (what operator<< prints).
+  std::string ToString() const;
+
+ protected:
+  // True on this thread while clone() runs reset() on a copy, whose values are overwritten
+  // right after: reset() may skip random initialisation then (saves time, and leaves the
+  // random number stream as it was).
+  static bool cloning();
+
+  // For clone implementations: forgets every registration (the handles held by a derived
+  // class keep pointing at the old entries until reset() re-registers).
+  void ClearRegistrations();
+  // Copies values and training mode from `original`, which must have the same registered
+  // names, shapes and dtypes; recurses into submodules. Throws naming what differs.
+  void CopyStateFrom(const Module& original, std::optional<Device> device);
+
+  // RAII marker for cloning().
+  class CloningScope {
+   public:
+    CloningScope();
+    ~CloningScope();
+    CloningScope(const CloningScope&) = delete;
+    CloningScope& operator=(const CloningScope&) = delete;
+  };
+
+ private:
+  struct Entry {
+    std::string name;
+    std::shared_ptr<Tensor> slot;
+  };
+  enum class Kind { kParameter, kBuffer };
+  // Maps an original tensor to its copy, so that a tensor registered in several places is
+  // copied once and stays shared.
+  using CopyMemo = std::unordered_map<const TensorImpl*, Tensor>;
+
+  std::vector<Entry>& EntriesOf(Kind kind) {
+    return kind == Kind::kParameter ? parameters_ : buffers_;
+  }
+  const std::vector<Entry>& EntriesOf(Kind kind) const {
+    return kind == Kind::kParameter ? parameters_ : buffers_;
+  }
+  void CheckNewName(const std::string& name, const char* what) const;
+  void RegisterChild(const std::string& name, std::shared_ptr<Module> module);
+  void CollectTensors(Kind kind, const std::string& prefix, bool recurse,
+                      std::vector<NamedTensor>& out,
+                      std::unordered_set<const TensorImpl*>& seen) const;
+  // The registry entry for a dotted name, or throws naming what exists.
+  const Entry& FindEntry(Kind kind, const std::string& dotted_name) const;
+  void ReplaceEntry(Kind kind, const std::string& dotted_name, Tensor value);
+  void PlanMove(Device device, CopyMemo& moved,
+                std::vector<std::pair<std::shared_ptr<Tensor>, Tensor>>& plan) const;
+  void CopyStateRecursive(const Module& original, std::optional<Device> device,
+                          const std::string& path, CopyMemo& copied);
+
+  std::string explicit_name_;
+  std::vector<Entry> parameters_;
+  std::vector<Entry> buffers_;
+  std::vector<NamedModule> children_;
+  bool training_ = true;
+};
+
+std::ostream& operator<<(std::ostream& out, const Module& module);
+
+namespace internal {
+
+[[noreturn]] void ThrowForwardArity(const std::string& module, size_t given,
+                                    const std::vector<size_t>& accepted);
+
+template <size_t>
+using TensorArg = const Tensor&;
+
+template <typename M, typename Indices, typename = void>
+struct ForwardResult {
+  using type = void;
+};
+template <typename M, size_t... I>
+struct ForwardResult<
+    M, std::index_sequence<I...>,
+    std::void_t<decltype(std::declval<M&>().forward(std::declval<TensorArg<I>>()...))>> {
+  using type = decltype(std::declval<M&>().forward(std::declval<TensorArg<I>>()...));
+};
+
+// Whether M has a forward taking N tensors and returning Tensor or std::vector<Tensor>.
+template <typename M, size_t N>
+constexpr bool kHasForward =
+    std::is_same_v<typename ForwardResult<M, std::make_index_sequence<N>>::type, Tensor> ||
+    std::is_same_v<typename ForwardResult<M, std::make_index_sequence<N>>::type,
+                   std::vector<Tensor>>;
+
+inline constexpr size_t kMaxForwardArity = 8;
+
+inline std::vector<Tensor> AsOutputs(Tensor out) { return {std::move(out)}; }
+inline std::vector<Tensor> AsOutputs(std::vector<Tensor> outs) { return outs; }
+
+template <typename M, size_t... I>
+std::vector<Tensor> CallForward(M& module, const std::vector<Tensor>& inputs,
+                                std::index_sequence<I...>) {
+  return AsOutputs(module.forward(inputs[I]...));
+}
+
+template <typename M, size_t N = 0>
+std::vector<Tensor> DispatchForward(M& module, const std::vector<Tensor>& inputs,
+                                    std::vector<size_t> accepted = {}) {
+  if constexpr (N > kMaxForwardArity) {
+    ThrowForwardArity(module.name(), inputs.size(), accepted);
+  } else {
+    if constexpr (kHasForward<M, N>) {
+      if (inputs.size() == N) return CallForward(module, inputs, std::make_index_sequence<N>());
+      accepted.push_back(N);
+    }
+    return DispatchForward<M, N + 1>(module, inputs, std::move(accepted));
+  }
+}
+
+}  // namespace internal
+
+// The base for modules that can be cloned, as libtorch's Cloneable: Derived creates and
+// registers all its parameters, buffers and submodules in reset() (and its constructor
+// calls reset()). clone() copies Derived (configuration members), forgets the copy's
+// registrations, runs reset() on it — which re-binds every handle and submodule pointer
+// to fresh objects — and copies the values over, after checking that reset() registered
+// exactly what the original has (a parameter registered outside reset() is reported).
+//
+// It also implements forward_tensors() by calling Derived's public forward with as many
+// tensor arguments as it was given (up to 8), so a module only writes its typed forward.
+template <typename Derived>
+class Cloneable : public Module {
+ public:
+  using Module::Module;
+
+  // Creates and registers this module's parameters, buffers and submodules.
+  virtual void reset() = 0;
+
+  std::shared_ptr<Module> clone(std::optional<Device> device = std::nullopt) const override {
+    NoGradGuard no_grad;
+    auto copy = std::make_shared<Derived>(static_cast<const Derived&>(*this));
+    copy->ClearRegistrations();
+    {
+      CloningScope scope;
+      copy->reset();
+    }
+    copy->CopyStateFrom(*this, device);
+    return copy;
+  }
+
+  std::vector<Tensor> forward_tensors(const std::vector<Tensor>& inputs) override {
+    return internal::DispatchForward(static_cast<Derived&>(*this), inputs);
+  }
+};
+
+}  // namespace tandem::nn
+
+#endif  // TANDEM_NN_MODULE_H_

@@ -1,0 +1,18 @@
+// Tandem's neural-network library in one include: Module and Cloneable, the layers,
+// Sequential, the losses, the optimizers and checkpoints. Depend on //nn.
+//
+//   #include "nn/nn.h"
+//   auto model = std::make_shared<tandem::nn::Sequential>(
+//       tandem::nn::Linear(784, 256), tandem::nn::ReLU(), tandem::nn::Linear(256, 10));
+//   tandem::nn::SGD optimizer(model->parameters(), tandem::nn::SGDOptions(0.1));
+#ifndef TANDEM_NN_NN_H_
+#define TANDEM_NN_NN_H_
+
+#include "nn/checkpoint.h"  // IWYU pragma: export
+#include "nn/layers.h"      // IWYU pragma: export
+#include "nn/loss.h"        // IWYU pragma: export
+#include "nn/module.h"      // IWYU pragma: export
+#include "nn/optim.h"       // IWYU pragma: export
+#include "nn/sequential.h"  // IWYU pragma: export
+
+#endif  // TANDEM_NN_NN_H_

@@ -1,0 +1,233 @@
+#include "nn/optim.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "nn/layers.h"
+#include "nn/test_util.h"
+
+namespace tandem::nn {
+namespace {
+
+using testing::ErrorOf;
+using ::testing::HasSubstr;
+
+// The problem: L(w) = sum_i 0.5 * c_i * (w_i - t_i)^2, so dL/dw_i = c_i * (w_i - t_i).
+const std::vector<double> kStart = {1.0, -2.0, 0.5, 3.0};
+const std::vector<double> kCurvature = {1.0, 0.5, 2.0, 0.25};
+const std::vector<double> kTarget = {0.0, 1.0, -1.0, 2.0};
+
+Tensor AsTensor(const std::vector<double>& values, Device device = Device::Cpu(0)) {
+  return from_vector(std::vector<float>(values.begin(), values.end()),
+                     {static_cast<int64_t>(values.size())}, device);
+}
+
+Tensor Loss(const Tensor& w) {
+  const Device d = w.device();
+  return (0.5 * AsTensor(kCurvature, d) * square(w - AsTensor(kTarget, d))).sum();
+}
+
+std::vector<double> Gradient(const std::vector<double>& w) {
+  std::vector<double> g(w.size());
+  for (size_t i = 0; i < w.size(); ++i) g[i] = kCurvature[i] * (w[i] - kTarget[i]);
+  return g;
+}
+
+// PyTorch's SGD, element by element, in double precision.
+struct ReferenceSgd {
+  SGDOptions o;
+  std::vector<double> buffer;
+  void Step(std::vector<double>& w) {
+    std::vector<double> g = Gradient(w);
+    for (size_t i = 0; i < w.size(); ++i) {
+      g[i] += o.weight_decay_ * w[i];
+      if (o.momentum_ != 0.0) {
+        if (buffer.size() < w.size()) buffer.resize(w.size(), NAN);
+        buffer[i] =
+            std::isnan(buffer[i]) ? g[i] : o.momentum_ * buffer[i] + (1.0 - o.dampening_) * g[i];
+        g[i] = o.nesterov_ ? g[i] + o.momentum_ * buffer[i] : buffer[i];
+      }
+      w[i] -= o.lr_ * g[i];
+    }
+  }
+};
+
+// PyTorch's Adam, element by element, in double precision.
+struct ReferenceAdam {
+  AdamOptions o;
+  std::vector<double> m = std::vector<double>(kStart.size(), 0.0);
+  std::vector<double> v = std::vector<double>(kStart.size(), 0.0);
+  int t = 0;
+  void Step(std::vector<double>& w) {
+    std::vector<double> g = Gradient(w);
+    ++t;
+    for (size_t i = 0; i < w.size(); ++i) {
+      g[i] += o.weight_decay_ * w[i];
+      m[i] = o.beta1_ * m[i] + (1.0 - o.beta1_) * g[i];
+      v[i] = o.beta2_ * v[i] + (1.0 - o.beta2_) * g[i] * g[i];
+      const double m_hat = m[i] / (1.0 - std::pow(o.beta1_, t));
+      const double v_hat = v[i] / (1.0 - std::pow(o.beta2_, t));
+      w[i] -= o.lr_ * m_hat / (std::sqrt(v_hat) + o.eps_);
+    }
+  }
+};
+
+// Runs `steps` steps of `optimizer` on the problem and of `reference` on a double copy,
+// comparing after every step.
+template <typename Reference>
+void ExpectSameTrajectory(Optimizer& optimizer, Reference reference, int steps,
+                          double tolerance = 2e-5) {
+  Tensor w = optimizer.parameters()[0];
+  std::vector<double> expected = kStart;
+  for (int step = 1; step <= steps; ++step) {
+    optimizer.zero_grad();
+    Loss(w).backward();
+    optimizer.step();
+    reference.Step(expected);
+    const std::vector<float> actual = w.to(Device::Cpu(0)).to_vector<float>();
+    for (size_t i = 0; i < expected.size(); ++i) {
+      ASSERT_NEAR(actual[i], expected[i], tolerance * (1.0 + std::abs(expected[i])))
+          << "step " << step << ", element " << i;
+    }
+  }
+}
+
+Tensor StartingPoint(Device device = Device::Cpu(0)) {
+  Tensor w = AsTensor(kStart, device);
+  w.set_requires_grad(true);
+  return w;
+}
+
+class OptimTest : public ::testing::Test {
+ protected:
+  void SetUp() override { SetCpuDeviceCount(2); }
+};
+
+TEST_F(OptimTest, PlainSgdFollowsTheClosedForm) {
+  // With g = c (w - t), one step maps w - t to (1 - lr c)(w - t).
+  const double lr = 0.1;
+  Tensor w = StartingPoint();
+  SGD sgd({w}, SGDOptions(lr));
+  const int steps = 5;
+  for (int k = 0; k < steps; ++k) {
+    sgd.zero_grad();
+    Loss(w).backward();
+    sgd.step();
+  }
+  const std::vector<float> actual = w.to_vector<float>();
+  for (size_t i = 0; i < kStart.size(); ++i) {
+    const double expected =
+        kTarget[i] + std::pow(1.0 - lr * kCurvature[i], steps) * (kStart[i] - kTarget[i]);
+    EXPECT_NEAR(actual[i], expected, 1e-5);
+  }
+}
+
+TEST_F(OptimTest, SgdVariantsMatchPyTorchsRule) {
+  for (const SGDOptions& options :
+       {SGDOptions(0.1), SGDOptions(0.05).momentum(0.9),
+        SGDOptions(0.05).momentum(0.8).dampening(0.5),
+        SGDOptions(0.05).momentum(0.9).nesterov(true), SGDOptions(0.1).weight_decay(0.1),
+        SGDOptions(0.05).momentum(0.9).weight_decay(0.01)}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "momentum " << options.momentum_ << " dampening " << options.dampening_
+                 << " nesterov " << options.nesterov_ << " weight_decay " << options.weight_decay_);
+    SGD sgd({StartingPoint()}, options);
+    ExpectSameTrajectory(sgd, ReferenceSgd{options, {}}, 6);
+  }
+}
+
+TEST_F(OptimTest, AdamFirstStepMovesEachParameterByTheLearningRate) {
+  // m_hat = g and v_hat = g^2 after one step, so the step is lr * g / (|g| + eps).
+  const double lr = 0.01;
+  Tensor w = StartingPoint();
+  Adam adam({w}, AdamOptions(lr));
+  Loss(w).backward();
+  adam.step();
+  const std::vector<float> actual = w.to_vector<float>();
+  const std::vector<double> g = Gradient(kStart);
+  for (size_t i = 0; i < kStart.size(); ++i) {
+    EXPECT_NEAR(actual[i], kStart[i] - lr * (g[i] > 0 ? 1.0 : -1.0), 1e-6);
+  }
+  EXPECT_EQ(adam.step_count(0), 1);
+}
+
+TEST_F(OptimTest, AdamMatchesPyTorchsRule) {
+  for (const AdamOptions& options :
+       {AdamOptions(0.1), AdamOptions(0.05).betas(0.8, 0.99), AdamOptions(0.05).eps(1e-3),
+        AdamOptions(0.1).weight_decay(0.1)}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "betas " << options.beta1_ << ", " << options.beta2_ << " eps " << options.eps_
+                 << " weight_decay " << options.weight_decay_);
+    Adam adam({StartingPoint()}, options);
+    ExpectSameTrajectory(adam, ReferenceAdam{options}, 8);
+  }
+}
+
+TEST_F(OptimTest, ParametersWithoutGradientsAreLeftAlone) {
+  Tensor used = StartingPoint(), unused = ones({2}, TensorOptions().requires_grad(true));
+  Adam adam({used, unused}, AdamOptions(0.1));
+  SGD sgd({used, unused}, SGDOptions(0.1).momentum(0.9));
+  Loss(used).backward();
+  adam.step();
+  sgd.step();
+  EXPECT_EQ(unused.to_vector<float>(), std::vector<float>(2, 1.0f));
+  EXPECT_EQ(adam.step_count(1), 0);
+  EXPECT_FALSE(sgd.momentum_buffer(1).defined());
+  EXPECT_TRUE(sgd.momentum_buffer(0).defined());
+}
+
+TEST_F(OptimTest, ZeroGradClearsOrZeroes) {
+  Tensor w = StartingPoint();
+  SGD sgd({w}, SGDOptions(0.1));
+  Loss(w).backward();
+  sgd.zero_grad(/*set_to_none=*/false);
+  EXPECT_EQ(w.grad().to_vector<float>(), std::vector<float>(4, 0.0f));
+  sgd.zero_grad();
+  EXPECT_FALSE(w.grad().defined());
+}
+
+TEST_F(OptimTest, WorksOnAnotherDevice) {
+  SGD sgd({StartingPoint(Device::Cpu(1))}, SGDOptions(0.05).momentum(0.9));
+  ExpectSameTrajectory(sgd, ReferenceSgd{SGDOptions(0.05).momentum(0.9), {}}, 3);
+  EXPECT_EQ(sgd.parameters()[0].device(), Device::Cpu(1));
+}
+
+TEST_F(OptimTest, CudaMatchesTheReference) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  SGD sgd({StartingPoint(Device::Cuda(0))}, SGDOptions(0.05).momentum(0.9).nesterov(true));
+  ExpectSameTrajectory(sgd, ReferenceSgd{SGDOptions(0.05).momentum(0.9).nesterov(true), {}}, 4);
+  Adam adam({StartingPoint(Device::Cuda(0))}, AdamOptions(0.1).weight_decay(0.01));
+  ExpectSameTrajectory(adam, ReferenceAdam{AdamOptions(0.1).weight_decay(0.01)}, 4);
+}
+
+TEST_F(OptimTest, RejectsBadParametersAndOptions) {
+  EXPECT_THAT(ErrorOf([] { SGD({}, SGDOptions(0.1)); }), HasSubstr("empty parameter list"));
+  Tensor leaf = StartingPoint();
+  EXPECT_THAT(ErrorOf([&] { SGD({leaf * 2.0}, SGDOptions(0.1)); }),
+              HasSubstr("parameter 0 ([4]) is not a leaf"));
+  EXPECT_THAT(ErrorOf([&] { SGD({leaf}, SGDOptions(0.1).nesterov(true)); }),
+              HasSubstr("Nesterov momentum needs momentum > 0 and dampening 0"));
+  EXPECT_THAT(ErrorOf([&] { SGD({leaf}, SGDOptions(-1.0)); }),
+              HasSubstr("learning rate must be >= 0"));
+  EXPECT_THAT(ErrorOf([&] { Adam({leaf}, AdamOptions().betas(0.9, 1.0)); }),
+              HasSubstr("betas must be in [0, 1)"));
+  EXPECT_THAT(ErrorOf([&] { Adam({zeros({2}, kInt64)}); }), HasSubstr("only float32"));
+}
+
+TEST_F(OptimTest, TrainsAModulesParameters) {
+  // One step of SGD on a Linear layer moves its weight by -lr * dL/dW.
+  manual_seed(1);
+  Linear layer(3, 2);
+  const Tensor before = layer.weight().clone();
+  SGD sgd(layer.parameters(), SGDOptions(0.5));
+  Tensor x = randn({4, 3});
+  layer.forward(x).sum().backward();
+  const Tensor grad = layer.weight().grad().clone();
+  sgd.step();
+  EXPECT_TRUE(allclose(layer.weight(), before - grad * 0.5, 1e-5, 1e-6));
+}
+
+}  // namespace
+}  // namespace tandem::nn
