@@ -1,0 +1,273 @@
+// Benchmarks of the CUDA backend against the hardware's own yardsticks, timed with CUDA
+// events on the device's stream (manual time: the GPU's time, not the host's):
+//   - SGEMM through Backend::Gemm vs cublasSgemm called directly (TFLOP/s): the backend's
+//     row-major wrapper should cost nothing.
+//   - Elementwise add vs a device-to-device cudaMemcpy (GB/s of reads + writes): a
+//     bandwidth-bound kernel should get close to the copy engine.
+//   - Host <-> device copies from pinned and pageable memory (GB/s).
+// Linked into //tensor:tensor_benchmark (and //tensor/cuda:cuda_benchmarks); every
+// benchmark reports an error and skips where there is no usable GPU.
+//
+//   bazel run -c opt //tensor/cuda:cuda_benchmarks -- --benchmark_filter=Sgemm
+#include <benchmark/benchmark.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensor/allocator.h"
+#include "tensor/backend.h"
+#include "tensor/cuda/cuda.h"
+#include "tensor/cuda/cuda_check.h"
+#include "tensor/device.h"
+
+namespace tandem {
+namespace cuda {
+namespace {
+
+constexpr int kDevice = 0;
+
+// Skips the benchmark (with the reason) when there is no GPU; returns whether it may run.
+bool RequireGpu(benchmark::State& state) {
+  if (DeviceCount() > 0) return true;
+  state.SkipWithError(("no usable CUDA device: " + UnavailableReason()).c_str());
+  return false;
+}
+
+cudaStream_t DeviceStream() { return static_cast<cudaStream_t>(Stream(kDevice)); }
+
+// Times work queued on the device's stream between Start and Stop.
+class StreamTimer {
+ public:
+  StreamTimer() {
+    TANDEM_CUDA_CHECK(cudaEventCreate(&start_), kDevice);
+    TANDEM_CUDA_CHECK(cudaEventCreate(&stop_), kDevice);
+  }
+  ~StreamTimer() {
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+  }
+  void Start() { TANDEM_CUDA_CHECK(cudaEventRecord(start_, DeviceStream()), kDevice); }
+  double StopSeconds() {
+    TANDEM_CUDA_CHECK(cudaEventRecord(stop_, DeviceStream()), kDevice);
+    TANDEM_CUDA_CHECK(cudaEventSynchronize(stop_), kDevice);
+    float milliseconds = 0.0f;
+    TANDEM_CUDA_CHECK(cudaEventElapsedTime(&milliseconds, start_, stop_), kDevice);
+    return milliseconds * 1e-3;
+  }
+
+ private:
+  cudaEvent_t start_ = nullptr;
+  cudaEvent_t stop_ = nullptr;
+};
+
+std::shared_ptr<void> DeviceBuffer(size_t bytes) {
+  return GetAllocator(Device::Cuda(kDevice)).Allocate(bytes);
+}
+
+KernelTensor Vector(void* data, int64_t n) {
+  KernelTensor t;
+  t.data = data;
+  t.dtype = kFloat32;
+  t.ndim = 1;
+  t.sizes[0] = n;
+  t.strides[0] = 1;
+  return t;
+}
+
+void SetRate(benchmark::State& state, const char* name, double per_iteration) {
+  state.counters[name] =
+      benchmark::Counter(per_iteration, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// ---- SGEMM ----------------------------------------------------------------------------------
+
+struct GemmOperands {
+  explicit GemmOperands(int64_t n) : n(n) {
+    Backend& backend = GetBackend(DeviceType::kCUDA);
+    const size_t bytes = static_cast<size_t>(n * n) * sizeof(float);
+    a = DeviceBuffer(bytes);
+    b = DeviceBuffer(bytes);
+    c = DeviceBuffer(bytes);
+    backend.RandomUniform(kDevice, static_cast<float*>(a.get()), n * n, 1, 0, -1.0f, 1.0f);
+    backend.RandomUniform(kDevice, static_cast<float*>(b.get()), n * n, 2, 0, -1.0f, 1.0f);
+  }
+  const float* A() const { return static_cast<const float*>(a.get()); }
+  const float* B() const { return static_cast<const float*>(b.get()); }
+  float* C() const { return static_cast<float*>(c.get()); }
+
+  int64_t n;
+  std::shared_ptr<void> a, b, c;
+};
+
+void BM_CudaSgemmBackend(benchmark::State& state) {
+  if (!RequireGpu(state)) return;
+  const int64_t n = state.range(0);
+  Backend& backend = GetBackend(DeviceType::kCUDA);
+  GemmOperands operands(n);
+  auto gemm = [&] {
+    backend.Gemm(kDevice, false, false, n, n, n, 1.0f, operands.A(), n, 0, operands.B(), n, 0, 0.0f,
+                 operands.C(), n, 0, 1);
+  };
+  gemm();  // warm-up: handle creation, cuBLAS's kernel selection
+  StreamTimer timer;
+  for (auto _ : state) {
+    timer.Start();
+    gemm();
+    state.SetIterationTime(timer.StopSeconds());
+  }
+  SetRate(state, "TFLOP/s", 2.0 * n * n * n * 1e-12);
+}
+
+void BM_CudaSgemmCublas(benchmark::State& state) {
+  if (!RequireGpu(state)) return;
+  const int n = static_cast<int>(state.range(0));
+  GemmOperands operands(n);
+  cublasHandle_t handle;
+  TANDEM_CUBLAS_CHECK(cublasCreate(&handle), kDevice);
+  TANDEM_CUBLAS_CHECK(cublasSetStream(handle, DeviceStream()), kDevice);
+  TANDEM_CUBLAS_CHECK(
+      cublasSetMathMode(handle, AllowTf32() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
+      kDevice);
+  const float alpha = 1.0f, beta = 0.0f;
+  auto gemm = [&] {
+    TANDEM_CUBLAS_CHECK(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, operands.B(),
+                                    n, operands.A(), n, &beta, operands.C(), n),
+                        kDevice);
+  };
+  gemm();
+  StreamTimer timer;
+  for (auto _ : state) {
+    timer.Start();
+    gemm();
+    state.SetIterationTime(timer.StopSeconds());
+  }
+  cublasDestroy(handle);
+  SetRate(state, "TFLOP/s", 2.0 * n * n * static_cast<double>(n) * 1e-12);
+}
+
+BENCHMARK(BM_CudaSgemmBackend)
+    ->Arg(1024)
+    ->Arg(2048)
+    ->Arg(4096)
+    ->Arg(8192)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CudaSgemmCublas)
+    ->Arg(1024)
+    ->Arg(2048)
+    ->Arg(4096)
+    ->Arg(8192)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+// ---- Bandwidth
+// ------------------------------------------------------------------------------------
+
+void BM_CudaAdd(benchmark::State& state) {
+  if (!RequireGpu(state)) return;
+  const int64_t n = state.range(0);
+  Backend& backend = GetBackend(DeviceType::kCUDA);
+  std::shared_ptr<void> a = DeviceBuffer(n * sizeof(float)), b = DeviceBuffer(n * sizeof(float)),
+                        c = DeviceBuffer(n * sizeof(float));
+  backend.Fill(kDevice, Vector(a.get(), n), 1.0);
+  backend.Fill(kDevice, Vector(b.get(), n), 2.0);
+  auto add = [&] {
+    backend.Binary(kDevice, BinaryOp::kAdd, Vector(c.get(), n), Vector(a.get(), n),
+                   Vector(b.get(), n));
+  };
+  add();
+  StreamTimer timer;
+  for (auto _ : state) {
+    timer.Start();
+    add();
+    state.SetIterationTime(timer.StopSeconds());
+  }
+  SetRate(state, "GB/s", 3.0 * n * sizeof(float) * 1e-9);  // two reads, one write
+}
+
+void BM_CudaMemcpyDeviceToDevice(benchmark::State& state) {
+  if (!RequireGpu(state)) return;
+  const size_t bytes = static_cast<size_t>(state.range(0)) * sizeof(float);
+  std::shared_ptr<void> src = DeviceBuffer(bytes), dst = DeviceBuffer(bytes);
+  auto copy = [&] {
+    TANDEM_CUDA_CHECK(
+        cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice, DeviceStream()),
+        kDevice);
+  };
+  copy();
+  StreamTimer timer;
+  for (auto _ : state) {
+    timer.Start();
+    copy();
+    state.SetIterationTime(timer.StopSeconds());
+  }
+  SetRate(state, "GB/s", 2.0 * bytes * 1e-9);  // one read, one write
+}
+
+BENCHMARK(BM_CudaAdd)->Arg(1 << 20)->Arg(1 << 26)->UseManualTime();
+BENCHMARK(BM_CudaMemcpyDeviceToDevice)->Arg(1 << 20)->Arg(1 << 26)->UseManualTime();
+
+// ---- Host <-> device ----------------------------------------------------------------------------
+
+// range(0): bytes; range(1): 1 for pinned host memory, 0 for pageable.
+std::shared_ptr<void> HostBuffer(benchmark::State& state) {
+  const size_t bytes = static_cast<size_t>(state.range(0));
+  if (state.range(1) == 1) {
+    return GetBackend(DeviceType::kCUDA).AllocatePinnedHost(bytes);
+  }
+  std::shared_ptr<std::vector<char>> pageable = std::make_shared<std::vector<char>>(bytes, 1);
+  return std::shared_ptr<void>(pageable, pageable->data());
+}
+
+void BM_CudaHostToDevice(benchmark::State& state) {
+  if (!RequireGpu(state)) return;
+  const size_t bytes = static_cast<size_t>(state.range(0));
+  Backend& backend = GetBackend(DeviceType::kCUDA);
+  std::shared_ptr<void> host = HostBuffer(state);
+  std::shared_ptr<void> device = DeviceBuffer(bytes);
+  backend.CopyFromHost(kDevice, device.get(), host.get(), bytes);
+  StreamTimer timer;
+  for (auto _ : state) {
+    timer.Start();
+    backend.CopyFromHost(kDevice, device.get(), host.get(), bytes);
+    state.SetIterationTime(timer.StopSeconds());
+  }
+  SetRate(state, "GB/s", bytes * 1e-9);
+  state.SetLabel(state.range(1) == 1 ? "pinned" : "pageable");
+}
+
+void BM_CudaDeviceToHost(benchmark::State& state) {
+  if (!RequireGpu(state)) return;
+  const size_t bytes = static_cast<size_t>(state.range(0));
+  Backend& backend = GetBackend(DeviceType::kCUDA);
+  std::shared_ptr<void> host = HostBuffer(state);
+  std::shared_ptr<void> device = DeviceBuffer(bytes);
+  backend.CopyToHost(kDevice, host.get(), device.get(), bytes);
+  StreamTimer timer;
+  for (auto _ : state) {
+    timer.Start();
+    backend.CopyToHost(kDevice, host.get(), device.get(), bytes);
+    state.SetIterationTime(timer.StopSeconds());
+  }
+  SetRate(state, "GB/s", bytes * 1e-9);
+  state.SetLabel(state.range(1) == 1 ? "pinned" : "pageable");
+}
+
+BENCHMARK(BM_CudaHostToDevice)
+    ->Args({64 << 20, 1})
+    ->Args({64 << 20, 0})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CudaDeviceToHost)
+    ->Args({64 << 20, 1})
+    ->Args({64 << 20, 0})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace cuda
+}  // namespace tandem
