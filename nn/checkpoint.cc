@@ -241,7 +241,7 @@ CheckpointEntry ParseRecordBody(const uint8_t* data, size_t size, const std::str
   } else {
     std::vector<int64_t> host(numel);
     std::memcpy(host.data(), values, data_bytes);
-    entry.value = from_vector(host, shape);
+    entry.value = from_vector(host, shape, TensorOptions(kInt64));
   }
   return entry;
 }

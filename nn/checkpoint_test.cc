@@ -28,7 +28,7 @@ class Net : public Cloneable<Net> {
   explicit Net(int64_t hidden = 3) : hidden_(hidden) { reset(); }
   void reset() override {
     body_ = register_module("body", Sequential(Linear(4, hidden_), ReLU(), Linear(hidden_, 2)));
-    counts_ = register_buffer("counts", arange(5));
+    counts_ = register_buffer("counts", arange(5, kInt64));
   }
   Tensor forward(const Tensor& x) { return body_->forward(x); }
 

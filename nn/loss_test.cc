@@ -37,7 +37,7 @@ double ReferenceCrossEntropy(const std::vector<float>& logits, const std::vector
 TEST_F(LossTest, CrossEntropyIsTheMeanNegativeLogLikelihood) {
   CrossEntropyLoss criterion;
   Tensor logits = randn({6, 4});
-  Tensor targets = from_vector(std::vector<int64_t>{0, 3, 1, 1, 2, 0}, {6});
+  Tensor targets = from_vector(std::vector<int64_t>{0, 3, 1, 1, 2, 0}, {6}, kInt64);
   EXPECT_NEAR(criterion.forward(logits, targets).item(),
               ReferenceCrossEntropy(logits.to_vector<float>(), targets.to_vector<int64_t>(), 4),
               1e-5);
@@ -48,7 +48,7 @@ TEST_F(LossTest, CrossEntropyIsStableForLargeLogits) {
   CrossEntropyLoss criterion;
   // exp(1000) overflows float32; a stable implementation subtracts the row maximum.
   Tensor logits = from_vector(std::vector<float>{1000, 0, -1000, 500, 1000, 1000}, {2, 3});
-  Tensor targets = from_vector(std::vector<int64_t>{0, 2}, {2});
+  Tensor targets = from_vector(std::vector<int64_t>{0, 2}, {2}, kInt64);
   const double loss = criterion.forward(logits, targets).item();
   EXPECT_TRUE(std::isfinite(loss));
   // Row 0: target is the maximum, loss ~ 0. Row 1: two tied maxima, loss log 2.
@@ -56,7 +56,7 @@ TEST_F(LossTest, CrossEntropyIsStableForLargeLogits) {
 }
 
 TEST_F(LossTest, CrossEntropyGradients) {
-  Tensor targets = from_vector(std::vector<int64_t>{2, 0, 1, 2}, {4});
+  Tensor targets = from_vector(std::vector<int64_t>{2, 0, 1, 2}, {4}, kInt64);
   Tensor logits = randn({4, 3});
   logits.set_requires_grad(true);
   CrossEntropyLoss criterion;
@@ -66,10 +66,11 @@ TEST_F(LossTest, CrossEntropyGradients) {
 
 TEST_F(LossTest, CrossEntropyRejectsBadTargets) {
   CrossEntropyLoss criterion;
-  EXPECT_THAT(ErrorOf([&] {
-                criterion.forward(randn({2, 3}), from_vector(std::vector<int64_t>{0, 3}, {2}));
-              }),
-              HasSubstr("targets must be class indices in [0, C) = [0, 3) but range over [0, 3]"));
+  EXPECT_THAT(
+      ErrorOf([&] {
+        criterion.forward(randn({2, 3}), from_vector(std::vector<int64_t>{0, 3}, {2}, kInt64));
+      }),
+      HasSubstr("targets must be class indices in [0, C) = [0, 3) but range over [0, 3]"));
   EXPECT_THAT(ErrorOf([&] {
                 criterion.forward(randn({2, 3}), zeros({2}));
               }),
@@ -104,7 +105,7 @@ TEST_F(LossTest, CudaMatchesCpu) {
   Tensor logits = randn({64, 10});
   std::vector<int64_t> labels(64);
   for (int64_t i = 0; i < 64; ++i) labels[i] = (i * 7) % 10;
-  Tensor targets = from_vector(labels, {64});
+  Tensor targets = from_vector(labels, {64}, kInt64);
   CrossEntropyLoss ce;
   Tensor cpu_logits = logits.detach().clone().set_requires_grad(true);
   Tensor gpu_logits = logits.to(gpu).set_requires_grad(true);

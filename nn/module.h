@@ -8,9 +8,9 @@
 // tensor — to(device), a checkpoint load, or DataParallel giving a replica broadcast copies
 // with replace_parameter() — is what forward() uses.
 //
-// A user-defined module with a two-input forward:
+// A user-defined module with a two-input forward (using namespace tandem):
 //
-//   class TwoTower : public tandem::nn::Cloneable<TwoTower> {
+//   class TwoTower : public nn::Cloneable<TwoTower> {
 //    public:
 //     TwoTower(int64_t x_features, int64_t y_features)
 //         : x_features_(x_features), y_features_(y_features) {
@@ -40,6 +40,11 @@
 //
 // Cloneable<Derived> supplies clone() and the generic forward_tensors() from the typed
 // forward (any number of tensor arguments, returning a Tensor or a vector of them).
+//
+// A replica for data parallelism is clone(device) followed by replace_parameter(name, copy)
+// for each of named_parameters(), with copies that carry a grad_fn back to the original.
+// Modules are not synchronised: do not change one module from several threads at once;
+// distinct modules (such as replicas) may run forward() concurrently.
 #ifndef TANDEM_NN_MODULE_H_
 #define TANDEM_NN_MODULE_H_
 

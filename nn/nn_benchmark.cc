@@ -92,7 +92,7 @@ void BM_MlpTrainStep(benchmark::State& state, Device device) {
   Tensor x = randn({batch, 784}, TensorOptions().device(device));
   std::vector<int64_t> classes(batch);
   for (int64_t i = 0; i < batch; ++i) classes[i] = i % 10;
-  Tensor labels = from_vector(classes, {batch}, device);
+  Tensor labels = from_vector(classes, {batch}, TensorOptions(kInt64).device(device));
   for (auto _ : state) {
     optimizer.zero_grad();
     criterion.forward(model.forward(x), labels).backward();

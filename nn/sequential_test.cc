@@ -8,6 +8,7 @@
 #include "nn/layers.h"
 #include "nn/loss.h"
 #include "nn/test_util.h"
+#include "tensor/gradcheck.h"
 
 namespace tandem::nn {
 namespace {
@@ -58,6 +59,20 @@ TEST_F(SequentialTest, ForwardComposesTheModules) {
   Tensor expected = last->forward(relu(first->forward(x)));
   EXPECT_TRUE(allclose(mlp.forward(x), expected));
   EXPECT_EQ(Sequential().forward(x).impl(), x.impl());  // empty: the identity
+}
+
+TEST_F(SequentialTest, Gradients) {
+  Sequential mlp(Linear(3, 4), ReLU(), Linear(4, 2));
+  const std::vector<NamedTensor> params = mlp.named_parameters();
+  std::vector<Tensor> inputs = {randn({5, 3})};
+  for (const NamedTensor& p : params) inputs.push_back(p.value.detach().clone());
+  for (Tensor& t : inputs) t.set_requires_grad(true);
+  EXPECT_GRADIENTS_MATCH(
+      [&](const std::vector<Tensor>& in) {
+        for (size_t i = 0; i < params.size(); ++i) mlp.replace_parameter(params[i].name, in[i + 1]);
+        return mlp.forward(in[0]);
+      },
+      inputs);
 }
 
 TEST_F(SequentialTest, PassesSeveralTensorsAlong) {

@@ -32,7 +32,7 @@ Dataset Quadrants(int64_t n, Generator& gen) {
       labels.push_back((x > 0 ? 1 : 0) + (y > 0 ? 2 : 0));
     }
   }
-  return {from_vector(xy, {n, 2}), from_vector(labels, {n})};
+  return {from_vector(xy, {n, 2}), from_vector(labels, {n}, kInt64)};
 }
 
 double Accuracy(Module& model, const Dataset& data) {
@@ -64,7 +64,7 @@ void TrainAndExpectAccuracy(Optimizer& optimizer, Module& model, Generator& gen)
       }
       optimizer.zero_grad();
       Tensor loss = criterion.forward(model.forward_tensors({from_vector(xs, {batch, 2})})[0],
-                                      from_vector(ys, {batch}));
+                                      from_vector(ys, {batch}, kInt64));
       loss.backward();
       optimizer.step();
       if (epoch == 0 && start == 0) first_loss = loss.item();
