@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# Runs the binaries packed by tools/gpu/build_bundle.sh, on a machine without Bazel (the lent
+# GPU machine) or on the build machine itself: every test, then every benchmark with a short
+# minimum time. Prints a summary table (binary, passed/failed/skipped, seconds) and the
+# benchmark figures; exits non-zero if any test failed. See tools/gpu/README.md.
+#
+#   tools/gpu/run_bundle.sh                         # everything
+#   tools/gpu/run_bundle.sh --filter cuda           # binaries whose name matches a regex
+#   tools/gpu/run_bundle.sh --no-benchmarks --test-timeout 120
+#
+# Environment: BUNDLE (default <repo>/.gpu_bundle), LOGS (default a temporary folder; each
+# binary's full output is kept there), BENCHMARK_MIN_TIME (default 0.05 seconds),
+# TANDEM_BUNDLE_LOADER=system|bundled (default: system, bundled if the system's glibc is
+# too old for the binaries).
+set -uo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+bundle="${BUNDLE:-$root/.gpu_bundle}"
+filter="."
+run_benchmarks=1
+test_timeout=300
+benchmark_min_time="${BENCHMARK_MIN_TIME:-0.05}"
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --filter) filter="$2"; shift 2 ;;
+    --no-benchmarks) run_benchmarks=0; shift ;;
+    --test-timeout) test_timeout="$2"; shift 2 ;;
+    *) echo "usage: $0 [--filter REGEX] [--no-benchmarks] [--test-timeout SECONDS]" >&2; exit 2 ;;
+  esac
+done
+
+log() { printf '[run_bundle] %s\n' "$*" >&2; }
+[[ -f "$bundle/payload.tar.gz" && -f "$bundle/manifest.tsv" ]] ||
+  { log "no bundle in $bundle: run tools/gpu/build_bundle.sh first"; exit 2; }
+
+work="$(mktemp -d "${TMPDIR:-/tmp}/tandem-run.XXXXXX")"
+logs="${LOGS:-$work/logs}"
+mkdir -p "$logs"
+trap 'rm -rf "$work/bin" "$work/lib"' EXIT
+tar -C "$work" -xzf "$bundle/payload.tar.gz"
+sed 's/^/[bundle] /' "$bundle/BUILD_INFO" >&2
+
+# ---- Libraries -------------------------------------------------------------------------------
+lib_path="$work/lib"
+for cuda_lib in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+  [[ -d "$cuda_lib" ]] && lib_path="$lib_path:$cuda_lib"
+done
+if awk -F'\t' '$4 == "nccl"' "$bundle/manifest.tsv" | grep -q .; then
+  # NCCL is not in the bundle (218 MB): take the system's, or PyTorch's wheel's.
+  nccl="$(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 / {print $NF; exit}')"
+  if [[ -z "$nccl" ]] && command -v python3 >/dev/null; then
+    nccl="$(python3 - <<'EOF' 2>/dev/null
+import glob, os, site
+roots = site.getsitepackages() + [site.getusersitepackages()]
+for root in roots:
+    for hit in glob.glob(os.path.join(root, "nvidia", "nccl", "lib", "libnccl.so.2")) + \
+               glob.glob(os.path.join(root, "torch", "lib", "libnccl.so.2")):
+        print(hit)
+        raise SystemExit
+EOF
+)"
+  fi
+  if [[ -n "$nccl" ]]; then
+    log "NCCL: $nccl"
+    lib_path="$lib_path:$(dirname "$nccl")"
+  else
+    log "NCCL not found: binaries that need it will fail to start"
+  fi
+fi
+export LD_LIBRARY_PATH="$lib_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+# The binaries were linked against the build machine's glibc. If this machine's is older,
+# start them through the bundled loader and C library instead.
+loader_mode="${TANDEM_BUNDLE_LOADER:-}"
+probe="$(awk -F'\t' 'NR == 1 {print $2}' "$bundle/manifest.tsv")"
+if [[ -z "$loader_mode" ]]; then
+  loader_mode=system
+  if ! "$work/bin/$probe" --help </dev/null >/dev/null 2>"$work/probe.err" &&
+      grep -q 'GLIBC' "$work/probe.err"; then
+    loader_mode=bundled
+  fi
+fi
+launch=()
+if [[ "$loader_mode" == bundled ]]; then
+  loader="$(ls "$work"/lib/glibc/ld-linux* | head -n1)"
+  launch=("$loader" --library-path "$work/lib/glibc:$LD_LIBRARY_PATH")
+  log "starting binaries through the bundled loader ($loader)"
+fi
+
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null |
+    sed 's/^/[gpu] /' >&2
+else
+  log "no nvidia-smi: GPU tests will skip"
+fi
+
+# ---- Tests ------------------------------------------------------------------------------------
+# Multi-device tests run on two logical CUDA devices mapped onto GPU 0.
+multi_device_regex='multi_device|parallel|replicate|scatter|gather|comm|data_parallel'
+
+# Per-test result lines of gtest's output ("[  SKIPPED ] Suite.Test (3 ms)"); the summary
+# at the end repeats failed and skipped tests without the duration, so those do not count.
+count() { grep -cE "^\[ +$1 +\] [^ ]+\.[^ ]+ \([0-9]+ ms\)\$" "$2" || true; }
+
+printf '\n%-44s %7s %7s %7s %9s  %s\n' binary passed failed skipped seconds status
+failures=0
+while IFS=$'\t' read -r kind name label needs; do
+  [[ "$kind" == test ]] || continue
+  [[ "$name" =~ $filter ]] || continue
+  output="$logs/$name.log"
+  env_vars=()
+  [[ "$name" =~ $multi_device_regex ]] && env_vars+=(TANDEM_CUDA_LOGICAL_DEVICES=2)
+  start=$(date +%s.%N)
+  env "${env_vars[@]}" timeout "$test_timeout" "${launch[@]}" "$work/bin/$name" \
+    --gtest_color=no </dev/null >"$output" 2>&1
+  rc=$?
+  seconds=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN {printf "%.1f", e - s}')
+  passed=$(count OK "$output")
+  failed=$(count FAILED "$output")
+  skipped=$(count SKIPPED "$output")
+  status=ok
+  if [[ $rc -eq 124 ]]; then
+    status="TIMEOUT after ${test_timeout}s"
+  elif [[ $rc -ne 0 ]]; then
+    status="FAILED (exit $rc)"
+  fi
+  [[ $rc -ne 0 ]] && failures=$((failures + 1))
+  [[ ${#env_vars[@]} -gt 0 ]] && status="$status [${env_vars[*]}]"
+  printf '%-44s %7s %7s %7s %9s  %s\n' "$name" "$passed" "$failed" "$skipped" "$seconds" "$status"
+  if [[ $rc -ne 0 ]]; then
+    grep -E '^\[  FAILED  \]|Failure|rror' "$output" | head -n 20 | sed 's/^/    /'
+    tail -n 5 "$output" | sed 's/^/    | /'
+  fi
+done <"$bundle/manifest.tsv"
+
+# ---- Benchmarks --------------------------------------------------------------------------------
+if [[ $run_benchmarks -eq 1 ]]; then
+  have_cuda_benchmarks=0
+  awk -F'\t' '$1 == "benchmark" {print $2}' "$bundle/manifest.tsv" | grep -q '__cuda_benchmarks$' &&
+    have_cuda_benchmarks=1
+  while IFS=$'\t' read -r kind name label needs; do
+    [[ "$kind" == benchmark ]] || continue
+    [[ "$name" =~ $filter ]] || continue
+    args=(--benchmark_min_time="$benchmark_min_time" --benchmark_color=false)
+    # //tensor:tensor_benchmark links the CUDA benchmarks too; run them once.
+    if [[ "$name" != *__cuda_benchmarks && $have_cuda_benchmarks -eq 1 ]]; then
+      args+=(--benchmark_filter=-BM_Cuda)
+    fi
+    printf '\n==== %s (%s)\n' "$name" "$label"
+    output="$logs/$name.log"
+    timeout 600 "${launch[@]}" "$work/bin/$name" "${args[@]}" </dev/null >"$output" 2>&1
+    rc=$?
+    cat "$output"
+    if [[ $rc -ne 0 ]]; then
+      echo "benchmark $name exited with $rc"
+      failures=$((failures + 1))
+    fi
+  done <"$bundle/manifest.tsv"
+fi
+
+echo
+log "logs: $logs"
+if [[ $failures -gt 0 ]]; then
+  log "$failures binaries failed"
+  exit 1
+fi
+log "all binaries passed"
