@@ -1,5 +1,6 @@
 #include "tensor/autograd.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -15,6 +16,7 @@ namespace tandem {
 namespace {
 
 thread_local bool grad_mode_enabled = true;
+std::atomic<uint64_t> next_sequence_nr{0};
 
 // Adds incoming gradients into a leaf's .grad and runs its gradient-ready hooks.
 class AccumulateGrad final : public Node {
@@ -120,20 +122,38 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
     return grad;
   }
 
+  // Queues a ready node for its device. Each device has a heap of ready nodes ordered by
+  // sequence number; every queued node posts one "run the newest ready node" task to the
+  // device's worker, so all get run and the order follows the heap, not the posting.
   void Dispatch(std::shared_ptr<Node> node, Tensor grad) {
-    DeviceWorker& worker = DeviceWorker::For(node->device());
+    DeviceWorker* worker = &DeviceWorker::For(node->device());
     auto self = shared_from_this();
-    auto task = [self, node, grad = std::move(grad)] { self->Execute(node, grad); };
+    auto task = [self, worker] { self->RunNewestReady(worker); };
     std::lock_guard<std::mutex> lock(mutex_);
     ++outstanding_;
-    if (&worker == caller_) {
+    std::vector<ReadyNode>& heap = ready_[worker];
+    heap.push_back(ReadyNode{std::move(node), std::move(grad)});
+    std::push_heap(heap.begin(), heap.end());
+    if (worker == caller_) {
       // The caller is this device's worker and is blocked in WaitUntilDone: it runs the
       // task itself rather than deadlocking on its own queue.
       local_tasks_.push_back(std::move(task));
       wake_.notify_all();
     } else {
-      worker.Post(std::move(task));
+      worker->Post(std::move(task));
     }
+  }
+
+  void RunNewestReady(DeviceWorker* worker) {
+    ReadyNode next;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      std::vector<ReadyNode>& heap = ready_[worker];
+      std::pop_heap(heap.begin(), heap.end());
+      next = std::move(heap.back());
+      heap.pop_back();
+    }
+    Execute(next.node, next.grad);
   }
 
   void Execute(const std::shared_ptr<Node>& node, const Tensor& grad) {
@@ -210,7 +230,16 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
     if (failed_) throw Error(error_);
   }
 
+  struct ReadyNode {
+    std::shared_ptr<Node> node;
+    Tensor grad;
+    bool operator<(const ReadyNode& other) const {
+      return node->sequence_nr() < other.node->sequence_nr();
+    }
+  };
+
   DeviceWorker* caller_;
+  std::unordered_map<DeviceWorker*, std::vector<ReadyNode>> ready_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::unordered_map<Node*, int> dependencies_;
@@ -223,6 +252,8 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
 };
 
 }  // namespace
+
+Node::Node(Device device) : device_(device), sequence_nr_(next_sequence_nr++) {}
 
 bool GradMode::IsEnabled() { return grad_mode_enabled; }
 void GradMode::SetEnabled(bool enabled) { grad_mode_enabled = enabled; }

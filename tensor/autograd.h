@@ -20,6 +20,7 @@
 #ifndef TANDEM_TENSOR_AUTOGRAD_H_
 #define TANDEM_TENSOR_AUTOGRAD_H_
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -39,7 +40,7 @@ struct Edge {
 // One recorded operation with one output.
 class Node {
  public:
-  explicit Node(Device device) : device_(device) {}
+  explicit Node(Device device);
   virtual ~Node() = default;
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
@@ -53,9 +54,14 @@ class Node {
   Device device() const { return device_; }
   const std::vector<Edge>& next_edges() const { return next_edges_; }
   void set_next_edges(std::vector<Edge> edges) { next_edges_ = std::move(edges); }
+  // Creation order. Among the ready nodes of one device the engine runs the newest first,
+  // as PyTorch does: it follows the forward pass backwards, so cheap cross-device copies
+  // recorded late (a gather) start the other devices' work before this device's own.
+  uint64_t sequence_nr() const { return sequence_nr_; }
 
  private:
   Device device_;
+  uint64_t sequence_nr_;
   std::vector<Edge> next_edges_;
 };
 

@@ -766,11 +766,13 @@ Tensor Finish(Tensor t, const TensorOptions& options) {
 }  // namespace
 
 Tensor empty(const Shape& shape, const TensorOptions& options) {
-  return Finish(NewTensor(shape, options.dtype_, options.device_, options.pinned_), options);
+  return Finish(
+      NewTensor(shape, options.dtype_.value_or(kFloat32), options.device_, options.pinned_),
+      options);
 }
 
 Tensor full(const Shape& shape, double value, const TensorOptions& options) {
-  Tensor t = NewTensor(shape, options.dtype_, options.device_, options.pinned_);
+  Tensor t = NewTensor(shape, options.dtype_.value_or(kFloat32), options.device_, options.pinned_);
   if (t.numel() > 0) GetBackend(t.device()).Fill(t.device().index(), ToKernel(t), value);
   return Finish(t, options);
 }
@@ -796,7 +798,7 @@ Tensor FromHost(const std::vector<T>& values, const Shape& shape, const TensorOp
                " (", NumElements(shape), " elements)");
   Tensor host = NewTensor(shape, DTypeOf<T>::value, Device::Cpu(0));
   if (!values.empty()) std::memcpy(host.raw_data(), values.data(), values.size() * sizeof(T));
-  Tensor out = host.to(options.dtype_).to(options.device_);
+  Tensor out = host.to(options.dtype_.value_or(DTypeOf<T>::value)).to(options.device_);
   if (options.pinned_) out = out.pin_memory();
   return Finish(out, options);
 }
@@ -851,8 +853,8 @@ namespace {
 
 Tensor RandomTensor(const Shape& shape, const TensorOptions& options, Generator* gen, bool normal,
                     float a, float b) {
-  TANDEM_CHECK(options.dtype_ == kFloat32, "random tensors are float32; got dtype ",
-               options.dtype_);
+  TANDEM_CHECK(options.dtype_.value_or(kFloat32) == kFloat32,
+               "random tensors are float32; got dtype ", *options.dtype_);
   Generator& g = gen != nullptr ? *gen : default_generator();
   Tensor t = NewTensor(shape, kFloat32, options.device_, options.pinned_);
   const uint64_t offset = g.Reserve(static_cast<uint64_t>(t.numel()));

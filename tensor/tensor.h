@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -37,7 +38,7 @@ struct TensorImpl;
 
 // Where a new tensor goes and how it is made.
 struct TensorOptions {
-  DType dtype_ = kFloat32;
+  std::optional<DType> dtype_;  // unset: float32, or what the factory implies (arange: int64)
   Device device_ = Device::Cpu(0);
   bool requires_grad_ = false;
   bool pinned_ = false;  // page-locked host memory (CPU tensors, CUDA builds only)
