@@ -1,0 +1,1055 @@
+// The CPU backend: kernels for logical CPU devices over host memory.
+//
+// Every kernel runs on the calling thread and splits large loops over the intra-op thread
+// pool of its logical device (ParallelFor), so that cpu:0 and cpu:1 each use their own share
+// of the cores. Elementwise math comes from tensor/elementwise_math.h, shared with the CUDA
+// backend, so that the CPU is an exact oracle for the GPU. GEMM is OpenBLAS, pinned to one
+// thread: parallelism comes from splitting the product over our pool instead, so OpenBLAS's
+// own threads never compete with other logical devices.
+//
+// Every loop computes each output element in one place, independently of how the range is
+// split, so results are bitwise the same whatever the number of threads.
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <type_traits>
+#include <vector>
+
+#include "tensor/allocator.h"
+#include "tensor/backend.h"
+#include "tensor/elementwise_math.h"
+#include "tensor/error.h"
+#include "tensor/philox.h"
+#include "tensor/worker.h"
+
+namespace tandem {
+namespace {
+
+// Elements per chunk below which splitting a loop costs more than it saves (waking a pool
+// thread is a few microseconds; a cheap elementwise op does ~1 element per nanosecond).
+constexpr int64_t kElementwiseGrain = 32768;
+// Transcendental functions cost ~10x more per element, so smaller chunks pay off.
+constexpr int64_t kTranscendentalGrain = 4096;
+// Minimum floating-point operations per GEMM chunk (~30 us on one core).
+constexpr double kGemmFlopsPerChunk = 1 << 20;
+constexpr int64_t kBytesPerCopyChunk = 1 << 20;
+// Sums accumulate in double, in blocks of this many elements, then add the blocks' sums in
+// order: the result does not depend on the split and long float32 rows lose no precision.
+constexpr int64_t kSumBlock = 1 << 15;
+
+Device Cpu(int index) { return Device::Cpu(index); }
+
+// ---- Strided iteration --------------------------------------------------------------
+
+// The common shape of `kArity` operands and each one's strides, with size-1 dimensions
+// dropped and dimensions merged wherever every operand is contiguous across them. A
+// contiguous elementwise op ends up with one dimension of stride 1.
+template <int kArity>
+struct Layout {
+  int ndim = 0;
+  int64_t sizes[kMaxDims] = {};
+  int64_t strides[kArity][kMaxDims] = {};
+
+  bool IsContiguous() const {
+    if (ndim == 0) return true;
+    if (ndim > 1) return false;
+    for (int a = 0; a < kArity; ++a) {
+      if (strides[a][0] != 1) return false;
+    }
+    return true;
+  }
+};
+
+template <int kArity>
+Layout<kArity> MakeLayout(const KernelTensor* const (&operands)[kArity]) {
+  const KernelTensor& shape = *operands[0];
+  Layout<kArity> layout;
+  for (int d = 0; d < shape.ndim; ++d) {
+    if (shape.sizes[d] == 1) continue;
+    const int out = layout.ndim;
+    bool merge = out > 0;
+    for (int a = 0; a < kArity && merge; ++a) {
+      merge = layout.strides[a][out - 1] == operands[a]->strides[d] * shape.sizes[d];
+    }
+    if (merge) {
+      layout.sizes[out - 1] *= shape.sizes[d];
+      for (int a = 0; a < kArity; ++a) layout.strides[a][out - 1] = operands[a]->strides[d];
+    } else {
+      layout.sizes[out] = shape.sizes[d];
+      for (int a = 0; a < kArity; ++a) layout.strides[a][out] = operands[a]->strides[d];
+      ++layout.ndim;
+    }
+  }
+  return layout;
+}
+
+// Visits the elements [begin, end) of `layout` in row-major order, one run along the last
+// dimension at a time: inner(offsets, count, inner_strides) with per-operand element
+// offsets of the run's first element.
+template <int kArity, typename Inner>
+void ForEachRun(const Layout<kArity>& layout, int64_t begin, int64_t end, Inner&& inner) {
+  int64_t offsets[kArity] = {};
+  if (layout.ndim == 0) {  // a single element
+    if (begin < end) inner(offsets, int64_t{1}, offsets);
+    return;
+  }
+  const int last = layout.ndim - 1;
+  int64_t index[kMaxDims];
+  int64_t remainder = begin;
+  for (int d = last; d >= 0; --d) {
+    index[d] = remainder % layout.sizes[d];
+    remainder /= layout.sizes[d];
+    for (int a = 0; a < kArity; ++a) offsets[a] += index[d] * layout.strides[a][d];
+  }
+  int64_t inner_strides[kArity];
+  for (int a = 0; a < kArity; ++a) inner_strides[a] = layout.strides[a][last];
+
+  int64_t position = begin;
+  while (position < end) {
+    const int64_t count = std::min(layout.sizes[last] - index[last], end - position);
+    inner(offsets, count, inner_strides);
+    position += count;
+    if (position >= end) break;
+    // The run reached the end of the last dimension: carry into the outer ones.
+    for (int a = 0; a < kArity; ++a) offsets[a] -= index[last] * inner_strides[a];
+    index[last] = 0;
+    for (int d = last - 1; d >= 0; --d) {
+      ++index[d];
+      for (int a = 0; a < kArity; ++a) offsets[a] += layout.strides[a][d];
+      if (index[d] < layout.sizes[d]) break;
+      for (int a = 0; a < kArity; ++a) offsets[a] -= index[d] * layout.strides[a][d];
+      index[d] = 0;
+    }
+  }
+}
+
+void CheckSameShape(const KernelTensor& dst, const KernelTensor& src, const char* kernel,
+                    const char* what) {
+  bool same = dst.ndim == src.ndim;
+  for (int d = 0; same && d < dst.ndim; ++d) same = dst.sizes[d] == src.sizes[d];
+  if (same) return;
+  std::string dst_shape = "[", src_shape = "[";
+  for (int d = 0; d < dst.ndim; ++d) dst_shape += (d ? ", " : "") + std::to_string(dst.sizes[d]);
+  for (int d = 0; d < src.ndim; ++d) src_shape += (d ? ", " : "") + std::to_string(src.sizes[d]);
+  TANDEM_FAIL("CPU ", kernel, " expects ", what, " of the output's shape ", dst_shape, "] but got ",
+              src_shape, "]; broadcast or reshape it before calling the kernel");
+}
+
+void CheckLayout(const KernelTensor& t, const char* kernel) {
+  TANDEM_CHECK(t.ndim >= 0 && t.ndim <= kMaxDims, "CPU ", kernel, " got a tensor with ", t.ndim,
+               " dimensions; at most ", kMaxDims, " are supported");
+  for (int d = 0; d < t.ndim; ++d) {
+    TANDEM_CHECK(t.sizes[d] >= 0, "CPU ", kernel, " got a negative size ", t.sizes[d],
+                 " in dimension ", d);
+  }
+}
+
+// Calls f(std::integral_constant<Enum, value>) for the runtime `op`, so that the switch
+// inside ApplyUnary/ApplyBinary folds away and each loop is compiled for one function.
+template <typename F>
+void DispatchUnary(UnaryOp op, F&& f) {
+#define TANDEM_UNARY_CASE(name) \
+  case UnaryOp::name:           \
+    return f(std::integral_constant<UnaryOp, UnaryOp::name>{})
+  switch (op) {
+    TANDEM_UNARY_CASE(kNeg);
+    TANDEM_UNARY_CASE(kExp);
+    TANDEM_UNARY_CASE(kLog);
+    TANDEM_UNARY_CASE(kRelu);
+    TANDEM_UNARY_CASE(kSqrt);
+    TANDEM_UNARY_CASE(kAbs);
+    TANDEM_UNARY_CASE(kTanh);
+    TANDEM_UNARY_CASE(kSigmoid);
+    TANDEM_UNARY_CASE(kSquare);
+    TANDEM_UNARY_CASE(kAddScalar);
+    TANDEM_UNARY_CASE(kMulScalar);
+    TANDEM_UNARY_CASE(kPowScalar);
+    TANDEM_UNARY_CASE(kGeScalar);
+  }
+#undef TANDEM_UNARY_CASE
+  TANDEM_FAIL("unknown UnaryOp ", static_cast<int>(op));
+}
+
+template <typename F>
+void DispatchBinary(BinaryOp op, F&& f) {
+#define TANDEM_BINARY_CASE(name) \
+  case BinaryOp::name:           \
+    return f(std::integral_constant<BinaryOp, BinaryOp::name>{})
+  switch (op) {
+    TANDEM_BINARY_CASE(kAdd);
+    TANDEM_BINARY_CASE(kSub);
+    TANDEM_BINARY_CASE(kMul);
+    TANDEM_BINARY_CASE(kDiv);
+    TANDEM_BINARY_CASE(kMaximum);
+    TANDEM_BINARY_CASE(kMinimum);
+    TANDEM_BINARY_CASE(kEq);
+    TANDEM_BINARY_CASE(kNe);
+    TANDEM_BINARY_CASE(kLt);
+    TANDEM_BINARY_CASE(kLe);
+    TANDEM_BINARY_CASE(kGt);
+    TANDEM_BINARY_CASE(kGe);
+    TANDEM_BINARY_CASE(kReluBackward);
+  }
+#undef TANDEM_BINARY_CASE
+  TANDEM_FAIL("unknown BinaryOp ", static_cast<int>(op));
+}
+
+bool IsTranscendental(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::kExp:
+    case UnaryOp::kLog:
+    case UnaryOp::kSqrt:
+    case UnaryOp::kTanh:
+    case UnaryOp::kSigmoid:
+    case UnaryOp::kPowScalar:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// ---- Elementwise inner loops ----------------------------------------------------------
+// The unit-stride and broadcast-scalar cases get their own loops so that the compiler
+// vectorises them; anything else takes the general strided loop.
+
+template <UnaryOp kOp, typename T, typename S>
+void UnaryRun(T* dst, const T* src, int64_t n, int64_t dst_stride, int64_t src_stride, S s) {
+  if (dst_stride == 1 && src_stride == 1) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = ApplyUnary(kOp, src[i], s);
+  } else if (dst_stride == 1 && src_stride == 0) {
+    const T value = ApplyUnary(kOp, *src, s);
+    std::fill(dst, dst + n, value);
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      dst[i * dst_stride] = ApplyUnary(kOp, src[i * src_stride], s);
+    }
+  }
+}
+
+template <BinaryOp kOp, typename T>
+void BinaryRun(T* dst, const T* a, const T* b, int64_t n, const int64_t* strides) {
+  const int64_t sd = strides[0], sa = strides[1], sb = strides[2];
+  if (sd == 1 && sa == 1 && sb == 1) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = ApplyBinary(kOp, a[i], b[i]);
+  } else if (sd == 1 && sa == 1 && sb == 0) {
+    const T bv = *b;
+    for (int64_t i = 0; i < n; ++i) dst[i] = ApplyBinary(kOp, a[i], bv);
+  } else if (sd == 1 && sa == 0 && sb == 1) {
+    const T av = *a;
+    for (int64_t i = 0; i < n; ++i) dst[i] = ApplyBinary(kOp, av, b[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      dst[i * sd] = ApplyBinary(kOp, a[i * sa], b[i * sb]);
+    }
+  }
+}
+
+template <typename To, typename From>
+void ConvertRun(To* dst, const From* src, int64_t n, int64_t dst_stride, int64_t src_stride) {
+  if (dst_stride == 1 && src_stride == 1) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<To>(src[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i * dst_stride] = static_cast<To>(src[i * src_stride]);
+  }
+}
+
+template <typename T>
+void FillRun(T* dst, int64_t n, int64_t stride, T value) {
+  if (stride == 1) {
+    std::fill(dst, dst + n, value);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i * stride] = value;
+  }
+}
+
+// ---- Reductions -------------------------------------------------------------------------
+
+// Wider accumulators for sums: double for float32 (see kSumBlock), int64 for int64.
+template <typename T>
+using SumAccumulator = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
+
+// Sum of n contiguous elements, with eight independent accumulators so that the loop
+// vectorises without reassociating a single chain (which the compiler may not do).
+template <typename T>
+SumAccumulator<T> SumContiguous(const T* x, int64_t n) {
+  using Acc = SumAccumulator<T>;
+  Acc partial[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) partial[j] += static_cast<Acc>(x[i + j]);
+  }
+  Acc tail = 0;
+  for (; i < n; ++i) tail += static_cast<Acc>(x[i]);
+  return ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
+         ((partial[4] + partial[5]) + (partial[6] + partial[7])) + tail;
+}
+
+// Whether `candidate` replaces `best` in a max (kMax) or min reduction. NaN wins over any
+// number (PyTorch propagates NaN through max/min and its argmax picks the NaN); among equal
+// values the earlier one stays.
+template <bool kMax, typename T>
+inline bool Replaces(T candidate, T best) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (std::isnan(candidate)) return !std::isnan(best);
+  }
+  return kMax ? candidate > best : candidate < best;
+}
+
+template <typename T>
+void ReduceSum(int index, T* dst, const T* src, int64_t outer, int64_t reduce, int64_t inner) {
+  using Acc = SumAccumulator<T>;
+  if (inner == 1) {
+    // Rows: split over (row, block) pairs so that one long row still uses every thread.
+    const int64_t blocks = std::max<int64_t>(1, (reduce + kSumBlock - 1) / kSumBlock);
+    if (blocks == 1) {
+      ParallelFor(Cpu(index), outer, std::max<int64_t>(1, kElementwiseGrain / (reduce + 1)),
+                  [&](int64_t begin, int64_t end) {
+                    for (int64_t o = begin; o < end; ++o) {
+                      dst[o] = static_cast<T>(SumContiguous(src + o * reduce, reduce));
+                    }
+                  });
+      return;
+    }
+    std::vector<Acc> partial(outer * blocks);
+    ParallelFor(Cpu(index), outer * blocks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t o = item / blocks, block = item % blocks;
+        const int64_t start = block * kSumBlock;
+        const int64_t length = std::min(kSumBlock, reduce - start);
+        partial[item] = SumContiguous(src + o * reduce + start, length);
+      }
+    });
+    for (int64_t o = 0; o < outer; ++o) {
+      Acc total = 0;
+      for (int64_t block = 0; block < blocks; ++block) total += partial[o * blocks + block];
+      dst[o] = static_cast<T>(total);
+    }
+    return;
+  }
+  // Columns: accumulate a tile of the inner axis across the reduced axis (contiguous, so
+  // the loop over the tile vectorises).
+  constexpr int64_t kTile = 256;
+  const int64_t tiles = (inner + kTile - 1) / kTile;
+  const int64_t work_per_tile = reduce * std::min(inner, kTile);
+  ParallelFor(Cpu(index), outer * tiles,
+              std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, work_per_tile)),
+              [&](int64_t begin, int64_t end) {
+                Acc acc[kTile];
+                for (int64_t item = begin; item < end; ++item) {
+                  const int64_t o = item / tiles, j0 = (item % tiles) * kTile;
+                  const int64_t width = std::min(kTile, inner - j0);
+                  std::fill(acc, acc + width, Acc{0});
+                  const T* base = src + o * reduce * inner + j0;
+                  for (int64_t r = 0; r < reduce; ++r) {
+                    const T* row = base + r * inner;
+                    for (int64_t j = 0; j < width; ++j) acc[j] += static_cast<Acc>(row[j]);
+                  }
+                  T* out = dst + o * inner + j0;
+                  for (int64_t j = 0; j < width; ++j) out[j] = static_cast<T>(acc[j]);
+                }
+              });
+}
+
+// Max/min (kArg false: values of type T) or argmax/argmin (kArg true: int64 indices).
+template <bool kMax, bool kArg, typename T>
+void ReduceExtremum(int index, void* dst, const T* src, int64_t outer, int64_t reduce,
+                    int64_t inner) {
+  auto write = [&](int64_t at, T value, int64_t position) {
+    if constexpr (kArg) {
+      static_cast<int64_t*>(dst)[at] = position;
+    } else {
+      static_cast<T*>(dst)[at] = value;
+    }
+  };
+  if (inner == 1) {
+    ParallelFor(Cpu(index), outer, std::max<int64_t>(1, kElementwiseGrain / reduce),
+                [&](int64_t begin, int64_t end) {
+                  for (int64_t o = begin; o < end; ++o) {
+                    const T* row = src + o * reduce;
+                    T best = row[0];
+                    int64_t position = 0;
+                    for (int64_t r = 1; r < reduce; ++r) {
+                      if (Replaces<kMax>(row[r], best)) {
+                        best = row[r];
+                        position = r;
+                      }
+                    }
+                    write(o, best, position);
+                  }
+                });
+    return;
+  }
+  constexpr int64_t kTile = 256;
+  const int64_t tiles = (inner + kTile - 1) / kTile;
+  const int64_t work_per_tile = reduce * std::min(inner, kTile);
+  ParallelFor(Cpu(index), outer * tiles, std::max<int64_t>(1, kElementwiseGrain / work_per_tile),
+              [&](int64_t begin, int64_t end) {
+                T best[kTile];
+                int64_t position[kTile];
+                for (int64_t item = begin; item < end; ++item) {
+                  const int64_t o = item / tiles, j0 = (item % tiles) * kTile;
+                  const int64_t width = std::min(kTile, inner - j0);
+                  const T* base = src + o * reduce * inner + j0;
+                  for (int64_t j = 0; j < width; ++j) {
+                    best[j] = base[j];
+                    position[j] = 0;
+                  }
+                  for (int64_t r = 1; r < reduce; ++r) {
+                    const T* row = base + r * inner;
+                    for (int64_t j = 0; j < width; ++j) {
+                      if (Replaces<kMax>(row[j], best[j])) {
+                        best[j] = row[j];
+                        position[j] = r;
+                      }
+                    }
+                  }
+                  for (int64_t j = 0; j < width; ++j)
+                    write(o * inner + j0 + j, best[j], position[j]);
+                }
+              });
+}
+
+template <typename T>
+void ReduceTyped(int index, ReduceOp op, void* dst, const T* src, int64_t outer, int64_t reduce,
+                 int64_t inner) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return ReduceSum(index, static_cast<T*>(dst), src, outer, reduce, inner);
+    case ReduceOp::kMax:
+      return ReduceExtremum<true, false>(index, dst, src, outer, reduce, inner);
+    case ReduceOp::kMin:
+      return ReduceExtremum<false, false>(index, dst, src, outer, reduce, inner);
+    case ReduceOp::kArgMax:
+      return ReduceExtremum<true, true>(index, dst, src, outer, reduce, inner);
+    case ReduceOp::kArgMin:
+      return ReduceExtremum<false, true>(index, dst, src, outer, reduce, inner);
+  }
+  TANDEM_FAIL("unknown ReduceOp ", static_cast<int>(op));
+}
+
+const char* ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
+    case ReduceOp::kArgMax:
+      return "argmax";
+    case ReduceOp::kArgMin:
+      return "argmin";
+  }
+  return "?";
+}
+
+// ---- Softmax ----------------------------------------------------------------------------
+
+// Softmax of one row of `dim` elements, `stride` apart.
+void SoftmaxRow(bool log, float* dst, const float* src, int64_t dim, int64_t stride) {
+  float max_value = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < dim; ++i) {
+    const float x = src[i * stride];
+    if (Replaces<true>(x, max_value)) max_value = x;
+  }
+  double sum = 0.0;
+  if (log) {
+    for (int64_t i = 0; i < dim; ++i) sum += std::exp(src[i * stride] - max_value);
+    const float log_sum = static_cast<float>(std::log(sum));
+    for (int64_t i = 0; i < dim; ++i) dst[i * stride] = (src[i * stride] - max_value) - log_sum;
+  } else {
+    for (int64_t i = 0; i < dim; ++i) {
+      const float e = std::exp(src[i * stride] - max_value);
+      dst[i * stride] = e;
+      sum += e;
+    }
+    const float scale = static_cast<float>(1.0 / sum);
+    for (int64_t i = 0; i < dim; ++i) dst[i * stride] *= scale;
+  }
+}
+
+// ---- GEMM -------------------------------------------------------------------------------
+
+// OpenBLAS rejects (with a message on stderr, computing nothing) a leading dimension below
+// the row length even where it does not matter, e.g. for a single row or an empty matrix.
+int64_t LeadingDimension(int64_t rows, int64_t cols, int64_t ld, const char* name) {
+  if (rows <= 1) return std::max<int64_t>(ld, std::max<int64_t>(cols, 1));
+  TANDEM_CHECK(ld >= std::max<int64_t>(cols, 1), "CPU Gemm: the row stride ", name, " = ", ld,
+               " is smaller than the row length ", cols,
+               "; BLAS needs rows that do not overlap: make the matrix contiguous first");
+  return ld;
+}
+
+void BlasGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+              int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0 || alpha == 0.0f) {
+    // C = beta * C; BLAS semantics: beta == 0 overwrites (even NaN).
+    for (int64_t i = 0; i < m; ++i) {
+      float* row = c + i * ldc;
+      if (beta == 0.0f) {
+        std::fill(row, row + n, 0.0f);
+      } else if (beta != 1.0f) {
+        for (int64_t j = 0; j < n; ++j) row[j] *= beta;
+      }
+    }
+    return;
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+              c, static_cast<int>(ldc));
+}
+
+// ---- Random numbers --------------------------------------------------------------------
+
+// Writes f(block, lane) for counters [offset + begin, offset + end), generating each Philox
+// block once for its `kPerBlock` lanes. Element i depends only on offset + i.
+template <int kPerBlock, typename F>
+void PhiloxFill(float* dst, int64_t begin, int64_t end, uint64_t seed, uint64_t offset, F&& f) {
+  int64_t i = begin;
+  while (i < end) {
+    const uint64_t counter = offset + static_cast<uint64_t>(i);
+    const int lane = static_cast<int>(counter % kPerBlock);
+    const philox::Block block = philox::Generate(seed, counter / kPerBlock);
+    for (int l = lane; l < kPerBlock && i < end; ++l, ++i) dst[i] = f(block, l);
+  }
+}
+
+// ---- The backend -------------------------------------------------------------------------
+
+class CpuBackend final : public Backend {
+ public:
+  static Backend& Instance() {
+    // Leaked on purpose: device workers may still run kernels while statics are destroyed.
+    static CpuBackend* backend = new CpuBackend;
+    return *backend;
+  }
+
+  DeviceType type() const override { return DeviceType::kCPU; }
+  int DeviceCount() const override { return CpuDeviceCount(); }
+
+  Allocator& GetAllocator(int index) override {
+    CheckIndex(index);
+    std::lock_guard<std::mutex> lock(allocators_mutex_);
+    std::unique_ptr<CpuAllocator>& allocator = allocators_[index];
+    if (allocator == nullptr) allocator = std::make_unique<CpuAllocator>(Cpu(index));
+    return *allocator;
+  }
+
+  void Synchronize(int index) override { CheckIndex(index); }  // kernels are synchronous
+
+  void CopyToHost(int index, void* dst, const void* src, size_t bytes) override {
+    CopyBytes(index, dst, src, bytes);
+  }
+  void CopyFromHost(int index, void* dst, const void* src, size_t bytes) override {
+    CopyBytes(index, dst, src, bytes);
+  }
+  void CopyBetweenDevices(int dst_index, void* dst, int src_index, const void* src,
+                          size_t bytes) override {
+    CheckIndex(src_index);
+    CopyBytes(dst_index, dst, src, bytes);
+  }
+
+  void Copy(int index, const KernelTensor& dst, const KernelTensor& src) override;
+  void Fill(int index, const KernelTensor& dst, double value) override;
+  void Unary(int index, UnaryOp op, const KernelTensor& dst, const KernelTensor& src,
+             double scalar) override;
+  void Binary(int index, BinaryOp op, const KernelTensor& dst, const KernelTensor& a,
+              const KernelTensor& b) override;
+  void Reduce(int index, ReduceOp op, const KernelTensor& dst, const KernelTensor& src,
+              int64_t outer, int64_t reduce, int64_t inner) override;
+  void Softmax(int index, bool log, float* dst, const float* src, int64_t outer, int64_t dim,
+               int64_t inner) override;
+  void Gemm(int index, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+            const float* a, int64_t lda, int64_t stride_a, const float* b, int64_t ldb,
+            int64_t stride_b, float beta, float* c, int64_t ldc, int64_t stride_c,
+            int64_t batch) override;
+  void Im2Col(int index, const Conv2dGeometry& g, const float* image, float* columns) override;
+  void Col2Im(int index, const Conv2dGeometry& g, const float* columns, float* image) override;
+  void MaxPool2d(int index, const Conv2dGeometry& g, const float* input, float* output,
+                 int64_t* argmax) override;
+  void MaxPool2dBackward(int index, const Conv2dGeometry& g, const float* grad_output,
+                         const int64_t* argmax, float* grad_input) override;
+  void GatherColumns(int index, float* dst, const float* src, const int64_t* idx, int64_t rows,
+                     int64_t cols) override;
+  void ScatterAddColumns(int index, float* dst, const float* src, const int64_t* idx, int64_t rows,
+                         int64_t cols) override;
+  void RandomUniform(int index, float* dst, int64_t n, uint64_t seed, uint64_t offset, float low,
+                     float high) override;
+  void RandomNormal(int index, float* dst, int64_t n, uint64_t seed, uint64_t offset, float mean,
+                    float stddev) override;
+
+ private:
+  CpuBackend() {
+    // Parallelism comes from our pools (see the top of this file).
+    openblas_set_num_threads(1);
+  }
+
+  static void CheckIndex(int index) {
+    TANDEM_CHECK(index >= 0, "CPU backend: device index must be >= 0 but got ", index);
+  }
+
+  static void CopyBytes(int index, void* dst, const void* src, size_t bytes) {
+    CheckIndex(index);
+    if (bytes == 0) return;
+    char* out = static_cast<char*>(dst);
+    const char* in = static_cast<const char*>(src);
+    ParallelFor(
+        Cpu(index), static_cast<int64_t>(bytes), kBytesPerCopyChunk,
+        [&](int64_t begin, int64_t end) { std::memcpy(out + begin, in + begin, end - begin); });
+  }
+
+  std::mutex allocators_mutex_;
+  std::map<int, std::unique_ptr<CpuAllocator>> allocators_;
+};
+
+void CpuBackend::Copy(int index, const KernelTensor& dst, const KernelTensor& src) {
+  CheckIndex(index);
+  CheckLayout(dst, "Copy");
+  CheckLayout(src, "Copy");
+  CheckSameShape(dst, src, "Copy", "a source");
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  const KernelTensor* operands[2] = {&dst, &src};
+  const Layout<2> layout = MakeLayout(operands);
+  if (dst.dtype == src.dtype && dst.data == src.data) {
+    bool same_strides = true;
+    for (int d = 0; d < layout.ndim; ++d)
+      same_strides &= layout.strides[0][d] == layout.strides[1][d];
+    if (same_strides) return;  // copying a view onto itself
+  }
+  if (dst.dtype == src.dtype && layout.IsContiguous()) {
+    const size_t element = ElementSize(dst.dtype);
+    CopyBytes(index, dst.data, src.data, static_cast<size_t>(n) * element);
+    return;
+  }
+  auto run = [&](auto* out, const auto* in) {
+    ParallelFor(Cpu(index), n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+      ForEachRun(layout, begin, end, [&](const int64_t* offsets, int64_t count, const int64_t* s) {
+        ConvertRun(out + offsets[0], in + offsets[1], count, s[0], s[1]);
+      });
+    });
+  };
+  if (dst.dtype == kFloat32) {
+    if (src.dtype == kFloat32) return run(dst.ptr<float>(), src.ptr<const float>());
+    return run(dst.ptr<float>(), src.ptr<const int64_t>());
+  }
+  if (src.dtype == kFloat32) return run(dst.ptr<int64_t>(), src.ptr<const float>());
+  run(dst.ptr<int64_t>(), src.ptr<const int64_t>());
+}
+
+void CpuBackend::Fill(int index, const KernelTensor& dst, double value) {
+  CheckIndex(index);
+  CheckLayout(dst, "Fill");
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  const KernelTensor* operands[1] = {&dst};
+  const Layout<1> layout = MakeLayout(operands);
+  auto run = [&](auto* out, auto typed_value) {
+    ParallelFor(Cpu(index), n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+      ForEachRun(layout, begin, end, [&](const int64_t* offsets, int64_t count, const int64_t* s) {
+        FillRun(out + offsets[0], count, s[0], typed_value);
+      });
+    });
+  };
+  if (dst.dtype == kFloat32) return run(dst.ptr<float>(), static_cast<float>(value));
+  run(dst.ptr<int64_t>(), static_cast<int64_t>(value));
+}
+
+void CpuBackend::Unary(int index, UnaryOp op, const KernelTensor& dst, const KernelTensor& src,
+                       double scalar) {
+  CheckIndex(index);
+  CheckLayout(dst, "Unary");
+  CheckLayout(src, "Unary");
+  CheckSameShape(dst, src, "Unary", "an input");
+  TANDEM_CHECK(dst.dtype == src.dtype, "CPU Unary expects the output's dtype (", dst.dtype,
+               ") to match the input's (", src.dtype, "); convert with Copy first");
+  TANDEM_CHECK(src.dtype == kFloat32 || UnarySupportsInt64(op), "CPU Unary: op ",
+               static_cast<int>(op), " is defined for float32 only but got ", src.dtype,
+               "; convert the tensor to float32 first");
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  const KernelTensor* operands[2] = {&dst, &src};
+  const Layout<2> layout = MakeLayout(operands);
+  const int64_t grain = IsTranscendental(op) ? kTranscendentalGrain : kElementwiseGrain;
+  auto run = [&](auto* out, const auto* in, auto typed_scalar) {
+    DispatchUnary(op, [&](auto op_constant) {
+      constexpr UnaryOp kOp = decltype(op_constant)::value;
+      ParallelFor(Cpu(index), n, grain, [&](int64_t begin, int64_t end) {
+        if (layout.IsContiguous()) {
+          UnaryRun<kOp>(out + begin, in + begin, end - begin, 1, 1, typed_scalar);
+          return;
+        }
+        ForEachRun(
+            layout, begin, end, [&](const int64_t* offsets, int64_t count, const int64_t* s) {
+              UnaryRun<kOp>(out + offsets[0], in + offsets[1], count, s[0], s[1], typed_scalar);
+            });
+      });
+    });
+  };
+  if (src.dtype == kFloat32) {
+    return run(dst.ptr<float>(), src.ptr<const float>(), static_cast<float>(scalar));
+  }
+  run(dst.ptr<int64_t>(), src.ptr<const int64_t>(), scalar);
+}
+
+void CpuBackend::Binary(int index, BinaryOp op, const KernelTensor& dst, const KernelTensor& a,
+                        const KernelTensor& b) {
+  CheckIndex(index);
+  CheckLayout(dst, "Binary");
+  CheckLayout(a, "Binary");
+  CheckLayout(b, "Binary");
+  CheckSameShape(dst, a, "Binary", "a first input (already broadcast)");
+  CheckSameShape(dst, b, "Binary", "a second input (already broadcast)");
+  TANDEM_CHECK(a.dtype == b.dtype && dst.dtype == a.dtype,
+               "CPU Binary expects inputs and output of one dtype but got ", a.dtype, " and ",
+               b.dtype, " into ", dst.dtype, "; convert them to a common dtype first");
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  const KernelTensor* operands[3] = {&dst, &a, &b};
+  const Layout<3> layout = MakeLayout(operands);
+  auto run = [&](auto* out, const auto* x, const auto* y) {
+    DispatchBinary(op, [&](auto op_constant) {
+      constexpr BinaryOp kOp = decltype(op_constant)::value;
+      ParallelFor(Cpu(index), n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+        if (layout.IsContiguous()) {
+          const int64_t unit[3] = {1, 1, 1};
+          BinaryRun<kOp>(out + begin, x + begin, y + begin, end - begin, unit);
+          return;
+        }
+        ForEachRun(layout, begin, end,
+                   [&](const int64_t* offsets, int64_t count, const int64_t* s) {
+                     BinaryRun<kOp>(out + offsets[0], x + offsets[1], y + offsets[2], count, s);
+                   });
+      });
+    });
+  };
+  if (dst.dtype == kFloat32) {
+    return run(dst.ptr<float>(), a.ptr<const float>(), b.ptr<const float>());
+  }
+  run(dst.ptr<int64_t>(), a.ptr<const int64_t>(), b.ptr<const int64_t>());
+}
+
+void CpuBackend::Reduce(int index, ReduceOp op, const KernelTensor& dst, const KernelTensor& src,
+                        int64_t outer, int64_t reduce, int64_t inner) {
+  CheckIndex(index);
+  TANDEM_CHECK(outer >= 0 && reduce >= 0 && inner >= 0,
+               "CPU Reduce expects non-negative "
+               "[outer, reduce, inner] but got [",
+               outer, ", ", reduce, ", ", inner, "]");
+  TANDEM_CHECK(src.numel() == outer * reduce * inner, "CPU Reduce: the input has ", src.numel(),
+               " elements but [outer, reduce, inner] = [", outer, ", ", reduce, ", ", inner,
+               "] describes ", outer * reduce * inner);
+  TANDEM_CHECK(dst.numel() == outer * inner, "CPU Reduce: the output has ", dst.numel(),
+               " elements but [outer, inner] = [", outer, ", ", inner, "] needs ", outer * inner);
+  TANDEM_CHECK(src.is_contiguous() && dst.is_contiguous(),
+               "CPU Reduce expects contiguous tensors; call contiguous() first");
+  const bool arg = op == ReduceOp::kArgMax || op == ReduceOp::kArgMin;
+  TANDEM_CHECK(dst.dtype == (arg ? kInt64 : src.dtype), "CPU Reduce ", ReduceOpName(op), " writes ",
+               (arg ? kInt64 : src.dtype), " but the output is ", dst.dtype);
+  if (outer * inner == 0) return;
+  TANDEM_CHECK(reduce > 0 || op == ReduceOp::kSum, "CPU Reduce: ", ReduceOpName(op),
+               " of an empty dimension is undefined (the dimension being reduced has size 0); "
+               "reduce a non-empty dimension");
+  if (reduce == 0) {  // empty sum
+    return Fill(index, dst, 0.0);
+  }
+  if (src.dtype == kFloat32) {
+    return ReduceTyped(index, op, dst.data, src.ptr<const float>(), outer, reduce, inner);
+  }
+  ReduceTyped(index, op, dst.data, src.ptr<const int64_t>(), outer, reduce, inner);
+}
+
+void CpuBackend::Softmax(int index, bool log, float* dst, const float* src, int64_t outer,
+                         int64_t dim, int64_t inner) {
+  CheckIndex(index);
+  TANDEM_CHECK(outer >= 0 && dim >= 0 && inner >= 0,
+               "CPU Softmax expects non-negative "
+               "[outer, dim, inner] but got [",
+               outer, ", ", dim, ", ", inner, "]");
+  if (outer * dim * inner == 0) return;
+  // One row per (outer, inner) pair; rows along `dim` are `inner` apart.
+  const int64_t rows = outer * inner;
+  ParallelFor(Cpu(index), rows, std::max<int64_t>(1, kTranscendentalGrain / dim),
+              [&](int64_t begin, int64_t end) {
+                for (int64_t row = begin; row < end; ++row) {
+                  const int64_t o = row / inner, j = row % inner;
+                  const int64_t start = o * dim * inner + j;
+                  SoftmaxRow(log, dst + start, src + start, dim, inner);
+                }
+              });
+}
+
+void CpuBackend::Gemm(int index, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                      float alpha, const float* a, int64_t lda, int64_t stride_a, const float* b,
+                      int64_t ldb, int64_t stride_b, float beta, float* c, int64_t ldc,
+                      int64_t stride_c, int64_t batch) {
+  CheckIndex(index);
+  TANDEM_CHECK(m >= 0 && n >= 0 && k >= 0 && batch >= 0,
+               "CPU Gemm expects non-negative sizes "
+               "but got m=",
+               m, " n=", n, " k=", k, " batch=", batch);
+  if (m == 0 || n == 0 || batch == 0) return;
+  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+  TANDEM_CHECK(m <= kIntMax && n <= kIntMax && k <= kIntMax, "CPU Gemm: m=", m, " n=", n, " k=", k,
+               " exceed BLAS's 32-bit sizes; split the product");
+  TANDEM_CHECK(batch == 1 || stride_c != 0, "CPU Gemm: a batch of ", batch,
+               " products cannot write one C (stride_c = 0); give each product its own C");
+  // op(A) is m x k: A is stored m x k, or k x m when transposed; likewise B.
+  lda = LeadingDimension(trans_a ? k : m, trans_a ? m : k, lda, "lda");
+  ldb = LeadingDimension(trans_b ? n : k, trans_b ? k : n, ldb, "ldb");
+  ldc = LeadingDimension(m, n, ldc, "ldc");
+
+  const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) *
+                       static_cast<double>(std::max<int64_t>(k, 1));
+  if (batch > 1) {
+    // Batched: each thread takes whole products.
+    const int64_t grain = std::max<int64_t>(1, static_cast<int64_t>(kGemmFlopsPerChunk / flops));
+    ParallelFor(Cpu(index), batch, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        BlasGemm(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb,
+                 beta, c + i * stride_c, ldc);
+      }
+    });
+    return;
+  }
+  // One product: split the longer of C's dimensions into blocks, one BLAS call per block.
+  // Blocks stay at least 16 rows or columns (OpenBLAS's register blocking) wide.
+  constexpr int64_t kMinBlock = 16;
+  if (m >= n) {
+    const int64_t grain =
+        std::max<int64_t>(kMinBlock, static_cast<int64_t>(kGemmFlopsPerChunk * m / flops));
+    ParallelFor(Cpu(index), m, grain, [&](int64_t begin, int64_t end) {
+      // Rows [begin, end) of op(A): rows of A, or columns of A when transposed.
+      const float* a_block = trans_a ? a + begin : a + begin * lda;
+      BlasGemm(trans_a, trans_b, end - begin, n, k, alpha, a_block, lda, b, ldb, beta,
+               c + begin * ldc, ldc);
+    });
+  } else {
+    const int64_t grain =
+        std::max<int64_t>(kMinBlock, static_cast<int64_t>(kGemmFlopsPerChunk * n / flops));
+    ParallelFor(Cpu(index), n, grain, [&](int64_t begin, int64_t end) {
+      // Columns [begin, end) of op(B): columns of B, or rows of B when transposed.
+      const float* b_block = trans_b ? b + begin * ldb : b + begin;
+      BlasGemm(trans_a, trans_b, m, end - begin, k, alpha, a, lda, b_block, ldb, beta, c + begin,
+               ldc);
+    });
+  }
+}
+
+void CheckGeometry(const Conv2dGeometry& g, const char* kernel) {
+  TANDEM_CHECK(g.batch >= 0 && g.channels >= 0 && g.height >= 0 && g.width >= 0, "CPU ", kernel,
+               " expects non-negative image sizes but got batch=", g.batch,
+               " channels=", g.channels, " height=", g.height, " width=", g.width);
+  TANDEM_CHECK(g.kernel_h > 0 && g.kernel_w > 0 && g.stride_h > 0 && g.stride_w > 0 &&
+                   g.pad_h >= 0 && g.pad_w >= 0,
+               "CPU ", kernel,
+               " expects a positive kernel and stride and non-negative padding "
+               "but got kernel ",
+               g.kernel_h, "x", g.kernel_w, ", stride ", g.stride_h, "x", g.stride_w, ", padding ",
+               g.pad_h, "x", g.pad_w);
+  TANDEM_CHECK(g.height + 2 * g.pad_h >= g.kernel_h && g.width + 2 * g.pad_w >= g.kernel_w, "CPU ",
+               kernel, ": the ", g.kernel_h, "x", g.kernel_w, " window is larger than the padded ",
+               g.height + 2 * g.pad_h, "x", g.width + 2 * g.pad_w,
+               " image; use a smaller kernel or more padding");
+}
+
+void CpuBackend::Im2Col(int index, const Conv2dGeometry& g, const float* image, float* columns) {
+  CheckIndex(index);
+  CheckGeometry(g, "Im2Col");
+  const int64_t out_h = g.out_h(), out_w = g.out_w();
+  const int64_t plane = g.height * g.width, out_plane = out_h * out_w;
+  const int64_t window = g.kernel_h * g.kernel_w;
+  // One column row per (image, channel, kernel_row, kernel_col).
+  const int64_t rows = g.batch * g.channels * window;
+  if (rows == 0 || out_plane == 0) return;
+  ParallelFor(Cpu(index), rows, std::max<int64_t>(1, kElementwiseGrain / out_plane),
+              [&](int64_t begin, int64_t end) {
+                for (int64_t row = begin; row < end; ++row) {
+                  const int64_t kx = row % g.kernel_w;
+                  const int64_t ky = (row / g.kernel_w) % g.kernel_h;
+                  const int64_t image_channel = row / window;  // b * channels + c
+                  const float* in = image + image_channel * plane;
+                  float* out = columns + row * out_plane;
+                  for (int64_t oy = 0; oy < out_h; ++oy) {
+                    const int64_t y = oy * g.stride_h - g.pad_h + ky;
+                    float* out_row = out + oy * out_w;
+                    if (y < 0 || y >= g.height) {
+                      std::fill(out_row, out_row + out_w, 0.0f);
+                      continue;
+                    }
+                    const float* in_row = in + y * g.width;
+                    for (int64_t ox = 0; ox < out_w; ++ox) {
+                      const int64_t x = ox * g.stride_w - g.pad_w + kx;
+                      out_row[ox] = (x >= 0 && x < g.width) ? in_row[x] : 0.0f;
+                    }
+                  }
+                }
+              });
+}
+
+void CpuBackend::Col2Im(int index, const Conv2dGeometry& g, const float* columns, float* image) {
+  CheckIndex(index);
+  CheckGeometry(g, "Col2Im");
+  const int64_t out_h = g.out_h(), out_w = g.out_w();
+  const int64_t plane = g.height * g.width, out_plane = out_h * out_w;
+  const int64_t window = g.kernel_h * g.kernel_w;
+  const int64_t planes = g.batch * g.channels;
+  if (planes == 0 || plane == 0) return;
+  // One image plane per task: the column rows that sum into it belong to it alone.
+  ParallelFor(Cpu(index), planes,
+              std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, window * out_plane)),
+              [&](int64_t begin, int64_t end) {
+                for (int64_t p = begin; p < end; ++p) {
+                  float* out = image + p * plane;
+                  std::fill(out, out + plane, 0.0f);
+                  for (int64_t w = 0; w < window; ++w) {
+                    const int64_t ky = w / g.kernel_w, kx = w % g.kernel_w;
+                    const float* in = columns + (p * window + w) * out_plane;
+                    for (int64_t oy = 0; oy < out_h; ++oy) {
+                      const int64_t y = oy * g.stride_h - g.pad_h + ky;
+                      if (y < 0 || y >= g.height) continue;
+                      float* out_row = out + y * g.width;
+                      const float* in_row = in + oy * out_w;
+                      for (int64_t ox = 0; ox < out_w; ++ox) {
+                        const int64_t x = ox * g.stride_w - g.pad_w + kx;
+                        if (x >= 0 && x < g.width) out_row[x] += in_row[ox];
+                      }
+                    }
+                  }
+                }
+              });
+}
+
+void CpuBackend::MaxPool2d(int index, const Conv2dGeometry& g, const float* input, float* output,
+                           int64_t* argmax) {
+  CheckIndex(index);
+  CheckGeometry(g, "MaxPool2d");
+  TANDEM_CHECK(g.pad_h * 2 <= g.kernel_h && g.pad_w * 2 <= g.kernel_w, "CPU MaxPool2d: padding ",
+               g.pad_h, "x", g.pad_w, " must be at most half the kernel ", g.kernel_h, "x",
+               g.kernel_w, " (as in PyTorch), so that every window covers part of the image");
+  const int64_t out_h = g.out_h(), out_w = g.out_w();
+  const int64_t plane = g.height * g.width, out_plane = out_h * out_w;
+  const int64_t planes = g.batch * g.channels;
+  if (planes == 0 || out_plane == 0) return;
+  TANDEM_CHECK(plane > 0, "CPU MaxPool2d: cannot pool ", g.height, "x", g.width,
+               " images: every window would lie in the padding; give images at least one pixel");
+  ParallelFor(Cpu(index), planes,
+              std::max<int64_t>(
+                  1, kElementwiseGrain / std::max<int64_t>(1, out_plane * g.kernel_h * g.kernel_w)),
+              [&](int64_t begin, int64_t end) {
+                for (int64_t p = begin; p < end; ++p) {
+                  const float* in = input + p * plane;
+                  for (int64_t oy = 0; oy < out_h; ++oy) {
+                    const int64_t y0 = std::max<int64_t>(oy * g.stride_h - g.pad_h, 0);
+                    const int64_t y1 = std::min(oy * g.stride_h - g.pad_h + g.kernel_h, g.height);
+                    for (int64_t ox = 0; ox < out_w; ++ox) {
+                      const int64_t x0 = std::max<int64_t>(ox * g.stride_w - g.pad_w, 0);
+                      const int64_t x1 = std::min(ox * g.stride_w - g.pad_w + g.kernel_w, g.width);
+                      // Padding is -inf, so the maximum is over the window's part inside the image,
+                      // which is never empty (pad <= kernel / 2).
+                      int64_t best_at = y0 * g.width + x0;
+                      float best = in[best_at];
+                      for (int64_t y = y0; y < y1; ++y) {
+                        for (int64_t x = x0; x < x1; ++x) {
+                          const int64_t at = y * g.width + x;
+                          if (Replaces<true>(in[at], best)) {
+                            best = in[at];
+                            best_at = at;
+                          }
+                        }
+                      }
+                      const int64_t o = p * out_plane + oy * out_w + ox;
+                      output[o] = best;
+                      argmax[o] = best_at;
+                    }
+                  }
+                }
+              });
+}
+
+void CpuBackend::MaxPool2dBackward(int index, const Conv2dGeometry& g, const float* grad_output,
+                                   const int64_t* argmax, float* grad_input) {
+  CheckIndex(index);
+  CheckGeometry(g, "MaxPool2dBackward");
+  const int64_t plane = g.height * g.width, out_plane = g.out_h() * g.out_w();
+  const int64_t planes = g.batch * g.channels;
+  if (planes == 0 || plane == 0) return;
+  // One plane per task: an output's argmax lies in its own plane, so tasks never collide.
+  ParallelFor(Cpu(index), planes,
+              std::max<int64_t>(1, kElementwiseGrain / std::max(plane, out_plane)),
+              [&](int64_t begin, int64_t end) {
+                for (int64_t p = begin; p < end; ++p) {
+                  float* out = grad_input + p * plane;
+                  std::fill(out, out + plane, 0.0f);
+                  const float* grad = grad_output + p * out_plane;
+                  const int64_t* at = argmax + p * out_plane;
+                  for (int64_t o = 0; o < out_plane; ++o) out[at[o]] += grad[o];
+                }
+              });
+}
+
+void CpuBackend::GatherColumns(int index, float* dst, const float* src, const int64_t* idx,
+                               int64_t rows, int64_t cols) {
+  CheckIndex(index);
+  if (rows <= 0) return;
+  ParallelFor(Cpu(index), rows, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) dst[r] = src[r * cols + idx[r]];
+  });
+}
+
+void CpuBackend::ScatterAddColumns(int index, float* dst, const float* src, const int64_t* idx,
+                                   int64_t rows, int64_t cols) {
+  CheckIndex(index);
+  if (rows <= 0) return;
+  // Row r touches only row r of dst: no two tasks write the same element.
+  ParallelFor(Cpu(index), rows, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) dst[r * cols + idx[r]] += src[r];
+  });
+}
+
+void CpuBackend::RandomUniform(int index, float* dst, int64_t n, uint64_t seed, uint64_t offset,
+                               float low, float high) {
+  CheckIndex(index);
+  if (n <= 0) return;
+  const float range = high - low;
+  // low + range * u can round up to `high` itself; the largest float below it keeps the
+  // interval half-open.
+  const float below_high = std::nextafter(high, low);
+  ParallelFor(Cpu(index), n, kTranscendentalGrain, [&](int64_t begin, int64_t end) {
+    PhiloxFill<4>(dst, begin, end, seed ^ philox::kUniformStream, offset,
+                  [&](const philox::Block& block, int lane) {
+                    const float value = low + range * philox::ToUnit(block.x[lane]);
+                    return value >= high && high > low ? below_high : value;
+                  });
+  });
+}
+
+void CpuBackend::RandomNormal(int index, float* dst, int64_t n, uint64_t seed, uint64_t offset,
+                              float mean, float stddev) {
+  CheckIndex(index);
+  if (n <= 0) return;
+  ParallelFor(Cpu(index), n, kTranscendentalGrain, [&](int64_t begin, int64_t end) {
+    // Same arithmetic as philox::Normal, with each block generated once for both lanes.
+    PhiloxFill<2>(dst, begin, end, seed ^ philox::kNormalStream, offset,
+                  [&](const philox::Block& block, int lane) {
+                    const float u1 = ((block.x[2 * lane] >> 8) + 1) * (1.0f / 16777216.0f);
+                    const float u2 = philox::ToUnit(block.x[2 * lane + 1]);
+                    const float radius = sqrtf(-2.0f * logf(u1));
+                    return mean + stddev * (radius * cosf(6.2831853071795864769f * u2));
+                  });
+  });
+}
+
+BackendRegistration registration(DeviceType::kCPU, &CpuBackend::Instance);
+
+}  // namespace
+}  // namespace tandem
