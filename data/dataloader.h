@@ -97,10 +97,14 @@ class DataLoader {
   // Visits the dataset in the sampler's order; options.shuffle_ must then be false.
   DataLoader(std::shared_ptr<const Dataset> dataset, std::unique_ptr<Sampler> sampler,
              DataLoaderOptions options = {});
-  // Takes a dataset by value: DataLoader(TensorDataset({x, y}), options).
+  // Take a dataset by value: DataLoader(TensorDataset({x, y}), options).
   template <typename D, typename = std::enable_if_t<std::is_base_of_v<Dataset, std::decay_t<D>>>>
   explicit DataLoader(D&& dataset, DataLoaderOptions options = {})
       : DataLoader(std::make_shared<std::decay_t<D>>(std::forward<D>(dataset)),
+                   std::move(options)) {}
+  template <typename D, typename = std::enable_if_t<std::is_base_of_v<Dataset, std::decay_t<D>>>>
+  DataLoader(D&& dataset, std::unique_ptr<Sampler> sampler, DataLoaderOptions options = {})
+      : DataLoader(std::make_shared<std::decay_t<D>>(std::forward<D>(dataset)), std::move(sampler),
                    std::move(options)) {}
 
   // Stops the current epoch and joins its workers.

@@ -3,7 +3,7 @@
 // (detached from autograd, made contiguous) and rows are views of them.
 //
 //   tandem::Tensor x = tandem::randn({100, 3});
-//   tandem::Tensor y = tandem::arange(100, tandem::kInt64);
+//   tandem::Tensor y = tandem::arange(100);   // int64
 //   tandem::data::TensorDataset dataset({x, y});
 //   tandem::data::Example e = dataset.get(4);   // {x[4] float32 [3], y[4] int64 []}
 #ifndef TANDEM_DATA_TENSOR_DATASET_H_

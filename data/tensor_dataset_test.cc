@@ -12,7 +12,7 @@ namespace data {
 namespace {
 
 TEST(TensorDatasetTest, RowsOfEachTensor) {
-  const Tensor x = arange(12).reshape({4, 3});
+  const Tensor x = arange(12, kFloat32).reshape({4, 3});
   const Tensor y = arange(4, kInt64);
   const TensorDataset dataset({x, y});
   EXPECT_EQ(dataset.size(), 4);
@@ -25,7 +25,7 @@ TEST(TensorDatasetTest, RowsOfEachTensor) {
 }
 
 TEST(TensorDatasetTest, GetBatchGathersRows) {
-  const Tensor x = arange(12).reshape({4, 3});
+  const Tensor x = arange(12, kFloat32).reshape({4, 3});
   const Tensor y = arange(4, kInt64);
   const TensorDataset dataset({x, y});
   const Batch batch = dataset.get_batch({3, 0, 3});
@@ -38,7 +38,7 @@ TEST(TensorDatasetTest, GetBatchGathersRows) {
 }
 
 TEST(TensorDatasetTest, NonContiguousInputAndDetachedRows) {
-  const Tensor x = arange(6).reshape({2, 3}).t();  // [3, 2]: rows {0, 3}, {1, 4}, {2, 5}
+  const Tensor x = arange(6, kFloat32).reshape({2, 3}).t();  // [3, 2]: rows {0, 3}, {1, 4}, {2, 5}
   const Tensor w = ones({3, 2}, TensorOptions().requires_grad(true));
   const TensorDataset dataset({x, w});
   EXPECT_EQ(dataset.get_batch({1, 2}).data().to_vector<float>(), (std::vector<float>{1, 4, 2, 5}));
