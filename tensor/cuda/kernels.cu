@@ -342,9 +342,9 @@ void RunMap2(const LaunchContext& context, const KernelTensor& dst, const Kernel
 
 // ---- Reductions -------------------------------------------------------------------------
 // The input is [outer, reduce, inner]. Each output element is reduced by one warp when
-// inner == 1 (a row is contiguous: the 32 lanes read 32 neighbours, then combine with
-// shuffles) and by one thread otherwise (neighbouring threads take neighbouring columns,
-// so their reads coalesce). When there are too few outputs to fill the GPU — a full sum,
+// inner == 1 and rows are long (a row is contiguous: the 32 lanes read 32 neighbours, then
+// combine with shuffles) and by one thread otherwise (neighbouring threads take neighbouring
+// columns, so their reads coalesce). When there are too few outputs to fill the GPU — a full sum,
 // or a sum over the batch of a small tensor — the reduced axis is cut into `splits`
 // chunks: a first pass writes [outer, splits, inner] partial results to a workspace and a
 // second pass reduces those. Float32 sums accumulate in double like the CPU's, so both
@@ -477,6 +477,11 @@ __global__ void ReduceColumnsKernel(ReduceOp op, const In* src, const int64_t* s
   }
 }
 
+// A warp per output for contiguous rows long enough to keep its lanes busy; a thread per
+// output otherwise (short rows: a warp then reads 32 neighbouring rows, which coalesces
+// through L1 as well).
+bool UseWarpPerOutput(int64_t reduce, int64_t inner) { return inner == 1 && reduce >= kWarpSize; }
+
 // One pass: reduces each `chunk` of the reduced axis (`splits` of them), writing [outer,
 // splits, inner] values and/or indices. With src_index, the index of element r is
 // src_index[...] (the second pass of a split reduction), else r itself.
@@ -484,7 +489,7 @@ template <typename In, typename Acc, typename Out>
 void ReducePass(const LaunchContext& context, ReduceOp op, const In* src, const int64_t* src_index,
                 int64_t outer, int64_t reduce, int64_t inner, int64_t splits, int64_t chunk,
                 Out* dst_value, int64_t* dst_index) {
-  if (inner == 1) {
+  if (UseWarpPerOutput(reduce, inner)) {
     const int64_t threads = outer * splits * kWarpSize;
     ReduceRowsKernel<In, Acc, Out><<<GridFor(context, threads), kThreads, 0, context.stream>>>(
         op, src, src_index, outer, reduce, splits, chunk, dst_value, dst_index);
@@ -500,7 +505,7 @@ void ReducePass(const LaunchContext& context, ReduceOp op, const In* src, const 
 // busy, with chunks of at least kMinChunk elements so the second pass stays small.
 int64_t ChooseSplits(const LaunchContext& context, int64_t outputs, int64_t reduce, int64_t inner) {
   constexpr int64_t kMinChunk = 1024;
-  const int64_t busy_threads = outputs * (inner == 1 ? kWarpSize : 1);
+  const int64_t busy_threads = outputs * (UseWarpPerOutput(reduce, inner) ? kWarpSize : 1);
   const int64_t gpu_threads = static_cast<int64_t>(context.num_sms) * kThreadsPerSm;
   if (busy_threads >= gpu_threads || reduce < 2 * kMinChunk) return 1;
   const int64_t wanted = (gpu_threads + busy_threads - 1) / busy_threads;
