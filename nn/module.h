@@ -312,6 +312,8 @@ std::vector<Tensor> DispatchForward(M& module, const std::vector<Tensor>& inputs
 // registrations, runs reset() on it — which re-binds every handle and submodule pointer
 // to fresh objects — and copies the values over, after checking that reset() registered
 // exactly what the original has (a parameter registered outside reset() is reported).
+// Tensors a module keeps without registering them are invisible to all of this: they are
+// not moved, cloned, trained or saved, so register every tensor that forward() reads.
 //
 // It also implements forward_tensors() by calling Derived's public forward with as many
 // tensor arguments as it was given (up to 8), so a module only writes its typed forward.
@@ -324,6 +326,9 @@ class Cloneable : public Module {
   virtual void reset() = 0;
 
   std::shared_ptr<Module> clone(std::optional<Device> device = std::nullopt) const override {
+    static_assert(std::is_copy_constructible_v<Derived>,
+                  "clone() copies Derived's configuration with its copy constructor: make it "
+                  "copyable (hold non-copyable members through std::shared_ptr)");
     NoGradGuard no_grad;
     auto copy = std::make_shared<Derived>(static_cast<const Derived&>(*this));
     copy->ClearRegistrations();
