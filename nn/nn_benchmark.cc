@@ -1,5 +1,6 @@
 // Layer throughput: forward and forward+backward of Linear and Conv2d at training-sized
-// shapes, a whole MLP training step, and clone() (which DataParallel's replicate uses).
+// shapes, a whole MLP training step, optimizer steps, and clone() (which DataParallel's
+// replicate uses).
 //
 //   bazel run -c opt //nn:nn_benchmark
 //   TANDEM_CPU_DEVICES=1 bazel run -c opt //nn:nn_benchmark   # cpu:0 gets every core
@@ -102,6 +103,36 @@ void BM_MlpTrainStep(benchmark::State& state, Device device) {
   SetRates(state, batch, 3.0 * 2.0 * batch * (784 * 256 + 256 * 10));
 }
 
+// One optimizer step over that MLP's parameters (203,530 floats) with gradients in place.
+template <typename MakeOptimizer>
+void RunOptimizerStep(benchmark::State& state, Device device, MakeOptimizer make_optimizer) {
+  if (!Available(state, device)) return;
+  manual_seed(0);
+  Sequential model(Linear(784, 256), ReLU(), Linear(256, 10));
+  model.to(device);
+  model.forward(randn({8, 784}, TensorOptions().device(device))).sum().backward();
+  auto optimizer = make_optimizer(model.parameters());
+  int64_t elements = 0;
+  for (const Tensor& p : model.parameters()) elements += p.numel();
+  for (auto _ : state) {
+    optimizer->step();
+    Wait(model.parameters()[0]);
+  }
+  state.SetItemsProcessed(state.iterations() * elements);  // parameters updated per second
+}
+
+void BM_SgdMomentumStep(benchmark::State& state, Device device) {
+  RunOptimizerStep(state, device, [](std::vector<Tensor> params) {
+    return std::make_unique<SGD>(std::move(params), SGDOptions(0.01).momentum(0.9));
+  });
+}
+
+void BM_AdamStep(benchmark::State& state, Device device) {
+  RunOptimizerStep(state, device, [](std::vector<Tensor> params) {
+    return std::make_unique<Adam>(std::move(params), AdamOptions(1e-3));
+  });
+}
+
 // clone() of that MLP onto another device of the same type.
 void BM_CloneMlp(benchmark::State& state, Device from, Device to) {
   if (!Available(state, from) || !Available(state, to)) return;
@@ -133,6 +164,10 @@ BENCHMARK_CAPTURE(BM_Conv2d, forward_cuda0, Device::Cuda(0), false)->UseRealTime
 BENCHMARK_CAPTURE(BM_Conv2d, forward_backward_cuda0, Device::Cuda(0), true)->UseRealTime();
 BENCHMARK_CAPTURE(BM_MlpTrainStep, cpu0, Device::Cpu(0))->UseRealTime();
 BENCHMARK_CAPTURE(BM_MlpTrainStep, cuda0, Device::Cuda(0))->UseRealTime();
+BENCHMARK_CAPTURE(BM_SgdMomentumStep, cpu0, Device::Cpu(0))->UseRealTime();
+BENCHMARK_CAPTURE(BM_SgdMomentumStep, cuda0, Device::Cuda(0))->UseRealTime();
+BENCHMARK_CAPTURE(BM_AdamStep, cpu0, Device::Cpu(0))->UseRealTime();
+BENCHMARK_CAPTURE(BM_AdamStep, cuda0, Device::Cuda(0))->UseRealTime();
 BENCHMARK_CAPTURE(BM_CloneMlp, cpu0_to_cpu1, Device::Cpu(0), Device::Cpu(1))->UseRealTime();
 BENCHMARK_CAPTURE(BM_CloneMlp, cuda0_to_cuda1, Device::Cuda(0), Device::Cuda(1))->UseRealTime();
 
