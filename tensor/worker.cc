@@ -250,7 +250,14 @@ void ThreadPool::Run(int64_t n, int64_t grain, const std::function<void(int64_t,
     std::lock_guard<std::mutex> lock(mutex_);
     job_.reset();
   }
-  if (job->error) std::rethrow_exception(job->error);
+  // Take the exception out of the job, so that the caller holds the only reference and a
+  // helper dropping the job later never destroys an exception the caller is reading.
+  std::exception_ptr error;
+  {
+    std::lock_guard<std::mutex> lock(job->mutex);
+    error = std::move(job->error);
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 void ThreadPool::Loop() {

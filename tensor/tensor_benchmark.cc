@@ -1,0 +1,198 @@
+// Benchmarks of the CPU backend: SGEMM through Backend::Gemm against OpenBLAS called directly,
+// on one thread, on two threads of one logical device, and on two logical devices working at
+// once; elementwise add bandwidth through Backend::Binary and through tandem::add.
+//
+//   bazel run -c opt //tensor:tensor_benchmark
+//   bazel run -c opt //tensor:tensor_benchmark -- --benchmark_filter=Sgemm
+//
+// Each benchmark names the threads it uses; where the machine has too few cores for that
+// configuration it is skipped with a message.
+#include <cblas.h>
+
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "tensor/backend.h"
+#include "tensor/device.h"
+#include "tensor/tensor.h"
+#include "tensor/worker.h"
+
+namespace tandem {
+namespace {
+
+Backend& CpuBackend() { return GetBackend(DeviceType::kCPU); }
+
+// Gives each logical CPU device `threads` threads; false (and a skip message) when the
+// machine cannot, or has too few devices for `devices` of them.
+bool SetThreadsPerDevice(benchmark::State& state, int threads, int devices = 1) {
+  const int count = HardwareCores() / threads;
+  if (count < devices || count < 1) {
+    state.SkipWithError(("needs " + std::to_string(threads * devices) +
+                         " cores, this machine has " + std::to_string(HardwareCores()))
+                            .c_str());
+    return false;
+  }
+  SetCpuDeviceCount(count);
+  if (CpuThreadsPerDevice() != threads) {
+    state.SkipWithError("the cores do not divide into devices of this many threads");
+    return false;
+  }
+  return true;
+}
+
+// Host buffers from the CPU allocator (64-byte aligned), filled with uniform numbers.
+struct Buffer {
+  Buffer(int64_t n, uint64_t seed)
+      : block(CpuBackend().GetAllocator(0).Allocate(n * sizeof(float))) {
+    CpuBackend().RandomUniform(0, data(), n, seed, 0, -1.0f, 1.0f);
+  }
+  float* data() const { return static_cast<float*>(block.get()); }
+  std::shared_ptr<void> block;
+};
+
+struct GemmShape {
+  int64_t m, n, k;
+};
+
+GemmShape ShapeOf(const benchmark::State& state) {
+  return {state.range(0), state.range(1), state.range(2)};
+}
+
+void SetGemmCounters(benchmark::State& state, const GemmShape& s, int products) {
+  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * s.m * s.n * s.k * products * 1e-9,
+                                                 benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// C = A * B through the backend, on cpu:0 with `threads` (range 3) threads.
+void BM_SgemmBackend(benchmark::State& state) {
+  const GemmShape s = ShapeOf(state);
+  if (!SetThreadsPerDevice(state, static_cast<int>(state.range(3)))) return;
+  Buffer a(s.m * s.k, 1), b(s.k * s.n, 2), c(s.m * s.n, 3);
+  for (auto _ : state) {
+    CpuBackend().Gemm(0, false, false, s.m, s.n, s.k, 1.0f, a.data(), s.k, 0, b.data(), s.n, 0,
+                      0.0f, c.data(), s.n, 0, 1);
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  SetGemmCounters(state, s, 1);
+}
+
+// The same product by cblas_sgemm directly, OpenBLAS using `threads` of its own threads.
+void BM_SgemmCblas(benchmark::State& state) {
+  const GemmShape s = ShapeOf(state);
+  const int threads = static_cast<int>(state.range(3));
+  if (threads > HardwareCores()) {
+    state.SkipWithError("not enough cores");
+    return;
+  }
+  CpuBackend();  // the backend pins OpenBLAS to one thread when it starts; set ours after
+  Buffer a(s.m * s.k, 1), b(s.k * s.n, 2), c(s.m * s.n, 3);
+  openblas_set_num_threads(threads);
+  for (auto _ : state) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(s.m),
+                static_cast<int>(s.n), static_cast<int>(s.k), 1.0f, a.data(), static_cast<int>(s.k),
+                b.data(), static_cast<int>(s.n), 0.0f, c.data(), static_cast<int>(s.n));
+    benchmark::DoNotOptimize(c.data());
+    benchmark::ClobberMemory();
+  }
+  openblas_set_num_threads(1);
+  SetGemmCounters(state, s, 1);
+}
+
+// Two logical devices of one thread each, each computing its own product at the same time
+// on its worker: what DataParallel over cpu:0 and cpu:1 does. GFLOP/s counts both.
+void BM_SgemmTwoDevices(benchmark::State& state) {
+  const GemmShape s = ShapeOf(state);
+  if (!SetThreadsPerDevice(state, 1, 2)) return;
+  std::vector<std::unique_ptr<Buffer>> buffers;
+  for (int d = 0; d < 2; ++d) {
+    buffers.push_back(std::make_unique<Buffer>(s.m * s.k, 1));
+    buffers.push_back(std::make_unique<Buffer>(s.k * s.n, 2));
+    buffers.push_back(std::make_unique<Buffer>(s.m * s.n, 3));
+  }
+  for (auto _ : state) {
+    std::future<void> done[2];
+    for (int d = 0; d < 2; ++d) {
+      done[d] = DeviceWorker::For(Device::Cpu(d)).Submit([&, d] {
+        CpuBackend().Gemm(d, false, false, s.m, s.n, s.k, 1.0f, buffers[3 * d]->data(), s.k, 0,
+                          buffers[3 * d + 1]->data(), s.n, 0, 0.0f, buffers[3 * d + 2]->data(), s.n,
+                          0, 1);
+      });
+    }
+    for (auto& future : done) future.get();
+  }
+  SetGemmCounters(state, s, 2);
+}
+
+void GemmArguments(benchmark::internal::Benchmark* b, bool with_threads) {
+  b->ArgNames({"m", "n", "k", "threads"});
+  for (int64_t threads : {1, 2}) {
+    if (!with_threads && threads == 2) continue;
+    for (int64_t size : {256, 512, 1024, 2048}) b->Args({size, size, size, threads});
+    b->Args({256, 256, 784, threads});  // the MLP's first layer: [256, 784] x [784, 256]
+  }
+  b->UseRealTime()->Unit(benchmark::kMillisecond);
+}
+
+BENCHMARK(BM_SgemmBackend)->Apply([](auto* b) { GemmArguments(b, true); });
+BENCHMARK(BM_SgemmCblas)->Apply([](auto* b) { GemmArguments(b, true); });
+BENCHMARK(BM_SgemmTwoDevices)->Apply([](auto* b) { GemmArguments(b, false); });
+
+void SetBandwidthCounter(benchmark::State& state, int64_t n) {
+  // Two floats read and one written per element.
+  state.counters["GB/s"] = benchmark::Counter(3.0 * n * sizeof(float) * 1e-9,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+
+KernelTensor Contiguous(float* data, int64_t n) {
+  KernelTensor t;
+  t.data = data;
+  t.dtype = kFloat32;
+  t.ndim = 1;
+  t.sizes[0] = n;
+  t.strides[0] = 1;
+  return t;
+}
+
+// out = a + b over n (range 0) floats through Backend::Binary, `threads` (range 1) threads.
+void BM_AddBackend(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  if (!SetThreadsPerDevice(state, static_cast<int>(state.range(1)))) return;
+  Buffer a(n, 1), b(n, 2), out(n, 3);
+  for (auto _ : state) {
+    CpuBackend().Binary(0, BinaryOp::kAdd, Contiguous(out.data(), n), Contiguous(a.data(), n),
+                        Contiguous(b.data(), n));
+    benchmark::ClobberMemory();
+  }
+  SetBandwidthCounter(state, n);
+}
+
+// The same through the Tensor API (allocates the result each time, as user code does).
+void BM_AddTensor(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  if (!SetThreadsPerDevice(state, static_cast<int>(state.range(1)))) return;
+  Tensor a = rand({n}), b = rand({n});
+  for (auto _ : state) {
+    Tensor out = add(a, b);
+    benchmark::DoNotOptimize(out);
+  }
+  SetBandwidthCounter(state, n);
+}
+
+void AddArguments(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"n", "threads"});
+  for (int64_t threads : {1, 2}) {
+    for (int64_t n : {int64_t{1} << 20, int64_t{1} << 24}) b->Args({n, threads});
+  }
+  b->UseRealTime()->Unit(benchmark::kMicrosecond);
+}
+
+BENCHMARK(BM_AddBackend)->Apply(AddArguments);
+BENCHMARK(BM_AddTensor)->Apply(AddArguments);
+
+}  // namespace
+}  // namespace tandem
