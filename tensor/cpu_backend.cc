@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <numeric>
 #include <type_traits>
 #include <vector>
 
@@ -808,41 +809,43 @@ void CpuBackend::Gemm(int index, bool trans_a, bool trans_b, int64_t m, int64_t 
   ldb = LeadingDimension(trans_b ? n : k, trans_b ? k : n, ldb, "ldb");
   ldc = LeadingDimension(m, n, ldc, "ldc");
 
+  // Work items: each product's C cut along its longer side into `pieces` blocks of rows
+  // (or columns), one single-threaded BLAS call per block. Whole products are enough when
+  // the batch alone feeds every thread; otherwise products are cut so that the number of
+  // items is a multiple of the thread count (even chunks), but blocks stay at least 16 wide
+  // (OpenBLAS's register blocking) and worth kGemmFlopsPerChunk.
+  constexpr int64_t kMinBlock = 16;
   const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) *
                        static_cast<double>(std::max<int64_t>(k, 1));
-  if (batch > 1) {
-    // Batched: each thread takes whole products.
-    const int64_t grain = std::max<int64_t>(1, static_cast<int64_t>(kGemmFlopsPerChunk / flops));
-    ParallelFor(Cpu(index), batch, grain, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        BlasGemm(trans_a, trans_b, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb,
-                 beta, c + i * stride_c, ldc);
+  const bool split_rows = m >= n;
+  const int64_t extent = split_rows ? m : n;
+  const int64_t threads = CpuThreadPool(index).num_threads();
+  int64_t pieces = threads / std::gcd(batch, threads);
+  pieces = std::min(pieces, std::max<int64_t>(1, extent / kMinBlock));
+  pieces = std::min(pieces, std::max<int64_t>(1, static_cast<int64_t>(flops / kGemmFlopsPerChunk)));
+  const double flops_per_item = flops / static_cast<double>(pieces);
+  const int64_t grain =
+      std::max<int64_t>(1, static_cast<int64_t>(kGemmFlopsPerChunk / flops_per_item));
+  ParallelFor(Cpu(index), batch * pieces, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t product = item / pieces, piece = item % pieces;
+      const int64_t lo = extent * piece / pieces, hi = extent * (piece + 1) / pieces;
+      const float* a_product = a + product * stride_a;
+      const float* b_product = b + product * stride_b;
+      float* c_product = c + product * stride_c;
+      if (split_rows) {
+        // Rows [lo, hi) of op(A): rows of A, or columns of A when transposed.
+        const float* a_block = trans_a ? a_product + lo : a_product + lo * lda;
+        BlasGemm(trans_a, trans_b, hi - lo, n, k, alpha, a_block, lda, b_product, ldb, beta,
+                 c_product + lo * ldc, ldc);
+      } else {
+        // Columns [lo, hi) of op(B): columns of B, or rows of B when transposed.
+        const float* b_block = trans_b ? b_product + lo * ldb : b_product + lo;
+        BlasGemm(trans_a, trans_b, m, hi - lo, k, alpha, a_product, lda, b_block, ldb, beta,
+                 c_product + lo, ldc);
       }
-    });
-    return;
-  }
-  // One product: split the longer of C's dimensions into blocks, one BLAS call per block.
-  // Blocks stay at least 16 rows or columns (OpenBLAS's register blocking) wide.
-  constexpr int64_t kMinBlock = 16;
-  if (m >= n) {
-    const int64_t grain =
-        std::max<int64_t>(kMinBlock, static_cast<int64_t>(kGemmFlopsPerChunk * m / flops));
-    ParallelFor(Cpu(index), m, grain, [&](int64_t begin, int64_t end) {
-      // Rows [begin, end) of op(A): rows of A, or columns of A when transposed.
-      const float* a_block = trans_a ? a + begin : a + begin * lda;
-      BlasGemm(trans_a, trans_b, end - begin, n, k, alpha, a_block, lda, b, ldb, beta,
-               c + begin * ldc, ldc);
-    });
-  } else {
-    const int64_t grain =
-        std::max<int64_t>(kMinBlock, static_cast<int64_t>(kGemmFlopsPerChunk * n / flops));
-    ParallelFor(Cpu(index), n, grain, [&](int64_t begin, int64_t end) {
-      // Columns [begin, end) of op(B): columns of B, or rows of B when transposed.
-      const float* b_block = trans_b ? b + begin * ldb : b + begin;
-      BlasGemm(trans_a, trans_b, m, end - begin, k, alpha, a, lda, b_block, ldb, beta, c + begin,
-               ldc);
-    });
-  }
+    }
+  });
 }
 
 void CheckGeometry(const Conv2dGeometry& g, const char* kernel) {

@@ -658,6 +658,9 @@ TEST(CpuBackendTest, GemmBatched) {
         CheckGemm({ta, tb, 11, 6, 9, 23, 1.0f, 0.0f, false});
         CheckGemm({ta, tb, 11, 6, 9, 23, 0.5f, 1.0f, true});  // one A for all (stride 0)
         CheckGemm({ta, tb, 40, 50, 60, 5, 1.0f, 0.0f, false});
+        // Large products, fewer than (or not a multiple of) the threads: products are cut.
+        CheckGemm({ta, tb, 150, 40, 200, 3, 1.0f, 0.5f, false});
+        CheckGemm({ta, tb, 20, 170, 200, 3, 1.0f, 0.0f, true});
       }
     }
   });

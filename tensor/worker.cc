@@ -43,10 +43,12 @@ struct Registry {
   std::mutex mutex;
   bool shut_down = false;
   std::map<Device, std::unique_ptr<DeviceWorker>> workers;
-  // Keyed by (cpu index, threads), so that a pool always has the current share of cores
-  // even if the share changed without ResetCpuThreadPools. Shared: ParallelFor holds a
-  // reference while it runs, so dropping a pool from here never destroys one in use.
-  std::map<std::pair<int, int>, std::shared_ptr<ThreadPool>> cpu_pools;
+  // By CPU device index. Shared: ParallelFor holds a reference while it runs, so dropping a
+  // pool from here (ResetCpuThreadPools) never destroys one in use.
+  std::map<int, std::shared_ptr<ThreadPool>> cpu_pools;
+  // CpuThreadsPerDevice() as of the last reset, 0 until asked for: computing it reads the
+  // number of cores from /sys (~10 us), too slow for every ParallelFor.
+  int threads_per_device = 0;
 };
 
 Registry& GetRegistry() {
@@ -63,7 +65,7 @@ void ShutDownAtExit() {
   const bool keep_pools = self != nullptr || t_in_parallel_region;
   Registry& registry = GetRegistry();
   std::map<Device, std::unique_ptr<DeviceWorker>> workers;
-  std::map<std::pair<int, int>, std::shared_ptr<ThreadPool>> pools;
+  std::map<int, std::shared_ptr<ThreadPool>> pools;
   {
     std::lock_guard<std::mutex> lock(registry.mutex);
     registry.shut_down = true;
@@ -281,13 +283,14 @@ namespace {
 
 std::shared_ptr<ThreadPool> AcquireCpuThreadPool(int cpu_index) {
   TANDEM_CHECK(cpu_index >= 0, "CpuThreadPool expects a CPU device index >= 0 but got ", cpu_index);
-  const int threads = CpuThreadsPerDevice();
   EnsureShutDownRegistered();
   Registry& registry = GetRegistry();
   std::lock_guard<std::mutex> lock(registry.mutex);
   TANDEM_CHECK(!registry.shut_down, "the thread pool of cpu:", cpu_index,
                " was asked for while the process is exiting; run CPU work before main returns");
-  std::shared_ptr<ThreadPool>& pool = registry.cpu_pools[{cpu_index, threads}];
+  if (registry.threads_per_device == 0) registry.threads_per_device = CpuThreadsPerDevice();
+  const int threads = registry.threads_per_device;
+  std::shared_ptr<ThreadPool>& pool = registry.cpu_pools[cpu_index];
   if (pool == nullptr) pool = std::make_shared<ThreadPool>(threads);
   return pool;
 }
@@ -297,11 +300,12 @@ std::shared_ptr<ThreadPool> AcquireCpuThreadPool(int cpu_index) {
 ThreadPool& CpuThreadPool(int cpu_index) { return *AcquireCpuThreadPool(cpu_index); }
 
 void ResetCpuThreadPools() {
-  std::map<std::pair<int, int>, std::shared_ptr<ThreadPool>> pools;
+  std::map<int, std::shared_ptr<ThreadPool>> pools;
   {
     Registry& registry = GetRegistry();
     std::lock_guard<std::mutex> lock(registry.mutex);
     pools.swap(registry.cpu_pools);
+    registry.threads_per_device = 0;  // the share may have changed
   }
   // Joins the helpers of each pool that no ParallelFor is using; a pool still in use goes
   // when its last Run returns.
