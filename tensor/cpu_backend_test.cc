@@ -564,7 +564,9 @@ TEST(CpuBackendTest, SoftmaxAndLogSoftmaxMatchADoubleReference) {
               ASSERT_NEAR(out[at(i)], expected, 1e-5 * (1 + std::abs(expected)));
               total += out[at(i)];
             }
-            if (!log) ASSERT_NEAR(total, 1.0, 1e-5);
+            if (!log) {
+              ASSERT_NEAR(total, 1.0, 1e-5);
+            }
           }
         }
       }

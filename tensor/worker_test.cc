@@ -191,8 +191,12 @@ void ExpectExactCover(ThreadPool& pool, int64_t n, int64_t grain) {
   EXPECT_EQ(chunks.front().first, 0);
   EXPECT_EQ(chunks.back().second, n);
   for (size_t c = 0; c < chunks.size(); ++c) {
-    if (c > 0) EXPECT_EQ(chunks[c].first, chunks[c - 1].second);
-    if (n >= grain) EXPECT_GE(chunks[c].second - chunks[c].first, grain);
+    if (c > 0) {
+      EXPECT_EQ(chunks[c].first, chunks[c - 1].second);
+    }
+    if (n >= grain) {
+      EXPECT_GE(chunks[c].second - chunks[c].first, grain);
+    }
   }
 }
 
