@@ -108,8 +108,12 @@ int DeviceCount(DeviceType type) {
 }
 
 int HardwareCores() {
-  const unsigned cores = std::thread::hardware_concurrency();
-  return cores == 0 ? 1 : static_cast<int>(cores);
+  // hardware_concurrency() reads /sys on every call (about 10 us): ask once.
+  static const int cores = [] {
+    const unsigned n = std::thread::hardware_concurrency();
+    return n == 0 ? 1 : static_cast<int>(n);
+  }();
+  return cores;
 }
 
 void SetCpuDeviceCount(int count) {
