@@ -1,10 +1,12 @@
 // Data-loading throughput: Fashion-MNIST epochs through the DataLoader at batch 256 with
-// 0, 1 and 2 workers (shuffle on), and the cost of one batch through FashionMnist's direct
-// get_batch against the one-example-at-a-time path of the Dataset base class.
+// 0, 1 and 2 workers (shuffle on), alone and overlapped with a simulated training step;
+// the cost of one batch through FashionMnist's direct get_batch against the
+// one-example-at-a-time path of the Dataset base class; and reading the files.
 //
 //   bazel run -c opt //data:data_benchmark
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -61,6 +63,43 @@ BENCHMARK(BM_FashionMnistEpoch)
     ->Arg(0)
     ->Arg(1)
     ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+// The same epochs with a consumer that works `step_us` microseconds per batch, as a training
+// step would: without workers loading and working add up, with workers they overlap.
+void BM_FashionMnistEpochWithStep(benchmark::State& state) {
+  const auto train = Train();
+  if (train == nullptr) {
+    state.SkipWithError("Fashion-MNIST missing: apt-get install dataset-fashion-mnist");
+    return;
+  }
+  const auto step = std::chrono::microseconds(state.range(1));
+  DataLoader loader(train, DataLoaderOptions()
+                               .batch_size(kBatchSize)
+                               .shuffle(true)
+                               .seed(0)
+                               .num_workers(static_cast<int>(state.range(0))));
+  int64_t batches = 0;
+  for (auto _ : state) {
+    for (Batch& batch : loader) {
+      benchmark::DoNotOptimize(batch.data().data<float>());
+      // Busy, like a training step on this thread (sleeping would free the core).
+      const auto until = std::chrono::steady_clock::now() + step;
+      while (std::chrono::steady_clock::now() < until) {
+      }
+      ++batches;
+    }
+  }
+  state.SetItemsProcessed(batches * kBatchSize);
+  state.counters["batches/s"] =
+      benchmark::Counter(static_cast<double>(batches), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_FashionMnistEpochWithStep)
+    ->ArgNames({"workers", "step_us"})
+    ->Args({0, 300})
+    ->Args({1, 300})
+    ->Args({2, 300})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
 

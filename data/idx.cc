@@ -2,10 +2,13 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <string>
+#include <utility>
 
 #include "tensor/error.h"
 
@@ -14,87 +17,129 @@ namespace data {
 
 namespace {
 
-struct GzCloser {
-  void operator()(gzFile_s* file) const { gzclose(file); }
-};
+// A gzip (or plain) file read front to back; every zlib error becomes a tandem::Error
+// naming the file.
+class GzipReader {
+ public:
+  explicit GzipReader(const std::string& path) : path_(path) {
+    errno = 0;
+    file_ = gzopen(path.c_str(), "rb");
+    TANDEM_CHECK(file_ != nullptr, "cannot open ", path, ": ",
+                 errno != 0 ? std::strerror(errno) : "zlib could not allocate its state");
+    gzbuffer(file_, 1 << 17);
+  }
+  ~GzipReader() { gzclose(file_); }
+  GzipReader(const GzipReader&) = delete;
+  GzipReader& operator=(const GzipReader&) = delete;
 
-// zlib's description of the stream's error state, or "" when it has none.
-std::string GzipError(gzFile file, const std::string& path) {
-  int code = Z_OK;
-  const char* message = gzerror(file, &code);
-  if (code == Z_OK || code == Z_STREAM_END) return "";
-  if (code == Z_ERRNO) return std::strerror(errno);
-  std::string text = message != nullptr ? message : "unknown zlib error";
-  // zlib prefixes the path, which our message names already.
-  if (text.rfind(path + ": ", 0) == 0) text = text.substr(path.size() + 2);
-  return text;
-}
+  // Reads up to `n` bytes into `out`; fewer only at the end of the stream. At the end,
+  // gzread has checked the gzip trailer (CRC-32 and length).
+  size_t Read(uint8_t* out, size_t n) {
+    size_t total = 0;
+    while (total < n) {
+      const auto chunk = static_cast<unsigned>(std::min<size_t>(n - total, 1u << 30));
+      const int got = gzread(file_, out + total, chunk);
+      const std::string error = Error();
+      TANDEM_CHECK(
+          got >= 0 && error.empty(), path_,
+          " is not a valid gzip file or is truncated (zlib: ", error.empty() ? "read error" : error,
+          "); reinstall the file or download it again");
+      if (got == 0) break;
+      total += static_cast<size_t>(got);
+    }
+    return total;
+  }
+
+ private:
+  // zlib's description of the stream's error state, or "" when it has none.
+  std::string Error() const {
+    int code = Z_OK;
+    const char* message = gzerror(file_, &code);
+    if (code == Z_OK || code == Z_STREAM_END) return "";
+    if (code == Z_ERRNO) return std::strerror(errno);
+    std::string text = message != nullptr ? message : "unknown zlib error";
+    // zlib prefixes the path, which our message names already.
+    if (text.rfind(path_ + ": ", 0) == 0) text = text.substr(path_.size() + 2);
+    return text;
+  }
+
+  std::string path_;
+  gzFile file_ = nullptr;
+};
 
 uint32_t ReadBigEndian32(const uint8_t* p) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
 }
 
+// Reads from `reader` until `out` holds `limit` bytes or the stream ends, growing `out`
+// a chunk at a time (so a header that promises too much costs no huge allocation).
+void ReadUpTo(GzipReader& reader, std::vector<uint8_t>& out, size_t limit) {
+  constexpr size_t kChunk = size_t{1} << 22;
+  while (out.size() < limit) {
+    const size_t old_size = out.size();
+    out.resize(old_size + std::min(kChunk, limit - old_size));
+    const size_t got = reader.Read(out.data() + old_size, out.size() - old_size);
+    out.resize(old_size + got);
+    if (got == 0) break;
+  }
+}
+
 }  // namespace
 
 std::vector<uint8_t> ReadGzipFile(const std::string& path) {
-  errno = 0;
-  std::unique_ptr<gzFile_s, GzCloser> file(gzopen(path.c_str(), "rb"));
-  TANDEM_CHECK(file != nullptr, "cannot open ", path, ": ",
-               errno != 0 ? std::strerror(errno) : "zlib could not allocate its state");
-  gzbuffer(file.get(), 1 << 17);
+  GzipReader reader(path);
   std::vector<uint8_t> content;
-  constexpr size_t kChunk = 1 << 20;
-  while (true) {
-    const size_t old_size = content.size();
-    content.resize(old_size + kChunk);
-    const int got = gzread(file.get(), content.data() + old_size, kChunk);
-    const std::string error = GzipError(file.get(), path);
-    TANDEM_CHECK(
-        got >= 0 && error.empty(), path,
-        " is not a valid gzip file or is truncated (zlib: ", error.empty() ? "read error" : error,
-        "); reinstall the file or download it again");
-    content.resize(old_size + static_cast<size_t>(got));
-    if (got == 0) break;  // end of the stream; gzread has checked the gzip CRC and length
-  }
-  content.shrink_to_fit();
+  ReadUpTo(reader, content, std::numeric_limits<size_t>::max());
   return content;
 }
 
 IdxArray ReadIdxFile(const std::string& path, int num_dims) {
   TANDEM_CHECK(num_dims >= 1 && num_dims <= 255, "ReadIdxFile: num_dims must be in 1..255 but is ",
                num_dims);
-  std::vector<uint8_t> content = ReadGzipFile(path);
+  GzipReader reader(path);
   const uint32_t expected_magic = IdxMagic(num_dims);
-  TANDEM_CHECK(content.size() >= 4, path, " is too short to be an IDX file: ", content.size(),
+  uint8_t header[4 + 4 * 255];
+  const size_t magic_bytes = reader.Read(header, 4);
+  TANDEM_CHECK(magic_bytes == 4, path, " is too short to be an IDX file: ", magic_bytes,
                " bytes (expected a header starting with magic number ", expected_magic, ")");
-  const uint32_t magic = ReadBigEndian32(content.data());
+  const uint32_t magic = ReadBigEndian32(header);
   TANDEM_CHECK(magic == expected_magic, path, " has magic number ", magic, " but an IDX file of ",
                num_dims, "-dimensional unsigned bytes has ", expected_magic,
                "; the file is corrupt or is not the file expected here");
-  const size_t header_bytes = 4 + 4 * static_cast<size_t>(num_dims);
-  TANDEM_CHECK(content.size() >= header_bytes, path,
-               " is truncated inside its header: ", content.size(), " bytes, expected at least ",
-               header_bytes);
+  const size_t dim_bytes = 4 * static_cast<size_t>(num_dims);
+  const size_t got_dim_bytes = reader.Read(header + 4, dim_bytes);
+  TANDEM_CHECK(got_dim_bytes == dim_bytes, path,
+               " is truncated inside its header: ", 4 + got_dim_bytes, " bytes, expected at least ",
+               4 + dim_bytes);
+
   IdxArray array;
-  uint64_t expected_elements = 1;
+  uint64_t expected = 1;
   for (int d = 0; d < num_dims; ++d) {
-    const uint32_t dim = ReadBigEndian32(content.data() + 4 + 4 * d);
+    const uint32_t dim = ReadBigEndian32(header + 4 + 4 * d);
     array.dims.push_back(dim);
-    // Dimensions are 32-bit, so this product only overflows for absurd headers, which the
-    // length check below rejects anyway; saturate instead of wrapping.
-    expected_elements = (dim != 0 && expected_elements > std::numeric_limits<uint64_t>::max() / dim)
-                            ? std::numeric_limits<uint64_t>::max()
-                            : expected_elements * dim;
+    // Saturate rather than wrap: an absurd header then fails the length check below.
+    expected = (dim != 0 && expected > std::numeric_limits<uint64_t>::max() / dim)
+                   ? std::numeric_limits<uint64_t>::max()
+                   : expected * dim;
   }
-  const uint64_t found_elements = content.size() - header_bytes;
-  TANDEM_CHECK(found_elements >= expected_elements, path, " is truncated: its header promises ",
-               expected_elements, " bytes of data but only ", found_elements,
-               " follow; reinstall the file or download it again");
-  TANDEM_CHECK(found_elements == expected_elements, path, " has ",
-               found_elements - expected_elements, " unexpected bytes after the ",
-               expected_elements, " bytes its header describes; the file is corrupt");
-  content.erase(content.begin(), content.begin() + static_cast<std::ptrdiff_t>(header_bytes));
-  array.bytes = std::move(content);
+  // One byte more than promised, to notice trailing data; reading to the end also makes
+  // zlib verify the gzip checksum.
+  const size_t limit = expected >= std::numeric_limits<size_t>::max()
+                           ? std::numeric_limits<size_t>::max()
+                           : static_cast<size_t>(expected) + 1;
+  array.bytes.reserve(static_cast<size_t>(std::min<uint64_t>(expected, uint64_t{1} << 28)));
+  ReadUpTo(reader, array.bytes, limit);
+  const uint64_t found = array.bytes.size();
+  TANDEM_CHECK(found >= expected, path, " is truncated: its header promises ", expected,
+               " bytes of data but only ", found,
+               " follow; reinstall the file or download it "
+               "again");
+  uint8_t extra[4096];
+  const uint64_t trailing = found - expected + reader.Read(extra, sizeof(extra));
+  TANDEM_CHECK(trailing == 0, path, " has ", trailing, trailing == sizeof(extra) + 1 ? "+" : "",
+               " unexpected bytes after the ", expected,
+               " bytes its header describes; the file is corrupt");
+  array.bytes.resize(static_cast<size_t>(expected));
   return array;
 }
 
