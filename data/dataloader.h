@@ -18,7 +18,8 @@
 //     }
 //   }
 //
-// A DataLoader is used by one thread at a time; only its workers run concurrently.
+// The Batch& a loop gets stays valid until the next step (move from it to keep it). A
+// DataLoader is used by one thread at a time; only its workers run concurrently.
 #ifndef TANDEM_DATA_DATALOADER_H_
 #define TANDEM_DATA_DATALOADER_H_
 
