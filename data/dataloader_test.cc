@@ -17,10 +17,13 @@
 #include "data/sampler.h"
 #include "data/tensor_dataset.h"
 #include "tensor/tensor.h"
+#include "tensor/testing.h"
 
 namespace tandem {
 namespace data {
 namespace {
+
+using ::tandem::testing::ErrorOf;
 
 using std::chrono::milliseconds;
 
@@ -28,15 +31,6 @@ std::vector<int64_t> Iota(int64_t n) {
   std::vector<int64_t> v(static_cast<size_t>(n));
   std::iota(v.begin(), v.end(), int64_t{0});
   return v;
-}
-
-std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // Example i: {float32 [2] = {i, -i}, int64 scalar i}; counts calls and can be made slow or

@@ -9,10 +9,13 @@
 #include <vector>
 
 #include "tensor/tensor.h"
+#include "tensor/testing.h"
 
 namespace tandem {
 namespace data {
 namespace {
+
+using ::tandem::testing::ErrorOf;
 
 // Example i: {[2, 3] float32 filled with i, int64 scalar 10 * i}.
 class Counting : public Dataset {
@@ -31,15 +34,6 @@ class Counting : public Dataset {
   int64_t size_;
   int64_t failing_index_;
 };
-
-std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(CollateTest, StacksEachFieldIntoOneContiguousTensor) {
   const Counting dataset(10);

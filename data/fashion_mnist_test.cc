@@ -12,10 +12,13 @@
 #include "data/idx.h"
 #include "data/test_util.h"
 #include "tensor/tensor.h"
+#include "tensor/testing.h"
 
 namespace tandem {
 namespace data {
 namespace {
+
+using ::tandem::testing::ErrorOf;
 
 using testing::IdxBytes;
 using testing::InflateGzipFile;
@@ -23,15 +26,6 @@ using testing::MakeTempDir;
 using testing::WriteGzipFile;
 
 constexpr int kPixels = 28 * 28;
-
-std::string ErrorOf(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // A small Fashion-MNIST-shaped split in a temporary folder: image i has pixel p equal to
 // (i * 31 + p) % 256 and label labels[i].

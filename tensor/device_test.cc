@@ -4,20 +4,14 @@
 #include <gtest/gtest.h>
 
 #include "tensor/error.h"
+#include "tensor/testing.h"
 
 namespace tandem {
 namespace {
 
-using ::testing::HasSubstr;
+using ::tandem::testing::ErrorOf;
 
-std::string ErrorOf(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
+using ::testing::HasSubstr;
 
 TEST(DeviceTest, ParsesCanonicalForms) {
   EXPECT_EQ(Device::Parse("cpu"), Device::Cpu(0));

@@ -16,9 +16,12 @@
 #include "tensor/autograd.h"
 #include "tensor/gradcheck.h"
 #include "tensor/tensor.h"
+#include "tensor/testing.h"
 
 namespace tandem {
 namespace {
+
+using ::tandem::testing::ErrorOf;
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -26,15 +29,6 @@ using ::testing::HasSubstr;
 using Inputs = std::vector<Tensor>;
 
 // ---- Helpers -------------------------------------------------------------------------------
-
-std::string ErrorOf(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
 
 std::vector<float> Values(const Tensor& t) { return t.to_vector<float>(); }
 

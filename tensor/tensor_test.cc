@@ -6,22 +6,16 @@
 #include <numeric>
 
 #include "tensor/autograd.h"
+#include "tensor/testing.h"
 
 namespace tandem {
 namespace {
 
+using ::tandem::testing::ErrorOf;
+
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
-
-std::string ErrorOf(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
 
 Tensor Iota(const Shape& shape, Device device = Device::Cpu(0)) {
   std::vector<float> values(NumElements(shape));
