@@ -6,7 +6,11 @@
 #
 #   tools/gpu/run_bundle.sh                         # everything
 #   tools/gpu/run_bundle.sh --filter cuda           # binaries whose name matches a regex
-#   tools/gpu/run_bundle.sh --no-benchmarks --test-timeout 120
+#   tools/gpu/run_bundle.sh --deadline 420          # stop starting binaries after 420 s
+#   tools/gpu/run_bundle.sh --no-benchmarks --test-timeout 60
+#
+# Binaries whose name matches --first (default "cuda") run before the others, tests before
+# benchmarks, so that a deadline cuts the least important runs.
 #
 # Environment: BUNDLE (default <repo>/.gpu_bundle), LOGS (default a temporary folder; each
 # binary's full output is kept there), BENCHMARK_MIN_TIME (default 0.05 seconds),
@@ -17,17 +21,26 @@ set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 bundle="${BUNDLE:-$root/.gpu_bundle}"
 filter="."
+first="cuda"
 run_benchmarks=1
-test_timeout=300
+test_timeout=120
+benchmark_timeout=180
+deadline=0  # seconds; 0: none
 benchmark_min_time="${BENCHMARK_MIN_TIME:-0.05}"
+usage="usage: $0 [--filter REGEX] [--first REGEX] [--no-benchmarks] [--test-timeout SECONDS]
+       [--benchmark-timeout SECONDS] [--deadline SECONDS]"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --filter) filter="$2"; shift 2 ;;
+    --first) first="$2"; shift 2 ;;
     --no-benchmarks) run_benchmarks=0; shift ;;
     --test-timeout) test_timeout="$2"; shift 2 ;;
-    *) echo "usage: $0 [--filter REGEX] [--no-benchmarks] [--test-timeout SECONDS]" >&2; exit 2 ;;
+    --benchmark-timeout) benchmark_timeout="$2"; shift 2 ;;
+    --deadline) deadline="$2"; shift 2 ;;
+    *) echo "$usage" >&2; exit 2 ;;
   esac
 done
+started=$SECONDS
 
 log() { printf '[run_bundle] %s\n' "$*" >&2; }
 [[ -f "$bundle/payload.tar.gz" && -f "$bundle/manifest.tsv" ]] ||
@@ -94,6 +107,31 @@ else
   log "no nvidia-smi: GPU tests will skip"
 fi
 
+# The manifest's entries of one kind: those matching --first, then by package, the most
+# basic first (a deadline then cuts the runs that depend on the others).
+entries() {
+  awk -F'\t' -v kind="$1" '$1 == kind' "$bundle/manifest.tsv" >"$work/entries"
+  awk -F'\t' -v first="$first" '$2 ~ first' "$work/entries"
+  awk -F'\t' -v first="$first" '$2 !~ first' "$work/entries" |
+    awk -F'\t' '{rank = 9; n = split("tensor parallel nn data", p, " ");
+                 for (i = 1; i <= n; ++i) if (index($2, p[i] "_") == 1) { rank = i; break }
+                 print rank "\t" $0}' |
+    sort -s -t$'\t' -k1,1n | cut -f2-
+}
+
+# Seconds a binary may run: its own timeout, cut to what is left before the deadline;
+# 0 once the deadline has passed.
+budget() {
+  local limit=$1
+  if [[ $deadline -gt 0 ]]; then
+    local left=$((deadline - (SECONDS - started)))
+    [[ $left -le 0 ]] && { echo 0; return; }
+    [[ $left -lt $limit ]] && limit=$left
+  fi
+  echo "$limit"
+}
+not_run=()
+
 # ---- Tests ------------------------------------------------------------------------------------
 # Multi-device tests run on two logical CUDA devices mapped onto GPU 0.
 multi_device_regex='multi_device|parallel|replicate|scatter|gather|comm|data_parallel'
@@ -104,23 +142,31 @@ count() { grep -cE "^\[ +$1 +\] [^ ]+\.[^ ]+ \([0-9]+ ms\)\$" "$2" || true; }
 
 printf '\n%-44s %7s %7s %7s %9s  %s\n' binary passed failed skipped seconds status
 failures=0
+total_passed=0 total_failed=0 total_skipped=0
 while IFS=$'\t' read -r kind name label needs; do
-  [[ "$kind" == test ]] || continue
   [[ "$name" =~ $filter ]] || continue
+  limit=$(budget "$test_timeout")
+  if [[ $limit -eq 0 ]]; then
+    not_run+=("$name")
+    continue
+  fi
   output="$logs/$name.log"
   env_vars=()
   [[ "$name" =~ $multi_device_regex ]] && env_vars+=(TANDEM_CUDA_LOGICAL_DEVICES=2)
   start=$(date +%s.%N)
-  env "${env_vars[@]}" timeout "$test_timeout" "${launch[@]}" "$work/bin/$name" \
+  env "${env_vars[@]}" timeout "$limit" "${launch[@]}" "$work/bin/$name" \
     --gtest_color=no </dev/null >"$output" 2>&1
   rc=$?
   seconds=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN {printf "%.1f", e - s}')
   passed=$(count OK "$output")
   failed=$(count FAILED "$output")
   skipped=$(count SKIPPED "$output")
+  total_passed=$((total_passed + passed))
+  total_failed=$((total_failed + failed))
+  total_skipped=$((total_skipped + skipped))
   status=ok
   if [[ $rc -eq 124 ]]; then
-    status="TIMEOUT after ${test_timeout}s"
+    status="TIMEOUT after ${limit}s"
   elif [[ $rc -ne 0 ]]; then
     status="FAILED (exit $rc)"
   fi
@@ -131,7 +177,8 @@ while IFS=$'\t' read -r kind name label needs; do
     grep -E '^\[  FAILED  \]|Failure|rror' "$output" | head -n 20 | sed 's/^/    /'
     tail -n 5 "$output" | sed 's/^/    | /'
   fi
-done <"$bundle/manifest.tsv"
+done < <(entries test)
+printf '%-44s %7s %7s %7s\n' total "$total_passed" "$total_failed" "$total_skipped"
 
 # ---- Benchmarks --------------------------------------------------------------------------------
 if [[ $run_benchmarks -eq 1 ]]; then
@@ -139,8 +186,12 @@ if [[ $run_benchmarks -eq 1 ]]; then
   awk -F'\t' '$1 == "benchmark" {print $2}' "$bundle/manifest.tsv" | grep -q '__cuda_benchmarks$' &&
     have_cuda_benchmarks=1
   while IFS=$'\t' read -r kind name label needs; do
-    [[ "$kind" == benchmark ]] || continue
     [[ "$name" =~ $filter ]] || continue
+    limit=$(budget "$benchmark_timeout")
+    if [[ $limit -eq 0 ]]; then
+      not_run+=("$name")
+      continue
+    fi
     args=(--benchmark_min_time="$benchmark_min_time" --benchmark_color=false)
     # //tensor:tensor_benchmark links the CUDA benchmarks too; run them once.
     if [[ "$name" != *__cuda_benchmarks && $have_cuda_benchmarks -eq 1 ]]; then
@@ -148,20 +199,25 @@ if [[ $run_benchmarks -eq 1 ]]; then
     fi
     printf '\n==== %s (%s)\n' "$name" "$label"
     output="$logs/$name.log"
-    timeout 600 "${launch[@]}" "$work/bin/$name" "${args[@]}" </dev/null >"$output" 2>&1
+    timeout "$limit" "${launch[@]}" "$work/bin/$name" "${args[@]}" </dev/null >"$output" 2>&1
     rc=$?
     cat "$output"
-    if [[ $rc -ne 0 ]]; then
+    if [[ $rc -eq 124 ]]; then
+      echo "benchmark $name: TIMEOUT after ${limit}s"
+      failures=$((failures + 1))
+    elif [[ $rc -ne 0 ]]; then
       echo "benchmark $name exited with $rc"
       failures=$((failures + 1))
     fi
-  done <"$bundle/manifest.tsv"
+  done < <(entries benchmark)
 fi
+
+for name in "${not_run[@]}"; do log "not run (deadline of ${deadline}s reached): $name"; done
 
 echo
 log "logs: $logs"
-if [[ $failures -gt 0 ]]; then
-  log "$failures binaries failed"
+if [[ $failures -gt 0 || ${#not_run[@]} -gt 0 ]]; then
+  log "$failures binaries failed, ${#not_run[@]} not run"
   exit 1
 fi
 log "all binaries passed"
