@@ -4,6 +4,7 @@
 #include <string>
 
 #include "tensor/backend.h"
+#include "tensor/caching_allocator.h"
 #include "tensor/error.h"
 
 namespace tandem {
@@ -64,20 +65,24 @@ MemoryStats AllocationCounter::Stats() const {
 
 void AllocationCounter::ResetPeak() { peak_ = in_use_.load(); }
 
-std::shared_ptr<void> CpuAllocator::Allocate(size_t bytes) {
-  counter_.CheckLimit(bytes);
-  // aligned_alloc needs a size that is a multiple of the alignment, and a real block even
-  // for zero bytes so that every tensor has a valid data pointer.
-  const size_t rounded = (bytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
-  void* data = std::aligned_alloc(kHostAlignment, rounded == 0 ? kHostAlignment : rounded);
-  if (data == nullptr) counter_.ThrowOutOfMemory(bytes, "the system refused the allocation");
-  counter_.OnReserve(static_cast<int64_t>(bytes));
-  counter_.OnAllocate(bytes, /*from_system=*/true);
-  return std::shared_ptr<void>(data, [this, bytes](void* p) {
-    std::free(p);
-    counter_.OnFree(bytes);
-    counter_.OnReserve(-static_cast<int64_t>(bytes));
-  });
+namespace {
+
+// Host memory for a CachingAllocator.
+class HostMemory final : public SystemMemory {
+ public:
+  void* Allocate(size_t bytes, std::string* error) override {
+    void* data = std::aligned_alloc(kHostAlignment, bytes);
+    if (data == nullptr) *error = "aligned_alloc returned no memory";
+    return data;
+  }
+  void Free(void* ptr) override { std::free(ptr); }
+  const char* Name() const override { return "aligned_alloc"; }
+};
+
+}  // namespace
+
+std::unique_ptr<Allocator> MakeCpuAllocator(Device device) {
+  return std::make_unique<CachingAllocator>(device, std::make_unique<HostMemory>());
 }
 
 Allocator& GetAllocator(Device device) {

@@ -66,20 +66,11 @@ class AllocationCounter {
   std::atomic<int64_t> system_allocations_{0};
 };
 
-// 64-byte aligned host memory for one logical CPU device.
-class CpuAllocator final : public Allocator {
- public:
-  explicit CpuAllocator(Device device) : counter_(device) {}
-  std::shared_ptr<void> Allocate(size_t bytes) override;
-  MemoryStats Stats() const override { return counter_.Stats(); }
-  void ResetPeak() override { counter_.ResetPeak(); }
-  void SetLimit(int64_t bytes) override { counter_.SetLimit(bytes); }
-
- private:
-  AllocationCounter counter_;
-};
-
 inline constexpr size_t kHostAlignment = 64;
+
+// The allocator of one logical CPU device: 64-byte aligned host memory, cached for reuse
+// (see tensor/caching_allocator.h).
+std::unique_ptr<Allocator> MakeCpuAllocator(Device device);
 
 // The allocator of a device (from its backend).
 Allocator& GetAllocator(Device device);

@@ -42,6 +42,23 @@ TEST(AllocatorTest, TracksBytesInUseAndPeakPerDevice) {
   EXPECT_EQ(GetMemoryStats(Device::Cpu(0)).in_use_bytes, cpu0);
 }
 
+TEST(AllocatorTest, SteadyLoopsReuseCachedHostMemory) {
+  const Device device = Device::Cpu(0);
+  auto step = [&] {
+    Tensor big = empty({16 << 20}, device);  // 64 MiB: served by the system once
+    Tensor small = ones({1000}, device);
+    return (big.numel() + small.numel()) > 0;
+  };
+  step();
+  const int64_t system_before = GetMemoryStats(device).num_system_allocations;
+  for (int i = 0; i < 1000; ++i) ASSERT_TRUE(step());
+  const MemoryStats stats = GetMemoryStats(device);
+  EXPECT_EQ(stats.num_system_allocations, system_before);
+  EXPECT_GE(stats.reserved_bytes, int64_t{64} << 20);
+  EmptyCache(device);
+  EXPECT_LT(GetMemoryStats(device).reserved_bytes, stats.reserved_bytes);
+}
+
 TEST(AllocatorTest, LimitGivesAClearOutOfMemoryError) {
   const Device device = Device::Cpu(0);
   const int64_t in_use = GetMemoryStats(device).in_use_bytes;

@@ -540,8 +540,8 @@ class CpuBackend final : public Backend {
   Allocator& GetAllocator(int index) override {
     CheckIndex(index);
     std::lock_guard<std::mutex> lock(allocators_mutex_);
-    std::unique_ptr<CpuAllocator>& allocator = allocators_[index];
-    if (allocator == nullptr) allocator = std::make_unique<CpuAllocator>(Cpu(index));
+    std::unique_ptr<Allocator>& allocator = allocators_[index];
+    if (allocator == nullptr) allocator = MakeCpuAllocator(Cpu(index));
     return *allocator;
   }
 
@@ -609,7 +609,7 @@ class CpuBackend final : public Backend {
   }
 
   std::mutex allocators_mutex_;
-  std::map<int, std::unique_ptr<CpuAllocator>> allocators_;
+  std::map<int, std::unique_ptr<Allocator>> allocators_;
 };
 
 void CpuBackend::Copy(int index, const KernelTensor& dst, const KernelTensor& src) {

@@ -16,7 +16,7 @@
 
 #include "tensor/allocator.h"
 #include "tensor/backend.h"
-#include "tensor/cuda/caching_allocator.h"
+#include "tensor/caching_allocator.h"
 #include "tensor/cuda/cuda.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/cuda_device.h"

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "tensor/cuda/caching_allocator.h"
+#include "tensor/caching_allocator.h"
 #include "tensor/cuda/kernels.h"
 #include "tensor/cuda/pinned_host_allocator.h"
 

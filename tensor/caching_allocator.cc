@@ -1,4 +1,4 @@
-#include "tensor/cuda/caching_allocator.h"
+#include "tensor/caching_allocator.h"
 
 #include <algorithm>
 #include <tuple>
@@ -7,7 +7,6 @@
 #include "tensor/error.h"
 
 namespace tandem {
-namespace cuda {
 
 // A range of one segment. Blocks of a segment form a doubly linked list in address order,
 // so that a freed block can merge with free neighbours.
@@ -200,5 +199,4 @@ int64_t CachingAllocator::NumSegments() const {
   return num_segments_;
 }
 
-}  // namespace cuda
 }  // namespace tandem

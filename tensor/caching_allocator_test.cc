@@ -1,7 +1,7 @@
 // Tests of CachingAllocator's pooling logic against a fake system memory (host memory with
 // a capacity and a call log), so they run on every machine, GPU or not. The same class
 // with cudaMalloc behind it is tested on a GPU by cuda_allocator_test.
-#include "tensor/cuda/caching_allocator.h"
+#include "tensor/caching_allocator.h"
 
 #include <gtest/gtest.h>
 
@@ -16,7 +16,6 @@
 #include "tensor/error.h"
 
 namespace tandem {
-namespace cuda {
 namespace {
 
 constexpr size_t kMiB = size_t{1} << 20;
@@ -276,5 +275,4 @@ TEST_F(CachingAllocatorTest, ConcurrentAllocationsKeepConsistentStatistics) {
 }
 
 }  // namespace
-}  // namespace cuda
 }  // namespace tandem

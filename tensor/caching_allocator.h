@@ -1,6 +1,8 @@
-// CachingAllocator: a device-memory allocator that keeps freed blocks for reuse, so that a
-// steady training loop stops calling the system allocator (cudaMalloc, which synchronises
-// the device and costs far more than a kernel launch) after its first step.
+// CachingAllocator: an allocator that keeps freed blocks for reuse, so that a steady training
+// loop stops calling the system allocator after its first step. Every device uses it: on a
+// GPU the system allocator is cudaMalloc, which synchronises the device and costs far more
+// than a kernel launch; on the CPU it is aligned_alloc, which for large blocks maps fresh
+// pages from the kernel each time (a 64 MB tensor spent half its time in page faults).
 //
 // The design follows PyTorch's CUDA caching allocator, smaller:
 //   - Sizes round up to 512-byte classes. Requests up to 1 MiB come from a "small" pool
@@ -15,14 +17,14 @@
 //     unused and tries once more, then throws an out-of-memory tandem::Error.
 //
 // The system memory is injected (SystemMemory), which keeps this file free of CUDA: the
-// CUDA backend plugs in cudaMalloc/cudaFree, and caching_allocator_test plugs in a fake
-// with a capacity, so the pooling logic is tested on machines without a GPU.
+// CPU backend plugs in aligned host memory (HostMemory in allocator.h), the CUDA backend
+// cudaMalloc/cudaFree, and caching_allocator_test a fake with a capacity.
 //
 //   CachingAllocator allocator(Device::Cuda(0), std::make_unique<MySystemMemory>());
 //   std::shared_ptr<void> block = allocator.Allocate(1000);  // a 1024-byte block
 //   block.reset();                                           // back to the pool
-#ifndef TANDEM_TENSOR_CUDA_CACHING_ALLOCATOR_H_
-#define TANDEM_TENSOR_CUDA_CACHING_ALLOCATOR_H_
+#ifndef TANDEM_TENSOR_CACHING_ALLOCATOR_H_
+#define TANDEM_TENSOR_CACHING_ALLOCATOR_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -35,7 +37,6 @@
 #include "tensor/device.h"
 
 namespace tandem {
-namespace cuda {
 
 // Where a CachingAllocator gets memory from (cudaMalloc for a GPU).
 class SystemMemory {
@@ -111,7 +112,6 @@ class CachingAllocator : public Allocator {
   int64_t num_segments_ = 0;
 };
 
-}  // namespace cuda
 }  // namespace tandem
 
-#endif  // TANDEM_TENSOR_CUDA_CACHING_ALLOCATOR_H_
+#endif  // TANDEM_TENSOR_CACHING_ALLOCATOR_H_
