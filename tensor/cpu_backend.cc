@@ -27,6 +27,7 @@
 #include "tensor/elementwise_math.h"
 #include "tensor/error.h"
 #include "tensor/philox.h"
+#include "tensor/strided_layout.h"
 #include "tensor/worker.h"
 
 namespace tandem {
@@ -48,53 +49,11 @@ Device Cpu(int index) { return Device::Cpu(index); }
 
 // ---- Strided iteration --------------------------------------------------------------
 
-// The common shape of `kArity` operands and each one's strides, with size-1 dimensions
-// dropped and dimensions merged wherever every operand is contiguous across them. A
-// contiguous elementwise op ends up with one dimension of stride 1.
-template <int kArity>
-struct Layout {
-  int ndim = 0;
-  int64_t sizes[kMaxDims] = {};
-  int64_t strides[kArity][kMaxDims] = {};
-
-  bool IsContiguous() const {
-    if (ndim == 0) return true;
-    if (ndim > 1) return false;
-    for (int a = 0; a < kArity; ++a) {
-      if (strides[a][0] != 1) return false;
-    }
-    return true;
-  }
-};
-
-template <int kArity>
-Layout<kArity> MakeLayout(const KernelTensor* const (&operands)[kArity]) {
-  const KernelTensor& shape = *operands[0];
-  Layout<kArity> layout;
-  for (int d = 0; d < shape.ndim; ++d) {
-    if (shape.sizes[d] == 1) continue;
-    const int out = layout.ndim;
-    bool merge = out > 0;
-    for (int a = 0; a < kArity && merge; ++a) {
-      merge = layout.strides[a][out - 1] == operands[a]->strides[d] * shape.sizes[d];
-    }
-    if (merge) {
-      layout.sizes[out - 1] *= shape.sizes[d];
-      for (int a = 0; a < kArity; ++a) layout.strides[a][out - 1] = operands[a]->strides[d];
-    } else {
-      layout.sizes[out] = shape.sizes[d];
-      for (int a = 0; a < kArity; ++a) layout.strides[a][out] = operands[a]->strides[d];
-      ++layout.ndim;
-    }
-  }
-  return layout;
-}
-
 // Visits the elements [begin, end) of `layout` in row-major order, one run along the last
 // dimension at a time: inner(offsets, count, inner_strides) with per-operand element
 // offsets of the run's first element.
 template <int kArity, typename Inner>
-void ForEachRun(const Layout<kArity>& layout, int64_t begin, int64_t end, Inner&& inner) {
+void ForEachRun(const StridedLayout<kArity>& layout, int64_t begin, int64_t end, Inner&& inner) {
   int64_t offsets[kArity] = {};
   if (layout.ndim == 0) {  // a single element
     if (begin < end) inner(offsets, int64_t{1}, offsets);
@@ -620,7 +579,7 @@ void CpuBackend::Copy(int index, const KernelTensor& dst, const KernelTensor& sr
   const int64_t n = dst.numel();
   if (n == 0) return;
   const KernelTensor* operands[2] = {&dst, &src};
-  const Layout<2> layout = MakeLayout(operands);
+  const StridedLayout<2> layout = MakeStridedLayout(operands);
   if (dst.dtype == src.dtype && dst.data == src.data) {
     bool same_strides = true;
     for (int d = 0; d < layout.ndim; ++d)
@@ -653,7 +612,7 @@ void CpuBackend::Fill(int index, const KernelTensor& dst, double value) {
   const int64_t n = dst.numel();
   if (n == 0) return;
   const KernelTensor* operands[1] = {&dst};
-  const Layout<1> layout = MakeLayout(operands);
+  const StridedLayout<1> layout = MakeStridedLayout(operands);
   auto run = [&](auto* out, auto typed_value) {
     ParallelFor(Cpu(index), n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
       ForEachRun(layout, begin, end, [&](const int64_t* offsets, int64_t count, const int64_t* s) {
@@ -679,7 +638,7 @@ void CpuBackend::Unary(int index, UnaryOp op, const KernelTensor& dst, const Ker
   const int64_t n = dst.numel();
   if (n == 0) return;
   const KernelTensor* operands[2] = {&dst, &src};
-  const Layout<2> layout = MakeLayout(operands);
+  const StridedLayout<2> layout = MakeStridedLayout(operands);
   const int64_t grain = IsTranscendental(op) ? kTranscendentalGrain : kElementwiseGrain;
   auto run = [&](auto* out, const auto* in, auto typed_scalar) {
     DispatchUnary(op, [&](auto op_constant) {
@@ -716,7 +675,7 @@ void CpuBackend::Binary(int index, BinaryOp op, const KernelTensor& dst, const K
   const int64_t n = dst.numel();
   if (n == 0) return;
   const KernelTensor* operands[3] = {&dst, &a, &b};
-  const Layout<3> layout = MakeLayout(operands);
+  const StridedLayout<3> layout = MakeStridedLayout(operands);
   auto run = [&](auto* out, const auto* x, const auto* y) {
     DispatchBinary(op, [&](auto op_constant) {
       constexpr BinaryOp kOp = decltype(op_constant)::value;

@@ -26,6 +26,7 @@
 #include "tensor/elementwise_math.h"
 #include "tensor/error.h"
 #include "tensor/philox.h"
+#include "tensor/strided_layout.h"
 
 namespace tandem {
 namespace cuda {
@@ -56,64 +57,7 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 // ---- Strided layouts ------------------------------------------------------------------
 
-// The common shape of kArity operands (operand 0 is the output) and each one's strides,
-// with size-1 dimensions dropped and dimensions merged where every operand is contiguous
-// across them: a contiguous op ends with one dimension of stride 1, a row-broadcast add
-// with two.
-template <int kArity>
-struct HostLayout {
-  int ndim = 0;
-  int64_t sizes[kMaxDims] = {};
-  int64_t strides[kArity][kMaxDims] = {};
-
-  bool IsContiguous() const {
-    if (ndim == 0) return true;
-    if (ndim > 1) return false;
-    for (int a = 0; a < kArity; ++a) {
-      if (strides[a][0] != 1) return false;
-    }
-    return true;
-  }
-  // Whether every linear index and every operand offset fits in int32.
-  bool FitsInt32(int64_t numel) const {
-    constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
-    if (numel > kMax) return false;
-    for (int a = 0; a < kArity; ++a) {
-      int64_t extent = 0;
-      for (int d = 0; d < ndim; ++d) {
-        if (strides[a][d] < 0) return false;
-        extent += (sizes[d] - 1) * strides[a][d];
-      }
-      if (extent > kMax) return false;
-    }
-    return true;
-  }
-};
-
-template <int kArity>
-HostLayout<kArity> MakeLayout(const KernelTensor* const (&operands)[kArity]) {
-  const KernelTensor& shape = *operands[0];
-  HostLayout<kArity> layout;
-  for (int d = 0; d < shape.ndim; ++d) {
-    if (shape.sizes[d] == 1) continue;
-    const int out = layout.ndim;
-    bool merge = out > 0;
-    for (int a = 0; a < kArity && merge; ++a) {
-      merge = layout.strides[a][out - 1] == operands[a]->strides[d] * shape.sizes[d];
-    }
-    if (merge) {
-      layout.sizes[out - 1] *= shape.sizes[d];
-      for (int a = 0; a < kArity; ++a) layout.strides[a][out - 1] = operands[a]->strides[d];
-    } else {
-      layout.sizes[out] = shape.sizes[d];
-      for (int a = 0; a < kArity; ++a) layout.strides[a][out] = operands[a]->strides[d];
-      ++layout.ndim;
-    }
-  }
-  return layout;
-}
-
-// HostLayout in the kernel's index type; passed to kernels by value.
+// StridedLayout in the kernel's index type; passed to kernels by value.
 template <int kArity, typename Index>
 struct DeviceLayout {
   int ndim;
@@ -138,7 +82,7 @@ struct DeviceLayout {
 };
 
 template <typename Index, int kArity>
-DeviceLayout<kArity, Index> ToDevice(const HostLayout<kArity>& host) {
+DeviceLayout<kArity, Index> ToDevice(const StridedLayout<kArity>& host) {
   DeviceLayout<kArity, Index> layout;
   layout.ndim = host.ndim;
   for (int d = 0; d < kMaxDims; ++d) {
@@ -256,7 +200,7 @@ template <typename T>
 void RunFill(const LaunchContext& context, const KernelTensor& dst, T value) {
   const int64_t n = dst.numel();
   const KernelTensor* operands[1] = {&dst};
-  const HostLayout<1> layout = MakeLayout(operands);
+  const StridedLayout<1> layout = MakeStridedLayout(operands);
   T* out = dst.ptr<T>();
   if (layout.IsContiguous()) {
     if (value == T(0) && !std::signbit(static_cast<double>(value))) {
@@ -288,7 +232,7 @@ void RunMap1(const LaunchContext& context, const KernelTensor& dst, const Kernel
              Fn fn) {
   const int64_t n = dst.numel();
   const KernelTensor* operands[2] = {&dst, &src};
-  const HostLayout<2> layout = MakeLayout(operands);
+  const StridedLayout<2> layout = MakeStridedLayout(operands);
   Out* out = dst.ptr<Out>();
   const In* in = src.ptr<const In>();
   if (layout.IsContiguous()) {
@@ -316,7 +260,7 @@ void RunMap2(const LaunchContext& context, const KernelTensor& dst, const Kernel
              const KernelTensor& b, Fn fn) {
   const int64_t n = dst.numel();
   const KernelTensor* operands[3] = {&dst, &a, &b};
-  const HostLayout<3> layout = MakeLayout(operands);
+  const StridedLayout<3> layout = MakeStridedLayout(operands);
   T* out = dst.ptr<T>();
   const T* x = a.ptr<const T>();
   const T* y = b.ptr<const T>();
@@ -846,7 +790,7 @@ void LaunchCopy(const LaunchContext& context, const KernelTensor& dst, const Ker
   const int64_t n = dst.numel();
   if (n == 0) return;
   const KernelTensor* operands[2] = {&dst, &src};
-  const HostLayout<2> layout = MakeLayout(operands);
+  const StridedLayout<2> layout = MakeStridedLayout(operands);
   if (dst.dtype == src.dtype) {
     if (dst.data == src.data) {
       bool same_strides = true;
