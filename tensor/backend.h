@@ -54,6 +54,17 @@ struct KernelTensor {
   T* ptr() const {
     return static_cast<T*>(data);
   }
+
+  // A contiguous vector of `n` elements at `data`.
+  static KernelTensor Vector(void* data, int64_t n, DType dtype = DType::kFloat32) {
+    KernelTensor t;
+    t.data = data;
+    t.dtype = dtype;
+    t.ndim = 1;
+    t.sizes[0] = n;
+    t.strides[0] = 1;
+    return t;
+  }
 };
 
 // Elementwise functions of one input and an optional scalar parameter `s`.

@@ -148,24 +148,14 @@ void SetBandwidthCounter(benchmark::State& state, int64_t n) {
                                               benchmark::Counter::kIsIterationInvariantRate);
 }
 
-KernelTensor Contiguous(float* data, int64_t n) {
-  KernelTensor t;
-  t.data = data;
-  t.dtype = kFloat32;
-  t.ndim = 1;
-  t.sizes[0] = n;
-  t.strides[0] = 1;
-  return t;
-}
-
 // out = a + b over n (range 0) floats through Backend::Binary, `threads` (range 1) threads.
 void BM_AddBackend(benchmark::State& state) {
   const int64_t n = state.range(0);
   if (!SetThreadsPerDevice(state, static_cast<int>(state.range(1)))) return;
   Buffer a(n, 1), b(n, 2), out(n, 3);
   for (auto _ : state) {
-    CpuBackend().Binary(0, BinaryOp::kAdd, Contiguous(out.data(), n), Contiguous(a.data(), n),
-                        Contiguous(b.data(), n));
+    CpuBackend().Binary(0, BinaryOp::kAdd, KernelTensor::Vector(out.data(), n),
+                        KernelTensor::Vector(a.data(), n), KernelTensor::Vector(b.data(), n));
     benchmark::ClobberMemory();
   }
   SetBandwidthCounter(state, n);

@@ -68,16 +68,6 @@ std::shared_ptr<void> DeviceBuffer(size_t bytes) {
   return GetAllocator(Device::Cuda(kDevice)).Allocate(bytes);
 }
 
-KernelTensor Vector(void* data, int64_t n) {
-  KernelTensor t;
-  t.data = data;
-  t.dtype = kFloat32;
-  t.ndim = 1;
-  t.sizes[0] = n;
-  t.strides[0] = 1;
-  return t;
-}
-
 void SetRate(benchmark::State& state, const char* name, double per_iteration) {
   state.counters[name] =
       benchmark::Counter(per_iteration, benchmark::Counter::kIsIterationInvariantRate);
@@ -173,11 +163,11 @@ void BM_CudaAdd(benchmark::State& state) {
   Backend& backend = GetBackend(DeviceType::kCUDA);
   std::shared_ptr<void> a = DeviceBuffer(n * sizeof(float)), b = DeviceBuffer(n * sizeof(float)),
                         c = DeviceBuffer(n * sizeof(float));
-  backend.Fill(kDevice, Vector(a.get(), n), 1.0);
-  backend.Fill(kDevice, Vector(b.get(), n), 2.0);
+  backend.Fill(kDevice, KernelTensor::Vector(a.get(), n), 1.0);
+  backend.Fill(kDevice, KernelTensor::Vector(b.get(), n), 2.0);
   auto add = [&] {
-    backend.Binary(kDevice, BinaryOp::kAdd, Vector(c.get(), n), Vector(a.get(), n),
-                   Vector(b.get(), n));
+    backend.Binary(kDevice, BinaryOp::kAdd, KernelTensor::Vector(c.get(), n),
+                   KernelTensor::Vector(a.get(), n), KernelTensor::Vector(b.get(), n));
   };
   add();
   StreamTimer timer;

@@ -36,16 +36,6 @@ class CudaMemoryTest : public ::testing::Test {
   Backend& gpu_ = GetBackend(DeviceType::kCUDA);
 };
 
-KernelTensor Contiguous(void* data, int64_t n) {
-  KernelTensor t;
-  t.data = data;
-  t.dtype = kFloat32;
-  t.ndim = 1;
-  t.sizes[0] = n;
-  t.strides[0] = 1;
-  return t;
-}
-
 TEST_F(CudaMemoryTest, SteadyLoopReusesBlocksWithoutCudaMalloc) {
   Allocator& allocator = GetAllocator(kCuda0);
   // One "step": the allocations of a small MLP's forward and backward, with a kernel on
@@ -54,7 +44,7 @@ TEST_F(CudaMemoryTest, SteadyLoopReusesBlocksWithoutCudaMalloc) {
     std::vector<std::shared_ptr<void>> blocks;
     for (size_t floats : {784 * 256, 256 * 128, 128 * 10, 64 * 784, 64 * 256, 64 * 10, 1}) {
       blocks.push_back(allocator.Allocate(floats * sizeof(float)));
-      gpu_.Fill(0, Contiguous(blocks.back().get(), static_cast<int64_t>(floats)), 1.0);
+      gpu_.Fill(0, KernelTensor::Vector(blocks.back().get(), static_cast<int64_t>(floats)), 1.0);
     }
     blocks.erase(blocks.begin() + 3);
     blocks.push_back(allocator.Allocate(64 * 784 * sizeof(float)));
@@ -118,7 +108,7 @@ TEST_F(CudaMemoryTest, CudaMallocFailureIsAClearErrorAndLeavesTheDeviceUsable) {
   // The failure must not linger as the thread's last CUDA error (it would be blamed on the
   // next kernel launch).
   std::shared_ptr<void> block = GetAllocator(kCuda0).Allocate(64 * sizeof(float));
-  EXPECT_NO_THROW(gpu_.Fill(0, Contiguous(block.get(), 64), 3.0));
+  EXPECT_NO_THROW(gpu_.Fill(0, KernelTensor::Vector(block.get(), 64), 3.0));
   std::vector<float> host(64);
   gpu_.CopyToHost(0, host.data(), block.get(), 64 * sizeof(float));
   EXPECT_EQ(host, std::vector<float>(64, 3.0f));

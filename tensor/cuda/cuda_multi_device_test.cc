@@ -27,16 +27,6 @@ const bool kLogicalDevicesSet = [] {
   return true;
 }();
 
-KernelTensor Contiguous(void* data, int64_t n) {
-  KernelTensor t;
-  t.data = data;
-  t.dtype = kFloat32;
-  t.ndim = 1;
-  t.sizes[0] = n;
-  t.strides[0] = 1;
-  return t;
-}
-
 class CudaMultiDeviceTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -72,9 +62,9 @@ TEST_F(CudaMultiDeviceTest, CopyWaitsForWorkQueuedOnTheSource) {
   const int64_t n = 1 << 24;  // 64 MiB: the fill is still running when the copy is queued
   std::shared_ptr<void> src = GetAllocator(Device::Cuda(0)).Allocate(n * sizeof(float));
   std::shared_ptr<void> dst = GetAllocator(Device::Cuda(1)).Allocate(n * sizeof(float));
-  gpu_.Fill(1, Contiguous(dst.get(), n), -1.0);
+  gpu_.Fill(1, KernelTensor::Vector(dst.get(), n), -1.0);
   for (int round = 1; round <= 3; ++round) {
-    gpu_.Fill(0, Contiguous(src.get(), n), round);
+    gpu_.Fill(0, KernelTensor::Vector(src.get(), n), round);
     gpu_.CopyBetweenDevices(1, dst.get(), 0, src.get(), n * sizeof(float));
     const std::vector<float> result = Download(1, dst, n);
     for (int64_t i = 0; i < n; i += 65537) ASSERT_EQ(result[i], round) << i;
@@ -90,14 +80,14 @@ TEST_F(CudaMultiDeviceTest, SourceBlockIsNotReusedBeforeTheCopyHasReadIt) {
   {
     std::shared_ptr<void> src = GetAllocator(Device::Cuda(0)).Allocate(n * sizeof(float));
     first_src = src.get();
-    gpu_.Fill(0, Contiguous(src.get(), n), 7.0);
+    gpu_.Fill(0, KernelTensor::Vector(src.get(), n), 7.0);
     gpu_.CopyBetweenDevices(1, dst.get(), 0, src.get(), n * sizeof(float));
   }  // freed at once; cuda:0's allocator hands the block out again below
   std::shared_ptr<void> reused = GetAllocator(Device::Cuda(0)).Allocate(n * sizeof(float));
   EXPECT_EQ(reused.get(), first_src);
   // Queued on cuda:0's stream, which waits for the copy: it cannot overwrite the source
   // before the copy has read it.
-  gpu_.Fill(0, Contiguous(reused.get(), n), -3.0);
+  gpu_.Fill(0, KernelTensor::Vector(reused.get(), n), -3.0);
   const std::vector<float> result = Download(1, dst, n);
   for (int64_t i = 0; i < n; i += 65537) ASSERT_EQ(result[i], 7.0f) << i;
   EXPECT_EQ(Download(0, reused, 1)[0], -3.0f);
