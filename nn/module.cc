@@ -271,18 +271,7 @@ void Module::to(Device device) {
   for (auto& [slot, copy] : plan) *slot = std::move(copy);
 }
 
-void Module::zero_grad(bool set_to_none) {
-  NoGradGuard no_grad;
-  for (Tensor& p : parameters()) {
-    Tensor grad = p.grad();
-    if (!grad.defined()) continue;
-    if (set_to_none) {
-      p.set_grad(Tensor());
-    } else {
-      grad.zero_();
-    }
-  }
-}
+void Module::zero_grad(bool set_to_none) { ZeroGrad(parameters(), set_to_none); }
 
 void Module::ReplaceEntry(Kind kind, const std::string& dotted_name, Tensor value) {
   const Entry& entry = FindEntry(kind, dotted_name);

@@ -32,18 +32,7 @@ Optimizer::Optimizer(std::vector<Tensor> parameters, std::string name)
   }
 }
 
-void Optimizer::zero_grad(bool set_to_none) {
-  NoGradGuard no_grad;
-  for (Tensor& p : parameters_) {
-    Tensor grad = p.grad();
-    if (!grad.defined()) continue;
-    if (set_to_none) {
-      p.set_grad(Tensor());
-    } else {
-      grad.zero_();
-    }
-  }
-}
+void Optimizer::zero_grad(bool set_to_none) { ZeroGrad(parameters_, set_to_none); }
 
 // ---- SGD -------------------------------------------------------------------------------
 

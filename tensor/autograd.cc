@@ -295,6 +295,19 @@ void AddGradAccumulatedHook(const Tensor& leaf, std::function<void(const Tensor&
   leaf.impl()->grad_hooks.push_back(std::move(hook));
 }
 
+void ZeroGrad(const std::vector<Tensor>& tensors, bool set_to_none) {
+  NoGradGuard no_grad;
+  for (const Tensor& t : tensors) {
+    Tensor grad = t.grad();
+    if (!grad.defined()) continue;
+    if (set_to_none) {
+      Tensor(t).set_grad(Tensor());
+    } else {
+      grad.zero_();
+    }
+  }
+}
+
 void RunBackward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads) {
   TANDEM_CHECK(roots.size() == grads.size(), "backward: ", roots.size(), " tensors but ",
                grads.size(), " gradients");

@@ -116,6 +116,11 @@ Edge GradientEdge(const Tensor& tensor);
 // overlapping communication with backward (DistributedDataParallel) needs.
 void AddGradAccumulatedHook(const Tensor& leaf, std::function<void(const Tensor&)> hook);
 
+// Clears the gradients of `tensors`: drops them (set_to_none, PyTorch's default since 2.0,
+// saves a pass over memory and lets the next backward write fresh ones) or fills them with
+// zeros. What Module::zero_grad and Optimizer::zero_grad do.
+void ZeroGrad(const std::vector<Tensor>& tensors, bool set_to_none = true);
+
 // Runs the backward pass from `roots` with the given gradients (one per root).
 void RunBackward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads);
 

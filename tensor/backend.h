@@ -116,6 +116,23 @@ struct Conv2dGeometry {
   int64_t pad_h = 0, pad_w = 0;
   int64_t out_h() const { return (height + 2 * pad_h - kernel_h) / stride_h + 1; }
   int64_t out_w() const { return (width + 2 * pad_w - kernel_w) / stride_w + 1; }
+
+  static Conv2dGeometry Make(int64_t batch, int64_t channels, int64_t height, int64_t width,
+                             int64_t kernel_h, int64_t kernel_w, int64_t stride_h, int64_t stride_w,
+                             int64_t pad_h, int64_t pad_w) {
+    Conv2dGeometry g;
+    g.batch = batch;
+    g.channels = channels;
+    g.height = height;
+    g.width = width;
+    g.kernel_h = kernel_h;
+    g.kernel_w = kernel_w;
+    g.stride_h = stride_h;
+    g.stride_w = stride_w;
+    g.pad_h = pad_h;
+    g.pad_w = pad_w;
+    return g;
+  }
 };
 
 class Backend {

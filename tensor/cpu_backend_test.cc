@@ -697,27 +697,12 @@ TEST(CpuBackendTest, GemmDegenerateSizes) {
 
 // ---- Convolution helpers and pooling -----------------------------------------------------
 
-Conv2dGeometry Geometry(int64_t batch, int64_t channels, int64_t height, int64_t width,
-                        int64_t kernel_h, int64_t kernel_w, int64_t stride_h, int64_t stride_w,
-                        int64_t pad_h, int64_t pad_w) {
-  Conv2dGeometry g;
-  g.batch = batch;
-  g.channels = channels;
-  g.height = height;
-  g.width = width;
-  g.kernel_h = kernel_h;
-  g.kernel_w = kernel_w;
-  g.stride_h = stride_h;
-  g.stride_w = stride_w;
-  g.pad_h = pad_h;
-  g.pad_w = pad_w;
-  return g;
-}
-
 std::vector<Conv2dGeometry> ConvGeometries() {
-  return {Geometry(2, 3, 7, 9, 3, 3, 1, 1, 1, 1), Geometry(1, 2, 8, 5, 2, 3, 2, 1, 0, 1),
-          Geometry(3, 1, 6, 6, 5, 4, 3, 2, 2, 2), Geometry(1, 1, 1, 1, 1, 1, 1, 1, 0, 0),
-          Geometry(4, 16, 28, 28, 5, 5, 1, 1, 2, 2)};
+  return {Conv2dGeometry::Make(2, 3, 7, 9, 3, 3, 1, 1, 1, 1),
+          Conv2dGeometry::Make(1, 2, 8, 5, 2, 3, 2, 1, 0, 1),
+          Conv2dGeometry::Make(3, 1, 6, 6, 5, 4, 3, 2, 2, 2),
+          Conv2dGeometry::Make(1, 1, 1, 1, 1, 1, 1, 1, 0, 0),
+          Conv2dGeometry::Make(4, 16, 28, 28, 5, 5, 1, 1, 2, 2)};
 }
 
 std::vector<float> ReferenceIm2Col(const Conv2dGeometry& g, const std::vector<float>& image) {
@@ -791,15 +776,18 @@ TEST(CpuBackendTest, Col2ImIsTheAdjointOfIm2Col) {
 
 TEST(CpuBackendTest, Im2ColRejectsBadGeometry) {
   float buffer[16] = {};
-  EXPECT_THROW(Cpu().Im2Col(0, Geometry(1, 1, 2, 2, 3, 3, 1, 1, 0, 0), buffer, buffer), Error);
-  EXPECT_THROW(Cpu().Im2Col(0, Geometry(1, 1, 4, 4, 2, 2, 0, 1, 0, 0), buffer, buffer), Error);
+  EXPECT_THROW(Cpu().Im2Col(0, Conv2dGeometry::Make(1, 1, 2, 2, 3, 3, 1, 1, 0, 0), buffer, buffer),
+               Error);
+  EXPECT_THROW(Cpu().Im2Col(0, Conv2dGeometry::Make(1, 1, 4, 4, 2, 2, 0, 1, 0, 0), buffer, buffer),
+               Error);
 }
 
 TEST(CpuBackendTest, MaxPoolWithPaddingMatchesTheDefinition) {
   WithEachThreadCount([] {
-    for (const Conv2dGeometry& g :
-         {Geometry(2, 3, 7, 9, 3, 3, 2, 2, 1, 1), Geometry(1, 2, 8, 5, 2, 2, 2, 2, 0, 0),
-          Geometry(3, 4, 6, 6, 4, 3, 1, 2, 2, 1), Geometry(8, 32, 28, 28, 2, 2, 2, 2, 1, 0)}) {
+    for (const Conv2dGeometry& g : {Conv2dGeometry::Make(2, 3, 7, 9, 3, 3, 2, 2, 1, 1),
+                                    Conv2dGeometry::Make(1, 2, 8, 5, 2, 2, 2, 2, 0, 0),
+                                    Conv2dGeometry::Make(3, 4, 6, 6, 4, 3, 1, 2, 2, 1),
+                                    Conv2dGeometry::Make(8, 32, 28, 28, 2, 2, 2, 2, 1, 0)}) {
       const int64_t plane = g.height * g.width, out_plane = g.out_h() * g.out_w();
       const int64_t planes = g.batch * g.channels;
       // Negative values so that padding (-inf, never chosen) cannot be confused with zeros,
@@ -848,16 +836,16 @@ TEST(CpuBackendTest, MaxPoolWithPaddingMatchesTheDefinition) {
 }
 
 TEST(CpuBackendTest, MaxPoolPropagatesNaN) {
-  const Conv2dGeometry g = Geometry(1, 1, 2, 2, 2, 2, 2, 2, 0, 0);
+  const Conv2dGeometry g = Conv2dGeometry::Make(1, 1, 2, 2, 2, 2, 2, 2, 0, 0);
   std::vector<float> input = {1, kNaN, 3, kNaN};
   float output = 0;
   int64_t argmax = -1;
   Cpu().MaxPool2d(0, g, input.data(), &output, &argmax);
   EXPECT_TRUE(std::isnan(output));
   EXPECT_EQ(argmax, 1);  // the first NaN
-  EXPECT_THROW(
-      Cpu().MaxPool2d(0, Geometry(1, 1, 4, 4, 2, 2, 1, 1, 2, 2), input.data(), &output, &argmax),
-      Error);  // padding beyond half the kernel
+  EXPECT_THROW(Cpu().MaxPool2d(0, Conv2dGeometry::Make(1, 1, 4, 4, 2, 2, 1, 1, 2, 2), input.data(),
+                               &output, &argmax),
+               Error);  // padding beyond half the kernel
 }
 
 // ---- Gather / scatter --------------------------------------------------------------------

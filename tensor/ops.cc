@@ -938,17 +938,9 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
                ", ", stride_w, "]");
   TANDEM_CHECK(pad_h >= 0 && pad_w >= 0, "conv2d: padding must be non-negative but is [", pad_h,
                ", ", pad_w, "]");
-  Conv2dGeometry g;
-  g.batch = input.size(0);
-  g.channels = input.size(1);
-  g.height = input.size(2);
-  g.width = input.size(3);
-  g.kernel_h = weight.size(2);
-  g.kernel_w = weight.size(3);
-  g.stride_h = stride_h;
-  g.stride_w = stride_w;
-  g.pad_h = pad_h;
-  g.pad_w = pad_w;
+  const Conv2dGeometry g =
+      Conv2dGeometry::Make(input.size(0), input.size(1), input.size(2), input.size(3),
+                           weight.size(2), weight.size(3), stride_h, stride_w, pad_h, pad_w);
   TANDEM_CHECK(g.height + 2 * pad_h >= g.kernel_h && g.width + 2 * pad_w >= g.kernel_w,
                "conv2d: input is ", ShapeToString(input.shape()), " (", g.height, "x", g.width,
                " with padding [", pad_h, ", ", pad_w, "]) but the kernel is ", g.kernel_h, "x",
@@ -1047,17 +1039,9 @@ Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
   TANDEM_CHECK(pad_h >= 0 && pad_w >= 0 && 2 * pad_h <= kernel_h && 2 * pad_w <= kernel_w,
                "max_pool2d: padding must be between 0 and half the kernel size, but padding is [",
                pad_h, ", ", pad_w, "] for a ", kernel_h, "x", kernel_w, " kernel");
-  Conv2dGeometry g;
-  g.batch = input.size(0);
-  g.channels = input.size(1);
-  g.height = input.size(2);
-  g.width = input.size(3);
-  g.kernel_h = kernel_h;
-  g.kernel_w = kernel_w;
-  g.stride_h = stride_h;
-  g.stride_w = stride_w;
-  g.pad_h = pad_h;
-  g.pad_w = pad_w;
+  const Conv2dGeometry g =
+      Conv2dGeometry::Make(input.size(0), input.size(1), input.size(2), input.size(3), kernel_h,
+                           kernel_w, stride_h, stride_w, pad_h, pad_w);
   TANDEM_CHECK(g.height + 2 * pad_h >= kernel_h && g.width + 2 * pad_w >= kernel_w,
                "max_pool2d: input is ", ShapeToString(input.shape()), " (", g.height, "x", g.width,
                " with padding [", pad_h, ", ", pad_w, "]) but the window is ", kernel_h, "x",

@@ -614,28 +614,14 @@ TEST_F(CudaBackendTest, GemmTf32SwitchTradesPrecisionForSpeed) {
 
 // ---- Convolution and pooling --------------------------------------------------------------------
 
-Conv2dGeometry Geometry(int64_t batch, int64_t channels, int64_t height, int64_t width,
-                        int64_t kernel_h, int64_t kernel_w, int64_t stride_h, int64_t stride_w,
-                        int64_t pad_h, int64_t pad_w) {
-  Conv2dGeometry g;
-  g.batch = batch;
-  g.channels = channels;
-  g.height = height;
-  g.width = width;
-  g.kernel_h = kernel_h;
-  g.kernel_w = kernel_w;
-  g.stride_h = stride_h;
-  g.stride_w = stride_w;
-  g.pad_h = pad_h;
-  g.pad_w = pad_w;
-  return g;
-}
-
 const Conv2dGeometry kGeometries[] = {
-    Geometry(2, 3, 7, 9, 3, 3, 1, 1, 1, 1),   Geometry(1, 2, 8, 8, 2, 2, 2, 2, 0, 0),
-    Geometry(2, 1, 5, 6, 3, 2, 2, 1, 1, 0),   Geometry(1, 1, 1, 1, 1, 1, 1, 1, 0, 0),
-    Geometry(3, 4, 28, 28, 5, 5, 1, 1, 2, 2), Geometry(2, 5, 13, 11, 3, 3, 2, 2, 1, 1),
-    Geometry(0, 3, 4, 4, 3, 3, 1, 1, 1, 1),
+    Conv2dGeometry::Make(2, 3, 7, 9, 3, 3, 1, 1, 1, 1),
+    Conv2dGeometry::Make(1, 2, 8, 8, 2, 2, 2, 2, 0, 0),
+    Conv2dGeometry::Make(2, 1, 5, 6, 3, 2, 2, 1, 1, 0),
+    Conv2dGeometry::Make(1, 1, 1, 1, 1, 1, 1, 1, 0, 0),
+    Conv2dGeometry::Make(3, 4, 28, 28, 5, 5, 1, 1, 2, 2),
+    Conv2dGeometry::Make(2, 5, 13, 11, 3, 3, 2, 2, 1, 1),
+    Conv2dGeometry::Make(0, 3, 4, 4, 3, 3, 1, 1, 1, 1),
 };
 
 std::string Describe(const Conv2dGeometry& g) {
