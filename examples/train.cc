@@ -44,8 +44,7 @@ double SecondsSince(Clock::time_point start) {
 std::shared_ptr<nn::Sequential> MakeModel(const std::string& kind) {
   if (kind == "mlp") {
     return std::make_shared<nn::Sequential>(nn::Flatten(), nn::Linear(784, 256), nn::ReLU(),
-                                            nn::Linear(256, 128), nn::ReLU(),
-                                            nn::Linear(128, 10));
+                                            nn::Linear(256, 128), nn::ReLU(), nn::Linear(128, 10));
   }
   if (kind == "cnn") {
     return std::make_shared<nn::Sequential>(
@@ -92,8 +91,8 @@ int Run() {
 
   const std::string root = absl::GetFlag(FLAGS_data_dir);
   const auto options = data::FashionMnistOptions().normalize();
-  auto train_set = std::make_shared<data::FashionMnist>(root, data::FashionMnist::Split::kTrain,
-                                                        options);
+  auto train_set =
+      std::make_shared<data::FashionMnist>(root, data::FashionMnist::Split::kTrain, options);
   auto test_set =
       std::make_shared<data::FashionMnist>(root, data::FashionMnist::Split::kTest, options);
   data::DataLoader train_loader(train_set, data::DataLoaderOptions()
@@ -153,8 +152,8 @@ int Run() {
     }
     const double seconds = SecondsSince(epoch_start);
     const double test_accuracy = Evaluate(*model, test_loader);
-    results.push_back({loss_sum / seen, static_cast<double>(correct) / seen, test_accuracy,
-                       seconds, seen / seconds});
+    results.push_back({loss_sum / seen, static_cast<double>(correct) / seen, test_accuracy, seconds,
+                       seen / seconds});
     std::printf("epoch %d/%d done in %.1f s: test accuracy %.2f%%\n\n", epoch, epochs, seconds,
                 100.0 * test_accuracy);
   }
@@ -165,8 +164,7 @@ int Run() {
   for (size_t i = 0; i < results.size(); ++i) {
     const EpochResult& r = results[i];
     std::printf("  %5zu   %10.4f   %8.2f%%   %7.2f%%   %7.1f   %9.0f\n", i + 1, r.loss,
-                100.0 * r.train_accuracy, 100.0 * r.test_accuracy, r.seconds,
-                r.samples_per_second);
+                100.0 * r.train_accuracy, 100.0 * r.test_accuracy, r.seconds, r.samples_per_second);
   }
   const std::string save = absl::GetFlag(FLAGS_save);
   if (!save.empty()) {

@@ -1,5 +1,7 @@
 // Links and exercises every system library from WORKSPACE: gtest/gmock,
 // Abseil, OpenBLAS (CBLAS), zlib and Google Benchmark.
+#include "third_party/deps_smoke.h"
+
 #include <benchmark/benchmark.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -8,7 +10,6 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_join.h"
-#include "third_party/deps_smoke.h"
 
 namespace tandem::deps_smoke {
 namespace {

@@ -1,8 +1,8 @@
-#include "tools/cuda/tests/saxpy.h"
-
 #include <cuda_runtime.h>
 
 #include <string>
+
+#include "tools/cuda/tests/saxpy.h"
 
 namespace tandem::cuda_tests {
 namespace {

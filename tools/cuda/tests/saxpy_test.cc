@@ -1,14 +1,14 @@
 // Runs the saxpy kernel on the GPU and checks it against a CPU loop. Where the
 // CUDA runtime cannot be used (no driver or no GPU: cudaGetDeviceCount fails,
 // e.g. with cudaErrorInsufficientDriver) the test prints why and skips.
+#include "tools/cuda/tests/saxpy.h"
+
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cstdio>
 #include <string>
 #include <vector>
-
-#include "tools/cuda/tests/saxpy.h"
 
 namespace tandem::cuda_tests {
 namespace {
