@@ -213,38 +213,36 @@ std::shared_ptr<void> HostBuffer(benchmark::State& state) {
   return std::shared_ptr<void>(pageable, pageable->data());
 }
 
-void BM_CudaHostToDevice(benchmark::State& state) {
+// Times one host<->device transfer of range(0) bytes, `copy(backend, host, device, bytes)`,
+// on the device's stream.
+template <typename Copy>
+void BenchmarkHostTransfer(benchmark::State& state, Copy copy) {
   if (!RequireGpu(state)) return;
   const size_t bytes = static_cast<size_t>(state.range(0));
   Backend& backend = GetBackend(DeviceType::kCUDA);
   std::shared_ptr<void> host = HostBuffer(state);
   std::shared_ptr<void> device = DeviceBuffer(bytes);
-  backend.CopyFromHost(kDevice, device.get(), host.get(), bytes);
+  copy(backend, host.get(), device.get(), bytes);  // warm-up
   StreamTimer timer;
   for (auto _ : state) {
     timer.Start();
-    backend.CopyFromHost(kDevice, device.get(), host.get(), bytes);
+    copy(backend, host.get(), device.get(), bytes);
     state.SetIterationTime(timer.StopSeconds());
   }
   SetRate(state, "GB/s", bytes * 1e-9);
   state.SetLabel(state.range(1) == 1 ? "pinned" : "pageable");
 }
 
+void BM_CudaHostToDevice(benchmark::State& state) {
+  BenchmarkHostTransfer(state, [](Backend& backend, void* host, void* device, size_t bytes) {
+    backend.CopyFromHost(kDevice, device, host, bytes);
+  });
+}
+
 void BM_CudaDeviceToHost(benchmark::State& state) {
-  if (!RequireGpu(state)) return;
-  const size_t bytes = static_cast<size_t>(state.range(0));
-  Backend& backend = GetBackend(DeviceType::kCUDA);
-  std::shared_ptr<void> host = HostBuffer(state);
-  std::shared_ptr<void> device = DeviceBuffer(bytes);
-  backend.CopyToHost(kDevice, host.get(), device.get(), bytes);
-  StreamTimer timer;
-  for (auto _ : state) {
-    timer.Start();
-    backend.CopyToHost(kDevice, host.get(), device.get(), bytes);
-    state.SetIterationTime(timer.StopSeconds());
-  }
-  SetRate(state, "GB/s", bytes * 1e-9);
-  state.SetLabel(state.range(1) == 1 ? "pinned" : "pageable");
+  BenchmarkHostTransfer(state, [](Backend& backend, void* host, void* device, size_t bytes) {
+    backend.CopyToHost(kDevice, host, device, bytes);
+  });
 }
 
 BENCHMARK(BM_CudaHostToDevice)
