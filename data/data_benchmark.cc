@@ -31,12 +31,18 @@ std::shared_ptr<const FashionMnist> Train() {
   return train;
 }
 
-void BM_FashionMnistEpoch(benchmark::State& state) {
-  const auto train = Train();
+// The training split, or nullptr after marking the benchmark skipped when it is not installed.
+std::shared_ptr<const FashionMnist> TrainOrSkip(benchmark::State& state) {
+  auto train = Train();
   if (train == nullptr) {
     state.SkipWithError("Fashion-MNIST missing: apt-get install dataset-fashion-mnist");
-    return;
   }
+  return train;
+}
+
+void BM_FashionMnistEpoch(benchmark::State& state) {
+  const auto train = TrainOrSkip(state);
+  if (train == nullptr) return;
   DataLoader loader(train, DataLoaderOptions()
                                .batch_size(kBatchSize)
                                .shuffle(true)
@@ -69,11 +75,8 @@ BENCHMARK(BM_FashionMnistEpoch)
 // The same epochs with a consumer that works `step_us` microseconds per batch, as a training
 // step would: without workers loading and working add up, with workers they overlap.
 void BM_FashionMnistEpochWithStep(benchmark::State& state) {
-  const auto train = Train();
-  if (train == nullptr) {
-    state.SkipWithError("Fashion-MNIST missing: apt-get install dataset-fashion-mnist");
-    return;
-  }
+  const auto train = TrainOrSkip(state);
+  if (train == nullptr) return;
   const auto step = std::chrono::microseconds(state.range(1));
   DataLoader loader(train, DataLoaderOptions()
                                .batch_size(kBatchSize)
@@ -110,10 +113,7 @@ std::vector<int64_t> ShuffledBatchIndices() {
 }
 
 void BM_FashionMnistGetBatch(benchmark::State& state) {
-  if (Train() == nullptr) {
-    state.SkipWithError("Fashion-MNIST missing: apt-get install dataset-fashion-mnist");
-    return;
-  }
+  if (TrainOrSkip(state) == nullptr) return;
   const std::vector<int64_t> indices = ShuffledBatchIndices();
   for (auto _ : state) benchmark::DoNotOptimize(Train()->get_batch(indices));
   state.SetItemsProcessed(state.iterations() * kBatchSize);
@@ -121,10 +121,7 @@ void BM_FashionMnistGetBatch(benchmark::State& state) {
 BENCHMARK(BM_FashionMnistGetBatch)->Unit(benchmark::kMicrosecond);
 
 void BM_FashionMnistGetBatchOneByOne(benchmark::State& state) {
-  if (Train() == nullptr) {
-    state.SkipWithError("Fashion-MNIST missing: apt-get install dataset-fashion-mnist");
-    return;
-  }
+  if (TrainOrSkip(state) == nullptr) return;
   const std::vector<int64_t> indices = ShuffledBatchIndices();
   for (auto _ : state) benchmark::DoNotOptimize(Train()->Dataset::get_batch(indices));
   state.SetItemsProcessed(state.iterations() * kBatchSize);
@@ -133,10 +130,7 @@ BENCHMARK(BM_FashionMnistGetBatchOneByOne)->Unit(benchmark::kMicrosecond);
 
 // Reading and checking both training files (gzip inflate + IDX checks).
 void BM_FashionMnistLoadFiles(benchmark::State& state) {
-  if (Train() == nullptr) {
-    state.SkipWithError("Fashion-MNIST missing: apt-get install dataset-fashion-mnist");
-    return;
-  }
+  if (TrainOrSkip(state) == nullptr) return;
   for (auto _ : state) benchmark::DoNotOptimize(FashionMnist().size());
   state.SetItemsProcessed(state.iterations() * 60000);
 }

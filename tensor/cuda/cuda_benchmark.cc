@@ -64,6 +64,18 @@ class StreamTimer {
   cudaEvent_t stop_ = nullptr;
 };
 
+// Runs `work` once to warm up, then times each iteration with events on the device's stream.
+template <typename Work>
+void TimeOnStream(benchmark::State& state, Work&& work) {
+  work();
+  StreamTimer timer;
+  for (auto _ : state) {
+    timer.Start();
+    work();
+    state.SetIterationTime(timer.StopSeconds());
+  }
+}
+
 std::shared_ptr<void> DeviceBuffer(size_t bytes) {
   return GetAllocator(Device::Cuda(kDevice)).Allocate(bytes);
 }
@@ -102,13 +114,7 @@ void BM_CudaSgemmBackend(benchmark::State& state) {
     backend.Gemm(kDevice, false, false, n, n, n, 1.0f, operands.A(), n, 0, operands.B(), n, 0, 0.0f,
                  operands.C(), n, 0, 1);
   };
-  gemm();  // warm-up: handle creation, cuBLAS's kernel selection
-  StreamTimer timer;
-  for (auto _ : state) {
-    timer.Start();
-    gemm();
-    state.SetIterationTime(timer.StopSeconds());
-  }
+  TimeOnStream(state, gemm);
   SetRate(state, "TFLOP/s", 2.0 * n * n * n * 1e-12);
 }
 
@@ -128,13 +134,7 @@ void BM_CudaSgemmCublas(benchmark::State& state) {
                                     n, operands.A(), n, &beta, operands.C(), n),
                         kDevice);
   };
-  gemm();
-  StreamTimer timer;
-  for (auto _ : state) {
-    timer.Start();
-    gemm();
-    state.SetIterationTime(timer.StopSeconds());
-  }
+  TimeOnStream(state, gemm);
   cublasDestroy(handle);
   SetRate(state, "TFLOP/s", 2.0 * n * n * static_cast<double>(n) * 1e-12);
 }
@@ -169,13 +169,7 @@ void BM_CudaAdd(benchmark::State& state) {
     backend.Binary(kDevice, BinaryOp::kAdd, KernelTensor::Vector(c.get(), n),
                    KernelTensor::Vector(a.get(), n), KernelTensor::Vector(b.get(), n));
   };
-  add();
-  StreamTimer timer;
-  for (auto _ : state) {
-    timer.Start();
-    add();
-    state.SetIterationTime(timer.StopSeconds());
-  }
+  TimeOnStream(state, add);
   SetRate(state, "GB/s", 3.0 * n * sizeof(float) * 1e-9);  // two reads, one write
 }
 
@@ -188,13 +182,7 @@ void BM_CudaMemcpyDeviceToDevice(benchmark::State& state) {
         cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice, DeviceStream()),
         kDevice);
   };
-  copy();
-  StreamTimer timer;
-  for (auto _ : state) {
-    timer.Start();
-    copy();
-    state.SetIterationTime(timer.StopSeconds());
-  }
+  TimeOnStream(state, copy);
   SetRate(state, "GB/s", 2.0 * bytes * 1e-9);  // one read, one write
 }
 
@@ -222,13 +210,7 @@ void BenchmarkHostTransfer(benchmark::State& state, Copy copy) {
   Backend& backend = GetBackend(DeviceType::kCUDA);
   std::shared_ptr<void> host = HostBuffer(state);
   std::shared_ptr<void> device = DeviceBuffer(bytes);
-  copy(backend, host.get(), device.get(), bytes);  // warm-up
-  StreamTimer timer;
-  for (auto _ : state) {
-    timer.Start();
-    copy(backend, host.get(), device.get(), bytes);
-    state.SetIterationTime(timer.StopSeconds());
-  }
+  TimeOnStream(state, [&] { copy(backend, host.get(), device.get(), bytes); });
   SetRate(state, "GB/s", bytes * 1e-9);
   state.SetLabel(state.range(1) == 1 ? "pinned" : "pageable");
 }
