@@ -1,12 +1,13 @@
-// Autograd: the define-by-run graph behind Tensor::backward().
+// Autograd: the define-by-run graph that ops record and Tensor::backward() runs.
 //
-// Every differentiable op whose inputs require grad records a Node that knows how to turn
-// the gradient of its output into gradients of its inputs; leaves that require grad get an
-// AccumulateGrad node that adds into Tensor::grad(). The engine runs each node on the
-// worker of the device its gradient lives on, so the parts of a graph on different devices
-// (DataParallel's replicas) run backward in parallel, and joins them where they meet.
+// This header is the *recording* side: Node (one recorded operation, with one or several
+// outputs), Edge, RecordOp, grad mode and the gradient-ready hooks on leaves. The engine
+// that runs a backward pass over the recorded graph is tensor/engine.h.
 //
-// Writing a new differentiable op (see tensor/ops.cc for many):
+// Every differentiable op whose inputs require grad records a Node that turns the
+// gradients of its outputs into gradients of its inputs; leaves that require grad get an
+// AccumulateGrad node that adds into Tensor::grad(). Writing a new differentiable op (see
+// tensor/ops.cc for many):
 //
 //   Tensor out = ...;  // computed without recording anything
 //   if (NeedsGrad({a})) {
@@ -16,7 +17,10 @@
 //   }
 //
 // A closure must not capture `out` itself (that would be a reference cycle): capture
-// out.detach() instead.
+// out.detach() instead. An op with several outputs on several devices (DataParallel's
+// broadcast and scatter) derives from Node, gives one output device per output, and
+// records with RecordMultiOutputOp; its Apply receives one gradient slot per output (an
+// undefined Tensor where an output got no gradient).
 #ifndef TANDEM_TENSOR_AUTOGRAD_H_
 #define TANDEM_TENSOR_AUTOGRAD_H_
 
@@ -27,31 +31,42 @@
 #include <vector>
 
 #include "tensor/device.h"
+#include "tensor/grad_mode.h"  // IWYU pragma: export
 #include "tensor/tensor.h"
 
 namespace tandem {
 
 class Node;
 
+// Where a gradient goes: output `input_nr` of `node` (PyTorch's naming: it is the index of
+// the gradient among the node's inputs in the backward direction).
 struct Edge {
   std::shared_ptr<Node> node;  // nullptr: this input needs no gradient
+  uint32_t input_nr = 0;
 };
 
-// One recorded operation with one output.
+// One recorded operation.
 class Node {
  public:
+  // A node with one output on `device`.
   explicit Node(Device device);
+  // A node that runs on `device` whose outputs live on `output_devices` (one per output).
+  Node(Device device, std::vector<Device> output_devices);
   virtual ~Node() = default;
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
 
-  // Given the gradient of this node's output, the gradients of its inputs, in the order
+  // Given the gradients of this node's outputs (one per output, each on that output's
+  // device; undefined where an output got none), the gradients of its inputs, in the order
   // of next_edges(); an undefined Tensor where an input gets no gradient.
-  virtual std::vector<Tensor> Apply(const Tensor& grad_output) = 0;
+  virtual std::vector<Tensor> Apply(std::vector<Tensor> grad_outputs) = 0;
   virtual std::string name() const = 0;
 
-  // The device the incoming gradient lives on; Apply runs on that device's worker.
+  // The device whose worker runs Apply.
   Device device() const { return device_; }
+  int num_outputs() const { return static_cast<int>(output_devices_.size()); }
+  // The device the gradient of output `i` is delivered on.
+  Device output_device(int i) const { return output_devices_[i]; }
   const std::vector<Edge>& next_edges() const { return next_edges_; }
   void set_next_edges(std::vector<Edge> edges) { next_edges_ = std::move(edges); }
   // Creation order. Among the ready nodes of one device the engine runs the newest first,
@@ -61,41 +76,25 @@ class Node {
 
  private:
   Device device_;
+  std::vector<Device> output_devices_;
   uint64_t sequence_nr_;
   std::vector<Edge> next_edges_;
 };
 
-// A Node whose backward is a closure.
+// A single-output Node whose backward is a closure.
 class FunctionNode final : public Node {
  public:
   using Backward = std::function<std::vector<Tensor>(const Tensor&)>;
   FunctionNode(std::string name, Device device, Backward backward)
       : Node(device), name_(std::move(name)), backward_(std::move(backward)) {}
-  std::vector<Tensor> Apply(const Tensor& grad_output) override { return backward_(grad_output); }
+  std::vector<Tensor> Apply(std::vector<Tensor> grad_outputs) override {
+    return backward_(grad_outputs[0]);
+  }
   std::string name() const override { return name_; }
 
  private:
   std::string name_;
   Backward backward_;
-};
-
-// Whether ops record the graph on this thread (on by default in every thread).
-class GradMode {
- public:
-  static bool IsEnabled();
-  static void SetEnabled(bool enabled);
-};
-
-// Turns recording off for its lifetime on this thread (optimizer steps, evaluation).
-class NoGradGuard {
- public:
-  NoGradGuard() : previous_(GradMode::IsEnabled()) { GradMode::SetEnabled(false); }
-  ~NoGradGuard() { GradMode::SetEnabled(previous_); }
-  NoGradGuard(const NoGradGuard&) = delete;
-  NoGradGuard& operator=(const NoGradGuard&) = delete;
-
- private:
-  bool previous_;
 };
 
 // True if grad mode is on and any defined input requires grad.
@@ -106,9 +105,13 @@ bool NeedsGrad(const std::vector<Tensor>& inputs);
 void RecordOp(std::shared_ptr<Node> node, const std::vector<Tensor>& inputs, Tensor& output);
 void RecordOp(std::string name, const std::vector<Tensor>& inputs, Tensor& output,
               FunctionNode::Backward backward);
+// Makes `node` the grad_fn of every output (output i is the node's output i; their count
+// and devices must match the node's) with edges to `inputs`. Undefined outputs are skipped.
+void RecordMultiOutputOp(std::shared_ptr<Node> node, const std::vector<Tensor>& inputs,
+                         std::vector<Tensor>& outputs);
 
-// The edge through which a gradient reaches `tensor` (its grad_fn, or its accumulator if
-// it is a leaf that requires grad, or none).
+// The edge through which a gradient reaches `tensor` (its grad_fn and output index, or its
+// accumulator if it is a leaf that requires grad, or none).
 Edge GradientEdge(const Tensor& tensor);
 
 // Calls `hook(grad)` each time a backward pass has finished accumulating into `leaf`'s
@@ -121,9 +124,8 @@ void AddGradAccumulatedHook(const Tensor& leaf, std::function<void(const Tensor&
 // zeros. What Module::zero_grad and Optimizer::zero_grad do.
 void ZeroGrad(const std::vector<Tensor>& tensors, bool set_to_none = true);
 
-// Runs the backward pass from `roots` with the given gradients (one per root).
-void RunBackward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads);
-
 }  // namespace tandem
+
+#include "tensor/engine.h"  // IWYU pragma: export (RunBackward, QueueCallback)
 
 #endif  // TANDEM_TENSOR_AUTOGRAD_H_

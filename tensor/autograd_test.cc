@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <stdexcept>
 #include <thread>
 
 #include "tensor/tensor.h"
@@ -35,6 +36,40 @@ class AutogradTest : public ::testing::Test {
  protected:
   void SetUp() override { SetCpuDeviceCount(2); }
 };
+
+// The identity from one input onto `devices`, one output per device, as one node (the shape
+// of DataParallel's broadcast). Backward sums the gradients that reached each slot, moved to
+// the input's device; `seen` records, per slot, the first value of its gradient (or -1 when
+// the slot got none), so a test can check that gradients arrive in the right slots.
+class FanOut final : public Node {
+ public:
+  FanOut(Device source, std::vector<Device> devices, std::vector<float>* seen)
+      : Node(source, std::move(devices)), seen_(seen) {}
+  std::vector<Tensor> Apply(std::vector<Tensor> grads) override {
+    Tensor total;
+    seen_->assign(grads.size(), -1.0f);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (!grads[i].defined()) continue;
+      EXPECT_EQ(grads[i].device(), output_device(static_cast<int>(i)));
+      (*seen_)[i] = grads[i].to_vector<float>()[0];
+      Tensor here = grads[i].to(device());
+      total = total.defined() ? add(total, here) : here;
+    }
+    return {total};
+  }
+  std::string name() const override { return "FanOut"; }
+
+ private:
+  std::vector<float>* seen_;
+};
+
+std::vector<Tensor> Fan(const Tensor& x, const std::vector<Device>& devices,
+                        std::vector<float>* seen) {
+  std::vector<Tensor> outs;
+  for (Device d : devices) outs.push_back(x.detach().to(d));
+  RecordMultiOutputOp(std::make_shared<FanOut>(x.device(), devices, seen), {x}, outs);
+  return outs;
+}
 
 TEST_F(AutogradTest, GradientsFlowThroughViewsIntoLeaves) {
   Tensor w = Param({1, 2, 3, 4, 5, 6});
@@ -169,6 +204,126 @@ TEST_F(AutogradTest, BranchesWithoutGradientDoNotStallOthers) {
   RecordOp("NoGradient", {b}, dead, [](const Tensor&) { return std::vector<Tensor>{Tensor()}; });
   cat({a, dead}).backward(ones({4}));
   EXPECT_THAT(w.grad().to_vector<float>(), ElementsAre(1, 1));
+}
+
+TEST_F(AutogradTest, MultiOutputNodeGetsEachGradientInItsSlot) {
+  SetCpuDeviceCount(3);
+  Tensor w = Param({1, 1});
+  std::vector<float> seen;
+  std::vector<Tensor> outs = Fan(w, {Device::Cpu(0), Device::Cpu(1), Device::Cpu(2)}, &seen);
+  ASSERT_EQ(outs.size(), 3u);
+  EXPECT_EQ(outs[1].grad_fn(), outs[2].grad_fn());
+  // Slot 0 gets 10, slot 1 nothing, slot 2 gets 30 + 300 (summed by the engine).
+  Tensor total = add(mul(outs[0], 10.0).to(Device::Cpu(0)),
+                     add(mul(outs[2], 30.0), mul(outs[2], 300.0)).to(Device::Cpu(0)));
+  total.sum().backward();
+  EXPECT_THAT(seen, ElementsAre(10.0f, -1.0f, 330.0f));
+  EXPECT_THAT(w.grad().to_vector<float>(), ElementsAre(340, 340));
+}
+
+// Eight devices' gradients meet in one set of leaves, through one multi-output node and
+// through eight separate copies, and agree with the same computation on one device.
+TEST_F(AutogradTest, EightDevicesMeetingInOneLeafMatchOneDevice) {
+  SetCpuDeviceCount(8);
+  const std::vector<float> init = {0.5f, -1.0f, 2.0f, 0.25f};
+  std::vector<Device> devices;
+  for (int i = 0; i < 8; ++i) devices.push_back(Device::Cpu(i));
+  auto loss_on = [&](const Tensor& w, const std::vector<Tensor>& copies) {
+    Tensor total;
+    for (size_t i = 0; i < copies.size(); ++i) {
+      Tensor part = mul(copies[i], copies[i]).sum() * static_cast<double>(i + 1);
+      part = part.to(Device::Cpu(0));
+      total = total.defined() ? add(total, part) : part;
+    }
+    return total;
+  };
+  Tensor single = Param(init);
+  std::vector<Tensor> same_device(8, single);
+  loss_on(single, same_device).backward();
+
+  Tensor fanned = Param(init);
+  std::vector<float> seen;
+  loss_on(fanned, Fan(fanned, devices, &seen)).backward();
+
+  Tensor copied = Param(init);
+  std::vector<Tensor> copies;
+  for (Device d : devices) copies.push_back(copied.to(d));
+  loss_on(copied, copies).backward();
+
+  const std::vector<float> expected = single.grad().to_vector<float>();
+  EXPECT_THAT(fanned.grad().to_vector<float>(),
+              ::testing::Pointwise(::testing::FloatEq(), expected));
+  EXPECT_THAT(copied.grad().to_vector<float>(),
+              ::testing::Pointwise(::testing::FloatEq(), expected));
+}
+
+TEST_F(AutogradTest, CallbacksRunOnceAfterEveryNode) {
+  Tensor w = Param({1, 2});
+  std::atomic<int> nodes_run{0};
+  int callbacks_run = 0;
+  int nodes_seen_by_callback = -1;
+  Tensor a = Probe(w.to(Device::Cpu(1)), [&] {
+    ++nodes_run;
+    QueueCallback([&] {
+      ++callbacks_run;
+      nodes_seen_by_callback = nodes_run.load();
+      EXPECT_TRUE(w.grad().defined());  // AccumulateGrad ran before
+    });
+  });
+  Tensor b = Probe(w.to(Device::Cpu(0)), [&] { ++nodes_run; });
+  cat({a.to(Device::Cpu(0)), b}).backward(ones({4}));
+  EXPECT_EQ(callbacks_run, 1);
+  EXPECT_EQ(nodes_seen_by_callback, 2);
+  EXPECT_THAT(w.grad().to_vector<float>(), ElementsAre(2, 2));
+  EXPECT_FALSE(InBackwardPass());
+  EXPECT_THROW(QueueCallback([] {}), Error);
+}
+
+TEST_F(AutogradTest, CallbacksMayQueueCallbacksAndAreSkippedOnFailure) {
+  Tensor w = Param({1});
+  std::vector<int> order;
+  Tensor ok = Probe(w, [&] {
+    QueueCallback([&] {
+      order.push_back(1);
+      QueueCallback([&] { order.push_back(2); });
+    });
+  });
+  ok.backward(ones({1}));
+  EXPECT_THAT(order, ElementsAre(1, 2));
+
+  order.clear();
+  Tensor bad = Probe(Probe(w, [] { throw Error("late"); }),
+                     [&] { QueueCallback([&] { order.push_back(3); }); });
+  EXPECT_THROW(bad.backward(ones({1})), Error);
+  EXPECT_TRUE(order.empty());
+}
+
+TEST_F(AutogradTest, TheOriginalExceptionTypeIsNestedInTheError) {
+  Tensor w = Param({1, 2});
+  Tensor out = Probe(w.to(Device::Cpu(1)), [] { throw std::out_of_range("index 7 of 3"); });
+  try {
+    out.backward(ones({2}, Device::Cpu(1)));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("backward failed in ProbeBackward on cpu:1: index 7 of 3"));
+    try {
+      std::rethrow_if_nested(e);
+      FAIL() << "no nested exception";
+    } catch (const std::out_of_range& original) {
+      EXPECT_STREQ(original.what(), "index 7 of 3");
+    }
+  }
+}
+
+TEST_F(AutogradTest, WorkerTasksRunWithTheCallersGradMode) {
+  Tensor w = Param({1});
+  auto records = [&] { return w.view({1}).requires_grad(); };
+  EXPECT_TRUE(DeviceWorker::For(Device::Cpu(1)).Submit(records).get());
+  {
+    NoGradGuard no_grad;
+    EXPECT_FALSE(DeviceWorker::For(Device::Cpu(1)).Submit(records).get());
+  }
+  EXPECT_TRUE(DeviceWorker::For(Device::Cpu(1)).Submit(records).get());
 }
 
 }  // namespace

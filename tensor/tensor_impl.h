@@ -32,6 +32,7 @@ struct TensorImpl {
   // Autograd state.
   bool requires_grad = false;
   std::shared_ptr<Node> grad_fn;
+  uint32_t output_nr = 0;  // which of grad_fn's outputs this tensor is
   std::mutex grad_mutex;  // guards grad, grad_accumulator and grad_hooks
   Tensor grad;
   std::weak_ptr<Node> grad_accumulator;

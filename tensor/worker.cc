@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "tensor/error.h"
+#include "tensor/grad_mode.h"
 
 namespace tandem {
 namespace {
@@ -129,6 +130,11 @@ DeviceWorker::~DeviceWorker() {
 }
 
 void DeviceWorker::Post(std::function<void()> task) {
+  // The task runs with the grad mode its poster had, as if the poster ran it.
+  task = [grad_mode = GradMode::IsEnabled(), task = std::move(task)] {
+    AutoGradMode mode(grad_mode);
+    task();
+  };
   {
     std::lock_guard<std::mutex> lock(mutex_);
     // While stopping, the loop still drains its queue, so tasks that the worker's own tasks

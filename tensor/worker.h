@@ -42,7 +42,8 @@ class DeviceWorker {
 
   Device device() const { return device_; }
 
-  // Queues `task`; exceptions it throws reach the future.
+  // Queues `task`; exceptions it throws reach the future. Like Post, it runs with the
+  // caller's grad mode (tensor/grad_mode.h).
   template <typename F>
   auto Submit(F&& task) -> std::future<std::invoke_result_t<F>> {
     using R = std::invoke_result_t<F>;
@@ -51,7 +52,8 @@ class DeviceWorker {
     Post([packaged] { (*packaged)(); });
     return result;
   }
-  // Queues a task that must not throw (it is the caller's job to catch).
+  // Queues a task that must not throw (it is the caller's job to catch). The task runs with
+  // the grad mode the calling thread has now.
   void Post(std::function<void()> task);
 
  private:
