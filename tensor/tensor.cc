@@ -565,6 +565,11 @@ Tensor& Tensor::copy_(const Tensor& src) {
   BroadcastShapes(shape(), src.shape(), "copy_");  // validates with a clear message
   if (numel() == 0) return *this;
   Tensor source = src.detach();
+  if (source.device() != device() && source.shape() == shape() && source.dtype() == dtype() &&
+      source.is_contiguous() && is_contiguous()) {
+    CopyContiguousAcrossDevices(*this, source);  // one copy, no staging tensor
+    return *this;
+  }
   if (source.device() != device()) source = source.to(device());
   GetBackend(device()).Copy(device().index(), ToKernel(*this), ToKernelBroadcast(source, shape()));
   return *this;

@@ -1,0 +1,107 @@
+// DataParallel: PyTorch's torch.nn.DataParallel in C++. Wraps a module; each forward splits
+// the batch along `dim` across the devices, runs one replica per chunk in parallel (each on
+// its device's worker), and gathers the outputs on the output device. In training the
+// gradients flow back into the original module's parameters (one reduce-add per bucket of
+// parameters, started while backward is still running).
+//
+//   auto model = std::make_shared<nn::Linear>(10, 5);          // parameters on cpu:0
+//   auto dp = std::make_shared<parallel::DataParallel>(
+//       model, std::vector<Device>{Device::Cpu(0), Device::Cpu(1)});
+//   Tensor y = dp->forward(randn({8, 10}));                    // [8, 5] on cpu:0
+//   y.sum().backward();                                        // model's .grad filled
+//   std::cout << *dp;  // DataParallel(\n  (module): Linear(in_features=10, ...)\n)
+//
+// Semantics, as PyTorch's: the module's parameters and buffers must be on device_ids[0]
+// (checked at every forward); inputs may be on any device (they are scattered from where
+// they are); one device, or a batch that gives one chunk, runs the module directly; a
+// forward with no input runs one replica; train()/eval() reach the replicas; zero_grad()
+// inside a replica's forward does not touch the original; in training mode replica 0's
+// buffer updates (BatchNorm's running statistics) reach the original module, the other
+// replicas' are dropped. An exception in a replica reaches the caller after every replica
+// has stopped, naming the replica and its device (see parallel/parallel_apply.h).
+//
+// Beyond PyTorch: forward_loss() computes the loss inside the replicas, so the full output
+// is never gathered onto one device.
+#ifndef TANDEM_PARALLEL_DATA_PARALLEL_H_
+#define TANDEM_PARALLEL_DATA_PARALLEL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "nn/module.h"
+#include "parallel/replicate.h"
+#include "tensor/tensor.h"
+
+namespace tandem::parallel {
+
+// The default device list: every CUDA device, or every logical CPU device without one.
+std::vector<Device> DefaultDevices();
+
+class DataParallel : public nn::Module {
+ public:
+  // device_ids: empty means DefaultDevices(). output_device: unset means device_ids[0].
+  // Throws for duplicate or unavailable devices, naming them; warns once (stderr) when some
+  // devices have much less memory or fewer cores than the strongest (under 75%).
+  explicit DataParallel(std::shared_ptr<nn::Module> module, std::vector<Device> device_ids = {},
+                        std::optional<Device> output_device = std::nullopt, int64_t dim = 0);
+
+  // Typed forwards: the module's first output, gathered (forward_tensors for all of them).
+  template <typename... Rest,
+            typename = std::enable_if_t<(std::is_convertible_v<const Rest&, const Tensor&> && ...)>>
+  Tensor forward(const Tensor& input, const Rest&... rest) {
+    return forward_tensors({input, rest...}).at(0);
+  }
+  std::vector<Tensor> forward_tensors(const std::vector<Tensor>& inputs) override;
+
+  // criterion(module(inputs), targets) computed inside each replica on its chunk; only the
+  // per-replica losses (scalars) are gathered, weighted by chunk size, so the value and the
+  // gradients equal those of the loss on the gathered output for mean-reduced losses
+  // (CrossEntropyLoss, MSELoss). The criterion's forward takes (output, target) and may be
+  // called from several threads at once (the stock losses are stateless).
+  Tensor forward_loss(nn::Module& criterion, const std::vector<Tensor>& inputs,
+                      const Tensor& targets);
+  Tensor forward_loss(nn::Module& criterion, const Tensor& input, const Tensor& targets) {
+    return forward_loss(criterion, std::vector<Tensor>{input}, targets);
+  }
+
+  const std::shared_ptr<nn::Module>& module() const { return module_; }
+  const std::vector<Device>& device_ids() const { return device_ids_; }
+  Device output_device() const { return output_device_; }
+  int64_t dim() const { return dim_; }
+  // How the last forward split its batch: rows per replica (e.g. {15, 15}).
+  const std::vector<int64_t>& last_chunk_sizes() const { return last_chunk_sizes_; }
+  // Bytes of parameters per gradient-reduction bucket (default kDefaultBucketBytes). A
+  // value at least the parameters' size gives one bucket: reduction waits for the end of
+  // backward.
+  void set_bucket_bytes(size_t bytes);
+
+ private:
+  void CheckModuleDevice() const;
+  // Chunk sizes for a batch of `batch` rows over the devices (maybe fewer than devices).
+  std::vector<int64_t> ChunksFor(const std::vector<Tensor>& inputs) const;
+
+  std::shared_ptr<nn::Module> module_;
+  std::vector<Device> device_ids_;
+  Device output_device_;
+  int64_t dim_;
+  std::unique_ptr<Replicator> replicator_;
+  std::vector<int64_t> last_chunk_sizes_;
+};
+
+namespace internal {
+// Indices of devices whose memory or cores are under 75% of the strongest's.
+struct DeviceCapacity {
+  double memory_bytes = 0;
+  double cores = 0;
+};
+std::vector<size_t> WeakDevices(const std::vector<DeviceCapacity>& capacities);
+}  // namespace internal
+
+}  // namespace tandem::parallel
+
+#endif  // TANDEM_PARALLEL_DATA_PARALLEL_H_

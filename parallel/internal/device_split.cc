@@ -1,0 +1,66 @@
+#include "parallel/internal/device_split.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+
+#include "tensor/worker.h"
+
+namespace tandem::parallel::internal {
+namespace {
+
+struct Job {
+  explicit Job(int pieces, std::function<void(int)> fn) : pieces(pieces), fn(std::move(fn)) {}
+  const int pieces;
+  const std::function<void(int)> fn;  // a copy: a late worker may run after the caller left
+  std::atomic<int> next{0};
+  std::mutex mutex;
+  std::condition_variable done;
+  int finished = 0;  // guarded by mutex
+  std::exception_ptr error;
+
+  void Work() {
+    while (true) {
+      const int i = next.fetch_add(1);
+      if (i >= pieces) return;
+      std::exception_ptr failure;
+      try {
+        fn(i);
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      std::lock_guard<std::mutex> lock(mutex);
+      if (failure && !error) error = failure;
+      if (++finished == pieces) done.notify_all();
+    }
+  }
+};
+
+}  // namespace
+
+void RunAcrossDevices(const std::vector<Device>& devices, int pieces,
+                      const std::function<void(int)>& piece) {
+  if (pieces <= 0) return;
+  if (pieces == 1) {
+    piece(0);
+    return;
+  }
+  auto job = std::make_shared<Job>(pieces, piece);
+  DeviceWorker* self = DeviceWorker::Current();
+  int helpers = 0;
+  for (Device device : devices) {
+    if (helpers + 1 >= pieces) break;
+    DeviceWorker& worker = DeviceWorker::For(device);
+    if (&worker == self) continue;
+    worker.Post([job] { job->Work(); });
+    ++helpers;
+  }
+  job->Work();
+  std::unique_lock<std::mutex> lock(job->mutex);
+  job->done.wait(lock, [&] { return job->finished == job->pieces; });
+  if (job->error) std::rethrow_exception(job->error);
+}
+
+}  // namespace tandem::parallel::internal

@@ -1,0 +1,198 @@
+#include "parallel/replicate.h"
+
+#include <set>
+#include <string>
+
+#include "parallel/comm.h"
+#include "tensor/autograd.h"
+
+namespace tandem::parallel {
+namespace {
+
+// Backward of one bucket of Broadcast: output d * B + b is tensor b's copy on devices[d];
+// the gradient of tensor b is the sum of its copies' gradients, on the source device.
+class BroadcastBackward final : public Node {
+ public:
+  BroadcastBackward(Device source, const std::vector<Device>& devices, size_t bucket_size)
+      : Node(source, OutputDevices(devices, bucket_size)),
+        num_devices_(devices.size()),
+        bucket_size_(bucket_size) {}
+
+  std::vector<Tensor> Apply(std::vector<Tensor> grads) override {
+    bool complete = true;
+    std::vector<std::vector<Tensor>> per_device(num_devices_);
+    for (size_t d = 0; d < num_devices_; ++d) {
+      per_device[d].assign(grads.begin() + d * bucket_size_,
+                           grads.begin() + (d + 1) * bucket_size_);
+      for (const Tensor& g : per_device[d]) complete = complete && g.defined();
+    }
+    if (complete) return reduce_add_coalesced(per_device, device());
+    // Some copies got no gradient (a replica did not use a parameter): sum what there is.
+    std::vector<Tensor> sums(bucket_size_);
+    for (size_t b = 0; b < bucket_size_; ++b) {
+      std::vector<Tensor> defined;
+      for (size_t d = 0; d < num_devices_; ++d) {
+        if (per_device[d][b].defined()) defined.push_back(per_device[d][b]);
+      }
+      if (!defined.empty()) sums[b] = reduce_add(defined, device());
+    }
+    return sums;
+  }
+  std::string name() const override { return "BroadcastBackward"; }
+
+ private:
+  static std::vector<Device> OutputDevices(const std::vector<Device>& devices, size_t n) {
+    std::vector<Device> out;
+    for (Device d : devices) out.insert(out.end(), n, d);
+    return out;
+  }
+  size_t num_devices_;
+  size_t bucket_size_;
+};
+
+void CheckDistinct(const std::vector<Device>& devices, const char* op) {
+  TANDEM_CHECK(!devices.empty(), op, ": expected at least one device but got none");
+  std::set<Device> seen;
+  for (Device d : devices) {
+    TANDEM_CHECK(seen.insert(d).second, op, ": device ", d,
+                 " appears more than once in the device list; list each device once");
+  }
+}
+
+}  // namespace
+
+std::vector<std::vector<Tensor>> Broadcast(const std::vector<Tensor>& tensors,
+                                           const std::vector<Device>& devices,
+                                           size_t bucket_bytes) {
+  std::vector<Tensor> detached;
+  for (const Tensor& t : tensors) detached.push_back(t.detach());
+  std::vector<std::vector<Tensor>> copies = broadcast_coalesced(detached, devices);
+  if (!GradMode::IsEnabled()) return copies;
+  // Buckets in reverse order: backward produces the last parameters' gradients first.
+  std::vector<std::vector<size_t>> buckets;
+  size_t open_bytes = 0;
+  for (size_t k = tensors.size(); k-- > 0;) {
+    if (!tensors[k].requires_grad()) continue;
+    const size_t bytes = static_cast<size_t>(tensors[k].numel()) * ElementSize(tensors[k].dtype());
+    if (buckets.empty() || (open_bytes > 0 && open_bytes + bytes > bucket_bytes)) {
+      buckets.emplace_back();
+      open_bytes = 0;
+    }
+    buckets.back().push_back(k);
+    open_bytes += bytes;
+  }
+  for (const std::vector<size_t>& bucket : buckets) {
+    std::vector<Tensor> inputs;
+    std::vector<Tensor> outputs;
+    for (size_t d = 0; d < devices.size(); ++d) {
+      for (size_t k : bucket) {
+        // A fresh handle even where the copy is the input itself (the source device), so
+        // that recording never touches the caller's tensor.
+        outputs.push_back(copies[d][k].detach());
+      }
+    }
+    for (size_t k : bucket) inputs.push_back(tensors[k]);
+    RecordMultiOutputOp(
+        std::make_shared<BroadcastBackward>(tensors[bucket[0]].device(), devices, bucket.size()),
+        inputs, outputs);
+    for (size_t d = 0; d < devices.size(); ++d) {
+      for (size_t b = 0; b < bucket.size(); ++b) {
+        copies[d][bucket[b]] = outputs[d * bucket.size() + b];
+      }
+    }
+  }
+  return copies;
+}
+
+Replicator::Replicator(std::shared_ptr<nn::Module> module, std::vector<Device> devices,
+                       size_t bucket_bytes)
+    : module_(std::move(module)), devices_(std::move(devices)), bucket_bytes_(bucket_bytes) {
+  TANDEM_CHECK(module_ != nullptr, "Replicator: the module is null");
+  CheckDistinct(devices_, "replicate");
+}
+
+bool Replicator::CacheMatchesModule() const {
+  if (clones_.empty()) return false;
+  auto same = [](const std::vector<nn::NamedTensor>& a, const std::vector<nn::NamedTensor>& b) {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i].name != b[i].name || a[i].value.shape() != b[i].value.shape() ||
+          a[i].value.dtype() != b[i].value.dtype()) {
+        return false;
+      }
+    }
+    return true;
+  };
+  const nn::Module& clone = *clones_[0];
+  return same(module_->named_parameters(), clone.named_parameters()) &&
+         same(module_->named_buffers(), clone.named_buffers());
+}
+
+std::vector<std::shared_ptr<nn::Module>> Replicator::Replicate(int count, bool detach) {
+  if (count < 0) count = static_cast<int>(devices_.size());
+  TANDEM_CHECK(count >= 1 && count <= static_cast<int>(devices_.size()), "replicate: asked for ",
+               count, " replicas but there are ", devices_.size(), " devices");
+  const Device source = devices_[0];
+  const std::vector<nn::NamedTensor> parameters = module_->named_parameters();
+  const std::vector<nn::NamedTensor> buffers = module_->named_buffers();
+  for (const auto* list : {&parameters, &buffers}) {
+    for (const nn::NamedTensor& entry : *list) {
+      TANDEM_CHECK(entry.value.device() == source,
+                   "replicate: the module must have its "
+                   "parameters and buffers on ",
+                   source, " (devices[0]) but ", entry.name, " is on ", entry.value.device(),
+                   "; call module->to(", source, ") first");
+    }
+  }
+  if (!CacheMatchesModule()) {
+    NoGradGuard no_grad;
+    clones_.clear();
+    for (Device device : devices_) clones_.push_back(module_->clone(device));
+  }
+  const std::vector<Device> targets(devices_.begin(), devices_.begin() + count);
+
+  std::vector<Tensor> parameter_values;
+  for (const nn::NamedTensor& p : parameters) parameter_values.push_back(p.value);
+  std::vector<std::vector<Tensor>> parameter_copies;
+  if (detach) {
+    NoGradGuard no_grad;
+    parameter_copies = Broadcast(parameter_values, targets, bucket_bytes_);
+  } else {
+    parameter_copies = Broadcast(parameter_values, targets, bucket_bytes_);
+  }
+
+  NoGradGuard no_grad;
+  std::vector<const nn::Module*> originals = static_cast<const nn::Module&>(*module_).modules();
+  std::vector<std::shared_ptr<nn::Module>> replicas;
+  for (int d = 0; d < count; ++d) {
+    nn::Module& replica = *clones_[d];
+    for (size_t i = 0; i < parameters.size(); ++i) {
+      replica.replace_parameter(parameters[i].name, parameter_copies[d][i]);
+    }
+    for (const nn::NamedTensor& b : buffers) {
+      Tensor value = b.value;  // replica 0 shares the original's buffers
+      if (targets[d] != source) {
+        value = empty(b.value.shape(), TensorOptions().dtype(b.value.dtype()).device(targets[d]));
+        value.copy_(b.value);
+      }
+      replica.replace_buffer(b.name, value);
+    }
+    // Training modes, module by module (pre-order, so a child's own mode wins).
+    std::vector<nn::Module*> copies = replica.modules();
+    for (size_t k = 0; k < copies.size() && k < originals.size(); ++k) {
+      if (copies[k]->is_training() != originals[k]->is_training() || k == 0) {
+        copies[k]->train(originals[k]->is_training());
+      }
+    }
+    replicas.push_back(clones_[d]);
+  }
+  return replicas;
+}
+
+std::vector<std::shared_ptr<nn::Module>> replicate(const std::shared_ptr<nn::Module>& module,
+                                                   const std::vector<Device>& devices,
+                                                   bool detach) {
+  return Replicator(module, devices).Replicate(-1, detach);
+}
+
+}  // namespace tandem::parallel
