@@ -1,8 +1,12 @@
 #include "nn/layers.h"
 
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "tensor/autograd.h"
 
@@ -18,6 +22,43 @@ std::string Tuple(Size2 size) {
 std::string IntOrTuple(Size2 size) { return size.square() ? std::to_string(size.h) : Tuple(size); }
 
 const char* PythonBool(bool value) { return value ? "True" : "False"; }
+
+// Python's repr of a float: the shortest digits that read back as `value`, in exponent
+// form below 1e-4 and from 1e16 on ("1e-05", "0.1", "1.0", "1e+16").
+std::string PythonFloat(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  char buffer[32];
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(buffer, sizeof(buffer), "%.*e", digits - 1, value);
+    if (std::strtod(buffer, nullptr) == value) break;
+  }
+  std::string text = buffer;  // [-]d[.ddd]e(+|-)xx
+  const bool negative = text[0] == '-';
+  if (negative) text.erase(0, 1);
+  const size_t e = text.find('e');
+  const int exponent = std::atoi(text.c_str() + e + 1);
+  std::string digits;
+  for (size_t i = 0; i < e; ++i) {
+    if (text[i] != '.') digits += text[i];
+  }
+  while (digits.size() > 1 && digits.back() == '0') digits.pop_back();
+  std::string out;
+  if (exponent < -4 || exponent >= 16) {
+    out = digits.substr(0, 1);
+    if (digits.size() > 1) out += "." + digits.substr(1);
+    char suffix[16];
+    std::snprintf(suffix, sizeof(suffix), "e%c%02d", exponent < 0 ? '-' : '+', std::abs(exponent));
+    out += suffix;
+  } else if (exponent < 0) {
+    out = "0." + std::string(-exponent - 1, '0') + digits;
+  } else if (static_cast<int>(digits.size()) <= exponent + 1) {
+    out = digits + std::string(exponent + 1 - digits.size(), '0') + ".0";
+  } else {
+    out = digits.substr(0, exponent + 1) + "." + digits.substr(exponent + 1);
+  }
+  return negative ? "-" + out : out;
+}
 
 // The module's description is built only when a check fails: forward() stays cheap.
 void CheckDefinedInput(const Tensor& input, const Module& module) {
@@ -222,14 +263,183 @@ Dropout::Dropout(double p) : p_(p) {
 }
 
 Dropout::Dropout(double p, uint64_t seed) : Dropout(p) {
-  generator_ = std::make_shared<Generator>(seed);
+  generators_ = std::make_shared<DeviceGenerators>(seed);
+}
+
+std::optional<uint64_t> Dropout::seed() const {
+  if (generators_ == nullptr) return std::nullopt;
+  return generators_->seed();
+}
+
+Generator* Dropout::generator(Device device) const {
+  return generators_ != nullptr ? &generators_->get(device) : nullptr;
+}
+
+void Dropout::manual_seed(uint64_t seed) {
+  if (generators_ == nullptr) {
+    generators_ = std::make_shared<DeviceGenerators>(seed);
+  } else {
+    generators_->manual_seed(seed);
+  }
 }
 
 Tensor Dropout::forward(const Tensor& input) {
   CheckDefinedInput(input, *this);
-  return dropout(input, p_, is_training(), generator_.get());
+  return dropout(input, p_, is_training(), generator(input.device()));
 }
 
-void Dropout::pretty_print(std::ostream& out) const { out << "p=" << p_ << ", inplace=False"; }
+void Dropout::pretty_print(std::ostream& out) const {
+  out << "p=" << PythonFloat(p_) << ", inplace=False";
+}
+
+// ---- BatchNorm1d, BatchNorm2d ----------------------------------------------------------
+
+template <typename Derived>
+BatchNormBase<Derived>::BatchNormBase(const BatchNormOptions& options) : options_(options) {
+  const char* name = std::is_same_v<Derived, BatchNorm1d> ? "BatchNorm1d" : "BatchNorm2d";
+  TANDEM_CHECK(options_.num_features_ > 0, name, ": num_features (the number of channels) must ",
+               "be positive but is ", options_.num_features_);
+  TANDEM_CHECK(options_.eps_ >= 0.0 && std::isfinite(options_.eps_), name,
+               ": eps must be a finite value >= 0 but is ", options_.eps_);
+  TANDEM_CHECK(!options_.momentum_ || (*options_.momentum_ >= 0.0 && *options_.momentum_ <= 1.0),
+               name, ": momentum must be in [0, 1] (or nullopt for a cumulative average) but is ",
+               options_.momentum_.value_or(0.0));
+  reset();
+}
+
+template <typename Derived>
+void BatchNormBase<Derived>::reset() {
+  const int64_t c = options_.num_features_;
+  if (options_.affine_) {
+    weight_ = this->register_parameter("weight", ones({c}));
+    bias_ = this->register_parameter("bias", zeros({c}));
+  }
+  if (options_.track_running_stats_) {
+    running_mean_ = this->register_buffer("running_mean", zeros({c}));
+    running_var_ = this->register_buffer("running_var", ones({c}));
+    num_batches_tracked_ = this->register_buffer("num_batches_tracked", zeros({}, kInt64));
+  }
+}
+
+template <typename Derived>
+void BatchNormBase<Derived>::reset_running_stats() {
+  if (!options_.track_running_stats_) return;
+  NoGradGuard no_grad;
+  Tensor(*running_mean_).zero_();
+  Tensor(*running_var_).fill_(1.0);
+  Tensor(*num_batches_tracked_).zero_();
+}
+
+template <typename Derived>
+void BatchNormBase<Derived>::reset_parameters() {
+  reset_running_stats();
+  if (!options_.affine_) return;
+  NoGradGuard no_grad;
+  Tensor(*weight_).fill_(1.0);
+  Tensor(*bias_).zero_();
+}
+
+template <typename Derived>
+void BatchNormBase<Derived>::pretty_print(std::ostream& out) const {
+  out << options_.num_features_ << ", eps=" << PythonFloat(options_.eps_) << ", momentum="
+      << (options_.momentum_ ? PythonFloat(*options_.momentum_) : std::string("None"))
+      << ", affine=" << PythonBool(options_.affine_)
+      << ", track_running_stats=" << PythonBool(options_.track_running_stats_);
+}
+
+template <typename Derived>
+Tensor BatchNormBase<Derived>::Normalize(const Tensor& input) {
+  const int64_t c = options_.num_features_;
+  TANDEM_CHECK(input.dtype() == kFloat32, this->ToString(), ": expected a float32 input but got ",
+               input.dtype(), "; convert it with .to(kFloat32)");
+  TANDEM_CHECK(input.size(1) == c, this->ToString(), ": expected input with ", c,
+               " channels (dimension 1) but got ", ShapeToString(input.shape()));
+  const Tensor reference = weight_ ? *weight_ : running_mean();
+  if (reference.defined()) CheckSameDevice(input, reference, *this);
+
+  // Per-channel statistics broadcast as [1, C, 1, ...].
+  Shape channel_shape(input.dim(), 1);
+  channel_shape[1] = c;
+  std::vector<int64_t> reduce_dims = {0};
+  for (int64_t d = 2; d < input.dim(); ++d) reduce_dims.push_back(d);
+  const int64_t per_channel = c > 0 ? input.numel() / c : 0;
+
+  const bool use_batch_stats = this->is_training() || !options_.track_running_stats_;
+  Tensor normalized;
+  if (use_batch_stats) {
+    TANDEM_CHECK(per_channel > 1, this->ToString(),
+                 ": Expected more than 1 value per channel when training, got input size ",
+                 ShapeToString(input.shape()),
+                 "; use a batch of at least 2 samples (or call eval() to use the running "
+                 "statistics)");
+    const Tensor mean = input.mean(reduce_dims, /*keepdim=*/true);
+    const Tensor centered = input - mean;
+    const Tensor var = square(centered).mean(reduce_dims, /*keepdim=*/true);  // biased
+    normalized = centered / sqrt(var + options_.eps_);
+    if (this->is_training() && options_.track_running_stats_) {
+      NoGradGuard no_grad;
+      Tensor count = *num_batches_tracked_;
+      count.add_(1.0);
+      const double factor = options_.momentum_ ? *options_.momentum_ : 1.0 / count.item();
+      const double unbias = static_cast<double>(per_channel) / (per_channel - 1);
+      Tensor running_mean = *running_mean_;
+      Tensor running_var = *running_var_;
+      running_mean.copy_(running_mean * (1.0 - factor) + mean.detach().view({c}) * factor);
+      running_var.copy_(running_var * (1.0 - factor) + var.detach().view({c}) * (unbias * factor));
+    }
+  } else {
+    const Tensor mean = running_mean_->view(channel_shape);
+    const Tensor var = running_var_->view(channel_shape);
+    normalized = (input - mean) / sqrt(var + options_.eps_);
+  }
+  if (!options_.affine_) return normalized;
+  return normalized * weight_->view(channel_shape) + bias_->view(channel_shape);
+}
+
+template class BatchNormBase<BatchNorm1d>;
+template class BatchNormBase<BatchNorm2d>;
+
+namespace {
+
+BatchNormOptions MakeBatchNormOptions(int64_t num_features, double eps,
+                                      std::optional<double> momentum, bool affine,
+                                      bool track_running_stats) {
+  return BatchNormOptions(num_features)
+      .eps(eps)
+      .momentum(momentum)
+      .affine(affine)
+      .track_running_stats(track_running_stats);
+}
+
+}  // namespace
+
+BatchNorm1d::BatchNorm1d(const BatchNormOptions& options) : BatchNormBase(options) {}
+
+BatchNorm1d::BatchNorm1d(int64_t num_features, double eps, std::optional<double> momentum,
+                         bool affine, bool track_running_stats)
+    : BatchNorm1d(MakeBatchNormOptions(num_features, eps, momentum, affine, track_running_stats)) {}
+
+Tensor BatchNorm1d::forward(const Tensor& input) {
+  CheckDefinedInput(input, *this);
+  TANDEM_CHECK(input.dim() == 2 || input.dim() == 3, ToString(),
+               ": expected a 2-D input [N, C] or a 3-D input [N, C, L] but got ",
+               ShapeToString(input.shape()), " (", input.dim(),
+               "-D); use BatchNorm2d for [N, C, H, W] images");
+  return Normalize(input);
+}
+
+BatchNorm2d::BatchNorm2d(const BatchNormOptions& options) : BatchNormBase(options) {}
+
+BatchNorm2d::BatchNorm2d(int64_t num_features, double eps, std::optional<double> momentum,
+                         bool affine, bool track_running_stats)
+    : BatchNorm2d(MakeBatchNormOptions(num_features, eps, momentum, affine, track_running_stats)) {}
+
+Tensor BatchNorm2d::forward(const Tensor& input) {
+  CheckDefinedInput(input, *this);
+  TANDEM_CHECK(input.dim() == 4, ToString(), ": expected a 4-D input [N, C, H, W] but got ",
+               ShapeToString(input.shape()), " (", input.dim(),
+               "-D); use BatchNorm1d for [N, C] or [N, C, L]");
+  return Normalize(input);
+}
 
 }  // namespace tandem::nn

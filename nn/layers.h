@@ -1,7 +1,7 @@
-// Layers: Linear, ReLU, Flatten, Conv2d, MaxPool2d and Dropout, as in PyTorch (same
-// arguments, same default initialisation, same printed form). Each works on any device its
-// parameters are on (move a layer with to(device)) and checks its input, naming itself,
-// what it expected and what it got.
+// Layers: Linear, ReLU, Flatten, Conv2d, MaxPool2d, Dropout, BatchNorm1d and BatchNorm2d, as
+// in PyTorch (same arguments, same default initialisation, same printed form). Each works on
+// any device its parameters are on (move a layer with to(device)) and checks its input,
+// naming itself, what it expected and what it got.
 //
 //   nn::Conv2d conv(1, 32, /*kernel_size=*/3, /*stride=*/1, /*padding=*/1);
 //   nn::MaxPool2d pool(2);
@@ -144,9 +144,18 @@ class MaxPool2d : public Cloneable<MaxPool2d> {
 };
 
 // In training mode, zeroes each element with probability p and scales the others by
-// 1/(1-p); in evaluation mode, the identity. Draws from the process-wide generator
-// (tandem::manual_seed), or from a generator of its own when given a seed. Clones share
-// the generator, so DataParallel's replicas draw different masks.
+// 1/(1-p); in evaluation mode, the identity.
+//
+// Where the masks come from:
+//   - Without a seed: from the default generator of the input's device
+//     (tandem::default_generator(device), seeded by tandem::manual_seed).
+//   - With a seed: from generators of its own, one per device, all derived from that seed
+//     (device index d's stream starts at counter DeviceOffsetBase(d), as the default ones
+//     do). Clones share them, so a replica on device d draws from (seed, d): DataParallel's
+//     replicas draw different masks, each replica's masks depend only on what ran on its
+//     device, and a run is reproducible whatever the thread timing. Restart every device's
+//     stream with manual_seed(seed).
+// Either way, two replicas on the same device draw from one stream, in the order they run.
 class Dropout : public Cloneable<Dropout> {
  public:
   explicit Dropout(double p = 0.5);
@@ -157,12 +166,122 @@ class Dropout : public Cloneable<Dropout> {
   void pretty_print(std::ostream& out) const override;
 
   double p() const { return p_; }
-  // The generator masks come from (nullptr: the process-wide one).
-  Generator* generator() const { return generator_.get(); }
+  // The seed of the layer's own generators; nullopt when it draws from the default ones.
+  std::optional<uint64_t> seed() const;
+  // The generator masks on `device` come from: the layer's own, or nullptr when it draws
+  // from tandem::default_generator(device).
+  Generator* generator(Device device = Device::Cpu(0)) const;
+  // Restarts the layer's own streams on every device from `seed` (for a layer made without
+  // a seed: gives it generators of its own, which clones made from then on share).
+  void manual_seed(uint64_t seed);
 
  private:
   double p_;
-  std::shared_ptr<Generator> generator_;
+  std::shared_ptr<DeviceGenerators> generators_;  // shared with clones; null: the defaults
+};
+
+// ---- Batch normalisation -----------------------------------------------------------------
+
+// The arguments of BatchNorm1d / BatchNorm2d, with PyTorch's defaults.
+struct BatchNormOptions {
+  explicit BatchNormOptions(int64_t num_features) : num_features_(num_features) {}
+  BatchNormOptions& eps(double value) {
+    eps_ = value;
+    return *this;
+  }
+  // nullopt: running statistics are the cumulative (equal-weight) average of every batch.
+  BatchNormOptions& momentum(std::optional<double> value) {
+    momentum_ = value;
+    return *this;
+  }
+  BatchNormOptions& affine(bool value) {
+    affine_ = value;
+    return *this;
+  }
+  BatchNormOptions& track_running_stats(bool value) {
+    track_running_stats_ = value;
+    return *this;
+  }
+
+  int64_t num_features_;
+  double eps_ = 1e-5;
+  std::optional<double> momentum_ = 0.1;
+  bool affine_ = true;
+  bool track_running_stats_ = true;
+};
+
+// Batch normalisation over the channel dimension (dimension 1) of [N, C, *] inputs, as
+// torch.nn.BatchNorm1d/2d: y = (x - mean) / sqrt(var + eps) * weight + bias per channel.
+//   - Training mode (or track_running_stats=false): mean and the biased variance of the
+//     batch (over N and the spatial dimensions). With running statistics, each training
+//     forward also updates, without recording gradients and in place (copy_, so that handles
+//     and DataParallel's re-bound replica buffers see it):
+//       running_mean = (1 - m) * running_mean + m * mean
+//       running_var  = (1 - m) * running_var  + m * var * n / (n - 1)   (unbiased)
+//       num_batches_tracked += 1
+//     with m = momentum, or 1 / num_batches_tracked when momentum is nullopt.
+//   - Evaluation mode with running statistics: running_mean and running_var.
+// Parameters (affine=true): weight [C] (ones) and bias [C] (zeros). Buffers
+// (track_running_stats=true): running_mean [C] (zeros), running_var [C] (ones),
+// num_batches_tracked (int64 scalar, 0). Built from differentiable ops, so autograd works.
+//
+//   nn::BatchNorm2d bn(16);
+//   Tensor y = bn.forward(x);   // x [N, 16, H, W]
+//   std::cout << bn;   // BatchNorm2d(16, eps=1e-05, momentum=0.1, affine=True, ...)
+template <typename Derived>
+class BatchNormBase : public Cloneable<Derived> {
+ public:
+  explicit BatchNormBase(const BatchNormOptions& options);
+
+  void reset() override;
+  // Running statistics back to zeros, ones and 0 batches (no-op without them).
+  void reset_running_stats();
+  // reset_running_stats(), and weight and bias back to ones and zeros.
+  void reset_parameters();
+  void pretty_print(std::ostream& out) const override;
+
+  const BatchNormOptions& options() const { return options_; }
+  int64_t num_features() const { return options_.num_features_; }
+  // Undefined when the layer has none (affine=false, track_running_stats=false).
+  Tensor weight() const { return weight_ ? *weight_ : Tensor(); }
+  Tensor bias() const { return bias_ ? *bias_ : Tensor(); }
+  Tensor running_mean() const { return running_mean_ ? *running_mean_ : Tensor(); }
+  Tensor running_var() const { return running_var_ ? *running_var_ : Tensor(); }
+  Tensor num_batches_tracked() const {
+    return num_batches_tracked_ ? *num_batches_tracked_ : Tensor();
+  }
+
+ protected:
+  // Normalises an input whose shape the derived class has checked is [N, C, *].
+  Tensor Normalize(const Tensor& input);
+
+ private:
+  BatchNormOptions options_;
+  Parameter weight_;
+  Parameter bias_;
+  Buffer running_mean_;
+  Buffer running_var_;
+  Buffer num_batches_tracked_;
+};
+
+// Over [N, C] or [N, C, L] inputs.
+class BatchNorm1d : public BatchNormBase<BatchNorm1d> {
+ public:
+  explicit BatchNorm1d(const BatchNormOptions& options);
+  explicit BatchNorm1d(int64_t num_features, double eps = 1e-5,
+                       std::optional<double> momentum = 0.1, bool affine = true,
+                       bool track_running_stats = true);
+  Tensor forward(const Tensor& input);
+};
+
+// Over [N, C, H, W] inputs.
+class BatchNorm2d : public BatchNormBase<BatchNorm2d> {
+ public:
+  explicit BatchNorm2d(const BatchNormOptions& options);
+  explicit BatchNorm2d(int64_t num_features, double eps = 1e-5,
+                       std::optional<double> momentum = 0.1, bool affine = true,
+                       bool track_running_stats = true);
+  Tensor forward(const Tensor& input);
 };
 
 }  // namespace tandem::nn

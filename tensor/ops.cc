@@ -1075,10 +1075,13 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* gen) {
   CheckFloat(input, "dropout", "input");
   TANDEM_CHECK(p >= 0.0 && p < 1.0, "dropout: p must be in [0, 1) but is ", p);
   if (!training || p == 0.0) return input;
-  Generator& generator = gen != nullptr ? *gen : default_generator();
+  // The input's device draws from its own default generator (see "Random numbers" in
+  // tensor/tensor.h), so replicas on different devices never race for one stream.
+  Generator& generator = gen != nullptr ? *gen : default_generator(input.device());
   const int64_t n = input.numel();
-  const uint64_t seed = generator.seed();
-  const uint64_t offset = generator.Reserve(static_cast<uint64_t>(n));
+  const GeneratorState claimed = generator.Claim(static_cast<uint64_t>(n));
+  const uint64_t seed = claimed.seed;
+  const uint64_t offset = claimed.offset;
   Tensor mask = NewTensor(input.shape(), kFloat32, input.device());
   if (n > 0) {
     Backend& backend = BackendOf(input);

@@ -1,9 +1,11 @@
 #include "tensor/tensor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <iomanip>
+#include <map>
 #include <numeric>
 #include <sstream>
 
@@ -831,7 +833,7 @@ Tensor arange(int64_t n, const TensorOptions& options) {
 void Generator::manual_seed(uint64_t seed) {
   std::lock_guard<std::mutex> lock(mutex_);
   seed_ = seed;
-  offset_ = 0;
+  offset_ = base_offset_;
 }
 
 uint64_t Generator::seed() const {
@@ -839,20 +841,99 @@ uint64_t Generator::seed() const {
   return seed_;
 }
 
-uint64_t Generator::Reserve(uint64_t n) {
+GeneratorState Generator::state() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  const uint64_t first = offset_;
+  return GeneratorState{seed_, offset_};
+}
+
+void Generator::set_state(const GeneratorState& state) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  seed_ = state.seed;
+  offset_ = state.offset;
+}
+
+uint64_t Generator::Reserve(uint64_t n) { return Claim(n).offset; }
+
+GeneratorState Generator::Claim(uint64_t n) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const GeneratorState claimed{seed_, offset_};
   // Whole Philox blocks per request, so that requests never share a block.
   offset_ += (n + 3) / 4 * 4;
-  return first;
+  return claimed;
 }
 
-Generator& default_generator() {
-  static Generator generator(0);
-  return generator;
+uint64_t DeviceOffsetBase(int device_index) {
+  TANDEM_CHECK(device_index >= 0 &&
+                   static_cast<uint64_t>(device_index) < (uint64_t{1} << (64 - kDeviceOffsetShift)),
+               "random numbers: expected a device index in [0, 2^", 64 - kDeviceOffsetShift,
+               ") but got ", device_index, "; use a device such as cpu:0 or cuda:1");
+  return static_cast<uint64_t>(device_index) << kDeviceOffsetShift;
 }
 
-void manual_seed(uint64_t seed) { default_generator().manual_seed(seed); }
+// Generators are owned by `owned` (under `mutex`); the first kFastSlots indices of each
+// device type are also cached in `fast`, read without a lock. A generator, once made, lives
+// as long as the set, so cached pointers never dangle.
+struct DeviceGenerators::Impl {
+  static constexpr int kFastSlots = 64;
+
+  mutable std::mutex mutex;
+  uint64_t seed;
+  std::map<Device, std::unique_ptr<Generator>> owned;
+  std::atomic<Generator*> fast[kNumDeviceTypes][kFastSlots] = {};
+
+  std::atomic<Generator*>* FastSlot(Device device) {
+    const int type = static_cast<int>(device.type());
+    if (type < 0 || type >= kNumDeviceTypes || device.index() < 0 || device.index() >= kFastSlots) {
+      return nullptr;
+    }
+    return &fast[type][device.index()];
+  }
+};
+
+DeviceGenerators::DeviceGenerators(uint64_t seed) : impl_(std::make_unique<Impl>()) {
+  impl_->seed = seed;
+}
+
+DeviceGenerators::~DeviceGenerators() = default;
+
+Generator& DeviceGenerators::get(Device device) {
+  std::atomic<Generator*>* slot = impl_->FastSlot(device);
+  if (slot != nullptr) {
+    if (Generator* cached = slot->load(std::memory_order_acquire)) return *cached;
+  }
+  const uint64_t base = DeviceOffsetBase(device.index());
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  std::unique_ptr<Generator>& generator = impl_->owned[device];
+  if (generator == nullptr) generator = std::make_unique<Generator>(impl_->seed, base);
+  if (slot != nullptr) slot->store(generator.get(), std::memory_order_release);
+  return *generator;
+}
+
+void DeviceGenerators::manual_seed(uint64_t seed) {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  impl_->seed = seed;
+  for (auto& [device, generator] : impl_->owned) generator->manual_seed(seed);
+}
+
+uint64_t DeviceGenerators::seed() const {
+  std::lock_guard<std::mutex> lock(impl_->mutex);
+  return impl_->seed;
+}
+
+namespace {
+
+DeviceGenerators& DefaultGenerators() {
+  static DeviceGenerators* generators = new DeviceGenerators(0);  // never destroyed
+  return *generators;
+}
+
+}  // namespace
+
+Generator& default_generator(Device device) { return DefaultGenerators().get(device); }
+
+Generator& default_generator() { return default_generator(Device::Cpu(0)); }
+
+void manual_seed(uint64_t seed) { DefaultGenerators().manual_seed(seed); }
 
 namespace {
 
@@ -860,15 +941,16 @@ Tensor RandomTensor(const Shape& shape, const TensorOptions& options, Generator*
                     float a, float b) {
   TANDEM_CHECK(options.dtype_.value_or(kFloat32) == kFloat32,
                "random tensors are float32; got dtype ", *options.dtype_);
-  Generator& g = gen != nullptr ? *gen : default_generator();
   Tensor t = NewTensor(shape, kFloat32, options.device_, options.pinned_);
-  const uint64_t offset = g.Reserve(static_cast<uint64_t>(t.numel()));
+  Generator& g = gen != nullptr ? *gen : default_generator(t.device());
+  const GeneratorState claimed = g.Claim(static_cast<uint64_t>(t.numel()));
   if (t.numel() > 0) {
     Backend& backend = GetBackend(t.device());
+    const int index = t.device().index();
     if (normal) {
-      backend.RandomNormal(t.device().index(), t.data<float>(), t.numel(), g.seed(), offset, a, b);
+      backend.RandomNormal(index, t.data<float>(), t.numel(), claimed.seed, claimed.offset, a, b);
     } else {
-      backend.RandomUniform(t.device().index(), t.data<float>(), t.numel(), g.seed(), offset, a, b);
+      backend.RandomUniform(index, t.data<float>(), t.numel(), claimed.seed, claimed.offset, a, b);
     }
   }
   return Finish(t, options);
@@ -893,9 +975,10 @@ Tensor uniform(const Shape& shape, double low, double high, const TensorOptions&
 
 Tensor randperm(int64_t n, Generator* gen) {
   TANDEM_CHECK(n >= 0, "randperm: n must be >= 0 but is ", n);
-  Generator& g = gen != nullptr ? *gen : default_generator();
-  const uint64_t offset = g.Reserve(static_cast<uint64_t>(n));
-  const uint64_t key = g.seed() ^ 0x5851F42D4C957F2Dull;  // a stream of its own
+  Generator& g = gen != nullptr ? *gen : default_generator(Device::Cpu(0));
+  const GeneratorState claimed = g.Claim(static_cast<uint64_t>(n));
+  const uint64_t offset = claimed.offset;
+  const uint64_t key = claimed.seed ^ 0x5851F42D4C957F2Dull;  // a stream of its own
   std::vector<int64_t> values(n);
   std::iota(values.begin(), values.end(), int64_t{0});
   // Fisher-Yates with 64 random bits per swap: the modulo bias is below 2^-40 for any n

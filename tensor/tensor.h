@@ -203,37 +203,111 @@ Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape,
 Tensor scalar_tensor(double value, const TensorOptions& options = {});
 
 // ---- Random numbers ------------------------------------------------------------------
-// A seeded stream of counter-based (Philox) random numbers. Each request takes the next
-// `n` counters, so the same seed and the same sequence of requests give the same numbers
-// on every device and whatever the number of threads.
+// Counter-based (Philox) random numbers: a generator is a seed and an offset (the next
+// counter); each request takes the next `n` counters, so the same seed and the same sequence
+// of requests give the same numbers on every device and whatever the number of threads.
+//
+// Every device has a default generator of its own, as PyTorch has one per GPU: random
+// factories and dropout without an explicit generator draw from the generator of the device
+// they produce on (rand({3}, Device::Cpu(1)) from default_generator(cpu:1)). manual_seed(seed)
+// seeds them all from the one seed, and the stream of device index i starts at counter
+// DeviceOffsetBase(i) = i << 40. So:
+//   - each device's numbers depend only on the requests made on that device, not on how the
+//     threads of several devices interleave: DataParallel's replicas, each on its own device,
+//     draw the same numbers in every run;
+//   - replicas on different devices draw different numbers (different dropout masks);
+//   - cpu:i and cuda:i draw the same numbers for the same requests.
+//
+//   tandem::manual_seed(42);
+//   Tensor a = tandem::rand({3}, Device::Cpu(1));   // the same after every manual_seed(42)
+//   tandem::GeneratorState saved = tandem::default_generator(Device::Cpu(1)).state();
+//   Tensor b = tandem::rand({3}, Device::Cpu(1));
+//   tandem::default_generator(Device::Cpu(1)).set_state(saved);   // e.g. from a checkpoint
+//   Tensor c = tandem::rand({3}, Device::Cpu(1));   // equal to b
+
+// Everything that determines a generator's future numbers (what a checkpoint saves).
+struct GeneratorState {
+  uint64_t seed = 0;
+  uint64_t offset = 0;  // the first counter of the next request
+
+  friend bool operator==(const GeneratorState& a, const GeneratorState& b) {
+    return a.seed == b.seed && a.offset == b.offset;
+  }
+  friend bool operator!=(const GeneratorState& a, const GeneratorState& b) { return !(a == b); }
+};
+
+// A seeded stream of Philox counters. Thread-safe.
 class Generator {
  public:
-  explicit Generator(uint64_t seed = 0) : seed_(seed) {}
+  // A stream whose first request starts at counter `base_offset` (0 for a generator of your
+  // own; DeviceOffsetBase(i) for the generators of device index i).
+  explicit Generator(uint64_t seed = 0, uint64_t base_offset = 0)
+      : seed_(seed), base_offset_(base_offset), offset_(base_offset) {}
   Generator(const Generator&) = delete;
   Generator& operator=(const Generator&) = delete;
 
   // Restarts the stream: the next request gets the same numbers as the first one did.
   void manual_seed(uint64_t seed);
   uint64_t seed() const;
-  // Reserves `n` counters and returns the first; thread-safe.
+  uint64_t base_offset() const { return base_offset_; }
+  // The seed and the next counter, read together; set_state(state()) changes nothing, and
+  // restoring a saved state makes the generator repeat what followed it.
+  GeneratorState state() const;
+  void set_state(const GeneratorState& state);
+  // Reserves `n` counters (rounded up to whole Philox blocks of 4) and returns the first.
   uint64_t Reserve(uint64_t n);
+  // Reserve(n) and the seed that goes with it, taken under one lock (so that a concurrent
+  // manual_seed cannot pair the new seed with the old offset).
+  GeneratorState Claim(uint64_t n);
 
  private:
   mutable std::mutex mutex_;
   uint64_t seed_;
-  uint64_t offset_ = 0;
+  const uint64_t base_offset_;
+  uint64_t offset_;
 };
 
-// The process-wide generator used when none is passed.
+// Device index i's streams start at counter i << kDeviceOffsetShift: 2^40 (about 10^12)
+// numbers per device before its stream would run into the next device's.
+inline constexpr int kDeviceOffsetShift = 40;
+uint64_t DeviceOffsetBase(int device_index);
+
+// One generator per device, made on first use, all seeded from one seed: device d's stream
+// starts at DeviceOffsetBase(d.index()). Thread-safe; looking up a device seen before takes
+// no lock. The process-wide default generators are one such set; nn::Dropout with a seed of
+// its own holds another.
+class DeviceGenerators {
+ public:
+  explicit DeviceGenerators(uint64_t seed = 0);
+  ~DeviceGenerators();
+  DeviceGenerators(const DeviceGenerators&) = delete;
+  DeviceGenerators& operator=(const DeviceGenerators&) = delete;
+
+  // The generator of `device` (whose index must be in [0, 2^(64 - kDeviceOffsetShift))).
+  Generator& get(Device device);
+  // Reseeds every device's generator, those made later included, and restarts their streams.
+  void manual_seed(uint64_t seed);
+  uint64_t seed() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The default generator of `device`, used by random factories and dropout on that device
+// when no generator is passed. Without an argument: cpu:0's.
+Generator& default_generator(Device device);
 Generator& default_generator();
+// Seeds the default generator of every device (PyTorch's torch.manual_seed).
 void manual_seed(uint64_t seed);
 
-// Uniform in [0, 1) and standard normal.
+// Uniform in [0, 1) and standard normal, from `gen` or, when it is null, from the default
+// generator of the device in `options`.
 Tensor rand(const Shape& shape, const TensorOptions& options = {}, Generator* gen = nullptr);
 Tensor randn(const Shape& shape, const TensorOptions& options = {}, Generator* gen = nullptr);
 Tensor uniform(const Shape& shape, double low, double high, const TensorOptions& options = {},
                Generator* gen = nullptr);
-// A random permutation of 0..n-1 (int64, on the CPU), from `gen`.
+// A random permutation of 0..n-1 (int64, on the CPU), from `gen` (default: cpu:0's).
 Tensor randperm(int64_t n, Generator* gen = nullptr);
 
 }  // namespace tandem
