@@ -1,0 +1,442 @@
+// DataParallel must match the module on one device: outputs and gradients, for 1, 2, 3 and
+// 8 logical CPU devices and batches that divide evenly, that do not, and that are smaller
+// than the device count; and keep PyTorch's semantics (errors, modes, printing).
+#include "parallel/data_parallel.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <mutex>
+#include <stdexcept>
+
+#include "nn/nn.h"
+#include "tensor/testing.h"
+#include "tensor/worker.h"
+
+namespace tandem::parallel {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+using ::tandem::testing::ErrorOf;
+using ::tandem::testing::HasCuda;
+using ::tandem::testing::MaxAbsDiff;
+
+std::vector<Device> Cpus(int n) {
+  std::vector<Device> devices;
+  for (int i = 0; i < n; ++i) devices.push_back(Device::Cpu(i));
+  return devices;
+}
+
+std::shared_ptr<nn::Sequential> Mlp(uint64_t seed = 3) {
+  manual_seed(seed);
+  return std::make_shared<nn::Sequential>(nn::Linear(10, 16), nn::ReLU(), nn::Linear(16, 4));
+}
+
+// Gradients of every parameter, in order.
+std::vector<Tensor> Grads(const nn::Module& module) {
+  std::vector<Tensor> grads;
+  for (const Tensor& p : module.parameters()) grads.push_back(p.grad());
+  return grads;
+}
+
+void ExpectClose(const Tensor& a, const Tensor& b, double tolerance = 1e-5) {
+  ASSERT_TRUE(a.defined());
+  ASSERT_TRUE(b.defined());
+  ASSERT_EQ(a.shape(), b.shape());
+  EXPECT_LE(MaxAbsDiff(a, b), tolerance);
+}
+
+class DataParallelTest : public ::testing::Test {
+ protected:
+  void SetUp() override { SetCpuDeviceCount(8); }
+};
+
+struct Case {
+  int devices;
+  int64_t batch;
+};
+
+class DataParallelEquivalence : public DataParallelTest,
+                                public ::testing::WithParamInterface<Case> {};
+
+TEST_P(DataParallelEquivalence, MatchesTheModuleOnOneDevice) {
+  const Case c = GetParam();
+  auto reference = Mlp();
+  auto model = Mlp();
+  DataParallel dp(model, Cpus(c.devices));
+  Tensor x = randn({c.batch, 10});
+  Tensor weights = randn({c.batch, 4});
+
+  Tensor expected = reference->forward(x);
+  Tensor out = dp.forward(x);
+  ExpectClose(out, expected);
+  EXPECT_EQ(out.device(), Device::Cpu(0));
+
+  (expected * weights).sum().backward();
+  (out * weights).sum().backward();
+  const std::vector<Tensor> want = Grads(*reference);
+  const std::vector<Tensor> got = Grads(*model);
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ExpectClose(got[i], want[i]);
+    EXPECT_EQ(got[i].device(), Device::Cpu(0));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(DevicesAndBatches, DataParallelEquivalence,
+                         ::testing::Values(Case{1, 12}, Case{2, 12}, Case{2, 7}, Case{3, 12},
+                                           Case{3, 10}, Case{3, 1}, Case{3, 2}, Case{8, 64},
+                                           Case{8, 10}, Case{8, 3}),
+                         [](const auto& info) {
+                           return std::to_string(info.param.devices) + "devices_batch" +
+                                  std::to_string(info.param.batch);
+                         });
+
+TEST_F(DataParallelTest, ChunksFollowTorchChunk) {
+  DataParallel dp(Mlp(), Cpus(8));
+  dp.forward(randn({10, 10}));
+  EXPECT_EQ(dp.last_chunk_sizes(), (std::vector<int64_t>{2, 2, 2, 2, 2}));
+  dp.forward(randn({30, 10}));
+  EXPECT_EQ(dp.last_chunk_sizes(), (std::vector<int64_t>{4, 4, 4, 4, 4, 4, 4, 2}));
+}
+
+// A module that records which device each call ran on, and the chunk sizes it saw.
+class Recorder : public nn::Cloneable<Recorder> {
+ public:
+  explicit Recorder(std::shared_ptr<std::vector<std::pair<Device, int64_t>>> calls,
+                    std::shared_ptr<std::mutex> mutex)
+      : calls_(std::move(calls)), mutex_(std::move(mutex)) {
+    reset();
+  }
+  void reset() override { fc_ = register_module("fc", nn::Linear(3, 2)); }
+  Tensor forward(const Tensor& x) {
+    DeviceWorker* worker = DeviceWorker::Current();
+    {
+      std::lock_guard<std::mutex> lock(*mutex_);
+      calls_->emplace_back(worker ? worker->device() : Device::Cpu(99), x.size(0));
+    }
+    EXPECT_EQ(x.device(), fc_->parameters()[0].device());
+    return fc_->forward(x);
+  }
+
+ private:
+  std::shared_ptr<std::vector<std::pair<Device, int64_t>>> calls_;
+  std::shared_ptr<std::mutex> mutex_;
+  std::shared_ptr<nn::Linear> fc_;
+};
+
+TEST_F(DataParallelTest, EachReplicaRunsOnItsDevicesWorker) {
+  auto calls = std::make_shared<std::vector<std::pair<Device, int64_t>>>();
+  auto mutex = std::make_shared<std::mutex>();
+  DataParallel dp(std::make_shared<Recorder>(calls, mutex), Cpus(3));
+  dp.forward(randn({10, 3}));
+  std::sort(calls->begin(), calls->end());
+  EXPECT_EQ(*calls, (std::vector<std::pair<Device, int64_t>>{
+                        {Device::Cpu(0), 4}, {Device::Cpu(1), 4}, {Device::Cpu(2), 2}}));
+  // A batch that gives one chunk runs the module itself, on the calling thread.
+  calls->clear();
+  dp.forward(randn({1, 3}));
+  EXPECT_EQ(*calls, (std::vector<std::pair<Device, int64_t>>{{Device::Cpu(99), 1}}));
+}
+
+TEST_F(DataParallelTest, SplitsAlongDimOne) {
+  // Linear over the last dimension of [4, B, 10]: split the B axis.
+  auto reference = Mlp();
+  auto model = Mlp();
+  DataParallel dp(model, Cpus(3), std::nullopt, /*dim=*/1);
+  Tensor x = randn({4, 7, 10});
+  Tensor out = dp.forward(x);
+  EXPECT_EQ(dp.last_chunk_sizes(), (std::vector<int64_t>{3, 3, 1}));
+  ExpectClose(out, reference->forward(x));
+  out.sum().backward();
+  reference->forward(x).sum().backward();
+  for (size_t i = 0; i < Grads(*model).size(); ++i) {
+    ExpectClose(Grads(*model)[i], Grads(*reference)[i]);
+  }
+}
+
+class TwoInputs : public nn::Cloneable<TwoInputs> {
+ public:
+  TwoInputs() { reset(); }
+  void reset() override { fc_ = register_module("fc", nn::Linear(10, 5)); }
+  Tensor forward(const Tensor& x, const Tensor& y) { return fc_->forward(x) + y; }
+
+ private:
+  std::shared_ptr<nn::Linear> fc_;
+};
+
+TEST_F(DataParallelTest, TwoInputsAreScatteredAlike) {
+  manual_seed(1);
+  auto model = std::make_shared<TwoInputs>();
+  DataParallel dp(model, Cpus(3));
+  Tensor x = randn({8, 10}, TensorOptions().requires_grad(true));
+  Tensor y = randn({8, 5}, TensorOptions().requires_grad(true));
+  Tensor out = dp.forward(x, y);
+  ASSERT_EQ(out.shape(), (Shape{8, 5}));
+  ExpectClose(out, model->forward(x, y));
+  out.sum().backward();
+  // Inputs that require grad get their gradients back, on their own device.
+  ExpectClose(y.grad(), ones({8, 5}));
+  ExpectClose(x.grad(), model->parameters()[0].sum({0}, true).expand({8, 10}).contiguous());
+}
+
+TEST_F(DataParallelTest, InputsOnAnotherDeviceAndOutputOnAnother) {
+  auto reference = Mlp();
+  auto model = Mlp();
+  DataParallel dp(model, Cpus(2), Device::Cpu(5));
+  EXPECT_EQ(dp.output_device(), Device::Cpu(5));
+  Tensor x = randn({9, 10}).to(Device::Cpu(3));
+  Tensor out = dp.forward(x);
+  EXPECT_EQ(out.device(), Device::Cpu(5));
+  ExpectClose(out.to(Device::Cpu(0)), reference->forward(x.to(Device::Cpu(0))));
+  out.sum().backward();
+  reference->forward(x.to(Device::Cpu(0))).sum().backward();
+  for (size_t i = 0; i < Grads(*model).size(); ++i) {
+    ExpectClose(Grads(*model)[i], Grads(*reference)[i]);
+  }
+}
+
+TEST_F(DataParallelTest, ForwardLossEqualsTheLossOfTheGatheredOutput) {
+  for (int devices : {1, 2, 3, 8}) {
+    auto reference = Mlp();
+    auto model = Mlp();
+    DataParallel dp(model, Cpus(devices));
+    nn::CrossEntropyLoss criterion;
+    Tensor x = randn({11, 10});
+    Tensor y = from_vector(std::vector<int64_t>{0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2}, {11});
+    Tensor expected = criterion.forward(reference->forward(x), y);
+    Tensor loss = dp.forward_loss(criterion, x, y);
+    EXPECT_EQ(loss.dim(), 0);
+    EXPECT_NEAR(loss.item(), expected.item(), 1e-5) << devices << " devices";
+    expected.backward();
+    loss.backward();
+    for (size_t i = 0; i < Grads(*model).size(); ++i) {
+      ExpectClose(Grads(*model)[i], Grads(*reference)[i]);
+    }
+  }
+}
+
+// 20 SGD steps with DataParallel over 3 devices track 20 steps on one device.
+void TrainAndCompare(bool use_forward_loss) {
+  auto reference = Mlp(11);
+  auto model = Mlp(11);
+  DataParallel dp(model, Cpus(3));
+  nn::SGD ref_opt(reference->parameters(), nn::SGDOptions(0.1).momentum(0.9));
+  nn::SGD opt(model->parameters(), nn::SGDOptions(0.1).momentum(0.9));
+  nn::CrossEntropyLoss criterion;
+  Generator data(5);
+  for (int step = 0; step < 20; ++step) {
+    Tensor x = randn({17, 10}, {}, &data);
+    Tensor y = randperm(17, &data).to(kFloat32).mul_(0.2).to(kInt64);  // labels 0..3
+    ref_opt.zero_grad();
+    criterion.forward(reference->forward(x), y).backward();
+    ref_opt.step();
+    opt.zero_grad();
+    Tensor loss =
+        use_forward_loss ? dp.forward_loss(criterion, x, y) : criterion.forward(dp.forward(x), y);
+    loss.backward();
+    opt.step();
+  }
+  const std::vector<Tensor> want = reference->parameters();
+  const std::vector<Tensor> got = model->parameters();
+  for (size_t i = 0; i < want.size(); ++i) {
+    double scale = 1.0;
+    for (float v : want[i].to_vector<float>()) scale = std::max<double>(scale, std::abs(v));
+    EXPECT_LE(MaxAbsDiff(got[i], want[i]), 1e-4 * scale) << "parameter " << i;
+  }
+}
+
+TEST_F(DataParallelTest, TwentyTrainingStepsTrackOneDevice) { TrainAndCompare(false); }
+TEST_F(DataParallelTest, TwentyTrainingStepsWithForwardLossTrackOneDevice) {
+  TrainAndCompare(true);
+}
+
+TEST_F(DataParallelTest, OneBucketAndManyBucketsAgree) {
+  auto a = Mlp();
+  auto b = Mlp();
+  DataParallel one(a, Cpus(3));
+  DataParallel many(b, Cpus(3));
+  one.set_bucket_bytes(size_t{1} << 30);
+  many.set_bucket_bytes(64);  // every parameter its own bucket
+  Tensor x = randn({12, 10});
+  one.forward(x).sum().backward();
+  many.forward(x).sum().backward();
+  for (size_t i = 0; i < Grads(*a).size(); ++i) ExpectClose(Grads(*b)[i], Grads(*a)[i]);
+}
+
+TEST_F(DataParallelTest, PrintsAsPyTorch) {
+  DataParallel dp(std::make_shared<nn::Linear>(10, 5), Cpus(2));
+  EXPECT_EQ(dp.ToString(),
+            "DataParallel(\n  (module): Linear(in_features=10, out_features=5, bias=True)\n)");
+}
+
+TEST_F(DataParallelTest, ModuleOnTheWrongDeviceIsAnError) {
+  auto model = Mlp();
+  model->to(Device::Cpu(1));
+  DataParallel dp(model, Cpus(2));
+  EXPECT_THAT(ErrorOf([&] {
+                dp.forward(randn({4, 10}));
+              }),
+              HasSubstr("module must have its parameters and buffers on device cpu:0 "
+                        "(device_ids[0]) but found one of them on device: cpu:1"));
+}
+
+TEST_F(DataParallelTest, DuplicateAndUnavailableDevicesAreErrors) {
+  EXPECT_THAT(ErrorOf([&] {
+                DataParallel(Mlp(), {Device::Cpu(0), Device::Cpu(1), Device::Cpu(0)});
+              }),
+              HasSubstr("cpu:0 appear more than once"));
+  EXPECT_THAT(ErrorOf([&] {
+                DataParallel(Mlp(), {Device::Cpu(0), Device::Cpu(40)});
+              }),
+              HasSubstr("cpu:40"));
+  if (!HasCuda()) {
+    EXPECT_THAT(ErrorOf([&] { DataParallel(Mlp(), {Device::Cuda(0)}); }), HasSubstr("cuda:0"));
+  }
+}
+
+TEST_F(DataParallelTest, DefaultDevicesAreEveryCpuDeviceWithoutAGpu) {
+  if (HasCuda()) GTEST_SKIP() << "a GPU is present: the default is every CUDA device";
+  SetCpuDeviceCount(3);
+  DataParallel dp(Mlp());
+  EXPECT_EQ(dp.device_ids(), Cpus(3));
+  EXPECT_EQ(dp.output_device(), Device::Cpu(0));
+}
+
+class Thrower : public nn::Cloneable<Thrower> {
+ public:
+  explicit Thrower(std::shared_ptr<std::atomic<bool>> armed) : armed_(std::move(armed)) { reset(); }
+  void reset() override { fc_ = register_module("fc", nn::Linear(3, 2)); }
+  Tensor forward(const Tensor& x) {
+    if (armed_->load() && x.device() == Device::Cpu(1)) throw std::out_of_range("bad row 7");
+    return fc_->forward(x);
+  }
+
+ private:
+  std::shared_ptr<std::atomic<bool>> armed_;
+  std::shared_ptr<nn::Linear> fc_;
+};
+
+TEST_F(DataParallelTest, AReplicaThatThrowsInForwardReachesTheCaller) {
+  auto armed = std::make_shared<std::atomic<bool>>(true);
+  DataParallel dp(std::make_shared<Thrower>(armed), Cpus(3));
+  try {
+    dp.forward(randn({6, 3}));
+    FAIL() << "no exception";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), StartsWith("Caught std::out_of_range in replica 1 on device cpu:1: "));
+    EXPECT_THAT(e.what(), HasSubstr("bad row 7"));
+    EXPECT_THROW(std::rethrow_if_nested(e), std::out_of_range);
+  }
+  *armed = false;
+  EXPECT_EQ(dp.forward(randn({6, 3})).shape(), (Shape{6, 2}));
+}
+
+TEST_F(DataParallelTest, AReplicaThatThrowsInBackwardReachesTheCaller) {
+  auto model = Mlp();
+  DataParallel dp(model, Cpus(3));
+  Tensor out = dp.forward(randn({6, 10}));
+  // A gradient hook on replica 1's chunk of the output that throws.
+  std::vector<Tensor> parts = out.chunk(3, 0);
+  Tensor poisoned = parts[1].detach().clone();
+  RecordOp("PoisonBackward", {parts[1]}, poisoned,
+           [](const Tensor&) -> std::vector<Tensor> { throw std::runtime_error("nan found"); });
+  Tensor total = add(add(parts[0].sum(), poisoned.sum()), parts[2].sum());
+  EXPECT_THAT(ErrorOf([&] { total.backward(); }), HasSubstr("nan found"));
+  // Nothing hangs, and the next step works.
+  model->zero_grad();
+  dp.forward(randn({6, 10})).sum().backward();
+  EXPECT_TRUE(model->parameters()[0].grad().defined());
+}
+
+class ZeroGradInForward : public nn::Cloneable<ZeroGradInForward> {
+ public:
+  ZeroGradInForward() { reset(); }
+  void reset() override { fc_ = register_module("fc", nn::Linear(3, 2)); }
+  Tensor forward(const Tensor& x) {
+    zero_grad();
+    EXPECT_EQ(is_training(), fc_->is_training());
+    seen_training_ = is_training();
+    return fc_->forward(x);
+  }
+  bool seen_training_ = true;
+
+ private:
+  std::shared_ptr<nn::Linear> fc_;
+};
+
+TEST_F(DataParallelTest, ZeroGradInsideAReplicaLeavesTheOriginalAlone) {
+  auto model = std::make_shared<ZeroGradInForward>();
+  DataParallel dp(model, Cpus(2));
+  dp.forward(randn({4, 3})).sum().backward();
+  const Tensor grad = model->parameters()[0].grad().clone();
+  dp.forward(randn({4, 3}));  // replicas call zero_grad()
+  ExpectClose(model->parameters()[0].grad(), grad);
+}
+
+TEST_F(DataParallelTest, TrainAndEvalReachTheReplicas) {
+  manual_seed(2);
+  auto model = std::make_shared<nn::Sequential>(nn::Linear(6, 6), nn::Dropout(0.5));
+  DataParallel dp(model, Cpus(2));
+  Tensor x = ones({4, 6});
+  dp.eval();
+  EXPECT_FALSE(model->is_training());
+  ExpectClose(dp.forward(x), model->forward(x));  // no dropout in eval mode
+  dp.train();
+  Tensor a = dp.forward(x);
+  EXPECT_GT(MaxAbsDiff(a, model->forward(x)), 0.0);  // dropout active in the replicas
+}
+
+class NoInput : public nn::Cloneable<NoInput> {
+ public:
+  NoInput() { reset(); }
+  void reset() override { bias_ = register_parameter("bias", ones({3})); }
+  Tensor forward() { return *bias_ * 2.0; }
+
+ private:
+  nn::Parameter bias_;
+};
+
+TEST_F(DataParallelTest, AForwardWithoutInputsRunsOneReplica) {
+  auto model = std::make_shared<NoInput>();
+  DataParallel dp(model, Cpus(3));
+  std::vector<Tensor> out = dp.forward_tensors({});
+  ASSERT_EQ(out.size(), 1u);
+  ExpectClose(out[0], full({3}, 2.0));
+}
+
+TEST_F(DataParallelTest, BadInputsGetClearErrors) {
+  DataParallel dp(Mlp(), Cpus(2));
+  EXPECT_THAT(ErrorOf([&] { dp.forward(scalar_tensor(1.0)); }), HasSubstr("0-dimensional"));
+  EXPECT_THAT(ErrorOf([&] { dp.forward(randn({4, 7})); }), HasSubstr("last dimension 10"));
+  nn::CrossEntropyLoss criterion;
+  EXPECT_THAT(
+      ErrorOf([&] {
+        dp.forward_loss(criterion, randn({4, 10}), from_vector(std::vector<int64_t>{1, 2}, {2}));
+      }),
+      HasSubstr("entries along dimension 0"));
+}
+
+TEST_F(DataParallelTest, WeakDevicesAreNamed) {
+  using internal::DeviceCapacity;
+  using internal::WeakDevices;
+  EXPECT_TRUE(WeakDevices({{100, 8}, {100, 8}}).empty());
+  EXPECT_EQ(WeakDevices({{100, 8}, {70, 8}, {100, 5}, {80, 6}}), (std::vector<size_t>{1, 2}));
+  EXPECT_TRUE(WeakDevices({{0, 0}, {100, 8}}).empty());  // unknown capacity is not weak
+}
+
+TEST_F(DataParallelTest, InferenceUnderNoGradBuildsNoGraph) {
+  auto model = Mlp();
+  DataParallel dp(model, Cpus(3));
+  NoGradGuard no_grad;
+  Tensor out = dp.forward(randn({9, 10}));
+  EXPECT_FALSE(out.requires_grad());
+  EXPECT_EQ(out.grad_fn(), nullptr);
+}
+
+}  // namespace
+}  // namespace tandem::parallel
