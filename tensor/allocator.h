@@ -14,6 +14,7 @@
 #include <mutex>
 
 #include "tensor/device.h"
+#include "tensor/stream.h"
 
 namespace tandem {
 
@@ -39,6 +40,11 @@ class Allocator {
   virtual void SetLimit(int64_t bytes) = 0;
   // Returns cached, unused blocks to the system (no-op where nothing is cached).
   virtual void EmptyCache() {}
+  // Tells the allocator that the block holding `ptr` (a pointer into memory this allocator
+  // handed out) is also used by work queued on `stream`, so that once freed it is not reused
+  // before that work has finished (PyTorch's record_stream; see tensor/stream.h). No-op where
+  // device work is synchronous.
+  virtual void RecordStream(const void* /*ptr*/, Stream /*stream*/) {}
 };
 
 // Bookkeeping shared by allocators: thread-safe counters and the limit check.

@@ -18,7 +18,55 @@ std::array<RegistryEntry, kNumDeviceTypes>& Registry() {
   return registry;
 }
 
+// The event of a synchronous device: complete when recorded.
+class CompletedEvent final : public EventImpl {
+ public:
+  bool Query() override { return true; }
+  void Synchronize() override {}
+};
+
 }  // namespace
+
+void Backend::CheckDevice(int index) const {
+  const int count = DeviceCount();
+  TANDEM_CHECK(index >= 0 && index < count, DeviceTypeName(type()), " backend: device index ",
+               index, " does not exist: ", count, " device(s) are available (indices 0 to ",
+               count - 1, ")");
+}
+
+void Backend::CheckStream(int index, int stream) const {
+  CheckDevice(index);
+  const int last = last_default_stream_.load();
+  TANDEM_CHECK(stream >= 0 && stream <= last, "stream ", stream, " of ", DeviceTypeName(type()),
+               ":", index,
+               " does not exist: expected 0 (the compute stream) or an id that "
+               "CreateStream returned (1 to ",
+               last,
+               "); create side streams with "
+               "tandem::CreateStream");
+}
+
+int Backend::CreateStream(int index) {
+  CheckDevice(index);
+  return ++last_default_stream_;
+}
+
+bool Backend::QueryStream(int index, int stream) {
+  CheckStream(index, stream);
+  return true;
+}
+
+void Backend::SynchronizeStream(int index, int stream) { CheckStream(index, stream); }
+
+std::unique_ptr<EventImpl> Backend::RecordEvent(int index, int stream) {
+  CheckStream(index, stream);
+  return std::make_unique<CompletedEvent>();
+}
+
+void Backend::StreamWaitEvent(int index, int stream, EventImpl& event) {
+  CheckStream(index, stream);
+  event.Synchronize();
+}
 
 BackendRegistration::BackendRegistration(DeviceType type, Backend& (*instance)()) {
   RegistryEntry& entry = Registry()[static_cast<int>(type)];

@@ -5,7 +5,8 @@
 //
 // Kernels take KernelTensor views (data pointer already offset, sizes and strides in
 // elements). They run asynchronously with respect to the host on devices that queue work
-// (CUDA: on the device's current stream); CopyToHost and Synchronize wait.
+// (CUDA: on the device's current stream, see tensor/stream.h); CopyToHost and Synchronize
+// wait.
 //
 // Most users never touch this header. A new device type implements Backend and registers
 // it with a static BackendRegistration:
@@ -15,6 +16,7 @@
 #ifndef TANDEM_TENSOR_BACKEND_H_
 #define TANDEM_TENSOR_BACKEND_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -23,6 +25,7 @@
 #include "tensor/allocator.h"
 #include "tensor/device.h"
 #include "tensor/dtype.h"
+#include "tensor/stream.h"
 
 namespace tandem {
 
@@ -135,6 +138,17 @@ struct Conv2dGeometry {
   }
 };
 
+// A backend's event, behind tandem::Event (tensor/stream.h): a point in one stream's queue,
+// made by Backend::RecordEvent.
+class EventImpl {
+ public:
+  virtual ~EventImpl() = default;
+  // Whether the work before the point has finished (never blocks).
+  virtual bool Query() = 0;
+  // Waits on the host until it has; throws tandem::Error carrying any asynchronous error.
+  virtual void Synchronize() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -145,16 +159,39 @@ class Backend {
   // Why DeviceCount() is 0, for error messages ("no CUDA driver: ..."); empty otherwise.
   virtual std::string UnavailableReason() const { return ""; }
 
+  // ---- Streams and events (see tensor/stream.h) ---------------------------------------
+  // Stream 0 of a device is its compute stream; CreateStream makes side streams. Kernels and
+  // copies go to the calling thread's CurrentStream of their device. The defaults suit
+  // devices whose work runs synchronously on the calling thread (CPU): every stream is idle
+  // whenever the host looks, and an event is complete as soon as it is recorded.
+  //
+  // A new side stream of device `index`; returns its id (>= 1).
+  virtual int CreateStream(int index);
+  // QueryStream: whether all work queued on the stream has finished; SynchronizeStream
+  // waits on the host until it has.
+  virtual bool QueryStream(int index, int stream);
+  virtual void SynchronizeStream(int index, int stream);
+  // An event capturing the work queued so far on stream `stream` of device `index`.
+  virtual std::unique_ptr<EventImpl> RecordEvent(int index, int stream);
+  // Work queued later on stream `stream` of device `index` waits for `event`, an event this
+  // backend made (on any of its devices). The default waits on the host.
+  virtual void StreamWaitEvent(int index, int stream, EventImpl& event);
+
   // ---- Memory and copies -------------------------------------------------------------
   virtual Allocator& GetAllocator(int index) = 0;
-  // Waits for all work queued on the device.
+  // Waits for all work queued on the device, on every one of its streams.
   virtual void Synchronize(int index) = 0;
-  // Contiguous byte copies between the device and host memory. CopyToHost returns when
-  // the bytes are on the host; CopyFromHost may return earlier only if `src` is pinned.
+  // Contiguous byte copies between the device and host memory, on the device's current
+  // stream. CopyToHost returns when the bytes are on the host; CopyFromHost may return
+  // earlier only if `src` is pinned.
   virtual void CopyToHost(int index, void* dst, const void* src, size_t bytes) = 0;
   virtual void CopyFromHost(int index, void* dst, const void* src, size_t bytes) = 0;
-  // Contiguous byte copy between two devices of this type. The copy is ordered after work
-  // already queued on the source device and before work queued later on the destination.
+  // Contiguous byte copy between two devices of this type. It runs on the destination's
+  // current stream, after an event recorded on the source's current stream: it sees the
+  // work queued there before the call, and work queued later on the destination's stream
+  // sees the copy. The source's stream does not wait; it goes on computing. The caller may
+  // free `src` at once: backends with asynchronous streams keep its memory from being
+  // reused until the copy has read it (RecordStream on the destination's stream).
   virtual void CopyBetweenDevices(int dst_index, void* dst, int src_index, const void* src,
                                   size_t bytes) = 0;
   // Page-locked host memory for fast, asynchronous copies to this device type. Backends
@@ -210,6 +247,15 @@ class Backend {
                              float low, float high) = 0;
   virtual void RandomNormal(int index, float* dst, int64_t n, uint64_t seed, uint64_t offset,
                             float mean, float stddev) = 0;
+
+ protected:
+  // Throws tandem::Error unless `index` is one of this backend's devices.
+  void CheckDevice(int index) const;
+  // Also unless `stream` is 0 or an id that the default CreateStream gave.
+  void CheckStream(int index, int stream) const;
+
+ private:
+  std::atomic<int> last_default_stream_{0};  // ids the default CreateStream gave
 };
 
 // The backend for a device type; throws tandem::Error (naming how to get one) if none is

@@ -1,6 +1,8 @@
 #include "tensor/caching_allocator.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <exception>
 #include <tuple>
 #include <utility>
 
@@ -12,12 +14,14 @@ namespace tandem {
 // so that a freed block can merge with free neighbours.
 struct CachingAllocator::Block {
   char* ptr = nullptr;
-  size_t size = 0;       // bytes in this block (a multiple of kRoundBytes)
-  size_t requested = 0;  // bytes asked for while allocated (for statistics)
-  uintptr_t stream = 0;
-  bool allocated = false;
-  bool small = false;     // which pool it returns to
-  Block* prev = nullptr;  // neighbours within the segment
+  size_t size = 0;                  // bytes in this block (a multiple of kRoundBytes)
+  size_t requested = 0;             // bytes asked for while allocated (for statistics)
+  int stream = 0;                   // the stream it was allocated on and is reused by
+  bool allocated = false;           // handed out, or freed but pending (not in a pool)
+  std::vector<Stream> stream_uses;  // other streams (RecordStream)
+  std::vector<std::unique_ptr<EventImpl>> pending;  // recorded at free time
+  bool small = false;                               // which pool it returns to
+  Block* prev = nullptr;                            // neighbours within the segment
   Block* next = nullptr;
 };
 
@@ -43,19 +47,26 @@ CachingAllocator::CachingAllocator(Device device, std::unique_ptr<SystemMemory> 
 
 CachingAllocator::~CachingAllocator() {
   std::lock_guard<std::mutex> lock(mutex_);
+  try {
+    ProcessPendingLocked(/*wait=*/true);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "tandem: %s's allocator is destroyed with blocks still in use: %s\n",
+                 device_.ToString().c_str(), error.what());
+  }
   ReleaseUnusedSegmentsLocked();
 }
 
 std::shared_ptr<void> CachingAllocator::Allocate(size_t bytes) {
-  return AllocateOnStream(bytes, system_->CurrentStream());
+  return AllocateOnStream(bytes, system_->CurrentStreamId());
 }
 
-std::shared_ptr<void> CachingAllocator::AllocateOnStream(size_t bytes, uintptr_t stream) {
+std::shared_ptr<void> CachingAllocator::AllocateOnStream(size_t bytes, int stream) {
   const size_t size = RoundSize(bytes);
   Block* block = nullptr;
   bool from_system = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (!pending_.empty()) ProcessPendingLocked(/*wait=*/false);
     counter_.CheckLimit(bytes);
     Pool& pool = size <= kSmallRequest ? small_pool_ : large_pool_;
     block = FindFreeBlock(pool, stream, size);
@@ -71,8 +82,7 @@ std::shared_ptr<void> CachingAllocator::AllocateOnStream(size_t bytes, uintptr_t
   return std::shared_ptr<void>(block->ptr, [this, block](void*) { Free(block); });
 }
 
-CachingAllocator::Block* CachingAllocator::FindFreeBlock(Pool& pool, uintptr_t stream,
-                                                         size_t size) {
+CachingAllocator::Block* CachingAllocator::FindFreeBlock(Pool& pool, int stream, size_t size) {
   Block key;
   key.stream = stream;
   key.size = size;
@@ -84,14 +94,16 @@ CachingAllocator::Block* CachingAllocator::FindFreeBlock(Pool& pool, uintptr_t s
   return block;
 }
 
-CachingAllocator::Block* CachingAllocator::NewSegment(Pool& pool, uintptr_t stream, size_t size,
+CachingAllocator::Block* CachingAllocator::NewSegment(Pool& pool, int stream, size_t size,
                                                       size_t requested) {
   const size_t segment = SegmentSize(size);
   std::string error;
   void* ptr = system_->Allocate(segment, &error);
   size_t released = 0;
   if (ptr == nullptr) {
-    // Cached segments may be what stands in the way: give them back and try once more.
+    // Cached segments may be what stands in the way: wait for the blocks set aside for other
+    // streams, give every unused segment back and try once more.
+    ProcessPendingLocked(/*wait=*/true);
     released = ReleaseUnusedSegmentsLocked();
     error.clear();
     ptr = system_->Allocate(segment, &error);
@@ -110,6 +122,7 @@ CachingAllocator::Block* CachingAllocator::NewSegment(Pool& pool, uintptr_t stre
   block->size = segment;
   block->stream = stream;
   block->small = &pool == &small_pool_;
+  segments_[reinterpret_cast<uintptr_t>(block->ptr)] = block;
   return block;
 }
 
@@ -136,8 +149,32 @@ CachingAllocator::Block* CachingAllocator::SplitIfWorthIt(Pool& pool, Block* blo
   return block;
 }
 
+// Runs in shared_ptr deleters, so it must not throw.
 void CachingAllocator::Free(Block* block) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!block->stream_uses.empty()) {
+    try {
+      for (Stream stream : block->stream_uses) {
+        std::unique_ptr<EventImpl> event = system_->RecordEvent(stream);
+        if (event != nullptr) block->pending.push_back(std::move(event));
+      }
+    } catch (const std::exception& error) {
+      // The device is broken (or the process is exiting): nobody can prove that the other
+      // streams are done with the block, so it is never reused.
+      std::fprintf(stderr, "tandem: %s keeps a freed block out of use: %s\n",
+                   device_.ToString().c_str(), error.what());
+      return;
+    }
+    block->stream_uses.clear();
+    if (!block->pending.empty()) {
+      pending_.push_back(block);
+      return;
+    }
+  }
+  ReturnToPoolLocked(block);
+}
+
+void CachingAllocator::ReturnToPoolLocked(Block* block) {
   counter_.OnFree(block->requested);
   block->allocated = false;
   block->requested = 0;
@@ -151,7 +188,11 @@ void CachingAllocator::Free(Block* block) {
     if (neighbour == block->prev) {
       block->ptr = neighbour->ptr;
       block->prev = neighbour->prev;
-      if (block->prev != nullptr) block->prev->next = block;
+      if (block->prev != nullptr) {
+        block->prev->next = block;
+      } else {
+        segments_[reinterpret_cast<uintptr_t>(block->ptr)] = block;  // the new first block
+      }
     } else {
       block->next = neighbour->next;
       if (block->next != nullptr) block->next->prev = block;
@@ -161,6 +202,65 @@ void CachingAllocator::Free(Block* block) {
   }
   pool.insert(block);
   cached_bytes_ += static_cast<int64_t>(block->size);
+}
+
+void CachingAllocator::ProcessPendingLocked(bool wait) {
+  std::vector<Block*> still_pending;
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    Block* block = pending_[i];
+    try {
+      auto& events = block->pending;
+      for (auto it = events.begin(); it != events.end();) {
+        if (wait) (*it)->Synchronize();
+        it = wait || (*it)->Query() ? events.erase(it) : it + 1;
+      }
+    } catch (...) {
+      // Keep the bookkeeping whole (this block and the unvisited ones stay pending), then
+      // report the device's error to the caller.
+      still_pending.insert(still_pending.end(), pending_.begin() + i, pending_.end());
+      pending_.swap(still_pending);
+      throw;
+    }
+    if (block->pending.empty()) {
+      ReturnToPoolLocked(block);
+    } else {
+      still_pending.push_back(block);
+    }
+  }
+  pending_.swap(still_pending);
+}
+
+CachingAllocator::Block* CachingAllocator::FindLiveBlockLocked(const void* ptr) const {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(ptr);
+  auto it = segments_.upper_bound(address);
+  if (it == segments_.begin()) return nullptr;
+  for (Block* block = std::prev(it)->second; block != nullptr; block = block->next) {
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(block->ptr);
+    if (address < begin) return nullptr;
+    if (address < begin + block->size) {
+      return block->allocated && block->pending.empty() ? block : nullptr;
+    }
+  }
+  return nullptr;
+}
+
+bool CachingAllocator::TryRecordStream(const void* ptr, Stream stream) {
+  if (!system_->Asynchronous() || stream.device().type() != device_.type()) return true;
+  std::lock_guard<std::mutex> lock(mutex_);
+  Block* block = FindLiveBlockLocked(ptr);
+  if (block == nullptr) return false;
+  if (stream.device() == device_ && stream.id() == block->stream) return true;
+  auto& uses = block->stream_uses;
+  if (std::find(uses.begin(), uses.end(), stream) == uses.end()) uses.push_back(stream);
+  return true;
+}
+
+void CachingAllocator::RecordStream(const void* ptr, Stream stream) {
+  TANDEM_CHECK(TryRecordStream(ptr, stream), "RecordStream: ", ptr,
+               " is not inside a live block of ", device_,
+               "'s allocator; pass memory that this device's allocator handed out and that is "
+               "still in use (a tensor on ",
+               device_, ")");
 }
 
 size_t CachingAllocator::ReleaseUnusedSegmentsLocked() {
@@ -173,6 +273,7 @@ size_t CachingAllocator::ReleaseUnusedSegmentsLocked() {
         continue;
       }
       it = pool->erase(it);
+      segments_.erase(reinterpret_cast<uintptr_t>(block->ptr));
       system_->Free(block->ptr);
       counter_.OnReserve(-static_cast<int64_t>(block->size));
       cached_bytes_ -= static_cast<int64_t>(block->size);
@@ -186,6 +287,7 @@ size_t CachingAllocator::ReleaseUnusedSegmentsLocked() {
 
 void CachingAllocator::EmptyCache() {
   std::lock_guard<std::mutex> lock(mutex_);
+  ProcessPendingLocked(/*wait=*/false);
   ReleaseUnusedSegmentsLocked();
 }
 
@@ -197,6 +299,11 @@ int64_t CachingAllocator::CachedBytes() const {
 int64_t CachingAllocator::NumSegments() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return num_segments_;
+}
+
+int64_t CachingAllocator::NumPendingBlocks() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int64_t>(pending_.size());
 }
 
 }  // namespace tandem

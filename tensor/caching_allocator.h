@@ -13,12 +13,18 @@
 //   - Blocks are reused only by the stream they were allocated on: work on that stream is
 //     ordered, so a block freed while a kernel still reads it can be handed out again at
 //     once — the next user's kernels queue behind it.
+//   - PyTorch's record_stream: a block that RecordStream says is also used on other streams
+//     (a communication stream reading a gradient, another device's stream reading a copy's
+//     source) is not reused at once when freed. The allocator records an event on each of
+//     those streams at free time and keeps the block aside until every event has completed
+//     (polled before each allocation; waited for before giving up on an out-of-memory).
 //   - When the system says no, the allocator frees every cached segment that is wholly
 //     unused and tries once more, then throws an out-of-memory tandem::Error.
 //
 // The system memory is injected (SystemMemory), which keeps this file free of CUDA: the
 // CPU backend plugs in aligned host memory (HostMemory in allocator.h), the CUDA backend
-// cudaMalloc/cudaFree, and caching_allocator_test a fake with a capacity.
+// cudaMalloc/cudaFree and CUDA events, and caching_allocator_test a fake with a capacity
+// and fake streams.
 //
 //   CachingAllocator allocator(Device::Cuda(0), std::make_unique<MySystemMemory>());
 //   std::shared_ptr<void> block = allocator.Allocate(1000);  // a 1024-byte block
@@ -28,13 +34,17 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "tensor/allocator.h"
+#include "tensor/backend.h"
 #include "tensor/device.h"
+#include "tensor/stream.h"
 
 namespace tandem {
 
@@ -45,8 +55,15 @@ class SystemMemory {
   // Returns nullptr, with the reason in `error`, when `bytes` cannot be had.
   virtual void* Allocate(size_t bytes, std::string* error) = 0;
   virtual void Free(void* ptr) = 0;
-  // An identifier of the stream that new allocations will be used on.
-  virtual uintptr_t CurrentStream() { return 0; }
+  // The id of the stream (of the allocator's device) that new allocations will be used on.
+  virtual int CurrentStreamId() { return Stream::kComputeId; }
+  // Whether the device's streams run asynchronously to the host, so that a freed block may
+  // still be read by work queued on other streams (see RecordStream). False: RecordStream
+  // is a no-op and RecordEvent is never called.
+  virtual bool Asynchronous() const { return false; }
+  // An event capturing the work queued so far on `stream`, a stream of any device of the
+  // allocator's device type; nullptr when there is nothing to wait for.
+  virtual std::unique_ptr<EventImpl> RecordEvent(Stream /*stream*/) { return nullptr; }
   // What the system is called in error messages ("cudaMalloc").
   virtual const char* Name() const = 0;
 };
@@ -76,7 +93,13 @@ class CachingAllocator : public Allocator {
   // A block of at least `bytes`, for use on the system's current stream. Statistics count
   // the bytes asked for (so they compare across devices); `reserved` counts segments.
   std::shared_ptr<void> Allocate(size_t bytes) override;
-  std::shared_ptr<void> AllocateOnStream(size_t bytes, uintptr_t stream);
+  std::shared_ptr<void> AllocateOnStream(size_t bytes, int stream);
+  // Marks the live block holding `ptr` as used on `stream` (see the file comment). A no-op
+  // when the system is synchronous, for the block's own stream and for streams of another
+  // device type; throws tandem::Error if `ptr` is not inside a live block of this allocator.
+  void RecordStream(const void* ptr, Stream stream) override;
+  // Same, but returns false instead of throwing when `ptr` is not inside a live block.
+  bool TryRecordStream(const void* ptr, Stream stream);
   MemoryStats Stats() const override { return counter_.Stats(); }
   void ResetPeak() override { counter_.ResetPeak(); }
   void SetLimit(int64_t bytes) override { counter_.SetLimit(bytes); }
@@ -87,6 +110,8 @@ class CachingAllocator : public Allocator {
   // and not yet returned (for tests and diagnostics).
   int64_t CachedBytes() const;
   int64_t NumSegments() const;
+  // Freed blocks waiting for events recorded on other streams before they can be reused.
+  int64_t NumPendingBlocks() const;
 
  private:
   struct Block;
@@ -95,11 +120,19 @@ class CachingAllocator : public Allocator {
   };
   using Pool = std::set<Block*, BlockOrder>;
 
-  Block* FindFreeBlock(Pool& pool, uintptr_t stream, size_t size);
-  Block* NewSegment(Pool& pool, uintptr_t stream, size_t size, size_t requested);
+  Block* FindFreeBlock(Pool& pool, int stream, size_t size);
+  Block* NewSegment(Pool& pool, int stream, size_t size, size_t requested);
   Block* SplitIfWorthIt(Pool& pool, Block* block, size_t size);
+  // The shared_ptr deleter: returns the block to its pool, or sets it aside with events.
   void Free(Block* block);
-  // Frees every wholly unused segment; returns the bytes given back. Needs mutex_.
+  // The rest need mutex_.
+  // Returns a freed block to its pool, merged with free neighbours.
+  void ReturnToPoolLocked(Block* block);
+  // Returns the set-aside blocks whose events have all completed (`wait`: waits for all).
+  void ProcessPendingLocked(bool wait);
+  // The allocated block holding `ptr`, or nullptr.
+  Block* FindLiveBlockLocked(const void* ptr) const;
+  // Frees every wholly unused segment; returns the bytes given back.
   size_t ReleaseUnusedSegmentsLocked();
 
   const Device device_;
@@ -108,6 +141,8 @@ class CachingAllocator : public Allocator {
   mutable std::mutex mutex_;
   Pool small_pool_;  // free blocks only
   Pool large_pool_;
+  std::vector<Block*> pending_;           // freed, waiting for their events
+  std::map<uintptr_t, Block*> segments_;  // every segment's first block, by address
   int64_t cached_bytes_ = 0;
   int64_t num_segments_ = 0;
 };

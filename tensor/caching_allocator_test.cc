@@ -1,10 +1,13 @@
 // Tests of CachingAllocator's pooling logic against a fake system memory (host memory with
-// a capacity and a call log), so they run on every machine, GPU or not. The same class
-// with cudaMalloc behind it is tested on a GPU by cuda_allocator_test.
+// a capacity and a call log) and fake streams (counters of queued and finished work, whose
+// events complete when the test says so), so they run on every machine, GPU or not. The same
+// class with cudaMalloc and CUDA events behind it is tested on a GPU by cuda_memory_test and
+// cuda_stream_test.
 #include "tensor/caching_allocator.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <memory>
@@ -13,7 +16,9 @@
 #include <thread>
 #include <vector>
 
+#include "tensor/backend.h"
 #include "tensor/error.h"
+#include "tensor/stream.h"
 
 namespace tandem {
 namespace {
@@ -29,8 +34,32 @@ class FakeMemory final : public SystemMemory {
     int refusals = 0;
     size_t in_use = 0;
     size_t capacity = 0;
-    uintptr_t stream = 1;
+    int stream = 1;  // the current stream's id
     std::set<void*> live;
+    // Fake streams: work items queued on each, and how many of them have finished.
+    bool asynchronous = true;
+    bool fail_events = false;
+    std::map<Stream, int> queued;
+    std::map<Stream, int> finished;
+    int events_recorded = 0;
+    int events_waited = 0;
+  };
+
+  // Complete once the work queued on its stream when it was recorded has finished.
+  class FakeEvent final : public EventImpl {
+   public:
+    FakeEvent(Log* log, Stream stream) : log_(log), stream_(stream), target_(log->queued[stream]) {}
+    bool Query() override { return log_->finished[stream_] >= target_; }
+    void Synchronize() override {
+      ++log_->events_waited;
+      int& finished = log_->finished[stream_];
+      finished = std::max(finished, target_);
+    }
+
+   private:
+    Log* log_;
+    Stream stream_;
+    int target_;
   };
 
   explicit FakeMemory(Log* log) : log_(log) {}
@@ -54,7 +83,13 @@ class FakeMemory final : public SystemMemory {
     log_->in_use -= sizes_[ptr];
     std::free(ptr);
   }
-  uintptr_t CurrentStream() override { return log_->stream; }
+  int CurrentStreamId() override { return log_->stream; }
+  bool Asynchronous() const override { return log_->asynchronous; }
+  std::unique_ptr<EventImpl> RecordEvent(Stream stream) override {
+    if (log_->fail_events) throw Error("fake: the device is gone");
+    ++log_->events_recorded;
+    return std::make_unique<FakeEvent>(log_, stream);
+  }
   const char* Name() const override { return "fakeMalloc"; }
 
  private:
@@ -272,6 +307,236 @@ TEST_F(CachingAllocatorTest, ConcurrentAllocationsKeepConsistentStatistics) {
   allocator_->EmptyCache();
   EXPECT_EQ(allocator_->NumSegments(), 0);
   EXPECT_TRUE(log_.live.empty());
+}
+
+// ---- RecordStream (PyTorch's record_stream) ---------------------------------------------
+
+// The allocator's device is cuda:3 and the current stream is its stream 1 (log_.stream).
+constexpr Device kDevice = Device::Cuda(3);
+
+TEST_F(CachingAllocatorTest, BlockRecordedOnAnotherStreamWaitsForThatStreamsWork) {
+  const Stream comm(kDevice, 2);
+  std::shared_ptr<void> block = allocator_->Allocate(4096);
+  void* const first = block.get();
+  allocator_->RecordStream(first, comm);
+  log_.queued[comm] = 1;  // e.g. a copy on `comm` that reads the block
+  block.reset();
+  EXPECT_EQ(log_.events_recorded, 1);
+  EXPECT_EQ(allocator_->NumPendingBlocks(), 1);
+  EXPECT_EQ(allocator_->Stats().in_use_bytes, 4096);  // not reusable yet: still counted
+  {
+    std::shared_ptr<void> meanwhile = allocator_->Allocate(4096);
+    EXPECT_NE(meanwhile.get(), first);  // the copy may still be reading `first`
+  }
+  log_.finished[comm] = 1;
+  std::shared_ptr<void> again = allocator_->Allocate(4096);
+  EXPECT_EQ(again.get(), first);
+  EXPECT_EQ(allocator_->NumPendingBlocks(), 0);
+  EXPECT_EQ(allocator_->Stats().in_use_bytes, 4096);
+  EXPECT_EQ(log_.allocations, 1);
+}
+
+TEST_F(CachingAllocatorTest, OnlyWorkQueuedBeforeTheFreeDelaysReuse) {
+  const Stream comm(kDevice, 2);
+  void* first = nullptr;
+  {
+    std::shared_ptr<void> block = allocator_->Allocate(4096);
+    first = block.get();
+    allocator_->RecordStream(first, comm);
+    log_.queued[comm] = 1;
+  }
+  log_.queued[comm] = 5;  // later work on `comm` does not use the freed block
+  log_.finished[comm] = 1;
+  EXPECT_EQ(allocator_->Allocate(4096).get(), first);
+}
+
+TEST_F(CachingAllocatorTest, EveryRecordedStreamMustFinishIncludingOtherDevices) {
+  const Stream comm(kDevice, 2);
+  const Stream other_device(Device::Cuda(4), 0);  // a copy to cuda:4 reads the block
+  std::shared_ptr<void> block = allocator_->Allocate(4096);
+  void* const first = block.get();
+  allocator_->RecordStream(first, comm);
+  allocator_->RecordStream(first, other_device);
+  allocator_->RecordStream(first, comm);  // twice: still one event
+  log_.queued[comm] = 1;
+  log_.queued[other_device] = 1;
+  block.reset();
+  EXPECT_EQ(log_.events_recorded, 2);
+  log_.finished[comm] = 1;
+  EXPECT_NE(allocator_->Allocate(4096).get(), first);
+  log_.finished[other_device] = 1;
+  EXPECT_EQ(allocator_->Allocate(4096).get(), first);
+}
+
+TEST_F(CachingAllocatorTest, RecordingTheOwnStreamOrAnotherDeviceTypeIsANoOp) {
+  void* first = nullptr;
+  {
+    std::shared_ptr<void> block = allocator_->Allocate(4096);
+    first = block.get();
+    allocator_->RecordStream(first, Stream(kDevice, 1));  // the allocating stream
+    allocator_->RecordStream(first, Stream(Device::Cpu(0), 0));
+  }
+  EXPECT_EQ(log_.events_recorded, 0);
+  EXPECT_EQ(allocator_->NumPendingBlocks(), 0);
+  EXPECT_EQ(allocator_->Allocate(4096).get(), first);
+}
+
+TEST_F(CachingAllocatorTest, RecordStreamFindsBlocksByInteriorPointers) {
+  const Stream comm(kDevice, 2);
+  std::shared_ptr<void> a = allocator_->Allocate(8192);
+  std::shared_ptr<void> b = allocator_->Allocate(8192);
+  void* const first = b.get();
+  allocator_->RecordStream(static_cast<char*>(first) + 8191, comm);  // b's last byte
+  log_.queued[comm] = 1;
+  b.reset();
+  EXPECT_EQ(allocator_->NumPendingBlocks(), 1);
+  a.reset();  // a's neighbour b is pending, not free: no merge across it
+  EXPECT_NE(allocator_->Allocate(8192 * 2).get(), first);
+}
+
+TEST_F(CachingAllocatorTest, RecordStreamOfForeignOrFreedMemoryIsAClearError) {
+  const Stream comm(kDevice, 2);
+  int on_the_stack = 0;
+  EXPECT_FALSE(allocator_->TryRecordStream(&on_the_stack, comm));
+  void* freed = nullptr;
+  {
+    std::shared_ptr<void> block = allocator_->Allocate(4096);
+    freed = block.get();
+    std::shared_ptr<void> keeps_the_segment = allocator_->Allocate(4096);
+    block.reset();
+    EXPECT_FALSE(allocator_->TryRecordStream(freed, comm));
+    try {
+      allocator_->RecordStream(freed, comm);
+      ADD_FAILURE() << "no error";
+    } catch (const Error& error) {
+      EXPECT_NE(std::string(error.what()).find("is not inside a live block of cuda:3"),
+                std::string::npos)
+          << error.what();
+    }
+  }
+}
+
+TEST_F(CachingAllocatorTest, SynchronousSystemsIgnoreRecordStream) {
+  log_.asynchronous = false;  // a CPU device: nothing runs behind the host's back
+  const Stream comm(kDevice, 2);
+  int on_the_stack = 0;
+  EXPECT_NO_THROW(allocator_->RecordStream(&on_the_stack, comm));
+  void* first = nullptr;
+  {
+    std::shared_ptr<void> block = allocator_->Allocate(4096);
+    first = block.get();
+    allocator_->RecordStream(first, comm);
+    log_.queued[comm] = 1;
+  }
+  EXPECT_EQ(log_.events_recorded, 0);
+  EXPECT_EQ(allocator_->Allocate(4096).get(), first);
+}
+
+TEST_F(CachingAllocatorTest, PendingBlocksMergeWithTheirNeighboursOnceDone) {
+  const Stream comm(kDevice, 2);
+  std::vector<std::shared_ptr<void>> blocks;
+  for (int i = 0; i < 4; ++i) blocks.push_back(allocator_->Allocate(256 * 1024));
+  void* const head = blocks[0].get();
+  allocator_->RecordStream(blocks[1].get(), comm);
+  log_.queued[comm] = 1;
+  blocks.clear();  // 0, 2, 3 back to the pool at once (0 alone: 1 is pending between)
+  EXPECT_EQ(allocator_->NumPendingBlocks(), 1);
+  EXPECT_EQ(allocator_->CachedBytes(), static_cast<int64_t>(2 * kMiB - 256 * 1024));
+  log_.finished[comm] = 1;
+  allocator_->EmptyCache();  // collects the pending block; the whole segment is free again
+  EXPECT_EQ(allocator_->NumPendingBlocks(), 0);
+  EXPECT_EQ(log_.frees, 1);
+  EXPECT_EQ(allocator_->NumSegments(), 0);
+  // A segment whose first block was merged away still finds its blocks.
+  std::shared_ptr<void> x = allocator_->Allocate(4096);
+  std::shared_ptr<void> y = allocator_->Allocate(4096);
+  x.reset();
+  y.reset();  // y merges into x's place: y's Block now starts the segment
+  std::shared_ptr<void> z = allocator_->Allocate(4096);
+  EXPECT_TRUE(allocator_->TryRecordStream(static_cast<char*>(z.get()) + 100, comm));
+  EXPECT_NE(head, nullptr);
+}
+
+TEST_F(CachingAllocatorTest, EmptyCacheKeepsSegmentsWithPendingBlocks) {
+  const Stream comm(kDevice, 2);
+  {
+    std::shared_ptr<void> block = allocator_->Allocate(15 * kMiB);
+    allocator_->RecordStream(block.get(), comm);
+    log_.queued[comm] = 1;
+  }
+  allocator_->EmptyCache();
+  EXPECT_EQ(log_.frees, 0);
+  EXPECT_EQ(allocator_->NumSegments(), 1);
+  log_.finished[comm] = 1;
+  allocator_->EmptyCache();
+  EXPECT_EQ(log_.frees, 1);
+  EXPECT_EQ(allocator_->Stats().in_use_bytes, 0);
+}
+
+TEST_F(CachingAllocatorTest, OutOfMemoryWaitsForPendingBlocksBeforeGivingUp) {
+  log_.capacity = 20 * kMiB;
+  const Stream comm(kDevice, 2);
+  {
+    std::shared_ptr<void> block = allocator_->Allocate(15 * kMiB);
+    allocator_->RecordStream(block.get(), comm);
+    log_.queued[comm] = 1;
+  }
+  // The only segment is pending: the system refuses a second one, so the allocator waits for
+  // `comm` (a host-side synchronisation) and retries.
+  std::shared_ptr<void> again = allocator_->Allocate(15 * kMiB);
+  EXPECT_NE(again.get(), nullptr);
+  EXPECT_EQ(log_.events_waited, 1);
+  EXPECT_EQ(log_.refusals, 1);
+  EXPECT_EQ(allocator_->NumPendingBlocks(), 0);
+  EXPECT_EQ(allocator_->Stats().in_use_bytes, static_cast<int64_t>(15 * kMiB));
+}
+
+TEST_F(CachingAllocatorTest, AFailingEventKeepsTheBlockOutOfUseInsteadOfCrashing) {
+  const Stream comm(kDevice, 2);
+  void* first = nullptr;
+  {
+    std::shared_ptr<void> block = allocator_->Allocate(4096);
+    first = block.get();
+    allocator_->RecordStream(first, comm);
+    log_.fail_events = true;
+  }  // the deleter must not throw
+  log_.fail_events = false;
+  EXPECT_NE(allocator_->Allocate(4096).get(), first);
+}
+
+TEST(CachingAllocatorDestruction, WaitsForPendingBlocksAndReturnsTheirSegments) {
+  FakeMemory::Log log;
+  {
+    CachingAllocator allocator(kDevice, std::make_unique<FakeMemory>(&log));
+    const Stream comm(kDevice, 2);
+    std::shared_ptr<void> block = allocator.Allocate(4096);
+    allocator.RecordStream(block.get(), comm);
+    log.queued[comm] = 1;
+    block.reset();
+    EXPECT_EQ(allocator.NumPendingBlocks(), 1);
+  }
+  EXPECT_EQ(log.events_waited, 1);
+  EXPECT_EQ(log.frees, 1);
+  EXPECT_TRUE(log.live.empty());
+}
+
+TEST_F(CachingAllocatorTest, ConcurrentRecordStreamAndFreesStayConsistent) {
+  // Events complete at once (nothing queued): blocks pass through the pending list quickly.
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      const Stream comm(kDevice, 10 + t);
+      for (int i = 0; i < 500; ++i) {
+        std::shared_ptr<void> block = allocator_->Allocate(512 * (1 + (i + t) % 7));
+        allocator_->RecordStream(block.get(), comm);
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  allocator_->EmptyCache();
+  EXPECT_EQ(allocator_->NumPendingBlocks(), 0);
+  EXPECT_EQ(allocator_->Stats().in_use_bytes, 0);
+  EXPECT_EQ(allocator_->NumSegments(), 0);
 }
 
 }  // namespace

@@ -20,6 +20,8 @@
 
 #include <string>
 
+#include "tensor/stream.h"
+
 namespace tandem {
 namespace cuda {
 
@@ -31,8 +33,9 @@ int DeviceCount();
 // cudaErrorInsufficientDriver ..."); empty when devices are available.
 std::string UnavailableReason();
 
-// Waits until all work queued on `device` (its stream) has finished. Throws tandem::Error
-// carrying any asynchronous error a kernel raised (e.g. an illegal address).
+// Waits until all work queued on `device` (on every one of its streams) has finished.
+// Throws tandem::Error carrying any asynchronous error a kernel raised (e.g. an illegal
+// address).
 void Synchronize(int device);
 
 // Whether float32 matrix products may use TF32 tensor cores (about 8x faster on an H200,
@@ -45,9 +48,13 @@ bool AllowTf32();
 // The physical GPU behind a logical device (differs from `device` only with
 // TANDEM_CUDA_LOGICAL_DEVICES).
 int PhysicalDevice(int device);
-// The device's stream, as an opaque handle to cast to cudaStream_t, for code that queues
-// its own CUDA work (NCCL, custom kernels) in order with Tandem's.
+// The calling thread's current stream of `device` (its compute stream unless a
+// tandem::StreamGuard picked another), as an opaque handle to cast to cudaStream_t, for code
+// that queues its own CUDA work (NCCL, custom kernels) in order with Tandem's.
 void* Stream(int device);
+// The handle of any stream of a CUDA device (tensor/stream.h), e.g. a side stream for NCCL.
+// Throws tandem::Error for a CPU stream or one that does not exist.
+void* StreamHandle(tandem::Stream stream);
 
 }  // namespace cuda
 }  // namespace tandem

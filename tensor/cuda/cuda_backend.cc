@@ -2,9 +2,9 @@
 //
 // Each call makes its device's physical GPU current, validates its arguments (with the
 // CPU backend's messages, so errors read the same on either device), and queues its work
-// on the device's stream (tensor/cuda/cuda_device.h). Kernels are in kernels.cu; GEMM is
-// cuBLAS. Nothing here waits for the GPU except CopyToHost, pageable CopyFromHost and
-// Synchronize.
+// on the calling thread's current stream of the device (tensor/stream.h,
+// tensor/cuda/cuda_device.h). Kernels are in kernels.cu; GEMM is cuBLAS. Nothing here waits
+// for the GPU except CopyToHost, pageable CopyFromHost and the Synchronize calls.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -20,10 +20,12 @@
 #include "tensor/cuda/cuda.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/cuda_device.h"
+#include "tensor/cuda/cuda_testing.h"
 #include "tensor/cuda/kernels.h"
 #include "tensor/dtype.h"
 #include "tensor/elementwise_math.h"
 #include "tensor/error.h"
+#include "tensor/stream.h"
 
 namespace tandem {
 namespace cuda {
@@ -113,12 +115,28 @@ class CudaBackend final : public Backend {
   int DeviceCount() const override { return CudaDevices::Get().count(); }
   std::string UnavailableReason() const override { return CudaDevices::Get().unavailable_reason(); }
 
+  // ---- Streams and events ----
+  int CreateStream(int index) override { return Device(index).CreateStream(); }
+  bool QueryStream(int index, int stream) override;
+  void SynchronizeStream(int index, int stream) override {
+    CudaDevice& device = Device(index);
+    cudaStream_t handle = device.stream(stream);
+    DeviceGuard guard(device.physical());
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(handle), index);
+  }
+  std::unique_ptr<EventImpl> RecordEvent(int index, int stream) override {
+    CudaDevice& device = Device(index);
+    return std::make_unique<CudaEvent>(device, device.stream(stream));
+  }
+  void StreamWaitEvent(int index, int stream, EventImpl& event) override;
+
+  // ---- Memory and copies ----
   Allocator& GetAllocator(int index) override { return Device(index).allocator(); }
 
   void Synchronize(int index) override {
     CudaDevice& device = Device(index);
-    DeviceGuard guard(device.physical());
-    TANDEM_CUDA_CHECK(cudaStreamSynchronize(device.stream()), index);
+    const int count = device.num_streams();
+    for (int id = 0; id < count; ++id) SynchronizeStream(index, id);
   }
 
   void CopyToHost(int index, void* dst, const void* src, size_t bytes) override;
@@ -164,33 +182,61 @@ class CudaBackend final : public Backend {
   static CudaDevice& Device(int index) { return CudaDevices::Get().device(index); }
 };
 
+// ---- Streams and events ----------------------------------------------------------------
+
+bool CudaBackend::QueryStream(int index, int stream) {
+  CudaDevice& device = Device(index);
+  cudaStream_t handle = device.stream(stream);
+  DeviceGuard guard(device.physical());
+  const cudaError_t status = cudaStreamQuery(handle);
+  if (status == cudaErrorNotReady) {
+    cudaGetLastError();  // not an error: keep it from resurfacing at the next launch check
+    return false;
+  }
+  TANDEM_CUDA_CHECK(status, index);
+  return true;
+}
+
+void CudaBackend::StreamWaitEvent(int index, int stream, EventImpl& event) {
+  CudaDevice& device = Device(index);
+  cudaStream_t handle = device.stream(stream);
+  auto* cuda_event = dynamic_cast<CudaEvent*>(&event);
+  if (cuda_event == nullptr) {
+    event.Synchronize();  // not a GPU event: the host orders it
+    return;
+  }
+  // Events of another device are fine: the stream waits on the GPU, the host goes on.
+  DeviceGuard guard(device.physical());
+  TANDEM_CUDA_CHECK(cudaStreamWaitEvent(handle, cuda_event->get(), 0), index);
+}
+
 // ---- Copies ----------------------------------------------------------------------------
 
 void CudaBackend::CopyToHost(int index, void* dst, const void* src, size_t bytes) {
   CudaDevice& device = Device(index);
   if (bytes == 0) return;
+  cudaStream_t stream = device.current_stream();
   DeviceGuard guard(device.physical());
   // Queued behind the kernels that produce `src`; the host waits for the bytes.
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, device.stream()),
-                    index);
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(device.stream()), index);
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream), index);
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream), index);
 }
 
 void CudaBackend::CopyFromHost(int index, void* dst, const void* src, size_t bytes) {
   CudaDevice& device = Device(index);
   if (bytes == 0) return;
+  cudaStream_t stream = device.current_stream();
   DeviceGuard guard(device.physical());
   PinnedHostAllocator& pinned = CudaDevices::Get().pinned();
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, device.stream()),
-                    index);
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream), index);
   if (pinned.Contains(src, bytes)) {
     // Returns at once. The caller may free `src` as soon as we return: the pinned
     // allocator will not hand the block out again until this copy has read it.
-    pinned.RecordUse(src, device.stream(), device.physical());
+    pinned.RecordUse(src, stream, device.physical());
   } else {
     // Pageable (or someone else's pinned) memory: its owner may reuse it the moment we
     // return, and nothing tracks it, so wait for the copy (as PyTorch's blocking copy does).
-    TANDEM_CUDA_CHECK(cudaStreamSynchronize(device.stream()), index);
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream), index);
   }
 }
 
@@ -199,42 +245,44 @@ void CudaBackend::CopyBetweenDevices(int dst_index, void* dst, int src_index, co
   CudaDevice& to = Device(dst_index);
   CudaDevice& from = Device(src_index);
   if (bytes == 0) return;
+  const int to_stream_id = to.current_stream_id();
+  cudaStream_t to_stream = to.stream(to_stream_id);
   if (dst_index == src_index) {
     DeviceGuard guard(to.physical());
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, to.stream()),
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, to_stream),
                       dst_index);
     return;
   }
   if (to.physical() != from.physical()) {
     CudaDevices::Get().EnablePeerAccess(to.physical(), from.physical());
   }
-  // 1. The copy runs on the destination's stream, after everything already queued on the
-  //    source's (which may still be writing `src`).
-  cudaEvent_t source_ready;
+  // 1. The copy runs on the destination's stream, after the work queued so far on the
+  //    source's (which may still be writing `src`). The source's stream never waits.
   {
-    DeviceGuard guard(from.physical());
-    TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&source_ready, cudaEventDisableTiming), src_index);
-    TANDEM_CUDA_CHECK(cudaEventRecord(source_ready, from.stream()), src_index);
+    CudaEvent source_ready(from, from.current_stream());
+    DeviceGuard guard(to.physical());
+    // The wait is fixed by this call: the event may go back to its pool right after.
+    TANDEM_CUDA_CHECK(cudaStreamWaitEvent(to_stream, source_ready.get(), 0), dst_index);
   }
   DeviceGuard guard(to.physical());
-  TANDEM_CUDA_CHECK(cudaStreamWaitEvent(to.stream(), source_ready, 0), dst_index);
-  // Destroying a recorded event is safe: CUDA releases it once it has completed.
-  TANDEM_CUDA_CHECK(cudaEventDestroy(source_ready), src_index);
   if (to.physical() == from.physical()) {
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, to.stream()),
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, to_stream),
                       dst_index);
   } else {
     TANDEM_CUDA_CHECK(
-        cudaMemcpyPeerAsync(dst, to.physical(), src, from.physical(), bytes, to.stream()),
-        dst_index);
+        cudaMemcpyPeerAsync(dst, to.physical(), src, from.physical(), bytes, to_stream), dst_index);
   }
-  // 2. `src`'s block may be freed as soon as we return, and the source's allocator hands
-  //    it out again to work on the source's stream: make that stream wait for the copy.
-  cudaEvent_t copy_done;
-  TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&copy_done, cudaEventDisableTiming), dst_index);
-  TANDEM_CUDA_CHECK(cudaEventRecord(copy_done, to.stream()), dst_index);
-  TANDEM_CUDA_CHECK(cudaStreamWaitEvent(from.stream(), copy_done, 0), src_index);
-  TANDEM_CUDA_CHECK(cudaEventDestroy(copy_done), dst_index);
+  // 2. `src`'s block may be freed as soon as we return, and the source's allocator would
+  //    hand it out again to work on the source's stream, which does not wait for the copy:
+  //    record the destination's stream on the block, so that it is reused only after the
+  //    work queued there (the copy included) when it is freed.
+  if (!from.allocator().TryRecordStream(
+          src, tandem::Stream(tandem::Device::Cuda(dst_index), to_stream_id))) {
+    // Memory that Tandem's allocator did not hand out: nothing can track its reuse, so make
+    // the source's stream wait for the copy after all.
+    CudaEvent copy_done(to, to_stream);
+    TANDEM_CUDA_CHECK(cudaStreamWaitEvent(from.current_stream(), copy_done.get(), 0), src_index);
+  }
 }
 
 // ---- Elementwise ---------------------------------------------------------------------------
@@ -350,8 +398,10 @@ void CudaBackend::Gemm(int index, bool trans_a, bool trans_b, int64_t m, int64_t
   TANDEM_CHECK(lda <= kIntMax && ldb <= kIntMax && ldc <= kIntMax,
                "CUDA Gemm: row strides lda=", lda, " ldb=", ldb, " ldc=", ldc,
                " exceed cuBLAS's 32-bit sizes");
+  cudaStream_t stream = device.current_stream();
   cublasHandle_t handle = device.blas();
   std::lock_guard<std::mutex> lock(device.blas_mutex());
+  device.BindBlas(stream);
   const cublasMath_t mode = allow_tf32.load() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
   if (device.blas_math_mode() != mode) {
     TANDEM_CUBLAS_CHECK(cublasSetMathMode(handle, mode), index);
@@ -466,7 +516,29 @@ void SetAllowTf32(bool allow) { allow_tf32.store(allow); }
 bool AllowTf32() { return allow_tf32.load(); }
 
 int PhysicalDevice(int device) { return CudaDevices::Get().device(device).physical(); }
-void* Stream(int device) { return CudaDevices::Get().device(device).stream(); }
+void* Stream(int device) { return CudaDevices::Get().device(device).current_stream(); }
+void* StreamHandle(tandem::Stream stream) {
+  TANDEM_CHECK(stream.device().is_cuda(),
+               "cuda::StreamHandle expects a stream of a CUDA device "
+               "but got ",
+               stream, "; CPU streams have no handle");
+  return CudaDevices::Get().device(stream.device().index()).stream(stream.id());
+}
+
+namespace testing {
+
+void Spin(tandem::Stream stream, int64_t nanoseconds) {
+  TANDEM_CHECK(stream.device().is_cuda() && nanoseconds >= 0,
+               "cuda::testing::Spin expects a CUDA stream and a non-negative duration but got ",
+               stream, " and ", nanoseconds, " ns");
+  CudaDevice& device = CudaDevices::Get().device(stream.device().index());
+  LaunchContext context = device.Launch();
+  context.stream = device.stream(stream.id());
+  DeviceGuard guard(device.physical());
+  LaunchSpin(context, nanoseconds);
+}
+
+}  // namespace testing
 
 }  // namespace cuda
 }  // namespace tandem

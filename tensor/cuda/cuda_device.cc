@@ -40,7 +40,14 @@ class CudaMemory final : public SystemMemory {
     TANDEM_CUDA_CHECK(cudaFree(ptr), device_->index());
   }
 
-  uintptr_t CurrentStream() override { return reinterpret_cast<uintptr_t>(device_->stream()); }
+  int CurrentStreamId() override { return device_->current_stream_id(); }
+  bool Asynchronous() const override { return true; }
+  // Any CUDA device's stream may be recorded on a block (a copy to cuda:1 reads cuda:0's).
+  std::unique_ptr<EventImpl> RecordEvent(tandem::Stream stream) override {
+    if (stream.device().type() != DeviceType::kCUDA) return nullptr;
+    CudaDevice& device = CudaDevices::Get().device(stream.device().index());
+    return std::make_unique<CudaEvent>(device, device.stream(stream.id()));
+  }
   const char* Name() const override { return "cudaMalloc"; }
 
  private:
@@ -99,14 +106,62 @@ void CudaDevice::InitStream() {
   DeviceGuard guard(physical_);
   // Non-blocking: no implicit synchronisation with the legacy default stream, which other
   // libraries in the process may use.
-  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), index_);
+  cudaStream_t compute = nullptr;
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), index_);
   TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, physical_),
                     index_);
+  streams_[0].store(compute);
+  num_streams_.store(1);
 }
 
-cudaStream_t CudaDevice::stream() {
+cudaStream_t CudaDevice::stream(int id) {
   std::call_once(stream_once_, [this] { InitStream(); });
-  return stream_;
+  const int count = num_streams_.load(std::memory_order_acquire);
+  TANDEM_CHECK(id >= 0 && id < count, "stream ", id, " of cuda:", index_,
+               " does not exist: expected 0 (the compute stream) or an id that CreateStream "
+               "returned (1 to ",
+               count - 1, "); create side streams with tandem::CreateStream");
+  return streams_[id].load(std::memory_order_relaxed);
+}
+
+int CudaDevice::num_streams() {
+  stream();
+  return num_streams_.load(std::memory_order_acquire);
+}
+
+int CudaDevice::CreateStream() {
+  stream();  // the compute stream is id 0
+  std::lock_guard<std::mutex> lock(streams_mutex_);
+  const int id = num_streams_.load();
+  TANDEM_CHECK(id <= kMaxSideStreams, "cuda:", index_, " already has ", kMaxSideStreams,
+               " side streams, the most a device may have; streams live as long as the process, "
+               "so create them once and reuse them (or share tandem::SideStream)");
+  DeviceGuard guard(physical_);
+  cudaStream_t created = nullptr;
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking), index_);
+  streams_[id].store(created, std::memory_order_relaxed);
+  num_streams_.store(id + 1, std::memory_order_release);
+  return id;
+}
+
+cudaEvent_t CudaDevice::AcquireEvent() {
+  {
+    std::lock_guard<std::mutex> lock(events_mutex_);
+    if (!free_events_.empty()) {
+      cudaEvent_t event = free_events_.back();
+      free_events_.pop_back();
+      return event;
+    }
+  }
+  DeviceGuard guard(physical_);
+  cudaEvent_t event = nullptr;
+  TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), index_);
+  return event;
+}
+
+void CudaDevice::ReleaseEvent(cudaEvent_t event) {
+  std::lock_guard<std::mutex> lock(events_mutex_);
+  free_events_.push_back(event);
 }
 
 cublasHandle_t CudaDevice::blas() {
@@ -115,6 +170,7 @@ cublasHandle_t CudaDevice::blas() {
     DeviceGuard guard(physical_);
     TANDEM_CUBLAS_CHECK(cublasCreate(&blas_), index_);
     TANDEM_CUBLAS_CHECK(cublasSetStream(blas_, s), index_);
+    blas_stream_ = s;
     // Full float32 products unless TF32 is allowed (see cuda.h); set per call by Gemm.
     TANDEM_CUBLAS_CHECK(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH), index_);
     blas_math_mode_ = CUBLAS_DEFAULT_MATH;
@@ -122,14 +178,44 @@ cublasHandle_t CudaDevice::blas() {
   return blas_;
 }
 
+void CudaDevice::BindBlas(cudaStream_t stream) {
+  if (blas_stream_ == stream) return;
+  TANDEM_CUBLAS_CHECK(cublasSetStream(blas(), stream), index_);
+  blas_stream_ = stream;
+}
+
 LaunchContext CudaDevice::Launch() {
   LaunchContext context;
-  context.stream = stream();
+  context.stream = current_stream();
   context.device = index_;
   context.num_sms = num_sms_;
   context.workspace = allocator_.get();
   return context;
 }
+
+CudaEvent::CudaEvent(CudaDevice& device, cudaStream_t stream)
+    : device_(device), event_(device.AcquireEvent()) {
+  DeviceGuard guard(device_.physical());
+  const cudaError_t status = cudaEventRecord(event_, stream);
+  if (status != cudaSuccess) {
+    device_.ReleaseEvent(event_);
+    TANDEM_CUDA_CHECK(status, device_.index());
+  }
+}
+
+CudaEvent::~CudaEvent() { device_.ReleaseEvent(event_); }
+
+bool CudaEvent::Query() {
+  const cudaError_t status = cudaEventQuery(event_);
+  if (status == cudaErrorNotReady) {
+    cudaGetLastError();  // not an error: keep it from resurfacing at the next launch check
+    return false;
+  }
+  TANDEM_CUDA_CHECK(status, device_.index());
+  return true;
+}
+
+void CudaEvent::Synchronize() { TANDEM_CUDA_CHECK(cudaEventSynchronize(event_), device_.index()); }
 
 CudaDevices& CudaDevices::Get() {
   static CudaDevices* devices = new CudaDevices;

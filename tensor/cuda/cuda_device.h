@@ -1,26 +1,30 @@
 // The CUDA devices of this process (internal to tensor/cuda/): which logical devices exist,
-// which physical GPU each one runs on, and each one's stream, cuBLAS handle and caching
-// allocator, created at first use.
+// which physical GPU each one runs on, and each one's streams, events, cuBLAS handle and
+// caching allocator, created at first use.
 //
-// Every logical device owns one non-blocking stream, and all of its kernels, cuBLAS calls
-// and copies are queued there, so work on one device runs in order and work on different
-// devices overlaps. Host threads share the streams (CUDA streams are thread-safe); the
-// cuBLAS handle, which is not, is used under its device's mutex.
+// Every logical device owns non-blocking streams: id 0, the compute stream, created at
+// first use, and side streams that CreateStream adds (tensor/stream.h). Kernels, cuBLAS
+// calls and copies go to the calling thread's current stream of the device (the compute
+// stream unless a StreamGuard picked another), so work on one stream runs in order and work
+// on different streams and devices overlaps. Host threads share the streams (CUDA streams
+// are thread-safe); the cuBLAS handle, which is not, is used under its device's mutex.
 //
 //   CudaDevice& device = CudaDevices::Get().device(0);
 //   DeviceGuard guard(device.physical());
-//   LaunchUnary(device.Launch(), UnaryOp::kRelu, dst, src, 0.0);
+//   LaunchUnary(device.Launch(), UnaryOp::kRelu, dst, src, 0.0);  // on the current stream
 #ifndef TANDEM_TENSOR_CUDA_CUDA_DEVICE_H_
 #define TANDEM_TENSOR_CUDA_CUDA_DEVICE_H_
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "tensor/backend.h"
 #include "tensor/caching_allocator.h"
 #include "tensor/cuda/kernels.h"
 #include "tensor/cuda/pinned_host_allocator.h"
@@ -46,6 +50,9 @@ class DeviceGuard {
 
 class CudaDevice {
  public:
+  // Side streams a device may have (tensor/stream.h's CreateStream documents the limit).
+  static constexpr int kMaxSideStreams = 32;
+
   CudaDevice(int index, int physical);
   CudaDevice(const CudaDevice&) = delete;
   CudaDevice& operator=(const CudaDevice&) = delete;
@@ -53,16 +60,33 @@ class CudaDevice {
   int index() const { return index_; }
   int physical() const { return physical_; }
 
-  // The device's stream (created on first use).
-  cudaStream_t stream();
-  // The device's cuBLAS handle, bound to stream(); hold blas_mutex() while using it.
+  // Stream `id` of the device (0: the compute stream, created on first use); throws
+  // tandem::Error for an id that CreateStream has not given.
+  cudaStream_t stream(int id = tandem::Stream::kComputeId);
+  // The calling thread's current stream of this device (tandem::CurrentStream).
+  cudaStream_t current_stream() { return stream(current_stream_id()); }
+  int current_stream_id() const { return CurrentStream(Device::Cuda(index_)).id(); }
+  // A new side stream; returns its id.
+  int CreateStream();
+  // Streams created so far, the compute stream included.
+  int num_streams();
+
+  // An event of this device (created with timing disabled), from a pool; give it back with
+  // ReleaseEvent, which makes no CUDA call and so may run while the process exits.
+  cudaEvent_t AcquireEvent();
+  void ReleaseEvent(cudaEvent_t event);
+
+  // The device's cuBLAS handle; hold blas_mutex() while using it, and bind it to the stream
+  // of the work with BindBlas first.
   cublasHandle_t blas();
   std::mutex& blas_mutex() { return blas_mutex_; }
+  // Sets the handle's stream to `stream` if it is bound to another. Needs blas_mutex().
+  void BindBlas(cudaStream_t stream);
   // The cuBLAS math mode last set on blas() (kept here to set it only when it changes).
   cublasMath_t& blas_math_mode() { return blas_math_mode_; }
 
   CachingAllocator& allocator() { return *allocator_; }
-  // What kernel launchers need: stream, SM count, the allocator for workspaces.
+  // What kernel launchers need: the current stream, SM count, the allocator for workspaces.
   LaunchContext Launch();
 
  private:
@@ -71,13 +95,39 @@ class CudaDevice {
   const int index_;
   const int physical_;
   std::once_flag stream_once_;
-  cudaStream_t stream_ = nullptr;
+  // streams_[0, num_streams_) exist; written under streams_mutex_, read without a lock.
+  std::atomic<cudaStream_t> streams_[1 + kMaxSideStreams] = {};
+  std::atomic<int> num_streams_{0};
+  std::mutex streams_mutex_;
   int num_sms_ = 1;
+  std::mutex events_mutex_;
+  std::vector<cudaEvent_t> free_events_;
   std::once_flag blas_once_;
   cublasHandle_t blas_ = nullptr;
+  cudaStream_t blas_stream_ = nullptr;
   cublasMath_t blas_math_mode_ = CUBLAS_DEFAULT_MATH;
   std::mutex blas_mutex_;
   std::unique_ptr<CachingAllocator> allocator_;
+};
+
+// A backend event of a CUDA device (behind tandem::Event): recorded on a stream of the
+// device when made, returned to the device's pool when destroyed.
+class CudaEvent final : public EventImpl {
+ public:
+  CudaEvent(CudaDevice& device, cudaStream_t stream);
+  ~CudaEvent() override;
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+
+  bool Query() override;
+  void Synchronize() override;
+
+  cudaEvent_t get() const { return event_; }
+  CudaDevice& device() const { return device_; }
+
+ private:
+  CudaDevice& device_;
+  cudaEvent_t event_ = nullptr;
 };
 
 class CudaDevices {

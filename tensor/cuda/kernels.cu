@@ -782,6 +782,19 @@ __global__ void RandomNormalKernel(float* dst, int64_t n, uint64_t key, uint64_t
   }
 }
 
+// ---- Test only ---------------------------------------------------------------------------
+
+__device__ __forceinline__ uint64_t GlobalTimerNanoseconds() {
+  uint64_t now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  return now;
+}
+
+__global__ void SpinKernel(uint64_t nanoseconds) {
+  const uint64_t start = GlobalTimerNanoseconds();
+  while (GlobalTimerNanoseconds() - start < nanoseconds) __nanosleep(1000);
+}
+
 }  // namespace
 
 // ---- Launchers ----------------------------------------------------------------------------
@@ -954,6 +967,11 @@ void LaunchRandomNormal(const LaunchContext& context, float* dst, int64_t n, uin
   const int64_t blocks = static_cast<int64_t>((offset + n + 1) / 2 - offset / 2);
   RandomNormalKernel<<<GridFor(context, blocks), kThreads, 0, context.stream>>>(
       dst, n, seed ^ philox::kNormalStream, offset, mean, stddev);
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+}
+
+void LaunchSpin(const LaunchContext& context, int64_t nanoseconds) {
+  SpinKernel<<<1, 1, 0, context.stream>>>(static_cast<uint64_t>(nanoseconds));
   TANDEM_CUDA_CHECK_LAUNCH(context.device);
 }
 

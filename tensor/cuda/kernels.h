@@ -61,6 +61,10 @@ void LaunchRandomUniform(const LaunchContext& context, float* dst, int64_t n, ui
 void LaunchRandomNormal(const LaunchContext& context, float* dst, int64_t n, uint64_t seed,
                         uint64_t offset, float mean, float stddev);
 
+// Test only (cuda_testing.h): one thread that spins on the GPU's nanosecond timer for
+// `nanoseconds`, to keep a stream busy for a known time.
+void LaunchSpin(const LaunchContext& context, int64_t nanoseconds);
+
 }  // namespace cuda
 }  // namespace tandem
 
