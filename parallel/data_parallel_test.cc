@@ -19,11 +19,11 @@
 namespace tandem::parallel {
 namespace {
 
-using ::testing::HasSubstr;
-using ::testing::StartsWith;
 using ::tandem::testing::ErrorOf;
 using ::tandem::testing::HasCuda;
 using ::tandem::testing::MaxAbsDiff;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
 
 std::vector<Device> Cpus(int n) {
   std::vector<Device> devices;
@@ -436,6 +436,84 @@ TEST_F(DataParallelTest, InferenceUnderNoGradBuildsNoGraph) {
   Tensor out = dp.forward(randn({9, 10}));
   EXPECT_FALSE(out.requires_grad());
   EXPECT_EQ(out.grad_fn(), nullptr);
+}
+
+class ConvNet : public nn::Cloneable<ConvNet> {
+ public:
+  ConvNet() { reset(); }
+  void reset() override {
+    conv_ = register_module("conv", nn::Conv2d(2, 3, 3));
+    bn_ = register_module("bn", nn::BatchNorm2d(3));
+    fc_ = register_module("fc", nn::Linear(3 * 4 * 4, 5));
+  }
+  Tensor forward(const Tensor& x) {
+    return fc_->forward(bn_->forward(conv_->forward(x)).flatten(1));
+  }
+  std::shared_ptr<nn::BatchNorm2d> bn() const { return bn_; }
+
+ private:
+  std::shared_ptr<nn::Conv2d> conv_;
+  std::shared_ptr<nn::BatchNorm2d> bn_;
+  std::shared_ptr<nn::Linear> fc_;
+};
+
+TEST_F(DataParallelTest, ConvBatchNormLinearInEvalModeMatchesOneDevice) {
+  manual_seed(9);
+  auto model = std::make_shared<ConvNet>();
+  {
+    NoGradGuard no_grad;
+    model->bn()->running_mean().copy_(from_vector(std::vector<float>{0.1f, -0.2f, 0.3f}, {3}));
+    model->bn()->running_var().copy_(from_vector(std::vector<float>{0.5f, 1.5f, 2.0f}, {3}));
+  }
+  auto reference = std::static_pointer_cast<ConvNet>(model->clone());
+  model->eval();
+  reference->eval();
+  DataParallel dp(model, Cpus(3));
+  Tensor x = randn({7, 2, 6, 6});
+  Tensor out = dp.forward(x);
+  Tensor expected = reference->forward(x);
+  ExpectClose(out, expected);
+  out.sum().backward();
+  expected.sum().backward();
+  for (size_t i = 0; i < Grads(*model).size(); ++i) {
+    ExpectClose(Grads(*model)[i], Grads(*reference)[i], 1e-4);
+  }
+}
+
+// In training mode each replica normalises its own chunk (as in PyTorch), and replica 0's
+// running statistics reach the original module; the other replicas' are dropped.
+TEST_F(DataParallelTest, BatchNormTrainsPerChunkAndReplicaZerosStatisticsReachTheOriginal) {
+  manual_seed(10);
+  auto model = std::make_shared<ConvNet>();
+  auto reference = std::static_pointer_cast<ConvNet>(model->clone());
+  DataParallel dp(model, Cpus(2));
+  Tensor x = randn({8, 2, 6, 6});
+  Tensor out = dp.forward(x);
+  std::vector<Tensor> halves = x.chunk(2, 0);
+  Tensor first = reference->forward(halves[0]);  // updates the reference's statistics once
+  ExpectClose(out.narrow(0, 0, 4), first);
+  ExpectClose(model->bn()->running_mean(), reference->bn()->running_mean());
+  ExpectClose(model->bn()->running_var(), reference->bn()->running_var());
+  EXPECT_EQ(model->bn()->num_batches_tracked().item(), 1.0);
+}
+
+TEST_F(DataParallelTest, DropoutUnderDataParallelIsReproducible) {
+  manual_seed(21);
+  auto model =
+      std::make_shared<nn::Sequential>(nn::Linear(8, 32), nn::Dropout(0.5), nn::Linear(32, 4));
+  DataParallel dp(model, Cpus(3));
+  Tensor x = randn({12, 8});
+  manual_seed(5);
+  const Tensor first = dp.forward(x).detach();
+  for (int run = 0; run < 20; ++run) {
+    manual_seed(5);
+    ASSERT_EQ(MaxAbsDiff(dp.forward(x), first), 0.0) << "run " << run;
+  }
+  // Replicas draw different masks: the three chunks of equal rows are not all equal.
+  Tensor same_rows = ones({12, 8});
+  manual_seed(5);
+  std::vector<Tensor> parts = dp.forward(same_rows).chunk(3, 0);
+  EXPECT_GT(MaxAbsDiff(parts[0], parts[1]), 0.0);
 }
 
 }  // namespace
