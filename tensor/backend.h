@@ -191,7 +191,9 @@ class Backend {
   // work queued there before the call, and work queued later on the destination's stream
   // sees the copy. The source's stream does not wait; it goes on computing. The caller may
   // free `src` at once: backends with asynchronous streams keep its memory from being
-  // reused until the copy has read it (RecordStream on the destination's stream).
+  // reused until the copy has read it (RecordStream on the destination's stream). Writing
+  // `src` in place on the source device later is not ordered after the copy: such a writer
+  // first makes the source's stream wait for the destination's (Stream::Wait).
   virtual void CopyBetweenDevices(int dst_index, void* dst, int src_index, const void* src,
                                   size_t bytes) = 0;
   // Page-locked host memory for fast, asynchronous copies to this device type. Backends

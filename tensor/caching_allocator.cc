@@ -53,6 +53,7 @@ CachingAllocator::~CachingAllocator() {
     std::fprintf(stderr, "tandem: %s's allocator is destroyed with blocks still in use: %s\n",
                  device_.ToString().c_str(), error.what());
   }
+  for (Block* block : lost_) ReturnToPoolLocked(block);
   ReleaseUnusedSegmentsLocked();
 }
 
@@ -158,11 +159,13 @@ void CachingAllocator::Free(Block* block) {
         std::unique_ptr<EventImpl> event = system_->RecordEvent(stream);
         if (event != nullptr) block->pending.push_back(std::move(event));
       }
-    } catch (const std::exception& error) {
-      // The device is broken (or the process is exiting): nobody can prove that the other
-      // streams are done with the block, so it is never reused.
-      std::fprintf(stderr, "tandem: %s keeps a freed block out of use: %s\n",
-                   device_.ToString().c_str(), error.what());
+    } catch (const std::exception&) {
+      // The device is broken (its error surfaces at the next synchronisation) or the process
+      // is exiting: nobody can prove that the other streams are done with the block, so it
+      // is never reused (only the allocator's destructor returns it).
+      block->pending.clear();
+      block->stream_uses.clear();
+      lost_.push_back(block);
       return;
     }
     block->stream_uses.clear();

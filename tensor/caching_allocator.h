@@ -142,6 +142,7 @@ class CachingAllocator : public Allocator {
   Pool small_pool_;  // free blocks only
   Pool large_pool_;
   std::vector<Block*> pending_;           // freed, waiting for their events
+  std::vector<Block*> lost_;              // freed, but their events could not be recorded
   std::map<uintptr_t, Block*> segments_;  // every segment's first block, by address
   int64_t cached_bytes_ = 0;
   int64_t num_segments_ = 0;

@@ -502,6 +502,8 @@ TEST_F(CachingAllocatorTest, AFailingEventKeepsTheBlockOutOfUseInsteadOfCrashing
   }  // the deleter must not throw
   log_.fail_events = false;
   EXPECT_NE(allocator_->Allocate(4096).get(), first);
+  allocator_.reset();  // returns the lost block's segment too
+  EXPECT_TRUE(log_.live.empty());
 }
 
 TEST(CachingAllocatorDestruction, WaitsForPendingBlocksAndReturnsTheirSegments) {
