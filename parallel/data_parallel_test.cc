@@ -516,5 +516,36 @@ TEST_F(DataParallelTest, DropoutUnderDataParallelIsReproducible) {
   EXPECT_GT(MaxAbsDiff(parts[0], parts[1]), 0.0);
 }
 
+// The same equivalence on CUDA devices: two physical GPUs, or two logical devices on one
+// (TANDEM_CUDA_LOGICAL_DEVICES=2). Skips where there is none.
+TEST_F(DataParallelTest, CudaDevicesMatchOneDevice) {
+  if (!HasCuda()) GTEST_SKIP() << ::tandem::testing::NoCudaReason();
+  const int gpus = DeviceCount(DeviceType::kCUDA);
+  if (gpus < 2) GTEST_SKIP() << "needs two CUDA devices (set TANDEM_CUDA_LOGICAL_DEVICES=2)";
+  std::vector<Device> devices = {Device::Cuda(0), Device::Cuda(1)};
+  auto reference = Mlp();
+  auto model = Mlp();
+  reference->to(Device::Cuda(0));
+  model->to(Device::Cuda(0));
+  DataParallel dp(model, devices, Device::Cpu(0));
+  Tensor x = randn({13, 10});
+  Tensor out = dp.forward(x);
+  EXPECT_EQ(out.device(), Device::Cpu(0));
+  Tensor expected = reference->forward(x.to(Device::Cuda(0)));
+  ExpectClose(out, expected.to(Device::Cpu(0)), 1e-4);
+  out.sum().backward();
+  expected.sum().backward();
+  for (size_t i = 0; i < Grads(*model).size(); ++i) {
+    EXPECT_EQ(Grads(*model)[i].device(), Device::Cuda(0));
+    ExpectClose(Grads(*model)[i].to(Device::Cpu(0)), Grads(*reference)[i].to(Device::Cpu(0)), 1e-4);
+  }
+  nn::CrossEntropyLoss criterion;
+  Tensor y = from_vector(std::vector<int64_t>{0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0}, {13});
+  EXPECT_NEAR(
+      dp.forward_loss(criterion, x, y).item(),
+      criterion.forward(reference->forward(x.to(Device::Cuda(0))), y.to(Device::Cuda(0))).item(),
+      1e-4);
+}
+
 }  // namespace
 }  // namespace tandem::parallel
