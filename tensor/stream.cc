@@ -106,6 +106,15 @@ StreamGuard::StreamGuard(Stream stream)
 
 StreamGuard::~StreamGuard() { SetCurrentStream(original_); }
 
+std::vector<Stream> CurrentStreams() { return current_streams; }
+
+MultiStreamGuard::MultiStreamGuard(const std::vector<Stream>& streams)
+    : original_(current_streams) {
+  for (Stream stream : streams) SetCurrentStream(stream);
+}
+
+MultiStreamGuard::~MultiStreamGuard() { current_streams = original_; }
+
 // ---- Event -------------------------------------------------------------------------------
 
 Event::Event() = default;

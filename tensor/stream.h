@@ -28,6 +28,7 @@
 #include <memory>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "tensor/device.h"
 
@@ -107,6 +108,28 @@ class StreamGuard {
  private:
   Stream original_;
   Stream current_;
+};
+
+// The streams that this thread's StreamGuards have made current (compute streams left out),
+// to carry into work handed to another thread (a DeviceWorker task): capture them with
+// CurrentStreams() when the task is made, and make them current there with a
+// MultiStreamGuard for the task's duration.
+std::vector<Stream> CurrentStreams();
+
+// Makes each of `streams` (from CurrentStreams, or each checked by a StreamGuard before) the
+// current stream of its device on this thread while in scope, then restores the previous ones.
+//
+//   std::vector<Stream> streams = CurrentStreams();
+//   worker.Submit([streams] { MultiStreamGuard guard(streams); RunReplica(); });
+class MultiStreamGuard {
+ public:
+  explicit MultiStreamGuard(const std::vector<Stream>& streams);
+  ~MultiStreamGuard();
+  MultiStreamGuard(const MultiStreamGuard&) = delete;
+  MultiStreamGuard& operator=(const MultiStreamGuard&) = delete;
+
+ private:
+  std::vector<Stream> original_;
 };
 
 // A marker in a stream's queue: Record captures the work queued so far, and Query,

@@ -110,6 +110,32 @@ TEST_F(StreamTest, GuardsAffectOnlyTheirOwnThread) {
   EXPECT_EQ(CurrentStream(Device::Cpu(0)), side);
 }
 
+TEST_F(StreamTest, CurrentStreamsCarryIntoAnotherThread) {
+  EXPECT_TRUE(CurrentStreams().empty());
+  const Stream a = CreateStream(Device::Cpu(0));
+  const Stream b = CreateStream(Device::Cpu(1));
+  std::vector<Stream> captured;
+  {
+    StreamGuard guard_a(a);
+    StreamGuard guard_b(b);
+    StreamGuard back(DefaultStream(Device::Cpu(1)));  // compute streams are not listed
+    captured = CurrentStreams();
+  }
+  EXPECT_EQ(captured, std::vector<Stream>{a});
+  Stream seen_0, seen_1, after;
+  std::thread([&] {
+    {
+      MultiStreamGuard guard(std::vector<Stream>{a, b});
+      seen_0 = CurrentStream(Device::Cpu(0));
+      seen_1 = CurrentStream(Device::Cpu(1));
+    }
+    after = CurrentStream(Device::Cpu(1));
+  }).join();
+  EXPECT_EQ(seen_0, a);
+  EXPECT_EQ(seen_1, b);
+  EXPECT_EQ(after, Stream(Device::Cpu(1)));
+}
+
 TEST_F(StreamTest, KernelsQueuedUnderAGuardGiveTheSameResults) {
   const Tensor x = arange(10).to(kFloat32);
   Tensor y;
