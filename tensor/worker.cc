@@ -9,6 +9,7 @@
 
 #include "tensor/error.h"
 #include "tensor/grad_mode.h"
+#include "tensor/stream.h"
 
 namespace tandem {
 namespace {
@@ -40,7 +41,15 @@ class ParallelRegionScope {
 // everything constructed before the first worker (backend registry, allocators, ...) is
 // still alive while the workers finish their queues.
 
+// Devices with an index below this are looked up without a lock once they exist.
+constexpr int kFastSlots = 64;
+
 struct Registry {
+  // Lock-free lookups for the hot paths (every Post of the autograd engine, every
+  // ParallelFor): set under `mutex` once a worker or pool exists, cleared at shutdown/reset.
+  std::atomic<DeviceWorker*> fast_workers[kNumDeviceTypes][kFastSlots] = {};
+  std::shared_ptr<ThreadPool> fast_pools[kFastSlots];  // read with std::atomic_load
+
   std::mutex mutex;
   bool shut_down = false;
   std::map<Device, std::unique_ptr<DeviceWorker>> workers;
@@ -70,6 +79,13 @@ void ShutDownAtExit() {
   {
     std::lock_guard<std::mutex> lock(registry.mutex);
     registry.shut_down = true;
+    for (auto& per_type : registry.fast_workers) {
+      for (auto& slot : per_type) slot.store(nullptr, std::memory_order_release);
+    }
+    if (!keep_pools) {
+      for (auto& pool : registry.fast_pools)
+        std::atomic_store(&pool, std::shared_ptr<ThreadPool>());
+    }
     for (auto it = registry.workers.begin(); it != registry.workers.end();) {
       if (it->second.get() == self) {
         ++it;
@@ -97,14 +113,23 @@ void EnsureShutDownRegistered() {
 DeviceWorker& DeviceWorker::For(Device device) {
   TANDEM_CHECK(device.index() >= 0, "DeviceWorker::For expects a device index >= 0 but got ",
                device, "; use a device such as cpu:0 or cuda:0");
-  EnsureShutDownRegistered();
   Registry& registry = GetRegistry();
+  const int type = static_cast<int>(device.type());
+  if (device.index() < kFastSlots) {
+    DeviceWorker* worker =
+        registry.fast_workers[type][device.index()].load(std::memory_order_acquire);
+    if (worker != nullptr) return *worker;
+  }
+  EnsureShutDownRegistered();
   std::lock_guard<std::mutex> lock(registry.mutex);
   TANDEM_CHECK(!registry.shut_down, "DeviceWorker::For(", device,
                ") was called while the process is exiting; device workers have been joined. "
                "Run device work before main returns");
   std::unique_ptr<DeviceWorker>& worker = registry.workers[device];
   if (worker == nullptr) worker = std::make_unique<DeviceWorker>(device);
+  if (device.index() < kFastSlots) {
+    registry.fast_workers[type][device.index()].store(worker.get(), std::memory_order_release);
+  }
   return *worker;
 }
 
@@ -130,11 +155,22 @@ DeviceWorker::~DeviceWorker() {
 }
 
 void DeviceWorker::Post(std::function<void()> task) {
-  // The task runs with the grad mode its poster had, as if the poster ran it.
-  task = [grad_mode = GradMode::IsEnabled(), task = std::move(task)] {
-    AutoGradMode mode(grad_mode);
-    task();
-  };
+  // The task runs with the grad mode and current streams its poster had, as if the poster
+  // ran it (PyTorch's engine carries both into its tasks).
+  std::vector<Stream> streams = CurrentStreams();
+  if (streams.empty()) {
+    task = [grad_mode = GradMode::IsEnabled(), task = std::move(task)] {
+      AutoGradMode mode(grad_mode);
+      task();
+    };
+  } else {
+    task = [grad_mode = GradMode::IsEnabled(), streams = std::move(streams),
+            task = std::move(task)] {
+      AutoGradMode mode(grad_mode);
+      MultiStreamGuard guard(streams);
+      task();
+    };
+  }
   {
     std::lock_guard<std::mutex> lock(mutex_);
     // While stopping, the loop still drains its queue, so tasks that the worker's own tasks
@@ -289,8 +325,12 @@ namespace {
 
 std::shared_ptr<ThreadPool> AcquireCpuThreadPool(int cpu_index) {
   TANDEM_CHECK(cpu_index >= 0, "CpuThreadPool expects a CPU device index >= 0 but got ", cpu_index);
-  EnsureShutDownRegistered();
   Registry& registry = GetRegistry();
+  if (cpu_index < kFastSlots) {
+    std::shared_ptr<ThreadPool> pool = std::atomic_load(&registry.fast_pools[cpu_index]);
+    if (pool != nullptr) return pool;
+  }
+  EnsureShutDownRegistered();
   std::lock_guard<std::mutex> lock(registry.mutex);
   TANDEM_CHECK(!registry.shut_down, "the thread pool of cpu:", cpu_index,
                " was asked for while the process is exiting; run CPU work before main returns");
@@ -298,6 +338,7 @@ std::shared_ptr<ThreadPool> AcquireCpuThreadPool(int cpu_index) {
   const int threads = registry.threads_per_device;
   std::shared_ptr<ThreadPool>& pool = registry.cpu_pools[cpu_index];
   if (pool == nullptr) pool = std::make_shared<ThreadPool>(threads);
+  if (cpu_index < kFastSlots) std::atomic_store(&registry.fast_pools[cpu_index], pool);
   return pool;
 }
 
@@ -311,6 +352,7 @@ void ResetCpuThreadPools() {
     Registry& registry = GetRegistry();
     std::lock_guard<std::mutex> lock(registry.mutex);
     pools.swap(registry.cpu_pools);
+    for (auto& pool : registry.fast_pools) std::atomic_store(&pool, std::shared_ptr<ThreadPool>());
     registry.threads_per_device = 0;  // the share may have changed
   }
   // Joins the helpers of each pool that no ParallelFor is using; a pool still in use goes

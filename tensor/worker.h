@@ -53,7 +53,7 @@ class DeviceWorker {
     return result;
   }
   // Queues a task that must not throw (it is the caller's job to catch). The task runs with
-  // the grad mode the calling thread has now.
+  // the grad mode and the current streams (tensor/stream.h) the calling thread has now.
   void Post(std::function<void()> task);
 
  private:

@@ -12,6 +12,8 @@
 #include "gtest/gtest.h"
 #include "tensor/device.h"
 #include "tensor/error.h"
+#include "tensor/grad_mode.h"
+#include "tensor/stream.h"
 
 namespace tandem {
 namespace {
@@ -387,6 +389,22 @@ TEST(ParallelForTest, RethrowsExceptions) {
 
 TEST(ParallelForTest, RejectsCudaDevices) {
   EXPECT_THROW(ParallelFor(Device::Cuda(0), 10, 1, [](int64_t, int64_t) {}), Error);
+}
+
+TEST(DeviceWorkerContextTest, TasksRunWithThePostersGradModeAndStreams) {
+  SetCpuDeviceCount(2);
+  DeviceWorker& worker = DeviceWorker::For(Device::Cpu(1));
+  const Stream side = SideStream(Device::Cpu(1));
+  auto context = [] {
+    return std::make_pair(GradMode::IsEnabled(), CurrentStream(Device::Cpu(1)));
+  };
+  EXPECT_EQ(worker.Submit(context).get(), std::make_pair(true, DefaultStream(Device::Cpu(1))));
+  {
+    NoGradGuard no_grad;
+    StreamGuard guard(side);
+    EXPECT_EQ(worker.Submit(context).get(), std::make_pair(false, side));
+  }
+  EXPECT_EQ(worker.Submit(context).get(), std::make_pair(true, DefaultStream(Device::Cpu(1))));
 }
 
 }  // namespace
