@@ -1,6 +1,9 @@
 #include "nn/optim.h"
 
 #include <cmath>
+#include <set>
+#include <string>
+#include <utility>
 
 #include "tensor/autograd.h"
 
@@ -33,6 +36,44 @@ Optimizer::Optimizer(std::vector<Tensor> parameters, std::string name)
 }
 
 void Optimizer::zero_grad(bool set_to_none) { ZeroGrad(parameters_, set_to_none); }
+
+std::pair<size_t, std::string> Optimizer::ParseStateName(
+    const std::string& name, const std::vector<std::string>& fields) const {
+  std::string known;
+  for (const std::string& f : fields) known += (known.empty() ? "" : ", ") + f;
+  const std::string expected =
+      "\"state.<parameter index>.<field>\" with a field of " + name_ + " (" + known + ")";
+  TANDEM_CHECK(name.rfind("state.", 0) == 0, name_, "::load_state_dict: unknown entry '", name,
+               "': expected ", expected, "; was the state saved by another kind of optimizer?");
+  const size_t dot = name.find('.', 6);
+  const std::string index_text = name.substr(6, dot == std::string::npos ? dot : dot - 6);
+  const bool digits = !index_text.empty() && index_text.size() < 10 &&
+                      index_text.find_first_not_of("0123456789") == std::string::npos;
+  TANDEM_CHECK(digits && dot != std::string::npos, name_, "::load_state_dict: malformed entry '",
+               name, "': expected ", expected);
+  const size_t index = std::stoul(index_text);
+  TANDEM_CHECK(index < parameters_.size(), name_, "::load_state_dict: entry '", name,
+               "' is for parameter ", index, " but this optimizer has ", parameters_.size(),
+               " parameters; was the state saved for another model?");
+  const std::string field = name.substr(dot + 1);
+  bool found = false;
+  for (const std::string& f : fields) found = found || f == field;
+  TANDEM_CHECK(found, name_, "::load_state_dict: unknown entry '", name, "': expected ", expected,
+               "; was the state saved by another kind of optimizer?");
+  return {index, field};
+}
+
+Tensor Optimizer::StateTensorFor(size_t i, const std::string& name, const Tensor& value) const {
+  const Tensor& p = parameters_[i];
+  TANDEM_CHECK(value.defined(), name_, "::load_state_dict: entry '", name, "' is undefined");
+  TANDEM_CHECK(value.dtype() == kFloat32 && value.shape() == p.shape(), name_,
+               "::load_state_dict: entry '", name, "' must be float32 of shape ",
+               ShapeToString(p.shape()), " (parameter ", i, "'s) but is ", value.dtype(),
+               " of shape ", ShapeToString(value.shape()),
+               "; was the state saved for another model?");
+  NoGradGuard no_grad;
+  return value.to(p.device()).clone();
+}
 
 // ---- SGD -------------------------------------------------------------------------------
 
@@ -67,6 +108,26 @@ void SGD::step() {
     }
     p.add_(g, -o.lr_);
   }
+}
+
+OptimizerState SGD::state_dict() const {
+  NoGradGuard no_grad;
+  OptimizerState state;
+  for (size_t i = 0; i < momentum_buffers_.size(); ++i) {
+    if (momentum_buffers_[i].defined()) {
+      state["state." + std::to_string(i) + ".momentum_buffer"] = momentum_buffers_[i].clone();
+    }
+  }
+  return state;
+}
+
+void SGD::load_state_dict(const OptimizerState& state) {
+  std::vector<Tensor> buffers(parameters_.size());
+  for (const auto& [name, value] : state) {
+    const size_t i = ParseStateName(name, {"momentum_buffer"}).first;
+    buffers[i] = StateTensorFor(i, name, value);
+  }
+  momentum_buffers_ = std::move(buffers);
 }
 
 // ---- Adam ------------------------------------------------------------------------------
@@ -108,6 +169,45 @@ void Adam::step() {
     denom.mul_(1.0 / std::sqrt(bias_correction2)).add_(o.eps_);
     p.add_(div(m, denom), -o.lr_ / bias_correction1);
   }
+}
+
+OptimizerState Adam::state_dict() const {
+  NoGradGuard no_grad;
+  OptimizerState state;
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    if (!exp_avg_[i].defined()) continue;
+    const std::string prefix = "state." + std::to_string(i) + ".";
+    state[prefix + "exp_avg"] = exp_avg_[i].clone();
+    state[prefix + "exp_avg_sq"] = exp_avg_sq_[i].clone();
+    state[prefix + "step"] = from_vector(std::vector<int64_t>{steps_[i]}, Shape{});
+  }
+  return state;
+}
+
+void Adam::load_state_dict(const OptimizerState& state) {
+  std::vector<int64_t> steps(parameters_.size(), 0);
+  std::vector<Tensor> exp_avg(parameters_.size()), exp_avg_sq(parameters_.size());
+  std::vector<int> fields_seen(parameters_.size(), 0);
+  for (const auto& [name, value] : state) {
+    const auto [i, field] = ParseStateName(name, {"exp_avg", "exp_avg_sq", "step"});
+    ++fields_seen[i];
+    if (field == "step") {
+      TANDEM_CHECK(value.defined() && value.dtype() == kInt64 && value.numel() == 1, name_,
+                   "::load_state_dict: entry '", name, "' must be one int64 (the step count)");
+      steps[i] = value.to(Device::Cpu(0)).reshape({1}).to_vector<int64_t>().at(0);
+      TANDEM_CHECK(steps[i] >= 1, name_, "::load_state_dict: entry '", name,
+                   "' must be a step count of at least 1 but is ", steps[i]);
+    } else {
+      (field == "exp_avg" ? exp_avg : exp_avg_sq)[i] = StateTensorFor(i, name, value);
+    }
+  }
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    TANDEM_CHECK(fields_seen[i] == 0 || fields_seen[i] == 3, name_, "::load_state_dict: parameter ",
+                 i, " has only some of exp_avg, exp_avg_sq and step; expected all three or none");
+  }
+  steps_ = std::move(steps);
+  exp_avg_ = std::move(exp_avg);
+  exp_avg_sq_ = std::move(exp_avg_sq);
 }
 
 }  // namespace tandem::nn

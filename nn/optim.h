@@ -11,10 +11,19 @@
 //
 // An optimizer holds the parameter tensors it was given: move the module to its device
 // (Module::to) before building the optimizer, as in PyTorch.
+//
+// state_dict() / load_state_dict() save and restore what an optimizer has learned (SGD's
+// momentum buffers, Adam's moments and step counts), as PyTorch's do, so that a run resumed
+// from a checkpoint continues exactly where it stopped:
+//
+//   nn::OptimizerState state = optimizer.state_dict();   // {"state.0.momentum_buffer": ...}
+//   ...                                                   // e.g. through a checkpoint file
+//   other_optimizer.load_state_dict(state);               // same kind, same parameters
 #ifndef TANDEM_NN_OPTIM_H_
 #define TANDEM_NN_OPTIM_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,6 +31,14 @@
 #include "tensor/tensor.h"
 
 namespace tandem::nn {
+
+// An optimizer's per-parameter state by name: "state.<i>.<what>" for parameter i (the index
+// in the list the optimizer was built with), e.g. "state.0.momentum_buffer" (SGD),
+// "state.3.exp_avg", "state.3.exp_avg_sq" and "state.3.step" (Adam; the step count is a
+// 0-dim int64 tensor). A parameter that has not been stepped yet has no entries. The
+// options (learning rate, ...) are not part of it: they come from the code that builds
+// the optimizer.
+using OptimizerState = std::map<std::string, Tensor>;
 
 class Optimizer {
  public:
@@ -36,7 +53,26 @@ class Optimizer {
   void zero_grad(bool set_to_none = true);
   const std::vector<Tensor>& parameters() const { return parameters_; }
 
+  // The state as it is now. Tensors are copies (on the parameters' devices): stepping on
+  // does not change a state taken before.
+  virtual OptimizerState state_dict() const = 0;
+  // Replaces the state with `state` (from state_dict() of an optimizer of the same kind
+  // over parameters of the same shapes), copying values onto each parameter's device.
+  // Checks everything first: an unknown name, a parameter index out of range, a wrong shape
+  // or dtype, or a partial entry (Adam's exp_avg without its step) throws an error saying
+  // which, and leaves the optimizer as it was.
+  virtual void load_state_dict(const OptimizerState& state) = 0;
+  const std::string& name() const { return name_; }
+
  protected:
+  // For load_state_dict: parameter index and field of "state.<i>.<field>", after checking
+  // that the field is one of `fields` and i a parameter; throws otherwise.
+  std::pair<size_t, std::string> ParseStateName(const std::string& name,
+                                                const std::vector<std::string>& fields) const;
+  // Checks that `value` fits parameter i's state (float32, the parameter's shape) and
+  // returns a copy of it on the parameter's device.
+  Tensor StateTensorFor(size_t i, const std::string& name, const Tensor& value) const;
+
   std::vector<Tensor> parameters_;
   std::string name_;
 };
@@ -85,6 +121,8 @@ class SGD : public Optimizer {
   SGDOptions& options() { return options_; }
   // The momentum buffer of parameter i (undefined before its first step with momentum).
   const Tensor& momentum_buffer(size_t i) const { return momentum_buffers_.at(i); }
+  OptimizerState state_dict() const override;
+  void load_state_dict(const OptimizerState& state) override;
 
  private:
   SGDOptions options_;
@@ -131,6 +169,8 @@ class Adam : public Optimizer {
   int64_t step_count(size_t i) const { return steps_.at(i); }
   const Tensor& exp_avg(size_t i) const { return exp_avg_.at(i); }
   const Tensor& exp_avg_sq(size_t i) const { return exp_avg_sq_.at(i); }
+  OptimizerState state_dict() const override;
+  void load_state_dict(const OptimizerState& state) override;
 
  private:
   AdamOptions options_;

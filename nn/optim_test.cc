@@ -229,5 +229,112 @@ TEST_F(OptimTest, TrainsAModulesParameters) {
   EXPECT_TRUE(allclose(layer.weight(), before - grad * 0.5, 1e-5, 1e-6));
 }
 
+// Steps `optimizer` (over one parameter, w) `steps` times on the problem.
+void Steps(Optimizer& optimizer, int steps) {
+  for (int step = 0; step < steps; ++step) {
+    optimizer.zero_grad();
+    Loss(optimizer.parameters()[0]).backward();
+    optimizer.step();
+  }
+}
+
+std::vector<float> Values(const Tensor& t) { return t.to(Device::Cpu(0)).to_vector<float>(); }
+std::vector<int64_t> Int64Values(const Tensor& t) {
+  return t.to(Device::Cpu(0)).reshape({t.numel()}).to_vector<int64_t>();
+}
+
+// An optimizer restored from another's state_dict (over a copy of its parameter) continues
+// bit for bit as the original does.
+template <typename Make>
+void ExpectResumesExactly(Make make, const std::vector<std::string>& expected_names) {
+  Tensor w = StartingPoint();
+  auto original = make(w);
+  Steps(*original, 3);
+  const OptimizerState state = original->state_dict();
+  std::vector<std::string> names;
+  for (const auto& entry : state) names.push_back(entry.first);
+  EXPECT_EQ(names, expected_names);
+
+  Tensor copy = w.detach().clone();
+  copy.set_requires_grad(true);
+  auto resumed = make(copy);
+  resumed->load_state_dict(state);
+  Steps(*original, 4);  // the state taken before is a copy: it does not move with these
+  Steps(*resumed, 4);
+  EXPECT_EQ(Values(w), Values(copy));
+  const OptimizerState expected = original->state_dict();
+  for (const auto& [name, value] : resumed->state_dict()) {
+    const Tensor& other = expected.at(name);
+    if (value.dtype() == kInt64) {
+      EXPECT_EQ(Int64Values(value), Int64Values(other)) << name;
+    } else {
+      EXPECT_EQ(Values(value), Values(other)) << name;
+    }
+  }
+}
+
+TEST_F(OptimTest, SgdResumesExactlyFromItsStateDict) {
+  ExpectResumesExactly(
+      [](Tensor w) {
+        return std::make_unique<SGD>(std::vector<Tensor>{w}, SGDOptions(0.1).momentum(0.9));
+      },
+      {"state.0.momentum_buffer"});
+}
+
+TEST_F(OptimTest, AdamResumesExactlyFromItsStateDict) {
+  ExpectResumesExactly(
+      [](Tensor w) { return std::make_unique<Adam>(std::vector<Tensor>{w}, AdamOptions(0.1)); },
+      {"state.0.exp_avg", "state.0.exp_avg_sq", "state.0.step"});
+}
+
+TEST_F(OptimTest, StateDictIsEmptyBeforeTheFirstStepAndLoadsOntoTheParametersDevice) {
+  Tensor w = StartingPoint();
+  SGD sgd({w}, SGDOptions(0.1).momentum(0.9));
+  EXPECT_TRUE(sgd.state_dict().empty());
+  Steps(sgd, 1);
+  Tensor other = StartingPoint(Device::Cpu(1));
+  SGD on_cpu1({other}, SGDOptions(0.1).momentum(0.9));
+  on_cpu1.load_state_dict(sgd.state_dict());
+  EXPECT_EQ(on_cpu1.momentum_buffer(0).device(), Device::Cpu(1));
+  EXPECT_EQ(Values(on_cpu1.momentum_buffer(0)), Values(sgd.momentum_buffer(0)));
+}
+
+TEST_F(OptimTest, LoadStateDictRejectsMismatchesAndChangesNothing) {
+  Tensor w = StartingPoint();
+  SGD sgd({w}, SGDOptions(0.1).momentum(0.9));
+  Adam adam({StartingPoint()}, AdamOptions(0.1));
+  Steps(sgd, 1);
+  Steps(adam, 1);
+  const std::vector<float> buffer = Values(sgd.momentum_buffer(0));
+
+  EXPECT_THAT(ErrorOf([&] { sgd.load_state_dict(adam.state_dict()); }),
+              HasSubstr("unknown entry 'state.0.exp_avg'"));
+  EXPECT_THAT(ErrorOf([&] { adam.load_state_dict(sgd.state_dict()); }),
+              HasSubstr("another kind of optimizer"));
+  EXPECT_THAT(ErrorOf([&] {
+                sgd.load_state_dict({{"state.1.momentum_buffer", zeros({4})}});
+              }),
+              HasSubstr("is for parameter 1 but this optimizer has 1 parameters"));
+  EXPECT_THAT(
+      ErrorOf([&] {
+        sgd.load_state_dict({{"state.0.momentum_buffer", zeros({5})}});
+      }),
+      HasSubstr("must be float32 of shape [4] (parameter 0's) but is float32 of shape [5]"));
+  EXPECT_THAT(ErrorOf([&] {
+                sgd.load_state_dict({{"state.x.momentum_buffer", zeros({4})}});
+              }),
+              HasSubstr("malformed entry"));
+  EXPECT_THAT(ErrorOf([&] {
+                sgd.load_state_dict({{"momentum", zeros({4})}});
+              }),
+              HasSubstr("expected \"state.<parameter index>.<field>\""));
+  OptimizerState partial = adam.state_dict();
+  partial.erase("state.0.step");
+  EXPECT_THAT(ErrorOf([&] { adam.load_state_dict(partial); }),
+              HasSubstr("only some of exp_avg, exp_avg_sq and step"));
+  EXPECT_EQ(Values(sgd.momentum_buffer(0)), buffer);
+  EXPECT_EQ(adam.step_count(0), 1);
+}
+
 }  // namespace
 }  // namespace tandem::nn
