@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "data/internal.h"
+#include "tensor/runtime.h"
 #include "tensor/tensor.h"
 
 namespace tandem {
@@ -244,7 +245,7 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, std::unique_ptr<S
                "DataLoader: prefetch_factor (batches loaded ahead per worker) must be at least 1 "
                "but is ",
                options_.prefetch_factor_);
-  if (options_.device_) options_.device_->CheckAvailable();
+  if (options_.device_) CheckAvailable(*options_.device_);
 
   if (sampler_ != nullptr) {
     TANDEM_CHECK(!options_.shuffle_,

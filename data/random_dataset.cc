@@ -2,7 +2,7 @@
 
 #include <limits>
 
-#include "tensor/philox.h"
+#include "tensor/internal/philox.h"
 
 namespace tandem {
 namespace data {

@@ -5,7 +5,7 @@
 
 #include "data/internal.h"
 #include "tensor/error.h"
-#include "tensor/philox.h"
+#include "tensor/internal/philox.h"
 
 namespace tandem {
 namespace data {

@@ -82,7 +82,7 @@ double Evaluate(nn::Sequential& model, data::DataLoader& test_loader) {
 int Run() {
   const Device device = Device::Parse(absl::GetFlag(FLAGS_device));
   if (device.is_cpu()) SetCpuDeviceCount(device.index() + 1);
-  device.CheckAvailable();
+  CheckAvailable(device);
   const int epochs = absl::GetFlag(FLAGS_epochs);
   const int batch_size = absl::GetFlag(FLAGS_batch_size);
   TANDEM_CHECK(epochs >= 1, "--epochs must be at least 1 but is ", epochs);

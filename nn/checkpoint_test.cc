@@ -13,6 +13,7 @@
 #include "nn/layers.h"
 #include "nn/sequential.h"
 #include "nn/test_util.h"
+#include "tensor/runtime.h"
 
 namespace tandem::nn {
 namespace {

@@ -13,7 +13,8 @@
 #include "nn/test_util.h"
 #include "tensor/autograd.h"
 #include "tensor/gradcheck.h"
-#include "tensor/philox.h"
+#include "tensor/internal/philox.h"
+#include "tensor/runtime.h"
 #include "tensor/worker.h"
 
 namespace tandem::nn {

@@ -6,6 +6,8 @@
 #include <sstream>
 #include <typeinfo>
 
+#include "tensor/runtime.h"
+
 namespace tandem::nn {
 namespace {
 
@@ -261,7 +263,7 @@ void Module::PlanMove(Device device, CopyMemo& moved,
 }
 
 void Module::to(Device device) {
-  device.CheckAvailable();
+  CheckAvailable(device);
   NoGradGuard no_grad;
   // Copy everything first and swap in afterwards, so that a failed copy (out of memory)
   // leaves the module as it was.
@@ -309,7 +311,7 @@ void Module::ClearRegistrations() {
 }
 
 void Module::CopyStateFrom(const Module& original, std::optional<Device> device) {
-  if (device) device->CheckAvailable();
+  if (device) CheckAvailable(*device);
   NoGradGuard no_grad;
   CopyMemo copied;
   CopyStateRecursive(original, device, "", copied);

@@ -10,6 +10,7 @@
 #include "nn/sequential.h"
 #include "nn/test_util.h"
 #include "tensor/autograd.h"
+#include "tensor/runtime.h"
 
 namespace tandem::nn {
 namespace {

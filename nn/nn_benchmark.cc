@@ -15,6 +15,7 @@
 
 #include "nn/nn.h"
 #include "tensor/autograd.h"
+#include "tensor/runtime.h"
 
 namespace tandem::nn {
 namespace {

@@ -7,6 +7,7 @@
 
 #include "nn/layers.h"
 #include "nn/test_util.h"
+#include "tensor/runtime.h"
 
 namespace tandem::nn {
 namespace {

@@ -9,6 +9,7 @@
 #include "nn/loss.h"
 #include "nn/test_util.h"
 #include "tensor/gradcheck.h"
+#include "tensor/runtime.h"
 
 namespace tandem::nn {
 namespace {

@@ -10,7 +10,7 @@
 
 #include "parallel/internal/device_split.h"
 #include "tensor/autograd.h"
-#include "tensor/tensor_impl.h"
+#include "tensor/internal/tensor_impl.h"
 
 namespace tandem::parallel {
 namespace {

@@ -11,7 +11,8 @@
 #include "parallel/parallel_apply.h"
 #include "parallel/scatter_gather.h"
 #include "tensor/autograd.h"
-#include "tensor/tensor_impl.h"
+#include "tensor/internal/tensor_impl.h"
+#include "tensor/runtime.h"
 
 namespace tandem::parallel {
 namespace {
@@ -78,13 +79,13 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::vector<Devic
   std::vector<Device> duplicates;
   for (Device d : device_ids_) {
     if (!seen.insert(d).second) duplicates.push_back(d);
-    d.CheckAvailable();
+    CheckAvailable(d);
   }
   TANDEM_CHECK(duplicates.empty(), "DataParallel: device_ids must be distinct but ",
                DeviceList(duplicates), " appear more than once in [", DeviceList(device_ids_),
                "]; list each device once");
   output_device_ = output_device.value_or(device_ids_[0]);
-  output_device_.CheckAvailable();
+  CheckAvailable(output_device_);
   register_module("module", module_);
   replicator_ = std::make_unique<Replicator>(module_, device_ids_);
 

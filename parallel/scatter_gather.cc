@@ -5,7 +5,7 @@
 
 #include "parallel/comm.h"
 #include "tensor/autograd.h"
-#include "tensor/tensor_impl.h"
+#include "tensor/internal/tensor_impl.h"
 
 namespace tandem::parallel {
 namespace {

@@ -4,8 +4,9 @@
 #include <string>
 
 #include "tensor/backend.h"
-#include "tensor/caching_allocator.h"
 #include "tensor/error.h"
+#include "tensor/internal/caching_allocator.h"
+#include "tensor/runtime.h"
 
 namespace tandem {
 namespace {
@@ -86,7 +87,7 @@ std::unique_ptr<Allocator> MakeCpuAllocator(Device device) {
 }
 
 Allocator& GetAllocator(Device device) {
-  device.CheckAvailable();
+  CheckAvailable(device);
   return GetBackend(device.type()).GetAllocator(device.index());
 }
 

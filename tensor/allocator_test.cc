@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "tensor/runtime.h"
 #include "tensor/tensor.h"
 
 namespace tandem {

@@ -3,7 +3,7 @@
 #include <atomic>
 #include <mutex>
 
-#include "tensor/tensor_impl.h"
+#include "tensor/internal/tensor_impl.h"
 
 namespace tandem {
 namespace {

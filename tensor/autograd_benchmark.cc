@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "tensor/autograd.h"
+#include "tensor/runtime.h"
 #include "tensor/tensor.h"
 
 namespace tandem {

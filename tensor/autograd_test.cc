@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "tensor/runtime.h"
 #include "tensor/tensor.h"
 #include "tensor/worker.h"
 

@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "tensor/error.h"
+#include "tensor/runtime.h"
 
 namespace tandem {
 namespace {

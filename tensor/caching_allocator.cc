@@ -1,4 +1,4 @@
-#include "tensor/caching_allocator.h"
+#include "tensor/internal/caching_allocator.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -3,7 +3,7 @@
 // events complete when the test says so), so they run on every machine, GPU or not. The same
 // class with cudaMalloc and CUDA events behind it is tested on a GPU by cuda_memory_test and
 // cuda_stream_test.
-#include "tensor/caching_allocator.h"
+#include "tensor/internal/caching_allocator.h"
 
 #include <gtest/gtest.h>
 

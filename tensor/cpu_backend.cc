@@ -24,10 +24,11 @@
 
 #include "tensor/allocator.h"
 #include "tensor/backend.h"
-#include "tensor/elementwise_math.h"
 #include "tensor/error.h"
-#include "tensor/philox.h"
-#include "tensor/strided_layout.h"
+#include "tensor/internal/elementwise_math.h"
+#include "tensor/internal/philox.h"
+#include "tensor/internal/strided_layout.h"
+#include "tensor/runtime.h"
 #include "tensor/worker.h"
 
 namespace tandem {

@@ -15,9 +15,10 @@
 #include "gtest/gtest.h"
 #include "tensor/backend.h"
 #include "tensor/device.h"
-#include "tensor/elementwise_math.h"
 #include "tensor/error.h"
-#include "tensor/philox.h"
+#include "tensor/internal/elementwise_math.h"
+#include "tensor/internal/philox.h"
+#include "tensor/runtime.h"
 
 namespace tandem {
 namespace {

@@ -1,11 +1,12 @@
-// Device: where a tensor lives and where its work runs, written "cpu:0" or "cuda:1".
+// Device: where a tensor lives and where its work runs, written "cpu:0" or "cuda:1". A plain
+// value (as c10::Device): parsing, printing and comparing need nothing else. Which devices
+// exist, and how logical CPU devices are configured, is the runtime's business
+// (tensor/runtime.h: CheckAvailable, DeviceCount, SetCpuDeviceCount).
 //
 // CPU devices are *logical*: cpu:0 ... cpu:N-1 all use host memory, but each owns its own
-// worker thread and a fixed share of the cores (cores / N threads, at least one), so that
-// DataParallel over several CPU devices runs in parallel without oversubscribing the
-// machine. N defaults to the number of cores; set it with TANDEM_CPU_DEVICES or
-// SetCpuDeviceCount() before running work. CUDA devices are physical GPUs (or, for tests,
-// logical devices mapped onto one GPU: see tensor/cuda/README.md).
+// worker thread and a fixed share of the cores, so that DataParallel over several CPU
+// devices runs in parallel without oversubscribing the machine. CUDA devices are physical
+// GPUs (or, for tests, logical devices mapped onto one GPU: see tensor/cuda/README.md).
 //
 //   tandem::Device d = tandem::Device::Parse("cpu:1");
 //   tandem::Tensor x = tandem::zeros({4, 4}, tandem::TensorOptions().device(d));
@@ -13,7 +14,6 @@
 #define TANDEM_TENSOR_DEVICE_H_
 
 #include <cstdint>
-#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -34,7 +34,7 @@ class Device {
   static constexpr Device Cuda(int index = 0) { return Device(DeviceType::kCUDA, index); }
 
   // Parses "cpu", "cpu:2", "cuda", "cuda:0". Throws tandem::Error for anything else.
-  // Does not check that the device exists: see CheckAvailable().
+  // Does not check that the device exists: see CheckAvailable() in tensor/runtime.h.
   static Device Parse(const std::string& text);
   // Parses a comma-separated list such as "cpu:0,cpu:1".
   static std::vector<Device> ParseList(const std::string& text);
@@ -43,10 +43,6 @@ class Device {
   int index() const { return index_; }
   bool is_cpu() const { return type_ == DeviceType::kCPU; }
   bool is_cuda() const { return type_ == DeviceType::kCUDA; }
-
-  // Throws tandem::Error naming the device and how to make it available when it does not
-  // exist in this process (index too large, no GPU, a build without CUDA).
-  void CheckAvailable() const;
 
   std::string ToString() const;
 
@@ -62,18 +58,6 @@ class Device {
 };
 
 std::ostream& operator<<(std::ostream& out, Device device);
-
-// Number of devices of a type present in this process (0 for CUDA without a GPU).
-int DeviceCount(DeviceType type);
-
-// Logical CPU devices. Changing the count resets the per-device thread pools; do it while
-// no work is running (typically once, at start-up).
-void SetCpuDeviceCount(int count);
-int CpuDeviceCount();
-// Threads each logical CPU device may use for one operation: max(1, cores / count).
-int CpuThreadsPerDevice();
-// Cores this process may use (std::thread::hardware_concurrency, at least 1).
-int HardwareCores();
 
 }  // namespace tandem
 

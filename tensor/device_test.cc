@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "tensor/error.h"
+#include "tensor/runtime.h"
 #include "tensor/testing.h"
 
 namespace tandem {
@@ -44,8 +45,8 @@ TEST(DeviceTest, LogicalCpuDevicesShareTheCores) {
   EXPECT_EQ(CpuDeviceCount(), 3);
   EXPECT_EQ(DeviceCount(DeviceType::kCPU), 3);
   EXPECT_EQ(CpuThreadsPerDevice(), std::max(1, HardwareCores() / 3));
-  Device::Cpu(2).CheckAvailable();
-  const std::string message = ErrorOf([] { Device::Cpu(3).CheckAvailable(); });
+  CheckAvailable(Device::Cpu(2));
+  const std::string message = ErrorOf([] { CheckAvailable(Device::Cpu(3)); });
   EXPECT_THAT(message, HasSubstr("cpu:3 does not exist"));
   EXPECT_THAT(message, HasSubstr("TANDEM_CPU_DEVICES=4"));
   EXPECT_THAT(ErrorOf([] { SetCpuDeviceCount(0); }), HasSubstr("must be in [1, 1024]"));
@@ -53,9 +54,22 @@ TEST(DeviceTest, LogicalCpuDevicesShareTheCores) {
   EXPECT_EQ(CpuThreadsPerDevice(), HardwareCores());
 }
 
+TEST(DeviceTest, ThreadsPerDeviceCanBeSetWhateverTheCount) {
+  SetCpuDeviceCount(2);
+  SetCpuThreadsPerDevice(3);
+  EXPECT_EQ(CpuThreadsPerDevice(), 3);
+  SetCpuDeviceCount(5);
+  EXPECT_EQ(CpuThreadsPerDevice(), 3);
+  EXPECT_THAT(ErrorOf([] { SetCpuThreadsPerDevice(-1); }), HasSubstr("but is -1"));
+  EXPECT_EQ(CpuThreadsPerDevice(), 3);
+  SetCpuThreadsPerDevice(0);  // automatic again
+  EXPECT_EQ(CpuThreadsPerDevice(), std::max(1, HardwareCores() / 5));
+  SetCpuDeviceCount(1);
+}
+
 TEST(DeviceTest, UnavailableCudaSaysWhy) {
   if (DeviceCount(DeviceType::kCUDA) > 0) GTEST_SKIP() << "a GPU is present";
-  const std::string message = ErrorOf([] { Device::Cuda(0).CheckAvailable(); });
+  const std::string message = ErrorOf([] { CheckAvailable(Device::Cuda(0)); });
   EXPECT_THAT(message, HasSubstr("cuda:0 is not available"));
 }
 

@@ -10,7 +10,7 @@
 #include <unordered_set>
 
 #include "tensor/autograd.h"
-#include "tensor/tensor_impl.h"
+#include "tensor/internal/tensor_impl.h"
 #include "tensor/worker.h"
 
 namespace tandem {

@@ -18,10 +18,10 @@
 
 #include "tensor/autograd.h"
 #include "tensor/backend.h"
-#include "tensor/elementwise_math.h"
+#include "tensor/internal/elementwise_math.h"
 #include "tensor/error.h"
 #include "tensor/tensor.h"
-#include "tensor/tensor_impl.h"
+#include "tensor/internal/tensor_impl.h"
 
 namespace tandem {
 namespace {

@@ -15,6 +15,7 @@
 
 #include "tensor/autograd.h"
 #include "tensor/gradcheck.h"
+#include "tensor/runtime.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
 

@@ -7,7 +7,8 @@
 #include <thread>
 #include <vector>
 
-#include "tensor/philox.h"
+#include "tensor/internal/philox.h"
+#include "tensor/runtime.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
 #include "tensor/worker.h"

@@ -8,6 +8,7 @@
 #include "tensor/allocator.h"
 #include "tensor/backend.h"
 #include "tensor/error.h"
+#include "tensor/runtime.h"
 #include "tensor/tensor.h"
 
 namespace tandem {
@@ -31,7 +32,7 @@ void SetCurrentStream(Stream stream) {
 }
 
 Backend& BackendOf(Stream stream) {
-  stream.device().CheckAvailable();
+  CheckAvailable(stream.device());
   return GetBackend(stream.device().type());
 }
 
@@ -70,7 +71,7 @@ std::string Stream::ToString() const {
 std::ostream& operator<<(std::ostream& out, Stream stream) { return out << stream.ToString(); }
 
 Stream DefaultStream(Device device) {
-  device.CheckAvailable();
+  CheckAvailable(device);
   return Stream(device);
 }
 
@@ -82,12 +83,12 @@ Stream CurrentStream(Device device) {
 }
 
 Stream CreateStream(Device device) {
-  device.CheckAvailable();
+  CheckAvailable(device);
   return Stream(device, GetBackend(device.type()).CreateStream(device.index()));
 }
 
 Stream SideStream(Device device) {
-  device.CheckAvailable();
+  CheckAvailable(device);
   static std::mutex mutex;
   static auto* side_streams = new std::map<Device, Stream>;  // leaked: used at exit too
   std::lock_guard<std::mutex> lock(mutex);
@@ -149,7 +150,7 @@ void RecordStream(const Tensor& tensor, Stream stream) {
                "RecordStream: the tensor is undefined; pass a tensor that "
                "holds memory");
   const Device device = tensor.device();
-  stream.device().CheckAvailable();
+  CheckAvailable(stream.device());
   // CPU work is synchronous: nothing is ever queued behind the host's back.
   if (device.is_cpu() || stream.device().is_cpu() || tensor.numel() == 0) return;
   GetAllocator(device).RecordStream(tensor.raw_data(), stream);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tensor/backend.h"
+#include "tensor/runtime.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
 

@@ -11,8 +11,9 @@
 
 #include "tensor/autograd.h"
 #include "tensor/backend.h"
-#include "tensor/philox.h"
-#include "tensor/tensor_impl.h"
+#include "tensor/internal/philox.h"
+#include "tensor/internal/tensor_impl.h"
+#include "tensor/runtime.h"
 
 namespace tandem {
 
@@ -75,7 +76,7 @@ Tensor NewTensor(const Shape& shape, DType dtype, Device device, bool pinned) {
   }
   TANDEM_CHECK(shape.size() <= static_cast<size_t>(kMaxDims), "tensors have at most ", kMaxDims,
                " dimensions but shape ", ShapeToString(shape), " has ", shape.size());
-  device.CheckAvailable();
+  CheckAvailable(device);
   auto storage = std::make_shared<Storage>();
   storage->bytes = static_cast<size_t>(NumElements(shape)) * ElementSize(dtype);
   storage->device = device;

@@ -26,6 +26,7 @@
 #include "tensor/device.h"
 #include "tensor/dtype.h"
 #include "tensor/error.h"
+#include "tensor/runtime.h"  // IWYU pragma: export (device counts, CheckAvailable)
 
 namespace tandem {
 

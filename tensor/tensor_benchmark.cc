@@ -18,6 +18,7 @@
 #include "benchmark/benchmark.h"
 #include "tensor/backend.h"
 #include "tensor/device.h"
+#include "tensor/runtime.h"
 #include "tensor/tensor.h"
 #include "tensor/worker.h"
 

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "tensor/autograd.h"
+#include "tensor/runtime.h"
 #include "tensor/testing.h"
 
 namespace tandem {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "tensor/backend.h"
+#include "tensor/runtime.h"
 
 namespace tandem {
 namespace testing {

@@ -9,6 +9,7 @@
 
 #include "tensor/error.h"
 #include "tensor/grad_mode.h"
+#include "tensor/runtime.h"
 #include "tensor/stream.h"
 
 namespace tandem {

@@ -13,6 +13,7 @@
 #include "tensor/device.h"
 #include "tensor/error.h"
 #include "tensor/grad_mode.h"
+#include "tensor/runtime.h"
 #include "tensor/stream.h"
 
 namespace tandem {

@@ -16,15 +16,16 @@
 
 #include "tensor/allocator.h"
 #include "tensor/backend.h"
-#include "tensor/caching_allocator.h"
 #include "tensor/cuda/cuda.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/cuda_device.h"
 #include "tensor/cuda/cuda_testing.h"
 #include "tensor/cuda/kernels.h"
 #include "tensor/dtype.h"
-#include "tensor/elementwise_math.h"
 #include "tensor/error.h"
+#include "tensor/internal/caching_allocator.h"
+#include "tensor/internal/elementwise_math.h"
+#include "tensor/runtime.h"
 #include "tensor/stream.h"
 
 namespace tandem {

@@ -27,8 +27,9 @@
 #include "tensor/backend.h"
 #include "tensor/cuda/cuda.h"
 #include "tensor/device.h"
-#include "tensor/elementwise_math.h"
 #include "tensor/error.h"
+#include "tensor/internal/elementwise_math.h"
+#include "tensor/runtime.h"
 
 namespace tandem {
 namespace {

@@ -10,6 +10,7 @@
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/device.h"
 #include "tensor/error.h"
+#include "tensor/runtime.h"
 
 namespace tandem {
 namespace cuda {

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "tensor/backend.h"
-#include "tensor/caching_allocator.h"
+#include "tensor/internal/caching_allocator.h"
 #include "tensor/cuda/kernels.h"
 #include "tensor/cuda/pinned_host_allocator.h"
 

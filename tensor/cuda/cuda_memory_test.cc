@@ -15,6 +15,7 @@
 #include "tensor/cuda/cuda.h"
 #include "tensor/device.h"
 #include "tensor/error.h"
+#include "tensor/runtime.h"
 
 namespace tandem {
 namespace {

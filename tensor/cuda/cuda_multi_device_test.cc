@@ -18,6 +18,7 @@
 #include "tensor/cuda/cuda.h"
 #include "tensor/device.h"
 #include "tensor/error.h"
+#include "tensor/runtime.h"
 
 namespace tandem {
 namespace {
@@ -56,7 +57,7 @@ TEST_F(CudaMultiDeviceTest, LogicalDevicesShareOneGpuWithSeparateStreamsAndPools
   const int64_t before = GetMemoryStats(Device::Cuda(1)).in_use_bytes;
   std::shared_ptr<void> on_0 = GetAllocator(Device::Cuda(0)).Allocate(1 << 20);
   EXPECT_EQ(GetMemoryStats(Device::Cuda(1)).in_use_bytes, before);
-  EXPECT_NO_THROW(Device::Cuda(1).CheckAvailable());
+  EXPECT_NO_THROW(CheckAvailable(Device::Cuda(1)));
 }
 
 TEST_F(CudaMultiDeviceTest, CopyWaitsForWorkQueuedOnTheSource) {

@@ -16,11 +16,12 @@
 
 #include "tensor/allocator.h"
 #include "tensor/backend.h"
-#include "tensor/caching_allocator.h"
 #include "tensor/cuda/cuda.h"
 #include "tensor/cuda/cuda_testing.h"
 #include "tensor/device.h"
 #include "tensor/error.h"
+#include "tensor/internal/caching_allocator.h"
+#include "tensor/runtime.h"
 #include "tensor/stream.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"

@@ -11,6 +11,7 @@
 #include "tensor/allocator.h"
 #include "tensor/cuda/cuda.h"
 #include "tensor/gradcheck.h"
+#include "tensor/runtime.h"
 #include "tensor/tensor.h"
 
 namespace tandem {

@@ -23,10 +23,10 @@
 
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/kernels.h"
-#include "tensor/elementwise_math.h"
+#include "tensor/internal/elementwise_math.h"
 #include "tensor/error.h"
-#include "tensor/philox.h"
-#include "tensor/strided_layout.h"
+#include "tensor/internal/philox.h"
+#include "tensor/internal/strided_layout.h"
 
 namespace tandem {
 namespace cuda {

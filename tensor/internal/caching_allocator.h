@@ -29,8 +29,8 @@
 //   CachingAllocator allocator(Device::Cuda(0), std::make_unique<MySystemMemory>());
 //   std::shared_ptr<void> block = allocator.Allocate(1000);  // a 1024-byte block
 //   block.reset();                                           // back to the pool
-#ifndef TANDEM_TENSOR_CACHING_ALLOCATOR_H_
-#define TANDEM_TENSOR_CACHING_ALLOCATOR_H_
+#ifndef TANDEM_TENSOR_INTERNAL_CACHING_ALLOCATOR_H_
+#define TANDEM_TENSOR_INTERNAL_CACHING_ALLOCATOR_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -150,4 +150,4 @@ class CachingAllocator : public Allocator {
 
 }  // namespace tandem
 
-#endif  // TANDEM_TENSOR_CACHING_ALLOCATOR_H_
+#endif  // TANDEM_TENSOR_INTERNAL_CACHING_ALLOCATOR_H_

@@ -2,14 +2,14 @@
 // both compute exactly the same function (the CPU is the oracle for the GPU).
 //
 //   float y = tandem::ApplyUnary(tandem::UnaryOp::kRelu, x, 0.0);
-#ifndef TANDEM_TENSOR_ELEMENTWISE_MATH_H_
-#define TANDEM_TENSOR_ELEMENTWISE_MATH_H_
+#ifndef TANDEM_TENSOR_INTERNAL_ELEMENTWISE_MATH_H_
+#define TANDEM_TENSOR_INTERNAL_ELEMENTWISE_MATH_H_
 
 #include <cmath>
 #include <cstdint>
 
 #include "tensor/backend.h"
-#include "tensor/philox.h"  // TANDEM_HOST_DEVICE
+#include "tensor/internal/philox.h"  // TANDEM_HOST_DEVICE
 
 namespace tandem {
 
@@ -101,4 +101,4 @@ TANDEM_HOST_DEVICE T ApplyBinary(BinaryOp op, T a, T b) {
 
 }  // namespace tandem
 
-#endif  // TANDEM_TENSOR_ELEMENTWISE_MATH_H_
+#endif  // TANDEM_TENSOR_INTERNAL_ELEMENTWISE_MATH_H_

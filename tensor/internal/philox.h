@@ -6,8 +6,8 @@
 // This header compiles as plain C++ and as CUDA (__host__ __device__).
 //
 //   float u = tandem::philox::Uniform(/*seed=*/42, /*counter=*/7);  // in [0, 1)
-#ifndef TANDEM_TENSOR_PHILOX_H_
-#define TANDEM_TENSOR_PHILOX_H_
+#ifndef TANDEM_TENSOR_INTERNAL_PHILOX_H_
+#define TANDEM_TENSOR_INTERNAL_PHILOX_H_
 
 #include <cmath>
 #include <cstdint>
@@ -79,4 +79,4 @@ TANDEM_HOST_DEVICE float Normal(uint64_t seed, uint64_t counter) {
 }  // namespace philox
 }  // namespace tandem
 
-#endif  // TANDEM_TENSOR_PHILOX_H_
+#endif  // TANDEM_TENSOR_INTERNAL_PHILOX_H_

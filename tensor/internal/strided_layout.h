@@ -8,8 +8,8 @@
 //   const KernelTensor* operands[3] = {&dst, &a, &b};
 //   const StridedLayout<3> layout = MakeStridedLayout(operands);
 //   if (layout.IsContiguous()) { /* one flat loop */ }
-#ifndef TANDEM_TENSOR_STRIDED_LAYOUT_H_
-#define TANDEM_TENSOR_STRIDED_LAYOUT_H_
+#ifndef TANDEM_TENSOR_INTERNAL_STRIDED_LAYOUT_H_
+#define TANDEM_TENSOR_INTERNAL_STRIDED_LAYOUT_H_
 
 #include <cstdint>
 #include <limits>
@@ -75,4 +75,4 @@ StridedLayout<kArity> MakeStridedLayout(const KernelTensor* const (&operands)[kA
 
 }  // namespace tandem
 
-#endif  // TANDEM_TENSOR_STRIDED_LAYOUT_H_
+#endif  // TANDEM_TENSOR_INTERNAL_STRIDED_LAYOUT_H_

@@ -1,8 +1,8 @@
 // The implementation behind a Tensor handle and the helpers that ops and backends use to
 // build tensors. Internal to Tandem's tensor library and its extensions (tensor/cuda,
 // parallel/comm); users include tensor/tensor.h.
-#ifndef TANDEM_TENSOR_TENSOR_IMPL_H_
-#define TANDEM_TENSOR_TENSOR_IMPL_H_
+#ifndef TANDEM_TENSOR_INTERNAL_TENSOR_IMPL_H_
+#define TANDEM_TENSOR_INTERNAL_TENSOR_IMPL_H_
 
 #include <cstddef>
 #include <functional>
@@ -63,4 +63,4 @@ Shape BroadcastShapes(const Shape& a, const Shape& b, const char* op);
 
 }  // namespace tandem
 
-#endif  // TANDEM_TENSOR_TENSOR_IMPL_H_
+#endif  // TANDEM_TENSOR_INTERNAL_TENSOR_IMPL_H_

@@ -1,0 +1,99 @@
+#include "tensor/runtime.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "tensor/backend.h"
+#include "tensor/error.h"
+#include "tensor/worker.h"
+
+namespace tandem {
+namespace {
+
+int DefaultCpuDeviceCount() {
+  if (const char* env = std::getenv("TANDEM_CPU_DEVICES")) {
+    char* end = nullptr;
+    const long count = std::strtol(env, &end, 10);
+    TANDEM_CHECK(end != env && *end == '\0' && count >= 1 && count <= 1024,
+                 "TANDEM_CPU_DEVICES must be a number of logical CPU devices in [1, 1024] but is '",
+                 env, "'");
+    return static_cast<int>(count);
+  }
+  return HardwareCores();
+}
+
+std::atomic<int>& CpuDeviceCountStorage() {
+  static std::atomic<int> count(DefaultCpuDeviceCount());
+  return count;
+}
+
+}  // namespace
+
+void CheckAvailable(Device device) {
+  TANDEM_CHECK(device.index() >= 0, "device ", device.ToString(), " has a negative index");
+  if (device.type() == DeviceType::kCPU) {
+    const int count = CpuDeviceCount();
+    TANDEM_CHECK(device.index() < count, "device ", device.ToString(), " does not exist: ", count,
+                 " logical CPU device(s) are configured (cpu:0 to cpu:", count - 1,
+                 "); set TANDEM_CPU_DEVICES=", device.index() + 1,
+                 " or call tandem::SetCpuDeviceCount(", device.index() + 1, ") before using it");
+    return;
+  }
+  Backend* backend = FindBackend(device.type());
+  TANDEM_CHECK(backend != nullptr, "device ", device.ToString(),
+               " is not available: this build of Tandem has no CUDA backend (it was built "
+               "without the CUDA toolkit or with --config=cpu); use a cpu device or rebuild "
+               "with CUDA");
+  const int count = backend->DeviceCount();
+  if (count == 0) {
+    TANDEM_FAIL("device ", device.ToString(), " is not available: ", backend->UnavailableReason());
+  }
+  TANDEM_CHECK(device.index() < count, "device ", device.ToString(), " does not exist: ", count,
+               " CUDA device(s) are visible (cuda:0 to cuda:", count - 1, ")");
+}
+
+int DeviceCount(DeviceType type) {
+  if (type == DeviceType::kCPU) return CpuDeviceCount();
+  Backend* backend = FindBackend(type);
+  return backend == nullptr ? 0 : backend->DeviceCount();
+}
+
+int HardwareCores() {
+  // hardware_concurrency() reads /sys on every call (about 10 us): ask once.
+  static const int cores = [] {
+    const unsigned n = std::thread::hardware_concurrency();
+    return n == 0 ? 1 : static_cast<int>(n);
+  }();
+  return cores;
+}
+
+void SetCpuDeviceCount(int count) {
+  TANDEM_CHECK(count >= 1 && count <= 1024,
+               "SetCpuDeviceCount: the number of logical CPU devices must be in [1, 1024] but is ",
+               count);
+  if (CpuDeviceCountStorage().exchange(count) != count) ResetCpuThreadPools();
+}
+
+int CpuDeviceCount() { return CpuDeviceCountStorage().load(); }
+
+namespace {
+std::atomic<int> cpu_threads_per_device(0);  // 0: automatic
+}  // namespace
+
+void SetCpuThreadsPerDevice(int threads) {
+  TANDEM_CHECK(threads >= 0 && threads <= 1024,
+               "SetCpuThreadsPerDevice: the threads per logical CPU device must be in [1, 1024] "
+               "(or 0 for cores / devices) but is ",
+               threads);
+  if (cpu_threads_per_device.exchange(threads) != threads) ResetCpuThreadPools();
+}
+
+int CpuThreadsPerDevice() {
+  const int set = cpu_threads_per_device.load();
+  return set > 0 ? set : std::max(1, HardwareCores() / CpuDeviceCount());
+}
+
+}  // namespace tandem

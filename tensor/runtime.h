@@ -1,0 +1,37 @@
+// The device runtime: which devices exist in this process and how logical CPU devices are
+// configured. Device (tensor/device.h) is a plain value; the state behind it lives here.
+//
+//   tandem::SetCpuDeviceCount(4);                  // cpu:0 ... cpu:3, before running work
+//   tandem::CheckAvailable(Device::Parse("cuda:1"));   // throws, saying how to fix it
+//   int gpus = tandem::DeviceCount(tandem::DeviceType::kCUDA);
+#ifndef TANDEM_TENSOR_RUNTIME_H_
+#define TANDEM_TENSOR_RUNTIME_H_
+
+#include "tensor/device.h"
+
+namespace tandem {
+
+// Throws tandem::Error naming the device and how to make it available when it does not
+// exist in this process (index too large, no GPU, a build without CUDA).
+void CheckAvailable(Device device);
+
+// Number of devices of a type present in this process (0 for CUDA without a GPU).
+int DeviceCount(DeviceType type);
+
+// Logical CPU devices. Changing the count resets the per-device thread pools; do it while
+// no work is running (typically once, at start-up). N defaults to the number of cores, or
+// TANDEM_CPU_DEVICES.
+void SetCpuDeviceCount(int count);
+int CpuDeviceCount();
+// Threads each logical CPU device may use for one operation: the value set with
+// SetCpuThreadsPerDevice, or max(1, cores / count) when none is set (or 0 was set).
+int CpuThreadsPerDevice();
+// Fixes the threads per logical CPU device (e.g. 1 each for a clean 1-vs-2 device
+// comparison); 0 goes back to the automatic share. Resets the pools; call at start-up.
+void SetCpuThreadsPerDevice(int threads);
+// Cores this process may use (std::thread::hardware_concurrency, at least 1).
+int HardwareCores();
+
+}  // namespace tandem
+
+#endif  // TANDEM_TENSOR_RUNTIME_H_
