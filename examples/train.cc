@@ -1,44 +1,140 @@
-// Trains a classifier on Fashion-MNIST on one device and reports test accuracy: the
-// tensor, nn and data libraries end to end.
+// Trains a classifier on Fashion-MNIST with DataParallel: the model lives on the first
+// device, each batch is split across all of them, and the replicas run in parallel (on a
+// machine without a GPU, on logical CPU devices, one per core by default). Tandem's main job:
+// tensor, nn, data and parallel end to end.
 //
-//   bazel run -c opt //examples:train -- --device=cpu:0 --epochs=3
+//   bazel run -c opt //examples:train -- --devices=cpu:0,cpu:1 --epochs=10
 //   bazel run -c opt //examples:train -- --model=cnn --optimizer=adam --lr=0.001
+//   bazel run -c opt //examples:train -- --checkpoint=/tmp/mlp.ckpt --plot=/tmp/mlp.svg
 //
-// Progress is printed about ten times an epoch; the run ends with a summary table.
+// While it runs: a progress bar per epoch (redrawn in place on a terminal, a few plain lines
+// in a file or pipe), then one line per epoch (losses, test accuracy, samples/s, how the
+// batches were split). At the end: a summary table, the peak memory of each device, and as
+// the very last line one JSON object with the run's figures. With --checkpoint the run saves
+// everything after each epoch and resumes from the file when it exists, finishing with
+// exactly the parameters of an uninterrupted run (same seed, devices and flags).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <fstream>
+#include <functional>
 #include <iostream>
+#include <map>
 #include <memory>
+#include <set>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "data/data.h"
+#include "examples/progress.h"
+#include "examples/svg_plot.h"
+#include "examples/trainer_state.h"
 #include "nn/nn.h"
+#include "parallel/comm.h"
+#include "parallel/data_parallel.h"
+#include "tensor/allocator.h"
 #include "tensor/tensor.h"
 
-ABSL_FLAG(std::string, device, "cpu:0", "Device to train on: cpu:0, cuda:0, ...");
+ABSL_FLAG(std::string, devices, "",
+          "Devices to train on, comma-separated (cpu:0,cpu:1 or cuda:0,cuda:1); the model lives "
+          "on the first, each batch is split across all. Default: every CUDA GPU, or without "
+          "one a logical CPU device per core");
+ABSL_FLAG(std::string, device, "", "One device to train on: an alias of --devices=DEVICE");
+ABSL_FLAG(int, threads, 0,
+          "Cores each CPU device may use (0: the machine's cores / the number of CPU devices)");
 ABSL_FLAG(std::string, model, "mlp", "mlp (784-256-128-10) or cnn (two conv+pool blocks)");
 ABSL_FLAG(std::string, optimizer, "sgd", "sgd (momentum 0.9) or adam");
-ABSL_FLAG(double, lr, 0.05, "Learning rate (0.05 suits sgd, 0.001 adam)");
-ABSL_FLAG(int, epochs, 3, "Passes over the 60,000 training images");
-ABSL_FLAG(int, batch_size, 128, "Images per step");
+ABSL_FLAG(double, lr, 0.05, "Peak learning rate (0.05 suits sgd, 0.001 adam)");
+ABSL_FLAG(std::string, lr_decay, "cosine",
+          "cosine (from --lr down to near 0 over the epochs, one value per epoch) or none");
+ABSL_FLAG(int, epochs, 10, "Passes over the 60,000 training images");
+ABSL_FLAG(int, batch_size, 128, "Images per step, split across the devices");
 ABSL_FLAG(int, workers, 1, "DataLoader threads that prefetch batches (0: load inline)");
 ABSL_FLAG(uint64_t, seed, 1, "Seed for initialisation and shuffling");
 ABSL_FLAG(std::string, data_dir, tandem::data::FashionMnist::kDefaultRoot,
           "Folder with the gzipped IDX files (Debian package dataset-fashion-mnist)");
-ABSL_FLAG(std::string, save, "", "If set, write a checkpoint of the trained model here");
+ABSL_FLAG(bool, forward_loss, true,
+          "Compute the loss inside the replicas (DataParallel::forward_loss); false gathers "
+          "the outputs on the first device and computes the loss there, as PyTorch does");
+ABSL_FLAG(std::string, checkpoint, "",
+          "Save model, optimizer, data order and random state here after each epoch (atomically); "
+          "resume from it at start when it exists");
+ABSL_FLAG(std::string, log_csv, "", "Write one row per epoch to this CSV file");
+ABSL_FLAG(std::string, plot, "", "Draw train/test loss and test accuracy per epoch to this SVG");
+ABSL_FLAG(std::string, save, "", "Write a checkpoint of the trained model alone here");
+// For tests and quick looks: train and test on the first N images only (0: all).
+ABSL_FLAG(int, train_limit, 0, "(testing) use only the first N training images");
+ABSL_FLAG(int, test_limit, 0, "(testing) use only the first N test images");
+// For the resume test: the process kills itself (SIGKILL) half-way through this epoch.
+ABSL_FLAG(int, kill_in_epoch, 0, "(testing) SIGKILL the process half-way through this epoch");
 
 namespace tandem {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using examples::EpochStats;
+
+// A bad flag: reported as one line, without a source location.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+template <typename... Args>
+void Require(bool condition, const Args&... message) {
+  if (!condition) {
+    std::ostringstream out;
+    (out << ... << message);
+    throw UsageError(out.str());
+  }
+}
 
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::string Join(const std::vector<Device>& devices, const char* separator) {
+  std::vector<std::string> names;
+  for (Device d : devices) names.push_back(d.ToString());
+  return absl::StrJoin(names, separator);
+}
+
+std::string Split(const std::vector<int64_t>& chunks) { return absl::StrJoin(chunks, "+"); }
+
+std::string MiB(int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
+
+// The first `n` examples of a dataset.
+class FirstN : public data::Dataset {
+ public:
+  FirstN(std::shared_ptr<const data::Dataset> base, int64_t n)
+      : base_(std::move(base)), n_(std::min(n, base_->size())) {}
+  int64_t size() const override { return n_; }
+  data::Example get(int64_t index) const override {
+    CheckIndex(index, "the training subset");
+    return base_->get(index);
+  }
+  data::Batch get_batch(const std::vector<int64_t>& indices, bool pinned) const override {
+    for (int64_t i : indices) CheckIndex(i, "the training subset");
+    return base_->get_batch(indices, pinned);
+  }
+
+ private:
+  std::shared_ptr<const data::Dataset> base_;
+  int64_t n_;
+};
+
+std::shared_ptr<const data::Dataset> Limit(std::shared_ptr<const data::Dataset> set, int limit) {
+  if (limit <= 0 || limit >= set->size()) return set;
+  return std::make_shared<FirstN>(std::move(set), limit);
 }
 
 std::shared_ptr<nn::Sequential> MakeModel(const std::string& kind) {
@@ -52,126 +148,375 @@ std::shared_ptr<nn::Sequential> MakeModel(const std::string& kind) {
         nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)), nn::ReLU(), nn::MaxPool2d(2),
         nn::Flatten(), nn::Linear(64 * 7 * 7, 128), nn::ReLU(), nn::Linear(128, 10));
   }
-  TANDEM_FAIL("--model must be 'mlp' or 'cnn' but is '", kind, "'");
+  throw UsageError("--model must be 'mlp' or 'cnn' but is '" + kind + "'");
 }
 
-std::unique_ptr<nn::Optimizer> MakeOptimizer(const std::string& kind, nn::Module& model,
-                                             double lr) {
-  TANDEM_CHECK(lr > 0, "--lr must be positive but is ", lr);
+// An optimizer and a way to set its learning rate.
+struct Optimizer {
+  std::unique_ptr<nn::Optimizer> optimizer;
+  std::function<void(double)> set_lr;
+};
+
+Optimizer MakeOptimizer(const std::string& kind, nn::Module& model, double lr) {
   if (kind == "sgd") {
-    return std::make_unique<nn::SGD>(model.parameters(), nn::SGDOptions(lr).momentum(0.9));
+    auto sgd = std::make_unique<nn::SGD>(model.parameters(), nn::SGDOptions(lr).momentum(0.9));
+    nn::SGD* raw = sgd.get();
+    return {std::move(sgd), [raw](double v) { raw->options().lr(v); }};
   }
-  if (kind == "adam") return std::make_unique<nn::Adam>(model.parameters(), nn::AdamOptions(lr));
-  TANDEM_FAIL("--optimizer must be 'sgd' or 'adam' but is '", kind, "'");
+  if (kind == "adam") {
+    auto adam = std::make_unique<nn::Adam>(model.parameters(), nn::AdamOptions(lr));
+    nn::Adam* raw = adam.get();
+    return {std::move(adam), [raw](double v) { raw->options().lr(v); }};
+  }
+  throw UsageError("--optimizer must be 'sgd' or 'adam' but is '" + kind + "'");
 }
 
-// Fraction of the test set classified correctly, in evaluation mode without a graph.
-double Evaluate(nn::Sequential& model, data::DataLoader& test_loader) {
+// The learning rate of epoch `epoch` (0-based) of `epochs`.
+double LearningRate(double peak, const std::string& decay, int epoch, int epochs) {
+  if (decay == "none") return peak;
+  constexpr double kPi = 3.14159265358979323846;
+  return peak * 0.5 * (1.0 + std::cos(kPi * epoch / epochs));
+}
+
+// --devices (or --device), resolved: the default is every GPU, else one CPU device per core.
+std::vector<Device> ResolveDevices() {
+  const std::string devices_flag = absl::GetFlag(FLAGS_devices);
+  const std::string device_flag = absl::GetFlag(FLAGS_device);
+  Require(devices_flag.empty() || device_flag.empty(), "--device=", device_flag,
+          " and --devices=", devices_flag,
+          " are both set; --device is an alias of --devices with one device: pass one of them");
+  const std::string text = devices_flag.empty() ? device_flag : devices_flag;
+  std::vector<Device> devices;
+  if (!text.empty()) {
+    try {
+      devices = Device::ParseList(text);
+    } catch (const Error& e) {
+      std::string message = e.what();
+      message = message.substr(0, message.rfind(" ["));
+      throw UsageError("--devices: " + message);
+    }
+  } else if (DeviceCount(DeviceType::kCUDA) > 0) {
+    for (int i = 0; i < DeviceCount(DeviceType::kCUDA); ++i) devices.push_back(Device::Cuda(i));
+  } else {
+    for (int i = 0; i < HardwareCores(); ++i) devices.push_back(Device::Cpu(i));
+  }
+  std::set<Device> seen;
+  for (Device d : devices) {
+    Require(seen.insert(d).second, "--devices=", text, " lists ", d,
+            " more than once; list each device once");
+  }
+  return devices;
+}
+
+// Makes the CPU devices in `devices` exist with `threads` threads each (0: the cores shared
+// among them). Logical CPU devices share the machine's cores equally, so the count is chosen
+// to give each the asked-for share; returns the threads each one gets.
+int ConfigureCpuDevices(const std::vector<Device>& devices, int threads) {
+  int cpu_devices = 0, highest = -1;
+  for (Device d : devices) {
+    if (!d.is_cpu()) continue;
+    ++cpu_devices;
+    highest = std::max(highest, d.index());
+  }
+  if (cpu_devices == 0) return 0;
+  const int cores = HardwareCores();
+  if (threads == 0) threads = std::max(1, cores / cpu_devices);
+  Require(threads * cpu_devices <= std::max(cores, cpu_devices), "--threads=", threads, " with ",
+          cpu_devices, " CPU device(s) needs ", threads * cpu_devices,
+          " cores but this machine has ", cores,
+          "; use --threads=", std::max(1, cores / cpu_devices), " or fewer devices");
+  // cores / count == threads for count = cores / threads; more devices than asked for only
+  // add idle workers.
+  SetCpuDeviceCount(std::max(highest + 1, cores / threads));
+  Require(CpuThreadsPerDevice() == threads, "--threads=", threads,
+          " cannot be given to each CPU device: logical CPU devices share the ", cores,
+          " cores equally (", cores, " / ", CpuDeviceCount(), " devices = ", CpuThreadsPerDevice(),
+          " threads each); pick a --threads that divides ", cores);
+  return threads;
+}
+
+struct EvalResult {
+  double loss = 0, accuracy = 0;
+};
+
+// Loss and accuracy on the test set, data-parallel, in evaluation mode without a graph.
+EvalResult Evaluate(parallel::DataParallel& dp, data::DataLoader& test_loader) {
   NoGradGuard no_grad;
-  model.eval();
+  dp.eval();
+  double loss_sum = 0;
   int64_t correct = 0, total = 0;
   for (data::Batch& batch : test_loader) {
-    Tensor predicted = argmax(model.forward(batch.data()), 1);
-    correct += static_cast<int64_t>(sum(eq(predicted, batch.target())).item());
-    total += batch.target().size(0);
+    Tensor logits = dp.forward(batch.data());
+    const Tensor target = batch.target().to(logits.device());
+    const int64_t n = target.size(0);
+    loss_sum += cross_entropy(logits, target).item() * n;
+    correct += static_cast<int64_t>(sum(eq(argmax(logits, 1), target)).item());
+    total += n;
   }
-  model.train();
-  return total == 0 ? 0.0 : static_cast<double>(correct) / total;
+  dp.train();
+  if (total == 0) return {};
+  return {loss_sum / total, static_cast<double>(correct) / total};
+}
+
+// Writes `text` to `path` through a temporary file renamed over it, so that a reader (or a
+// crash) never sees half a file.
+void WriteFileAtomically(const std::string& path, const std::string& text, const char* what) {
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.close();
+    Require(out.good(), what, ": cannot write '", temporary,
+            "'; check that the folder exists and is writable");
+  }
+  Require(std::rename(temporary.c_str(), path.c_str()) == 0, what, ": cannot rename '", temporary,
+          "' to '", path, "'");
+}
+
+std::string Csv(const std::vector<EpochStats>& history) {
+  std::string out = "epoch,train_loss,test_loss,test_accuracy,seconds,samples_per_s\n";
+  for (const EpochStats& e : history) {
+    absl::StrAppendFormat(&out, "%d,%.6f,%.6f,%.6f,%.3f,%.1f\n", e.epoch, e.train_loss, e.test_loss,
+                          e.test_accuracy, e.seconds, e.samples_per_s);
+  }
+  return out;
+}
+
+std::string Plot(const std::vector<EpochStats>& history, const std::string& title) {
+  examples::PlotSeries train{"train loss", {}, {}, "#1f77b4"};
+  examples::PlotSeries test{"test loss", {}, {}, "#ff7f0e", /*dashed=*/true};
+  examples::PlotSeries accuracy{"test accuracy", {}, {}, "#2ca02c"};
+  for (const EpochStats& e : history) {
+    for (examples::PlotSeries* s : {&train, &test, &accuracy}) s->x.push_back(e.epoch);
+    train.y.push_back(e.train_loss);
+    test.y.push_back(e.test_loss);
+    accuracy.y.push_back(e.test_accuracy);
+  }
+  return examples::RenderSvgChart(title, "epoch",
+                                  {{"Loss", "cross-entropy loss", {train, test}},
+                                   {"Test accuracy", "accuracy", {accuracy}, /*percent=*/true}});
 }
 
 int Run() {
-  const Device device = Device::Parse(absl::GetFlag(FLAGS_device));
-  if (device.is_cpu()) SetCpuDeviceCount(device.index() + 1);
-  CheckAvailable(device);
+  const std::vector<Device> devices = ResolveDevices();
+  const int threads = ConfigureCpuDevices(devices, absl::GetFlag(FLAGS_threads));
   const int epochs = absl::GetFlag(FLAGS_epochs);
   const int batch_size = absl::GetFlag(FLAGS_batch_size);
-  TANDEM_CHECK(epochs >= 1, "--epochs must be at least 1 but is ", epochs);
-  TANDEM_CHECK(batch_size >= 1, "--batch_size must be at least 1 but is ", batch_size);
-  manual_seed(absl::GetFlag(FLAGS_seed));
+  const double lr = absl::GetFlag(FLAGS_lr);
+  const std::string model_kind = absl::GetFlag(FLAGS_model);
+  const std::string optimizer_kind = absl::GetFlag(FLAGS_optimizer);
+  const std::string lr_decay = absl::GetFlag(FLAGS_lr_decay);
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
+  const bool use_forward_loss = absl::GetFlag(FLAGS_forward_loss);
+  const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint);
+  Require(epochs >= 1, "--epochs must be at least 1 but is ", epochs);
+  Require(batch_size >= 1, "--batch_size must be at least 1 but is ", batch_size);
+  Require(lr > 0, "--lr must be positive but is ", lr);
+  Require(lr_decay == "cosine" || lr_decay == "none",
+          "--lr_decay must be 'cosine' or 'none' but is '", lr_decay, "'");
+  Require(absl::GetFlag(FLAGS_workers) >= 0, "--workers must be at least 0 but is ",
+          absl::GetFlag(FLAGS_workers));
+  Require(absl::GetFlag(FLAGS_train_limit) >= 0 && absl::GetFlag(FLAGS_test_limit) >= 0,
+          "--train_limit and --test_limit must be at least 0");
+
+  // The model first: a bad device fails here, before the dataset is read.
+  manual_seed(seed);
+  auto model = MakeModel(model_kind);
+  Optimizer optimizer;
+  std::shared_ptr<parallel::DataParallel> dp;
+  try {
+    model->to(devices[0]);
+    optimizer = MakeOptimizer(optimizer_kind, *model, lr);
+    dp = std::make_shared<parallel::DataParallel>(model, devices);
+  } catch (const Error& e) {
+    std::string message = e.what();
+    throw UsageError("--devices: " + message.substr(0, message.rfind(" [")));
+  }
+  nn::CrossEntropyLoss criterion;
+
+  examples::TrainerState state;
+  state.config = "model=" + model_kind + " optimizer=" + optimizer_kind;
+  state.settings = absl::StrFormat(
+      "devices=%s threads=%d batch_size=%d seed=%d lr=%g lr_decay=%s "
+      "epochs=%d train_limit=%d",
+      Join(devices, ","), threads, batch_size, seed, lr, lr_decay, epochs,
+      absl::GetFlag(FLAGS_train_limit));
+  const std::string settings = state.settings;
+  bool resumed = false;
+  if (!checkpoint.empty()) {
+    resumed = examples::LoadTrainerCheckpoint(checkpoint, *model, *optimizer.optimizer, &state);
+    if (resumed) {
+      for (const auto& [device, generator] : state.generators) {
+        default_generator(device).set_state(generator);
+      }
+    }
+  }
 
   const std::string root = absl::GetFlag(FLAGS_data_dir);
   const auto options = data::FashionMnistOptions().normalize();
-  auto train_set =
-      std::make_shared<data::FashionMnist>(root, data::FashionMnist::Split::kTrain, options);
-  auto test_set =
-      std::make_shared<data::FashionMnist>(root, data::FashionMnist::Split::kTest, options);
-  data::DataLoader train_loader(train_set, data::DataLoaderOptions()
-                                               .batch_size(batch_size)
-                                               .shuffle(true)
-                                               .seed(absl::GetFlag(FLAGS_seed))
-                                               .num_workers(absl::GetFlag(FLAGS_workers))
-                                               .device(device));
-  data::DataLoader test_loader(test_set, data::DataLoaderOptions()
-                                             .batch_size(1000)
-                                             .num_workers(absl::GetFlag(FLAGS_workers))
-                                             .device(device));
+  std::shared_ptr<const data::Dataset> train_set =
+      Limit(std::make_shared<data::FashionMnist>(root, data::FashionMnist::Split::kTrain, options),
+            absl::GetFlag(FLAGS_train_limit));
+  std::shared_ptr<const data::Dataset> test_set =
+      Limit(std::make_shared<data::FashionMnist>(root, data::FashionMnist::Split::kTest, options),
+            absl::GetFlag(FLAGS_test_limit));
+  auto sampler = std::make_unique<data::RandomSampler>(train_set->size(), seed);
+  sampler->set_epoch(state.sampler_epoch);
+  data::RandomSampler* sampler_view = sampler.get();
+  const auto loader_options = data::DataLoaderOptions()
+                                  .num_workers(absl::GetFlag(FLAGS_workers))
+                                  .pin_memory(devices[0].is_cuda())
+                                  .device(devices[0]);
+  data::DataLoader train_loader(train_set, std::move(sampler),
+                                data::DataLoaderOptions(loader_options).batch_size(batch_size));
+  data::DataLoader test_loader(test_set, data::DataLoaderOptions(loader_options).batch_size(1000));
 
-  auto model = MakeModel(absl::GetFlag(FLAGS_model));
-  model->to(device);
-  auto optimizer = MakeOptimizer(absl::GetFlag(FLAGS_optimizer), *model, absl::GetFlag(FLAGS_lr));
-  nn::CrossEntropyLoss criterion;
+  const std::vector<int64_t> full_split =
+      parallel::ChunkSizes(batch_size, static_cast<int64_t>(devices.size()));
+  std::printf("Fashion-MNIST: %lld training and %lld test images from %s\n",
+              static_cast<long long>(train_set->size()), static_cast<long long>(test_set->size()),
+              root.c_str());
+  std::printf("DataParallel on %s", Join(devices, ", ").c_str());
+  if (threads > 0) std::printf(" (%d thread%s per CPU device)", threads, threads == 1 ? "" : "s");
+  std::printf(", batch %d split %s", batch_size, Split(full_split).c_str());
+  if (full_split.size() < devices.size()) {
+    std::printf(" (%zu chunk%s for %zu devices: the rest idle; use a batch of at least %zu)",
+                full_split.size(), full_split.size() == 1 ? "" : "s", devices.size(),
+                devices.size());
+  }
+  std::printf("\n%s lr %g (%s decay), loss %s, seed %llu\n", optimizer_kind.c_str(), lr,
+              lr_decay.c_str(),
+              use_forward_loss ? "inside the replicas (--forward_loss)"
+                               : "on the gathered output (--noforward_loss)",
+              static_cast<unsigned long long>(seed));
+  std::cout << *dp << "\n";
+  if (resumed) {
+    std::printf("Resuming from %s: %lld of %d epochs done\n", checkpoint.c_str(),
+                static_cast<long long>(state.epochs_done), epochs);
+    if (state.settings != settings) {
+      std::printf(
+          "note: the checkpoint was made with %s; this run has %s, so it will not repeat "
+          "an uninterrupted run exactly\n",
+          state.settings.c_str(), settings.c_str());
+    }
+  }
+  std::printf("\n");
+  std::fflush(stdout);
 
-  std::cout << "Fashion-MNIST: " << train_set->size() << " training and " << test_set->size()
-            << " test images from " << root << "\n"
-            << "Device " << device << " (" << (device.is_cpu() ? CpuThreadsPerDevice() : 1)
-            << (device.is_cpu() ? " thread(s))" : ")") << ", batch " << batch_size << ", "
-            << absl::GetFlag(FLAGS_optimizer) << " lr " << absl::GetFlag(FLAGS_lr) << "\n"
-            << *model << "\n\n";
-
-  struct EpochResult {
-    double loss, train_accuracy, test_accuracy, seconds, samples_per_second;
-  };
-  std::vector<EpochResult> results;
-  const int64_t steps = static_cast<int64_t>(train_loader.size());
-  const int64_t report_every = std::max<int64_t>(1, steps / 10);
-  const auto run_start = Clock::now();
-  for (int epoch = 1; epoch <= epochs; ++epoch) {
+  std::vector<int64_t> in_use_before;
+  for (Device d : devices) {
+    ResetPeakMemory(d);
+    in_use_before.push_back(GetMemoryStats(d).in_use_bytes);
+  }
+  const int64_t steps = train_loader.size();
+  const int kill_in_epoch = absl::GetFlag(FLAGS_kill_in_epoch);
+  for (int epoch = static_cast<int>(state.epochs_done) + 1; epoch <= epochs; ++epoch) {
+    optimizer.set_lr(LearningRate(lr, lr_decay, epoch - 1, epochs));
+    const std::string label = absl::StrFormat(
+        "epoch %*d/%d", static_cast<int>(std::to_string(epochs).size()), epoch, epochs);
+    examples::ProgressBar bar(stdout, label, steps);
+    std::map<std::vector<int64_t>, int64_t> splits;
     const auto epoch_start = Clock::now();
     double loss_sum = 0;
-    int64_t correct = 0, seen = 0, step = 0;
+    int64_t seen = 0, step = 0;
     for (data::Batch& batch : train_loader) {
-      Tensor logits = model->forward(batch.data());
-      Tensor loss = criterion.forward(logits, batch.target());
-      optimizer->zero_grad();
+      Tensor loss = use_forward_loss ? dp->forward_loss(criterion, batch.data(), batch.target())
+                                     : criterion.forward(dp->forward(batch.data()), batch.target());
+      optimizer.optimizer->zero_grad();
       loss.backward();
-      optimizer->step();
-
-      const int64_t n = batch.target().size(0);
+      optimizer.optimizer->step();
+      ++splits[dp->last_chunk_sizes()];
+      const int64_t n = batch.size();
       loss_sum += loss.item() * n;
-      {
-        NoGradGuard no_grad;
-        correct += static_cast<int64_t>(sum(eq(argmax(logits, 1), batch.target())).item());
-      }
       seen += n;
-      if (++step % report_every == 0 || step == steps) {
-        std::printf("epoch %d/%d [%4lld/%lld]  loss %.4f  train acc %5.1f%%  %7.0f samples/s\n",
-                    epoch, epochs, static_cast<long long>(step), static_cast<long long>(steps),
-                    loss_sum / seen, 100.0 * correct / seen, seen / SecondsSince(epoch_start));
-        std::fflush(stdout);
-      }
+      ++step;
+      bar.Update(step, seen, loss_sum / seen, SecondsSince(epoch_start));
+      if (epoch == kill_in_epoch && step == steps / 2) std::raise(SIGKILL);
     }
     const double seconds = SecondsSince(epoch_start);
-    const double test_accuracy = Evaluate(*model, test_loader);
-    results.push_back({loss_sum / seen, static_cast<double>(correct) / seen, test_accuracy, seconds,
-                       seen / seconds});
-    std::printf("epoch %d/%d done in %.1f s: test accuracy %.2f%%\n\n", epoch, epochs, seconds,
-                100.0 * test_accuracy);
+    bar.Finish();
+    const EvalResult test = Evaluate(*dp, test_loader);
+    state.history.push_back(
+        {epoch, loss_sum / seen, test.loss, test.accuracy, seconds, seen / seconds});
+    std::vector<std::string> split_text;
+    for (const auto& [chunks, count] : splits) {
+      split_text.push_back(absl::StrFormat("%d x %s", count, Split(chunks)));
+    }
+    std::sort(split_text.begin(), split_text.end(), [](const std::string& a, const std::string& b) {
+      return std::stoll(a) > std::stoll(b);
+    });
+    std::printf(
+        "epoch %*d/%d  train loss %.4f  test loss %.4f  test acc %.2f%%  %.0f samples/s  "
+        "%.1f s  split %s\n",
+        static_cast<int>(std::to_string(epochs).size()), epoch, epochs, loss_sum / seen, test.loss,
+        100.0 * test.accuracy, seen / seconds, seconds, absl::StrJoin(split_text, ", ").c_str());
+    std::fflush(stdout);
+
+    state.epochs_done = epoch;
+    state.sampler_epoch = sampler_view->epoch();
+    state.generators.clear();
+    for (Device d : devices) state.generators.push_back({d, default_generator(d).state()});
+    if (!checkpoint.empty()) {
+      examples::SaveTrainerCheckpoint(checkpoint, *model, *optimizer.optimizer, state);
+    }
+    if (!absl::GetFlag(FLAGS_log_csv).empty()) {
+      WriteFileAtomically(absl::GetFlag(FLAGS_log_csv), Csv(state.history), "--log_csv");
+    }
+    if (!absl::GetFlag(FLAGS_plot).empty()) {
+      WriteFileAtomically(
+          absl::GetFlag(FLAGS_plot),
+          Plot(state.history, absl::StrFormat("Fashion-MNIST: %s on %s, batch %d", model_kind,
+                                              Join(devices, " + "), batch_size)),
+          "--plot");
+    }
   }
 
-  std::printf("Summary (%s on %s, %.1f s in all)\n", absl::GetFlag(FLAGS_model).c_str(),
-              device.ToString().c_str(), SecondsSince(run_start));
-  std::printf("  epoch   train loss   train acc   test acc   seconds   samples/s\n");
-  for (size_t i = 0; i < results.size(); ++i) {
-    const EpochResult& r = results[i];
-    std::printf("  %5zu   %10.4f   %8.2f%%   %7.2f%%   %7.1f   %9.0f\n", i + 1, r.loss,
-                100.0 * r.train_accuracy, 100.0 * r.test_accuracy, r.seconds, r.samples_per_second);
+  // Summary of every epoch (those of an earlier, resumed run included).
+  double train_seconds = 0;
+  for (const EpochStats& e : state.history) train_seconds += e.seconds;
+  const double total_samples = static_cast<double>(train_set->size()) * state.history.size();
+  const double final_accuracy = state.history.empty() ? 0.0 : state.history.back().test_accuracy;
+  std::printf("\nSummary: %s on %s, batch %d, %zu epochs, %.1f s of training\n", model_kind.c_str(),
+              Join(devices, ", ").c_str(), batch_size, state.history.size(), train_seconds);
+  std::printf("  epoch   train loss   test loss   test acc   seconds   samples/s\n");
+  for (const EpochStats& e : state.history) {
+    std::printf("  %5lld   %10.4f   %9.4f   %7.2f%%   %7.1f   %9.0f\n",
+                static_cast<long long>(e.epoch), e.train_loss, e.test_loss, 100.0 * e.test_accuracy,
+                e.seconds, e.samples_per_s);
+  }
+  std::printf("Peak memory per device during this run's training (allocator statistics):\n");
+  for (size_t i = 0; i < devices.size(); ++i) {
+    const MemoryStats stats = GetMemoryStats(devices[i]);
+    std::printf("  %-7s peak %10s  (%s in use when training started)\n",
+                devices[i].ToString().c_str(), MiB(stats.peak_bytes).c_str(),
+                MiB(in_use_before[i]).c_str());
   }
   const std::string save = absl::GetFlag(FLAGS_save);
   if (!save.empty()) {
     nn::SaveCheckpoint(*model, save);
-    std::printf("Checkpoint written to %s\n", save.c_str());
+    std::printf("Model written to %s\n", save.c_str());
   }
+  if (!checkpoint.empty()) std::printf("Checkpoint: %s\n", checkpoint.c_str());
+  if (!absl::GetFlag(FLAGS_log_csv).empty()) {
+    std::printf("CSV log: %s\n", absl::GetFlag(FLAGS_log_csv).c_str());
+  }
+  if (!absl::GetFlag(FLAGS_plot).empty()) {
+    std::printf("Plot: %s\n", absl::GetFlag(FLAGS_plot).c_str());
+  }
+  std::vector<std::string> quoted;
+  for (Device d : devices) quoted.push_back("\"" + d.ToString() + "\"");
+  std::printf(
+      "{\"model\":\"%s\",\"devices\":[%s],\"epochs\":%zu,\"batch_size\":%d,"
+      "\"test_accuracy\":%.4f,\"train_seconds\":%.1f,\"samples_per_s\":%.1f}\n",
+      model_kind.c_str(), absl::StrJoin(quoted, ",").c_str(), state.history.size(), batch_size,
+      final_accuracy, train_seconds, train_seconds > 0 ? total_samples / train_seconds : 0.0);
   return 0;
+}
+
+// One line: newlines inside a message become "; ".
+std::string OneLine(std::string message) {
+  for (size_t pos; (pos = message.find('\n')) != std::string::npos;) message.replace(pos, 1, "; ");
+  return message;
 }
 
 }  // namespace
@@ -179,12 +524,19 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "Trains a classifier on Fashion-MNIST.\n  train --device=cpu:0 --epochs=3 --model=mlp");
-  absl::ParseCommandLine(argc, argv);
+      "Trains a classifier on Fashion-MNIST with DataParallel.\n"
+      "  train --devices=cpu:0,cpu:1 --epochs=10 --model=mlp --checkpoint=/tmp/mlp.ckpt");
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) {
+    std::fprintf(stderr, "train: unexpected argument '%s'; flags are written --name=value\n",
+                 positional[1]);
+    return 1;
+  }
   try {
     return tandem::Run();
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "train: %s\n", e.what());
+    std::fflush(stdout);
+    std::fprintf(stderr, "train: %s\n", tandem::OneLine(e.what()).c_str());
     return 1;
   }
 }

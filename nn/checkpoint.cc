@@ -287,7 +287,7 @@ std::vector<CheckpointEntry> ReadCheckpoint(const std::string& path) {
   return entries;
 }
 
-void SaveCheckpoint(const Module& module, const std::string& path) {
+std::vector<CheckpointEntry> ModuleCheckpointEntries(const Module& module) {
   std::vector<CheckpointEntry> entries;
   for (NamedTensor& p : module.named_parameters()) {
     entries.push_back({std::move(p.name), false, std::move(p.value)});
@@ -295,13 +295,21 @@ void SaveCheckpoint(const Module& module, const std::string& path) {
   for (NamedTensor& b : module.named_buffers()) {
     entries.push_back({std::move(b.name), true, std::move(b.value)});
   }
-  WriteCheckpoint(entries, path);
+  return entries;
+}
+
+void SaveCheckpoint(const Module& module, const std::string& path) {
+  WriteCheckpoint(ModuleCheckpointEntries(module), path);
 }
 
 void LoadCheckpoint(Module& module, const std::string& path) {
-  std::vector<CheckpointEntry> entries = ReadCheckpoint(path);
+  LoadModuleEntries(module, ReadCheckpoint(path), path);
+}
+
+void LoadModuleEntries(Module& module, const std::vector<CheckpointEntry>& entries,
+                       const std::string& path) {
   std::map<std::pair<bool, std::string>, Tensor> from_file;
-  for (CheckpointEntry& e : entries) {
+  for (const CheckpointEntry& e : entries) {
     const bool fresh = from_file.emplace(std::make_pair(e.is_buffer, e.name), e.value).second;
     TANDEM_CHECK(fresh, "checkpoint '", path, "' holds '", e.name, "' twice");
   }

@@ -45,6 +45,15 @@ void LoadCheckpoint(Module& module, const std::string& path);
 void WriteCheckpoint(const std::vector<CheckpointEntry>& entries, const std::string& path);
 std::vector<CheckpointEntry> ReadCheckpoint(const std::string& path);
 
+// The pieces of SaveCheckpoint and LoadCheckpoint, for files that hold more than one module
+// (a trainer's checkpoint: model, optimizer state, progress). ModuleCheckpointEntries gives
+// the entries SaveCheckpoint writes (values as they are, on their devices);
+// LoadModuleEntries loads exactly such entries (all of them, nothing else) as
+// LoadCheckpoint does, checking everything first; `path` names their file in errors.
+std::vector<CheckpointEntry> ModuleCheckpointEntries(const Module& module);
+void LoadModuleEntries(Module& module, const std::vector<CheckpointEntry>& entries,
+                       const std::string& path);
+
 }  // namespace tandem::nn
 
 #endif  // TANDEM_NN_CHECKPOINT_H_

@@ -1,0 +1,63 @@
+// The trainer's checkpoint: everything a run needs to continue exactly where it stopped —
+// the model's parameters and buffers, the optimizer's state (momentum buffers, Adam moments
+// and step counts), the epochs done, the shuffling sampler's epoch, every device's random
+// generator, and the per-epoch results so far (for the summary, the CSV and the plot).
+//
+// One file in nn/checkpoint.h's format, written atomically (a temporary file renamed over
+// the old one), with entries named "model.<name>", "optimizer.<name>" and "trainer.<what>".
+//
+//   examples::TrainerState state{...};
+//   examples::SaveTrainerCheckpoint("/tmp/run.ckpt", *model, *optimizer, state);
+//   if (examples::LoadTrainerCheckpoint("/tmp/run.ckpt", *model, *optimizer, &state)) ...
+#ifndef TANDEM_EXAMPLES_TRAINER_STATE_H_
+#define TANDEM_EXAMPLES_TRAINER_STATE_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "nn/module.h"
+#include "nn/optim.h"
+#include "tensor/tensor.h"
+
+namespace tandem::examples {
+
+// One epoch's results.
+struct EpochStats {
+  int64_t epoch = 0;  // 1-based
+  double train_loss = 0;
+  double test_loss = 0;
+  double test_accuracy = 0;
+  double seconds = 0;  // training only (evaluation excluded)
+  double samples_per_s = 0;
+};
+
+struct TrainerState {
+  // What must match for a resume to make sense, e.g. "model=mlp optimizer=sgd": loading a
+  // checkpoint whose `config` differs is refused.
+  std::string config;
+  // The rest of the run's settings, e.g. "devices=cpu:0,cpu:1 batch_size=128 seed=1": a
+  // resume with other settings works but does not repeat an uninterrupted run exactly.
+  std::string settings;
+  int64_t epochs_done = 0;
+  int64_t sampler_epoch = 0;  // data::RandomSampler::epoch() after the last epoch done
+  std::vector<std::pair<Device, GeneratorState>> generators;
+  std::vector<EpochStats> history;
+};
+
+// Writes the checkpoint (atomically: the previous file stays whole if this fails).
+void SaveTrainerCheckpoint(const std::string& path, const nn::Module& model,
+                           const nn::Optimizer& optimizer, const TrainerState& state);
+
+// Returns false, changing nothing, when `path` does not exist. Otherwise loads it into
+// `model`, `optimizer` and `*state` — after checking all of it: a corrupted file, a
+// checkpoint of another configuration (state->config must be set to this run's before the
+// call), or one whose tensors do not fit the model throws a one-line tandem::Error saying
+// what was found and what to do.
+bool LoadTrainerCheckpoint(const std::string& path, nn::Module& model, nn::Optimizer& optimizer,
+                           TrainerState* state);
+
+}  // namespace tandem::examples
+
+#endif  // TANDEM_EXAMPLES_TRAINER_STATE_H_

@@ -1,0 +1,209 @@
+// The trainer binary (//examples:train) end to end on a small slice of Fashion-MNIST: a run
+// killed in epoch 3 and restarted from its checkpoint ends with exactly the parameters and
+// optimizer state of a run never interrupted; bad flags are one-line errors with exit
+// status 1; the CSV, the SVG plot and the final JSON line are written.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "nn/checkpoint.h"
+#include "tensor/tensor.h"
+
+namespace tandem {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
+using ::testing::StartsWith;
+
+constexpr char kData[] = "/usr/share/datasets/fashion-mnist";
+// Small enough for seconds, large enough for several steps an epoch on two devices.
+constexpr char kCommon[] =
+    " --devices=cpu:0,cpu:1 --threads=1 --epochs=4 --batch_size=64 --train_limit=640"
+    " --test_limit=300 --workers=1 --seed=7";
+
+std::string TempDir() {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return dir != nullptr ? dir : "/tmp";
+}
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+bool Exists(const std::string& path) {
+  struct stat info;
+  return stat(path.c_str(), &info) == 0;
+}
+
+struct Result {
+  int exit_code = -1;  // 128 + signal when killed
+  std::string out, err;
+};
+
+// Runs the trainer with `flags`; its output goes to files named after `name`.
+Result Train(const std::string& name, const std::string& flags) {
+  const std::string out = TempDir() + "/" + name + ".out", err = TempDir() + "/" + name + ".err";
+  const std::string command = "examples/train " + flags + " > " + out + " 2> " + err;
+  const int status = std::system(command.c_str());
+  Result r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = Read(out);
+  r.err = Read(err);
+  return r;
+}
+
+std::string LastLine(const std::string& text) {
+  std::string trimmed = text;
+  while (!trimmed.empty() && trimmed.back() == '\n') trimmed.pop_back();
+  return trimmed.substr(trimmed.rfind('\n') + 1);
+}
+
+// Every tensor in a checkpoint, by name, as raw bytes.
+std::map<std::string, std::string> Contents(const std::string& path) {
+  std::map<std::string, std::string> contents;
+  for (const nn::CheckpointEntry& e : nn::ReadCheckpoint(path)) {
+    const Tensor v = e.value.contiguous();
+    std::string bytes;
+    if (v.dtype() == kFloat32) {
+      const std::vector<float> values = v.reshape({v.numel()}).to_vector<float>();
+      bytes.assign(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+    } else {
+      const std::vector<int64_t> values = v.reshape({v.numel()}).to_vector<int64_t>();
+      bytes.assign(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(int64_t));
+    }
+    contents[e.name] = bytes;
+  }
+  return contents;
+}
+
+class TrainResumeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!Exists(std::string(kData) + "/train-images-idx3-ubyte.gz")) {
+      GTEST_SKIP() << "Fashion-MNIST is not installed in " << kData
+                   << " (Debian package dataset-fashion-mnist)";
+    }
+  }
+};
+
+TEST_F(TrainResumeTest, RunKilledInEpochThreeResumesToExactlyTheSameParameters) {
+  const std::string straight = TempDir() + "/straight.ckpt";
+  const std::string resumed = TempDir() + "/resumed.ckpt";
+  std::remove(straight.c_str());
+  std::remove(resumed.c_str());
+
+  const Result full = Train("straight", std::string(kCommon) + " --checkpoint=" + straight);
+  ASSERT_EQ(full.exit_code, 0) << full.err;
+  EXPECT_THAT(full.out, Not(HasSubstr("Resuming")));
+
+  const Result killed =
+      Train("killed", std::string(kCommon) + " --checkpoint=" + resumed + " --kill_in_epoch=3");
+  ASSERT_EQ(killed.exit_code, 128 + SIGKILL) << killed.out << killed.err;
+  EXPECT_THAT(killed.out, HasSubstr("epoch 2/4  train loss"));
+  EXPECT_THAT(killed.out, Not(HasSubstr("epoch 3/4  train loss")));
+  ASSERT_TRUE(Exists(resumed));
+  EXPECT_NE(Contents(resumed), Contents(straight));  // two epochs short
+
+  const Result restarted = Train("restarted", std::string(kCommon) + " --checkpoint=" + resumed);
+  ASSERT_EQ(restarted.exit_code, 0) << restarted.err;
+  EXPECT_THAT(restarted.out, HasSubstr("Resuming from " + resumed + ": 2 of 4 epochs done"));
+  EXPECT_THAT(restarted.out, Not(HasSubstr("epoch 2/4  train loss")));
+  EXPECT_THAT(restarted.out, HasSubstr("epoch 3/4  train loss"));
+  EXPECT_THAT(restarted.out, Not(HasSubstr("will not repeat")));
+
+  // Model, optimizer state, progress and random state: bit for bit. (The history differs
+  // only in its timings, so it is compared without them.)
+  std::map<std::string, std::string> a = Contents(straight), b = Contents(resumed);
+  ASSERT_EQ(a.size(), b.size());
+  int compared = 0;
+  for (const auto& [name, bytes] : a) {
+    if (name == "trainer.history") continue;
+    ASSERT_TRUE(b.count(name)) << name;
+    EXPECT_TRUE(bytes == b[name]) << name << " differs";
+    compared += name.rfind("model.", 0) == 0 || name.rfind("optimizer.", 0) == 0;
+  }
+  EXPECT_EQ(compared, 12);  // 6 parameters and 6 momentum buffers
+  // The same test accuracy, printed in the same final JSON line (but for the timings).
+  const std::string json_a = LastLine(full.out), json_b = LastLine(restarted.out);
+  EXPECT_EQ(json_a.substr(0, json_a.find("\"train_seconds\"")),
+            json_b.substr(0, json_b.find("\"train_seconds\"")));
+}
+
+TEST_F(TrainResumeTest, WritesCsvPlotSummaryAndAFinalJsonLine) {
+  const std::string csv = TempDir() + "/run.csv", svg = TempDir() + "/run.svg";
+  const Result r = Train("outputs", std::string(kCommon) + " --epochs=2 --log_csv=" + csv +
+                                        " --plot=" + svg + " --noforward_loss");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("batch 64 split 32+32"));
+  EXPECT_THAT(r.out, HasSubstr("loss on the gathered output"));
+  EXPECT_THAT(r.out, HasSubstr("split 10 x 32+32"));  // 640 images in batches of 64
+  EXPECT_THAT(r.out, HasSubstr("Summary: mlp on cpu:0, cpu:1"));
+  EXPECT_THAT(r.out, MatchesRegex("(.|\n)*  cpu:0   peak +[0-9.]+ MiB(.|\n)*"));
+  EXPECT_THAT(r.out, MatchesRegex("(.|\n)*  cpu:1   peak +[0-9.]+ MiB(.|\n)*"));
+  EXPECT_THAT(LastLine(r.out),
+              MatchesRegex("\\{\"model\":\"mlp\",\"devices\":\\[\"cpu:0\",\"cpu:1\"\\],"
+                           "\"epochs\":2,\"batch_size\":64,\"test_accuracy\":0\\.[0-9]{4},"
+                           "\"train_seconds\":[0-9]+\\.[0-9],\"samples_per_s\":[0-9]+\\.[0-9]\\}"));
+  // Not a terminal: plain progress lines, no carriage returns.
+  EXPECT_THAT(r.out, Not(HasSubstr("\r")));
+
+  const std::string table = Read(csv);
+  EXPECT_THAT(table, StartsWith("epoch,train_loss,test_loss,test_accuracy,seconds,samples_per_s\n"
+                                "1,"));
+  EXPECT_THAT(table, HasSubstr("\n2,"));
+  const std::string plot = Read(svg);
+  EXPECT_THAT(plot, HasSubstr("<svg"));
+  EXPECT_THAT(plot, HasSubstr("Fashion-MNIST: mlp on cpu:0 + cpu:1, batch 64"));
+  EXPECT_EQ(std::count(plot.begin(), plot.end(), '\n') > 20, true);
+}
+
+TEST_F(TrainResumeTest, BatchSmallerThanTheDevicesTrainsAndSaysHowItSplit) {
+  const Result r = Train("small_batch",
+                         "--devices=cpu:0,cpu:1,cpu:2 --threads=1 --epochs=1 --batch_size=2 "
+                         "--train_limit=8 --test_limit=10");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("batch 2 split 1+1 (2 chunks for 3 devices"));
+  EXPECT_THAT(r.out, HasSubstr("split 4 x 1+1"));
+}
+
+TEST_F(TrainResumeTest, BadFlagsAreOneLineErrorsWithExitStatusOne) {
+  const std::string mlp_checkpoint = TempDir() + "/for_cnn.ckpt";
+  std::remove(mlp_checkpoint.c_str());
+  ASSERT_EQ(
+      Train("mlp", std::string(kCommon) + " --epochs=1 --checkpoint=" + mlp_checkpoint).exit_code,
+      0);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--devices=gpu:0", "invalid device 'gpu:0'"},
+      {"--devices=cpu:0,cpu:0", "lists cpu:0 more than once"},
+      {"--devices=cpu:0, --epochs=1", "invalid device list"},
+      {"--device=cpu:0 --devices=cpu:1", "are both set"},
+      {"--epochs=0", "--epochs must be at least 1 but is 0"},
+      {"--model=resnet", "--model must be 'mlp' or 'cnn' but is 'resnet'"},
+      {"--devices=cpu:0,cpu:1 --threads=64", "--threads=64 with 2 CPU device(s) needs 128 cores"},
+      {"--model=cnn --checkpoint=" + mlp_checkpoint,
+       "was saved by a run with model=mlp optimizer=sgd but this run has model=cnn"},
+      {"--epochs=two", "Illegal value"},
+  };
+  for (const auto& [flags, message] : cases) {
+    const Result r = Train("bad", flags);
+    EXPECT_EQ(r.exit_code, 1) << flags;
+    EXPECT_THAT(r.err, HasSubstr(message)) << flags;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << flags << ": " << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace tandem
