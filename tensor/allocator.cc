@@ -5,7 +5,6 @@
 
 #include "tensor/backend.h"
 #include "tensor/error.h"
-#include "tensor/internal/caching_allocator.h"
 #include "tensor/runtime.h"
 
 namespace tandem {
@@ -65,26 +64,6 @@ MemoryStats AllocationCounter::Stats() const {
 }
 
 void AllocationCounter::ResetPeak() { peak_ = in_use_.load(); }
-
-namespace {
-
-// Host memory for a CachingAllocator.
-class HostMemory final : public SystemMemory {
- public:
-  void* Allocate(size_t bytes, std::string* error) override {
-    void* data = std::aligned_alloc(kHostAlignment, bytes);
-    if (data == nullptr) *error = "aligned_alloc returned no memory";
-    return data;
-  }
-  void Free(void* ptr) override { std::free(ptr); }
-  const char* Name() const override { return "aligned_alloc"; }
-};
-
-}  // namespace
-
-std::unique_ptr<Allocator> MakeCpuAllocator(Device device) {
-  return std::make_unique<CachingAllocator>(device, std::make_unique<HostMemory>());
-}
 
 Allocator& GetAllocator(Device device) {
   CheckAvailable(device);

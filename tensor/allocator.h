@@ -74,10 +74,6 @@ class AllocationCounter {
 
 inline constexpr size_t kHostAlignment = 64;
 
-// The allocator of one logical CPU device: 64-byte aligned host memory, cached for reuse
-// (see tensor/caching_allocator.h).
-std::unique_ptr<Allocator> MakeCpuAllocator(Device device);
-
 // The allocator of a device (from its backend).
 Allocator& GetAllocator(Device device);
 MemoryStats GetMemoryStats(Device device);

@@ -12,19 +12,23 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <numeric>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 #include "tensor/allocator.h"
 #include "tensor/backend.h"
 #include "tensor/error.h"
+#include "tensor/internal/caching_allocator.h"
 #include "tensor/internal/elementwise_math.h"
 #include "tensor/internal/philox.h"
 #include "tensor/internal/strided_layout.h"
@@ -33,6 +37,21 @@
 
 namespace tandem {
 namespace {
+
+// SetCpuDeviceCount's upper bound: every logical CPU device gets a lock-free allocator slot.
+constexpr int kMaxCpuDevices = 1024;
+
+// 64-byte aligned host memory under each CPU device's CachingAllocator.
+class HostMemory final : public SystemMemory {
+ public:
+  void* Allocate(size_t bytes, std::string* error) override {
+    void* data = std::aligned_alloc(kHostAlignment, bytes);
+    if (data == nullptr) *error = "aligned_alloc returned no memory";
+    return data;
+  }
+  void Free(void* ptr) override { std::free(ptr); }
+  const char* Name() const override { return "aligned_alloc"; }
+};
 
 // Elements per chunk below which splitting a loop costs more than it saves (waking a pool
 // thread is a few microseconds; a cheap elementwise op does ~1 element per nanosecond).
@@ -499,9 +518,20 @@ class CpuBackend final : public Backend {
 
   Allocator& GetAllocator(int index) override {
     CheckIndex(index);
+    // Lock-free once the device's allocator exists (every tensor allocation asks).
+    if (index < kMaxCpuDevices) {
+      if (Allocator* existing = fast_allocators_[index].load(std::memory_order_acquire)) {
+        return *existing;
+      }
+    }
     std::lock_guard<std::mutex> lock(allocators_mutex_);
     std::unique_ptr<Allocator>& allocator = allocators_[index];
-    if (allocator == nullptr) allocator = MakeCpuAllocator(Cpu(index));
+    if (allocator == nullptr) {
+      allocator = std::make_unique<CachingAllocator>(Cpu(index), std::make_unique<HostMemory>());
+    }
+    if (index < kMaxCpuDevices) {
+      fast_allocators_[index].store(allocator.get(), std::memory_order_release);
+    }
     return *allocator;
   }
 
@@ -569,7 +599,8 @@ class CpuBackend final : public Backend {
   }
 
   std::mutex allocators_mutex_;
-  std::map<int, std::unique_ptr<Allocator>> allocators_;
+  std::map<int, std::unique_ptr<Allocator>> allocators_;  // never erased
+  std::atomic<Allocator*> fast_allocators_[kMaxCpuDevices] = {};
 };
 
 void CpuBackend::Copy(int index, const KernelTensor& dst, const KernelTensor& src) {
