@@ -3,7 +3,7 @@
 #include <cstdio>
 
 #include "quadrants.h"
-#include "tensor/device.h"
+#include "tensor/tensor.h"  // tandem::SetCpuDeviceCount, Device
 
 int main() {
   tandem::SetCpuDeviceCount(2);  // cpu:0 and cpu:1, each with half the cores
