@@ -208,7 +208,11 @@ BENCHMARK_CAPTURE(BM_Mlp_DataParallel, forward_loss_one_bucket, true, Buckets::k
 // A fixed arithmetic kernel: 16 independent multiply-add chains, `reps` steps each. It
 // touches only registers (no shared memory), so two threads on two free cores take half
 // the time of one.
-float Kernel(int64_t reps, float seed) {
+// The result is also stored in a volatile sink: a side effect, so that the compiler can
+// neither drop a call nor move it out of the timed region.
+volatile float kernel_sink = 0;
+
+__attribute__((noinline)) float Kernel(int64_t reps, float seed) {
   float acc[16];
   for (int k = 0; k < 16; ++k) acc[k] = seed + static_cast<float>(k);
   for (int64_t r = 0; r < reps; ++r) {
@@ -216,6 +220,7 @@ float Kernel(int64_t reps, float seed) {
   }
   float total = 0;
   for (float a : acc) total += a;
+  kernel_sink = total;
   return total;
 }
 
@@ -236,11 +241,14 @@ float ParallelLoop(const std::vector<Device>& devices, int64_t reps) {
 // Steps of the kernel that take about `seconds` on one thread here.
 int64_t CalibratedReps(double seconds) {
   static const double reps_per_second = [] {
-    const int64_t probe = 1 << 20;
-    benchmark::DoNotOptimize(Kernel(probe, 1.0f));
-    const auto start = Clock::now();
-    benchmark::DoNotOptimize(Kernel(probe, 1.0f));
-    return static_cast<double>(probe) / SecondsSince(start);
+    benchmark::DoNotOptimize(Kernel(1 << 16, 1.0f));
+    // Double the probe until it takes at least 20 ms, so that the rate is measured well.
+    for (int64_t probe = 1 << 16;; probe *= 2) {
+      const auto start = Clock::now();
+      benchmark::DoNotOptimize(Kernel(probe, 1.0f));
+      const double elapsed = SecondsSince(start);
+      if (elapsed >= 0.02) return static_cast<double>(probe) / elapsed;
+    }
   }();
   return std::max<int64_t>(2, static_cast<int64_t>(reps_per_second * seconds));
 }
