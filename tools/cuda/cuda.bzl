@@ -21,7 +21,9 @@ Public API (load("//tools/cuda:cuda.bzl", ...)):
       Re-exported from @local_cuda//:defs.bzl (what the repository rule found).
 
 The //tools/cuda:enabled flag defaults to CUDA_FOUND; `--config=cpu` (in
-.bazelrc) sets it to false.
+.bazelrc) sets it to false. A repository that depends on Tandem sets it as
+--@tandem//tools/cuda:enabled=false. Labels here are Label()s, resolved in
+Tandem's repository, so the macros work from other repositories too.
 """
 
 load("@bazel_tools//tools/cpp:toolchain_utils.bzl", "find_cpp_toolchain")

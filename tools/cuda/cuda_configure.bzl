@@ -1,6 +1,7 @@
 """Repository rule that detects the CUDA toolkit and creates @local_cuda.
 
-Usage in WORKSPACE:
+Declared as @local_cuda by tandem_dependencies() (//tools:workspace.bzl), in
+Tandem's WORKSPACE and in those of repositories that depend on Tandem:
 
     load("//tools/cuda:cuda_configure.bzl", "cuda_configure")
     cuda_configure(name = "local_cuda")
