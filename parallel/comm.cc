@@ -8,6 +8,7 @@
 #include <mutex>
 #include <set>
 
+#include "parallel/internal/collectives.h"
 #include "parallel/internal/device_split.h"
 #include "tensor/autograd.h"
 #include "tensor/internal/tensor_impl.h"
@@ -178,13 +179,36 @@ std::vector<std::vector<Tensor>> broadcast_coalesced(const std::vector<Tensor>& 
       for (size_t i = 0; i < tensors.size(); ++i) out[d][i] = AliasOnCpuDevice(tensors[i], target);
     }
   }
-  // Accelerators: one flat buffer per bucket, copied once per device.
+  // Accelerators: one flat buffer per bucket, sent once per device: by the collectives
+  // engine (NCCL) when it serves these devices, else by a device copy each.
+  std::vector<size_t> pending;  // devices still without copies
+  std::vector<Device> group = {source};
+  for (size_t d = 0; d < devices.size(); ++d) {
+    if (out[d][0].defined()) continue;
+    pending.push_back(d);
+    if (std::find(group.begin(), group.end(), devices[d]) == group.end()) {
+      group.push_back(devices[d]);
+    }
+  }
+  if (pending.empty()) return out;
+  internal::Collectives* engine = internal::GetCollectives();
+  const bool collective = engine != nullptr && engine->Supports(group);
   for (const std::vector<size_t>& bucket : Buckets(contiguous, buffer_bytes)) {
-    Tensor flat;
-    for (size_t d = 0; d < devices.size(); ++d) {
-      if (out[d][bucket.front()].defined()) continue;
-      if (!flat.defined()) flat = Flatten(contiguous, bucket);
-      Unflatten(flat.to(devices[d]), contiguous, bucket, out[d]);
+    Tensor flat = Flatten(contiguous, bucket);
+    std::map<Device, Tensor> received;
+    if (collective) {
+      std::vector<Tensor> buffers = {flat};
+      for (size_t g = 1; g < group.size(); ++g) {
+        buffers.push_back(
+            empty(flat.shape(), TensorOptions().dtype(flat.dtype()).device(group[g])));
+        received[group[g]] = buffers.back();
+      }
+      engine->Broadcast(buffers, /*root=*/0);
+    }
+    for (size_t d : pending) {
+      auto it = received.find(devices[d]);
+      if (it == received.end()) it = received.emplace(devices[d], flat.to(devices[d])).first;
+      Unflatten(it->second, contiguous, bucket, out[d]);
     }
   }
   return out;
@@ -254,6 +278,17 @@ std::vector<Tensor> reduce_add_coalesced(const std::vector<std::vector<Tensor>>&
     }
     return out;
   }
+  // Accelerators: per bucket, one flat buffer per device, summed onto the destination by
+  // the collectives engine (NCCL) when it serves these devices, else by copies and adds.
+  std::vector<Device> group;
+  int root = -1;
+  for (size_t d = 0; d < per_device.size(); ++d) {
+    const Device device = count > 0 ? per_device[d][0].device() : destination;
+    if (device == destination) root = static_cast<int>(d);
+    group.push_back(device);
+  }
+  internal::Collectives* engine = internal::GetCollectives();
+  const bool collective = root >= 0 && engine != nullptr && engine->Supports(group);
   for (const std::vector<size_t>& bucket : Buckets(per_device[0], buffer_bytes)) {
     std::vector<Tensor> flats;
     for (const auto& tensors : per_device) {
@@ -261,7 +296,15 @@ std::vector<Tensor> reduce_add_coalesced(const std::vector<std::vector<Tensor>>&
       for (const Tensor& t : tensors) contiguous.push_back(t.contiguous());
       flats.push_back(Flatten(contiguous, bucket));
     }
-    Unflatten(reduce_add(flats, destination), per_device[0], bucket, out);
+    Tensor sum;
+    if (collective) {
+      sum = empty(flats[root].shape(),
+                  TensorOptions().dtype(flats[root].dtype()).device(destination));
+      engine->Reduce(flats, sum, root);
+    } else {
+      sum = reduce_add(flats, destination);
+    }
+    Unflatten(sum, per_device[0], bucket, out);
   }
   return out;
 }
