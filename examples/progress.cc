@@ -35,8 +35,9 @@ std::string ProgressBar::Render(const std::string& label, int64_t done, int64_t 
   const int digits = static_cast<int>(std::to_string(total).size());
   const double rate = seconds > 0 ? samples / seconds : 0.0;
   const double left = done > 0 ? seconds * (total - done) / done : -1.0;
-  return absl::StrFormat("%s [%s] %*d/%d  %.0f samples/s  loss %.4f  %s left", label, bar, digits,
-                         done, total, rate, loss, FormatDuration(left));
+  const std::string loss_text = std::isnan(loss) ? "" : absl::StrFormat("  loss %.4f", loss);
+  return absl::StrFormat("%s [%s] %*d/%d  %.0f samples/s%s  %s left", label, bar, digits, done,
+                         total, rate, loss_text, FormatDuration(left));
 }
 
 void ProgressBar::Update(int64_t done, int64_t samples, double loss, double seconds) {

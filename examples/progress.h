@@ -24,7 +24,7 @@ class ProgressBar {
   ProgressBar(std::FILE* out, std::string label, int64_t total, int interactive = -1);
 
   // `done` of `total` steps finished after `seconds`, having seen `samples` samples, with
-  // `loss` the running mean loss.
+  // `loss` the running mean loss (NaN: none, and the bar shows no loss).
   void Update(int64_t done, int64_t samples, double loss, double seconds);
   // Ends the bar: on a terminal the line is cleared, so the next output starts clean.
   void Finish();

@@ -35,6 +35,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "data/data.h"
+#include "examples/cli.h"
+#include "examples/models.h"
 #include "examples/progress.h"
 #include "examples/svg_plot.h"
 #include "examples/trainer_state.h"
@@ -82,30 +84,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using examples::EpochStats;
-
-// A bad flag: reported as one line, without a source location.
-class UsageError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
-
-template <typename... Args>
-void Require(bool condition, const Args&... message) {
-  if (!condition) {
-    std::ostringstream out;
-    (out << ... << message);
-    throw UsageError(out.str());
-  }
-}
+using examples::Require;
+using examples::UsageError;
 
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-std::string Join(const std::vector<Device>& devices, const char* separator) {
-  std::vector<std::string> names;
-  for (Device d : devices) names.push_back(d.ToString());
-  return absl::StrJoin(names, separator);
 }
 
 std::string Split(const std::vector<int64_t>& chunks) { return absl::StrJoin(chunks, "+"); }
@@ -137,20 +120,6 @@ std::shared_ptr<const data::Dataset> Limit(std::shared_ptr<const data::Dataset> 
   return std::make_shared<FirstN>(std::move(set), limit);
 }
 
-std::shared_ptr<nn::Sequential> MakeModel(const std::string& kind) {
-  if (kind == "mlp") {
-    return std::make_shared<nn::Sequential>(nn::Flatten(), nn::Linear(784, 256), nn::ReLU(),
-                                            nn::Linear(256, 128), nn::ReLU(), nn::Linear(128, 10));
-  }
-  if (kind == "cnn") {
-    return std::make_shared<nn::Sequential>(
-        nn::Conv2d(nn::Conv2dOptions(1, 32, 3).padding(1)), nn::ReLU(), nn::MaxPool2d(2),
-        nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)), nn::ReLU(), nn::MaxPool2d(2),
-        nn::Flatten(), nn::Linear(64 * 7 * 7, 128), nn::ReLU(), nn::Linear(128, 10));
-  }
-  throw UsageError("--model must be 'mlp' or 'cnn' but is '" + kind + "'");
-}
-
 // An optimizer and a way to set its learning rate.
 struct Optimizer {
   std::unique_ptr<nn::Optimizer> optimizer;
@@ -178,61 +147,14 @@ double LearningRate(double peak, const std::string& decay, int epoch, int epochs
   return peak * 0.5 * (1.0 + std::cos(kPi * epoch / epochs));
 }
 
-// --devices (or --device), resolved: the default is every GPU, else one CPU device per core.
+// --devices, or --device (its one-device alias).
 std::vector<Device> ResolveDevices() {
   const std::string devices_flag = absl::GetFlag(FLAGS_devices);
   const std::string device_flag = absl::GetFlag(FLAGS_device);
   Require(devices_flag.empty() || device_flag.empty(), "--device=", device_flag,
           " and --devices=", devices_flag,
           " are both set; --device is an alias of --devices with one device: pass one of them");
-  const std::string text = devices_flag.empty() ? device_flag : devices_flag;
-  std::vector<Device> devices;
-  if (!text.empty()) {
-    try {
-      devices = Device::ParseList(text);
-    } catch (const Error& e) {
-      std::string message = e.what();
-      message = message.substr(0, message.rfind(" ["));
-      throw UsageError("--devices: " + message);
-    }
-  } else if (DeviceCount(DeviceType::kCUDA) > 0) {
-    for (int i = 0; i < DeviceCount(DeviceType::kCUDA); ++i) devices.push_back(Device::Cuda(i));
-  } else {
-    for (int i = 0; i < HardwareCores(); ++i) devices.push_back(Device::Cpu(i));
-  }
-  std::set<Device> seen;
-  for (Device d : devices) {
-    Require(seen.insert(d).second, "--devices=", text, " lists ", d,
-            " more than once; list each device once");
-  }
-  return devices;
-}
-
-// Makes the CPU devices in `devices` exist with `threads` threads each (0: the cores shared
-// among them). Logical CPU devices share the machine's cores equally, so the count is chosen
-// to give each the asked-for share; returns the threads each one gets.
-int ConfigureCpuDevices(const std::vector<Device>& devices, int threads) {
-  int cpu_devices = 0, highest = -1;
-  for (Device d : devices) {
-    if (!d.is_cpu()) continue;
-    ++cpu_devices;
-    highest = std::max(highest, d.index());
-  }
-  if (cpu_devices == 0) return 0;
-  const int cores = HardwareCores();
-  if (threads == 0) threads = std::max(1, cores / cpu_devices);
-  Require(threads * cpu_devices <= std::max(cores, cpu_devices), "--threads=", threads, " with ",
-          cpu_devices, " CPU device(s) needs ", threads * cpu_devices,
-          " cores but this machine has ", cores,
-          "; use --threads=", std::max(1, cores / cpu_devices), " or fewer devices");
-  // cores / count == threads for count = cores / threads; more devices than asked for only
-  // add idle workers.
-  SetCpuDeviceCount(std::max(highest + 1, cores / threads));
-  Require(CpuThreadsPerDevice() == threads, "--threads=", threads,
-          " cannot be given to each CPU device: logical CPU devices share the ", cores,
-          " cores equally (", cores, " / ", CpuDeviceCount(), " devices = ", CpuThreadsPerDevice(),
-          " threads each); pick a --threads that divides ", cores);
-  return threads;
+  return examples::ParseDevices(devices_flag.empty() ? device_flag : devices_flag);
 }
 
 struct EvalResult {
@@ -299,7 +221,7 @@ std::string Plot(const std::vector<EpochStats>& history, const std::string& titl
 
 int Run() {
   const std::vector<Device> devices = ResolveDevices();
-  const int threads = ConfigureCpuDevices(devices, absl::GetFlag(FLAGS_threads));
+  const int threads = examples::ConfigureCpuDevices(devices, absl::GetFlag(FLAGS_threads));
   const int epochs = absl::GetFlag(FLAGS_epochs);
   const int batch_size = absl::GetFlag(FLAGS_batch_size);
   const double lr = absl::GetFlag(FLAGS_lr);
@@ -321,7 +243,7 @@ int Run() {
 
   // The model first: a bad device fails here, before the dataset is read.
   manual_seed(seed);
-  auto model = MakeModel(model_kind);
+  auto model = examples::MakeModel(model_kind);
   Optimizer optimizer;
   std::shared_ptr<parallel::DataParallel> dp;
   try {
@@ -329,8 +251,7 @@ int Run() {
     optimizer = MakeOptimizer(optimizer_kind, *model, lr);
     dp = std::make_shared<parallel::DataParallel>(model, devices);
   } catch (const Error& e) {
-    std::string message = e.what();
-    throw UsageError("--devices: " + message.substr(0, message.rfind(" [")));
+    throw UsageError("--devices: " + examples::OneLine(e.what()));
   }
   nn::CrossEntropyLoss criterion;
 
@@ -339,7 +260,7 @@ int Run() {
   state.settings = absl::StrFormat(
       "devices=%s threads=%d batch_size=%d seed=%d lr=%g lr_decay=%s "
       "epochs=%d train_limit=%d",
-      Join(devices, ","), threads, batch_size, seed, lr, lr_decay, epochs,
+      examples::DeviceNames(devices, ","), threads, batch_size, seed, lr, lr_decay, epochs,
       absl::GetFlag(FLAGS_train_limit));
   const std::string settings = state.settings;
   bool resumed = false;
@@ -376,7 +297,7 @@ int Run() {
   std::printf("Fashion-MNIST: %lld training and %lld test images from %s\n",
               static_cast<long long>(train_set->size()), static_cast<long long>(test_set->size()),
               root.c_str());
-  std::printf("DataParallel on %s", Join(devices, ", ").c_str());
+  std::printf("DataParallel on %s", examples::DeviceNames(devices, ", ").c_str());
   if (threads > 0) std::printf(" (%d thread%s per CPU device)", threads, threads == 1 ? "" : "s");
   std::printf(", batch %d split %s", batch_size, Split(full_split).c_str());
   if (full_split.size() < devices.size()) {
@@ -466,7 +387,7 @@ int Run() {
       WriteFileAtomically(
           absl::GetFlag(FLAGS_plot),
           Plot(state.history, absl::StrFormat("Fashion-MNIST: %s on %s, batch %d", model_kind,
-                                              Join(devices, " + "), batch_size)),
+                                              examples::DeviceNames(devices, " + "), batch_size)),
           "--plot");
     }
   }
@@ -477,7 +398,8 @@ int Run() {
   const double total_samples = static_cast<double>(train_set->size()) * state.history.size();
   const double final_accuracy = state.history.empty() ? 0.0 : state.history.back().test_accuracy;
   std::printf("\nSummary: %s on %s, batch %d, %zu epochs, %.1f s of training\n", model_kind.c_str(),
-              Join(devices, ", ").c_str(), batch_size, state.history.size(), train_seconds);
+              examples::DeviceNames(devices, ", ").c_str(), batch_size, state.history.size(),
+              train_seconds);
   std::printf("  epoch   train loss   test loss   test acc   seconds   samples/s\n");
   for (const EpochStats& e : state.history) {
     std::printf("  %5lld   %10.4f   %9.4f   %7.2f%%   %7.1f   %9.0f\n",
@@ -513,12 +435,6 @@ int Run() {
   return 0;
 }
 
-// One line: newlines inside a message become "; ".
-std::string OneLine(std::string message) {
-  for (size_t pos; (pos = message.find('\n')) != std::string::npos;) message.replace(pos, 1, "; ");
-  return message;
-}
-
 }  // namespace
 }  // namespace tandem
 
@@ -536,7 +452,7 @@ int main(int argc, char** argv) {
     return tandem::Run();
   } catch (const std::exception& e) {
     std::fflush(stdout);
-    std::fprintf(stderr, "train: %s\n", tandem::OneLine(e.what()).c_str());
+    std::fprintf(stderr, "train: %s\n", tandem::examples::OneLine(e.what()).c_str());
     return 1;
   }
 }

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -61,6 +62,8 @@ TEST(ProgressBarTest, RendersCountsRateLossAndTimeLeft) {
             "epoch 3/10 [##........]  50/200  3200 samples/s  loss 0.3413  6.0 s left");
   EXPECT_EQ(ProgressBar::Render("e", 0, 4, 0, 0.0, 0.0, 4),
             "e [....] 0/4  0 samples/s  loss 0.0000  ? left");
+  EXPECT_EQ(ProgressBar::Render("e", 2, 4, 20, std::nan(""), 1.0, 4),
+            "e [##..] 2/4  20 samples/s  1.0 s left");
   EXPECT_EQ(ProgressBar::FormatDuration(125.2), "2 min 05 s");
   EXPECT_EQ(ProgressBar::FormatDuration(3720), "1 h 02 min");
 }

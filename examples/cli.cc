@@ -1,0 +1,75 @@
+#include "examples/cli.h"
+
+#include <algorithm>
+#include <set>
+
+#include "tensor/error.h"
+#include "tensor/tensor.h"
+
+namespace tandem::examples {
+
+std::string OneLine(std::string message) {
+  const size_t where = message.rfind(" [");
+  if (where != std::string::npos && !message.empty() && message.back() == ']' &&
+      message.find(':', where) != std::string::npos) {
+    message.erase(where);
+  }
+  for (size_t pos; (pos = message.find('\n')) != std::string::npos;) message.replace(pos, 1, "; ");
+  return message;
+}
+
+std::string DeviceNames(const std::vector<Device>& devices, const std::string& separator) {
+  std::string out;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    out += (i > 0 ? separator : "") + devices[i].ToString();
+  }
+  return out;
+}
+
+std::vector<Device> ParseDevices(const std::string& text) {
+  std::vector<Device> devices;
+  if (!text.empty()) {
+    try {
+      devices = Device::ParseList(text);
+    } catch (const Error& e) {
+      throw UsageError("--devices: " + OneLine(e.what()));
+    }
+  } else if (DeviceCount(DeviceType::kCUDA) > 0) {
+    for (int i = 0; i < DeviceCount(DeviceType::kCUDA); ++i) devices.push_back(Device::Cuda(i));
+  } else {
+    for (int i = 0; i < HardwareCores(); ++i) devices.push_back(Device::Cpu(i));
+  }
+  std::set<Device> seen;
+  for (Device d : devices) {
+    Require(seen.insert(d).second, "--devices=", text, " lists ", d,
+            " more than once; list each device once");
+  }
+  return devices;
+}
+
+int ConfigureCpuDevices(const std::vector<Device>& devices, int threads) {
+  Require(threads >= 0, "--threads must be at least 0 (0: automatic) but is ", threads);
+  int cpu_devices = 0, highest = -1;
+  for (Device d : devices) {
+    if (!d.is_cpu()) continue;
+    ++cpu_devices;
+    highest = std::max(highest, d.index());
+  }
+  if (cpu_devices == 0) return 0;
+  const int cores = HardwareCores();
+  if (threads == 0) threads = std::max(1, cores / cpu_devices);
+  Require(threads * cpu_devices <= std::max(cores, cpu_devices), "--threads=", threads, " with ",
+          cpu_devices, " CPU device(s) needs ", threads * cpu_devices,
+          " cores but this machine has ", cores,
+          "; use --threads=", std::max(1, cores / cpu_devices), " or fewer devices");
+  // cores / count == threads for count = cores / threads; devices beyond those listed only
+  // add idle workers.
+  SetCpuDeviceCount(std::max(highest + 1, cores / threads));
+  Require(CpuThreadsPerDevice() == threads, "--threads=", threads,
+          " cannot be given to each CPU device: logical CPU devices share the ", cores,
+          " cores equally (", cores, " / ", CpuDeviceCount(), " devices = ", CpuThreadsPerDevice(),
+          " threads each); pick a --threads that divides ", cores);
+  return threads;
+}
+
+}  // namespace tandem::examples

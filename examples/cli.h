@@ -1,0 +1,55 @@
+// Command-line plumbing shared by the trainer and the benchmarks: the --devices and
+// --threads flags, and errors that are the user's to fix (printed as one line, exit 1).
+//
+//   std::vector<Device> devices = examples::ParseDevices(absl::GetFlag(FLAGS_devices));
+//   int threads = examples::ConfigureCpuDevices(devices, absl::GetFlag(FLAGS_threads));
+#ifndef TANDEM_EXAMPLES_CLI_H_
+#define TANDEM_EXAMPLES_CLI_H_
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "tensor/device.h"
+
+namespace tandem::examples {
+
+// A bad flag or value: main() prints it as one line, without a source location, and exits 1.
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Throws UsageError with the concatenated message unless `condition` holds.
+template <typename... Args>
+void Require(bool condition, const Args&... message) {
+  if (!condition) {
+    std::ostringstream out;
+    (out << ... << message);
+    throw UsageError(out.str());
+  }
+}
+
+// The devices of a --devices value ("cpu:0,cpu:1"); empty means the default: every CUDA
+// GPU, or without one a logical CPU device per core. Throws UsageError for a malformed list
+// or a device listed twice.
+std::vector<Device> ParseDevices(const std::string& text);
+
+// Makes the CPU devices among `devices` exist with `threads` threads each (0: the machine's
+// cores shared among them) and returns the threads each gets (0 when none is a CPU device).
+// Logical CPU devices share the cores equally, so the device count is chosen to give each
+// the asked-for share; call it before any work runs. Throws UsageError when the machine
+// cannot give that share (more threads than cores, or a share that does not divide them).
+int ConfigureCpuDevices(const std::vector<Device>& devices, int threads);
+
+// "cpu:0, cpu:1" (with `separator` between the names).
+std::string DeviceNames(const std::vector<Device>& devices, const std::string& separator);
+
+// A message on one line (newlines become "; ") without the " [file:line]" suffix of
+// tandem::Error, for printing as "program: message".
+std::string OneLine(std::string message);
+
+}  // namespace tandem::examples
+
+#endif  // TANDEM_EXAMPLES_CLI_H_

@@ -1,0 +1,77 @@
+// The train_step benchmark (//tools/bench:train_step) runs a few steps and ends with its
+// JSON line, with the scaling comparison when given several CPU devices; bad flags are
+// one-line errors. (Its figures are measurements, never checked here.)
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
+
+struct Result {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+Result Bench(const std::string& flags) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string base = std::string(dir != nullptr ? dir : "/tmp") + "/train_step";
+  const int status = std::system(
+      ("tools/bench/train_step " + flags + " > " + base + ".out 2> " + base + ".err").c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, Read(base + ".out"), Read(base + ".err")};
+}
+
+std::string LastLine(std::string text) {
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return text.substr(text.rfind('\n') + 1);
+}
+
+TEST(TrainStepTest, OneDeviceEndsWithItsJsonLine) {
+  const Result r = Bench(
+      "--model=mlp --batch_size=32 --devices=cpu:0 --threads=1 --steps=3 "
+      "--warmup=1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("peak / least"));
+  EXPECT_THAT(LastLine(r.out),
+              MatchesRegex("\\{\"benchmark\":\"train_step\",\"model\":\"mlp\",\"batch_size\":32,"
+                           "\"devices\":\\[\"cpu:0\"\\],\"threads\":1,\"steps\":3,"
+                           "\"step_ms_median\":[0-9.]+,\"step_ms_p90\":[0-9.]+,"
+                           "\"samples_per_s\":[0-9.]+,\"peak_bytes\":[0-9]+,"
+                           "\"min_bytes\":[0-9]+\\}"));
+}
+
+TEST(TrainStepTest, TwoDevicesCompareWithOneAndWithAParallelLoop) {
+  const Result r = Bench(
+      "--model=mlp --batch_size=33 --devices=cpu:0,cpu:1 --threads=1 "
+      "--steps=2 --warmup=1 --noforward_loss");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("17+16"));
+  EXPECT_THAT(r.out, HasSubstr("perfectly parallel loop"));
+  EXPECT_THAT(LastLine(r.out), MatchesRegex(".*\"devices\":\\[\"cpu:0\",\"cpu:1\"\\].*"
+                                            "\"speedup\":[0-9.]+,\"loop_speedup\":[0-9.]+,"
+                                            "\"speedup_ratio\":[0-9.]+\\}"));
+}
+
+TEST(TrainStepTest, BadFlagsAreOneLineErrors) {
+  for (const char* flags : {"--model=vgg", "--steps=0", "--devices=cpu:0,cpu:0", "--devices=tpu"}) {
+    const Result r = Bench(flags);
+    EXPECT_EQ(r.exit_code, 1) << flags;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << flags << ": " << r.err;
+  }
+}
+
+}  // namespace

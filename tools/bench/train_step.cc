@@ -1,0 +1,301 @@
+// train_step: times whole training steps — forward, cross-entropy, backward, SGD with
+// momentum 0.9 — of the trainer's models on synthetic data (a fixed random batch of 28x28
+// images), on one device or data-parallel on several.
+//
+//   bazel run -c opt //tools/bench:train_step -- --model=mlp --batch_size=256 \
+//       --devices=cpu:0 --threads=2 --steps=50 --warmup=5
+//   bazel run -c opt //tools/bench:train_step -- --devices=cpu:0,cpu:1 --threads=1
+//
+// It prints a table (step time median, p10, p90, samples/s), the peak memory of a step next
+// to the least a step must hold (parameters, gradients, momentum and the activations that
+// backward needs), and, with several CPU devices, the speed-up over the first device alone
+// next to the speed-up a perfectly parallel loop gets from the same number of workers,
+// measured interleaved in the same run (so both see the same machine) with their ratio.
+// The last line is one JSON object with the figures.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "examples/cli.h"
+#include "examples/models.h"
+#include "examples/progress.h"
+#include "nn/nn.h"
+#include "parallel/data_parallel.h"
+#include "tensor/allocator.h"
+#include "tensor/tensor.h"
+
+ABSL_FLAG(std::string, model, "mlp", "mlp (784-256-128-10) or cnn (two conv+pool blocks)");
+ABSL_FLAG(int, batch_size, 256, "Images per step (split across the devices)");
+ABSL_FLAG(std::string, devices, "cpu:0",
+          "Devices, comma-separated (cpu:0,cpu:1 or cuda:0); empty: every GPU, or a CPU device "
+          "per core");
+ABSL_FLAG(int, threads, 0, "Cores each CPU device may use (0: cores / CPU devices)");
+ABSL_FLAG(int, steps, 50, "Timed steps");
+ABSL_FLAG(int, warmup, 5, "Untimed steps first (caches, allocator, replicas)");
+ABSL_FLAG(bool, forward_loss, true,
+          "Loss inside the replicas (DataParallel::forward_loss); false: gather the outputs");
+ABSL_FLAG(bool, compare, true,
+          "With several CPU devices, also time the first device alone and a perfectly parallel "
+          "loop, interleaved, and print the speed-ups and their ratio");
+
+namespace tandem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using examples::Require;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::string MiB(double bytes) { return absl::StrFormat("%.2f MiB", bytes / 1048576.0); }
+
+// The q-quantile (0..1) of `values`, by the nearest-rank method.
+double Quantile(std::vector<double> values, double q) {
+  std::sort(values.begin(), values.end());
+  const size_t rank = static_cast<size_t>(q * (values.size() - 1) + 0.5);
+  return values.at(std::min(rank, values.size() - 1));
+}
+
+// One model, its SGD optimizer and its DataParallel wrapper, on `devices`.
+class Trainer {
+ public:
+  Trainer(const std::string& kind, const std::vector<Device>& devices, int64_t batch,
+          bool forward_loss)
+      : forward_loss_(forward_loss) {
+    manual_seed(1);
+    model_ = examples::MakeModel(kind);
+    model_->to(devices[0]);
+    optimizer_ =
+        std::make_unique<nn::SGD>(model_->parameters(), nn::SGDOptions(0.01).momentum(0.9));
+    dp_ = std::make_shared<parallel::DataParallel>(model_, devices);
+    x_ = randn({batch, 1, 28, 28}, TensorOptions().device(devices[0]));
+    std::vector<int64_t> labels(batch);
+    for (int64_t i = 0; i < batch; ++i) labels[i] = (i * 7) % 10;
+    y_ = from_vector(labels, {batch}, TensorOptions().device(devices[0]));
+  }
+
+  // One full step; returns when its work is done (the loss is read back).
+  double Step() {
+    Tensor loss = forward_loss_ ? dp_->forward_loss(criterion_, x_, y_)
+                                : criterion_.forward(dp_->forward(x_), y_);
+    optimizer_->zero_grad();
+    loss.backward();
+    optimizer_->step();
+    return loss.item();
+  }
+
+  int64_t parameter_bytes() const {
+    int64_t n = 0;
+    for (const Tensor& p : model_->parameters()) n += p.numel();
+    return n * static_cast<int64_t>(sizeof(float));
+  }
+  const std::vector<int64_t>& last_split() const { return dp_->last_chunk_sizes(); }
+
+ private:
+  bool forward_loss_;
+  std::shared_ptr<nn::Sequential> model_;
+  std::unique_ptr<nn::SGD> optimizer_;
+  std::shared_ptr<parallel::DataParallel> dp_;
+  nn::CrossEntropyLoss criterion_;
+  Tensor x_, y_;
+};
+
+// A perfectly parallel reference: 16 independent multiply-add chains in registers, `reps`
+// steps, touching no shared memory; `workers` threads split the steps evenly.
+float Kernel(int64_t reps, float seed) {
+  float acc[16];
+  for (int k = 0; k < 16; ++k) acc[k] = seed + static_cast<float>(k);
+  for (int64_t r = 0; r < reps; ++r) {
+    for (int k = 0; k < 16; ++k) acc[k] = acc[k] * 0.999f + 0.25f;
+  }
+  float total = 0;
+  for (float a : acc) total += a;
+  return total;
+}
+
+constexpr double kNoLoss = std::numeric_limits<double>::quiet_NaN();
+volatile float g_sink = 0;  // keeps the kernel's result alive
+
+void ParallelLoop(int workers, int64_t reps) {
+  std::vector<float> results(workers);
+  std::vector<std::thread> threads;
+  for (int i = 1; i < workers; ++i) {
+    threads.emplace_back([&results, i, reps, workers] {
+      results[i] = Kernel(reps / workers, static_cast<float>(i));
+    });
+  }
+  results[0] = Kernel(reps / workers, 0.0f);
+  for (std::thread& t : threads) t.join();
+  float total = 0;
+  for (float r : results) total += r;
+  g_sink = total;
+}
+
+// Kernel steps that take about `seconds` on one thread.
+int64_t CalibratedReps(double seconds) {
+  const int64_t probe = 1 << 22;
+  Kernel(probe, 1.0f);
+  const auto start = Clock::now();
+  g_sink = Kernel(probe, 1.0f);
+  return std::max<int64_t>(16, static_cast<int64_t>(probe / SecondsSince(start) * seconds));
+}
+
+double TimeIt(const std::function<void()>& work) {
+  const auto start = Clock::now();
+  work();
+  return 1e3 * SecondsSince(start);
+}
+
+int Run() {
+  const std::string kind = absl::GetFlag(FLAGS_model);
+  const int batch = absl::GetFlag(FLAGS_batch_size);
+  const int steps = absl::GetFlag(FLAGS_steps);
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  const bool forward_loss = absl::GetFlag(FLAGS_forward_loss);
+  Require(batch >= 1, "--batch_size must be at least 1 but is ", batch);
+  Require(steps >= 1, "--steps must be at least 1 but is ", steps);
+  Require(warmup >= 0, "--warmup must be at least 0 but is ", warmup);
+  examples::SavedActivationsPerSample(kind);  // checks --model
+  const std::vector<Device> devices = examples::ParseDevices(absl::GetFlag(FLAGS_devices));
+  const int threads = examples::ConfigureCpuDevices(devices, absl::GetFlag(FLAGS_threads));
+  bool all_cpu = true;
+  for (Device d : devices) all_cpu = all_cpu && d.is_cpu();
+  const bool compare = absl::GetFlag(FLAGS_compare) && devices.size() > 1 && all_cpu;
+
+  std::unique_ptr<Trainer> trainer;
+  try {
+    trainer = std::make_unique<Trainer>(kind, devices, batch, forward_loss);
+  } catch (const Error& e) {
+    throw examples::UsageError("--devices: " + examples::OneLine(e.what()));
+  }
+  std::printf("train_step: %s, batch %d on %s", kind.c_str(), batch,
+              examples::DeviceNames(devices, ", ").c_str());
+  if (threads > 0) std::printf(" (%d thread%s per CPU device)", threads, threads == 1 ? "" : "s");
+  std::printf(
+      "\nforward, cross-entropy (%s), backward, SGD momentum 0.9; %d warm-up + %d timed "
+      "steps; %d cores\n",
+      forward_loss ? "inside the replicas" : "on the gathered output", warmup, steps,
+      HardwareCores());
+  std::fflush(stdout);
+
+  for (int i = 0; i < warmup; ++i) trainer->Step();
+  const std::string split = absl::StrJoin(trainer->last_split(), "+");
+  std::vector<int64_t> in_use;
+  for (Device d : devices) {
+    ResetPeakMemory(d);
+    in_use.push_back(GetMemoryStats(d).in_use_bytes);
+  }
+  std::vector<double> ms;
+  examples::ProgressBar bar(stdout, "timing", steps);
+  const auto start = Clock::now();
+  for (int i = 0; i < steps; ++i) {
+    ms.push_back(TimeIt([&] { trainer->Step(); }));
+    bar.Update(i + 1, static_cast<int64_t>(i + 1) * batch, kNoLoss, SecondsSince(start));
+  }
+  bar.Finish();
+  int64_t peak = 0;
+  for (Device d : devices) peak += GetMemoryStats(d).peak_bytes;
+  const double median = Quantile(ms, 0.5), p10 = Quantile(ms, 0.1), p90 = Quantile(ms, 0.9);
+  const double samples_per_s = batch / (median / 1e3);
+
+  std::printf("\n  %-24s %6s %9s %8s %8s %8s %11s\n", "devices", "batch", "split", "median", "p10",
+              "p90", "samples/s");
+  std::printf("  %-24s %6d %9s %5.2f ms %5.2f ms %5.2f ms %11.0f\n",
+              examples::DeviceNames(devices, "+").c_str(), batch, split.c_str(), median, p10, p90,
+              samples_per_s);
+
+  const int64_t params = trainer->parameter_bytes();
+  const int64_t activations = examples::SavedActivationsPerSample(kind) * batch * 4;
+  const int64_t minimum = 3 * params + activations;
+  std::printf("\nMemory of a step (allocator statistics, summed over the devices):\n");
+  std::printf("  peak while stepping        %s\n", MiB(peak).c_str());
+  std::printf(
+      "  least it must hold         %s  (parameters, gradients, momentum 3 x %s + "
+      "activations for backward %s)\n",
+      MiB(minimum).c_str(), MiB(params).c_str(), MiB(activations).c_str());
+  std::printf("  peak / least               %.2fx\n", static_cast<double>(peak) / minimum);
+
+  double speedup = 0, loop_speedup = 0;
+  if (compare) {
+    // The same step on the first device alone (same threads), the data-parallel step, and
+    // the reference loop on one and on N threads, interleaved round by round.
+    Trainer single(kind, {devices[0]}, batch, forward_loss);
+    for (int i = 0; i < warmup; ++i) single.Step();
+    const int workers = static_cast<int>(devices.size());
+    const int64_t reps = CalibratedReps(median / 1e3);
+    std::vector<double> one, many, loop_one, loop_many;
+    examples::ProgressBar compare_bar(stdout, "scaling", steps);
+    const auto compare_start = Clock::now();
+    for (int i = 0; i < steps; ++i) {
+      one.push_back(TimeIt([&] { single.Step(); }));
+      many.push_back(TimeIt([&] { trainer->Step(); }));
+      loop_one.push_back(TimeIt([&] { ParallelLoop(1, reps); }));
+      loop_many.push_back(TimeIt([&] { ParallelLoop(workers, reps); }));
+      compare_bar.Update(i + 1, static_cast<int64_t>(i + 1) * batch, kNoLoss,
+                         SecondsSince(compare_start));
+    }
+    compare_bar.Finish();
+    const double m1 = Quantile(one, 0.5), mn = Quantile(many, 0.5);
+    const double l1 = Quantile(loop_one, 0.5), ln = Quantile(loop_many, 0.5);
+    speedup = m1 / mn;
+    loop_speedup = l1 / ln;
+    std::printf(
+        "\nScaling over %s alone, %d threads per device (medians of %d interleaved rounds):\n",
+        devices[0].ToString().c_str(), threads, steps);
+    std::printf("  %-28s %10s %12s %9s\n", "", "1 device",
+                absl::StrFormat("%d devices", workers).c_str(), "speed-up");
+    std::printf("  %-28s %7.2f ms %9.2f ms %8.2fx\n", "train step", m1, mn, speedup);
+    std::printf("  %-28s %7.2f ms %9.2f ms %8.2fx\n", "perfectly parallel loop", l1, ln,
+                loop_speedup);
+    std::printf("  %-28s %33.2f\n", "ratio (step / loop speed-up)", speedup / loop_speedup);
+  }
+
+  std::vector<std::string> quoted;
+  for (Device d : devices) quoted.push_back("\"" + d.ToString() + "\"");
+  std::string json = absl::StrFormat(
+      "{\"benchmark\":\"train_step\",\"model\":\"%s\",\"batch_size\":%d,\"devices\":[%s],"
+      "\"threads\":%d,\"steps\":%d,\"step_ms_median\":%.2f,\"step_ms_p90\":%.2f,"
+      "\"samples_per_s\":%.1f,\"peak_bytes\":%d,\"min_bytes\":%d",
+      kind, batch, absl::StrJoin(quoted, ","), threads, steps, median, p90, samples_per_s, peak,
+      minimum);
+  if (compare) {
+    absl::StrAppendFormat(&json, ",\"speedup\":%.3f,\"loop_speedup\":%.3f,\"speedup_ratio\":%.3f",
+                          speedup, loop_speedup, speedup / loop_speedup);
+  }
+  std::printf("\n%s}\n", json.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Times training steps on synthetic data.\n"
+      "  train_step --model=mlp --batch_size=256 --devices=cpu:0,cpu:1 --threads=1");
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) {
+    std::fprintf(stderr, "train_step: unexpected argument '%s'; flags are written --name=value\n",
+                 positional[1]);
+    return 1;
+  }
+  try {
+    return tandem::Run();
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "train_step: %s\n", tandem::examples::OneLine(e.what()).c_str());
+    return 1;
+  }
+}
