@@ -112,7 +112,7 @@ TEST_F(CommTest, BroadcastBetweenCpuDevicesSharesMemoryAndIsOwnedByTheTarget) {
 // Disabled: Tensor::shares_storage_with compares Storage objects, and a CPU alias has a
 // Storage of its own (to carry its device) over the same memory, so it answers false. Enable
 // when shares_storage_with compares the memory itself.
-TEST_F(CommTest, DISABLED_SharesStorageWithSeesCpuAliases) {
+TEST_F(CommTest, SharesStorageWithSeesCpuAliases) {
   const Tensor w = Iota({4, 4});
   auto copies = broadcast_coalesced({w}, CpuDevices(2));
   EXPECT_TRUE(copies[1][0].shares_storage_with(w));

@@ -82,8 +82,8 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::vector<Devic
     CheckAvailable(d);
   }
   TANDEM_CHECK(duplicates.empty(), "DataParallel: device_ids must be distinct but ",
-               DeviceList(duplicates), " appear more than once in [", DeviceList(device_ids_),
-               "]; list each device once");
+               DeviceList(duplicates), duplicates.size() == 1 ? " appears" : " appear",
+               " more than once in [", DeviceList(device_ids_), "]; list each device once");
   output_device_ = output_device.value_or(device_ids_[0]);
   CheckAvailable(output_device_);
   register_module("module", module_);

@@ -289,7 +289,7 @@ TEST_F(DataParallelTest, DuplicateAndUnavailableDevicesAreErrors) {
   EXPECT_THAT(ErrorOf([&] {
                 DataParallel(Mlp(), {Device::Cpu(0), Device::Cpu(1), Device::Cpu(0)});
               }),
-              HasSubstr("cpu:0 appear more than once"));
+              HasSubstr("cpu:0 appears more than once"));
   EXPECT_THAT(ErrorOf([&] {
                 DataParallel(Mlp(), {Device::Cpu(0), Device::Cpu(40)});
               }),

@@ -23,7 +23,9 @@
 
 namespace tandem::parallel {
 
-// modules[i]->forward_tensors(inputs[i]) on devices[i]'s worker, for every i. The three
+// modules[i]->forward_tensors(inputs[i]) on devices[i]'s worker, for every i. A single
+// replica runs on the calling thread, as in PyTorch (its kernels still use its device's
+// threads): there is nothing to overlap, and it saves a hand-off. The three
 // lists must have the same length (devices may be omitted: then each replica runs on the
 // device of its first input, or of its first parameter when it has no input).
 std::vector<std::vector<Tensor>> parallel_apply(

@@ -232,7 +232,12 @@ bool Tensor::is_pinned() const {
   return impl_->storage->pinned;
 }
 bool Tensor::shares_storage_with(const Tensor& other) const {
-  return defined() && other.defined() && impl_->storage == other.impl_->storage;
+  if (!defined() || !other.defined()) return false;
+  const Storage& mine = *impl_->storage;
+  const Storage& theirs = *other.impl_->storage;
+  // Two Storage objects may own the same memory: logical CPU devices share host memory, and
+  // parallel::broadcast/scatter hand a device a view of another's without copying.
+  return &mine == &theirs || (mine.bytes > 0 && mine.data.get() == theirs.data.get());
 }
 
 void* Tensor::raw_data() const {
