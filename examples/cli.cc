@@ -62,13 +62,8 @@ int ConfigureCpuDevices(const std::vector<Device>& devices, int threads) {
           cpu_devices, " CPU device(s) needs ", threads * cpu_devices,
           " cores but this machine has ", cores,
           "; use --threads=", std::max(1, cores / cpu_devices), " or fewer devices");
-  // cores / count == threads for count = cores / threads; devices beyond those listed only
-  // add idle workers.
-  SetCpuDeviceCount(std::max(highest + 1, cores / threads));
-  Require(CpuThreadsPerDevice() == threads, "--threads=", threads,
-          " cannot be given to each CPU device: logical CPU devices share the ", cores,
-          " cores equally (", cores, " / ", CpuDeviceCount(), " devices = ", CpuThreadsPerDevice(),
-          " threads each); pick a --threads that divides ", cores);
+  SetCpuDeviceCount(highest + 1);
+  SetCpuThreadsPerDevice(threads);
   return threads;
 }
 

@@ -38,9 +38,8 @@ std::vector<Device> ParseDevices(const std::string& text);
 
 // Makes the CPU devices among `devices` exist with `threads` threads each (0: the machine's
 // cores shared among them) and returns the threads each gets (0 when none is a CPU device).
-// Logical CPU devices share the cores equally, so the device count is chosen to give each
-// the asked-for share; call it before any work runs. Throws UsageError when the machine
-// cannot give that share (more threads than cores, or a share that does not divide them).
+// Call it before any work runs. Throws UsageError when the devices would need more cores
+// than the machine has (they would fight over them).
 int ConfigureCpuDevices(const std::vector<Device>& devices, int threads);
 
 // "cpu:0, cpu:1" (with `separator` between the names).
