@@ -17,12 +17,6 @@ using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-std::vector<Device> CpuDevices(int n) {
-  std::vector<Device> devices;
-  for (int i = 0; i < n; ++i) devices.push_back(Device::Cpu(i));
-  return devices;
-}
-
 // Float tensor 0, 1, 2, ... of `shape` (times `scale`, plus `offset`).
 Tensor Iota(const Shape& shape, float scale = 1.0f, float offset = 0.0f,
             Device device = Device::Cpu(0)) {

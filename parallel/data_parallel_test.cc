@@ -25,12 +25,6 @@ using ::tandem::testing::MaxAbsDiff;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-std::vector<Device> Cpus(int n) {
-  std::vector<Device> devices;
-  for (int i = 0; i < n; ++i) devices.push_back(Device::Cpu(i));
-  return devices;
-}
-
 std::shared_ptr<nn::Sequential> Mlp(uint64_t seed = 3) {
   manual_seed(seed);
   return std::make_shared<nn::Sequential>(nn::Linear(10, 16), nn::ReLU(), nn::Linear(16, 4));
@@ -67,7 +61,7 @@ TEST_P(DataParallelEquivalence, MatchesTheModuleOnOneDevice) {
   const Case c = GetParam();
   auto reference = Mlp();
   auto model = Mlp();
-  DataParallel dp(model, Cpus(c.devices));
+  DataParallel dp(model, CpuDevices(c.devices));
   Tensor x = randn({c.batch, 10});
   Tensor weights = randn({c.batch, 4});
 
@@ -97,7 +91,7 @@ INSTANTIATE_TEST_SUITE_P(DevicesAndBatches, DataParallelEquivalence,
                          });
 
 TEST_F(DataParallelTest, ChunksFollowTorchChunk) {
-  DataParallel dp(Mlp(), Cpus(8));
+  DataParallel dp(Mlp(), CpuDevices(8));
   dp.forward(randn({10, 10}));
   EXPECT_EQ(dp.last_chunk_sizes(), (std::vector<int64_t>{2, 2, 2, 2, 2}));
   dp.forward(randn({30, 10}));
@@ -132,7 +126,7 @@ class Recorder : public nn::Cloneable<Recorder> {
 TEST_F(DataParallelTest, EachReplicaRunsOnItsDevicesWorker) {
   auto calls = std::make_shared<std::vector<std::pair<Device, int64_t>>>();
   auto mutex = std::make_shared<std::mutex>();
-  DataParallel dp(std::make_shared<Recorder>(calls, mutex), Cpus(3));
+  DataParallel dp(std::make_shared<Recorder>(calls, mutex), CpuDevices(3));
   dp.forward(randn({10, 3}));
   std::sort(calls->begin(), calls->end());
   EXPECT_EQ(*calls, (std::vector<std::pair<Device, int64_t>>{
@@ -147,7 +141,7 @@ TEST_F(DataParallelTest, SplitsAlongDimOne) {
   // Linear over the last dimension of [4, B, 10]: split the B axis.
   auto reference = Mlp();
   auto model = Mlp();
-  DataParallel dp(model, Cpus(3), std::nullopt, /*dim=*/1);
+  DataParallel dp(model, CpuDevices(3), std::nullopt, /*dim=*/1);
   Tensor x = randn({4, 7, 10});
   Tensor out = dp.forward(x);
   EXPECT_EQ(dp.last_chunk_sizes(), (std::vector<int64_t>{3, 3, 1}));
@@ -172,7 +166,7 @@ class TwoInputs : public nn::Cloneable<TwoInputs> {
 TEST_F(DataParallelTest, TwoInputsAreScatteredAlike) {
   manual_seed(1);
   auto model = std::make_shared<TwoInputs>();
-  DataParallel dp(model, Cpus(3));
+  DataParallel dp(model, CpuDevices(3));
   Tensor x = randn({8, 10}, TensorOptions().requires_grad(true));
   Tensor y = randn({8, 5}, TensorOptions().requires_grad(true));
   Tensor out = dp.forward(x, y);
@@ -187,7 +181,7 @@ TEST_F(DataParallelTest, TwoInputsAreScatteredAlike) {
 TEST_F(DataParallelTest, InputsOnAnotherDeviceAndOutputOnAnother) {
   auto reference = Mlp();
   auto model = Mlp();
-  DataParallel dp(model, Cpus(2), Device::Cpu(5));
+  DataParallel dp(model, CpuDevices(2), Device::Cpu(5));
   EXPECT_EQ(dp.output_device(), Device::Cpu(5));
   Tensor x = randn({9, 10}).to(Device::Cpu(3));
   Tensor out = dp.forward(x);
@@ -204,7 +198,7 @@ TEST_F(DataParallelTest, ForwardLossEqualsTheLossOfTheGatheredOutput) {
   for (int devices : {1, 2, 3, 8}) {
     auto reference = Mlp();
     auto model = Mlp();
-    DataParallel dp(model, Cpus(devices));
+    DataParallel dp(model, CpuDevices(devices));
     nn::CrossEntropyLoss criterion;
     Tensor x = randn({11, 10});
     Tensor y = from_vector(std::vector<int64_t>{0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2}, {11});
@@ -224,7 +218,7 @@ TEST_F(DataParallelTest, ForwardLossEqualsTheLossOfTheGatheredOutput) {
 void TrainAndCompare(bool use_forward_loss) {
   auto reference = Mlp(11);
   auto model = Mlp(11);
-  DataParallel dp(model, Cpus(3));
+  DataParallel dp(model, CpuDevices(3));
   nn::SGD ref_opt(reference->parameters(), nn::SGDOptions(0.1).momentum(0.9));
   nn::SGD opt(model->parameters(), nn::SGDOptions(0.1).momentum(0.9));
   nn::CrossEntropyLoss criterion;
@@ -258,8 +252,8 @@ TEST_F(DataParallelTest, TwentyTrainingStepsWithForwardLossTrackOneDevice) {
 TEST_F(DataParallelTest, OneBucketAndManyBucketsAgree) {
   auto a = Mlp();
   auto b = Mlp();
-  DataParallel one(a, Cpus(3));
-  DataParallel many(b, Cpus(3));
+  DataParallel one(a, CpuDevices(3));
+  DataParallel many(b, CpuDevices(3));
   one.set_bucket_bytes(size_t{1} << 30);
   many.set_bucket_bytes(64);  // every parameter its own bucket
   Tensor x = randn({12, 10});
@@ -269,7 +263,7 @@ TEST_F(DataParallelTest, OneBucketAndManyBucketsAgree) {
 }
 
 TEST_F(DataParallelTest, PrintsAsPyTorch) {
-  DataParallel dp(std::make_shared<nn::Linear>(10, 5), Cpus(2));
+  DataParallel dp(std::make_shared<nn::Linear>(10, 5), CpuDevices(2));
   EXPECT_EQ(dp.ToString(),
             "DataParallel(\n  (module): Linear(in_features=10, out_features=5, bias=True)\n)");
 }
@@ -277,7 +271,7 @@ TEST_F(DataParallelTest, PrintsAsPyTorch) {
 TEST_F(DataParallelTest, ModuleOnTheWrongDeviceIsAnError) {
   auto model = Mlp();
   model->to(Device::Cpu(1));
-  DataParallel dp(model, Cpus(2));
+  DataParallel dp(model, CpuDevices(2));
   EXPECT_THAT(ErrorOf([&] {
                 dp.forward(randn({4, 10}));
               }),
@@ -303,7 +297,7 @@ TEST_F(DataParallelTest, DefaultDevicesAreEveryCpuDeviceWithoutAGpu) {
   if (HasCuda()) GTEST_SKIP() << "a GPU is present: the default is every CUDA device";
   SetCpuDeviceCount(3);
   DataParallel dp(Mlp());
-  EXPECT_EQ(dp.device_ids(), Cpus(3));
+  EXPECT_EQ(dp.device_ids(), CpuDevices(3));
   EXPECT_EQ(dp.output_device(), Device::Cpu(0));
 }
 
@@ -323,7 +317,7 @@ class Thrower : public nn::Cloneable<Thrower> {
 
 TEST_F(DataParallelTest, AReplicaThatThrowsInForwardReachesTheCaller) {
   auto armed = std::make_shared<std::atomic<bool>>(true);
-  DataParallel dp(std::make_shared<Thrower>(armed), Cpus(3));
+  DataParallel dp(std::make_shared<Thrower>(armed), CpuDevices(3));
   try {
     dp.forward(randn({6, 3}));
     FAIL() << "no exception";
@@ -338,7 +332,7 @@ TEST_F(DataParallelTest, AReplicaThatThrowsInForwardReachesTheCaller) {
 
 TEST_F(DataParallelTest, AReplicaThatThrowsInBackwardReachesTheCaller) {
   auto model = Mlp();
-  DataParallel dp(model, Cpus(3));
+  DataParallel dp(model, CpuDevices(3));
   Tensor out = dp.forward(randn({6, 10}));
   // A gradient hook on replica 1's chunk of the output that throws.
   std::vector<Tensor> parts = out.chunk(3, 0);
@@ -371,7 +365,7 @@ class ZeroGradInForward : public nn::Cloneable<ZeroGradInForward> {
 
 TEST_F(DataParallelTest, ZeroGradInsideAReplicaLeavesTheOriginalAlone) {
   auto model = std::make_shared<ZeroGradInForward>();
-  DataParallel dp(model, Cpus(2));
+  DataParallel dp(model, CpuDevices(2));
   dp.forward(randn({4, 3})).sum().backward();
   const Tensor grad = model->parameters()[0].grad().clone();
   dp.forward(randn({4, 3}));  // replicas call zero_grad()
@@ -381,7 +375,7 @@ TEST_F(DataParallelTest, ZeroGradInsideAReplicaLeavesTheOriginalAlone) {
 TEST_F(DataParallelTest, TrainAndEvalReachTheReplicas) {
   manual_seed(2);
   auto model = std::make_shared<nn::Sequential>(nn::Linear(6, 6), nn::Dropout(0.5));
-  DataParallel dp(model, Cpus(2));
+  DataParallel dp(model, CpuDevices(2));
   Tensor x = ones({4, 6});
   dp.eval();
   EXPECT_FALSE(model->is_training());
@@ -403,14 +397,14 @@ class NoInput : public nn::Cloneable<NoInput> {
 
 TEST_F(DataParallelTest, AForwardWithoutInputsRunsOneReplica) {
   auto model = std::make_shared<NoInput>();
-  DataParallel dp(model, Cpus(3));
+  DataParallel dp(model, CpuDevices(3));
   std::vector<Tensor> out = dp.forward_tensors({});
   ASSERT_EQ(out.size(), 1u);
   ExpectClose(out[0], full({3}, 2.0));
 }
 
 TEST_F(DataParallelTest, BadInputsGetClearErrors) {
-  DataParallel dp(Mlp(), Cpus(2));
+  DataParallel dp(Mlp(), CpuDevices(2));
   EXPECT_THAT(ErrorOf([&] { dp.forward(scalar_tensor(1.0)); }), HasSubstr("0-dimensional"));
   EXPECT_THAT(ErrorOf([&] { dp.forward(randn({4, 7})); }), HasSubstr("last dimension 10"));
   nn::CrossEntropyLoss criterion;
@@ -431,7 +425,7 @@ TEST_F(DataParallelTest, WeakDevicesAreNamed) {
 
 TEST_F(DataParallelTest, InferenceUnderNoGradBuildsNoGraph) {
   auto model = Mlp();
-  DataParallel dp(model, Cpus(3));
+  DataParallel dp(model, CpuDevices(3));
   NoGradGuard no_grad;
   Tensor out = dp.forward(randn({9, 10}));
   EXPECT_FALSE(out.requires_grad());
@@ -468,7 +462,7 @@ TEST_F(DataParallelTest, ConvBatchNormLinearInEvalModeMatchesOneDevice) {
   auto reference = std::static_pointer_cast<ConvNet>(model->clone());
   model->eval();
   reference->eval();
-  DataParallel dp(model, Cpus(3));
+  DataParallel dp(model, CpuDevices(3));
   Tensor x = randn({7, 2, 6, 6});
   Tensor out = dp.forward(x);
   Tensor expected = reference->forward(x);
@@ -486,7 +480,7 @@ TEST_F(DataParallelTest, BatchNormTrainsPerChunkAndReplicaZerosStatisticsReachTh
   manual_seed(10);
   auto model = std::make_shared<ConvNet>();
   auto reference = std::static_pointer_cast<ConvNet>(model->clone());
-  DataParallel dp(model, Cpus(2));
+  DataParallel dp(model, CpuDevices(2));
   Tensor x = randn({8, 2, 6, 6});
   Tensor out = dp.forward(x);
   std::vector<Tensor> halves = x.chunk(2, 0);
@@ -501,7 +495,7 @@ TEST_F(DataParallelTest, DropoutUnderDataParallelIsReproducible) {
   manual_seed(21);
   auto model =
       std::make_shared<nn::Sequential>(nn::Linear(8, 32), nn::Dropout(0.5), nn::Linear(32, 4));
-  DataParallel dp(model, Cpus(3));
+  DataParallel dp(model, CpuDevices(3));
   Tensor x = randn({12, 8});
   manual_seed(5);
   const Tensor first = dp.forward(x).detach();

@@ -26,12 +26,6 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
-std::vector<Device> CpuDevices(int n) {
-  std::vector<Device> devices;
-  for (int i = 0; i < n; ++i) devices.push_back(Device::Cpu(i));
-  return devices;
-}
-
 // What a probe saw while it ran.
 struct Sighting {
   bool on_a_worker = false;

@@ -50,12 +50,6 @@ double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-std::vector<Device> CpuDevices(int n) {
-  std::vector<Device> devices;
-  for (int i = 0; i < n; ++i) devices.push_back(Device::Cpu(i));
-  return devices;
-}
-
 // Splits the machine into `count` logical CPU devices (before any work runs) and labels the
 // benchmark with the threads each gets.
 void UseCpuDevices(benchmark::State& state, int count) {

@@ -16,12 +16,6 @@ using ::tandem::testing::ErrorOf;
 using ::tandem::testing::MaxAbsDiff;
 using ::testing::HasSubstr;
 
-std::vector<Device> Cpus(int n) {
-  std::vector<Device> devices;
-  for (int i = 0; i < n; ++i) devices.push_back(Device::Cpu(i));
-  return devices;
-}
-
 class ReplicateTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -33,7 +27,7 @@ class ReplicateTest : public ::testing::Test {
 };
 
 TEST_F(ReplicateTest, ReplicasHoldTheOriginalsValuesOnTheirDevices) {
-  std::vector<std::shared_ptr<nn::Module>> replicas = replicate(model_, Cpus(3));
+  std::vector<std::shared_ptr<nn::Module>> replicas = replicate(model_, CpuDevices(3));
   ASSERT_EQ(replicas.size(), 3u);
   const std::vector<Tensor> original = model_->parameters();
   for (int d = 0; d < 3; ++d) {
@@ -51,7 +45,7 @@ TEST_F(ReplicateTest, ReplicasHoldTheOriginalsValuesOnTheirDevices) {
 }
 
 TEST_F(ReplicateTest, GradientsOfEveryReplicaReduceIntoTheOriginal) {
-  std::vector<std::shared_ptr<nn::Module>> replicas = replicate(model_, Cpus(3));
+  std::vector<std::shared_ptr<nn::Module>> replicas = replicate(model_, CpuDevices(3));
   Tensor total;
   for (int d = 0; d < 3; ++d) {
     Tensor x = ones({2, 5}, Device::Cpu(d)) * static_cast<double>(d + 1);
@@ -76,9 +70,9 @@ TEST_F(ReplicateTest, GradientsOfEveryReplicaReduceIntoTheOriginal) {
 }
 
 TEST_F(ReplicateTest, DetachOrNoGradBuildsNoGraph) {
-  for (auto replicas : {replicate(model_, Cpus(2), /*detach=*/true), [&] {
+  for (auto replicas : {replicate(model_, CpuDevices(2), /*detach=*/true), [&] {
                           NoGradGuard no_grad;
-                          return replicate(model_, Cpus(2));
+                          return replicate(model_, CpuDevices(2));
                         }()}) {
     for (const auto& replica : replicas) {
       for (const Tensor& p : replica->parameters()) EXPECT_EQ(p.grad_fn(), nullptr);
@@ -89,7 +83,7 @@ TEST_F(ReplicateTest, DetachOrNoGradBuildsNoGraph) {
 TEST_F(ReplicateTest, BroadcastBucketsFollowReverseOrder) {
   const std::vector<Tensor> params = model_->parameters();  // 7x5, 7, 3x7, 3
   // 100 bytes per bucket: 3 (12 B) + 3x7 (84 B) fit together; 7 (28 B) alone; 7x5 alone.
-  std::vector<std::vector<Tensor>> copies = Broadcast(params, Cpus(2), 100);
+  std::vector<std::vector<Tensor>> copies = Broadcast(params, CpuDevices(2), 100);
   EXPECT_EQ(copies[0][3].grad_fn(), copies[0][2].grad_fn());
   EXPECT_NE(copies[0][2].grad_fn(), copies[0][1].grad_fn());
   EXPECT_NE(copies[0][1].grad_fn(), copies[0][0].grad_fn());
@@ -99,7 +93,7 @@ TEST_F(ReplicateTest, BroadcastBucketsFollowReverseOrder) {
 
 TEST_F(ReplicateTest, AnUnusedCopyStillGetsTheOthersGradient) {
   const std::vector<Tensor> params = model_->parameters();
-  std::vector<std::vector<Tensor>> copies = Broadcast(params, Cpus(2));
+  std::vector<std::vector<Tensor>> copies = Broadcast(params, CpuDevices(2));
   // Only device 1's copy of the last bias is used.
   copies[1][3].sum().backward();
   EXPECT_LE(MaxAbsDiff(params[3].grad(), ones({3})), 0.0);
@@ -107,7 +101,7 @@ TEST_F(ReplicateTest, AnUnusedCopyStillGetsTheOthersGradient) {
 }
 
 TEST_F(ReplicateTest, ReplicatorReusesItsClonesAndRebindsFreshValues) {
-  Replicator replicator(model_, Cpus(2));
+  Replicator replicator(model_, CpuDevices(2));
   std::vector<std::shared_ptr<nn::Module>> first = replicator.Replicate();
   {
     NoGradGuard no_grad;
@@ -134,7 +128,7 @@ class Counter : public nn::Cloneable<Counter> {
 
 TEST_F(ReplicateTest, BuffersAreCopiedAndReplicaZeroSharesTheOriginals) {
   auto module = std::make_shared<Counter>();
-  Replicator replicator(module, Cpus(2));
+  Replicator replicator(module, CpuDevices(2));
   std::vector<std::shared_ptr<nn::Module>> replicas = replicator.Replicate();
   Tensor original = module->buffer("count");
   EXPECT_TRUE(replicas[0]->buffer("count").shares_storage_with(original));
@@ -156,7 +150,7 @@ TEST_F(ReplicateTest, Errors) {
                 replicate(model_, {Device::Cpu(1), Device::Cpu(0)});
               }),
               HasSubstr("on cpu:1 (devices[0]) but 0.weight is on cpu:0"));
-  Replicator replicator(model_, Cpus(2));
+  Replicator replicator(model_, CpuDevices(2));
   EXPECT_THAT(ErrorOf([&] { replicator.Replicate(3); }), HasSubstr("asked for 3 replicas"));
 }
 

@@ -17,12 +17,6 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-std::vector<Device> CpuDevices(int n) {
-  std::vector<Device> devices;
-  for (int i = 0; i < n; ++i) devices.push_back(Device::Cpu(i));
-  return devices;
-}
-
 Tensor Iota(const Shape& shape, float offset = 0.0f, Device device = Device::Cpu(0)) {
   std::vector<float> values(static_cast<size_t>(NumElements(shape)));
   for (size_t i = 0; i < values.size(); ++i) values[i] = offset + static_cast<float>(i);

@@ -61,6 +61,12 @@ int DeviceCount(DeviceType type) {
   return backend == nullptr ? 0 : backend->DeviceCount();
 }
 
+std::vector<Device> CpuDevices(int count) {
+  std::vector<Device> devices;
+  for (int i = 0; i < count; ++i) devices.push_back(Device::Cpu(i));
+  return devices;
+}
+
 int HardwareCores() {
   // hardware_concurrency() reads /sys on every call (about 10 us): ask once.
   static const int cores = [] {

@@ -7,6 +7,8 @@
 #ifndef TANDEM_TENSOR_RUNTIME_H_
 #define TANDEM_TENSOR_RUNTIME_H_
 
+#include <vector>
+
 #include "tensor/device.h"
 
 namespace tandem {
@@ -17,6 +19,8 @@ void CheckAvailable(Device device);
 
 // Number of devices of a type present in this process (0 for CUDA without a GPU).
 int DeviceCount(DeviceType type);
+// cpu:0, cpu:1, ..., cpu:count-1 (whether or not they are configured: see CheckAvailable).
+std::vector<Device> CpuDevices(int count);
 
 // Logical CPU devices. Changing the count resets the per-device thread pools; do it while
 // no work is running (typically once, at start-up). N defaults to the number of cores, or

@@ -25,12 +25,6 @@ class TwoInputs : public nn::Cloneable<TwoInputs> {
   std::shared_ptr<nn::Linear> fc_;
 };
 
-std::vector<Device> CpuDevices(int n) {
-  std::vector<Device> devices;
-  for (int i = 0; i < n; ++i) devices.push_back(Device::Cpu(i));
-  return devices;
-}
-
 class DataParallelReferenceTest : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override { SetCpuDeviceCount(8); }
