@@ -16,10 +16,10 @@
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <future>
 #include <limits>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -34,6 +34,7 @@
 #include "parallel/data_parallel.h"
 #include "tensor/allocator.h"
 #include "tensor/tensor.h"
+#include "tensor/worker.h"
 
 ABSL_FLAG(std::string, model, "mlp", "mlp (784-256-128-10) or cnn (two conv+pool blocks)");
 ABSL_FLAG(int, batch_size, 256, "Images per step (split across the devices)");
@@ -113,7 +114,7 @@ class Trainer {
 };
 
 // A perfectly parallel reference: 16 independent multiply-add chains in registers, `reps`
-// steps, touching no shared memory; `workers` threads split the steps evenly.
+// steps, touching no shared memory.
 float Kernel(int64_t reps, float seed) {
   float acc[16];
   for (int k = 0; k < 16; ++k) acc[k] = seed + static_cast<float>(k);
@@ -128,28 +129,34 @@ float Kernel(int64_t reps, float seed) {
 constexpr double kNoLoss = std::numeric_limits<double>::quiet_NaN();
 volatile float g_sink = 0;  // keeps the kernel's result alive
 
-void ParallelLoop(int workers, int64_t reps) {
-  std::vector<float> results(workers);
-  std::vector<std::thread> threads;
-  for (int i = 1; i < workers; ++i) {
-    threads.emplace_back([&results, i, reps, workers] {
-      results[i] = Kernel(reps / workers, static_cast<float>(i));
-    });
+// `reps` kernel steps split evenly over the workers of `devices` (the threads DataParallel's
+// replicas run on); waits for all.
+void ParallelLoop(const std::vector<Device>& devices, int64_t reps) {
+  std::vector<std::future<float>> parts;
+  const int64_t share = reps / static_cast<int64_t>(devices.size());
+  for (size_t i = 0; i < devices.size(); ++i) {
+    parts.push_back(DeviceWorker::For(devices[i]).Submit([share, i] {
+      return Kernel(share, static_cast<float>(i));
+    }));
   }
-  results[0] = Kernel(reps / workers, 0.0f);
-  for (std::thread& t : threads) t.join();
   float total = 0;
-  for (float r : results) total += r;
+  for (auto& part : parts) total += part.get();
   g_sink = total;
 }
 
-// Kernel steps that take about `seconds` on one thread.
+// Kernel steps that take about `seconds` on one thread: the fastest of a few 20 ms probes,
+// so that a busy moment does not inflate the estimate.
 int64_t CalibratedReps(double seconds) {
-  const int64_t probe = 1 << 22;
-  Kernel(probe, 1.0f);
-  const auto start = Clock::now();
-  g_sink = Kernel(probe, 1.0f);
-  return std::max<int64_t>(16, static_cast<int64_t>(probe / SecondsSince(start) * seconds));
+  int64_t probe = 1 << 16;
+  double best = 0;  // steps per second
+  for (int i = 0; i < 5; ++i) {
+    const auto start = Clock::now();
+    g_sink = Kernel(probe, 1.0f);
+    const double elapsed = SecondsSince(start);
+    best = std::max(best, probe / elapsed);
+    if (elapsed < 0.02) probe = static_cast<int64_t>(probe * 0.02 / std::max(elapsed, 1e-6)) + 1;
+  }
+  return std::max<int64_t>(16, static_cast<int64_t>(best * seconds));
 }
 
 double TimeIt(const std::function<void()>& work) {
@@ -241,8 +248,8 @@ int Run() {
     for (int i = 0; i < steps; ++i) {
       one.push_back(TimeIt([&] { single.Step(); }));
       many.push_back(TimeIt([&] { trainer->Step(); }));
-      loop_one.push_back(TimeIt([&] { ParallelLoop(1, reps); }));
-      loop_many.push_back(TimeIt([&] { ParallelLoop(workers, reps); }));
+      loop_one.push_back(TimeIt([&] { ParallelLoop({devices[0]}, reps); }));
+      loop_many.push_back(TimeIt([&] { ParallelLoop(devices, reps); }));
       compare_bar.Update(i + 1, static_cast<int64_t>(i + 1) * batch, kNoLoss,
                          SecondsSince(compare_start));
     }
