@@ -1,7 +1,5 @@
 #include "parallel/data_parallel.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <iostream>
 #include <set>
@@ -11,6 +9,7 @@
 #include "parallel/parallel_apply.h"
 #include "parallel/scatter_gather.h"
 #include "tensor/autograd.h"
+#include "tensor/backend.h"
 #include "tensor/internal/tensor_impl.h"
 #include "tensor/runtime.h"
 
@@ -23,23 +22,12 @@ std::string DeviceList(const std::vector<Device>& devices) {
   return out.str();
 }
 
-internal::DeviceCapacity CapacityOf(Device device) {
-  internal::DeviceCapacity capacity;
-  if (device.is_cpu()) {
-    // Logical CPU devices share host memory and each get the same share of the cores.
-    capacity.memory_bytes =
-        static_cast<double>(sysconf(_SC_PHYS_PAGES)) * static_cast<double>(sysconf(_SC_PAGESIZE));
-    capacity.cores = CpuThreadsPerDevice();
-  }
-  return capacity;  // zeros: unknown, never reported as weak
-}
-
 }  // namespace
 
 namespace internal {
 
 std::vector<size_t> WeakDevices(const std::vector<DeviceCapacity>& capacities) {
-  double max_memory = 0, max_cores = 0;
+  int64_t max_memory = 0, max_cores = 0;
   for (const DeviceCapacity& c : capacities) {
     max_memory = std::max(max_memory, c.memory_bytes);
     max_cores = std::max(max_cores, c.cores);
@@ -89,8 +77,8 @@ DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::vector<Devic
   register_module("module", module_);
   replicator_ = std::make_unique<Replicator>(module_, device_ids_);
 
-  std::vector<internal::DeviceCapacity> capacities;
-  for (Device d : device_ids_) capacities.push_back(CapacityOf(d));
+  std::vector<DeviceCapacity> capacities;
+  for (Device d : device_ids_) capacities.push_back(GetBackend(d).Capacity(d.index()));
   std::vector<size_t> weak = internal::WeakDevices(capacities);
   if (!weak.empty()) {
     std::vector<Device> names;

@@ -35,6 +35,7 @@
 
 #include "nn/module.h"
 #include "parallel/replicate.h"
+#include "tensor/backend.h"
 #include "tensor/tensor.h"
 
 namespace tandem::parallel {
@@ -94,11 +95,8 @@ class DataParallel : public nn::Module {
 };
 
 namespace internal {
-// Indices of devices whose memory or cores are under 75% of the strongest's.
-struct DeviceCapacity {
-  double memory_bytes = 0;
-  double cores = 0;
-};
+// Indices of devices whose memory or cores are under 75% of the strongest's (unknown, zero,
+// capacities are never weak).
 std::vector<size_t> WeakDevices(const std::vector<DeviceCapacity>& capacities);
 }  // namespace internal
 

@@ -416,7 +416,6 @@ TEST_F(DataParallelTest, BadInputsGetClearErrors) {
 }
 
 TEST_F(DataParallelTest, WeakDevicesAreNamed) {
-  using internal::DeviceCapacity;
   using internal::WeakDevices;
   EXPECT_TRUE(WeakDevices({{100, 8}, {100, 8}}).empty());
   EXPECT_EQ(WeakDevices({{100, 8}, {70, 8}, {100, 5}, {80, 6}}), (std::vector<size_t>{1, 2}));

@@ -149,6 +149,13 @@ class EventImpl {
   virtual void Synchronize() = 0;
 };
 
+// What a device can do, for balancing work across devices (DataParallel warns when some
+// are much weaker than others). Zero means unknown.
+struct DeviceCapacity {
+  int64_t memory_bytes = 0;  // total memory the device can hold
+  int64_t cores = 0;         // threads (CPU) or multiprocessors (GPU)
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -158,6 +165,8 @@ class Backend {
   virtual int DeviceCount() const = 0;
   // Why DeviceCount() is 0, for error messages ("no CUDA driver: ..."); empty otherwise.
   virtual std::string UnavailableReason() const { return ""; }
+  // The device's memory and cores (zeros where the backend cannot tell).
+  virtual DeviceCapacity Capacity(int /*index*/) const { return {}; }
 
   // ---- Streams and events (see tensor/stream.h) ---------------------------------------
   // Stream 0 of a device is its compute stream; CreateStream makes side streams. Kernels and

@@ -10,6 +10,7 @@
 // Every loop computes each output element in one place, independently of how the range is
 // split, so results are bitwise the same whatever the number of threads.
 #include <cblas.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -515,6 +516,12 @@ class CpuBackend final : public Backend {
 
   DeviceType type() const override { return DeviceType::kCPU; }
   int DeviceCount() const override { return CpuDeviceCount(); }
+  DeviceCapacity Capacity(int index) const override {
+    // Logical CPU devices share host memory and each get the same share of the cores.
+    static const int64_t host_bytes =
+        static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+    return DeviceCapacity{host_bytes, CpuThreadsPerDevice()};
+  }
 
   Allocator& GetAllocator(int index) override {
     CheckIndex(index);

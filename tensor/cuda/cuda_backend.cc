@@ -115,6 +115,12 @@ class CudaBackend final : public Backend {
   DeviceType type() const override { return DeviceType::kCUDA; }
   int DeviceCount() const override { return CudaDevices::Get().count(); }
   std::string UnavailableReason() const override { return CudaDevices::Get().unavailable_reason(); }
+  DeviceCapacity Capacity(int index) const override {
+    cudaDeviceProp properties;
+    TANDEM_CUDA_CHECK(cudaGetDeviceProperties(&properties, cuda::PhysicalDevice(index)), index);
+    return DeviceCapacity{static_cast<int64_t>(properties.totalGlobalMem),
+                          properties.multiProcessorCount};
+  }
 
   // ---- Streams and events ----
   int CreateStream(int index) override { return Device(index).CreateStream(); }
