@@ -259,8 +259,8 @@ int Run() {
     speedup = m1 / mn;
     loop_speedup = l1 / ln;
     std::printf(
-        "\nScaling over %s alone, %d threads per device (medians of %d interleaved rounds):\n",
-        devices[0].ToString().c_str(), threads, steps);
+        "\nScaling over %s alone, %d thread%s per device (medians of %d interleaved rounds):\n",
+        devices[0].ToString().c_str(), threads, threads == 1 ? "" : "s", steps);
     std::printf("  %-28s %10s %12s %9s\n", "", "1 device",
                 absl::StrFormat("%d devices", workers).c_str(), "speed-up");
     std::printf("  %-28s %7.2f ms %9.2f ms %8.2fx\n", "train step", m1, mn, speedup);
