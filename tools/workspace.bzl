@@ -39,7 +39,8 @@ load("//tools/cuda:cuda_configure.bzl", "cuda_configure")
 _THIRD_PARTY_ANCHOR = Label("//third_party:BUILD")
 
 def _stand_in_repository_impl(repository_ctx):
-    src = repository_ctx.path(repository_ctx.attr._anchor).dirname.get_child("bazel").get_child(repository_ctx.attr.dir)
+    third_party = repository_ctx.path(repository_ctx.attr._anchor).dirname
+    src = third_party.get_child("bazel").get_child(repository_ctx.attr.dir)
     if not src.exists:
         fail("%s: no directory %s" % (repository_ctx.name, src))
 
