@@ -397,9 +397,9 @@ int Run() {
   for (const EpochStats& e : state.history) train_seconds += e.seconds;
   const double total_samples = static_cast<double>(train_set->size()) * state.history.size();
   const double final_accuracy = state.history.empty() ? 0.0 : state.history.back().test_accuracy;
-  std::printf("\nSummary: %s on %s, batch %d, %zu epochs, %.1f s of training\n", model_kind.c_str(),
-              examples::DeviceNames(devices, ", ").c_str(), batch_size, state.history.size(),
-              train_seconds);
+  std::printf("\nSummary: %s on %s, batch %d, %zu epoch%s, %.1f s of training\n",
+              model_kind.c_str(), examples::DeviceNames(devices, ", ").c_str(), batch_size,
+              state.history.size(), state.history.size() == 1 ? "" : "s", train_seconds);
   std::printf("  epoch   train loss   test loss   test acc   seconds   samples/s\n");
   for (const EpochStats& e : state.history) {
     std::printf("  %5lld   %10.4f   %9.4f   %7.2f%%   %7.1f   %9.0f\n",
