@@ -262,10 +262,14 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, std::unique_ptr<S
     sampler_ = std::make_unique<SequentialSampler>(examples);
   }
   TANDEM_CHECK(sampler_->size() > 0, "DataLoader: the sampler yields no indices");
-  TANDEM_CHECK(!options_.drop_last_ || sampler_->size() >= options_.batch_size_,
-               "DataLoader: with drop_last, ", sampler_->size(), " examples and batch_size ",
-               options_.batch_size_,
-               " give no batch at all; lower batch_size or turn drop_last off");
+  if (options_.drop_last_ && sampler_->size() < options_.batch_size_) {
+    // PyTorch's behaviour: a loader of length 0 whose loop does nothing (e.g. a rank of a
+    // distributed run whose share is small). Legal, but rarely what was meant: say so.
+    std::cerr << "tandem::data::DataLoader warning: with drop_last, " << sampler_->size()
+              << " examples and batch_size " << options_.batch_size_
+              << " give no batch at all (the loader's length is 0 and its loop does nothing); "
+                 "lower batch_size or turn drop_last off if you expected batches\n";
+  }
 
   if (options_.pin_memory_) {
     pin_ = DeviceCount(DeviceType::kCUDA) > 0;

@@ -92,8 +92,9 @@ class DataLoader {
 
  public:
   // Uses a SequentialSampler, or a RandomSampler when options.shuffle_ is set. Throws for
-  // a null or empty dataset, batch_size < 1, num_workers < 0, prefetch_factor < 1, an
-  // unavailable device, or drop_last with fewer examples than one batch.
+  // a null or empty dataset, batch_size < 1, num_workers < 0, prefetch_factor < 1 or an
+  // unavailable device. With drop_last and fewer examples than one batch, the loader has
+  // size() 0 and loops over nothing, as in PyTorch (with a warning on stderr).
   DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options = {});
   // Visits the dataset in the sampler's order; options.shuffle_ must then be false.
   DataLoader(std::shared_ptr<const Dataset> dataset, std::unique_ptr<Sampler> sampler,

@@ -258,8 +258,8 @@ void MaxPool2d::pretty_print(std::ostream& out) const {
 // ---- Dropout ---------------------------------------------------------------------------
 
 Dropout::Dropout(double p) : p_(p) {
-  TANDEM_CHECK(p >= 0.0 && p < 1.0, "Dropout: p (the probability of zeroing an element) must be ",
-               "in [0, 1) but is ", p);
+  TANDEM_CHECK(p >= 0.0 && p <= 1.0, "Dropout: p (the probability of zeroing an element) must be ",
+               "in [0, 1] but is ", p);
 }
 
 Dropout::Dropout(double p, uint64_t seed) : Dropout(p) {

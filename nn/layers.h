@@ -143,8 +143,8 @@ class MaxPool2d : public Cloneable<MaxPool2d> {
   Size2 padding_;
 };
 
-// In training mode, zeroes each element with probability p and scales the others by
-// 1/(1-p); in evaluation mode, the identity.
+// In training mode, zeroes each element with probability p (in [0, 1]) and scales the
+// others by 1/(1-p); p = 1 gives all zeros, as in PyTorch. In evaluation mode, the identity.
 //
 // Where the masks come from:
 //   - Without a seed: from the default generator of the input's device

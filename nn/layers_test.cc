@@ -281,7 +281,13 @@ TEST_F(LayersTest, DropoutZeroesAndRescalesOnlyInTraining) {
   dropout.eval();
   EXPECT_EQ(dropout.forward(x).to_vector<float>(), x.to_vector<float>());
   EXPECT_EQ(dropout.ToString(), "Dropout(p=0.3, inplace=False)");
-  EXPECT_THAT(ErrorOf([] { Dropout(1.0); }), HasSubstr("must be in [0, 1) but is 1"));
+  EXPECT_THAT(ErrorOf([] { Dropout(1.01); }), HasSubstr("must be in [0, 1] but is 1.01"));
+  // p = 1 is accepted, as in PyTorch: all zeros in training, the identity in evaluation.
+  Dropout all(1.0);
+  EXPECT_EQ(all.ToString(), "Dropout(p=1.0, inplace=False)");
+  EXPECT_EQ(all.forward(x).to_vector<float>(), std::vector<float>(x.numel(), 0.0f));
+  all.eval();
+  EXPECT_EQ(all.forward(x).to_vector<float>(), x.to_vector<float>());
 }
 
 TEST_F(LayersTest, DropoutIsSeeded) {

@@ -103,7 +103,7 @@ enum class BinaryOp : int8_t {
   kLe,
   kGt,
   kGe,
-  kReluBackward,  // a if b > 0 else 0 (a: incoming gradient, b: relu input)
+  kReluBackward,  // 0 if b <= 0 else a (a: incoming gradient, b: relu output; NaN passes)
 };
 
 // Reductions over the middle axis of a contiguous [outer, reduce, inner] input into a
@@ -251,6 +251,15 @@ class Backend {
   // dst[r * cols + idx[r]] += src[r] (dst is not cleared).
   virtual void ScatterAddColumns(int index, float* dst, const float* src, const int64_t* idx,
                                  int64_t rows, int64_t cols) = 0;
+  // torch.gather over the middle axis of contiguous tensors: src [outer, src_dim, inner],
+  // idx and dst [outer, idx_dim, inner]: dst[o, j, i] = src[o, idx[o, j, i], i]. Indices must
+  // be in [0, src_dim): the caller validates them.
+  virtual void Gather(int index, float* dst, const float* src, const int64_t* idx, int64_t outer,
+                      int64_t src_dim, int64_t idx_dim, int64_t inner) = 0;
+  // The adjoint of Gather: dst[o, idx[o, j, i], i] += src[o, j, i] for dst [outer, dst_dim,
+  // inner] (not cleared). Repeated indices accumulate.
+  virtual void ScatterAdd(int index, float* dst, const float* src, const int64_t* idx,
+                          int64_t outer, int64_t dst_dim, int64_t idx_dim, int64_t inner) = 0;
   // Counter-based random numbers (see tensor/philox.h): element i is a pure function of
   // (seed, offset + i), so every backend produces the same numbers for the same request.
   // Uniform in [low, high), or normal(mean, stddev) by Box-Muller.

@@ -580,6 +580,10 @@ class CpuBackend final : public Backend {
                      int64_t cols) override;
   void ScatterAddColumns(int index, float* dst, const float* src, const int64_t* idx, int64_t rows,
                          int64_t cols) override;
+  void Gather(int index, float* dst, const float* src, const int64_t* idx, int64_t outer,
+              int64_t src_dim, int64_t idx_dim, int64_t inner) override;
+  void ScatterAdd(int index, float* dst, const float* src, const int64_t* idx, int64_t outer,
+                  int64_t dst_dim, int64_t idx_dim, int64_t inner) override;
   void RandomUniform(int index, float* dst, int64_t n, uint64_t seed, uint64_t offset, float low,
                      float high) override;
   void RandomNormal(int index, float* dst, int64_t n, uint64_t seed, uint64_t offset, float mean,
@@ -1015,6 +1019,37 @@ void CpuBackend::ScatterAddColumns(int index, float* dst, const float* src, cons
   ParallelFor(Cpu(index), rows, kElementwiseGrain, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) dst[r * cols + idx[r]] += src[r];
   });
+}
+
+void CpuBackend::Gather(int index, float* dst, const float* src, const int64_t* idx, int64_t outer,
+                        int64_t src_dim, int64_t idx_dim, int64_t inner) {
+  CheckIndex(index);
+  const int64_t n = outer * idx_dim * inner;
+  if (n <= 0) return;
+  ParallelFor(Cpu(index), n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t e = begin; e < end; ++e) {
+      const int64_t o = e / (idx_dim * inner), i = e % inner;
+      dst[e] = src[(o * src_dim + idx[e]) * inner + i];
+    }
+  });
+}
+
+void CpuBackend::ScatterAdd(int index, float* dst, const float* src, const int64_t* idx,
+                            int64_t outer, int64_t dst_dim, int64_t idx_dim, int64_t inner) {
+  CheckIndex(index);
+  if (outer * idx_dim * inner <= 0) return;
+  // Each task owns whole columns (o, i) of dst, so no two tasks write the same element, and
+  // the additions into one element happen in j order: deterministic.
+  ParallelFor(Cpu(index), outer * inner, std::max<int64_t>(1, kElementwiseGrain / idx_dim),
+              [&](int64_t begin, int64_t end) {
+                for (int64_t column = begin; column < end; ++column) {
+                  const int64_t o = column / inner, i = column % inner;
+                  for (int64_t j = 0; j < idx_dim; ++j) {
+                    const int64_t at = (o * idx_dim + j) * inner + i;
+                    dst[(o * dst_dim + idx[at]) * inner + i] += src[at];
+                  }
+                }
+              });
 }
 
 void CpuBackend::RandomUniform(int index, float* dst, int64_t n, uint64_t seed, uint64_t offset,

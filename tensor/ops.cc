@@ -12,16 +12,17 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "tensor/autograd.h"
 #include "tensor/backend.h"
-#include "tensor/internal/elementwise_math.h"
 #include "tensor/error.h"
-#include "tensor/tensor.h"
+#include "tensor/internal/elementwise_math.h"
 #include "tensor/internal/tensor_impl.h"
+#include "tensor/tensor.h"
 
 namespace tandem {
 namespace {
@@ -522,7 +523,8 @@ Tensor div(const Tensor& a, const Tensor& b) {
 namespace {
 
 // maximum/minimum: the gradient goes to the chosen input and is split evenly on ties, as
-// in PyTorch.
+// in PyTorch. As there, an input loses its gradient only where it compares strictly worse,
+// so where either is NaN (the output is NaN) both inputs receive the full gradient.
 Tensor MaxMin(const Tensor& a, const Tensor& b, bool is_max) {
   const char* name = is_max ? "maximum" : "minimum";
   const Promoted p = PromoteBinary(a, b, name);
@@ -531,9 +533,11 @@ Tensor MaxMin(const Tensor& a, const Tensor& b, bool is_max) {
     const bool grad_a = NeedsGrad({a}), grad_b = NeedsGrad({b});
     Record(is_max ? "MaximumBackward" : "MinimumBackward", {a, b}, out,
            [grad_a, grad_b, is_max, sa = p.a.detach(), sb = p.b.detach()](const Tensor& grad) {
-             const Tensor ties = mul(eq(sa, sb), 0.5);
-             const Tensor a_wins = add(is_max ? gt(sa, sb) : lt(sa, sb), ties);
-             const Tensor b_wins = add(is_max ? lt(sa, sb) : gt(sa, sb), ties);
+             const Tensor half_ties = mul(eq(sa, sb), 0.5);
+             const Tensor a_loses = is_max ? lt(sa, sb) : gt(sa, sb);
+             const Tensor b_loses = is_max ? gt(sa, sb) : lt(sa, sb);
+             const Tensor a_wins = 1.0 - add(a_loses, half_ties);
+             const Tensor b_wins = 1.0 - add(b_loses, half_ties);
              return std::vector<Tensor>{grad_a ? sum_to(mul(grad, a_wins), sa.shape()) : Tensor(),
                                         grad_b ? sum_to(mul(grad, b_wins), sb.shape()) : Tensor()};
            });
@@ -820,10 +824,10 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   CheckSameDevice(a, "a", b, "b", "matmul");
   CheckFloat(a, "matmul", "a");
   CheckFloat(b, "matmul", "b");
-  TANDEM_CHECK(a.dim() >= 1 && a.dim() <= 3 && b.dim() >= 1 && b.dim() <= 3,
-               "matmul: supports 1-D, 2-D and 3-D (batched) operands but a is ",
+  TANDEM_CHECK(a.dim() >= 1 && b.dim() >= 1,
+               "matmul: both operands must have at least one dimension but a is ",
                ShapeToString(a.shape()), " and b is ", ShapeToString(b.shape()),
-               "; reshape the batch dimensions into one");
+               "; use mul for a zero-dimensional (scalar) operand");
   if (a.dim() == 1 || b.dim() == 1) {
     // Vectors become a 1-row / 1-column matrix and that dimension is dropped afterwards.
     Tensor result = matmul(a.dim() == 1 ? a.unsqueeze(0) : a, b.dim() == 1 ? b.unsqueeze(1) : b);
@@ -834,6 +838,38 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   TANDEM_CHECK(a.size(-1) == b.size(-2), "matmul: a is ", ShapeToString(a.shape()), " and b is ",
                ShapeToString(b.shape()), "; a.size(-1) (", a.size(-1), ") must equal b.size(-2) (",
                b.size(-2), ")");
+  if (a.dim() > 3 || b.dim() > 3) {
+    // Any number of batch dimensions, broadcast as in PyTorch; folded into one.
+    const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+    if (b.dim() == 2) {
+      // [..., m, k] x [k, n]: one big 2-D product over the folded rows.
+      Shape out_shape(a.shape().begin(), a.shape().end() - 1);
+      out_shape.push_back(n);
+      return MatmulCore(a.reshape({-1, k}), b).reshape(out_shape);
+    }
+    const Shape batch_a(a.shape().begin(), a.shape().end() - 2);
+    const Shape batch_b(b.shape().begin(), b.shape().end() - 2);
+    Shape batch;
+    try {
+      batch = BroadcastShapes(batch_a, batch_b, "matmul");
+    } catch (const Error&) {
+      TANDEM_FAIL("matmul: a is ", ShapeToString(a.shape()), " and b is ", ShapeToString(b.shape()),
+                  "; their batch dimensions ", ShapeToString(batch_a), " and ",
+                  ShapeToString(batch_b), " cannot be broadcast together");
+    }
+    const int64_t count = NumElements(batch);
+    const auto fold = [&](const Tensor& t, int64_t rows, int64_t cols) {
+      Shape full = batch;
+      full.push_back(rows);
+      full.push_back(cols);
+      return t.expand(full).reshape({count, rows, cols});
+    };
+    Shape out_shape = batch;
+    out_shape.push_back(m);
+    out_shape.push_back(n);
+    const Tensor a3 = a.dim() == 2 ? a : fold(a, m, k);
+    return MatmulCore(a3, fold(b, k, n)).reshape(out_shape);
+  }
   if (a.dim() == 3 && b.dim() == 3 && a.size(0) != b.size(0)) {
     TANDEM_CHECK(a.size(0) == 1 || b.size(0) == 1, "matmul: a is ", ShapeToString(a.shape()),
                  " and b is ", ShapeToString(b.shape()), "; the batch sizes (", a.size(0), " and ",
@@ -1073,8 +1109,11 @@ Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
 Tensor dropout(const Tensor& input, double p, bool training, Generator* gen) {
   CheckDefined(input, "dropout", "input");
   CheckFloat(input, "dropout", "input");
-  TANDEM_CHECK(p >= 0.0 && p < 1.0, "dropout: p must be in [0, 1) but is ", p);
+  TANDEM_CHECK(p >= 0.0 && p <= 1.0, "dropout: p (the probability of zeroing an element) must ",
+               "be in [0, 1] but is ", p);
   if (!training || p == 0.0) return input;
+  // p = 1 zeroes everything (NaN * 0 stays NaN, and the gradient is 0), as PyTorch does.
+  if (p == 1.0) return mul(input, FilledRaw({}, kFloat32, input.device(), 0.0));
   // The input's device draws from its own default generator (see "Random numbers" in
   // tensor/tensor.h), so replicas on different devices never race for one stream.
   Generator& generator = gen != nullptr ? *gen : default_generator(input.device());
@@ -1172,6 +1211,199 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
   unsqueezed.reserve(tensors.size());
   for (const Tensor& t : tensors) unsqueezed.push_back(t.unsqueeze(d));
   return cat(unsqueezed, d);
+}
+
+// ---- Selection and indexing ------------------------------------------------------------------
+
+namespace {
+
+// x where mask (0/1 in x's dtype, broadcast) is 1, exactly 0 elsewhere (no NaN * 0).
+Tensor KeepWhereRaw(const Tensor& x, const Tensor& mask, const char* name) {
+  return BinaryRaw(BinaryOp::kReluBackward, x, CastRaw(mask, x.dtype()), name);
+}
+
+// Checks int64 `index` values lie in [0, size), on any device (two reductions, one read).
+void CheckIndexRange(const Tensor& index, int64_t size, int64_t dim, const char* op) {
+  if (index.numel() == 0) return;
+  const Tensor flat = ViewRaw(ContiguousRaw(index), {index.numel()});
+  const Tensor largest = ViewRaw(ReduceRaw(flat, {0}, ReduceOp::kMax, op), {1});
+  const Tensor smallest = ViewRaw(ReduceRaw(flat, {0}, ReduceOp::kMin, op), {1});
+  const std::vector<int64_t> range = cat({smallest, largest}).to_vector<int64_t>();
+  TANDEM_CHECK(range[0] >= 0 && range[1] < size, op, ": index values must be in [0, ", size,
+               ") (the size of dimension ", dim, ") but range over [", range[0], ", ", range[1],
+               "]");
+}
+
+}  // namespace
+
+Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
+  CheckDefined(condition, "where", "condition");
+  CheckSameDevice(condition, "condition", a, "a", "where");
+  const Promoted p = PromoteBinary(a, b, "where");
+  const Shape shape =
+      BroadcastShapes(condition.shape(), BroadcastShapes(a.shape(), b.shape(), "where"), "where");
+  // 1 where the condition holds (any nonzero, NaN included), in the result's dtype.
+  const Tensor zero = FilledRaw({}, condition.dtype(), condition.device(), 0.0);
+  const Tensor take_a = CastRaw(BinaryRaw(BinaryOp::kNe, condition, zero, "where"), p.a.dtype());
+  const Tensor take_b = UnaryRaw(UnaryOp::kAddScalar, UnaryRaw(UnaryOp::kNeg, take_a, 0.0), 1.0);
+  const Tensor from_a = KeepWhereRaw(BroadcastCopyRaw(p.a, shape, p.a.dtype()), take_a, "where");
+  const Tensor from_b = KeepWhereRaw(BroadcastCopyRaw(p.b, shape, p.b.dtype()), take_b, "where");
+  Tensor out = BinaryRaw(BinaryOp::kAdd, from_a, from_b, "where");
+  if (NeedsGrad({a, b})) {
+    const bool grad_a = NeedsGrad({a}), grad_b = NeedsGrad({b});
+    Record("WhereBackward", {a, b}, out,
+           [grad_a, grad_b, take_a, take_b, sa = a.shape(), sb = b.shape()](const Tensor& grad) {
+             return std::vector<Tensor>{
+                 grad_a ? sum_to(KeepWhereRaw(grad, take_a, "where backward"), sa) : Tensor(),
+                 grad_b ? sum_to(KeepWhereRaw(grad, take_b, "where backward"), sb) : Tensor()};
+           });
+  }
+  return out;
+}
+
+Tensor masked_fill(const Tensor& input, const Tensor& mask, double value) {
+  CheckDefined(input, "masked_fill", "input");
+  CheckDefined(mask, "masked_fill", "mask");
+  const Shape shape = BroadcastShapes(mask.shape(), input.shape(), "masked_fill");
+  TANDEM_CHECK(shape == input.shape(), "masked_fill: mask ", ShapeToString(mask.shape()),
+               " must broadcast to input's shape ", ShapeToString(input.shape()),
+               " without enlarging it");
+  const DType dtype = input.dtype() == kInt64 && !IsIntegral(value) ? kFloat32 : input.dtype();
+  return where(mask, FilledRaw({}, dtype, input.device(), value), input);
+}
+
+Tensor clamp(const Tensor& input, std::optional<double> min, std::optional<double> max) {
+  CheckDefined(input, "clamp", "input");
+  TANDEM_CHECK(min.has_value() || max.has_value(),
+               "clamp: at least one of min and max must be given (both are nullopt)");
+  const bool fractional = (min && !IsIntegral(*min)) || (max && !IsIntegral(*max));
+  const Tensor x = input.dtype() == kInt64 && fractional ? CastRaw(input, kFloat32) : input;
+  Tensor out = x;
+  // maximum/minimum keep NaN; min > max gives max everywhere (min applied first).
+  if (min)
+    out = BinaryRaw(BinaryOp::kMaximum, out, FilledRaw({}, x.dtype(), x.device(), *min), "clamp");
+  if (max)
+    out = BinaryRaw(BinaryOp::kMinimum, out, FilledRaw({}, x.dtype(), x.device(), *max), "clamp");
+  if (NeedsGrad({input})) {
+    Record("ClampBackward", {input}, out, [min, max, sx = x.detach()](const Tensor& grad) {
+      // PyTorch: the gradient passes where min <= x <= max (NaN x: nowhere).
+      Tensor inside = ones_like(sx);
+      if (min) inside = mul(inside, ge(sx, FilledRaw({}, sx.dtype(), sx.device(), *min)));
+      if (max) inside = mul(inside, le(sx, FilledRaw({}, sx.dtype(), sx.device(), *max)));
+      return std::vector<Tensor>{KeepWhereRaw(grad, inside, "clamp backward")};
+    });
+  }
+  return out;
+}
+
+Tensor gather(const Tensor& input, int64_t dim, const Tensor& index) {
+  CheckDefined(input, "gather", "input");
+  CheckDefined(index, "gather", "index");
+  CheckSameDevice(input, "input", index, "index", "gather");
+  CheckFloat(input, "gather", "input");
+  TANDEM_CHECK(index.dtype() == kInt64, "gather: index must be int64 but is ", index.dtype(),
+               "; convert it with .to(kInt64)");
+  const int64_t ndim = std::max<int64_t>(input.dim(), 1);
+  const int64_t d = Dim(dim, input.dim(), "gather");
+  const Shape in_shape = input.dim() == 0 ? Shape{1} : input.shape();
+  const Shape idx_shape = index.dim() == 0 ? Shape{1} : index.shape();
+  bool fits = static_cast<int64_t>(idx_shape.size()) == ndim;
+  for (int64_t k = 0; fits && k < ndim; ++k) fits = k == d || idx_shape[k] <= in_shape[k];
+  TANDEM_CHECK(fits, "gather: index is ", ShapeToString(index.shape()), " and input is ",
+               ShapeToString(input.shape()), "; index must have input's number of dimensions and",
+               " sizes no larger than input's except along dim ", d);
+  CheckIndexRange(index, in_shape[d], d, "gather");
+  // Input narrowed to index's sizes outside dim, so both are [outer, *, inner].
+  Shape narrowed = idx_shape;
+  narrowed[d] = in_shape[d];
+  const Tensor in_view =
+      MakeView(input, narrowed, input.dim() == 0 ? std::vector<int64_t>{1} : input.strides(),
+               input.storage_offset());
+  const Tensor x = ContiguousRaw(in_view);
+  const Tensor idx = ContiguousRaw(index);
+  const int64_t outer = Product(idx_shape, 0, d), inner = Product(idx_shape, d + 1, ndim);
+  const int64_t src_dim = in_shape[d], idx_dim = idx_shape[d];
+  Tensor out = NewTensor(index.shape(), kFloat32, input.device());
+  BackendOf(x).Gather(IndexOf(x), FloatPtr(out), FloatPtr(x), Int64Ptr(idx), outer, src_dim,
+                      idx_dim, inner);
+  if (NeedsGrad({input})) {
+    Record("GatherBackward", {input}, out,
+           [idx, narrowed, outer, src_dim, idx_dim, inner,
+            shape = input.shape()](const Tensor& grad_output) {
+             const Tensor grad = ContiguousRaw(grad_output);
+             Tensor part = FilledRaw(narrowed, kFloat32, grad.device(), 0.0);
+             BackendOf(grad).ScatterAdd(IndexOf(grad), FloatPtr(part), FloatPtr(grad),
+                                        Int64Ptr(idx), outer, src_dim, idx_dim, inner);
+             if (NumElements(narrowed) == NumElements(shape)) {
+               return std::vector<Tensor>{ViewRaw(part, shape)};
+             }
+             Tensor full = FilledRaw(shape, kFloat32, grad.device(), 0.0);
+             BackendOf(grad).Copy(IndexOf(grad),
+                                  ToKernel(MakeView(full, narrowed, full.strides(), 0)),
+                                  ToKernel(part));
+             return std::vector<Tensor>{full};
+           });
+  }
+  return out;
+}
+
+Tensor index_select(const Tensor& input, int64_t dim, const Tensor& index) {
+  CheckDefined(input, "index_select", "input");
+  CheckDefined(index, "index_select", "index");
+  TANDEM_CHECK(index.dim() <= 1, "index_select: index must be 1-D (or 0-D) but is ",
+               ShapeToString(index.shape()), "; flatten it, or use gather for per-row indices");
+  TANDEM_CHECK(index.dtype() == kInt64, "index_select: index must be int64 but is ", index.dtype(),
+               "; convert it with .to(kInt64)");
+  const int64_t d = Dim(dim, input.dim(), "index_select");
+  Shape shape = input.dim() == 0 ? Shape{1} : input.shape();
+  Shape line(shape.size(), 1);
+  line[d] = index.numel();
+  shape[d] = index.numel();
+  // Every position along the other dimensions picks the same entries: gather with the index
+  // broadcast over them.
+  Tensor out = gather(input, d, index.reshape(line).expand(shape));
+  return input.dim() == 0 ? out.reshape({index.numel()}) : out;
+}
+
+std::pair<Tensor, Tensor> topk(const Tensor& input, int64_t k, int64_t dim, bool largest,
+                               bool sorted) {
+  CheckDefined(input, "topk", "input");
+  CheckFloat(input, "topk", "input");
+  TANDEM_CHECK(input.dim() >= 1, "topk: input is zero-dimensional; unsqueeze(0) it first");
+  const int64_t d = Dim(dim, input.dim(), "topk");
+  const Shape& shape = input.shape();
+  const int64_t n = shape[d];
+  TANDEM_CHECK(k >= 0 && k <= n, "topk: k must be in [0, ", n, "] (the size of dimension ", d,
+               ") but is ", k);
+  // Positions chosen on the host: [outer, n, inner] values, one sort per line.
+  const int64_t outer = Product(shape, 0, d), inner = Product(shape, d + 1, shape.size());
+  const std::vector<float> values = input.detach().contiguous().to_vector<float>();
+  std::vector<int64_t> chosen(static_cast<size_t>(outer * k * inner));
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t i = 0; i < inner; ++i) {
+      const auto at = [&](int64_t j) { return values[(o * n + j) * inner + i]; };
+      // NaN above every number; ties by lower index (a strict weak order on indices).
+      const auto before = [&](int64_t p, int64_t q) {
+        const float x = at(p), y = at(q);
+        const bool x_nan = std::isnan(x), y_nan = std::isnan(y);
+        if (x_nan || y_nan) {
+          if (x_nan && y_nan) return p < q;
+          return largest ? x_nan : y_nan;
+        }
+        if (x != y) return largest ? x > y : x < y;
+        return p < q;
+      };
+      std::iota(order.begin(), order.end(), 0);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
+      for (int64_t j = 0; j < k; ++j) chosen[(o * k + j) * inner + i] = order[j];
+    }
+  }
+  (void)sorted;  // always sorted: the order PyTorch gives with sorted=true is also valid without
+  Shape out_shape = shape;
+  out_shape[d] = k;
+  Tensor indices = from_vector(chosen, out_shape, TensorOptions(kInt64).device(input.device()));
+  return {gather(input, d, indices), indices};
 }
 
 bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {

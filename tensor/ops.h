@@ -12,6 +12,8 @@
 #define TANDEM_TENSOR_OPS_H_
 
 #include <cstdint>
+#include <optional>
+#include <utility>
 #include <vector>
 
 namespace tandem {
@@ -74,7 +76,10 @@ Tensor sum_to(const Tensor& a, const std::vector<int64_t>& shape);
 // ---- Neural-network functions --------------------------------------------------------
 Tensor softmax(const Tensor& a, int64_t dim);
 Tensor log_softmax(const Tensor& a, int64_t dim);
-// [..., n] x [n, m] style matrix product: 2-D x 2-D, or batched 3-D x 3-D / 3-D x 2-D.
+// torch.matmul: 1-D x 1-D is a dot product (0-dim), a 1-D operand is a row (left) or a
+// column (right) vector whose dimension is dropped afterwards, 2-D x 2-D is a matrix
+// product, and beyond that the leading (batch) dimensions broadcast:
+//   matmul([j, 1, n, m], [k, m, p]) is [j, k, n, p].
 Tensor matmul(const Tensor& a, const Tensor& b);
 // x [*, in] · weight[out, in]^T + bias[out].
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
@@ -92,6 +97,33 @@ Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
 // Zeroes elements with probability p and scales the rest by 1/(1-p) when training;
 // the identity otherwise.
 Tensor dropout(const Tensor& input, double p, bool training, Generator* gen = nullptr);
+
+// ---- Selection and indexing ------------------------------------------------------------
+// `condition` is nonzero where `a` is taken and zero where `b` is (any dtype: comparisons
+// give 1/0). All three broadcast together; a and b promote as binary ops do. The
+// unselected side never leaks in (a NaN or inf there does not matter). Differentiable in
+// a and b.
+//   Tensor y = where(gt(x, zeros({})), x, mul(x, 0.01));   // leaky relu
+Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);
+// `input` with `value` wherever `mask` (broadcast to input's shape) is nonzero.
+Tensor masked_fill(const Tensor& input, const Tensor& mask, double value);
+// Limits every element to [min, max] (either bound optional; min > max gives max
+// everywhere, as PyTorch). NaN stays NaN. The gradient passes where min <= x <= max.
+Tensor clamp(const Tensor& input, std::optional<double> min, std::optional<double> max);
+// torch.gather: out[i][j][k] = input[index[i][j][k]][j][k] for dim 0 (likewise for other
+// dims). index is int64 with input's number of dimensions and, outside `dim`, sizes no
+// larger than input's; the result has index's shape. Float32 input; differentiable.
+Tensor gather(const Tensor& input, int64_t dim, const Tensor& index);
+// The entries of `input` at the int64 positions `index` (1-D) along `dim`, in that order
+// (repeats allowed): the result's size along dim is index.numel(). Differentiable.
+Tensor index_select(const Tensor& input, int64_t dim, const Tensor& index);
+// The k largest (or smallest) entries along `dim` and their int64 indices, largest first
+// (smallest first when largest is false). NaN counts as larger than any number, as in
+// PyTorch; among equal values the lower index comes first. Values are differentiable.
+// The positions are chosen on the host (device tensors are copied there once).
+//   auto [values, indices] = topk(logits, 5);
+std::pair<Tensor, Tensor> topk(const Tensor& input, int64_t k, int64_t dim = -1,
+                               bool largest = true, bool sorted = true);
 
 // ---- Joining -------------------------------------------------------------------------
 // Concatenates along an existing dimension; all on one device. Differentiable.

@@ -178,6 +178,10 @@ class CudaBackend final : public Backend {
                      int64_t cols) override;
   void ScatterAddColumns(int index, float* dst, const float* src, const int64_t* idx, int64_t rows,
                          int64_t cols) override;
+  void Gather(int index, float* dst, const float* src, const int64_t* idx, int64_t outer,
+              int64_t src_dim, int64_t idx_dim, int64_t inner) override;
+  void ScatterAdd(int index, float* dst, const float* src, const int64_t* idx, int64_t outer,
+                  int64_t dst_dim, int64_t idx_dim, int64_t inner) override;
   void RandomUniform(int index, float* dst, int64_t n, uint64_t seed, uint64_t offset, float low,
                      float high) override;
   void RandomNormal(int index, float* dst, int64_t n, uint64_t seed, uint64_t offset, float mean,
@@ -487,6 +491,20 @@ void CudaBackend::ScatterAddColumns(int index, float* dst, const float* src, con
   CudaDevice& device = Device(index);
   DeviceGuard guard(device.physical());
   LaunchScatterAddColumns(device.Launch(), dst, src, idx, rows, cols);
+}
+
+void CudaBackend::Gather(int index, float* dst, const float* src, const int64_t* idx, int64_t outer,
+                         int64_t src_dim, int64_t idx_dim, int64_t inner) {
+  CudaDevice& device = Device(index);
+  DeviceGuard guard(device.physical());
+  LaunchGather(device.Launch(), dst, src, idx, outer, src_dim, idx_dim, inner);
+}
+
+void CudaBackend::ScatterAdd(int index, float* dst, const float* src, const int64_t* idx,
+                             int64_t outer, int64_t dst_dim, int64_t idx_dim, int64_t inner) {
+  CudaDevice& device = Device(index);
+  DeviceGuard guard(device.physical());
+  LaunchScatterAdd(device.Launch(), dst, src, idx, outer, dst_dim, idx_dim, inner);
 }
 
 // ---- Random numbers

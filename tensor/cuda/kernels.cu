@@ -23,8 +23,8 @@
 
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/kernels.h"
-#include "tensor/internal/elementwise_math.h"
 #include "tensor/error.h"
+#include "tensor/internal/elementwise_math.h"
 #include "tensor/internal/philox.h"
 #include "tensor/internal/strided_layout.h"
 
@@ -737,6 +737,30 @@ __global__ void ScatterAddColumnsKernel(float* dst, const float* src, const int6
   for (int64_t r = GlobalThread(); r < rows; r += GridThreads()) dst[r * cols + idx[r]] += src[r];
 }
 
+// torch.gather over the middle axis: one thread per output element.
+__global__ void GatherKernel(float* dst, const float* src, const int64_t* idx, int64_t outer,
+                             int64_t src_dim, int64_t idx_dim, int64_t inner) {
+  const int64_t n = outer * idx_dim * inner;
+  for (int64_t e = GlobalThread(); e < n; e += GridThreads()) {
+    const int64_t o = e / (idx_dim * inner), i = e % inner;
+    dst[e] = src[(o * src_dim + idx[e]) * inner + i];
+  }
+}
+
+// One thread per column (o, i) of dst, adding in j order like the CPU: no collisions, no
+// atomics, the same result.
+__global__ void ScatterAddKernel(float* dst, const float* src, const int64_t* idx, int64_t outer,
+                                 int64_t dst_dim, int64_t idx_dim, int64_t inner) {
+  const int64_t columns = outer * inner;
+  for (int64_t column = GlobalThread(); column < columns; column += GridThreads()) {
+    const int64_t o = column / inner, i = column % inner;
+    for (int64_t j = 0; j < idx_dim; ++j) {
+      const int64_t at = (o * idx_dim + j) * inner + i;
+      dst[(o * dst_dim + idx[at]) * inner + i] += src[at];
+    }
+  }
+}
+
 // ---- Random numbers ---------------------------------------------------------------------
 // Element i is a function of counter offset + i alone (tensor/philox.h). Each thread owns
 // one Philox block — 4 counters for uniforms, 2 for normals — and writes the elements of
@@ -945,6 +969,24 @@ void LaunchScatterAddColumns(const LaunchContext& context, float* dst, const flo
   if (rows <= 0) return;
   ScatterAddColumnsKernel<<<GridFor(context, rows), kThreads, 0, context.stream>>>(dst, src, idx,
                                                                                    rows, cols);
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+}
+
+void LaunchGather(const LaunchContext& context, float* dst, const float* src, const int64_t* idx,
+                  int64_t outer, int64_t src_dim, int64_t idx_dim, int64_t inner) {
+  const int64_t n = outer * idx_dim * inner;
+  if (n <= 0) return;
+  GatherKernel<<<GridFor(context, n), kThreads, 0, context.stream>>>(dst, src, idx, outer, src_dim,
+                                                                     idx_dim, inner);
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+}
+
+void LaunchScatterAdd(const LaunchContext& context, float* dst, const float* src,
+                      const int64_t* idx, int64_t outer, int64_t dst_dim, int64_t idx_dim,
+                      int64_t inner) {
+  if (outer * idx_dim * inner <= 0) return;
+  ScatterAddKernel<<<GridFor(context, outer * inner), kThreads, 0, context.stream>>>(
+      dst, src, idx, outer, dst_dim, idx_dim, inner);
   TANDEM_CUDA_CHECK_LAUNCH(context.device);
 }
 

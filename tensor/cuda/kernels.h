@@ -56,6 +56,11 @@ void LaunchGatherColumns(const LaunchContext& context, float* dst, const float* 
                          const int64_t* idx, int64_t rows, int64_t cols);
 void LaunchScatterAddColumns(const LaunchContext& context, float* dst, const float* src,
                              const int64_t* idx, int64_t rows, int64_t cols);
+void LaunchGather(const LaunchContext& context, float* dst, const float* src, const int64_t* idx,
+                  int64_t outer, int64_t src_dim, int64_t idx_dim, int64_t inner);
+void LaunchScatterAdd(const LaunchContext& context, float* dst, const float* src,
+                      const int64_t* idx, int64_t outer, int64_t dst_dim, int64_t idx_dim,
+                      int64_t inner);
 void LaunchRandomUniform(const LaunchContext& context, float* dst, int64_t n, uint64_t seed,
                          uint64_t offset, float low, float high);
 void LaunchRandomNormal(const LaunchContext& context, float* dst, int64_t n, uint64_t seed,

@@ -22,7 +22,8 @@ TANDEM_HOST_DEVICE float ApplyUnary(UnaryOp op, float x, float s) {
     case UnaryOp::kLog:
       return logf(x);
     case UnaryOp::kRelu:
-      return x > 0.0f ? x : 0.0f;
+      // NaN stays NaN, as in PyTorch (a diverging run shows NaN instead of zeros).
+      return x <= 0.0f ? 0.0f : x;
     case UnaryOp::kSqrt:
       return sqrtf(x);
     case UnaryOp::kAbs:
@@ -77,10 +78,11 @@ TANDEM_HOST_DEVICE T ApplyBinary(BinaryOp op, T a, T b) {
       return a * b;
     case BinaryOp::kDiv:
       return a / b;
+    // NaN in either operand propagates, as in PyTorch (a != a only for NaN).
     case BinaryOp::kMaximum:
-      return a > b ? a : b;
+      return (a != a || a > b) ? a : b;
     case BinaryOp::kMinimum:
-      return a < b ? a : b;
+      return (a != a || a < b) ? a : b;
     case BinaryOp::kEq:
       return a == b ? T(1) : T(0);
     case BinaryOp::kNe:
@@ -94,7 +96,9 @@ TANDEM_HOST_DEVICE T ApplyBinary(BinaryOp op, T a, T b) {
     case BinaryOp::kGe:
       return a >= b ? T(1) : T(0);
     case BinaryOp::kReluBackward:
-      return b > T(0) ? a : T(0);
+      // PyTorch's threshold_backward: the gradient passes unless the output is <= 0, so a
+      // NaN output passes it.
+      return b <= T(0) ? T(0) : a;
   }
   return T(0);
 }
