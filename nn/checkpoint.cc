@@ -236,11 +236,13 @@ CheckpointEntry ParseRecordBody(const uint8_t* data, size_t size, const std::str
   if (in.remaining() != 0) corrupt("has " + std::to_string(in.remaining()) + " stray bytes");
   if (dtype == kFloat32) {
     std::vector<float> host(numel);
-    std::memcpy(host.data(), values, data_bytes);
+    // A zero-element tensor has an empty vector whose data() may be null: memcpy must not
+    // see it (undefined behaviour even for 0 bytes).
+    if (data_bytes > 0) std::memcpy(host.data(), values, data_bytes);
     entry.value = from_vector(host, shape);
   } else {
     std::vector<int64_t> host(numel);
-    std::memcpy(host.data(), values, data_bytes);
+    if (data_bytes > 0) std::memcpy(host.data(), values, data_bytes);
     entry.value = from_vector(host, shape, TensorOptions(kInt64));
   }
   return entry;

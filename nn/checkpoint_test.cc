@@ -120,6 +120,32 @@ TEST_F(CheckpointTest, RoundTripRestoresEveryTensor) {
   EXPECT_EQ(Files(), std::vector<std::string>{"net.ckpt"});  // no temporary left behind
 }
 
+// A zero-element tensor (here a buffer registered as zeros({0})) saves and loads: reading
+// it back used to hand memcpy a null destination (UBSan aborted under --config=asan).
+class WithEmptyBuffer : public Cloneable<WithEmptyBuffer> {
+ public:
+  WithEmptyBuffer() { reset(); }
+  void reset() override {
+    register_buffer("nothing", zeros({0}));
+    register_buffer("no_ids", zeros({0, 3}, TensorOptions(kInt64)));
+    register_parameter("w", ones({2}));
+  }
+};
+
+TEST_F(CheckpointTest, ZeroElementTensorsRoundTrip) {
+  WithEmptyBuffer saved;
+  const std::string path = PathOf("empty.ckpt");
+  SaveCheckpoint(saved, path);
+  WithEmptyBuffer loaded;
+  LoadCheckpoint(loaded, path);
+  EXPECT_EQ(loaded.buffer("nothing").shape(), (Shape{0}));
+  EXPECT_EQ(loaded.buffer("no_ids").shape(), (Shape{0, 3}));
+  EXPECT_EQ(loaded.buffer("no_ids").dtype(), kInt64);
+  const std::vector<CheckpointEntry> entries = ReadCheckpoint(path);
+  ASSERT_EQ(entries.size(), 3u);
+  EXPECT_EQ(entries[1].value.numel(), 0);
+}
+
 TEST_F(CheckpointTest, EveryTruncationIsRefusedAndChangesNothing) {
   Net saved;
   const std::string path = PathOf("net.ckpt");
