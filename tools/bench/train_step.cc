@@ -2,8 +2,8 @@
 // momentum 0.9 — of the trainer's models on synthetic data (a fixed random batch of 28x28
 // images), on one device or data-parallel on several.
 //
-//   bazel run -c opt //tools/bench:train_step -- --model=mlp --batch_size=256 \
-//       --devices=cpu:0 --threads=2 --steps=50 --warmup=5
+//   bazel run -c opt //tools/bench:train_step -- --model=mlp --batch_size=256
+//       --devices=cpu:0 --threads=2 --steps=50 --warmup=5      (one command line)
 //   bazel run -c opt //tools/bench:train_step -- --devices=cpu:0,cpu:1 --threads=1
 //
 // It prints a table (step time median, p10, p90, samples/s), the peak memory of a step next
