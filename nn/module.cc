@@ -172,6 +172,63 @@ std::vector<NamedTensor> Module::named_buffers(bool recurse) const {
   return out;
 }
 
+std::vector<NamedTensor> Module::state_dict() const {
+  std::vector<NamedTensor> out;
+  for (const bool is_buffer : {false, true}) {
+    for (NamedTensor& t : is_buffer ? named_buffers() : named_parameters()) {
+      out.push_back({std::move(t.name), t.value.detach()});
+    }
+  }
+  return out;
+}
+
+LoadStateDictResult Module::load_state_dict(const std::vector<NamedTensor>& state, bool strict) {
+  std::unordered_map<std::string, Tensor> given;
+  for (const NamedTensor& t : state) {
+    TANDEM_CHECK(t.value.defined(), name(), ".load_state_dict: '", t.name,
+                 "' is an undefined Tensor; give every entry a value");
+    TANDEM_CHECK(given.emplace(t.name, t.value).second, name(), ".load_state_dict: '", t.name,
+                 "' appears twice in the state dictionary");
+  }
+  LoadStateDictResult result;
+  std::vector<std::string> mismatched;
+  std::vector<std::pair<Tensor, Tensor>> copies;  // (module tensor, given tensor)
+  for (const NamedTensor& own : state_dict()) {
+    auto it = given.find(own.name);
+    if (it == given.end()) {
+      result.missing_keys.push_back(own.name);
+      continue;
+    }
+    const Tensor& value = it->second;
+    if (value.shape() != own.value.shape() || value.dtype() != own.value.dtype()) {
+      mismatched.push_back("'" + own.name + "' is " + ShapeToString(value.shape()) + " " +
+                           DTypeName(value.dtype()) + " in the state dictionary but " +
+                           ShapeToString(own.value.shape()) + " " + DTypeName(own.value.dtype()) +
+                           " in the module");
+    } else {
+      copies.emplace_back(own.value, value);
+    }
+    given.erase(it);
+  }
+  for (const NamedTensor& t : state) {
+    if (given.count(t.name) > 0) result.unexpected_keys.push_back(t.name);
+  }
+  std::string problems;
+  for (const std::string& m : mismatched) problems += "\n  size mismatch: " + m;
+  if (strict) {
+    for (const std::string& k : result.missing_keys) problems += "\n  missing key: '" + k + "'";
+    for (const std::string& k : result.unexpected_keys) {
+      problems += "\n  unexpected key: '" + k + "'";
+    }
+  }
+  TANDEM_CHECK(problems.empty(), "Error(s) in loading state_dict for ", name(),
+               " (nothing was loaded):", problems,
+               strict ? "\n(pass strict = false to load the matching entries only)" : "");
+  NoGradGuard no_grad;
+  for (auto& [target, source] : copies) target.copy_(source);
+  return result;
+}
+
 std::vector<Tensor> Module::buffers(bool recurse) const {
   std::vector<Tensor> out;
   for (NamedTensor& b : named_buffers(recurse)) out.push_back(std::move(b.value));

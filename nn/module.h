@@ -73,6 +73,14 @@ struct NamedTensor {
   Tensor value;
 };
 
+// What load_state_dict found but did not use: names the module has and the dictionary
+// lacks (missing_keys), and names in the dictionary the module does not have
+// (unexpected_keys). Both are empty after a strict load, which throws otherwise.
+struct LoadStateDictResult {
+  std::vector<std::string> missing_keys;
+  std::vector<std::string> unexpected_keys;
+};
+
 struct NamedModule {
   std::string name;
   std::shared_ptr<Module> module;
@@ -158,6 +166,19 @@ class Module {
   // naming the module and what it has when there is none.
   Tensor parameter(const std::string& dotted_name) const;
   Tensor buffer(const std::string& dotted_name) const;
+
+  // ---- State dictionaries (PyTorch's state_dict / load_state_dict) ------------------------
+  // Every parameter, then every buffer, by dotted name in registration order, detached and
+  // sharing storage with the module (copy or clone them to keep a snapshot).
+  //   std::vector<nn::NamedTensor> state = model.state_dict();   // {"fc1.weight", ...}
+  //   other.load_state_dict(state);
+  std::vector<NamedTensor> state_dict() const;
+  // Copies `state` into the parameters and buffers of the same names (converting device,
+  // not shape or dtype). Strict: every name must match both ways, or nothing is loaded and
+  // the error lists the missing and unexpected names. Non-strict: unmatched names are
+  // skipped and returned. A shape or dtype mismatch, or a name given twice, always throws
+  // (nothing loaded).
+  LoadStateDictResult load_state_dict(const std::vector<NamedTensor>& state, bool strict = true);
 
   // ---- State ---------------------------------------------------------------------------
   bool is_training() const { return training_; }

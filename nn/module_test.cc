@@ -79,6 +79,63 @@ TEST_F(ModuleTest, RegistersInOrderAndNamesRecursively) {
   EXPECT_EQ(model.scale()->impl(), model.parameter("scale").impl());
 }
 
+TEST_F(ModuleTest, StateDictRoundTripsIntoAnotherModule) {
+  TwoTower source(4, 2), target(4, 2);
+  const std::vector<NamedTensor> state = source.state_dict();
+  EXPECT_THAT(Names(state),
+              ElementsAre("scale", "left.weight", "left.bias", "right.weight", "offset"));
+  EXPECT_FALSE(state[1].value.requires_grad());
+  EXPECT_TRUE(state[1].value.shares_storage_with(source.parameter("left.weight")));
+  ASSERT_NE(target.parameter("left.weight").to_vector<float>(),
+            source.parameter("left.weight").to_vector<float>());
+  const Tensor target_weight = target.parameter("left.weight");
+  const LoadStateDictResult result = target.load_state_dict(state);
+  EXPECT_TRUE(result.missing_keys.empty());
+  EXPECT_TRUE(result.unexpected_keys.empty());
+  for (const NamedTensor& t : state) {
+    const Tensor mine = t.name == "offset" ? target.buffer(t.name) : target.parameter(t.name);
+    EXPECT_EQ(mine.to(kFloat32).to_vector<float>(), t.value.to(kFloat32).to_vector<float>())
+        << t.name;
+  }
+  // Loaded in place: handles (and optimizers holding them) see the values; still a leaf.
+  EXPECT_EQ(target.parameter("left.weight").impl(), target_weight.impl());
+  EXPECT_TRUE(target.parameter("left.weight").requires_grad());
+  // From another device: values are copied onto the module's device.
+  std::vector<NamedTensor> moved = source.state_dict();
+  for (NamedTensor& t : moved) t.value = t.value.to(Device::Cpu(1));
+  target.load_state_dict(moved);
+  EXPECT_EQ(target.parameter("scale").device(), Device::Cpu(0));
+}
+
+TEST_F(ModuleTest, LoadStateDictStrictAndNonStrict) {
+  TwoTower model(4, 2);
+  const std::vector<float> before = model.parameter("scale").to_vector<float>();
+  std::vector<NamedTensor> state = {{"scale", full({3}, 5.0)}, {"extra", zeros({1})}};
+  const std::string error = ErrorOf([&] { model.load_state_dict(state); });
+  EXPECT_THAT(error, HasSubstr("Error(s) in loading state_dict for TwoTower (nothing was loaded)"));
+  EXPECT_THAT(error, HasSubstr("missing key: 'left.weight'"));
+  EXPECT_THAT(error, HasSubstr("unexpected key: 'extra'"));
+  EXPECT_THAT(error, HasSubstr("strict = false"));
+  EXPECT_EQ(model.parameter("scale").to_vector<float>(), before);  // nothing loaded
+
+  const LoadStateDictResult result = model.load_state_dict(state, /*strict=*/false);
+  EXPECT_THAT(result.missing_keys,
+              ElementsAre("left.weight", "left.bias", "right.weight", "offset"));
+  EXPECT_THAT(result.unexpected_keys, ElementsAre("extra"));
+  EXPECT_THAT(model.parameter("scale").to_vector<float>(), ElementsAre(5, 5, 5));
+
+  // Shape mismatches throw even when not strict; so do repeated names.
+  EXPECT_THAT(ErrorOf([&] {
+                model.load_state_dict({{"scale", zeros({4})}}, false);
+              }),
+              HasSubstr("size mismatch: 'scale' is [4] float32 in the state dictionary but [3] "
+                        "float32 in the module"));
+  EXPECT_THAT(ErrorOf([&] {
+                model.load_state_dict({{"scale", zeros({3})}, {"scale", zeros({3})}}, false);
+              }),
+              HasSubstr("'scale' appears twice"));
+}
+
 TEST_F(ModuleTest, LookupErrorsSayWhatExists) {
   TwoTower model(4, 2);
   EXPECT_THAT(ErrorOf([&] { model.parameter("left.weights"); }),
