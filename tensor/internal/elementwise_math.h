@@ -22,8 +22,11 @@ TANDEM_HOST_DEVICE float ApplyUnary(UnaryOp op, float x, float s) {
     case UnaryOp::kLog:
       return logf(x);
     case UnaryOp::kRelu:
-      // NaN stays NaN, as in PyTorch (a diverging run shows NaN instead of zeros).
-      return x <= 0.0f ? 0.0f : x;
+      // NaN stays NaN, as in PyTorch (a diverging run shows NaN instead of zeros). Written
+      // as max(0, x) in SSE's operand order (maxss returns the second operand when either
+      // is NaN), so compilers emit a branchless maxss/maxps instead of a mispredicted branch
+      // on every other element (5x slower on random data).
+      return 0.0f > x ? 0.0f : x;
     case UnaryOp::kSqrt:
       return sqrtf(x);
     case UnaryOp::kAbs:
