@@ -1,8 +1,12 @@
 #include "examples/cli.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <exception>
 #include <set>
 
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
 #include "tensor/error.h"
 #include "tensor/tensor.h"
 
@@ -65,6 +69,24 @@ int ConfigureCpuDevices(const std::vector<Device>& devices, int threads) {
   SetCpuDeviceCount(highest + 1);
   SetCpuThreadsPerDevice(threads);
   return threads;
+}
+
+int RunMain(int argc, char** argv, const char* program, const char* usage,
+            const std::function<int()>& run) {
+  absl::SetProgramUsageMessage(usage);
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  if (positional.size() > 1) {
+    std::fprintf(stderr, "%s: unexpected argument '%s'; flags are written --name=value\n", program,
+                 positional[1]);
+    return 1;
+  }
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    std::fprintf(stderr, "%s: %s\n", program, OneLine(e.what()).c_str());
+    return 1;
+  }
 }
 
 }  // namespace tandem::examples

@@ -1,11 +1,17 @@
-// Command-line plumbing shared by the trainer and the benchmarks: the --devices and
-// --threads flags, and errors that are the user's to fix (printed as one line, exit 1).
+// Command-line plumbing shared by the programs here and the benchmarks: the --devices and
+// --threads flags, errors that are the user's to fix (printed as one line, exit 1), and the
+// frame of main().
 //
+//   int main(int argc, char** argv) {
+//     return tandem::examples::RunMain(argc, argv, "train", "Trains ...\n  train --epochs=3",
+//                                      &tandem::Run);
+//   }
 //   std::vector<Device> devices = examples::ParseDevices(absl::GetFlag(FLAGS_devices));
 //   int threads = examples::ConfigureCpuDevices(devices, absl::GetFlag(FLAGS_threads));
 #ifndef TANDEM_EXAMPLES_CLI_H_
 #define TANDEM_EXAMPLES_CLI_H_
 
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -48,6 +54,12 @@ std::string DeviceNames(const std::vector<Device>& devices, const std::string& s
 // A message on one line (newlines become "; ") without the " [file:line]" suffix of
 // tandem::Error, for printing as "program: message".
 std::string OneLine(std::string message);
+
+// Parses the flags (a positional argument is an error: flags are written --name=value),
+// runs `run`, and turns any exception into one line "program: message" on stderr and exit
+// status 1. Returns what `run` returns.
+int RunMain(int argc, char** argv, const char* program, const char* usage,
+            const std::function<int()>& run);
 
 }  // namespace tandem::examples
 

@@ -439,20 +439,9 @@ int Run() {
 }  // namespace tandem
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  return tandem::examples::RunMain(
+      argc, argv, "train",
       "Trains a classifier on Fashion-MNIST with DataParallel.\n"
-      "  train --devices=cpu:0,cpu:1 --epochs=10 --model=mlp --checkpoint=/tmp/mlp.ckpt");
-  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
-  if (positional.size() > 1) {
-    std::fprintf(stderr, "train: unexpected argument '%s'; flags are written --name=value\n",
-                 positional[1]);
-    return 1;
-  }
-  try {
-    return tandem::Run();
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "train: %s\n", tandem::examples::OneLine(e.what()).c_str());
-    return 1;
-  }
+      "  train --devices=cpu:0,cpu:1 --epochs=10 --model=mlp --checkpoint=/tmp/mlp.ckpt",
+      [] { return tandem::Run(); });
 }

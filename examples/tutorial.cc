@@ -23,6 +23,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "data/data.h"
+#include "examples/cli.h"
 #include "nn/nn.h"
 #include "parallel/data_parallel.h"
 #include "tensor/tensor.h"
@@ -109,15 +110,9 @@ int Run() {
 }  // namespace tandem
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  return tandem::examples::RunMain(
+      argc, argv, "tutorial",
       "PyTorch's DataParallel tutorial: a Linear(5, 2) model split over devices.\n"
-      "  tutorial --devices=cpu:0,cpu:1,cpu:2 [--batch_size=30] [--data_size=100]");
-  absl::ParseCommandLine(argc, argv);
-  try {
-    return tandem::Run();
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "tutorial: %s\n", e.what());
-    return 1;
-  }
+      "  tutorial --devices=cpu:0,cpu:1,cpu:2 [--batch_size=30] [--data_size=100]",
+      [] { return tandem::Run(); });
 }

@@ -289,20 +289,9 @@ int Run() {
 }  // namespace tandem
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  return tandem::examples::RunMain(
+      argc, argv, "train_step",
       "Times training steps on synthetic data.\n"
-      "  train_step --model=mlp --batch_size=256 --devices=cpu:0,cpu:1 --threads=1");
-  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
-  if (positional.size() > 1) {
-    std::fprintf(stderr, "train_step: unexpected argument '%s'; flags are written --name=value\n",
-                 positional[1]);
-    return 1;
-  }
-  try {
-    return tandem::Run();
-  } catch (const std::exception& e) {
-    std::fflush(stdout);
-    std::fprintf(stderr, "train_step: %s\n", tandem::examples::OneLine(e.what()).c_str());
-    return 1;
-  }
+      "  train_step --model=mlp --batch_size=256 --devices=cpu:0,cpu:1 --threads=1",
+      [] { return tandem::Run(); });
 }
