@@ -1,7 +1,12 @@
 #include "examples/cli.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <set>
 
@@ -20,6 +25,28 @@ std::string OneLine(std::string message) {
   }
   for (size_t pos; (pos = message.find('\n')) != std::string::npos;) message.replace(pos, 1, "; ");
   return message;
+}
+
+void RequireWritableFile(const std::string& flag, const std::string& path) {
+  if (path.empty()) return;
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "."
+                          : slash == 0               ? "/"
+                                                     : path.substr(0, slash);
+  struct stat info;
+  const bool exists = stat(dir.c_str(), &info) == 0;
+  Require(exists && S_ISDIR(info.st_mode), flag, "=", path, ": expected an existing folder '", dir,
+          "' but ", exists ? "it is not a folder" : "it does not exist",
+          "; create it or choose another path");
+  Require(!(stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)), flag, "=", path,
+          " is a folder; expected a file name in it, such as ", path, path.back() == '/' ? "" : "/",
+          "out");
+  std::string probe = dir + "/.tandem-write-check.XXXXXX";
+  const int fd = mkstemp(probe.data());
+  Require(fd >= 0, flag, "=", path, ": cannot create a file in '", dir, "' (", std::strerror(errno),
+          "); make the folder writable or choose another path");
+  close(fd);
+  unlink(probe.c_str());
 }
 
 std::string DeviceNames(const std::vector<Device>& devices, const std::string& separator) {

@@ -48,6 +48,12 @@ std::vector<Device> ParseDevices(const std::string& text);
 // than the machine has (they would fight over them).
 int ConfigureCpuDevices(const std::vector<Device>& devices, int threads);
 
+// Throws UsageError unless a file can be created at `path` (the value of `flag`; empty: no
+// file, nothing to check): its folder must exist and be writable, and `path` must not be a
+// folder. Checks by creating and removing a temporary file there, so call it before the
+// work whose result goes to `path`.
+void RequireWritableFile(const std::string& flag, const std::string& path);
+
 // "cpu:0, cpu:1" (with `separator` between the names).
 std::string DeviceNames(const std::vector<Device>& devices, const std::string& separator);
 

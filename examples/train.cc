@@ -233,13 +233,19 @@ int Run() {
   const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint);
   Require(epochs >= 1, "--epochs must be at least 1 but is ", epochs);
   Require(batch_size >= 1, "--batch_size must be at least 1 but is ", batch_size);
-  Require(lr > 0, "--lr must be positive but is ", lr);
+  Require(std::isfinite(lr) && lr > 0, "--lr must be a positive finite number but is ", lr,
+          "; try --lr=0.05 for sgd or --lr=0.001 for adam");
   Require(lr_decay == "cosine" || lr_decay == "none",
           "--lr_decay must be 'cosine' or 'none' but is '", lr_decay, "'");
   Require(absl::GetFlag(FLAGS_workers) >= 0, "--workers must be at least 0 but is ",
           absl::GetFlag(FLAGS_workers));
   Require(absl::GetFlag(FLAGS_train_limit) >= 0 && absl::GetFlag(FLAGS_test_limit) >= 0,
           "--train_limit and --test_limit must be at least 0");
+  // Every output's folder is checked now: a bad path must not cost a whole run.
+  examples::RequireWritableFile("--checkpoint", checkpoint);
+  examples::RequireWritableFile("--save", absl::GetFlag(FLAGS_save));
+  examples::RequireWritableFile("--log_csv", absl::GetFlag(FLAGS_log_csv));
+  examples::RequireWritableFile("--plot", absl::GetFlag(FLAGS_plot));
 
   // The model first: a bad device fails here, before the dataset is read.
   manual_seed(seed);
@@ -348,9 +354,21 @@ int Run() {
       optimizer.optimizer->step();
       ++splits[dp->last_chunk_sizes()];
       const int64_t n = batch.size();
-      loss_sum += loss.item() * n;
-      seen += n;
+      const double loss_value = loss.item();
       ++step;
+      if (!std::isfinite(loss_value)) {
+        bar.Finish();
+        throw std::runtime_error(absl::StrFormat(
+            "the training loss became %s at epoch %d, step %d of %d (learning rate %g): "
+            "training diverged and cannot recover; expected a finite loss, so lower --lr "
+            "(now %g) and start again",
+            std::isnan(loss_value) ? "NaN"
+            : loss_value > 0       ? "inf"
+                                   : "-inf",
+            epoch, step, steps, LearningRate(lr, lr_decay, epoch - 1, epochs), lr));
+      }
+      loss_sum += loss_value * n;
+      seen += n;
       bar.Update(step, seen, loss_sum / seen, SecondsSince(epoch_start));
       if (epoch == kill_in_epoch && step == steps / 2) std::raise(SIGKILL);
     }

@@ -21,6 +21,7 @@
 namespace tandem {
 namespace {
 
+using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
 using ::testing::StartsWith;
@@ -196,6 +197,15 @@ TEST_F(TrainResumeTest, BadFlagsAreOneLineErrorsWithExitStatusOne) {
       {"--model=cnn --checkpoint=" + mlp_checkpoint,
        "was saved by a run with model=mlp optimizer=sgd but this run has model=cnn"},
       {"--epochs=two", "Illegal value"},
+      {"--lr=inf", "--lr must be a positive finite number but is inf"},
+      {"--lr=nan", "--lr must be a positive finite number but is nan"},
+      {"--lr=-1", "--lr must be a positive finite number but is -1"},
+      {"--save=/nonexistent-dir/m.ckpt",
+       "--save=/nonexistent-dir/m.ckpt: expected an existing "
+       "folder '/nonexistent-dir' but it does not exist"},
+      {"--checkpoint=/proc/x/run.ckpt", "--checkpoint=/proc/x/run.ckpt: expected an existing"},
+      {"--log_csv=" + TempDir(), "--log_csv=" + TempDir() + " is a folder"},
+      {"--plot=/proc/self/x.svg", "--plot=/proc/self/x.svg: cannot create a file in"},
   };
   for (const auto& [flags, message] : cases) {
     const Result r = Train("bad", flags);
@@ -203,6 +213,26 @@ TEST_F(TrainResumeTest, BadFlagsAreOneLineErrorsWithExitStatusOne) {
     EXPECT_THAT(r.err, HasSubstr(message)) << flags;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << flags << ": " << r.err;
   }
+}
+
+// Defect 5 of issue 14: a bad output path fails at once, before the data is even read.
+TEST_F(TrainResumeTest, UnwritableOutputFailsBeforeTheFirstStep) {
+  const Result r =
+      Train("unwritable_save", std::string(kCommon) + " --save=/nonexistent-dir/m.ckpt");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("create it or choose another path"));
+  EXPECT_EQ(r.out, "");
+}
+
+// Defect 4 of issue 14: a learning rate that makes training diverge stops it with an error
+// naming the epoch and the step, instead of training on with a NaN loss and exiting 0.
+TEST_F(TrainResumeTest, ANonFiniteLossStopsTrainingNamingTheEpochAndStep) {
+  const Result r = Train("diverge", std::string(kCommon) + " --lr=1e6 --lr_decay=none");
+  EXPECT_EQ(r.exit_code, 1) << r.out;
+  EXPECT_THAT(r.err, StartsWith("train: the training loss became "));
+  EXPECT_THAT(r.err, ContainsRegex("became (NaN|-?inf) at epoch 1, step [0-9]+ of 10 "));
+  EXPECT_THAT(r.err, HasSubstr("lower --lr (now 1e+06)"));
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
 }
 
 }  // namespace
