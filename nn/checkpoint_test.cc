@@ -1,9 +1,14 @@
 #include "nn/checkpoint.h"
 
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -265,6 +270,84 @@ TEST_F(CheckpointTest, ReportsFileSystemErrors) {
   EXPECT_EQ(Files(), std::vector<std::string>{"occupied"});
   EXPECT_THAT(ErrorOf([&] { LoadCheckpoint(net, PathOf("absent.ckpt")); }),
               HasSubstr("cannot open checkpoint '" + PathOf("absent.ckpt") + "'"));
+}
+
+mode_t ModeOf(const std::string& path) {
+  struct stat info;
+  EXPECT_EQ(stat(path.c_str(), &info), 0) << path;
+  return info.st_mode & 07777;
+}
+
+// Issue 14, defect 2: a save killed part-way leaves "<path>.tmp.XXXXXX"; the next save to
+// the same path removes it, but not a temporary a live save holds (locked), nor another
+// checkpoint's.
+TEST_F(CheckpointTest, RemovesTheTemporariesOfKilledSavesOfTheSamePath) {
+  const std::string path = PathOf("net.ckpt");
+  WriteBytes(path + ".tmp.k1LLed", std::vector<char>(1000, 'x'));
+  WriteBytes(path + ".tmp.Old123", std::vector<char>(10, 'x'));
+  WriteBytes(PathOf("other.ckpt.tmp.k1LLed"), {'x'});
+  WriteBytes(path + ".tmp.toolong7", {'x'});
+  WriteBytes(path + ".tmp.Live00", {'x'});
+  const int live = open((path + ".tmp.Live00").c_str(), O_RDONLY);
+  ASSERT_GE(live, 0);
+  ASSERT_EQ(flock(live, LOCK_EX), 0);  // a save in progress
+  Net net;
+  SaveCheckpoint(net, path);
+  std::vector<std::string> files = Files();
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{"net.ckpt", "net.ckpt.tmp.Live00",
+                                             "net.ckpt.tmp.toolong7", "other.ckpt.tmp.k1LLed"}));
+  close(live);
+  SaveCheckpoint(net, path);  // now unlocked: its save is gone
+  EXPECT_FALSE(fs::exists(path + ".tmp.Live00"));
+  Net reloaded;
+  LoadCheckpoint(reloaded, path);
+  EXPECT_EQ(StateOf(reloaded), StateOf(net));
+}
+
+// Issue 14, defect 3: a new file honours the umask; a replaced one keeps its mode.
+TEST_F(CheckpointTest, NewFilesHonourTheUmaskAndReplacedFilesKeepTheirMode) {
+  Net net;
+  const mode_t saved_umask = umask(027);
+  SaveCheckpoint(net, PathOf("new.ckpt"));
+  umask(saved_umask);
+  EXPECT_EQ(ModeOf(PathOf("new.ckpt")), 0640u);
+
+  SaveCheckpoint(net, PathOf("private.ckpt"));
+  ASSERT_EQ(chmod(PathOf("private.ckpt").c_str(), 0600), 0);
+  SaveCheckpoint(net, PathOf("private.ckpt"));
+  EXPECT_EQ(ModeOf(PathOf("private.ckpt")), 0600u);
+  ASSERT_EQ(chmod(PathOf("private.ckpt").c_str(), 0664), 0);
+  SaveCheckpoint(net, PathOf("private.ckpt"));
+  EXPECT_EQ(ModeOf(PathOf("private.ckpt")), 0664u);
+}
+
+// Issue 14, defect 3: saving through a symbolic link (relative, or a chain) replaces the
+// target and keeps the link, as writing through it would; a dangling link gets its target.
+TEST_F(CheckpointTest, SavingThroughASymbolicLinkReplacesItsTarget) {
+  fs::create_directories(PathOf("store"));
+  Net first;
+  SaveCheckpoint(first, PathOf("store/real.ckpt"));
+  fs::create_symlink("store/real.ckpt", PathOf("link.ckpt"));
+  fs::create_symlink("link.ckpt", PathOf("link2.ckpt"));
+  manual_seed(5);
+  Net second;
+  SaveCheckpoint(second, PathOf("link2.ckpt"));
+  EXPECT_TRUE(fs::is_symlink(PathOf("link.ckpt")));
+  EXPECT_TRUE(fs::is_symlink(PathOf("link2.ckpt")));
+  Net reloaded;
+  LoadCheckpoint(reloaded, PathOf("store/real.ckpt"));
+  EXPECT_EQ(StateOf(reloaded), StateOf(second));
+  EXPECT_NE(StateOf(reloaded), StateOf(first));
+
+  fs::create_symlink("store/later.ckpt", PathOf("dangling.ckpt"));
+  SaveCheckpoint(second, PathOf("dangling.ckpt"));
+  EXPECT_TRUE(fs::is_symlink(PathOf("dangling.ckpt")));
+  EXPECT_TRUE(fs::is_regular_file(PathOf("store/later.ckpt")));
+
+  fs::create_symlink("loop.ckpt", PathOf("loop.ckpt"));
+  EXPECT_THAT(ErrorOf([&] { SaveCheckpoint(second, PathOf("loop.ckpt")); }),
+              HasSubstr("more than 40 symbolic links"));
 }
 
 TEST_F(CheckpointTest, LoadsIntoCuda) {
