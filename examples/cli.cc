@@ -87,6 +87,10 @@ int ConfigureCpuDevices(const std::vector<Device>& devices, int threads) {
     highest = std::max(highest, d.index());
   }
   if (cpu_devices == 0) return 0;
+  constexpr int kMaxCpuDevices = 1024;  // what SetCpuDeviceCount (tensor/runtime.cc) accepts
+  Require(highest < kMaxCpuDevices, "there is no device cpu:", highest,
+          ": expected CPU devices cpu:0 to cpu:", kMaxCpuDevices - 1,
+          " (logical devices, any number up to ", kMaxCpuDevices, "); use a lower index");
   const int cores = HardwareCores();
   if (threads == 0) threads = std::max(1, cores / cpu_devices);
   Require(threads * cpu_devices <= std::max(cores, cpu_devices), "--threads=", threads, " with ",

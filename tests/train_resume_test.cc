@@ -24,6 +24,7 @@ namespace {
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
+using ::testing::Not;
 using ::testing::StartsWith;
 
 constexpr char kData[] = "/usr/share/datasets/fashion-mnist";
@@ -197,6 +198,7 @@ TEST_F(TrainResumeTest, BadFlagsAreOneLineErrorsWithExitStatusOne) {
       {"--model=cnn --checkpoint=" + mlp_checkpoint,
        "was saved by a run with model=mlp optimizer=sgd but this run has model=cnn"},
       {"--epochs=two", "Illegal value"},
+      {"--device=cpu:1024", "there is no device cpu:1024: expected CPU devices cpu:0 to cpu:1023"},
       {"--lr=inf", "--lr must be a positive finite number but is inf"},
       {"--lr=nan", "--lr must be a positive finite number but is nan"},
       {"--lr=-1", "--lr must be a positive finite number but is -1"},
@@ -212,6 +214,9 @@ TEST_F(TrainResumeTest, BadFlagsAreOneLineErrorsWithExitStatusOne) {
     EXPECT_EQ(r.exit_code, 1) << flags;
     EXPECT_THAT(r.err, HasSubstr(message)) << flags;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << flags << ": " << r.err;
+    // Issue 14, defect 6: no internal function names, no numbers the user did not type.
+    EXPECT_THAT(r.err, Not(HasSubstr("SetCpuDeviceCount"))) << flags;
+    EXPECT_THAT(r.err, Not(HasSubstr("1025"))) << flags;
   }
 }
 
