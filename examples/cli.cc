@@ -87,7 +87,6 @@ int ConfigureCpuDevices(const std::vector<Device>& devices, int threads) {
     highest = std::max(highest, d.index());
   }
   if (cpu_devices == 0) return 0;
-  constexpr int kMaxCpuDevices = 1024;  // what SetCpuDeviceCount (tensor/runtime.cc) accepts
   Require(highest < kMaxCpuDevices, "there is no device cpu:", highest,
           ": expected CPU devices cpu:0 to cpu:", kMaxCpuDevices - 1,
           " (logical devices, any number up to ", kMaxCpuDevices, "); use a lower index");

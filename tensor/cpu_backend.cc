@@ -39,9 +39,6 @@
 namespace tandem {
 namespace {
 
-// SetCpuDeviceCount's upper bound: every logical CPU device gets a lock-free allocator slot.
-constexpr int kMaxCpuDevices = 1024;
-
 // 64-byte aligned host memory under each CPU device's CachingAllocator.
 class HostMemory final : public SystemMemory {
  public:

@@ -17,9 +17,9 @@ int DefaultCpuDeviceCount() {
   if (const char* env = std::getenv("TANDEM_CPU_DEVICES")) {
     char* end = nullptr;
     const long count = std::strtol(env, &end, 10);
-    TANDEM_CHECK(end != env && *end == '\0' && count >= 1 && count <= 1024,
-                 "TANDEM_CPU_DEVICES must be a number of logical CPU devices in [1, 1024] but is '",
-                 env, "'");
+    TANDEM_CHECK(end != env && *end == '\0' && count >= 1 && count <= kMaxCpuDevices,
+                 "TANDEM_CPU_DEVICES must be a number of logical CPU devices in [1, ",
+                 kMaxCpuDevices, "] but is '", env, "'");
     return static_cast<int>(count);
   }
   return HardwareCores();
@@ -77,8 +77,8 @@ int HardwareCores() {
 }
 
 void SetCpuDeviceCount(int count) {
-  TANDEM_CHECK(count >= 1 && count <= 1024,
-               "SetCpuDeviceCount: the number of logical CPU devices must be in [1, 1024] but is ",
+  TANDEM_CHECK(count >= 1 && count <= kMaxCpuDevices,
+               "the number of logical CPU devices must be in [1, ", kMaxCpuDevices, "] but is ",
                count);
   if (CpuDeviceCountStorage().exchange(count) != count) ResetCpuThreadPools();
 }

@@ -13,6 +13,9 @@
 
 namespace tandem {
 
+// The most logical CPU devices a process may configure (SetCpuDeviceCount, TANDEM_CPU_DEVICES).
+inline constexpr int kMaxCpuDevices = 1024;
+
 // Throws tandem::Error naming the device and how to make it available when it does not
 // exist in this process (index too large, no GPU, a build without CUDA).
 void CheckAvailable(Device device);
