@@ -169,8 +169,6 @@ std::vector<std::vector<Tensor>> broadcast_coalesced(const std::vector<Tensor>& 
                  source, " (where tensor 0 is) but tensor ", i, " is on ", tensors[i].device(),
                  "; move it there first");
   }
-  std::vector<Tensor> contiguous;
-  for (const Tensor& t : tensors) contiguous.push_back(t.contiguous());
   for (size_t d = 0; d < devices.size(); ++d) {
     const Device target = devices[d];
     if (target == source) {
@@ -191,6 +189,8 @@ std::vector<std::vector<Tensor>> broadcast_coalesced(const std::vector<Tensor>& 
     }
   }
   if (pending.empty()) return out;
+  std::vector<Tensor> contiguous;  // only where a flat buffer is packed
+  for (const Tensor& t : tensors) contiguous.push_back(t.contiguous());
   internal::Collectives* engine = internal::GetCollectives();
   const bool collective = engine != nullptr && engine->Supports(group);
   for (const std::vector<size_t>& bucket : Buckets(contiguous, buffer_bytes)) {

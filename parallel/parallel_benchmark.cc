@@ -40,6 +40,7 @@
 #include "parallel/parallel.h"
 #include "tensor/tensor.h"
 #include "tensor/worker.h"
+#include "tools/bench/reference_loop.h"
 
 namespace tandem::parallel {
 namespace {
@@ -199,62 +200,14 @@ BENCHMARK_CAPTURE(BM_Mlp_DataParallel, forward_loss_one_bucket, true, Buckets::k
 
 // ---- (c) a perfectly parallel reference ---------------------------------------------------------
 
-// A fixed arithmetic kernel: 16 independent multiply-add chains, `reps` steps each. It
-// touches only registers (no shared memory), so two threads on two free cores take half
-// the time of one.
-// The result is also stored in a volatile sink: a side effect, so that the compiler can
-// neither drop a call nor move it out of the timed region.
-volatile float kernel_sink = 0;
-
-__attribute__((noinline)) float Kernel(int64_t reps, float seed) {
-  float acc[16];
-  for (int k = 0; k < 16; ++k) acc[k] = seed + static_cast<float>(k);
-  for (int64_t r = 0; r < reps; ++r) {
-    for (int k = 0; k < 16; ++k) acc[k] = acc[k] * 0.999f + 0.25f;
-  }
-  float total = 0;
-  for (float a : acc) total += a;
-  kernel_sink = total;
-  return total;
-}
-
-// `reps` steps of the kernel split evenly over the workers of `devices`; waits for all.
-float ParallelLoop(const std::vector<Device>& devices, int64_t reps) {
-  std::vector<std::future<float>> parts;
-  for (size_t i = 0; i < devices.size(); ++i) {
-    const int64_t share = reps / static_cast<int64_t>(devices.size());
-    parts.push_back(DeviceWorker::For(devices[i]).Submit([share, i] {
-      return Kernel(share, static_cast<float>(i));
-    }));
-  }
-  float total = 0;
-  for (auto& part : parts) total += part.get();
-  return total;
-}
-
-// Steps of the kernel that take about `seconds` on one thread here.
-int64_t CalibratedReps(double seconds) {
-  static const double reps_per_second = [] {
-    benchmark::DoNotOptimize(Kernel(1 << 16, 1.0f));
-    // Double the probe until it takes at least 20 ms, so that the rate is measured well.
-    for (int64_t probe = 1 << 16;; probe *= 2) {
-      const auto start = Clock::now();
-      benchmark::DoNotOptimize(Kernel(probe, 1.0f));
-      const double elapsed = SecondsSince(start);
-      if (elapsed >= 0.02) return static_cast<double>(probe) / elapsed;
-    }
-  }();
-  return std::max<int64_t>(2, static_cast<int64_t>(reps_per_second * seconds));
-}
-
 // As long as the MLP's step on one device (about 10 ms on one thread).
 constexpr double kLoopSeconds = 0.01;
 
 void BM_ParallelLoop(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
   UseCpuDevices(state, 2);
-  const int64_t reps = CalibratedReps(kLoopSeconds);
-  for (auto _ : state) benchmark::DoNotOptimize(ParallelLoop(CpuDevices(threads), reps));
+  const int64_t reps = bench::CalibratedReps(kLoopSeconds);
+  for (auto _ : state) benchmark::DoNotOptimize(bench::ReferenceLoop(CpuDevices(threads), reps));
 }
 BENCHMARK(BM_ParallelLoop)
     ->ArgName("threads")
@@ -271,7 +224,7 @@ void BM_Speedup(benchmark::State& state, Buckets buckets) {
   Mlp mlp;
   DataParallel dp(mlp.model, CpuDevices(2));
   SetBuckets(dp, buckets);
-  const int64_t reps = CalibratedReps(kLoopSeconds);
+  const int64_t reps = bench::CalibratedReps(kLoopSeconds);
   const std::vector<Device> one = CpuDevices(1), two = CpuDevices(2);
   for (int i = 0; i < 2; ++i) {
     mlp.SingleStep();
@@ -288,8 +241,8 @@ void BM_Speedup(benchmark::State& state, Buckets buckets) {
     time(single, [&] { mlp.SingleStep(); });
     time(gathered, [&] { mlp.ParallelStep(dp, false); });
     time(forward_loss, [&] { mlp.ParallelStep(dp, true); });
-    time(loop1, [&] { benchmark::DoNotOptimize(ParallelLoop(one, reps)); });
-    time(loop2, [&] { benchmark::DoNotOptimize(ParallelLoop(two, reps)); });
+    time(loop1, [&] { benchmark::DoNotOptimize(bench::ReferenceLoop(one, reps)); });
+    time(loop2, [&] { benchmark::DoNotOptimize(bench::ReferenceLoop(two, reps)); });
   }
   const double n = static_cast<double>(state.iterations());
   const double loop_speedup = loop1 / loop2;

@@ -111,7 +111,8 @@ Replicator::Replicator(std::shared_ptr<nn::Module> module, std::vector<Device> d
   CheckDistinct(devices_, "replicate");
 }
 
-bool Replicator::CacheMatchesModule() const {
+bool Replicator::CacheMatchesModule(const std::vector<nn::NamedTensor>& parameters,
+                                    const std::vector<nn::NamedTensor>& buffers) const {
   if (clones_.empty()) return false;
   auto same = [](const std::vector<nn::NamedTensor>& a, const std::vector<nn::NamedTensor>& b) {
     if (a.size() != b.size()) return false;
@@ -124,8 +125,7 @@ bool Replicator::CacheMatchesModule() const {
     return true;
   };
   const nn::Module& clone = *clones_[0];
-  return same(module_->named_parameters(), clone.named_parameters()) &&
-         same(module_->named_buffers(), clone.named_buffers());
+  return same(parameters, clone.named_parameters()) && same(buffers, clone.named_buffers());
 }
 
 std::vector<std::shared_ptr<nn::Module>> Replicator::Replicate(int count, bool detach) {
@@ -144,7 +144,7 @@ std::vector<std::shared_ptr<nn::Module>> Replicator::Replicate(int count, bool d
                    "; call module->to(", source, ") first");
     }
   }
-  if (!CacheMatchesModule()) {
+  if (!CacheMatchesModule(parameters, buffers)) {
     NoGradGuard no_grad;
     clones_.clear();
     for (Device device : devices_) clones_.push_back(module_->clone(device));
@@ -154,10 +154,8 @@ std::vector<std::shared_ptr<nn::Module>> Replicator::Replicate(int count, bool d
   std::vector<Tensor> parameter_values;
   for (const nn::NamedTensor& p : parameters) parameter_values.push_back(p.value);
   std::vector<std::vector<Tensor>> parameter_copies;
-  if (detach) {
-    NoGradGuard no_grad;
-    parameter_copies = Broadcast(parameter_values, targets, bucket_bytes_);
-  } else {
+  {
+    AutoGradMode mode(GradMode::IsEnabled() && !detach);  // detach: no graph
     parameter_copies = Broadcast(parameter_values, targets, bucket_bytes_);
   }
 

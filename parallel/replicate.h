@@ -53,7 +53,9 @@ class Replicator {
   const std::vector<Device>& devices() const { return devices_; }
 
  private:
-  bool CacheMatchesModule() const;
+  // Whether the cached clones have the module's names, shapes and dtypes.
+  bool CacheMatchesModule(const std::vector<nn::NamedTensor>& parameters,
+                          const std::vector<nn::NamedTensor>& buffers) const;
 
   std::shared_ptr<nn::Module> module_;
   std::vector<Device> devices_;

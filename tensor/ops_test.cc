@@ -657,9 +657,13 @@ TEST_F(OpsTest, MatmulErrorsSayWhatToFix) {
                 matmul(zeros({2, 3, 4}), zeros({3, 4, 5}));
               }),
               HasSubstr("the batch sizes (2 and 3) must be equal or one of them 1"));
-  EXPECT_THAT(ErrorOf([] { matmul(zeros({2, 2, 3, 4}), zeros({3, 5})); }),
+  EXPECT_THAT(ErrorOf([] {
+                matmul(zeros({2, 2, 3, 4}), zeros({3, 5}));
+              }),
               HasSubstr("a.size(-1) (4) must equal b.size(-2) (3)"));
-  EXPECT_THAT(ErrorOf([] { matmul(zeros({}), zeros({4, 5})); }),
+  EXPECT_THAT(ErrorOf([] {
+                matmul(zeros({}), zeros({4, 5}));
+              }),
               HasSubstr("matmul: both operands must have at least one dimension"));
   EXPECT_THAT(ErrorOf([] {
                 matmul(zeros({2, 3}), zeros({3, 5}, Device::Cpu(1)));
@@ -1684,8 +1688,8 @@ void ExpectPyTorchNanAndInfSemanticsOn(Device device) {
   ExpectValues(on_cpu(ge(c, d)), {4}, {0, 0, 1, 0});
   // Reductions: NaN wins max/min and arg-reductions pick the first NaN.
   const Tensor rows = from_vector(std::vector<float>{1.0f, kNan, 3.0f, kNan,      //
-                                   -kInf, -kInf, -kInf, -kInf,  //
-                                   kInf, -kInf, 0.0f, kInf},
+                                                     -kInf, -kInf, -kInf, -kInf,  //
+                                                     kInf, -kInf, 0.0f, kInf},
                                   {3, 4}, device);
   ExpectValues(on_cpu(amax(rows, 1)), {3}, {kNan, -kInf, kInf});
   ExpectValues(on_cpu(sum(rows, {1})), {3}, {kNan, -kInf, kNan});
@@ -1695,13 +1699,15 @@ void ExpectPyTorchNanAndInfSemanticsOn(Device device) {
   EXPECT_THAT(on_cpu(argmax(rows, 0)).to_vector<int64_t>(), ElementsAre(2, 0, 0, 0));
   ExpectValues(on_cpu(amax(rows, 0)), {4}, {kInf, kNan, 3.0f, kNan});
   // Softmax: an infinite maximum or a NaN makes the whole row NaN; -inf entries get 0.
-  const Tensor logits = from_vector(std::vector<float>{kInf, 1.0f, -kInf, 0.0f, -kInf, -kInf, kNan, 0.0f},
-                                    {4, 2}, device);
-  ExpectValues(on_cpu(softmax(logits, 1)), {4, 2}, {kNan, kNan, 0.0f, 1.0f, kNan, kNan, kNan, kNan});
+  const Tensor logits = from_vector(
+      std::vector<float>{kInf, 1.0f, -kInf, 0.0f, -kInf, -kInf, kNan, 0.0f}, {4, 2}, device);
+  ExpectValues(on_cpu(softmax(logits, 1)), {4, 2},
+               {kNan, kNan, 0.0f, 1.0f, kNan, kNan, kNan, kNan});
   ExpectValues(on_cpu(log_softmax(logits, 1)), {4, 2},
                {kNan, kNan, -kInf, 0.0f, kNan, kNan, kNan, kNan});
   // Max pooling propagates NaN.
-  const Tensor image = from_vector(std::vector<float>{1.0f, kNan, 3.0f, 4.0f}, {1, 1, 2, 2}, device);
+  const Tensor image =
+      from_vector(std::vector<float>{1.0f, kNan, 3.0f, 4.0f}, {1, 1, 2, 2}, device);
   ExpectValues(on_cpu(max_pool2d(image, {2, 2})), {1, 1, 1, 1}, {kNan});
 }
 

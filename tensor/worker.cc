@@ -158,20 +158,11 @@ DeviceWorker::~DeviceWorker() {
 void DeviceWorker::Post(std::function<void()> task) {
   // The task runs with the grad mode and current streams its poster had, as if the poster
   // ran it (PyTorch's engine carries both into its tasks).
-  std::vector<Stream> streams = CurrentStreams();
-  if (streams.empty()) {
-    task = [grad_mode = GradMode::IsEnabled(), task = std::move(task)] {
-      AutoGradMode mode(grad_mode);
-      task();
-    };
-  } else {
-    task = [grad_mode = GradMode::IsEnabled(), streams = std::move(streams),
-            task = std::move(task)] {
-      AutoGradMode mode(grad_mode);
-      MultiStreamGuard guard(streams);
-      task();
-    };
-  }
+  task = [grad_mode = GradMode::IsEnabled(), streams = CurrentStreams(), task = std::move(task)] {
+    AutoGradMode mode(grad_mode);
+    MultiStreamGuard guard(streams);  // usually none: copies an empty vector
+    task();
+  };
   {
     std::lock_guard<std::mutex> lock(mutex_);
     // While stopping, the loop still drains its queue, so tasks that the worker's own tasks

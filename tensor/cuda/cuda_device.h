@@ -25,9 +25,9 @@
 #include <vector>
 
 #include "tensor/backend.h"
-#include "tensor/internal/caching_allocator.h"
 #include "tensor/cuda/kernels.h"
 #include "tensor/cuda/pinned_host_allocator.h"
+#include "tensor/internal/caching_allocator.h"
 
 namespace tandem {
 namespace cuda {

@@ -33,7 +33,7 @@ struct TensorImpl {
   bool requires_grad = false;
   std::shared_ptr<Node> grad_fn;
   uint32_t output_nr = 0;  // which of grad_fn's outputs this tensor is
-  std::mutex grad_mutex;  // guards grad, grad_accumulator and grad_hooks
+  std::mutex grad_mutex;   // guards grad, grad_accumulator and grad_hooks
   Tensor grad;
   std::weak_ptr<Node> grad_accumulator;
   std::vector<std::function<void(const Tensor&)>> grad_hooks;

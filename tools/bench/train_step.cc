@@ -35,6 +35,7 @@
 #include "tensor/allocator.h"
 #include "tensor/tensor.h"
 #include "tensor/worker.h"
+#include "tools/bench/reference_loop.h"
 
 ABSL_FLAG(std::string, model, "mlp", "mlp (784-256-128-10) or cnn (two conv+pool blocks)");
 ABSL_FLAG(int, batch_size, 256, "Images per step (split across the devices)");
@@ -113,51 +114,7 @@ class Trainer {
   Tensor x_, y_;
 };
 
-// A perfectly parallel reference: 16 independent multiply-add chains in registers, `reps`
-// steps, touching no shared memory.
-float Kernel(int64_t reps, float seed) {
-  float acc[16];
-  for (int k = 0; k < 16; ++k) acc[k] = seed + static_cast<float>(k);
-  for (int64_t r = 0; r < reps; ++r) {
-    for (int k = 0; k < 16; ++k) acc[k] = acc[k] * 0.999f + 0.25f;
-  }
-  float total = 0;
-  for (float a : acc) total += a;
-  return total;
-}
-
 constexpr double kNoLoss = std::numeric_limits<double>::quiet_NaN();
-volatile float g_sink = 0;  // keeps the kernel's result alive
-
-// `reps` kernel steps split evenly over the workers of `devices` (the threads DataParallel's
-// replicas run on); waits for all.
-void ParallelLoop(const std::vector<Device>& devices, int64_t reps) {
-  std::vector<std::future<float>> parts;
-  const int64_t share = reps / static_cast<int64_t>(devices.size());
-  for (size_t i = 0; i < devices.size(); ++i) {
-    parts.push_back(DeviceWorker::For(devices[i]).Submit([share, i] {
-      return Kernel(share, static_cast<float>(i));
-    }));
-  }
-  float total = 0;
-  for (auto& part : parts) total += part.get();
-  g_sink = total;
-}
-
-// Kernel steps that take about `seconds` on one thread: the fastest of a few 20 ms probes,
-// so that a busy moment does not inflate the estimate.
-int64_t CalibratedReps(double seconds) {
-  int64_t probe = 1 << 16;
-  double best = 0;  // steps per second
-  for (int i = 0; i < 5; ++i) {
-    const auto start = Clock::now();
-    g_sink = Kernel(probe, 1.0f);
-    const double elapsed = SecondsSince(start);
-    best = std::max(best, probe / elapsed);
-    if (elapsed < 0.02) probe = static_cast<int64_t>(probe * 0.02 / std::max(elapsed, 1e-6)) + 1;
-  }
-  return std::max<int64_t>(16, static_cast<int64_t>(best * seconds));
-}
 
 double TimeIt(const std::function<void()>& work) {
   const auto start = Clock::now();
@@ -241,15 +198,15 @@ int Run() {
     Trainer single(kind, {devices[0]}, batch, forward_loss);
     for (int i = 0; i < warmup; ++i) single.Step();
     const int workers = static_cast<int>(devices.size());
-    const int64_t reps = CalibratedReps(median / 1e3);
+    const int64_t reps = bench::CalibratedReps(median / 1e3);
     std::vector<double> one, many, loop_one, loop_many;
     examples::ProgressBar compare_bar(stdout, "scaling", steps);
     const auto compare_start = Clock::now();
     for (int i = 0; i < steps; ++i) {
       one.push_back(TimeIt([&] { single.Step(); }));
       many.push_back(TimeIt([&] { trainer->Step(); }));
-      loop_one.push_back(TimeIt([&] { ParallelLoop({devices[0]}, reps); }));
-      loop_many.push_back(TimeIt([&] { ParallelLoop(devices, reps); }));
+      loop_one.push_back(TimeIt([&] { bench::ReferenceLoop({devices[0]}, reps); }));
+      loop_many.push_back(TimeIt([&] { bench::ReferenceLoop(devices, reps); }));
       compare_bar.Update(i + 1, static_cast<int64_t>(i + 1) * batch, kNoLoss,
                          SecondsSince(compare_start));
     }

@@ -1,0 +1,32 @@
+// A perfectly parallel reference loop for scaling benchmarks: independent multiply-add
+// chains in registers, split evenly over devices' workers. What it gains from a second
+// worker is the most any data-parallel step can gain on the same machine in the same run,
+// so speed-ups are reported as a ratio to it (train_step, parallel_benchmark).
+//
+//   const int64_t reps = bench::CalibratedReps(0.01);          // about 10 ms on one thread
+//   bench::ReferenceLoop({Device::Cpu(0)}, reps);               // time this ...
+//   bench::ReferenceLoop({Device::Cpu(0), Device::Cpu(1)}, reps);  // ... against this
+#ifndef TANDEM_TOOLS_BENCH_REFERENCE_LOOP_H_
+#define TANDEM_TOOLS_BENCH_REFERENCE_LOOP_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "tensor/device.h"
+
+namespace tandem::bench {
+
+// `reps` steps of 16 independent multiply-add chains; touches no shared memory. The result
+// also goes to a volatile sink, so no call can be dropped or moved out of a timed region.
+float ReferenceKernel(int64_t reps, float seed);
+
+// `reps` kernel steps split evenly over the workers of `devices`; waits for all.
+float ReferenceLoop(const std::vector<Device>& devices, int64_t reps);
+
+// Kernel steps that take about `seconds` on one thread: the fastest of a few probes of at
+// least 20 ms, so that a busy moment does not inflate the estimate.
+int64_t CalibratedReps(double seconds);
+
+}  // namespace tandem::bench
+
+#endif  // TANDEM_TOOLS_BENCH_REFERENCE_LOOP_H_
