@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <string>
+#include <vector>
 
 #include "data/idx.h"
 
@@ -55,11 +57,23 @@ FashionMnist::FashionMnist(const std::string& root, Split split, Options options
   const std::string images_path = FindFile(root, prefix + "-images-idx3-ubyte");
   const std::string labels_path = FindFile(root, prefix + "-labels-idx1-ubyte");
 
-  IdxArray images = ReadIdxFile(images_path, 3);
-  TANDEM_CHECK(images.dims[1] == kRows && images.dims[2] == kCols, images_path, " holds ",
-               images.dims[1], "x", images.dims[2], " images but Fashion-MNIST's are ", kRows, "x",
-               kCols, "; this is not a Fashion-MNIST file");
-  IdxArray labels = ReadIdxFile(labels_path, 1);
+  // Checked on the headers, before the data is read: a file of other images is reported as
+  // such, not as the length mismatch it leads to.
+  IdxArray images = ReadIdxFile(images_path, 3, [&](const std::vector<int64_t>& dims) {
+    TANDEM_CHECK(dims[1] == kRows && dims[2] == kCols, images_path, " holds ", dims[1], "x",
+                 dims[2], " images but Fashion-MNIST's are ", kRows, "x", kCols,
+                 "; this is not a Fashion-MNIST file");
+    TANDEM_CHECK(dims[0] > 0, images_path,
+                 " holds no images (its header says 0) but a Fashion-MNIST split is never "
+                 "empty; the file is truncated or not a Fashion-MNIST file: reinstall "
+                 "dataset-fashion-mnist");
+  });
+  IdxArray labels = ReadIdxFile(labels_path, 1, [&](const std::vector<int64_t>& dims) {
+    TANDEM_CHECK(dims[0] > 0, labels_path,
+                 " holds no labels (its header says 0) but a Fashion-MNIST split is never "
+                 "empty; the file is truncated or not a Fashion-MNIST file: reinstall "
+                 "dataset-fashion-mnist");
+  });
   TANDEM_CHECK(images.dims[0] == labels.dims[0], images_path, " holds ", images.dims[0],
                " images but ", labels_path, " holds ", labels.dims[0],
                " labels; the two files must come from the same split and release");

@@ -58,8 +58,9 @@ class FashionMnist : public Dataset {
   // Reads {train,t10k}-{images-idx3,labels-idx1}-ubyte.gz from `root` (or the same names
   // without .gz). Throws tandem::Error naming the file for a missing file (and the Debian
   // package that provides it), a bad or truncated gzip stream, a wrong magic number or
-  // image size, fewer or more items than the header says, image and label counts that
-  // differ, or a label outside 0..9.
+  // image size (found from the header, before the data is read), an empty file, fewer or
+  // more items than the header says, image and label counts that differ, or a label
+  // outside 0..9.
   explicit FashionMnist(const std::string& root = kDefaultRoot, Split split = Split::kTrain,
                         Options options = Options());
 

@@ -132,6 +132,37 @@ TEST(FashionMnistFilesTest, WrongImageSizeOrMagicIsRejected) {
             std::string::npos);
 }
 
+// Issue 14: a 32x24 header was reported as "4097+ unexpected bytes" (the data was read
+// before the dimensions were checked).
+TEST(FashionMnistFilesTest, WrongImageDimensionsAreReportedAsSuch) {
+  const FakeSplit fake = WriteFakeSplit("train", {1, 2, 3, 4, 5, 6, 7});
+  const std::string images = fake.root + "/train-images-idx3-ubyte.gz";
+  // The header says 32x24 but the data is as long as seven 28x28 images.
+  WriteGzipFile(images, IdxBytes(2051, {7, 32, 24}, fake.pixels));
+  const std::string message = ErrorOf([&] { FashionMnist dataset(fake.root); });
+  EXPECT_NE(message.find(images + " holds 32x24 images but Fashion-MNIST's are 28x28"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(message.find("unexpected bytes"), std::string::npos) << message;
+}
+
+TEST(FashionMnistFilesTest, AnEmptySplitNamesTheFile) {
+  const FakeSplit fake = WriteFakeSplit("t10k", {});
+  const std::string message =
+      ErrorOf([&] { FashionMnist dataset(fake.root, FashionMnist::Split::kTest); });
+  EXPECT_NE(message.find(fake.root + "/t10k-images-idx3-ubyte.gz holds no images"),
+            std::string::npos)
+      << message;
+  // Images present, labels empty.
+  const FakeSplit labels_only = WriteFakeSplit("t10k", {1});
+  WriteGzipFile(labels_only.root + "/t10k-labels-idx1-ubyte.gz", IdxBytes(2049, {0}, {}));
+  const std::string labels_message =
+      ErrorOf([&] { FashionMnist dataset(labels_only.root, FashionMnist::Split::kTest); });
+  EXPECT_NE(labels_message.find(labels_only.root + "/t10k-labels-idx1-ubyte.gz holds no labels"),
+            std::string::npos)
+      << labels_message;
+}
+
 TEST(FashionMnistFilesTest, TruncatedImagesAreRejected) {
   const FakeSplit fake = WriteFakeSplit("train", {1, 2});
   WriteGzipFile(fake.root + "/train-images-idx3-ubyte.gz",

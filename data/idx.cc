@@ -84,16 +84,27 @@ void ReadUpTo(GzipReader& reader, std::vector<uint8_t>& out, size_t limit) {
   }
 }
 
+// "60000x28x28".
+std::string DimsToString(const std::vector<int64_t>& dims) {
+  std::string text;
+  for (size_t d = 0; d < dims.size(); ++d) text += (d > 0 ? "x" : "") + std::to_string(dims[d]);
+  return text;
+}
+
 }  // namespace
 
-std::vector<uint8_t> ReadGzipFile(const std::string& path) {
+std::vector<uint8_t> ReadGzipFile(const std::string& path, uint64_t max_bytes) {
   GzipReader reader(path);
   std::vector<uint8_t> content;
-  ReadUpTo(reader, content, std::numeric_limits<size_t>::max());
+  const uint64_t limit = std::min<uint64_t>(max_bytes, std::numeric_limits<size_t>::max() - 1);
+  ReadUpTo(reader, content, static_cast<size_t>(limit) + 1);
+  TANDEM_CHECK(content.size() <= limit, path, " holds more than ", limit,
+               " bytes (decompressed), the most this reader accepts; expected a smaller file "
+               "(is it an endless device such as /dev/zero, or the wrong file?)");
   return content;
 }
 
-IdxArray ReadIdxFile(const std::string& path, int num_dims) {
+IdxArray ReadIdxFile(const std::string& path, int num_dims, const IdxHeaderCheck& check_header) {
   TANDEM_CHECK(num_dims >= 1 && num_dims <= 255, "ReadIdxFile: num_dims must be in 1..255 but is ",
                num_dims);
   GzipReader reader(path);
@@ -122,12 +133,19 @@ IdxArray ReadIdxFile(const std::string& path, int num_dims) {
                    ? std::numeric_limits<uint64_t>::max()
                    : expected * dim;
   }
+  // The caller's check comes first: a header of the wrong shape is reported as such, not as
+  // the length mismatch it leads to.
+  if (check_header) check_header(array.dims);
+  TANDEM_CHECK(expected <= kMaxIdxBytes, path, " has a header promising ", DimsToString(array.dims),
+               " = ",
+               expected == std::numeric_limits<uint64_t>::max() ? "more than 2^64"
+                                                                : std::to_string(expected),
+               " bytes of data, more than the ", kMaxIdxBytes,
+               " an IDX file may hold here; the file is corrupt");
   // One byte more than promised, to notice trailing data; reading to the end also makes
   // zlib verify the gzip checksum.
-  const size_t limit = expected >= std::numeric_limits<size_t>::max()
-                           ? std::numeric_limits<size_t>::max()
-                           : static_cast<size_t>(expected) + 1;
-  array.bytes.reserve(static_cast<size_t>(std::min<uint64_t>(expected, uint64_t{1} << 28)));
+  const auto limit = static_cast<size_t>(expected) + 1;
+  array.bytes.reserve(static_cast<size_t>(std::min<uint64_t>(expected, uint64_t{1} << 26)));
   ReadUpTo(reader, array.bytes, limit);
   const uint64_t found = array.bytes.size();
   TANDEM_CHECK(found >= expected, path, " is truncated: its header promises ", expected,

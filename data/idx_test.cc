@@ -41,7 +41,7 @@ TEST(IdxTest, ReadsGzippedAndPlainFiles) {
   const std::vector<uint8_t> file = IdxBytes(IdxMagic(3), {2, 3, 4}, payload);
   WriteGzipFile(dir + "/a.gz", file);
   WriteFile(dir + "/a", file);
-  for (const std::string path : {dir + "/a.gz", dir + "/a"}) {
+  for (const std::string& path : {dir + "/a.gz", dir + "/a"}) {
     const IdxArray array = ReadIdxFile(path, 3);
     EXPECT_EQ(array.dims, (std::vector<int64_t>{2, 3, 4})) << path;
     EXPECT_EQ(array.bytes, payload) << path;
@@ -131,6 +131,58 @@ TEST(IdxTest, CorruptGzipChecksum) {
 }
 
 TEST(IdxTest, RejectsBadDimensionCount) { EXPECT_THROW(ReadIdxFile("/dev/null", 0), Error); }
+
+TEST(IdxTest, HeaderCheckRunsBeforeTheDataIsRead) {
+  const std::string path = MakeTempDir("idx") + "/images.gz";
+  // 32x24 images where 28x28 are expected, with as many bytes as 28x28 images would have:
+  // the check sees the header's dimensions, not the length mismatch they lead to.
+  WriteGzipFile(path, IdxBytes(IdxMagic(3), {2, 32, 24}, Payload(2 * 28 * 28)));
+  std::vector<int64_t> seen;
+  const std::string message = ErrorOf([&] {
+    ReadIdxFile(path, 3, [&](const std::vector<int64_t>& dims) {
+      seen = dims;
+      if (dims[1] != 28 || dims[2] != 28) throw Error("wrong dimensions");
+    });
+  });
+  EXPECT_EQ(message, "wrong dimensions");
+  EXPECT_EQ(seen, (std::vector<int64_t>{2, 32, 24}));
+  // Without a check the same file is a length mismatch.
+  EXPECT_NE(ErrorOf([&] { ReadIdxFile(path, 3); }).find("unexpected bytes"), std::string::npos);
+  // A check that accepts changes nothing.
+  int calls = 0;
+  WriteGzipFile(path, IdxBytes(IdxMagic(3), {2, 3, 4}, Payload(24)));
+  EXPECT_EQ(ReadIdxFile(path, 3, [&](const std::vector<int64_t>&) { ++calls; }).bytes, Payload(24));
+  EXPECT_EQ(calls, 1);
+}
+
+TEST(IdxTest, AHeaderPromisingMoreThanTheCapIsRefusedBeforeReading) {
+  const std::string path = MakeTempDir("idx") + "/huge.gz";
+  WriteGzipFile(path, IdxBytes(IdxMagic(3), {70000, 1000, 1000}, Payload(10)));
+  const std::string message = ErrorOf([&] { ReadIdxFile(path, 3); });
+  EXPECT_NE(message.find(path + " has a header promising 70000x1000x1000 = 70000000000 bytes"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("more than the 4294967296"), std::string::npos) << message;
+  // Dimensions whose product overflows 64 bits.
+  WriteGzipFile(path, IdxBytes(IdxMagic(3), {4294967295u, 4294967295u, 4294967295u}, {}));
+  EXPECT_NE(ErrorOf([&] { ReadIdxFile(path, 3); }).find("= more than 2^64 bytes"),
+            std::string::npos);
+}
+
+TEST(IdxTest, EndlessFilesHitTheSizeCap) {
+  // /dev/zero never ends: the reader stops at the cap with an error naming the file.
+  const std::string message = ErrorOf([&] { ReadGzipFile("/dev/zero", 1 << 20); });
+  EXPECT_NE(message.find("/dev/zero holds more than 1048576 bytes"), std::string::npos) << message;
+  // As an IDX file it fails at once, on its magic number.
+  EXPECT_NE(ErrorOf([&] { ReadIdxFile("/dev/zero", 1); }).find("/dev/zero has magic number 0"),
+            std::string::npos);
+  // At the cap exactly is fine.
+  const std::string path = MakeTempDir("idx") + "/exact";
+  WriteFile(path, Payload(1000));
+  EXPECT_EQ(ReadGzipFile(path, 1000), Payload(1000));
+  EXPECT_NE(ErrorOf([&] { ReadGzipFile(path, 999); }).find("holds more than 999 bytes"),
+            std::string::npos);
+}
 
 }  // namespace
 }  // namespace data
