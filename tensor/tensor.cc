@@ -245,14 +245,43 @@ void* Tensor::raw_data() const {
   return impl_->data();
 }
 
+namespace {
+template <typename T>
+const char* CppTypeName();
+template <>
+const char* CppTypeName<float>() {
+  return "float";
+}
+template <>
+const char* CppTypeName<int64_t>() {
+  return "int64_t";
+}
+const char* CppTypeName(DType dtype) {
+  return dtype == kFloat32 ? CppTypeName<float>() : CppTypeName<int64_t>();
+}
+}  // namespace
+
 template <typename T>
 T* Tensor::data() const {
-  TANDEM_CHECK(dtype() == DTypeOf<T>::value, "data<", DTypeName(DTypeOf<T>::value),
-               ">() called on a ", dtype(), " tensor");
+  CheckDefined("data()");
+  TANDEM_CHECK(dtype() == DTypeOf<T>::value, "data<", CppTypeName<T>(), ">() expects a ",
+               DTypeOf<T>::value, " tensor but this one is ", dtype(), "; ask for data<",
+               CppTypeName(dtype()), ">() or convert it first with .to(", DTypeOf<T>::value, ")");
   return static_cast<T*>(raw_data());
 }
 template float* Tensor::data<float>() const;
 template int64_t* Tensor::data<int64_t>() const;
+
+template <typename T>
+T* Tensor::data_ptr() const {
+  CheckDefined("data_ptr()");
+  TANDEM_CHECK(dtype() == DTypeOf<T>::value, "data_ptr<", CppTypeName<T>(), ">() expects a ",
+               DTypeOf<T>::value, " tensor but this one is ", dtype(), "; ask for data_ptr<",
+               CppTypeName(dtype()), ">() or convert it first with .to(", DTypeOf<T>::value, ")");
+  return static_cast<T*>(raw_data());
+}
+template float* Tensor::data_ptr<float>() const;
+template int64_t* Tensor::data_ptr<int64_t>() const;
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
@@ -825,6 +854,60 @@ Tensor from_vector(const std::vector<float>& values, const Shape& shape,
 Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape,
                    const TensorOptions& options) {
   return FromHost(values, shape, options);
+}
+
+Tensor from_blob(void* data, const Shape& shape, const std::vector<int64_t>& strides,
+                 std::function<void(void*)> deleter, const TensorOptions& options) {
+  TANDEM_CHECK(strides.size() == shape.size(), "from_blob: shape ", ShapeToString(shape), " has ",
+               shape.size(), " dimensions but strides ", ShapeToString(strides), " has ",
+               strides.size(), "; give one stride (in elements) per dimension");
+  TANDEM_CHECK(shape.size() <= static_cast<size_t>(kMaxDims), "from_blob: tensors have at most ",
+               kMaxDims, " dimensions but shape ", ShapeToString(shape), " has ", shape.size());
+  int64_t extent = 1;  // elements from the first to one past the last reachable one
+  for (size_t i = 0; i < shape.size(); ++i) {
+    TANDEM_CHECK(shape[i] >= 0, "from_blob: sizes must be >= 0 but shape is ",
+                 ShapeToString(shape));
+    TANDEM_CHECK(strides[i] >= 0, "from_blob: strides must be >= 0 but are ",
+                 ShapeToString(strides), "; negative strides are not supported");
+    if (shape[i] > 0) extent += (shape[i] - 1) * strides[i];
+  }
+  const int64_t numel = NumElements(shape);
+  if (numel == 0) extent = 0;
+  TANDEM_CHECK(data != nullptr || numel == 0, "from_blob: data is null but shape ",
+               ShapeToString(shape), " has ", numel, " elements; pass the address of the memory");
+  TANDEM_CHECK(!options.pinned_, "from_blob: the memory is the caller's, so Tandem cannot pin ",
+               "it; drop .pinned(true) (or copy with .pin_memory() afterwards)");
+  CheckAvailable(options.device_);
+  const DType dtype = options.dtype_.value_or(kFloat32);
+  auto storage = std::make_shared<Storage>();
+  storage->bytes = static_cast<size_t>(extent) * ElementSize(dtype);
+  storage->device = options.device_;
+  if (deleter) {
+    // shared_ptr calls the deleter itself if making its control block fails.
+    storage->data = std::shared_ptr<void>(data, std::move(deleter));
+  } else {
+    storage->data = std::shared_ptr<void>(data, [](void*) {});
+  }
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::move(storage);
+  impl->shape = shape;
+  impl->strides = strides;
+  impl->dtype = dtype;
+  return Finish(Tensor(std::move(impl)), options);
+}
+
+Tensor from_blob(void* data, const Shape& shape, const std::vector<int64_t>& strides,
+                 const TensorOptions& options) {
+  return from_blob(data, shape, strides, nullptr, options);
+}
+
+Tensor from_blob(void* data, const Shape& shape, std::function<void(void*)> deleter,
+                 const TensorOptions& options) {
+  return from_blob(data, shape, ContiguousStrides(shape), std::move(deleter), options);
+}
+
+Tensor from_blob(void* data, const Shape& shape, const TensorOptions& options) {
+  return from_blob(data, shape, ContiguousStrides(shape), nullptr, options);
 }
 
 Tensor arange(int64_t n, const TensorOptions& options) {

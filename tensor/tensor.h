@@ -16,6 +16,7 @@
 #define TANDEM_TENSOR_TENSOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -100,6 +101,13 @@ class Tensor {
   void* raw_data() const;
   template <typename T>
   T* data() const;  // checks dtype
+  // libtorch's names: the address of the first element (storage offset included; host
+  // memory for CPU tensors, device memory else). The typed form checks that T is the
+  // tensor's dtype (float for float32, int64_t for int64) and throws saying which it is.
+  //   float* p = x.data_ptr<float>();   // x.dtype() == kFloat32
+  void* data_ptr() const { return raw_data(); }
+  template <typename T>
+  T* data_ptr() const;
 
   // ---- Views (share storage; differentiable) -------------------------------------------
   // New shape with the same number of elements; one dimension may be -1. view() requires
@@ -202,6 +210,27 @@ Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape,
                    const TensorOptions& options = {});
 // A zero-dimensional tensor holding `value`.
 Tensor scalar_tensor(double value, const TensorOptions& options = {});
+
+// libtorch's from_blob: a tensor over memory the caller owns, without copying it. `data`
+// holds the elements in options' dtype (default float32) on options' device (host memory
+// for a CPU device, memory of that GPU for a CUDA one), laid out contiguously or with the
+// given strides (in elements, none negative). Writes through the tensor change the caller's
+// memory and the other way round. `deleter(data)` runs exactly once, when the last tensor
+// viewing the memory (views, autograd's saved tensors, ... included) is gone; without a
+// deleter the memory is never freed by Tandem and must outlive every such tensor. If
+// from_blob throws, the deleter is not called and the memory stays the caller's.
+// options.requires_grad makes it a leaf that collects gradients; pinned is refused.
+//   float* buffer = new float[6]{1, 2, 3, 4, 5, 6};
+//   Tensor t = from_blob(buffer, {2, 3}, [](void* p) { delete[] static_cast<float*>(p); });
+//   float values[4] = {1, 2, 3, 4};
+//   Tensor v = from_blob(values, {4});   // must not outlive `values`
+Tensor from_blob(void* data, const Shape& shape, std::function<void(void*)> deleter,
+                 const TensorOptions& options = {});
+Tensor from_blob(void* data, const Shape& shape, const TensorOptions& options = {});
+Tensor from_blob(void* data, const Shape& shape, const std::vector<int64_t>& strides,
+                 std::function<void(void*)> deleter, const TensorOptions& options = {});
+Tensor from_blob(void* data, const Shape& shape, const std::vector<int64_t>& strides,
+                 const TensorOptions& options = {});
 
 // ---- Random numbers ------------------------------------------------------------------
 // Counter-based (Philox) random numbers: a generator is a seed and an offset (the next
