@@ -3,6 +3,8 @@
 #include <atomic>
 #include <mutex>
 
+#include "tensor/anomaly_mode.h"
+#include "tensor/internal/anomaly.h"
 #include "tensor/internal/tensor_impl.h"
 
 namespace tandem {
@@ -91,6 +93,7 @@ Edge GradientEdge(const Tensor& tensor) {
 
 void RecordOp(std::shared_ptr<Node> node, const std::vector<Tensor>& inputs, Tensor& output) {
   TANDEM_CHECK(output.defined(), "internal error: RecordOp on an undefined output");
+  if (AnomalyMode::IsEnabled()) internal::CheckForwardAnomaly(*node, inputs, {output});
   node->set_next_edges(EdgesTo(inputs));
   output.impl()->grad_fn = std::move(node);
   output.impl()->output_nr = 0;
@@ -108,6 +111,7 @@ void RecordMultiOutputOp(std::shared_ptr<Node> node, const std::vector<Tensor>& 
   TANDEM_CHECK(static_cast<int>(outputs.size()) == node->num_outputs(),
                "internal error: ", node->name(), " has ", node->num_outputs(), " outputs but ",
                outputs.size(), " tensors were recorded");
+  if (AnomalyMode::IsEnabled()) internal::CheckForwardAnomaly(*node, inputs, outputs);
   node->set_next_edges(EdgesTo(inputs));
   for (size_t i = 0; i < outputs.size(); ++i) {
     if (!outputs[i].defined()) continue;

@@ -9,7 +9,9 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "tensor/anomaly_mode.h"
 #include "tensor/autograd.h"
+#include "tensor/internal/anomaly.h"
 #include "tensor/internal/tensor_impl.h"
 #include "tensor/worker.h"
 
@@ -185,10 +187,14 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
       try {
         CurrentTaskScope current(this);
         NoGradGuard no_grad;
+        const bool detect_anomaly = AnomalyMode::IsEnabled();
+        std::vector<Tensor> received;
+        if (detect_anomaly) received = grads;
         std::vector<Tensor> input_grads = node->Apply(std::move(grads));
         const auto& edges = node->next_edges();
         TANDEM_CHECK(input_grads.size() == edges.size(), "internal error: ", node->name(),
                      " returned ", input_grads.size(), " gradients for ", edges.size(), " inputs");
+        if (detect_anomaly) internal::CheckBackwardAnomaly(*node, received, input_grads);
         for (size_t i = 0; i < input_grads.size(); ++i) {
           const Edge& edge = edges[i];
           if (!edge.node) continue;
