@@ -22,6 +22,8 @@ PACKAGES=(
   libabsl-dev
   libopenblas-dev
   zlib1g-dev
+  libopenmpi-dev         # Open MPI: //parallel/distributed (processes, CPU collectives)
+  openmpi-bin            # mpirun
   clang-14               # libFuzzer targets in fuzz/ (bash fuzz/run.sh)
   libclang-rt-14-dev     # libFuzzer and the sanitizer runtimes for clang-14
   dataset-fashion-mnist

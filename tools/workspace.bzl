@@ -23,7 +23,7 @@ Repositories declared:
       Offline stand-ins from third_party/bazel/ (Bazel 4.2.3 would otherwise try
       to download the first three on every C++ build or test; see
       third_party/README.md).
-  gtest, benchmark, absl, openblas, zlib
+  gtest, benchmark, absl, openblas, zlib, mpi
       System libraries from Debian packages (tools/setup.sh), exposed by the
       third_party/*.BUILD files.
   local_cuda
@@ -84,7 +84,7 @@ def tandem_dependencies():
         _maybe(_stand_in_repository, name, dir = name)
 
     # System libraries from Debian packages (installed by tools/setup.sh).
-    for name in ["gtest", "benchmark", "absl", "openblas", "zlib"]:
+    for name in ["gtest", "benchmark", "absl", "openblas", "zlib", "mpi"]:
         _maybe(_system_library, name, build_file = name + ".BUILD")
 
     # The CUDA toolkit, or stubs without one. //tools/cuda:enabled defaults to

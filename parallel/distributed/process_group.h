@@ -1,0 +1,97 @@
+// ProcessGroup: the processes ("ranks") of one distributed job and the collectives they run
+// together on tensors, as torch.distributed's ProcessGroup. Every collective is asynchronous:
+// it returns a Work handle at once and runs on the group's own thread; wait() blocks until it
+// has finished and throws tandem::Error if it failed or timed out. Every rank must issue the
+// same collectives in the same order.
+//
+// Use it through DistributedDataParallel (parallel/distributed/distributed_data_parallel.h),
+// or directly for your own collectives. The concrete group is ProcessGroupMpi (CPU tensors,
+// parallel/distributed/process_group_mpi.h); run the program under mpirun:
+//
+//   auto group = std::make_shared<distributed::ProcessGroupMpi>();
+//   Tensor t = full({4}, group->rank());
+//   group->allreduce(t, distributed::ReduceOp::kSum)->wait();   // 0 + 1 + ... on every rank
+//
+//   $ mpirun -np 2 ./my_program
+#ifndef TANDEM_PARALLEL_DISTRIBUTED_PROCESS_GROUP_H_
+#define TANDEM_PARALLEL_DISTRIBUTED_PROCESS_GROUP_H_
+
+#include <condition_variable>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "tensor/tensor.h"
+
+namespace tandem::distributed {
+
+enum class ReduceOp {
+  kSum,
+  kAverage,  // the sum divided by the world size (float32 only)
+};
+
+const char* ReduceOpName(ReduceOp op);  // "sum", "average"
+
+// The handle of one asynchronous collective. Thread-safe.
+class Work {
+ public:
+  // `description` names the collective in errors, e.g. "allreduce of 1024 float32 (rank 0 of 2)".
+  explicit Work(std::string description);
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  // True once the collective has finished, successfully or not.
+  bool is_completed() const;
+  // Blocks until the collective has finished; throws the tandem::Error it failed with (a
+  // peer's failure or a timeout included). The tensors it was given are then up to date.
+  void wait();
+  const std::string& description() const { return description_; }
+
+  // For process groups: marks the collective finished, with the error it failed with (or
+  // nullptr), and wakes the waiters.
+  void Finish(std::exception_ptr error = nullptr);
+
+ private:
+  const std::string description_;
+  mutable std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+class ProcessGroup {
+ public:
+  ProcessGroup(int rank, int size) : rank_(rank), size_(size) {}
+  virtual ~ProcessGroup() = default;
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  // This process's index in the group, 0 .. size() - 1, and the number of processes.
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // "mpi" or "nccl".
+  virtual std::string backend() const = 0;
+
+  // Every collective takes tensors by handle and keeps them alive until it has finished; do
+  // not read or write them before wait() returns. They must be contiguous, and each rank
+  // must pass the same shape and dtype.
+
+  // Reduces `tensor` across ranks in place: afterwards every rank holds the sum (or average).
+  virtual std::shared_ptr<Work> allreduce(Tensor tensor, ReduceOp op = ReduceOp::kSum) = 0;
+  // Copies rank `root`'s `tensor` into `tensor` on every other rank.
+  virtual std::shared_ptr<Work> broadcast(Tensor tensor, int root = 0) = 0;
+  // torch.distributed.all_gather_into_tensor: `output` (size() * input.numel() elements, of
+  // input's dtype) receives every rank's `input`, rank 0's first.
+  virtual std::shared_ptr<Work> allgather(Tensor output, Tensor input) = 0;
+  // Finishes once every rank has called barrier().
+  virtual std::shared_ptr<Work> barrier() = 0;
+
+ private:
+  const int rank_;
+  const int size_;
+};
+
+}  // namespace tandem::distributed
+
+#endif  // TANDEM_PARALLEL_DISTRIBUTED_PROCESS_GROUP_H_

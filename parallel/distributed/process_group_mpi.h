@@ -1,0 +1,85 @@
+// ProcessGroupMpi: a ProcessGroup over Open MPI for CPU tensors (float32, int64). Start the
+// program with mpirun; each process is one rank of MPI_COMM_WORLD.
+//
+//   auto group = std::make_shared<distributed::ProcessGroupMpi>();   // collective: all ranks
+//   Tensor grad = ...;                                               // contiguous, on the CPU
+//   std::shared_ptr<distributed::Work> work =
+//       group->allreduce(grad, distributed::ReduceOp::kAverage);
+//   ...                                                              // overlap other work
+//   work->wait();
+//
+//   $ mpirun -np 2 ./my_program                  # two ranks on this machine
+//   $ mpirun -H host1,host2 -np 2 ./my_program   # one rank on each of two machines
+//
+// MPI is initialised on first use (MPI_Init_thread asking for MPI_THREAD_MULTIPLE; a library
+// that provides less than MPI_THREAD_SERIALIZED is refused, and with SERIALIZED every MPI call
+// is made under one process-wide lock) and finalised at exit; a program that initialised MPI
+// itself keeps that. Each group works on its own duplicate of MPI_COMM_WORLD, from one thread
+// that runs the collectives in the order they were issued, with MPI's non-blocking calls, so
+// that a collective that a peer never joins fails after `timeout` instead of hanging. After
+// such a failure the group is unusable: later collectives fail at once, naming the first error.
+// Tensors larger than MPI's int counts are sent in pieces of at most max_elements_per_call.
+// MPI's errors (MPI_ERRORS_RETURN) become tandem::Error naming the rank, the collective and
+// MPI's message.
+#ifndef TANDEM_PARALLEL_DISTRIBUTED_PROCESS_GROUP_MPI_H_
+#define TANDEM_PARALLEL_DISTRIBUTED_PROCESS_GROUP_MPI_H_
+
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "parallel/distributed/process_group.h"
+
+namespace tandem::distributed {
+
+struct ProcessGroupMpiOptions {
+  // How long one collective may run once started before it fails (PyTorch's default: 30 min).
+  std::chrono::milliseconds timeout_ = std::chrono::minutes(30);
+  // The most elements one MPI call moves (MPI counts are ints); lower it to test chunking.
+  int64_t max_elements_per_call_ = INT_MAX;
+
+  ProcessGroupMpiOptions& timeout(std::chrono::milliseconds v) {
+    timeout_ = v;
+    return *this;
+  }
+  ProcessGroupMpiOptions& max_elements_per_call(int64_t v) {
+    max_elements_per_call_ = v;
+    return *this;
+  }
+};
+
+class ProcessGroupMpi final : public ProcessGroup {
+ public:
+  // Collective over MPI_COMM_WORLD: every rank constructs its groups in the same order.
+  // Throws when MPI cannot be initialised or lacks thread support.
+  explicit ProcessGroupMpi(ProcessGroupMpiOptions options = {});
+  // Stops the group's thread (after the collectives already issued, or at once after a
+  // failure).
+  ~ProcessGroupMpi() override;
+
+  std::string backend() const override { return "mpi"; }
+  const ProcessGroupMpiOptions& options() const { return options_; }
+
+  std::shared_ptr<Work> allreduce(Tensor tensor, ReduceOp op = ReduceOp::kSum) override;
+  std::shared_ptr<Work> broadcast(Tensor tensor, int root = 0) override;
+  std::shared_ptr<Work> allgather(Tensor output, Tensor input) override;
+  std::shared_ptr<Work> barrier() override;
+
+ private:
+  struct Impl;
+  ProcessGroupMpi(ProcessGroupMpiOptions options, std::unique_ptr<Impl> impl);
+  ProcessGroupMpiOptions options_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The rank of this process among those of the job on the same machine (0 without mpirun):
+// what picks cuda:<local rank>. Reads Open MPI's OMPI_COMM_WORLD_LOCAL_RANK.
+int LocalRank();
+// True when this process was started by mpirun (Open MPI's environment is present).
+bool LaunchedByMpirun();
+
+}  // namespace tandem::distributed
+
+#endif  // TANDEM_PARALLEL_DISTRIBUTED_PROCESS_GROUP_MPI_H_

@@ -1,0 +1,226 @@
+// Runs as an MPI job (mpi_test.sh): every rank runs every test, in the same order.
+#include "parallel/distributed/process_group_mpi.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "tensor/tensor.h"
+
+namespace tandem::distributed {
+namespace {
+
+using ::testing::HasSubstr;
+
+// One group for the whole binary (groups are collective to create).
+ProcessGroupMpi& Group() {
+  static auto* group =
+      new ProcessGroupMpi(ProcessGroupMpiOptions().timeout(std::chrono::seconds(60)));
+  return *group;
+}
+
+// Rank r's value at index i of a test tensor.
+float Value(int rank, int64_t i) { return static_cast<float>(rank + 1) * 0.5f + (i % 17); }
+
+Tensor RankTensor(int rank, int64_t n) {
+  std::vector<float> values(n);
+  for (int64_t i = 0; i < n; ++i) values[i] = Value(rank, i);
+  return from_vector(values, {n});
+}
+
+TEST(ProcessGroupMpiTest, RankAndSizeMatchMpirun) {
+  ProcessGroupMpi& group = Group();
+  ASSERT_TRUE(LaunchedByMpirun()) << "run this test through mpi_test.sh (bazel test does)";
+  EXPECT_EQ(group.size(), std::atoi(std::getenv("OMPI_COMM_WORLD_SIZE")));
+  EXPECT_EQ(group.rank(), std::atoi(std::getenv("OMPI_COMM_WORLD_RANK")));
+  EXPECT_GE(group.size(), 2);
+  EXPECT_EQ(group.backend(), "mpi");
+  EXPECT_EQ(LocalRank(), group.rank());  // one machine
+}
+
+TEST(ProcessGroupMpiTest, AllreduceSumAndAverageFloat32OfSeveralSizes) {
+  ProcessGroupMpi& group = Group();
+  for (int64_t n : {0, 1, 7, 1000, 1 << 18}) {
+    Tensor sum = RankTensor(group.rank(), n);
+    Tensor average = RankTensor(group.rank(), n).view({-1, 1});
+    auto sum_work = group.allreduce(sum, ReduceOp::kSum);
+    auto average_work = group.allreduce(average, ReduceOp::kAverage);
+    sum_work->wait();
+    average_work->wait();
+    EXPECT_TRUE(sum_work->is_completed());
+    std::vector<float> got_sum = sum.to_vector<float>();
+    std::vector<float> got_average = average.to_vector<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      float expected = 0;
+      for (int r = 0; r < group.size(); ++r) expected += Value(r, i);
+      ASSERT_FLOAT_EQ(got_sum[i], expected) << "n " << n << " index " << i;
+      ASSERT_FLOAT_EQ(got_average[i], expected / group.size()) << "n " << n << " index " << i;
+    }
+  }
+}
+
+TEST(ProcessGroupMpiTest, AllreduceInt64KeepsAll64Bits) {
+  ProcessGroupMpi& group = Group();
+  const int64_t big = int64_t{1} << 40;
+  Tensor t = from_vector(std::vector<int64_t>{big + group.rank(), -group.rank(), 3}, {3});
+  group.allreduce(t)->wait();
+  const int64_t s = group.size();
+  EXPECT_EQ(t.to_vector<int64_t>(),
+            (std::vector<int64_t>{big * s + s * (s - 1) / 2, -s * (s - 1) / 2, 3 * s}));
+}
+
+TEST(ProcessGroupMpiTest, BroadcastFromEveryRoot) {
+  ProcessGroupMpi& group = Group();
+  for (int root = 0; root < group.size(); ++root) {
+    Tensor f = RankTensor(group.rank(), 300).view({3, 100});
+    Tensor i = from_vector(std::vector<int64_t>{group.rank() * 10, -7}, {2});
+    Tensor empty = zeros({0});
+    auto w1 = group.broadcast(f, root);
+    auto w2 = group.broadcast(i, root);
+    auto w3 = group.broadcast(empty, root);
+    w3->wait();
+    w2->wait();
+    w1->wait();
+    EXPECT_EQ(f.to_vector<float>(), RankTensor(root, 300).to_vector<float>()) << "root " << root;
+    EXPECT_EQ(i.to_vector<int64_t>(), (std::vector<int64_t>{root * 10, -7})) << "root " << root;
+  }
+}
+
+TEST(ProcessGroupMpiTest, AllgatherPutsRanksInOrder) {
+  ProcessGroupMpi& group = Group();
+  for (int64_t n : {0, 1, 5, 4096}) {
+    Tensor input = RankTensor(group.rank(), n);
+    Tensor output = full({group.size(), n}, -1.0);
+    group.allgather(output, input)->wait();
+    for (int r = 0; r < group.size(); ++r) {
+      EXPECT_EQ(output.select(0, r).to_vector<float>(), RankTensor(r, n).to_vector<float>())
+          << "n " << n << " rank " << r;
+    }
+  }
+  Tensor ids = from_vector(std::vector<int64_t>{group.rank(), 100 + group.rank()}, {2});
+  Tensor all = zeros({group.size() * 2}, kInt64);
+  group.allgather(all, ids)->wait();
+  for (int r = 0; r < group.size(); ++r) {
+    EXPECT_EQ(all.to_vector<int64_t>()[2 * r], r);
+    EXPECT_EQ(all.to_vector<int64_t>()[2 * r + 1], 100 + r);
+  }
+}
+
+// Tensors larger than one MPI call may move go in pieces: the same results with a limit of 7
+// elements per call as without one.
+TEST(ProcessGroupMpiTest, ChunkingWithALoweredLimitGivesTheSameResults) {
+  ProcessGroupMpi chunked(
+      ProcessGroupMpiOptions().timeout(std::chrono::seconds(60)).max_elements_per_call(7));
+  const int64_t n = 100;  // 14 pieces of 7 and one of 2
+  Tensor sum = RankTensor(chunked.rank(), n);
+  Tensor reference = RankTensor(chunked.rank(), n);
+  chunked.allreduce(sum)->wait();
+  Group().allreduce(reference)->wait();
+  EXPECT_EQ(sum.to_vector<float>(), reference.to_vector<float>());
+
+  Tensor cast = RankTensor(chunked.rank(), n);
+  chunked.broadcast(cast, chunked.size() - 1)->wait();
+  EXPECT_EQ(cast.to_vector<float>(), RankTensor(chunked.size() - 1, n).to_vector<float>());
+
+  const int64_t m = 23;  // 3 pieces of 7 and one of 2, per rank
+  Tensor output = zeros({chunked.size(), m});
+  chunked.allgather(output, RankTensor(chunked.rank(), m))->wait();
+  for (int r = 0; r < chunked.size(); ++r) {
+    EXPECT_EQ(output.select(0, r).to_vector<float>(), RankTensor(r, m).to_vector<float>());
+  }
+  Tensor ids = from_vector(std::vector<int64_t>(m, chunked.rank()), {m});
+  Tensor all_ids = zeros({chunked.size() * m}, kInt64);
+  chunked.allgather(all_ids, ids)->wait();
+  std::vector<int64_t> got = all_ids.to_vector<int64_t>();
+  for (int64_t k = 0; k < chunked.size() * m; ++k) ASSERT_EQ(got[k], k / m) << k;
+}
+
+TEST(ProcessGroupMpiTest, ManyCollectivesInFlightFinishInOrder) {
+  ProcessGroupMpi& group = Group();
+  std::vector<Tensor> tensors;
+  std::vector<std::shared_ptr<Work>> works;
+  for (int k = 0; k < 20; ++k) {
+    tensors.push_back(full({1000}, k + group.rank()));
+    works.push_back(group.allreduce(tensors.back()));
+  }
+  works.push_back(group.barrier());
+  for (int k = 20; k >= 0; --k) works[k]->wait();
+  const int s = group.size();
+  for (int k = 0; k < 20; ++k) {
+    EXPECT_EQ(tensors[k].to_vector<float>()[999], static_cast<float>(k * s + s * (s - 1) / 2));
+  }
+}
+
+TEST(ProcessGroupMpiTest, MisuseIsAClearErrorOnTheCallingRank) {
+  ProcessGroupMpi& group = Group();
+  Tensor matrix = zeros({4, 3});
+  try {
+    group.allreduce(matrix.t());
+    FAIL() << "a non-contiguous tensor was accepted";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("must be contiguous"));
+    EXPECT_THAT(e.what(), HasSubstr("rank " + std::to_string(group.rank())));
+  }
+  try {
+    group.allreduce(zeros({2}, kInt64), ReduceOp::kAverage);
+    FAIL() << "an int64 average was accepted";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("average is defined for float32"));
+  }
+  try {
+    group.allgather(zeros({3}), zeros({2}));
+    FAIL() << "a wrong allgather output was accepted";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("world size x input"));
+  }
+  EXPECT_THROW(group.broadcast(zeros({2}), group.size()), Error);
+  EXPECT_THROW(group.broadcast(zeros({2}), -1), Error);
+  EXPECT_THROW(group.allreduce(Tensor()), Error);
+  EXPECT_THROW(ProcessGroupMpi(ProcessGroupMpiOptions().max_elements_per_call(0)), Error);
+  // Nothing was issued: the group still works.
+  Tensor t = ones({2});
+  group.allreduce(t)->wait();
+  EXPECT_EQ(t.to_vector<float>()[0], group.size());
+}
+
+// A rank that fails before a collective: the others get an error within the timeout instead
+// of hanging, naming their rank and the collective; the group refuses later collectives.
+TEST(ProcessGroupMpiTest, ARankThatThrowsBeforeACollectiveMakesTheOthersFailInTime) {
+  ProcessGroupMpi fragile(ProcessGroupMpiOptions().timeout(std::chrono::milliseconds(1500)));
+  Tensor t = ones({64});
+  auto step = [&] {
+    if (fragile.rank() == 1) throw std::runtime_error("rank 1 failed before the allreduce");
+    fragile.allreduce(t)->wait();
+  };
+  const auto start = std::chrono::steady_clock::now();
+  if (fragile.rank() == 1) {
+    EXPECT_THROW(step(), std::runtime_error);
+  } else {
+    try {
+      step();
+      FAIL() << "the allreduce finished without rank 1";
+    } catch (const Error& e) {
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      EXPECT_LT(seconds, 30.0);
+      EXPECT_THAT(e.what(), HasSubstr("rank " + std::to_string(fragile.rank())));
+      EXPECT_THAT(e.what(), HasSubstr("allreduce (sum) of 64 float32 elements"));
+      EXPECT_THAT(e.what(), HasSubstr("did not finish within 1.5 s"));
+    }
+    try {
+      fragile.barrier();
+      FAIL() << "a failed group accepted a collective";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("failed earlier"));
+    }
+  }
+  // The healthy group still works on every rank.
+  Group().barrier()->wait();
+}
+
+}  // namespace
+}  // namespace tandem::distributed
