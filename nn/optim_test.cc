@@ -204,7 +204,8 @@ TEST_F(OptimTest, CudaMatchesTheReference) {
 }
 
 TEST_F(OptimTest, RejectsBadParametersAndOptions) {
-  EXPECT_THAT(ErrorOf([] { SGD({}, SGDOptions(0.1)); }), HasSubstr("empty parameter list"));
+  EXPECT_THAT(ErrorOf([] { SGD(std::vector<Tensor>{}, SGDOptions(0.1)); }),
+              HasSubstr("empty parameter list"));
   Tensor leaf = StartingPoint();
   EXPECT_THAT(ErrorOf([&] { SGD({leaf * 2.0}, SGDOptions(0.1)); }),
               HasSubstr("parameter 0 ([4]) is not a leaf"));

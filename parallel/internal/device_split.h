@@ -1,20 +1,13 @@
-// Internal to //parallel: runs the pieces of one job on several devices' workers at once.
+// Internal to //parallel: runs the pieces of one job on several devices' workers at once
+// (tensor/internal/device_split.h, shared with the optimizers' fused updates in //nn).
 #ifndef TANDEM_PARALLEL_INTERNAL_DEVICE_SPLIT_H_
 #define TANDEM_PARALLEL_INTERNAL_DEVICE_SPLIT_H_
 
-#include <functional>
-#include <vector>
-
-#include "tensor/device.h"
+#include "tensor/internal/device_split.h"
 
 namespace tandem::parallel::internal {
 
-// Calls piece(0) ... piece(pieces - 1), spread over the workers of `devices` and the calling
-// thread, and returns when all have finished. Pieces are claimed from a shared counter, and
-// the caller takes whatever nobody else has started, so this never waits on a worker that
-// is busy elsewhere (or blocked on the caller). Rethrows the first exception of a piece.
-void RunAcrossDevices(const std::vector<Device>& devices, int pieces,
-                      const std::function<void(int)>& piece);
+using ::tandem::internal::RunAcrossDevices;
 
 }  // namespace tandem::parallel::internal
 

@@ -1,4 +1,4 @@
-#include "parallel/internal/device_split.h"
+#include "tensor/internal/device_split.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -8,7 +8,7 @@
 
 #include "tensor/worker.h"
 
-namespace tandem::parallel::internal {
+namespace tandem::internal {
 namespace {
 
 struct Job {
@@ -63,4 +63,4 @@ void RunAcrossDevices(const std::vector<Device>& devices, int pieces,
   if (job->error) std::rethrow_exception(job->error);
 }
 
-}  // namespace tandem::parallel::internal
+}  // namespace tandem::internal

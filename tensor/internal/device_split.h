@@ -1,0 +1,24 @@
+// Internal: runs the pieces of one job on several devices' workers at once (used by the
+// optimizers' fused updates in //nn and by comm's reduce-add in //parallel).
+//
+//   tandem::internal::RunAcrossDevices(CpuDevices(2), 8, [&](int i) { Update(piece[i]); });
+#ifndef TANDEM_TENSOR_INTERNAL_DEVICE_SPLIT_H_
+#define TANDEM_TENSOR_INTERNAL_DEVICE_SPLIT_H_
+
+#include <functional>
+#include <vector>
+
+#include "tensor/device.h"
+
+namespace tandem::internal {
+
+// Calls piece(0) ... piece(pieces - 1), spread over the workers of `devices` and the calling
+// thread, and returns when all have finished. Pieces are claimed from a shared counter, and
+// the caller takes whatever nobody else has started, so this never waits on a worker that
+// is busy elsewhere (or blocked on the caller). Rethrows the first exception of a piece.
+void RunAcrossDevices(const std::vector<Device>& devices, int pieces,
+                      const std::function<void(int)>& piece);
+
+}  // namespace tandem::internal
+
+#endif  // TANDEM_TENSOR_INTERNAL_DEVICE_SPLIT_H_
