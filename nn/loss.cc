@@ -1,14 +1,475 @@
 #include "nn/loss.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
 namespace tandem::nn {
 
-// The ops check shapes, dtypes, devices and target ranges with messages naming them.
-Tensor CrossEntropyLoss::forward(const Tensor& logits, const Tensor& targets) {
-  return cross_entropy(logits, targets);
+const char* ReductionName(Reduction reduction) {
+  switch (reduction) {
+    case Reduction::kNone:
+      return "none";
+    case Reduction::kMean:
+      return "mean";
+    case Reduction::kSum:
+      return "sum";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// ---- Checks --------------------------------------------------------------------------------
+
+void CheckDefined(const Tensor& t, const char* op, const char* name) {
+  TANDEM_CHECK(t.defined(), op, ": ", name,
+               " is an undefined Tensor; pass a tensor made by a factory or by another op");
+}
+
+void CheckFloat(const Tensor& t, const char* op, const char* name) {
+  TANDEM_CHECK(t.dtype() == kFloat32, op, ": ", name, " must be float32 but is ", t.dtype(),
+               "; convert it with .to(kFloat32)");
+}
+
+void CheckSameDevice(const Tensor& a, const char* a_name, const Tensor& b, const char* b_name,
+                     const char* op) {
+  TANDEM_CHECK(a.device() == b.device(), op, ": ", a_name, " is on ", a.device(), " and ", b_name,
+               " on ", b.device(), "; move ", b_name, " with .to(", a.device(),
+               ") (a loss module's weights move with its .to())");
+}
+
+void CheckReduction(Reduction reduction, const char* op) {
+  TANDEM_CHECK(reduction == Reduction::kNone || reduction == Reduction::kMean ||
+                   reduction == Reduction::kSum,
+               op, ": reduction must be Reduction::kNone, kMean or kSum but is ",
+               static_cast<int>(reduction));
+}
+
+// True when `from` broadcasts to `to` without enlarging it.
+bool BroadcastsTo(const Shape& from, const Shape& to) {
+  if (from.size() > to.size()) return false;
+  for (size_t i = 1; i <= from.size(); ++i) {
+    const int64_t f = from[from.size() - i], t = to[to.size() - i];
+    if (f != t && f != 1) return false;
+  }
+  return true;
+}
+
+// Input and target of a regression-style loss: float32, one device, one shape.
+void CheckSameShapeFloats(const Tensor& input, const Tensor& target, const char* op) {
+  CheckDefined(input, op, "input");
+  CheckDefined(target, op, "target");
+  CheckFloat(input, op, "input");
+  CheckFloat(target, op, "target");
+  CheckSameDevice(input, "input", target, "target", op);
+  TANDEM_CHECK(input.shape() == target.shape(), op, ": input is ", ShapeToString(input.shape()),
+               " and target is ", ShapeToString(target.shape()),
+               "; they must have the same shape (broadcasting here usually hides a bug: reshape ",
+               "one of them)");
+}
+
+// An optional per-class weight: float32 [C] on the input's device.
+void CheckClassWeight(const Tensor& weight, const Tensor& input, int64_t classes, const char* op) {
+  if (!weight.defined()) return;
+  CheckFloat(weight, op, "weight");
+  TANDEM_CHECK(weight.dim() == 1 && weight.size(0) == classes, op,
+               ": weight must hold one entry per class, [C] = [", classes, "], but is ",
+               ShapeToString(weight.shape()), "; give a 1-D float32 tensor of length ", classes,
+               " (or no weight)");
+  CheckSameDevice(input, "input", weight, "weight", op);
+}
+
+void CheckLabelSmoothing(double label_smoothing, const char* op) {
+  TANDEM_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, op,
+               ": label_smoothing must be in [0, 1] but is ", label_smoothing);
+}
+
+void CheckBeta(double beta, const char* op) {
+  TANDEM_CHECK(beta >= 0.0, op, ": beta must be >= 0 (0 gives the L1 loss) but is ", beta);
+}
+
+Tensor Reduce(const Tensor& loss, Reduction reduction) {
+  switch (reduction) {
+    case Reduction::kNone:
+      return loss;
+    case Reduction::kSum:
+      return sum(loss);
+    case Reduction::kMean:
+      break;
+  }
+  return mean(loss);
+}
+
+// ---- Class scores as rows ------------------------------------------------------------------
+
+// Scores [C], [N, C] or [N, C, d1, ..., dk] as rows [M, C] (one row per target element), and
+// the shape class-index targets (and per-element losses) have: [], [N] or [N, d1, ..., dk].
+struct ClassRows {
+  Tensor rows;
+  Shape element_shape;
+  int64_t classes = 0;
+};
+
+// Moves dimension 1 (classes) last and flattens the rest: what ClassRows does to input, and
+// to a probability target of input's shape.
+Tensor AsRows(const Tensor& t, int64_t classes) {
+  if (t.dim() == 1) return t.unsqueeze(0);
+  if (t.dim() == 2) return t;
+  std::vector<int64_t> order = {0};
+  for (int64_t d = 2; d < t.dim(); ++d) order.push_back(d);
+  order.push_back(1);
+  return t.permute(order).reshape({t.numel() / std::max<int64_t>(classes, 1), classes});
+}
+
+ClassRows ToRows(const Tensor& input, const char* op) {
+  TANDEM_CHECK(input.dim() >= 1, op,
+               ": input must have a class dimension ([C], [N, C] or [N, C, d1, ...]) but is "
+               "zero-dimensional");
+  ClassRows out;
+  out.classes = input.dim() == 1 ? input.size(0) : input.size(1);
+  if (input.dim() >= 2) {
+    out.element_shape = input.shape();
+    out.element_shape.erase(out.element_shape.begin() + 1);
+  }
+  out.rows = AsRows(input, out.classes);
+  if (out.classes == 0) out.rows = out.rows.reshape({NumElements(out.element_shape), 0});
+  return out;
+}
+
+// Checks class-index targets [M] against [0, classes) and ignore_index with one small read
+// back (so it costs the same on a GPU), and returns how many equal ignore_index. An error names
+// the first offending element.
+int64_t CheckClassTargets(const Tensor& targets, int64_t classes, int64_t ignore_index,
+                          const char* op) {
+  if (targets.numel() == 0) return 0;
+  const TensorOptions int64_on(TensorOptions(kInt64).device(targets.device()));
+  const Tensor ignored = eq(targets, full({}, static_cast<double>(ignore_index), int64_on));
+  const Tensor in_range =
+      mul(ge(targets, zeros({}, int64_on)), lt(targets, full({}, classes, int64_on)));
+  const Tensor invalid = mul(1.0 - in_range, 1.0 - ignored);
+  const std::vector<int64_t> counts = stack({sum(ignored), sum(invalid)}).to_vector<int64_t>();
+  if (counts[1] > 0) {
+    const std::vector<int64_t> values = targets.to_vector<int64_t>();
+    for (size_t i = 0; i < values.size(); ++i) {
+      const int64_t v = values[i];
+      TANDEM_CHECK((v >= 0 && v < classes) || v == ignore_index, op, ": target element ", i,
+                   " (row-major) is ", v, ", which is neither a class index in [0, C) = [0, ",
+                   classes, ") nor ignore_index (", ignore_index, "); ", counts[1],
+                   " target(s) are out of range: check the labels, the number of classes, or ",
+                   "set ignore_index");
+    }
+  }
+  return counts[0];
+}
+
+// The class-index path of cross_entropy (scores are logits) and nll_loss (log-probabilities).
+Tensor ClassIndexLoss(const Tensor& input, const Tensor& target, bool logits, const Tensor& weight,
+                      int64_t ignore_index, Reduction reduction, double label_smoothing,
+                      const char* op) {
+  const ClassRows rows = ToRows(input, op);
+  const int64_t classes = rows.classes;
+  TANDEM_CHECK(target.dtype() == kInt64, op, ": target must be int64 class indices but is ",
+               target.dtype(),
+               logits ? "; convert it with .to(kInt64) (class probabilities must have input's "
+                        "shape)"
+                      : "; convert it with .to(kInt64)");
+  TANDEM_CHECK(target.shape() == rows.element_shape, op, ": input is ",
+               ShapeToString(input.shape()), " so class-index targets must be ",
+               ShapeToString(rows.element_shape), " (input's shape without C",
+               input.dim() == 1 ? "" : ", its dimension 1",
+               logits ? "; class probabilities would have input's shape" : "", ") but are ",
+               ShapeToString(target.shape()));
+  const int64_t m = NumElements(rows.element_shape);
+  const Tensor t = target.reshape({m});
+  const int64_t ignored_count = CheckClassTargets(t, classes, ignore_index, op);
+
+  // The common case: the fused kernels.
+  if (!weight.defined() && label_smoothing == 0.0 && reduction == Reduction::kMean &&
+      ignored_count == 0) {
+    return logits ? tandem::cross_entropy(rows.rows, t) : tandem::nll_loss(rows.rows, t);
+  }
+
+  const Tensor log_probs = logits ? log_softmax(rows.rows, 1) : rows.rows;
+  const Tensor ignored =
+      eq(t, full({}, static_cast<double>(ignore_index), TensorOptions(kInt64).device(t.device())));
+  const Tensor safe = masked_fill(t, ignored, 0.0);  // any valid index where ignored
+  Tensor picked = m > 0 && classes > 0 ? gather(log_probs, 1, safe.unsqueeze(1)).squeeze(1)
+                                       : zeros({m}, t.device());
+  // The weight of each target, 0 where ignored (masked_fill, not a product: an ignored row may
+  // hold -inf, and -inf * 0 is NaN).
+  Tensor target_weight;
+  Tensor loss;
+  if (weight.defined()) {
+    target_weight = masked_fill(index_select(weight, 0, safe), ignored, 0.0);
+    loss = masked_fill(neg(mul(picked, index_select(weight, 0, safe))), ignored, 0.0);
+  } else {
+    loss = masked_fill(neg(picked), ignored, 0.0);
+  }
+  if (label_smoothing > 0.0) {
+    // PyTorch: (1 - s) nll + s / C * (-sum_c w_c log p_c), the second term 0 where ignored.
+    const Tensor weighted = weight.defined() ? mul(log_probs, weight) : log_probs;
+    const Tensor smooth = masked_fill(neg(sum(weighted, {1})), ignored, 0.0);
+    loss = add(mul(loss, 1.0 - label_smoothing),
+               mul(smooth, label_smoothing / static_cast<double>(classes)));
+  }
+  switch (reduction) {
+    case Reduction::kNone:
+      return loss.reshape(rows.element_shape);
+    case Reduction::kSum:
+      return sum(loss);
+    case Reduction::kMean:
+      break;
+  }
+  // Over the weights of the targets not ignored (their count without a weight): 0 / 0 = NaN
+  // when every target is ignored, as in PyTorch.
+  if (weight.defined()) return div(sum(loss), sum(target_weight));
+  return div(sum(loss), full({}, static_cast<double>(m - ignored_count), loss.device()));
+}
+
+// The class-probability path of cross_entropy: target has input's shape.
+Tensor ProbabilityLoss(const Tensor& input, const Tensor& target, const Tensor& weight,
+                       int64_t ignore_index, Reduction reduction, double label_smoothing,
+                       const char* op) {
+  TANDEM_CHECK(target.dtype() == kFloat32, op, ": target has input's shape ",
+               ShapeToString(input.shape()),
+               " so it is read as class probabilities and must be float32, but is ", target.dtype(),
+               "; for class indices give it input's shape without C");
+  TANDEM_CHECK(ignore_index < 0, op, ": ignore_index (", ignore_index,
+               ") applies to class-index targets only, but target has input's shape and holds "
+               "class probabilities; leave ignore_index negative (default -100)");
+  const ClassRows rows = ToRows(input, op);
+  const int64_t classes = rows.classes;
+  Tensor probs = AsRows(target, classes);
+  if (label_smoothing > 0.0) {
+    probs = add(mul(probs, 1.0 - label_smoothing),
+                label_smoothing / static_cast<double>(std::max<int64_t>(classes, 1)));
+  }
+  Tensor product = mul(log_softmax(rows.rows, 1), probs);
+  if (weight.defined()) product = mul(product, weight);
+  const Tensor loss = neg(sum(product, {1}));  // [M]
+  switch (reduction) {
+    case Reduction::kNone:
+      return loss.reshape(rows.element_shape);
+    case Reduction::kSum:
+      return sum(loss);
+    case Reduction::kMean:
+      break;
+  }
+  // Over the number of rows (input.numel() / C), as in PyTorch; NaN for none.
+  return div(sum(loss), full({}, static_cast<double>(loss.numel()), loss.device()));
+}
+
+// log sigmoid(x) without overflow for any x, and with the exact gradient 1 - sigmoid(x)
+// everywhere (0.5 at x = 0): x - log(1 + e^x) for x < 0, -log(1 + e^-x) for x >= 0. Each
+// branch sees its input clamped to its own side, so the branch not taken stays finite and
+// passes a zero gradient, not NaN.
+Tensor LogSigmoid(const Tensor& x) {
+  const Tensor negative_part = clamp(x, std::nullopt, 0.0);
+  const Tensor positive_part = clamp(x, 0.0, std::nullopt);
+  const Tensor below = sub(negative_part, log(add(exp(negative_part), 1.0)));
+  const Tensor above = neg(log(add(exp(neg(positive_part)), 1.0)));
+  return where(lt(x, zeros({}, x.device())), below, above);
+}
+
+void CheckBroadcastWeight(const Tensor& weight, const char* name, const Tensor& input,
+                          const char* op) {
+  if (!weight.defined()) return;
+  CheckFloat(weight, op, name);
+  CheckSameDevice(input, "input", weight, name, op);
+  TANDEM_CHECK(BroadcastsTo(weight.shape(), input.shape()), op, ": ", name, " is ",
+               ShapeToString(weight.shape()), " which does not broadcast to input's shape ",
+               ShapeToString(input.shape()), "; give it input's trailing dimensions (e.g. [",
+               input.dim() > 0 ? input.size(-1) : 1, "] for one value per class)");
+}
+
+}  // namespace
+
+// ---- Functions -------------------------------------------------------------------------------
+
+namespace functional {
+
+Tensor cross_entropy(const Tensor& input, const Tensor& target,
+                     const CrossEntropyLossOptions& options) {
+  const char* op = "cross_entropy";
+  CheckDefined(input, op, "input");
+  CheckDefined(target, op, "target");
+  CheckFloat(input, op, "input");
+  CheckSameDevice(input, "input", target, "target", op);
+  CheckReduction(options.reduction_, op);
+  CheckLabelSmoothing(options.label_smoothing_, op);
+  TANDEM_CHECK(input.dim() >= 1, op,
+               ": input must have a class dimension ([C], [N, C] or [N, C, d1, ...]) but is "
+               "zero-dimensional");
+  const int64_t classes = input.dim() == 1 ? input.size(0) : input.size(1);
+  CheckClassWeight(options.weight_, input, classes, op);
+  if (target.shape() == input.shape()) {
+    return ProbabilityLoss(input, target, options.weight_, options.ignore_index_,
+                           options.reduction_, options.label_smoothing_, op);
+  }
+  return ClassIndexLoss(input, target, /*logits=*/true, options.weight_, options.ignore_index_,
+                        options.reduction_, options.label_smoothing_, op);
+}
+
+Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions& options) {
+  const char* op = "nll_loss";
+  CheckDefined(input, op, "input");
+  CheckDefined(target, op, "target");
+  CheckFloat(input, op, "input");
+  CheckSameDevice(input, "input", target, "target", op);
+  CheckReduction(options.reduction_, op);
+  TANDEM_CHECK(input.dim() >= 1, op,
+               ": input must have a class dimension ([C], [N, C] or [N, C, d1, ...]) but is "
+               "zero-dimensional");
+  const int64_t classes = input.dim() == 1 ? input.size(0) : input.size(1);
+  CheckClassWeight(options.weight_, input, classes, op);
+  return ClassIndexLoss(input, target, /*logits=*/false, options.weight_, options.ignore_index_,
+                        options.reduction_, /*label_smoothing=*/0.0, op);
+}
+
+Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
+                                        const BCEWithLogitsLossOptions& options) {
+  const char* op = "binary_cross_entropy_with_logits";
+  CheckSameShapeFloats(input, target, op);
+  CheckReduction(options.reduction_, op);
+  CheckBroadcastWeight(options.weight_, "weight", input, op);
+  CheckBroadcastWeight(options.pos_weight_, "pos_weight", input, op);
+  // PyTorch's form: (1 - t) x - w_t log sigmoid(x), w_t = 1 + (pos_weight - 1) t.
+  Tensor log_sigmoid = LogSigmoid(input);
+  if (options.pos_weight_.defined()) {
+    log_sigmoid = mul(log_sigmoid, add(mul(options.pos_weight_ - 1.0, target), 1.0));
+  }
+  Tensor loss = sub(mul(1.0 - target, input), log_sigmoid);
+  if (options.weight_.defined()) loss = mul(loss, options.weight_);
+  return Reduce(loss, options.reduction_);
+}
+
+Tensor mse_loss(const Tensor& input, const Tensor& target, const MSELossOptions& options) {
+  CheckSameShapeFloats(input, target, "mse_loss");
+  CheckReduction(options.reduction_, "mse_loss");
+  return Reduce(square(sub(input, target)), options.reduction_);
+}
+
+Tensor l1_loss(const Tensor& input, const Tensor& target, const L1LossOptions& options) {
+  CheckSameShapeFloats(input, target, "l1_loss");
+  CheckReduction(options.reduction_, "l1_loss");
+  return Reduce(abs(sub(input, target)), options.reduction_);
+}
+
+Tensor smooth_l1_loss(const Tensor& input, const Tensor& target,
+                      const SmoothL1LossOptions& options) {
+  const char* op = "smooth_l1_loss";
+  CheckSameShapeFloats(input, target, op);
+  CheckReduction(options.reduction_, op);
+  CheckBeta(options.beta_, op);
+  const double beta = options.beta_;
+  const Tensor diff = sub(input, target);
+  const Tensor distance = abs(diff);
+  // beta = 0 is the L1 loss (and 0.5 d^2 / 0 would poison the gradient of the other branch).
+  if (beta == 0.0) return Reduce(distance, options.reduction_);
+  const Tensor quadratic = mul(square(diff), 0.5 / beta);
+  const Tensor linear = add(distance, -0.5 * beta);
+  return Reduce(where(lt(distance, full({}, beta, input.device())), quadratic, linear),
+                options.reduction_);
+}
+
+}  // namespace functional
+
+// ---- Modules ---------------------------------------------------------------------------------
+
+namespace {
+
+void CheckModuleWeight(const Tensor& weight, const char* module, const char* name) {
+  if (!weight.defined()) return;
+  TANDEM_CHECK(weight.dtype() == kFloat32, module, ": ", name, " must be float32 but is ",
+               weight.dtype(), "; convert it with .to(kFloat32)");
+}
+
+}  // namespace
+
+CrossEntropyLoss::CrossEntropyLoss(const CrossEntropyLossOptions& options) : options_(options) {
+  CheckModuleWeight(options_.weight_, "CrossEntropyLoss", "weight");
+  TANDEM_CHECK(!options_.weight_.defined() || options_.weight_.dim() == 1,
+               "CrossEntropyLoss: weight must be 1-D [C] (one entry per class) but is ",
+               ShapeToString(options_.weight_.shape()));
+  CheckLabelSmoothing(options_.label_smoothing_, "CrossEntropyLoss");
+  CheckReduction(options_.reduction_, "CrossEntropyLoss");
+  reset();
+}
+
+void CrossEntropyLoss::reset() {
+  if (options_.weight_.defined()) weight_ = register_buffer("weight", options_.weight_);
+}
+
+Tensor CrossEntropyLoss::weight() const { return weight_ ? *weight_ : Tensor(); }
+
+Tensor CrossEntropyLoss::forward(const Tensor& input, const Tensor& target) {
+  CrossEntropyLossOptions options = options_;
+  options.weight_ = weight();
+  return functional::cross_entropy(input, target, options);
+}
+
+NLLLoss::NLLLoss(const NLLLossOptions& options) : options_(options) {
+  CheckModuleWeight(options_.weight_, "NLLLoss", "weight");
+  TANDEM_CHECK(!options_.weight_.defined() || options_.weight_.dim() == 1,
+               "NLLLoss: weight must be 1-D [C] (one entry per class) but is ",
+               ShapeToString(options_.weight_.shape()));
+  CheckReduction(options_.reduction_, "NLLLoss");
+  reset();
+}
+
+void NLLLoss::reset() {
+  if (options_.weight_.defined()) weight_ = register_buffer("weight", options_.weight_);
+}
+
+Tensor NLLLoss::weight() const { return weight_ ? *weight_ : Tensor(); }
+
+Tensor NLLLoss::forward(const Tensor& input, const Tensor& target) {
+  NLLLossOptions options = options_;
+  options.weight_ = weight();
+  return functional::nll_loss(input, target, options);
+}
+
+BCEWithLogitsLoss::BCEWithLogitsLoss(const BCEWithLogitsLossOptions& options) : options_(options) {
+  CheckModuleWeight(options_.weight_, "BCEWithLogitsLoss", "weight");
+  CheckModuleWeight(options_.pos_weight_, "BCEWithLogitsLoss", "pos_weight");
+  CheckReduction(options_.reduction_, "BCEWithLogitsLoss");
+  reset();
+}
+
+void BCEWithLogitsLoss::reset() {
+  if (options_.weight_.defined()) weight_ = register_buffer("weight", options_.weight_);
+  if (options_.pos_weight_.defined()) {
+    pos_weight_ = register_buffer("pos_weight", options_.pos_weight_);
+  }
+}
+
+Tensor BCEWithLogitsLoss::weight() const { return weight_ ? *weight_ : Tensor(); }
+Tensor BCEWithLogitsLoss::pos_weight() const { return pos_weight_ ? *pos_weight_ : Tensor(); }
+
+Tensor BCEWithLogitsLoss::forward(const Tensor& input, const Tensor& target) {
+  BCEWithLogitsLossOptions options = options_;
+  options.weight_ = weight();
+  options.pos_weight_ = pos_weight();
+  return functional::binary_cross_entropy_with_logits(input, target, options);
 }
 
 Tensor MSELoss::forward(const Tensor& input, const Tensor& target) {
-  return mse_loss(input, target);
+  return functional::mse_loss(input, target, options_);
+}
+
+Tensor L1Loss::forward(const Tensor& input, const Tensor& target) {
+  return functional::l1_loss(input, target, options_);
+}
+
+SmoothL1Loss::SmoothL1Loss(const SmoothL1LossOptions& options) : options_(options) {
+  CheckBeta(options_.beta_, "SmoothL1Loss");
+  CheckReduction(options_.reduction_, "SmoothL1Loss");
+}
+
+Tensor SmoothL1Loss::forward(const Tensor& input, const Tensor& target) {
+  return functional::smooth_l1_loss(input, target, options_);
 }
 
 }  // namespace tandem::nn

@@ -1,36 +1,247 @@
-// Losses as modules, as in PyTorch: CrossEntropyLoss (logits and int64 class targets) and
-// MSELoss, both averaging over the batch. Both take two tensors, so they also show how a
-// module's forward takes several inputs.
+// Losses, as PyTorch has them: modules (nn::CrossEntropyLoss, ...) and the same computations
+// as functions (nn::functional::cross_entropy, ...), with PyTorch's options and defaults:
 //
-//   nn::CrossEntropyLoss criterion;
+//   CrossEntropyLoss    logits + class indices (or class probabilities); weight, ignore_index,
+//                       label_smoothing
+//   NLLLoss             log-probabilities + class indices; weight, ignore_index
+//   BCEWithLogitsLoss   logits + 0/1 (or soft) targets of the same shape; weight, pos_weight
+//   MSELoss, L1Loss, SmoothL1Loss (beta)   input and target of the same shape
+//
+// Every loss takes a `reduction`: Reduction::kMean (the default), kSum, or kNone (one loss per
+// element, in the target's shape). Losses are composed of differentiable tensor ops, so they
+// run on every device and back-propagate into the input (and a soft target).
+//
+//   nn::CrossEntropyLoss criterion;                     // prints "CrossEntropyLoss()"
 //   Tensor loss = criterion.forward(model.forward(images), labels);   // labels int64 [N]
-//   loss.backward();
+//   nn::CrossEntropyLoss smoothed(nn::CrossEntropyLossOptions()
+//                                     .weight(class_weights)           // float32 [C]
+//                                     .ignore_index(-1)
+//                                     .label_smoothing(0.1));
+//   namespace F = tandem::nn::functional;
+//   Tensor per_pixel = F::cross_entropy(logits_nchw, labels_nhw,
+//                                       nn::CrossEntropyLossOptions().reduction(
+//                                           nn::Reduction::kNone));   // [N, H, W]
 //
-// The functions tandem::cross_entropy and tandem::mse_loss (tensor/ops.h) do the same
-// without the module.
+// A module keeps its weight tensors as buffers ("weight", "pos_weight"), so to(device),
+// clone() and state_dict() carry them, as in PyTorch. tandem::cross_entropy and
+// tandem::mse_loss (tensor/ops.h) are the plain mean-reduced forms without options.
 #ifndef TANDEM_NN_LOSS_H_
 #define TANDEM_NN_LOSS_H_
+
+#include <cstdint>
+#include <utility>
 
 #include "nn/module.h"
 #include "tensor/tensor.h"
 
 namespace tandem::nn {
 
-// Mean over the batch of -log softmax(logits)[target], computed stably (log-sum-exp).
-// logits: float32 [N, C]; targets: int64 [N] with values in [0, C).
-class CrossEntropyLoss : public Cloneable<CrossEntropyLoss> {
- public:
-  CrossEntropyLoss() = default;
-  void reset() override {}
-  Tensor forward(const Tensor& logits, const Tensor& targets);
+// How per-element losses become the result: kNone keeps them (the target's shape), kSum adds
+// them up, kMean averages them (for class-index losses with a weight: the sum of the weighted
+// losses over the sum of the weights of the targets that are not ignored).
+enum class Reduction { kNone, kMean, kSum };
+const char* ReductionName(Reduction reduction);  // "none", "mean", "sum"
+
+// ---- Options (libtorch's names; setters chain) ------------------------------------------
+
+struct CrossEntropyLossOptions {
+  // float32 [C]: a rescaling weight per class (undefined: all ones).
+  CrossEntropyLossOptions& weight(Tensor value) {
+    weight_ = std::move(value);
+    return *this;
+  }
+  // Targets equal to this contribute nothing, to the loss nor to the mean's denominator.
+  CrossEntropyLossOptions& ignore_index(int64_t value) {
+    ignore_index_ = value;
+    return *this;
+  }
+  CrossEntropyLossOptions& reduction(Reduction value) {
+    reduction_ = value;
+    return *this;
+  }
+  // In [0, 1]: the target becomes (1 - s) one-hot + s / C uniform (PyTorch's formula, also
+  // with a weight).
+  CrossEntropyLossOptions& label_smoothing(double value) {
+    label_smoothing_ = value;
+    return *this;
+  }
+
+  Tensor weight_;
+  int64_t ignore_index_ = -100;
+  Reduction reduction_ = Reduction::kMean;
+  double label_smoothing_ = 0.0;
 };
 
-// Mean of (input - target)^2 over all elements; both of the same shape.
+struct NLLLossOptions {
+  NLLLossOptions& weight(Tensor value) {
+    weight_ = std::move(value);
+    return *this;
+  }
+  NLLLossOptions& ignore_index(int64_t value) {
+    ignore_index_ = value;
+    return *this;
+  }
+  NLLLossOptions& reduction(Reduction value) {
+    reduction_ = value;
+    return *this;
+  }
+
+  Tensor weight_;
+  int64_t ignore_index_ = -100;
+  Reduction reduction_ = Reduction::kMean;
+};
+
+struct BCEWithLogitsLossOptions {
+  // Multiplies each element's loss; must broadcast to the input's shape.
+  BCEWithLogitsLossOptions& weight(Tensor value) {
+    weight_ = std::move(value);
+    return *this;
+  }
+  // Multiplies the positive term (target * log sigmoid(x)); typically [C] = negatives /
+  // positives per class. Must broadcast to the input's shape.
+  BCEWithLogitsLossOptions& pos_weight(Tensor value) {
+    pos_weight_ = std::move(value);
+    return *this;
+  }
+  BCEWithLogitsLossOptions& reduction(Reduction value) {
+    reduction_ = value;
+    return *this;
+  }
+
+  Tensor weight_;
+  Tensor pos_weight_;
+  Reduction reduction_ = Reduction::kMean;
+};
+
+struct MSELossOptions {
+  MSELossOptions& reduction(Reduction value) {
+    reduction_ = value;
+    return *this;
+  }
+  Reduction reduction_ = Reduction::kMean;
+};
+
+struct L1LossOptions {
+  L1LossOptions& reduction(Reduction value) {
+    reduction_ = value;
+    return *this;
+  }
+  Reduction reduction_ = Reduction::kMean;
+};
+
+struct SmoothL1LossOptions {
+  SmoothL1LossOptions& reduction(Reduction value) {
+    reduction_ = value;
+    return *this;
+  }
+  // Where the loss turns from quadratic (|d| < beta: 0.5 d^2 / beta) to linear (|d| - beta/2);
+  // >= 0, and 0 gives the L1 loss.
+  SmoothL1LossOptions& beta(double value) {
+    beta_ = value;
+    return *this;
+  }
+  Reduction reduction_ = Reduction::kMean;
+  double beta_ = 1.0;
+};
+
+// ---- Functions ---------------------------------------------------------------------------
+namespace functional {
+
+// input: float32 logits [N, C], [C] or [N, C, d1, ..., dk]. target: int64 class indices of
+// input's shape without C ([N], [] or [N, d1, ..., dk]), each in [0, C) or ignore_index; or
+// float32 class probabilities of input's own shape (then ignore_index must stay negative).
+Tensor cross_entropy(const Tensor& input, const Tensor& target,
+                     const CrossEntropyLossOptions& options = {});
+// As cross_entropy with class indices, but input holds log-probabilities (log_softmax).
+Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions& options = {});
+// -[pos_weight t log sigmoid(x) + (1 - t) log(1 - sigmoid(x))] * weight, computed stably
+// (no overflow for any x). input and target: float32, one shape.
+Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
+                                        const BCEWithLogitsLossOptions& options = {});
+// (input - target)^2, |input - target|, and the smooth L1 of input - target. float32, one
+// shape (a broadcast here usually hides a bug, so it is refused).
+Tensor mse_loss(const Tensor& input, const Tensor& target, const MSELossOptions& options = {});
+Tensor l1_loss(const Tensor& input, const Tensor& target, const L1LossOptions& options = {});
+Tensor smooth_l1_loss(const Tensor& input, const Tensor& target,
+                      const SmoothL1LossOptions& options = {});
+
+}  // namespace functional
+
+// ---- Modules (forward(input, target); they print as PyTorch's do, without options) --------
+
+class CrossEntropyLoss : public Cloneable<CrossEntropyLoss> {
+ public:
+  explicit CrossEntropyLoss(const CrossEntropyLossOptions& options = {});
+  void reset() override;
+  Tensor forward(const Tensor& input, const Tensor& target);
+  const CrossEntropyLossOptions& options() const { return options_; }
+  // The registered weight buffer (wherever to() moved it); undefined without one.
+  Tensor weight() const;
+
+ private:
+  CrossEntropyLossOptions options_;
+  Buffer weight_;
+};
+
+class NLLLoss : public Cloneable<NLLLoss> {
+ public:
+  explicit NLLLoss(const NLLLossOptions& options = {});
+  void reset() override;
+  Tensor forward(const Tensor& input, const Tensor& target);
+  const NLLLossOptions& options() const { return options_; }
+  Tensor weight() const;
+
+ private:
+  NLLLossOptions options_;
+  Buffer weight_;
+};
+
+class BCEWithLogitsLoss : public Cloneable<BCEWithLogitsLoss> {
+ public:
+  explicit BCEWithLogitsLoss(const BCEWithLogitsLossOptions& options = {});
+  void reset() override;
+  Tensor forward(const Tensor& input, const Tensor& target);
+  const BCEWithLogitsLossOptions& options() const { return options_; }
+  Tensor weight() const;
+  Tensor pos_weight() const;
+
+ private:
+  BCEWithLogitsLossOptions options_;
+  Buffer weight_;
+  Buffer pos_weight_;
+};
+
 class MSELoss : public Cloneable<MSELoss> {
  public:
-  MSELoss() = default;
+  explicit MSELoss(const MSELossOptions& options = {}) : options_(options) {}
   void reset() override {}
   Tensor forward(const Tensor& input, const Tensor& target);
+  const MSELossOptions& options() const { return options_; }
+
+ private:
+  MSELossOptions options_;
+};
+
+class L1Loss : public Cloneable<L1Loss> {
+ public:
+  explicit L1Loss(const L1LossOptions& options = {}) : options_(options) {}
+  void reset() override {}
+  Tensor forward(const Tensor& input, const Tensor& target);
+  const L1LossOptions& options() const { return options_; }
+
+ private:
+  L1LossOptions options_;
+};
+
+class SmoothL1Loss : public Cloneable<SmoothL1Loss> {
+ public:
+  explicit SmoothL1Loss(const SmoothL1LossOptions& options = {});
+  void reset() override {}
+  Tensor forward(const Tensor& input, const Tensor& target);
+  const SmoothL1LossOptions& options() const { return options_; }
+
+ private:
+  SmoothL1LossOptions options_;
 };
 
 }  // namespace tandem::nn
