@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "tensor/autograd.h"
+#include "tensor/backend.h"  // kMaxDims
 
 namespace tandem::nn {
 namespace {
@@ -28,7 +29,6 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 constexpr char kMagic[8] = {'T', 'A', 'N', 'D', 'E', 'M', 'C', 'K'};
 constexpr uint32_t kVersion = 1;
 constexpr size_t kHeaderBytes = sizeof(kMagic) + 4 + 4 + 4;
-constexpr uint32_t kMaxRank = 64;  // far above what any tensor has; bounds a corrupt rank
 
 uint32_t Crc32(const uint8_t* data, size_t size) {
   uLong crc = crc32(0L, Z_NULL, 0);
@@ -265,23 +265,43 @@ class ByteReader {
   size_t position_ = 0;
 };
 
-std::vector<uint8_t> ReadWholeFile(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY);
+void CheckMagic(const uint8_t* data, const std::string& path) {
+  TANDEM_CHECK(std::memcmp(data, kMagic, sizeof(kMagic)) == 0, "'", path,
+               "' is not a Tandem checkpoint (it does not start with \"TANDEMCK\")");
+}
+
+// The whole file, read with a cap: a regular file larger than `max_bytes` is refused before
+// reading, and anything else (a device such as /dev/zero, a pipe) stops at the cap; a file
+// that does not start with the magic is refused after its first 8 bytes.
+std::vector<uint8_t> ReadWholeFile(const std::string& path, uint64_t max_bytes) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   TANDEM_CHECK(fd >= 0, "cannot open checkpoint '", path, "': ", ErrnoText());
+  struct Closer {
+    int fd;
+    ~Closer() { close(fd); }
+  } closer{fd};
+  struct stat info;
+  const bool regular = fstat(fd, &info) == 0 && S_ISREG(info.st_mode);
+  if (regular) {
+    TANDEM_CHECK(static_cast<uint64_t>(info.st_size) <= max_bytes, "checkpoint '", path, "' is ",
+                 info.st_size, " bytes, more than the limit of ", max_bytes,
+                 " bytes; if it really is this large, pass a larger max_bytes to ReadCheckpoint");
+  }
   std::vector<uint8_t> bytes;
+  if (regular) bytes.reserve(static_cast<size_t>(info.st_size));
   uint8_t buffer[1 << 16];
   while (true) {
     const ssize_t n = read(fd, buffer, sizeof(buffer));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const std::string reason = ErrnoText();
-      close(fd);
-      TANDEM_FAIL("cannot read checkpoint '", path, "': ", reason);
-    }
+    TANDEM_CHECK(n >= 0, "cannot read checkpoint '", path, "': ", ErrnoText());
     if (n == 0) break;
+    const bool had_magic = bytes.size() >= sizeof(kMagic);
     bytes.insert(bytes.end(), buffer, buffer + n);
+    if (!had_magic && bytes.size() >= sizeof(kMagic)) CheckMagic(bytes.data(), path);
+    TANDEM_CHECK(bytes.size() <= max_bytes, "checkpoint '", path, "' holds more than ", max_bytes,
+                 " bytes, the limit; expected a checkpoint file (is it an endless device or "
+                 "pipe?); if it really is this large, pass a larger max_bytes to ReadCheckpoint");
   }
-  close(fd);
   return bytes;
 }
 
@@ -303,15 +323,24 @@ CheckpointEntry ParseRecordBody(const uint8_t* data, size_t size, const std::str
   const uint8_t* name = in.Take(name_size, where + " name");
   entry.name.assign(reinterpret_cast<const char*>(name), name_size);
   const std::string named = where + " ('" + entry.name + "')";
+  auto corrupt_named = [&](const std::string& what) {
+    TANDEM_FAIL("checkpoint '", path, "' is corrupted: ", named, " ", what);
+  };
   const uint32_t rank = in.Int<uint32_t>(named + " rank");
-  if (rank > kMaxRank) corrupt("has rank " + std::to_string(rank));
+  if (rank > static_cast<uint32_t>(kMaxDims)) {
+    corrupt_named("has rank " + std::to_string(rank) + " but tensors have at most " +
+                  std::to_string(kMaxDims) + " dimensions");
+  }
   Shape shape(rank);
   uint64_t numel = 1;
   for (uint32_t d = 0; d < rank; ++d) {
     shape[d] = in.Int<int64_t>(named + " sizes");
-    if (shape[d] < 0) corrupt("has a negative size in " + ShapeToString(shape));
+    if (shape[d] < 0) {
+      corrupt_named("has size " + std::to_string(shape[d]) + " in dimension " + std::to_string(d) +
+                    " of " + std::to_string(rank) + " (sizes are at least 0)");
+    }
     if (shape[d] > 0 && numel > UINT64_MAX / static_cast<uint64_t>(shape[d])) {
-      corrupt("has an impossible shape");
+      corrupt_named("has an impossible shape (more than 2^64 elements)");
     }
     numel *= static_cast<uint64_t>(shape[d]);
   }
@@ -343,12 +372,10 @@ void WriteCheckpoint(const std::vector<CheckpointEntry>& entries, const std::str
   WriteFileAtomically(Serialize(entries), path);
 }
 
-std::vector<CheckpointEntry> ReadCheckpoint(const std::string& path) {
-  const std::vector<uint8_t> bytes = ReadWholeFile(path);
+std::vector<CheckpointEntry> ReadCheckpoint(const std::string& path, uint64_t max_bytes) {
+  const std::vector<uint8_t> bytes = ReadWholeFile(path, max_bytes);
   ByteReader in(bytes.data(), bytes.size(), path);
-  const uint8_t* magic = in.Take(sizeof(kMagic), "the header");
-  TANDEM_CHECK(std::memcmp(magic, kMagic, sizeof(kMagic)) == 0, "'", path,
-               "' is not a Tandem checkpoint (it does not start with \"TANDEMCK\")");
+  CheckMagic(in.Take(sizeof(kMagic), "the header"), path);
   const uint32_t version = in.Int<uint32_t>("the header");
   const uint32_t count = in.Int<uint32_t>("the header");
   const uint32_t header_crc = in.Int<uint32_t>("the header");

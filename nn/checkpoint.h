@@ -26,6 +26,7 @@
 #ifndef TANDEM_NN_CHECKPOINT_H_
 #define TANDEM_NN_CHECKPOINT_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -45,9 +46,15 @@ struct CheckpointEntry {
 void SaveCheckpoint(const Module& module, const std::string& path);
 void LoadCheckpoint(Module& module, const std::string& path);
 
+// The most bytes ReadCheckpoint (and LoadCheckpoint) reads by default: 16 GiB. A larger
+// regular file is refused before it is read; a device or pipe (/dev/zero) when it passes
+// the cap, or at once when its first 8 bytes are not a checkpoint's.
+inline constexpr uint64_t kMaxCheckpointBytes = uint64_t{16} << 30;
+
 // The file level, for tools and tests: entries in, entries out (values on cpu:0).
 void WriteCheckpoint(const std::vector<CheckpointEntry>& entries, const std::string& path);
-std::vector<CheckpointEntry> ReadCheckpoint(const std::string& path);
+std::vector<CheckpointEntry> ReadCheckpoint(const std::string& path,
+                                            uint64_t max_bytes = kMaxCheckpointBytes);
 
 // The pieces of SaveCheckpoint and LoadCheckpoint, for files that hold more than one module
 // (a trainer's checkpoint: model, optimizer state, progress). ModuleCheckpointEntries gives
