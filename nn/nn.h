@@ -1,5 +1,6 @@
 // Tandem's neural-network library in one include: Module and Cloneable, the layers,
-// Sequential, the losses, the optimizers and checkpoints. Depend on //nn.
+// Sequential, the losses, the optimizers, learning-rate schedulers, gradient clipping
+// and checkpoints. Depend on //nn.
 //
 //   #include "nn/nn.h"
 //   auto model = std::make_shared<tandem::nn::Sequential>(
@@ -8,11 +9,13 @@
 #ifndef TANDEM_NN_NN_H_
 #define TANDEM_NN_NN_H_
 
-#include "nn/checkpoint.h"  // IWYU pragma: export
-#include "nn/layers.h"      // IWYU pragma: export
-#include "nn/loss.h"        // IWYU pragma: export
-#include "nn/module.h"      // IWYU pragma: export
-#include "nn/optim.h"       // IWYU pragma: export
-#include "nn/sequential.h"  // IWYU pragma: export
+#include "nn/checkpoint.h"    // IWYU pragma: export
+#include "nn/clip_grad.h"     // IWYU pragma: export
+#include "nn/layers.h"        // IWYU pragma: export
+#include "nn/loss.h"          // IWYU pragma: export
+#include "nn/lr_scheduler.h"  // IWYU pragma: export
+#include "nn/module.h"        // IWYU pragma: export
+#include "nn/optim.h"         // IWYU pragma: export
+#include "nn/sequential.h"    // IWYU pragma: export
 
 #endif  // TANDEM_NN_NN_H_

@@ -205,12 +205,15 @@ void RmsKernel(const RmsItem& it, int64_t begin, int64_t end) {
 // ---- ParamGroup and Optimizer ----------------------------------------------------------
 
 ParamGroup::ParamGroup(const ParamGroup& other)
-    : params_(other.params_), options_(other.options_ ? other.options_->clone() : nullptr) {}
+    : params_(other.params_),
+      options_(other.options_ ? other.options_->clone() : nullptr),
+      initial_lr_(other.initial_lr_) {}
 
 ParamGroup& ParamGroup::operator=(const ParamGroup& other) {
   if (this != &other) {
     params_ = other.params_;
     options_ = other.options_ ? other.options_->clone() : nullptr;
+    initial_lr_ = other.initial_lr_;
   }
   return *this;
 }
@@ -266,6 +269,7 @@ void Optimizer::add_param_group(const ParamGroup& group) {
   }
   ParamGroup added(group.params());
   added.set_options(std::move(options));
+  if (group.initial_lr()) added.set_initial_lr(*group.initial_lr());
   groups_.push_back(std::move(added));
   parameters_.insert(parameters_.end(), group.params().begin(), group.params().end());
   ResizeState(parameters_.size());

@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -86,10 +87,15 @@ class ParamGroup {
   OptimizerOptions& options();
   const OptimizerOptions& options() const;
   void set_options(std::unique_ptr<OptimizerOptions> options) { options_ = std::move(options); }
+  // The learning rate the group had when its first scheduler was built (PyTorch's
+  // "initial_lr"): what every scheduler of the group scales. Unset before that.
+  std::optional<double> initial_lr() const { return initial_lr_; }
+  void set_initial_lr(double lr) { initial_lr_ = lr; }
 
  private:
   std::vector<Tensor> params_;
   std::unique_ptr<OptimizerOptions> options_;
+  std::optional<double> initial_lr_;
 };
 
 class Optimizer {

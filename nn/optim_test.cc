@@ -75,6 +75,54 @@ struct ReferenceAdam {
   }
 };
 
+// PyTorch's AdamW, element by element, in double precision.
+struct ReferenceAdamW {
+  AdamWOptions o;
+  std::vector<double> m = std::vector<double>(kStart.size(), 0.0);
+  std::vector<double> v = std::vector<double>(kStart.size(), 0.0);
+  int t = 0;
+  void Step(std::vector<double>& w) {
+    const std::vector<double> g = Gradient(w);
+    ++t;
+    for (size_t i = 0; i < w.size(); ++i) {
+      w[i] *= 1.0 - o.lr_ * o.weight_decay_;
+      m[i] = o.beta1_ * m[i] + (1.0 - o.beta1_) * g[i];
+      v[i] = o.beta2_ * v[i] + (1.0 - o.beta2_) * g[i] * g[i];
+      const double m_hat = m[i] / (1.0 - std::pow(o.beta1_, t));
+      const double v_hat = v[i] / (1.0 - std::pow(o.beta2_, t));
+      w[i] -= o.lr_ * m_hat / (std::sqrt(v_hat) + o.eps_);
+    }
+  }
+};
+
+// PyTorch's RMSprop, element by element, in double precision.
+struct ReferenceRmsprop {
+  RMSpropOptions o;
+  std::vector<double> v = std::vector<double>(kStart.size(), 0.0);
+  std::vector<double> a = std::vector<double>(kStart.size(), 0.0);
+  std::vector<double> b = std::vector<double>(kStart.size(), 0.0);
+  void Step(std::vector<double>& w) {
+    std::vector<double> g = Gradient(w);
+    for (size_t i = 0; i < w.size(); ++i) {
+      g[i] += o.weight_decay_ * w[i];
+      v[i] = o.alpha_ * v[i] + (1.0 - o.alpha_) * g[i] * g[i];
+      double avg;
+      if (o.centered_) {
+        a[i] = o.alpha_ * a[i] + (1.0 - o.alpha_) * g[i];
+        avg = std::sqrt(v[i] - a[i] * a[i]) + o.eps_;
+      } else {
+        avg = std::sqrt(v[i]) + o.eps_;
+      }
+      if (o.momentum_ > 0.0) {
+        b[i] = o.momentum_ * b[i] + g[i] / avg;
+        w[i] -= o.lr_ * b[i];
+      } else {
+        w[i] -= o.lr_ * g[i] / avg;
+      }
+    }
+  }
+};
+
 // Runs `steps` steps of `optimizer` on the problem and of `reference` on a double copy,
 // comparing after every step.
 template <typename Reference>
@@ -336,6 +384,245 @@ TEST_F(OptimTest, LoadStateDictRejectsMismatchesAndChangesNothing) {
               HasSubstr("only some of exp_avg, exp_avg_sq and step"));
   EXPECT_EQ(Values(sgd.momentum_buffer(0)), buffer);
   EXPECT_EQ(adam.step_count(0), 1);
+}
+
+TEST_F(OptimTest, AdamWDecouplesWeightDecay) {
+  EXPECT_EQ(AdamWOptions().weight_decay_, 1e-2);  // PyTorch's default
+  for (const AdamWOptions& options :
+       {AdamWOptions(0.1), AdamWOptions(0.05).weight_decay(0.1).betas(0.8, 0.99),
+        AdamWOptions(0.05).eps(1e-3).weight_decay(0.0)}) {
+    SCOPED_TRACE(::testing::Message() << "weight_decay " << options.weight_decay_);
+    AdamW adamw({StartingPoint()}, options);
+    ExpectSameTrajectory(adamw, ReferenceAdamW{options}, 8);
+  }
+  // With a zero gradient only the decay moves a parameter: p * (1 - lr * weight_decay).
+  Tensor w = StartingPoint();
+  AdamW adamw({w}, AdamWOptions(0.1).weight_decay(0.5));
+  (w * 0.0).sum().backward();
+  adamw.step();
+  const std::vector<float> actual = w.to_vector<float>();
+  for (size_t i = 0; i < kStart.size(); ++i) EXPECT_NEAR(actual[i], kStart[i] * 0.95, 1e-6);
+}
+
+TEST_F(OptimTest, RmspropMatchesPyTorchsRule) {
+  EXPECT_EQ(RMSpropOptions().lr_, 1e-2);  // PyTorch's defaults
+  EXPECT_EQ(RMSpropOptions().alpha_, 0.99);
+  for (const RMSpropOptions& options :
+       {RMSpropOptions(0.01), RMSpropOptions(0.01).alpha(0.9).eps(1e-4),
+        RMSpropOptions(0.01).momentum(0.9), RMSpropOptions(0.01).centered(true),
+        RMSpropOptions(0.005).centered(true).momentum(0.5).weight_decay(0.1)}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "alpha " << options.alpha_ << " momentum " << options.momentum_ << " centered "
+                 << options.centered_ << " weight_decay " << options.weight_decay_);
+    RMSprop rmsprop({StartingPoint()}, options);
+    ExpectSameTrajectory(rmsprop, ReferenceRmsprop{options}, 8, 5e-5);
+  }
+  // First step without momentum: v = (1 - alpha) g^2, so p moves by lr / sqrt(1 - alpha).
+  Tensor w = StartingPoint();
+  RMSprop rmsprop({w}, RMSpropOptions(0.01).alpha(0.96).eps(0.0));
+  Loss(w).backward();
+  rmsprop.step();
+  const std::vector<double> g = Gradient(kStart);
+  const std::vector<float> actual = w.to_vector<float>();
+  for (size_t i = 0; i < kStart.size(); ++i) {
+    EXPECT_NEAR(actual[i], kStart[i] - 0.05 * (g[i] > 0 ? 1.0 : -1.0), 1e-6);
+  }
+}
+
+TEST_F(OptimTest, ParameterGroupsHaveTheirOwnOptions) {
+  Tensor a = StartingPoint(), b = StartingPoint();
+  const SGDOptions defaults = SGDOptions(0.1).momentum(0.9);
+  const SGDOptions own = SGDOptions(0.02).weight_decay(0.1);
+  SGD sgd({ParamGroup({a}), ParamGroup({b}, own)}, defaults);
+  ASSERT_EQ(sgd.param_groups().size(), 2u);
+  EXPECT_EQ(sgd.param_groups()[0].options().get_lr(), 0.1);
+  EXPECT_EQ(sgd.param_groups()[1].options().get_lr(), 0.02);
+  EXPECT_EQ(sgd.parameters().size(), 2u);
+  ReferenceSgd ref_a{defaults, {}}, ref_b{own, {}};
+  std::vector<double> expected_a = kStart, expected_b = kStart;
+  for (int step = 0; step < 4; ++step) {
+    sgd.zero_grad();
+    (Loss(a) + Loss(b)).backward();
+    sgd.step();
+    ref_a.Step(expected_a);
+    ref_b.Step(expected_b);
+  }
+  for (size_t i = 0; i < kStart.size(); ++i) {
+    EXPECT_NEAR(a.to_vector<float>()[i], expected_a[i], 1e-5);
+    EXPECT_NEAR(b.to_vector<float>()[i], expected_b[i], 1e-5);
+  }
+  // Writing a group's learning rate changes that group's next step only.
+  sgd.param_groups()[1].options().set_lr(0.0);
+  const std::vector<float> b_before = b.to_vector<float>(), a_before = a.to_vector<float>();
+  sgd.zero_grad();
+  (Loss(a) + Loss(b)).backward();
+  sgd.step();
+  EXPECT_EQ(b.to_vector<float>(), b_before);
+  EXPECT_NE(a.to_vector<float>(), a_before);
+}
+
+TEST_F(OptimTest, AddParamGroupTakesTheDefaultsAndNumbersItsParametersAfterTheOthers) {
+  Tensor a = StartingPoint(), b = StartingPoint();
+  Adam adam({a}, AdamOptions(0.1).betas(0.8, 0.9));
+  adam.add_param_group(ParamGroup({b}));
+  ASSERT_EQ(adam.param_groups().size(), 2u);
+  const auto& options = static_cast<const AdamOptions&>(adam.param_groups()[1].options());
+  EXPECT_EQ(options.lr_, 0.1);
+  EXPECT_EQ(options.beta1_, 0.8);
+  adam.param_groups()[0].options().set_lr(0.5);  // groups own their options
+  EXPECT_EQ(adam.param_groups()[1].options().get_lr(), 0.1);
+  EXPECT_EQ(adam.defaults().get_lr(), 0.1);
+  Loss(b).backward();
+  adam.step();
+  EXPECT_EQ(adam.step_count(1), 1);
+  EXPECT_EQ(adam.step_count(0), 0);
+  std::vector<std::string> names;
+  for (const auto& entry : adam.state_dict()) names.push_back(entry.first);
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"state.1.exp_avg", "state.1.exp_avg_sq", "state.1.step"}));
+}
+
+TEST_F(OptimTest, ParameterGroupsRejectDuplicatesAndOptionsOfAnotherKind) {
+  Tensor a = StartingPoint(), b = StartingPoint();
+  SGD sgd({a}, SGDOptions(0.1));
+  EXPECT_THAT(ErrorOf([&] {
+                sgd.add_param_group(ParamGroup({b, a}));
+              }),
+              HasSubstr("parameter 2 ([4]) of group 1 appears more than once"));
+  EXPECT_EQ(sgd.param_groups().size(), 1u);  // nothing added
+  EXPECT_EQ(sgd.parameters().size(), 1u);
+  EXPECT_THAT(ErrorOf([&] { sgd.add_param_group(ParamGroup({b}, AdamOptions(0.1))); }),
+              HasSubstr("options must be nn::SGDOptions"));
+  EXPECT_THAT(ErrorOf([&] { sgd.add_param_group(ParamGroup({b}, SGDOptions(-0.1))); }),
+              HasSubstr("learning rate must be >= 0"));
+  EXPECT_THAT(ErrorOf([&] { AdamW({ParamGroup({a}, AdamOptions())}, AdamWOptions()); }),
+              HasSubstr("options must be nn::AdamWOptions"));
+  EXPECT_THAT(ErrorOf([&] { RMSprop({a}, RMSpropOptions().alpha(-1)); }),
+              HasSubstr("alpha must be >= 0"));
+  EXPECT_THAT(ErrorOf([&] { SGD(std::vector<ParamGroup>{}, SGDOptions(0.1)); }),
+              HasSubstr("no parameter groups"));
+  EXPECT_THAT(ErrorOf([&] { ParamGroup({a}).options(); }), HasSubstr("no options of its own"));
+}
+
+// A large parameter set on the CPU takes the fused update split over the CPU devices' workers;
+// it must give PyTorch's result, and the same bits whatever the number of devices. A strided
+// (non-contiguous) parameter takes the tensor-op path and must agree too.
+template <typename Make>
+void ExpectFusedUpdatesMatchAndDoNotDependOnTheSplit(Make make) {
+  std::vector<std::vector<float>> results;
+  for (int devices : {1, 2, 3}) {
+    SetCpuDeviceCount(devices);
+    manual_seed(7);
+    // Sizes around the piece size (2^14) and odd ones, so pieces split parameters unevenly.
+    std::vector<Tensor> params, coefs;
+    for (int64_t n : {int64_t{40000}, int64_t{16384}, int64_t{3}, int64_t{20001}}) {
+      Tensor p = randn({n});
+      p.set_requires_grad(true);
+      params.push_back(p);
+      coefs.push_back(rand({n}) + 0.5);  // no cancellation in g + wd p
+    }
+    auto optimizer = make(params);
+    for (int step = 0; step < 3; ++step) {
+      optimizer->zero_grad();
+      Tensor loss = zeros({});
+      for (size_t k = 0; k < params.size(); ++k) {
+        loss = loss + (coefs[k] * square(params[k])).sum();  // g = 2 c p
+      }
+      loss.backward();
+      optimizer->step();
+    }
+    std::vector<float> all;
+    for (const Tensor& p : params) {
+      const std::vector<float> v = p.to_vector<float>();
+      all.insert(all.end(), v.begin(), v.end());
+    }
+    results.push_back(all);
+
+    // The same updates on strided copies (the tensor-op path).
+    manual_seed(7);
+    std::vector<Tensor> strided;
+    std::vector<Tensor> strided_coefs;
+    for (int64_t n : {int64_t{40000}, int64_t{16384}, int64_t{3}, int64_t{20001}}) {
+      Tensor p = randn({n}).reshape({n, 1}).expand({n, 2}).detach().clone();
+      Tensor column = p.narrow(1, 0, 1).detach();
+      column.set_requires_grad(true);
+      ASSERT_FALSE(column.is_contiguous());
+      strided.push_back(column);
+      strided_coefs.push_back((rand({n}) + 0.5).reshape({n, 1}));
+    }
+    auto reference = make(strided);
+    for (int step = 0; step < 3; ++step) {
+      reference->zero_grad();
+      Tensor loss = zeros({});
+      for (size_t k = 0; k < strided.size(); ++k) {
+        loss = loss + (strided_coefs[k] * square(strided[k])).sum();
+      }
+      loss.backward();
+      reference->step();
+    }
+    size_t offset = 0;
+    for (const Tensor& p : strided) {
+      const std::vector<float> v = p.contiguous().reshape({-1}).to_vector<float>();
+      for (size_t j = 0; j < v.size(); ++j) {
+        ASSERT_NEAR(all[offset + j], v[j], 1e-5 * (1.0 + std::abs(v[j])))
+            << devices << " CPU devices, element " << offset + j;
+      }
+      offset += v.size();
+    }
+  }
+  SetCpuDeviceCount(2);
+  EXPECT_EQ(results[0], results[1]);
+  EXPECT_EQ(results[0], results[2]);
+}
+
+TEST_F(OptimTest, FusedSgdSplitsAcrossDevicesWithTheSameResult) {
+  ExpectFusedUpdatesMatchAndDoNotDependOnTheSplit([](std::vector<Tensor> params) {
+    return std::make_unique<SGD>(std::move(params), SGDOptions(0.01).momentum(0.9));
+  });
+  ExpectFusedUpdatesMatchAndDoNotDependOnTheSplit([](std::vector<Tensor> params) {
+    return std::make_unique<SGD>(std::move(params),
+                                 SGDOptions(0.01).momentum(0.9).nesterov(true).weight_decay(0.1));
+  });
+  ExpectFusedUpdatesMatchAndDoNotDependOnTheSplit([](std::vector<Tensor> params) {
+    return std::make_unique<SGD>(std::move(params), SGDOptions(0.01).momentum(0.5).dampening(0.3));
+  });
+}
+
+TEST_F(OptimTest, FusedAdamAdamWAndRmspropSplitAcrossDevicesWithTheSameResult) {
+  ExpectFusedUpdatesMatchAndDoNotDependOnTheSplit([](std::vector<Tensor> params) {
+    return std::make_unique<Adam>(std::move(params), AdamOptions(0.01).weight_decay(0.1));
+  });
+  ExpectFusedUpdatesMatchAndDoNotDependOnTheSplit([](std::vector<Tensor> params) {
+    return std::make_unique<AdamW>(std::move(params), AdamWOptions(0.01));
+  });
+  ExpectFusedUpdatesMatchAndDoNotDependOnTheSplit([](std::vector<Tensor> params) {
+    return std::make_unique<RMSprop>(
+        std::move(params), RMSpropOptions(0.001).momentum(0.9).centered(true).weight_decay(0.1));
+  });
+  ExpectFusedUpdatesMatchAndDoNotDependOnTheSplit([](std::vector<Tensor> params) {
+    return std::make_unique<RMSprop>(std::move(params), RMSpropOptions(0.001));
+  });
+}
+
+TEST_F(OptimTest, AdamWAndRmspropResumeExactlyFromTheirStateDicts) {
+  ExpectResumesExactly(
+      [](Tensor w) { return std::make_unique<AdamW>(std::vector<Tensor>{w}, AdamWOptions(0.1)); },
+      {"state.0.exp_avg", "state.0.exp_avg_sq", "state.0.step"});
+  ExpectResumesExactly(
+      [](Tensor w) {
+        return std::make_unique<RMSprop>(std::vector<Tensor>{w},
+                                         RMSpropOptions(0.01).momentum(0.9).centered(true));
+      },
+      {"state.0.grad_avg", "state.0.momentum_buffer", "state.0.square_avg", "state.0.step"});
+  Tensor w = StartingPoint();
+  RMSprop rmsprop({w}, RMSpropOptions(0.01));
+  Steps(rmsprop, 1);
+  EXPECT_THAT(
+      ErrorOf([&] {
+        rmsprop.load_state_dict({{"state.0.step", rmsprop.state_dict().at("state.0.step")}});
+      }),
+      HasSubstr("lacks square_avg or step"));
+  EXPECT_EQ(rmsprop.step_count(0), 1);
 }
 
 }  // namespace
