@@ -1,11 +1,13 @@
 #include "nn/layers.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "tensor/autograd.h"
@@ -124,11 +126,39 @@ void Linear::pretty_print(std::ostream& out) const {
       << ", bias=" << PythonBool(with_bias_);
 }
 
-// ---- ReLU, Flatten ---------------------------------------------------------------------
+// ---- Activations, Identity, Flatten -----------------------------------------------------
 
 Tensor ReLU::forward(const Tensor& input) {
   CheckDefinedInput(input, *this);
   return relu(input);
+}
+
+Tensor Identity::forward(const Tensor& input) {
+  CheckDefinedInput(input, *this);
+  return input;
+}
+
+GELU::GELU(std::string approximate) : approximate_(std::move(approximate)) {
+  TANDEM_CHECK(approximate_ == "none" || approximate_ == "tanh",
+               "GELU: approximate must be 'none' (the exact erf form) or 'tanh' but is '",
+               approximate_, "'");
+}
+
+Tensor GELU::forward(const Tensor& input) {
+  CheckDefinedInput(input, *this);
+  return gelu(input, approximate_);
+}
+
+void GELU::pretty_print(std::ostream& out) const { out << "approximate='" << approximate_ << "'"; }
+
+Tensor Tanh::forward(const Tensor& input) {
+  CheckDefinedInput(input, *this);
+  return tanh(input);
+}
+
+Tensor Sigmoid::forward(const Tensor& input) {
+  CheckDefinedInput(input, *this);
+  return sigmoid(input);
 }
 
 Flatten::Flatten(int64_t start_dim, int64_t end_dim) : start_dim_(start_dim), end_dim_(end_dim) {}
@@ -161,32 +191,51 @@ Conv2d::Conv2d(const Conv2dOptions& options) : options_(options) {
                Tuple(o.stride_));
   TANDEM_CHECK(o.padding_.h >= 0 && o.padding_.w >= 0,
                "Conv2d: padding must be non-negative but is ", Tuple(o.padding_));
+  TANDEM_CHECK(o.dilation_.h > 0 && o.dilation_.w > 0, "Conv2d: dilation must be positive but is ",
+               Tuple(o.dilation_));
+  TANDEM_CHECK(o.groups_ > 0, "Conv2d: groups must be positive but is ", o.groups_);
+  TANDEM_CHECK(o.in_channels_ % o.groups_ == 0, "Conv2d: in_channels (", o.in_channels_,
+               ") must be divisible by groups (", o.groups_, "); choose groups among the ",
+               "common divisors of in_channels and out_channels");
+  TANDEM_CHECK(o.out_channels_ % o.groups_ == 0, "Conv2d: out_channels (", o.out_channels_,
+               ") must be divisible by groups (", o.groups_, "); choose groups among the ",
+               "common divisors of in_channels and out_channels");
   reset();
 }
 
 Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Size2 stride,
-               Size2 padding, bool bias)
+               Size2 padding, Size2 dilation, int64_t groups, bool bias)
     : Conv2d(Conv2dOptions(in_channels, out_channels, kernel_size)
                  .stride(stride)
                  .padding(padding)
+                 .dilation(dilation)
+                 .groups(groups)
                  .bias(bias)) {}
+
+namespace {
+
+// PyTorch's bound for Conv2d's weight (kaiming_uniform_ with a = sqrt(5)) and bias:
+// 1/sqrt(fan_in), fan_in = in_channels / groups * kh * kw.
+double ConvInitBound(const Conv2dOptions& o) {
+  const int64_t fan_in = o.in_channels_ / o.groups_ * o.kernel_size_.h * o.kernel_size_.w;
+  return 1.0 / std::sqrt(static_cast<double>(fan_in));
+}
+
+}  // namespace
 
 void Conv2d::reset() {
   const Conv2dOptions& o = options_;
-  const int64_t fan_in = o.in_channels_ * o.kernel_size_.h * o.kernel_size_.w;
-  const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+  const double bound = ConvInitBound(o);
   auto init = [&](const Shape& shape) {
     return cloning() ? empty(shape) : uniform(shape, -bound, bound);
   };
-  weight_ = register_parameter(
-      "weight", init({o.out_channels_, o.in_channels_, o.kernel_size_.h, o.kernel_size_.w}));
+  weight_ = register_parameter("weight", init({o.out_channels_, o.in_channels_ / o.groups_,
+                                               o.kernel_size_.h, o.kernel_size_.w}));
   if (o.bias_) bias_ = register_parameter("bias", init({o.out_channels_}));
 }
 
 void Conv2d::reset_parameters() {
-  const Conv2dOptions& o = options_;
-  const int64_t fan_in = o.in_channels_ * o.kernel_size_.h * o.kernel_size_.w;
-  const double bound = 1.0 / std::sqrt(static_cast<double>(fan_in));
+  const double bound = ConvInitBound(options_);
   FillUniform(*weight_, bound);
   if (bias_) FillUniform(*bias_, bound);
 }
@@ -203,13 +252,16 @@ Tensor Conv2d::forward(const Tensor& input) {
                ShapeToString(input.shape()));
   const int64_t padded_h = input.size(2) + 2 * o.padding_.h;
   const int64_t padded_w = input.size(3) + 2 * o.padding_.w;
-  TANDEM_CHECK(padded_h >= o.kernel_size_.h && padded_w >= o.kernel_size_.w, ToString(), ": input ",
+  const int64_t span_h = o.dilation_.h * (o.kernel_size_.h - 1) + 1;
+  const int64_t span_w = o.dilation_.w * (o.kernel_size_.w - 1) + 1;
+  TANDEM_CHECK(padded_h >= span_h && padded_w >= span_w, ToString(), ": input ",
                ShapeToString(input.shape()), " is too small: its ", input.size(2), "x",
                input.size(3), " images (", padded_h, "x", padded_w,
-               " with padding) are smaller than the ", o.kernel_size_.h, "x", o.kernel_size_.w,
-               " kernel");
+               " with padding) are smaller than the ", span_h, "x", span_w, " kernel",
+               span_h != o.kernel_size_.h || span_w != o.kernel_size_.w ? " (with dilation)" : "");
   CheckSameDevice(input, *weight_, *this);
-  return conv2d(input, *weight_, bias(), o.stride_.vec(), o.padding_.vec());
+  return conv2d(input, *weight_, bias(), o.stride_.vec(), o.padding_.vec(), o.dilation_.vec(),
+                o.groups_);
 }
 
 void Conv2d::pretty_print(std::ostream& out) const {
@@ -217,13 +269,18 @@ void Conv2d::pretty_print(std::ostream& out) const {
   out << o.in_channels_ << ", " << o.out_channels_ << ", kernel_size=" << Tuple(o.kernel_size_)
       << ", stride=" << Tuple(o.stride_);
   if (o.padding_.h != 0 || o.padding_.w != 0) out << ", padding=" << Tuple(o.padding_);
+  if (o.dilation_.h != 1 || o.dilation_.w != 1) out << ", dilation=" << Tuple(o.dilation_);
+  if (o.groups_ != 1) out << ", groups=" << o.groups_;
   if (!o.bias_) out << ", bias=False";
 }
 
 // ---- MaxPool2d -------------------------------------------------------------------------
 
-MaxPool2d::MaxPool2d(Size2 kernel_size, std::optional<Size2> stride, Size2 padding)
-    : kernel_size_(kernel_size), stride_(stride.value_or(kernel_size)), padding_(padding) {
+MaxPool2d::MaxPool2d(Size2 kernel_size, std::optional<Size2> stride, Size2 padding, bool ceil_mode)
+    : kernel_size_(kernel_size),
+      stride_(stride.value_or(kernel_size)),
+      padding_(padding),
+      ceil_mode_(ceil_mode) {
   TANDEM_CHECK(kernel_size_.h > 0 && kernel_size_.w > 0,
                "MaxPool2d: kernel_size must be positive but is ", Tuple(kernel_size_));
   TANDEM_CHECK(stride_.h > 0 && stride_.w > 0, "MaxPool2d: stride must be positive but is ",
@@ -247,12 +304,74 @@ Tensor MaxPool2d::forward(const Tensor& input) {
                input.size(3), " images (", padded_h, "x", padded_w,
                " with padding) are smaller than the ", kernel_size_.h, "x", kernel_size_.w,
                " window");
-  return max_pool2d(input, kernel_size_.vec(), stride_.vec(), padding_.vec());
+  return max_pool2d(input, kernel_size_.vec(), stride_.vec(), padding_.vec(), ceil_mode_);
 }
 
 void MaxPool2d::pretty_print(std::ostream& out) const {
   out << "kernel_size=" << IntOrTuple(kernel_size_) << ", stride=" << IntOrTuple(stride_)
-      << ", padding=" << IntOrTuple(padding_) << ", dilation=1, ceil_mode=False";
+      << ", padding=" << IntOrTuple(padding_)
+      << ", dilation=1, ceil_mode=" << PythonBool(ceil_mode_);
+}
+
+// ---- AvgPool2d, AdaptiveAvgPool2d ----------------------------------------------------------
+
+AvgPool2d::AvgPool2d(Size2 kernel_size, std::optional<Size2> stride, Size2 padding, bool ceil_mode,
+                     bool count_include_pad)
+    : kernel_size_(kernel_size),
+      stride_(stride.value_or(kernel_size)),
+      padding_(padding),
+      ceil_mode_(ceil_mode),
+      count_include_pad_(count_include_pad) {
+  TANDEM_CHECK(kernel_size_.h > 0 && kernel_size_.w > 0,
+               "AvgPool2d: kernel_size must be positive but is ", Tuple(kernel_size_));
+  TANDEM_CHECK(stride_.h > 0 && stride_.w > 0, "AvgPool2d: stride must be positive but is ",
+               Tuple(stride_));
+  TANDEM_CHECK(padding_.h >= 0 && padding_.w >= 0 && 2 * padding_.h <= kernel_size_.h &&
+                   2 * padding_.w <= kernel_size_.w,
+               "AvgPool2d: padding must be between 0 and half the kernel size, but is ",
+               Tuple(padding_), " for kernel_size ", Tuple(kernel_size_));
+}
+
+Tensor AvgPool2d::forward(const Tensor& input) {
+  CheckDefinedInput(input, *this);
+  if (input.dim() == 3) return forward(input.unsqueeze(0)).squeeze(0);
+  TANDEM_CHECK(input.dim() == 4, ToString(),
+               ": expected a 4-D input [N, C, H, W] (or 3-D [C, H, W]) but got ",
+               ShapeToString(input.shape()));
+  const int64_t padded_h = input.size(2) + 2 * padding_.h;
+  const int64_t padded_w = input.size(3) + 2 * padding_.w;
+  TANDEM_CHECK(padded_h >= kernel_size_.h && padded_w >= kernel_size_.w, ToString(), ": input ",
+               ShapeToString(input.shape()), " is too small: its ", input.size(2), "x",
+               input.size(3), " images (", padded_h, "x", padded_w,
+               " with padding) are smaller than the ", kernel_size_.h, "x", kernel_size_.w,
+               " window");
+  return avg_pool2d(input, kernel_size_.vec(), stride_.vec(), padding_.vec(), ceil_mode_,
+                    count_include_pad_);
+}
+
+void AvgPool2d::pretty_print(std::ostream& out) const {
+  out << "kernel_size=" << IntOrTuple(kernel_size_) << ", stride=" << IntOrTuple(stride_)
+      << ", padding=" << IntOrTuple(padding_);
+}
+
+AdaptiveAvgPool2d::AdaptiveAvgPool2d(Size2 output_size) : output_size_(output_size) {
+  TANDEM_CHECK(output_size_.h > 0 && output_size_.w > 0,
+               "AdaptiveAvgPool2d: output_size must be positive but is ", Tuple(output_size_));
+}
+
+Tensor AdaptiveAvgPool2d::forward(const Tensor& input) {
+  CheckDefinedInput(input, *this);
+  if (input.dim() == 3) return forward(input.unsqueeze(0)).squeeze(0);
+  TANDEM_CHECK(input.dim() == 4, ToString(),
+               ": expected a 4-D input [N, C, H, W] (or 3-D [C, H, W]) but got ",
+               ShapeToString(input.shape()));
+  TANDEM_CHECK(input.size(2) > 0 && input.size(3) > 0, ToString(), ": input ",
+               ShapeToString(input.shape()), " has empty images; height and width must be > 0");
+  return adaptive_avg_pool2d(input, output_size_.vec());
+}
+
+void AdaptiveAvgPool2d::pretty_print(std::ostream& out) const {
+  out << "output_size=" << IntOrTuple(output_size_);
 }
 
 // ---- Dropout ---------------------------------------------------------------------------
@@ -440,6 +559,136 @@ Tensor BatchNorm2d::forward(const Tensor& input) {
                ShapeToString(input.shape()), " (", input.dim(),
                "-D); use BatchNorm1d for [N, C] or [N, C, L]");
   return Normalize(input);
+}
+
+// ---- LayerNorm -------------------------------------------------------------------------
+
+LayerNorm::LayerNorm(std::vector<int64_t> normalized_shape, double eps, bool elementwise_affine)
+    : normalized_shape_(std::move(normalized_shape)),
+      eps_(eps),
+      elementwise_affine_(elementwise_affine) {
+  TANDEM_CHECK(!normalized_shape_.empty(), "LayerNorm: normalized_shape must name at least one ",
+               "dimension (e.g. {features}) but is empty");
+  for (int64_t size : normalized_shape_) {
+    TANDEM_CHECK(size > 0, "LayerNorm: normalized_shape must have positive sizes but is ",
+                 ShapeToString(normalized_shape_));
+  }
+  TANDEM_CHECK(eps_ >= 0.0 && std::isfinite(eps_), "LayerNorm: eps must be a finite value >= 0 ",
+               "but is ", eps_);
+  reset();
+}
+
+void LayerNorm::reset() {
+  if (!elementwise_affine_) return;
+  weight_ = register_parameter("weight", ones(normalized_shape_));
+  bias_ = register_parameter("bias", zeros(normalized_shape_));
+}
+
+void LayerNorm::reset_parameters() {
+  if (!elementwise_affine_) return;
+  NoGradGuard no_grad;
+  Tensor(*weight_).fill_(1.0);
+  Tensor(*bias_).zero_();
+}
+
+Tensor LayerNorm::forward(const Tensor& input) {
+  CheckDefinedInput(input, *this);
+  const int64_t count = static_cast<int64_t>(normalized_shape_.size());
+  const int64_t lead = input.dim() - count;
+  const bool matches = lead >= 0 && std::equal(normalized_shape_.begin(), normalized_shape_.end(),
+                                               input.shape().begin() + std::max<int64_t>(lead, 0));
+  TANDEM_CHECK(matches, ToString(), ": expected an input whose last ", count, " dimension(s) are ",
+               ShapeToString(normalized_shape_), " but got ", ShapeToString(input.shape()));
+  TANDEM_CHECK(input.dtype() == kFloat32, ToString(), ": expected a float32 input but got ",
+               input.dtype(), "; convert it with .to(kFloat32)");
+  if (weight_) CheckSameDevice(input, *weight_, *this);
+  std::vector<int64_t> dims;
+  for (int64_t d = lead; d < input.dim(); ++d) dims.push_back(d);
+  const Tensor mean = input.mean(dims, /*keepdim=*/true);
+  const Tensor centered = input - mean;
+  const Tensor var = square(centered).mean(dims, /*keepdim=*/true);  // biased, as PyTorch
+  const Tensor normalized = centered / sqrt(var + eps_);
+  if (!elementwise_affine_) return normalized;
+  return normalized * *weight_ + *bias_;
+}
+
+void LayerNorm::pretty_print(std::ostream& out) const {
+  // normalized_shape prints as a Python tuple: (64,) or (3, 4).
+  out << "(";
+  for (size_t i = 0; i < normalized_shape_.size(); ++i) {
+    out << (i > 0 ? ", " : "") << normalized_shape_[i];
+  }
+  out << (normalized_shape_.size() == 1 ? ",)" : ")") << ", eps=" << PythonFloat(eps_)
+      << ", elementwise_affine=" << PythonBool(elementwise_affine_);
+}
+
+// ---- Embedding -------------------------------------------------------------------------
+
+Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim,
+                     std::optional<int64_t> padding_idx)
+    : num_embeddings_(num_embeddings), embedding_dim_(embedding_dim) {
+  TANDEM_CHECK(num_embeddings > 0 && embedding_dim > 0,
+               "Embedding: num_embeddings and embedding_dim must be positive but are ",
+               num_embeddings, " and ", embedding_dim);
+  if (padding_idx) {
+    TANDEM_CHECK(*padding_idx >= -num_embeddings && *padding_idx < num_embeddings,
+                 "Embedding: padding_idx must be within num_embeddings: in [", -num_embeddings,
+                 ", ", num_embeddings, ") but is ", *padding_idx);
+    padding_idx_ = *padding_idx < 0 ? *padding_idx + num_embeddings : *padding_idx;
+  }
+  reset();
+}
+
+void Embedding::reset() {
+  const Shape shape = {num_embeddings_, embedding_dim_};
+  if (cloning()) {
+    weight_ = register_parameter("weight", empty(shape));
+    return;
+  }
+  weight_ = register_parameter("weight", randn(shape));
+  if (padding_idx_) {
+    NoGradGuard no_grad;
+    weight_->narrow(0, *padding_idx_, 1).zero_();
+  }
+}
+
+void Embedding::reset_parameters() {
+  NoGradGuard no_grad;
+  Tensor target = *weight_;
+  target.copy_(randn(target.shape(), TensorOptions().device(target.device())));
+  if (padding_idx_) target.narrow(0, *padding_idx_, 1).zero_();
+}
+
+Tensor Embedding::forward(const Tensor& indices) {
+  CheckDefinedInput(indices, *this);
+  TANDEM_CHECK(indices.dtype() == kInt64, ToString(), ": expected int64 indices but got ",
+               indices.dtype(), "; convert them with .to(kInt64)");
+  CheckSameDevice(indices, *weight_, *this);
+  const Tensor flat = indices.reshape({-1});
+  // The indices are read on the host once, to name a bad one.
+  const std::vector<int64_t> values = flat.to_vector<int64_t>();
+  for (size_t i = 0; i < values.size(); ++i) {
+    TANDEM_CHECK(values[i] >= 0 && values[i] < num_embeddings_, ToString(), ": index ", values[i],
+                 " (element ", i, " of the ", ShapeToString(indices.shape()),
+                 " input) is out of range; indices must be in [0, ", num_embeddings_,
+                 ") (num_embeddings)");
+  }
+  Tensor rows = index_select(*weight_, 0, flat);
+  if (padding_idx_) {
+    // The padding row's value, without a path for its gradient.
+    const Tensor is_padding = eq(flat, full({}, static_cast<double>(*padding_idx_),
+                                            TensorOptions(kInt64).device(flat.device())))
+                                  .unsqueeze(1);
+    rows = where(is_padding, rows.detach(), rows);
+  }
+  Shape out_shape = indices.shape();
+  out_shape.push_back(embedding_dim_);
+  return rows.reshape(out_shape);
+}
+
+void Embedding::pretty_print(std::ostream& out) const {
+  out << num_embeddings_ << ", " << embedding_dim_;
+  if (padding_idx_) out << ", padding_idx=" << *padding_idx_;
 }
 
 }  // namespace tandem::nn

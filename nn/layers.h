@@ -1,5 +1,6 @@
-// Layers: Linear, ReLU, Flatten, Conv2d, MaxPool2d, Dropout, BatchNorm1d and BatchNorm2d, as
-// in PyTorch (same arguments, same default initialisation, same printed form). Each works on
+// Layers: Linear, Identity, ReLU, GELU, Tanh, Sigmoid, Flatten, Conv2d, MaxPool2d, AvgPool2d,
+// AdaptiveAvgPool2d, Dropout, BatchNorm1d and BatchNorm2d, LayerNorm, Embedding, as in
+// PyTorch (same arguments, same default initialisation, same printed form). Each works on
 // any device its parameters are on (move a layer with to(device)) and checks its input,
 // naming itself, what it expected and what it got.
 //
@@ -17,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <ostream>
+#include <string>
 #include <vector>
 
 #include "nn/module.h"
@@ -35,7 +37,8 @@ struct Size2 {
 
 // y = x W^T + b over the last dimension of x ([*, in_features] -> [*, out_features]).
 // Weight [out_features, in_features] and bias [out_features] start uniform in
-// ±1/sqrt(in_features), as in PyTorch.
+// ±1/sqrt(in_features), as in PyTorch (its kaiming_uniform_ with a = sqrt(5) for the weight
+// has exactly that bound: sqrt(6 / ((1 + a^2) * fan_in)) = 1/sqrt(fan_in)).
 class Linear : public Cloneable<Linear> {
  public:
   Linear(int64_t in_features, int64_t out_features, bool bias = true);
@@ -66,6 +69,42 @@ class ReLU : public Cloneable<ReLU> {
   Tensor forward(const Tensor& input);
 };
 
+// Returns its input (a placeholder, e.g. for a block's shortcut).
+class Identity : public Cloneable<Identity> {
+ public:
+  Identity() = default;
+  void reset() override {}
+  Tensor forward(const Tensor& input);
+};
+
+// x * Phi(x) with the exact erf form, or approximate = "tanh" for
+// 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))). Prints GELU(approximate='none').
+class GELU : public Cloneable<GELU> {
+ public:
+  explicit GELU(std::string approximate = "none");
+  void reset() override {}
+  Tensor forward(const Tensor& input);
+  void pretty_print(std::ostream& out) const override;
+  const std::string& approximate() const { return approximate_; }
+
+ private:
+  std::string approximate_;
+};
+
+class Tanh : public Cloneable<Tanh> {
+ public:
+  Tanh() = default;
+  void reset() override {}
+  Tensor forward(const Tensor& input);
+};
+
+class Sigmoid : public Cloneable<Sigmoid> {
+ public:
+  Sigmoid() = default;
+  void reset() override {}
+  Tensor forward(const Tensor& input);
+};
+
 // Flattens dimensions start_dim..end_dim into one (by default all but the batch dimension).
 class Flatten : public Cloneable<Flatten> {
  public:
@@ -90,6 +129,14 @@ struct Conv2dOptions {
     padding_ = value;
     return *this;
   }
+  Conv2dOptions& dilation(Size2 value) {
+    dilation_ = value;
+    return *this;
+  }
+  Conv2dOptions& groups(int64_t value) {
+    groups_ = value;
+    return *this;
+  }
   Conv2dOptions& bias(bool value) {
     bias_ = value;
     return *this;
@@ -99,18 +146,25 @@ struct Conv2dOptions {
   int64_t out_channels_;
   Size2 kernel_size_;
   Size2 stride_ = 1;
-  Size2 padding_ = 0;  // zeros on each side
+  Size2 padding_ = 0;   // zeros on each side
+  Size2 dilation_ = 1;  // spacing between kernel taps
+  int64_t groups_ = 1;  // in_channels and out_channels must both be divisible by it
   bool bias_ = true;
 };
 
 // 2-D convolution over [N, C_in, H, W] (or unbatched [C_in, H, W]) images, giving
-// [N, C_out, H_out, W_out]. Weight [C_out, C_in, kh, kw] and bias [C_out] start uniform in
-// ±1/sqrt(C_in * kh * kw), as in PyTorch.
+// [N, C_out, H_out, W_out] with H_out = (H + 2 padding - dilation (kh - 1) - 1) / stride + 1.
+// With groups g, the channels split into g groups and output group i sees input group i
+// only (g = C_in = C_out: depthwise). Weight [C_out, C_in / g, kh, kw] and bias [C_out]
+// start uniform in ±1/sqrt(fan_in), fan_in = C_in / g * kh * kw, as in PyTorch (see Linear).
+//
+//   nn::Conv2d depthwise(nn::Conv2dOptions(32, 32, 3).padding(1).groups(32));
+//   std::cout << depthwise;   // Conv2d(32, 32, kernel_size=(3, 3), stride=(1, 1), ...
 class Conv2d : public Cloneable<Conv2d> {
  public:
   explicit Conv2d(const Conv2dOptions& options);
   Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Size2 stride = 1,
-         Size2 padding = 0, bool bias = true);
+         Size2 padding = 0, Size2 dilation = 1, int64_t groups = 1, bool bias = true);
 
   void reset() override;
   void reset_parameters();
@@ -128,11 +182,14 @@ class Conv2d : public Cloneable<Conv2d> {
 };
 
 // Max over kernel_size windows of [N, C, H, W] (or [C, H, W]) images. The stride defaults
-// to the kernel size; padding (at most half the kernel) counts as -infinity.
+// to the kernel size; padding (at most half the kernel) counts as -infinity. ceil_mode
+// rounds the output size up (a last, partial window), as PyTorch: H_out =
+// ceil((H + 2 padding - kernel) / stride) + 1, less one if that last window would start in
+// the right padding.
 class MaxPool2d : public Cloneable<MaxPool2d> {
  public:
   explicit MaxPool2d(Size2 kernel_size, std::optional<Size2> stride = std::nullopt,
-                     Size2 padding = 0);
+                     Size2 padding = 0, bool ceil_mode = false);
   void reset() override {}
   Tensor forward(const Tensor& input);
   void pretty_print(std::ostream& out) const override;
@@ -141,6 +198,45 @@ class MaxPool2d : public Cloneable<MaxPool2d> {
   Size2 kernel_size_;
   Size2 stride_;
   Size2 padding_;
+  bool ceil_mode_;
+};
+
+// Mean over kernel_size windows of [N, C, H, W] (or [C, H, W]) images, as
+// torch.nn.AvgPool2d: stride defaults to the kernel size, padding (at most half the kernel)
+// adds zeros, ceil_mode as MaxPool2d's. count_include_pad: the zeros of the padding count in
+// the divisor (the window clipped to the padded input); otherwise only the pixels inside.
+//
+//   nn::AvgPool2d pool(3, /*stride=*/2, /*padding=*/1);
+//   std::cout << pool;   // AvgPool2d(kernel_size=3, stride=2, padding=1)
+class AvgPool2d : public Cloneable<AvgPool2d> {
+ public:
+  explicit AvgPool2d(Size2 kernel_size, std::optional<Size2> stride = std::nullopt,
+                     Size2 padding = 0, bool ceil_mode = false, bool count_include_pad = true);
+  void reset() override {}
+  Tensor forward(const Tensor& input);
+  void pretty_print(std::ostream& out) const override;
+
+ private:
+  Size2 kernel_size_;
+  Size2 stride_;
+  Size2 padding_;
+  bool ceil_mode_;
+  bool count_include_pad_;
+};
+
+// Mean over the cells of an output_size grid laid over each image of [N, C, H, W] (or
+// [C, H, W]), as torch.nn.AdaptiveAvgPool2d: output (i, j) averages rows
+// [floor(i H / h), ceil((i + 1) H / h)) and columns [floor(j W / w), ceil((j + 1) W / w)).
+// AdaptiveAvgPool2d(1) is global average pooling.
+class AdaptiveAvgPool2d : public Cloneable<AdaptiveAvgPool2d> {
+ public:
+  explicit AdaptiveAvgPool2d(Size2 output_size);
+  void reset() override {}
+  Tensor forward(const Tensor& input);
+  void pretty_print(std::ostream& out) const override;
+
+ private:
+  Size2 output_size_;
 };
 
 // In training mode, zeroes each element with probability p (in [0, 1]) and scales the
@@ -282,6 +378,72 @@ class BatchNorm2d : public BatchNormBase<BatchNorm2d> {
                        std::optional<double> momentum = 0.1, bool affine = true,
                        bool track_running_stats = true);
   Tensor forward(const Tensor& input);
+};
+
+// ---- Layer normalisation, embeddings -------------------------------------------------------
+
+// Normalises over the last dimensions of the input (normalized_shape, e.g. {C} or {C, H, W}),
+// as torch.nn.LayerNorm: y = (x - mean) / sqrt(var + eps) * weight + bias, with the mean and
+// biased variance of each sample over those dimensions, in training and evaluation alike.
+// With elementwise_affine: weight (ones) and bias (zeros) of shape normalized_shape.
+//
+//   nn::LayerNorm norm({64});
+//   Tensor y = norm.forward(x);   // x [*, 64]
+//   std::cout << norm;            // LayerNorm((64,), eps=1e-05, elementwise_affine=True)
+class LayerNorm : public Cloneable<LayerNorm> {
+ public:
+  explicit LayerNorm(std::vector<int64_t> normalized_shape, double eps = 1e-5,
+                     bool elementwise_affine = true);
+
+  void reset() override;
+  // Weight back to ones, bias to zeros.
+  void reset_parameters();
+  Tensor forward(const Tensor& input);
+  void pretty_print(std::ostream& out) const override;
+
+  const std::vector<int64_t>& normalized_shape() const { return normalized_shape_; }
+  double eps() const { return eps_; }
+  Tensor weight() const { return weight_ ? *weight_ : Tensor(); }  // undefined without affine
+  Tensor bias() const { return bias_ ? *bias_ : Tensor(); }
+
+ private:
+  std::vector<int64_t> normalized_shape_;
+  double eps_;
+  bool elementwise_affine_;
+  Parameter weight_;
+  Parameter bias_;
+};
+
+// A lookup table: int64 indices of any shape [*] in [0, num_embeddings) give rows of the
+// weight [num_embeddings, embedding_dim], as [*, embedding_dim] (torch.nn.Embedding). The
+// weight starts normal(0, 1). With padding_idx (negative counts from the end), that row
+// starts at zeros and gets no gradient. An index out of range is an error naming it.
+//
+//   nn::Embedding embed(1000, 64, /*padding_idx=*/0);
+//   Tensor vectors = embed.forward(token_ids);   // int64 [B, T] -> [B, T, 64]
+//   std::cout << embed;   // Embedding(1000, 64, padding_idx=0)
+class Embedding : public Cloneable<Embedding> {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim,
+            std::optional<int64_t> padding_idx = std::nullopt);
+
+  void reset() override;
+  // Redraws the weight from normal(0, 1), zeroing the padding row.
+  void reset_parameters();
+  Tensor forward(const Tensor& indices);
+  void pretty_print(std::ostream& out) const override;
+
+  Tensor weight() const { return *weight_; }
+  int64_t num_embeddings() const { return num_embeddings_; }
+  int64_t embedding_dim() const { return embedding_dim_; }
+  // Always in [0, num_embeddings) when set.
+  std::optional<int64_t> padding_idx() const { return padding_idx_; }
+
+ private:
+  int64_t num_embeddings_;
+  int64_t embedding_dim_;
+  std::optional<int64_t> padding_idx_;
+  Parameter weight_;
 };
 
 }  // namespace tandem::nn

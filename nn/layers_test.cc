@@ -3,10 +3,14 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <future>
 #include <limits>
 #include <memory>
+#include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "nn/sequential.h"
@@ -138,25 +142,33 @@ TEST_F(LayersTest, Flatten) {
 // ---- Conv2d ----------------------------------------------------------------------------
 
 // Direct evaluation of the convolution sum, on the host.
+// With groups, output channel f sees the input channels of its group only; weight is
+// [O, C / groups, kh, kw].
 std::vector<float> ReferenceConv(const Tensor& input, const Tensor& weight, const Tensor& bias,
-                                 int64_t stride, int64_t pad) {
+                                 int64_t stride, int64_t pad, int64_t dilation = 1,
+                                 int64_t groups = 1) {
   const std::vector<float> x = input.to_vector<float>(), w = weight.to_vector<float>();
-  const std::vector<float> b = bias.to_vector<float>();
+  const std::vector<float> b =
+      bias.defined() ? bias.to_vector<float>() : std::vector<float>(weight.size(0), 0.0f);
   const int64_t n = input.size(0), c = input.size(1), h = input.size(2), wd = input.size(3);
-  const int64_t o = weight.size(0), kh = weight.size(2), kw = weight.size(3);
-  const int64_t oh = (h + 2 * pad - kh) / stride + 1, ow = (wd + 2 * pad - kw) / stride + 1;
+  const int64_t o = weight.size(0), cg = weight.size(1), kh = weight.size(2), kw = weight.size(3);
+  const int64_t oh = (h + 2 * pad - dilation * (kh - 1) - 1) / stride + 1;
+  const int64_t ow = (wd + 2 * pad - dilation * (kw - 1) - 1) / stride + 1;
   std::vector<float> out;
   for (int64_t i = 0; i < n; ++i)
     for (int64_t f = 0; f < o; ++f)
       for (int64_t y = 0; y < oh; ++y)
         for (int64_t z = 0; z < ow; ++z) {
           double acc = b[f];
-          for (int64_t ch = 0; ch < c; ++ch)
+          const int64_t first = f / (o / groups) * cg;  // the group's first input channel
+          for (int64_t j = 0; j < cg; ++j)
             for (int64_t u = 0; u < kh; ++u)
               for (int64_t v = 0; v < kw; ++v) {
-                const int64_t row = y * stride - pad + u, col = z * stride - pad + v;
+                const int64_t row = y * stride - pad + u * dilation;
+                const int64_t col = z * stride - pad + v * dilation;
                 if (row < 0 || row >= h || col < 0 || col >= wd) continue;
-                acc += x[((i * c + ch) * h + row) * wd + col] * w[((f * c + ch) * kh + u) * kw + v];
+                acc += x[((i * c + first + j) * h + row) * wd + col] *
+                       w[((f * cg + j) * kh + u) * kw + v];
               }
           out.push_back(static_cast<float>(acc));
         }
@@ -711,6 +723,410 @@ TEST_F(LayersTest, BatchNormClones) {
   EXPECT_EQ(bn.num_batches_tracked().item<int64_t>(), 1);
 }
 
+// ---- Conv2d with dilation and groups -----------------------------------------------------
+
+TEST_F(LayersTest, Conv2dWithDilationAndGroupsMatchesTheDefinition) {
+  struct Case {
+    int64_t in, out, kernel, stride, pad, dilation, groups;
+  };
+  for (const Case& c :
+       {Case{2, 3, 3, 1, 2, 2, 1}, Case{4, 6, 3, 1, 1, 1, 2}, Case{4, 6, 3, 2, 2, 2, 2},
+        Case{3, 3, 3, 1, 1, 1, 3}, Case{6, 4, 2, 1, 0, 3, 2}}) {
+    SCOPED_TRACE(::testing::Message() << "in " << c.in << " out " << c.out << " dilation "
+                                      << c.dilation << " groups " << c.groups);
+    Conv2d conv(c.in, c.out, c.kernel, c.stride, c.pad, c.dilation, c.groups);
+    EXPECT_EQ(conv.weight().shape(), (Shape{c.out, c.in / c.groups, c.kernel, c.kernel}));
+    Tensor x = randn({2, c.in, 9, 8});
+    Tensor y = conv.forward(x);
+    const int64_t span = c.dilation * (c.kernel - 1) + 1;
+    ASSERT_EQ(y.shape(), (Shape{2, c.out, (9 + 2 * c.pad - span) / c.stride + 1,
+                                (8 + 2 * c.pad - span) / c.stride + 1}));
+    const std::vector<float> expected =
+        ReferenceConv(x, conv.weight(), conv.bias(), c.stride, c.pad, c.dilation, c.groups);
+    const std::vector<float> actual = y.to_vector<float>();
+    ASSERT_EQ(actual.size(), expected.size());
+    for (size_t i = 0; i < expected.size(); ++i) EXPECT_NEAR(actual[i], expected[i], 1e-4) << i;
+  }
+  // A group sees only its own channels: changing group 1's input leaves group 0's output.
+  Conv2d grouped(Conv2dOptions(4, 4, 3).padding(1).groups(2).bias(false));
+  Tensor x = randn({1, 4, 5, 5});
+  Tensor changed = cat({x.narrow(1, 0, 2), randn({1, 2, 5, 5})}, 1);
+  EXPECT_TRUE(allclose(grouped.forward(x).narrow(1, 0, 2), grouped.forward(changed).narrow(1, 0, 2),
+                       0.0, 0.0));
+  EXPECT_FALSE(allclose(grouped.forward(x).narrow(1, 2, 2),
+                        grouped.forward(changed).narrow(1, 2, 2), 1e-3, 1e-3));
+}
+
+TEST_F(LayersTest, Conv2dWithDilationAndGroupsGradients) {
+  Conv2d dilated(Conv2dOptions(2, 3, 3).padding(2).dilation(2));
+  ExpectLayerGradients(
+      dilated, [&](const Tensor& x) { return dilated.forward(x); }, randn({2, 2, 5, 6}));
+  Conv2d grouped(Conv2dOptions(4, 6, {2, 3}).stride({2, 1}).padding(1).dilation({1, 2}).groups(2));
+  ExpectLayerGradients(
+      grouped, [&](const Tensor& x) { return grouped.forward(x); }, randn({2, 4, 5, 6}));
+  Conv2d depthwise(Conv2dOptions(3, 3, 3).groups(3).bias(false));
+  ExpectLayerGradients(
+      depthwise, [&](const Tensor& x) { return depthwise.forward(x); }, randn({1, 3, 4, 4}));
+}
+
+TEST_F(LayersTest, Conv2dInitialisesAndPrintsLikePyTorch) {
+  // kaiming_uniform_(a = sqrt(5)) and the bias: both uniform in ±1/sqrt(fan_in), with
+  // fan_in = in_channels / groups * kh * kw.
+  Conv2d conv(Conv2dOptions(64, 128, 3).groups(4));
+  const double bound = 1.0 / std::sqrt(64.0 / 4 * 9);
+  for (const Tensor& p : {conv.weight(), conv.bias()}) {
+    const std::vector<float> values = p.to_vector<float>();
+    const auto [low, high] = std::minmax_element(values.begin(), values.end());
+    EXPECT_GE(*low, -bound);
+    EXPECT_LE(*high, bound);
+    EXPECT_LT(*low, -0.9 * bound);
+    EXPECT_GT(*high, 0.9 * bound);
+  }
+  EXPECT_EQ(conv.ToString(), "Conv2d(64, 128, kernel_size=(3, 3), stride=(1, 1), groups=4)");
+  EXPECT_EQ(Conv2d(4, 6, 3, 1, 2, 2, 2, false).ToString(),
+            "Conv2d(4, 6, kernel_size=(3, 3), stride=(1, 1), padding=(2, 2), dilation=(2, 2), "
+            "groups=2, bias=False)");
+  EXPECT_EQ(Conv2d(Conv2dOptions(1, 2, 3).dilation({1, 3})).ToString(),
+            "Conv2d(1, 2, kernel_size=(3, 3), stride=(1, 1), dilation=(1, 3))");
+  EXPECT_THAT(ErrorOf([] { Conv2d(Conv2dOptions(6, 4, 3).groups(4)); }),
+              HasSubstr("Conv2d: in_channels (6) must be divisible by groups (4)"));
+  EXPECT_THAT(ErrorOf([] { Conv2d(Conv2dOptions(4, 6, 3).groups(4)); }),
+              HasSubstr("Conv2d: out_channels (6) must be divisible by groups (4)"));
+  EXPECT_THAT(ErrorOf([] { Conv2d(Conv2dOptions(4, 4, 3).dilation(0)); }),
+              HasSubstr("Conv2d: dilation must be positive but is (0, 0)"));
+  Conv2d dilated(Conv2dOptions(1, 1, 3).dilation(3));
+  EXPECT_THAT(ErrorOf([&] {
+                dilated.forward(zeros({1, 1, 6, 9}));
+              }),
+              HasSubstr("are smaller than the 7x7 kernel (with dilation)"));
+  // The functional form names both sizes.
+  EXPECT_THAT(ErrorOf([] {
+                conv2d(zeros({1, 4, 5, 5}), zeros({2, 3, 3, 3}), Tensor(), {1}, {0}, {1}, 2);
+              }),
+              HasSubstr("conv2d: input has 4 channels but weight expects 6"));
+  EXPECT_THAT(ErrorOf([] {
+                conv2d(zeros({1, 4, 5, 5}), zeros({3, 2, 3, 3}), Tensor(), {1}, {0}, {1}, 2);
+              }),
+              HasSubstr("out_channels (weight.size(0) = 3) must be divisible by groups (2)"));
+}
+
+// ---- MaxPool2d with ceil_mode ------------------------------------------------------------
+
+TEST_F(LayersTest, MaxPool2dCeilModeKeepsThePartialLastWindow) {
+  // 5x5 in 2x2 windows, stride 2: floor gives 2x2, ceil 3x3 (the last row and column alone).
+  Tensor x = arange(25).to(kFloat32).reshape({1, 1, 5, 5});
+  EXPECT_EQ(MaxPool2d(2).forward(x).shape(), (Shape{1, 1, 2, 2}));
+  MaxPool2d ceil(2, std::nullopt, 0, /*ceil_mode=*/true);
+  EXPECT_EQ(ceil.forward(x).to_vector<float>(),
+            (std::vector<float>{6, 8, 9, 16, 18, 19, 21, 23, 24}));
+  // With padding 1 a fourth window would start in the right padding: PyTorch drops it.
+  MaxPool2d padded(2, 2, 1, /*ceil_mode=*/true);
+  EXPECT_EQ(padded.forward(x).shape(), (Shape{1, 1, 3, 3}));
+  // 6 wide, kernel 3, stride 2: floor 2, ceil 3 (the last window starts at 4, inside).
+  EXPECT_EQ(MaxPool2d(3, 2, 0, true).forward(zeros({1, 1, 6, 6})).shape(), (Shape{1, 1, 3, 3}));
+  EXPECT_EQ(MaxPool2d(3, 2).forward(zeros({1, 1, 6, 6})).shape(), (Shape{1, 1, 2, 2}));
+  ExpectLayerGradients(
+      ceil, [&](const Tensor& input) { return ceil.forward(input); }, DistinctValues({2, 2, 5, 7}));
+  EXPECT_EQ(ceil.ToString(),
+            "MaxPool2d(kernel_size=2, stride=2, padding=0, dilation=1, ceil_mode=True)");
+}
+
+// ---- AvgPool2d, AdaptiveAvgPool2d ----------------------------------------------------------
+
+TEST_F(LayersTest, AvgPool2dAveragesWindows) {
+  // 1..16 in a 4x4 image.
+  Tensor x = (arange(16).to(kFloat32) + 1.0).reshape({1, 1, 4, 4});
+  EXPECT_EQ(AvgPool2d(2).forward(x).to_vector<float>(), (std::vector<float>{3.5, 5.5, 11.5, 13.5}));
+  // 3x3 windows, stride 2, padding 1: the corners see 4, the edges 6, the centre 9 pixels.
+  const std::vector<float> include = AvgPool2d(3, 2, 1).forward(x).to_vector<float>();
+  const std::vector<float> sums = {14, 30, 57, 99};
+  const std::vector<float> inside = {4, 6, 6, 9};
+  const std::vector<float> exclude =
+      AvgPool2d(3, 2, 1, false, /*count_include_pad=*/false).forward(x).to_vector<float>();
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_FLOAT_EQ(include[i], sums[i] / 9.0f) << i;
+    EXPECT_FLOAT_EQ(exclude[i], sums[i] / inside[i]) << i;
+  }
+  // ceil_mode: 5x5 by 2, a partial last window whose divisor is its part inside the input.
+  Tensor ramp = arange(25).to(kFloat32).reshape({1, 1, 5, 5});
+  EXPECT_EQ(AvgPool2d(2, std::nullopt, 0, /*ceil_mode=*/true).forward(ramp).to_vector<float>(),
+            (std::vector<float>{3, 5, 6.5, 13, 15, 16.5, 20.5, 22.5, 24}));
+  // Padding 1 and ceil_mode on 5x5: 3x3 outputs (a fourth window would start in the padding).
+  // Output (0, 1) covers rows [-1, 1) and columns [1, 3): pixels 1 and 2, and two of padding.
+  const std::vector<float> padded =
+      AvgPool2d(2, 2, 1, /*ceil_mode=*/true).forward(ramp).to_vector<float>();
+  ASSERT_EQ(padded.size(), 9u);
+  EXPECT_FLOAT_EQ(padded[1], (1 + 2) / 4.0f);
+  EXPECT_FLOAT_EQ(padded[8], (18 + 19 + 23 + 24) / 4.0f);
+  EXPECT_FLOAT_EQ(AvgPool2d(2, 2, 1, true, false).forward(ramp).to_vector<float>()[1],
+                  (1 + 2) / 2.0f);
+  // Unbatched input, and gradients (overlapping windows, both divisors, ceil_mode).
+  EXPECT_EQ(AvgPool2d(2).forward(x.select(0, 0)).shape(), (Shape{1, 2, 2}));
+  for (bool count_include_pad : {true, false}) {
+    AvgPool2d pool({3, 2}, Size2(2, 1), Size2(1, 1), /*ceil_mode=*/true, count_include_pad);
+    ExpectLayerGradients(
+        pool, [&](const Tensor& input) { return pool.forward(input); }, randn({2, 2, 6, 5}));
+  }
+}
+
+TEST_F(LayersTest, AvgPool2dPrintsAndNamesItselfOnBadInput) {
+  EXPECT_EQ(AvgPool2d(2).ToString(), "AvgPool2d(kernel_size=2, stride=2, padding=0)");
+  EXPECT_EQ(AvgPool2d({3, 2}, Size2(1), Size2(1, 0)).ToString(),
+            "AvgPool2d(kernel_size=(3, 2), stride=1, padding=(1, 0))");
+  EXPECT_THAT(
+      ErrorOf([] {
+        AvgPool2d(2).forward(zeros({1, 1, 1, 4}));
+      }),
+      HasSubstr("AvgPool2d(kernel_size=2, stride=2, padding=0): input [1, 1, 1, 4] is too "
+                "small: its 1x4 images (1x4 with padding) are smaller than the 2x2 window"));
+  EXPECT_THAT(ErrorOf([] { AvgPool2d(2, std::nullopt, 2); }),
+              HasSubstr("padding must be between 0 and half the kernel size"));
+  EXPECT_THAT(ErrorOf([] {
+                AvgPool2d(2).forward(zeros({4, 4}));
+              }),
+              HasSubstr("expected a 4-D input [N, C, H, W] (or 3-D [C, H, W]) but got [4, 4]"));
+}
+
+// adaptive_avg_pool2d by its definition, on the host.
+std::vector<float> ReferenceAdaptiveAvgPool(const Tensor& input, int64_t oh, int64_t ow) {
+  const std::vector<float> x = input.to_vector<float>();
+  const int64_t planes = input.size(0) * input.size(1), h = input.size(2), w = input.size(3);
+  std::vector<float> out;
+  for (int64_t p = 0; p < planes; ++p)
+    for (int64_t i = 0; i < oh; ++i)
+      for (int64_t j = 0; j < ow; ++j) {
+        const int64_t y0 = static_cast<int64_t>(std::floor(double(i) * h / oh));
+        const int64_t y1 = static_cast<int64_t>(std::ceil(double(i + 1) * h / oh));
+        const int64_t x0 = static_cast<int64_t>(std::floor(double(j) * w / ow));
+        const int64_t x1 = static_cast<int64_t>(std::ceil(double(j + 1) * w / ow));
+        double sum = 0;
+        for (int64_t y = y0; y < y1; ++y)
+          for (int64_t z = x0; z < x1; ++z) sum += x[(p * h + y) * w + z];
+        out.push_back(static_cast<float>(sum / ((y1 - y0) * (x1 - x0))));
+      }
+  return out;
+}
+
+TEST_F(LayersTest, AdaptiveAvgPool2dAveragesItsGridCells) {
+  Tensor x = randn({2, 3, 5, 7});
+  for (const auto& [oh, ow] :
+       std::vector<std::pair<int64_t, int64_t>>{{2, 3}, {1, 1}, {5, 7}, {3, 4}, {7, 9}, {4, 2}}) {
+    SCOPED_TRACE(::testing::Message() << oh << "x" << ow);
+    Tensor y = AdaptiveAvgPool2d({oh, ow}).forward(x);
+    ASSERT_EQ(y.shape(), (Shape{2, 3, oh, ow}));
+    const std::vector<float> expected = ReferenceAdaptiveAvgPool(x, oh, ow);
+    const std::vector<float> actual = y.to_vector<float>();
+    for (size_t i = 0; i < expected.size(); ++i) EXPECT_NEAR(actual[i], expected[i], 1e-5) << i;
+  }
+  // Output 1: global average pooling; output = input size: the identity.
+  EXPECT_TRUE(allclose(AdaptiveAvgPool2d(1).forward(x), x.mean({2, 3}, true), 1e-5, 1e-6));
+  EXPECT_TRUE(allclose(AdaptiveAvgPool2d({5, 7}).forward(x), x, 0.0, 0.0));
+  EXPECT_EQ(AdaptiveAvgPool2d(2).forward(x.select(0, 0)).shape(), (Shape{3, 2, 2}));
+  for (Size2 size : {Size2(2, 3), Size2(1), Size2(4, 6)}) {
+    AdaptiveAvgPool2d pool(size);
+    ExpectLayerGradients(
+        pool, [&](const Tensor& input) { return pool.forward(input); }, randn({2, 2, 5, 7}));
+  }
+  EXPECT_EQ(AdaptiveAvgPool2d(1).ToString(), "AdaptiveAvgPool2d(output_size=1)");
+  EXPECT_EQ(AdaptiveAvgPool2d({2, 3}).ToString(), "AdaptiveAvgPool2d(output_size=(2, 3))");
+  EXPECT_THAT(ErrorOf([] { AdaptiveAvgPool2d(0); }),
+              HasSubstr("AdaptiveAvgPool2d: output_size must be positive but is (0, 0)"));
+  EXPECT_THAT(ErrorOf([] {
+                AdaptiveAvgPool2d(2).forward(zeros({1, 1, 0, 3}));
+              }),
+              HasSubstr("has empty images"));
+}
+
+// ---- Activations, Identity ---------------------------------------------------------------
+
+TEST_F(LayersTest, ActivationsMatchTheirFormulas) {
+  const std::vector<float> values = {-3.0f, -1.0f, -0.25f, 0.0f, 0.5f, 1.0f, 2.5f};
+  Tensor x = from_vector(values, {7});
+  const std::vector<float> exact = GELU().forward(x).to_vector<float>();
+  const std::vector<float> approx = GELU("tanh").forward(x).to_vector<float>();
+  const std::vector<float> th = Tanh().forward(x).to_vector<float>();
+  const std::vector<float> sg = Sigmoid().forward(x).to_vector<float>();
+  for (size_t i = 0; i < values.size(); ++i) {
+    const double v = values[i];
+    EXPECT_NEAR(exact[i], 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0))), 1e-6) << v;
+    const double inner = std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v);
+    EXPECT_NEAR(approx[i], 0.5 * v * (1.0 + std::tanh(inner)), 1e-6) << v;
+    EXPECT_NEAR(th[i], std::tanh(v), 1e-6) << v;
+    EXPECT_NEAR(sg[i], 1.0 / (1.0 + std::exp(-v)), 1e-6) << v;
+  }
+  // PyTorch's values: gelu(1) = 0.8413447, gelu(1, approximate='tanh') = 0.8411920.
+  EXPECT_NEAR(exact[5], 0.8413447460685429, 1e-6);
+  EXPECT_NEAR(approx[5], 0.8411919906082768, 1e-6);
+  // Identity hands back its input, autograd included.
+  Tensor y = randn({3, 4});
+  EXPECT_TRUE(allclose(Identity().forward(y), y, 0.0, 0.0));
+  for (const std::string& kind : {"none", "tanh"}) {
+    GELU gelu(kind);
+    ExpectLayerGradients(
+        gelu, [&](const Tensor& input) { return gelu.forward(input); }, randn({3, 5}) * 2.0);
+  }
+  Tanh tanh_layer;
+  ExpectLayerGradients(
+      tanh_layer, [&](const Tensor& input) { return tanh_layer.forward(input); }, randn({3, 5}));
+  Sigmoid sigmoid_layer;
+  ExpectLayerGradients(
+      sigmoid_layer, [&](const Tensor& input) { return sigmoid_layer.forward(input); },
+      randn({3, 5}));
+  Identity identity;
+  ExpectLayerGradients(
+      identity, [&](const Tensor& input) { return identity.forward(input) * 2.0; }, randn({3, 5}));
+}
+
+TEST_F(LayersTest, ActivationsPrintLikePyTorch) {
+  EXPECT_EQ(GELU().ToString(), "GELU(approximate='none')");
+  EXPECT_EQ(GELU("tanh").ToString(), "GELU(approximate='tanh')");
+  EXPECT_EQ(Tanh().ToString(), "Tanh()");
+  EXPECT_EQ(Sigmoid().ToString(), "Sigmoid()");
+  EXPECT_EQ(Identity().ToString(), "Identity()");
+  EXPECT_THAT(ErrorOf([] { GELU("fast"); }),
+              HasSubstr("GELU: approximate must be 'none' (the exact erf form) or 'tanh' but is "
+                        "'fast'"));
+  EXPECT_THAT(ErrorOf([] { Tanh().forward(Tensor()); }), HasSubstr("Tanh(): the input tensor is "
+                                                                   "undefined"));
+}
+
+// ---- LayerNorm -----------------------------------------------------------------------------
+
+TEST_F(LayersTest, LayerNormNormalizesTheLastDimensions) {
+  LayerNorm norm({3, 4}, 1e-5);
+  {
+    NoGradGuard no_grad;
+    Tensor(norm.weight()).copy_(randn({3, 4}));
+    Tensor(norm.bias()).copy_(randn({3, 4}));
+  }
+  Tensor x = randn({2, 5, 3, 4}) * 3.0 + 1.0;
+  const std::vector<float> in = x.to_vector<float>(), out = norm.forward(x).to_vector<float>();
+  const std::vector<float> w = norm.weight().to_vector<float>();
+  const std::vector<float> b = norm.bias().to_vector<float>();
+  for (int64_t row = 0; row < 10; ++row) {
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < 12; ++i) mean += in[row * 12 + i] / 12.0;
+    for (int64_t i = 0; i < 12; ++i) var += std::pow(in[row * 12 + i] - mean, 2) / 12.0;
+    for (int64_t i = 0; i < 12; ++i) {
+      const double expected = (in[row * 12 + i] - mean) / std::sqrt(var + 1e-5) * w[i] + b[i];
+      EXPECT_NEAR(out[row * 12 + i], expected, 1e-4) << row << " " << i;
+    }
+  }
+  // Same in eval mode (no running statistics); without affine, no parameters.
+  norm.eval();
+  EXPECT_TRUE(allclose(norm.forward(x), from_vector(out, x.shape()), 1e-6, 1e-6));
+  LayerNorm plain({4}, 1e-5, /*elementwise_affine=*/false);
+  EXPECT_TRUE(plain.parameters().empty());
+  const Tensor normalized = plain.forward(x);
+  EXPECT_LT(MaxAbsDiff(normalized.mean({3}), zeros({2, 5, 3})), 1e-5);
+  // Defaults: ones and zeros.
+  LayerNorm fresh({6});
+  EXPECT_EQ(fresh.weight().to_vector<float>(), std::vector<float>(6, 1.0f));
+  EXPECT_EQ(fresh.bias().to_vector<float>(), std::vector<float>(6, 0.0f));
+  ExpectLayerGradients(
+      norm, [&](const Tensor& input) { return norm.forward(input); }, randn({2, 3, 4}));
+  ExpectLayerGradients(
+      plain, [&](const Tensor& input) { return plain.forward(input); }, randn({3, 4}));
+}
+
+TEST_F(LayersTest, LayerNormPrintsAndNamesItselfOnBadInput) {
+  EXPECT_EQ(LayerNorm({64}).ToString(), "LayerNorm((64,), eps=1e-05, elementwise_affine=True)");
+  EXPECT_EQ(LayerNorm({3, 4}, 0.001, false).ToString(),
+            "LayerNorm((3, 4), eps=0.001, elementwise_affine=False)");
+  EXPECT_THAT(ErrorOf([] {
+                LayerNorm({3, 4}).forward(zeros({2, 4, 3}));
+              }),
+              HasSubstr("LayerNorm((3, 4), eps=1e-05, elementwise_affine=True): expected an input "
+                        "whose last 2 dimension(s) are [3, 4] but got [2, 4, 3]"));
+  EXPECT_THAT(ErrorOf([] { LayerNorm({3, 4}).forward(zeros({4})); }), HasSubstr("but got [4]"));
+  EXPECT_THAT(ErrorOf([] { LayerNorm({}); }), HasSubstr("normalized_shape must name at least"));
+  EXPECT_THAT(ErrorOf([] { LayerNorm({0}); }), HasSubstr("must have positive sizes"));
+}
+
+// ---- Embedding -----------------------------------------------------------------------------
+
+TEST_F(LayersTest, EmbeddingLooksUpRows) {
+  Embedding embed(10, 3);
+  EXPECT_EQ(embed.weight().shape(), (Shape{10, 3}));
+  Tensor ids = from_vector(std::vector<int64_t>{4, 0, 9, 4, 2, 7}, {2, 3});
+  Tensor y = embed.forward(ids);
+  ASSERT_EQ(y.shape(), (Shape{2, 3, 3}));
+  const std::vector<float> w = embed.weight().to_vector<float>(), out = y.to_vector<float>();
+  const std::vector<int64_t> flat = ids.to_vector<int64_t>();
+  for (size_t i = 0; i < flat.size(); ++i)
+    for (int64_t d = 0; d < 3; ++d) EXPECT_EQ(out[i * 3 + d], w[flat[i] * 3 + d]);
+  // A 0-D index gives one row.
+  EXPECT_EQ(embed.forward(full({}, 3, TensorOptions(kInt64))).shape(), (Shape{3}));
+  // Gradient: each row gets the sum of the gradients of its occurrences.
+  Tensor upstream = randn({2, 3, 3});
+  y.backward(upstream);
+  const std::vector<float> g = embed.weight().grad().to_vector<float>();
+  const std::vector<float> u = upstream.to_vector<float>();
+  for (int64_t d = 0; d < 3; ++d) {
+    EXPECT_NEAR(g[4 * 3 + d], u[0 * 3 + d] + u[3 * 3 + d], 1e-6);
+    EXPECT_NEAR(g[9 * 3 + d], u[2 * 3 + d], 1e-6);
+    EXPECT_EQ(g[1 * 3 + d], 0.0f);
+  }
+  // Against finite differences.
+  Tensor weight = embed.weight().detach().clone();
+  weight.set_requires_grad(true);
+  EXPECT_GRADIENTS_MATCH(
+      [&](const std::vector<Tensor>& in) {
+        embed.replace_parameter("weight", in[0]);
+        return embed.forward(ids);
+      },
+      {weight});
+}
+
+TEST_F(LayersTest, EmbeddingInitialisesNormalAndHonoursPaddingIdx) {
+  // weight ~ N(0, 1), as PyTorch.
+  const std::vector<float> values = Embedding(1000, 50).weight().to_vector<float>();
+  double sum = 0, squares = 0;
+  for (float v : values) {
+    sum += v;
+    squares += double(v) * v;
+  }
+  const double n = values.size();
+  EXPECT_NEAR(sum / n, 0.0, 0.02);
+  EXPECT_NEAR(squares / n, 1.0, 0.03);
+  // padding_idx: zeros at first, and no gradient.
+  Embedding embed(6, 4, /*padding_idx=*/-2);  // row 4
+  ASSERT_EQ(embed.padding_idx(), std::optional<int64_t>(4));
+  EXPECT_EQ(embed.weight().narrow(0, 4, 1).to_vector<float>(), std::vector<float>(4, 0.0f));
+  Tensor ids = from_vector(std::vector<int64_t>{4, 1, 4}, {3});
+  Tensor y = embed.forward(ids);
+  EXPECT_EQ(y.narrow(0, 0, 1).to_vector<float>(), std::vector<float>(4, 0.0f));
+  y.backward(ones({3, 4}));
+  const std::vector<float> g = embed.weight().grad().to_vector<float>();
+  for (int64_t d = 0; d < 4; ++d) {
+    EXPECT_EQ(g[4 * 4 + d], 0.0f);
+    EXPECT_EQ(g[1 * 4 + d], 1.0f);
+  }
+  // Cloning keeps the configuration and values.
+  std::shared_ptr<Module> copy = embed.clone(Device::Cpu(1));
+  EXPECT_EQ(copy->ToString(), "Embedding(6, 4, padding_idx=4)");
+  EXPECT_TRUE(allclose(copy->parameter("weight").to(Device::Cpu(0)), embed.weight(), 0.0, 0.0));
+}
+
+TEST_F(LayersTest, EmbeddingPrintsAndNamesBadIndices) {
+  EXPECT_EQ(Embedding(10, 3).ToString(), "Embedding(10, 3)");
+  EXPECT_EQ(Embedding(10, 3, 0).ToString(), "Embedding(10, 3, padding_idx=0)");
+  Embedding embed(10, 3);
+  EXPECT_THAT(ErrorOf([&] {
+                embed.forward(from_vector(std::vector<int64_t>{1, 12, 3}, {3}));
+              }),
+              HasSubstr("Embedding(10, 3): index 12 (element 1 of the [3] input) is out of range; "
+                        "indices must be in [0, 10) (num_embeddings)"));
+  EXPECT_THAT(ErrorOf([&] { embed.forward(from_vector(std::vector<int64_t>{-1}, {1})); }),
+              HasSubstr("index -1 (element 0"));
+  EXPECT_THAT(ErrorOf([&] { embed.forward(zeros({3})); }),
+              HasSubstr("Embedding(10, 3): expected int64 indices but got float32"));
+  EXPECT_THAT(ErrorOf([] { Embedding(10, 3, 10); }),
+              HasSubstr("padding_idx must be within num_embeddings: in [-10, 10) but is 10"));
+  EXPECT_THAT(ErrorOf([] { Embedding(0, 3); }),
+              HasSubstr("num_embeddings and embedding_dim must be positive"));
+}
+
 // ---- CUDA against the CPU --------------------------------------------------------------
 
 // Runs `layer` on cpu:0 and a clone on cuda:0 with the same input and output gradient, and
@@ -749,6 +1165,47 @@ TEST_F(LayersTest, CudaMatchesCpu) {
   ExpectCudaMatchesCpu(conv, randn({4, 3, 12, 12}));
   MaxPool2d pool(2);
   ExpectCudaMatchesCpu(pool, DistinctValues({4, 3, 8, 8}));
+  MaxPool2d ceil_pool(3, 2, 1, /*ceil_mode=*/true);
+  ExpectCudaMatchesCpu(ceil_pool, DistinctValues({4, 3, 8, 9}));
+  Conv2d grouped(Conv2dOptions(4, 6, 3).stride(2).padding(2).dilation(2).groups(2));
+  ExpectCudaMatchesCpu(grouped, randn({3, 4, 11, 10}));
+  Conv2d depthwise(Conv2dOptions(8, 8, 3).padding(1).groups(8));
+  ExpectCudaMatchesCpu(depthwise, randn({2, 8, 9, 9}));
+  for (bool count_include_pad : {true, false}) {
+    AvgPool2d avg(3, 2, 1, /*ceil_mode=*/true, count_include_pad);
+    ExpectCudaMatchesCpu(avg, randn({4, 3, 8, 9}));
+  }
+  for (Size2 size : {Size2(1), Size2(3, 4), Size2(9, 11)}) {
+    AdaptiveAvgPool2d adaptive(size);
+    ExpectCudaMatchesCpu(adaptive, randn({2, 3, 7, 10}));
+  }
+  for (const char* kind : {"none", "tanh"}) {
+    GELU gelu(kind);
+    ExpectCudaMatchesCpu(gelu, randn({16, 33}));
+  }
+  Tanh tanh_layer;
+  ExpectCudaMatchesCpu(tanh_layer, randn({16, 33}));
+  Sigmoid sigmoid_layer;
+  ExpectCudaMatchesCpu(sigmoid_layer, randn({16, 33}));
+  LayerNorm norm({5, 6});
+  ExpectCudaMatchesCpu(norm, randn({4, 5, 6}));
+  {  // Embedding: same rows and weight gradients (the indices are not differentiable).
+    Embedding embed(20, 7, /*padding_idx=*/3);
+    std::shared_ptr<Module> gpu_embed = embed.clone(Device::Cuda(0));
+    Tensor ids = from_vector(std::vector<int64_t>{3, 5, 19, 5, 0, 3}, {2, 3});
+    Tensor y_cpu = embed.forward(ids);
+    Tensor y_gpu = gpu_embed->forward_tensors({ids.to(Device::Cuda(0))})[0];
+    EXPECT_LT(MaxAbsDiff(y_cpu, y_gpu), 1e-6);
+    Tensor upstream = randn(y_cpu.shape());
+    y_cpu.backward(upstream);
+    y_gpu.backward(upstream.to(Device::Cuda(0)));
+    EXPECT_LT(MaxAbsDiff(embed.weight().grad(), gpu_embed->parameter("weight").grad()), 1e-5);
+    EXPECT_THAT(ErrorOf([&] {
+                  gpu_embed->forward_tensors(
+                      {from_vector(std::vector<int64_t>{20}, {1}).to(Device::Cuda(0))});
+                }),
+                HasSubstr("index 20 (element 0 of the [1] input) is out of range"));
+  }
   // Dropout draws the same counter-based numbers on every device.
   BatchNorm1d bn1(64);
   ExpectCudaMatchesCpu(bn1, randn({16, 64, 3}));

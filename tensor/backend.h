@@ -73,19 +73,21 @@ struct KernelTensor {
 // Elementwise functions of one input and an optional scalar parameter `s`.
 // Float32 only, except kNeg, kAbs, kAddScalar, kMulScalar which also accept int64.
 enum class UnaryOp : int8_t {
-  kNeg,        // -x
-  kExp,        // e^x
-  kLog,        // ln x
-  kRelu,       // max(x, 0)
-  kSqrt,       // sqrt x
-  kAbs,        // |x|
-  kTanh,       // tanh x
-  kSigmoid,    // 1 / (1 + e^-x)
-  kSquare,     // x * x
-  kAddScalar,  // x + s
-  kMulScalar,  // x * s
-  kPowScalar,  // x ^ s
-  kGeScalar,   // x >= s ? 1 : 0
+  kNeg,             // -x
+  kExp,             // e^x
+  kLog,             // ln x
+  kRelu,            // max(x, 0)
+  kSqrt,            // sqrt x
+  kAbs,             // |x|
+  kTanh,            // tanh x
+  kSigmoid,         // 1 / (1 + e^-x)
+  kSquare,          // x * x
+  kAddScalar,       // x + s
+  kMulScalar,       // x * s
+  kPowScalar,       // x ^ s
+  kGeScalar,        // x >= s ? 1 : 0
+  kGelu,            // x * Phi(x) = x / 2 * (1 + erf(x / sqrt 2))
+  kGeluDerivative,  // Phi(x) + x * phi(x), the derivative of kGelu
 };
 
 // Elementwise functions of two inputs of the same dtype (float32 or int64). Comparisons
@@ -111,14 +113,44 @@ enum class BinaryOp : int8_t {
 // the input's dtype. Ties in arg reductions pick the first index, as PyTorch does.
 enum class ReduceOp : int8_t { kSum, kMax, kMin, kArgMax, kArgMin };
 
-// Describes a 2-D convolution or pooling window over NCHW images.
+// Describes a 2-D convolution or pooling window over NCHW images. A window's taps are
+// `dilation` apart (it spans dilation * (kernel - 1) + 1 pixels). With ceil_mode the output
+// size rounds up, as PyTorch's pooling does, but the last window must start inside the input
+// or its left padding.
 struct Conv2dGeometry {
   int64_t batch = 0, channels = 0, height = 0, width = 0;
   int64_t kernel_h = 0, kernel_w = 0;
   int64_t stride_h = 1, stride_w = 1;
   int64_t pad_h = 0, pad_w = 0;
-  int64_t out_h() const { return (height + 2 * pad_h - kernel_h) / stride_h + 1; }
-  int64_t out_w() const { return (width + 2 * pad_w - kernel_w) / stride_w + 1; }
+  int64_t dilation_h = 1, dilation_w = 1;
+  bool ceil_mode = false;
+  // Im2Col/Col2Im's column layout: false: [batch, channels*kh*kw, out_h*out_w] (one matrix
+  // per image); true: [channels*kh*kw, batch, out_h*out_w] (one matrix with every image's
+  // columns side by side, for a single large GEMM over the batch).
+  bool batch_in_columns = false;
+  constexpr int64_t span_h() const { return dilation_h * (kernel_h - 1) + 1; }
+  constexpr int64_t span_w() const { return dilation_w * (kernel_w - 1) + 1; }
+  int64_t out_h() const { return OutSize(height, span_h(), stride_h, pad_h, ceil_mode); }
+  int64_t out_w() const { return OutSize(width, span_w(), stride_w, pad_w, ceil_mode); }
+
+  // Im2Col's columns: where the row of image b, channel c, tap 0 starts, and the distance
+  // between the rows of consecutive taps (ky * kernel_w + kx) of that image and channel.
+  // constexpr so that CUDA kernels can call them too.
+  constexpr int64_t columns_start(int64_t b, int64_t c, int64_t out_plane) const {
+    const int64_t window = kernel_h * kernel_w;
+    return (batch_in_columns ? c * window * batch + b : (b * channels + c) * window) * out_plane;
+  }
+  constexpr int64_t columns_tap_stride(int64_t out_plane) const {
+    return batch_in_columns ? batch * out_plane : out_plane;
+  }
+
+  // PyTorch's pooling_output_shape (the padded input must hold one window).
+  static int64_t OutSize(int64_t in, int64_t span, int64_t stride, int64_t pad, bool ceil) {
+    const int64_t room = in + 2 * pad - span;
+    int64_t out = (ceil ? room + stride - 1 : room) / stride + 1;
+    if (ceil && (out - 1) * stride >= in + pad) --out;
+    return out;
+  }
 
   static Conv2dGeometry Make(int64_t batch, int64_t channels, int64_t height, int64_t width,
                              int64_t kernel_h, int64_t kernel_w, int64_t stride_h, int64_t stride_w,
@@ -244,6 +276,24 @@ class Backend {
   // grad_input (zeroed here first) += grad_output at the argmax positions.
   virtual void MaxPool2dBackward(int index, const Conv2dGeometry& g, const float* grad_output,
                                  const int64_t* argmax, float* grad_input) = 0;
+  // Average pooling over NCHW, as PyTorch's avg_pool2d: each output is the sum of its
+  // window's pixels inside the image, divided by the window's size clipped to the padded
+  // input (count_include_pad) or to the image (otherwise). Dilation must be 1.
+  virtual void AvgPool2d(int index, const Conv2dGeometry& g, bool count_include_pad,
+                         const float* input, float* output) = 0;
+  // The adjoint of AvgPool2d (overwrites grad_input).
+  virtual void AvgPool2dBackward(int index, const Conv2dGeometry& g, bool count_include_pad,
+                                 const float* grad_output, float* grad_input) = 0;
+  // Adaptive average pooling of `planes` contiguous height x width planes into out_h x out_w:
+  // output (i, j) is the mean of rows [floor(i * height / out_h), ceil((i + 1) * height /
+  // out_h)) and likewise of columns, as PyTorch's adaptive_avg_pool2d.
+  virtual void AdaptiveAvgPool2d(int index, int64_t planes, int64_t height, int64_t width,
+                                 int64_t out_h, int64_t out_w, const float* input,
+                                 float* output) = 0;
+  // The adjoint of AdaptiveAvgPool2d (overwrites grad_input).
+  virtual void AdaptiveAvgPool2dBackward(int index, int64_t planes, int64_t height, int64_t width,
+                                         int64_t out_h, int64_t out_w, const float* grad_output,
+                                         float* grad_input) = 0;
   // dst[r] = src[r * cols + idx[r]] for r in [0, rows). Indices must be in [0, cols): the
   // caller validates them.
   virtual void GatherColumns(int index, float* dst, const float* src, const int64_t* idx,

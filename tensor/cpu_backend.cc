@@ -32,6 +32,7 @@
 #include "tensor/internal/caching_allocator.h"
 #include "tensor/internal/elementwise_math.h"
 #include "tensor/internal/philox.h"
+#include "tensor/internal/pooling_math.h"
 #include "tensor/internal/strided_layout.h"
 #include "tensor/runtime.h"
 #include "tensor/worker.h"
@@ -149,6 +150,8 @@ void DispatchUnary(UnaryOp op, F&& f) {
     TANDEM_UNARY_CASE(kMulScalar);
     TANDEM_UNARY_CASE(kPowScalar);
     TANDEM_UNARY_CASE(kGeScalar);
+    TANDEM_UNARY_CASE(kGelu);
+    TANDEM_UNARY_CASE(kGeluDerivative);
   }
 #undef TANDEM_UNARY_CASE
   TANDEM_FAIL("unknown UnaryOp ", static_cast<int>(op));
@@ -186,6 +189,8 @@ bool IsTranscendental(UnaryOp op) {
     case UnaryOp::kTanh:
     case UnaryOp::kSigmoid:
     case UnaryOp::kPowScalar:
+    case UnaryOp::kGelu:
+    case UnaryOp::kGeluDerivative:
       return true;
     default:
       return false;
@@ -573,6 +578,15 @@ class CpuBackend final : public Backend {
                  int64_t* argmax) override;
   void MaxPool2dBackward(int index, const Conv2dGeometry& g, const float* grad_output,
                          const int64_t* argmax, float* grad_input) override;
+  void AvgPool2d(int index, const Conv2dGeometry& g, bool count_include_pad, const float* input,
+                 float* output) override;
+  void AvgPool2dBackward(int index, const Conv2dGeometry& g, bool count_include_pad,
+                         const float* grad_output, float* grad_input) override;
+  void AdaptiveAvgPool2d(int index, int64_t planes, int64_t height, int64_t width, int64_t out_h,
+                         int64_t out_w, const float* input, float* output) override;
+  void AdaptiveAvgPool2dBackward(int index, int64_t planes, int64_t height, int64_t width,
+                                 int64_t out_h, int64_t out_w, const float* grad_output,
+                                 float* grad_input) override;
   void GatherColumns(int index, float* dst, const float* src, const int64_t* idx, int64_t rows,
                      int64_t cols) override;
   void ScatterAddColumns(int index, float* dst, const float* src, const int64_t* idx, int64_t rows,
@@ -852,16 +866,16 @@ void CheckGeometry(const Conv2dGeometry& g, const char* kernel) {
                " expects non-negative image sizes but got batch=", g.batch,
                " channels=", g.channels, " height=", g.height, " width=", g.width);
   TANDEM_CHECK(g.kernel_h > 0 && g.kernel_w > 0 && g.stride_h > 0 && g.stride_w > 0 &&
-                   g.pad_h >= 0 && g.pad_w >= 0,
+                   g.pad_h >= 0 && g.pad_w >= 0 && g.dilation_h > 0 && g.dilation_w > 0,
                "CPU ", kernel,
-               " expects a positive kernel and stride and non-negative padding "
+               " expects a positive kernel, stride and dilation and non-negative padding "
                "but got kernel ",
                g.kernel_h, "x", g.kernel_w, ", stride ", g.stride_h, "x", g.stride_w, ", padding ",
-               g.pad_h, "x", g.pad_w);
-  TANDEM_CHECK(g.height + 2 * g.pad_h >= g.kernel_h && g.width + 2 * g.pad_w >= g.kernel_w, "CPU ",
-               kernel, ": the ", g.kernel_h, "x", g.kernel_w, " window is larger than the padded ",
-               g.height + 2 * g.pad_h, "x", g.width + 2 * g.pad_w,
-               " image; use a smaller kernel or more padding");
+               g.pad_h, "x", g.pad_w, ", dilation ", g.dilation_h, "x", g.dilation_w);
+  TANDEM_CHECK(g.height + 2 * g.pad_h >= g.span_h() && g.width + 2 * g.pad_w >= g.span_w(), "CPU ",
+               kernel, ": the ", g.span_h(), "x", g.span_w(),
+               " window (with dilation) is larger than the padded ", g.height + 2 * g.pad_h, "x",
+               g.width + 2 * g.pad_w, " image; use a smaller kernel or more padding");
 }
 
 void CpuBackend::Im2Col(int index, const Conv2dGeometry& g, const float* image, float* columns) {
@@ -880,9 +894,12 @@ void CpuBackend::Im2Col(int index, const Conv2dGeometry& g, const float* image, 
                   const int64_t ky = (row / g.kernel_w) % g.kernel_h;
                   const int64_t image_channel = row / window;  // b * channels + c
                   const float* in = image + image_channel * plane;
-                  float* out = columns + row * out_plane;
+                  float* out = columns +
+                               g.columns_start(image_channel / g.channels,
+                                               image_channel % g.channels, out_plane) +
+                               (row % window) * g.columns_tap_stride(out_plane);
                   for (int64_t oy = 0; oy < out_h; ++oy) {
-                    const int64_t y = oy * g.stride_h - g.pad_h + ky;
+                    const int64_t y = oy * g.stride_h - g.pad_h + ky * g.dilation_h;
                     float* out_row = out + oy * out_w;
                     if (y < 0 || y >= g.height) {
                       std::fill(out_row, out_row + out_w, 0.0f);
@@ -890,7 +907,7 @@ void CpuBackend::Im2Col(int index, const Conv2dGeometry& g, const float* image, 
                     }
                     const float* in_row = in + y * g.width;
                     for (int64_t ox = 0; ox < out_w; ++ox) {
-                      const int64_t x = ox * g.stride_w - g.pad_w + kx;
+                      const int64_t x = ox * g.stride_w - g.pad_w + kx * g.dilation_w;
                       out_row[ox] = (x >= 0 && x < g.width) ? in_row[x] : 0.0f;
                     }
                   }
@@ -915,14 +932,16 @@ void CpuBackend::Col2Im(int index, const Conv2dGeometry& g, const float* columns
                   std::fill(out, out + plane, 0.0f);
                   for (int64_t w = 0; w < window; ++w) {
                     const int64_t ky = w / g.kernel_w, kx = w % g.kernel_w;
-                    const float* in = columns + (p * window + w) * out_plane;
+                    const float* in = columns +
+                                      g.columns_start(p / g.channels, p % g.channels, out_plane) +
+                                      w * g.columns_tap_stride(out_plane);
                     for (int64_t oy = 0; oy < out_h; ++oy) {
-                      const int64_t y = oy * g.stride_h - g.pad_h + ky;
+                      const int64_t y = oy * g.stride_h - g.pad_h + ky * g.dilation_h;
                       if (y < 0 || y >= g.height) continue;
                       float* out_row = out + y * g.width;
                       const float* in_row = in + oy * out_w;
                       for (int64_t ox = 0; ox < out_w; ++ox) {
-                        const int64_t x = ox * g.stride_w - g.pad_w + kx;
+                        const int64_t x = ox * g.stride_w - g.pad_w + kx * g.dilation_w;
                         if (x >= 0 && x < g.width) out_row[x] += in_row[ox];
                       }
                     }
@@ -997,6 +1016,74 @@ void CpuBackend::MaxPool2dBackward(int index, const Conv2dGeometry& g, const flo
                   for (int64_t o = 0; o < out_plane; ++o) out[at[o]] += grad[o];
                 }
               });
+}
+
+namespace {
+
+// Calls f(plane, y, x) for every element of `planes` height x width planes, a few planes per
+// task of the device's pool.
+template <typename F>
+void ForEachPixel(int index, int64_t planes, int64_t height, int64_t width, int64_t cost, F&& f) {
+  const int64_t plane = height * width;
+  if (planes == 0 || plane == 0) return;
+  ParallelFor(Cpu(index), planes,
+              std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, plane * cost)),
+              [&](int64_t begin, int64_t end) {
+                for (int64_t p = begin; p < end; ++p) {
+                  for (int64_t y = 0; y < height; ++y) {
+                    for (int64_t x = 0; x < width; ++x) f(p, y, x);
+                  }
+                }
+              });
+}
+
+}  // namespace
+
+void CpuBackend::AvgPool2d(int index, const Conv2dGeometry& g, bool count_include_pad,
+                           const float* input, float* output) {
+  CheckIndex(index);
+  CheckGeometry(g, "AvgPool2d");
+  const int64_t out_h = g.out_h(), out_w = g.out_w(), plane = g.height * g.width;
+  ForEachPixel(index, g.batch * g.channels, out_h, out_w, g.kernel_h * g.kernel_w,
+               [&](int64_t p, int64_t oy, int64_t ox) {
+                 output[(p * out_h + oy) * out_w + ox] =
+                     AvgPoolOutput(g, count_include_pad, input + p * plane, oy, ox);
+               });
+}
+
+void CpuBackend::AvgPool2dBackward(int index, const Conv2dGeometry& g, bool count_include_pad,
+                                   const float* grad_output, float* grad_input) {
+  CheckIndex(index);
+  CheckGeometry(g, "AvgPool2dBackward");
+  const int64_t out_h = g.out_h(), out_w = g.out_w(), out_plane = out_h * out_w;
+  const int64_t cost = (g.kernel_h / g.stride_h + 1) * (g.kernel_w / g.stride_w + 1);
+  ForEachPixel(
+      index, g.batch * g.channels, g.height, g.width, cost, [&](int64_t p, int64_t y, int64_t x) {
+        grad_input[(p * g.height + y) * g.width + x] =
+            AvgPoolInputGrad(g, count_include_pad, out_h, out_w, grad_output + p * out_plane, y, x);
+      });
+}
+
+void CpuBackend::AdaptiveAvgPool2d(int index, int64_t planes, int64_t height, int64_t width,
+                                   int64_t out_h, int64_t out_w, const float* input,
+                                   float* output) {
+  CheckIndex(index);
+  const int64_t cost =
+      (height / std::max<int64_t>(out_h, 1) + 1) * (width / std::max<int64_t>(out_w, 1) + 1);
+  ForEachPixel(index, planes, out_h, out_w, cost, [&](int64_t p, int64_t oy, int64_t ox) {
+    output[(p * out_h + oy) * out_w + ox] =
+        AdaptiveAvgPoolOutput(height, width, out_h, out_w, input + p * height * width, oy, ox);
+  });
+}
+
+void CpuBackend::AdaptiveAvgPool2dBackward(int index, int64_t planes, int64_t height, int64_t width,
+                                           int64_t out_h, int64_t out_w, const float* grad_output,
+                                           float* grad_input) {
+  CheckIndex(index);
+  ForEachPixel(index, planes, height, width, out_h + out_w, [&](int64_t p, int64_t y, int64_t x) {
+    grad_input[(p * height + y) * width + x] = AdaptiveAvgPoolInputGrad(
+        height, width, out_h, out_w, grad_output + p * out_h * out_w, y, x);
+  });
 }
 
 void CpuBackend::GatherColumns(int index, float* dst, const float* src, const int64_t* idx,

@@ -231,7 +231,7 @@ const UnaryOp kAllUnaryOps[] = {UnaryOp::kNeg,       UnaryOp::kExp,       UnaryO
                                 UnaryOp::kRelu,      UnaryOp::kSqrt,      UnaryOp::kAbs,
                                 UnaryOp::kTanh,      UnaryOp::kSigmoid,   UnaryOp::kSquare,
                                 UnaryOp::kAddScalar, UnaryOp::kMulScalar, UnaryOp::kPowScalar,
-                                UnaryOp::kGeScalar};
+                                UnaryOp::kGeScalar,  UnaryOp::kGelu,      UnaryOp::kGeluDerivative};
 
 const BinaryOp kAllBinaryOps[] = {
     BinaryOp::kAdd,     BinaryOp::kSub, BinaryOp::kMul,         BinaryOp::kDiv, BinaryOp::kMaximum,

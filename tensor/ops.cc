@@ -642,6 +642,22 @@ Tensor sigmoid(const Tensor& a) {
                       });
 }
 
+Tensor gelu(const Tensor& a, const std::string& approximate) {
+  TANDEM_CHECK(approximate == "none" || approximate == "tanh",
+               "gelu: approximate must be \"none\" (the exact erf form) or \"tanh\" but is \"",
+               approximate, "\"");
+  if (approximate == "tanh") {
+    // 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), from differentiable ops.
+    const Tensor x = FloatInput(a, "gelu");
+    const Tensor inner = mul(add(x, mul(pow(x, 3.0), 0.044715)), 0.7978845608028654);
+    return mul(mul(x, 0.5), add(tanh(inner), 1.0));
+  }
+  return FloatUnaryOp(a, UnaryOp::kGelu, 0.0, "gelu", "GeluBackward",
+                      [](const Tensor& grad, const Tensor& x, const Tensor&) {
+                        return mul(grad, UnaryRaw(UnaryOp::kGeluDerivative, x, 0.0));
+                      });
+}
+
 Tensor square(const Tensor& a) {
   CheckDefined(a, "square", "input");
   Tensor out = a.dtype() == kInt64 ? BinaryRaw(BinaryOp::kMul, a, a, "square")
@@ -951,17 +967,23 @@ Tensor mse_loss(const Tensor& input, const Tensor& target) {
 }
 
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
-              std::vector<int64_t> stride, std::vector<int64_t> padding) {
+              std::vector<int64_t> stride, std::vector<int64_t> padding,
+              std::vector<int64_t> dilation, int64_t groups) {
   CheckImageInput(input, "conv2d");
   CheckDefined(weight, "conv2d", "weight");
   CheckSameDevice(input, "input", weight, "weight", "conv2d");
   CheckFloat(weight, "conv2d", "weight");
-  TANDEM_CHECK(weight.dim() == 4, "conv2d: weight must be 4-D [out_channels, in_channels, kh, ",
-               "kw] but is ", ShapeToString(weight.shape()));
-  TANDEM_CHECK(input.size(1) == weight.size(1), "conv2d: input has ", input.size(1),
-               " channels but weight expects ", weight.size(1), " (weight is ",
-               ShapeToString(weight.shape()), ", input is ", ShapeToString(input.shape()), ")");
+  TANDEM_CHECK(weight.dim() == 4,
+               "conv2d: weight must be 4-D [out_channels, in_channels / groups, ",
+               "kh, kw] but is ", ShapeToString(weight.shape()));
+  TANDEM_CHECK(groups > 0, "conv2d: groups must be positive but is ", groups);
+  TANDEM_CHECK(input.size(1) == weight.size(1) * groups, "conv2d: input has ", input.size(1),
+               " channels but weight expects ", weight.size(1) * groups, " (weight is ",
+               ShapeToString(weight.shape()), ", input is ", ShapeToString(input.shape()),
+               ", groups=", groups, ": weight.size(1) * groups channels)");
   const int64_t out_channels = weight.size(0);
+  TANDEM_CHECK(out_channels % groups == 0, "conv2d: out_channels (weight.size(0) = ", out_channels,
+               ") must be divisible by groups (", groups, ")");
   if (bias.defined()) {
     CheckSameDevice(input, "input", bias, "bias", "conv2d");
     CheckFloat(bias, "conv2d", "bias");
@@ -970,27 +992,62 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
   }
   const auto [stride_h, stride_w] = Pair(stride, "conv2d", "stride");
   const auto [pad_h, pad_w] = Pair(padding, "conv2d", "padding");
+  const auto [dilation_h, dilation_w] = Pair(dilation, "conv2d", "dilation");
   TANDEM_CHECK(stride_h > 0 && stride_w > 0, "conv2d: stride must be positive but is [", stride_h,
                ", ", stride_w, "]");
   TANDEM_CHECK(pad_h >= 0 && pad_w >= 0, "conv2d: padding must be non-negative but is [", pad_h,
                ", ", pad_w, "]");
-  const Conv2dGeometry g =
+  TANDEM_CHECK(dilation_h > 0 && dilation_w > 0, "conv2d: dilation must be positive but is [",
+               dilation_h, ", ", dilation_w, "]");
+  Conv2dGeometry g =
       Conv2dGeometry::Make(input.size(0), input.size(1), input.size(2), input.size(3),
                            weight.size(2), weight.size(3), stride_h, stride_w, pad_h, pad_w);
-  TANDEM_CHECK(g.height + 2 * pad_h >= g.kernel_h && g.width + 2 * pad_w >= g.kernel_w,
-               "conv2d: input is ", ShapeToString(input.shape()), " (", g.height, "x", g.width,
-               " with padding [", pad_h, ", ", pad_w, "]) but the kernel is ", g.kernel_h, "x",
-               g.kernel_w, "; the padded input must be at least as large as the kernel");
+  g.dilation_h = dilation_h;
+  g.dilation_w = dilation_w;
+  // Columns [C*kh*kw, N, L]: every image side by side, so that each product below is one
+  // large GEMM over the whole batch (batched over groups) instead of one small GEMM per image.
+  g.batch_in_columns = true;
+  TANDEM_CHECK(
+      g.height + 2 * pad_h >= g.span_h() && g.width + 2 * pad_w >= g.span_w(), "conv2d: input is ",
+      ShapeToString(input.shape()), " (", g.height, "x", g.width, " with padding [", pad_h, ", ",
+      pad_w, "]) but the kernel is ", g.kernel_h, "x", g.kernel_w,
+      dilation_h == 1 && dilation_w == 1 ? std::string()
+                                         : " (spanning " + std::to_string(g.span_h()) + "x" +
+                                               std::to_string(g.span_w()) + " with dilation)",
+      "; the padded input must be at least as large as the kernel");
 
   const int64_t batch = g.batch, oh = g.out_h(), ow = g.out_w();
   const int64_t plane = oh * ow, patch = g.channels * g.kernel_h * g.kernel_w;
+  // Per group: O_g output channels, each reading K_g column rows.
+  const int64_t group_out = out_channels / groups, group_patch = patch / groups;
+  const int64_t cols = batch * plane;  // columns of the [K, N*L] matrix
+  const bool work = batch > 0 && plane > 0 && patch > 0 && out_channels > 0;
   Tensor x = ContiguousRaw(input);
   Tensor w = ContiguousRaw(weight);
   Backend& backend = BackendOf(x);
   const int index = IndexOf(x);
 
   Tensor out;
-  if (bias.defined()) {
+  if (work) {
+    Tensor columns = NewTensor({patch, batch, plane}, kFloat32, x.device());
+    backend.Im2Col(index, g, FloatPtr(x), FloatPtr(columns));
+    // product_g [O_g, N*L] = W_g [O_g, K_g] · columns_g [K_g, N*L], one GEMM per group.
+    Tensor product = NewTensor({out_channels, batch, plane}, kFloat32, x.device());
+    backend.Gemm(index, false, false, group_out, cols, group_patch, 1.0f, FloatPtr(w), group_patch,
+                 group_out * group_patch, FloatPtr(columns), cols, group_patch * cols, 0.0f,
+                 FloatPtr(product), cols, group_out * cols, groups);
+    // [O, N, L] -> [N, O, L], adding the bias in the same pass.
+    const Tensor permuted = MakeView(product, {batch, out_channels, plane},
+                                     {plane, batch * plane, 1}, product.storage_offset());
+    if (bias.defined()) {
+      const Tensor bias_column =
+          MakeView(bias, {1, out_channels, 1}, {0, bias.strides()[0], 0}, bias.storage_offset());
+      out = BinaryRaw(BinaryOp::kAdd, permuted, bias_column, "conv2d");
+    } else {
+      out = ContiguousRaw(permuted);
+    }
+    out = ViewRaw(out, {batch, out_channels, oh, ow});
+  } else if (bias.defined()) {
     const Tensor bias_column =
         MakeView(bias, {out_channels, 1}, {bias.strides()[0], 1}, bias.storage_offset());
     out = ViewRaw(BroadcastCopyRaw(bias_column, {batch, out_channels, plane}, kFloat32),
@@ -998,60 +1055,62 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
   } else {
     out = FilledRaw({batch, out_channels, oh, ow}, kFloat32, x.device(), 0.0);
   }
-  if (batch > 0 && plane > 0 && patch > 0 && out_channels > 0) {
-    Tensor columns = NewTensor({batch, patch, plane}, kFloat32, x.device());
-    backend.Im2Col(index, g, FloatPtr(x), FloatPtr(columns));
-    // out_n [O, L] += W [O, K] · columns_n [K, L] for every image n.
-    backend.Gemm(index, false, false, out_channels, plane, patch, 1.0f, FloatPtr(w), patch, 0,
-                 FloatPtr(columns), plane, patch * plane, 1.0f, FloatPtr(out), plane,
-                 out_channels * plane, batch);
-  }
   std::vector<Tensor> inputs = {input, weight};
   if (bias.defined()) inputs.push_back(bias);
   if (NeedsGrad(inputs)) {
     const bool grad_x = NeedsGrad({input}), grad_w = NeedsGrad({weight});
     const bool has_bias = bias.defined(), grad_b = has_bias && NeedsGrad({bias});
     Record("Conv2dBackward", inputs, out,
-           [g, grad_x, grad_w, has_bias, grad_b, out_channels, sx = x.detach(), sw = w.detach(),
-            weight_shape = weight.shape()](const Tensor& grad_output) {
+           [g, groups, work, grad_x, grad_w, has_bias, grad_b, out_channels, sx = x.detach(),
+            sw = w.detach(), weight_shape = weight.shape()](const Tensor& grad_output) {
              const int64_t batch = g.batch, plane = g.out_h() * g.out_w();
              const int64_t patch = g.channels * g.kernel_h * g.kernel_w;
-             const bool work = batch > 0 && plane > 0 && patch > 0 && out_channels > 0;
+             const int64_t group_out = out_channels / groups, group_patch = patch / groups;
+             const int64_t cols = batch * plane;
              Backend& backend = BackendOf(grad_output);
              const int index = IndexOf(grad_output);
-             const Tensor grad = ContiguousRaw(grad_output);
+             // The gradient as [O, N*L], the layout of the forward's product.
+             Tensor grad;
+             if (work) {
+               const Tensor g3 = ContiguousRaw(grad_output);
+               grad =
+                   ContiguousRaw(MakeView(g3, {out_channels, batch, plane},
+                                          {plane, out_channels * plane, 1}, g3.storage_offset()));
+             }
              Tensor grad_input, grad_weight, grad_bias;
              if (grad_x) {
                // Col2Im overwrites every element, so only an empty problem needs a fill.
                grad_input = work ? NewTensor(sx.shape(), kFloat32, sx.device())
                                  : FilledRaw(sx.shape(), kFloat32, sx.device(), 0.0);
                if (work) {
-                 // columns_n [K, L] = W^T [K, O] · grad_n [O, L], then folded back.
-                 Tensor grad_columns = NewTensor({batch, patch, plane}, kFloat32, sx.device());
-                 backend.Gemm(index, true, false, patch, plane, out_channels, 1.0f, FloatPtr(sw),
-                              patch, 0, FloatPtr(grad), plane, out_channels * plane, 0.0f,
-                              FloatPtr(grad_columns), plane, patch * plane, batch);
+                 // columns_g [K_g, N*L] = W_g^T [K_g, O_g] · grad_g [O_g, N*L], then folded back.
+                 Tensor grad_columns = NewTensor({patch, batch, plane}, kFloat32, sx.device());
+                 backend.Gemm(index, true, false, group_patch, cols, group_out, 1.0f, FloatPtr(sw),
+                              group_patch, group_out * group_patch, FloatPtr(grad), cols,
+                              group_out * cols, 0.0f, FloatPtr(grad_columns), cols,
+                              group_patch * cols, groups);
                  backend.Col2Im(index, g, FloatPtr(grad_columns), FloatPtr(grad_input));
                }
              }
              if (grad_w) {
                if (work) {
-                 // Per image: grad_n [O, L] · columns_n^T [L, K]; then summed over images.
-                 Tensor columns = NewTensor({batch, patch, plane}, kFloat32, sx.device());
+                 // W_g [O_g, K_g] = grad_g [O_g, N*L] · columns_g^T [N*L, K_g]: the sum over
+                 // images is the GEMM's inner dimension.
+                 Tensor columns = NewTensor({patch, batch, plane}, kFloat32, sx.device());
                  backend.Im2Col(index, g, FloatPtr(sx), FloatPtr(columns));
-                 Tensor per_image = NewTensor({batch, out_channels, patch}, kFloat32, sx.device());
-                 backend.Gemm(index, false, true, out_channels, patch, plane, 1.0f, FloatPtr(grad),
-                              plane, out_channels * plane, FloatPtr(columns), plane, patch * plane,
-                              0.0f, FloatPtr(per_image), patch, out_channels * patch, batch);
-                 grad_weight =
-                     ViewRaw(ReduceRaw(per_image, {0}, ReduceOp::kSum, "conv2d"), weight_shape);
+                 grad_weight = NewTensor(weight_shape, kFloat32, sx.device());
+                 backend.Gemm(index, false, true, group_out, group_patch, cols, 1.0f,
+                              FloatPtr(grad), cols, group_out * cols, FloatPtr(columns), cols,
+                              group_patch * cols, 0.0f, FloatPtr(grad_weight), group_patch,
+                              group_out * group_patch, groups);
                } else {
                  grad_weight = FilledRaw(weight_shape, kFloat32, sx.device(), 0.0);
                }
              }
              if (grad_b) {
                grad_bias =
-                   ViewRaw(ReduceRaw(grad, {0, 2, 3}, ReduceOp::kSum, "conv2d"), {out_channels});
+                   work ? ViewRaw(ReduceRaw(grad, {1, 2}, ReduceOp::kSum, "conv2d"), {out_channels})
+                        : FilledRaw({out_channels}, kFloat32, sx.device(), 0.0);
              }
              std::vector<Tensor> grads = {grad_input, grad_weight};
              if (has_bias) grads.push_back(grad_bias);
@@ -1062,7 +1121,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
 }
 
 Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
-                  std::vector<int64_t> stride, std::vector<int64_t> padding) {
+                  std::vector<int64_t> stride, std::vector<int64_t> padding, bool ceil_mode) {
   CheckImageInput(input, "max_pool2d");
   const auto [kernel_h, kernel_w] = Pair(kernel_size, "max_pool2d", "kernel_size");
   const auto [stride_h, stride_w] = stride.empty() ? std::pair<int64_t, int64_t>{kernel_h, kernel_w}
@@ -1075,9 +1134,10 @@ Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
   TANDEM_CHECK(pad_h >= 0 && pad_w >= 0 && 2 * pad_h <= kernel_h && 2 * pad_w <= kernel_w,
                "max_pool2d: padding must be between 0 and half the kernel size, but padding is [",
                pad_h, ", ", pad_w, "] for a ", kernel_h, "x", kernel_w, " kernel");
-  const Conv2dGeometry g =
+  Conv2dGeometry g =
       Conv2dGeometry::Make(input.size(0), input.size(1), input.size(2), input.size(3), kernel_h,
                            kernel_w, stride_h, stride_w, pad_h, pad_w);
+  g.ceil_mode = ceil_mode;
   TANDEM_CHECK(g.height + 2 * pad_h >= kernel_h && g.width + 2 * pad_w >= kernel_w,
                "max_pool2d: input is ", ShapeToString(input.shape()), " (", g.height, "x", g.width,
                " with padding [", pad_h, ", ", pad_w, "]) but the window is ", kernel_h, "x",
@@ -1099,6 +1159,83 @@ Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
                                                  FloatPtr(grad_input));
              } else if (grad_input.numel() > 0) {
                BackendOf(grad).Fill(IndexOf(grad), ToKernel(grad_input), 0.0);
+             }
+             return std::vector<Tensor>{grad_input};
+           });
+  }
+  return out;
+}
+
+Tensor avg_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
+                  std::vector<int64_t> stride, std::vector<int64_t> padding, bool ceil_mode,
+                  bool count_include_pad) {
+  CheckImageInput(input, "avg_pool2d");
+  const auto [kernel_h, kernel_w] = Pair(kernel_size, "avg_pool2d", "kernel_size");
+  const auto [stride_h, stride_w] = stride.empty() ? std::pair<int64_t, int64_t>{kernel_h, kernel_w}
+                                                   : Pair(stride, "avg_pool2d", "stride");
+  const auto [pad_h, pad_w] = Pair(padding, "avg_pool2d", "padding");
+  TANDEM_CHECK(kernel_h > 0 && kernel_w > 0, "avg_pool2d: kernel_size must be positive but is [",
+               kernel_h, ", ", kernel_w, "]");
+  TANDEM_CHECK(stride_h > 0 && stride_w > 0, "avg_pool2d: stride must be positive but is [",
+               stride_h, ", ", stride_w, "]");
+  TANDEM_CHECK(pad_h >= 0 && pad_w >= 0 && 2 * pad_h <= kernel_h && 2 * pad_w <= kernel_w,
+               "avg_pool2d: padding must be between 0 and half the kernel size, but padding is [",
+               pad_h, ", ", pad_w, "] for a ", kernel_h, "x", kernel_w, " kernel");
+  Conv2dGeometry g =
+      Conv2dGeometry::Make(input.size(0), input.size(1), input.size(2), input.size(3), kernel_h,
+                           kernel_w, stride_h, stride_w, pad_h, pad_w);
+  g.ceil_mode = ceil_mode;
+  TANDEM_CHECK(g.height + 2 * pad_h >= kernel_h && g.width + 2 * pad_w >= kernel_w,
+               "avg_pool2d: input is ", ShapeToString(input.shape()), " (", g.height, "x", g.width,
+               " with padding [", pad_h, ", ", pad_w, "]) but the window is ", kernel_h, "x",
+               kernel_w, "; the padded input must be at least as large as the window");
+  const Shape out_shape = {g.batch, g.channels, g.out_h(), g.out_w()};
+  Tensor x = ContiguousRaw(input);
+  Tensor out = NewTensor(out_shape, kFloat32, x.device());
+  if (out.numel() > 0) {
+    BackendOf(x).AvgPool2d(IndexOf(x), g, count_include_pad, FloatPtr(x), FloatPtr(out));
+  }
+  if (NeedsGrad({input})) {
+    Record("AvgPool2dBackward", {input}, out,
+           [g, count_include_pad, input_shape = input.shape()](const Tensor& grad_output) {
+             const Tensor grad = ContiguousRaw(grad_output);
+             Tensor grad_input = NewTensor(input_shape, kFloat32, grad.device());
+             if (grad_input.numel() > 0) {
+               BackendOf(grad).AvgPool2dBackward(IndexOf(grad), g, count_include_pad,
+                                                 FloatPtr(grad), FloatPtr(grad_input));
+             }
+             return std::vector<Tensor>{grad_input};
+           });
+  }
+  return out;
+}
+
+Tensor adaptive_avg_pool2d(const Tensor& input, std::vector<int64_t> output_size) {
+  CheckImageInput(input, "adaptive_avg_pool2d");
+  const auto [out_h, out_w] = Pair(output_size, "adaptive_avg_pool2d", "output_size");
+  TANDEM_CHECK(out_h > 0 && out_w > 0, "adaptive_avg_pool2d: output_size must be positive but is [",
+               out_h, ", ", out_w, "]");
+  const int64_t height = input.size(2), width = input.size(3);
+  TANDEM_CHECK(height > 0 && width > 0, "adaptive_avg_pool2d: input is ",
+               ShapeToString(input.shape()),
+               "; its images must have at least one pixel (height and width > 0)");
+  const int64_t planes = input.size(0) * input.size(1);
+  Tensor x = ContiguousRaw(input);
+  Tensor out = NewTensor({input.size(0), input.size(1), out_h, out_w}, kFloat32, x.device());
+  if (planes > 0) {
+    BackendOf(x).AdaptiveAvgPool2d(IndexOf(x), planes, height, width, out_h, out_w, FloatPtr(x),
+                                   FloatPtr(out));
+  }
+  if (NeedsGrad({input})) {
+    Record("AdaptiveAvgPool2dBackward", {input}, out,
+           [planes, height, width, out_h = out_h, out_w = out_w,
+            input_shape = input.shape()](const Tensor& grad_output) {
+             const Tensor grad = ContiguousRaw(grad_output);
+             Tensor grad_input = NewTensor(input_shape, kFloat32, grad.device());
+             if (planes > 0) {
+               BackendOf(grad).AdaptiveAvgPool2dBackward(IndexOf(grad), planes, height, width,
+                                                         out_h, out_w, FloatPtr(grad),
+                                                         FloatPtr(grad_input));
              }
              return std::vector<Tensor>{grad_input};
            });

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -40,6 +41,9 @@ Tensor tanh(const Tensor& a);
 Tensor sigmoid(const Tensor& a);
 Tensor square(const Tensor& a);
 Tensor relu(const Tensor& a);
+// x * Phi(x) (Phi: the standard normal CDF), exactly with erf; approximate = "tanh" gives
+// 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), as torch.nn.functional.gelu.
+Tensor gelu(const Tensor& a, const std::string& approximate = "none");
 
 // Comparisons (not differentiable): 1 where true, 0 elsewhere, in the inputs' dtype.
 Tensor eq(const Tensor& a, const Tensor& b);
@@ -88,12 +92,26 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& targets);
 // log_softmax + nll_loss, numerically stable.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
 Tensor mse_loss(const Tensor& input, const Tensor& target);  // mean reduction
-// NCHW input, weight [out, in, kh, kw], optional bias [out] (undefined Tensor for none).
+// NCHW input, weight [out, in / groups, kh, kw], optional bias [out] (undefined Tensor for
+// none). Kernel taps are `dilation` pixels apart. With groups > 1, in and out split into that
+// many groups (both must divide), output group g seeing only input group g.
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
-              std::vector<int64_t> stride = {1, 1}, std::vector<int64_t> padding = {0, 0});
-// Stride defaults to the kernel size, as in PyTorch.
+              std::vector<int64_t> stride = {1, 1}, std::vector<int64_t> padding = {0, 0},
+              std::vector<int64_t> dilation = {1, 1}, int64_t groups = 1);
+// Stride defaults to the kernel size, as in PyTorch. ceil_mode rounds the output size up
+// (a last, partial window), but a window must start inside the input or its left padding.
 Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
-                  std::vector<int64_t> stride = {}, std::vector<int64_t> padding = {0, 0});
+                  std::vector<int64_t> stride = {}, std::vector<int64_t> padding = {0, 0},
+                  bool ceil_mode = false);
+// Mean over each window, as torch.nn.functional.avg_pool2d: padding counts as zeros in the
+// divisor when count_include_pad (the window clipped to the padded input), else the divisor
+// is the number of pixels of the window inside the input.
+Tensor avg_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
+                  std::vector<int64_t> stride = {}, std::vector<int64_t> padding = {0, 0},
+                  bool ceil_mode = false, bool count_include_pad = true);
+// Mean over the windows that split each H x W image into output_size (h, w) cells:
+// cell i covers rows [floor(i * H / h), ceil((i + 1) * H / h)), likewise columns.
+Tensor adaptive_avg_pool2d(const Tensor& input, std::vector<int64_t> output_size);
 // Zeroes elements with probability p and scales the rest by 1/(1-p) when training;
 // the identity otherwise.
 Tensor dropout(const Tensor& input, double p, bool training, Generator* gen = nullptr);

@@ -65,15 +65,16 @@ void CheckGeometry(const Conv2dGeometry& g, const char* kernel) {
                " expects non-negative image sizes but got batch=", g.batch,
                " channels=", g.channels, " height=", g.height, " width=", g.width);
   TANDEM_CHECK(g.kernel_h > 0 && g.kernel_w > 0 && g.stride_h > 0 && g.stride_w > 0 &&
-                   g.pad_h >= 0 && g.pad_w >= 0,
+                   g.pad_h >= 0 && g.pad_w >= 0 && g.dilation_h > 0 && g.dilation_w > 0,
                "CUDA ", kernel,
-               " expects a positive kernel and stride and non-negative padding but got kernel ",
+               " expects a positive kernel, stride and dilation and non-negative padding but got "
+               "kernel ",
                g.kernel_h, "x", g.kernel_w, ", stride ", g.stride_h, "x", g.stride_w, ", padding ",
-               g.pad_h, "x", g.pad_w);
-  TANDEM_CHECK(g.height + 2 * g.pad_h >= g.kernel_h && g.width + 2 * g.pad_w >= g.kernel_w, "CUDA ",
-               kernel, ": the ", g.kernel_h, "x", g.kernel_w, " window is larger than the padded ",
-               g.height + 2 * g.pad_h, "x", g.width + 2 * g.pad_w,
-               " image; use a smaller kernel or more padding");
+               g.pad_h, "x", g.pad_w, ", dilation ", g.dilation_h, "x", g.dilation_w);
+  TANDEM_CHECK(g.height + 2 * g.pad_h >= g.span_h() && g.width + 2 * g.pad_w >= g.span_w(), "CUDA ",
+               kernel, ": the ", g.span_h(), "x", g.span_w(),
+               " window (with dilation) is larger than the padded ", g.height + 2 * g.pad_h, "x",
+               g.width + 2 * g.pad_w, " image; use a smaller kernel or more padding");
 }
 
 const char* ReduceOpName(ReduceOp op) {
@@ -174,6 +175,15 @@ class CudaBackend final : public Backend {
                  int64_t* argmax) override;
   void MaxPool2dBackward(int index, const Conv2dGeometry& g, const float* grad_output,
                          const int64_t* argmax, float* grad_input) override;
+  void AvgPool2d(int index, const Conv2dGeometry& g, bool count_include_pad, const float* input,
+                 float* output) override;
+  void AvgPool2dBackward(int index, const Conv2dGeometry& g, bool count_include_pad,
+                         const float* grad_output, float* grad_input) override;
+  void AdaptiveAvgPool2d(int index, int64_t planes, int64_t height, int64_t width, int64_t out_h,
+                         int64_t out_w, const float* input, float* output) override;
+  void AdaptiveAvgPool2dBackward(int index, int64_t planes, int64_t height, int64_t width,
+                                 int64_t out_h, int64_t out_w, const float* grad_output,
+                                 float* grad_input) override;
   void GatherColumns(int index, float* dst, const float* src, const int64_t* idx, int64_t rows,
                      int64_t cols) override;
   void ScatterAddColumns(int index, float* dst, const float* src, const int64_t* idx, int64_t rows,
@@ -477,6 +487,39 @@ void CudaBackend::MaxPool2dBackward(int index, const Conv2dGeometry& g, const fl
   CheckGeometry(g, "MaxPool2dBackward");
   DeviceGuard guard(device.physical());
   LaunchMaxPool2dBackward(device.Launch(), g, grad_output, argmax, grad_input);
+}
+
+void CudaBackend::AvgPool2d(int index, const Conv2dGeometry& g, bool count_include_pad,
+                            const float* input, float* output) {
+  CudaDevice& device = Device(index);
+  CheckGeometry(g, "AvgPool2d");
+  DeviceGuard guard(device.physical());
+  LaunchAvgPool2d(device.Launch(), g, count_include_pad, input, output);
+}
+
+void CudaBackend::AvgPool2dBackward(int index, const Conv2dGeometry& g, bool count_include_pad,
+                                    const float* grad_output, float* grad_input) {
+  CudaDevice& device = Device(index);
+  CheckGeometry(g, "AvgPool2dBackward");
+  DeviceGuard guard(device.physical());
+  LaunchAvgPool2dBackward(device.Launch(), g, count_include_pad, grad_output, grad_input);
+}
+
+void CudaBackend::AdaptiveAvgPool2d(int index, int64_t planes, int64_t height, int64_t width,
+                                    int64_t out_h, int64_t out_w, const float* input,
+                                    float* output) {
+  CudaDevice& device = Device(index);
+  DeviceGuard guard(device.physical());
+  LaunchAdaptiveAvgPool2d(device.Launch(), planes, height, width, out_h, out_w, input, output);
+}
+
+void CudaBackend::AdaptiveAvgPool2dBackward(int index, int64_t planes, int64_t height,
+                                            int64_t width, int64_t out_h, int64_t out_w,
+                                            const float* grad_output, float* grad_input) {
+  CudaDevice& device = Device(index);
+  DeviceGuard guard(device.physical());
+  LaunchAdaptiveAvgPool2dBackward(device.Launch(), planes, height, width, out_h, out_w, grad_output,
+                                  grad_input);
 }
 
 void CudaBackend::GatherColumns(int index, float* dst, const float* src, const int64_t* idx,

@@ -275,7 +275,7 @@ const UnaryOp kAllUnary[] = {UnaryOp::kNeg,       UnaryOp::kExp,       UnaryOp::
                              UnaryOp::kRelu,      UnaryOp::kSqrt,      UnaryOp::kAbs,
                              UnaryOp::kTanh,      UnaryOp::kSigmoid,   UnaryOp::kSquare,
                              UnaryOp::kAddScalar, UnaryOp::kMulScalar, UnaryOp::kPowScalar,
-                             UnaryOp::kGeScalar};
+                             UnaryOp::kGeScalar,  UnaryOp::kGelu,      UnaryOp::kGeluDerivative};
 
 TEST_F(CudaBackendTest, UnaryFloatOpsMatchTheCpu) {
   for (UnaryOp op : kAllUnary) {

@@ -26,6 +26,7 @@
 #include "tensor/error.h"
 #include "tensor/internal/elementwise_math.h"
 #include "tensor/internal/philox.h"
+#include "tensor/internal/pooling_math.h"
 #include "tensor/internal/strided_layout.h"
 
 namespace tandem {
@@ -605,19 +606,20 @@ __global__ void ScaleMatricesKernel(float beta, float* c, int64_t m, int64_t n, 
 __global__ void Im2ColKernel(Conv2dGeometry g, int64_t out_h, int64_t out_w, const float* image,
                              float* columns) {
   const int64_t out_plane = out_h * out_w;
-  const int64_t window = g.kernel_h * g.kernel_w;
   const int64_t total = g.batch * g.channels * out_plane;
   for (int64_t i = GlobalThread(); i < total; i += GridThreads()) {
     const int64_t plane = i / out_plane;  // b * channels + c
     const int64_t oy = (i % out_plane) / out_w, ox = i % out_w;
     const float* in = image + plane * g.height * g.width;
-    float* out = columns + plane * window * out_plane + oy * out_w + ox;
+    float* out = columns + g.columns_start(plane / g.channels, plane % g.channels, out_plane) +
+                 oy * out_w + ox;
+    const int64_t tap_stride = g.columns_tap_stride(out_plane);
     for (int64_t ky = 0; ky < g.kernel_h; ++ky) {
-      const int64_t y = oy * g.stride_h - g.pad_h + ky;
+      const int64_t y = oy * g.stride_h - g.pad_h + ky * g.dilation_h;
       for (int64_t kx = 0; kx < g.kernel_w; ++kx) {
-        const int64_t x = ox * g.stride_w - g.pad_w + kx;
+        const int64_t x = ox * g.stride_w - g.pad_w + kx * g.dilation_w;
         const bool inside = y >= 0 && y < g.height && x >= 0 && x < g.width;
-        out[(ky * g.kernel_w + kx) * out_plane] = inside ? in[y * g.width + x] : 0.0f;
+        out[(ky * g.kernel_w + kx) * tap_stride] = inside ? in[y * g.width + x] : 0.0f;
       }
     }
   }
@@ -629,26 +631,26 @@ __global__ void Col2ImKernel(Conv2dGeometry g, int64_t out_h, int64_t out_w, con
                              float* image) {
   const int64_t plane_size = g.height * g.width;
   const int64_t out_plane = out_h * out_w;
-  const int64_t window = g.kernel_h * g.kernel_w;
   const int64_t total = g.batch * g.channels * plane_size;
   for (int64_t i = GlobalThread(); i < total; i += GridThreads()) {
     const int64_t plane = i / plane_size;
     const int64_t y = (i % plane_size) / g.width, x = i % g.width;
-    const float* in = columns + plane * window * out_plane;
+    const float* in = columns + g.columns_start(plane / g.channels, plane % g.channels, out_plane);
+    const int64_t tap_stride = g.columns_tap_stride(out_plane);
     float sum = 0.0f;
     for (int64_t ky = 0; ky < g.kernel_h; ++ky) {
-      const int64_t oy_scaled = y + g.pad_h - ky;  // oy * stride_h when (y, ky) pair up
+      const int64_t oy_scaled = y + g.pad_h - ky * g.dilation_h;  // oy * stride_h when paired
       if (oy_scaled < 0 || oy_scaled % g.stride_h != 0 || oy_scaled / g.stride_h >= out_h) {
         continue;
       }
       const int64_t oy = oy_scaled / g.stride_h;
       for (int64_t kx = 0; kx < g.kernel_w; ++kx) {
-        const int64_t ox_scaled = x + g.pad_w - kx;
+        const int64_t ox_scaled = x + g.pad_w - kx * g.dilation_w;
         if (ox_scaled < 0 || ox_scaled % g.stride_w != 0 || ox_scaled / g.stride_w >= out_w) {
           continue;
         }
         const int64_t ox = ox_scaled / g.stride_w;
-        sum += in[(ky * g.kernel_w + kx) * out_plane + oy * out_w + ox];
+        sum += in[(ky * g.kernel_w + kx) * tap_stride + oy * out_w + ox];
       }
     }
     image[i] = sum;
@@ -720,6 +722,58 @@ __global__ void MaxPool2dBackwardKernel(Conv2dGeometry g, int64_t out_h, int64_t
       }
     }
     grad_input[i] = sum;
+  }
+}
+
+// Average pooling: one thread per output element (forward) or input element (backward, a
+// gather), computing exactly what the CPU computes (tensor/internal/pooling_math.h).
+__global__ void AvgPool2dKernel(Conv2dGeometry g, bool count_include_pad, int64_t out_h,
+                                int64_t out_w, const float* input, float* output) {
+  const int64_t out_plane = out_h * out_w;
+  const int64_t total = g.batch * g.channels * out_plane;
+  for (int64_t i = GlobalThread(); i < total; i += GridThreads()) {
+    const int64_t plane = i / out_plane;
+    const int64_t oy = (i % out_plane) / out_w, ox = i % out_w;
+    output[i] = AvgPoolOutput(g, count_include_pad, input + plane * g.height * g.width, oy, ox);
+  }
+}
+
+__global__ void AvgPool2dBackwardKernel(Conv2dGeometry g, bool count_include_pad, int64_t out_h,
+                                        int64_t out_w, const float* grad_output,
+                                        float* grad_input) {
+  const int64_t plane_size = g.height * g.width;
+  const int64_t total = g.batch * g.channels * plane_size;
+  for (int64_t i = GlobalThread(); i < total; i += GridThreads()) {
+    const int64_t plane = i / plane_size;
+    const int64_t y = (i % plane_size) / g.width, x = i % g.width;
+    grad_input[i] = AvgPoolInputGrad(g, count_include_pad, out_h, out_w,
+                                     grad_output + plane * out_h * out_w, y, x);
+  }
+}
+
+__global__ void AdaptiveAvgPool2dKernel(int64_t planes, int64_t height, int64_t width,
+                                        int64_t out_h, int64_t out_w, const float* input,
+                                        float* output) {
+  const int64_t out_plane = out_h * out_w;
+  const int64_t total = planes * out_plane;
+  for (int64_t i = GlobalThread(); i < total; i += GridThreads()) {
+    const int64_t plane = i / out_plane;
+    const int64_t oy = (i % out_plane) / out_w, ox = i % out_w;
+    output[i] =
+        AdaptiveAvgPoolOutput(height, width, out_h, out_w, input + plane * height * width, oy, ox);
+  }
+}
+
+__global__ void AdaptiveAvgPool2dBackwardKernel(int64_t planes, int64_t height, int64_t width,
+                                                int64_t out_h, int64_t out_w,
+                                                const float* grad_output, float* grad_input) {
+  const int64_t plane_size = height * width;
+  const int64_t total = planes * plane_size;
+  for (int64_t i = GlobalThread(); i < total; i += GridThreads()) {
+    const int64_t plane = i / plane_size;
+    const int64_t y = (i % plane_size) / width, x = i % width;
+    grad_input[i] = AdaptiveAvgPoolInputGrad(height, width, out_h, out_w,
+                                             grad_output + plane * out_h * out_w, y, x);
   }
 }
 
@@ -953,6 +1007,44 @@ void LaunchMaxPool2dBackward(const LaunchContext& context, const Conv2dGeometry&
   if (total == 0) return;
   MaxPool2dBackwardKernel<<<GridFor(context, total), kThreads, 0, context.stream>>>(
       g, g.out_h(), g.out_w(), grad_output, argmax, grad_input);
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+}
+
+void LaunchAvgPool2d(const LaunchContext& context, const Conv2dGeometry& g, bool count_include_pad,
+                     const float* input, float* output) {
+  const int64_t total = g.batch * g.channels * g.out_h() * g.out_w();
+  if (total == 0) return;
+  AvgPool2dKernel<<<GridFor(context, total), kThreads, 0, context.stream>>>(
+      g, count_include_pad, g.out_h(), g.out_w(), input, output);
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+}
+
+void LaunchAvgPool2dBackward(const LaunchContext& context, const Conv2dGeometry& g,
+                             bool count_include_pad, const float* grad_output, float* grad_input) {
+  const int64_t total = g.batch * g.channels * g.height * g.width;
+  if (total == 0) return;
+  AvgPool2dBackwardKernel<<<GridFor(context, total), kThreads, 0, context.stream>>>(
+      g, count_include_pad, g.out_h(), g.out_w(), grad_output, grad_input);
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+}
+
+void LaunchAdaptiveAvgPool2d(const LaunchContext& context, int64_t planes, int64_t height,
+                             int64_t width, int64_t out_h, int64_t out_w, const float* input,
+                             float* output) {
+  const int64_t total = planes * out_h * out_w;
+  if (total == 0) return;
+  AdaptiveAvgPool2dKernel<<<GridFor(context, total), kThreads, 0, context.stream>>>(
+      planes, height, width, out_h, out_w, input, output);
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+}
+
+void LaunchAdaptiveAvgPool2dBackward(const LaunchContext& context, int64_t planes, int64_t height,
+                                     int64_t width, int64_t out_h, int64_t out_w,
+                                     const float* grad_output, float* grad_input) {
+  const int64_t total = planes * height * width;
+  if (total == 0) return;
+  AdaptiveAvgPool2dBackwardKernel<<<GridFor(context, total), kThreads, 0, context.stream>>>(
+      planes, height, width, out_h, out_w, grad_output, grad_input);
   TANDEM_CUDA_CHECK_LAUNCH(context.device);
 }
 

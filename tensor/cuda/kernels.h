@@ -52,6 +52,16 @@ void LaunchMaxPool2d(const LaunchContext& context, const Conv2dGeometry& g, cons
                      float* output, int64_t* argmax);
 void LaunchMaxPool2dBackward(const LaunchContext& context, const Conv2dGeometry& g,
                              const float* grad_output, const int64_t* argmax, float* grad_input);
+void LaunchAvgPool2d(const LaunchContext& context, const Conv2dGeometry& g, bool count_include_pad,
+                     const float* input, float* output);
+void LaunchAvgPool2dBackward(const LaunchContext& context, const Conv2dGeometry& g,
+                             bool count_include_pad, const float* grad_output, float* grad_input);
+void LaunchAdaptiveAvgPool2d(const LaunchContext& context, int64_t planes, int64_t height,
+                             int64_t width, int64_t out_h, int64_t out_w, const float* input,
+                             float* output);
+void LaunchAdaptiveAvgPool2dBackward(const LaunchContext& context, int64_t planes, int64_t height,
+                                     int64_t width, int64_t out_h, int64_t out_w,
+                                     const float* grad_output, float* grad_input);
 void LaunchGatherColumns(const LaunchContext& context, float* dst, const float* src,
                          const int64_t* idx, int64_t rows, int64_t cols);
 void LaunchScatterAddColumns(const LaunchContext& context, float* dst, const float* src,

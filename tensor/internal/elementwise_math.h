@@ -45,6 +45,12 @@ TANDEM_HOST_DEVICE float ApplyUnary(UnaryOp op, float x, float s) {
       return powf(x, s);
     case UnaryOp::kGeScalar:
       return x >= s ? 1.0f : 0.0f;
+    case UnaryOp::kGelu:
+      return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    case UnaryOp::kGeluDerivative:
+      // Phi(x) + x * phi(x): the normal distribution's CDF and density.
+      return 0.5f * (1.0f + erff(x * 0.70710678118654752f)) +
+             x * 0.39894228040143268f * expf(-0.5f * x * x);
   }
   return 0.0f;
 }
