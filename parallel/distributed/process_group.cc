@@ -19,9 +19,23 @@ void Work::wait() {
   if (error_) std::rethrow_exception(error_);
 }
 
+std::chrono::steady_clock::duration Work::run_time() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!done_ || started_ == std::chrono::steady_clock::time_point()) {
+    return std::chrono::steady_clock::duration::zero();
+  }
+  return finished_ - started_;
+}
+
+void Work::Start() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  started_ = std::chrono::steady_clock::now();
+}
+
 void Work::Finish(std::exception_ptr error) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    finished_ = std::chrono::steady_clock::now();
     done_ = true;
     error_ = std::move(error);
   }

@@ -16,6 +16,7 @@
 #ifndef TANDEM_PARALLEL_DISTRIBUTED_PROCESS_GROUP_H_
 #define TANDEM_PARALLEL_DISTRIBUTED_PROCESS_GROUP_H_
 
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <memory>
@@ -48,6 +49,12 @@ class Work {
   void wait();
   const std::string& description() const { return description_; }
 
+  // How long the collective ran, from when the group started it (after those issued before
+  // it) to when it finished; zero until it has finished.
+  std::chrono::steady_clock::duration run_time() const;
+
+  // For process groups: marks the collective started (its turn came).
+  void Start();
   // For process groups: marks the collective finished, with the error it failed with (or
   // nullptr), and wakes the waiters.
   void Finish(std::exception_ptr error = nullptr);
@@ -57,6 +64,8 @@ class Work {
   mutable std::mutex mutex_;
   std::condition_variable done_cv_;
   bool done_ = false;
+  std::chrono::steady_clock::time_point started_;
+  std::chrono::steady_clock::time_point finished_;
   std::exception_ptr error_;
 };
 

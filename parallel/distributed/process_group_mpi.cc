@@ -162,6 +162,7 @@ struct ProcessGroupMpi::Impl {
         continue;
       }
       try {
+        op.work->Start();
         op.body(Clock::now() + options.timeout_);
         op.work->Finish();
       } catch (const std::exception& e) {

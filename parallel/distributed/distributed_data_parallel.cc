@@ -1,0 +1,395 @@
+#include "parallel/distributed/distributed_data_parallel.h"
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <sstream>
+#include <unordered_set>
+#include <utility>
+
+#include "tensor/autograd.h"
+#include "tensor/error.h"
+
+namespace tandem::distributed {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string Prefix(const ProcessGroup& group) {
+  return internal::Concat("DistributedDataParallel (rank ", group.rank(), " of ", group.size(),
+                          "): ");
+}
+
+// Every rank's `text`, rank 0's first (collective).
+std::vector<std::string> AllgatherStrings(ProcessGroup& group, const std::string& text) {
+  const int world = group.size();
+  Tensor lengths = zeros({world}, kInt64);
+  group
+      .allgather(lengths, from_vector(std::vector<int64_t>{static_cast<int64_t>(text.size())}, {1}))
+      ->wait();
+  const std::vector<int64_t> sizes = lengths.to_vector<int64_t>();
+  const int64_t longest = *std::max_element(sizes.begin(), sizes.end());
+  std::vector<int64_t> mine(static_cast<size_t>(longest), 0);
+  for (size_t i = 0; i < text.size(); ++i) mine[i] = static_cast<unsigned char>(text[i]);
+  Tensor all = zeros({world * longest}, kInt64);
+  group.allgather(all, from_vector(mine, {longest}))->wait();
+  const std::vector<int64_t> chars = all.to_vector<int64_t>();
+  std::vector<std::string> texts(world);
+  for (int r = 0; r < world; ++r) {
+    for (int64_t i = 0; i < sizes[r]; ++i)
+      texts[r].push_back(static_cast<char>(chars[r * longest + i]));
+  }
+  return texts;
+}
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// One line per parameter and buffer: what every rank must agree on.
+std::string DescribeModel(const nn::Module& module) {
+  std::ostringstream out;
+  for (const nn::NamedTensor& p : module.named_parameters()) {
+    out << "parameter " << p.name << " " << ShapeToString(p.value.shape()) << " " << p.value.dtype()
+        << (p.value.requires_grad() ? "" : " (requires_grad false)") << "\n";
+  }
+  for (const nn::NamedTensor& b : module.named_buffers()) {
+    out << "buffer " << b.name << " " << ShapeToString(b.value.shape()) << " " << b.value.dtype()
+        << "\n";
+  }
+  return out.str();
+}
+
+// Throws, on every rank alike, when some rank's model differs from rank 0's.
+void CheckSameModelEverywhere(ProcessGroup& group, const nn::Module& module) {
+  const std::vector<std::string> models = AllgatherStrings(group, DescribeModel(module));
+  const std::vector<std::string> reference = Lines(models[0]);
+  for (int r = 1; r < group.size(); ++r) {
+    if (models[r] == models[0]) continue;
+    const std::vector<std::string> other = Lines(models[r]);
+    size_t i = 0;
+    while (i < reference.size() && i < other.size() && reference[i] == other[i]) ++i;
+    const std::string ours = i < reference.size() ? reference[i] : "nothing more";
+    const std::string theirs = i < other.size() ? other[i] : "nothing more";
+    TANDEM_FAIL(Prefix(group), "rank 0 and rank ", r, " hold different models: at entry ", i + 1,
+                " rank 0 has ", ours, " but rank ", r, " has ", theirs, " (", reference.size(),
+                " and ", other.size(),
+                " parameters and buffers); every rank must construct the same model, with the "
+                "same parameters and buffers in the same order, shapes and dtypes");
+  }
+}
+
+// Copies rank 0's `tensors` to every rank, one broadcast per dtype.
+void BroadcastCoalesced(ProcessGroup& group, const std::vector<Tensor>& tensors) {
+  NoGradGuard no_grad;
+  for (DType dtype : {kFloat32, kInt64}) {
+    std::vector<Tensor> mine;
+    int64_t total = 0;
+    for (const Tensor& t : tensors) {
+      if (t.dtype() != dtype) continue;
+      mine.push_back(t);
+      total += t.numel();
+    }
+    if (mine.empty()) continue;
+    Tensor flat = empty({total}, TensorOptions(dtype).device(mine[0].device()));
+    int64_t offset = 0;
+    for (const Tensor& t : mine) {
+      flat.narrow(0, offset, t.numel()).view(t.shape()).copy_(t);
+      offset += t.numel();
+    }
+    group.broadcast(flat, 0)->wait();
+    if (group.rank() == 0) continue;
+    offset = 0;
+    for (Tensor t : mine) {
+      t.copy_(flat.narrow(0, offset, t.numel()).view(t.shape()));
+      offset += t.numel();
+    }
+  }
+}
+
+}  // namespace
+
+double ReductionStats::overlap_fraction() const {
+  if (communication_seconds <= 0) return 0;
+  return std::clamp(1.0 - wait_seconds / communication_seconds, 0.0, 1.0);
+}
+
+// The gradient reduction: buckets, readiness, and the end-of-backward wait. Shared with the
+// gradient hooks (which hold it weakly, so hooks outliving the DDP do nothing).
+struct DistributedDataParallel::Reducer {
+  struct Bucket {
+    std::vector<int> params;  // indices into Reducer::params
+    Tensor flat;              // the bucket's gradients, concatenated
+    int pending = 0;          // parameters not ready yet in this pass
+    std::shared_ptr<Work> work;
+  };
+
+  std::shared_ptr<ProcessGroup> group;
+  bool find_unused = false;
+  std::string prefix;
+  std::vector<Tensor> params;  // those that require grad, in registration order
+  std::vector<std::string> names;
+  std::vector<std::shared_ptr<Node>> accumulators;  // each parameter's AccumulateGrad
+  std::vector<int> bucket_of;                       // per parameter
+  std::vector<int64_t> offset_in_bucket;            // per parameter, in elements
+  std::vector<Bucket> buckets;
+
+  std::mutex mutex;          // guards what follows (hooks run on the device's worker)
+  bool expect_sync = false;  // a forward prepared a reduction that has not finished
+  bool any_ready = false;    // some gradient of this pass has arrived
+  bool callback_queued = false;
+  std::vector<char> ready;         // per parameter, in this pass
+  std::vector<char> locally_used;  // per parameter, in this pass
+  size_t next_bucket = 0;          // buckets launch in index order
+  ReductionStats stats;
+
+  // Copies parameter i's gradient (zeros if it has none) into its bucket and launches every
+  // bucket, in order, that is now complete.
+  void MarkReadyLocked(int i, const Tensor& grad) {
+    NoGradGuard no_grad;
+    Bucket& bucket = buckets[bucket_of[i]];
+    Tensor slot = bucket.flat.narrow(0, offset_in_bucket[i], params[i].numel());
+    if (grad.defined()) {
+      slot.view(params[i].shape()).copy_(grad);
+    } else {
+      slot.zero_();
+    }
+    ready[i] = 1;
+    --bucket.pending;
+    while (next_bucket < buckets.size() && buckets[next_bucket].pending == 0) {
+      Bucket& launch = buckets[next_bucket++];
+      launch.work = group->allreduce(launch.flat, ReduceOp::kAverage);
+    }
+  }
+
+  void Prepare(const std::vector<Tensor>& outputs) {
+    std::lock_guard<std::mutex> lock(mutex);
+    TANDEM_CHECK(!(expect_sync && any_ready), prefix,
+                 "the previous backward pass did not finish its gradient reduction (it failed, or "
+                 "some gradients were computed without the end of backward being reached); the "
+                 "ranks may now disagree, so this DistributedDataParallel cannot continue: "
+                 "recreate it (and fix what made backward fail)");
+    expect_sync = true;
+    any_ready = false;
+    callback_queued = false;
+    next_bucket = 0;
+    std::fill(ready.begin(), ready.end(), 0);
+    std::fill(locally_used.begin(), locally_used.end(), 0);
+    for (Bucket& bucket : buckets) {
+      bucket.pending = static_cast<int>(bucket.params.size());
+      bucket.work.reset();
+    }
+    if (!find_unused) return;
+    // The parameters the outputs depend on: those whose accumulator the graph reaches.
+    std::unordered_set<const Node*> seen;
+    std::vector<const Node*> stack;
+    for (const Tensor& out : outputs) {
+      const Edge edge = GradientEdge(out);
+      if (edge.node && seen.insert(edge.node.get()).second) stack.push_back(edge.node.get());
+    }
+    while (!stack.empty()) {
+      const Node* node = stack.back();
+      stack.pop_back();
+      for (const Edge& next : node->next_edges()) {
+        if (next.node && seen.insert(next.node.get()).second) stack.push_back(next.node.get());
+      }
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!seen.count(accumulators[i].get()))
+        MarkReadyLocked(static_cast<int>(i), params[i].grad());
+    }
+  }
+
+  void OnGradReady(int i, const Tensor& grad, const std::weak_ptr<Reducer>& self) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!expect_sync) return;  // no_sync, or a backward not prepared by our forward
+    TANDEM_CHECK(!ready[i], prefix, "parameter ", names[i],
+                 " received a gradient twice in one reduction: a second backward pass through the "
+                 "same forward, or a parameter that find_unused_parameters found unused; run "
+                 "forward again before each backward");
+    if (!callback_queued) {
+      callback_queued = true;
+      QueueCallback([self] {
+        if (std::shared_ptr<Reducer> reducer = self.lock()) reducer->Finalize();
+      });
+    }
+    any_ready = true;
+    locally_used[i] = 1;
+    MarkReadyLocked(i, grad);
+  }
+
+  // At the end of backward: waits for every bucket and writes the averages into .grad.
+  void Finalize() {
+    std::lock_guard<std::mutex> lock(mutex);
+    expect_sync = false;
+    std::vector<std::string> missing;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (!ready[i]) missing.push_back(names[i]);
+    }
+    if (!missing.empty()) {
+      // The buckets already launched still write into their buffers: let them finish (every
+      // rank launched at least these) before the next forward may reuse the buffers.
+      for (Bucket& bucket : buckets) {
+        if (bucket.work) bucket.work->wait();
+      }
+      std::ostringstream list;
+      for (size_t k = 0; k < missing.size() && k < 5; ++k) list << (k ? ", " : "") << missing[k];
+      if (missing.size() > 5) list << " and " << missing.size() - 5 << " more";
+      TANDEM_FAIL(prefix, missing.size(),
+                  " parameter(s) got no gradient in this backward pass: ", list.str(),
+                  "; their buckets cannot be reduced. If the model has parameters that forward "
+                  "does not always use, pass DistributedDataParallelOptions()"
+                  ".find_unused_parameters(true); otherwise make the loss depend on them");
+    }
+    // With find_unused_parameters: which parameters some rank used (the others keep .grad).
+    Tensor used;
+    std::shared_ptr<Work> used_work;
+    if (find_unused) {
+      std::vector<int64_t> flags(locally_used.begin(), locally_used.end());
+      used = from_vector(flags, {static_cast<int64_t>(flags.size())});
+      used_work = group->allreduce(used, ReduceOp::kSum);
+    }
+    const Clock::time_point start = Clock::now();
+    stats = ReductionStats();
+    for (Bucket& bucket : buckets) {
+      bucket.work->wait();
+      stats.communication_seconds += std::chrono::duration<double>(bucket.work->run_time()).count();
+    }
+    if (used_work) used_work->wait();
+    stats.wait_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    stats.buckets = static_cast<int>(buckets.size());
+    std::vector<int64_t> used_anywhere =
+        used.defined() ? used.to_vector<int64_t>() : std::vector<int64_t>(params.size(), 1);
+    NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (used_anywhere[i] == 0) continue;
+      Tensor average = buckets[bucket_of[i]]
+                           .flat.narrow(0, offset_in_bucket[i], params[i].numel())
+                           .view(params[i].shape());
+      Tensor grad = params[i].grad();
+      if (grad.defined()) {
+        grad.copy_(average);
+      } else {
+        params[i].set_grad(average.clone());
+      }
+    }
+  }
+};
+
+DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> module,
+                                                 std::shared_ptr<ProcessGroup> process_group,
+                                                 DistributedDataParallelOptions options)
+    : nn::Module("DistributedDataParallel"),
+      module_(std::move(module)),
+      process_group_(std::move(process_group)),
+      options_(options) {
+  TANDEM_CHECK(process_group_ != nullptr, "DistributedDataParallel: the process group is null");
+  const std::string prefix = Prefix(*process_group_);
+  TANDEM_CHECK(module_ != nullptr, prefix, "the module is null");
+  TANDEM_CHECK(options_.bucket_cap_mb_ > 0, prefix, "bucket_cap_mb must be positive but is ",
+               options_.bucket_cap_mb_);
+  register_module("module", module_);
+
+  std::vector<nn::NamedTensor> named = module_->named_parameters();
+  for (size_t i = 1; i < named.size(); ++i) {
+    TANDEM_CHECK(named[i].value.device() == named[0].value.device(), prefix,
+                 "one device per process: every parameter must be on one device, but ",
+                 named[0].name, " is on ", named[0].value.device(), " and ", named[i].name, " on ",
+                 named[i].value.device(), "; move the module with to(device) before wrapping it");
+  }
+  CheckSameModelEverywhere(*process_group_, *module_);
+  BroadcastCoalesced(*process_group_, module_->parameters());
+  BroadcastCoalesced(*process_group_, module_->buffers());
+
+  reducer_ = std::make_shared<Reducer>();
+  Reducer& r = *reducer_;
+  r.group = process_group_;
+  r.find_unused = options_.find_unused_parameters_;
+  r.prefix = prefix;
+  for (const nn::NamedTensor& p : named) {
+    if (!p.value.requires_grad()) continue;
+    r.params.push_back(p.value);
+    r.names.push_back(p.name);
+    r.accumulators.push_back(GradientEdge(p.value).node);
+  }
+  const int n = static_cast<int>(r.params.size());
+  r.bucket_of.assign(n, -1);
+  r.offset_in_bucket.assign(n, 0);
+  r.ready.assign(n, 0);
+  r.locally_used.assign(n, 0);
+  // Buckets in reverse registration order, each closed once it holds bucket_cap_mb.
+  const double cap_bytes = options_.bucket_cap_mb_ * 1024 * 1024;
+  int64_t elements = 0;
+  for (int i = n - 1; i >= 0; --i) {
+    if (r.buckets.empty() || elements * sizeof(float) >= cap_bytes) {
+      r.buckets.emplace_back();
+      elements = 0;
+    }
+    r.bucket_of[i] = static_cast<int>(r.buckets.size()) - 1;
+    r.offset_in_bucket[i] = elements;
+    r.buckets.back().params.push_back(i);
+    elements += r.params[i].numel();
+  }
+  for (Reducer::Bucket& bucket : r.buckets) {
+    int64_t total = 0;
+    for (int i : bucket.params) total += r.params[i].numel();
+    bucket.flat =
+        zeros({total}, TensorOptions(kFloat32).device(r.params[bucket.params[0]].device()));
+  }
+  std::weak_ptr<Reducer> weak = reducer_;
+  for (int i = 0; i < n; ++i) {
+    AddGradAccumulatedHook(r.params[i], [weak, i](const Tensor& grad) {
+      if (std::shared_ptr<Reducer> reducer = weak.lock()) reducer->OnGradReady(i, grad, weak);
+    });
+  }
+}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+
+void DistributedDataParallel::SyncBuffers() {
+  std::vector<Tensor> buffers = module_->buffers();
+  if (buffers.empty() || process_group_->size() == 1) return;
+  BroadcastCoalesced(*process_group_, buffers);
+}
+
+std::vector<Tensor> DistributedDataParallel::forward_tensors(const std::vector<Tensor>& inputs) {
+  // Collectives only in training with grad mode on, so that one rank may evaluate alone.
+  const bool training_step = is_training() && GradMode::IsEnabled();
+  if (training_step && options_.broadcast_buffers_) SyncBuffers();
+  std::vector<Tensor> outputs = module_->forward_tensors(inputs);
+  if (training_step && require_sync_ && !reducer_->params.empty()) reducer_->Prepare(outputs);
+  return outputs;
+}
+
+std::vector<std::vector<std::string>> DistributedDataParallel::bucket_parameter_names() const {
+  std::vector<std::vector<std::string>> names;
+  for (const Reducer::Bucket& bucket : reducer_->buckets) {
+    names.emplace_back();
+    for (int i : bucket.params) names.back().push_back(reducer_->names[i]);
+  }
+  return names;
+}
+
+ReductionStats DistributedDataParallel::last_reduction_stats() const {
+  std::lock_guard<std::mutex> lock(reducer_->mutex);
+  return reducer_->stats;
+}
+
+DistributedDataParallel::NoSyncGuard::NoSyncGuard(DistributedDataParallel* ddp)
+    : ddp_(ddp), previous_(ddp->require_sync_) {
+  ddp_->require_sync_ = false;
+}
+
+DistributedDataParallel::NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept
+    : ddp_(other.ddp_), previous_(other.previous_) {
+  other.ddp_ = nullptr;
+}
+
+DistributedDataParallel::NoSyncGuard::~NoSyncGuard() {
+  if (ddp_ != nullptr) ddp_->require_sync_ = previous_;
+}
+
+}  // namespace tandem::distributed

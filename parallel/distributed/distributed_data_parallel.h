@@ -1,0 +1,138 @@
+// DistributedDataParallel: PyTorch's torch.nn.parallel.DistributedDataParallel in C++. One
+// process per device (started by mpirun), each holding a full copy of the model and training
+// on its own share of the data (data::DistributedSampler); after backward every rank holds
+// the average of all ranks' gradients, so the optimizers take the same step everywhere.
+//
+//   auto group = std::make_shared<distributed::ProcessGroupMpi>();
+//   auto model = std::make_shared<nn::Sequential>(nn::Linear(784, 256), nn::ReLU(),
+//                                                 nn::Linear(256, 10));
+//   auto ddp = std::make_shared<distributed::DistributedDataParallel>(model, group);
+//   nn::SGD optimizer(model->parameters(), nn::SGDOptions(0.1));
+//   Tensor loss = cross_entropy(ddp->forward(x), y);   // x, y: this rank's batch
+//   optimizer.zero_grad();
+//   loss.backward();      // gradients averaged over the ranks when this returns
+//   optimizer.step();
+//
+//   $ mpirun -np 2 ./train
+//
+// What it does, as PyTorch does:
+// - Construction (collective) checks that every rank holds the same parameters and buffers
+//   (names, shapes, dtypes, in order; the error names the first difference and the ranks),
+//   then copies rank 0's values to every rank.
+// - Gradients are all-reduced (averaged) in buckets of about bucket_cap_mb (default 25 MB),
+//   filled in reverse registration order (roughly the order backward produces them). A
+//   bucket is launched on the process group's thread the moment its last gradient has been
+//   accumulated (a gradient-accumulated hook), so communication overlaps the rest of
+//   backward; buckets launch in index order on every rank. At the end of backward (an engine
+//   callback) the pass waits for every bucket and writes the averages into .grad.
+// - no_sync() (a guard) skips the reduction: gradients accumulate locally and the first
+//   backward after it reduces the sum, for gradient accumulation over micro-batches.
+// - A parameter that got no gradient in a backward pass is an error at the end of that
+//   pass, naming it, unless find_unused_parameters: then each forward finds the parameters
+//   its outputs do not depend on and marks them ready at once (a parameter unused on every
+//   rank keeps its .grad untouched).
+// - In training mode each forward first broadcasts rank 0's buffers (broadcast_buffers,
+//   default on), e.g. BatchNorm's running statistics. In eval mode, or with grad mode off,
+//   forward is the module's alone (no collective): rank 0 may evaluate by itself.
+// Parameters must stay the same tensors (move the module to its device before wrapping it).
+#ifndef TANDEM_PARALLEL_DISTRIBUTED_DISTRIBUTED_DATA_PARALLEL_H_
+#define TANDEM_PARALLEL_DISTRIBUTED_DISTRIBUTED_DATA_PARALLEL_H_
+
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "nn/module.h"
+#include "parallel/distributed/process_group.h"
+#include "tensor/tensor.h"
+
+namespace tandem::distributed {
+
+struct DistributedDataParallelOptions {
+  double bucket_cap_mb_ = 25.0;  // MiB of gradients per all-reduce bucket
+  bool find_unused_parameters_ = false;
+  bool broadcast_buffers_ = true;
+
+  DistributedDataParallelOptions& bucket_cap_mb(double v) {
+    bucket_cap_mb_ = v;
+    return *this;
+  }
+  DistributedDataParallelOptions& find_unused_parameters(bool v) {
+    find_unused_parameters_ = v;
+    return *this;
+  }
+  DistributedDataParallelOptions& broadcast_buffers(bool v) {
+    broadcast_buffers_ = v;
+    return *this;
+  }
+};
+
+// What the last reduced backward pass spent on communication (for benchmarks).
+struct ReductionStats {
+  int buckets = 0;
+  // The buckets' all-reduce time on the process group's thread, summed.
+  double communication_seconds = 0;
+  // How long the end of backward waited for them: the part not hidden behind backward.
+  double wait_seconds = 0;
+  // 1 - wait / communication (0 when nothing was hidden, 1 when all of it was).
+  double overlap_fraction() const;
+};
+
+class DistributedDataParallel : public nn::Module {
+ public:
+  // Collective: every rank of `process_group` constructs it with the same model. Throws
+  // (on every rank alike) for different models, and for parameters on several devices.
+  DistributedDataParallel(std::shared_ptr<nn::Module> module,
+                          std::shared_ptr<ProcessGroup> process_group,
+                          DistributedDataParallelOptions options = {});
+  ~DistributedDataParallel() override;
+
+  // The module's first output (forward_tensors for all of them).
+  template <typename... Rest,
+            typename = std::enable_if_t<(std::is_convertible_v<const Rest&, const Tensor&> && ...)>>
+  Tensor forward(const Tensor& input, const Rest&... rest) {
+    return forward_tensors({input, rest...}).at(0);
+  }
+  std::vector<Tensor> forward_tensors(const std::vector<Tensor>& inputs) override;
+
+  // While a NoSyncGuard lives, forwards do not prepare a reduction: their backward passes
+  // only accumulate into .grad locally.
+  //   { auto guard = ddp.no_sync(); loss1.backward(); }   // local only
+  //   loss2.backward();                                    // reduces the accumulated sum
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(DistributedDataParallel* ddp);
+    ~NoSyncGuard();
+    NoSyncGuard(NoSyncGuard&& other) noexcept;
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+
+   private:
+    DistributedDataParallel* ddp_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(this); }
+
+  const std::shared_ptr<nn::Module>& module() const { return module_; }
+  const std::shared_ptr<ProcessGroup>& process_group() const { return process_group_; }
+  const DistributedDataParallelOptions& options() const { return options_; }
+  // The parameter names in each bucket, bucket 0 (reduced first) first.
+  std::vector<std::vector<std::string>> bucket_parameter_names() const;
+  ReductionStats last_reduction_stats() const;
+
+ private:
+  struct Reducer;
+  void SyncBuffers();
+
+  std::shared_ptr<nn::Module> module_;
+  std::shared_ptr<ProcessGroup> process_group_;
+  DistributedDataParallelOptions options_;
+  std::shared_ptr<Reducer> reducer_;  // the hooks hold it weakly
+  bool require_sync_ = true;
+};
+
+}  // namespace tandem::distributed
+
+#endif  // TANDEM_PARALLEL_DISTRIBUTED_DISTRIBUTED_DATA_PARALLEL_H_

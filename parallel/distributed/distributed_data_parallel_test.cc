@@ -1,0 +1,326 @@
+// Runs as an MPI job (mpi_test.sh, 2 and 3 ranks): every rank runs every test, in order.
+// The oracle is one process training the same model on every rank's samples at once.
+#include "parallel/distributed/distributed_data_parallel.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/nn.h"
+#include "parallel/distributed/process_group_mpi.h"
+#include "tensor/tensor.h"
+#include "tensor/testing.h"
+
+namespace tandem::distributed {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int64_t kPerRank = 8;
+constexpr int64_t kIn = 6;
+constexpr int64_t kClasses = 3;
+
+std::shared_ptr<ProcessGroupMpi> Group() {
+  static auto group =
+      std::make_shared<ProcessGroupMpi>(ProcessGroupMpiOptions().timeout(std::chrono::seconds(60)));
+  return group;
+}
+
+std::shared_ptr<nn::Sequential> MakeModel(uint64_t seed, int64_t hidden = 5) {
+  manual_seed(seed);
+  return std::make_shared<nn::Sequential>(nn::Linear(kIn, hidden), nn::ReLU(),
+                                          nn::Linear(hidden, kClasses));
+}
+
+// The whole job's samples of one step (the same on every rank), and one rank's rows.
+struct Data {
+  Tensor x, y;
+  Data Rows(int64_t start, int64_t count) const {
+    return Data{x.narrow(0, start, count).contiguous(), y.narrow(0, start, count).contiguous()};
+  }
+};
+Data MakeData(int world, uint64_t step) {
+  Generator gen(1000 + step);
+  const int64_t n = kPerRank * world;
+  Tensor x = randn({n, kIn}, {}, &gen);
+  std::vector<int64_t> labels(n);
+  for (int64_t i = 0; i < n; ++i) labels[i] = (i * 7 + static_cast<int64_t>(step)) % kClasses;
+  return Data{x, from_vector(labels, {n})};
+}
+
+void ExpectGradsClose(const nn::Module& got, const nn::Module& want, double tolerance,
+                      const std::string& what) {
+  std::vector<nn::NamedTensor> g = got.named_parameters();
+  std::vector<nn::NamedTensor> w = want.named_parameters();
+  ASSERT_EQ(g.size(), w.size());
+  for (size_t i = 0; i < g.size(); ++i) {
+    ASSERT_TRUE(g[i].value.grad().defined()) << what << ": " << g[i].name << " has no gradient";
+    EXPECT_LT(testing::MaxAbsDiff(g[i].value.grad(), w[i].value.grad()), tolerance)
+        << what << ": " << g[i].name;
+  }
+}
+
+void ExpectParamsClose(const nn::Module& got, const nn::Module& want, double tolerance,
+                       const std::string& what) {
+  std::vector<nn::NamedTensor> g = got.named_parameters();
+  std::vector<nn::NamedTensor> w = want.named_parameters();
+  ASSERT_EQ(g.size(), w.size());
+  for (size_t i = 0; i < g.size(); ++i) {
+    EXPECT_LE(testing::MaxAbsDiff(g[i].value, w[i].value), tolerance) << what << ": " << g[i].name;
+  }
+}
+
+TEST(DistributedDataParallelTest, ConstructionCopiesRankZerosParameters) {
+  auto group = Group();
+  auto model = MakeModel(1 + group->rank());  // different on every rank
+  DistributedDataParallel ddp(model, group);
+  ExpectParamsClose(*model, *MakeModel(1), 0.0, "after construction");
+  EXPECT_EQ(ddp.bucket_parameter_names().size(), 1u);  // 25 MB hold this model
+  std::ostringstream printed;
+  printed << ddp;
+  EXPECT_THAT(printed.str(), HasSubstr("DistributedDataParallel(\n  (module): Sequential("));
+}
+
+// 8 samples on each of N ranks give, after backward, the gradients of one process on all 8N.
+TEST(DistributedDataParallelTest, GradientsEqualOneProcessOnAllSamples) {
+  auto group = Group();
+  const int world = group->size();
+  for (double cap_mb : {25.0, 0.00001}) {  // one bucket; one bucket per parameter
+    auto model = MakeModel(7 + group->rank());
+    DistributedDataParallel ddp(model, group,
+                                DistributedDataParallelOptions().bucket_cap_mb(cap_mb));
+    auto reference = MakeModel(7);
+    const Data all = MakeData(world, 0);
+    const Data mine = all.Rows(group->rank() * kPerRank, kPerRank);
+    cross_entropy(ddp.forward(mine.x), mine.y).backward();
+    cross_entropy(reference->forward(all.x), all.y).backward();
+    ExpectGradsClose(*model, *reference, 1e-5, "bucket_cap_mb " + std::to_string(cap_mb));
+  }
+}
+
+TEST(DistributedDataParallelTest, SmallBucketsHoldEveryParameterOnceInReverseOrder) {
+  auto group = Group();
+  auto model = MakeModel(3, /*hidden=*/20);  // 140 + 20 + 60 + 3 floats
+  // 0.0002 MiB is 52 floats; a bucket closes once it holds that much, so in reverse order
+  // 2.bias (3) and 2.weight (60) fill one, 0.bias (20) and 0.weight (120) the next.
+  DistributedDataParallel ddp(model, group, DistributedDataParallelOptions().bucket_cap_mb(0.0002));
+  std::vector<std::vector<std::string>> buckets = ddp.bucket_parameter_names();
+  EXPECT_EQ(buckets, (std::vector<std::vector<std::string>>{{"2.bias", "2.weight"},
+                                                            {"0.bias", "0.weight"}}));
+  DistributedDataParallel small(model, group,
+                                DistributedDataParallelOptions().bucket_cap_mb(0.00001));
+  EXPECT_EQ(small.bucket_parameter_names().size(), 4u);
+}
+
+TEST(DistributedDataParallelTest, TwentySgdStepsTrackOneProcess) {
+  auto group = Group();
+  const int world = group->size();
+  auto model = MakeModel(11 + group->rank());
+  DistributedDataParallel ddp(model, group,
+                              DistributedDataParallelOptions().bucket_cap_mb(0.00001));
+  auto reference = MakeModel(11);
+  nn::SGD optimizer(model->parameters(), nn::SGDOptions(0.1).momentum(0.9));
+  nn::SGD reference_optimizer(reference->parameters(), nn::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < 20; ++step) {
+    const Data all = MakeData(world, 100 + step);
+    const Data mine = all.Rows(group->rank() * kPerRank, kPerRank);
+    optimizer.zero_grad();
+    cross_entropy(ddp.forward(mine.x), mine.y).backward();
+    optimizer.step();
+    reference_optimizer.zero_grad();
+    cross_entropy(reference->forward(all.x), all.y).backward();
+    reference_optimizer.step();
+  }
+  ExpectParamsClose(*model, *reference, 1e-4, "after 20 steps");
+  // And the ranks agree exactly: they all applied the same averaged gradients.
+  Tensor mine = model->parameters()[0].detach().contiguous();
+  Tensor all = zeros({world * mine.numel()});
+  group->allgather(all, mine.reshape({-1}))->wait();
+  for (int r = 1; r < world; ++r) {
+    EXPECT_EQ(all.narrow(0, r * mine.numel(), mine.numel()).to_vector<float>(),
+              all.narrow(0, 0, mine.numel()).to_vector<float>());
+  }
+}
+
+// Two micro-batches of 4 under no_sync and then without it equal one batch of 8.
+TEST(DistributedDataParallelTest, NoSyncAccumulatesLocallyThenReducesTheSum) {
+  auto group = Group();
+  const int world = group->size();
+  auto model = MakeModel(5);
+  DistributedDataParallel ddp(model, group);
+  const Data all = MakeData(world, 7);
+  const Data mine = all.Rows(group->rank() * kPerRank, kPerRank);
+  const Data first = mine.Rows(0, kPerRank / 2);
+  const Data second = mine.Rows(kPerRank / 2, kPerRank / 2);
+  {
+    auto guard = ddp.no_sync();
+    (cross_entropy(ddp.forward(first.x), first.y) * 0.5).backward();
+  }
+  // Nothing was reduced: the gradient is this rank's own.
+  auto local = MakeModel(5);
+  (cross_entropy(local->forward(first.x), first.y) * 0.5).backward();
+  ExpectGradsClose(*model, *local, 1e-6, "inside no_sync");
+  (cross_entropy(ddp.forward(second.x), second.y) * 0.5).backward();
+  auto reference = MakeModel(5);
+  cross_entropy(reference->forward(all.x), all.y).backward();
+  ExpectGradsClose(*model, *reference, 1e-5, "after no_sync");
+}
+
+// A module whose forward may skip its `extra` layer.
+class WithExtra : public nn::Module {
+ public:
+  explicit WithExtra(uint64_t seed) : nn::Module("WithExtra") {
+    manual_seed(seed);
+    main_ = register_module("main", std::make_shared<nn::Linear>(kIn, kClasses));
+    extra_ = register_module("extra", std::make_shared<nn::Linear>(kIn, kClasses));
+  }
+  std::vector<Tensor> forward_tensors(const std::vector<Tensor>& inputs) override {
+    Tensor out = main_->forward(inputs[0]);
+    if (use_extra) out = out + extra_->forward(inputs[0]);
+    return {out};
+  }
+  Tensor forward(const Tensor& x) { return forward_tensors({x})[0]; }
+  bool use_extra = false;
+  std::shared_ptr<nn::Linear> main_, extra_;
+};
+
+TEST(DistributedDataParallelTest, AnUnusedParameterIsAClearErrorWithoutFindUnusedParameters) {
+  auto group = Group();
+  auto model = std::make_shared<WithExtra>(2);
+  DistributedDataParallel ddp(model, group,
+                              DistributedDataParallelOptions().bucket_cap_mb(0.00001));
+  const Data mine = MakeData(group->size(), 3).Rows(group->rank() * kPerRank, kPerRank);
+  const std::string error =
+      testing::ErrorOf([&] { cross_entropy(ddp.forward(mine.x), mine.y).backward(); });
+  EXPECT_THAT(error, HasSubstr("2 parameter(s) got no gradient in this backward pass"));
+  EXPECT_THAT(error, HasSubstr("extra.weight"));
+  EXPECT_THAT(error, HasSubstr("find_unused_parameters(true)"));
+  // The DDP recovers: with every parameter used the next step reduces normally.
+  model->use_extra = true;
+  model->zero_grad();
+  cross_entropy(ddp.forward(mine.x), mine.y).backward();
+  EXPECT_TRUE(model->extra_->parameters()[0].grad().defined());
+}
+
+TEST(DistributedDataParallelTest, FindUnusedParametersReducesWhatSomeRankUsed) {
+  auto group = Group();
+  const int world = group->size();
+  const Data all = MakeData(world, 4);
+  const Data mine = all.Rows(group->rank() * kPerRank, kPerRank);
+  for (double cap_mb : {25.0, 0.00001}) {
+    // Unused on every rank: .grad stays undefined, the rest is reduced.
+    auto model = std::make_shared<WithExtra>(2);
+    DistributedDataParallel ddp(
+        model, group,
+        DistributedDataParallelOptions().find_unused_parameters(true).bucket_cap_mb(cap_mb));
+    cross_entropy(ddp.forward(mine.x), mine.y).backward();
+    auto reference = std::make_shared<WithExtra>(2);
+    cross_entropy(reference->forward(all.x), all.y).backward();
+    EXPECT_LT(testing::MaxAbsDiff(model->main_->parameters()[0].grad(),
+                                  reference->main_->parameters()[0].grad()),
+              1e-5);
+    EXPECT_FALSE(model->extra_->parameters()[0].grad().defined());
+
+    // Used on rank 0 only: every rank gets rank 0's gradient divided by the world size.
+    model->zero_grad();
+    model->use_extra = group->rank() == 0;
+    cross_entropy(ddp.forward(mine.x), mine.y).backward();
+    auto rank0 = std::make_shared<WithExtra>(2);
+    rank0->use_extra = true;
+    const Data rows0 = all.Rows(0, kPerRank);
+    (cross_entropy(rank0->forward(rows0.x), rows0.y) * (1.0 / world)).backward();
+    ASSERT_TRUE(model->extra_->parameters()[0].grad().defined());
+    EXPECT_LT(testing::MaxAbsDiff(model->extra_->parameters()[0].grad(),
+                                  rank0->extra_->parameters()[0].grad()),
+              1e-5);
+  }
+}
+
+TEST(DistributedDataParallelTest, MismatchedModelsAreRefusedOnEveryRank) {
+  auto group = Group();
+  const int last = group->size() - 1;
+  auto model = MakeModel(1, group->rank() == last ? 4 : 5);
+  const std::string error = testing::ErrorOf([&] { DistributedDataParallel ddp(model, group); });
+  EXPECT_THAT(error, HasSubstr("rank 0 and rank " + std::to_string(last) +
+                               " hold different models: at entry 1 rank 0 has parameter 0.weight "
+                               "[5, 6] float32 but rank " +
+                               std::to_string(last) + " has parameter 0.weight [4, 6] float32"));
+  // A missing parameter.
+  manual_seed(1);
+  auto shorter = group->rank() == last
+                     ? std::make_shared<nn::Sequential>(nn::Linear(kIn, 5), nn::ReLU())
+                     : std::make_shared<nn::Sequential>(nn::Linear(kIn, 5), nn::ReLU(),
+                                                        nn::Linear(5, kClasses));
+  EXPECT_THAT(testing::ErrorOf([&] { DistributedDataParallel ddp(shorter, group); }),
+              HasSubstr("at entry 3 rank 0 has parameter 2.weight [3, 5] float32 but rank " +
+                        std::to_string(last) + " has nothing more"));
+}
+
+TEST(DistributedDataParallelTest, BuffersFollowRankZeroBeforeEachTrainingForward) {
+  auto group = Group();
+  auto model = std::make_shared<nn::Sequential>(nn::Linear(kIn, 4), nn::BatchNorm1d(4));
+  DistributedDataParallel ddp(model, group);
+  Tensor running_mean = model->buffer("1.running_mean");
+  const Data mine = MakeData(group->size(), 9).Rows(group->rank() * kPerRank, kPerRank);
+  const Tensor batch_mean = model->children()[0]->forward_tensors({mine.x})[0].detach().mean({0});
+  const double own = group->rank() + 1.0;
+  auto set_own = [&] {
+    NoGradGuard no_grad;
+    running_mean.fill_(own);
+  };
+  // Without grad mode (or in eval) forward runs no collective: BatchNorm updates this rank's
+  // own running mean (momentum 0.1).
+  set_own();
+  {
+    NoGradGuard no_grad;
+    ddp.forward(mine.x);
+  }
+  EXPECT_LT(testing::MaxAbsDiff(running_mean, ones({4}) * (0.9 * own) + batch_mean * 0.1), 1e-5);
+  set_own();
+  ddp.eval();
+  ddp.forward(mine.x);
+  EXPECT_EQ(running_mean.to_vector<float>(), std::vector<float>(4, static_cast<float>(own)));
+  // A training forward starts from rank 0's running mean (1.0), then adds this rank's batch.
+  ddp.train();
+  ddp.forward(mine.x).sum().backward();
+  EXPECT_LT(testing::MaxAbsDiff(running_mean, ones({4}) * 0.9 + batch_mean * 0.1), 1e-5);
+  // broadcast_buffers(false) keeps every rank's own.
+  DistributedDataParallel own_buffers(model, group,
+                                      DistributedDataParallelOptions().broadcast_buffers(false));
+  set_own();
+  own_buffers.forward(mine.x).sum().backward();
+  EXPECT_LT(testing::MaxAbsDiff(running_mean, ones({4}) * (0.9 * own) + batch_mean * 0.1), 1e-5);
+}
+
+// A rank that fails before backward's collectives: the others' backward fails within the
+// group's timeout, naming the collective, instead of hanging.
+TEST(DistributedDataParallelTest, ARankThatThrowsMakesTheOthersFailWithinTheTimeout) {
+  auto fragile = std::make_shared<ProcessGroupMpi>(
+      ProcessGroupMpiOptions().timeout(std::chrono::milliseconds(1500)));
+  auto model = MakeModel(1);
+  DistributedDataParallel ddp(model, fragile);
+  const Data mine = MakeData(fragile->size(), 1).Rows(fragile->rank() * kPerRank, kPerRank);
+  auto step = [&] {
+    Tensor loss = cross_entropy(ddp.forward(mine.x), mine.y);
+    if (fragile->rank() == 1) throw std::runtime_error("rank 1 failed before backward");
+    loss.backward();
+  };
+  if (fragile->rank() == 1) {
+    EXPECT_THROW(step(), std::runtime_error);
+  } else {
+    const auto start = std::chrono::steady_clock::now();
+    const std::string error = testing::ErrorOf(step);
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+              30.0);
+    EXPECT_THAT(error, HasSubstr("allreduce (average)"));
+    EXPECT_THAT(error, HasSubstr("did not finish within 1.5 s"));
+  }
+  Group()->barrier()->wait();
+}
+
+}  // namespace
+}  // namespace tandem::distributed
