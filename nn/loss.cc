@@ -138,12 +138,19 @@ ClassRows ToRows(const Tensor& input, const char* op) {
   return out;
 }
 
-// Checks class-index targets [M] against [0, classes) and ignore_index with one small read
-// back (so it costs the same on a GPU), and returns how many equal ignore_index. An error names
-// the first offending element.
+// Checks class-index targets [M] against [0, classes) and ignore_index with small reads back
+// (reductions, so it costs little on a GPU too), and returns how many equal ignore_index. An
+// error names the first offending element.
 int64_t CheckClassTargets(const Tensor& targets, int64_t classes, int64_t ignore_index,
                           const char* op) {
   if (targets.numel() == 0) return 0;
+  // The smallest and largest target first (the common case ends here: all in range, and
+  // ignore_index outside that range).
+  const std::vector<int64_t> range =
+      stack({neg(amax(neg(targets), 0)), amax(targets, 0)}).to_vector<int64_t>();
+  if (range[0] >= 0 && range[1] < classes && (ignore_index < range[0] || ignore_index > range[1])) {
+    return 0;
+  }
   const TensorOptions int64_on(TensorOptions(kInt64).device(targets.device()));
   const Tensor ignored = eq(targets, full({}, static_cast<double>(ignore_index), int64_on));
   const Tensor in_range =

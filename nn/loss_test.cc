@@ -138,6 +138,12 @@ TEST_F(LossTest, CrossEntropyIgnoresTargetsEqualToIgnoreIndex) {
                                CrossEntropyLossOptions().ignore_index(1).weight(Floats(w, {4})))
                   .item(),
               (w[2] * row0 + w[3] * row2) / (w[2] + w[3]), 1e-6);
+  // An ignore_index between the smallest and largest target that no target equals.
+  Tensor unpadded = Labels({2, 0, 3}, {3});
+  EXPECT_NEAR(F::cross_entropy(logits, unpadded, CrossEntropyLossOptions().ignore_index(1)).item(),
+              F::cross_entropy(logits, unpadded).item(), 1e-7);
+  EXPECT_NEAR(F::cross_entropy(logits, unpadded).item(),
+              (row0 - LogSoftmax(kLogits, 1, 4)[0] + row2) / 3, 1e-6);
   // Every target ignored: 0 / 0, NaN, as in PyTorch; the sum is 0.
   Tensor all_ignored = Labels({-100, -100, -100}, {3});
   EXPECT_TRUE(std::isnan(F::cross_entropy(logits, all_ignored).item()));
