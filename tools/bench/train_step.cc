@@ -6,7 +6,8 @@
 //       --devices=cpu:0 --threads=2 --steps=50 --warmup=5      (one command line)
 //   bazel run -c opt //tools/bench:train_step -- --devices=cpu:0,cpu:1 --threads=1
 //
-// It prints a table (step time median, p10, p90, samples/s), the peak memory of a step next
+// It prints a table (step time median, p10, p90, samples/s, and the median time of each
+// phase: forward and loss, zero_grad, backward, optimizer step), the peak memory of a step next
 // to the least a step must hold (parameters, gradients, momentum and the activations that
 // backward needs), and, with several CPU devices, the speed-up over the first device alone
 // next to the speed-up a perfectly parallel loop gets from the same number of workers,
@@ -88,15 +89,37 @@ class Trainer {
     y_ = from_vector(labels, {batch}, TensorOptions().device(devices[0]));
   }
 
-  // One full step; returns when its work is done (the loss is read back).
+  // The phases of a step that Step() times, in order.
+  static constexpr int kPhases = 4;
+  static constexpr const char* kPhaseNames[kPhases] = {"forward and loss", "zero_grad", "backward",
+                                                       "optimizer step"};
+
+  // One full step; returns when its work is done (the loss is read back). Records how long
+  // each phase took (the loss read-back counts to the optimizer step: it is only a copy).
   double Step() {
+    Clock::time_point marks[kPhases + 1];
+    marks[0] = Clock::now();
     Tensor loss = forward_loss_ ? dp_->forward_loss(criterion_, x_, y_)
                                 : criterion_.forward(dp_->forward(x_), y_);
+    marks[1] = Clock::now();
     optimizer_->zero_grad();
+    marks[2] = Clock::now();
     loss.backward();
+    marks[3] = Clock::now();
     optimizer_->step();
-    return loss.item();
+    const double value = loss.item();
+    marks[4] = Clock::now();
+    for (int k = 0; k < kPhases; ++k) {
+      phase_ms_[k].push_back(1e3 * std::chrono::duration<double>(marks[k + 1] - marks[k]).count());
+    }
+    return value;
   }
+  // Forgets the phase times recorded so far (after warm-up).
+  void ClearPhases() {
+    for (auto& times : phase_ms_) times.clear();
+  }
+  // The median time of phase k over the steps since ClearPhases.
+  double PhaseMedian(int k) const { return Quantile(phase_ms_[k], 0.5); }
 
   int64_t parameter_bytes() const {
     int64_t n = 0;
@@ -112,6 +135,7 @@ class Trainer {
   std::shared_ptr<parallel::DataParallel> dp_;
   nn::CrossEntropyLoss criterion_;
   Tensor x_, y_;
+  std::vector<double> phase_ms_[kPhases];
 };
 
 constexpr double kNoLoss = std::numeric_limits<double>::quiet_NaN();
@@ -155,6 +179,7 @@ int Run() {
   std::fflush(stdout);
 
   for (int i = 0; i < warmup; ++i) trainer->Step();
+  trainer->ClearPhases();
   const std::string split = absl::StrJoin(trainer->last_split(), "+");
   std::vector<int64_t> in_use;
   for (Device d : devices) {
@@ -179,6 +204,12 @@ int Run() {
   std::printf("  %-24s %6d %9s %5.2f ms %5.2f ms %5.2f ms %11.0f\n",
               examples::DeviceNames(devices, "+").c_str(), batch, split.c_str(), median, p10, p90,
               samples_per_s);
+  std::printf("\n  where a step's time goes (median of each phase):");
+  for (int k = 0; k < Trainer::kPhases; ++k) {
+    std::printf("%s %s %.2f ms", k == 0 ? "" : ",", Trainer::kPhaseNames[k],
+                trainer->PhaseMedian(k));
+  }
+  std::printf("\n");
 
   const int64_t params = trainer->parameter_bytes();
   const int64_t activations = examples::SavedActivationsPerSample(kind) * batch * 4;
@@ -197,6 +228,8 @@ int Run() {
     // the reference loop on one and on N threads, interleaved round by round.
     Trainer single(kind, {devices[0]}, batch, forward_loss);
     for (int i = 0; i < warmup; ++i) single.Step();
+    single.ClearPhases();
+    trainer->ClearPhases();
     const int workers = static_cast<int>(devices.size());
     const int64_t reps = bench::CalibratedReps(median / 1e3);
     std::vector<double> one, many, loop_one, loop_many;
@@ -224,6 +257,11 @@ int Run() {
     std::printf("  %-28s %7.2f ms %9.2f ms %8.2fx\n", "perfectly parallel loop", l1, ln,
                 loop_speedup);
     std::printf("  %-28s %33.2f\n", "ratio (step / loop speed-up)", speedup / loop_speedup);
+    std::printf("  where the time goes (medians of each phase):\n");
+    for (int k = 0; k < Trainer::kPhases; ++k) {
+      std::printf("    %-26s %7.2f ms %9.2f ms\n", Trainer::kPhaseNames[k], single.PhaseMedian(k),
+                  trainer->PhaseMedian(k));
+    }
   }
 
   std::vector<std::string> quoted;

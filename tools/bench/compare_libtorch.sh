@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Times the same training step in Tandem and in libtorch (PyTorch's C++ API, Debian's
+# libtorch-dev 1.13) side by side on this machine: the MLP 784-256-128-10 at batch 256,
+# cross-entropy, SGD with momentum 0.9, on the CPU with 2 threads (Tandem: one CPU device,
+# --threads=2; libtorch: torch::set_num_threads(2)). Rounds alternate the programs so both
+# see the same machine; it prints each round's medians, the median over rounds and
+# Tandem's step time as a fraction of libtorch's (below 1: Tandem is faster).
+#
+#   bash tools/bench/compare_libtorch.sh                 # ROUNDS=5 BATCH=256 THREADS=2 STEPS=50
+#
+# libtorch's OpenMP threads spin after each parallel region while OpenBLAS's own threads
+# run its matrix products; on a machine with few cores that costs it 10x. So libtorch runs
+# twice a round, with the default OpenMP wait policy and with OMP_WAIT_POLICY=PASSIVE, and
+# Tandem is compared with the faster of the two.
+#
+# Installs libtorch-dev when it is missing (as root or through sudo; about 1 GB with its
+# dependencies) and builds the libtorch program with g++ outside Bazel: libtorch is not a
+# dependency of Tandem, of its CI or of tools/setup.sh.
+set -euo pipefail
+
+cd "$(dirname "$0")/../.."
+ROUNDS=${ROUNDS:-5}
+BATCH=${BATCH:-256}
+THREADS=${THREADS:-2}
+STEPS=${STEPS:-50}
+WARMUP=${WARMUP:-5}
+TORCH_INCLUDE=/usr/include/torch/csrc/api/include
+
+if [[ ! -e $TORCH_INCLUDE/torch/torch.h ]]; then
+  echo "compare_libtorch: installing libtorch-dev (Debian's libtorch 1.13)" >&2
+  if [[ $(id -u) -eq 0 ]]; then
+    apt-get install -y libtorch-dev
+  else
+    sudo apt-get install -y libtorch-dev
+  fi
+fi
+
+work=${TMPDIR:-/tmp}/tandem_compare_libtorch
+mkdir -p "$work"
+program=$work/libtorch_train_step
+if [[ ! -x $program || tools/bench/libtorch_train_step.cc -nt $program ]]; then
+  echo "compare_libtorch: compiling tools/bench/libtorch_train_step.cc with g++" >&2
+  g++ -O2 -std=c++17 tools/bench/libtorch_train_step.cc -I"$TORCH_INCLUDE" \
+    -ltorch -ltorch_cpu -lc10 -o "$program"
+fi
+bazel build -c opt //tools/bench:train_step >&2
+tandem=$(bazel info -c opt bazel-bin 2>/dev/null)/tools/bench/train_step
+
+median() { sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+field() { grep -o "\"step_ms_median\":[0-9.]*" | tail -1 | cut -d: -f2; }
+
+printf '%-6s %14s %22s %22s\n' round "Tandem (ms)" "libtorch default (ms)" "libtorch passive (ms)"
+t_all=() d_all=() p_all=()
+for ((r = 1; r <= ROUNDS; ++r)); do
+  t=$("$tandem" --model=mlp --batch_size="$BATCH" --devices=cpu:0 --threads="$THREADS" \
+    --steps="$STEPS" --warmup="$WARMUP" | field)
+  d=$("$program" "$BATCH" "$THREADS" "$STEPS" "$WARMUP" | field)
+  p=$(OMP_WAIT_POLICY=PASSIVE "$program" "$BATCH" "$THREADS" "$STEPS" "$WARMUP" | field)
+  printf '%-6s %14s %22s %22s\n' "$r" "$t" "$d" "$p"
+  t_all+=("$t") d_all+=("$d") p_all+=("$p")
+done
+tm=$(printf '%s\n' "${t_all[@]}" | median)
+dm=$(printf '%s\n' "${d_all[@]}" | median)
+pm=$(printf '%s\n' "${p_all[@]}" | median)
+best=$(printf '%s\n%s\n' "$dm" "$pm" | sort -g | head -1)
+ratio=$(awk -v a="$tm" -v b="$best" 'BEGIN {printf "%.2f", a / b}')
+printf '%-6s %14s %22s %22s\n' median "$tm" "$dm" "$pm"
+echo "mlp, batch $BATCH, SGD momentum 0.9, $THREADS threads, one CPU device, $(nproc) cores:"
+echo "  Tandem step / libtorch step (the faster libtorch) = $tm / $best = $ratio"
+printf '{"benchmark":"compare_libtorch","batch_size":%s,"threads":%s,"rounds":%s,' \
+  "$BATCH" "$THREADS" "$ROUNDS"
+printf '"tandem_ms":%s,"libtorch_default_ms":%s,"libtorch_passive_ms":%s,"ratio":%s}\n' \
+  "$tm" "$dm" "$pm" "$ratio"
