@@ -15,6 +15,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+constexpr double kFirstBucketBytes = 1024 * 1024;
+
 std::string Prefix(const ProcessGroup& group) {
   return internal::Concat("DistributedDataParallel (rank ", group.rank(), " of ", group.size(),
                           "): ");
@@ -320,11 +322,14 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   r.offset_in_bucket.assign(n, 0);
   r.ready.assign(n, 0);
   r.locally_used.assign(n, 0);
-  // Buckets in reverse registration order, each closed once it holds bucket_cap_mb.
+  // Buckets in reverse registration order, each closed once it holds bucket_cap_mb; the first
+  // closes at 1 MiB already (as in PyTorch), so that reduction starts early in backward.
   const double cap_bytes = options_.bucket_cap_mb_ * 1024 * 1024;
+  const double first_cap_bytes = std::min(cap_bytes, kFirstBucketBytes);
   int64_t elements = 0;
   for (int i = n - 1; i >= 0; --i) {
-    if (r.buckets.empty() || elements * sizeof(float) >= cap_bytes) {
+    const double cap = r.buckets.size() <= 1 ? first_cap_bytes : cap_bytes;
+    if (r.buckets.empty() || static_cast<double>(elements * sizeof(float)) >= cap) {
       r.buckets.emplace_back();
       elements = 0;
     }

@@ -20,7 +20,8 @@
 //   (names, shapes, dtypes, in order; the error names the first difference and the ranks),
 //   then copies rank 0's values to every rank.
 // - Gradients are all-reduced (averaged) in buckets of about bucket_cap_mb (default 25 MB),
-//   filled in reverse registration order (roughly the order backward produces them). A
+//   filled in reverse registration order (roughly the order backward produces them; the
+//   first bucket holds 1 MiB at most, as in PyTorch, so that reduction starts early). A
 //   bucket is launched on the process group's thread the moment its last gradient has been
 //   accumulated (a gradient-accumulated hook), so communication overlaps the rest of
 //   backward; buckets launch in index order on every rank. At the end of backward (an engine
@@ -50,7 +51,7 @@
 namespace tandem::distributed {
 
 struct DistributedDataParallelOptions {
-  double bucket_cap_mb_ = 25.0;  // MiB of gradients per all-reduce bucket
+  double bucket_cap_mb_ = 25.0;  // MiB of gradients per all-reduce bucket (the first: 1 MiB)
   bool find_unused_parameters_ = false;
   bool broadcast_buffers_ = true;
 

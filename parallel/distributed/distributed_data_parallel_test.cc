@@ -114,6 +114,13 @@ TEST(DistributedDataParallelTest, SmallBucketsHoldEveryParameterOnceInReverseOrd
   DistributedDataParallel small(model, group,
                                 DistributedDataParallelOptions().bucket_cap_mb(0.00001));
   EXPECT_EQ(small.bucket_parameter_names().size(), 4u);
+  // With the default 25 MB the first bucket still closes at 1 MiB (as in PyTorch).
+  auto big = std::make_shared<nn::Sequential>(nn::Linear(512, 512), nn::Linear(512, 512),
+                                              nn::Linear(512, 512));  // 1 MiB of weight each
+  DistributedDataParallel defaults(big, group);
+  EXPECT_EQ(defaults.bucket_parameter_names(),
+            (std::vector<std::vector<std::string>>{{"2.bias", "2.weight"},
+                                                   {"1.bias", "1.weight", "0.bias", "0.weight"}}));
 }
 
 TEST(DistributedDataParallelTest, TwentySgdStepsTrackOneProcess) {

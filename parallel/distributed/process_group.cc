@@ -1,5 +1,6 @@
 #include "parallel/distributed/process_group.h"
 
+#include <thread>
 #include <utility>
 
 namespace tandem::distributed {
@@ -14,8 +15,14 @@ bool Work::is_completed() const {
 }
 
 void Work::wait() {
+  // Short collectives finish within microseconds: yield for a moment before sleeping on the
+  // condition variable, whose wake-up costs more than that.
+  const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+  while (!done_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < spin_until) {
+    std::this_thread::yield();
+  }
   std::unique_lock<std::mutex> lock(mutex_);
-  done_cv_.wait(lock, [this] { return done_; });
+  done_cv_.wait(lock, [this] { return done_.load(); });
   if (error_) std::rethrow_exception(error_);
 }
 
@@ -36,8 +43,8 @@ void Work::Finish(std::exception_ptr error) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     finished_ = std::chrono::steady_clock::now();
-    done_ = true;
     error_ = std::move(error);
+    done_ = true;
   }
   done_cv_.notify_all();
 }

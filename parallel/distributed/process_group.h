@@ -16,6 +16,7 @@
 #ifndef TANDEM_PARALLEL_DISTRIBUTED_PROCESS_GROUP_H_
 #define TANDEM_PARALLEL_DISTRIBUTED_PROCESS_GROUP_H_
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -63,7 +64,7 @@ class Work {
   const std::string description_;
   mutable std::mutex mutex_;
   std::condition_variable done_cv_;
-  bool done_ = false;
+  std::atomic<bool> done_{false};  // written under mutex_; read without it by wait()'s spin
   std::chrono::steady_clock::time_point started_;
   std::chrono::steady_clock::time_point finished_;
   std::exception_ptr error_;

@@ -149,6 +149,14 @@ struct ProcessGroupMpi::Impl {
       std::string earlier_failure;
       {
         std::unique_lock<std::mutex> lock(mutex);
+        // Collectives often come in quick succession (DDP's buckets, a loop of all-reduces):
+        // look for the next one for a moment before sleeping.
+        const Clock::time_point spin_until = Clock::now() + std::chrono::microseconds(50);
+        while (!stop && queue.empty() && Clock::now() < spin_until) {
+          lock.unlock();
+          std::this_thread::yield();
+          lock.lock();
+        }
         cv.wait(lock, [this] { return stop || !queue.empty(); });
         if (queue.empty()) return;
         op = std::move(queue.front());

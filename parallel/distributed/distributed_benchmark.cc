@@ -1,0 +1,236 @@
+// Distributed benchmark, run under mpirun (rank 0 prints):
+//
+//   bazel build -c opt //parallel/distributed:distributed_benchmark
+//   mpirun --allow-run-as-root -np 2 --bind-to core
+//   bazel-bin/parallel/distributed/distributed_benchmark
+//
+// 1. All-reduce (sum, float32) bandwidth from 4 KB to 64 MB: ProcessGroupMpi (the group's
+//    thread, non-blocking MPI calls) against a bare blocking MPI_Allreduce on the same buffer,
+//    alternating in the same run. Bandwidth is bytes / time per all-reduce (nccl-tests' algbw).
+// 2. A training step (forward, cross-entropy, backward, SGD) of the MLP 784-256-128-10 at
+//    batch 256 per rank and of the CNN at batch 32 per rank, one thread per rank: rank 0
+//    alone on the plain module (the others sleep) against every rank in DistributedDataParallel.
+//    Speed-up = ranks x single time / DDP time (throughput), set against the same
+//    perfectly parallel reference loop as DataParallel's benchmark (tools/bench), and the
+//    fraction of the all-reduce time hidden behind backward.
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nn/nn.h"
+#include "parallel/distributed/distributed_data_parallel.h"
+#include "parallel/distributed/process_group_mpi.h"
+#include "tensor/tensor.h"
+#include "tools/bench/reference_loop.h"
+
+namespace tandem::distributed {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Seconds per all-reduce of `tensor` over `iters` calls, as rank 0 sees it (between barriers).
+template <typename Fn>
+double TimeBlock(ProcessGroupMpi& group, int iters, Fn&& allreduce) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  const Clock::time_point start = Clock::now();
+  for (int i = 0; i < iters; ++i) allreduce();
+  const double seconds = Seconds(start) / iters;
+  MPI_Barrier(MPI_COMM_WORLD);
+  double slowest = 0;
+  MPI_Allreduce(&seconds, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return slowest;
+}
+
+void AllreduceBandwidth(ProcessGroupMpi& group) {
+  if (group.rank() == 0) {
+    std::printf("allreduce (sum, float32), %d ranks: GB/s = bytes / time per call\n", group.size());
+    std::printf("%10s %14s %14s %12s %12s %8s\n", "bytes", "MPI us", "group us", "MPI GB/s",
+                "group GB/s", "ratio");
+  }
+  for (int64_t bytes = 4 << 10; bytes <= (64 << 20); bytes *= 4) {
+    const int64_t n = bytes / 4;
+    Tensor tensor = ones({n});
+    float* data = tensor.data<float>();
+    const int iters = static_cast<int>(std::clamp<int64_t>((256 << 20) / bytes, 5, 2000));
+    auto bare = [&] {
+      MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    };
+    auto through_group = [&] { group.allreduce(tensor)->wait(); };
+    TimeBlock(group, 2, bare);  // warm-up
+    TimeBlock(group, 2, through_group);
+    double best_bare = 1e9;
+    double best_group = 1e9;
+    for (int round = 0; round < 3; ++round) {
+      best_bare = std::min(best_bare, TimeBlock(group, iters, bare));
+      best_group = std::min(best_group, TimeBlock(group, iters, through_group));
+    }
+    if (group.rank() == 0) {
+      std::printf("%10lld %14.1f %14.1f %12.2f %12.2f %7.1f%%\n", static_cast<long long>(bytes),
+                  best_bare * 1e6, best_group * 1e6, bytes / best_bare / 1e9,
+                  bytes / best_group / 1e9, 100.0 * best_bare / best_group);
+    }
+  }
+}
+
+std::shared_ptr<nn::Sequential> MakeModel(const std::string& kind) {
+  manual_seed(1);
+  if (kind == "mlp") {
+    return std::make_shared<nn::Sequential>(nn::Flatten(), nn::Linear(784, 256), nn::ReLU(),
+                                            nn::Linear(256, 128), nn::ReLU(), nn::Linear(128, 10));
+  }
+  return std::make_shared<nn::Sequential>(
+      nn::Conv2d(nn::Conv2dOptions(1, 32, 3).padding(1)), nn::ReLU(), nn::MaxPool2d(2),
+      nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)), nn::ReLU(), nn::MaxPool2d(2),
+      nn::Flatten(), nn::Linear(64 * 7 * 7, 128), nn::ReLU(), nn::Linear(128, 10));
+}
+
+// Median seconds of one training step of `forward` over `steps` (after 3 warm-up steps).
+template <typename Forward>
+double TimeSteps(nn::Module& model, Forward&& forward, const Tensor& x, const Tensor& y, int steps,
+                 ReductionStats* total = nullptr, const DistributedDataParallel* ddp = nullptr) {
+  nn::SGD optimizer(model.parameters(), nn::SGDOptions(0.01).momentum(0.9));
+  std::vector<double> times;
+  for (int step = 0; step < steps + 3; ++step) {
+    const Clock::time_point start = Clock::now();
+    optimizer.zero_grad();
+    cross_entropy(forward(x), y).backward();
+    optimizer.step();
+    if (step < 3) continue;
+    times.push_back(Seconds(start));
+    if (total != nullptr) {
+      const ReductionStats stats = ddp->last_reduction_stats();
+      total->buckets = stats.buckets;
+      total->communication_seconds += stats.communication_seconds;
+      total->wait_seconds += stats.wait_seconds;
+    }
+  }
+  return Median(times);
+}
+
+void TrainingStep(const std::shared_ptr<ProcessGroupMpi>& group_ptr, const std::string& kind,
+                  int64_t batch, int steps) {
+  ProcessGroupMpi& group = *group_ptr;
+  const int world = group.size();
+  const Tensor x = randn(kind == "mlp" ? Shape{batch, 784} : Shape{batch, 1, 28, 28});
+  std::vector<int64_t> labels(batch);
+  for (int64_t i = 0; i < batch; ++i) labels[i] = (i * 7 + group.rank()) % 10;
+  const Tensor y = from_vector(labels, {batch});
+
+  // Rank 0 alone (the others wait in a barrier, which sleeps).
+  double single = 0;
+  if (group.rank() == 0) {
+    auto model = MakeModel(kind);
+    single = TimeSteps(
+        *model, [&](const Tensor& in) { return model->forward(in); }, x, y, steps);
+  }
+  group.barrier()->wait();
+
+  auto model = MakeModel(kind);
+  auto ddp = std::make_shared<DistributedDataParallel>(model, group_ptr);
+  ReductionStats total;
+  const double distributed = TimeSteps(
+      *model, [&](const Tensor& in) { return ddp->forward(in); }, x, y, steps, &total, ddp.get());
+  double slowest = 0;
+  MPI_Allreduce(&distributed, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+
+  // The perfectly parallel reference: the same work on rank 0 alone, then on every rank.
+  const int64_t reps = bench::CalibratedReps(0.05);
+  double ref_single = 0;
+  if (group.rank() == 0) {
+    std::vector<double> t;
+    for (int i = 0; i < 5; ++i) {
+      const Clock::time_point start = Clock::now();
+      bench::ReferenceKernel(reps, 1.0f);
+      t.push_back(Seconds(start));
+    }
+    ref_single = Median(t);
+  }
+  group.barrier()->wait();
+  std::vector<double> t;
+  for (int i = 0; i < 5; ++i) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const Clock::time_point start = Clock::now();
+    bench::ReferenceKernel(reps, 1.0f);
+    double mine = Seconds(start);
+    double worst = 0;
+    MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    t.push_back(worst);
+  }
+  const double ref_all = Median(t);
+
+  if (group.rank() == 0) {
+    const double speedup = world * single / slowest;
+    const double ideal = world * ref_single / ref_all;
+    const int64_t params = [&] {
+      int64_t p = 0;
+      for (const Tensor& w : model->parameters()) p += w.numel();
+      return p;
+    }();
+    std::printf(
+        "%s batch %lld/rank (%.2f MB of gradients, %d bucket(s)): 1 rank %.2f ms/step, %d ranks "
+        "%.2f ms/step in DDP\n"
+        "  throughput speed-up %.2fx; reference loop %.2fx; %.0f%% of the reference\n"
+        "  all-reduce %.2f ms/step on the group's thread, %.2f ms/step exposed: %.0f%% hidden "
+        "behind backward\n",
+        kind.c_str(), static_cast<long long>(batch), params * 4 / 1e6, total.buckets, single * 1e3,
+        world, slowest * 1e3, speedup, ideal, 100 * speedup / ideal,
+        total.communication_seconds / steps * 1e3, total.wait_seconds / steps * 1e3,
+        100 * total.overlap_fraction());
+  }
+}
+
+int Main(int argc, char** argv) {
+  bool allreduce = true;
+  bool train = true;
+  int steps = 20;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--noallreduce") {
+      allreduce = false;
+    } else if (arg == "--notrain") {
+      train = false;
+    } else if (arg.rfind("--steps=", 0) == 0) {
+      steps = std::atoi(arg.c_str() + 8);
+    } else {
+      std::fprintf(stderr, "usage: %s [--noallreduce] [--notrain] [--steps=N]\n", argv[0]);
+      return 1;
+    }
+  }
+  // One logical CPU device with one thread per rank: the ranks are the parallelism.
+  SetCpuDeviceCount(1);
+  SetCpuThreadsPerDevice(1);
+  auto group = std::make_shared<ProcessGroupMpi>();
+  if (group->rank() == 0) {
+    std::printf("%d ranks, 1 thread each (plus each group's communication thread)\n\n",
+                group->size());
+  }
+  if (allreduce) AllreduceBandwidth(*group);
+  if (train) {
+    if (group->rank() == 0) std::printf("\n");
+    TrainingStep(group, "mlp", 256, steps);
+    TrainingStep(group, "cnn", 32, steps / 2);
+  }
+  group->barrier()->wait();
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem::distributed
+
+int main(int argc, char** argv) { return tandem::distributed::Main(argc, argv); }
