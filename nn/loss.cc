@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <optional>
 #include <vector>
 
 namespace tandem::nn {
@@ -268,16 +267,17 @@ Tensor ProbabilityLoss(const Tensor& input, const Tensor& target, const Tensor& 
   return div(sum(loss), full({}, static_cast<double>(loss.numel()), loss.device()));
 }
 
-// log sigmoid(x) without overflow for any x, and with the exact gradient 1 - sigmoid(x)
-// everywhere (0.5 at x = 0): x - log(1 + e^x) for x < 0, -log(1 + e^-x) for x >= 0. Each
-// branch sees its input clamped to its own side, so the branch not taken stays finite and
-// passes a zero gradient, not NaN.
-Tensor LogSigmoid(const Tensor& x) {
-  const Tensor negative_part = clamp(x, std::nullopt, 0.0);
-  const Tensor positive_part = clamp(x, 0.0, std::nullopt);
-  const Tensor below = sub(negative_part, log(add(exp(negative_part), 1.0)));
-  const Tensor above = neg(log(add(exp(neg(positive_part)), 1.0)));
-  return where(lt(x, zeros({}, x.device())), below, above);
+// softplus(-x) = log(1 + e^-x) = -log sigmoid(x), without overflow for any x and with the
+// exact gradient -sigmoid(-x) everywhere, 0.5 at x = 0 included (where the textbook
+// max(-x, 0) + log(1 + e^-|x|) has two kinks whose one-sided gradients do not add up):
+// -x + log(1 + e^x) for x <= 0 and log(1 + e^-x) for x > 0, chosen by one condition so
+// that the exponent is never positive and both wheres' gradients agree at 0.
+Tensor SoftplusOfNegative(const Tensor& x) {
+  const Tensor at_most_zero = le(x, zeros({}, x.device()));
+  const Tensor minus_x = neg(x);
+  const Tensor linear_part = where(at_most_zero, minus_x, zeros({}, x.device()));
+  const Tensor exponent = where(at_most_zero, x, minus_x);  // -|x|
+  return add(linear_part, log(add(exp(exponent), 1.0)));
 }
 
 void CheckBroadcastWeight(const Tensor& weight, const char* name, const Tensor& input,
@@ -343,11 +343,11 @@ Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& targe
   CheckBroadcastWeight(options.weight_, "weight", input, op);
   CheckBroadcastWeight(options.pos_weight_, "pos_weight", input, op);
   // PyTorch's form: (1 - t) x - w_t log sigmoid(x), w_t = 1 + (pos_weight - 1) t.
-  Tensor log_sigmoid = LogSigmoid(input);
+  Tensor minus_log_sigmoid = SoftplusOfNegative(input);
   if (options.pos_weight_.defined()) {
-    log_sigmoid = mul(log_sigmoid, add(mul(options.pos_weight_ - 1.0, target), 1.0));
+    minus_log_sigmoid = mul(minus_log_sigmoid, add(mul(options.pos_weight_ - 1.0, target), 1.0));
   }
-  Tensor loss = sub(mul(1.0 - target, input), log_sigmoid);
+  Tensor loss = add(mul(1.0 - target, input), minus_log_sigmoid);
   if (options.weight_.defined()) loss = mul(loss, options.weight_);
   return Reduce(loss, options.reduction_);
 }
