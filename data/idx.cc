@@ -26,7 +26,7 @@ class GzipReader {
     file_ = gzopen(path.c_str(), "rb");
     TANDEM_CHECK(file_ != nullptr, "cannot open ", path, ": ",
                  errno != 0 ? std::strerror(errno) : "zlib could not allocate its state");
-    gzbuffer(file_, 1 << 17);
+    gzbuffer(file_, 1 << 15);  // zlib reads 32 KiB at a time; large reads inflate in place
   }
   ~GzipReader() { gzclose(file_); }
   GzipReader(const GzipReader&) = delete;
@@ -72,12 +72,13 @@ uint32_t ReadBigEndian32(const uint8_t* p) {
 }
 
 // Reads from `reader` until `out` holds `limit` bytes or the stream ends, growing `out`
-// a chunk at a time (so a header that promises too much costs no huge allocation).
+// by chunks that double from 16 KiB to 4 MiB (so a header that promises too much costs no
+// huge allocation, and a small file no large one).
 void ReadUpTo(GzipReader& reader, std::vector<uint8_t>& out, size_t limit) {
-  constexpr size_t kChunk = size_t{1} << 22;
   while (out.size() < limit) {
     const size_t old_size = out.size();
-    out.resize(old_size + std::min(kChunk, limit - old_size));
+    const size_t chunk = std::clamp(old_size, size_t{1} << 14, size_t{1} << 22);
+    out.resize(old_size + std::min(chunk, limit - old_size));
     const size_t got = reader.Read(out.data() + old_size, out.size() - old_size);
     out.resize(old_size + got);
     if (got == 0) break;
@@ -145,7 +146,6 @@ IdxArray ReadIdxFile(const std::string& path, int num_dims, const IdxHeaderCheck
   // One byte more than promised, to notice trailing data; reading to the end also makes
   // zlib verify the gzip checksum.
   const auto limit = static_cast<size_t>(expected) + 1;
-  array.bytes.reserve(static_cast<size_t>(std::min<uint64_t>(expected, uint64_t{1} << 26)));
   ReadUpTo(reader, array.bytes, limit);
   const uint64_t found = array.bytes.size();
   TANDEM_CHECK(found >= expected, path, " is truncated: its header promises ", expected,

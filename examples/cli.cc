@@ -92,9 +92,10 @@ int ConfigureCpuDevices(const std::vector<Device>& devices, int threads) {
           " (logical devices, any number up to ", kMaxCpuDevices, "); use a lower index");
   const int cores = HardwareCores();
   if (threads == 0) threads = std::max(1, cores / cpu_devices);
-  Require(threads * cpu_devices <= std::max(cores, cpu_devices), "--threads=", threads, " with ",
-          cpu_devices, " CPU device(s) needs ", threads * cpu_devices,
-          " cores but this machine has ", cores,
+  // In 64 bits: --threads=2000000000 on two devices overflowed int (UBSan in fuzz/flags_fuzzer).
+  const int64_t needed = int64_t{threads} * cpu_devices;
+  Require(needed <= std::max(cores, cpu_devices), "--threads=", threads, " with ", cpu_devices,
+          " CPU device(s) needs ", needed, " cores but this machine has ", cores,
           "; use --threads=", std::max(1, cores / cpu_devices), " or fewer devices");
   SetCpuDeviceCount(highest + 1);
   SetCpuThreadsPerDevice(threads);
