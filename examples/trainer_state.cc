@@ -120,6 +120,15 @@ bool LoadTrainerCheckpoint(const std::string& path, nn::Module& model, nn::Optim
                "checkpoint '", path, "' has a malformed trainer.history (",
                ShapeToString(history_tensor.shape()), " for ", progress[0],
                " epochs); delete it or pass another --checkpoint path");
+  // Column 0 holds epoch numbers 1, 2, ... as doubles: anything else (NaN, 1e300) is refused
+  // here, before the cast to int64 below (undefined behaviour; found by fuzz/checkpoint_fuzzer).
+  const std::vector<int64_t> bits = Int64s(history_tensor);
+  for (int64_t i = 0; i < progress[0]; ++i) {
+    const double epoch = FromBits(bits[i * kHistoryColumns]);
+    TANDEM_CHECK(epoch == static_cast<double>(i + 1), "checkpoint '", path,
+                 "' has a malformed trainer.history (row ", i, " is for epoch ", epoch,
+                 ", expected ", i + 1, "); delete it or pass another --checkpoint path");
+  }
   std::vector<std::pair<Device, GeneratorState>> generators;
   for (const auto& [name, value] : trainer) {
     if (!StartsWith(name, kGenerator)) continue;
@@ -150,7 +159,6 @@ bool LoadTrainerCheckpoint(const std::string& path, nn::Module& model, nn::Optim
   state->sampler_epoch = progress[1];
   state->generators = std::move(generators);
   state->history.clear();
-  const std::vector<int64_t> bits = Int64s(history_tensor);
   for (int64_t i = 0; i < progress[0]; ++i) {
     const int64_t* row = &bits[i * kHistoryColumns];
     state->history.push_back({static_cast<int64_t>(FromBits(row[0])), FromBits(row[1]),

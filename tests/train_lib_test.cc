@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -239,6 +240,41 @@ TEST_F(TrainerStateTest, MissingFileLoadsNothingAndMismatchesAreRefusedWholesale
   nn::SaveCheckpoint(model, TempPath("plain.ckpt"));
   EXPECT_THAT(ErrorOf([&] { LoadTrainerCheckpoint(TempPath("plain.ckpt"), model, sgd, &other); }),
               HasSubstr("is not a checkpoint of this trainer"));
+}
+
+// fuzz/regressions/checkpoint/history-epoch-1e178: an epoch number of 3.2e178 in the history
+// was cast to int64 (undefined behaviour, reported by UBSan in the fuzz build).
+TEST_F(TrainerStateTest, AHistoryWithImpossibleEpochNumbersIsRefusedBeforeLoading) {
+  manual_seed(3);
+  nn::Sequential model(nn::Linear(3, 4), nn::ReLU(), nn::Linear(4, 2));
+  nn::SGD sgd(model.parameters(), nn::SGDOptions(0.1).momentum(0.9));
+  TrainerState state;
+  state.config = "model=tiny optimizer=sgd";
+  state.epochs_done = 2;
+  state.history = {{1, 0.5, 0.45, 0.85, 1.0, 10.0}, {2, 0.4, 0.41, 0.86, 1.0, 10.0}};
+  const std::string path = TempPath("history.ckpt");
+  for (const double epoch : {3.2e178, std::nan(""), 1.5, 1.0}) {
+    SaveTrainerCheckpoint(path, model, sgd, state);
+    // Rewrite row 1's epoch (stored bit for bit in an int64 tensor) with `epoch`.
+    std::vector<nn::CheckpointEntry> entries = nn::ReadCheckpoint(path);
+    for (nn::CheckpointEntry& e : entries) {
+      if (e.name != "trainer.history") continue;
+      std::vector<int64_t> bits = e.value.to_vector<int64_t>();
+      std::memcpy(&bits[6], &epoch, sizeof epoch);
+      e.value = from_vector(bits, e.value.shape());
+    }
+    nn::WriteCheckpoint(entries, path);
+    nn::Sequential other(nn::Linear(3, 4), nn::ReLU(), nn::Linear(4, 2));
+    nn::SGD other_sgd(other.parameters(), nn::SGDOptions(0.1).momentum(0.9));
+    const std::vector<float> before = other.named_parameters()[0].value.to_vector<float>();
+    TrainerState loaded;
+    loaded.config = state.config;
+    EXPECT_THAT(ErrorOf([&] { LoadTrainerCheckpoint(path, other, other_sgd, &loaded); }),
+                HasSubstr("has a malformed trainer.history (row 1 is for epoch "))
+        << epoch;
+    EXPECT_EQ(other.named_parameters()[0].value.to_vector<float>(), before);
+    EXPECT_EQ(loaded.epochs_done, 0);
+  }
 }
 
 }  // namespace
