@@ -45,4 +45,36 @@ std::shared_ptr<Module> Sequential::clone(std::optional<Device> device) const {
   return copy;
 }
 
+// ---- ModuleList ------------------------------------------------------------------------
+
+ModuleList::ModuleList(std::vector<std::shared_ptr<Module>> modules) {
+  for (std::shared_ptr<Module>& module : modules) push_back(std::move(module));
+}
+
+void ModuleList::push_back(std::shared_ptr<Module> module) {
+  TANDEM_CHECK(module != nullptr, "ModuleList: cannot append a null module (position ", size(),
+               ")");
+  register_module(std::to_string(size()), module);
+  modules_.push_back(std::move(module));
+}
+
+std::shared_ptr<Module> ModuleList::operator[](size_t index) const {
+  TANDEM_CHECK(index < size(), "ModuleList: index ", index, " is out of range for ", size(),
+               " modules");
+  return modules_[index];
+}
+
+void ModuleList::CheckType(size_t index, bool ok) const {
+  TANDEM_CHECK(ok, "ModuleList: module (", index, ") is a ", (*this)[index]->name(),
+               ", not the type asked for");
+}
+
+std::shared_ptr<Module> ModuleList::clone(std::optional<Device> device) const {
+  auto copy = std::make_shared<ModuleList>(*this);
+  copy->ClearRegistrations();
+  copy->modules_.clear();
+  for (const std::shared_ptr<Module>& module : modules_) copy->push_back(module->clone(device));
+  return copy;
+}
+
 }  // namespace tandem::nn

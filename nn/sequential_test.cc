@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "nn/layers.h"
 #include "nn/loss.h"
@@ -102,6 +104,101 @@ TEST_F(SequentialTest, CloneCopiesEveryModule) {
   Tensor actual = copy->forward_tensors({x.to(Device::Cpu(1))})[0];
   EXPECT_EQ(actual.device(), Device::Cpu(1));
   EXPECT_TRUE(allclose(actual.to(Device::Cpu(0)), expected));
+}
+
+// ---- ModuleList ----------------------------------------------------------------------------
+
+// A residual tower that keeps its blocks in a ModuleList.
+class Tower : public Cloneable<Tower> {
+ public:
+  explicit Tower(int64_t depth) : depth_(depth) { reset(); }
+  void reset() override {
+    blocks_ = register_module("blocks", ModuleList());
+    for (int64_t i = 0; i < depth_; ++i) blocks_->push_back(Linear(4, 4));
+  }
+  Tensor forward(Tensor x) {
+    for (const std::shared_ptr<Module>& block : *blocks_) x = x + block->forward_tensors({x})[0];
+    return x;
+  }
+  const ModuleList& blocks() const { return *blocks_; }
+
+ private:
+  int64_t depth_;
+  std::shared_ptr<ModuleList> blocks_;
+};
+
+TEST_F(SequentialTest, ModuleListHoldsNamedChildren) {
+  auto shared = std::make_shared<Linear>(3, 2);
+  ModuleList list(Linear(4, 3), ReLU(), shared);
+  ASSERT_EQ(list.size(), 3u);
+  EXPECT_FALSE(list.empty());
+  EXPECT_EQ(list[2], shared);  // shared, not copied
+  EXPECT_EQ(list.at<ReLU>(1)->name(), "ReLU");
+  EXPECT_THAT(ErrorOf([&] { list.at<Linear>(1); }),
+              HasSubstr("ModuleList: module (1) is a ReLU, not the type asked for"));
+  EXPECT_THAT(ErrorOf([&] { list[3]; }),
+              HasSubstr("ModuleList: index 3 is out of range for 3 modules"));
+  // Iteration visits them in order; the children are named by position.
+  std::vector<std::string> names;
+  for (const std::shared_ptr<Module>& module : list) names.push_back(module->name());
+  EXPECT_EQ(names, (std::vector<std::string>{"Linear", "ReLU", "Linear"}));
+  ASSERT_EQ(list.named_children().size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(list.named_children()[i].name, std::to_string(i));
+    EXPECT_EQ(list.named_children()[i].module, list[i]);
+  }
+  EXPECT_EQ(list.ToString(),
+            "ModuleList(\n"
+            "  (0): Linear(in_features=4, out_features=3, bias=True)\n"
+            "  (1): ReLU()\n"
+            "  (2): Linear(in_features=3, out_features=2, bias=True)\n"
+            ")");
+  ModuleList empty;
+  EXPECT_TRUE(empty.empty());
+  EXPECT_THAT(ErrorOf([&] { empty.push_back(std::shared_ptr<Module>()); }),
+              HasSubstr("ModuleList: cannot append a null module (position 0)"));
+  // No forward: it says so.
+  EXPECT_THAT(ErrorOf([&] { list.forward_tensors({zeros({1, 4})}); }), HasSubstr("ModuleList"));
+}
+
+TEST_F(SequentialTest, ModuleListStateDictCloneAndToSeeItsModules) {
+  Tower tower(3);
+  std::vector<std::string> names;
+  for (const NamedTensor& entry : tower.state_dict()) names.push_back(entry.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"blocks.0.weight", "blocks.0.bias", "blocks.1.weight",
+                                             "blocks.1.bias", "blocks.2.weight", "blocks.2.bias"}));
+  EXPECT_EQ(tower.parameters().size(), 6u);
+  // A clone on another device computes the same function with its own tensors.
+  std::shared_ptr<Module> copy = tower.clone(Device::Cpu(1));
+  for (const Tensor& p : copy->parameters()) EXPECT_EQ(p.device(), Device::Cpu(1));
+  Tensor x = randn({5, 4});
+  Tensor expected = tower.forward(x);
+  EXPECT_TRUE(allclose(copy->forward_tensors({x.to(Device::Cpu(1))})[0].to(Device::Cpu(0)),
+                       expected, 1e-6, 1e-6));
+  auto typed = std::dynamic_pointer_cast<Tower>(copy);
+  ASSERT_NE(typed, nullptr);
+  EXPECT_EQ(typed->blocks().size(), 3u);
+  EXPECT_NE(typed->blocks()[0], tower.blocks()[0]);
+  // A ModuleList cloned by itself copies its modules too.
+  ModuleList list(Linear(2, 2), Linear(2, 2));
+  std::shared_ptr<Module> list_copy = list.clone();
+  auto typed_list = std::dynamic_pointer_cast<ModuleList>(list_copy);
+  ASSERT_NE(typed_list, nullptr);
+  ASSERT_EQ(typed_list->size(), 2u);
+  EXPECT_NE(typed_list->at<Linear>(0), list.at<Linear>(0));
+  EXPECT_TRUE(
+      allclose(typed_list->at<Linear>(1)->weight(), list.at<Linear>(1)->weight(), 0.0, 0.0));
+  // to() moves every module; load_state_dict reaches them by name.
+  tower.to(Device::Cpu(1));
+  for (const Tensor& p : tower.parameters()) EXPECT_EQ(p.device(), Device::Cpu(1));
+  Tower other(3);
+  other.load_state_dict(tower.state_dict());
+  EXPECT_TRUE(allclose(other.forward(x), expected, 1e-6, 1e-6));
+  // Gradients flow through the listed modules.
+  Tensor input = randn({2, 4});
+  input.set_requires_grad(true);
+  EXPECT_GRADIENTS_MATCH([&](const std::vector<Tensor>& in) { return other.forward(in[0]); },
+                         {input});
 }
 
 }  // namespace
