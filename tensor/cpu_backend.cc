@@ -1047,11 +1047,19 @@ void CpuBackend::MaxPool2d(int index, const Conv2dGeometry& g, const float* inpu
                         for (int64_t x = x0; x < x1; ++x) {
                           const int64_t at = y * g.width + x;
                           const float v = in[at];
-                          // Replaces<true>(v, best), written without branches (selects), as
-                          // a comparison on random data mispredicts half the time.
-                          const bool take = (v > best) | ((v != v) & (best == best));
-                          best = take ? v : best;
-                          best_at = take ? at : best_at;
+                          // Replaces<true>(v, best) without branches: a comparison on random
+                          // data mispredicts half the time, and GCC keeps a branch for a
+                          // float select, so the select is done on the bits.
+                          const int take =
+                              static_cast<int>(v > best) |
+                              (static_cast<int>(v != v) & static_cast<int>(best == best));
+                          const uint32_t mask = 0u - static_cast<uint32_t>(take);
+                          uint32_t v_bits, best_bits;
+                          std::memcpy(&v_bits, &v, sizeof(v));
+                          std::memcpy(&best_bits, &best, sizeof(best));
+                          best_bits = (v_bits & mask) | (best_bits & ~mask);
+                          std::memcpy(&best, &best_bits, sizeof(best));
+                          best_at += (at - best_at) & -static_cast<int64_t>(take);
                         }
                       }
                       const int64_t o = p * out_plane + oy * out_w + ox;
