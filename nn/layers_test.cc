@@ -731,7 +731,9 @@ TEST_F(LayersTest, Conv2dWithDilationAndGroupsMatchesTheDefinition) {
   };
   for (const Case& c :
        {Case{2, 3, 3, 1, 2, 2, 1}, Case{4, 6, 3, 1, 1, 1, 2}, Case{4, 6, 3, 2, 2, 2, 2},
-        Case{3, 3, 3, 1, 1, 1, 3}, Case{6, 4, 2, 1, 0, 3, 2}}) {
+        Case{3, 3, 3, 1, 1, 1, 3}, Case{6, 4, 2, 1, 0, 3, 2},
+        // At least 32 column rows per group: the batched-GEMM layout.
+        Case{8, 6, 3, 1, 1, 1, 1}, Case{8, 4, 3, 2, 2, 2, 2}, Case{16, 16, 3, 1, 1, 1, 4}}) {
     SCOPED_TRACE(::testing::Message() << "in " << c.in << " out " << c.out << " dilation "
                                       << c.dilation << " groups " << c.groups);
     Conv2d conv(c.in, c.out, c.kernel, c.stride, c.pad, c.dilation, c.groups);
@@ -767,6 +769,16 @@ TEST_F(LayersTest, Conv2dWithDilationAndGroupsGradients) {
   Conv2d depthwise(Conv2dOptions(3, 3, 3).groups(3).bias(false));
   ExpectLayerGradients(
       depthwise, [&](const Tensor& x) { return depthwise.forward(x); }, randn({1, 3, 4, 4}));
+  // 36 column rows per group: the batched-GEMM layout, with and without groups.
+  Conv2d wide(Conv2dOptions(4, 3, 3).stride(2).padding(1).dilation({2, 1}));
+  ExpectLayerGradients(
+      wide, [&](const Tensor& x) { return wide.forward(x); }, randn({2, 4, 5, 4}));
+  Conv2d wide_grouped(Conv2dOptions(8, 4, 3).padding(1).groups(2));
+  ExpectLayerGradients(
+      wide_grouped, [&](const Tensor& x) { return wide_grouped.forward(x); }, randn({2, 8, 3, 4}));
+  Conv2d wide_plain(Conv2dOptions(4, 2, 3).bias(false));
+  ExpectLayerGradients(
+      wide_plain, [&](const Tensor& x) { return wide_plain.forward(x); }, randn({3, 4, 4, 3}));
 }
 
 TEST_F(LayersTest, Conv2dInitialisesAndPrintsLikePyTorch) {
@@ -1171,6 +1183,8 @@ TEST_F(LayersTest, CudaMatchesCpu) {
   ExpectCudaMatchesCpu(grouped, randn({3, 4, 11, 10}));
   Conv2d depthwise(Conv2dOptions(8, 8, 3).padding(1).groups(8));
   ExpectCudaMatchesCpu(depthwise, randn({2, 8, 9, 9}));
+  Conv2d wide(Conv2dOptions(16, 12, 3).padding(1).groups(2));  // the batched-GEMM layout
+  ExpectCudaMatchesCpu(wide, randn({3, 16, 9, 8}));
   for (bool count_include_pad : {true, false}) {
     AvgPool2d avg(3, 2, 1, /*ceil_mode=*/true, count_include_pad);
     ExpectCudaMatchesCpu(avg, randn({4, 3, 8, 9}));

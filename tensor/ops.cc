@@ -966,6 +966,62 @@ Tensor mse_loss(const Tensor& input, const Tensor& target) {
   return mean(square(sub(input, target)));
 }
 
+namespace {
+
+// conv2d puts the images side by side in one GEMM when each group reads at least this many
+// column rows (C/groups * kh * kw), and runs one GEMM per image otherwise.
+constexpr int64_t kBatchedConvMinRows = 32;
+
+// conv2d's backward with [N, K, L] columns (one GEMM per image), for a non-empty problem.
+std::vector<Tensor> PerImageConv2dBackward(const Conv2dGeometry& g, int64_t groups, bool grad_x,
+                                           bool grad_w, bool has_bias, bool grad_b,
+                                           int64_t out_channels, const Tensor& sx, const Tensor& sw,
+                                           const Shape& weight_shape, const Tensor& grad_output) {
+  const int64_t batch = g.batch, plane = g.out_h() * g.out_w();
+  const int64_t patch = g.channels * g.kernel_h * g.kernel_w;
+  const int64_t group_out = out_channels / groups, group_patch = patch / groups;
+  Backend& backend = BackendOf(grad_output);
+  const int index = IndexOf(grad_output);
+  const Tensor grad = ContiguousRaw(grad_output);
+  Tensor grad_input, grad_weight, grad_bias;
+  if (grad_x) {
+    // columns_n[group] [K_g, L] = W_g^T [K_g, O_g] · grad_n[group] [O_g, L], then folded back
+    // (Col2Im overwrites every element).
+    Tensor grad_columns = NewTensor({batch, patch, plane}, kFloat32, sx.device());
+    for (int64_t group = 0; group < groups; ++group) {
+      backend.Gemm(index, true, false, group_patch, plane, group_out, 1.0f,
+                   FloatPtr(sw) + group * group_out * group_patch, group_patch, 0,
+                   FloatPtr(grad) + group * group_out * plane, plane, out_channels * plane, 0.0f,
+                   FloatPtr(grad_columns) + group * group_patch * plane, plane, patch * plane,
+                   batch);
+    }
+    grad_input = NewTensor(sx.shape(), kFloat32, sx.device());
+    backend.Col2Im(index, g, FloatPtr(grad_columns), FloatPtr(grad_input));
+  }
+  if (grad_w) {
+    // Per image: grad_n[group] [O_g, L] · columns_n[group]^T [L, K_g]; summed over images.
+    Tensor columns = NewTensor({batch, patch, plane}, kFloat32, sx.device());
+    backend.Im2Col(index, g, FloatPtr(sx), FloatPtr(columns));
+    Tensor per_image = NewTensor({batch, out_channels, group_patch}, kFloat32, sx.device());
+    for (int64_t group = 0; group < groups; ++group) {
+      backend.Gemm(index, false, true, group_out, group_patch, plane, 1.0f,
+                   FloatPtr(grad) + group * group_out * plane, plane, out_channels * plane,
+                   FloatPtr(columns) + group * group_patch * plane, plane, patch * plane, 0.0f,
+                   FloatPtr(per_image) + group * group_out * group_patch, group_patch,
+                   out_channels * group_patch, batch);
+    }
+    grad_weight = ViewRaw(ReduceRaw(per_image, {0}, ReduceOp::kSum, "conv2d"), weight_shape);
+  }
+  if (grad_b) {
+    grad_bias = ViewRaw(ReduceRaw(grad, {0, 2, 3}, ReduceOp::kSum, "conv2d"), {out_channels});
+  }
+  std::vector<Tensor> grads = {grad_input, grad_weight};
+  if (has_bias) grads.push_back(grad_bias);
+  return grads;
+}
+
+}  // namespace
+
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
               std::vector<int64_t> stride, std::vector<int64_t> padding,
               std::vector<int64_t> dilation, int64_t groups) {
@@ -1004,9 +1060,13 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
                            weight.size(2), weight.size(3), stride_h, stride_w, pad_h, pad_w);
   g.dilation_h = dilation_h;
   g.dilation_w = dilation_w;
-  // Columns [C*kh*kw, N, L]: every image side by side, so that each product below is one
-  // large GEMM over the whole batch (batched over groups) instead of one small GEMM per image.
-  g.batch_in_columns = true;
+  // Two layouts of the im2col columns (K = C*kh*kw rows, L = out_h*out_w):
+  //   - [K, N, L], every image side by side: each product is one large GEMM over the whole
+  //     batch (batched over groups), at the cost of permuting the output and its gradient
+  //     between [O, N, L] and [N, O, L]. It wins when each group reads many rows (K_g).
+  //   - [N, K, L], one small GEMM per image: no permutes, so it wins for few rows (the first
+  //     layer of an image model: 1 channel, 3x3 = 9 rows), where the GEMMs are memory-bound.
+  g.batch_in_columns = g.channels / groups * g.kernel_h * g.kernel_w >= kBatchedConvMinRows;
   TANDEM_CHECK(
       g.height + 2 * pad_h >= g.span_h() && g.width + 2 * pad_w >= g.span_w(), "conv2d: input is ",
       ShapeToString(input.shape()), " (", g.height, "x", g.width, " with padding [", pad_h, ", ",
@@ -1028,7 +1088,26 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
   const int index = IndexOf(x);
 
   Tensor out;
-  if (work) {
+  if (work && !g.batch_in_columns) {
+    Tensor columns = NewTensor({batch, patch, plane}, kFloat32, x.device());
+    backend.Im2Col(index, g, FloatPtr(x), FloatPtr(columns));
+    if (bias.defined()) {
+      const Tensor bias_column =
+          MakeView(bias, {out_channels, 1}, {bias.strides()[0], 1}, bias.storage_offset());
+      out = BroadcastCopyRaw(bias_column, {batch, out_channels, plane}, kFloat32);
+    } else {
+      out = NewTensor({batch, out_channels, plane}, kFloat32, x.device());
+    }
+    // out_n[group] [O_g, L] (+)= W_g [O_g, K_g] · columns_n[group] [K_g, L], every image n.
+    for (int64_t group = 0; group < groups; ++group) {
+      backend.Gemm(index, false, false, group_out, plane, group_patch, 1.0f,
+                   FloatPtr(w) + group * group_out * group_patch, group_patch, 0,
+                   FloatPtr(columns) + group * group_patch * plane, plane, patch * plane,
+                   bias.defined() ? 1.0f : 0.0f, FloatPtr(out) + group * group_out * plane, plane,
+                   out_channels * plane, batch);
+    }
+    out = ViewRaw(out, {batch, out_channels, oh, ow});
+  } else if (work) {
     Tensor columns = NewTensor({patch, batch, plane}, kFloat32, x.device());
     backend.Im2Col(index, g, FloatPtr(x), FloatPtr(columns));
     // product_g [O_g, N*L] = W_g [O_g, K_g] · columns_g [K_g, N*L], one GEMM per group.
@@ -1069,6 +1148,10 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
              const int64_t cols = batch * plane;
              Backend& backend = BackendOf(grad_output);
              const int index = IndexOf(grad_output);
+             if (work && !g.batch_in_columns) {
+               return PerImageConv2dBackward(g, groups, grad_x, grad_w, has_bias, grad_b,
+                                             out_channels, sx, sw, weight_shape, grad_output);
+             }
              // The gradient as [O, N*L], the layout of the forward's product.
              Tensor grad;
              if (work) {
