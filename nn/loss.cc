@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 namespace tandem::nn {
@@ -267,17 +268,16 @@ Tensor ProbabilityLoss(const Tensor& input, const Tensor& target, const Tensor& 
   return div(sum(loss), full({}, static_cast<double>(loss.numel()), loss.device()));
 }
 
-// softplus(-x) = log(1 + e^-x) = -log sigmoid(x), without overflow for any x and with the
-// exact gradient -sigmoid(-x) everywhere, 0.5 at x = 0 included (where the textbook
-// max(-x, 0) + log(1 + e^-|x|) has two kinks whose one-sided gradients do not add up):
-// -x + log(1 + e^x) for x <= 0 and log(1 + e^-x) for x > 0, chosen by one condition so
-// that the exponent is never positive and both wheres' gradients agree at 0.
+// softplus(-x) = log(1 + e^-x) = -log sigmoid(x) as max(-x, 0) + log(1 + e^(s x)), where
+// s = -1 for x > 0 and +1 otherwise (so s x = -|x| and the exponent is never positive). No
+// overflow for any x, infinities included, and the exact gradient -sigmoid(-x) everywhere:
+// at x = 0, where the textbook max(-x, 0) + log(1 + e^-|x|) has two kinks, clamp passes -1
+// and the second term 0.5 * s = 0.5, which add up to -sigmoid(0) = -0.5. Elementwise ops
+// only (no where), so it costs a few passes over the input.
 Tensor SoftplusOfNegative(const Tensor& x) {
-  const Tensor at_most_zero = le(x, zeros({}, x.device()));
   const Tensor minus_x = neg(x);
-  const Tensor linear_part = where(at_most_zero, minus_x, zeros({}, x.device()));
-  const Tensor exponent = where(at_most_zero, x, minus_x);  // -|x|
-  return add(linear_part, log(add(exp(exponent), 1.0)));
+  const Tensor s = 1.0 - 2.0 * gt(x, zeros({}, x.device()));  // not differentiated
+  return add(clamp(minus_x, 0.0, std::nullopt), log(add(exp(mul(x, s)), 1.0)));
 }
 
 void CheckBroadcastWeight(const Tensor& weight, const char* name, const Tensor& input,
