@@ -36,6 +36,7 @@
 #include "absl/strings/str_join.h"
 #include "data/data.h"
 #include "examples/cli.h"
+#include "examples/distributed_training.h"
 #include "examples/models.h"
 #include "examples/progress.h"
 #include "examples/svg_plot.h"
@@ -78,6 +79,9 @@ ABSL_FLAG(int, train_limit, 0, "(testing) use only the first N training images")
 ABSL_FLAG(int, test_limit, 0, "(testing) use only the first N test images");
 // For the resume test: the process kills itself (SIGKILL) half-way through this epoch.
 ABSL_FLAG(int, kill_in_epoch, 0, "(testing) SIGKILL the process half-way through this epoch");
+ABSL_FLAG(bool, distributed, false,
+          "One process per device under mpirun, with DistributedDataParallel: mpirun -np 2 "
+          "train --distributed (see examples/distributed_training.h)");
 
 namespace tandem {
 namespace {
@@ -220,6 +224,7 @@ std::string Plot(const std::vector<EpochStats>& history, const std::string& titl
 }
 
 int Run() {
+  if (absl::GetFlag(FLAGS_distributed)) return examples::RunDistributedTraining();
   const std::vector<Device> devices = ResolveDevices();
   const int threads = examples::ConfigureCpuDevices(devices, absl::GetFlag(FLAGS_threads));
   const int epochs = absl::GetFlag(FLAGS_epochs);

@@ -20,6 +20,16 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// Every test needs the MPI job that mpi_test.sh starts; run alone, the binary skips them.
+class DistributedDataParallelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!LaunchedByMpirun()) {
+      GTEST_SKIP() << "needs mpirun: bazel test runs it through parallel/distributed/mpi_test.sh";
+    }
+  }
+};
+
 constexpr int64_t kPerRank = 8;
 constexpr int64_t kIn = 6;
 constexpr int64_t kClasses = 3;
@@ -74,7 +84,7 @@ void ExpectParamsClose(const nn::Module& got, const nn::Module& want, double tol
   }
 }
 
-TEST(DistributedDataParallelTest, ConstructionCopiesRankZerosParameters) {
+TEST_F(DistributedDataParallelTest, ConstructionCopiesRankZerosParameters) {
   auto group = Group();
   auto model = MakeModel(1 + group->rank());  // different on every rank
   DistributedDataParallel ddp(model, group);
@@ -86,7 +96,7 @@ TEST(DistributedDataParallelTest, ConstructionCopiesRankZerosParameters) {
 }
 
 // 8 samples on each of N ranks give, after backward, the gradients of one process on all 8N.
-TEST(DistributedDataParallelTest, GradientsEqualOneProcessOnAllSamples) {
+TEST_F(DistributedDataParallelTest, GradientsEqualOneProcessOnAllSamples) {
   auto group = Group();
   const int world = group->size();
   for (double cap_mb : {25.0, 0.00001}) {  // one bucket; one bucket per parameter
@@ -102,7 +112,7 @@ TEST(DistributedDataParallelTest, GradientsEqualOneProcessOnAllSamples) {
   }
 }
 
-TEST(DistributedDataParallelTest, SmallBucketsHoldEveryParameterOnceInReverseOrder) {
+TEST_F(DistributedDataParallelTest, SmallBucketsHoldEveryParameterOnceInReverseOrder) {
   auto group = Group();
   auto model = MakeModel(3, /*hidden=*/20);  // 140 + 20 + 60 + 3 floats
   // 0.0002 MiB is 52 floats; a bucket closes once it holds that much, so in reverse order
@@ -123,7 +133,7 @@ TEST(DistributedDataParallelTest, SmallBucketsHoldEveryParameterOnceInReverseOrd
                                                    {"1.bias", "1.weight", "0.bias", "0.weight"}}));
 }
 
-TEST(DistributedDataParallelTest, TwentySgdStepsTrackOneProcess) {
+TEST_F(DistributedDataParallelTest, TwentySgdStepsTrackOneProcess) {
   auto group = Group();
   const int world = group->size();
   auto model = MakeModel(11 + group->rank());
@@ -154,7 +164,7 @@ TEST(DistributedDataParallelTest, TwentySgdStepsTrackOneProcess) {
 }
 
 // Two micro-batches of 4 under no_sync and then without it equal one batch of 8.
-TEST(DistributedDataParallelTest, NoSyncAccumulatesLocallyThenReducesTheSum) {
+TEST_F(DistributedDataParallelTest, NoSyncAccumulatesLocallyThenReducesTheSum) {
   auto group = Group();
   const int world = group->size();
   auto model = MakeModel(5);
@@ -195,7 +205,7 @@ class WithExtra : public nn::Module {
   std::shared_ptr<nn::Linear> main_, extra_;
 };
 
-TEST(DistributedDataParallelTest, AnUnusedParameterIsAClearErrorWithoutFindUnusedParameters) {
+TEST_F(DistributedDataParallelTest, AnUnusedParameterIsAClearErrorWithoutFindUnusedParameters) {
   auto group = Group();
   auto model = std::make_shared<WithExtra>(2);
   DistributedDataParallel ddp(model, group,
@@ -213,7 +223,7 @@ TEST(DistributedDataParallelTest, AnUnusedParameterIsAClearErrorWithoutFindUnuse
   EXPECT_TRUE(model->extra_->parameters()[0].grad().defined());
 }
 
-TEST(DistributedDataParallelTest, FindUnusedParametersReducesWhatSomeRankUsed) {
+TEST_F(DistributedDataParallelTest, FindUnusedParametersReducesWhatSomeRankUsed) {
   auto group = Group();
   const int world = group->size();
   const Data all = MakeData(world, 4);
@@ -247,7 +257,7 @@ TEST(DistributedDataParallelTest, FindUnusedParametersReducesWhatSomeRankUsed) {
   }
 }
 
-TEST(DistributedDataParallelTest, MismatchedModelsAreRefusedOnEveryRank) {
+TEST_F(DistributedDataParallelTest, MismatchedModelsAreRefusedOnEveryRank) {
   auto group = Group();
   const int last = group->size() - 1;
   auto model = MakeModel(1, group->rank() == last ? 4 : 5);
@@ -267,7 +277,7 @@ TEST(DistributedDataParallelTest, MismatchedModelsAreRefusedOnEveryRank) {
                         std::to_string(last) + " has nothing more"));
 }
 
-TEST(DistributedDataParallelTest, BuffersFollowRankZeroBeforeEachTrainingForward) {
+TEST_F(DistributedDataParallelTest, BuffersFollowRankZeroBeforeEachTrainingForward) {
   auto group = Group();
   auto model = std::make_shared<nn::Sequential>(nn::Linear(kIn, 4), nn::BatchNorm1d(4));
   DistributedDataParallel ddp(model, group);
@@ -305,7 +315,7 @@ TEST(DistributedDataParallelTest, BuffersFollowRankZeroBeforeEachTrainingForward
 
 // A rank that fails before backward's collectives: the others' backward fails within the
 // group's timeout, naming the collective, instead of hanging.
-TEST(DistributedDataParallelTest, ARankThatThrowsMakesTheOthersFailWithinTheTimeout) {
+TEST_F(DistributedDataParallelTest, ARankThatThrowsMakesTheOthersFailWithinTheTimeout) {
   auto fragile = std::make_shared<ProcessGroupMpi>(
       ProcessGroupMpiOptions().timeout(std::chrono::milliseconds(1500)));
   auto model = MakeModel(1);

@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -371,5 +372,16 @@ int LocalRank() {
 }
 
 bool LaunchedByMpirun() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr; }
+
+void AbortJob(int code) {
+  int initialized = 0;
+  int finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+  std::exit(code);
+}
 
 }  // namespace tandem::distributed

@@ -80,6 +80,12 @@ int LocalRank();
 // True when this process was started by mpirun (Open MPI's environment is present).
 bool LaunchedByMpirun();
 
+// Ends every process of the job (MPI_Abort on MPI_COMM_WORLD) with exit status `code`: what a
+// rank that cannot go on should do, so that the others stop at once instead of waiting for it
+// until their collectives time out (a rank that merely returns from main() would wait in
+// MPI_Finalize for the others, which wait for it). Without MPI initialised: std::exit(code).
+[[noreturn]] void AbortJob(int code);
+
 }  // namespace tandem::distributed
 
 #endif  // TANDEM_PARALLEL_DISTRIBUTED_PROCESS_GROUP_MPI_H_

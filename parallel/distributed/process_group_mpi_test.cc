@@ -16,6 +16,16 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// Every test needs the MPI job that mpi_test.sh starts; run alone, the binary skips them.
+class ProcessGroupMpiTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!LaunchedByMpirun()) {
+      GTEST_SKIP() << "needs mpirun: bazel test runs it through parallel/distributed/mpi_test.sh";
+    }
+  }
+};
+
 // One group for the whole binary (groups are collective to create).
 ProcessGroupMpi& Group() {
   static auto* group =
@@ -32,7 +42,7 @@ Tensor RankTensor(int rank, int64_t n) {
   return from_vector(values, {n});
 }
 
-TEST(ProcessGroupMpiTest, RankAndSizeMatchMpirun) {
+TEST_F(ProcessGroupMpiTest, RankAndSizeMatchMpirun) {
   ProcessGroupMpi& group = Group();
   ASSERT_TRUE(LaunchedByMpirun()) << "run this test through mpi_test.sh (bazel test does)";
   EXPECT_EQ(group.size(), std::atoi(std::getenv("OMPI_COMM_WORLD_SIZE")));
@@ -42,7 +52,7 @@ TEST(ProcessGroupMpiTest, RankAndSizeMatchMpirun) {
   EXPECT_EQ(LocalRank(), group.rank());  // one machine
 }
 
-TEST(ProcessGroupMpiTest, AllreduceSumAndAverageFloat32OfSeveralSizes) {
+TEST_F(ProcessGroupMpiTest, AllreduceSumAndAverageFloat32OfSeveralSizes) {
   ProcessGroupMpi& group = Group();
   for (int64_t n : {0, 1, 7, 1000, 1 << 18}) {
     Tensor sum = RankTensor(group.rank(), n);
@@ -63,7 +73,7 @@ TEST(ProcessGroupMpiTest, AllreduceSumAndAverageFloat32OfSeveralSizes) {
   }
 }
 
-TEST(ProcessGroupMpiTest, AllreduceInt64KeepsAll64Bits) {
+TEST_F(ProcessGroupMpiTest, AllreduceInt64KeepsAll64Bits) {
   ProcessGroupMpi& group = Group();
   const int64_t big = int64_t{1} << 40;
   Tensor t = from_vector(std::vector<int64_t>{big + group.rank(), -group.rank(), 3}, {3});
@@ -73,7 +83,7 @@ TEST(ProcessGroupMpiTest, AllreduceInt64KeepsAll64Bits) {
             (std::vector<int64_t>{big * s + s * (s - 1) / 2, -s * (s - 1) / 2, 3 * s}));
 }
 
-TEST(ProcessGroupMpiTest, BroadcastFromEveryRoot) {
+TEST_F(ProcessGroupMpiTest, BroadcastFromEveryRoot) {
   ProcessGroupMpi& group = Group();
   for (int root = 0; root < group.size(); ++root) {
     Tensor f = RankTensor(group.rank(), 300).view({3, 100});
@@ -90,7 +100,7 @@ TEST(ProcessGroupMpiTest, BroadcastFromEveryRoot) {
   }
 }
 
-TEST(ProcessGroupMpiTest, AllgatherPutsRanksInOrder) {
+TEST_F(ProcessGroupMpiTest, AllgatherPutsRanksInOrder) {
   ProcessGroupMpi& group = Group();
   for (int64_t n : {0, 1, 5, 4096}) {
     Tensor input = RankTensor(group.rank(), n);
@@ -112,7 +122,7 @@ TEST(ProcessGroupMpiTest, AllgatherPutsRanksInOrder) {
 
 // Tensors larger than one MPI call may move go in pieces: the same results with a limit of 7
 // elements per call as without one.
-TEST(ProcessGroupMpiTest, ChunkingWithALoweredLimitGivesTheSameResults) {
+TEST_F(ProcessGroupMpiTest, ChunkingWithALoweredLimitGivesTheSameResults) {
   ProcessGroupMpi chunked(
       ProcessGroupMpiOptions().timeout(std::chrono::seconds(60)).max_elements_per_call(7));
   const int64_t n = 100;  // 14 pieces of 7 and one of 2
@@ -139,7 +149,7 @@ TEST(ProcessGroupMpiTest, ChunkingWithALoweredLimitGivesTheSameResults) {
   for (int64_t k = 0; k < chunked.size() * m; ++k) ASSERT_EQ(got[k], k / m) << k;
 }
 
-TEST(ProcessGroupMpiTest, ManyCollectivesInFlightFinishInOrder) {
+TEST_F(ProcessGroupMpiTest, ManyCollectivesInFlightFinishInOrder) {
   ProcessGroupMpi& group = Group();
   std::vector<Tensor> tensors;
   std::vector<std::shared_ptr<Work>> works;
@@ -155,7 +165,7 @@ TEST(ProcessGroupMpiTest, ManyCollectivesInFlightFinishInOrder) {
   }
 }
 
-TEST(ProcessGroupMpiTest, MisuseIsAClearErrorOnTheCallingRank) {
+TEST_F(ProcessGroupMpiTest, MisuseIsAClearErrorOnTheCallingRank) {
   ProcessGroupMpi& group = Group();
   Tensor matrix = zeros({4, 3});
   try {
@@ -189,7 +199,7 @@ TEST(ProcessGroupMpiTest, MisuseIsAClearErrorOnTheCallingRank) {
 
 // A rank that fails before a collective: the others get an error within the timeout instead
 // of hanging, naming their rank and the collective; the group refuses later collectives.
-TEST(ProcessGroupMpiTest, ARankThatThrowsBeforeACollectiveMakesTheOthersFailInTime) {
+TEST_F(ProcessGroupMpiTest, ARankThatThrowsBeforeACollectiveMakesTheOthersFailInTime) {
   ProcessGroupMpi fragile(ProcessGroupMpiOptions().timeout(std::chrono::milliseconds(1500)));
   Tensor t = ones({64});
   auto step = [&] {

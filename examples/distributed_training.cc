@@ -1,0 +1,364 @@
+#include "examples/distributed_training.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "data/dataloader.h"
+#include "data/distributed_sampler.h"
+#include "data/fashion_mnist.h"
+#include "examples/cli.h"
+#include "examples/models.h"
+#include "examples/progress.h"
+#include "examples/trainer_state.h"
+#include "nn/nn.h"
+#include "parallel/distributed/distributed_data_parallel.h"
+#include "parallel/distributed/process_group_mpi.h"
+#include "tensor/tensor.h"
+
+// The trainer's flags (defined in examples/train.cc).
+ABSL_DECLARE_FLAG(std::string, devices);
+ABSL_DECLARE_FLAG(std::string, device);
+ABSL_DECLARE_FLAG(int, threads);
+ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(std::string, optimizer);
+ABSL_DECLARE_FLAG(double, lr);
+ABSL_DECLARE_FLAG(std::string, lr_decay);
+ABSL_DECLARE_FLAG(int, epochs);
+ABSL_DECLARE_FLAG(int, batch_size);
+ABSL_DECLARE_FLAG(int, workers);
+ABSL_DECLARE_FLAG(uint64_t, seed);
+ABSL_DECLARE_FLAG(std::string, data_dir);
+ABSL_DECLARE_FLAG(std::string, checkpoint);
+ABSL_DECLARE_FLAG(std::string, log_csv);
+ABSL_DECLARE_FLAG(std::string, plot);
+ABSL_DECLARE_FLAG(std::string, save);
+ABSL_DECLARE_FLAG(int, train_limit);
+ABSL_DECLARE_FLAG(int, test_limit);
+
+namespace tandem::examples {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// The first `n` examples of a dataset.
+class FirstN : public data::Dataset {
+ public:
+  FirstN(std::shared_ptr<const data::Dataset> base, int64_t n)
+      : base_(std::move(base)), n_(std::min(n, base_->size())) {}
+  int64_t size() const override { return n_; }
+  data::Example get(int64_t index) const override {
+    CheckIndex(index, "the subset");
+    return base_->get(index);
+  }
+  data::Batch get_batch(const std::vector<int64_t>& indices, bool pinned) const override {
+    for (int64_t i : indices) CheckIndex(i, "the subset");
+    return base_->get_batch(indices, pinned);
+  }
+
+ private:
+  std::shared_ptr<const data::Dataset> base_;
+  int64_t n_;
+};
+
+std::shared_ptr<const data::Dataset> Limit(std::shared_ptr<const data::Dataset> set, int limit) {
+  if (limit <= 0 || limit >= set->size()) return set;
+  return std::make_shared<FirstN>(std::move(set), limit);
+}
+
+// This rank's device: --devices/--device (one), else cuda:<local rank> or cpu:0.
+Device ResolveDevice() {
+  const std::string devices_flag = absl::GetFlag(FLAGS_devices);
+  const std::string device_flag = absl::GetFlag(FLAGS_device);
+  Require(devices_flag.empty() || device_flag.empty(), "--device=", device_flag,
+          " and --devices=", devices_flag, " are both set: pass one of them");
+  const std::string text = devices_flag.empty() ? device_flag : devices_flag;
+  if (text.empty()) {
+    const int gpus = DeviceCount(DeviceType::kCUDA);
+    return gpus > 0 ? Device::Cuda(distributed::LocalRank() % gpus) : Device::Cpu(0);
+  }
+  const std::vector<Device> devices = ParseDevices(text);
+  Require(devices.size() == 1, "--distributed runs one device per process but --devices lists ",
+          devices.size(), " (", text, "); start one process per device with mpirun -np N");
+  return devices[0];
+}
+
+// Sums `values` over the ranks, on every rank (in float32: enough for a report of loss
+// sums and sample counts below 2^24).
+std::vector<double> SumOverRanks(distributed::ProcessGroup& group, const std::vector<double>& v) {
+  std::vector<float> values(v.begin(), v.end());
+  Tensor t = from_vector(values, {static_cast<int64_t>(values.size())});
+  group.allreduce(t)->wait();
+  std::vector<float> summed = t.to_vector<float>();
+  return std::vector<double>(summed.begin(), summed.end());
+}
+
+struct EvalResult {
+  double loss = 0, accuracy = 0;
+};
+
+// Loss and accuracy of `model` on the test set (rank 0 alone; no collective).
+EvalResult Evaluate(nn::Module& model, data::DataLoader& test_loader) {
+  NoGradGuard no_grad;
+  model.eval();
+  double loss_sum = 0;
+  int64_t correct = 0, total = 0;
+  for (data::Batch& batch : test_loader) {
+    Tensor logits = model.forward_tensors({batch.data()})[0];
+    const Tensor target = batch.target().to(logits.device());
+    const int64_t n = target.size(0);
+    loss_sum += cross_entropy(logits, target).item() * n;
+    correct += static_cast<int64_t>(sum(eq(argmax(logits, 1), target)).item());
+    total += n;
+  }
+  model.train();
+  if (total == 0) return {};
+  return {loss_sum / total, static_cast<double>(correct) / total};
+}
+
+int Train();
+
+}  // namespace
+
+int RunDistributedTraining() {
+  try {
+    return Train();
+  } catch (const std::exception& e) {
+    if (!distributed::LaunchedByMpirun()) throw;
+    // One rank that stops must stop them all: the others would wait for it in a collective.
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+    std::fprintf(stderr, "train (rank %s): %s\n", rank == nullptr ? "?" : rank,
+                 OneLine(e.what()).c_str());
+    distributed::AbortJob(1);
+  }
+}
+
+namespace {
+
+int Train() {
+  Require(distributed::LaunchedByMpirun(),
+          "--distributed runs one process per device and needs mpirun: mpirun -np 2 ",
+          "bazel-bin/examples/train --distributed");
+  Require(absl::GetFlag(FLAGS_log_csv).empty() && absl::GetFlag(FLAGS_plot).empty(),
+          "--log_csv and --plot are not supported with --distributed yet");
+  const int epochs = absl::GetFlag(FLAGS_epochs);
+  const int batch_size = absl::GetFlag(FLAGS_batch_size);
+  const double lr = absl::GetFlag(FLAGS_lr);
+  const std::string model_kind = absl::GetFlag(FLAGS_model);
+  const std::string optimizer_kind = absl::GetFlag(FLAGS_optimizer);
+  const std::string lr_decay = absl::GetFlag(FLAGS_lr_decay);
+  const uint64_t seed = absl::GetFlag(FLAGS_seed);
+  const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint);
+  Require(epochs >= 1, "--epochs must be at least 1 but is ", epochs);
+  Require(batch_size >= 1, "--batch_size must be at least 1 but is ", batch_size);
+  Require(std::isfinite(lr) && lr > 0, "--lr must be a positive finite number but is ", lr);
+  Require(lr_decay == "cosine" || lr_decay == "none",
+          "--lr_decay must be 'cosine' or 'none' but is '", lr_decay, "'");
+  Require(optimizer_kind == "sgd" || optimizer_kind == "adam",
+          "--optimizer must be 'sgd' or 'adam' but is '", optimizer_kind, "'");
+
+  const Device device = ResolveDevice();
+  int threads = absl::GetFlag(FLAGS_threads);
+  if (threads == 0 && device.type() == DeviceType::kCPU) {
+    const char* local_size = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    const int ranks_here = local_size == nullptr ? 1 : std::max(1, std::atoi(local_size));
+    threads = std::max(1, HardwareCores() / ranks_here);
+  }
+  threads = ConfigureCpuDevices({device}, threads);
+
+  auto group = std::make_shared<distributed::ProcessGroupMpi>();
+  const int rank = group->rank();
+  const int world = group->size();
+  const bool lead = rank == 0;
+  if (lead) RequireWritableFile("--checkpoint", checkpoint);
+  if (lead) RequireWritableFile("--save", absl::GetFlag(FLAGS_save));
+
+  manual_seed(seed);
+  std::shared_ptr<nn::Sequential> model = MakeModel(model_kind);
+  model->to(device);
+  std::unique_ptr<nn::Optimizer> optimizer;
+  std::function<void(double)> set_lr;
+  if (optimizer_kind == "sgd") {
+    auto sgd = std::make_unique<nn::SGD>(model->parameters(), nn::SGDOptions(lr).momentum(0.9));
+    nn::SGD* raw = sgd.get();
+    set_lr = [raw](double v) { raw->options().lr(v); };
+    optimizer = std::move(sgd);
+  } else {
+    auto adam = std::make_unique<nn::Adam>(model->parameters(), nn::AdamOptions(lr));
+    nn::Adam* raw = adam.get();
+    set_lr = [raw](double v) { raw->options().lr(v); };
+    optimizer = std::move(adam);
+  }
+
+  // Every rank resumes from the checkpoint (a path all ranks can read): rank 0's model
+  // reaches the others through DDP's broadcast; each rank needs the optimizer state.
+  TrainerState state;
+  state.config = "model=" + model_kind + " optimizer=" + optimizer_kind;
+  state.settings = absl::StrFormat(
+      "distributed ranks=%d device=%s threads=%d batch_size=%d "
+      "seed=%d lr=%g lr_decay=%s epochs=%d train_limit=%d",
+      world, device.ToString(), threads, batch_size, seed, lr, lr_decay, epochs,
+      absl::GetFlag(FLAGS_train_limit));
+  const bool resumed =
+      !checkpoint.empty() && LoadTrainerCheckpoint(checkpoint, *model, *optimizer, &state);
+  auto ddp = std::make_shared<distributed::DistributedDataParallel>(model, group);
+
+  const std::string root = absl::GetFlag(FLAGS_data_dir);
+  const auto options = data::FashionMnistOptions().normalize();
+  std::shared_ptr<const data::Dataset> train_set =
+      Limit(std::make_shared<data::FashionMnist>(root, data::FashionMnist::Split::kTrain, options),
+            absl::GetFlag(FLAGS_train_limit));
+  auto sampler =
+      std::make_unique<data::DistributedSampler>(train_set->size(), rank, world, true, seed);
+  sampler->set_epoch(state.sampler_epoch);
+  data::DistributedSampler* shares = sampler.get();
+  const auto loader_options = data::DataLoaderOptions()
+                                  .num_workers(absl::GetFlag(FLAGS_workers))
+                                  .pin_memory(device.is_cuda())
+                                  .device(device);
+  data::DataLoader train_loader(train_set, std::move(sampler),
+                                data::DataLoaderOptions(loader_options).batch_size(batch_size));
+  std::unique_ptr<data::DataLoader> test_loader;
+  int64_t test_size = 0;
+  if (lead) {
+    std::shared_ptr<const data::Dataset> test_set =
+        Limit(std::make_shared<data::FashionMnist>(root, data::FashionMnist::Split::kTest, options),
+              absl::GetFlag(FLAGS_test_limit));
+    test_size = test_set->size();
+    test_loader = std::make_unique<data::DataLoader>(
+        test_set, data::DataLoaderOptions(loader_options).batch_size(1000));
+  }
+
+  // Every rank's device, for the report.
+  Tensor mine = from_vector(std::vector<int64_t>{device.is_cuda() ? 1 : 0, device.index()}, {2});
+  Tensor all = zeros({2 * world}, kInt64);
+  group->allgather(all, mine)->wait();
+  std::vector<std::string> device_names;
+  const std::vector<int64_t> ids = all.to_vector<int64_t>();
+  for (int r = 0; r < world; ++r) {
+    device_names.push_back((ids[2 * r] ? Device::Cuda(static_cast<int>(ids[2 * r + 1]))
+                                       : Device::Cpu(static_cast<int>(ids[2 * r + 1])))
+                               .ToString());
+  }
+
+  if (lead) {
+    std::printf("Fashion-MNIST: %lld training and %lld test images from %s\n",
+                static_cast<long long>(train_set->size()), static_cast<long long>(test_size),
+                root.c_str());
+    std::printf("DistributedDataParallel over %d processes (Open MPI) on %s", world,
+                absl::StrJoin(device_names, ", ").c_str());
+    if (threads > 0) std::printf(" (%d thread%s per CPU device)", threads, threads == 1 ? "" : "s");
+    std::printf(", batch %d per rank (%d in all), %lld images per rank per epoch\n", batch_size,
+                batch_size * world, static_cast<long long>(shares->size()));
+    std::printf("%s lr %g (%s decay), seed %llu\n", optimizer_kind.c_str(), lr, lr_decay.c_str(),
+                static_cast<unsigned long long>(seed));
+    std::cout << *ddp << "\n";
+    if (resumed) {
+      std::printf("Resuming from %s: %lld of %d epochs done\n", checkpoint.c_str(),
+                  static_cast<long long>(state.epochs_done), epochs);
+    }
+    std::printf("\n");
+    std::fflush(stdout);
+  }
+
+  nn::CrossEntropyLoss criterion;
+  const int64_t steps = train_loader.size();
+  for (int epoch = static_cast<int>(state.epochs_done) + 1; epoch <= epochs; ++epoch) {
+    set_lr(lr_decay == "none"
+               ? lr
+               : lr * 0.5 * (1.0 + std::cos(3.14159265358979323846 * (epoch - 1) / epochs)));
+    const std::string label = absl::StrFormat(
+        "epoch %*d/%d", static_cast<int>(std::to_string(epochs).size()), epoch, epochs);
+    std::unique_ptr<ProgressBar> bar;
+    if (lead) bar = std::make_unique<ProgressBar>(stdout, label, steps);
+    group->barrier()->wait();  // every rank starts the clock together
+    const auto epoch_start = Clock::now();
+    double loss_sum = 0;
+    int64_t seen = 0, step = 0;
+    for (data::Batch& batch : train_loader) {
+      Tensor loss = criterion.forward(ddp->forward(batch.data()), batch.target());
+      optimizer->zero_grad();
+      loss.backward();
+      optimizer->step();
+      const double loss_value = loss.item();
+      ++step;
+      if (!std::isfinite(loss_value)) {
+        throw std::runtime_error(absl::StrFormat(
+            "rank %d: the training loss became %g at epoch %d, step %d of %d: training "
+            "diverged; lower --lr (now %g) and start again",
+            rank, loss_value, epoch, step, steps, lr));
+      }
+      loss_sum += loss_value * batch.size();
+      seen += batch.size();
+      if (bar) bar->Update(step, seen * world, loss_sum / seen, SecondsSince(epoch_start));
+    }
+    const std::vector<double> totals = SumOverRanks(*group, {loss_sum, static_cast<double>(seen)});
+    const double seconds = SecondsSince(epoch_start);
+    state.epochs_done = epoch;
+    state.sampler_epoch = shares->epoch();
+    state.generators = {{device, default_generator(device).state()}};
+    if (!lead) continue;
+    bar->Finish();
+    const EvalResult test = Evaluate(*model, *test_loader);
+    state.history.push_back(
+        {epoch, totals[0] / totals[1], test.loss, test.accuracy, seconds, totals[1] / seconds});
+    std::printf(
+        "epoch %*d/%d  train loss %.4f  test loss %.4f  test acc %.2f%%  %.0f samples/s  %.1f s\n",
+        static_cast<int>(std::to_string(epochs).size()), epoch, epochs, totals[0] / totals[1],
+        test.loss, 100.0 * test.accuracy, totals[1] / seconds, seconds);
+    std::fflush(stdout);
+    if (!checkpoint.empty()) SaveTrainerCheckpoint(checkpoint, *model, *optimizer, state);
+  }
+  group->barrier()->wait();
+  if (!lead) return 0;
+
+  double train_seconds = 0;
+  double samples = 0;
+  for (const EpochStats& e : state.history) {
+    train_seconds += e.seconds;
+    samples += e.samples_per_s * e.seconds;
+  }
+  const double final_accuracy = state.history.empty() ? 0.0 : state.history.back().test_accuracy;
+  std::printf(
+      "\nSummary: %s on %d ranks (%s), batch %d per rank, %zu epoch%s, %.1f s of training\n",
+      model_kind.c_str(), world, absl::StrJoin(device_names, ", ").c_str(), batch_size,
+      state.history.size(), state.history.size() == 1 ? "" : "s", train_seconds);
+  std::printf("  epoch   train loss   test loss   test acc   seconds   samples/s\n");
+  for (const EpochStats& e : state.history) {
+    std::printf("  %5lld   %10.4f   %9.4f   %7.2f%%   %7.1f   %9.0f\n",
+                static_cast<long long>(e.epoch), e.train_loss, e.test_loss, 100.0 * e.test_accuracy,
+                e.seconds, e.samples_per_s);
+  }
+  const std::string save = absl::GetFlag(FLAGS_save);
+  if (!save.empty()) {
+    nn::SaveCheckpoint(*model, save);
+    std::printf("Model written to %s\n", save.c_str());
+  }
+  if (!checkpoint.empty()) std::printf("Checkpoint: %s\n", checkpoint.c_str());
+  std::vector<std::string> quoted;
+  for (const std::string& name : device_names) quoted.push_back("\"" + name + "\"");
+  std::printf(
+      "{\"model\":\"%s\",\"devices\":[%s],\"ranks\":%d,\"epochs\":%zu,\"batch_size\":%d,"
+      "\"test_accuracy\":%.4f,\"train_seconds\":%.1f,\"samples_per_s\":%.1f}\n",
+      model_kind.c_str(), absl::StrJoin(quoted, ",").c_str(), world, state.history.size(),
+      batch_size, final_accuracy, train_seconds, train_seconds > 0 ? samples / train_seconds : 0.0);
+  return 0;
+}
+
+}  // namespace
+}  // namespace tandem::examples

@@ -1,0 +1,24 @@
+// The trainer's --distributed mode: one process per device, started by mpirun, training the
+// Fashion-MNIST classifier with distributed::DistributedDataParallel over Open MPI. Each rank
+// reads its share of every epoch (data::DistributedSampler) in batches of --batch_size (per
+// rank, as in PyTorch), the gradients are averaged across ranks in backward, and rank 0 alone
+// prints progress, evaluates on the test set, writes the checkpoint and prints the final
+// JSON line (with "ranks").
+//
+//   mpirun -np 2 bazel-bin/examples/train --distributed --devices=cpu:0
+//   mpirun -H host1,host2 -np 2 /path/to/train --distributed      # one rank per machine
+//
+// Device: the one --devices names, or cuda:<local rank> where GPUs exist, else cpu:0 with
+// --threads threads (default: the machine's cores shared among the ranks on it). Reads the
+// trainer's flags (examples/train.cc); --log_csv and --plot are refused in this mode.
+#ifndef TANDEM_EXAMPLES_DISTRIBUTED_TRAINING_H_
+#define TANDEM_EXAMPLES_DISTRIBUTED_TRAINING_H_
+
+namespace tandem::examples {
+
+// Runs the whole distributed training from the trainer's flags; returns the exit status.
+int RunDistributedTraining();
+
+}  // namespace tandem::examples
+
+#endif  // TANDEM_EXAMPLES_DISTRIBUTED_TRAINING_H_

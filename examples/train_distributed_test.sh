@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The trainer's --distributed mode end to end: 2 ranks under mpirun (through
+# parallel/distributed/mpi_test.sh) train for 2 epochs on a subset of Fashion-MNIST; rank 0
+# alone prints the summary and the final JSON line, and the model learns something.
+set -euo pipefail
+train="$1"
+data_dir=/usr/share/datasets/fashion-mnist
+if [[ ! -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
+  echo "SKIPPED: Fashion-MNIST is not installed in $data_dir (bash tools/setup.sh installs it)"
+  exit 0
+fi
+out="$(bash parallel/distributed/mpi_test.sh 2 "$train" --distributed --devices=cpu:0 \
+  --threads=1 --epochs=2 --batch_size=64 --train_limit=2048 --test_limit=500 --workers=0)"
+echo "$out"
+json="$(grep '^\[1,0\]<stdout>:{"model"' <<<"$out" | sed 's/^\[1,0\]<stdout>://')"
+[[ -n "$json" ]] || { echo "FAIL: rank 0 printed no JSON line"; exit 1; }
+if grep -q '^\[1,1\]<stdout>:.*"model"' <<<"$out"; then
+  echo "FAIL: rank 1 printed the JSON line too"; exit 1
+fi
+grep -q '"ranks":2' <<<"$json" || { echo "FAIL: expected \"ranks\":2 in $json"; exit 1; }
+grep -q '"epochs":2' <<<"$json" || { echo "FAIL: expected \"epochs\":2 in $json"; exit 1; }
+accuracy="$(sed 's/.*"test_accuracy":\([0-9.]*\).*/\1/' <<<"$json")"
+# Chance is 0.10; two short epochs on 2048 images reach about 0.6.
+awk -v a="$accuracy" 'BEGIN { exit !(a > 0.4) }' ||
+  { echo "FAIL: test accuracy $accuracy, expected above 0.4"; exit 1; }
+echo "PASS: $json"
