@@ -45,6 +45,7 @@
 #include "parallel/comm.h"
 #include "parallel/data_parallel.h"
 #include "tensor/allocator.h"
+#include "tensor/anomaly_mode.h"
 #include "tensor/tensor.h"
 
 ABSL_FLAG(std::string, devices, "",
@@ -68,6 +69,10 @@ ABSL_FLAG(std::string, data_dir, tandem::data::FashionMnist::kDefaultRoot,
 ABSL_FLAG(bool, forward_loss, true,
           "Compute the loss inside the replicas (DataParallel::forward_loss); false gathers "
           "the outputs on the first device and computes the loss there, as PyTorch does");
+ABSL_FLAG(bool, detect_anomaly, false,
+          "Stop at the first NaN or inf in an op's output or a gradient, naming the op and "
+          "the pass (forward or backward); slow, for finding where a NaN loss comes from "
+          "(PyTorch's torch.autograd.detect_anomaly)");
 ABSL_FLAG(std::string, checkpoint, "",
           "Save model, optimizer, data order and random state here after each epoch (atomically); "
           "resume from it at start when it exists");
@@ -332,6 +337,12 @@ int Run() {
           state.settings.c_str(), settings.c_str());
     }
   }
+  if (absl::GetFlag(FLAGS_detect_anomaly)) {
+    // Every op that records autograd and every backward node, in every replica, from the
+    // first step on (evaluation records nothing, so it is not checked).
+    AnomalyMode::SetEnabled(true);
+    std::printf("Anomaly detection on (--detect_anomaly): the first NaN or inf stops training\n");
+  }
   std::printf("\n");
   std::fflush(stdout);
 
@@ -366,7 +377,7 @@ int Run() {
         throw std::runtime_error(absl::StrFormat(
             "the training loss became %s at epoch %d, step %d of %d (learning rate %g): "
             "training diverged and cannot recover; expected a finite loss, so lower --lr "
-            "(now %g) and start again",
+            "(now %g) and start again (--detect_anomaly names the op that made the first one)",
             std::isnan(loss_value) ? "NaN"
             : loss_value > 0       ? "inf"
                                    : "-inf",
