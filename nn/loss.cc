@@ -209,8 +209,9 @@ Tensor ClassIndexLoss(const Tensor& input, const Tensor& target, bool logits, co
   Tensor target_weight;
   Tensor loss;
   if (weight.defined()) {
-    target_weight = masked_fill(index_select(weight, 0, safe), ignored, 0.0);
-    loss = masked_fill(neg(mul(picked, index_select(weight, 0, safe))), ignored, 0.0);
+    const Tensor selected = index_select(weight, 0, safe);
+    target_weight = masked_fill(selected, ignored, 0.0);
+    loss = masked_fill(neg(mul(picked, selected)), ignored, 0.0);
   } else {
     loss = masked_fill(neg(picked), ignored, 0.0);
   }
