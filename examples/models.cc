@@ -4,6 +4,37 @@
 
 namespace tandem::examples {
 
+BasicBlock::BasicBlock(int64_t channels) : channels_(channels) { reset(); }
+
+void BasicBlock::reset() {
+  const auto conv = [&] {
+    return nn::Conv2d(nn::Conv2dOptions(channels_, channels_, 3).padding(1).bias(false));
+  };
+  conv1_ = register_module("conv1", conv());
+  bn1_ = register_module("bn1", nn::BatchNorm2d(channels_));
+  conv2_ = register_module("conv2", conv());
+  bn2_ = register_module("bn2", nn::BatchNorm2d(channels_));
+}
+
+Tensor BasicBlock::forward(const Tensor& x) {
+  const Tensor y = relu(bn1_->forward(conv1_->forward(x)));
+  return relu(x + bn2_->forward(conv2_->forward(y)));
+}
+
+namespace {
+
+// Conv2d(3x3, padding 1, no bias) + BatchNorm2d + ReLU.
+void AddConvBnRelu(nn::Sequential& model, int64_t in, int64_t out, int64_t stride) {
+  model.push_back(nn::Conv2d(nn::Conv2dOptions(in, out, 3).stride(stride).padding(1).bias(false)));
+  model.push_back(nn::BatchNorm2d(out));
+  model.push_back(nn::ReLU());
+}
+
+// The resnet's channels per stage (28x28, 14x14, 7x7).
+constexpr int64_t kResnetWidths[] = {16, 32, 64};
+
+}  // namespace
+
 std::shared_ptr<nn::Sequential> MakeModel(const std::string& kind) {
   if (kind == "mlp") {
     return std::make_shared<nn::Sequential>(nn::Flatten(), nn::Linear(784, 256), nn::ReLU(),
@@ -15,7 +46,21 @@ std::shared_ptr<nn::Sequential> MakeModel(const std::string& kind) {
         nn::Conv2d(nn::Conv2dOptions(32, 64, 3).padding(1)), nn::ReLU(), nn::MaxPool2d(2),
         nn::Flatten(), nn::Linear(64 * 7 * 7, 128), nn::ReLU(), nn::Linear(128, 10));
   }
-  throw UsageError("--model must be 'mlp' or 'cnn' but is '" + kind + "'");
+  if (kind == "resnet") {
+    auto model = std::make_shared<nn::Sequential>();
+    int64_t in = 1;
+    for (int64_t stage = 0; stage < 3; ++stage) {
+      const int64_t width = kResnetWidths[stage];
+      AddConvBnRelu(*model, in, width, stage == 0 ? 1 : 2);
+      model->push_back(BasicBlock(width));
+      in = width;
+    }
+    model->push_back(nn::AdaptiveAvgPool2d(1));
+    model->push_back(nn::Flatten());
+    model->push_back(nn::Linear(in, 10));
+    return model;
+  }
+  throw UsageError("--model must be 'mlp', 'cnn' or 'resnet' but is '" + kind + "'");
 }
 
 int64_t SavedActivationsPerSample(const std::string& kind) {
@@ -23,7 +68,19 @@ int64_t SavedActivationsPerSample(const std::string& kind) {
   if (kind == "cnn") {
     return 784 + 32 * 28 * 28 + 32 * 14 * 14 + 64 * 14 * 14 + 64 * 7 * 7 + 128 + 10 + 10;
   }
-  throw UsageError("--model must be 'mlp' or 'cnn' but is '" + kind + "'");
+  if (kind == "resnet") {
+    // Per stage of c channels on s x s pixels: three Conv2d + BatchNorm2d (+ ReLU) units, each
+    // keeping the convolution's output (BatchNorm's input) and the ReLU's output, plus the
+    // block's sum; then the pooled features, the logits and their log-softmax.
+    int64_t total = 784;
+    int64_t side = 28;
+    for (int64_t width : kResnetWidths) {
+      total += 7 * width * side * side;
+      side = (side + 1) / 2;
+    }
+    return total + kResnetWidths[2] + 10 + 10;
+  }
+  throw UsageError("--model must be 'mlp', 'cnn' or 'resnet' but is '" + kind + "'");
 }
 
 }  // namespace tandem::examples

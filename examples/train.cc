@@ -55,7 +55,9 @@ ABSL_FLAG(std::string, devices, "",
 ABSL_FLAG(std::string, device, "", "One device to train on: an alias of --devices=DEVICE");
 ABSL_FLAG(int, threads, 0,
           "Cores each CPU device may use (0: the machine's cores / the number of CPU devices)");
-ABSL_FLAG(std::string, model, "mlp", "mlp (784-256-128-10) or cnn (two conv+pool blocks)");
+ABSL_FLAG(std::string, model, "mlp",
+          "mlp (784-256-128-10), cnn (two conv+pool blocks) or resnet (conv+BN stem, three "
+          "residual stages of 16/32/64 channels, global average pooling)");
 ABSL_FLAG(std::string, optimizer, "sgd", "sgd (momentum 0.9) or adam");
 ABSL_FLAG(double, lr, 0.05, "Peak learning rate (0.05 suits sgd, 0.001 adam)");
 ABSL_FLAG(std::string, lr_decay, "cosine",
