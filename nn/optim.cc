@@ -76,6 +76,17 @@ void RunPieces(const std::vector<int64_t>& sizes,
   }
 }
 
+// GCC vectorises at -O2 only loops that its "very cheap" cost model accepts, which leaves
+// these update loops scalar; this lets it vectorise them (about 4x fewer instructions). The
+// arithmetic of each element is the same in a vector lane as in the scalar tail, so results
+// do not depend on where a piece starts. (Adam's and RMSprop's sqrt stays scalar: GCC
+// keeps errno for it.) Clang vectorises these loops at -O2 by itself.
+#if defined(__GNUC__) && !defined(__clang__)
+#define TANDEM_VECTORIZE __attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic")))
+#else
+#define TANDEM_VECTORIZE
+#endif
+
 // ---- SGD's fused CPU update --------------------------------------------------------------
 
 struct SgdItem {
@@ -88,7 +99,7 @@ struct SgdItem {
 };
 
 template <bool kDecay, bool kMomentum, bool kNesterov, bool kFirst>
-void SgdKernel(const SgdItem& it, int64_t begin, int64_t end) {
+TANDEM_VECTORIZE void SgdKernel(const SgdItem& it, int64_t begin, int64_t end) {
   float* __restrict p = it.p;
   const float* __restrict g = it.g;
   float* __restrict b = it.buffer;
@@ -139,7 +150,7 @@ struct AdamItem {
   bool l2;  // weight decay folded into the gradient (Adam); AdamW scales p by decay_factor
 };
 
-void AdamKernel(const AdamItem& it, int64_t begin, int64_t end) {
+TANDEM_VECTORIZE void AdamKernel(const AdamItem& it, int64_t begin, int64_t end) {
   float* __restrict p = it.p;
   const float* __restrict g = it.g;
   float* __restrict m = it.m;
@@ -170,7 +181,7 @@ struct RmsItem {
 };
 
 template <bool kMomentum, bool kCentered>
-void RmsKernel(const RmsItem& it, int64_t begin, int64_t end) {
+TANDEM_VECTORIZE void RmsKernel(const RmsItem& it, int64_t begin, int64_t end) {
   float* __restrict p = it.p;
   const float* __restrict g = it.g;
   float* __restrict v = it.square_avg;
