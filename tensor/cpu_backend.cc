@@ -948,6 +948,9 @@ void CpuBackend::Im2Col(int index, const Conv2dGeometry& g, const float* image, 
                                g.columns_start(image_channel / g.channels,
                                                image_channel % g.channels, out_plane) +
                                (row % window) * g.columns_tap_stride(out_plane);
+                  // x = ox * stride - pad + kx * dilation lies inside for ox in [lo, hi).
+                  const int64_t shift = kx * g.dilation_w - g.pad_w;
+                  const auto [lo, hi] = InsideRange(shift, g.stride_w, g.width, out_w);
                   for (int64_t oy = 0; oy < out_h; ++oy) {
                     const int64_t y = oy * g.stride_h - g.pad_h + ky * g.dilation_h;
                     float* out_row = out + oy * out_w;
@@ -956,9 +959,6 @@ void CpuBackend::Im2Col(int index, const Conv2dGeometry& g, const float* image, 
                       continue;
                     }
                     const float* in_row = in + y * g.width;
-                    // x = ox * stride - pad + kx * dilation lies inside for ox in [lo, hi).
-                    const int64_t shift = kx * g.dilation_w - g.pad_w;
-                    const auto [lo, hi] = InsideRange(shift, g.stride_w, g.width, out_w);
                     std::fill(out_row, out_row + lo, 0.0f);
                     if (g.stride_w == 1) {
                       std::copy(in_row + lo + shift, in_row + hi + shift, out_row + lo);
@@ -993,13 +993,13 @@ void CpuBackend::Col2Im(int index, const Conv2dGeometry& g, const float* columns
                     const float* in = columns +
                                       g.columns_start(p / g.channels, p % g.channels, out_plane) +
                                       w * g.columns_tap_stride(out_plane);
+                    const int64_t shift = kx * g.dilation_w - g.pad_w;
+                    const auto [lo, hi] = InsideRange(shift, g.stride_w, g.width, out_w);
                     for (int64_t oy = 0; oy < out_h; ++oy) {
                       const int64_t y = oy * g.stride_h - g.pad_h + ky * g.dilation_h;
                       if (y < 0 || y >= g.height) continue;
                       float* out_row = out + y * g.width;
                       const float* in_row = in + oy * out_w;
-                      const int64_t shift = kx * g.dilation_w - g.pad_w;
-                      const auto [lo, hi] = InsideRange(shift, g.stride_w, g.width, out_w);
                       if (g.stride_w == 1) {
                         float* target = out_row + shift;
                         for (int64_t ox = lo; ox < hi; ++ox) target[ox] += in_row[ox];
