@@ -7,6 +7,7 @@
 #
 #   bash fuzz/run.sh                     # every target, 30 s each
 #   bash fuzz/run.sh idx_fuzzer 120      # one target, 2 minutes
+#   bash fuzz/run.sh all 10              # every target, 10 s each
 #
 # Environment: TANDEM_FUZZ_OUTPUT_BASE (default ~/.cache/bazel/_tandem_fuzz/<hash of this
 # checkout>), TANDEM_FUZZ_ARTIFACTS (default $TMPDIR/tandem-fuzz-artifacts).
@@ -28,7 +29,7 @@ fi
 
 targets=(checkpoint_fuzzer device_fuzzer flags_fuzzer idx_fuzzer)
 seconds=30
-if [[ $# -ge 1 ]]; then targets=("$1"); fi
+if [[ $# -ge 1 && -n "$1" && "$1" != all ]]; then targets=("$1"); fi
 if [[ $# -ge 2 ]]; then seconds="$2"; fi
 
 output_base="${TANDEM_FUZZ_OUTPUT_BASE:-$HOME/.cache/bazel/_tandem_fuzz/$(printf '%s' "$root" | md5sum | cut -c1-32)}"
