@@ -843,6 +843,31 @@ TEST_F(LayersTest, MaxPool2dCeilModeKeepsThePartialLastWindow) {
             "MaxPool2d(kernel_size=2, stride=2, padding=0, dilation=1, ceil_mode=True)");
 }
 
+TEST_F(LayersTest, MaxPool2dPicksTheFirstOfTiedMaximaAndTheFirstNaN) {
+  // 3x3 windows, stride 2, padding 1 on 5x5 ones: windows start at -1, 1, 3 along each axis,
+  // so each output's gradient goes to its window's first pixel inside: rows/columns 0, 1, 3.
+  Tensor x = ones({1, 1, 5, 5});
+  x.set_requires_grad(true);
+  sum(MaxPool2d(3, 2, 1).forward(x)).backward();
+  std::vector<float> expected(25, 0.0f);
+  for (int r : {0, 1, 3})
+    for (int c : {0, 1, 3}) expected[r * 5 + c] = 1.0f;
+  EXPECT_EQ(x.grad().to_vector<float>(), expected);
+  // NaN wins over numbers; of two NaNs the first in the window (row by row) is chosen.
+  std::vector<float> values(16, 0.0f);
+  values[1] = values[4] = std::numeric_limits<float>::quiet_NaN();  // (0, 1) and (1, 0)
+  values[10] = 5.0f;
+  Tensor y = from_vector(values, {1, 1, 4, 4});
+  y.set_requires_grad(true);
+  Tensor pooled = MaxPool2d(2).forward(y);
+  EXPECT_TRUE(std::isnan(pooled.to_vector<float>()[0]));
+  sum(pooled).backward();
+  const std::vector<float> grad = y.grad().to_vector<float>();
+  EXPECT_EQ(grad[1], 1.0f);
+  EXPECT_EQ(grad[4], 0.0f);
+  EXPECT_EQ(grad[10], 1.0f);
+}
+
 // ---- AvgPool2d, AdaptiveAvgPool2d ----------------------------------------------------------
 
 TEST_F(LayersTest, AvgPool2dAveragesWindows) {

@@ -1014,6 +1014,21 @@ void CpuBackend::Col2Im(int index, const Conv2dGeometry& g, const float* columns
               });
 }
 
+// Replaces<true>(v, *best) (NaN wins, ties keep the earlier) without branches: a comparison
+// on random data mispredicts half the time, and GCC keeps a branch for a float select, so
+// the select is done on the bits.
+inline void TakeIfGreater(float v, int64_t at, float* best, int64_t* best_at) {
+  const float b = *best;
+  const int take = static_cast<int>(v > b) | (static_cast<int>(v != v) & static_cast<int>(b == b));
+  const uint32_t mask = 0u - static_cast<uint32_t>(take);
+  uint32_t v_bits, b_bits;
+  std::memcpy(&v_bits, &v, sizeof(v));
+  std::memcpy(&b_bits, &b, sizeof(b));
+  b_bits = (v_bits & mask) | (b_bits & ~mask);
+  std::memcpy(best, &b_bits, sizeof(b_bits));
+  *best_at += (at - *best_at) & -static_cast<int64_t>(take);
+}
+
 void CpuBackend::MaxPool2d(int index, const Conv2dGeometry& g, const float* input, float* output,
                            int64_t* argmax) {
   CheckIndex(index);
@@ -1036,35 +1051,43 @@ void CpuBackend::MaxPool2d(int index, const Conv2dGeometry& g, const float* inpu
                   for (int64_t oy = 0; oy < out_h; ++oy) {
                     const int64_t y0 = std::max<int64_t>(oy * g.stride_h - g.pad_h, 0);
                     const int64_t y1 = std::min(oy * g.stride_h - g.pad_h + g.kernel_h, g.height);
-                    for (int64_t ox = 0; ox < out_w; ++ox) {
+                    float* best = output + p * out_plane + oy * out_w;
+                    int64_t* best_at = argmax + p * out_plane + oy * out_w;
+                    // One output: its window's part inside the image, scanned row by row
+                    // (never empty: pad <= kernel / 2; padding is -inf).
+                    const auto pool_one = [&](int64_t ox) {
                       const int64_t x0 = std::max<int64_t>(ox * g.stride_w - g.pad_w, 0);
                       const int64_t x1 = std::min(ox * g.stride_w - g.pad_w + g.kernel_w, g.width);
-                      // Padding is -inf, so the maximum is over the window's part inside the image,
-                      // which is never empty (pad <= kernel / 2).
-                      int64_t best_at = y0 * g.width + x0;
-                      float best = in[best_at];
+                      best_at[ox] = y0 * g.width + x0;
+                      best[ox] = in[best_at[ox]];
                       for (int64_t y = y0; y < y1; ++y) {
                         for (int64_t x = x0; x < x1; ++x) {
-                          const int64_t at = y * g.width + x;
-                          const float v = in[at];
-                          // Replaces<true>(v, best) without branches: a comparison on random
-                          // data mispredicts half the time, and GCC keeps a branch for a
-                          // float select, so the select is done on the bits.
-                          const int take =
-                              static_cast<int>(v > best) |
-                              (static_cast<int>(v != v) & static_cast<int>(best == best));
-                          const uint32_t mask = 0u - static_cast<uint32_t>(take);
-                          uint32_t v_bits, best_bits;
-                          std::memcpy(&v_bits, &v, sizeof(v));
-                          std::memcpy(&best_bits, &best, sizeof(best));
-                          best_bits = (v_bits & mask) | (best_bits & ~mask);
-                          std::memcpy(&best, &best_bits, sizeof(best));
-                          best_at += (at - best_at) & -static_cast<int64_t>(take);
+                          TakeIfGreater(in[y * g.width + x], y * g.width + x, &best[ox],
+                                        &best_at[ox]);
                         }
                       }
-                      const int64_t o = p * out_plane + oy * out_w + ox;
-                      output[o] = best;
-                      argmax[o] = best_at;
+                    };
+                    // Outputs whose window lies inside horizontally, [lo, hi), go tap by tap
+                    // across the row (the same scan order per output, but independent
+                    // outputs in the inner loop instead of one dependent chain).
+                    const int64_t lo = std::min(out_w, (g.pad_w + g.stride_w - 1) / g.stride_w);
+                    const int64_t room = g.width + g.pad_w - g.kernel_w;
+                    const int64_t hi = room < 0 ? lo : std::clamp(room / g.stride_w + 1, lo, out_w);
+                    for (int64_t ox = 0; ox < lo; ++ox) pool_one(ox);
+                    for (int64_t ox = hi; ox < out_w; ++ox) pool_one(ox);
+                    const int64_t first = y0 * g.width - g.pad_w;
+                    for (int64_t ox = lo; ox < hi; ++ox) {
+                      best_at[ox] = first + ox * g.stride_w;
+                      best[ox] = in[best_at[ox]];
+                    }
+                    for (int64_t y = y0; y < y1; ++y) {
+                      for (int64_t kx = y == y0 ? 1 : 0; kx < g.kernel_w; ++kx) {
+                        const int64_t tap = y * g.width - g.pad_w + kx;
+                        for (int64_t ox = lo; ox < hi; ++ox) {
+                          const int64_t at = tap + ox * g.stride_w;
+                          TakeIfGreater(in[at], at, &best[ox], &best_at[ox]);
+                        }
+                      }
                     }
                   }
                 }
