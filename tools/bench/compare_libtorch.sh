@@ -11,7 +11,8 @@
 # libtorch's OpenMP threads spin after each parallel region while OpenBLAS's own threads
 # run its matrix products; on a machine with few cores that costs it 10x. So libtorch runs
 # twice a round, with the default OpenMP wait policy and with OMP_WAIT_POLICY=PASSIVE, and
-# Tandem is compared with the faster of the two.
+# Tandem is compared with the faster of the two. OpenBLAS, under both, gets THREADS threads.
+# THREADS=1 compares the two on one core, where libtorch's threading plays no part.
 #
 # Installs libtorch-dev when it is missing (as root or through sudo; about 1 GB with its
 # dependencies) and builds the libtorch program with g++ outside Bazel: libtorch is not a
@@ -54,8 +55,9 @@ t_all=() d_all=() p_all=()
 for ((r = 1; r <= ROUNDS; ++r)); do
   t=$("$tandem" --model=mlp --batch_size="$BATCH" --devices=cpu:0 --threads="$THREADS" \
     --steps="$STEPS" --warmup="$WARMUP" | field)
-  d=$("$program" "$BATCH" "$THREADS" "$STEPS" "$WARMUP" | field)
-  p=$(OMP_WAIT_POLICY=PASSIVE "$program" "$BATCH" "$THREADS" "$STEPS" "$WARMUP" | field)
+  d=$(OPENBLAS_NUM_THREADS=$THREADS "$program" "$BATCH" "$THREADS" "$STEPS" "$WARMUP" | field)
+  p=$(OPENBLAS_NUM_THREADS=$THREADS OMP_WAIT_POLICY=PASSIVE "$program" "$BATCH" "$THREADS" \
+    "$STEPS" "$WARMUP" | field)
   printf '%-6s %14s %22s %22s\n' "$r" "$t" "$d" "$p"
   t_all+=("$t") d_all+=("$d") p_all+=("$p")
 done
