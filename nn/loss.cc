@@ -90,6 +90,25 @@ void CheckBeta(double beta, const char* op) {
   TANDEM_CHECK(beta >= 0.0, op, ": beta must be >= 0 (0 gives the L1 loss) but is ", beta);
 }
 
+// The sum of the per-element losses and what the mean divides by, as LossParts.
+LossParts ElementParts(const Tensor& loss, Reduction reduction) {
+  switch (reduction) {
+    case Reduction::kNone:
+      return {loss, Tensor(), reduction};
+    case Reduction::kSum:
+      return {sum(loss), Tensor(), reduction};
+    case Reduction::kMean:
+      break;
+  }
+  return {sum(loss), full({}, static_cast<double>(loss.numel()), loss.device()), reduction};
+}
+
+// forward()'s value from its parts.
+Tensor Finish(const LossParts& parts) {
+  if (parts.reduction == Reduction::kMean) return div(parts.numerator, parts.denominator);
+  return parts.numerator;
+}
+
 Tensor Reduce(const Tensor& loss, Reduction reduction) {
   switch (reduction) {
     case Reduction::kNone:
@@ -171,34 +190,54 @@ int64_t CheckClassTargets(const Tensor& targets, int64_t classes, int64_t ignore
   return counts[0];
 }
 
-// The class-index path of cross_entropy (scores are logits) and nll_loss (log-probabilities).
-Tensor ClassIndexLoss(const Tensor& input, const Tensor& target, bool logits, const Tensor& weight,
-                      int64_t ignore_index, Reduction reduction, double label_smoothing,
-                      const char* op) {
-  const ClassRows rows = ToRows(input, op);
-  const int64_t classes = rows.classes;
+// Class-index targets, checked, as [M] against the scores as rows [M, C].
+struct ClassIndexTargets {
+  ClassRows rows;
+  Tensor t;  // [M]
+  int64_t m = 0;
+  int64_t ignored_count = 0;
+};
+
+ClassIndexTargets PrepareClassIndex(const Tensor& input, const Tensor& target, bool logits,
+                                    int64_t ignore_index, const char* op) {
+  ClassIndexTargets p;
+  p.rows = ToRows(input, op);
   TANDEM_CHECK(target.dtype() == kInt64, op, ": target must be int64 class indices but is ",
                target.dtype(),
                logits ? "; convert it with .to(kInt64) (class probabilities must have input's "
                         "shape)"
                       : "; convert it with .to(kInt64)");
-  TANDEM_CHECK(target.shape() == rows.element_shape, op, ": input is ",
+  TANDEM_CHECK(target.shape() == p.rows.element_shape, op, ": input is ",
                ShapeToString(input.shape()), " so class-index targets must be ",
-               ShapeToString(rows.element_shape), " (input's shape without C",
+               ShapeToString(p.rows.element_shape), " (input's shape without C",
                input.dim() == 1 ? "" : ", its dimension 1",
                logits ? "; class probabilities would have input's shape" : "", ") but are ",
                ShapeToString(target.shape()));
-  const int64_t m = NumElements(rows.element_shape);
-  const Tensor t = target.reshape({m});
-  const int64_t ignored_count = CheckClassTargets(t, classes, ignore_index, op);
+  p.m = NumElements(p.rows.element_shape);
+  p.t = target.reshape({p.m});
+  p.ignored_count = CheckClassTargets(p.t, p.rows.classes, ignore_index, op);
+  return p;
+}
 
-  // The common case: the fused kernels.
-  if (!weight.defined() && label_smoothing == 0.0 && reduction == Reduction::kMean &&
-      ignored_count == 0) {
-    return logits ? tandem::cross_entropy(rows.rows, t) : tandem::nll_loss(rows.rows, t);
-  }
+// The common case, which the fused kernels compute: a plain mean over targets none ignored.
+bool FusedMean(const ClassIndexTargets& p, const Tensor& weight, Reduction reduction,
+               double label_smoothing) {
+  return !weight.defined() && label_smoothing == 0.0 && reduction == Reduction::kMean &&
+         p.ignored_count == 0;
+}
 
-  const Tensor log_probs = logits ? log_softmax(rows.rows, 1) : rows.rows;
+Tensor FusedMeanLoss(const ClassIndexTargets& p, bool logits) {
+  return logits ? tandem::cross_entropy(p.rows.rows, p.t) : tandem::nll_loss(p.rows.rows, p.t);
+}
+
+// The general class-index path of cross_entropy (scores are logits) and nll_loss
+// (log-probabilities), as parts.
+LossParts ClassIndexParts(const ClassIndexTargets& p, bool logits, const Tensor& weight,
+                          int64_t ignore_index, Reduction reduction, double label_smoothing) {
+  const int64_t classes = p.rows.classes;
+  const int64_t m = p.m;
+  const Tensor& t = p.t;
+  const Tensor log_probs = logits ? log_softmax(p.rows.rows, 1) : p.rows.rows;
   const Tensor ignored =
       eq(t, full({}, static_cast<double>(ignore_index), TensorOptions(kInt64).device(t.device())));
   const Tensor safe = masked_fill(t, ignored, 0.0);  // any valid index where ignored
@@ -216,7 +255,8 @@ Tensor ClassIndexLoss(const Tensor& input, const Tensor& target, bool logits, co
     loss = masked_fill(neg(picked), ignored, 0.0);
   }
   if (label_smoothing > 0.0) {
-    // PyTorch: (1 - s) nll + s / C * (-sum_c w_c log p_c), the second term 0 where ignored.
+    // PyTorch: (1 - s) nll + s / C * (-sum_c w_c log p_c), the second term 0 where ignored;
+    // for the mean both terms share the denominator sum of w[target] (not ignored).
     const Tensor weighted = weight.defined() ? mul(log_probs, weight) : log_probs;
     const Tensor smooth = masked_fill(neg(sum(weighted, {1})), ignored, 0.0);
     loss = add(mul(loss, 1.0 - label_smoothing),
@@ -224,22 +264,42 @@ Tensor ClassIndexLoss(const Tensor& input, const Tensor& target, bool logits, co
   }
   switch (reduction) {
     case Reduction::kNone:
-      return loss.reshape(rows.element_shape);
+      return {loss.reshape(p.rows.element_shape), Tensor(), reduction};
     case Reduction::kSum:
-      return sum(loss);
+      return {sum(loss), Tensor(), reduction};
     case Reduction::kMean:
       break;
   }
   // Over the weights of the targets not ignored (their count without a weight): 0 / 0 = NaN
   // when every target is ignored, as in PyTorch.
-  if (weight.defined()) return div(sum(loss), sum(target_weight));
-  return div(sum(loss), full({}, static_cast<double>(m - ignored_count), loss.device()));
+  if (weight.defined()) return {sum(loss), sum(target_weight), reduction};
+  return {sum(loss), full({}, static_cast<double>(m - p.ignored_count), loss.device()), reduction};
+}
+
+Tensor ClassIndexLoss(const Tensor& input, const Tensor& target, bool logits, const Tensor& weight,
+                      int64_t ignore_index, Reduction reduction, double label_smoothing,
+                      const char* op) {
+  const ClassIndexTargets p = PrepareClassIndex(input, target, logits, ignore_index, op);
+  if (FusedMean(p, weight, reduction, label_smoothing)) return FusedMeanLoss(p, logits);
+  return Finish(ClassIndexParts(p, logits, weight, ignore_index, reduction, label_smoothing));
+}
+
+LossParts ClassIndexLossParts(const Tensor& input, const Tensor& target, bool logits,
+                              const Tensor& weight, int64_t ignore_index, Reduction reduction,
+                              double label_smoothing, const char* op) {
+  const ClassIndexTargets p = PrepareClassIndex(input, target, logits, ignore_index, op);
+  if (FusedMean(p, weight, reduction, label_smoothing) && p.m > 0) {
+    // The fused mean times the count: the sum, at the cost of one multiplication.
+    const double count = static_cast<double>(p.m);
+    return {mul(FusedMeanLoss(p, logits), count), full({}, count, input.device()), reduction};
+  }
+  return ClassIndexParts(p, logits, weight, ignore_index, reduction, label_smoothing);
 }
 
 // The class-probability path of cross_entropy: target has input's shape.
-Tensor ProbabilityLoss(const Tensor& input, const Tensor& target, const Tensor& weight,
-                       int64_t ignore_index, Reduction reduction, double label_smoothing,
-                       const char* op) {
+LossParts ProbabilityParts(const Tensor& input, const Tensor& target, const Tensor& weight,
+                           int64_t ignore_index, Reduction reduction, double label_smoothing,
+                           const char* op) {
   TANDEM_CHECK(target.dtype() == kFloat32, op, ": target has input's shape ",
                ShapeToString(input.shape()),
                " so it is read as class probabilities and must be float32, but is ", target.dtype(),
@@ -259,14 +319,14 @@ Tensor ProbabilityLoss(const Tensor& input, const Tensor& target, const Tensor& 
   const Tensor loss = neg(sum(product, {1}));  // [M]
   switch (reduction) {
     case Reduction::kNone:
-      return loss.reshape(rows.element_shape);
+      return {loss.reshape(rows.element_shape), Tensor(), reduction};
     case Reduction::kSum:
-      return sum(loss);
+      return {sum(loss), Tensor(), reduction};
     case Reduction::kMean:
       break;
   }
   // Over the number of rows (input.numel() / C), as in PyTorch; NaN for none.
-  return div(sum(loss), full({}, static_cast<double>(loss.numel()), loss.device()));
+  return {sum(loss), full({}, static_cast<double>(loss.numel()), loss.device()), reduction};
 }
 
 // softplus(-x) = log(1 + e^-x) = -log sigmoid(x) as max(-x, 0) + log(1 + e^(s x)), where
@@ -292,15 +352,9 @@ void CheckBroadcastWeight(const Tensor& weight, const char* name, const Tensor& 
                input.dim() > 0 ? input.size(-1) : 1, "] for one value per class)");
 }
 
-}  // namespace
-
-// ---- Functions -------------------------------------------------------------------------------
-
-namespace functional {
-
-Tensor cross_entropy(const Tensor& input, const Tensor& target,
-                     const CrossEntropyLossOptions& options) {
-  const char* op = "cross_entropy";
+// Checks what cross_entropy's two paths share; true when target holds class probabilities.
+bool CheckCrossEntropy(const Tensor& input, const Tensor& target,
+                       const CrossEntropyLossOptions& options, const char* op) {
   CheckDefined(input, op, "input");
   CheckDefined(target, op, "target");
   CheckFloat(input, op, "input");
@@ -312,16 +366,11 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target,
                "zero-dimensional");
   const int64_t classes = input.dim() == 1 ? input.size(0) : input.size(1);
   CheckClassWeight(options.weight_, input, classes, op);
-  if (target.shape() == input.shape()) {
-    return ProbabilityLoss(input, target, options.weight_, options.ignore_index_,
-                           options.reduction_, options.label_smoothing_, op);
-  }
-  return ClassIndexLoss(input, target, /*logits=*/true, options.weight_, options.ignore_index_,
-                        options.reduction_, options.label_smoothing_, op);
+  return target.shape() == input.shape();
 }
 
-Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions& options) {
-  const char* op = "nll_loss";
+void CheckNllLoss(const Tensor& input, const Tensor& target, const NLLLossOptions& options,
+                  const char* op) {
   CheckDefined(input, op, "input");
   CheckDefined(target, op, "target");
   CheckFloat(input, op, "input");
@@ -332,12 +381,11 @@ Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions&
                "zero-dimensional");
   const int64_t classes = input.dim() == 1 ? input.size(0) : input.size(1);
   CheckClassWeight(options.weight_, input, classes, op);
-  return ClassIndexLoss(input, target, /*logits=*/false, options.weight_, options.ignore_index_,
-                        options.reduction_, /*label_smoothing=*/0.0, op);
 }
 
-Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
-                                        const BCEWithLogitsLossOptions& options) {
+// The per-element losses of the elementwise losses, checked.
+Tensor BceElements(const Tensor& input, const Tensor& target,
+                   const BCEWithLogitsLossOptions& options) {
   const char* op = "binary_cross_entropy_with_logits";
   CheckSameShapeFloats(input, target, op);
   CheckReduction(options.reduction_, op);
@@ -350,23 +398,23 @@ Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& targe
   }
   Tensor loss = add(mul(1.0 - target, input), minus_log_sigmoid);
   if (options.weight_.defined()) loss = mul(loss, options.weight_);
-  return Reduce(loss, options.reduction_);
+  return loss;
 }
 
-Tensor mse_loss(const Tensor& input, const Tensor& target, const MSELossOptions& options) {
+Tensor MseElements(const Tensor& input, const Tensor& target, const MSELossOptions& options) {
   CheckSameShapeFloats(input, target, "mse_loss");
   CheckReduction(options.reduction_, "mse_loss");
-  return Reduce(square(sub(input, target)), options.reduction_);
+  return square(sub(input, target));
 }
 
-Tensor l1_loss(const Tensor& input, const Tensor& target, const L1LossOptions& options) {
+Tensor L1Elements(const Tensor& input, const Tensor& target, const L1LossOptions& options) {
   CheckSameShapeFloats(input, target, "l1_loss");
   CheckReduction(options.reduction_, "l1_loss");
-  return Reduce(abs(sub(input, target)), options.reduction_);
+  return abs(sub(input, target));
 }
 
-Tensor smooth_l1_loss(const Tensor& input, const Tensor& target,
-                      const SmoothL1LossOptions& options) {
+Tensor SmoothL1Elements(const Tensor& input, const Tensor& target,
+                        const SmoothL1LossOptions& options) {
   const char* op = "smooth_l1_loss";
   CheckSameShapeFloats(input, target, op);
   CheckReduction(options.reduction_, op);
@@ -375,11 +423,70 @@ Tensor smooth_l1_loss(const Tensor& input, const Tensor& target,
   const Tensor diff = sub(input, target);
   const Tensor distance = abs(diff);
   // beta = 0 is the L1 loss (and 0.5 d^2 / 0 would poison the gradient of the other branch).
-  if (beta == 0.0) return Reduce(distance, options.reduction_);
+  if (beta == 0.0) return distance;
   const Tensor quadratic = mul(square(diff), 0.5 / beta);
   const Tensor linear = add(distance, -0.5 * beta);
-  return Reduce(where(lt(distance, full({}, beta, input.device())), quadratic, linear),
-                options.reduction_);
+  return where(lt(distance, full({}, beta, input.device())), quadratic, linear);
+}
+
+LossParts CrossEntropyParts(const Tensor& input, const Tensor& target,
+                            const CrossEntropyLossOptions& options) {
+  const char* op = "cross_entropy";
+  if (CheckCrossEntropy(input, target, options, op)) {
+    return ProbabilityParts(input, target, options.weight_, options.ignore_index_,
+                            options.reduction_, options.label_smoothing_, op);
+  }
+  return ClassIndexLossParts(input, target, /*logits=*/true, options.weight_, options.ignore_index_,
+                             options.reduction_, options.label_smoothing_, op);
+}
+
+LossParts NllLossParts(const Tensor& input, const Tensor& target, const NLLLossOptions& options) {
+  CheckNllLoss(input, target, options, "nll_loss");
+  return ClassIndexLossParts(input, target, /*logits=*/false, options.weight_,
+                             options.ignore_index_, options.reduction_,
+                             /*label_smoothing=*/0.0, "nll_loss");
+}
+
+}  // namespace
+
+// ---- Functions -------------------------------------------------------------------------------
+
+namespace functional {
+
+Tensor cross_entropy(const Tensor& input, const Tensor& target,
+                     const CrossEntropyLossOptions& options) {
+  const char* op = "cross_entropy";
+  if (CheckCrossEntropy(input, target, options, op)) {
+    return Finish(ProbabilityParts(input, target, options.weight_, options.ignore_index_,
+                                   options.reduction_, options.label_smoothing_, op));
+  }
+  return ClassIndexLoss(input, target, /*logits=*/true, options.weight_, options.ignore_index_,
+                        options.reduction_, options.label_smoothing_, op);
+}
+
+Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions& options) {
+  const char* op = "nll_loss";
+  CheckNllLoss(input, target, options, op);
+  return ClassIndexLoss(input, target, /*logits=*/false, options.weight_, options.ignore_index_,
+                        options.reduction_, /*label_smoothing=*/0.0, op);
+}
+
+Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
+                                        const BCEWithLogitsLossOptions& options) {
+  return Reduce(BceElements(input, target, options), options.reduction_);
+}
+
+Tensor mse_loss(const Tensor& input, const Tensor& target, const MSELossOptions& options) {
+  return Reduce(MseElements(input, target, options), options.reduction_);
+}
+
+Tensor l1_loss(const Tensor& input, const Tensor& target, const L1LossOptions& options) {
+  return Reduce(L1Elements(input, target, options), options.reduction_);
+}
+
+Tensor smooth_l1_loss(const Tensor& input, const Tensor& target,
+                      const SmoothL1LossOptions& options) {
+  return Reduce(SmoothL1Elements(input, target, options), options.reduction_);
 }
 
 }  // namespace functional
@@ -418,6 +525,12 @@ Tensor CrossEntropyLoss::forward(const Tensor& input, const Tensor& target) {
   return functional::cross_entropy(input, target, options);
 }
 
+LossParts CrossEntropyLoss::forward_parts(const Tensor& input, const Tensor& target) const {
+  CrossEntropyLossOptions options = options_;
+  options.weight_ = weight();
+  return CrossEntropyParts(input, target, options);
+}
+
 NLLLoss::NLLLoss(const NLLLossOptions& options) : options_(options) {
   CheckModuleWeight(options_.weight_, "NLLLoss", "weight");
   TANDEM_CHECK(!options_.weight_.defined() || options_.weight_.dim() == 1,
@@ -437,6 +550,12 @@ Tensor NLLLoss::forward(const Tensor& input, const Tensor& target) {
   NLLLossOptions options = options_;
   options.weight_ = weight();
   return functional::nll_loss(input, target, options);
+}
+
+LossParts NLLLoss::forward_parts(const Tensor& input, const Tensor& target) const {
+  NLLLossOptions options = options_;
+  options.weight_ = weight();
+  return NllLossParts(input, target, options);
 }
 
 BCEWithLogitsLoss::BCEWithLogitsLoss(const BCEWithLogitsLossOptions& options) : options_(options) {
@@ -463,12 +582,27 @@ Tensor BCEWithLogitsLoss::forward(const Tensor& input, const Tensor& target) {
   return functional::binary_cross_entropy_with_logits(input, target, options);
 }
 
+LossParts BCEWithLogitsLoss::forward_parts(const Tensor& input, const Tensor& target) const {
+  BCEWithLogitsLossOptions options = options_;
+  options.weight_ = weight();
+  options.pos_weight_ = pos_weight();
+  return ElementParts(BceElements(input, target, options), options.reduction_);
+}
+
 Tensor MSELoss::forward(const Tensor& input, const Tensor& target) {
   return functional::mse_loss(input, target, options_);
 }
 
+LossParts MSELoss::forward_parts(const Tensor& input, const Tensor& target) const {
+  return ElementParts(MseElements(input, target, options_), options_.reduction_);
+}
+
 Tensor L1Loss::forward(const Tensor& input, const Tensor& target) {
   return functional::l1_loss(input, target, options_);
+}
+
+LossParts L1Loss::forward_parts(const Tensor& input, const Tensor& target) const {
+  return ElementParts(L1Elements(input, target, options_), options_.reduction_);
 }
 
 SmoothL1Loss::SmoothL1Loss(const SmoothL1LossOptions& options) : options_(options) {
@@ -478,6 +612,10 @@ SmoothL1Loss::SmoothL1Loss(const SmoothL1LossOptions& options) : options_(option
 
 Tensor SmoothL1Loss::forward(const Tensor& input, const Tensor& target) {
   return functional::smooth_l1_loss(input, target, options_);
+}
+
+LossParts SmoothL1Loss::forward_parts(const Tensor& input, const Tensor& target) const {
+  return ElementParts(SmoothL1Elements(input, target, options_), options_.reduction_);
 }
 
 }  // namespace tandem::nn

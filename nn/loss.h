@@ -23,8 +23,13 @@
 //                                           nn::Reduction::kNone));   // [N, H, W]
 //
 // A module keeps its weight tensors as buffers ("weight", "pos_weight"), so to(device),
-// clone() and state_dict() carry them, as in PyTorch. tandem::cross_entropy and
-// tandem::mse_loss (tensor/ops.h) are the plain mean-reduced forms without options.
+// clone() and state_dict() carry them, as in PyTorch.
+//
+// Every loss module is also a ChunkableLoss: forward_parts() returns its reduction's parts
+// for a chunk of a batch, so that the loss of the whole batch can be put together from the
+// chunks' parts (parallel::DataParallel::forward_loss does, one chunk per replica).
+// tandem::cross_entropy and tandem::mse_loss (tensor/ops.h) are the plain mean-reduced forms
+// without options.
 #ifndef TANDEM_NN_LOSS_H_
 #define TANDEM_NN_LOSS_H_
 
@@ -41,6 +46,33 @@ namespace tandem::nn {
 // losses over the sum of the weights of the targets that are not ignored).
 enum class Reduction { kNone, kMean, kSum };
 const char* ReductionName(Reduction reduction);  // "none", "mean", "sum"
+
+// A loss on a chunk of a batch before its reduction's last step:
+//   kMean: numerator / denominator is forward()'s value; numerator (0-dim) is the sum of the
+//          per-element losses (weighted, 0 where ignored), denominator (0-dim float32) what
+//          the mean divides by: the sum of the weights of the targets not ignored
+//          (class-index losses with a weight), their count (without one), the number of rows
+//          (class probabilities) or of elements (the other losses). Over chunks the
+//          loss is sum(numerators) / sum(denominators) (0 / 0 = NaN when every target of
+//          every chunk is ignored, as in PyTorch; one chunk's 0 / 0 is harmless).
+//   kSum:  numerator (0-dim) is forward()'s value; over chunks, sum(numerators).
+//   kNone: numerator holds the per-element losses (forward()'s value, the target's shape);
+//          over chunks, the chunks' numerators concatenated along the batch dimension.
+// denominator is undefined for kSum and kNone.
+struct LossParts {
+  Tensor numerator;
+  Tensor denominator;
+  Reduction reduction = Reduction::kMean;
+};
+
+// A loss whose value over a batch can be assembled from its chunks' LossParts. The stock
+// losses below implement it consistently with their forward(); a user's loss module may too.
+// forward_parts() may be called from several threads at once.
+class ChunkableLoss {
+ public:
+  virtual ~ChunkableLoss() = default;
+  virtual LossParts forward_parts(const Tensor& input, const Tensor& target) const = 0;
+};
 
 // ---- Options (libtorch's names; setters chain) ------------------------------------------
 
@@ -169,11 +201,12 @@ Tensor smooth_l1_loss(const Tensor& input, const Tensor& target,
 
 // ---- Modules (forward(input, target); they print as PyTorch's do, without options) --------
 
-class CrossEntropyLoss : public Cloneable<CrossEntropyLoss> {
+class CrossEntropyLoss : public Cloneable<CrossEntropyLoss>, public ChunkableLoss {
  public:
   explicit CrossEntropyLoss(const CrossEntropyLossOptions& options = {});
   void reset() override;
   Tensor forward(const Tensor& input, const Tensor& target);
+  LossParts forward_parts(const Tensor& input, const Tensor& target) const override;
   const CrossEntropyLossOptions& options() const { return options_; }
   // The registered weight buffer (wherever to() moved it); undefined without one.
   Tensor weight() const;
@@ -183,11 +216,12 @@ class CrossEntropyLoss : public Cloneable<CrossEntropyLoss> {
   Buffer weight_;
 };
 
-class NLLLoss : public Cloneable<NLLLoss> {
+class NLLLoss : public Cloneable<NLLLoss>, public ChunkableLoss {
  public:
   explicit NLLLoss(const NLLLossOptions& options = {});
   void reset() override;
   Tensor forward(const Tensor& input, const Tensor& target);
+  LossParts forward_parts(const Tensor& input, const Tensor& target) const override;
   const NLLLossOptions& options() const { return options_; }
   Tensor weight() const;
 
@@ -196,11 +230,12 @@ class NLLLoss : public Cloneable<NLLLoss> {
   Buffer weight_;
 };
 
-class BCEWithLogitsLoss : public Cloneable<BCEWithLogitsLoss> {
+class BCEWithLogitsLoss : public Cloneable<BCEWithLogitsLoss>, public ChunkableLoss {
  public:
   explicit BCEWithLogitsLoss(const BCEWithLogitsLossOptions& options = {});
   void reset() override;
   Tensor forward(const Tensor& input, const Tensor& target);
+  LossParts forward_parts(const Tensor& input, const Tensor& target) const override;
   const BCEWithLogitsLossOptions& options() const { return options_; }
   Tensor weight() const;
   Tensor pos_weight() const;
@@ -211,33 +246,36 @@ class BCEWithLogitsLoss : public Cloneable<BCEWithLogitsLoss> {
   Buffer pos_weight_;
 };
 
-class MSELoss : public Cloneable<MSELoss> {
+class MSELoss : public Cloneable<MSELoss>, public ChunkableLoss {
  public:
   explicit MSELoss(const MSELossOptions& options = {}) : options_(options) {}
   void reset() override {}
   Tensor forward(const Tensor& input, const Tensor& target);
+  LossParts forward_parts(const Tensor& input, const Tensor& target) const override;
   const MSELossOptions& options() const { return options_; }
 
  private:
   MSELossOptions options_;
 };
 
-class L1Loss : public Cloneable<L1Loss> {
+class L1Loss : public Cloneable<L1Loss>, public ChunkableLoss {
  public:
   explicit L1Loss(const L1LossOptions& options = {}) : options_(options) {}
   void reset() override {}
   Tensor forward(const Tensor& input, const Tensor& target);
+  LossParts forward_parts(const Tensor& input, const Tensor& target) const override;
   const L1LossOptions& options() const { return options_; }
 
  private:
   L1LossOptions options_;
 };
 
-class SmoothL1Loss : public Cloneable<SmoothL1Loss> {
+class SmoothL1Loss : public Cloneable<SmoothL1Loss>, public ChunkableLoss {
  public:
   explicit SmoothL1Loss(const SmoothL1LossOptions& options = {});
   void reset() override {}
   Tensor forward(const Tensor& input, const Tensor& target);
+  LossParts forward_parts(const Tensor& input, const Tensor& target) const override;
   const SmoothL1LossOptions& options() const { return options_; }
 
  private:

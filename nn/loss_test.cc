@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "nn/test_util.h"
@@ -645,6 +646,88 @@ TEST_F(LossTest, CudaMatchesCpu) {
   compare("L1Loss", l1, logits, randn({64, 10}));
   SmoothL1Loss smooth(SmoothL1LossOptions().beta(0.5));
   compare("SmoothL1Loss", smooth, logits, randn({64, 10}));
+}
+
+// forward_parts() is forward() before its reduction's last step: numerator / denominator for
+// kMean, numerator for kSum and kNone.
+void ExpectPartsMatchForward(const std::string& name, Module& loss, const Tensor& input,
+                             const Tensor& target) {
+  SCOPED_TRACE(name);
+  const auto& chunkable = dynamic_cast<const ChunkableLoss&>(loss);
+  const Tensor value = loss.forward_tensors({input, target}).at(0);
+  const LossParts parts = chunkable.forward_parts(input, target);
+  ASSERT_TRUE(parts.numerator.defined());
+  if (parts.reduction == Reduction::kNone) {
+    EXPECT_FALSE(parts.denominator.defined());
+    ASSERT_EQ(parts.numerator.shape(), value.shape());
+    EXPECT_LE(MaxAbsDiff(parts.numerator, value), 1e-5);
+    return;
+  }
+  EXPECT_EQ(parts.numerator.dim(), 0);
+  if (parts.reduction == Reduction::kSum) {
+    EXPECT_FALSE(parts.denominator.defined());
+    EXPECT_NEAR(parts.numerator.item(), value.item(), 1e-4 * std::max(1.0, std::abs(value.item())));
+    return;
+  }
+  ASSERT_TRUE(parts.denominator.defined());
+  EXPECT_EQ(parts.denominator.dim(), 0);
+  const double ratio = parts.numerator.item() / parts.denominator.item();
+  if (std::isnan(value.item())) {
+    EXPECT_TRUE(std::isnan(ratio));
+  } else {
+    EXPECT_NEAR(ratio, value.item(), 1e-5 * std::max(1.0, std::abs(value.item())));
+  }
+}
+
+TEST_F(LossTest, ForwardPartsAreForwardBeforeItsReduction) {
+  const Tensor logits = randn({12, 5});
+  const Tensor labels = Labels({0, 1, 2, 3, 4, -100, 1, 2, -100, 4, 0, 3}, {12});
+  const Tensor all_valid = Labels({0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 3}, {12});
+  const Tensor weight = Floats({0.5f, 2.0f, 1.0f, 3.0f, 0.25f}, {5});
+  for (Reduction reduction : {Reduction::kMean, Reduction::kSum, Reduction::kNone}) {
+    const std::string r = ReductionName(reduction);
+    CrossEntropyLoss plain(CrossEntropyLossOptions().reduction(reduction));
+    ExpectPartsMatchForward("CrossEntropyLoss " + r, plain, logits, all_valid);
+    ExpectPartsMatchForward("CrossEntropyLoss ignored " + r, plain, logits, labels);
+    CrossEntropyLoss weighted(CrossEntropyLossOptions().weight(weight).reduction(reduction));
+    ExpectPartsMatchForward("CrossEntropyLoss weight " + r, weighted, logits, labels);
+    CrossEntropyLoss smoothed(
+        CrossEntropyLossOptions().weight(weight).label_smoothing(0.2).reduction(reduction));
+    ExpectPartsMatchForward("CrossEntropyLoss smoothing " + r, smoothed, logits, labels);
+    ExpectPartsMatchForward("CrossEntropyLoss probabilities " + r, smoothed, logits,
+                            softmax(randn({12, 5}), 1));
+    NLLLoss nll(NLLLossOptions().weight(weight).reduction(reduction));
+    ExpectPartsMatchForward("NLLLoss " + r, nll, log_softmax(logits, 1), labels);
+    BCEWithLogitsLoss bce(
+        BCEWithLogitsLossOptions().weight(rand({5})).pos_weight(rand({5})).reduction(reduction));
+    ExpectPartsMatchForward("BCEWithLogitsLoss " + r, bce, logits, rand({12, 5}));
+    MSELoss mse(MSELossOptions().reduction(reduction));
+    ExpectPartsMatchForward("MSELoss " + r, mse, logits, randn({12, 5}));
+    L1Loss l1(L1LossOptions().reduction(reduction));
+    ExpectPartsMatchForward("L1Loss " + r, l1, logits, randn({12, 5}));
+    SmoothL1Loss smooth(SmoothL1LossOptions().beta(0.5).reduction(reduction));
+    ExpectPartsMatchForward("SmoothL1Loss " + r, smooth, logits, randn({12, 5}));
+  }
+}
+
+TEST_F(LossTest, ForwardPartsDenominatorsAreWeightTotalsAndCounts) {
+  const Tensor logits = randn({4, 3});
+  const Tensor labels = Labels({0, -100, 2, 2}, {4});
+  // The default: the fused kernel's mean times the count.
+  LossParts parts = CrossEntropyLoss().forward_parts(logits, Labels({0, 1, 2, 2}, {4}));
+  EXPECT_FLOAT_EQ(parts.denominator.item(), 4.0f);
+  parts = CrossEntropyLoss().forward_parts(logits, labels);
+  EXPECT_FLOAT_EQ(parts.denominator.item(), 3.0f);
+  const Tensor weight = Floats({0.5f, 2.0f, 4.0f}, {3});
+  parts = CrossEntropyLoss(CrossEntropyLossOptions().weight(weight)).forward_parts(logits, labels);
+  EXPECT_FLOAT_EQ(parts.denominator.item(), 8.5f);
+  // A chunk whose targets are all ignored: 0 / 0 in parts, no error.
+  parts = CrossEntropyLoss(CrossEntropyLossOptions().weight(weight))
+              .forward_parts(logits, Labels({-100, -100, -100, -100}, {4}));
+  EXPECT_FLOAT_EQ(parts.numerator.item(), 0.0f);
+  EXPECT_FLOAT_EQ(parts.denominator.item(), 0.0f);
+  parts = MSELoss().forward_parts(logits, randn({4, 3}));
+  EXPECT_FLOAT_EQ(parts.denominator.item(), 12.0f);
 }
 
 }  // namespace
