@@ -365,10 +365,19 @@ int Run() {
     double loss_sum = 0;
     int64_t seen = 0, step = 0;
     for (data::Batch& batch : train_loader) {
-      Tensor loss = use_forward_loss ? dp->forward_loss(criterion, batch.data(), batch.target())
-                                     : criterion.forward(dp->forward(batch.data()), batch.target());
-      optimizer.optimizer->zero_grad();
-      loss.backward();
+      Tensor loss;
+      try {
+        loss = use_forward_loss ? dp->forward_loss(criterion, batch.data(), batch.target())
+                                : criterion.forward(dp->forward(batch.data()), batch.target());
+        optimizer.optimizer->zero_grad();
+        loss.backward();
+      } catch (const Error& e) {
+        if (!AnomalyMode::IsEnabled()) throw;
+        bar.Finish();  // --detect_anomaly found a NaN or inf: say where in the run
+        throw std::runtime_error(
+            absl::StrFormat("stopped at epoch %d, step %d of %d (--detect_anomaly): %s", epoch,
+                            step + 1, steps, examples::OneLine(e.what())));
+      }
       optimizer.optimizer->step();
       ++splits[dp->last_chunk_sizes()];
       const int64_t n = batch.size();

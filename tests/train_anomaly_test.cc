@@ -62,7 +62,8 @@ TEST(TrainAnomalyTest, ADivergingRunStopsAtTheFirstNonFiniteValueNamingTheOp) {
       Train("anomaly", std::string(kCommon) + " --lr=1e6 --lr_decay=none --detect_anomaly");
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_THAT(r.out, HasSubstr("Anomaly detection on (--detect_anomaly)"));
-  EXPECT_THAT(r.err, StartsWith("train: "));
+  EXPECT_THAT(r.err, StartsWith("train: stopped at epoch 1, step "));
+  EXPECT_THAT(r.err, ContainsRegex("step [0-9]+ of 10 \\(--detect_anomaly\\): "));
   EXPECT_THAT(r.err, ContainsRegex("anomaly detected in the (forward|backward) pass: "));
   EXPECT_THAT(r.err, ContainsRegex("[A-Za-z0-9]+Backward on cpu:[01]"));
   EXPECT_THAT(r.err, ContainsRegex("[0-9]+ NaN and [0-9]+ inf among its [0-9]+ values"));
