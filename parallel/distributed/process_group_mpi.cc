@@ -114,10 +114,13 @@ struct ProcessGroupMpi::Impl {
     }
   }
 
-  // Polls `request` until it completes or `deadline` passes. Spins first (latency), then
-  // yields, then sleeps (a peer that is far behind should not cost a core).
+  // Polls `request` until it completes or `deadline` passes: spins for 50 us (latency), then
+  // yields between polls (so that a compute thread sharing the core keeps it: DDP overlaps
+  // backward with all-reduce), and sleeps between polls once 200 ms have passed (a peer far
+  // behind should not cost a core).
   void Await(MPI_Request* request, Clock::time_point deadline, const std::string& what) const {
     const Clock::time_point start = Clock::now();
+    Clock::duration waited{};
     for (int64_t polls = 0;; ++polls) {
       int done = 0;
       {
@@ -125,20 +128,22 @@ struct ProcessGroupMpi::Impl {
         Check(MPI_Test(request, &done, MPI_STATUS_IGNORE), "MPI_Test", what);
       }
       if (done) return;
-      if ((polls & 63) != 0) continue;
-      const Clock::time_point now = Clock::now();
-      if (now > deadline) {
-        std::ostringstream seconds;
-        seconds << std::fixed << std::setprecision(1)
-                << std::chrono::duration<double>(options.timeout_).count();
-        TANDEM_FAIL(prefix, what, " did not finish within ", seconds.str(),
-                    " s: a peer rank has failed, exited or not issued the same collective (every "
-                    "rank must issue the same collectives in the same order); raise "
-                    "ProcessGroupMpiOptions::timeout if a rank is only slow");
+      if ((polls & 15) == 0) {
+        const Clock::time_point now = Clock::now();
+        waited = now - start;
+        if (now > deadline) {
+          std::ostringstream seconds;
+          seconds << std::fixed << std::setprecision(1)
+                  << std::chrono::duration<double>(options.timeout_).count();
+          TANDEM_FAIL(prefix, what, " did not finish within ", seconds.str(),
+                      " s: a peer rank has failed, exited or not issued the same collective "
+                      "(every rank must issue the same collectives in the same order); raise "
+                      "ProcessGroupMpiOptions::timeout if a rank is only slow");
+        }
       }
-      if (now - start > std::chrono::milliseconds(200)) {
+      if (waited > std::chrono::milliseconds(200)) {
         std::this_thread::sleep_for(std::chrono::microseconds(200));
-      } else if (now - start > std::chrono::microseconds(500)) {
+      } else if (waited > std::chrono::microseconds(50)) {
         std::this_thread::yield();
       }
     }
