@@ -5,6 +5,7 @@
 #include <set>
 #include <sstream>
 
+#include "nn/loss.h"
 #include "parallel/comm.h"
 #include "parallel/parallel_apply.h"
 #include "parallel/scatter_gather.h"
@@ -154,6 +155,36 @@ std::vector<Tensor> DataParallel::forward_tensors(const std::vector<Tensor>& inp
   return gathered;
 }
 
+namespace {
+
+// The criterion to run on `device`: itself when every parameter and buffer it has is there,
+// else a copy there (clone(device), a few floats each call) whose parameters are
+// differentiable copies of the original's, so that gradients still reach them.
+std::shared_ptr<nn::Module> CriterionOn(nn::Module& criterion, Device device) {
+  bool elsewhere = false;
+  for (const auto& list : {criterion.named_parameters(), criterion.named_buffers()}) {
+    for (const nn::NamedTensor& entry : list) {
+      if (entry.value.defined() && entry.value.device() != device) elsewhere = true;
+    }
+  }
+  if (!elsewhere) return nullptr;
+  std::shared_ptr<nn::Module> copy;
+  try {
+    copy = criterion.clone(device);
+  } catch (const Error& e) {
+    TANDEM_CHECK(false, "DataParallel::forward_loss: the criterion has parameters or buffers ",
+                 "that are not on ", device, ", where a replica computes its loss, and copying ",
+                 "it there failed: ", e.what(),
+                 "; make the criterion cloneable (nn::Cloneable) or give it no tensors");
+  }
+  for (const nn::NamedTensor& entry : criterion.named_parameters()) {
+    copy->replace_parameter(entry.name, entry.value.to(device));
+  }
+  return copy;
+}
+
+}  // namespace
+
 Tensor DataParallel::forward_loss(nn::Module& criterion, const std::vector<Tensor>& inputs,
                                   const Tensor& targets) {
   CheckModuleDevice();
@@ -163,39 +194,86 @@ Tensor DataParallel::forward_loss(nn::Module& criterion, const std::vector<Tenso
   all.push_back(targets);  // chunked with the inputs, so chunk i's targets match its rows
   const std::vector<int64_t> chunks = ChunksFor(all);
   last_chunk_sizes_ = chunks;
-  auto loss_of = [&criterion](nn::Module& model, std::vector<Tensor> replica_inputs) {
+  // Replica i's output and target chunk.
+  auto output_of = [](nn::Module& model, std::vector<Tensor> replica_inputs) {
     Tensor target = replica_inputs.back();
     replica_inputs.pop_back();
     std::vector<Tensor> out = model.forward_tensors(replica_inputs);
     TANDEM_CHECK(!out.empty(), "DataParallel::forward_loss: the module returned no output");
-    return criterion.forward_tensors({out[0], target}).at(0);
+    return std::pair<Tensor, Tensor>(out[0], target);
   };
   if (device_ids_.size() == 1 || chunks.size() <= 1) {
     std::vector<Tensor> moved;
     for (const Tensor& x : all) moved.push_back(x.to(device_ids_[0]));
-    return loss_of(*module_, moved).to(output_device_);
+    std::shared_ptr<nn::Module> copy = CriterionOn(criterion, device_ids_[0]);
+    nn::Module& local = copy ? *copy : criterion;
+    auto [output, target] = output_of(*module_, moved);
+    return local.forward_tensors({output, target}).at(0).to(output_device_);
   }
   std::vector<std::vector<Tensor>> per_replica = scatter_inputs(all, device_ids_, dim_);
   const size_t n = per_replica.size();
   std::vector<Device> devices(device_ids_.begin(), device_ids_.begin() + n);
   std::vector<std::shared_ptr<nn::Module>> replicas = replicator_->Replicate(static_cast<int>(n));
-  std::vector<std::vector<Tensor>> losses = ParallelRun(devices, [&](size_t i) {
-    Tensor loss = loss_of(*replicas[i], per_replica[i]);
+  // The criterion on each replica's device (the original where its tensors already are).
+  std::vector<std::shared_ptr<nn::Module>> copies;
+  std::vector<nn::Module*> criteria;
+  for (Device d : devices) {
+    copies.push_back(CriterionOn(criterion, d));
+    criteria.push_back(copies.back() ? copies.back().get() : &criterion);
+  }
+  const bool chunkable = dynamic_cast<const nn::ChunkableLoss*>(&criterion) != nullptr;
+  std::vector<nn::Reduction> reductions(n, nn::Reduction::kMean);
+  std::vector<std::vector<Tensor>> results = ParallelRun(devices, [&](size_t i) {
+    auto [output, target] = output_of(*replicas[i], per_replica[i]);
+    if (chunkable) {
+      const auto* loss = dynamic_cast<const nn::ChunkableLoss*>(criteria[i]);
+      TANDEM_CHECK(loss != nullptr, "DataParallel::forward_loss: the criterion's copy on ",
+                   devices[i], " is not a ChunkableLoss; its clone() must return its own type");
+      nn::LossParts parts = loss->forward_parts(output, target);
+      reductions[i] = parts.reduction;
+      if (parts.reduction == nn::Reduction::kMean) {
+        return std::vector<Tensor>{parts.numerator.reshape({1}), parts.denominator.reshape({1})};
+      }
+      if (parts.reduction == nn::Reduction::kSum) {
+        return std::vector<Tensor>{parts.numerator.reshape({1})};
+      }
+      return std::vector<Tensor>{parts.numerator};
+    }
+    Tensor loss = criteria[i]->forward_tensors({output, target}).at(0);
     TANDEM_CHECK(loss.numel() == 1,
                  "DataParallel::forward_loss: the criterion must return one "
                  "value per chunk (a mean-reduced loss) but returned shape ",
-                 ShapeToString(loss.shape()));
-    return std::vector<Tensor>{loss.reshape({})};
+                 ShapeToString(loss.shape()),
+                 "; for other reductions implement nn::ChunkableLoss (as the stock losses do)");
+    return std::vector<Tensor>{loss.reshape({1})};
   });
-  std::vector<Tensor> pieces;
+  std::vector<Tensor> numerators, denominators;
+  for (size_t i = 0; i < n; ++i) {
+    numerators.push_back(results[i][0]);
+    if (results[i].size() > 1) denominators.push_back(results[i][1]);
+  }
+  if (chunkable) {
+    switch (reductions[0]) {
+      case nn::Reduction::kNone:
+        // The per-element losses, in batch order.
+        return Gather(numerators, output_device_, dim_);
+      case nn::Reduction::kSum:
+        return Gather(numerators, output_device_, 0).sum();
+      case nn::Reduction::kMean:
+        // 0 / 0 = NaN when every target is ignored, as PyTorch gives.
+        return div(Gather(numerators, output_device_, 0).sum(),
+                   Gather(denominators, output_device_, 0).sum());
+    }
+  }
+  // Any other criterion: the chunks' losses weighted by chunk size, exact for a mean over
+  // the rows of the batch.
   std::vector<float> weights;
   int64_t total = 0;
   for (int64_t c : chunks) total += c;
   for (size_t i = 0; i < n; ++i) {
-    pieces.push_back(losses[i][0]);
     weights.push_back(static_cast<float>(static_cast<double>(chunks[i]) / total));
   }
-  Tensor per_chunk = Gather(pieces, output_device_, 0);
+  Tensor per_chunk = Gather(numerators, output_device_, 0);
   Tensor w =
       from_vector(weights, {static_cast<int64_t>(n)}, TensorOptions().device(output_device_));
   return mul(per_chunk, w).sum();

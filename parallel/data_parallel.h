@@ -59,10 +59,18 @@ class DataParallel : public nn::Module {
   }
   std::vector<Tensor> forward_tensors(const std::vector<Tensor>& inputs) override;
 
-  // criterion(module(inputs), targets) computed inside each replica on its chunk; only the
-  // per-replica losses (scalars) are gathered, weighted by chunk size, so the value and the
-  // gradients equal those of the loss on the gathered output for mean-reduced losses
-  // (CrossEntropyLoss, MSELoss). The criterion's forward takes (output, target) and may be
+  // criterion(module(inputs), targets) computed inside each replica on its chunk, so the
+  // full output is never gathered; the value and the gradients equal those of the criterion
+  // on the gathered output, on the output device. Exact for every reduction and option of
+  // the stock losses (nn::ChunkableLoss, nn/loss.h): each replica returns its reduction's
+  // parts and they are combined as the whole batch's: kMean as sum(numerators) /
+  // sum(denominators) (class weights and ignored targets included; NaN when every target is
+  // ignored, as PyTorch), kSum as the sum, kNone as the per-element losses gathered along
+  // `dim` in batch order. Any other criterion must return one value per chunk; the chunks'
+  // values are weighted by chunk size, which is exact only for a plain mean over the rows
+  // (implement nn::ChunkableLoss otherwise). A criterion whose parameters or buffers (e.g. a
+  // class weight) are not on a replica's device is cloned there for the call (gradients
+  // still reach its parameters). The criterion's forward takes (output, target) and may be
   // called from several threads at once (the stock losses are stateless).
   Tensor forward_loss(nn::Module& criterion, const std::vector<Tensor>& inputs,
                       const Tensor& targets);

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 
 #include "nn/nn.h"
 #include "tensor/testing.h"
@@ -212,6 +213,114 @@ TEST_F(DataParallelTest, ForwardLossEqualsTheLossOfTheGatheredOutput) {
       ExpectClose(Grads(*model)[i], Grads(*reference)[i]);
     }
   }
+}
+
+// forward_loss over 2 and 3 CPU devices (11 rows: uneven chunks 6+5 and 4+4+3) equals the
+// criterion on the module's output on one device: value (a tensor of the same shape) and the
+// module's gradients. For reduction none both are back-propagated with the same weights.
+void ExpectForwardLossMatchesOneDevice(const std::string& name, nn::Module& criterion,
+                                       const Tensor& x, const Tensor& y) {
+  for (int devices : {2, 3}) {
+    SCOPED_TRACE(name + " on " + std::to_string(devices) + " devices");
+    auto reference = Mlp();
+    auto model = Mlp();
+    DataParallel dp(model, CpuDevices(devices));
+    Tensor expected = criterion.forward_tensors({reference->forward(x), y}).at(0);
+    Tensor loss = dp.forward_loss(criterion, x, y);
+    ASSERT_EQ(loss.shape(), expected.shape());
+    EXPECT_EQ(loss.device(), Device::Cpu(0));
+    double scale = 1.0;
+    for (float v : expected.to_vector<float>()) scale = std::max<double>(scale, std::abs(v));
+    EXPECT_LE(MaxAbsDiff(loss, expected), 1e-5 * scale);
+    Tensor seed = expected.dim() == 0 ? ones({}) : rand(expected.shape());
+    mul(expected, seed).sum().backward();
+    mul(loss, seed).sum().backward();
+    for (size_t i = 0; i < Grads(*model).size(); ++i) {
+      ExpectClose(Grads(*model)[i], Grads(*reference)[i], 1e-5 * scale);
+    }
+  }
+}
+
+TEST_F(DataParallelTest, ForwardLossIsExactForEveryStockLossAndReduction) {
+  manual_seed(7);
+  const Tensor x = randn({11, 10});
+  const Tensor labels =
+      from_vector(std::vector<int64_t>{0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2}, {11}, kInt64);
+  // Chunk 4+4+3: the last three ignored (a replica whose denominator is 0); 6+5: the first
+  // replica's rows partly ignored.
+  const Tensor ignored =
+      from_vector(std::vector<int64_t>{3, -100, 2, 1, 0, 3, 1, 2, -100, -100, -100}, {11}, kInt64);
+  const Tensor weight = from_vector(std::vector<float>{0.5f, 2.0f, 1.0f, 3.0f}, {4});
+  const Tensor soft = rand({11, 4});
+  using nn::Reduction;
+
+  nn::CrossEntropyLoss weighted(nn::CrossEntropyLossOptions().weight(weight));
+  ExpectForwardLossMatchesOneDevice("CrossEntropyLoss weight", weighted, x, labels);
+  ExpectForwardLossMatchesOneDevice("CrossEntropyLoss weight ignored", weighted, x, ignored);
+  nn::CrossEntropyLoss plain;
+  ExpectForwardLossMatchesOneDevice("CrossEntropyLoss ignored", plain, x, ignored);
+  nn::CrossEntropyLoss smoothed(nn::CrossEntropyLossOptions().weight(weight).label_smoothing(0.1));
+  ExpectForwardLossMatchesOneDevice("CrossEntropyLoss smoothing", smoothed, x, ignored);
+  nn::CrossEntropyLoss summed(nn::CrossEntropyLossOptions().reduction(Reduction::kSum));
+  ExpectForwardLossMatchesOneDevice("CrossEntropyLoss sum", summed, x, ignored);
+  nn::CrossEntropyLoss none(
+      nn::CrossEntropyLossOptions().weight(weight).reduction(Reduction::kNone));
+  ExpectForwardLossMatchesOneDevice("CrossEntropyLoss none", none, x, ignored);
+  ExpectForwardLossMatchesOneDevice("CrossEntropyLoss probabilities", smoothed, x,
+                                    softmax(soft, 1));
+  nn::NLLLoss nll(nn::NLLLossOptions().weight(weight));
+  // On the MLP's raw output, which NLLLoss reads as log-probabilities.
+  ExpectForwardLossMatchesOneDevice("NLLLoss weight", nll, x, ignored);
+  nn::BCEWithLogitsLoss bce(nn::BCEWithLogitsLossOptions().pos_weight(add(rand({4}), 0.5)));
+  ExpectForwardLossMatchesOneDevice("BCEWithLogitsLoss pos_weight", bce, x, soft);
+  nn::MSELoss mse(nn::MSELossOptions().reduction(Reduction::kSum));
+  ExpectForwardLossMatchesOneDevice("MSELoss sum", mse, x, randn({11, 4}));
+  nn::SmoothL1Loss smooth;
+  ExpectForwardLossMatchesOneDevice("SmoothL1Loss", smooth, x, randn({11, 4}));
+}
+
+TEST_F(DataParallelTest, ForwardLossWithEveryTargetIgnoredIsNanAsInPyTorch) {
+  const Tensor x = randn({5, 10});
+  const Tensor y = full({5}, -100.0, TensorOptions(kInt64));
+  nn::CrossEntropyLoss criterion;
+  nn::CrossEntropyLoss weighted(
+      nn::CrossEntropyLossOptions().weight(from_vector(std::vector<float>{1, 2, 3, 4}, {4})));
+  for (nn::Module* c : std::vector<nn::Module*>{&criterion, &weighted}) {
+    EXPECT_TRUE(std::isnan(c->forward_tensors({Mlp()->forward(x), y}).at(0).item()));
+    DataParallel dp(Mlp(), CpuDevices(2));
+    EXPECT_TRUE(std::isnan(dp.forward_loss(*c, x, y).item()));
+  }
+}
+
+TEST_F(DataParallelTest, ForwardLossMovesTheCriterionsWeightToEachReplica) {
+  // The weight on cpu:5, a device no replica uses: each replica gets a copy on its device.
+  const Tensor weight = from_vector(std::vector<float>{0.5f, 2.0f, 1.0f, 3.0f}, {4});
+  nn::CrossEntropyLoss criterion(nn::CrossEntropyLossOptions().weight(weight));
+  nn::CrossEntropyLoss elsewhere(nn::CrossEntropyLossOptions().weight(weight));
+  elsewhere.to(Device::Cpu(5));
+  const Tensor x = randn({7, 10});
+  const Tensor y = from_vector(std::vector<int64_t>{0, 1, 2, 3, 3, 2, 1}, {7}, kInt64);
+  const double expected = criterion.forward(Mlp()->forward(x), y).item();
+  for (int devices : {1, 2, 3}) {
+    DataParallel dp(Mlp(), CpuDevices(devices));
+    EXPECT_NEAR(dp.forward_loss(elsewhere, x, y).item(), expected, 1e-5) << devices;
+    EXPECT_EQ(elsewhere.weight().device(), Device::Cpu(5));  // the criterion is left alone
+  }
+}
+
+// A criterion that is not a ChunkableLoss: the chunks' values weighted by chunk size.
+class MeanAbs : public nn::Cloneable<MeanAbs> {
+ public:
+  MeanAbs() : nn::Cloneable<MeanAbs>("MeanAbs") {}
+  void reset() override {}
+  Tensor forward(const Tensor& input, const Tensor& target) {
+    return mean(abs(sub(input, target)));
+  }
+};
+
+TEST_F(DataParallelTest, ForwardLossWeightsOtherCriteriaByChunkSize) {
+  MeanAbs criterion;
+  ExpectForwardLossMatchesOneDevice("MeanAbs", criterion, randn({11, 10}), randn({11, 4}));
 }
 
 // 20 SGD steps with DataParallel over 3 devices track 20 steps on one device.
