@@ -77,8 +77,26 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
         Dispatch(root, std::move(state->slots));
       }
     }
+    // The graph (and the tensors its nodes saved) is let go on the caller's thread before
+    // backward() returns, as in PyTorch: a worker that finished the last node may still be
+    // unwinding its task, and must not be the one holding the graph's last references.
+    struct ReleaseGraphOnExit {
+      GraphTask* task;
+      ~ReleaseGraphOnExit() { task->ReleaseGraph(); }
+    } release{this};
     WaitUntilDone();
     RunCallbacks();
+  }
+
+  // Drops the roots and any queued nodes; called once every node has run (or was skipped).
+  void ReleaseGraph() {
+    std::vector<std::shared_ptr<Node>> roots;
+    std::unordered_map<DeviceWorker*, std::vector<ReadyNode>> ready;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      roots.swap(roots_);
+      ready.swap(ready_);
+    }
   }
 
   void AddCallback(std::function<void()> callback) {
@@ -179,10 +197,10 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
       next = std::move(heap.back());
       heap.pop_back();
     }
-    Execute(next.node, std::move(next.grads));
+    Execute(std::move(next.node), std::move(next.grads));
   }
 
-  void Execute(const std::shared_ptr<Node>& node, std::vector<Tensor> grads) {
+  void Execute(std::shared_ptr<Node> node, std::vector<Tensor> grads) {
     if (!failed_.load()) {
       try {
         CurrentTaskScope current(this);
@@ -210,6 +228,7 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
         RecordFailure(node, std::current_exception());
       }
     }
+    node.reset();  // before the caller can wake: backward() returns with the node released
     std::lock_guard<std::mutex> lock(mutex_);
     if (--outstanding_ == 0) wake_.notify_all();
   }
