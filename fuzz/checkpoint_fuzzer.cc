@@ -36,10 +36,15 @@ struct Target {
   nn::SGD sgd;
 };
 
-std::vector<std::vector<float>> Values(const nn::Module& module) {
-  std::vector<std::vector<float>> values;
-  for (const nn::NamedTensor& p : module.named_parameters())
-    values.push_back(p.value.to_vector<float>());
+// The parameters' bits: a checkpoint may load NaN weights, and NaN != NaN as a float.
+std::vector<std::vector<uint32_t>> Values(const nn::Module& module) {
+  std::vector<std::vector<uint32_t>> values;
+  for (const nn::NamedTensor& p : module.named_parameters()) {
+    const std::vector<float> floats = p.value.to_vector<float>();
+    std::vector<uint32_t> bits(floats.size());
+    if (!floats.empty()) std::memcpy(bits.data(), floats.data(), floats.size() * sizeof(float));
+    values.push_back(std::move(bits));
+  }
   return values;
 }
 
