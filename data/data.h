@@ -1,5 +1,5 @@
 // Tandem's data library in one include: Dataset, Example, Batch and Collate; samplers;
-// the DataLoader; and the datasets RandomDataset, TensorDataset and FashionMnist.
+// the DataLoader; and the datasets RandomDataset, TensorDataset, Subset and FashionMnist.
 //
 //   #include "data/data.h"
 //   tandem::data::DataLoader loader(tandem::data::RandomDataset(5, 100),
@@ -14,6 +14,7 @@
 #include "data/idx.h"             // IWYU pragma: export
 #include "data/random_dataset.h"  // IWYU pragma: export
 #include "data/sampler.h"         // IWYU pragma: export
+#include "data/subset.h"          // IWYU pragma: export
 #include "data/tensor_dataset.h"  // IWYU pragma: export
 
 #endif  // TANDEM_DATA_DATA_H_

@@ -18,6 +18,7 @@
 #include "data/dataloader.h"
 #include "data/distributed_sampler.h"
 #include "data/fashion_mnist.h"
+#include "data/subset.h"
 #include "examples/cli.h"
 #include "examples/models.h"
 #include "examples/progress.h"
@@ -54,31 +55,6 @@ using Clock = std::chrono::steady_clock;
 
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-// The first `n` examples of a dataset.
-class FirstN : public data::Dataset {
- public:
-  FirstN(std::shared_ptr<const data::Dataset> base, int64_t n)
-      : base_(std::move(base)), n_(std::min(n, base_->size())) {}
-  int64_t size() const override { return n_; }
-  data::Example get(int64_t index) const override {
-    CheckIndex(index, "the subset");
-    return base_->get(index);
-  }
-  data::Batch get_batch(const std::vector<int64_t>& indices, bool pinned) const override {
-    for (int64_t i : indices) CheckIndex(i, "the subset");
-    return base_->get_batch(indices, pinned);
-  }
-
- private:
-  std::shared_ptr<const data::Dataset> base_;
-  int64_t n_;
-};
-
-std::shared_ptr<const data::Dataset> Limit(std::shared_ptr<const data::Dataset> set, int limit) {
-  if (limit <= 0 || limit >= set->size()) return set;
-  return std::make_shared<FirstN>(std::move(set), limit);
 }
 
 // This rank's device: --devices/--device (one), else cuda:<local rank> or cpu:0.
@@ -220,9 +196,9 @@ int Train() {
 
   const std::string root = absl::GetFlag(FLAGS_data_dir);
   const auto options = data::FashionMnistOptions().normalize();
-  std::shared_ptr<const data::Dataset> train_set =
-      Limit(std::make_shared<data::FashionMnist>(root, data::FashionMnist::Split::kTrain, options),
-            absl::GetFlag(FLAGS_train_limit));
+  std::shared_ptr<const data::Dataset> train_set = data::FirstExamples(
+      std::make_shared<data::FashionMnist>(root, data::FashionMnist::Split::kTrain, options),
+      absl::GetFlag(FLAGS_train_limit));
   auto sampler =
       std::make_unique<data::DistributedSampler>(train_set->size(), rank, world, true, seed);
   sampler->set_epoch(state.sampler_epoch);
@@ -236,9 +212,9 @@ int Train() {
   std::unique_ptr<data::DataLoader> test_loader;
   int64_t test_size = 0;
   if (lead) {
-    std::shared_ptr<const data::Dataset> test_set =
-        Limit(std::make_shared<data::FashionMnist>(root, data::FashionMnist::Split::kTest, options),
-              absl::GetFlag(FLAGS_test_limit));
+    std::shared_ptr<const data::Dataset> test_set = data::FirstExamples(
+        std::make_shared<data::FashionMnist>(root, data::FashionMnist::Split::kTest, options),
+        absl::GetFlag(FLAGS_test_limit));
     test_size = test_set->size();
     test_loader = std::make_unique<data::DataLoader>(
         test_set, data::DataLoaderOptions(loader_options).batch_size(1000));

@@ -106,31 +106,6 @@ std::string Split(const std::vector<int64_t>& chunks) { return absl::StrJoin(chu
 
 std::string MiB(int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
 
-// The first `n` examples of a dataset.
-class FirstN : public data::Dataset {
- public:
-  FirstN(std::shared_ptr<const data::Dataset> base, int64_t n)
-      : base_(std::move(base)), n_(std::min(n, base_->size())) {}
-  int64_t size() const override { return n_; }
-  data::Example get(int64_t index) const override {
-    CheckIndex(index, "the training subset");
-    return base_->get(index);
-  }
-  data::Batch get_batch(const std::vector<int64_t>& indices, bool pinned) const override {
-    for (int64_t i : indices) CheckIndex(i, "the training subset");
-    return base_->get_batch(indices, pinned);
-  }
-
- private:
-  std::shared_ptr<const data::Dataset> base_;
-  int64_t n_;
-};
-
-std::shared_ptr<const data::Dataset> Limit(std::shared_ptr<const data::Dataset> set, int limit) {
-  if (limit <= 0 || limit >= set->size()) return set;
-  return std::make_shared<FirstN>(std::move(set), limit);
-}
-
 // An optimizer and a way to set its learning rate.
 struct Optimizer {
   std::unique_ptr<nn::Optimizer> optimizer;
@@ -293,12 +268,12 @@ int Run() {
 
   const std::string root = absl::GetFlag(FLAGS_data_dir);
   const auto options = data::FashionMnistOptions().normalize();
-  std::shared_ptr<const data::Dataset> train_set =
-      Limit(std::make_shared<data::FashionMnist>(root, data::FashionMnist::Split::kTrain, options),
-            absl::GetFlag(FLAGS_train_limit));
-  std::shared_ptr<const data::Dataset> test_set =
-      Limit(std::make_shared<data::FashionMnist>(root, data::FashionMnist::Split::kTest, options),
-            absl::GetFlag(FLAGS_test_limit));
+  std::shared_ptr<const data::Dataset> train_set = data::FirstExamples(
+      std::make_shared<data::FashionMnist>(root, data::FashionMnist::Split::kTrain, options),
+      absl::GetFlag(FLAGS_train_limit));
+  std::shared_ptr<const data::Dataset> test_set = data::FirstExamples(
+      std::make_shared<data::FashionMnist>(root, data::FashionMnist::Split::kTest, options),
+      absl::GetFlag(FLAGS_test_limit));
   auto sampler = std::make_unique<data::RandomSampler>(train_set->size(), seed);
   sampler->set_epoch(state.sampler_epoch);
   data::RandomSampler* sampler_view = sampler.get();
