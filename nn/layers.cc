@@ -276,19 +276,28 @@ void Conv2d::pretty_print(std::ostream& out) const {
 
 // ---- MaxPool2d -------------------------------------------------------------------------
 
+namespace {
+
+// A pooling layer's window: positive kernel and stride, padding at most half the kernel.
+void CheckPoolWindow(const char* layer, Size2 kernel_size, Size2 stride, Size2 padding) {
+  TANDEM_CHECK(kernel_size.h > 0 && kernel_size.w > 0, layer,
+               ": kernel_size must be positive but is ", Tuple(kernel_size));
+  TANDEM_CHECK(stride.h > 0 && stride.w > 0, layer, ": stride must be positive but is ",
+               Tuple(stride));
+  TANDEM_CHECK(padding.h >= 0 && padding.w >= 0 && 2 * padding.h <= kernel_size.h &&
+                   2 * padding.w <= kernel_size.w,
+               layer, ": padding must be between 0 and half the kernel size, but is ",
+               Tuple(padding), " for kernel_size ", Tuple(kernel_size));
+}
+
+}  // namespace
+
 MaxPool2d::MaxPool2d(Size2 kernel_size, std::optional<Size2> stride, Size2 padding, bool ceil_mode)
     : kernel_size_(kernel_size),
       stride_(stride.value_or(kernel_size)),
       padding_(padding),
       ceil_mode_(ceil_mode) {
-  TANDEM_CHECK(kernel_size_.h > 0 && kernel_size_.w > 0,
-               "MaxPool2d: kernel_size must be positive but is ", Tuple(kernel_size_));
-  TANDEM_CHECK(stride_.h > 0 && stride_.w > 0, "MaxPool2d: stride must be positive but is ",
-               Tuple(stride_));
-  TANDEM_CHECK(padding_.h >= 0 && padding_.w >= 0 && 2 * padding_.h <= kernel_size_.h &&
-                   2 * padding_.w <= kernel_size_.w,
-               "MaxPool2d: padding must be between 0 and half the kernel size, but is ",
-               Tuple(padding_), " for kernel_size ", Tuple(kernel_size_));
+  CheckPoolWindow("MaxPool2d", kernel_size_, stride_, padding_);
 }
 
 Tensor MaxPool2d::forward(const Tensor& input) {
@@ -322,14 +331,7 @@ AvgPool2d::AvgPool2d(Size2 kernel_size, std::optional<Size2> stride, Size2 paddi
       padding_(padding),
       ceil_mode_(ceil_mode),
       count_include_pad_(count_include_pad) {
-  TANDEM_CHECK(kernel_size_.h > 0 && kernel_size_.w > 0,
-               "AvgPool2d: kernel_size must be positive but is ", Tuple(kernel_size_));
-  TANDEM_CHECK(stride_.h > 0 && stride_.w > 0, "AvgPool2d: stride must be positive but is ",
-               Tuple(stride_));
-  TANDEM_CHECK(padding_.h >= 0 && padding_.w >= 0 && 2 * padding_.h <= kernel_size_.h &&
-                   2 * padding_.w <= kernel_size_.w,
-               "AvgPool2d: padding must be between 0 and half the kernel size, but is ",
-               Tuple(padding_), " for kernel_size ", Tuple(kernel_size_));
+  CheckPoolWindow("AvgPool2d", kernel_size_, stride_, padding_);
 }
 
 Tensor AvgPool2d::forward(const Tensor& input) {

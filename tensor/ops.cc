@@ -1203,28 +1203,42 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
   return out;
 }
 
-Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
-                  std::vector<int64_t> stride, std::vector<int64_t> padding, bool ceil_mode) {
-  CheckImageInput(input, "max_pool2d");
-  const auto [kernel_h, kernel_w] = Pair(kernel_size, "max_pool2d", "kernel_size");
+namespace {
+
+// The checked geometry of a 2-D pooling window over `input` (max_pool2d, avg_pool2d): an
+// empty stride means the kernel size, as in PyTorch.
+Conv2dGeometry PoolGeometry(const Tensor& input, const std::vector<int64_t>& kernel_size,
+                            const std::vector<int64_t>& stride, const std::vector<int64_t>& padding,
+                            bool ceil_mode, const char* name) {
+  CheckImageInput(input, name);
+  const auto [kernel_h, kernel_w] = Pair(kernel_size, name, "kernel_size");
   const auto [stride_h, stride_w] = stride.empty() ? std::pair<int64_t, int64_t>{kernel_h, kernel_w}
-                                                   : Pair(stride, "max_pool2d", "stride");
-  const auto [pad_h, pad_w] = Pair(padding, "max_pool2d", "padding");
-  TANDEM_CHECK(kernel_h > 0 && kernel_w > 0, "max_pool2d: kernel_size must be positive but is [",
+                                                   : Pair(stride, name, "stride");
+  const auto [pad_h, pad_w] = Pair(padding, name, "padding");
+  TANDEM_CHECK(kernel_h > 0 && kernel_w > 0, name, ": kernel_size must be positive but is [",
                kernel_h, ", ", kernel_w, "]");
-  TANDEM_CHECK(stride_h > 0 && stride_w > 0, "max_pool2d: stride must be positive but is [",
-               stride_h, ", ", stride_w, "]");
-  TANDEM_CHECK(pad_h >= 0 && pad_w >= 0 && 2 * pad_h <= kernel_h && 2 * pad_w <= kernel_w,
-               "max_pool2d: padding must be between 0 and half the kernel size, but padding is [",
-               pad_h, ", ", pad_w, "] for a ", kernel_h, "x", kernel_w, " kernel");
+  TANDEM_CHECK(stride_h > 0 && stride_w > 0, name, ": stride must be positive but is [", stride_h,
+               ", ", stride_w, "]");
+  TANDEM_CHECK(pad_h >= 0 && pad_w >= 0 && 2 * pad_h <= kernel_h && 2 * pad_w <= kernel_w, name,
+               ": padding must be between 0 and half the kernel size, but padding is [", pad_h,
+               ", ", pad_w, "] for a ", kernel_h, "x", kernel_w, " kernel");
   Conv2dGeometry g =
       Conv2dGeometry::Make(input.size(0), input.size(1), input.size(2), input.size(3), kernel_h,
                            kernel_w, stride_h, stride_w, pad_h, pad_w);
   g.ceil_mode = ceil_mode;
-  TANDEM_CHECK(g.height + 2 * pad_h >= kernel_h && g.width + 2 * pad_w >= kernel_w,
-               "max_pool2d: input is ", ShapeToString(input.shape()), " (", g.height, "x", g.width,
+  TANDEM_CHECK(g.height + 2 * pad_h >= kernel_h && g.width + 2 * pad_w >= kernel_w, name,
+               ": input is ", ShapeToString(input.shape()), " (", g.height, "x", g.width,
                " with padding [", pad_h, ", ", pad_w, "]) but the window is ", kernel_h, "x",
                kernel_w, "; the padded input must be at least as large as the window");
+  return g;
+}
+
+}  // namespace
+
+Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
+                  std::vector<int64_t> stride, std::vector<int64_t> padding, bool ceil_mode) {
+  const Conv2dGeometry g =
+      PoolGeometry(input, kernel_size, stride, padding, ceil_mode, "max_pool2d");
   const Shape out_shape = {g.batch, g.channels, g.out_h(), g.out_w()};
   Tensor x = ContiguousRaw(input);
   Tensor out = NewTensor(out_shape, kFloat32, x.device());
@@ -1252,26 +1266,8 @@ Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
 Tensor avg_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
                   std::vector<int64_t> stride, std::vector<int64_t> padding, bool ceil_mode,
                   bool count_include_pad) {
-  CheckImageInput(input, "avg_pool2d");
-  const auto [kernel_h, kernel_w] = Pair(kernel_size, "avg_pool2d", "kernel_size");
-  const auto [stride_h, stride_w] = stride.empty() ? std::pair<int64_t, int64_t>{kernel_h, kernel_w}
-                                                   : Pair(stride, "avg_pool2d", "stride");
-  const auto [pad_h, pad_w] = Pair(padding, "avg_pool2d", "padding");
-  TANDEM_CHECK(kernel_h > 0 && kernel_w > 0, "avg_pool2d: kernel_size must be positive but is [",
-               kernel_h, ", ", kernel_w, "]");
-  TANDEM_CHECK(stride_h > 0 && stride_w > 0, "avg_pool2d: stride must be positive but is [",
-               stride_h, ", ", stride_w, "]");
-  TANDEM_CHECK(pad_h >= 0 && pad_w >= 0 && 2 * pad_h <= kernel_h && 2 * pad_w <= kernel_w,
-               "avg_pool2d: padding must be between 0 and half the kernel size, but padding is [",
-               pad_h, ", ", pad_w, "] for a ", kernel_h, "x", kernel_w, " kernel");
-  Conv2dGeometry g =
-      Conv2dGeometry::Make(input.size(0), input.size(1), input.size(2), input.size(3), kernel_h,
-                           kernel_w, stride_h, stride_w, pad_h, pad_w);
-  g.ceil_mode = ceil_mode;
-  TANDEM_CHECK(g.height + 2 * pad_h >= kernel_h && g.width + 2 * pad_w >= kernel_w,
-               "avg_pool2d: input is ", ShapeToString(input.shape()), " (", g.height, "x", g.width,
-               " with padding [", pad_h, ", ", pad_w, "]) but the window is ", kernel_h, "x",
-               kernel_w, "; the padded input must be at least as large as the window");
+  const Conv2dGeometry g =
+      PoolGeometry(input, kernel_size, stride, padding, ceil_mode, "avg_pool2d");
   const Shape out_shape = {g.batch, g.channels, g.out_h(), g.out_w()};
   Tensor x = ContiguousRaw(input);
   Tensor out = NewTensor(out_shape, kFloat32, x.device());
