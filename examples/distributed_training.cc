@@ -36,6 +36,7 @@ ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, optimizer);
 ABSL_DECLARE_FLAG(double, lr);
 ABSL_DECLARE_FLAG(std::string, lr_decay);
+ABSL_DECLARE_FLAG(double, weight_decay);
 ABSL_DECLARE_FLAG(int, epochs);
 ABSL_DECLARE_FLAG(int, batch_size);
 ABSL_DECLARE_FLAG(int, workers);
@@ -167,19 +168,10 @@ int Train() {
   manual_seed(seed);
   std::shared_ptr<nn::Sequential> model = MakeModel(model_kind);
   model->to(device);
-  std::unique_ptr<nn::Optimizer> optimizer;
-  std::function<void(double)> set_lr;
-  if (optimizer_kind == "sgd") {
-    auto sgd = std::make_unique<nn::SGD>(model->parameters(), nn::SGDOptions(lr).momentum(0.9));
-    nn::SGD* raw = sgd.get();
-    set_lr = [raw](double v) { raw->options().lr(v); };
-    optimizer = std::move(sgd);
-  } else {
-    auto adam = std::make_unique<nn::Adam>(model->parameters(), nn::AdamOptions(lr));
-    nn::Adam* raw = adam.get();
-    set_lr = [raw](double v) { raw->options().lr(v); };
-    optimizer = std::move(adam);
-  }
+  TrainerOptimizer trainer_optimizer =
+      MakeOptimizer(optimizer_kind, *model, lr, absl::GetFlag(FLAGS_weight_decay));
+  std::unique_ptr<nn::Optimizer> optimizer = std::move(trainer_optimizer.optimizer);
+  const std::function<void(double)> set_lr = std::move(trainer_optimizer.set_lr);
 
   // Every rank resumes from the checkpoint (a path all ranks can read): rank 0's model
   // reaches the others through DDP's broadcast; each rank needs the optimizer state.
@@ -255,9 +247,7 @@ int Train() {
   nn::CrossEntropyLoss criterion;
   const int64_t steps = train_loader.size();
   for (int epoch = static_cast<int>(state.epochs_done) + 1; epoch <= epochs; ++epoch) {
-    set_lr(lr_decay == "none"
-               ? lr
-               : lr * 0.5 * (1.0 + std::cos(3.14159265358979323846 * (epoch - 1) / epochs)));
+    set_lr(LearningRate(lr, lr_decay, epoch - 1, epochs));
     const std::string label = absl::StrFormat(
         "epoch %*d/%d", static_cast<int>(std::to_string(epochs).size()), epoch, epochs);
     std::unique_ptr<ProgressBar> bar;

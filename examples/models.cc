@@ -1,5 +1,7 @@
 #include "examples/models.h"
 
+#include <cmath>
+
 #include "examples/cli.h"
 
 namespace tandem::examples {
@@ -81,6 +83,32 @@ int64_t SavedActivationsPerSample(const std::string& kind) {
     return total + kResnetWidths[2] + 10 + 10;
   }
   throw UsageError("--model must be 'mlp', 'cnn' or 'resnet' but is '" + kind + "'");
+}
+
+TrainerOptimizer MakeOptimizer(const std::string& kind, nn::Module& model, double lr,
+                               double weight_decay) {
+  Require(std::isfinite(weight_decay) && weight_decay >= 0,
+          "--weight_decay must be a finite number of at least 0 but is ", weight_decay,
+          "; try --weight_decay=5e-4");
+  if (kind == "sgd") {
+    auto sgd = std::make_unique<nn::SGD>(
+        model.parameters(), nn::SGDOptions(lr).momentum(0.9).weight_decay(weight_decay));
+    nn::SGD* raw = sgd.get();
+    return {std::move(sgd), [raw](double v) { raw->options().lr(v); }};
+  }
+  if (kind == "adam") {
+    auto adam = std::make_unique<nn::Adam>(model.parameters(),
+                                           nn::AdamOptions(lr).weight_decay(weight_decay));
+    nn::Adam* raw = adam.get();
+    return {std::move(adam), [raw](double v) { raw->options().lr(v); }};
+  }
+  throw UsageError("--optimizer must be 'sgd' or 'adam' but is '" + kind + "'");
+}
+
+double LearningRate(double peak, const std::string& decay, int epoch, int epochs) {
+  if (decay == "none") return peak;
+  constexpr double kPi = 3.14159265358979323846;
+  return peak * 0.5 * (1.0 + std::cos(kPi * epoch / epochs));
 }
 
 }  // namespace tandem::examples

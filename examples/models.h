@@ -7,11 +7,16 @@
 //        stride-2 Conv2d + BatchNorm2d + ReLU between stages), AdaptiveAvgPool2d(1), Flatten,
 //        Linear(64, 10)
 //
+// and the trainers' optimizers (SGD with momentum 0.9, or Adam) with their learning rate schedule.
+//
 //   std::shared_ptr<nn::Sequential> model = examples::MakeModel("mlp");
+//   examples::TrainerOptimizer sgd = examples::MakeOptimizer("sgd", *model, 0.1, 5e-4);
+//   sgd.set_lr(examples::LearningRate(0.1, "cosine", epoch, epochs));
 #ifndef TANDEM_EXAMPLES_MODELS_H_
 #define TANDEM_EXAMPLES_MODELS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -40,6 +45,21 @@ std::shared_ptr<nn::Sequential> MakeModel(const std::string& kind);
 // the input, the output of every ReLU and max-pool, the logits and their log-softmax (what
 // PyTorch's autograd saves for these layers, without max-pool's indices).
 int64_t SavedActivationsPerSample(const std::string& kind);
+
+// An optimizer over a model's parameters and a way to set its learning rate.
+struct TrainerOptimizer {
+  std::unique_ptr<nn::Optimizer> optimizer;
+  std::function<void(double)> set_lr;
+};
+
+// "sgd" (momentum 0.9) or "adam", with L2 `weight_decay` added to the gradients as PyTorch's
+// SGD and Adam do. Throws examples::UsageError for another kind or a negative weight decay.
+TrainerOptimizer MakeOptimizer(const std::string& kind, nn::Module& model, double lr,
+                               double weight_decay);
+
+// The learning rate of `epoch` (0-based) of `epochs`: `peak` throughout for decay "none",
+// or "cosine": peak * (1 + cos(pi * epoch / epochs)) / 2, one value per epoch.
+double LearningRate(double peak, const std::string& decay, int epoch, int epochs);
 
 }  // namespace tandem::examples
 

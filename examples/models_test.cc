@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -96,6 +97,34 @@ TEST_F(ModelsTest, UnknownKindsAreUsageErrors) {
   } catch (const UsageError& error) {
     EXPECT_THAT(error.what(), HasSubstr("--model must be 'mlp', 'cnn' or 'resnet' but is 'vgg'"));
   }
+}
+
+TEST_F(ModelsTest, OptimizersApplyWeightDecayAndTheirLearningRate) {
+  for (const std::string kind : {"sgd", "adam"}) {
+    std::shared_ptr<nn::Sequential> model = MakeModel("mlp");
+    const Tensor before = model->parameters()[0].clone();
+    TrainerOptimizer optimizer = MakeOptimizer(kind, *model, 0.1, 0.5);
+    optimizer.set_lr(0.01);
+    // A zero loss gradient leaves only the decay: SGD's first step is p - lr * wd * p; Adam's
+    // first step is lr * g / (|g| + eps) with g = wd * p.
+    for (Tensor& p : model->parameters()) p.set_grad(zeros_like(p));
+    optimizer.optimizer->step();
+    const Tensor after = model->parameters()[0];
+    const Tensor expected =
+        kind == "sgd" ? before * (1.0 - 0.01 * 0.5)
+                      : before - 0.01 * (0.5 * before) / (abs(0.5 * before) + 1e-8);
+    EXPECT_TRUE(allclose(after, expected, 1e-5, 1e-6)) << kind;
+  }
+  std::shared_ptr<nn::Sequential> model = MakeModel("mlp");
+  EXPECT_THROW(MakeOptimizer("sgd", *model, 0.1, -1e-4), UsageError);
+  EXPECT_THROW(MakeOptimizer("lbfgs", *model, 0.1, 0.0), UsageError);
+}
+
+TEST_F(ModelsTest, CosineLearningRateFallsFromThePeakOncePerEpoch) {
+  EXPECT_DOUBLE_EQ(LearningRate(0.1, "none", 7, 10), 0.1);
+  EXPECT_DOUBLE_EQ(LearningRate(0.1, "cosine", 0, 10), 0.1);
+  EXPECT_NEAR(LearningRate(0.1, "cosine", 5, 10), 0.05, 1e-12);
+  EXPECT_NEAR(LearningRate(0.1, "cosine", 9, 10), 0.1 * 0.5 * (1 + std::cos(M_PI * 0.9)), 1e-12);
 }
 
 }  // namespace

@@ -60,6 +60,8 @@ ABSL_FLAG(std::string, model, "mlp",
           "residual stages of 16/32/64 channels, global average pooling)");
 ABSL_FLAG(std::string, optimizer, "sgd", "sgd (momentum 0.9) or adam");
 ABSL_FLAG(double, lr, 0.05, "Peak learning rate (0.05 suits sgd, 0.001 adam)");
+ABSL_FLAG(double, weight_decay, 0.0,
+          "L2 penalty added to every gradient, as PyTorch's SGD and Adam (5e-4 suits the resnet)");
 ABSL_FLAG(std::string, lr_decay, "cosine",
           "cosine (from --lr down to near 0 over the epochs, one value per epoch) or none");
 ABSL_FLAG(int, epochs, 10, "Passes over the 60,000 training images");
@@ -105,33 +107,6 @@ double SecondsSince(Clock::time_point start) {
 std::string Split(const std::vector<int64_t>& chunks) { return absl::StrJoin(chunks, "+"); }
 
 std::string MiB(int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
-
-// An optimizer and a way to set its learning rate.
-struct Optimizer {
-  std::unique_ptr<nn::Optimizer> optimizer;
-  std::function<void(double)> set_lr;
-};
-
-Optimizer MakeOptimizer(const std::string& kind, nn::Module& model, double lr) {
-  if (kind == "sgd") {
-    auto sgd = std::make_unique<nn::SGD>(model.parameters(), nn::SGDOptions(lr).momentum(0.9));
-    nn::SGD* raw = sgd.get();
-    return {std::move(sgd), [raw](double v) { raw->options().lr(v); }};
-  }
-  if (kind == "adam") {
-    auto adam = std::make_unique<nn::Adam>(model.parameters(), nn::AdamOptions(lr));
-    nn::Adam* raw = adam.get();
-    return {std::move(adam), [raw](double v) { raw->options().lr(v); }};
-  }
-  throw UsageError("--optimizer must be 'sgd' or 'adam' but is '" + kind + "'");
-}
-
-// The learning rate of epoch `epoch` (0-based) of `epochs`.
-double LearningRate(double peak, const std::string& decay, int epoch, int epochs) {
-  if (decay == "none") return peak;
-  constexpr double kPi = 3.14159265358979323846;
-  return peak * 0.5 * (1.0 + std::cos(kPi * epoch / epochs));
-}
 
 // --devices, or --device (its one-device alias).
 std::vector<Device> ResolveDevices() {
@@ -215,6 +190,7 @@ int Run() {
   const std::string model_kind = absl::GetFlag(FLAGS_model);
   const std::string optimizer_kind = absl::GetFlag(FLAGS_optimizer);
   const std::string lr_decay = absl::GetFlag(FLAGS_lr_decay);
+  const double weight_decay = absl::GetFlag(FLAGS_weight_decay);
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   const bool use_forward_loss = absl::GetFlag(FLAGS_forward_loss);
   const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint);
@@ -224,6 +200,9 @@ int Run() {
           "; try --lr=0.05 for sgd or --lr=0.001 for adam");
   Require(lr_decay == "cosine" || lr_decay == "none",
           "--lr_decay must be 'cosine' or 'none' but is '", lr_decay, "'");
+  Require(std::isfinite(weight_decay) && weight_decay >= 0,
+          "--weight_decay must be a finite number of at least 0 but is ", weight_decay,
+          "; try --weight_decay=5e-4");
   Require(absl::GetFlag(FLAGS_workers) >= 0, "--workers must be at least 0 but is ",
           absl::GetFlag(FLAGS_workers));
   Require(absl::GetFlag(FLAGS_train_limit) >= 0 && absl::GetFlag(FLAGS_test_limit) >= 0,
@@ -237,11 +216,11 @@ int Run() {
   // The model first: a bad device fails here, before the dataset is read.
   manual_seed(seed);
   auto model = examples::MakeModel(model_kind);
-  Optimizer optimizer;
+  examples::TrainerOptimizer optimizer;
   std::shared_ptr<parallel::DataParallel> dp;
   try {
     model->to(devices[0]);
-    optimizer = MakeOptimizer(optimizer_kind, *model, lr);
+    optimizer = examples::MakeOptimizer(optimizer_kind, *model, lr, weight_decay);
     dp = std::make_shared<parallel::DataParallel>(model, devices);
   } catch (const Error& e) {
     throw UsageError("--devices: " + examples::OneLine(e.what()));
@@ -252,8 +231,9 @@ int Run() {
   state.config = "model=" + model_kind + " optimizer=" + optimizer_kind;
   state.settings = absl::StrFormat(
       "devices=%s threads=%d batch_size=%d seed=%d lr=%g lr_decay=%s "
-      "epochs=%d train_limit=%d",
-      examples::DeviceNames(devices, ","), threads, batch_size, seed, lr, lr_decay, epochs,
+      "weight_decay=%g epochs=%d train_limit=%d",
+      examples::DeviceNames(devices, ","), threads, batch_size, seed, lr, lr_decay, weight_decay,
+      epochs,
       absl::GetFlag(FLAGS_train_limit));
   const std::string settings = state.settings;
   bool resumed = false;
@@ -298,8 +278,8 @@ int Run() {
                 full_split.size(), full_split.size() == 1 ? "" : "s", devices.size(),
                 devices.size());
   }
-  std::printf("\n%s lr %g (%s decay), loss %s, seed %llu\n", optimizer_kind.c_str(), lr,
-              lr_decay.c_str(),
+  std::printf("\n%s lr %g (%s decay), weight decay %g, loss %s, seed %llu\n",
+              optimizer_kind.c_str(), lr, lr_decay.c_str(), weight_decay,
               use_forward_loss ? "inside the replicas (--forward_loss)"
                                : "on the gathered output (--noforward_loss)",
               static_cast<unsigned long long>(seed));
@@ -331,7 +311,7 @@ int Run() {
   const int64_t steps = train_loader.size();
   const int kill_in_epoch = absl::GetFlag(FLAGS_kill_in_epoch);
   for (int epoch = static_cast<int>(state.epochs_done) + 1; epoch <= epochs; ++epoch) {
-    optimizer.set_lr(LearningRate(lr, lr_decay, epoch - 1, epochs));
+    optimizer.set_lr(examples::LearningRate(lr, lr_decay, epoch - 1, epochs));
     const std::string label = absl::StrFormat(
         "epoch %*d/%d", static_cast<int>(std::to_string(epochs).size()), epoch, epochs);
     examples::ProgressBar bar(stdout, label, steps);
@@ -367,7 +347,7 @@ int Run() {
             std::isnan(loss_value) ? "NaN"
             : loss_value > 0       ? "inf"
                                    : "-inf",
-            epoch, step, steps, LearningRate(lr, lr_decay, epoch - 1, epochs), lr));
+            epoch, step, steps, examples::LearningRate(lr, lr_decay, epoch - 1, epochs), lr));
       }
       loss_sum += loss_value * n;
       seen += n;
