@@ -9,12 +9,22 @@ const char* ReduceOpName(ReduceOp op) { return op == ReduceOp::kSum ? "sum" : "a
 
 Work::Work(std::string description) : description_(std::move(description)) {}
 
+Work::Work(std::function<std::string()> describe) : describe_(std::move(describe)) {}
+
+const std::string& Work::description() const {
+  std::call_once(describe_once_, [this] {
+    if (describe_) description_ = describe_();
+  });
+  return description_;
+}
+
 bool Work::is_completed() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return done_;
 }
 
 void Work::wait() {
+  if (!done_.load(std::memory_order_acquire)) RunIfNotStarted();
   // Short collectives finish within microseconds: yield for a moment before sleeping on the
   // condition variable, whose wake-up costs more than that.
   const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);

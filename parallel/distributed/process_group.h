@@ -1,7 +1,7 @@
 // ProcessGroup: the processes ("ranks") of one distributed job and the collectives they run
 // together on tensors, as torch.distributed's ProcessGroup. Every collective is asynchronous:
-// it returns a Work handle at once and runs on the group's own thread; wait() blocks until it
-// has finished and throws tandem::Error if it failed or timed out. Every rank must issue the
+// it returns a Work handle at once and runs on the group's own thread (or on the thread that
+// waits for it, if that one comes first); wait() blocks until it has finished and throws tandem::Error if it failed or timed out. Every rank must issue the
 // same collectives in the same order.
 //
 // Use it through DistributedDataParallel (parallel/distributed/distributed_data_parallel.h),
@@ -20,6 +20,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -40,6 +41,10 @@ class Work {
  public:
   // `description` names the collective in errors, e.g. "allreduce of 1024 float32 (rank 0 of 2)".
   explicit Work(std::string description);
+  // The same, with the description made only when first asked for (an error, a log line):
+  // formatting it costs about as much as a whole small all-reduce on one machine.
+  explicit Work(std::function<std::string()> describe);
+  virtual ~Work() = default;
   Work(const Work&) = delete;
   Work& operator=(const Work&) = delete;
 
@@ -48,7 +53,7 @@ class Work {
   // Blocks until the collective has finished; throws the tandem::Error it failed with (a
   // peer's failure or a timeout included). The tensors it was given are then up to date.
   void wait();
-  const std::string& description() const { return description_; }
+  const std::string& description() const;
 
   // How long the collective ran, from when the group started it (after those issued before
   // it) to when it finished; zero until it has finished.
@@ -60,8 +65,16 @@ class Work {
   // nullptr), and wakes the waiters.
   void Finish(std::exception_ptr error = nullptr);
 
+ protected:
+  // Called by wait() before it blocks: a process group may run the collective on the waiting
+  // thread here if no other thread has started it yet (ProcessGroupMpi does, which saves the
+  // two thread hand-offs of issue-then-wait). Returns once it has run it, or at once.
+  virtual void RunIfNotStarted() {}
+
  private:
-  const std::string description_;
+  mutable std::once_flag describe_once_;
+  mutable std::function<std::string()> describe_;
+  mutable std::string description_;
   mutable std::mutex mutex_;
   std::condition_variable done_cv_;
   std::atomic<bool> done_{false};  // written under mutex_; read without it by wait()'s spin

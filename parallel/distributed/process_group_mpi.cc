@@ -86,13 +86,52 @@ std::string Elements(const Tensor& t) {
   return internal::Concat(t.numel(), " ", DTypeName(t.dtype()), " elements");
 }
 
+// out[i] += in[i]. GCC's -O2 does not vectorise a loop whose pointers may alias or whose
+// length is unknown, and a scalar loop would make the reduction, not the copy, the bottleneck
+// of an all-reduce that fits in cache: add 32 bytes at a time (SSE2 or better).
+template <typename T>
+void AddInto(T* __restrict out, const T* __restrict in, int64_t n) {
+  typedef T Vec __attribute__((vector_size(32)));
+  constexpr int64_t kLanes = 32 / sizeof(T);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    Vec a;
+    Vec b;
+    std::memcpy(&a, out + i, sizeof(Vec));
+    std::memcpy(&b, in + i, sizeof(Vec));
+    a += b;
+    std::memcpy(out + i, &a, sizeof(Vec));
+  }
+  for (; i < n; ++i) out[i] += in[i];
+}
+
 }  // namespace
 
 struct ProcessGroupMpi::Impl {
   struct Op {
     std::shared_ptr<Work> work;
-    std::function<void(Clock::time_point deadline)> body;
+    std::function<void(const Work& work, Clock::time_point deadline)> body;
   };
+
+  // A Work whose wait() runs the collective on the waiting thread when it can (RunOnCaller).
+  class MpiWork final : public Work {
+   public:
+    MpiWork(Impl* impl, std::function<std::string()> describe)
+        : Work(std::move(describe)), impl_(impl) {}
+
+   private:
+    void RunIfNotStarted() override { impl_->RunOnCaller(this); }
+    Impl* const impl_;  // the group waits for its collectives before it goes
+  };
+
+  // All-reduces of at most this many bytes use recursive doubling (one exchange of the whole
+  // buffer per doubling, for a power-of-two number of ranks): latency-bound, fewest messages.
+  // Larger ones use the ring (reduce-scatter, then all-gather): every rank sends and adds only
+  // 1/size of the buffer per step, bandwidth-bound.
+  static constexpr int64_t kRecursiveDoublingMaxBytes = 4096;
+  // The ring moves a block in pieces of at most this many bytes, so that the piece just
+  // received is still in cache when it is added.
+  static constexpr int64_t kRingPieceBytes = 512 << 10;
 
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0;
@@ -100,42 +139,48 @@ struct ProcessGroupMpi::Impl {
   ProcessGroupMpiOptions options;
   std::string prefix;  // "ProcessGroupMpi rank 0 of 2: "
 
-  std::mutex mutex;  // guards queue, stop, failure
+  std::mutex mutex;  // guards queue, running, stop, failure
   std::condition_variable cv;
-  std::deque<Op> queue;
+  std::deque<Op> queue;  // issued, not started
+  // A collective is running, on the group's thread or on a waiting caller's: the next one
+  // starts after it (issue order is the order every rank runs them in).
+  bool running = false;
   bool stop = false;
   std::string failure;  // the first error; the group is unusable once set
   std::thread thread;
+  std::vector<char> scratch;  // the running all-reduce's receive buffer
 
   // Checks an MPI return code.
-  void Check(int rc, const char* call, const std::string& what) const {
+  void Check(int rc, const char* call, const Work& work) const {
     if (rc != MPI_SUCCESS) {
-      TANDEM_FAIL(prefix, what, " failed: ", call, ": ", MpiErrorString(rc));
+      TANDEM_FAIL(prefix, work.description(), " failed: ", call, ": ", MpiErrorString(rc));
     }
   }
 
-  // Polls `request` until it completes or `deadline` passes: spins for 50 us (latency), then
-  // yields between polls (so that a compute thread sharing the core keeps it: DDP overlaps
-  // backward with all-reduce), and sleeps between polls once 200 ms have passed (a peer far
-  // behind should not cost a core).
-  void Await(MPI_Request* request, Clock::time_point deadline, const std::string& what) const {
+  // Polls `requests` until all have completed or `deadline` passes: spins for 50 us (latency),
+  // then yields between polls (so that a compute thread sharing the core keeps it: DDP
+  // overlaps backward with all-reduce), and sleeps between polls once 200 ms have passed (a
+  // peer far behind should not cost a core). On timeout, cancels the pending receives (so
+  // that nothing writes into the buffers later) and throws.
+  void Await(MPI_Request* requests, int count, Clock::time_point deadline, const Work& work) {
     const Clock::time_point start = Clock::now();
     Clock::duration waited{};
     for (int64_t polls = 0;; ++polls) {
       int done = 0;
       {
         MpiCallLock lock;
-        Check(MPI_Test(request, &done, MPI_STATUS_IGNORE), "MPI_Test", what);
+        Check(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall", work);
       }
       if (done) return;
       if ((polls & 15) == 0) {
         const Clock::time_point now = Clock::now();
         waited = now - start;
         if (now > deadline) {
+          Abandon(requests, count);
           std::ostringstream seconds;
           seconds << std::fixed << std::setprecision(1)
                   << std::chrono::duration<double>(options.timeout_).count();
-          TANDEM_FAIL(prefix, what, " did not finish within ", seconds.str(),
+          TANDEM_FAIL(prefix, work.description(), " did not finish within ", seconds.str(),
                       " s: a peer rank has failed, exited or not issued the same collective "
                       "(every rank must issue the same collectives in the same order); raise "
                       "ProcessGroupMpiOptions::timeout if a rank is only slow");
@@ -149,49 +194,163 @@ struct ProcessGroupMpi::Impl {
     }
   }
 
-  void Run() {
-    while (true) {
-      Op op;
-      std::string earlier_failure;
-      {
-        std::unique_lock<std::mutex> lock(mutex);
-        // Collectives often come in quick succession (DDP's buckets, a loop of all-reduces):
-        // look for the next one for a moment before sleeping.
-        const Clock::time_point spin_until = Clock::now() + std::chrono::microseconds(50);
-        while (!stop && queue.empty() && Clock::now() < spin_until) {
-          lock.unlock();
-          std::this_thread::yield();
-          lock.lock();
-        }
-        cv.wait(lock, [this] { return stop || !queue.empty(); });
-        if (queue.empty()) return;
-        op = std::move(queue.front());
-        queue.pop_front();
-        earlier_failure = failure;
+  // Gives up on requests after a timeout. A receive is cancelled; a send may be too late to
+  // cancel. The scratch buffer is let go without being freed, since a receive that had already
+  // matched may still write into it; the group is unusable from now on anyway.
+  void Abandon(MPI_Request* requests, int count) {
+    MpiCallLock lock;
+    for (int i = 0; i < count; ++i) {
+      if (requests[i] == MPI_REQUEST_NULL) continue;
+      MPI_Cancel(&requests[i]);
+      MPI_Request_free(&requests[i]);
+    }
+    new std::vector<char>(std::move(scratch));  // deliberately leaked, see above
+  }
+
+  // Sends `send_count` elements to `to` and receives `receive_count` from `from`, both at once
+  // (as MPI_Sendrecv), waiting until both have finished or the deadline has passed.
+  template <typename T>
+  void Exchange(const T* send, int64_t send_count, int to, T* receive, int64_t receive_count,
+                int from, Clock::time_point deadline, const Work& work) {
+    // Nothing is sent or received for an empty part: the peer skips it alike.
+    MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    const MPI_Datatype type = MpiType(DTypeOf<T>::value);
+    {
+      MpiCallLock lock;
+      if (receive_count > 0) {
+        Check(MPI_Irecv(receive, static_cast<int>(receive_count), type, from, 0, comm,
+                        &requests[0]),
+              "MPI_Irecv", work);
       }
-      if (!earlier_failure.empty()) {
-        op.work->Finish(std::make_exception_ptr(
-            Error(prefix + op.work->description() +
-                  " was not run: the group failed earlier: " + earlier_failure)));
-        continue;
+      if (send_count > 0) {
+        Check(MPI_Isend(send, static_cast<int>(send_count), type, to, 0, comm, &requests[1]),
+              "MPI_Isend", work);
       }
-      try {
-        op.work->Start();
-        op.body(Clock::now() + options.timeout_);
-        op.work->Finish();
-      } catch (const std::exception& e) {
-        {
-          std::lock_guard<std::mutex> lock(mutex);
-          if (failure.empty()) failure = e.what();
-        }
-        op.work->Finish(std::current_exception());
+    }
+    Await(requests, 2, deadline, work);
+  }
+
+  // Sums `count` elements at `data` over the ranks in place, over non-blocking point-to-point
+  // messages (see kRecursiveDoublingMaxBytes): the same algorithms as Open MPI's tuned
+  // blocking MPI_Allreduce, but with a deadline (its non-blocking MPI_Iallreduce is libnbc's,
+  // several times slower on one machine, and moves only when polled). Every rank ends with
+  // bit-identical sums: recursive doubling adds the same two halves on both sides of each
+  // exchange, and the ring has one rank add each block and copy it to the others.
+  template <typename T>
+  void AllreduceSum(T* data, int64_t count, Clock::time_point deadline, const Work& work) {
+    if (size == 1 || count == 0) return;
+    const int64_t bytes = count * static_cast<int64_t>(sizeof(T));
+    if ((size & (size - 1)) == 0 && bytes <= kRecursiveDoublingMaxBytes) {
+      if (scratch.size() < static_cast<size_t>(bytes)) scratch.resize(bytes);
+      T* received = reinterpret_cast<T*>(scratch.data());
+      for (int mask = 1; mask < size; mask <<= 1) {
+        const int peer = rank ^ mask;
+        Exchange(data, count, peer, received, count, peer, deadline, work);
+        AddInto(data, received, count);
       }
+      return;
+    }
+    // Ring: block b is elements [begin(b), begin(b + 1)). In reduce-scatter step s each rank
+    // sends block rank - s to its right neighbour and adds block rank - s - 1 from its left
+    // one, so after size - 1 steps it holds the sum of block rank + 1; in all-gather step s it
+    // passes on block rank + 1 - s and receives block rank - s.
+    auto begin = [&](int block) { return count * block / size; };
+    auto mod = [&](int block) { return ((block % size) + size) % size; };
+    const int right = (rank + 1) % size;
+    const int left = (rank + size - 1) % size;
+    const int64_t piece = std::max<int64_t>(1, kRingPieceBytes / static_cast<int64_t>(sizeof(T)));
+    const int64_t largest_block = (count + size - 1) / size;
+    const int64_t scratch_bytes = std::min(piece, largest_block) * sizeof(T);
+    if (scratch.size() < static_cast<size_t>(scratch_bytes)) scratch.resize(scratch_bytes);
+    T* received = reinterpret_cast<T*>(scratch.data());
+    for (int step = 0; step < size - 1; ++step) {
+      const int out = mod(rank - step);
+      const int in = mod(rank - step - 1);
+      const int64_t out_size = begin(out + 1) - begin(out);
+      const int64_t in_size = begin(in + 1) - begin(in);
+      // Both neighbours cut a block into pieces the same way, so piece k of `out` meets piece
+      // k of the right neighbour's `in` (the same block).
+      for (int64_t offset = 0; offset < std::max(out_size, in_size); offset += piece) {
+        const int64_t send = std::clamp<int64_t>(out_size - offset, 0, piece);
+        const int64_t take = std::clamp<int64_t>(in_size - offset, 0, piece);
+        Exchange(data + begin(out) + offset, send, right, received, take, left, deadline, work);
+        AddInto(data + begin(in) + offset, received, take);
+      }
+    }
+    for (int step = 0; step < size - 1; ++step) {
+      const int out = mod(rank + 1 - step);
+      const int in = mod(rank - step);
+      Exchange(data + begin(out), begin(out + 1) - begin(out), right, data + begin(in),
+               begin(in + 1) - begin(in), left, deadline, work);
     }
   }
 
-  std::shared_ptr<Work> Enqueue(std::string description,
-                                std::function<void(Clock::time_point)> body) {
-    auto work = std::make_shared<Work>(std::move(description));
+  // Runs one collective that this thread has taken off the queue (with `earlier_failure`,
+  // the group's failure when it did).
+  void Execute(Op& op, const std::string& earlier_failure) {
+    if (!earlier_failure.empty()) {
+      op.work->Finish(std::make_exception_ptr(
+          Error(prefix + op.work->description() +
+                " was not run: the group failed earlier: " + earlier_failure)));
+      return;
+    }
+    try {
+      op.work->Start();
+      op.body(*op.work, Clock::now() + options.timeout_);
+      op.work->Finish();
+    } catch (const std::exception& e) {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (failure.empty()) failure = e.what();
+      }
+      op.work->Finish(std::current_exception());
+    }
+  }
+
+  // The group's thread: runs the collectives in issue order whenever no waiting caller runs
+  // them itself.
+  void Run() {
+    std::unique_lock<std::mutex> lock(mutex);
+    while (true) {
+      cv.wait(lock, [this] { return !running && (stop || !queue.empty()); });
+      if (queue.empty()) return;
+      Op op = std::move(queue.front());
+      queue.pop_front();
+      running = true;
+      const std::string earlier_failure = failure;
+      lock.unlock();
+      Execute(op, earlier_failure);
+      op = Op();  // releases the tensors before the next wait
+      lock.lock();
+      running = false;
+    }
+  }
+
+  // Called by wait() on `target`: when no collective is running, runs the queued ones up to
+  // and including `target` on the calling thread, in issue order. For the usual
+  // issue-then-wait this saves waking the group's thread and being woken by it; the result
+  // is the same, since one collective at a time runs either way, in the same order.
+  void RunOnCaller(const Work* target) {
+    std::unique_lock<std::mutex> lock(mutex);
+    while (!running && std::any_of(queue.begin(), queue.end(),
+                                   [target](const Op& op) { return op.work.get() == target; })) {
+      Op op = std::move(queue.front());
+      queue.pop_front();
+      running = true;
+      const std::string earlier_failure = failure;
+      lock.unlock();
+      Execute(op, earlier_failure);
+      op = Op();
+      lock.lock();
+      running = false;
+    }
+    // The group's thread waits while a collective runs: let it take the later ones.
+    if (!queue.empty()) cv.notify_one();
+  }
+
+  std::shared_ptr<Work> Enqueue(std::function<std::string()> describe,
+                                std::function<void(const Work&, Clock::time_point)> body) {
+    auto work = std::make_shared<MpiWork>(this, std::move(describe));
     {
       std::lock_guard<std::mutex> lock(mutex);
       TANDEM_CHECK(failure.empty(), prefix, "cannot run ", work->description(),
@@ -263,25 +422,22 @@ std::shared_ptr<Work> ProcessGroupMpi::allreduce(Tensor tensor, ReduceOp op) {
   TANDEM_CHECK(op != ReduceOp::kAverage || tensor.dtype() == kFloat32, impl.prefix,
                "allreduce: average is defined for float32 tensors but this one is ", tensor.dtype(),
                "; use ReduceOp::kSum and divide yourself");
-  std::string what = internal::Concat("allreduce (", ReduceOpName(op), ") of ", Elements(tensor));
-  return impl.Enqueue(what, [&impl, tensor, op, what](Clock::time_point deadline) {
+  auto describe = [tensor, op] {
+    return internal::Concat("allreduce (", ReduceOpName(op), ") of ", Elements(tensor));
+  };
+  return impl.Enqueue(describe, [&impl, tensor, op](const Work& work, Clock::time_point deadline) {
     const int64_t n = tensor.numel();
-    char* data = static_cast<char*>(tensor.raw_data());
-    const size_t element = ElementSize(tensor.dtype());
     const int64_t step = impl.options.max_elements_per_call_;
     for (int64_t offset = 0; offset < n; offset += step) {
-      const int count = static_cast<int>(std::min(step, n - offset));
-      MPI_Request request;
-      {
-        MpiCallLock lock;
-        impl.Check(MPI_Iallreduce(MPI_IN_PLACE, data + offset * element, count,
-                                  MpiType(tensor.dtype()), MPI_SUM, impl.comm, &request),
-                   "MPI_Iallreduce", what);
+      const int64_t count = std::min(step, n - offset);
+      if (tensor.dtype() == kFloat32) {
+        impl.AllreduceSum(tensor.data<float>() + offset, count, deadline, work);
+      } else {
+        impl.AllreduceSum(tensor.data<int64_t>() + offset, count, deadline, work);
       }
-      impl.Await(&request, deadline, what);
     }
     if (op == ReduceOp::kAverage) {
-      float* values = reinterpret_cast<float*>(data);
+      float* values = tensor.data<float>();
       const float scale = 1.0f / static_cast<float>(impl.size);
       for (int64_t i = 0; i < n; ++i) values[i] *= scale;
     }
@@ -293,8 +449,11 @@ std::shared_ptr<Work> ProcessGroupMpi::broadcast(Tensor tensor, int root) {
   impl.CheckTensor(tensor, "broadcast", "");
   TANDEM_CHECK(root >= 0 && root < impl.size, impl.prefix, "broadcast: root must be a rank in [0, ",
                impl.size, ") but is ", root);
-  std::string what = internal::Concat("broadcast from rank ", root, " of ", Elements(tensor));
-  return impl.Enqueue(what, [&impl, tensor, root, what](Clock::time_point deadline) {
+  auto describe = [tensor, root] {
+    return internal::Concat("broadcast from rank ", root, " of ", Elements(tensor));
+  };
+  return impl.Enqueue(describe, [&impl, tensor, root](const Work& work,
+                                                      Clock::time_point deadline) {
     const int64_t n = tensor.numel();
     char* data = static_cast<char*>(tensor.raw_data());
     const size_t element = ElementSize(tensor.dtype());
@@ -306,9 +465,9 @@ std::shared_ptr<Work> ProcessGroupMpi::broadcast(Tensor tensor, int root) {
         MpiCallLock lock;
         impl.Check(MPI_Ibcast(data + offset * element, count, MpiType(tensor.dtype()), root,
                               impl.comm, &request),
-                   "MPI_Ibcast", what);
+                   "MPI_Ibcast", work);
       }
-      impl.Await(&request, deadline, what);
+      impl.Await(&request, 1, deadline, work);
     }
   });
 }
@@ -323,8 +482,9 @@ std::shared_ptr<Work> ProcessGroupMpi::allgather(Tensor output, Tensor input) {
                output.dtype(), " elements");
   TANDEM_CHECK(!output.shares_storage_with(input), impl.prefix,
                "allgather: the output must not share storage with the input");
-  std::string what = internal::Concat("allgather of ", Elements(input));
-  return impl.Enqueue(what, [&impl, output, input, what](Clock::time_point deadline) {
+  auto describe = [input] { return internal::Concat("allgather of ", Elements(input)); };
+  return impl.Enqueue(describe, [&impl, output, input](const Work& work,
+                                                      Clock::time_point deadline) {
     const int64_t n = input.numel();
     const char* in = static_cast<const char*>(input.raw_data());
     char* out = static_cast<char*>(output.raw_data());
@@ -337,38 +497,39 @@ std::shared_ptr<Work> ProcessGroupMpi::allgather(Tensor output, Tensor input) {
       if (count == n) {
         MpiCallLock lock;
         impl.Check(MPI_Iallgather(in, count, type, out, count, type, impl.comm, &request),
-                   "MPI_Iallgather", what);
+                   "MPI_Iallgather", work);
       } else {
         // Piece `offset` of every rank lands at out[rank * n + offset]: receive one element of
         // a type of `count` elements whose extent is a whole rank's share.
         MPI_Datatype piece = MPI_DATATYPE_NULL;
         MPI_Datatype strided = MPI_DATATYPE_NULL;
         MpiCallLock lock;
-        impl.Check(MPI_Type_contiguous(count, type, &piece), "MPI_Type_contiguous", what);
+        impl.Check(MPI_Type_contiguous(count, type, &piece), "MPI_Type_contiguous", work);
         impl.Check(MPI_Type_create_resized(piece, 0, static_cast<MPI_Aint>(n * element), &strided),
-                   "MPI_Type_create_resized", what);
-        impl.Check(MPI_Type_commit(&strided), "MPI_Type_commit", what);
+                   "MPI_Type_create_resized", work);
+        impl.Check(MPI_Type_commit(&strided), "MPI_Type_commit", work);
         impl.Check(MPI_Iallgather(in + offset * element, count, type, out + offset * element, 1,
                                   strided, impl.comm, &request),
-                   "MPI_Iallgather", what);
+                   "MPI_Iallgather", work);
         MPI_Type_free(&strided);  // freed once the pending call is done with it
         MPI_Type_free(&piece);
       }
-      impl.Await(&request, deadline, what);
+      impl.Await(&request, 1, deadline, work);
     }
   });
 }
 
 std::shared_ptr<Work> ProcessGroupMpi::barrier() {
   Impl& impl = *impl_;
-  return impl.Enqueue("barrier", [&impl](Clock::time_point deadline) {
-    MPI_Request request;
-    {
-      MpiCallLock lock;
-      impl.Check(MPI_Ibarrier(impl.comm, &request), "MPI_Ibarrier", "barrier");
-    }
-    impl.Await(&request, deadline, "barrier");
-  });
+  return impl.Enqueue([] { return std::string("barrier"); },
+                      [&impl](const Work& work, Clock::time_point deadline) {
+                        MPI_Request request;
+                        {
+                          MpiCallLock lock;
+                          impl.Check(MPI_Ibarrier(impl.comm, &request), "MPI_Ibarrier", work);
+                        }
+                        impl.Await(&request, 1, deadline, work);
+                      });
 }
 
 int LocalRank() {

@@ -14,10 +14,16 @@
 // MPI is initialised on first use (MPI_Init_thread asking for MPI_THREAD_MULTIPLE; a library
 // that provides less than MPI_THREAD_SERIALIZED is refused, and with SERIALIZED every MPI call
 // is made under one process-wide lock) and finalised at exit; a program that initialised MPI
-// itself keeps that. Each group works on its own duplicate of MPI_COMM_WORLD, from one thread
-// that runs the collectives in the order they were issued, with MPI's non-blocking calls, so
-// that a collective that a peer never joins fails after `timeout` instead of hanging. After
-// such a failure the group is unusable: later collectives fail at once, naming the first error.
+// itself keeps that. Each group works on its own duplicate of MPI_COMM_WORLD and runs its
+// collectives one at a time in the order they were issued: on its own thread, or on the
+// thread that waits for one that has not started yet when nothing else is running (the usual
+// issue-then-wait then costs no thread hand-off). It uses MPI's non-blocking calls, polled, so
+// that a collective that a peer never joins fails after `timeout` instead of hanging; the
+// all-reduce is its own recursive doubling (up to 4 KB) or ring over non-blocking
+// point-to-point messages, the algorithms of Open MPI's tuned blocking MPI_Allreduce, since
+// Open MPI's MPI_Iallreduce (libnbc) is several times slower on one machine. Every rank gets
+// bit-identical sums. After a timeout the group is unusable: later collectives fail at once,
+// naming the first error.
 // Tensors larger than MPI's int counts are sent in pieces of at most max_elements_per_call.
 // MPI's errors (MPI_ERRORS_RETURN) become tandem::Error naming the rank, the collective and
 // MPI's message.

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -69,6 +71,54 @@ TEST_F(ProcessGroupMpiTest, AllreduceSumAndAverageFloat32OfSeveralSizes) {
       for (int r = 0; r < group.size(); ++r) expected += Value(r, i);
       ASSERT_FLOAT_EQ(got_sum[i], expected) << "n " << n << " index " << i;
       ASSERT_FLOAT_EQ(got_average[i], expected / group.size()) << "n " << n << " index " << i;
+    }
+  }
+}
+
+// Sizes around the all-reduce's switch from recursive doubling to the ring (4 KB) and past
+// the ring's 512 KB pieces, with blocks that do not divide evenly among the ranks.
+TEST_F(ProcessGroupMpiTest, AllreduceOfLargeAndOddSizesSumsEveryElement) {
+  ProcessGroupMpi& group = Group();
+  for (int64_t n : {int64_t{2}, int64_t{1023}, int64_t{1024}, int64_t{1025}, int64_t{3} << 18,
+                    (int64_t{3} << 18) + 5}) {
+    Tensor sum = RankTensor(group.rank(), n);
+    group.allreduce(sum)->wait();
+    std::vector<float> got = sum.to_vector<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      float expected = 0;
+      for (int r = 0; r < group.size(); ++r) expected += Value(r, i);
+      ASSERT_FLOAT_EQ(got[i], expected) << "n " << n << " index " << i;
+    }
+    std::vector<int64_t> ids(n);
+    for (int64_t i = 0; i < n; ++i) ids[i] = (i << 20) + group.rank();
+    Tensor id_sum = from_vector(ids, {n});
+    group.allreduce(id_sum)->wait();
+    std::vector<int64_t> got_ids = id_sum.to_vector<int64_t>();
+    const int64_t s = group.size();
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(got_ids[i], s * (i << 20) + s * (s - 1) / 2) << "n " << n << " index " << i;
+    }
+  }
+}
+
+// DDP's replicas stay identical only if every rank gets the same bits, whatever order the
+// additions ran in on each rank.
+TEST_F(ProcessGroupMpiTest, AllreduceGivesEveryRankTheSameBits) {
+  ProcessGroupMpi& group = Group();
+  for (int64_t n : {int64_t{100}, int64_t{5000}, int64_t{300001}}) {
+    std::vector<float> values(n);
+    for (int64_t i = 0; i < n; ++i) {
+      values[i] = std::sin(static_cast<float>(i * (group.rank() + 3))) * 1e3f / (1 + i % 97);
+    }
+    Tensor t = from_vector(values, {n});
+    group.allreduce(t, ReduceOp::kAverage)->wait();
+    Tensor all = zeros({group.size(), n});
+    group.allgather(all, t)->wait();
+    for (int r = 1; r < group.size(); ++r) {
+      std::vector<float> first = all.select(0, 0).to_vector<float>();
+      std::vector<float> other = all.select(0, r).to_vector<float>();
+      ASSERT_EQ(std::memcmp(first.data(), other.data(), n * sizeof(float)), 0)
+          << "n " << n << ": rank " << r << " holds different bits from rank 0";
     }
   }
 }
