@@ -2,6 +2,8 @@
 
 #include <cxxabi.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <exception>
 #include <future>
@@ -59,6 +61,8 @@ std::vector<std::vector<Tensor>> ParallelRun(
   DeviceWorker* self = DeviceWorker::Current();
   std::vector<std::future<void>> pending(n);
   std::vector<size_t> inline_replicas;
+  std::atomic<size_t> finished{0};  // replicas done on other threads
+  size_t submitted = 0;
   for (size_t i = 0; i < n; ++i) {
     DeviceWorker& worker = DeviceWorker::For(devices[i]);
     auto run = [&, i] {
@@ -67,20 +71,31 @@ std::vector<std::vector<Tensor>> ParallelRun(
       } catch (...) {
         errors[i] = std::current_exception();
       }
+      finished.fetch_add(1, std::memory_order_release);
     };
-    if (&worker == self) {
-      inline_replicas.push_back(i);  // this thread is that worker: run it here, below
+    // This thread runs the replica of its own worker's device, or, when it is no device's
+    // worker (the program's thread), the first CPU replica: CPU kernels run on whichever
+    // thread calls them, and one replica fewer to hand off is two thread wake-ups fewer.
+    const bool here = &worker == self || (self == nullptr && inline_replicas.empty() &&
+                                          devices[i].is_cpu());
+    if (here) {
+      inline_replicas.push_back(i);
     } else {
       pending[i] = worker.Submit(run);
+      ++submitted;
     }
   }
   for (size_t i : inline_replicas) {
+    WorkerScope as_worker(&DeviceWorker::For(devices[i]));
     try {
       outputs[i] = work(i);
     } catch (...) {
       errors[i] = std::current_exception();
     }
   }
+  // Replicas of equal chunks finish close together: look for the others before sleeping.
+  SpinWait([&] { return finished.load(std::memory_order_acquire) == submitted; },
+           std::chrono::microseconds(100));
   for (auto& f : pending) {
     if (f.valid()) f.wait();  // every replica stops before anything is rethrown
   }

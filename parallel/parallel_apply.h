@@ -25,7 +25,9 @@ namespace tandem::parallel {
 
 // modules[i]->forward_tensors(inputs[i]) on devices[i]'s worker, for every i. A single
 // replica runs on the calling thread, as in PyTorch (its kernels still use its device's
-// threads): there is nothing to overlap, and it saves a hand-off. The three
+// threads): there is nothing to overlap, and it saves a hand-off; so does the first CPU
+// replica when the caller is no device's worker (CPU kernels run on the thread that calls
+// them, with their device's intra-op threads). The three
 // lists must have the same length (devices may be omitted: then each replica runs on the
 // device of its first input, or of its first parameter when it has no input).
 std::vector<std::vector<Tensor>> parallel_apply(
@@ -33,7 +35,8 @@ std::vector<std::vector<Tensor>> parallel_apply(
     const std::vector<std::vector<Tensor>>& inputs, const std::vector<Device>& devices = {});
 
 // The general form: work(i) on devices[i]'s worker for every i, results in order, with the
-// same error handling. (A worker that is the calling thread runs its part inline.)
+// same error handling. (A worker that is the calling thread runs its part inline; a calling
+// thread that is no worker runs the first CPU device's part.)
 std::vector<std::vector<Tensor>> ParallelRun(
     const std::vector<Device>& devices,
     const std::function<std::vector<Tensor>(size_t replica)>& work);

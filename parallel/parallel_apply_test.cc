@@ -117,6 +117,8 @@ TEST_F(ParallelApplyTest, OutputsComeBackInOrder) {
   }
 }
 
+// Replica 0 (the first CPU replica) runs on the calling thread, acting as its device's
+// worker; every other replica on its own device's worker thread.
 TEST_F(ParallelApplyTest, EachReplicaRunsOnItsDevicesWorker) {
   const std::vector<Device> devices = {Device::Cpu(3), Device::Cpu(1), Device::Cpu(0),
                                        Device::Cpu(7)};
@@ -126,8 +128,14 @@ TEST_F(ParallelApplyTest, EachReplicaRunsOnItsDevicesWorker) {
     SCOPED_TRACE(::testing::Message() << "replica " << i);
     ASSERT_TRUE(probes[i]->seen.on_a_worker) << "ran outside every device worker";
     EXPECT_EQ(probes[i]->seen.worker_device, devices[i]);
-    EXPECT_NE(probes[i]->seen.thread, std::this_thread::get_id());
+    if (i == 0) {
+      EXPECT_EQ(probes[i]->seen.thread, std::this_thread::get_id());
+    } else {
+      EXPECT_NE(probes[i]->seen.thread, std::this_thread::get_id());
+      EXPECT_NE(probes[i]->seen.thread, probes[0]->seen.thread);
+    }
   }
+  EXPECT_EQ(DeviceWorker::Current(), nullptr);  // the caller is itself again
 }
 
 TEST_F(ParallelApplyTest, WithoutDevicesEachReplicaRunsWhereItsInputIs) {

@@ -1,6 +1,7 @@
 #include "tensor/internal/device_split.h"
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <memory>
@@ -58,6 +59,13 @@ void RunAcrossDevices(const std::vector<Device>& devices, int pieces,
     ++helpers;
   }
   job->Work();
+  // The helpers' pieces are as long as the caller's: look for their end before sleeping.
+  SpinWait(
+      [&] {
+        std::lock_guard<std::mutex> lock(job->mutex);
+        return job->finished == job->pieces;
+      },
+      std::chrono::microseconds(100));
   std::unique_lock<std::mutex> lock(job->mutex);
   job->done.wait(lock, [&] { return job->finished == job->pieces; });
   if (job->error) std::rethrow_exception(job->error);

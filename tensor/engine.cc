@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -70,6 +71,13 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
   }
 
   void Run() {
+    if (caller_ == nullptr && !roots_.empty() && roots_[0]->device().is_cpu()) {
+      // A thread that is no device's worker (the program's own) runs the nodes of its root's
+      // CPU device itself, as PyTorch's engine runs CPU work on the thread that called
+      // backward: a backward pass on one CPU device then hands nothing to another thread,
+      // and one over several devices hands off only what the other devices run.
+      caller_ = &DeviceWorker::For(roots_[0]->device());
+    }
     std::unordered_set<Node*> started;
     for (const auto& root : roots_) {
       NodeState* state = StateOf(root.get());
@@ -181,6 +189,7 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
         // The caller is this device's worker and is blocked in WaitUntilDone: it runs the
         // task itself rather than deadlocking on its own queue.
         local_tasks_.push_back(std::move(task));
+        wake_signals_.fetch_add(1, std::memory_order_release);
         wake_.notify_all();
         return;
       }
@@ -230,7 +239,10 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
     }
     node.reset();  // before the caller can wake: backward() returns with the node released
     std::lock_guard<std::mutex> lock(mutex_);
-    if (--outstanding_ == 0) wake_.notify_all();
+    if (--outstanding_ == 0) {
+      wake_signals_.fetch_add(1, std::memory_order_release);
+      wake_.notify_all();
+    }
   }
 
   void RecordFailure(const std::shared_ptr<Node>& node, std::exception_ptr error) {
@@ -242,8 +254,18 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
   }
 
   void WaitUntilDone() {
+    WorkerScope as_worker(caller_);  // the nodes run here see the device they run for
     std::unique_lock<std::mutex> lock(mutex_);
     while (true) {
+      if (outstanding_ != 0 && local_tasks_.empty()) {
+        // Another device's nodes are running; the next event (a node for this thread, or the
+        // end) often follows within microseconds, sooner than a sleeping thread wakes.
+        const int seen = wake_signals_.load(std::memory_order_acquire);
+        lock.unlock();
+        SpinWait([&] { return wake_signals_.load(std::memory_order_acquire) != seen; },
+                 std::chrono::microseconds(100));
+        lock.lock();
+      }
       wake_.wait(lock, [this] { return outstanding_ == 0 || !local_tasks_.empty(); });
       if (local_tasks_.empty()) break;
       auto task = std::move(local_tasks_.front());
@@ -303,6 +325,9 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
   std::unordered_map<DeviceWorker*, std::vector<ReadyNode>> ready_;
   std::deque<std::function<void()>> local_tasks_;
   int outstanding_ = 0;
+  // Bumped (under mutex_) whenever WaitUntilDone has something new to look at, so that it can
+  // poll for it without the lock before sleeping.
+  std::atomic<int> wake_signals_{0};
   std::exception_ptr error_;
   std::string failed_node_;
   std::vector<std::function<void()>> callbacks_;

@@ -1,6 +1,8 @@
 // Benchmarks of the CPU backend: SGEMM through Backend::Gemm against OpenBLAS called directly,
 // on one thread, on two threads of one logical device, and on two logical devices working at
-// once; elementwise add bandwidth through Backend::Binary and through tandem::add.
+// once; elementwise add bandwidth through Backend::Binary and through tandem::add; the round
+// trip of an empty task to another device's worker (what each hand-off of DataParallel and of
+// the autograd engine costs), right after the last one and after the worker sat idle.
 //
 //   bazel run -c opt //tensor:tensor_benchmark
 //   bazel run -c opt //tensor:tensor_benchmark -- --benchmark_filter=Sgemm
@@ -9,8 +11,10 @@
 // configuration it is skipped with a message.
 #include <cblas.h>
 
+#include <chrono>
 #include <cstdint>
 #include <future>
+#include <thread>
 #include <memory>
 #include <string>
 #include <vector>
@@ -184,6 +188,29 @@ void AddArguments(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_AddBackend)->Apply(AddArguments);
 BENCHMARK(BM_AddTensor)->Apply(AddArguments);
+
+// Submit an empty task to cpu:1's worker and wait for it, from the main thread; idle_us
+// (untimed) between round trips lets the worker go to sleep first, as it does between a
+// step's phases.
+void BM_WorkerRoundTrip(benchmark::State& state) {
+  SetCpuDeviceCount(2);
+  const auto idle = std::chrono::microseconds(state.range(0));
+  DeviceWorker& worker = DeviceWorker::For(Device::Cpu(1));
+  worker.Submit([] {}).get();
+  for (auto _ : state) {
+    if (idle.count() > 0) std::this_thread::sleep_for(idle);
+    const auto start = std::chrono::steady_clock::now();
+    worker.Submit([] {}).get();
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+}
+BENCHMARK(BM_WorkerRoundTrip)
+    ->ArgName("idle_us")
+    ->Arg(0)
+    ->Arg(500)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace tandem

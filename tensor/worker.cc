@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <exception>
 #include <map>
+#include <thread>
 #include <utility>
 
 #include "tensor/error.h"
@@ -109,6 +111,37 @@ void EnsureShutDownRegistered() {
 
 }  // namespace
 
+// ---- Spinning ---------------------------------------------------------------------------
+
+namespace {
+
+// How long an idle device worker looks for its next task before it sleeps.
+constexpr std::chrono::microseconds kWorkerSpin(100);
+
+inline void PauseCore() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+}  // namespace
+
+bool SpinWait(const std::function<bool()>& ready, std::chrono::microseconds budget) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  const Clock::time_point yield_after = start + std::chrono::microseconds(5);
+  const Clock::time_point end = start + budget;
+  while (true) {
+    for (int i = 0; i < 32; ++i) {
+      if (ready()) return true;
+      PauseCore();
+    }
+    const Clock::time_point now = Clock::now();
+    if (now >= end) return ready();
+    if (now >= yield_after) std::this_thread::yield();
+  }
+}
+
 // ---- DeviceWorker -----------------------------------------------------------------------
 
 DeviceWorker& DeviceWorker::For(Device device) {
@@ -135,6 +168,12 @@ DeviceWorker& DeviceWorker::For(Device device) {
 }
 
 DeviceWorker* DeviceWorker::Current() { return t_current_worker; }
+
+WorkerScope::WorkerScope(DeviceWorker* worker) : previous_(t_current_worker) {
+  t_current_worker = worker;
+}
+
+WorkerScope::~WorkerScope() { t_current_worker = previous_; }
 
 DeviceWorker::DeviceWorker(Device device) : device_(device) {
   thread_ = std::thread([this] { Loop(); });
@@ -172,6 +211,7 @@ void DeviceWorker::Post(std::function<void()> task) {
                  ": it is shutting down (the process is exiting or the worker is being "
                  "destroyed); finish device work before that");
     tasks_.push_back(std::move(task));
+    queued_.store(tasks_.size(), std::memory_order_release);
   }
   ready_.notify_one();
 }
@@ -180,10 +220,18 @@ void DeviceWorker::Loop() {
   t_current_worker = this;
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
+    if (tasks_.empty() && !stopping_) {
+      // The next task usually follows within microseconds (the next phase of a step, the
+      // next node of a backward pass): look for it before sleeping.
+      lock.unlock();
+      SpinWait([this] { return queued_.load(std::memory_order_acquire) > 0; }, kWorkerSpin);
+      lock.lock();
+    }
     ready_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
     if (tasks_.empty()) break;  // stopping, and the queue is drained
     std::function<void()> task = std::move(tasks_.front());
     tasks_.pop_front();
+    queued_.store(tasks_.size(), std::memory_order_release);
     lock.unlock();
     task();
     task = nullptr;  // release captured state outside the lock, before waiting again

@@ -13,6 +13,8 @@
 #ifndef TANDEM_TENSOR_WORKER_H_
 #define TANDEM_TENSOR_WORKER_H_
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -63,8 +65,25 @@ class DeviceWorker {
   std::mutex mutex_;
   std::condition_variable ready_;
   std::deque<std::function<void()>> tasks_;
+  // tasks_.size(), readable without the lock: a worker that has just finished a task polls it
+  // for a moment before sleeping (see Loop).
+  std::atomic<size_t> queued_{0};
   bool stopping_ = false;
   std::thread thread_;
+};
+
+// Makes the calling thread count as `worker` (DeviceWorker::Current()) while it lives: for a
+// thread that runs a CPU device's work inline in that device's stead (parallel_apply and the
+// autograd engine do, to save hand-offs), so that the work sees the device it runs for.
+class WorkerScope {
+ public:
+  explicit WorkerScope(DeviceWorker* worker);
+  ~WorkerScope();
+  WorkerScope(const WorkerScope&) = delete;
+  WorkerScope& operator=(const WorkerScope&) = delete;
+
+ private:
+  DeviceWorker* previous_;
 };
 
 // A fixed set of threads that run the chunks of ParallelFor; the calling thread takes a
@@ -94,6 +113,13 @@ class ThreadPool {
   std::mutex run_mutex_;  // one Run at a time per pool
   std::vector<std::thread> threads_;
 };
+
+// Polls `ready` for up to `budget` (pausing the core between polls, yielding it after the
+// first few microseconds) and returns its last value. For a thread about to sleep on a
+// condition variable when the event it waits for is likely imminent: waking a sleeping
+// thread costs tens of microseconds (more in a virtual machine), a step of DataParallel hands
+// work between threads several times, and a thread that yields costs the others little.
+bool SpinWait(const std::function<bool()>& ready, std::chrono::microseconds budget);
 
 // Drops the CPU pools so that they are recreated with the current share of cores. Called by
 // SetCpuDeviceCount; no work may be running on them.
