@@ -134,7 +134,10 @@ struct DistributedDataParallel::Reducer {
   std::string prefix;
   std::vector<Tensor> params;  // those that require grad, in registration order
   std::vector<std::string> names;
-  std::vector<std::shared_ptr<Node>> accumulators;  // each parameter's AccumulateGrad
+  // Not each parameter's AccumulateGrad node: holding it would make every pass reuse the
+  // node made for the first one, and the engine runs the oldest ready node last, so every
+  // gradient hook (and bucket launch) would come at the very end of backward instead of
+  // right after its layer. A fresh node per forward is as new as the layer that made it.
   std::vector<int> bucket_of;                       // per parameter
   std::vector<int64_t> offset_in_bucket;            // per parameter, in elements
   std::vector<Bucket> buckets;
@@ -200,7 +203,7 @@ struct DistributedDataParallel::Reducer {
       }
     }
     for (size_t i = 0; i < params.size(); ++i) {
-      if (!seen.count(accumulators[i].get()))
+      if (!seen.count(GradientEdge(params[i]).node.get()))
         MarkReadyLocked(static_cast<int>(i), params[i].grad());
     }
   }
@@ -315,7 +318,6 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
     if (!p.value.requires_grad()) continue;
     r.params.push_back(p.value);
     r.names.push_back(p.name);
-    r.accumulators.push_back(GradientEdge(p.value).node);
   }
   const int n = static_cast<int>(r.params.size());
   r.bucket_of.assign(n, -1);

@@ -257,6 +257,60 @@ TEST_F(DistributedDataParallelTest, FindUnusedParametersReducesWhatSomeRankUsed)
   }
 }
 
+// Two layers with a pass-through op between them whose backward writes "between" into a log,
+// as the gradient-accumulated hooks of the layers' weights write their names.
+class TwoLayersWithAProbe : public nn::Module {
+ public:
+  TwoLayersWithAProbe() : nn::Module("TwoLayersWithAProbe") {
+    manual_seed(6);
+    first_ = register_module("first", std::make_shared<nn::Linear>(kIn, 5));
+    second_ = register_module("second", std::make_shared<nn::Linear>(5, kClasses));
+  }
+  std::vector<Tensor> forward_tensors(const std::vector<Tensor>& inputs) override {
+    Tensor hidden = first_->forward(inputs[0]);
+    Tensor probed;
+    {
+      NoGradGuard no_grad;
+      probed = hidden.clone();
+    }
+    std::vector<std::string>* log = &log_;
+    RecordOp("Probe", {hidden}, probed, [log](const Tensor& grad) {
+      log->push_back("between");
+      return std::vector<Tensor>{grad};
+    });
+    return {second_->forward(probed)};
+  }
+  std::vector<std::string> log_;
+  std::shared_ptr<nn::Linear> first_, second_;
+};
+
+// Overlap needs each bucket launched as soon as its layer's gradients are in, not at the end
+// of backward: the second layer's weight gradient (its own bucket) must be ready before
+// backward reaches the op below that layer, in every pass.
+TEST_F(DistributedDataParallelTest, ALayersGradientIsReadyBeforeBackwardGoesBelowIt) {
+  auto group = Group();
+  auto model = std::make_shared<TwoLayersWithAProbe>();
+  DistributedDataParallel ddp(model, group,
+                              DistributedDataParallelOptions().bucket_cap_mb(0.00001));
+  for (const char* name : {"first.weight", "second.weight"}) {
+    for (const nn::NamedTensor& p : model->named_parameters()) {
+      if (p.name != name) continue;
+      AddGradAccumulatedHook(p.value, [&model, name](const Tensor&) {
+        model->log_.push_back(name);
+      });
+    }
+  }
+  const Data mine = MakeData(group->size(), 7).Rows(group->rank() * kPerRank, kPerRank);
+  for (int step = 0; step < 3; ++step) {
+    model->log_.clear();
+    model->zero_grad();
+    cross_entropy(ddp.forward(mine.x), mine.y).backward();
+    EXPECT_EQ(model->log_,
+              (std::vector<std::string>{"second.weight", "between", "first.weight"}))
+        << "step " << step;
+  }
+}
+
 TEST_F(DistributedDataParallelTest, MismatchedModelsAreRefusedOnEveryRank) {
   auto group = Group();
   const int last = group->size() - 1;
