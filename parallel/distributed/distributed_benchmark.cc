@@ -1,18 +1,22 @@
 // Distributed benchmark, run under mpirun (rank 0 prints):
 //
 //   bazel build -c opt //parallel/distributed:distributed_benchmark
-//   mpirun --allow-run-as-root -np 2 --bind-to core
-//   bazel-bin/parallel/distributed/distributed_benchmark
+//   mpirun --allow-run-as-root -np 2 --bind-to none
+//   bazel-bin/parallel/distributed/distributed_benchmark [--steps=20]
 //
-// 1. All-reduce (sum, float32) bandwidth from 4 KB to 64 MB: ProcessGroupMpi (the group's
-//    thread, non-blocking MPI calls) against a bare blocking MPI_Allreduce on the same buffer,
+// 1. All-reduce (sum, float32) bandwidth from 4 KB to 64 MB: ProcessGroupMpi
+//    (allreduce(t)->wait()) against a bare blocking MPI_Allreduce on the same buffer,
 //    alternating in the same run. Bandwidth is bytes / time per all-reduce (nccl-tests' algbw).
 // 2. A training step (forward, cross-entropy, backward, SGD) of the MLP 784-256-128-10 at
 //    batch 256 per rank and of the CNN at batch 32 per rank, one thread per rank: rank 0
-//    alone on the plain module (the others sleep) against every rank in DistributedDataParallel.
-//    Speed-up = ranks x single time / DDP time (throughput), set against the same
-//    perfectly parallel reference loop as DataParallel's benchmark (tools/bench), and the
-//    fraction of the all-reduce time hidden behind backward.
+//    alone on the plain module (the others sleep), every rank on its own plain module at once
+//    (no communication: what the machine allows), and every rank in DistributedDataParallel.
+//    Speed-up = ranks x single time / DDP time (throughput), set against the same perfectly
+//    parallel reference loop as DataParallel's benchmark (tools/bench) and against the
+//    no-communication run. The all-reduce's cost is the buckets' all-reduces run alone; how
+//    much of it backward hides is measured twice: by what the end of backward still waits
+//    for (exposed), and by how much longer the DDP step is than the no-communication one
+//    (which also counts the CPU that communication takes from backward on a full machine).
 #include <mpi.h>
 
 #include <algorithm>
@@ -20,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -141,6 +146,18 @@ void TrainingStep(const std::shared_ptr<ProcessGroupMpi>& group_ptr, const std::
   }
   group.barrier()->wait();
 
+  // Every rank on its own plain module at once, with no communication: what the machine's
+  // shared caches, memory bandwidth and cores leave of a perfect speed-up for this model, the
+  // ceiling for DDP here (the reference loop below touches no memory).
+  double independent = 0;
+  {
+    auto model = MakeModel(kind);
+    MPI_Barrier(MPI_COMM_WORLD);
+    const double mine = TimeSteps(
+        *model, [&](const Tensor& in) { return model->forward(in); }, x, y, steps);
+    MPI_Allreduce(&mine, &independent, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  }
+
   auto model = MakeModel(kind);
   auto ddp = std::make_shared<DistributedDataParallel>(model, group_ptr);
   ReductionStats total;
@@ -148,6 +165,31 @@ void TrainingStep(const std::shared_ptr<ProcessGroupMpi>& group_ptr, const std::
       *model, [&](const Tensor& in) { return ddp->forward(in); }, x, y, steps, &total, ddp.get());
   double slowest = 0;
   MPI_Allreduce(&distributed, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+
+  // The buckets' all-reduces alone, one after another as DDP issues them (nothing to
+  // overlap): what the communication costs when none of it is hidden.
+  std::vector<Tensor> buckets;
+  {
+    std::map<std::string, int64_t> sizes;
+    for (const nn::NamedTensor& p : model->named_parameters()) sizes[p.name] = p.value.numel();
+    for (const std::vector<std::string>& names : ddp->bucket_parameter_names()) {
+      int64_t n = 0;
+      for (const std::string& name : names) n += sizes.at(name);
+      buckets.push_back(ones({n}));
+    }
+  }
+  std::vector<double> alone_times;
+  for (int rep = 0; rep < 3 + steps; ++rep) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    const Clock::time_point start = Clock::now();
+    std::vector<std::shared_ptr<Work>> works;
+    for (const Tensor& bucket : buckets) works.push_back(group.allreduce(bucket, ReduceOp::kAverage));
+    for (const std::shared_ptr<Work>& work : works) work->wait();
+    if (rep >= 3) alone_times.push_back(Seconds(start));
+  }
+  double alone = 0;
+  const double my_alone = Median(alone_times);
+  MPI_Allreduce(&my_alone, &alone, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 
   // The perfectly parallel reference: the same work on rank 0 alone, then on every rank.
   const int64_t reps = bench::CalibratedReps(0.05);
@@ -182,15 +224,23 @@ void TrainingStep(const std::shared_ptr<ProcessGroupMpi>& group_ptr, const std::
       for (const Tensor& w : model->parameters()) p += w.numel();
       return p;
     }();
+    const double ceiling = world * single / independent;
+    const double exposed = total.wait_seconds / steps;
+    const double extra = slowest - independent;
     std::printf(
-        "%s batch %lld/rank (%.2f MB of gradients, %d bucket(s)): 1 rank %.2f ms/step, %d ranks "
-        "%.2f ms/step in DDP\n"
-        "  throughput speed-up %.2fx; reference loop %.2fx; %.0f%% of the reference\n"
-        "  all-reduce %.2f ms/step on the group's thread, %.2f ms/step exposed: %.0f%% hidden "
-        "behind backward\n",
+        "%s batch %lld/rank (%.2f MB of gradients, %d bucket(s)): 1 rank %.2f ms/step; %d ranks "
+        "%.2f ms/step in DDP, %.2f ms/step each on its own (no communication)\n"
+        "  throughput speed-up %.2fx: %.0f%% of the reference loop's %.2fx, %.0f%% of the "
+        "%.2fx without communication\n"
+        "  all-reduce: the buckets alone %.2f ms/step; in DDP %.2f ms/step exposed at the end of "
+        "backward (%.0f%% hidden); the DDP step takes %.2f ms more than without communication "
+        "(%.0f%% hidden by that measure); group's thread %.2f ms/step, %.0f%% of it while "
+        "backward ran\n",
         kind.c_str(), static_cast<long long>(batch), params * 4 / 1e6, total.buckets, single * 1e3,
-        world, slowest * 1e3, speedup, ideal, 100 * speedup / ideal,
-        total.communication_seconds / steps * 1e3, total.wait_seconds / steps * 1e3,
+        world, slowest * 1e3, independent * 1e3, speedup, 100 * speedup / ideal, ideal,
+        100 * speedup / ceiling, ceiling, alone * 1e3, exposed * 1e3,
+        100 * std::clamp(1 - exposed / alone, 0.0, 1.0), extra * 1e3,
+        100 * std::clamp(1 - extra / alone, 0.0, 1.0), total.communication_seconds / steps * 1e3,
         100 * total.overlap_fraction());
   }
 }

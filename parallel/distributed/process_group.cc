@@ -25,14 +25,18 @@ bool Work::is_completed() const {
 
 void Work::wait() {
   if (!done_.load(std::memory_order_acquire)) RunIfNotStarted();
-  // Short collectives finish within microseconds: yield for a moment before sleeping on the
-  // condition variable, whose wake-up costs more than that.
-  const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
-  while (!done_.load(std::memory_order_acquire) && std::chrono::steady_clock::now() < spin_until) {
-    std::this_thread::yield();
+  if (!done_.load(std::memory_order_acquire)) {
+    // Short collectives finish within microseconds: yield for a moment before sleeping on
+    // the condition variable, whose wake-up costs more than that.
+    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+    while (!done_.load(std::memory_order_acquire) &&
+           std::chrono::steady_clock::now() < spin_until) {
+      std::this_thread::yield();
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, [this] { return done_.load(); });
   }
-  std::unique_lock<std::mutex> lock(mutex_);
-  done_cv_.wait(lock, [this] { return done_.load(); });
+  // error_ was set before done_ (which the loads above acquire) and is not written again.
   if (error_) std::rethrow_exception(error_);
 }
 
