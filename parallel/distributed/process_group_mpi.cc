@@ -1,9 +1,6 @@
 #include "parallel/distributed/process_group_mpi.h"
 
 #include <mpi.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -168,12 +165,12 @@ struct ProcessGroupMpi::Impl {
   static constexpr std::chrono::milliseconds kSpinFor{2};
   static constexpr std::chrono::microseconds kPollSleep{50};
   // The group's own thread spins only this long: it shares a core with the compute thread
-  // (DDP's backward), which a spin would take half of. It polls every kPollSleep instead, at a
-  // raised priority (StartThread) so that each poll runs when due rather than when the
-  // scheduler next gets round to it.
+  // (DDP's backward), which a spin would take half of, so it polls every kPollSleep instead.
+  // But while a caller waits for the collective it runs, that caller's core is free: it
+  // spins as a caller would (caller_waits).
   static constexpr std::chrono::microseconds kGroupThreadSpinFor{50};
   // See Run().
-  static constexpr std::chrono::microseconds kDeferredStart{200};
+  static constexpr std::chrono::microseconds kDeferredStart{1000};
   static constexpr std::chrono::milliseconds kIdleBeforeSleep{100};
 
   MPI_Comm comm = MPI_COMM_NULL;
@@ -194,6 +191,8 @@ struct ProcessGroupMpi::Impl {
   Clock::time_point last_issued;
   std::string failure;  // the first error; the group is unusable once set
   std::thread thread;
+  // A caller is blocked in wait() on the collective that the group's thread runs now.
+  std::atomic<bool> caller_waits{false};
   std::vector<char> scratch;  // the running all-reduce's receive buffer
 
   // Checks an MPI return code.
@@ -236,8 +235,9 @@ struct ProcessGroupMpi::Impl {
       }
       if (waited > std::chrono::milliseconds(200)) {
         std::this_thread::sleep_for(std::chrono::microseconds(200));
-      } else if (waited > (t_on_group_thread ? Clock::duration(kGroupThreadSpinFor)
-                                             : Clock::duration(kSpinFor))) {
+      } else if (waited > (t_on_group_thread && !caller_waits.load(std::memory_order_relaxed)
+                               ? Clock::duration(kGroupThreadSpinFor)
+                               : Clock::duration(kSpinFor))) {
         std::this_thread::sleep_for(kPollSleep);
       }
     }
@@ -360,17 +360,16 @@ struct ProcessGroupMpi::Impl {
   // them itself.
   //
   // Waking it costs more than a small all-reduce: a futex call, and on a machine whose cores
-  // all run ranks, two context switches on a core that a rank (this one or a peer) needs. So
-  // while the issuing threads wait for their collectives themselves (issue-then-wait: the
-  // last collective was run by its waiter), Enqueue does not wake it; instead it looks every
-  // kDeferredStart for a collective nobody has started and starts it (so every collective
-  // still starts within kDeferredStart without a wait, as DDP's buckets must), which also ends
-  // that mode. After kIdleBeforeSleep without collectives it sleeps until woken again.
+  // all run ranks, two context switches on a core that a rank (this one or a peer) needs
+  // (3-4 us against 1-5 us for 4 KB on 2 ranks). So while the issuing threads run their
+  // collectives themselves (the last one was run by its waiter), Enqueue does not wake it;
+  // instead it looks every kDeferredStart for one that nobody has started, so that every
+  // collective still starts without a wait (DDP's first buckets start at most that late).
+  // Starting one itself ends that mode; after kIdleBeforeSleep without collectives it sleeps
+  // until woken. (Waking for collectives of 1 MiB and more at once was measured too: it cost
+  // the all-reduce up to half its bandwidth there, the thread racing the waiting caller.)
   void Run() {
     t_on_group_thread = true;
-    // nice -10 for this thread only (Linux: a thread id names one thread). Without the right
-    // to raise priority (no CAP_SYS_NICE) it keeps the default: slower overlap, same results.
-    setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), -10);
     std::unique_lock<std::mutex> lock(mutex);
     while (true) {
       if (running || queue.empty()) {
@@ -391,8 +390,8 @@ struct ProcessGroupMpi::Impl {
           cv.wait_until(lock, due);
           continue;
         }
-        callers_run_their_collectives = false;  // its issuer is not waiting for it
       }
+      callers_run_their_collectives = false;  // its issuer has not come for it
       Op op = std::move(queue.front());
       queue.pop_front();
       running = true;
@@ -400,6 +399,7 @@ struct ProcessGroupMpi::Impl {
       lock.unlock();
       Execute(op, earlier_failure);
       op = Op();  // releases the tensors before the next wait
+      caller_waits.store(false, std::memory_order_relaxed);
       lock.lock();
       running = false;
     }
@@ -411,6 +411,8 @@ struct ProcessGroupMpi::Impl {
   // is the same, since one collective at a time runs either way, in the same order.
   void RunOnCaller(const Work* target) {
     std::unique_lock<std::mutex> lock(mutex);
+    // Another thread runs a collective (ours or one before it): if the group's, it may spin.
+    if (running) caller_waits.store(true, std::memory_order_relaxed);
     while (!running && std::any_of(queue.begin(), queue.end(),
                                    [target](const Op& op) { return op.work.get() == target; })) {
       Op op = std::move(queue.front());
