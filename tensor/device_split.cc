@@ -51,10 +51,13 @@ void RunAcrossDevices(const std::vector<Device>& devices, int pieces,
   auto job = std::make_shared<Job>(pieces, piece);
   DeviceWorker* self = DeviceWorker::Current();
   int helpers = 0;
-  for (Device device : devices) {
+  for (size_t d = 0; d < devices.size(); ++d) {
     if (helpers + 1 >= pieces) break;
-    DeviceWorker& worker = DeviceWorker::For(device);
+    DeviceWorker& worker = DeviceWorker::For(devices[d]);
     if (&worker == self) continue;
+    // A caller that is no worker stands in for the first CPU device (as parallel_apply's
+    // caller runs the first CPU replica), so that each device's cores get one thread.
+    if (self == nullptr && d == 0 && devices[d].is_cpu()) continue;
     worker.Post([job] { job->Work(); });
     ++helpers;
   }

@@ -129,7 +129,9 @@ inline void PauseCore() {
 bool SpinWait(const std::function<bool()>& ready, std::chrono::microseconds budget) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
-  const Clock::time_point yield_after = start + std::chrono::microseconds(5);
+  // sched_yield is a system call (a microsecond or more in a virtual machine): pause only at
+  // first, then yield so that a thread waiting for this core gets it.
+  const Clock::time_point yield_after = start + std::chrono::microseconds(20);
   const Clock::time_point end = start + budget;
   while (true) {
     for (int i = 0; i < 32; ++i) {

@@ -13,7 +13,8 @@
 namespace tandem::internal {
 
 // Calls piece(0) ... piece(pieces - 1), spread over the workers of `devices` and the calling
-// thread, and returns when all have finished. Pieces are claimed from a shared counter, and
+// thread (which stands in for its own worker's device, or for the first CPU device when it is
+// no worker), and returns when all have finished. Pieces are claimed from a shared counter, and
 // the caller takes whatever nobody else has started, so this never waits on a worker that
 // is busy elsewhere (or blocked on the caller). Rethrows the first exception of a piece.
 void RunAcrossDevices(const std::vector<Device>& devices, int pieces,

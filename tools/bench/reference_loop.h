@@ -1,6 +1,8 @@
 // A perfectly parallel reference loop for scaling benchmarks: independent multiply-add
-// chains in registers, split evenly over devices' workers. What it gains from a second
-// worker is the most any data-parallel step can gain on the same machine in the same run,
+// chains in registers, split evenly over devices, the first device's share on the calling
+// thread and the others' on their workers, the threads a DataParallel step uses
+// (parallel_apply runs the first CPU replica on the caller). What it gains from a second
+// thread is the most any data-parallel step can gain on the same machine in the same run,
 // so speed-ups are reported as a ratio to it (train_step, parallel_benchmark).
 //
 //   const int64_t reps = bench::CalibratedReps(0.01);          // about 10 ms on one thread
@@ -20,7 +22,8 @@ namespace tandem::bench {
 // also goes to a volatile sink, so no call can be dropped or moved out of a timed region.
 float ReferenceKernel(int64_t reps, float seed);
 
-// `reps` kernel steps split evenly over the workers of `devices`; waits for all.
+// `reps` kernel steps split evenly over `devices`: the first share on the calling thread
+// (unless it is another device's worker), the rest on the devices' workers; waits for all.
 float ReferenceLoop(const std::vector<Device>& devices, int64_t reps);
 
 // Kernel steps that take about `seconds` on one thread: the fastest of a few probes of at
