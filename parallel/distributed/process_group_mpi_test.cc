@@ -9,6 +9,7 @@
 #include <cstring>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tensor/tensor.h"
@@ -212,6 +213,28 @@ TEST_F(ProcessGroupMpiTest, ManyCollectivesInFlightFinishInOrder) {
   const int s = group.size();
   for (int k = 0; k < 20; ++k) {
     EXPECT_EQ(tensors[k].to_vector<float>()[999], static_cast<float>(k * s + s * (s - 1) / 2));
+  }
+}
+
+// A collective that nobody waits for still runs (on the group's thread), also right after
+// the caller ran one itself (the group then does not wake its thread for each collective)
+// and after the group has been idle.
+TEST_F(ProcessGroupMpiTest, ACollectiveNobodyWaitsForStillRuns) {
+  ProcessGroupMpi& group = Group();
+  for (int idle_ms : {0, 300}) {
+    Tensor first = ones({4});
+    group.allreduce(first)->wait();
+    std::this_thread::sleep_for(std::chrono::milliseconds(idle_ms));
+    Tensor second = ones({1000});
+    std::shared_ptr<Work> work = group.allreduce(second);
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!work->is_completed() && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_TRUE(work->is_completed())
+        << "after " << idle_ms << " ms idle: a collective nobody waited for did not run";
+    work->wait();
+    EXPECT_EQ(second.to_vector<float>()[999], static_cast<float>(group.size()));
   }
 }
 
