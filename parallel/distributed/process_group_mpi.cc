@@ -280,7 +280,7 @@ struct ProcessGroupMpi::Impl {
   }
 
   // Sums `count` elements at `data` over the ranks in place, over non-blocking point-to-point
-  // messages (see kRecursiveDoublingMaxBytes): the same algorithms as Open MPI's tuned
+  // messages (see kRingMinBytes): the same algorithms as Open MPI's tuned
   // blocking MPI_Allreduce, but with a deadline (its non-blocking MPI_Iallreduce is libnbc's,
   // several times slower on one machine, and moves only when polled). Every rank ends with
   // bit-identical sums: recursive doubling adds the same two halves on both sides of each
