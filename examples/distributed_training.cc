@@ -131,8 +131,6 @@ int Train() {
   Require(distributed::LaunchedByMpirun(),
           "--distributed runs one process per device and needs mpirun: mpirun -np 2 ",
           "bazel-bin/examples/train --distributed");
-  Require(absl::GetFlag(FLAGS_log_csv).empty() && absl::GetFlag(FLAGS_plot).empty(),
-          "--log_csv and --plot are not supported with --distributed yet");
   const int epochs = absl::GetFlag(FLAGS_epochs);
   const int batch_size = absl::GetFlag(FLAGS_batch_size);
   const double lr = absl::GetFlag(FLAGS_lr);
@@ -164,6 +162,8 @@ int Train() {
   const bool lead = rank == 0;
   if (lead) RequireWritableFile("--checkpoint", checkpoint);
   if (lead) RequireWritableFile("--save", absl::GetFlag(FLAGS_save));
+  if (lead) RequireWritableFile("--log_csv", absl::GetFlag(FLAGS_log_csv));
+  if (lead) RequireWritableFile("--plot", absl::GetFlag(FLAGS_plot));
 
   manual_seed(seed);
   std::shared_ptr<nn::Sequential> model = MakeModel(model_kind);
@@ -289,6 +289,9 @@ int Train() {
         test.loss, 100.0 * test.accuracy, totals[1] / seconds, seconds);
     std::fflush(stdout);
     if (!checkpoint.empty()) SaveTrainerCheckpoint(checkpoint, *model, *optimizer, state);
+    WriteEpochLogs(state.history, absl::GetFlag(FLAGS_log_csv), absl::GetFlag(FLAGS_plot),
+                   absl::StrFormat("Fashion-MNIST: %s, %d ranks on %s, batch %d per rank",
+                                   model_kind, world, device.ToString(), batch_size));
   }
   group->barrier()->wait();
   if (!lead) return 0;
@@ -316,6 +319,12 @@ int Train() {
     std::printf("Model written to %s\n", save.c_str());
   }
   if (!checkpoint.empty()) std::printf("Checkpoint: %s\n", checkpoint.c_str());
+  if (!absl::GetFlag(FLAGS_log_csv).empty()) {
+    std::printf("CSV log: %s\n", absl::GetFlag(FLAGS_log_csv).c_str());
+  }
+  if (!absl::GetFlag(FLAGS_plot).empty()) {
+    std::printf("Plot: %s\n", absl::GetFlag(FLAGS_plot).c_str());
+  }
   std::vector<std::string> quoted;
   for (const std::string& name : device_names) quoted.push_back("\"" + name + "\"");
   std::printf(

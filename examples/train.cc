@@ -141,45 +141,6 @@ EvalResult Evaluate(parallel::DataParallel& dp, data::DataLoader& test_loader) {
   return {loss_sum / total, static_cast<double>(correct) / total};
 }
 
-// Writes `text` to `path` through a temporary file renamed over it, so that a reader (or a
-// crash) never sees half a file.
-void WriteFileAtomically(const std::string& path, const std::string& text, const char* what) {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.close();
-    Require(out.good(), what, ": cannot write '", temporary,
-            "'; check that the folder exists and is writable");
-  }
-  Require(std::rename(temporary.c_str(), path.c_str()) == 0, what, ": cannot rename '", temporary,
-          "' to '", path, "'");
-}
-
-std::string Csv(const std::vector<EpochStats>& history) {
-  std::string out = "epoch,train_loss,test_loss,test_accuracy,seconds,samples_per_s\n";
-  for (const EpochStats& e : history) {
-    absl::StrAppendFormat(&out, "%d,%.6f,%.6f,%.6f,%.3f,%.1f\n", e.epoch, e.train_loss, e.test_loss,
-                          e.test_accuracy, e.seconds, e.samples_per_s);
-  }
-  return out;
-}
-
-std::string Plot(const std::vector<EpochStats>& history, const std::string& title) {
-  examples::PlotSeries train{"train loss", {}, {}, "#1f77b4"};
-  examples::PlotSeries test{"test loss", {}, {}, "#ff7f0e", /*dashed=*/true};
-  examples::PlotSeries accuracy{"test accuracy", {}, {}, "#2ca02c"};
-  for (const EpochStats& e : history) {
-    for (examples::PlotSeries* s : {&train, &test, &accuracy}) s->x.push_back(e.epoch);
-    train.y.push_back(e.train_loss);
-    test.y.push_back(e.test_loss);
-    accuracy.y.push_back(e.test_accuracy);
-  }
-  return examples::RenderSvgChart(title, "epoch",
-                                  {{"Loss", "cross-entropy loss", {train, test}},
-                                   {"Test accuracy", "accuracy", {accuracy}, /*percent=*/true}});
-}
-
 int Run() {
   if (absl::GetFlag(FLAGS_distributed)) return examples::RunDistributedTraining();
   const std::vector<Device> devices = ResolveDevices();
@@ -380,16 +341,10 @@ int Run() {
     if (!checkpoint.empty()) {
       examples::SaveTrainerCheckpoint(checkpoint, *model, *optimizer.optimizer, state);
     }
-    if (!absl::GetFlag(FLAGS_log_csv).empty()) {
-      WriteFileAtomically(absl::GetFlag(FLAGS_log_csv), Csv(state.history), "--log_csv");
-    }
-    if (!absl::GetFlag(FLAGS_plot).empty()) {
-      WriteFileAtomically(
-          absl::GetFlag(FLAGS_plot),
-          Plot(state.history, absl::StrFormat("Fashion-MNIST: %s on %s, batch %d", model_kind,
-                                              examples::DeviceNames(devices, " + "), batch_size)),
-          "--plot");
-    }
+    examples::WriteEpochLogs(state.history, absl::GetFlag(FLAGS_log_csv),
+                             absl::GetFlag(FLAGS_plot),
+                             absl::StrFormat("Fashion-MNIST: %s on %s, batch %d", model_kind,
+                                             examples::DeviceNames(devices, " + "), batch_size));
   }
 
   // Summary of every epoch (those of an earlier, resumed run included).

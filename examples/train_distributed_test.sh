@@ -9,8 +9,11 @@ if [[ ! -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
   echo "SKIPPED: Fashion-MNIST is not installed in $data_dir (bash tools/setup.sh installs it)"
   exit 0
 fi
+logs="${TEST_TMPDIR:-$(mktemp -d)}"
+rm -f "$logs/run.csv" "$logs/run.svg"
 out="$(bash parallel/distributed/mpi_test.sh 2 "$train" --distributed --devices=cpu:0 \
-  --threads=1 --epochs=2 --batch_size=64 --train_limit=2048 --test_limit=500 --workers=0)"
+  --threads=1 --epochs=2 --batch_size=64 --train_limit=2048 --test_limit=500 --workers=0 \
+  --log_csv="$logs/run.csv" --plot="$logs/run.svg")"
 echo "$out"
 json="$(grep '^\[1,0\]<stdout>:{"model"' <<<"$out" | sed 's/^\[1,0\]<stdout>://')"
 [[ -n "$json" ]] || { echo "FAIL: rank 0 printed no JSON line"; exit 1; }
@@ -23,4 +26,10 @@ accuracy="$(sed 's/.*"test_accuracy":\([0-9.]*\).*/\1/' <<<"$json")"
 # Chance is 0.10; two short epochs on 2048 images reach about 0.6.
 awk -v a="$accuracy" 'BEGIN { exit !(a > 0.4) }' ||
   { echo "FAIL: test accuracy $accuracy, expected above 0.4"; exit 1; }
+# Rank 0 writes the CSV (a header and a row per epoch) and the chart.
+[[ "$(wc -l <"$logs/run.csv")" == 3 ]] || { echo "FAIL: expected 3 lines in the CSV:"; cat "$logs/run.csv"; exit 1; }
+head -1 "$logs/run.csv" | grep -q '^epoch,train_loss,test_loss,test_accuracy' ||
+  { echo "FAIL: the CSV has no header"; exit 1; }
+grep -q '<svg' "$logs/run.svg" && grep -q '2 ranks on cpu:0' "$logs/run.svg" ||
+  { echo "FAIL: the plot is not an SVG chart titled with the ranks"; exit 1; }
 echo "PASS: $json"

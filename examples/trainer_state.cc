@@ -5,6 +5,9 @@
 #include <cstring>
 #include <map>
 
+#include "absl/strings/str_format.h"
+#include "examples/cli.h"
+#include "examples/svg_plot.h"
 #include "nn/checkpoint.h"
 #include "tensor/error.h"
 
@@ -166,6 +169,36 @@ bool LoadTrainerCheckpoint(const std::string& path, nn::Module& model, nn::Optim
                               FromBits(row[5])});
   }
   return true;
+}
+
+std::string EpochsCsv(const std::vector<EpochStats>& history) {
+  std::string out = "epoch,train_loss,test_loss,test_accuracy,seconds,samples_per_s\n";
+  for (const EpochStats& e : history) {
+    absl::StrAppendFormat(&out, "%d,%.6f,%.6f,%.6f,%.3f,%.1f\n", e.epoch, e.train_loss, e.test_loss,
+                          e.test_accuracy, e.seconds, e.samples_per_s);
+  }
+  return out;
+}
+
+std::string EpochsChart(const std::vector<EpochStats>& history, const std::string& title) {
+  PlotSeries train{"train loss", {}, {}, "#1f77b4"};
+  PlotSeries test{"test loss", {}, {}, "#ff7f0e", /*dashed=*/true};
+  PlotSeries accuracy{"test accuracy", {}, {}, "#2ca02c"};
+  for (const EpochStats& e : history) {
+    for (PlotSeries* s : {&train, &test, &accuracy}) s->x.push_back(e.epoch);
+    train.y.push_back(e.train_loss);
+    test.y.push_back(e.test_loss);
+    accuracy.y.push_back(e.test_accuracy);
+  }
+  return RenderSvgChart(title, "epoch",
+                        {{"Loss", "cross-entropy loss", {train, test}},
+                         {"Test accuracy", "accuracy", {accuracy}, /*percent=*/true}});
+}
+
+void WriteEpochLogs(const std::vector<EpochStats>& history, const std::string& csv_path,
+                    const std::string& plot_path, const std::string& title) {
+  if (!csv_path.empty()) WriteFileAtomically(csv_path, EpochsCsv(history), "--log_csv");
+  if (!plot_path.empty()) WriteFileAtomically(plot_path, EpochsChart(history, title), "--plot");
 }
 
 }  // namespace tandem::examples

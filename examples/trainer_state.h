@@ -46,6 +46,16 @@ struct TrainerState {
   std::vector<EpochStats> history;
 };
 
+// The per-epoch results as CSV (a header, then one row per epoch), and as an SVG chart of
+// train and test loss and test accuracy per epoch under `title`.
+std::string EpochsCsv(const std::vector<EpochStats>& history);
+std::string EpochsChart(const std::vector<EpochStats>& history, const std::string& title);
+
+// Writes EpochsCsv to `csv_path` and EpochsChart to `plot_path` (each atomically; an empty
+// path writes nothing): what --log_csv and --plot do after each epoch.
+void WriteEpochLogs(const std::vector<EpochStats>& history, const std::string& csv_path,
+                    const std::string& plot_path, const std::string& title);
+
 // Writes the checkpoint (atomically: the previous file stays whole if this fails).
 void SaveTrainerCheckpoint(const std::string& path, const nn::Module& model,
                            const nn::Optimizer& optimizer, const TrainerState& state);
