@@ -18,7 +18,7 @@ std::atomic<uint64_t> next_sequence_nr{0};
 class AccumulateGrad final : public Node {
  public:
   explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf)
-      : Node(leaf->device()), leaf_(std::move(leaf)) {}
+      : Node(leaf->device(), kAccumulatorSequenceNr), leaf_(std::move(leaf)) {}
 
   std::vector<Tensor> Apply(std::vector<Tensor> grads) override {
     const Tensor& grad = grads[0];
@@ -69,6 +69,9 @@ std::vector<Edge> EdgesTo(const std::vector<Tensor>& inputs) {
 }  // namespace
 
 Node::Node(Device device) : Node(device, {device}) {}
+
+Node::Node(Device device, uint64_t sequence_nr)
+    : device_(device), output_devices_{device}, sequence_nr_(sequence_nr) {}
 
 Node::Node(Device device, std::vector<Device> output_devices)
     : device_(device),

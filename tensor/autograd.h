@@ -72,7 +72,19 @@ class Node {
   // Creation order. Among the ready nodes of one device the engine runs the newest first,
   // as PyTorch does: it follows the forward pass backwards, so cheap cross-device copies
   // recorded late (a gather) start the other devices' work before this device's own.
+  // Gradient accumulators (leaves) have kAccumulatorSequenceNr.
   uint64_t sequence_nr() const { return sequence_nr_; }
+
+  // The sequence number of every gradient accumulator: the largest, so that a leaf's
+  // gradient is accumulated (and its hooks run) the moment it is ready rather than after
+  // the rest of the pass, as PyTorch does; DistributedDataParallel launches its buckets
+  // from those hooks. (A leaf's accumulator lives as long as the leaf's graphs do, so a
+  // creation-order number would make it the oldest node of every later pass.)
+  static constexpr uint64_t kAccumulatorSequenceNr = ~uint64_t{0};
+
+ protected:
+  // For nodes with a fixed place in the engine's order (gradient accumulators).
+  Node(Device device, uint64_t sequence_nr);
 
  private:
   Device device_;

@@ -196,6 +196,25 @@ TEST_F(AutogradTest, GradReadyHooksFireAfterAccumulation) {
   EXPECT_THROW(AddGradAccumulatedHook(w.view({2}), [](const Tensor&) {}), Error);
 }
 
+// A leaf's accumulator runs as soon as its gradient is ready, before the nodes that became
+// ready with it, even when it is older than all of them (kept alive by an earlier graph):
+// DistributedDataParallel's buckets launch from its hooks while backward goes on.
+TEST_F(AutogradTest, AccumulatorsRunAsSoonAsTheirGradientIsReady) {
+  Tensor w1 = Param({1, 2});
+  Tensor w2 = Param({3, 4});
+  const Tensor earlier_graph = mul(w2, 2.0);  // creates w2's accumulator now, first of all
+  std::vector<std::string> events;
+  AddGradAccumulatedHook(w2, [&](const Tensor&) { events.push_back("w2's hook"); });
+  Tensor first = w1.detach().clone();
+  RecordOp("FirstLayer", {w1}, first, [&](const Tensor& g) {
+    events.push_back("first layer's backward");
+    return std::vector<Tensor>{g};
+  });
+  mul(first, w2).sum().backward();
+  EXPECT_THAT(events, ElementsAre("w2's hook", "first layer's backward"));
+  EXPECT_THAT(w2.grad().to_vector<float>(), ElementsAre(1, 2));
+}
+
 TEST_F(AutogradTest, BranchesWithoutGradientDoNotStallOthers) {
   // `b` contributes no gradient (its backward returns undefined); `a` still reaches w.
   Tensor w = Param({1, 2});
