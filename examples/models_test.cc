@@ -110,9 +110,9 @@ TEST_F(ModelsTest, OptimizersApplyWeightDecayAndTheirLearningRate) {
     for (Tensor& p : model->parameters()) p.set_grad(zeros_like(p));
     optimizer.optimizer->step();
     const Tensor after = model->parameters()[0];
-    const Tensor expected =
-        kind == "sgd" ? before * (1.0 - 0.01 * 0.5)
-                      : before - 0.01 * (0.5 * before) / (abs(0.5 * before) + 1e-8);
+    const Tensor expected = kind == "sgd"
+                                ? before * (1.0 - 0.01 * 0.5)
+                                : before - 0.01 * (0.5 * before) / (abs(0.5 * before) + 1e-8);
     EXPECT_TRUE(allclose(after, expected, 1e-5, 1e-6)) << kind;
   }
   std::shared_ptr<nn::Sequential> model = MakeModel("mlp");

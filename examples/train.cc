@@ -194,8 +194,7 @@ int Run() {
       "devices=%s threads=%d batch_size=%d seed=%d lr=%g lr_decay=%s "
       "weight_decay=%g epochs=%d train_limit=%d",
       examples::DeviceNames(devices, ","), threads, batch_size, seed, lr, lr_decay, weight_decay,
-      epochs,
-      absl::GetFlag(FLAGS_train_limit));
+      epochs, absl::GetFlag(FLAGS_train_limit));
   const std::string settings = state.settings;
   bool resumed = false;
   if (!checkpoint.empty()) {
@@ -341,8 +340,7 @@ int Run() {
     if (!checkpoint.empty()) {
       examples::SaveTrainerCheckpoint(checkpoint, *model, *optimizer.optimizer, state);
     }
-    examples::WriteEpochLogs(state.history, absl::GetFlag(FLAGS_log_csv),
-                             absl::GetFlag(FLAGS_plot),
+    examples::WriteEpochLogs(state.history, absl::GetFlag(FLAGS_log_csv), absl::GetFlag(FLAGS_plot),
                              absl::StrFormat("Fashion-MNIST: %s on %s, batch %d", model_kind,
                                              examples::DeviceNames(devices, " + "), batch_size));
   }

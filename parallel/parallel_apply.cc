@@ -76,8 +76,8 @@ std::vector<std::vector<Tensor>> ParallelRun(
     // This thread runs the replica of its own worker's device, or, when it is no device's
     // worker (the program's thread), the first CPU replica: CPU kernels run on whichever
     // thread calls them, and one replica fewer to hand off is two thread wake-ups fewer.
-    const bool here = &worker == self || (self == nullptr && inline_replicas.empty() &&
-                                          devices[i].is_cpu());
+    const bool here =
+        &worker == self || (self == nullptr && inline_replicas.empty() && devices[i].is_cpu());
     if (here) {
       inline_replicas.push_back(i);
     } else {
@@ -94,8 +94,7 @@ std::vector<std::vector<Tensor>> ParallelRun(
     }
   }
   // Replicas of equal chunks finish close together: look for the others before sleeping.
-  SpinWait([&] { return finished.load(std::memory_order_acquire) == submitted; },
-           std::chrono::microseconds(100));
+  SpinWait([&] { return finished.load(std::memory_order_acquire) == submitted; }, kHandOffSpin);
   for (auto& f : pending) {
     if (f.valid()) f.wait();  // every replica stops before anything is rethrown
   }

@@ -68,7 +68,7 @@ void RunAcrossDevices(const std::vector<Device>& devices, int pieces,
         std::lock_guard<std::mutex> lock(job->mutex);
         return job->finished == job->pieces;
       },
-      std::chrono::microseconds(100));
+      kHandOffSpin);
   std::unique_lock<std::mutex> lock(job->mutex);
   job->done.wait(lock, [&] { return job->finished == job->pieces; });
   if (job->error) std::rethrow_exception(job->error);

@@ -263,7 +263,7 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
         const int seen = wake_signals_.load(std::memory_order_acquire);
         lock.unlock();
         SpinWait([&] { return wake_signals_.load(std::memory_order_acquire) != seen; },
-                 std::chrono::microseconds(100));
+                 kHandOffSpin);
         lock.lock();
       }
       wake_.wait(lock, [this] { return outstanding_ == 0 || !local_tasks_.empty(); });

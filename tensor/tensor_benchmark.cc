@@ -14,9 +14,9 @@
 #include <chrono>
 #include <cstdint>
 #include <future>
-#include <thread>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "benchmark/benchmark.h"

@@ -115,9 +115,6 @@ void EnsureShutDownRegistered() {
 
 namespace {
 
-// How long an idle device worker looks for its next task before it sleeps.
-constexpr std::chrono::microseconds kWorkerSpin(100);
-
 inline void PauseCore() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -226,7 +223,7 @@ void DeviceWorker::Loop() {
       // The next task usually follows within microseconds (the next phase of a step, the
       // next node of a backward pass): look for it before sleeping.
       lock.unlock();
-      SpinWait([this] { return queued_.load(std::memory_order_acquire) > 0; }, kWorkerSpin);
+      SpinWait([this] { return queued_.load(std::memory_order_acquire) > 0; }, kHandOffSpin);
       lock.lock();
     }
     ready_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });

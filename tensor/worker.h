@@ -121,6 +121,12 @@ class ThreadPool {
 // work between threads several times, and a thread that yields costs the others little.
 bool SpinWait(const std::function<bool()>& ready, std::chrono::microseconds budget);
 
+// How long a thread that hands work to another (or has just finished its own) polls for the
+// next event before sleeping: an idle device worker for its next task, parallel_apply's and
+// the engine's caller for the other devices. Measured on a 2-core VM with the MLP step of
+// train_step over cpu:0,cpu:1: 400 us gave a 3-8% faster step than 100 us, 1000 us no more.
+inline constexpr std::chrono::microseconds kHandOffSpin{400};
+
 // Drops the CPU pools so that they are recreated with the current share of cores. Called by
 // SetCpuDeviceCount; no work may be running on them.
 void ResetCpuThreadPools();
