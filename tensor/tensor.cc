@@ -29,8 +29,14 @@ std::string ShapeToString(const Shape& shape) {
 }
 
 int64_t NumElements(const Shape& shape) {
+  // A size of 0 anywhere makes an empty tensor, however large the other sizes are; otherwise
+  // the product must fit (a corrupt file or a bad computation can ask for any sizes).
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return 0;
   int64_t n = 1;
-  for (int64_t s : shape) n *= s;
+  for (int64_t s : shape) {
+    TANDEM_CHECK(!__builtin_mul_overflow(n, s, &n), "shape ", ShapeToString(shape),
+                 " has more elements than an int64 counts (2^63 - 1); expected a smaller shape");
+  }
   return n;
 }
 
@@ -39,7 +45,9 @@ std::vector<int64_t> ContiguousStrides(const Shape& shape) {
   int64_t stride = 1;
   for (int64_t d = static_cast<int64_t>(shape.size()) - 1; d >= 0; --d) {
     strides[d] = stride;
-    stride *= std::max<int64_t>(shape[d], 1);
+    if (d == 0) break;  // the outermost size needs no stride beyond it
+    TANDEM_CHECK(!__builtin_mul_overflow(stride, std::max<int64_t>(shape[d], 1), &stride), "shape ",
+                 ShapeToString(shape), " is too large for int64 strides; expected a smaller shape");
   }
   return strides;
 }

@@ -51,6 +51,24 @@ TEST_F(TensorTest, FactoriesFillShapeDtypeAndDevice) {
   EXPECT_THAT(ErrorOf([] { zeros({2}, Device::Cpu(9)); }), HasSubstr("cpu:9 does not exist"));
 }
 
+// Sizes from a corrupt file or a bad computation: a product past int64 is a clear error, not
+// an overflow; a 0 anywhere makes an empty tensor however large the other sizes are
+// (found by fuzz/checkpoint_fuzzer: regressions/checkpoint/huge-shape-numel-overflow).
+TEST_F(TensorTest, ShapesWhoseElementCountOverflowsAreRefused) {
+  const int64_t huge = int64_t{1} << 62;
+  EXPECT_EQ(NumElements({huge, 4, 0}), 0);
+  const Tensor empty_but_huge = from_vector(std::vector<float>{}, {huge, 4, 0});
+  EXPECT_EQ(empty_but_huge.numel(), 0);
+  EXPECT_THAT(empty_but_huge.strides(), ElementsAre(4, 1, 1));
+  EXPECT_THAT(ErrorOf([&] {
+                NumElements({huge, 4});
+              }),
+              HasSubstr("has more elements than an int64 counts"));
+  EXPECT_THAT(ErrorOf([&] { zeros({2, huge, 4, 0}); }), HasSubstr("too large for int64 strides"));
+  EXPECT_THAT(ErrorOf([&] { zeros({huge, 4}); }), HasSubstr("more elements than an int64 counts"));
+  EXPECT_EQ(NumElements({huge, 1}), huge);
+}
+
 TEST_F(TensorTest, ViewAndReshapeShareStorage) {
   Tensor x = Iota({2, 3});
   Tensor v = x.view({3, 2});
