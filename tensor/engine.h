@@ -5,10 +5,10 @@
 // Each node runs on the worker of its device, so the parts of a graph on different devices
 // (DataParallel's replicas) run backward in parallel; the nodes on the CPU device of the
 // first root run on the thread that called backward when that thread is no device's worker
-// (as PyTorch runs CPU work on the calling thread), which saves two thread hand-offs a pass. Gradients that meet in one node are
-// summed outside any lock shared by the pass, by the threads that deliver them, so N
-// devices accumulate in parallel. A node's exception stops the pass; the caller gets a
-// tandem::Error naming the node, with the original exception nested inside
+// (as PyTorch runs CPU work on the calling thread), which saves two thread hand-offs a pass.
+// Gradients that meet in one node are summed outside any lock shared by the pass, by the threads
+// that deliver them, so N devices accumulate in parallel. A node's exception stops the pass; the
+// caller gets a tandem::Error naming the node, with the original exception nested inside
 // (std::rethrow_if_nested reaches it, type intact).
 //
 // Code that runs inside a backward pass (a node, a gradient-ready hook) may queue a

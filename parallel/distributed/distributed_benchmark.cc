@@ -183,7 +183,8 @@ void TrainingStep(const std::shared_ptr<ProcessGroupMpi>& group_ptr, const std::
     MPI_Barrier(MPI_COMM_WORLD);
     const Clock::time_point start = Clock::now();
     std::vector<std::shared_ptr<Work>> works;
-    for (const Tensor& bucket : buckets) works.push_back(group.allreduce(bucket, ReduceOp::kAverage));
+    for (const Tensor& bucket : buckets)
+      works.push_back(group.allreduce(bucket, ReduceOp::kAverage));
     for (const std::shared_ptr<Work>& work : works) work->wait();
     if (rep >= 3) alone_times.push_back(Seconds(start));
   }

@@ -138,8 +138,8 @@ struct DistributedDataParallel::Reducer {
   // node made for the first one, and the engine runs the oldest ready node last, so every
   // gradient hook (and bucket launch) would come at the very end of backward instead of
   // right after its layer. A fresh node per forward is as new as the layer that made it.
-  std::vector<int> bucket_of;                       // per parameter
-  std::vector<int64_t> offset_in_bucket;            // per parameter, in elements
+  std::vector<int> bucket_of;             // per parameter
+  std::vector<int64_t> offset_in_bucket;  // per parameter, in elements
   std::vector<Bucket> buckets;
 
   std::mutex mutex;          // guards what follows (hooks run on the device's worker)

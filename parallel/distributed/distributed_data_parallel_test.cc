@@ -295,9 +295,8 @@ TEST_F(DistributedDataParallelTest, ALayersGradientIsReadyBeforeBackwardGoesBelo
   for (const char* name : {"first.weight", "second.weight"}) {
     for (const nn::NamedTensor& p : model->named_parameters()) {
       if (p.name != name) continue;
-      AddGradAccumulatedHook(p.value, [&model, name](const Tensor&) {
-        model->log_.push_back(name);
-      });
+      AddGradAccumulatedHook(p.value,
+                             [&model, name](const Tensor&) { model->log_.push_back(name); });
     }
   }
   const Data mine = MakeData(group->size(), 7).Rows(group->rank() * kPerRank, kPerRank);
@@ -305,8 +304,7 @@ TEST_F(DistributedDataParallelTest, ALayersGradientIsReadyBeforeBackwardGoesBelo
     model->log_.clear();
     model->zero_grad();
     cross_entropy(ddp.forward(mine.x), mine.y).backward();
-    EXPECT_EQ(model->log_,
-              (std::vector<std::string>{"second.weight", "between", "first.weight"}))
+    EXPECT_EQ(model->log_, (std::vector<std::string>{"second.weight", "between", "first.weight"}))
         << "step " << step;
   }
 }

@@ -1,8 +1,9 @@
 // ProcessGroup: the processes ("ranks") of one distributed job and the collectives they run
 // together on tensors, as torch.distributed's ProcessGroup. Every collective is asynchronous:
 // it returns a Work handle at once and runs on the group's own thread (or on the thread that
-// waits for it, if that one comes first); wait() blocks until it has finished and throws tandem::Error if it failed or timed out. Every rank must issue the
-// same collectives in the same order.
+// waits for it, if that one comes first); wait() blocks until it has finished and throws
+// tandem::Error if it failed or timed out. Every rank must issue the same collectives in the same
+// order.
 //
 // Use it through DistributedDataParallel (parallel/distributed/distributed_data_parallel.h),
 // or directly for your own collectives. The concrete group is ProcessGroupMpi (CPU tensors,

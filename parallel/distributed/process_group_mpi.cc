@@ -94,8 +94,8 @@ std::string Elements(const Tensor& t) { return Elements(t.numel(), t.dtype()); }
 // or whose length is unknown, and a scalar loop would make the addition, not the copy, the
 // bottleneck of an all-reduce that fits in cache.
 template <typename T>
-__attribute__((always_inline)) inline void AddIntoVectors(T* __restrict out,
-                                                          const T* __restrict in, int64_t n) {
+__attribute__((always_inline)) inline void AddIntoVectors(T* __restrict out, const T* __restrict in,
+                                                          int64_t n) {
   typedef T Vec __attribute__((vector_size(32)));
   constexpr int64_t kLanes = 32 / sizeof(T);
   int64_t i = 0;
@@ -267,9 +267,9 @@ struct ProcessGroupMpi::Impl {
     {
       MpiCallLock lock;
       if (receive_count > 0) {
-        Check(MPI_Irecv(receive, static_cast<int>(receive_count), type, from, 0, comm,
-                        &requests[0]),
-              "MPI_Irecv", work);
+        Check(
+            MPI_Irecv(receive, static_cast<int>(receive_count), type, from, 0, comm, &requests[0]),
+            "MPI_Irecv", work);
       }
       if (send_count > 0) {
         Check(MPI_Isend(send, static_cast<int>(send_count), type, to, 0, comm, &requests[1]),
@@ -541,24 +541,24 @@ std::shared_ptr<Work> ProcessGroupMpi::broadcast(Tensor tensor, int root) {
   auto describe = [tensor, root] {
     return internal::Concat("broadcast from rank ", root, " of ", Elements(tensor));
   };
-  return impl.Enqueue(describe, [&impl, tensor, root](const Work& work,
-                                                      Clock::time_point deadline) {
-    const int64_t n = tensor.numel();
-    char* data = static_cast<char*>(tensor.raw_data());
-    const size_t element = ElementSize(tensor.dtype());
-    const int64_t step = impl.options.max_elements_per_call_;
-    for (int64_t offset = 0; offset < n; offset += step) {
-      const int count = static_cast<int>(std::min(step, n - offset));
-      MPI_Request request;
-      {
-        MpiCallLock lock;
-        impl.Check(MPI_Ibcast(data + offset * element, count, MpiType(tensor.dtype()), root,
-                              impl.comm, &request),
-                   "MPI_Ibcast", work);
-      }
-      impl.Await(&request, 1, deadline, work);
-    }
-  });
+  return impl.Enqueue(
+      describe, [&impl, tensor, root](const Work& work, Clock::time_point deadline) {
+        const int64_t n = tensor.numel();
+        char* data = static_cast<char*>(tensor.raw_data());
+        const size_t element = ElementSize(tensor.dtype());
+        const int64_t step = impl.options.max_elements_per_call_;
+        for (int64_t offset = 0; offset < n; offset += step) {
+          const int count = static_cast<int>(std::min(step, n - offset));
+          MPI_Request request;
+          {
+            MpiCallLock lock;
+            impl.Check(MPI_Ibcast(data + offset * element, count, MpiType(tensor.dtype()), root,
+                                  impl.comm, &request),
+                       "MPI_Ibcast", work);
+          }
+          impl.Await(&request, 1, deadline, work);
+        }
+      });
 }
 
 std::shared_ptr<Work> ProcessGroupMpi::allgather(Tensor output, Tensor input) {
@@ -573,7 +573,7 @@ std::shared_ptr<Work> ProcessGroupMpi::allgather(Tensor output, Tensor input) {
                "allgather: the output must not share storage with the input");
   auto describe = [input] { return internal::Concat("allgather of ", Elements(input)); };
   return impl.Enqueue(describe, [&impl, output, input](const Work& work,
-                                                      Clock::time_point deadline) {
+                                                       Clock::time_point deadline) {
     const int64_t n = input.numel();
     const char* in = static_cast<const char*>(input.raw_data());
     char* out = static_cast<char*>(output.raw_data());
