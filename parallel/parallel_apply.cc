@@ -58,7 +58,6 @@ std::vector<std::vector<Tensor>> ParallelRun(
     }
     return outputs;
   }
-  DeviceWorker* self = DeviceWorker::Current();
   std::vector<std::future<void>> pending(n);
   std::vector<size_t> inline_replicas;
   std::atomic<size_t> finished{0};  // replicas done on other threads
@@ -73,12 +72,7 @@ std::vector<std::vector<Tensor>> ParallelRun(
       }
       finished.fetch_add(1, std::memory_order_release);
     };
-    // This thread runs the replica of its own worker's device, or, when it is no device's
-    // worker (the program's thread), the first CPU replica: CPU kernels run on whichever
-    // thread calls them, and one replica fewer to hand off is two thread wake-ups fewer.
-    const bool here =
-        &worker == self || (self == nullptr && inline_replicas.empty() && devices[i].is_cpu());
-    if (here) {
+    if (inline_replicas.empty() && RunsInline(devices[i])) {
       inline_replicas.push_back(i);
     } else {
       pending[i] = worker.Submit(run);

@@ -19,7 +19,7 @@ struct Job {
   std::atomic<int> next{0};
   std::mutex mutex;
   std::condition_variable done;
-  int finished = 0;  // guarded by mutex
+  std::atomic<int> finished{0};  // written under mutex (for `done`), read without it too
   std::exception_ptr error;
 
   void Work() {
@@ -49,26 +49,21 @@ void RunAcrossDevices(const std::vector<Device>& devices, int pieces,
     return;
   }
   auto job = std::make_shared<Job>(pieces, piece);
-  DeviceWorker* self = DeviceWorker::Current();
   int helpers = 0;
-  for (size_t d = 0; d < devices.size(); ++d) {
+  bool caller_stands_in = false;  // the caller works for one device: no post to its worker
+  for (Device device : devices) {
     if (helpers + 1 >= pieces) break;
-    DeviceWorker& worker = DeviceWorker::For(devices[d]);
-    if (&worker == self) continue;
-    // A caller that is no worker stands in for the first CPU device (as parallel_apply's
-    // caller runs the first CPU replica), so that each device's cores get one thread.
-    if (self == nullptr && d == 0 && devices[d].is_cpu()) continue;
-    worker.Post([job] { job->Work(); });
+    if (!caller_stands_in && RunsInline(device)) {
+      caller_stands_in = true;
+      continue;
+    }
+    DeviceWorker::For(device).Post([job] { job->Work(); });
     ++helpers;
   }
   job->Work();
   // The helpers' pieces are as long as the caller's: look for their end before sleeping.
-  SpinWait(
-      [&] {
-        std::lock_guard<std::mutex> lock(job->mutex);
-        return job->finished == job->pieces;
-      },
-      kHandOffSpin);
+  SpinWait([&] { return job->finished.load(std::memory_order_acquire) == job->pieces; },
+           kHandOffSpin);
   std::unique_lock<std::mutex> lock(job->mutex);
   job->done.wait(lock, [&] { return job->finished == job->pieces; });
   if (job->error) std::rethrow_exception(job->error);

@@ -71,7 +71,7 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
   }
 
   void Run() {
-    if (caller_ == nullptr && !roots_.empty() && roots_[0]->device().is_cpu()) {
+    if (caller_ == nullptr && !roots_.empty() && RunsInline(roots_[0]->device())) {
       // A thread that is no device's worker (the program's own) runs the nodes of its root's
       // CPU device itself, as PyTorch's engine runs CPU work on the thread that called
       // backward: a backward pass on one CPU device then hands nothing to another thread,

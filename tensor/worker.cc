@@ -168,6 +168,11 @@ DeviceWorker& DeviceWorker::For(Device device) {
 
 DeviceWorker* DeviceWorker::Current() { return t_current_worker; }
 
+bool RunsInline(Device device) {
+  DeviceWorker* self = DeviceWorker::Current();
+  return self == nullptr ? device.is_cpu() : self == &DeviceWorker::For(device);
+}
+
 WorkerScope::WorkerScope(DeviceWorker* worker) : previous_(t_current_worker) {
   t_current_worker = worker;
 }

@@ -72,6 +72,13 @@ class DeviceWorker {
   std::thread thread_;
 };
 
+// Whether the calling thread runs `device`'s work itself instead of posting it to that
+// device's worker: it is that worker (or acts as it, below), or it is no device's worker (the
+// program's thread) and `device` is a CPU device, whose kernels run on whichever thread calls
+// them; running it here saves two thread hand-offs. A caller that splits work over several
+// devices runs the part of at most one of them here (the first for which this is true).
+bool RunsInline(Device device);
+
 // Makes the calling thread count as `worker` (DeviceWorker::Current()) while it lives: for a
 // thread that runs a CPU device's work inline in that device's stead (parallel_apply and the
 // autograd engine do, to save hand-offs), so that the work sees the device it runs for.
@@ -123,8 +130,9 @@ bool SpinWait(const std::function<bool()>& ready, std::chrono::microseconds budg
 
 // How long a thread that hands work to another (or has just finished its own) polls for the
 // next event before sleeping: an idle device worker for its next task, parallel_apply's and
-// the engine's caller for the other devices. Measured on a 2-core VM with the MLP step of
-// train_step over cpu:0,cpu:1: 400 us gave a 3-8% faster step than 100 us, 1000 us no more.
+// the engine's caller for the other devices. Measured on a 2-core VM, train_step's MLP step on
+// cpu:0,cpu:1, two runs each: 2.58 and 2.24 ms at 400 us, 2.81 and 2.70 ms at 100 us, 2.68 and
+// 2.31 ms at 1000 us.
 inline constexpr std::chrono::microseconds kHandOffSpin{400};
 
 // Drops the CPU pools so that they are recreated with the current share of cores. Called by

@@ -134,10 +134,6 @@ struct DistributedDataParallel::Reducer {
   std::string prefix;
   std::vector<Tensor> params;  // those that require grad, in registration order
   std::vector<std::string> names;
-  // Not each parameter's AccumulateGrad node: holding it would make every pass reuse the
-  // node made for the first one, and the engine runs the oldest ready node last, so every
-  // gradient hook (and bucket launch) would come at the very end of backward instead of
-  // right after its layer. A fresh node per forward is as new as the layer that made it.
   std::vector<int> bucket_of;             // per parameter
   std::vector<int64_t> offset_in_bucket;  // per parameter, in elements
   std::vector<Bucket> buckets;

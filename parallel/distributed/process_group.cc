@@ -1,7 +1,9 @@
 #include "parallel/distributed/process_group.h"
 
-#include <thread>
+#include <chrono>
 #include <utility>
+
+#include "tensor/worker.h"
 
 namespace tandem::distributed {
 
@@ -26,13 +28,10 @@ bool Work::is_completed() const {
 void Work::wait() {
   if (!done_.load(std::memory_order_acquire)) RunIfNotStarted();
   if (!done_.load(std::memory_order_acquire)) {
-    // Short collectives finish within microseconds: yield for a moment before sleeping on
-    // the condition variable, whose wake-up costs more than that.
-    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
-    while (!done_.load(std::memory_order_acquire) &&
-           std::chrono::steady_clock::now() < spin_until) {
-      std::this_thread::yield();
-    }
+    // Short collectives finish within microseconds: look for the end for a moment before
+    // sleeping on the condition variable, whose wake-up costs more than that.
+    SpinWait([this] { return done_.load(std::memory_order_acquire); },
+             std::chrono::microseconds(50));
     std::unique_lock<std::mutex> lock(mutex_);
     done_cv_.wait(lock, [this] { return done_.load(); });
   }

@@ -26,8 +26,7 @@ __attribute__((noinline)) float ReferenceKernel(int64_t reps, float seed) {
 float ReferenceLoop(const std::vector<Device>& devices, int64_t reps) {
   std::vector<std::future<float>> parts;
   const int64_t share = reps / static_cast<int64_t>(devices.size());
-  DeviceWorker* self = DeviceWorker::Current();
-  const bool first_here = self == nullptr || self == &DeviceWorker::For(devices[0]);
+  const bool first_here = RunsInline(devices[0]);
   for (size_t i = first_here ? 1 : 0; i < devices.size(); ++i) {
     parts.push_back(DeviceWorker::For(devices[i]).Submit([share, i] {
       return ReferenceKernel(share, static_cast<float>(i));
