@@ -317,16 +317,8 @@ LossParts ProbabilityParts(const Tensor& input, const Tensor& target, const Tens
   Tensor product = mul(log_softmax(rows.rows, 1), probs);
   if (weight.defined()) product = mul(product, weight);
   const Tensor loss = neg(sum(product, {1}));  // [M]
-  switch (reduction) {
-    case Reduction::kNone:
-      return {loss.reshape(rows.element_shape), Tensor(), reduction};
-    case Reduction::kSum:
-      return {sum(loss), Tensor(), reduction};
-    case Reduction::kMean:
-      break;
-  }
-  // Over the number of rows (input.numel() / C), as in PyTorch; NaN for none.
-  return {sum(loss), full({}, static_cast<double>(loss.numel()), loss.device()), reduction};
+  // The mean is over the number of rows (input.numel() / C), as in PyTorch; NaN for none.
+  return ElementParts(loss.reshape(rows.element_shape), reduction);
 }
 
 // softplus(-x) = log(1 + e^-x) = -log sigmoid(x) as max(-x, 0) + log(1 + e^(s x)), where
