@@ -9,6 +9,7 @@
 
 #include "tensor/autograd.h"
 #include "tensor/internal/device_split.h"
+#include "tensor/internal/vectorized.h"
 #include "tensor/runtime.h"
 #include "tensor/worker.h"
 
@@ -76,17 +77,6 @@ void RunPieces(const std::vector<int64_t>& sizes,
   }
 }
 
-// GCC vectorises at -O2 only loops that its "very cheap" cost model accepts, which leaves
-// these update loops scalar; this lets it vectorise them (about 4x fewer instructions). The
-// arithmetic of each element is the same in a vector lane as in the scalar tail, so results
-// do not depend on where a piece starts. (Adam's and RMSprop's sqrt stays scalar: GCC
-// keeps errno for it.) Clang vectorises these loops at -O2 by itself.
-#if defined(__GNUC__) && !defined(__clang__)
-#define TANDEM_VECTORIZE __attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic")))
-#else
-#define TANDEM_VECTORIZE
-#endif
-
 // ---- SGD's fused CPU update --------------------------------------------------------------
 
 struct SgdItem {
@@ -117,18 +107,25 @@ TANDEM_VECTORIZE void SgdKernel(const SgdItem& it, int64_t begin, int64_t end) {
   }
 }
 
+// The kernel compiled for this CPU's vector unit (tensor/internal/vectorized.h).
+template <bool kDecay, bool kMomentum, bool kNesterov, bool kFirst>
+void SgdUpdate(const SgdItem& it, int64_t begin, int64_t end) {
+  ::tandem::internal::Vectorized(
+      [&] { SgdKernel<kDecay, kMomentum, kNesterov, kFirst>(it, begin, end); });
+}
+
 using SgdKernelFn = void (*)(const SgdItem&, int64_t, int64_t);
 
 SgdKernelFn PickSgdKernel(const SgdItem& it) {
   static constexpr SgdKernelFn kTable[16] = {
-      SgdKernel<false, false, false, false>, SgdKernel<false, false, false, true>,
-      SgdKernel<false, false, true, false>,  SgdKernel<false, false, true, true>,
-      SgdKernel<false, true, false, false>,  SgdKernel<false, true, false, true>,
-      SgdKernel<false, true, true, false>,   SgdKernel<false, true, true, true>,
-      SgdKernel<true, false, false, false>,  SgdKernel<true, false, false, true>,
-      SgdKernel<true, false, true, false>,   SgdKernel<true, false, true, true>,
-      SgdKernel<true, true, false, false>,   SgdKernel<true, true, false, true>,
-      SgdKernel<true, true, true, false>,    SgdKernel<true, true, true, true>,
+      SgdUpdate<false, false, false, false>, SgdUpdate<false, false, false, true>,
+      SgdUpdate<false, false, true, false>,  SgdUpdate<false, false, true, true>,
+      SgdUpdate<false, true, false, false>,  SgdUpdate<false, true, false, true>,
+      SgdUpdate<false, true, true, false>,   SgdUpdate<false, true, true, true>,
+      SgdUpdate<true, false, false, false>,  SgdUpdate<true, false, false, true>,
+      SgdUpdate<true, false, true, false>,   SgdUpdate<true, false, true, true>,
+      SgdUpdate<true, true, false, false>,   SgdUpdate<true, true, false, true>,
+      SgdUpdate<true, true, true, false>,    SgdUpdate<true, true, true, true>,
   };
   const bool momentum = it.buffer != nullptr;
   return kTable[(it.weight_decay != 0.0f) * 8 + momentum * 4 + (momentum && it.nesterov) * 2 +
@@ -485,7 +482,9 @@ void AdamBase::step() {
     denom.mul_(1.0 / std::sqrt(bias_correction2)).add_(o.eps);
     p.add_(div(m, denom), -o.lr / bias_correction1);
   });
-  RunPieces(sizes, [&](size_t k, int64_t begin, int64_t end) { AdamKernel(items[k], begin, end); });
+  RunPieces(sizes, [&](size_t k, int64_t begin, int64_t end) {
+    ::tandem::internal::Vectorized([&] { AdamKernel(items[k], begin, end); });
+  });
 }
 
 OptimizerState AdamBase::state_dict() const {
@@ -619,15 +618,17 @@ void RMSprop::step() {
   });
   RunPieces(sizes, [&](size_t k, int64_t begin, int64_t end) {
     const RmsItem& it = items[k];
-    if (it.buffer && it.grad_avg) {
-      RmsKernel<true, true>(it, begin, end);
-    } else if (it.buffer) {
-      RmsKernel<true, false>(it, begin, end);
-    } else if (it.grad_avg) {
-      RmsKernel<false, true>(it, begin, end);
-    } else {
-      RmsKernel<false, false>(it, begin, end);
-    }
+    ::tandem::internal::Vectorized([&] {
+      if (it.buffer && it.grad_avg) {
+        RmsKernel<true, true>(it, begin, end);
+      } else if (it.buffer) {
+        RmsKernel<true, false>(it, begin, end);
+      } else if (it.grad_avg) {
+        RmsKernel<false, true>(it, begin, end);
+      } else {
+        RmsKernel<false, false>(it, begin, end);
+      }
+    });
   });
 }
 

@@ -7,6 +7,7 @@
 
 #include "nn/layers.h"
 #include "nn/test_util.h"
+#include "tensor/internal/vectorized.h"
 #include "tensor/runtime.h"
 
 namespace tandem::nn {
@@ -505,12 +506,15 @@ TEST_F(OptimTest, ParameterGroupsRejectDuplicatesAndOptionsOfAnotherKind) {
 }
 
 // A large parameter set on the CPU takes the fused update split over the CPU devices' workers;
-// it must give PyTorch's result, and the same bits whatever the number of devices. A strided
-// (non-contiguous) parameter takes the tensor-op path and must agree too.
+// it must give PyTorch's result, and the same bits whatever the number of devices and whether
+// the AVX2 or the baseline build of the loops runs. A strided (non-contiguous) parameter takes
+// the tensor-op path and must agree too.
 template <typename Make>
 void ExpectFusedUpdatesMatchAndDoNotDependOnTheSplit(Make make) {
   std::vector<std::vector<float>> results;
-  for (int devices : {1, 2, 3}) {
+  for (int run = 0; run < 4; ++run) {
+    const int devices = run < 3 ? run + 1 : 2;
+    ::tandem::internal::g_force_baseline_vectors = run == 3;
     SetCpuDeviceCount(devices);
     manual_seed(7);
     // Sizes around the piece size (2^14) and odd ones, so pieces split parameters unevenly.
@@ -570,9 +574,11 @@ void ExpectFusedUpdatesMatchAndDoNotDependOnTheSplit(Make make) {
       offset += v.size();
     }
   }
+  ::tandem::internal::g_force_baseline_vectors = false;
   SetCpuDeviceCount(2);
   EXPECT_EQ(results[0], results[1]);
   EXPECT_EQ(results[0], results[2]);
+  EXPECT_EQ(results[0], results[3]) << "the baseline loops give other bits than the AVX2 ones";
 }
 
 TEST_F(OptimTest, FusedSgdSplitsAcrossDevicesWithTheSameResult) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -12,6 +13,7 @@
 #include "parallel/internal/device_split.h"
 #include "tensor/autograd.h"
 #include "tensor/internal/tensor_impl.h"
+#include "tensor/internal/vectorized.h"
 
 namespace tandem::parallel {
 namespace {
@@ -100,38 +102,62 @@ void Unflatten(const Tensor& flat, const std::vector<Tensor>& like,
   }
 }
 
+// out[j] = the sum of inputs[k][j] over k, for j in [begin, end), vectorised, in blocks that
+// stay in the L1 cache from the copy to the last addition.
 template <typename T>
 void SumRange(const std::vector<const T*>& inputs, T* out, int64_t begin, int64_t end) {
-  for (int64_t j = begin; j < end; ++j) out[j] = inputs[0][j];
-  for (size_t k = 1; k < inputs.size(); ++k) {
-    const T* in = inputs[k];
-    for (int64_t j = begin; j < end; ++j) out[j] += in[j];
+  constexpr int64_t kBlock = 2048;
+  for (int64_t block = begin; block < end; block += kBlock) {
+    const int64_t n = std::min(kBlock, end - block);
+    std::memcpy(out + block, inputs[0] + block, static_cast<size_t>(n) * sizeof(T));
+    for (size_t k = 1; k < inputs.size(); ++k) {
+      ::tandem::internal::AddInto(out + block, inputs[k] + block, n);
+    }
   }
 }
 
-// Sums CPU tensors (contiguous, same shape and dtype) into `out`, split over the workers of
-// the CPU devices that hold them.
-void ReduceAddOnCpu(const std::vector<Tensor>& inputs, Tensor& out) {
+// One sum for ReduceAddOnCpu: `out` (contiguous) = the sum of `inputs` (contiguous, same
+// shape and dtype).
+struct CpuSum {
+  std::vector<Tensor> inputs;
+  Tensor out;
+};
+
+template <typename T>
+void SumPart(const CpuSum& sum, int64_t begin, int64_t end) {
+  std::vector<const T*> sources;
+  for (const Tensor& t : sum.inputs) sources.push_back(static_cast<const T*>(t.raw_data()));
+  SumRange<T>(sources, static_cast<T*>(sum.out.raw_data()), begin, end);
+}
+
+// Computes every sum, their elements laid end to end and split evenly over the workers of the
+// CPU devices that hold the inputs: one hand-off for a whole model's gradients, and small
+// tensors shared out as well as large ones.
+void ReduceAddOnCpu(const std::vector<CpuSum>& sums) {
   std::vector<Device> helpers;
   std::set<Device> seen;
-  for (const Tensor& t : inputs) {
-    if (seen.insert(t.device()).second) helpers.push_back(t.device());
+  std::vector<int64_t> starts = {0};  // sums[k] covers [starts[k], starts[k + 1])
+  for (const CpuSum& sum : sums) {
+    for (const Tensor& t : sum.inputs) {
+      if (seen.insert(t.device()).second) helpers.push_back(t.device());
+    }
+    starts.push_back(starts.back() + sum.out.numel());
   }
-  const int64_t n = out.numel();
-  const int pieces = n < kSplitThreshold ? 1 : static_cast<int>(helpers.size());
-  auto run = [&](auto* typed_out) {
-    using T = std::remove_pointer_t<decltype(typed_out)>;
-    std::vector<const T*> sources;
-    for (const Tensor& t : inputs) sources.push_back(static_cast<const T*>(t.raw_data()));
-    internal::RunAcrossDevices(helpers, pieces, [&](int piece) {
-      SumRange<T>(sources, typed_out, n * piece / pieces, n * (piece + 1) / pieces);
-    });
-  };
-  if (out.dtype() == kFloat32) {
-    run(static_cast<float*>(out.raw_data()));
-  } else {
-    run(static_cast<int64_t*>(out.raw_data()));
-  }
+  const int64_t total = starts.back();
+  const int pieces = total < kSplitThreshold ? 1 : static_cast<int>(helpers.size());
+  internal::RunAcrossDevices(helpers, pieces, [&](int piece) {
+    const int64_t begin = total * piece / pieces, end = total * (piece + 1) / pieces;
+    for (size_t k = 0; k < sums.size(); ++k) {
+      const int64_t from = std::max(begin, starts[k]) - starts[k];
+      const int64_t to = std::min(end, starts[k + 1]) - starts[k];
+      if (from >= to) continue;
+      if (sums[k].out.dtype() == kFloat32) {
+        SumPart<float>(sums[k], from, to);
+      } else {
+        SumPart<int64_t>(sums[k], from, to);
+      }
+    }
+  });
 }
 
 }  // namespace
@@ -230,11 +256,11 @@ Tensor reduce_add(const std::vector<Tensor>& tensors, Device destination) {
     all_cpu = all_cpu && tensors[i].device().is_cpu();
   }
   if (all_cpu) {
-    std::vector<Tensor> inputs;
-    for (const Tensor& t : tensors) inputs.push_back(t.contiguous());
-    Tensor out = empty(first.shape(), TensorOptions().dtype(first.dtype()).device(destination));
-    if (out.numel() > 0) ReduceAddOnCpu(inputs, out);
-    return out;
+    CpuSum sum;
+    for (const Tensor& t : tensors) sum.inputs.push_back(t.contiguous());
+    sum.out = empty(first.shape(), TensorOptions().dtype(first.dtype()).device(destination));
+    ReduceAddOnCpu({sum});
+    return sum.out;
   }
   // Start from the copy already on the destination, if any, and add the others into it.
   size_t start = 0;
@@ -270,12 +296,25 @@ std::vector<Tensor> reduce_add_coalesced(const std::vector<std::vector<Tensor>>&
   }
   std::vector<Tensor> out(count);
   if (all_cpu) {
-    // No copies to save: sum each tensor in place, split over the devices' workers.
+    // No copies to save: every tensor summed where it is, all in one split over the workers.
+    std::vector<CpuSum> sums(count);
     for (size_t i = 0; i < count; ++i) {
-      std::vector<Tensor> copies;
-      for (const auto& tensors : per_device) copies.push_back(tensors[i]);
-      out[i] = reduce_add(copies, destination);
+      const Tensor& first = per_device[0][i];
+      for (const auto& tensors : per_device) {
+        const Tensor& t = tensors[i];
+        TANDEM_CHECK(t.shape() == first.shape() && t.dtype() == first.dtype(),
+                     "reduce_add_coalesced: tensor ", i,
+                     " must have the same shape and dtype on "
+                     "every device, but it is ",
+                     ShapeToString(first.shape()), " ", DTypeName(first.dtype()), " on ",
+                     first.device(), " and ", ShapeToString(t.shape()), " ", DTypeName(t.dtype()),
+                     " on ", t.device());
+        sums[i].inputs.push_back(t.contiguous());
+      }
+      sums[i].out = empty(first.shape(), TensorOptions().dtype(first.dtype()).device(destination));
+      out[i] = sums[i].out;
     }
+    ReduceAddOnCpu(sums);
     return out;
   }
   // Accelerators: per bucket, one flat buffer per device, summed onto the destination by

@@ -341,7 +341,8 @@ TEST_F(CommTest, ReduceAddCoalescedErrors) {
   EXPECT_THAT(testing::ErrorOf([] {
                 reduce_add_coalesced({{zeros({2})}, {zeros({3})}}, Device::Cpu(0));
               }),
-              HasSubstr("every tensor must have tensor 0's shape [2]"));
+              HasSubstr("tensor 0 must have the same shape and dtype on every device, but it "
+                        "is [2] float32 on cpu:0 and [3] float32 on cpu:0"));
 }
 
 // ---- scatter --------------------------------------------------------------------------------

@@ -15,6 +15,18 @@ std::atomic<uint64_t> next_sequence_nr{0};
 // Adds incoming gradients into a leaf's .grad and runs its gradient-ready hooks. The
 // per-leaf lock makes accumulation from several devices' workers safe; the engine gives
 // each pass's gradients for one leaf to this node once, already summed.
+// Whether `t` is the only handle on all of its memory: a dense tensor that fills its storage
+// from the start, and no other tensor (no view, no alias on another CPU device) shares it.
+bool OwnsItsMemoryAlone(const Tensor& t) {
+  const TensorImpl* impl = t.impl();
+  const Storage& storage = *impl->storage;
+  return !impl->requires_grad && impl->grad_fn == nullptr && impl->offset == 0 &&
+         t.is_contiguous() &&
+         storage.bytes == static_cast<size_t>(t.numel()) * ElementSize(t.dtype()) &&
+         t.impl_ptr().use_count() == 1 && impl->storage.use_count() == 1 &&
+         storage.data.use_count() == 1;
+}
+
 class AccumulateGrad final : public Node {
  public:
   explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf)
@@ -30,9 +42,11 @@ class AccumulateGrad final : public Node {
     {
       std::lock_guard<std::mutex> lock(leaf_->grad_mutex);
       if (!leaf_->grad.defined()) {
-        // A copy: the incoming gradient may be a view (an expand, say) or held elsewhere,
-        // and .grad is accumulated into in place by later passes.
-        leaf_->grad = grad.detach().clone();
+        // .grad is accumulated into in place by later passes, so it must own its memory: a
+        // gradient nothing else can see (the usual case: a kernel's fresh output) becomes
+        // .grad as it is, as PyTorch's AccumulateGrad steals it; a view (an expand, say) or
+        // one held elsewhere is copied.
+        leaf_->grad = OwnsItsMemoryAlone(grad) ? grad : grad.detach().clone();
       } else {
         leaf_->grad.add_(grad);
       }

@@ -95,6 +95,46 @@ TEST_F(AutogradTest, GradientsAccumulateAcrossPassesAndUses) {
   EXPECT_FALSE(w.grad().defined());
 }
 
+TEST_F(AutogradTest, AFreshGradientBecomesGradWithoutACopy) {
+  Tensor w = Param({1, 2, 3});
+  const void* produced = nullptr;
+  Tensor y = w.detach();
+  RecordOp("FreshGradient", {w}, y, [&produced](const Tensor& grad) {
+    Tensor fresh = mul(grad, 2.0);
+    produced = fresh.raw_data();
+    return std::vector<Tensor>{fresh};
+  });
+  y.backward(ones({3}));
+  EXPECT_THAT(w.grad().to_vector<float>(), ElementsAre(2, 2, 2));
+  EXPECT_EQ(w.grad().raw_data(), produced);  // the node's output itself, as PyTorch steals it
+}
+
+TEST_F(AutogradTest, AGradientHeldElsewhereIsCopiedIntoGrad) {
+  // The node keeps a handle on (a view of) its output: .grad must not alias it, or writing
+  // one would change the other.
+  for (bool view : {false, true}) {
+    Tensor w = Param({1, 2, 3});
+    Tensor kept;
+    Tensor y = w.detach();
+    RecordOp("KeptGradient", {w}, y, [&kept, view](const Tensor& grad) {
+      Tensor fresh = mul(grad, 2.0);
+      kept = view ? fresh.view({3, 1}) : fresh;
+      return std::vector<Tensor>{fresh};
+    });
+    y.backward(ones({3}));
+    kept.fill_(7.0);
+    EXPECT_THAT(w.grad().to_vector<float>(), ElementsAre(2, 2, 2)) << "view: " << view;
+    w.grad().add_(ones({3}));
+    EXPECT_THAT(kept.reshape({3}).to_vector<float>(), ElementsAre(7, 7, 7)) << "view: " << view;
+  }
+  // A gradient given to backward() for a leaf is the caller's tensor: copied too.
+  Tensor w = Param({1, 2});
+  Tensor g = from_vector(std::vector<float>{5, 6}, {2});
+  w.backward(g);
+  g.fill_(0.0);
+  EXPECT_THAT(w.grad().to_vector<float>(), ElementsAre(5, 6));
+}
+
 TEST_F(AutogradTest, NoGradGuardStopsRecording) {
   Tensor w = Param({1});
   {

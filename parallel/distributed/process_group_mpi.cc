@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "tensor/error.h"
+#include "tensor/internal/vectorized.h"
 
 namespace tandem::distributed {
 namespace {
@@ -89,43 +90,6 @@ std::string Elements(int64_t numel, DType dtype) {
   return internal::Concat(numel, " ", DTypeName(dtype), " elements");
 }
 std::string Elements(const Tensor& t) { return Elements(t.numel(), t.dtype()); }
-
-// out[i] += in[i], 32 bytes at a time. GCC's -O2 vectorises no loop whose pointers may alias
-// or whose length is unknown, and a scalar loop would make the addition, not the copy, the
-// bottleneck of an all-reduce that fits in cache.
-template <typename T>
-__attribute__((always_inline)) inline void AddIntoVectors(T* __restrict out, const T* __restrict in,
-                                                          int64_t n) {
-  typedef T Vec __attribute__((vector_size(32)));
-  constexpr int64_t kLanes = 32 / sizeof(T);
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    Vec a;
-    Vec b;
-    std::memcpy(&a, out + i, sizeof(Vec));
-    std::memcpy(&b, in + i, sizeof(Vec));
-    a += b;
-    std::memcpy(out + i, &a, sizeof(Vec));
-  }
-  for (; i < n; ++i) out[i] += in[i];
-}
-
-// The same compiled for AVX2 (one instruction per 32 bytes instead of two), as Open MPI's own
-// reductions use it where the CPU has it.
-template <typename T>
-__attribute__((target("avx2"))) void AddIntoAvx2(T* out, const T* in, int64_t n) {
-  AddIntoVectors(out, in, n);
-}
-
-template <typename T>
-void AddInto(T* out, const T* in, int64_t n) {
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  if (avx2) {
-    AddIntoAvx2(out, in, n);
-  } else {
-    AddIntoVectors(out, in, n);
-  }
-}
 
 }  // namespace
 
@@ -295,7 +259,7 @@ struct ProcessGroupMpi::Impl {
       for (int mask = 1; mask < size; mask <<= 1) {
         const int peer = rank ^ mask;
         Exchange(data, count, peer, received, count, peer, deadline, work);
-        AddInto(data, received, count);
+        ::tandem::internal::AddInto(data, received, count);
       }
       return;
     }
@@ -323,7 +287,7 @@ struct ProcessGroupMpi::Impl {
         const int64_t send = std::clamp<int64_t>(out_size - offset, 0, piece);
         const int64_t take = std::clamp<int64_t>(in_size - offset, 0, piece);
         Exchange(data + begin(out) + offset, send, right, received, take, left, deadline, work);
-        AddInto(data + begin(in) + offset, received, take);
+        ::tandem::internal::AddInto(data + begin(in) + offset, received, take);
       }
     }
     for (int step = 0; step < size - 1; ++step) {
