@@ -109,7 +109,9 @@ void SumRange(const std::vector<const T*>& inputs, T* out, int64_t begin, int64_
   constexpr int64_t kBlock = 2048;
   for (int64_t block = begin; block < end; block += kBlock) {
     const int64_t n = std::min(kBlock, end - block);
-    std::memcpy(out + block, inputs[0] + block, static_cast<size_t>(n) * sizeof(T));
+    if (out != inputs[0]) {
+      std::memcpy(out + block, inputs[0] + block, static_cast<size_t>(n) * sizeof(T));
+    }
     for (size_t k = 1; k < inputs.size(); ++k) {
       ::tandem::internal::AddInto(out + block, inputs[k] + block, n);
     }
@@ -277,7 +279,7 @@ Tensor reduce_add(const std::vector<Tensor>& tensors, Device destination) {
   return out;
 }
 
-std::vector<Tensor> reduce_add_coalesced(const std::vector<std::vector<Tensor>>& per_device,
+std::vector<Tensor> reduce_add_coalesced(std::vector<std::vector<Tensor>> per_device,
                                          Device destination, size_t buffer_bytes) {
   TANDEM_CHECK(!per_device.empty(),
                "reduce_add_coalesced: expected tensors from at least one device but got none");
@@ -297,21 +299,30 @@ std::vector<Tensor> reduce_add_coalesced(const std::vector<std::vector<Tensor>>&
   std::vector<Tensor> out(count);
   if (all_cpu) {
     // No copies to save: every tensor summed where it is, all in one split over the workers.
+    // A copy on the destination that the caller gave up (moved in) and nothing else holds is
+    // summed into in place: one buffer and one pass over memory fewer.
     std::vector<CpuSum> sums(count);
     for (size_t i = 0; i < count; ++i) {
-      const Tensor& first = per_device[0][i];
-      for (const auto& tensors : per_device) {
-        const Tensor& t = tensors[i];
-        TANDEM_CHECK(t.shape() == first.shape() && t.dtype() == first.dtype(),
-                     "reduce_add_coalesced: tensor ", i,
-                     " must have the same shape and dtype on "
-                     "every device, but it is ",
-                     ShapeToString(first.shape()), " ", DTypeName(first.dtype()), " on ",
-                     first.device(), " and ", ShapeToString(t.shape()), " ", DTypeName(t.dtype()),
-                     " on ", t.device());
-        sums[i].inputs.push_back(t.contiguous());
+      // Device 0's tensor described by value: a handle on it would keep it from being reused.
+      const Shape shape = per_device[0][i].shape();
+      const DType dtype = per_device[0][i].dtype();
+      const Device first_device = per_device[0][i].device();
+      for (auto& tensors : per_device) {
+        Tensor t = std::move(tensors[i]);
+        TANDEM_CHECK(t.shape() == shape && t.dtype() == dtype, "reduce_add_coalesced: tensor ", i,
+                     " must have the same shape and dtype on every device, but it is ",
+                     ShapeToString(shape), " ", DTypeName(dtype), " on ", first_device, " and ",
+                     ShapeToString(t.shape()), " ", DTypeName(t.dtype()), " on ", t.device());
+        if (!sums[i].out.defined() && t.device() == destination && IsSoleOwner(t)) {
+          sums[i].out = t;
+          sums[i].inputs.insert(sums[i].inputs.begin(), std::move(t));  // summed first
+        } else {
+          sums[i].inputs.push_back(t.contiguous());
+        }
       }
-      sums[i].out = empty(first.shape(), TensorOptions().dtype(first.dtype()).device(destination));
+      if (!sums[i].out.defined()) {
+        sums[i].out = empty(shape, TensorOptions().dtype(dtype).device(destination));
+      }
       out[i] = sums[i].out;
     }
     ReduceAddOnCpu(sums);

@@ -43,7 +43,9 @@ Tensor reduce_add(const std::vector<Tensor>& tensors, Device destination);
 
 // per_device[d][i] is tensor i's copy on device d; result[i] is the sum over d, on
 // `destination`, packed into flat buffers of at most `buffer_bytes` per dtype for the copies.
-std::vector<Tensor> reduce_add_coalesced(const std::vector<std::vector<Tensor>>& per_device,
+// Between CPU devices, a copy on `destination` that is moved in and held nowhere else becomes
+// the result, summed into in place (replicate's backward gives up its gradients so).
+std::vector<Tensor> reduce_add_coalesced(std::vector<std::vector<Tensor>> per_device,
                                          Device destination,
                                          size_t buffer_bytes = kDefaultBufferBytes);
 

@@ -331,6 +331,27 @@ TEST_F(CommTest, ReduceAddCoalescedWithATinyBufferAndOnAGpu) {
   }
 }
 
+TEST_F(CommTest, ReduceAddCoalescedSumsIntoACopyItWasGivenAlone) {
+  // Moved in and held nowhere else: the destination's copy becomes the sum.
+  const int64_t n = 100000;  // large enough to be split over the workers
+  std::vector<std::vector<Tensor>> per_device = {{Iota({n}, 1.0f, 0.0f, Device::Cpu(0))},
+                                                 {Iota({n}, 2.0f, 1.0f, Device::Cpu(1))}};
+  const void* given = per_device[0][0].raw_data();
+  std::vector<Tensor> sums = reduce_add_coalesced(std::move(per_device), Device::Cpu(0));
+  EXPECT_EQ(sums[0].raw_data(), given);
+  const std::vector<float> values = sums[0].to_vector<float>();
+  EXPECT_EQ(values[0], 1.0f);
+  EXPECT_EQ(values[n - 1], 3.0f * (n - 1) + 1.0f);
+
+  // Held elsewhere too (here by the test): left as it was, the sum goes to a new tensor.
+  const Tensor kept = Iota({n}, 1.0f, 0.0f, Device::Cpu(0));
+  std::vector<Tensor> again =
+      reduce_add_coalesced({{kept}, {Iota({n}, 2.0f, 1.0f, Device::Cpu(1))}}, Device::Cpu(0));
+  EXPECT_NE(again[0].raw_data(), kept.raw_data());
+  EXPECT_EQ(kept.to_vector<float>()[n - 1], static_cast<float>(n - 1));
+  EXPECT_EQ(again[0].to_vector<float>()[n - 1], 3.0f * (n - 1) + 1.0f);
+}
+
 TEST_F(CommTest, ReduceAddCoalescedErrors) {
   EXPECT_THAT(testing::ErrorOf([] { reduce_add_coalesced({}, Device::Cpu(0)); }),
               HasSubstr("expected tensors from at least one device but got none"));

@@ -1,5 +1,6 @@
 #include "parallel/replicate.h"
 
+#include <iterator>
 #include <set>
 #include <string>
 
@@ -22,11 +23,11 @@ class BroadcastBackward final : public Node {
     bool complete = true;
     std::vector<std::vector<Tensor>> per_device(num_devices_);
     for (size_t d = 0; d < num_devices_; ++d) {
-      per_device[d].assign(grads.begin() + d * bucket_size_,
-                           grads.begin() + (d + 1) * bucket_size_);
+      per_device[d].assign(std::make_move_iterator(grads.begin() + d * bucket_size_),
+                           std::make_move_iterator(grads.begin() + (d + 1) * bucket_size_));
       for (const Tensor& g : per_device[d]) complete = complete && g.defined();
     }
-    if (complete) return reduce_add_coalesced(per_device, device());
+    if (complete) return reduce_add_coalesced(std::move(per_device), device());
     // Some copies got no gradient (a replica did not use a parameter): sum what there is.
     std::vector<Tensor> sums(bucket_size_);
     for (size_t b = 0; b < bucket_size_; ++b) {

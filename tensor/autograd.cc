@@ -15,18 +15,6 @@ std::atomic<uint64_t> next_sequence_nr{0};
 // Adds incoming gradients into a leaf's .grad and runs its gradient-ready hooks. The
 // per-leaf lock makes accumulation from several devices' workers safe; the engine gives
 // each pass's gradients for one leaf to this node once, already summed.
-// Whether `t` is the only handle on all of its memory: a dense tensor that fills its storage
-// from the start, and no other tensor (no view, no alias on another CPU device) shares it.
-bool OwnsItsMemoryAlone(const Tensor& t) {
-  const TensorImpl* impl = t.impl();
-  const Storage& storage = *impl->storage;
-  return !impl->requires_grad && impl->grad_fn == nullptr && impl->offset == 0 &&
-         t.is_contiguous() &&
-         storage.bytes == static_cast<size_t>(t.numel()) * ElementSize(t.dtype()) &&
-         t.impl_ptr().use_count() == 1 && impl->storage.use_count() == 1 &&
-         storage.data.use_count() == 1;
-}
-
 class AccumulateGrad final : public Node {
  public:
   explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf)
@@ -46,7 +34,7 @@ class AccumulateGrad final : public Node {
         // gradient nothing else can see (the usual case: a kernel's fresh output) becomes
         // .grad as it is, as PyTorch's AccumulateGrad steals it; a view (an expand, say) or
         // one held elsewhere is copied.
-        leaf_->grad = OwnsItsMemoryAlone(grad) ? grad : grad.detach().clone();
+        leaf_->grad = IsSoleOwner(grad) ? grad : grad.detach().clone();
       } else {
         leaf_->grad.add_(grad);
       }

@@ -120,6 +120,16 @@ Tensor MakeView(const Tensor& base, const Shape& shape, const std::vector<int64_
   return Tensor(std::move(impl));
 }
 
+bool IsSoleOwner(const Tensor& t) {
+  const TensorImpl* impl = t.impl();
+  const Storage& storage = *impl->storage;
+  return !impl->requires_grad && impl->grad_fn == nullptr && impl->offset == 0 &&
+         t.is_contiguous() &&
+         storage.bytes == static_cast<size_t>(t.numel()) * ElementSize(t.dtype()) &&
+         t.impl_ptr().use_count() == 1 && impl->storage.use_count() == 1 &&
+         storage.data.use_count() == 1;
+}
+
 KernelTensor ToKernel(const Tensor& tensor) {
   TANDEM_CHECK(tensor.defined(), "an undefined tensor was passed to a kernel");
   KernelTensor k;
