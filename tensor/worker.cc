@@ -254,9 +254,9 @@ struct ThreadPool::Job {
   std::atomic<int> next_chunk{0};
   std::atomic<bool> failed{false};
 
-  std::mutex mutex;
+  std::mutex mutex;  // guards error; taken before done is notified
   std::condition_variable done;
-  int remaining = 0;  // guarded by mutex
+  std::atomic<int> remaining{0};  // chunks not yet finished
   std::exception_ptr error;
 
   int64_t ChunkBegin(int chunk) const { return n * chunk / num_chunks; }
@@ -276,8 +276,10 @@ struct ThreadPool::Job {
           failed.store(true, std::memory_order_relaxed);
         }
       }
-      std::lock_guard<std::mutex> lock(mutex);
-      if (--remaining == 0) done.notify_all();
+      if (remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        { std::lock_guard<std::mutex> lock(mutex); }  // a waiter is asleep or sees 0
+        done.notify_all();
+      }
     }
   }
 };
@@ -320,6 +322,7 @@ void ThreadPool::Run(int64_t n, int64_t grain, const std::function<void(int64_t,
     std::lock_guard<std::mutex> lock(mutex_);
     job_ = job;
     ++generation_;
+    published_.store(generation_, std::memory_order_release);
   }
   // Wake only as many helpers as there are chunks beyond the caller's own.
   if (num_chunks - 1 >= static_cast<int64_t>(threads_.size())) {
@@ -328,9 +331,11 @@ void ThreadPool::Run(int64_t n, int64_t grain, const std::function<void(int64_t,
     for (int64_t i = 0; i + 1 < num_chunks; ++i) wake_.notify_one();
   }
   job->Work();
+  // The helpers' chunks are as long as the caller's: look for their end before sleeping.
+  SpinWait([&] { return job->remaining.load(std::memory_order_acquire) == 0; }, kHandOffSpin);
   {
     std::unique_lock<std::mutex> lock(job->mutex);
-    job->done.wait(lock, [&] { return job->remaining == 0; });
+    job->done.wait(lock, [&] { return job->remaining.load(std::memory_order_acquire) == 0; });
   }
   {
     // Helpers that wake late find no chunk left; dropping the pool's reference here keeps
@@ -353,6 +358,10 @@ void ThreadPool::Loop() {
   while (true) {
     std::shared_ptr<Job> job;
     {
+      // A step's kernels follow each other within microseconds: look for the next job before
+      // sleeping, as DeviceWorker does for its next task.
+      SpinWait([&] { return published_.load(std::memory_order_acquire) != seen_generation; },
+               kHandOffSpin);
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait(lock, [&] { return stopping_ || generation_ != seen_generation; });
       if (stopping_) return;

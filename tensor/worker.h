@@ -116,6 +116,7 @@ class ThreadPool {
   std::condition_variable wake_;
   std::shared_ptr<Job> job_;
   uint64_t generation_ = 0;
+  std::atomic<uint64_t> published_{0};  // generation_, readable without the lock by spinners
   bool stopping_ = false;
   std::mutex run_mutex_;  // one Run at a time per pool
   std::vector<std::thread> threads_;
