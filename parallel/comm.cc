@@ -20,6 +20,10 @@ namespace {
 
 // Below this many elements a CPU reduce-add runs on the calling thread alone.
 constexpr int64_t kSplitThreshold = 1 << 16;
+// A split reduce-add hands out pieces of about this many elements, first come first served:
+// the thread whose cache holds the summed-into copy adds faster than the others (they must
+// fetch its lines), and takes more pieces instead of waiting for them at the end.
+constexpr int64_t kReducePieceElements = 1 << 15;
 
 void CheckDevices(const std::vector<Device>& devices, const char* op) {
   TANDEM_CHECK(!devices.empty(), op,
@@ -146,7 +150,11 @@ void ReduceAddOnCpu(const std::vector<CpuSum>& sums) {
     starts.push_back(starts.back() + sum.out.numel());
   }
   const int64_t total = starts.back();
-  const int pieces = total < kSplitThreshold ? 1 : static_cast<int>(helpers.size());
+  const int pieces = total < kSplitThreshold
+                         ? 1
+                         : static_cast<int>(std::max<int64_t>(
+                               static_cast<int64_t>(helpers.size()),
+                               (total + kReducePieceElements - 1) / kReducePieceElements));
   internal::RunAcrossDevices(helpers, pieces, [&](int piece) {
     const int64_t begin = total * piece / pieces, end = total * (piece + 1) / pieces;
     for (size_t k = 0; k < sums.size(); ++k) {
