@@ -38,6 +38,7 @@
 #include "tensor/internal/philox.h"
 #include "tensor/internal/pooling_math.h"
 #include "tensor/internal/strided_layout.h"
+#include "tensor/internal/vectorized.h"
 #include "tensor/runtime.h"
 #include "tensor/worker.h"
 
@@ -1029,6 +1030,37 @@ inline void TakeIfGreater(float v, int64_t at, float* best, int64_t* best_at) {
   *best_at += (at - *best_at) & -static_cast<int64_t>(take);
 }
 
+// Max pooling of the outputs [0, n) of one output row whose windows lie inside the image
+// horizontally: output i's window starts at `first + i * stride` in row y0 and spans rows
+// [y0, y1) and kernel_w columns. Tap by tap across the row, each tap in the same scan order
+// as TakeIfGreater's per output, so that the outputs are independent lanes and GCC
+// vectorises the loops (Vectorized); kStride > 0 fixes the stride at compile time, which
+// turns its loads into whole vectors and shuffles instead of element by element.
+template <int64_t kStride>
+TANDEM_VECTORIZE inline void PoolRowInside(const float* __restrict in, int64_t width, int64_t y0,
+                                           int64_t y1, int64_t kernel_w, int64_t first,
+                                           int64_t stride, int64_t n, float* __restrict best,
+                                           int64_t* __restrict best_at) {
+  const int64_t s = kStride > 0 ? kStride : stride;
+  for (int64_t i = 0; i < n; ++i) {
+    best_at[i] = first + i * s;
+    best[i] = in[first + i * s];
+  }
+  for (int64_t y = y0; y < y1; ++y) {
+    for (int64_t kx = y == y0 ? 1 : 0; kx < kernel_w; ++kx) {
+      const int64_t tap = first + (y - y0) * width + kx;
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t at = tap + i * s;
+        const float v = in[at], b = best[i];
+        // Replaces<true>(v, b): NaN wins, ties keep the earlier.
+        const bool take = (v > b) | ((v != v) & (b == b));
+        best[i] = take ? v : b;
+        best_at[i] = take ? at : best_at[i];
+      }
+    }
+  }
+}
+
 void CpuBackend::MaxPool2d(int index, const Conv2dGeometry& g, const float* input, float* output,
                            int64_t* argmax) {
   CheckIndex(index);
@@ -1042,56 +1074,55 @@ void CpuBackend::MaxPool2d(int index, const Conv2dGeometry& g, const float* inpu
   if (planes == 0 || out_plane == 0) return;
   TANDEM_CHECK(plane > 0, "CPU MaxPool2d: cannot pool ", g.height, "x", g.width,
                " images: every window would lie in the padding; give images at least one pixel");
-  ParallelFor(Cpu(index), planes,
-              std::max<int64_t>(
-                  1, kElementwiseGrain / std::max<int64_t>(1, out_plane * g.kernel_h * g.kernel_w)),
-              [&](int64_t begin, int64_t end) {
-                for (int64_t p = begin; p < end; ++p) {
-                  const float* in = input + p * plane;
-                  for (int64_t oy = 0; oy < out_h; ++oy) {
-                    const int64_t y0 = std::max<int64_t>(oy * g.stride_h - g.pad_h, 0);
-                    const int64_t y1 = std::min(oy * g.stride_h - g.pad_h + g.kernel_h, g.height);
-                    float* best = output + p * out_plane + oy * out_w;
-                    int64_t* best_at = argmax + p * out_plane + oy * out_w;
-                    // One output: its window's part inside the image, scanned row by row
-                    // (never empty: pad <= kernel / 2; padding is -inf).
-                    const auto pool_one = [&](int64_t ox) {
-                      const int64_t x0 = std::max<int64_t>(ox * g.stride_w - g.pad_w, 0);
-                      const int64_t x1 = std::min(ox * g.stride_w - g.pad_w + g.kernel_w, g.width);
-                      best_at[ox] = y0 * g.width + x0;
-                      best[ox] = in[best_at[ox]];
-                      for (int64_t y = y0; y < y1; ++y) {
-                        for (int64_t x = x0; x < x1; ++x) {
-                          TakeIfGreater(in[y * g.width + x], y * g.width + x, &best[ox],
-                                        &best_at[ox]);
-                        }
-                      }
-                    };
-                    // Outputs whose window lies inside horizontally, [lo, hi), go tap by tap
-                    // across the row (the same scan order per output, but independent
-                    // outputs in the inner loop instead of one dependent chain).
-                    const int64_t lo = std::min(out_w, (g.pad_w + g.stride_w - 1) / g.stride_w);
-                    const int64_t room = g.width + g.pad_w - g.kernel_w;
-                    const int64_t hi = room < 0 ? lo : std::clamp(room / g.stride_w + 1, lo, out_w);
-                    for (int64_t ox = 0; ox < lo; ++ox) pool_one(ox);
-                    for (int64_t ox = hi; ox < out_w; ++ox) pool_one(ox);
-                    const int64_t first = y0 * g.width - g.pad_w;
-                    for (int64_t ox = lo; ox < hi; ++ox) {
-                      best_at[ox] = first + ox * g.stride_w;
-                      best[ox] = in[best_at[ox]];
-                    }
-                    for (int64_t y = y0; y < y1; ++y) {
-                      for (int64_t kx = y == y0 ? 1 : 0; kx < g.kernel_w; ++kx) {
-                        const int64_t tap = y * g.width - g.pad_w + kx;
-                        for (int64_t ox = lo; ox < hi; ++ox) {
-                          const int64_t at = tap + ox * g.stride_w;
-                          TakeIfGreater(in[at], at, &best[ox], &best_at[ox]);
-                        }
-                      }
-                    }
+  // Outputs whose window lies inside horizontally, [lo, hi), take the vectorised row loop.
+  const int64_t lo = std::min(out_w, (g.pad_w + g.stride_w - 1) / g.stride_w);
+  const int64_t room = g.width + g.pad_w - g.kernel_w;
+  const int64_t hi = room < 0 ? lo : std::clamp(room / g.stride_w + 1, lo, out_w);
+  ParallelFor(
+      Cpu(index), planes,
+      std::max<int64_t>(
+          1, kElementwiseGrain / std::max<int64_t>(1, out_plane * g.kernel_h * g.kernel_w)),
+      [&](int64_t begin, int64_t end) {
+        internal::Vectorized([&] {
+          for (int64_t p = begin; p < end; ++p) {
+            const float* in = input + p * plane;
+            for (int64_t oy = 0; oy < out_h; ++oy) {
+              const int64_t y0 = std::max<int64_t>(oy * g.stride_h - g.pad_h, 0);
+              const int64_t y1 = std::min(oy * g.stride_h - g.pad_h + g.kernel_h, g.height);
+              float* best = output + p * out_plane + oy * out_w;
+              int64_t* best_at = argmax + p * out_plane + oy * out_w;
+              // One output: its window's part inside the image, scanned row by row
+              // (never empty: pad <= kernel / 2; padding is -inf).
+              const auto pool_one = [&](int64_t ox) {
+                const int64_t x0 = std::max<int64_t>(ox * g.stride_w - g.pad_w, 0);
+                const int64_t x1 = std::min(ox * g.stride_w - g.pad_w + g.kernel_w, g.width);
+                best_at[ox] = y0 * g.width + x0;
+                best[ox] = in[best_at[ox]];
+                for (int64_t y = y0; y < y1; ++y) {
+                  for (int64_t x = x0; x < x1; ++x) {
+                    TakeIfGreater(in[y * g.width + x], y * g.width + x, &best[ox], &best_at[ox]);
                   }
                 }
-              });
+              };
+              for (int64_t ox = 0; ox < lo; ++ox) pool_one(ox);
+              for (int64_t ox = hi; ox < out_w; ++ox) pool_one(ox);
+              const int64_t first = y0 * g.width - g.pad_w + lo * g.stride_w;
+              const auto inside = [&](auto stride) {
+                PoolRowInside<decltype(stride)::value>(in, g.width, y0, y1, g.kernel_w, first,
+                                                       g.stride_w, hi - lo, best + lo,
+                                                       best_at + lo);
+              };
+              if (g.stride_w == 1) {
+                inside(std::integral_constant<int64_t, 1>());
+              } else if (g.stride_w == 2) {
+                inside(std::integral_constant<int64_t, 2>());
+              } else {
+                inside(std::integral_constant<int64_t, 0>());
+              }
+            }
+          }
+        });
+      });
 }
 
 void CpuBackend::MaxPool2dBackward(int index, const Conv2dGeometry& g, const float* grad_output,

@@ -18,6 +18,7 @@
 #include "tensor/error.h"
 #include "tensor/internal/elementwise_math.h"
 #include "tensor/internal/philox.h"
+#include "tensor/internal/vectorized.h"
 #include "tensor/runtime.h"
 
 namespace tandem {
@@ -847,6 +848,84 @@ TEST(CpuBackendTest, MaxPoolPropagatesNaN) {
   EXPECT_THROW(Cpu().MaxPool2d(0, Conv2dGeometry::Make(1, 1, 4, 4, 2, 2, 1, 1, 2, 2), input.data(),
                                &output, &argmax),
                Error);  // padding beyond half the kernel
+}
+
+uint32_t Bits(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  return bits;
+}
+
+// Max pooling's bits and argmax against the scan of each window in row-major order (NaN
+// wins, the first NaN among several; ties, -0 against +0 included, keep the earlier), on
+// rows long enough for the vector loops and their tails, with the baseline build and, where
+// the CPU has it, the AVX2 one.
+TEST(CpuBackendTest, MaxPoolMatchesTheScanBitForBitOnEveryVectorUnit) {
+  float other_nan;  // a second NaN payload, to tell which NaN was taken
+  const uint32_t other_nan_bits = Bits(kNaN) | 0x1234u;
+  std::memcpy(&other_nan, &other_nan_bits, sizeof(other_nan));
+  std::vector<Conv2dGeometry> geometries = {
+      Conv2dGeometry::Make(2, 3, 28, 28, 2, 2, 2, 2, 0, 0),
+      Conv2dGeometry::Make(1, 2, 9, 61, 2, 2, 2, 2, 1, 1),
+      Conv2dGeometry::Make(2, 2, 7, 45, 3, 3, 1, 1, 1, 1),
+      Conv2dGeometry::Make(1, 3, 11, 50, 3, 2, 3, 3, 1, 0),
+      Conv2dGeometry::Make(1, 1, 5, 70, 1, 5, 1, 5, 0, 2),
+      Conv2dGeometry::Make(1, 2, 10, 33, 4, 4, 2, 2, 2, 2),
+  };
+  for (Conv2dGeometry g : {Conv2dGeometry::Make(2, 2, 13, 39, 3, 3, 2, 2, 1, 1),
+                           Conv2dGeometry::Make(1, 2, 12, 37, 2, 2, 2, 2, 0, 0),
+                           Conv2dGeometry::Make(1, 1, 10, 44, 3, 3, 3, 3, 0, 1)}) {
+    g.ceil_mode = true;
+    geometries.push_back(g);
+  }
+  for (const bool baseline : {false, true}) {
+    internal::g_force_baseline_vectors = baseline;
+    SCOPED_TRACE(baseline ? "baseline build" : "best vector unit");
+    for (const Conv2dGeometry& g : geometries) {
+      SCOPED_TRACE(::testing::Message()
+                   << g.height << "x" << g.width << " kernel " << g.kernel_h << "x" << g.kernel_w
+                   << " stride " << g.stride_h << "x" << g.stride_w << " pad " << g.pad_h << "x"
+                   << g.pad_w << (g.ceil_mode ? " ceil" : ""));
+      const int64_t plane = g.height * g.width, out_h = g.out_h(), out_w = g.out_w();
+      const int64_t out_plane = out_h * out_w, planes = g.batch * g.channels;
+      // A coarse grid for ties, zeros of both signs and a few NaNs of two payloads.
+      std::vector<float> input = RandomFloats(planes * plane, -3, 3, 31);
+      const std::vector<int64_t> kind = RandomInts(planes * plane, 0, 49, 32);
+      for (int64_t i = 0; i < planes * plane; ++i) {
+        input[i] = std::round(input[i]);
+        if (input[i] == 0.0f && kind[i] % 2 == 0) input[i] = -0.0f;
+        if (kind[i] == 0) input[i] = kNaN;
+        if (kind[i] == 1) input[i] = other_nan;
+      }
+      std::vector<float> output(planes * out_plane, 7.0f);
+      std::vector<int64_t> argmax(planes * out_plane, -1);
+      Cpu().MaxPool2d(0, g, input.data(), output.data(), argmax.data());
+      for (int64_t p = 0; p < planes; ++p) {
+        for (int64_t oy = 0; oy < out_h; ++oy) {
+          for (int64_t ox = 0; ox < out_w; ++ox) {
+            int64_t best_at = -1;
+            for (int64_t y = oy * g.stride_h - g.pad_h; y < oy * g.stride_h - g.pad_h + g.kernel_h;
+                 ++y) {
+              for (int64_t x = ox * g.stride_w - g.pad_w;
+                   x < ox * g.stride_w - g.pad_w + g.kernel_w; ++x) {
+                if (y < 0 || y >= g.height || x < 0 || x >= g.width) continue;
+                const float v = input[p * plane + y * g.width + x];
+                const float best = best_at < 0 ? 0.0f : input[p * plane + best_at];
+                if (best_at < 0 || v > best || (std::isnan(v) && !std::isnan(best))) {
+                  best_at = y * g.width + x;
+                }
+              }
+            }
+            const int64_t o = p * out_plane + oy * out_w + ox;
+            ASSERT_EQ(argmax[o], best_at) << "output " << oy << ", " << ox << " of plane " << p;
+            ASSERT_EQ(Bits(output[o]), Bits(input[p * plane + best_at]))
+                << "output " << oy << ", " << ox << " of plane " << p;
+          }
+        }
+      }
+    }
+  }
+  internal::g_force_baseline_vectors = false;
 }
 
 // ---- Gather / scatter --------------------------------------------------------------------
