@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "data/internal.h"
+#include "tensor/profiler.h"
 #include "tensor/runtime.h"
 #include "tensor/tensor.h"
 
@@ -138,6 +139,7 @@ struct DataLoader::Epoch {
   }
 
   void WorkerLoop(int worker) {
+    profiler::SetThreadName("DataLoader worker " + std::to_string(worker));
     std::unique_lock<std::mutex> lock(mutex);
     const auto num_batches = static_cast<int64_t>(batches.size());
     while (true) {
@@ -161,6 +163,7 @@ struct DataLoader::Epoch {
     result.ready = true;
     const std::vector<int64_t>& indices = batches[k];
     try {
+      TANDEM_PROFILE_SCOPE("data", "batch " + std::to_string(k));
       Batch batch = dataset->get_batch(indices, pin);
       TANDEM_CHECK(!batch.fields.empty() && batch.indices == indices,
                    "get_batch returned a batch with ", batch.fields.size(), " fields and ",

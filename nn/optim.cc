@@ -10,6 +10,7 @@
 #include "tensor/autograd.h"
 #include "tensor/internal/device_split.h"
 #include "tensor/internal/vectorized.h"
+#include "tensor/profiler.h"
 #include "tensor/runtime.h"
 #include "tensor/worker.h"
 
@@ -283,7 +284,10 @@ void Optimizer::add_param_group(const ParamGroup& group) {
   ResizeState(parameters_.size());
 }
 
-void Optimizer::zero_grad(bool set_to_none) { ZeroGrad(parameters_, set_to_none); }
+void Optimizer::zero_grad(bool set_to_none) {
+  TANDEM_PROFILE_SCOPE("optim", name_ + ".zero_grad");
+  ZeroGrad(parameters_, set_to_none);
+}
 
 std::pair<size_t, std::string> Optimizer::ParseStateName(
     const std::string& name, const std::vector<std::string>& fields) const {
@@ -357,6 +361,7 @@ void SGD::CheckOptions(const OptimizerOptions& options) const {
 
 void SGD::step() {
   NoGradGuard no_grad;
+  TANDEM_PROFILE_SCOPE("optim", name_ + ".step");
   std::vector<SgdItem> items;
   std::vector<int64_t> sizes;
   ForEachParameter<SGDOptions>([&](const SGDOptions& o, size_t i) {
@@ -446,6 +451,7 @@ void AdamBase::ResizeState(size_t n) {
 
 void AdamBase::step() {
   NoGradGuard no_grad;
+  TANDEM_PROFILE_SCOPE("optim", name_ + ".step");
   std::vector<AdamItem> items;
   std::vector<int64_t> sizes;
   ForEachParameter<OptimizerOptions>([&](const OptimizerOptions& options, size_t i) {
@@ -576,6 +582,7 @@ void RMSprop::ResizeState(size_t n) {
 
 void RMSprop::step() {
   NoGradGuard no_grad;
+  TANDEM_PROFILE_SCOPE("optim", name_ + ".step");
   std::vector<RmsItem> items;
   std::vector<int64_t> sizes;
   ForEachParameter<RMSpropOptions>([&](const RMSpropOptions& o, size_t i) {

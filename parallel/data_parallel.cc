@@ -12,6 +12,7 @@
 #include "tensor/autograd.h"
 #include "tensor/backend.h"
 #include "tensor/internal/tensor_impl.h"
+#include "tensor/profiler.h"
 #include "tensor/runtime.h"
 
 namespace tandem::parallel {
@@ -135,10 +136,18 @@ std::vector<Tensor> DataParallel::forward_tensors(const std::vector<Tensor>& inp
     }
     return outputs;
   }
-  std::vector<std::vector<Tensor>> per_replica = scatter_inputs(inputs, device_ids_, dim_);
+  std::vector<std::vector<Tensor>> per_replica;
+  {
+    TANDEM_PROFILE_SCOPE("parallel", "scatter");
+    per_replica = scatter_inputs(inputs, device_ids_, dim_);
+  }
   const size_t n = per_replica.size();
   std::vector<Device> devices(device_ids_.begin(), device_ids_.begin() + n);
-  std::vector<std::shared_ptr<nn::Module>> replicas = replicator_->Replicate(static_cast<int>(n));
+  std::vector<std::shared_ptr<nn::Module>> replicas;
+  {
+    TANDEM_PROFILE_SCOPE("parallel", "replicate");
+    replicas = replicator_->Replicate(static_cast<int>(n));
+  }
   std::vector<std::vector<Tensor>> outputs = parallel_apply(replicas, per_replica, devices);
   const size_t count = outputs[0].size();
   for (size_t i = 1; i < n; ++i) {
@@ -146,6 +155,7 @@ std::vector<Tensor> DataParallel::forward_tensors(const std::vector<Tensor>& inp
                  " outputs but replica ", i, " returned ", outputs[i].size(),
                  "; a module must return the same number of tensors for every chunk");
   }
+  TANDEM_PROFILE_SCOPE("parallel", "gather");
   std::vector<Tensor> gathered;
   for (size_t k = 0; k < count; ++k) {
     std::vector<Tensor> pieces;
@@ -210,10 +220,18 @@ Tensor DataParallel::forward_loss(nn::Module& criterion, const std::vector<Tenso
     auto [output, target] = output_of(*module_, moved);
     return local.forward_tensors({output, target}).at(0).to(output_device_);
   }
-  std::vector<std::vector<Tensor>> per_replica = scatter_inputs(all, device_ids_, dim_);
+  std::vector<std::vector<Tensor>> per_replica;
+  {
+    TANDEM_PROFILE_SCOPE("parallel", "scatter");
+    per_replica = scatter_inputs(all, device_ids_, dim_);
+  }
   const size_t n = per_replica.size();
   std::vector<Device> devices(device_ids_.begin(), device_ids_.begin() + n);
-  std::vector<std::shared_ptr<nn::Module>> replicas = replicator_->Replicate(static_cast<int>(n));
+  std::vector<std::shared_ptr<nn::Module>> replicas;
+  {
+    TANDEM_PROFILE_SCOPE("parallel", "replicate");
+    replicas = replicator_->Replicate(static_cast<int>(n));
+  }
   // The criterion on each replica's device (the original where its tensors already are).
   std::vector<std::shared_ptr<nn::Module>> copies;
   std::vector<nn::Module*> criteria;
@@ -247,6 +265,7 @@ Tensor DataParallel::forward_loss(nn::Module& criterion, const std::vector<Tenso
                  "; for other reductions implement nn::ChunkableLoss (as the stock losses do)");
     return std::vector<Tensor>{loss.reshape({1})};
   });
+  TANDEM_PROFILE_SCOPE("parallel", "gather losses");
   std::vector<Tensor> numerators, denominators;
   for (size_t i = 0; i < n; ++i) {
     numerators.push_back(results[i][0]);

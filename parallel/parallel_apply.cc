@@ -10,6 +10,7 @@
 #include <string>
 #include <typeinfo>
 
+#include "tensor/profiler.h"
 #include "tensor/worker.h"
 
 namespace tandem::parallel {
@@ -66,6 +67,8 @@ std::vector<std::vector<Tensor>> ParallelRun(
     DeviceWorker& worker = DeviceWorker::For(devices[i]);
     auto run = [&, i] {
       try {
+        TANDEM_PROFILE_SCOPE("parallel",
+                             "replica " + std::to_string(i) + " on " + devices[i].ToString());
         outputs[i] = work(i);
       } catch (...) {
         errors[i] = std::current_exception();
@@ -82,6 +85,8 @@ std::vector<std::vector<Tensor>> ParallelRun(
   for (size_t i : inline_replicas) {
     WorkerScope as_worker(&DeviceWorker::For(devices[i]));
     try {
+      TANDEM_PROFILE_SCOPE("parallel",
+                           "replica " + std::to_string(i) + " on " + devices[i].ToString());
       outputs[i] = work(i);
     } catch (...) {
       errors[i] = std::current_exception();

@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 
+#include "tensor/profiler.h"
 #include "tensor/worker.h"
 
 namespace tandem::internal {
@@ -28,6 +29,7 @@ struct Job {
       if (i >= pieces) return;
       std::exception_ptr failure;
       try {
+        TANDEM_PROFILE_SCOPE("split", "RunAcrossDevices piece " + std::to_string(i));
         fn(i);
       } catch (...) {
         failure = std::current_exception();

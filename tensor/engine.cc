@@ -14,6 +14,7 @@
 #include "tensor/autograd.h"
 #include "tensor/internal/anomaly.h"
 #include "tensor/internal/tensor_impl.h"
+#include "tensor/profiler.h"
 #include "tensor/worker.h"
 
 namespace tandem {
@@ -217,7 +218,11 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
         const bool detect_anomaly = AnomalyMode::IsEnabled();
         std::vector<Tensor> received;
         if (detect_anomaly) received = grads;
-        std::vector<Tensor> input_grads = node->Apply(std::move(grads));
+        std::vector<Tensor> input_grads;
+        {
+          TANDEM_PROFILE_SCOPE("autograd", node->name());
+          input_grads = node->Apply(std::move(grads));
+        }
         const auto& edges = node->next_edges();
         TANDEM_CHECK(input_grads.size() == edges.size(), "internal error: ", node->name(),
                      " returned ", input_grads.size(), " gradients for ", edges.size(), " inputs");
@@ -339,6 +344,7 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
 void RunBackward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads) {
   TANDEM_CHECK(roots.size() == grads.size(), "backward: ", roots.size(), " tensors but ",
                grads.size(), " gradients");
+  TANDEM_PROFILE_SCOPE("autograd", "backward");
   auto task = std::make_shared<GraphTask>();
   std::vector<Node*> root_nodes;
   std::vector<std::pair<Edge, Tensor>> starts;

@@ -11,6 +11,7 @@
 
 #include "tensor/error.h"
 #include "tensor/grad_mode.h"
+#include "tensor/profiler.h"
 #include "tensor/runtime.h"
 #include "tensor/stream.h"
 
@@ -222,6 +223,7 @@ void DeviceWorker::Post(std::function<void()> task) {
 
 void DeviceWorker::Loop() {
   t_current_worker = this;
+  profiler::SetThreadName(device_.ToString() + " worker");
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
     if (tasks_.empty() && !stopping_) {

@@ -172,6 +172,19 @@ TEST_F(TrainResumeTest, WritesCsvPlotSummaryAndAFinalJsonLine) {
   EXPECT_EQ(std::count(plot.begin(), plot.end(), '\n') > 20, true);
 }
 
+TEST_F(TrainResumeTest, TraceHoldsTheFirstStepsOfEveryThread) {
+  const std::string path = TempDir() + "/train_trace.json";
+  const Result r = Train("trace", std::string(kCommon) + " --epochs=1 --trace=" + path);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // 640 images in batches of 64: the epoch ends before 50 steps, and the trace with it.
+  EXPECT_THAT(r.out, HasSubstr("trace of 10 steps: " + path));
+  const std::string trace = Read(path);
+  EXPECT_THAT(trace, HasSubstr("\"args\":{\"name\":\"cpu:1 worker\"}"));
+  EXPECT_THAT(trace, HasSubstr("\"args\":{\"name\":\"DataLoader worker 0\"}"));
+  EXPECT_THAT(trace, HasSubstr("\"name\":\"epoch 1 step 10\""));
+  EXPECT_THAT(trace, Not(HasSubstr("\"name\":\"epoch 1 step 11\"")));
+}
+
 TEST_F(TrainResumeTest, BatchSmallerThanTheDevicesTrainsAndSaysHowItSplit) {
   const Result r = Train("small_batch",
                          "--devices=cpu:0,cpu:1,cpu:2 --threads=1 --epochs=1 --batch_size=2 "

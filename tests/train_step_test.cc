@@ -66,6 +66,28 @@ TEST(TrainStepTest, TwoDevicesCompareWithOneAndWithAParallelLoop) {
                                             "\"speedup_ratio\":[0-9.]+\\}"));
 }
 
+TEST(TrainStepTest, TraceShowsTheReplicasAndBackwardOnEachDevicesThread) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/train_step_trace.json";
+  const Result r = Bench(
+      "--model=mlp --batch_size=32 --devices=cpu:0,cpu:1 --threads=1 --steps=2 --warmup=1 "
+      "--nocompare --trace=" +
+      path);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("trace of the timed steps: " + path));
+  const std::string trace = Read(path);
+  EXPECT_THAT(trace, HasSubstr("\"args\":{\"name\":\"main\"}"));
+  EXPECT_THAT(trace, HasSubstr("\"args\":{\"name\":\"cpu:1 worker\"}"));
+  EXPECT_THAT(trace, HasSubstr("\"name\":\"replica 1 on cpu:1\""));
+  EXPECT_THAT(trace, HasSubstr("\"name\":\"BroadcastBackward\""));
+  EXPECT_THAT(trace, HasSubstr("\"name\":\"SGD.step\""));
+  EXPECT_THAT(trace, HasSubstr("\"name\":\"step 1\""));
+
+  const Result bad = Bench("--steps=1 --warmup=0 --trace=/nonexistent/dir/trace.json");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_THAT(bad.err, HasSubstr("--trace"));
+}
+
 TEST(TrainStepTest, BadFlagsAreOneLineErrors) {
   for (const char* flags : {"--model=vgg", "--steps=0", "--devices=cpu:0,cpu:0", "--devices=tpu"}) {
     const Result r = Bench(flags);

@@ -15,6 +15,7 @@
 
 #include "tensor/error.h"
 #include "tensor/internal/vectorized.h"
+#include "tensor/profiler.h"
 
 namespace tandem::distributed {
 namespace {
@@ -308,6 +309,7 @@ struct ProcessGroupMpi::Impl {
       return;
     }
     try {
+      TANDEM_PROFILE_SCOPE("distributed", op.work->description());
       op.work->Start();
       op.body(*op.work, Clock::now() + options.timeout_);
       op.work->Finish();
@@ -334,6 +336,7 @@ struct ProcessGroupMpi::Impl {
   // the all-reduce up to half its bandwidth there, the thread racing the waiting caller.)
   void Run() {
     t_on_group_thread = true;
+    profiler::SetThreadName("ProcessGroupMpi rank " + std::to_string(rank) + " thread");
     std::unique_lock<std::mutex> lock(mutex);
     while (true) {
       if (running || queue.empty()) {

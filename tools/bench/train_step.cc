@@ -34,6 +34,7 @@
 #include "nn/nn.h"
 #include "parallel/data_parallel.h"
 #include "tensor/allocator.h"
+#include "tensor/profiler.h"
 #include "tensor/tensor.h"
 #include "tensor/worker.h"
 #include "tools/bench/reference_loop.h"
@@ -48,6 +49,9 @@ ABSL_FLAG(int, steps, 50, "Timed steps");
 ABSL_FLAG(int, warmup, 5, "Untimed steps first (caches, allocator, replicas)");
 ABSL_FLAG(bool, forward_loss, true,
           "Loss inside the replicas (DataParallel::forward_loss); false: gather the outputs");
+ABSL_FLAG(std::string, trace, "",
+          "Write a Chrome trace of the timed steps to this path (open it in chrome://tracing or "
+          "ui.perfetto.dev): one row per thread, with DataParallel's and autograd's work");
 ABSL_FLAG(bool, compare, true,
           "With several CPU devices, also time the first device alone and a perfectly parallel "
           "loop, interleaved, and print the speed-ups and their ratio");
@@ -156,6 +160,7 @@ int Run() {
   Require(steps >= 1, "--steps must be at least 1 but is ", steps);
   Require(warmup >= 0, "--warmup must be at least 0 but is ", warmup);
   examples::SavedActivationsPerSample(kind);  // checks --model
+  examples::RequireWritableFile("--trace", absl::GetFlag(FLAGS_trace));
   const std::vector<Device> devices = examples::ParseDevices(absl::GetFlag(FLAGS_devices));
   const int threads = examples::ConfigureCpuDevices(devices, absl::GetFlag(FLAGS_threads));
   bool all_cpu = true;
@@ -187,13 +192,30 @@ int Run() {
     in_use.push_back(GetMemoryStats(d).in_use_bytes);
   }
   std::vector<double> ms;
+  const std::string trace_path = absl::GetFlag(FLAGS_trace);
+  if (!trace_path.empty()) profiler::Start();
   examples::ProgressBar bar(stdout, "timing", steps);
   const auto start = Clock::now();
   for (int i = 0; i < steps; ++i) {
-    ms.push_back(TimeIt([&] { trainer->Step(); }));
+    ms.push_back(TimeIt([&] {
+      TANDEM_PROFILE_SCOPE("step", "step " + std::to_string(i));
+      trainer->Step();
+    }));
     bar.Update(i + 1, static_cast<int64_t>(i + 1) * batch, kNoLoss, SecondsSince(start));
   }
   bar.Finish();
+  if (!trace_path.empty()) {
+    const profiler::Trace trace = profiler::Stop();
+    try {
+      profiler::WriteChromeTrace(trace, trace_path);
+    } catch (const Error& e) {
+      throw examples::UsageError("--trace: " + examples::OneLine(e.what()));
+    }
+    std::printf(
+        "trace of the timed steps: %s (%zu regions on %zu threads; open it in "
+        "chrome://tracing or ui.perfetto.dev)\n",
+        trace_path.c_str(), trace.events.size(), trace.thread_names.size());
+  }
   int64_t peak = 0;
   for (Device d : devices) peak += GetMemoryStats(d).peak_bytes;
   const double median = Quantile(ms, 0.5), p10 = Quantile(ms, 0.1), p90 = Quantile(ms, 0.9);
