@@ -1030,35 +1030,69 @@ inline void TakeIfGreater(float v, int64_t at, float* best, int64_t* best_at) {
   *best_at += (at - *best_at) & -static_cast<int64_t>(take);
 }
 
+// Replaces<true>(v, best) for a vector lane: NaN wins, ties keep the earlier.
+inline bool Takes(float v, float best) { return (v > best) | ((v != v) & (best == best)); }
+
 // Max pooling of the outputs [0, n) of one output row whose windows lie inside the image
-// horizontally: output i's window starts at `first + i * stride` in row y0 and spans rows
-// [y0, y1) and kernel_w columns. Tap by tap across the row, each tap in the same scan order
-// as TakeIfGreater's per output, so that the outputs are independent lanes and GCC
-// vectorises the loops (Vectorized); kStride > 0 fixes the stride at compile time, which
-// turns its loads into whole vectors and shuffles instead of element by element.
+// horizontally: output i's window starts at `first + i * s` and spans `rows` rows of `width`
+// and kernel_w columns. Tap by tap across the row, each tap in the same scan order as
+// TakeIfGreater's per output, so that the outputs are independent lanes and GCC vectorises
+// the loops (Vectorized). The argmax is kept in 32 bits, the lanes of the float comparison:
+// with 64-bit lanes the vector loop cost so much more that GCC ran short rows scalar.
+// kStride > 0 fixes s at compile time (whole vector loads and shuffles instead of element by
+// element).
 template <int64_t kStride>
-TANDEM_VECTORIZE inline void PoolRowInside(const float* __restrict in, int64_t width, int64_t y0,
-                                           int64_t y1, int64_t kernel_w, int64_t first,
-                                           int64_t stride, int64_t n, float* __restrict best,
-                                           int64_t* __restrict best_at) {
-  const int64_t s = kStride > 0 ? kStride : stride;
+TANDEM_VECTORIZE inline void MaxPoolTaps(const float* __restrict in, int32_t width, int32_t rows,
+                                         int32_t kernel_w, int32_t first, int32_t stride, int64_t n,
+                                         float* __restrict best, int32_t* __restrict best_at) {
+  const int32_t s = kStride > 0 ? kStride : stride;
   for (int64_t i = 0; i < n; ++i) {
-    best_at[i] = first + i * s;
+    best_at[i] = first + static_cast<int32_t>(i) * s;
     best[i] = in[first + i * s];
   }
-  for (int64_t y = y0; y < y1; ++y) {
-    for (int64_t kx = y == y0 ? 1 : 0; kx < kernel_w; ++kx) {
-      const int64_t tap = first + (y - y0) * width + kx;
+  for (int32_t y = 0; y < rows; ++y) {
+    for (int32_t kx = y == 0 ? 1 : 0; kx < kernel_w; ++kx) {
+      const int32_t tap = first + y * width + kx;
       for (int64_t i = 0; i < n; ++i) {
-        const int64_t at = tap + i * s;
-        const float v = in[at], b = best[i];
-        // Replaces<true>(v, b): NaN wins, ties keep the earlier.
-        const bool take = (v > b) | ((v != v) & (b == b));
+        const int32_t at = tap + static_cast<int32_t>(i) * s;
+        const float v = in[tap + i * s], b = best[i];
+        const bool take = Takes(v, b);
         best[i] = take ? v : b;
         best_at[i] = take ? at : best_at[i];
       }
     }
   }
+}
+
+// MaxPoolTaps for 2-wide windows 2 apart (2x2 pooling), one window row at a time: the pairs'
+// maxima first, both taps in one pass, so that the vector loop loads every float of its span
+// (a stride-2 load of one tap alone leaves a gap that makes GCC keep the last output out of
+// the vector loop, and so run half of a 7- or 14-output row scalar); then each later row's
+// into the running maxima, which hold the earlier taps and so win ties.
+TANDEM_VECTORIZE inline void MaxPoolPairs(const float* __restrict in, int32_t first, int64_t n,
+                                          float* __restrict best, int32_t* __restrict best_at) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t at = first + 2 * static_cast<int32_t>(i);
+    const float v0 = in[first + 2 * i], v1 = in[first + 2 * i + 1];
+    const bool take = Takes(v1, v0);
+    best[i] = take ? v1 : v0;
+    best_at[i] = take ? at + 1 : at;
+  }
+}
+
+TANDEM_VECTORIZE inline void MaxPoolMerge(const float* __restrict row_best,
+                                          const int32_t* __restrict row_at, int64_t n,
+                                          float* __restrict best, int32_t* __restrict best_at) {
+  for (int64_t i = 0; i < n; ++i) {
+    const bool take = Takes(row_best[i], best[i]);
+    best[i] = take ? row_best[i] : best[i];
+    best_at[i] = take ? row_at[i] : best_at[i];
+  }
+}
+
+TANDEM_VECTORIZE inline void Widen(const int32_t* __restrict in, int64_t n,
+                                   int64_t* __restrict out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = in[i];
 }
 
 void CpuBackend::MaxPool2d(int index, const Conv2dGeometry& g, const float* input, float* output,
@@ -1077,7 +1111,9 @@ void CpuBackend::MaxPool2d(int index, const Conv2dGeometry& g, const float* inpu
   // Outputs whose window lies inside horizontally, [lo, hi), take the vectorised row loop.
   const int64_t lo = std::min(out_w, (g.pad_w + g.stride_w - 1) / g.stride_w);
   const int64_t room = g.width + g.pad_w - g.kernel_w;
-  const int64_t hi = room < 0 ? lo : std::clamp(room / g.stride_w + 1, lo, out_w);
+  int64_t hi = room < 0 ? lo : std::clamp(room / g.stride_w + 1, lo, out_w);
+  // The vectorised loop counts in 32 bits; larger planes take pool_one everywhere.
+  if (plane > std::numeric_limits<int32_t>::max()) hi = lo;
   ParallelFor(
       Cpu(index), planes,
       std::max<int64_t>(
@@ -1105,12 +1141,41 @@ void CpuBackend::MaxPool2d(int index, const Conv2dGeometry& g, const float* inpu
                 }
               };
               for (int64_t ox = 0; ox < lo; ++ox) pool_one(ox);
-              for (int64_t ox = hi; ox < out_w; ++ox) pool_one(ox);
+              // Pooling rows are short (14 and 7 outputs in a small CNN), so the vector loop
+              // would spend most of its time in its scalar tail: it runs to a whole number of
+              // vectors instead where the extra windows still lie in the input and their
+              // outputs in this task's part of the output, which pool_one below and the next
+              // rows overwrite.
               const int64_t first = y0 * g.width - g.pad_w + lo * g.stride_w;
+              constexpr int64_t kLanes = 8;  // floats in an AVX2 vector
+              int64_t n = (hi - lo + kLanes - 1) / kLanes * kLanes;
+              const int64_t last_read =
+                  first + (n - 1) * g.stride_w + (y1 - y0 - 1) * g.width + g.kernel_w - 1;
+              if (last_read >= (planes - p) * plane ||
+                  n > (end - p) * out_plane - oy * out_w - lo) {
+                n = hi - lo;
+              }
               const auto inside = [&](auto stride) {
-                PoolRowInside<decltype(stride)::value>(in, g.width, y0, y1, g.kernel_w, first,
-                                                       g.stride_w, hi - lo, best + lo,
-                                                       best_at + lo);
+                constexpr int64_t kChunk = 256;  // outputs, a multiple of kLanes
+                int32_t chunk_at[kChunk], row_at[kChunk];
+                float row_best[kChunk];
+                for (int64_t c = 0; c < n; c += kChunk) {
+                  const int64_t m = std::min(kChunk, n - c);
+                  if (decltype(stride)::value == 2 && g.kernel_w == 2) {
+                    const int32_t row_first = static_cast<int32_t>(first + c * 2);
+                    MaxPoolPairs(in, row_first, m, best + lo + c, chunk_at);
+                    for (int64_t y = 1; y < y1 - y0; ++y) {
+                      MaxPoolPairs(in, static_cast<int32_t>(row_first + y * g.width), m, row_best,
+                                   row_at);
+                      MaxPoolMerge(row_best, row_at, m, best + lo + c, chunk_at);
+                    }
+                  } else {
+                    MaxPoolTaps<decltype(stride)::value>(in, g.width, y1 - y0, g.kernel_w,
+                                                         first + c * g.stride_w, g.stride_w, m,
+                                                         best + lo + c, chunk_at);
+                  }
+                  Widen(chunk_at, m, best_at + lo + c);
+                }
               };
               if (g.stride_w == 1) {
                 inside(std::integral_constant<int64_t, 1>());
@@ -1119,6 +1184,7 @@ void CpuBackend::MaxPool2d(int index, const Conv2dGeometry& g, const float* inpu
               } else {
                 inside(std::integral_constant<int64_t, 0>());
               }
+              for (int64_t ox = hi; ox < out_w; ++ox) pool_one(ox);
             }
           }
         });

@@ -871,6 +871,7 @@ TEST(CpuBackendTest, MaxPoolMatchesTheScanBitForBitOnEveryVectorUnit) {
       Conv2dGeometry::Make(1, 3, 11, 50, 3, 2, 3, 3, 1, 0),
       Conv2dGeometry::Make(1, 1, 5, 70, 1, 5, 1, 5, 0, 2),
       Conv2dGeometry::Make(1, 2, 10, 33, 4, 4, 2, 2, 2, 2),
+      Conv2dGeometry::Make(1, 2, 11, 42, 3, 2, 1, 2, 1, 1),
   };
   for (Conv2dGeometry g : {Conv2dGeometry::Make(2, 2, 13, 39, 3, 3, 2, 2, 1, 1),
                            Conv2dGeometry::Make(1, 2, 12, 37, 2, 2, 2, 2, 0, 0),
