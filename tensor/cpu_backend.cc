@@ -929,6 +929,17 @@ std::pair<int64_t, int64_t> InsideRange(int64_t shift, int64_t stride, int64_t s
   return {lo, hi};
 }
 
+// out[i] = src[i] for i in [lo, hi), 0 elsewhere in [0, n), reading src[i] for every i (so all
+// of [src, src + n) must be readable). One loop with a select rather than a fill, a copy and a
+// fill: those become calls to memset and memmove, most of a short row's time.
+TANDEM_VECTORIZE inline void CopyInside(const float* __restrict src, int32_t lo, int32_t hi,
+                                        int32_t n, float* __restrict out) {
+  for (int32_t i = 0; i < n; ++i) {
+    const float v = src[i];
+    out[i] = i >= lo && i < hi ? v : 0.0f;
+  }
+}
+
 void CpuBackend::Im2Col(int index, const Conv2dGeometry& g, const float* image, float* columns) {
   CheckIndex(index);
   CheckGeometry(g, "Im2Col");
@@ -938,40 +949,57 @@ void CpuBackend::Im2Col(int index, const Conv2dGeometry& g, const float* image, 
   // One column row per (image, channel, kernel_row, kernel_col).
   const int64_t rows = g.batch * g.channels * window;
   if (rows == 0 || out_plane == 0) return;
+  const int64_t image_size = g.batch * g.channels * plane;
   ParallelFor(Cpu(index), rows, std::max<int64_t>(1, kElementwiseGrain / out_plane),
               [&](int64_t begin, int64_t end) {
-                for (int64_t row = begin; row < end; ++row) {
-                  const int64_t kx = row % g.kernel_w;
-                  const int64_t ky = (row / g.kernel_w) % g.kernel_h;
-                  const int64_t image_channel = row / window;  // b * channels + c
-                  const float* in = image + image_channel * plane;
-                  float* out = columns +
-                               g.columns_start(image_channel / g.channels,
-                                               image_channel % g.channels, out_plane) +
-                               (row % window) * g.columns_tap_stride(out_plane);
-                  // x = ox * stride - pad + kx * dilation lies inside for ox in [lo, hi).
-                  const int64_t shift = kx * g.dilation_w - g.pad_w;
-                  const auto [lo, hi] = InsideRange(shift, g.stride_w, g.width, out_w);
-                  for (int64_t oy = 0; oy < out_h; ++oy) {
-                    const int64_t y = oy * g.stride_h - g.pad_h + ky * g.dilation_h;
-                    float* out_row = out + oy * out_w;
-                    if (y < 0 || y >= g.height) {
-                      std::fill(out_row, out_row + out_w, 0.0f);
-                      continue;
-                    }
-                    const float* in_row = in + y * g.width;
-                    std::fill(out_row, out_row + lo, 0.0f);
-                    if (g.stride_w == 1) {
-                      std::copy(in_row + lo + shift, in_row + hi + shift, out_row + lo);
-                    } else {
-                      for (int64_t ox = lo; ox < hi; ++ox) {
-                        out_row[ox] = in_row[ox * g.stride_w + shift];
+                internal::Vectorized([&] {
+                  for (int64_t row = begin; row < end; ++row) {
+                    const int64_t kx = row % g.kernel_w;
+                    const int64_t ky = (row / g.kernel_w) % g.kernel_h;
+                    const int64_t image_channel = row / window;  // b * channels + c
+                    const float* in = image + image_channel * plane;
+                    float* out = columns +
+                                 g.columns_start(image_channel / g.channels,
+                                                 image_channel % g.channels, out_plane) +
+                                 (row % window) * g.columns_tap_stride(out_plane);
+                    // x = ox * stride - pad + kx * dilation lies inside for ox in [lo, hi).
+                    const int64_t shift = kx * g.dilation_w - g.pad_w;
+                    const auto [lo, hi] = InsideRange(shift, g.stride_w, g.width, out_w);
+                    for (int64_t oy = 0; oy < out_h; ++oy) {
+                      const int64_t y = oy * g.stride_h - g.pad_h + ky * g.dilation_h;
+                      float* out_row = out + oy * out_w;
+                      if (y < 0 || y >= g.height) {
+                        std::fill(out_row, out_row + out_w, 0.0f);
+                        continue;
                       }
+                      const float* in_row = in + y * g.width;
+                      // The padding's reads land in the neighbouring pixels, or outside the image
+                      // at its first and last rows (those take the loop below).
+                      const int64_t start = image_channel * plane + y * g.width + shift;
+                      if (g.stride_w == 1 && start >= 0 && start + out_w <= image_size &&
+                          out_w <= std::numeric_limits<int32_t>::max()) {
+                        CopyInside(in_row + shift, static_cast<int32_t>(lo),
+                                   static_cast<int32_t>(hi), static_cast<int32_t>(out_w), out_row);
+                        continue;
+                      }
+                      std::fill(out_row, out_row + lo, 0.0f);
+                      if (g.stride_w == 1) {
+                        std::copy(in_row + lo + shift, in_row + hi + shift, out_row + lo);
+                      } else {
+                        for (int64_t ox = lo; ox < hi; ++ox)
+                          out_row[ox] = in_row[ox * g.stride_w + shift];
+                      }
+                      std::fill(out_row + hi, out_row + out_w, 0.0f);
                     }
-                    std::fill(out_row + hi, out_row + out_w, 0.0f);
                   }
-                }
+                });
               });
+}
+
+// out[i * stride] += in[i] for i < n.
+TANDEM_VECTORIZE inline void AddIntoStrided(float* __restrict out, int64_t stride,
+                                            const float* __restrict in, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i * stride] += in[i];
 }
 
 void CpuBackend::Col2Im(int index, const Conv2dGeometry& g, const float* columns, float* image) {
@@ -982,36 +1010,38 @@ void CpuBackend::Col2Im(int index, const Conv2dGeometry& g, const float* columns
   const int64_t window = g.kernel_h * g.kernel_w;
   const int64_t planes = g.batch * g.channels;
   if (planes == 0 || plane == 0) return;
-  // One image plane per task: the column rows that sum into it belong to it alone.
+  // One image plane per task: the column rows that sum into it belong to it alone. Each pixel
+  // sums its taps in the same order whatever the vector unit (Vectorized: the rows' adds are
+  // lanes of one vector, not a reordered sum).
   ParallelFor(Cpu(index), planes,
               std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, window * out_plane)),
               [&](int64_t begin, int64_t end) {
-                for (int64_t p = begin; p < end; ++p) {
-                  float* out = image + p * plane;
-                  std::fill(out, out + plane, 0.0f);
-                  for (int64_t w = 0; w < window; ++w) {
-                    const int64_t ky = w / g.kernel_w, kx = w % g.kernel_w;
-                    const float* in = columns +
-                                      g.columns_start(p / g.channels, p % g.channels, out_plane) +
-                                      w * g.columns_tap_stride(out_plane);
-                    const int64_t shift = kx * g.dilation_w - g.pad_w;
-                    const auto [lo, hi] = InsideRange(shift, g.stride_w, g.width, out_w);
-                    for (int64_t oy = 0; oy < out_h; ++oy) {
-                      const int64_t y = oy * g.stride_h - g.pad_h + ky * g.dilation_h;
-                      if (y < 0 || y >= g.height) continue;
-                      float* out_row = out + y * g.width;
-                      const float* in_row = in + oy * out_w;
-                      if (g.stride_w == 1) {
-                        float* target = out_row + shift;
-                        for (int64_t ox = lo; ox < hi; ++ox) target[ox] += in_row[ox];
-                      } else {
-                        for (int64_t ox = lo; ox < hi; ++ox) {
-                          out_row[ox * g.stride_w + shift] += in_row[ox];
+                internal::Vectorized([&] {
+                  for (int64_t p = begin; p < end; ++p) {
+                    float* out = image + p * plane;
+                    std::fill(out, out + plane, 0.0f);
+                    for (int64_t w = 0; w < window; ++w) {
+                      const int64_t ky = w / g.kernel_w, kx = w % g.kernel_w;
+                      const float* in = columns +
+                                        g.columns_start(p / g.channels, p % g.channels, out_plane) +
+                                        w * g.columns_tap_stride(out_plane);
+                      const int64_t shift = kx * g.dilation_w - g.pad_w;
+                      const auto [lo, hi] = InsideRange(shift, g.stride_w, g.width, out_w);
+                      for (int64_t oy = 0; oy < out_h; ++oy) {
+                        const int64_t y = oy * g.stride_h - g.pad_h + ky * g.dilation_h;
+                        if (y < 0 || y >= g.height) continue;
+                        float* out_row = out + y * g.width;
+                        const float* in_row = in + oy * out_w;
+                        if (g.stride_w == 1) {
+                          internal::AddIntoLoop(out_row + shift + lo, in_row + lo, hi - lo);
+                        } else {
+                          AddIntoStrided(out_row + lo * g.stride_w + shift, g.stride_w, in_row + lo,
+                                         hi - lo);
                         }
                       }
                     }
                   }
-                }
+                });
               });
 }
 

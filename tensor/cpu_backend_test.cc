@@ -699,27 +699,44 @@ TEST(CpuBackendTest, GemmDegenerateSizes) {
 
 // ---- Convolution helpers and pooling -----------------------------------------------------
 
+// Strides, padding and dilation, rows long enough for the vector loops and short ones, and
+// each in both column layouts.
 std::vector<Conv2dGeometry> ConvGeometries() {
-  return {Conv2dGeometry::Make(2, 3, 7, 9, 3, 3, 1, 1, 1, 1),
-          Conv2dGeometry::Make(1, 2, 8, 5, 2, 3, 2, 1, 0, 1),
-          Conv2dGeometry::Make(3, 1, 6, 6, 5, 4, 3, 2, 2, 2),
-          Conv2dGeometry::Make(1, 1, 1, 1, 1, 1, 1, 1, 0, 0),
-          Conv2dGeometry::Make(4, 16, 28, 28, 5, 5, 1, 1, 2, 2)};
+  std::vector<Conv2dGeometry> geometries = {Conv2dGeometry::Make(2, 3, 7, 9, 3, 3, 1, 1, 1, 1),
+                                            Conv2dGeometry::Make(1, 2, 8, 5, 2, 3, 2, 1, 0, 1),
+                                            Conv2dGeometry::Make(3, 1, 6, 6, 5, 4, 3, 2, 2, 2),
+                                            Conv2dGeometry::Make(1, 1, 1, 1, 1, 1, 1, 1, 0, 0),
+                                            Conv2dGeometry::Make(4, 16, 28, 28, 5, 5, 1, 1, 2, 2),
+                                            Conv2dGeometry::Make(3, 2, 14, 37, 3, 3, 2, 2, 1, 1)};
+  for (Conv2dGeometry g : {Conv2dGeometry::Make(2, 3, 11, 30, 3, 3, 1, 1, 2, 2),
+                           Conv2dGeometry::Make(2, 2, 12, 19, 3, 2, 2, 1, 1, 3)}) {
+    g.dilation_h = 2;
+    g.dilation_w = 3;
+    geometries.push_back(g);
+  }
+  const size_t count = geometries.size();
+  for (size_t i = 0; i < count; ++i) {
+    geometries.push_back(geometries[i]);
+    geometries.back().batch_in_columns = true;
+  }
+  return geometries;
 }
 
 std::vector<float> ReferenceIm2Col(const Conv2dGeometry& g, const std::vector<float>& image) {
   const int64_t oh = g.out_h(), ow = g.out_w();
-  std::vector<float> columns(g.batch * g.channels * g.kernel_h * g.kernel_w * oh * ow);
-  int64_t at = 0;
+  std::vector<float> columns(g.batch * g.channels * g.kernel_h * g.kernel_w * oh * ow, kNaN);
   for (int64_t b = 0; b < g.batch; ++b) {
     for (int64_t c = 0; c < g.channels; ++c) {
       for (int64_t ky = 0; ky < g.kernel_h; ++ky) {
         for (int64_t kx = 0; kx < g.kernel_w; ++kx) {
+          const int64_t row = g.columns_start(b, c, oh * ow) +
+                              (ky * g.kernel_w + kx) * g.columns_tap_stride(oh * ow);
           for (int64_t y = 0; y < oh; ++y) {
             for (int64_t x = 0; x < ow; ++x) {
-              const int64_t iy = y * g.stride_h - g.pad_h + ky, ix = x * g.stride_w - g.pad_w + kx;
+              const int64_t iy = y * g.stride_h - g.pad_h + ky * g.dilation_h;
+              const int64_t ix = x * g.stride_w - g.pad_w + kx * g.dilation_w;
               const bool inside = iy >= 0 && iy < g.height && ix >= 0 && ix < g.width;
-              columns[at++] =
+              columns[row + y * ow + x] =
                   inside ? image[((b * g.channels + c) * g.height + iy) * g.width + ix] : 0.0f;
             }
           }
@@ -732,47 +749,56 @@ std::vector<float> ReferenceIm2Col(const Conv2dGeometry& g, const std::vector<fl
 
 TEST(CpuBackendTest, Im2ColMatchesTheDefinition) {
   WithEachThreadCount([] {
-    for (const Conv2dGeometry& g : ConvGeometries()) {
-      std::vector<float> image = RandomFloats(g.batch * g.channels * g.height * g.width, -1, 1, 18);
-      const std::vector<float> expected = ReferenceIm2Col(g, image);
-      std::vector<float> columns(expected.size(), kNaN);
-      Cpu().Im2Col(0, g, image.data(), columns.data());
-      ASSERT_EQ(columns, expected);
+    for (const bool baseline : {false, true}) {
+      internal::g_force_baseline_vectors = baseline;
+      for (const Conv2dGeometry& g : ConvGeometries()) {
+        std::vector<float> image =
+            RandomFloats(g.batch * g.channels * g.height * g.width, -1, 1, 18);
+        const std::vector<float> expected = ReferenceIm2Col(g, image);
+        std::vector<float> columns(expected.size(), kNaN);
+        Cpu().Im2Col(0, g, image.data(), columns.data());
+        ASSERT_EQ(columns, expected);
+      }
     }
+    internal::g_force_baseline_vectors = false;
   });
 }
 
 TEST(CpuBackendTest, Col2ImIsTheAdjointOfIm2Col) {
   WithEachThreadCount([] {
-    for (const Conv2dGeometry& g : ConvGeometries()) {
-      const int64_t image_size = g.batch * g.channels * g.height * g.width;
-      const int64_t column_size =
-          g.batch * g.channels * g.kernel_h * g.kernel_w * g.out_h() * g.out_w();
-      std::vector<float> x = RandomFloats(image_size, -1, 1, 19);
-      std::vector<float> y = RandomFloats(column_size, -1, 1, 20);
-      std::vector<float> im2col_x(column_size), col2im_y(image_size, kNaN);
-      Cpu().Im2Col(0, g, x.data(), im2col_x.data());
-      Cpu().Col2Im(0, g, y.data(), col2im_y.data());
-      // <col2im(y), x> == <y, im2col(x)>
-      double lhs = 0, rhs = 0;
-      for (int64_t i = 0; i < image_size; ++i) lhs += double{col2im_y[i]} * x[i];
-      for (int64_t i = 0; i < column_size; ++i) rhs += double{y[i]} * im2col_x[i];
-      EXPECT_NEAR(lhs, rhs, 1e-4 * (1 + std::abs(rhs)));
-      // And elementwise: col2im sums every column entry into the pixel it came from.
-      std::vector<float> expected(image_size, 0.0f);
-      const std::vector<float> index_image = [&] {
-        std::vector<float> v(image_size);
-        std::iota(v.begin(), v.end(), 0.0f);
-        return v;
-      }();
-      const std::vector<float> source = ReferenceIm2Col(g, index_image);
-      const std::vector<float> ones(image_size, 1.0f);
-      const std::vector<float> inside = ReferenceIm2Col(g, ones);  // 0 where padding
-      for (int64_t i = 0; i < column_size; ++i) {
-        if (inside[i] != 0.0f) expected[static_cast<int64_t>(source[i])] += y[i];
+    for (const bool baseline : {false, true}) {
+      internal::g_force_baseline_vectors = baseline;
+      for (const Conv2dGeometry& g : ConvGeometries()) {
+        const int64_t image_size = g.batch * g.channels * g.height * g.width;
+        const int64_t column_size =
+            g.batch * g.channels * g.kernel_h * g.kernel_w * g.out_h() * g.out_w();
+        std::vector<float> x = RandomFloats(image_size, -1, 1, 19);
+        std::vector<float> y = RandomFloats(column_size, -1, 1, 20);
+        std::vector<float> im2col_x(column_size), col2im_y(image_size, kNaN);
+        Cpu().Im2Col(0, g, x.data(), im2col_x.data());
+        Cpu().Col2Im(0, g, y.data(), col2im_y.data());
+        // <col2im(y), x> == <y, im2col(x)>
+        double lhs = 0, rhs = 0;
+        for (int64_t i = 0; i < image_size; ++i) lhs += double{col2im_y[i]} * x[i];
+        for (int64_t i = 0; i < column_size; ++i) rhs += double{y[i]} * im2col_x[i];
+        EXPECT_NEAR(lhs, rhs, 1e-4 * (1 + std::abs(rhs)));
+        // And elementwise: col2im sums every column entry into the pixel it came from.
+        std::vector<float> expected(image_size, 0.0f);
+        const std::vector<float> index_image = [&] {
+          std::vector<float> v(image_size);
+          std::iota(v.begin(), v.end(), 0.0f);
+          return v;
+        }();
+        const std::vector<float> source = ReferenceIm2Col(g, index_image);
+        const std::vector<float> ones(image_size, 1.0f);
+        const std::vector<float> inside = ReferenceIm2Col(g, ones);  // 0 where padding
+        for (int64_t i = 0; i < column_size; ++i) {
+          if (inside[i] != 0.0f) expected[static_cast<int64_t>(source[i])] += y[i];
+        }
+        for (int64_t i = 0; i < image_size; ++i) ASSERT_NEAR(col2im_y[i], expected[i], 1e-5);
       }
-      for (int64_t i = 0; i < image_size; ++i) ASSERT_NEAR(col2im_y[i], expected[i], 1e-5);
     }
+    internal::g_force_baseline_vectors = false;
   });
 }
 
