@@ -26,12 +26,14 @@
 #include "nn/nn.h"
 #include "parallel/distributed/distributed_data_parallel.h"
 #include "parallel/distributed/process_group_mpi.h"
+#include "tensor/profiler.h"
 #include "tensor/tensor.h"
 
 // The trainer's flags (defined in examples/train.cc).
 ABSL_DECLARE_FLAG(std::string, devices);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(int, threads);
+ABSL_DECLARE_FLAG(std::string, trace);
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, optimizer);
 ABSL_DECLARE_FLAG(double, lr);
@@ -164,6 +166,7 @@ int Train() {
   if (lead) RequireWritableFile("--save", absl::GetFlag(FLAGS_save));
   if (lead) RequireWritableFile("--log_csv", absl::GetFlag(FLAGS_log_csv));
   if (lead) RequireWritableFile("--plot", absl::GetFlag(FLAGS_plot));
+  if (lead) RequireWritableFile("--trace", absl::GetFlag(FLAGS_trace));
 
   manual_seed(seed);
   std::shared_ptr<nn::Sequential> model = MakeModel(model_kind);
@@ -246,6 +249,7 @@ int Train() {
 
   nn::CrossEntropyLoss criterion;
   const int64_t steps = train_loader.size();
+  StepTrace trace(lead ? absl::GetFlag(FLAGS_trace) : std::string(), 50);
   for (int epoch = static_cast<int>(state.epochs_done) + 1; epoch <= epochs; ++epoch) {
     set_lr(LearningRate(lr, lr_decay, epoch - 1, epochs));
     const std::string label = absl::StrFormat(
@@ -257,6 +261,7 @@ int Train() {
     double loss_sum = 0;
     int64_t seen = 0, step = 0;
     for (data::Batch& batch : train_loader) {
+      TANDEM_PROFILE_SCOPE("step", absl::StrFormat("epoch %d step %d", epoch, step + 1));
       Tensor loss = criterion.forward(ddp->forward(batch.data()), batch.target());
       optimizer->zero_grad();
       loss.backward();
@@ -272,7 +277,9 @@ int Train() {
       loss_sum += loss_value * batch.size();
       seen += batch.size();
       if (bar) bar->Update(step, seen * world, loss_sum / seen, SecondsSince(epoch_start));
+      trace.StepDone();
     }
+    trace.EpochDone();
     const std::vector<double> totals = SumOverRanks(*group, {loss_sum, static_cast<double>(seen)});
     const double seconds = SecondsSince(epoch_start);
     state.epochs_done = epoch;
@@ -287,6 +294,7 @@ int Train() {
         "epoch %*d/%d  train loss %.4f  test loss %.4f  test acc %.2f%%  %.0f samples/s  %.1f s\n",
         static_cast<int>(std::to_string(epochs).size()), epoch, epochs, totals[0] / totals[1],
         test.loss, 100.0 * test.accuracy, totals[1] / seconds, seconds);
+    std::printf("%s", trace.TakeMessage().c_str());
     std::fflush(stdout);
     if (!checkpoint.empty()) SaveTrainerCheckpoint(checkpoint, *model, *optimizer, state);
     WriteEpochLogs(state.history, absl::GetFlag(FLAGS_log_csv), absl::GetFlag(FLAGS_plot),

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
+#include "tensor/profiler.h"
 
 namespace tandem::examples {
 
@@ -69,6 +70,36 @@ void ProgressBar::Finish() {
     std::fflush(out_);
     drawn_width_ = 0;
   }
+}
+
+StepTrace::StepTrace(std::string path, int64_t steps) : path_(std::move(path)), steps_(steps) {
+  if (path_.empty()) return;
+  profiler::Start();
+  recording_ = true;
+}
+
+StepTrace::~StepTrace() {
+  if (recording_) profiler::Stop();
+}
+
+void StepTrace::StepDone() {
+  if (recording_ && ++done_ == steps_) Write();
+}
+
+void StepTrace::EpochDone() {
+  if (recording_) Write();
+}
+
+std::string StepTrace::TakeMessage() { return std::move(message_); }
+
+void StepTrace::Write() {
+  recording_ = false;
+  const profiler::Trace trace = profiler::Stop();
+  profiler::WriteChromeTrace(trace, path_);
+  char line[64];
+  std::snprintf(line, sizeof(line), "trace of %lld steps: ", static_cast<long long>(done_));
+  message_ = line + path_ + " (" + std::to_string(trace.events.size()) + " regions on " +
+             std::to_string(trace.thread_names.size()) + " threads)\n";
 }
 
 }  // namespace tandem::examples

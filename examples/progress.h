@@ -46,6 +46,36 @@ class ProgressBar {
   size_t drawn_width_ = 0;
 };
 
+// The trainers' --trace: the run's first `steps` training steps recorded by the profiler
+// (tensor/profiler.h) and written to `path` as a Chrome trace once they are done, or at the end
+// of the first epoch if it is shorter. An empty path records nothing.
+//
+//   examples::StepTrace trace(absl::GetFlag(FLAGS_trace), 50);
+//   for (...) { TrainStep(); trace.StepDone(); }
+//   trace.EpochDone();
+//   std::printf("%s", trace.TakeMessage().c_str());   // "trace of 50 steps: ..." once
+class StepTrace {
+ public:
+  StepTrace(std::string path, int64_t steps);
+  ~StepTrace();  // stops the profiler if it still records (an exception ended the run)
+  StepTrace(const StepTrace&) = delete;
+  StepTrace& operator=(const StepTrace&) = delete;
+
+  void StepDone();
+  void EpochDone();
+  // The line saying where the trace went, once after it is written; "" otherwise.
+  std::string TakeMessage();
+
+ private:
+  void Write();
+
+  std::string path_;
+  int64_t steps_;
+  int64_t done_ = 0;
+  bool recording_ = false;
+  std::string message_;
+};
+
 }  // namespace tandem::examples
 
 #endif  // TANDEM_EXAMPLES_PROGRESS_H_

@@ -86,7 +86,8 @@ ABSL_FLAG(std::string, plot, "", "Draw train/test loss and test accuracy per epo
 ABSL_FLAG(std::string, save, "", "Write a checkpoint of the trained model alone here");
 ABSL_FLAG(std::string, trace, "",
           "Write a Chrome trace of the run's first 50 training steps to this path (open it in "
-          "chrome://tracing or ui.perfetto.dev): one row per thread");
+          "chrome://tracing or ui.perfetto.dev): one row per thread (with --distributed, rank "
+          "0's process)");
 // For tests and quick looks: train and test on the first N images only (0: all).
 ABSL_FLAG(int, train_limit, 0, "(testing) use only the first N training images");
 ABSL_FLAG(int, test_limit, 0, "(testing) use only the first N test images");
@@ -146,12 +147,7 @@ EvalResult Evaluate(parallel::DataParallel& dp, data::DataLoader& test_loader) {
 }
 
 int Run() {
-  if (absl::GetFlag(FLAGS_distributed)) {
-    Require(absl::GetFlag(FLAGS_trace).empty(),
-            "--trace traces one process's threads and is not available with --distributed; "
-            "trace a run without --distributed (the same devices in one process) instead");
-    return examples::RunDistributedTraining();
-  }
+  if (absl::GetFlag(FLAGS_distributed)) return examples::RunDistributedTraining();
   const std::vector<Device> devices = ResolveDevices();
   const int threads = examples::ConfigureCpuDevices(devices, absl::GetFlag(FLAGS_threads));
   const int epochs = absl::GetFlag(FLAGS_epochs);
@@ -280,20 +276,7 @@ int Run() {
   }
   const int64_t steps = train_loader.size();
   const int kill_in_epoch = absl::GetFlag(FLAGS_kill_in_epoch);
-  // --trace: the first kTracedSteps steps of this run, written once they are done (or at the
-  // end of the first epoch, if it is shorter).
-  constexpr int64_t kTracedSteps = 50;
-  const std::string trace_path = absl::GetFlag(FLAGS_trace);
-  int64_t traced_steps = 0;
-  std::string trace_written;  // said after the epoch's line, not across its progress bar
-  auto finish_trace = [&] {
-    const profiler::Trace trace = profiler::Stop();
-    profiler::WriteChromeTrace(trace, trace_path);
-    trace_written =
-        absl::StrFormat("trace of %d steps: %s (%d regions on %d threads)\n", traced_steps,
-                        trace_path, trace.events.size(), trace.thread_names.size());
-  };
-  if (!trace_path.empty()) profiler::Start();
+  examples::StepTrace trace(absl::GetFlag(FLAGS_trace), 50);
   for (int epoch = static_cast<int>(state.epochs_done) + 1; epoch <= epochs; ++epoch) {
     optimizer.set_lr(examples::LearningRate(lr, lr_decay, epoch - 1, epochs));
     const std::string label = absl::StrFormat(
@@ -338,9 +321,9 @@ int Run() {
       seen += n;
       bar.Update(step, seen, loss_sum / seen, SecondsSince(epoch_start));
       if (epoch == kill_in_epoch && step == steps / 2) std::raise(SIGKILL);
-      if (profiler::IsEnabled() && ++traced_steps == kTracedSteps) finish_trace();
+      trace.StepDone();
     }
-    if (profiler::IsEnabled()) finish_trace();
+    trace.EpochDone();
     const double seconds = SecondsSince(epoch_start);
     bar.Finish();
     const EvalResult test = Evaluate(*dp, test_loader);
@@ -358,8 +341,7 @@ int Run() {
         "%.1f s  split %s\n",
         static_cast<int>(std::to_string(epochs).size()), epoch, epochs, loss_sum / seen, test.loss,
         100.0 * test.accuracy, seen / seconds, seconds, absl::StrJoin(split_text, ", ").c_str());
-    std::printf("%s", trace_written.c_str());
-    trace_written.clear();
+    std::printf("%s", trace.TakeMessage().c_str());
     std::fflush(stdout);
 
     state.epochs_done = epoch;

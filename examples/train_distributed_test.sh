@@ -10,10 +10,10 @@ if [[ ! -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
   exit 0
 fi
 logs="${TEST_TMPDIR:-$(mktemp -d)}"
-rm -f "$logs/run.csv" "$logs/run.svg"
+rm -f "$logs/run.csv" "$logs/run.svg" "$logs/trace.json"
 out="$(bash parallel/distributed/mpi_test.sh 2 "$train" --distributed --devices=cpu:0 \
   --threads=1 --epochs=2 --batch_size=64 --train_limit=2048 --test_limit=500 --workers=0 \
-  --log_csv="$logs/run.csv" --plot="$logs/run.svg")"
+  --log_csv="$logs/run.csv" --plot="$logs/run.svg" --trace="$logs/trace.json")"
 echo "$out"
 json="$(grep '^\[1,0\]<stdout>:{"model"' <<<"$out" | sed 's/^\[1,0\]<stdout>://')"
 [[ -n "$json" ]] || { echo "FAIL: rank 0 printed no JSON line"; exit 1; }
@@ -32,4 +32,9 @@ head -1 "$logs/run.csv" | grep -q '^epoch,train_loss,test_loss,test_accuracy' ||
   { echo "FAIL: the CSV has no header"; exit 1; }
 grep -q '<svg' "$logs/run.svg" && grep -q '2 ranks on cpu:0' "$logs/run.svg" ||
   { echo "FAIL: the plot is not an SVG chart titled with the ranks"; exit 1; }
+# Rank 0 traces its first epoch (1024 images a rank in batches of 64: 16 steps, fewer than
+# the 50 a trace holds), its all-reduces included.
+grep -q 'trace of 16 steps' <<<"$out" || { echo "FAIL: rank 0 did not say it wrote the trace"; exit 1; }
+grep -q '"name":"ProcessGroupMpi rank 0 thread"\|"name":"allreduce (average) of' "$logs/trace.json" ||
+  { echo "FAIL: the trace holds no all-reduce"; exit 1; }
 echo "PASS: $json"

@@ -14,9 +14,11 @@
 //    Speed-up = ranks x single time / DDP time (throughput), set against the same perfectly
 //    parallel reference loop as DataParallel's benchmark (tools/bench) and against the
 //    no-communication run. The all-reduce's cost is the buckets' all-reduces run alone; how
-//    much of it backward hides is measured twice: by what the end of backward still waits
-//    for (exposed), and by how much longer the DDP step is than the no-communication one
-//    (which also counts the CPU that communication takes from backward on a full machine).
+//    much of it backward hides is measured twice: by how long the last bucket's reduction
+//    ends after the last rank's backward ended (exposed; the ranks share one steady clock on
+//    one machine, so the wait for a slower rank's backward is not counted as communication),
+//    and by how much longer the DDP step is than the no-communication one (which also counts
+//    the CPU that communication takes from backward on a full machine).
 #include <mpi.h>
 
 #include <algorithm>
@@ -108,7 +110,8 @@ std::shared_ptr<nn::Sequential> MakeModel(const std::string& kind) {
 // Median seconds of one training step of `forward` over `steps` (after 3 warm-up steps).
 template <typename Forward>
 double TimeSteps(nn::Module& model, Forward&& forward, const Tensor& x, const Tensor& y, int steps,
-                 ReductionStats* total = nullptr, const DistributedDataParallel* ddp = nullptr) {
+                 std::vector<ReductionStats>* per_step = nullptr,
+                 const DistributedDataParallel* ddp = nullptr) {
   nn::SGD optimizer(model.parameters(), nn::SGDOptions(0.01).momentum(0.9));
   std::vector<double> times;
   for (int step = 0; step < steps + 3; ++step) {
@@ -118,12 +121,7 @@ double TimeSteps(nn::Module& model, Forward&& forward, const Tensor& x, const Te
     optimizer.step();
     if (step < 3) continue;
     times.push_back(Seconds(start));
-    if (total != nullptr) {
-      const ReductionStats stats = ddp->last_reduction_stats();
-      total->buckets = stats.buckets;
-      total->communication_seconds += stats.communication_seconds;
-      total->wait_seconds += stats.wait_seconds;
-    }
+    if (per_step != nullptr) per_step->push_back(ddp->last_reduction_stats());
   }
   return Median(times);
 }
@@ -160,11 +158,35 @@ void TrainingStep(const std::shared_ptr<ProcessGroupMpi>& group_ptr, const std::
 
   auto model = MakeModel(kind);
   auto ddp = std::make_shared<DistributedDataParallel>(model, group_ptr);
-  ReductionStats total;
+  std::vector<ReductionStats> per_step;
   const double distributed = TimeSteps(
-      *model, [&](const Tensor& in) { return ddp->forward(in); }, x, y, steps, &total, ddp.get());
+      *model, [&](const Tensor& in) { return ddp->forward(in); }, x, y, steps, &per_step,
+      ddp.get());
   double slowest = 0;
   MPI_Allreduce(&distributed, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  // Per step, when the last rank finished backward and when the last one had its gradients
+  // reduced (steady_clock is one clock for every process on this machine): what came after
+  // the former is communication no rank's backward hid. The wait at the end of backward that
+  // DDP measures also holds the time a rank waits for a slower peer to finish its backward.
+  ReductionStats total;
+  std::vector<double> backward_done, reduced;
+  for (const ReductionStats& stats : per_step) {
+    total.buckets = stats.buckets;
+    total.communication_seconds += stats.communication_seconds;
+    total.wait_seconds += stats.wait_seconds;
+    backward_done.push_back(
+        std::chrono::duration<double>(stats.backward_done.time_since_epoch()).count());
+    reduced.push_back(std::chrono::duration<double>(stats.reduced.time_since_epoch()).count());
+  }
+  MPI_Allreduce(MPI_IN_PLACE, backward_done.data(), static_cast<int>(backward_done.size()),
+                MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, reduced.data(), static_cast<int>(reduced.size()), MPI_DOUBLE, MPI_MAX,
+                MPI_COMM_WORLD);
+  double exposed_after_last = 0;
+  for (size_t i = 0; i < reduced.size(); ++i) {
+    exposed_after_last += std::max(0.0, reduced[i] - backward_done[i]);
+  }
+  exposed_after_last /= std::max<size_t>(1, reduced.size());
 
   // The buckets' all-reduces alone, one after another as DDP issues them (nothing to
   // overlap): what the communication costs when none of it is hidden.
@@ -226,21 +248,22 @@ void TrainingStep(const std::shared_ptr<ProcessGroupMpi>& group_ptr, const std::
       return p;
     }();
     const double ceiling = world * single / independent;
-    const double exposed = total.wait_seconds / steps;
+    const double waited = total.wait_seconds / steps;
     const double extra = slowest - independent;
     std::printf(
         "%s batch %lld/rank (%.2f MB of gradients, %d bucket(s)): 1 rank %.2f ms/step; %d ranks "
         "%.2f ms/step in DDP, %.2f ms/step each on its own (no communication)\n"
         "  throughput speed-up %.2fx: %.0f%% of the reference loop's %.2fx, %.0f%% of the "
         "%.2fx without communication\n"
-        "  all-reduce: the buckets alone %.2f ms/step; in DDP %.2f ms/step exposed at the end of "
-        "backward (%.0f%% hidden); the DDP step takes %.2f ms more than without communication "
-        "(%.0f%% hidden by that measure); group's thread %.2f ms/step, %.0f%% of it while "
-        "backward ran\n",
+        "  all-reduce: the buckets alone %.2f ms/step; in DDP %.2f ms/step of it still to go "
+        "after the last rank's backward (%.0f%% hidden); the end of backward waited %.2f "
+        "ms/step (that, and for the slower rank); the DDP step takes %.2f ms more than without "
+        "communication (%.0f%% hidden by that measure); group's thread %.2f ms/step, %.0f%% of "
+        "it while backward ran\n",
         kind.c_str(), static_cast<long long>(batch), params * 4 / 1e6, total.buckets, single * 1e3,
         world, slowest * 1e3, independent * 1e3, speedup, 100 * speedup / ideal, ideal,
-        100 * speedup / ceiling, ceiling, alone * 1e3, exposed * 1e3,
-        100 * std::clamp(1 - exposed / alone, 0.0, 1.0), extra * 1e3,
+        100 * speedup / ceiling, ceiling, alone * 1e3, exposed_after_last * 1e3,
+        100 * std::clamp(1 - exposed_after_last / alone, 0.0, 1.0), waited * 1e3, extra * 1e3,
         100 * std::clamp(1 - extra / alone, 0.0, 1.0), total.communication_seconds / steps * 1e3,
         100 * total.overlap_fraction());
   }

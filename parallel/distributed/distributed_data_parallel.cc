@@ -260,7 +260,9 @@ struct DistributedDataParallel::Reducer {
       stats.communication_seconds += std::chrono::duration<double>(bucket.work->run_time()).count();
     }
     if (used_work) used_work->wait();
-    stats.wait_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    stats.backward_done = start;
+    stats.reduced = Clock::now();
+    stats.wait_seconds = std::chrono::duration<double>(stats.reduced - start).count();
     stats.buckets = static_cast<int>(buckets.size());
     std::vector<int64_t> used_anywhere =
         used.defined() ? used.to_vector<int64_t>() : std::vector<int64_t>(params.size(), 1);

@@ -39,6 +39,7 @@
 #ifndef TANDEM_PARALLEL_DISTRIBUTED_DISTRIBUTED_DATA_PARALLEL_H_
 #define TANDEM_PARALLEL_DISTRIBUTED_DISTRIBUTED_DATA_PARALLEL_H_
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -74,8 +75,14 @@ struct ReductionStats {
   int buckets = 0;
   // The buckets' all-reduce time on the process group's thread, summed.
   double communication_seconds = 0;
-  // How long the end of backward waited for them: the part not hidden behind backward.
+  // How long the end of backward waited for them: the part not hidden behind backward, and
+  // the time this rank's slower peers took to finish their backward.
   double wait_seconds = 0;
+  // When this rank's backward had produced every gradient and began to wait, and when the
+  // last bucket was reduced (steady_clock: on one machine comparable across processes, so
+  // that reduced - the latest rank's backward_done is the communication no backward hid).
+  std::chrono::steady_clock::time_point backward_done;
+  std::chrono::steady_clock::time_point reduced;
   // 1 - wait / communication (0 when nothing was hidden, 1 when all of it was).
   double overlap_fraction() const;
 };

@@ -112,6 +112,25 @@ TEST_F(DistributedDataParallelTest, GradientsEqualOneProcessOnAllSamples) {
   }
 }
 
+TEST_F(DistributedDataParallelTest, ReductionStatsTimeTheWaitAtTheEndOfBackward) {
+  auto group = Group();
+  auto model = MakeModel(5);
+  DistributedDataParallel ddp(model, group,
+                              DistributedDataParallelOptions().bucket_cap_mb(0.00001));
+  const Data mine = MakeData(group->size(), 0).Rows(group->rank() * kPerRank, kPerRank);
+  const auto before = std::chrono::steady_clock::now();
+  cross_entropy(ddp.forward(mine.x), mine.y).backward();
+  const auto after = std::chrono::steady_clock::now();
+  const ReductionStats stats = ddp.last_reduction_stats();
+  EXPECT_EQ(stats.buckets, 4);  // one per parameter
+  EXPECT_GE(stats.communication_seconds, 0.0);
+  EXPECT_LE(before, stats.backward_done);
+  EXPECT_LE(stats.backward_done, stats.reduced);
+  EXPECT_LE(stats.reduced, after);
+  EXPECT_NEAR(stats.wait_seconds,
+              std::chrono::duration<double>(stats.reduced - stats.backward_done).count(), 1e-9);
+}
+
 TEST_F(DistributedDataParallelTest, SmallBucketsHoldEveryParameterOnceInReverseOrder) {
   auto group = Group();
   auto model = MakeModel(3, /*hidden=*/20);  // 140 + 20 + 60 + 3 floats
