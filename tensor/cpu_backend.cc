@@ -272,9 +272,19 @@ void BinaryRun(T* dst, const T* a, const T* b, int64_t n, const int64_t* strides
   }
 }
 
+template <typename T>
+TANDEM_VECTORIZE inline void FillLoop(T* __restrict dst, int64_t n, T value) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = value;
+}
+
 template <typename To, typename From>
 void ConvertRun(To* dst, const From* src, int64_t n, int64_t dst_stride, int64_t src_stride) {
-  if (dst_stride == 1 && src_stride == 1) {
+  if (dst_stride == 1 && src_stride == 0) {
+    // A broadcast (conv2d's bias over each output plane): GCC's -O2 leaves a plain fill of a
+    // non-zero value scalar.
+    const To value = static_cast<To>(*src);
+    internal::Vectorized([&] { FillLoop(dst, n, value); });
+  } else if (dst_stride == 1 && src_stride == 1) {
     for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<To>(src[i]);
   } else {
     for (int64_t i = 0; i < n; ++i) dst[i * dst_stride] = static_cast<To>(src[i * src_stride]);

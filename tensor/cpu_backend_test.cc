@@ -163,6 +163,30 @@ TEST(CpuBackendTest, CopyBroadcastsStrideZero) {
   }
 }
 
+// A column broadcast along rows (conv2d's bias over its output planes), rows long enough for
+// the vector loop and its tail, on the baseline and AVX2 builds, float and int64.
+TEST(CpuBackendTest, CopyBroadcastsAColumnAlongRows) {
+  for (const bool baseline : {false, true}) {
+    internal::g_force_baseline_vectors = baseline;
+    std::vector<float> column = {1.5f, -0.0f, kNaN, 3.25f, -7.0f};
+    std::vector<float> out(5 * 37, 0.0f);
+    Cpu().Copy(0, View(out.data(), {5, 37}), View(column.data(), {5, 37}, {1, 0}));
+    for (int r = 0; r < 5; ++r) {
+      for (int c = 0; c < 37; ++c) {
+        ASSERT_EQ(std::memcmp(&out[r * 37 + c], &column[r], sizeof(float)), 0) << r << ", " << c;
+      }
+    }
+    std::vector<float> from_int(3 * 21, 0.0f);
+    std::vector<int64_t> ints = {-4, 0, 1 << 20};
+    KernelTensor int_view = View(ints.data(), {3, 21}, {1, 0});
+    Cpu().Copy(0, View(from_int.data(), {3, 21}), int_view);
+    for (int r = 0; r < 3; ++r) {
+      for (int c = 0; c < 21; ++c) ASSERT_EQ(from_int[r * 21 + c], static_cast<float>(ints[r]));
+    }
+  }
+  internal::g_force_baseline_vectors = false;
+}
+
 TEST(CpuBackendTest, CopyConvertsDtypes) {
   WithEachThreadCount([] {
     const int64_t n = 70001;
