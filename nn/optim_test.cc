@@ -514,7 +514,7 @@ void ExpectFusedUpdatesMatchAndDoNotDependOnTheSplit(Make make) {
   std::vector<std::vector<float>> results;
   for (int run = 0; run < 4; ++run) {
     const int devices = run < 3 ? run + 1 : 2;
-    ::tandem::internal::g_force_baseline_vectors = run == 3;
+    const ::tandem::internal::BaselineVectorsForTesting vectors(run == 3);
     SetCpuDeviceCount(devices);
     manual_seed(7);
     // Sizes around the piece size (2^14) and odd ones, so pieces split parameters unevenly.
@@ -574,7 +574,6 @@ void ExpectFusedUpdatesMatchAndDoNotDependOnTheSplit(Make make) {
       offset += v.size();
     }
   }
-  ::tandem::internal::g_force_baseline_vectors = false;
   SetCpuDeviceCount(2);
   EXPECT_EQ(results[0], results[1]);
   EXPECT_EQ(results[0], results[2]);

@@ -167,7 +167,7 @@ TEST(CpuBackendTest, CopyBroadcastsStrideZero) {
 // the vector loop and its tail, on the baseline and AVX2 builds, float and int64.
 TEST(CpuBackendTest, CopyBroadcastsAColumnAlongRows) {
   for (const bool baseline : {false, true}) {
-    internal::g_force_baseline_vectors = baseline;
+    const internal::BaselineVectorsForTesting vectors(baseline);
     std::vector<float> column = {1.5f, -0.0f, kNaN, 3.25f, -7.0f};
     std::vector<float> out(5 * 37, 0.0f);
     Cpu().Copy(0, View(out.data(), {5, 37}), View(column.data(), {5, 37}, {1, 0}));
@@ -184,7 +184,6 @@ TEST(CpuBackendTest, CopyBroadcastsAColumnAlongRows) {
       for (int c = 0; c < 21; ++c) ASSERT_EQ(from_int[r * 21 + c], static_cast<float>(ints[r]));
     }
   }
-  internal::g_force_baseline_vectors = false;
 }
 
 TEST(CpuBackendTest, CopyConvertsDtypes) {
@@ -774,7 +773,7 @@ std::vector<float> ReferenceIm2Col(const Conv2dGeometry& g, const std::vector<fl
 TEST(CpuBackendTest, Im2ColMatchesTheDefinition) {
   WithEachThreadCount([] {
     for (const bool baseline : {false, true}) {
-      internal::g_force_baseline_vectors = baseline;
+      const internal::BaselineVectorsForTesting vectors(baseline);
       for (const Conv2dGeometry& g : ConvGeometries()) {
         std::vector<float> image =
             RandomFloats(g.batch * g.channels * g.height * g.width, -1, 1, 18);
@@ -784,14 +783,13 @@ TEST(CpuBackendTest, Im2ColMatchesTheDefinition) {
         ASSERT_EQ(columns, expected);
       }
     }
-    internal::g_force_baseline_vectors = false;
   });
 }
 
 TEST(CpuBackendTest, Col2ImIsTheAdjointOfIm2Col) {
   WithEachThreadCount([] {
     for (const bool baseline : {false, true}) {
-      internal::g_force_baseline_vectors = baseline;
+      const internal::BaselineVectorsForTesting vectors(baseline);
       for (const Conv2dGeometry& g : ConvGeometries()) {
         const int64_t image_size = g.batch * g.channels * g.height * g.width;
         const int64_t column_size =
@@ -822,7 +820,6 @@ TEST(CpuBackendTest, Col2ImIsTheAdjointOfIm2Col) {
         for (int64_t i = 0; i < image_size; ++i) ASSERT_NEAR(col2im_y[i], expected[i], 1e-5);
       }
     }
-    internal::g_force_baseline_vectors = false;
   });
 }
 
@@ -930,7 +927,7 @@ TEST(CpuBackendTest, MaxPoolMatchesTheScanBitForBitOnEveryVectorUnit) {
     geometries.push_back(g);
   }
   for (const bool baseline : {false, true}) {
-    internal::g_force_baseline_vectors = baseline;
+    const internal::BaselineVectorsForTesting vectors(baseline);
     SCOPED_TRACE(baseline ? "baseline build" : "best vector unit");
     for (const Conv2dGeometry& g : geometries) {
       SCOPED_TRACE(::testing::Message()
@@ -976,7 +973,6 @@ TEST(CpuBackendTest, MaxPoolMatchesTheScanBitForBitOnEveryVectorUnit) {
       }
     }
   }
-  internal::g_force_baseline_vectors = false;
 }
 
 // ---- Gather / scatter --------------------------------------------------------------------

@@ -36,8 +36,23 @@
 
 namespace tandem::internal {
 
-// Tests set this to run the baseline versions on a CPU that has AVX2, to compare the bits.
+// Set while a BaselineVectorsForTesting lives.
 inline std::atomic<bool> g_force_baseline_vectors{false};
+
+// For tests: while it lives, Vectorized runs the baseline build (`baseline` true) even on a
+// CPU that has AVX2, so that a test can compare the bits of both; the previous choice comes
+// back when it goes, also when an assertion leaves the test early.
+class BaselineVectorsForTesting {
+ public:
+  explicit BaselineVectorsForTesting(bool baseline = true)
+      : previous_(g_force_baseline_vectors.exchange(baseline)) {}
+  ~BaselineVectorsForTesting() { g_force_baseline_vectors = previous_; }
+  BaselineVectorsForTesting(const BaselineVectorsForTesting&) = delete;
+  BaselineVectorsForTesting& operator=(const BaselineVectorsForTesting&) = delete;
+
+ private:
+  bool previous_;
+};
 
 inline bool CpuHasAvx2() {
 #if defined(__x86_64__) && defined(__GNUC__)
