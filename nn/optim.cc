@@ -42,8 +42,9 @@ float* Floats(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr;
 constexpr int64_t kPieceElements = int64_t{1} << 14;
 
 // Calls update(item, begin, end) over [0, sizes[item]) for every item, in pieces of at most
-// kPieceElements, spread over the workers of every logical CPU device (they share host
-// memory) or, with one CPU device, over its threads. The pieces are disjoint, and each
+// kPieceElements, spread over the workers of the logical CPU devices (they share host
+// memory; CpuWorkDevices: every configured one unless narrowed) or, with one, over its
+// threads. The pieces are disjoint, and each
 // element's arithmetic does not depend on the split, so the result is the same bit for bit
 // however the pieces fall.
 void RunPieces(const std::vector<int64_t>& sizes,
@@ -67,12 +68,11 @@ void RunPieces(const std::vector<int64_t>& sizes,
     for (int64_t k = 0; k < n; ++k) run(k);
     return;
   }
-  const int cpu_devices = CpuDeviceCount();
-  if (cpu_devices > 1) {
-    ::tandem::internal::RunAcrossDevices(CpuDevices(cpu_devices), static_cast<int>(n),
-                                         [&](int k) { run(k); });
+  const std::vector<Device> devices = CpuWorkDevices();
+  if (devices.size() > 1) {
+    ::tandem::internal::RunAcrossDevices(devices, static_cast<int>(n), [&](int k) { run(k); });
   } else {
-    ParallelFor(Device::Cpu(0), n, 1, [&](int64_t begin, int64_t end) {
+    ParallelFor(devices[0], n, 1, [&](int64_t begin, int64_t end) {
       for (int64_t k = begin; k < end; ++k) run(k);
     });
   }

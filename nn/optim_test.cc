@@ -8,6 +8,7 @@
 #include "nn/layers.h"
 #include "nn/test_util.h"
 #include "tensor/internal/vectorized.h"
+#include "tensor/profiler.h"
 #include "tensor/runtime.h"
 
 namespace tandem::nn {
@@ -578,6 +579,31 @@ void ExpectFusedUpdatesMatchAndDoNotDependOnTheSplit(Make make) {
   EXPECT_EQ(results[0], results[1]);
   EXPECT_EQ(results[0], results[2]);
   EXPECT_EQ(results[0], results[3]) << "the baseline loops give other bits than the AVX2 ones";
+}
+
+TEST_F(OptimTest, AnUpdateNarrowedToOneDeviceRunsOnTheCallingThreadAlone) {
+  SetCpuDeviceCount(2);
+  Tensor p = randn({100000});
+  p.set_requires_grad(true);
+  (p * p).sum().backward();
+  SGD sgd({p}, SGDOptions(0.01).momentum(0.9));
+  sgd.step();  // the momentum buffer exists from here on
+  profiler::Start();
+  {
+    CpuWorkDevicesScope one_device({Device::Cpu(0)});
+    EXPECT_EQ(CpuWorkDevices(), std::vector<Device>{Device::Cpu(0)});
+    sgd.step();
+  }
+  const profiler::Trace trace = profiler::Stop();
+  EXPECT_EQ(CpuWorkDevices(), CpuDevices(2));
+  ASSERT_FALSE(trace.events.empty());
+  for (const profiler::Event& e : trace.events) {
+    EXPECT_EQ(trace.thread_names.at(e.thread), "main") << e.name << " ran on another thread";
+  }
+  EXPECT_THAT(testing::ErrorOf([] { CpuWorkDevicesScope none({}); }),
+              HasSubstr("expected at least one CPU device"));
+  EXPECT_THAT(testing::ErrorOf([] { CpuWorkDevicesScope gpu({Device::Cuda(0)}); }),
+              HasSubstr("expected CPU devices but got cuda:0"));
 }
 
 TEST_F(OptimTest, FusedSgdSplitsAcrossDevicesWithTheSameResult) {

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "tensor/backend.h"
 #include "tensor/error.h"
@@ -66,6 +67,27 @@ std::vector<Device> CpuDevices(int count) {
   for (int i = 0; i < count; ++i) devices.push_back(Device::Cpu(i));
   return devices;
 }
+
+namespace {
+thread_local const std::vector<Device>* t_cpu_work_devices = nullptr;
+}  // namespace
+
+std::vector<Device> CpuWorkDevices() {
+  if (t_cpu_work_devices != nullptr) return *t_cpu_work_devices;
+  return CpuDevices(CpuDeviceCount());
+}
+
+CpuWorkDevicesScope::CpuWorkDevicesScope(std::vector<Device> devices)
+    : devices_(std::move(devices)), previous_(t_cpu_work_devices) {
+  TANDEM_CHECK(!devices_.empty(), "CpuWorkDevicesScope: expected at least one CPU device");
+  for (Device d : devices_) {
+    TANDEM_CHECK(d.is_cpu(), "CpuWorkDevicesScope: expected CPU devices but got ", d);
+    CheckAvailable(d);
+  }
+  t_cpu_work_devices = &devices_;
+}
+
+CpuWorkDevicesScope::~CpuWorkDevicesScope() { t_cpu_work_devices = previous_; }
 
 int HardwareCores() {
   // hardware_concurrency() reads /sys on every call (about 10 us): ask once.

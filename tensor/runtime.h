@@ -39,6 +39,28 @@ void SetCpuThreadsPerDevice(int threads);
 // Cores this process may use (std::thread::hardware_concurrency, at least 1).
 int HardwareCores();
 
+// The logical CPU devices whose threads work that is split across CPU devices (the fused
+// optimizer updates) may use from this thread: every configured one, unless a
+// CpuWorkDevicesScope narrows them. A program that times one device's step next to a
+// several-device step in the same process narrows them to that device, so that the step runs
+// on the threads it would have in a process configured with that device alone.
+std::vector<Device> CpuWorkDevices();
+
+// Narrows CpuWorkDevices() on the calling thread to `devices` (CPU devices, at least one)
+// while it lives:
+//   { CpuWorkDevicesScope one({Device::Cpu(0)}); single_device_step(); }
+class CpuWorkDevicesScope {
+ public:
+  explicit CpuWorkDevicesScope(std::vector<Device> devices);
+  ~CpuWorkDevicesScope();
+  CpuWorkDevicesScope(const CpuWorkDevicesScope&) = delete;
+  CpuWorkDevicesScope& operator=(const CpuWorkDevicesScope&) = delete;
+
+ private:
+  std::vector<Device> devices_;
+  const std::vector<Device>* previous_;
+};
+
 }  // namespace tandem
 
 #endif  // TANDEM_TENSOR_RUNTIME_H_

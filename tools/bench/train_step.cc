@@ -249,7 +249,10 @@ int Run() {
     // The same step on the first device alone (same threads), the data-parallel step, and
     // the reference loop on one and on N threads, interleaved round by round.
     Trainer single(kind, {devices[0]}, batch, forward_loss);
-    for (int i = 0; i < warmup; ++i) single.Step();
+    for (int i = 0; i < warmup; ++i) {
+      CpuWorkDevicesScope one_device({devices[0]});
+      single.Step();
+    }
     single.ClearPhases();
     trainer->ClearPhases();
     const int workers = static_cast<int>(devices.size());
@@ -258,7 +261,12 @@ int Run() {
     examples::ProgressBar compare_bar(stdout, "scaling", steps);
     const auto compare_start = Clock::now();
     for (int i = 0; i < steps; ++i) {
-      one.push_back(TimeIt([&] { single.Step(); }));
+      one.push_back(TimeIt([&] {
+        // On its device's threads alone, as in a process configured with that device only
+        // (the optimizer's update would otherwise also use the other devices' workers).
+        CpuWorkDevicesScope one_device({devices[0]});
+        single.Step();
+      }));
       many.push_back(TimeIt([&] { trainer->Step(); }));
       loop_one.push_back(TimeIt([&] { bench::ReferenceLoop({devices[0]}, reps); }));
       loop_many.push_back(TimeIt([&] { bench::ReferenceLoop(devices, reps); }));
