@@ -100,7 +100,7 @@ class Trainer {
 
   // One full step; returns when its work is done (the loss is read back). Records how long
   // each phase took (the loss read-back counts to the optimizer step: it is only a copy).
-  double Step() {
+  double Step(bool record = true) {
     Clock::time_point marks[kPhases + 1];
     marks[0] = Clock::now();
     Tensor loss = forward_loss_ ? dp_->forward_loss(criterion_, x_, y_)
@@ -113,7 +113,7 @@ class Trainer {
     optimizer_->step();
     const double value = loss.item();
     marks[4] = Clock::now();
-    for (int k = 0; k < kPhases; ++k) {
+    for (int k = 0; record && k < kPhases; ++k) {
       phase_ms_[k].push_back(1e3 * std::chrono::duration<double>(marks[k + 1] - marks[k]).count());
     }
     return value;
@@ -247,7 +247,10 @@ int Run() {
   double speedup = 0, loop_speedup = 0;
   if (compare) {
     // The same step on the first device alone (same threads), the data-parallel step, and
-    // the reference loop on one and on N threads, interleaved round by round.
+    // the reference loop on one and on N threads, interleaved round by round. Each runs once
+    // untimed before its timed run in a round: switching lets the other configuration's
+    // threads fall asleep and its model out of the caches, which a training run, stepping
+    // one configuration over and over, does not pay every step.
     Trainer single(kind, {devices[0]}, batch, forward_loss);
     for (int i = 0; i < warmup; ++i) {
       CpuWorkDevicesScope one_device({devices[0]});
@@ -261,14 +264,18 @@ int Run() {
     examples::ProgressBar compare_bar(stdout, "scaling", steps);
     const auto compare_start = Clock::now();
     for (int i = 0; i < steps; ++i) {
-      one.push_back(TimeIt([&] {
+      {
         // On its device's threads alone, as in a process configured with that device only
         // (the optimizer's update would otherwise also use the other devices' workers).
         CpuWorkDevicesScope one_device({devices[0]});
-        single.Step();
-      }));
+        single.Step(/*record=*/false);
+        one.push_back(TimeIt([&] { single.Step(); }));
+      }
+      trainer->Step(/*record=*/false);
       many.push_back(TimeIt([&] { trainer->Step(); }));
+      bench::ReferenceLoop({devices[0]}, reps);
       loop_one.push_back(TimeIt([&] { bench::ReferenceLoop({devices[0]}, reps); }));
+      bench::ReferenceLoop(devices, reps);
       loop_many.push_back(TimeIt([&] { bench::ReferenceLoop(devices, reps); }));
       compare_bar.Update(i + 1, static_cast<int64_t>(i + 1) * batch, kNoLoss,
                          SecondsSince(compare_start));
@@ -279,7 +286,8 @@ int Run() {
     speedup = m1 / mn;
     loop_speedup = l1 / ln;
     std::printf(
-        "\nScaling over %s alone, %d thread%s per device (medians of %d interleaved rounds):\n",
+        "\nScaling over %s alone, %d thread%s per device (medians of %d interleaved rounds, each "
+        "run after an untimed one of its own):\n",
         devices[0].ToString().c_str(), threads, threads == 1 ? "" : "s", steps);
     std::printf("  %-28s %10s %12s %9s\n", "", "1 device",
                 absl::StrFormat("%d devices", workers).c_str(), "speed-up");
