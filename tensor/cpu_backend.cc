@@ -1055,12 +1055,16 @@ void CpuBackend::Col2Im(int index, const Conv2dGeometry& g, const float* columns
               });
 }
 
-// Replaces<true>(v, *best) (NaN wins, ties keep the earlier) without branches: a comparison
+// Replaces<true>(v, best): NaN wins, ties keep the earlier (the rule of every max-pooling
+// loop here, scalar or in vector lanes).
+inline bool Takes(float v, float best) { return (v > best) | ((v != v) & (best == best)); }
+
+// Takes(v, *best) applied without branches: a comparison
 // on random data mispredicts half the time, and GCC keeps a branch for a float select, so
 // the select is done on the bits.
 inline void TakeIfGreater(float v, int64_t at, float* best, int64_t* best_at) {
   const float b = *best;
-  const int take = static_cast<int>(v > b) | (static_cast<int>(v != v) & static_cast<int>(b == b));
+  const int take = static_cast<int>(Takes(v, b));
   const uint32_t mask = 0u - static_cast<uint32_t>(take);
   uint32_t v_bits, b_bits;
   std::memcpy(&v_bits, &v, sizeof(v));
@@ -1069,9 +1073,6 @@ inline void TakeIfGreater(float v, int64_t at, float* best, int64_t* best_at) {
   std::memcpy(best, &b_bits, sizeof(b_bits));
   *best_at += (at - *best_at) & -static_cast<int64_t>(take);
 }
-
-// Replaces<true>(v, best) for a vector lane: NaN wins, ties keep the earlier.
-inline bool Takes(float v, float best) { return (v > best) | ((v != v) & (best == best)); }
 
 // Max pooling of the outputs [0, n) of one output row whose windows lie inside the image
 // horizontally: output i's window starts at `first + i * s` and spans `rows` rows of `width`

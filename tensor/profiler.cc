@@ -5,7 +5,6 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
-#include <sstream>
 #include <thread>
 
 #include "tensor/error.h"
@@ -26,9 +25,7 @@ struct ThreadBuffer {
 };
 
 struct Session {
-  std::mutex mutex;  // guards everything below
-  uint64_t id = 0;   // bumped by every Start
-  Clock::time_point start;
+  std::mutex mutex;  // guards everything below, and the writes of the atomics after it
   std::thread::id starter;
   std::vector<std::shared_ptr<ThreadBuffer>> buffers;  // index = Event::thread
   std::vector<std::string> names;
@@ -41,10 +38,14 @@ Session& GetSession() {
 
 std::atomic<int64_t> g_recorded{0};
 std::atomic<int64_t> g_dropped{0};
-// The running session's id and start, readable without the lock: a thread that has its
-// buffer for the session records without taking the session's lock.
+// The running session's id (bumped by every Start) and start, readable without the lock: a
+// thread that has its buffer for the session records without taking the session's lock.
 std::atomic<uint64_t> g_session_id{0};
 std::atomic<int64_t> g_session_start_ns{0};
+
+Clock::time_point SessionStart() {
+  return Clock::time_point(Clock::duration(g_session_start_ns.load(std::memory_order_relaxed)));
+}
 
 thread_local std::string t_thread_name;
 thread_local std::shared_ptr<ThreadBuffer> t_buffer;
@@ -55,17 +56,17 @@ thread_local int t_thread_index = -1;
 // no session runs.
 ThreadBuffer* BufferOfThisThread(Clock::time_point* session_start) {
   if (t_buffer != nullptr && t_buffer_session == g_session_id.load(std::memory_order_acquire)) {
-    *session_start =
-        Clock::time_point(Clock::duration(g_session_start_ns.load(std::memory_order_relaxed)));
+    *session_start = SessionStart();
     return t_buffer.get();
   }
   Session& session = GetSession();
   std::lock_guard<std::mutex> lock(session.mutex);
   if (!internal::g_enabled.load(std::memory_order_relaxed)) return nullptr;
-  *session_start = session.start;
-  if (t_buffer == nullptr || t_buffer_session != session.id) {
+  *session_start = SessionStart();
+  const uint64_t id = g_session_id.load(std::memory_order_relaxed);
+  if (t_buffer == nullptr || t_buffer_session != id) {
     t_buffer = std::make_shared<ThreadBuffer>();
-    t_buffer_session = session.id;
+    t_buffer_session = id;
     t_thread_index = static_cast<int>(session.buffers.size());
     session.buffers.push_back(t_buffer);
     std::string name = t_thread_name;
@@ -141,10 +142,8 @@ void Start() {
   std::lock_guard<std::mutex> lock(session.mutex);
   TANDEM_CHECK(!internal::g_enabled.load(), "profiler::Start: the profiler is already running; ",
                "call profiler::Stop() first");
-  ++session.id;
-  session.start = Clock::now();
-  g_session_start_ns.store(session.start.time_since_epoch().count(), std::memory_order_relaxed);
-  g_session_id.store(session.id, std::memory_order_release);
+  g_session_start_ns.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+  g_session_id.fetch_add(1, std::memory_order_release);
   session.starter = std::this_thread::get_id();
   session.buffers.clear();
   session.names.clear();
@@ -182,8 +181,8 @@ void SetThreadName(std::string name) {
   t_thread_name = std::move(name);
   Session& session = GetSession();
   std::lock_guard<std::mutex> lock(session.mutex);
-  if (t_buffer != nullptr && t_buffer_session == session.id && t_thread_index >= 0 &&
-      t_thread_index < static_cast<int>(session.names.size())) {
+  if (t_buffer != nullptr && t_buffer_session == g_session_id.load(std::memory_order_relaxed) &&
+      t_thread_index >= 0 && t_thread_index < static_cast<int>(session.names.size())) {
     session.names[t_thread_index] = t_thread_name;
   }
 }

@@ -12,8 +12,9 @@
 //   TANDEM_PROFILE_SCOPE("data", "load batch " + std::to_string(i));
 //
 // Off by default; while off a scope costs one relaxed atomic load. While on, each thread
-// records into its own buffer (no lock per event), up to kMaxEvents in all; later events are
-// counted as dropped. Threads are named in the trace: device workers by their device
+// records into its own buffer (under that buffer's lock, which only Stop also takes), up to
+// kMaxEvents in all; later events are counted as dropped. Threads are named in the trace: device
+// workers by their device
 // ("cpu:1 worker"), the thread that called Start "main", others by SetThreadName.
 #ifndef TANDEM_TENSOR_PROFILER_H_
 #define TANDEM_TENSOR_PROFILER_H_

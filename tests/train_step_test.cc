@@ -74,7 +74,7 @@ TEST(TrainStepTest, TraceShowsTheReplicasAndBackwardOnEachDevicesThread) {
       "--nocompare --trace=" +
       path);
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_THAT(r.out, HasSubstr("trace of the timed steps: " + path));
+  EXPECT_THAT(r.out, HasSubstr("trace of 2 steps: " + path));  // the 2 timed steps
   const std::string trace = Read(path);
   EXPECT_THAT(trace, HasSubstr("\"args\":{\"name\":\"main\"}"));
   EXPECT_THAT(trace, HasSubstr("\"args\":{\"name\":\"cpu:1 worker\"}"));

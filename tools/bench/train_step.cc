@@ -192,8 +192,7 @@ int Run() {
     in_use.push_back(GetMemoryStats(d).in_use_bytes);
   }
   std::vector<double> ms;
-  const std::string trace_path = absl::GetFlag(FLAGS_trace);
-  if (!trace_path.empty()) profiler::Start();
+  examples::StepTrace trace(absl::GetFlag(FLAGS_trace), steps);  // written after the last
   examples::ProgressBar bar(stdout, "timing", steps);
   const auto start = Clock::now();
   for (int i = 0; i < steps; ++i) {
@@ -201,21 +200,11 @@ int Run() {
       TANDEM_PROFILE_SCOPE("step", "step " + std::to_string(i));
       trainer->Step();
     }));
+    trace.StepDone();
     bar.Update(i + 1, static_cast<int64_t>(i + 1) * batch, kNoLoss, SecondsSince(start));
   }
   bar.Finish();
-  if (!trace_path.empty()) {
-    const profiler::Trace trace = profiler::Stop();
-    try {
-      profiler::WriteChromeTrace(trace, trace_path);
-    } catch (const Error& e) {
-      throw examples::UsageError("--trace: " + examples::OneLine(e.what()));
-    }
-    std::printf(
-        "trace of the timed steps: %s (%zu regions on %zu threads; open it in "
-        "chrome://tracing or ui.perfetto.dev)\n",
-        trace_path.c_str(), trace.events.size(), trace.thread_names.size());
-  }
+  std::printf("%s", trace.TakeMessage().c_str());
   int64_t peak = 0;
   for (Device d : devices) peak += GetMemoryStats(d).peak_bytes;
   const double median = Quantile(ms, 0.5), p10 = Quantile(ms, 0.1), p90 = Quantile(ms, 0.9);
