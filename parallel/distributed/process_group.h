@@ -60,10 +60,12 @@ class Work {
   // it) to when it finished; zero until it has finished.
   std::chrono::steady_clock::duration run_time() const;
 
-  // For process groups: marks the collective started (its turn came).
-  void Start();
+  // For process groups: marks the collective started (its turn came) and returns when, so
+  // that the group can reckon its deadline from the same clock reading. Called once, by the
+  // thread that runs the collective, before Finish.
+  std::chrono::steady_clock::time_point Start();
   // For process groups: marks the collective finished, with the error it failed with (or
-  // nullptr), and wakes the waiters.
+  // nullptr), and wakes the waiters. Called once, by the thread that ran it.
   void Finish(std::exception_ptr error = nullptr);
 
  protected:
@@ -76,9 +78,14 @@ class Work {
   mutable std::once_flag describe_once_;
   mutable std::function<std::string()> describe_;
   mutable std::string description_;
-  mutable std::mutex mutex_;
+  // A small collective costs a few microseconds, so its start and finish take no lock: the
+  // finishing thread writes what follows done_ before it sets done_ (release), and readers
+  // read it only after they have seen done_ set (acquire). Only a thread that goes to sleep
+  // on done_cv_ counts itself in sleepers_, so that Finish locks and notifies only then.
+  std::mutex mutex_;  // for done_cv_ alone
   std::condition_variable done_cv_;
-  std::atomic<bool> done_{false};  // written under mutex_; read without it by wait()'s spin
+  std::atomic<int> sleepers_{0};
+  std::atomic<bool> done_{false};
   std::chrono::steady_clock::time_point started_;
   std::chrono::steady_clock::time_point finished_;
   std::exception_ptr error_;

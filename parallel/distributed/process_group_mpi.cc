@@ -9,6 +9,7 @@
 #include <deque>
 #include <functional>
 #include <iomanip>
+#include <optional>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -53,6 +54,56 @@ void FinalizeMpiAtExit() {
   if (!finalized) MPI_Finalize();
 }
 
+// The most bytes of data one eager message of Open MPI's shared-memory transport carries: its
+// eager limit (btl_vader_eager_limit, btl_sm_eager_limit from Open MPI 5), read through MPI's
+// tool interface so that a user's setting counts, less the headers it includes (4,032 of 4,096
+// bytes still went eagerly, 4,064 did not). Open MPI's default where neither can be read (a
+// job whose ranks all run on different machines, or another MPI).
+int64_t ReadEagerPieceBytes() {
+  constexpr int64_t kHeaderBytes = 64;
+  int64_t limit = 4096;
+  int provided = 0;
+  if (MPI_T_init_thread(MPI_THREAD_SINGLE, &provided) != MPI_SUCCESS) return limit - kHeaderBytes;
+  int count = 0;
+  if (MPI_T_cvar_get_num(&count) != MPI_SUCCESS) count = 0;
+  for (int i = 0; i < count; ++i) {
+    char name[256];
+    int name_length = sizeof(name);
+    char description[1024];
+    int description_length = sizeof(description);
+    int verbosity = 0, binding = 0, scope = 0;
+    MPI_Datatype type = MPI_DATATYPE_NULL;
+    MPI_T_enum enumtype = MPI_T_ENUM_NULL;
+    if (MPI_T_cvar_get_info(i, name, &name_length, &verbosity, &type, &enumtype, description,
+                            &description_length, &binding, &scope) != MPI_SUCCESS ||
+        (std::strcmp(name, "btl_vader_eager_limit") != 0 &&
+         std::strcmp(name, "btl_sm_eager_limit") != 0)) {
+      continue;
+    }
+    MPI_T_cvar_handle handle;
+    int values = 0;
+    if (MPI_T_cvar_handle_alloc(i, nullptr, &handle, &values) != MPI_SUCCESS) continue;
+    union {
+      int i;
+      unsigned u;
+      unsigned long ul;
+      unsigned long long ull;
+    } value{};
+    if (values == 1 && MPI_T_cvar_read(handle, &value) == MPI_SUCCESS) {
+      if (type == MPI_INT) limit = value.i;
+      if (type == MPI_UNSIGNED) limit = value.u;
+      if (type == MPI_UNSIGNED_LONG) limit = static_cast<int64_t>(value.ul);
+      if (type == MPI_UNSIGNED_LONG_LONG) limit = static_cast<int64_t>(value.ull);
+    }
+    MPI_T_cvar_handle_free(&handle);
+    break;
+  }
+  MPI_T_finalize();
+  return std::max<int64_t>(limit - kHeaderBytes, 256);
+}
+
+int64_t g_eager_piece_bytes = 0;  // ReadEagerPieceBytes(), once MPI is initialised
+
 // Initialises MPI once per process (see the header); later calls only read the result.
 void EnsureMpiInitialized() {
   static std::once_flag once;
@@ -82,6 +133,7 @@ void EnsureMpiInitialized() {
                                 "...) or let ProcessGroupMpi do it"
                               : "; use an MPI library built with thread support"));
     g_lock_mpi_calls = provided < MPI_THREAD_MULTIPLE;
+    g_eager_piece_bytes = ReadEagerPieceBytes();
   });
 }
 
@@ -95,33 +147,58 @@ std::string Elements(const Tensor& t) { return Elements(t.numel(), t.dtype()); }
 }  // namespace
 
 struct ProcessGroupMpi::Impl {
-  struct Op {
-    std::shared_ptr<Work> work;
-    std::function<void(const Work& work, Clock::time_point deadline)> body;
-    Clock::time_point issued;
-  };
-
-  // A Work whose wait() runs the collective on the waiting thread when it can (RunOnCaller).
-  class MpiWork final : public Work {
+  // A Work that carries its collective, and whose wait() runs it on the waiting thread when
+  // it can (RunOnCaller).
+  class MpiWork : public Work {
    public:
     MpiWork(Impl* impl, std::function<std::string()> describe)
         : Work(std::move(describe)), impl_(impl) {}
+    // Runs the collective; called once, by the thread that took it off the queue.
+    virtual void Run(Clock::time_point deadline) = 0;
+    // Lets go of the collective's tensors, before Finish: when wait() returns, the caller's
+    // tensors are its own again (AccumulateGrad, for one, steals a gradient only then).
+    virtual void Release() = 0;
 
    private:
     void RunIfNotStarted() override { impl_->RunOnCaller(this); }
     Impl* const impl_;  // the group waits for its collectives before it goes
   };
 
-  // All-reduces below this many bytes use recursive doubling (one exchange of the whole
-  // buffer per doubling, for a power-of-two number of ranks): fewest messages, and each still
-  // fits Open MPI's shared-memory eager limit (4 KB with its header), past which a message
-  // costs a rendezvous. Larger ones use the ring (reduce-scatter, then all-gather), where
-  // every rank sends and adds only 1/size of the buffer per step: at 4 KB on 2 ranks its two
-  // 2 KB exchanges are both eager, and took 1.7 us against 5.7 us for one 4 KB exchange.
-  static constexpr int64_t kRingMinBytes = 4096;
-  // The ring moves a block in pieces of at most this many bytes, so that the piece just
-  // received is still in cache when it is added (128 KB and 2 MB measured no better).
-  static constexpr int64_t kRingPieceBytes = 512 << 10;
+  // The collective lives in the Work itself (one allocation per collective, no std::function
+  // holding the tensors): a small all-reduce costs a few microseconds, and allocations,
+  // locks and clock readings each cost a noticeable share of that.
+  template <typename Body>
+  class MpiWorkWith final : public MpiWork {
+   public:
+    MpiWorkWith(Impl* impl, std::function<std::string()> describe, Body body)
+        : MpiWork(impl, std::move(describe)), body_(std::move(body)) {}
+    void Run(Clock::time_point deadline) override { (*body_)(*this, deadline); }
+    void Release() override { body_.reset(); }
+
+   private:
+    std::optional<Body> body_;
+  };
+
+  struct Op {
+    std::shared_ptr<MpiWork> work;
+    uint64_t sequence = 0;  // issued_count when it was issued
+  };
+
+  // All-reduces below this many bytes use recursive doubling for a power-of-two number of
+  // ranks: one exchange of the whole buffer per doubling, sent as pieces that each fit the
+  // transport's eager limit (eager_piece_bytes), all in flight at once. An eager message is
+  // copied through shared memory at once, where a larger one costs a rendezvous (a handshake,
+  // then a single copy): on 2 ranks of one machine 4 KB took 3.5 us against 4.1 us for the
+  // ring's two 2 KB steps, and 16 KB 6 us against 15 us for MPI_Allreduce. From 128 KB on the
+  // copies cost more than the handshakes, and the ring (reduce-scatter, then all-gather),
+  // where every rank sends and adds only 1/size of the buffer per step, is as fast or faster.
+  static constexpr int64_t kRingMinBytes = 128 << 10;
+  // The ring's reduce-scatter moves a block in pieces of at most this many bytes, the next
+  // one in flight while the last is added, so that its receive buffer (two pieces) stays
+  // bounded. Each piece costs a rendezvous: on 2 ranks of one machine 512 KB pieces left the
+  // all-reduce 5-10% behind MPI_Allreduce at 4 and 16 MB (median of 9-21 alternating
+  // blocks), where whole blocks and 4 MB pieces kept up with it.
+  static constexpr int64_t kRingPieceBytes = 4 << 20;
   // Await spins this long before it sleeps between polls. A transfer needs both sides' polls
   // (on one machine the receiver's poll does the copy), so a collective whose peers are both
   // at it finishes within the spin; past it, sleeping costs the core far less, and unlike
@@ -135,14 +212,15 @@ struct ProcessGroupMpi::Impl {
   // spins as a caller would (caller_waits).
   static constexpr std::chrono::microseconds kGroupThreadSpinFor{50};
   // See Run().
-  static constexpr std::chrono::microseconds kDeferredStart{1000};
+  static constexpr std::chrono::microseconds kDeferredStart{500};
   static constexpr std::chrono::milliseconds kIdleBeforeSleep{100};
 
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0;
   int size = 1;
   ProcessGroupMpiOptions options;
-  std::string prefix;  // "ProcessGroupMpi rank 0 of 2: "
+  std::string prefix;             // "ProcessGroupMpi rank 0 of 2: "
+  int64_t eager_piece_bytes = 0;  // see EagerPieceBytes()
 
   std::mutex mutex;  // guards what follows, to `thread`
   std::condition_variable cv;
@@ -153,12 +231,13 @@ struct ProcessGroupMpi::Impl {
   bool stop = false;
   // The last collective was run by the thread that waited for it: see Run().
   bool callers_run_their_collectives = false;
-  Clock::time_point last_issued;
-  std::string failure;  // the first error; the group is unusable once set
+  uint64_t issued_count = 0;  // collectives issued so far
+  std::string failure;        // the first error; the group is unusable once set
   std::thread thread;
   // A caller is blocked in wait() on the collective that the group's thread runs now.
   std::atomic<bool> caller_waits{false};
-  std::vector<char> scratch;  // the running all-reduce's receive buffer
+  std::vector<char> scratch;          // the running all-reduce's receive buffer
+  std::vector<MPI_Request> requests;  // the running exchange's
 
   // Checks an MPI return code.
   void Check(int rc, const char* call, const Work& work) const {
@@ -222,26 +301,38 @@ struct ProcessGroupMpi::Impl {
   }
 
   // Sends `send_count` elements to `to` and receives `receive_count` from `from`, both at once
-  // (as MPI_Sendrecv), waiting until both have finished or the deadline has passed.
+  // (as MPI_Sendrecv), as messages of at most `piece` elements that are all in flight
+  // together, waiting until all have finished or the deadline has passed.
   template <typename T>
   void Exchange(const T* send, int64_t send_count, int to, T* receive, int64_t receive_count,
-                int from, Clock::time_point deadline, const Work& work) {
+                int from, int64_t piece, Clock::time_point deadline, const Work& work) {
+    requests.resize((receive_count + piece - 1) / piece + (send_count + piece - 1) / piece);
+    Post(send, send_count, to, receive, receive_count, from, piece, requests.data(), work);
+    Await(requests.data(), static_cast<int>(requests.size()), deadline, work);
+  }
+
+  // Exchange's first half: posts the receives, then the sends, each message's request into
+  // `requests` (receives first; room for both counts divided by `piece`, rounded up).
+  template <typename T>
+  void Post(const T* send, int64_t send_count, int to, T* receive, int64_t receive_count, int from,
+            int64_t piece, MPI_Request* requests, const Work& work) {
     // Nothing is sent or received for an empty part: the peer skips it alike.
-    MPI_Request requests[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    const int64_t receives = (receive_count + piece - 1) / piece;
+    const int64_t sends = (send_count + piece - 1) / piece;
     const MPI_Datatype type = MpiType(DTypeOf<T>::value);
-    {
-      MpiCallLock lock;
-      if (receive_count > 0) {
-        Check(
-            MPI_Irecv(receive, static_cast<int>(receive_count), type, from, 0, comm, &requests[0]),
-            "MPI_Irecv", work);
-      }
-      if (send_count > 0) {
-        Check(MPI_Isend(send, static_cast<int>(send_count), type, to, 0, comm, &requests[1]),
-              "MPI_Isend", work);
-      }
+    MpiCallLock lock;
+    // Receives first, so that each message finds its receive posted when it arrives.
+    for (int64_t k = 0; k < receives; ++k) {
+      const int64_t offset = k * piece;
+      const int n = static_cast<int>(std::min(piece, receive_count - offset));
+      Check(MPI_Irecv(receive + offset, n, type, from, 0, comm, &requests[k]), "MPI_Irecv", work);
     }
-    Await(requests, 2, deadline, work);
+    for (int64_t k = 0; k < sends; ++k) {
+      const int64_t offset = k * piece;
+      const int n = static_cast<int>(std::min(piece, send_count - offset));
+      Check(MPI_Isend(send + offset, n, type, to, 0, comm, &requests[receives + k]), "MPI_Isend",
+            work);
+    }
   }
 
   // Sums `count` elements at `data` over the ranks in place, over non-blocking point-to-point
@@ -257,9 +348,13 @@ struct ProcessGroupMpi::Impl {
     if ((size & (size - 1)) == 0 && bytes < kRingMinBytes) {
       if (scratch.size() < static_cast<size_t>(bytes)) scratch.resize(bytes);
       T* received = reinterpret_cast<T*>(scratch.data());
+      // Pieces of equal size (4 KB as two of 2 KB, not 4032 + 64 bytes).
+      const int64_t largest = std::max<int64_t>(1, eager_piece_bytes / sizeof(T));
+      const int64_t pieces = (count + largest - 1) / largest;
+      const int64_t piece = (count + pieces - 1) / pieces;
       for (int mask = 1; mask < size; mask <<= 1) {
         const int peer = rank ^ mask;
-        Exchange(data, count, peer, received, count, peer, deadline, work);
+        Exchange(data, count, peer, received, count, peer, piece, deadline, work);
         ::tandem::internal::AddInto(data, received, count);
       }
       return;
@@ -274,9 +369,10 @@ struct ProcessGroupMpi::Impl {
     const int left = (rank + size - 1) % size;
     const int64_t piece = std::max<int64_t>(1, kRingPieceBytes / static_cast<int64_t>(sizeof(T)));
     const int64_t largest_block = (count + size - 1) / size;
-    const int64_t scratch_bytes = std::min(piece, largest_block) * sizeof(T);
-    if (scratch.size() < static_cast<size_t>(scratch_bytes)) scratch.resize(scratch_bytes);
-    T* received = reinterpret_cast<T*>(scratch.data());
+    const int64_t slot = std::min(piece, largest_block);
+    if (scratch.size() < 2 * slot * sizeof(T)) scratch.resize(2 * slot * sizeof(T));
+    T* const slots[2] = {reinterpret_cast<T*>(scratch.data()),
+                         reinterpret_cast<T*>(scratch.data()) + slot};
     for (int step = 0; step < size - 1; ++step) {
       const int out = mod(rank - step);
       const int in = mod(rank - step - 1);
@@ -284,41 +380,58 @@ struct ProcessGroupMpi::Impl {
       const int64_t in_size = begin(in + 1) - begin(in);
       // Both neighbours cut a block into pieces the same way, so piece k of `out` meets piece
       // k of the right neighbour's `in` (the same block).
-      for (int64_t offset = 0; offset < std::max(out_size, in_size); offset += piece) {
-        const int64_t send = std::clamp<int64_t>(out_size - offset, 0, piece);
-        const int64_t take = std::clamp<int64_t>(in_size - offset, 0, piece);
-        Exchange(data + begin(out) + offset, send, right, received, take, left, deadline, work);
-        ::tandem::internal::AddInto(data + begin(in) + offset, received, take);
+      // Piece k + 1 is posted before piece k is added: the neighbour copies it out of this
+      // rank's memory meanwhile (on one machine the receiver makes the copy), instead of
+      // both ranks first adding, then copying.
+      const int64_t pieces = (std::max(out_size, in_size) + piece - 1) / piece;
+      MPI_Request pending[2][2];
+      auto post = [&](int64_t k) {
+        const int64_t offset = k * piece;
+        std::fill_n(pending[k & 1], 2, MPI_REQUEST_NULL);
+        Post(data + begin(out) + offset, std::clamp<int64_t>(out_size - offset, 0, piece), right,
+             slots[k & 1], std::clamp<int64_t>(in_size - offset, 0, piece), left, piece,
+             pending[k & 1], work);
+      };
+      if (pieces > 0) post(0);
+      for (int64_t k = 0; k < pieces; ++k) {
+        Await(pending[k & 1], 2, deadline, work);
+        if (k + 1 < pieces) post(k + 1);
+        const int64_t offset = k * piece;
+        ::tandem::internal::AddInto(data + begin(in) + offset, slots[k & 1],
+                                    std::clamp<int64_t>(in_size - offset, 0, piece));
       }
     }
     for (int step = 0; step < size - 1; ++step) {
       const int out = mod(rank + 1 - step);
       const int in = mod(rank - step);
+      const int64_t whole = std::max(largest_block, int64_t{1});
       Exchange(data + begin(out), begin(out + 1) - begin(out), right, data + begin(in),
-               begin(in + 1) - begin(in), left, deadline, work);
+               begin(in + 1) - begin(in), left, whole, deadline, work);
     }
   }
 
   // Runs one collective that this thread has taken off the queue (with `earlier_failure`,
   // the group's failure when it did).
-  void Execute(Op& op, const std::string& earlier_failure) {
+  void Execute(MpiWork& work, const std::string& earlier_failure) {
     if (!earlier_failure.empty()) {
-      op.work->Finish(std::make_exception_ptr(
-          Error(prefix + op.work->description() +
+      work.Release();
+      work.Finish(std::make_exception_ptr(
+          Error(prefix + work.description() +
                 " was not run: the group failed earlier: " + earlier_failure)));
       return;
     }
     try {
-      TANDEM_PROFILE_SCOPE("distributed", op.work->description());
-      op.work->Start();
-      op.body(*op.work, Clock::now() + options.timeout_);
-      op.work->Finish();
+      TANDEM_PROFILE_SCOPE("distributed", work.description());
+      work.Run(work.Start() + options.timeout_);
+      work.Release();
+      work.Finish();
     } catch (const std::exception& e) {
       {
         std::lock_guard<std::mutex> lock(mutex);
         if (failure.empty()) failure = e.what();
       }
-      op.work->Finish(std::current_exception());
+      work.Release();
+      work.Finish(std::current_exception());
     }
   }
 
@@ -329,21 +442,31 @@ struct ProcessGroupMpi::Impl {
   // all run ranks, two context switches on a core that a rank (this one or a peer) needs
   // (3-4 us against 1-5 us for 4 KB on 2 ranks). So while the issuing threads run their
   // collectives themselves (the last one was run by its waiter), Enqueue does not wake it;
-  // instead it looks every kDeferredStart for one that nobody has started, so that every
-  // collective still starts without a wait (DDP's first buckets start at most that late).
-  // Starting one itself ends that mode; after kIdleBeforeSleep without collectives it sleeps
-  // until woken. (Waking for collectives of 1 MiB and more at once was measured too: it cost
-  // the all-reduce up to half its bandwidth there, the thread racing the waiting caller.)
+  // instead it looks every kDeferredStart and starts a collective that nobody has started
+  // kDeferredStart after it first saw it, so that every collective still starts without a
+  // wait (DDP's first buckets start 0.5-1 ms late at most). Enqueue reads no clock for this:
+  // at 4 KB one reading is 1% of the all-reduce. Starting one itself ends that mode; after
+  // kIdleBeforeSleep without collectives it sleeps until woken. (Waking for collectives of
+  // 1 MiB and more at once was measured too: it cost the all-reduce up to half its bandwidth
+  // there, the thread racing the waiting caller.)
   void Run() {
     t_on_group_thread = true;
     profiler::SetThreadName("ProcessGroupMpi rank " + std::to_string(rank) + " thread");
+    uint64_t front_sequence = 0;   // the first queued collective when this thread first saw it,
+    Clock::time_point front_seen;  // and when
+    uint64_t idle_count = 0;       // issued_count since
+    Clock::time_point idle_since;
     std::unique_lock<std::mutex> lock(mutex);
     while (true) {
       if (running || queue.empty()) {
         if (stop && !running && queue.empty()) return;
         if (callers_run_their_collectives) {
           cv.wait_for(lock, kDeferredStart);
-          if (queue.empty() && Clock::now() - last_issued > kIdleBeforeSleep) {
+          const Clock::time_point now = Clock::now();
+          if (issued_count != idle_count) {
+            idle_count = issued_count;
+            idle_since = now;
+          } else if (queue.empty() && now - idle_since > kIdleBeforeSleep) {
             callers_run_their_collectives = false;
           }
         } else {
@@ -352,24 +475,33 @@ struct ProcessGroupMpi::Impl {
         continue;
       }
       if (callers_run_their_collectives && !stop) {
-        const Clock::time_point due = queue.front().issued + kDeferredStart;
-        if (Clock::now() < due) {
-          cv.wait_until(lock, due);
+        const Clock::time_point now = Clock::now();
+        if (queue.front().sequence != front_sequence) {
+          front_sequence = queue.front().sequence;
+          front_seen = now;
+        }
+        if (now < front_seen + kDeferredStart) {
+          cv.wait_until(lock, front_seen + kDeferredStart);
           continue;
         }
       }
       callers_run_their_collectives = false;  // its issuer has not come for it
-      Op op = std::move(queue.front());
-      queue.pop_front();
-      running = true;
-      const std::string earlier_failure = failure;
-      lock.unlock();
-      Execute(op, earlier_failure);
-      op = Op();  // releases the tensors before the next wait
+      RunFront(lock);
       caller_waits.store(false, std::memory_order_relaxed);
-      lock.lock();
-      running = false;
     }
+  }
+
+  // Takes the first queued collective and runs it on this thread, unlocking `lock` meanwhile.
+  void RunFront(std::unique_lock<std::mutex>& lock) {
+    std::shared_ptr<MpiWork> work = std::move(queue.front().work);
+    queue.pop_front();
+    running = true;
+    const std::string earlier_failure = failure;
+    lock.unlock();
+    Execute(*work, earlier_failure);
+    work.reset();
+    lock.lock();
+    running = false;
   }
 
   // Called by wait() on `target`: when no collective is running, runs the queued ones up to
@@ -382,34 +514,27 @@ struct ProcessGroupMpi::Impl {
     if (running) caller_waits.store(true, std::memory_order_relaxed);
     while (!running && std::any_of(queue.begin(), queue.end(),
                                    [target](const Op& op) { return op.work.get() == target; })) {
-      Op op = std::move(queue.front());
-      queue.pop_front();
-      running = true;
       if (!callers_run_their_collectives) {
         callers_run_their_collectives = true;
         cv.notify_one();  // from an untimed sleep to looking every kDeferredStart
       }
-      const std::string earlier_failure = failure;
-      lock.unlock();
-      Execute(op, earlier_failure);
-      op = Op();
-      lock.lock();
-      running = false;
+      RunFront(lock);
     }
     // The group's thread waits while a collective runs: let it take the later ones.
     if (!queue.empty()) cv.notify_one();
   }
 
-  std::shared_ptr<Work> Enqueue(std::function<std::string()> describe,
-                                std::function<void(const Work&, Clock::time_point)> body) {
-    auto work = std::make_shared<MpiWork>(this, std::move(describe));
+  // Queues a collective: `body(work, deadline)` runs it.
+  template <typename Body>
+  std::shared_ptr<Work> Enqueue(std::function<std::string()> describe, Body body) {
+    std::shared_ptr<MpiWork> work =
+        std::make_shared<MpiWorkWith<Body>>(this, std::move(describe), std::move(body));
     bool wake;
     {
       std::lock_guard<std::mutex> lock(mutex);
       TANDEM_CHECK(failure.empty(), prefix, "cannot run ", work->description(),
                    ": the group failed earlier: ", failure);
-      last_issued = Clock::now();
-      queue.push_back(Op{work, std::move(body), last_issued});
+      queue.push_back(Op{work, ++issued_count});
       wake = !callers_run_their_collectives;
     }
     if (wake) cv.notify_one();
@@ -438,6 +563,7 @@ ProcessGroupMpi::ProcessGroupMpi(ProcessGroupMpiOptions options)
         EnsureMpiInitialized();
         auto impl = std::make_unique<Impl>();
         impl->options = options;
+        impl->eager_piece_bytes = g_eager_piece_bytes;
         MpiCallLock lock;
         int rc = MPI_Comm_dup(MPI_COMM_WORLD, &impl->comm);
         TANDEM_CHECK(rc == MPI_SUCCESS,

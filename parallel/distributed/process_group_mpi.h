@@ -18,15 +18,16 @@
 // collectives one at a time in the order they were issued: on its own thread, or on the
 // thread that waits for one that has not started yet when nothing else is running (the usual
 // issue-then-wait then costs no thread hand-off; while callers do that, the group's thread is
-// not woken for each collective but starts any that nobody waits for within 1 ms). The
+// not woken for each collective but starts any that nobody waits for within 0.5-1 ms). The
 // group's thread polls every 50 us (spinning only while a caller waits for it), so that it
 // keeps collectives moving beside a compute thread without taking half its core. Collectives
 // are MPI's non-blocking calls, polled, so that one that a peer never joins fails after
-// `timeout` instead of hanging. The all-reduce is its own recursive doubling (below 4 KB) or
-// ring over non-blocking point-to-point messages, the algorithms of Open MPI's tuned blocking
-// MPI_Allreduce, since Open MPI's MPI_Iallreduce (libnbc) is several times slower on one
-// machine; every rank gets bit-identical sums. After a timeout the group is unusable: later
-// collectives fail at once, naming the first error.
+// `timeout` instead of hanging. The all-reduce is its own recursive doubling (below 128 KB,
+// its exchanges cut into messages that fit the shared-memory transport's eager limit, all in
+// flight at once) or ring over non-blocking point-to-point messages, the algorithms of Open
+// MPI's tuned blocking MPI_Allreduce, since Open MPI's MPI_Iallreduce (libnbc) is several
+// times slower on one machine; every rank gets bit-identical sums. After a timeout the group
+// is unusable: later collectives fail at once, naming the first error.
 // Tensors larger than MPI's int counts are sent in pieces of at most max_elements_per_call.
 // MPI's errors (MPI_ERRORS_RETURN) become tandem::Error naming the rank, the collective and
 // MPI's message.

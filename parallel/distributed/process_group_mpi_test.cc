@@ -76,12 +76,16 @@ TEST_F(ProcessGroupMpiTest, AllreduceSumAndAverageFloat32OfSeveralSizes) {
   }
 }
 
-// Sizes around the all-reduce's switch from recursive doubling to the ring (4 KB) and past
-// the ring's 512 KB pieces, with blocks that do not divide evenly among the ranks.
+// Sizes around the eager pieces of recursive doubling (about 4 KB: 1,008 floats or 504
+// int64s with Open MPI's defaults; 4 KB as two pieces, 5,000 floats as five uneven ones), its
+// switch to the ring at 128 KB (32,768 floats, 16,384 int64s), and the ring's 512 KB pieces,
+// several of them in flight, with blocks that do not divide evenly among the ranks.
 TEST_F(ProcessGroupMpiTest, AllreduceOfLargeAndOddSizesSumsEveryElement) {
   ProcessGroupMpi& group = Group();
-  for (int64_t n : {int64_t{2}, int64_t{1023}, int64_t{1024}, int64_t{1025}, int64_t{3} << 18,
-                    (int64_t{3} << 18) + 5}) {
+  for (int64_t n :
+       {int64_t{2}, int64_t{503}, int64_t{505}, int64_t{1007}, int64_t{1009}, int64_t{1024},
+        int64_t{1025}, int64_t{5000}, int64_t{16383}, int64_t{16385}, int64_t{32767},
+        int64_t{32768}, int64_t{32769}, int64_t{3} << 18, (int64_t{3} << 18) + 5}) {
     Tensor sum = RankTensor(group.rank(), n);
     group.allreduce(sum)->wait();
     std::vector<float> got = sum.to_vector<float>();
