@@ -26,6 +26,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "examples/cli.h"
@@ -46,7 +47,8 @@ ABSL_FLAG(std::string, devices, "cpu:0",
           "per core");
 ABSL_FLAG(int, threads, 0, "Cores each CPU device may use (0: cores / CPU devices)");
 ABSL_FLAG(int, steps, 50, "Timed steps");
-ABSL_FLAG(int, warmup, 5, "Untimed steps first (caches, allocator, replicas)");
+ABSL_FLAG(int, warmup, 5,
+          "Untimed steps first (caches, allocator, replicas), for 0.2 s at least unless 0");
 ABSL_FLAG(bool, forward_loss, true,
           "Loss inside the replicas (DataParallel::forward_loss); false: gather the outputs");
 ABSL_FLAG(std::string, trace, "",
@@ -143,6 +145,7 @@ class Trainer {
 };
 
 constexpr double kNoLoss = std::numeric_limits<double>::quiet_NaN();
+constexpr double kMinWarmupSeconds = 0.2;
 
 double TimeIt(const std::function<void()>& work) {
   const auto start = Clock::now();
@@ -176,14 +179,23 @@ int Run() {
   std::printf("train_step: %s, batch %d on %s", kind.c_str(), batch,
               examples::DeviceNames(devices, ", ").c_str());
   if (threads > 0) std::printf(" (%d thread%s per CPU device)", threads, threads == 1 ? "" : "s");
+  const std::string warmup_text =
+      warmup > 0 ? absl::StrCat(warmup, " warm-up steps (0.2 s at least)") : "no warm-up";
   std::printf(
-      "\nforward, cross-entropy (%s), backward, SGD momentum 0.9; %d warm-up + %d timed "
-      "steps; %d cores\n",
-      forward_loss ? "inside the replicas" : "on the gathered output", warmup, steps,
+      "\nforward, cross-entropy (%s), backward, SGD momentum 0.9; %s + %d timed steps; %d "
+      "cores\n",
+      forward_loss ? "inside the replicas" : "on the gathered output", warmup_text.c_str(), steps,
       HardwareCores());
   std::fflush(stdout);
 
-  for (int i = 0; i < warmup; ++i) trainer->Step();
+  // Warm-up lasts kMinWarmupSeconds at least: a new process's device workers start on the core of
+  // the thread that woke them, and the kernel moves one to the idle core only after tens of
+  // milliseconds (2-device MLP steps took 3.4-4.7 ms for the first 30-70 ms, then 2.0-2.3).
+  const auto warmup_start = Clock::now();
+  for (int i = 0; i < warmup || (warmup > 0 && SecondsSince(warmup_start) < kMinWarmupSeconds);
+       ++i) {
+    trainer->Step();
+  }
   trainer->ClearPhases();
   const std::string split = absl::StrJoin(trainer->last_split(), "+");
   std::vector<int64_t> in_use;
