@@ -139,6 +139,16 @@ void EnsureMpiInitialized() {
 
 MPI_Datatype MpiType(DType dtype) { return dtype == kFloat32 ? MPI_FLOAT : MPI_INT64_T; }
 
+// data[i] *= factor, in AVX2 lanes where the CPU has them (the same bits either way).
+template <typename T>
+TANDEM_VECTORIZE void ScaleLoop(T* __restrict data, T factor, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) data[i] *= factor;
+}
+template <typename T>
+void Scale(T* data, T factor, int64_t n) {
+  ::tandem::internal::Vectorized([&] { ScaleLoop(data, factor, n); });
+}
+
 std::string Elements(int64_t numel, DType dtype) {
   return internal::Concat(numel, " ", DTypeName(dtype), " elements");
 }
@@ -335,14 +345,15 @@ struct ProcessGroupMpi::Impl {
     }
   }
 
-  // Sums `count` elements at `data` over the ranks in place, over non-blocking point-to-point
-  // messages (see kRingMinBytes): the same algorithms as Open MPI's tuned
-  // blocking MPI_Allreduce, but with a deadline (its non-blocking MPI_Iallreduce is libnbc's,
-  // several times slower on one machine, and moves only when polled). Every rank ends with
-  // bit-identical sums: recursive doubling adds the same two halves on both sides of each
-  // exchange, and the ring has one rank add each block and copy it to the others.
+  // Sums `count` elements at `data` over the ranks in place, times `factor` (1 / size for an
+  // average), over non-blocking point-to-point messages (see kRingMinBytes): the same
+  // algorithms as Open MPI's tuned blocking MPI_Allreduce, but with a deadline (its
+  // non-blocking MPI_Iallreduce is libnbc's, several times slower on one machine, and moves
+  // only when polled). Every rank ends with bit-identical results: recursive doubling adds the
+  // same two halves on both sides of each exchange, and the ring has one rank add and scale
+  // each block and copy it to the others (so the ring scales 1/size of the buffer per rank).
   template <typename T>
-  void AllreduceSum(T* data, int64_t count, Clock::time_point deadline, const Work& work) {
+  void Allreduce(T* data, int64_t count, T factor, Clock::time_point deadline, const Work& work) {
     if (size == 1 || count == 0) return;
     const int64_t bytes = count * static_cast<int64_t>(sizeof(T));
     if ((size & (size - 1)) == 0 && bytes < kRingMinBytes) {
@@ -357,6 +368,7 @@ struct ProcessGroupMpi::Impl {
         Exchange(data, count, peer, received, count, peer, piece, deadline, work);
         ::tandem::internal::AddInto(data, received, count);
       }
+      if (factor != T{1}) Scale(data, factor, count);
       return;
     }
     // Ring: block b is elements [begin(b), begin(b + 1)). In reduce-scatter step s each rank
@@ -400,6 +412,10 @@ struct ProcessGroupMpi::Impl {
         ::tandem::internal::AddInto(data + begin(in) + offset, slots[k & 1],
                                     std::clamp<int64_t>(in_size - offset, 0, piece));
       }
+    }
+    if (factor != T{1}) {
+      const int summed = mod(rank + 1);
+      Scale(data + begin(summed), factor, begin(summed + 1) - begin(summed));
     }
     for (int step = 0; step < size - 1; ++step) {
       const int out = mod(rank + 1 - step);
@@ -610,18 +626,16 @@ std::shared_ptr<Work> ProcessGroupMpi::allreduce(Tensor tensor, ReduceOp op) {
   return impl.Enqueue(describe, [&impl, tensor, op](const Work& work, Clock::time_point deadline) {
     const int64_t n = tensor.numel();
     const int64_t step = impl.options.max_elements_per_call_;
+    // An average is the sum scaled by the rank that finishes each block's sum, in the pass
+    // that has it in cache (a separate pass over the whole result took 0.4 ms at 0.94 MB).
+    const float factor = op == ReduceOp::kAverage ? 1.0f / static_cast<float>(impl.size) : 1.0f;
     for (int64_t offset = 0; offset < n; offset += step) {
       const int64_t count = std::min(step, n - offset);
       if (tensor.dtype() == kFloat32) {
-        impl.AllreduceSum(tensor.data<float>() + offset, count, deadline, work);
+        impl.Allreduce(tensor.data<float>() + offset, count, factor, deadline, work);
       } else {
-        impl.AllreduceSum(tensor.data<int64_t>() + offset, count, deadline, work);
+        impl.Allreduce(tensor.data<int64_t>() + offset, count, int64_t{1}, deadline, work);
       }
-    }
-    if (op == ReduceOp::kAverage) {
-      float* values = tensor.data<float>();
-      const float scale = 1.0f / static_cast<float>(impl.size);
-      for (int64_t i = 0; i < n; ++i) values[i] *= scale;
     }
   });
 }
