@@ -3,36 +3,21 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sched.h>
-#include <sys/wait.h>
 
-#include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <string>
+
+#include "tests/run_program.h"
 
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
 
-struct Result {
-  int exit_code = -1;
-  std::string out, err;
-};
+using ::tandem::testing::LastLine;
+using ::tandem::testing::ProgramResult;
 
-std::string Read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-Result Bench(const std::string& flags) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  const std::string base = std::string(dir != nullptr ? dir : "/tmp") + "/cross_core";
-  const int status = std::system(
-      ("tools/bench/cross_core " + flags + " > " + base + ".out 2> " + base + ".err").c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, Read(base + ".out"), Read(base + ".err")};
+ProgramResult Bench(const std::string& flags) {
+  return ::tandem::testing::RunProgram("tools/bench/cross_core", flags, "cross_core");
 }
 
 // The first two CPUs this process may run on, as "a,b", or "" if it has only one.
@@ -51,19 +36,18 @@ std::string TwoAllowedCpus() {
 TEST(CrossCoreTest, MeasuresAndEndsWithItsJsonLine) {
   const std::string cpus = TwoAllowedCpus();
   if (cpus.empty()) GTEST_SKIP() << "needs two CPUs";
-  const Result r = Bench("--cpus=" + cpus + " --bytes=65536 --rounds=3");
+  const ProgramResult r = Bench("--cpus=" + cpus + " --bytes=65536 --rounds=3");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("has just written"));
-  std::string last = r.out.substr(0, r.out.size() - 1);
-  last = last.substr(last.rfind('\n') + 1);
-  EXPECT_THAT(last, MatchesRegex("\\{\"benchmark\":\"cross_core\",\"cpus\":\\[[0-9]+,[0-9]+\\],"
-                                 "\"bytes\":65536,\"own_us\":[0-9.]+,\"other_core_us\":[0-9.]+,"
-                                 "\"evicted_us\":[0-9.]+\\}"));
+  EXPECT_THAT(LastLine(r.out),
+              MatchesRegex("\\{\"benchmark\":\"cross_core\",\"cpus\":\\[[0-9]+,[0-9]+\\],"
+                           "\"bytes\":65536,\"own_us\":[0-9.]+,\"other_core_us\":[0-9.]+,"
+                           "\"evicted_us\":[0-9.]+\\}"));
 }
 
 TEST(CrossCoreTest, BadFlagsAreOneLineErrors) {
   for (const char* flags : {"--cpus=0,0", "--cpus=0", "--cpus=a,b", "--bytes=10", "--rounds=0"}) {
-    const Result r = Bench(flags);
+    const ProgramResult r = Bench(flags);
     EXPECT_EQ(r.exit_code, 1) << flags;
     EXPECT_THAT(r.err, MatchesRegex("cross_core: [^\n]+\n")) << flags;
   }

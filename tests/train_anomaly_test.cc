@@ -4,13 +4,11 @@
 // lists the flag.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <string>
+
+#include "tests/run_program.h"
 
 namespace tandem {
 namespace {
@@ -24,41 +22,14 @@ constexpr char kCommon[] =
     " --devices=cpu:0,cpu:1 --threads=1 --epochs=1 --batch_size=64 --train_limit=640"
     " --test_limit=300 --workers=1 --seed=7";
 
-std::string TempDir() {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return dir != nullptr ? dir : "/tmp";
-}
+using ::tandem::testing::ProgramResult;
 
-std::string Read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-struct Result {
-  int exit_code = -1;
-  std::string out, err;
-};
-
-Result Train(const std::string& name, const std::string& flags) {
-  const std::string out = TempDir() + "/" + name + ".out", err = TempDir() + "/" + name + ".err";
-  const int status = std::system(("examples/train " + flags + " > " + out + " 2> " + err).c_str());
-  Result r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = Read(out);
-  r.err = Read(err);
-  return r;
-}
-
-std::string JsonLine(const std::string& out) {
-  std::string trimmed = out;
-  while (!trimmed.empty() && trimmed.back() == '\n') trimmed.pop_back();
-  return trimmed.substr(trimmed.rfind('\n') + 1);
+ProgramResult Train(const std::string& name, const std::string& flags) {
+  return ::tandem::testing::RunProgram("examples/train", flags, name);
 }
 
 TEST(TrainAnomalyTest, ADivergingRunStopsAtTheFirstNonFiniteValueNamingTheOp) {
-  const Result r =
+  const ProgramResult r =
       Train("anomaly", std::string(kCommon) + " --lr=1e6 --lr_decay=none --detect_anomaly");
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_THAT(r.out, HasSubstr("Anomaly detection on (--detect_anomaly)"));
@@ -72,12 +43,13 @@ TEST(TrainAnomalyTest, ADivergingRunStopsAtTheFirstNonFiniteValueNamingTheOp) {
 }
 
 TEST(TrainAnomalyTest, AHealthyRunTrainsAsWithoutTheFlag) {
-  const Result plain = Train("plain", kCommon);
-  const Result checked = Train("checked", std::string(kCommon) + " --detect_anomaly");
+  const ProgramResult plain = Train("plain", kCommon);
+  const ProgramResult checked = Train("checked", std::string(kCommon) + " --detect_anomaly");
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
   ASSERT_EQ(checked.exit_code, 0) << checked.err;
   // The same test accuracy and losses: the checks read tensors and change nothing.
-  const std::string a = JsonLine(plain.out), b = JsonLine(checked.out);
+  const std::string a = ::tandem::testing::LastLine(plain.out),
+                    b = ::tandem::testing::LastLine(checked.out);
   auto field = [](const std::string& json, const std::string& key) {
     const size_t at = json.find("\"" + key + "\":");
     return at == std::string::npos ? std::string() : json.substr(at, json.find(',', at) - at);
@@ -87,7 +59,7 @@ TEST(TrainAnomalyTest, AHealthyRunTrainsAsWithoutTheFlag) {
 }
 
 TEST(TrainAnomalyTest, HelpListsTheFlag) {
-  const Result r = Train("help", "--help");
+  const ProgramResult r = Train("help", "--help");
   EXPECT_THAT(r.out + r.err, HasSubstr("-detect_anomaly"));
   EXPECT_THAT(r.out + r.err, HasSubstr("torch.autograd.detect_anomaly"));
 }

@@ -5,18 +5,16 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 
-#include <cstdlib>
+#include <csignal>
 #include <cstring>
-#include <fstream>
 #include <map>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "nn/checkpoint.h"
 #include "tensor/tensor.h"
+#include "tests/run_program.h"
 
 namespace tandem {
 namespace {
@@ -33,44 +31,19 @@ constexpr char kCommon[] =
     " --devices=cpu:0,cpu:1 --threads=1 --epochs=4 --batch_size=64 --train_limit=640"
     " --test_limit=300 --workers=1 --seed=7";
 
-std::string TempDir() {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return dir != nullptr ? dir : "/tmp";
-}
-
-std::string Read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
+using ::tandem::testing::LastLine;
+using ::tandem::testing::ProgramResult;
+using ::tandem::testing::ReadFile;
+using ::tandem::testing::TestTempDir;
 
 bool Exists(const std::string& path) {
   struct stat info;
   return stat(path.c_str(), &info) == 0;
 }
 
-struct Result {
-  int exit_code = -1;  // 128 + signal when killed
-  std::string out, err;
-};
-
 // Runs the trainer with `flags`; its output goes to files named after `name`.
-Result Train(const std::string& name, const std::string& flags) {
-  const std::string out = TempDir() + "/" + name + ".out", err = TempDir() + "/" + name + ".err";
-  const std::string command = "examples/train " + flags + " > " + out + " 2> " + err;
-  const int status = std::system(command.c_str());
-  Result r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  r.out = Read(out);
-  r.err = Read(err);
-  return r;
-}
-
-std::string LastLine(const std::string& text) {
-  std::string trimmed = text;
-  while (!trimmed.empty() && trimmed.back() == '\n') trimmed.pop_back();
-  return trimmed.substr(trimmed.rfind('\n') + 1);
+ProgramResult Train(const std::string& name, const std::string& flags) {
+  return ::tandem::testing::RunProgram("examples/train", flags, name);
 }
 
 // Every tensor in a checkpoint, by name, as raw bytes.
@@ -102,16 +75,16 @@ class TrainResumeTest : public ::testing::Test {
 };
 
 TEST_F(TrainResumeTest, RunKilledInEpochThreeResumesToExactlyTheSameParameters) {
-  const std::string straight = TempDir() + "/straight.ckpt";
-  const std::string resumed = TempDir() + "/resumed.ckpt";
+  const std::string straight = TestTempDir() + "/straight.ckpt";
+  const std::string resumed = TestTempDir() + "/resumed.ckpt";
   std::remove(straight.c_str());
   std::remove(resumed.c_str());
 
-  const Result full = Train("straight", std::string(kCommon) + " --checkpoint=" + straight);
+  const ProgramResult full = Train("straight", std::string(kCommon) + " --checkpoint=" + straight);
   ASSERT_EQ(full.exit_code, 0) << full.err;
   EXPECT_THAT(full.out, Not(HasSubstr("Resuming")));
 
-  const Result killed =
+  const ProgramResult killed =
       Train("killed", std::string(kCommon) + " --checkpoint=" + resumed + " --kill_in_epoch=3");
   ASSERT_EQ(killed.exit_code, 128 + SIGKILL) << killed.out << killed.err;
   EXPECT_THAT(killed.out, HasSubstr("epoch 2/4  train loss"));
@@ -119,7 +92,8 @@ TEST_F(TrainResumeTest, RunKilledInEpochThreeResumesToExactlyTheSameParameters) 
   ASSERT_TRUE(Exists(resumed));
   EXPECT_NE(Contents(resumed), Contents(straight));  // two epochs short
 
-  const Result restarted = Train("restarted", std::string(kCommon) + " --checkpoint=" + resumed);
+  const ProgramResult restarted =
+      Train("restarted", std::string(kCommon) + " --checkpoint=" + resumed);
   ASSERT_EQ(restarted.exit_code, 0) << restarted.err;
   EXPECT_THAT(restarted.out, HasSubstr("Resuming from " + resumed + ": 2 of 4 epochs done"));
   EXPECT_THAT(restarted.out, Not(HasSubstr("epoch 2/4  train loss")));
@@ -145,9 +119,9 @@ TEST_F(TrainResumeTest, RunKilledInEpochThreeResumesToExactlyTheSameParameters) 
 }
 
 TEST_F(TrainResumeTest, WritesCsvPlotSummaryAndAFinalJsonLine) {
-  const std::string csv = TempDir() + "/run.csv", svg = TempDir() + "/run.svg";
-  const Result r = Train("outputs", std::string(kCommon) + " --epochs=2 --log_csv=" + csv +
-                                        " --plot=" + svg + " --noforward_loss");
+  const std::string csv = TestTempDir() + "/run.csv", svg = TestTempDir() + "/run.svg";
+  const ProgramResult r = Train("outputs", std::string(kCommon) + " --epochs=2 --log_csv=" + csv +
+                                               " --plot=" + svg + " --noforward_loss");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("batch 64 split 32+32"));
   EXPECT_THAT(r.out, HasSubstr("loss on the gathered output"));
@@ -162,23 +136,23 @@ TEST_F(TrainResumeTest, WritesCsvPlotSummaryAndAFinalJsonLine) {
   // Not a terminal: plain progress lines, no carriage returns.
   EXPECT_THAT(r.out, Not(HasSubstr("\r")));
 
-  const std::string table = Read(csv);
+  const std::string table = ReadFile(csv);
   EXPECT_THAT(table, StartsWith("epoch,train_loss,test_loss,test_accuracy,seconds,samples_per_s\n"
                                 "1,"));
   EXPECT_THAT(table, HasSubstr("\n2,"));
-  const std::string plot = Read(svg);
+  const std::string plot = ReadFile(svg);
   EXPECT_THAT(plot, HasSubstr("<svg"));
   EXPECT_THAT(plot, HasSubstr("Fashion-MNIST: mlp on cpu:0 + cpu:1, batch 64"));
   EXPECT_EQ(std::count(plot.begin(), plot.end(), '\n') > 20, true);
 }
 
 TEST_F(TrainResumeTest, TraceHoldsTheFirstStepsOfEveryThread) {
-  const std::string path = TempDir() + "/train_trace.json";
-  const Result r = Train("trace", std::string(kCommon) + " --epochs=1 --trace=" + path);
+  const std::string path = TestTempDir() + "/train_trace.json";
+  const ProgramResult r = Train("trace", std::string(kCommon) + " --epochs=1 --trace=" + path);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   // 640 images in batches of 64: the epoch ends before 50 steps, and the trace with it.
   EXPECT_THAT(r.out, HasSubstr("trace of 10 steps: " + path));
-  const std::string trace = Read(path);
+  const std::string trace = ReadFile(path);
   EXPECT_THAT(trace, HasSubstr("\"args\":{\"name\":\"cpu:1 worker\"}"));
   EXPECT_THAT(trace, HasSubstr("\"args\":{\"name\":\"DataLoader worker 0\"}"));
   EXPECT_THAT(trace, HasSubstr("\"name\":\"epoch 1 step 10\""));
@@ -186,16 +160,16 @@ TEST_F(TrainResumeTest, TraceHoldsTheFirstStepsOfEveryThread) {
 }
 
 TEST_F(TrainResumeTest, BatchSmallerThanTheDevicesTrainsAndSaysHowItSplit) {
-  const Result r = Train("small_batch",
-                         "--devices=cpu:0,cpu:1,cpu:2 --threads=1 --epochs=1 --batch_size=2 "
-                         "--train_limit=8 --test_limit=10");
+  const ProgramResult r = Train("small_batch",
+                                "--devices=cpu:0,cpu:1,cpu:2 --threads=1 --epochs=1 --batch_size=2 "
+                                "--train_limit=8 --test_limit=10");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("batch 2 split 1+1 (2 chunks for 3 devices"));
   EXPECT_THAT(r.out, HasSubstr("split 4 x 1+1"));
 }
 
 TEST_F(TrainResumeTest, BadFlagsAreOneLineErrorsWithExitStatusOne) {
-  const std::string mlp_checkpoint = TempDir() + "/for_cnn.ckpt";
+  const std::string mlp_checkpoint = TestTempDir() + "/for_cnn.ckpt";
   std::remove(mlp_checkpoint.c_str());
   ASSERT_EQ(
       Train("mlp", std::string(kCommon) + " --epochs=1 --checkpoint=" + mlp_checkpoint).exit_code,
@@ -219,11 +193,11 @@ TEST_F(TrainResumeTest, BadFlagsAreOneLineErrorsWithExitStatusOne) {
        "--save=/nonexistent-dir/m.ckpt: expected an existing "
        "folder '/nonexistent-dir' but it does not exist"},
       {"--checkpoint=/proc/x/run.ckpt", "--checkpoint=/proc/x/run.ckpt: expected an existing"},
-      {"--log_csv=" + TempDir(), "--log_csv=" + TempDir() + " is a folder"},
+      {"--log_csv=" + TestTempDir(), "--log_csv=" + TestTempDir() + " is a folder"},
       {"--plot=/proc/self/x.svg", "--plot=/proc/self/x.svg: cannot create a file in"},
   };
   for (const auto& [flags, message] : cases) {
-    const Result r = Train("bad", flags);
+    const ProgramResult r = Train("bad", flags);
     EXPECT_EQ(r.exit_code, 1) << flags;
     EXPECT_THAT(r.err, HasSubstr(message)) << flags;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << flags << ": " << r.err;
@@ -235,7 +209,7 @@ TEST_F(TrainResumeTest, BadFlagsAreOneLineErrorsWithExitStatusOne) {
 
 // Defect 5 of issue 14: a bad output path fails at once, before the data is even read.
 TEST_F(TrainResumeTest, UnwritableOutputFailsBeforeTheFirstStep) {
-  const Result r =
+  const ProgramResult r =
       Train("unwritable_save", std::string(kCommon) + " --save=/nonexistent-dir/m.ckpt");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("create it or choose another path"));
@@ -245,7 +219,7 @@ TEST_F(TrainResumeTest, UnwritableOutputFailsBeforeTheFirstStep) {
 // Defect 4 of issue 14: a learning rate that makes training diverge stops it with an error
 // naming the epoch and the step, instead of training on with a NaN loss and exiting 0.
 TEST_F(TrainResumeTest, ANonFiniteLossStopsTrainingNamingTheEpochAndStep) {
-  const Result r = Train("diverge", std::string(kCommon) + " --lr=1e6 --lr_decay=none");
+  const ProgramResult r = Train("diverge", std::string(kCommon) + " --lr=1e6 --lr_decay=none");
   EXPECT_EQ(r.exit_code, 1) << r.out;
   EXPECT_THAT(r.err, StartsWith("train: the training loss became "));
   EXPECT_THAT(r.err, ContainsRegex("became (NaN|-?inf) at epoch 1, step [0-9]+ of 10 "));

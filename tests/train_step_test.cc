@@ -3,45 +3,25 @@
 // one-line errors. (Its figures are measurements, never checked here.)
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <string>
+
+#include "tests/run_program.h"
 
 namespace {
 
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
 
-struct Result {
-  int exit_code = -1;
-  std::string out, err;
-};
+using ::tandem::testing::LastLine;
+using ::tandem::testing::ProgramResult;
 
-std::string Read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-Result Bench(const std::string& flags) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  const std::string base = std::string(dir != nullptr ? dir : "/tmp") + "/train_step";
-  const int status = std::system(
-      ("tools/bench/train_step " + flags + " > " + base + ".out 2> " + base + ".err").c_str());
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, Read(base + ".out"), Read(base + ".err")};
-}
-
-std::string LastLine(std::string text) {
-  while (!text.empty() && text.back() == '\n') text.pop_back();
-  return text.substr(text.rfind('\n') + 1);
+ProgramResult Bench(const std::string& flags) {
+  return ::tandem::testing::RunProgram("tools/bench/train_step", flags, "train_step");
 }
 
 TEST(TrainStepTest, OneDeviceEndsWithItsJsonLine) {
-  const Result r = Bench(
+  const ProgramResult r = Bench(
       "--model=mlp --batch_size=32 --devices=cpu:0 --threads=1 --steps=3 "
       "--warmup=1");
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -55,7 +35,7 @@ TEST(TrainStepTest, OneDeviceEndsWithItsJsonLine) {
 }
 
 TEST(TrainStepTest, TwoDevicesCompareWithOneAndWithAParallelLoop) {
-  const Result r = Bench(
+  const ProgramResult r = Bench(
       "--model=mlp --batch_size=33 --devices=cpu:0,cpu:1 --threads=1 "
       "--steps=2 --warmup=1 --noforward_loss");
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -67,15 +47,14 @@ TEST(TrainStepTest, TwoDevicesCompareWithOneAndWithAParallelLoop) {
 }
 
 TEST(TrainStepTest, TraceShowsTheReplicasAndBackwardOnEachDevicesThread) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  const std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/train_step_trace.json";
-  const Result r = Bench(
+  const std::string path = ::tandem::testing::TestTempDir() + "/train_step_trace.json";
+  const ProgramResult r = Bench(
       "--model=mlp --batch_size=32 --devices=cpu:0,cpu:1 --threads=1 --steps=2 --warmup=1 "
       "--nocompare --trace=" +
       path);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("trace of 2 steps: " + path));  // the 2 timed steps
-  const std::string trace = Read(path);
+  const std::string trace = ::tandem::testing::ReadFile(path);
   EXPECT_THAT(trace, HasSubstr("\"args\":{\"name\":\"main\"}"));
   EXPECT_THAT(trace, HasSubstr("\"args\":{\"name\":\"cpu:1 worker\"}"));
   EXPECT_THAT(trace, HasSubstr("\"name\":\"replica 1 on cpu:1\""));
@@ -83,14 +62,14 @@ TEST(TrainStepTest, TraceShowsTheReplicasAndBackwardOnEachDevicesThread) {
   EXPECT_THAT(trace, HasSubstr("\"name\":\"SGD.step\""));
   EXPECT_THAT(trace, HasSubstr("\"name\":\"step 1\""));
 
-  const Result bad = Bench("--steps=1 --warmup=0 --trace=/nonexistent/dir/trace.json");
+  const ProgramResult bad = Bench("--steps=1 --warmup=0 --trace=/nonexistent/dir/trace.json");
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_THAT(bad.err, HasSubstr("--trace"));
 }
 
 TEST(TrainStepTest, BadFlagsAreOneLineErrors) {
   for (const char* flags : {"--model=vgg", "--steps=0", "--devices=cpu:0,cpu:0", "--devices=tpu"}) {
-    const Result r = Bench(flags);
+    const ProgramResult r = Bench(flags);
     EXPECT_EQ(r.exit_code, 1) << flags;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << flags << ": " << r.err;
   }
