@@ -231,7 +231,7 @@ struct ProcessGroupMpi::Impl {
   int size = 1;
   ProcessGroupMpiOptions options;
   std::string prefix;             // "ProcessGroupMpi rank 0 of 2: "
-  int64_t eager_piece_bytes = 0;  // see EagerPieceBytes()
+  int64_t eager_piece_bytes = 0;  // see ReadEagerPieceBytes()
 
   std::mutex mutex;  // guards what follows, to `thread`
   std::condition_variable cv;
