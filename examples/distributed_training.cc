@@ -255,7 +255,10 @@ int Train() {
     const std::string label = absl::StrFormat(
         "epoch %*d/%d", static_cast<int>(std::to_string(epochs).size()), epoch, epochs);
     std::unique_ptr<ProgressBar> bar;
-    if (lead) bar = std::make_unique<ProgressBar>(stdout, label, steps);
+    // Plain lines, never a redrawn bar: Open MPI gives every rank's standard output a
+    // pseudo-terminal, whether mpirun's own output is a terminal, a file or a pipe, so the
+    // rank cannot tell, and a redrawn bar would fill a log with carriage returns.
+    if (lead) bar = std::make_unique<ProgressBar>(stdout, label, steps, /*interactive=*/0);
     group->barrier()->wait();  // every rank starts the clock together
     const auto epoch_start = Clock::now();
     double loss_sum = 0;

@@ -21,6 +21,11 @@ if grep -q '^\[1,1\]<stdout>:.*"model"' <<<"$out"; then
   echo "FAIL: rank 1 printed the JSON line too"; exit 1
 fi
 grep -q '"ranks":2' <<<"$json" || { echo "FAIL: expected \"ranks\":2 in $json"; exit 1; }
+# Progress comes as plain lines (a rank's output is a pseudo-terminal even when mpirun's goes
+# to a pipe, as here): no carriage returns of a redrawn bar.
+if grep -q $'\r' <<<"$out"; then echo "FAIL: the progress bar redraws into a pipe"; exit 1; fi
+grep -q '^\[1,0\]<stdout>:epoch 1/2 \[' <<<"$out" ||
+  { echo "FAIL: rank 0 printed no progress line"; exit 1; }
 grep -q '"epochs":2' <<<"$json" || { echo "FAIL: expected \"epochs\":2 in $json"; exit 1; }
 accuracy="$(sed 's/.*"test_accuracy":\([0-9.]*\).*/\1/' <<<"$json")"
 # Chance is 0.10; two short epochs on 2048 images reach about 0.6.
