@@ -78,8 +78,6 @@ int64_t ReadEagerPieceBytes() {
   return std::max<int64_t>(limit - kHeaderBytes, 256);
 }
 
-int64_t g_eager_piece_bytes = 0;  // ReadEagerPieceBytes(), once MPI is initialised
-
 // Initialises MPI once per process (see the header); later calls only read the result.
 void EnsureMpiInitialized() {
   static std::once_flag once;
@@ -109,7 +107,6 @@ void EnsureMpiInitialized() {
                                 "...) or let ProcessGroupMpi do it"
                               : "; use an MPI library built with thread support"));
     g_lock_mpi_calls = provided < MPI_THREAD_MULTIPLE;
-    g_eager_piece_bytes = ReadEagerPieceBytes();
   });
 }
 
@@ -557,7 +554,7 @@ ProcessGroupMpi::ProcessGroupMpi(ProcessGroupMpiOptions options)
         EnsureMpiInitialized();
         auto impl = std::make_unique<Impl>();
         impl->options = options;
-        impl->eager_piece_bytes = g_eager_piece_bytes;
+        impl->eager_piece_bytes = ReadEagerPieceBytes();
         MpiCallLock lock;
         int rc = MPI_Comm_dup(MPI_COMM_WORLD, &impl->comm);
         TANDEM_CHECK(rc == MPI_SUCCESS,
