@@ -203,13 +203,10 @@ int Run() {
       epochs, absl::GetFlag(FLAGS_train_limit));
   const std::string settings = state.settings;
   bool resumed = false;
+  std::string generator_note;
   if (!checkpoint.empty()) {
     resumed = examples::LoadTrainerCheckpoint(checkpoint, *model, *optimizer.optimizer, &state);
-    if (resumed) {
-      for (const auto& [device, generator] : state.generators) {
-        default_generator(device).set_state(generator);
-      }
-    }
+    if (resumed) generator_note = examples::RestoreGenerators(state, devices, seed);
   }
 
   const std::string root = absl::GetFlag(FLAGS_data_dir);
@@ -259,6 +256,7 @@ int Run() {
           "an uninterrupted run exactly\n",
           state.settings.c_str(), settings.c_str());
     }
+    std::printf("%s", generator_note.c_str());
   }
   if (absl::GetFlag(FLAGS_detect_anomaly)) {
     // Every op that records autograd and every backward node, in every replica, from the
@@ -370,6 +368,14 @@ int Run() {
                 static_cast<long long>(e.epoch), e.train_loss, e.test_loss, 100.0 * e.test_accuracy,
                 e.seconds, e.samples_per_s);
   }
+  // A warning, not an error (exit status 0): the run did what it was asked; the flags did not
+  // let it learn.
+  const bool at_chance =
+      examples::AtChanceLevel(final_accuracy, test_set->size(), data::FashionMnist::kNumClasses);
+  std::printf("%s",
+              examples::ChanceLevelWarning(final_accuracy, test_set->size(),
+                                           data::FashionMnist::kNumClasses, optimizer_kind, lr)
+                  .c_str());
   std::printf("Peak memory per device during this run's training (allocator statistics):\n");
   for (size_t i = 0; i < devices.size(); ++i) {
     const MemoryStats stats = GetMemoryStats(devices[i]);
@@ -393,9 +399,11 @@ int Run() {
   for (Device d : devices) quoted.push_back("\"" + d.ToString() + "\"");
   std::printf(
       "{\"model\":\"%s\",\"devices\":[%s],\"epochs\":%zu,\"batch_size\":%d,"
-      "\"test_accuracy\":%.4f,\"train_seconds\":%.1f,\"samples_per_s\":%.1f}\n",
+      "\"test_accuracy\":%.4f,\"train_seconds\":%.1f,\"samples_per_s\":%.1f,"
+      "\"at_chance_level\":%s}\n",
       model_kind.c_str(), absl::StrJoin(quoted, ",").c_str(), state.history.size(), batch_size,
-      final_accuracy, train_seconds, train_seconds > 0 ? total_samples / train_seconds : 0.0);
+      final_accuracy, train_seconds, train_seconds > 0 ? total_samples / train_seconds : 0.0,
+      at_chance ? "true" : "false");
   return 0;
 }
 
