@@ -332,21 +332,32 @@ std::string RestoreGenerators(const TrainerState& state, const std::vector<Devic
   return note;
 }
 
-bool AtChanceLevel(double accuracy, int64_t test_images, int64_t classes) {
-  if (test_images <= 0 || classes < 2) return false;
-  const double chance = 1.0 / static_cast<double>(classes);
+double ChanceLevel(int64_t classes, double majority_share) {
+  return std::max(classes > 0 ? 1.0 / static_cast<double>(classes) : 0.0, majority_share);
+}
+
+bool AtChanceLevel(double accuracy, double chance, int64_t test_images) {
+  if (test_images <= 0 || !(chance > 0 && chance < 1)) return false;
   const double spread = std::sqrt(chance * (1 - chance) / static_cast<double>(test_images));
   return accuracy <= chance + 3 * spread;
 }
 
-std::string ChanceLevelWarning(double accuracy, int64_t test_images, int64_t classes,
-                               const std::string& optimizer, double lr) {
-  if (!AtChanceLevel(accuracy, test_images, classes)) return "";
+std::string ChanceLevelWarning(double accuracy, int64_t classes, double majority_share,
+                               int64_t test_images, const std::string& optimizer, double lr) {
+  const double guessing = 1.0 / static_cast<double>(classes);
+  if (!AtChanceLevel(accuracy, ChanceLevel(classes, majority_share), test_images)) return "";
+  const std::string most_common =
+      majority_share > guessing
+          ? absl::StrFormat(
+                ", %.2f%% by always answering the most common class of these %d "
+                "test images",
+                100.0 * majority_share, test_images)
+          : "";
   return absl::StrFormat(
       "warning: the final test accuracy (%.2f%%) is at chance level for %d classes (%.2f%% by "
-      "guessing): the model did not learn. Look at --lr (now %g; 0.05 suits sgd, 0.001 adam) "
+      "guessing%s): the model did not learn. Look at --lr (now %g; 0.05 suits sgd, 0.001 adam) "
       "and --optimizer (now %s)\n",
-      100.0 * accuracy, classes, 100.0 / static_cast<double>(classes), lr, optimizer);
+      100.0 * accuracy, classes, 100.0 * guessing, most_common, lr, optimizer);
 }
 
 std::string EpochsCsv(const std::vector<EpochStats>& history) {

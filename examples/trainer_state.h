@@ -56,17 +56,20 @@ std::string EpochsChart(const std::vector<EpochStats>& history, const std::strin
 void WriteEpochLogs(const std::vector<EpochStats>& history, const std::string& csv_path,
                     const std::string& plot_path, const std::string& title);
 
-// Whether a final test accuracy of `accuracy` on `test_images` images of `classes` balanced
-// classes is at chance level: no more than guessing (1 / classes) plus three standard
-// deviations of a guesser's accuracy on that many images (10.9% on 10,000 Fashion-MNIST test
-// images, 19% on 100). False without test images.
-bool AtChanceLevel(double accuracy, int64_t test_images, int64_t classes);
+// Chance level: what a model that learned nothing scores on the test set, the larger of
+// guessing (1 / classes) and always answering the test set's most common class (its share,
+// `majority_share`; 0 if unknown). A final test accuracy is at chance level when it is no more
+// than that plus three standard deviations of such a guesser's accuracy on `test_images`
+// images (10.9% on Fashion-MNIST's 10,000 balanced test images, 19% on 100). False without
+// test images.
+double ChanceLevel(int64_t classes, double majority_share);
+bool AtChanceLevel(double accuracy, double chance, int64_t test_images);
 
 // The summary's warning for a run whose final accuracy is at chance level: what was found and
-// the flags to look at (--lr, now `lr`; --optimizer, now `optimizer`), one line ending in
-// "\n"; "" for a run that learned.
-std::string ChanceLevelWarning(double accuracy, int64_t test_images, int64_t classes,
-                               const std::string& optimizer, double lr);
+// the flags to look at (--lr, now `lr`; --optimizer, now `optimizer`), one line ending in a
+// newline; "" for a run that learned.
+std::string ChanceLevelWarning(double accuracy, int64_t classes, double majority_share,
+                               int64_t test_images, const std::string& optimizer, double lr);
 
 // Writes the checkpoint (atomically: the previous file stays whole if this fails).
 void SaveTrainerCheckpoint(const std::string& path, const nn::Module& model,
