@@ -237,7 +237,7 @@ TEST_F(TrainResumeTest, ARunAtChanceLevelSaysSoAndNamesTheFlags) {
   const ProgramResult r = Train("chance",
                                 " --devices=cpu:0,cpu:1 --threads=1 --epochs=3 --batch_size=64 "
                                 "--train_limit=6400 --test_limit=1000 --workers=1 --seed=7 "
-                                "--optimizer=adam --lr=100 --lr_decay=none"));
+                                "--optimizer=adam --lr=100 --lr_decay=none");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, ContainsRegex("warning: the final test accuracy \\([0-9.]+%\\) is at chance "
                                    "level for 10 classes \\(10.00% by guessing"));
