@@ -231,6 +231,41 @@ TEST_F(TrainResumeTest, ANonFiniteLossStopsTrainingNamingTheEpochAndStep) {
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
 }
 
+// Issue 21, item 8: a checkpoint whose random state does not match the run that saved it
+// (trainer.generator.cpu:0 renamed or missing) is refused, naming the file and the entry,
+// instead of resuming inexactly without a word.
+TEST_F(TrainResumeTest, ACheckpointWithARenamedOrMissingGeneratorIsRefused) {
+  const std::string path = TestTempDir() + "/generator.ckpt";
+  std::remove(path.c_str());
+  const std::string flags = std::string(kCommon) + " --epochs=2 --checkpoint=" + path;
+  ASSERT_EQ(
+      Train("generator_saved", std::string(kCommon) + " --epochs=1 --checkpoint=" + path).exit_code,
+      0);
+  const std::vector<nn::CheckpointEntry> good = nn::ReadCheckpoint(path);
+  for (const std::string renamed : {"trainer.generator.cpu:7", "trainer.generator.cuda:0", ""}) {
+    std::vector<nn::CheckpointEntry> entries;
+    for (nn::CheckpointEntry e : good) {
+      if (e.name == "trainer.generator.cpu:0") {
+        if (renamed.empty()) continue;  // removed
+        e.name = renamed;
+      }
+      entries.push_back(e);
+    }
+    nn::WriteCheckpoint(entries, path);
+    const ProgramResult r = Train("generator_altered", flags);
+    EXPECT_EQ(r.exit_code, 1) << renamed << ": " << r.out;
+    EXPECT_THAT(r.err, HasSubstr("train: checkpoint '" + path + "': entry '" +
+                                 (renamed.empty() ? "trainer.generator.cpu:0" : renamed) + "' "))
+        << renamed;
+    EXPECT_THAT(r.err, HasSubstr(renamed.empty() ? "is missing"
+                                                 : "is not for a device of the run "
+                                                   "that saved it"))
+        << renamed;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_THAT(r.out, Not(HasSubstr("Resuming")));
+  }
+}
+
 // Issue 21, item 9: a run that does not learn ends with exit status 0 (it did what it was
 // asked) but says in the summary that its accuracy stayed at chance level, naming the flags.
 TEST_F(TrainResumeTest, ARunAtChanceLevelSaysSoAndNamesTheFlags) {
