@@ -116,7 +116,7 @@ std::vector<Device> SettingsDevices(const std::string& settings, const std::stri
       if (!StartsWith(word, key)) continue;
       try {
         return Device::ParseList(word.substr(key.size()));
-      } catch (const Error& e) {
+      } catch (const Error&) {
         TANDEM_FAIL("checkpoint '", path, "': entry 'trainer.settings' names devices '",
                     word.substr(key.size()), "' that are not a device list", kFix);
       }
