@@ -81,7 +81,7 @@ void SaveTrainerCheckpoint(const std::string& path, const nn::Module& model,
 // call), one whose tensors do not fit the model, or one whose trainer entries are not what
 // this trainer writes (a trainer.generator.<device> missing, extra or renamed against the
 // devices in trainer.settings, a history row with a NaN or negative loss or an accuracy
-// outside 0..1, an entry of the wrong dtype or shape, text with codes outside 1..255, an
+// outside 0..1, an entry of the wrong dtype or shape, text that is not byte codes, an
 // unknown trainer.* entry) throws a one-line tandem::Error naming the file and the entry,
 // saying what was found and what to do; nothing is changed then.
 bool LoadTrainerCheckpoint(const std::string& path, nn::Module& model, nn::Optimizer& optimizer,
