@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
-#include <fstream>
 #include <set>
 
 #include "absl/flags/parse.h"
@@ -119,19 +118,6 @@ int RunMain(int argc, char** argv, const char* program, const char* usage,
     std::fprintf(stderr, "%s: %s\n", program, OneLine(e.what()).c_str());
     return 1;
   }
-}
-
-void WriteFileAtomically(const std::string& path, const std::string& text, const char* what) {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.close();
-    Require(out.good(), what, ": cannot write '", temporary,
-            "'; check that the folder exists and is writable");
-  }
-  Require(std::rename(temporary.c_str(), path.c_str()) == 0, what, ": cannot rename '", temporary,
-          "' to '", path, "'");
 }
 
 }  // namespace tandem::examples

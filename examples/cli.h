@@ -54,10 +54,6 @@ int ConfigureCpuDevices(const std::vector<Device>& devices, int threads);
 // work whose result goes to `path`.
 void RequireWritableFile(const std::string& flag, const std::string& path);
 
-// Writes `text` to `path` through a temporary file renamed over it, so that a reader (or a
-// crash) never sees half a file. Throws UsageError naming `what` (the flag) on failure.
-void WriteFileAtomically(const std::string& path, const std::string& text, const char* what);
-
 // "cpu:0, cpu:1" (with `separator` between the names).
 std::string DeviceNames(const std::vector<Device>& devices, const std::string& separator);
 

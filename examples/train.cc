@@ -125,6 +125,7 @@ std::vector<Device> ResolveDevices() {
 
 struct EvalResult {
   double loss = 0, accuracy = 0;
+  double majority_share = 0;  // of the most common class among the test targets
 };
 
 // Loss and accuracy on the test set, data-parallel, in evaluation mode without a graph.
@@ -133,7 +134,11 @@ EvalResult Evaluate(parallel::DataParallel& dp, data::DataLoader& test_loader) {
   dp.eval();
   double loss_sum = 0;
   int64_t correct = 0, total = 0;
+  std::map<int64_t, int64_t> per_class;
   for (data::Batch& batch : test_loader) {
+    for (int64_t label : batch.target().to(Device::Cpu(0)).to_vector<int64_t>()) {
+      ++per_class[label];
+    }
     Tensor logits = dp.forward(batch.data());
     const Tensor target = batch.target().to(logits.device());
     const int64_t n = target.size(0);
@@ -143,7 +148,10 @@ EvalResult Evaluate(parallel::DataParallel& dp, data::DataLoader& test_loader) {
   }
   dp.train();
   if (total == 0) return {};
-  return {loss_sum / total, static_cast<double>(correct) / total};
+  int64_t most = 0;
+  for (const auto& [label, count] : per_class) most = std::max(most, count);
+  return {loss_sum / total, static_cast<double>(correct) / total,
+          static_cast<double>(most) / total};
 }
 
 int Run() {
@@ -203,13 +211,10 @@ int Run() {
       epochs, absl::GetFlag(FLAGS_train_limit));
   const std::string settings = state.settings;
   bool resumed = false;
+  std::string generator_note;
   if (!checkpoint.empty()) {
     resumed = examples::LoadTrainerCheckpoint(checkpoint, *model, *optimizer.optimizer, &state);
-    if (resumed) {
-      for (const auto& [device, generator] : state.generators) {
-        default_generator(device).set_state(generator);
-      }
-    }
+    if (resumed) generator_note = examples::RestoreGenerators(state, devices, seed);
   }
 
   const std::string root = absl::GetFlag(FLAGS_data_dir);
@@ -259,6 +264,7 @@ int Run() {
           "an uninterrupted run exactly\n",
           state.settings.c_str(), settings.c_str());
     }
+    std::printf("%s", generator_note.c_str());
   }
   if (absl::GetFlag(FLAGS_detect_anomaly)) {
     // Every op that records autograd and every backward node, in every replica, from the
@@ -275,6 +281,7 @@ int Run() {
     in_use_before.push_back(GetMemoryStats(d).in_use_bytes);
   }
   const int64_t steps = train_loader.size();
+  double majority_share = 0;  // of the test set, known once an epoch was evaluated
   const int kill_in_epoch = absl::GetFlag(FLAGS_kill_in_epoch);
   examples::StepTrace trace(absl::GetFlag(FLAGS_trace), 50);
   for (int epoch = static_cast<int>(state.epochs_done) + 1; epoch <= epochs; ++epoch) {
@@ -327,6 +334,7 @@ int Run() {
     const double seconds = SecondsSince(epoch_start);
     bar.Finish();
     const EvalResult test = Evaluate(*dp, test_loader);
+    majority_share = test.majority_share;
     state.history.push_back(
         {epoch, loss_sum / seen, test.loss, test.accuracy, seconds, seen / seconds});
     std::vector<std::string> split_text;
@@ -370,6 +378,14 @@ int Run() {
                 static_cast<long long>(e.epoch), e.train_loss, e.test_loss, 100.0 * e.test_accuracy,
                 e.seconds, e.samples_per_s);
   }
+  // A warning, not an error (exit status 0): the run did what it was asked; the flags did not
+  // let it learn.
+  const int64_t classes = data::FashionMnist::kNumClasses;
+  const bool at_chance = examples::AtChanceLevel(
+      final_accuracy, examples::ChanceLevel(classes, majority_share), test_set->size());
+  std::printf("%s", examples::ChanceLevelWarning(final_accuracy, classes, majority_share,
+                                                 test_set->size(), optimizer_kind, lr)
+                        .c_str());
   std::printf("Peak memory per device during this run's training (allocator statistics):\n");
   for (size_t i = 0; i < devices.size(); ++i) {
     const MemoryStats stats = GetMemoryStats(devices[i]);
@@ -393,9 +409,11 @@ int Run() {
   for (Device d : devices) quoted.push_back("\"" + d.ToString() + "\"");
   std::printf(
       "{\"model\":\"%s\",\"devices\":[%s],\"epochs\":%zu,\"batch_size\":%d,"
-      "\"test_accuracy\":%.4f,\"train_seconds\":%.1f,\"samples_per_s\":%.1f}\n",
+      "\"test_accuracy\":%.4f,\"train_seconds\":%.1f,\"samples_per_s\":%.1f,"
+      "\"at_chance_level\":%s}\n",
       model_kind.c_str(), absl::StrJoin(quoted, ",").c_str(), state.history.size(), batch_size,
-      final_accuracy, train_seconds, train_seconds > 0 ? total_samples / train_seconds : 0.0);
+      final_accuracy, train_seconds, train_seconds > 0 ? total_samples / train_seconds : 0.0,
+      at_chance ? "true" : "false");
   return 0;
 }
 

@@ -2,13 +2,19 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
+#include <sstream>
 
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "examples/cli.h"
 #include "examples/svg_plot.h"
 #include "nn/checkpoint.h"
+#include "tensor/atomic_file.h"
 #include "tensor/error.h"
 
 namespace tandem::examples {
@@ -27,20 +33,16 @@ bool StartsWith(const std::string& s, const std::string& prefix) {
   return s.compare(0, prefix.size(), prefix) == 0;
 }
 
-// Text and doubles ride in int64 tensors (the file format holds float32 and int64).
+// Text and doubles ride in int64 tensors (the file format holds float32 and int64): text as
+// one byte code (1 to 255) per element.
 Tensor TextTensor(const std::string& text) {
-  std::vector<int64_t> codes(text.begin(), text.end());
+  std::vector<int64_t> codes;
+  for (unsigned char c : text) codes.push_back(c);
   return from_vector(codes, {static_cast<int64_t>(codes.size())});
 }
 
 std::vector<int64_t> Int64s(const Tensor& t) {
   return t.to(Device::Cpu(0)).reshape({t.numel()}).to_vector<int64_t>();
-}
-
-std::string TextOf(const Tensor& t) {
-  std::string text;
-  for (int64_t c : Int64s(t)) text.push_back(static_cast<char>(c));
-  return text;
 }
 
 int64_t Bits(double v) {
@@ -53,6 +55,75 @@ double FromBits(int64_t bits) {
   double v;
   std::memcpy(&v, &bits, sizeof v);
   return v;
+}
+
+// How every refusal of a damaged or altered file ends.
+constexpr char kFix[] =
+    "; the file was not written by this trainer or was altered: delete it or pass another "
+    "--checkpoint path";
+
+// The trainer's own entries of one file, checked as they are read: each error names the
+// file and the entry.
+class TrainerEntries {
+ public:
+  TrainerEntries(std::string path, std::map<std::string, Tensor> entries)
+      : path_(std::move(path)), entries_(std::move(entries)) {}
+
+  const std::map<std::string, Tensor>& all() const { return entries_; }
+
+  // Entry `name` as int64 values, of rank `rank` with `columns` columns when rank is 2.
+  std::vector<int64_t> Values(const std::string& name, int64_t rank, int64_t columns = 0) const {
+    const Tensor& t = entries_.at(name);
+    TANDEM_CHECK(t.dtype() == kInt64, "checkpoint '", path_, "': entry '", name, "' is ",
+                 DTypeName(t.dtype()), " but this trainer stores it as int64", kFix);
+    TANDEM_CHECK(t.dim() == rank && (rank != 2 || t.size(1) == columns), "checkpoint '", path_,
+                 "': entry '", name, "' has shape ", ShapeToString(t.shape()), " but expected ",
+                 rank == 1 ? "a vector" : "a matrix of " + std::to_string(columns) + " columns",
+                 kFix);
+    return Int64s(t);
+  }
+
+  // Entry `name` as text: byte codes 1 to 255 (-128 to -1 in files of earlier versions,
+  // which stored signed chars).
+  std::string Text(const std::string& name) const {
+    std::string text;
+    const std::vector<int64_t> codes = Values(name, 1);
+    for (size_t i = 0; i < codes.size(); ++i) {
+      const int64_t c = codes[i];
+      TANDEM_CHECK(c != 0 && c >= -128 && c <= 255, "checkpoint '", path_, "': entry '", name,
+                   "' holds character code ", c, " at position ", i,
+                   "; expected text (byte codes 1 to 255)", kFix);
+      text.push_back(static_cast<char>(c));
+    }
+    return text;
+  }
+
+  [[noreturn]] void Fail(const std::string& name, const std::string& what) const {
+    TANDEM_FAIL("checkpoint '", path_, "': entry '", name, "' ", what, kFix);
+  }
+
+ private:
+  std::string path_;
+  std::map<std::string, Tensor> entries_;
+};
+
+// The devices the run that wrote `settings` trained on: its "devices=a,b" (DataParallel) or
+// "device=a" (one rank of --distributed).
+std::vector<Device> SettingsDevices(const std::string& settings, const std::string& path) {
+  std::istringstream words(settings);
+  for (std::string word; words >> word;) {
+    for (const std::string key : {"devices=", "device="}) {
+      if (!StartsWith(word, key)) continue;
+      try {
+        return Device::ParseList(word.substr(key.size()));
+      } catch (const Error&) {
+        TANDEM_FAIL("checkpoint '", path, "': entry 'trainer.settings' names devices '",
+                    word.substr(key.size()), "' that are not a device list", kFix);
+      }
+    }
+  }
+  TANDEM_FAIL("checkpoint '", path, "': entry 'trainer.settings' ('", settings,
+              "') names no devices; expected devices=... as this trainer writes", kFix);
 }
 
 }  // namespace
@@ -106,40 +177,97 @@ bool LoadTrainerCheckpoint(const std::string& path, nn::Module& model, nn::Optim
       trainer[e.name] = e.value;
     }
   }
-  TANDEM_CHECK(trainer.count(kConfig) && trainer.count(kProgress) && trainer.count(kHistory), "'",
-               path,
-               "' is not a checkpoint of this trainer (it lacks trainer.config, "
-               "trainer.progress or trainer.history); pass another --checkpoint path");
-  const std::string config = TextOf(trainer[kConfig]);
+  std::vector<std::string> missing;
+  for (const char* name : {kConfig, kSettings, kProgress, kHistory}) {
+    if (!trainer.count(name)) missing.push_back(name);
+  }
+  TANDEM_CHECK(missing.empty(), "'", path, "' is not a checkpoint of this trainer (it lacks ",
+               absl::StrJoin(missing, ", "), "); pass another --checkpoint path");
+  for (const auto& [name, value] : trainer) {
+    TANDEM_CHECK(name == kConfig || name == kSettings || name == kProgress || name == kHistory ||
+                     StartsWith(name, kGenerator),
+                 "checkpoint '", path, "' holds an entry '", name,
+                 "' that this trainer does not write; expected model.*, optimizer.*, ", kConfig,
+                 ", ", kSettings, ", ", kProgress, ", ", kHistory, " and ", kGenerator, "<device>",
+                 kFix);
+  }
+  const TrainerEntries entries(path, std::move(trainer));
+  const std::string config = entries.Text(kConfig);
   TANDEM_CHECK(config == state->config, "checkpoint '", path, "' was saved by a run with ", config,
                " but this run has ", state->config,
                "; pass the same flags to resume it, or another --checkpoint path to start afresh");
-  const std::vector<int64_t> progress = Int64s(trainer[kProgress]);
-  TANDEM_CHECK(progress.size() == 2 && progress[0] >= 1 && progress[1] >= 0, "checkpoint '", path,
-               "' has a malformed trainer.progress; delete it or pass another --checkpoint path");
-  const Tensor& history_tensor = trainer[kHistory];
-  TANDEM_CHECK(history_tensor.dim() == 2 && history_tensor.size(1) == kHistoryColumns &&
-                   history_tensor.size(0) == progress[0],
-               "checkpoint '", path, "' has a malformed trainer.history (",
-               ShapeToString(history_tensor.shape()), " for ", progress[0],
-               " epochs); delete it or pass another --checkpoint path");
+  const std::string settings = entries.Text(kSettings);
+  const std::vector<int64_t> progress = entries.Values(kProgress, 1);
+  if (progress.size() != 2 || progress[0] < 1 || progress[1] < 0) {
+    entries.Fail(kProgress, "holds " + absl::StrJoin(progress, ", ") +
+                                "; expected 2 values: the epochs done (at least 1) and the "
+                                "sampler's epoch (at least 0)");
+  }
+  const std::vector<int64_t> bits = entries.Values(kHistory, 2, kHistoryColumns);
+  if (static_cast<int64_t>(bits.size()) / kHistoryColumns != progress[0]) {
+    entries.Fail(kHistory, "has " + std::to_string(bits.size() / kHistoryColumns) + " rows for " +
+                               std::to_string(progress[0]) +
+                               " epochs done (trainer.progress); expected one row per epoch");
+  }
   // Column 0 holds epoch numbers 1, 2, ... as doubles: anything else (NaN, 1e300) is refused
   // here, before the cast to int64 below (undefined behaviour; found by fuzz/checkpoint_fuzzer).
-  const std::vector<int64_t> bits = Int64s(history_tensor);
+  // The other columns are what a finished epoch measured: finite, not negative, an accuracy
+  // of at most 1 (the trainer stops at a non-finite loss, so it never saves one).
+  static const char* const kColumns[kHistoryColumns] = {
+      "epoch", "train_loss", "test_loss", "test_accuracy", "seconds", "samples_per_s"};
   for (int64_t i = 0; i < progress[0]; ++i) {
     const double epoch = FromBits(bits[i * kHistoryColumns]);
-    TANDEM_CHECK(epoch == static_cast<double>(i + 1), "checkpoint '", path,
-                 "' has a malformed trainer.history (row ", i, " is for epoch ", epoch,
-                 ", expected ", i + 1, "); delete it or pass another --checkpoint path");
+    if (epoch != static_cast<double>(i + 1)) {
+      entries.Fail(kHistory, absl::StrFormat("is malformed: row %d is for epoch %g, expected %d", i,
+                                             epoch, i + 1));
+    }
+    for (int64_t column = 1; column < kHistoryColumns; ++column) {
+      const double v = FromBits(bits[i * kHistoryColumns + column]);
+      const double high = column == 3 ? 1.0 : std::numeric_limits<double>::max();
+      if (!(v >= 0 && v <= high)) {
+        entries.Fail(kHistory,
+                     absl::StrFormat("is malformed: row %d (epoch %d) has %s %g, expected a "
+                                     "finite number %s",
+                                     i, i + 1, kColumns[column], v,
+                                     column == 3 ? "from 0 to 1" : "of at least 0"));
+      }
+    }
   }
+  // One generator per device of the run that saved the file, named as Device::ToString
+  // writes it: a missing, extra or renamed one would make the resume silently inexact.
+  const std::vector<Device> saved_devices = SettingsDevices(settings, path);
   std::vector<std::pair<Device, GeneratorState>> generators;
-  for (const auto& [name, value] : trainer) {
+  for (const auto& [name, value] : entries.all()) {
     if (!StartsWith(name, kGenerator)) continue;
-    const std::vector<int64_t> v = Int64s(value);
-    TANDEM_CHECK(v.size() == 2, "checkpoint '", path, "' has a malformed ", name);
+    const std::string device_name = name.substr(sizeof kGenerator - 1);
+    Device device = Device::Cpu(0);
+    try {
+      device = Device::Parse(device_name);
+    } catch (const Error& e) {
+      entries.Fail(name, "is not named after a device (" + examples::OneLine(e.what()) + ")");
+    }
+    if (device.ToString() != device_name ||
+        std::find(saved_devices.begin(), saved_devices.end(), device) == saved_devices.end()) {
+      entries.Fail(name, "is not for a device of the run that saved it (trainer.settings: " +
+                             settings + ")");
+    }
+    const std::vector<int64_t> v = entries.Values(name, 1);
+    if (v.size() != 2) {
+      entries.Fail(name, "holds " + std::to_string(v.size()) +
+                             " values; expected 2 (a generator's seed and offset)");
+    }
     generators.push_back(
-        {Device::Parse(name.substr(sizeof kGenerator - 1)),
-         GeneratorState{static_cast<uint64_t>(v[0]), static_cast<uint64_t>(v[1])}});
+        {device, GeneratorState{static_cast<uint64_t>(v[0]), static_cast<uint64_t>(v[1])}});
+  }
+  for (Device d : saved_devices) {
+    const bool found = std::any_of(generators.begin(), generators.end(),
+                                   [&](const auto& g) { return g.first == d; });
+    if (!found) {
+      entries.Fail(kGenerator + d.ToString(),
+                   "is missing, but the run that saved the file trained on " + d.ToString() +
+                       " (trainer.settings: " + settings +
+                       ") and a resume needs its random state to repeat that run exactly");
+    }
   }
   // The optimizer and the model check their entries before changing anything; the optimizer
   // goes first and is put back if the model refuses, so a mismatch leaves both as they were.
@@ -157,7 +285,7 @@ bool LoadTrainerCheckpoint(const std::string& path, nn::Module& model, nn::Optim
     for (char& c : message) c = c == '\n' ? ';' : c;
     TANDEM_FAIL("checkpoint '", path, "' does not fit this model and optimizer: ", message);
   }
-  state->settings = trainer.count(kSettings) ? TextOf(trainer[kSettings]) : "";
+  state->settings = settings;
   state->epochs_done = progress[0];
   state->sampler_epoch = progress[1];
   state->generators = std::move(generators);
@@ -169,6 +297,67 @@ bool LoadTrainerCheckpoint(const std::string& path, nn::Module& model, nn::Optim
                               FromBits(row[5])});
   }
   return true;
+}
+
+std::string RestoreGenerators(const TrainerState& state, const std::vector<Device>& devices,
+                              uint64_t seed) {
+  std::vector<std::string> fresh, unused;
+  for (Device d : devices) {
+    auto it = std::find_if(state.generators.begin(), state.generators.end(),
+                           [&](const auto& g) { return g.first == d; });
+    if (it == state.generators.end()) {
+      fresh.push_back(d.ToString());
+    } else {
+      default_generator(d).set_state(it->second);
+    }
+  }
+  for (const auto& [device, generator] : state.generators) {
+    if (std::find(devices.begin(), devices.end(), device) == devices.end()) {
+      unused.push_back(device.ToString());
+    }
+  }
+  std::string note;
+  if (!fresh.empty()) {
+    note += absl::StrFormat(
+        "note: the checkpoint holds no random state for %s (it was saved by a run on other "
+        "devices): %s random generator%s start%s afresh from --seed=%d\n",
+        absl::StrJoin(fresh, ", "), fresh.size() == 1 ? "its" : "their",
+        fresh.size() == 1 ? "" : "s", fresh.size() == 1 ? "s" : "", seed);
+  }
+  if (!unused.empty()) {
+    note += absl::StrFormat(
+        "note: the checkpoint's random state for %s is not used (not a device of this run)\n",
+        absl::StrJoin(unused, ", "));
+  }
+  return note;
+}
+
+double ChanceLevel(int64_t classes, double majority_share) {
+  return std::max(classes > 0 ? 1.0 / static_cast<double>(classes) : 0.0, majority_share);
+}
+
+bool AtChanceLevel(double accuracy, double chance, int64_t test_images) {
+  if (test_images <= 0 || !(chance > 0 && chance < 1)) return false;
+  const double spread = std::sqrt(chance * (1 - chance) / static_cast<double>(test_images));
+  return accuracy <= chance + 3 * spread;
+}
+
+std::string ChanceLevelWarning(double accuracy, int64_t classes, double majority_share,
+                               int64_t test_images, const std::string& optimizer, double lr) {
+  const double guessing = 1.0 / static_cast<double>(classes);
+  if (!AtChanceLevel(accuracy, ChanceLevel(classes, majority_share), test_images)) return "";
+  const std::string most_common =
+      majority_share > guessing
+          ? absl::StrFormat(
+                ", %.2f%% by always answering the most common class of these %d "
+                "test images",
+                100.0 * majority_share, test_images)
+          : "";
+  return absl::StrFormat(
+      "warning: the final test accuracy (%.2f%%) is at chance level for %d classes (%.2f%% by "
+      "guessing%s): the model did not learn. Look at --lr (now %g; 0.05 suits sgd, 0.001 adam) "
+      "and --optimizer (now %s)\n",
+      100.0 * accuracy, classes, 100.0 * guessing, most_common, lr, optimizer);
 }
 
 std::string EpochsCsv(const std::vector<EpochStats>& history) {
@@ -197,8 +386,9 @@ std::string EpochsChart(const std::vector<EpochStats>& history, const std::strin
 
 void WriteEpochLogs(const std::vector<EpochStats>& history, const std::string& csv_path,
                     const std::string& plot_path, const std::string& title) {
-  if (!csv_path.empty()) WriteFileAtomically(csv_path, EpochsCsv(history), "--log_csv");
-  if (!plot_path.empty()) WriteFileAtomically(plot_path, EpochsChart(history, title), "--plot");
+  if (!csv_path.empty()) WriteFileAtomically(csv_path, EpochsCsv(history), "--log_csv file");
+  if (!plot_path.empty())
+    WriteFileAtomically(plot_path, EpochsChart(history, title), "--plot file");
 }
 
 }  // namespace tandem::examples

@@ -56,6 +56,21 @@ std::string EpochsChart(const std::vector<EpochStats>& history, const std::strin
 void WriteEpochLogs(const std::vector<EpochStats>& history, const std::string& csv_path,
                     const std::string& plot_path, const std::string& title);
 
+// Chance level: what a model that learned nothing scores on the test set, the larger of
+// guessing (1 / classes) and always answering the test set's most common class (its share,
+// `majority_share`; 0 if unknown). A final test accuracy is at chance level when it is no more
+// than that plus three standard deviations of such a guesser's accuracy on `test_images`
+// images (10.9% on Fashion-MNIST's 10,000 balanced test images, 19% on 100). False without
+// test images.
+double ChanceLevel(int64_t classes, double majority_share);
+bool AtChanceLevel(double accuracy, double chance, int64_t test_images);
+
+// The summary's warning for a run whose final accuracy is at chance level: what was found and
+// the flags to look at (--lr, now `lr`; --optimizer, now `optimizer`), one line ending in a
+// newline; "" for a run that learned.
+std::string ChanceLevelWarning(double accuracy, int64_t classes, double majority_share,
+                               int64_t test_images, const std::string& optimizer, double lr);
+
 // Writes the checkpoint (atomically: the previous file stays whole if this fails).
 void SaveTrainerCheckpoint(const std::string& path, const nn::Module& model,
                            const nn::Optimizer& optimizer, const TrainerState& state);
@@ -63,10 +78,22 @@ void SaveTrainerCheckpoint(const std::string& path, const nn::Module& model,
 // Returns false, changing nothing, when `path` does not exist. Otherwise loads it into
 // `model`, `optimizer` and `*state` — after checking all of it: a corrupted file, a
 // checkpoint of another configuration (state->config must be set to this run's before the
-// call), or one whose tensors do not fit the model throws a one-line tandem::Error saying
-// what was found and what to do.
+// call), one whose tensors do not fit the model, or one whose trainer entries are not what
+// this trainer writes (a trainer.generator.<device> missing, extra or renamed against the
+// devices in trainer.settings, a history row with a NaN or negative loss or an accuracy
+// outside 0..1, an entry of the wrong dtype or shape, text that is not byte codes, an
+// unknown trainer.* entry) throws a one-line tandem::Error naming the file and the entry,
+// saying what was found and what to do; nothing is changed then.
 bool LoadTrainerCheckpoint(const std::string& path, nn::Module& model, nn::Optimizer& optimizer,
                            TrainerState* state);
+
+// After a load: sets the default generator of each of `devices` (this run's) to its saved
+// state. A resume on other devices than the saved run's is still right but not exact: the
+// returned note (one "note: ..." line each, "" when there is nothing to say) names the
+// devices whose generators had no saved state and start afresh from `seed`, and the saved
+// states that are not used.
+std::string RestoreGenerators(const TrainerState& state, const std::vector<Device>& devices,
+                              uint64_t seed);
 
 }  // namespace tandem::examples
 

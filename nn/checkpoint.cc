@@ -1,21 +1,18 @@
 #include "nn/checkpoint.h"
 
-#include <dirent.h>
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <map>
-#include <random>
 #include <sstream>
 
+#include "tensor/atomic_file.h"
 #include "tensor/autograd.h"
 #include "tensor/backend.h"  // kMaxDims
 
@@ -96,142 +93,6 @@ std::vector<uint8_t> Serialize(const std::vector<CheckpointEntry>& entries) {
 }
 
 std::string ErrnoText() { return std::strerror(errno); }
-
-std::string DirectoryOf(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-std::string BaseName(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
-// The file a save to `path` replaces: `path` itself or, when it is a symbolic link, the file
-// its chain of links ends at (which need not exist yet), so that saving through a link
-// replaces the link's target and keeps the link.
-std::string FollowLinks(const std::string& path) {
-  std::string current = path;
-  for (int hops = 0; hops < 40; ++hops) {
-    struct stat info;
-    if (lstat(current.c_str(), &info) != 0 || !S_ISLNK(info.st_mode)) return current;
-    std::vector<char> target(PATH_MAX + 1);
-    const ssize_t n = readlink(current.c_str(), target.data(), PATH_MAX);
-    TANDEM_CHECK(n >= 0, "cannot save checkpoint '", path, "': reading the symbolic link '",
-                 current, "' failed: ", ErrnoText());
-    const std::string next(target.data(), static_cast<size_t>(n));
-    current = next[0] == '/' ? next : DirectoryOf(current) + "/" + next;
-  }
-  TANDEM_FAIL("cannot save checkpoint '", path,
-              "': it is a chain of more than 40 symbolic links (a loop?); expected a link to a "
-              "file; fix the links or save to another path");
-}
-
-// Removes the temporaries that earlier saves to `path` left behind when they were killed:
-// files named "<path>.tmp.XXXXXX" (six characters), regular, ours, and not locked. A save in
-// progress holds a lock on its temporary file for as long as it runs (the kernel drops it
-// when the process dies), so the temporaries of live saves, in this process or another, are
-// never touched. `own` names this save's temporary file.
-void RemoveStaleTemporaries(const std::string& path, const std::string& own) {
-  const std::string dir = DirectoryOf(path);
-  const std::string prefix = BaseName(path) + ".tmp.";
-  DIR* listing = opendir(dir.c_str());
-  if (listing == nullptr) return;
-  while (const dirent* entry = readdir(listing)) {
-    const std::string name = entry->d_name;
-    if (name.size() != prefix.size() + 6 || name.compare(0, prefix.size(), prefix) != 0 ||
-        name == BaseName(own)) {
-      continue;
-    }
-    const std::string file = dir + "/" + name;
-    const int fd = open(file.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0) continue;
-    struct stat opened, named;
-    if (fstat(fd, &opened) == 0 && S_ISREG(opened.st_mode) && opened.st_uid == geteuid() &&
-        flock(fd, LOCK_EX | LOCK_NB) == 0 && lstat(file.c_str(), &named) == 0 &&
-        named.st_dev == opened.st_dev && named.st_ino == opened.st_ino) {
-      unlink(file.c_str());
-    }
-    close(fd);
-  }
-  closedir(listing);
-}
-
-// Creates and locks (flock) a new temporary file "<path>.tmp.XXXXXX" with `mode` (less the
-// umask); returns its descriptor and sets `temp`, or returns -1 with errno set.
-int CreateTemporary(const std::string& path, mode_t mode, std::string* temp) {
-  static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
-  std::random_device seed;
-  std::mt19937_64 random((static_cast<uint64_t>(seed()) << 32) ^ seed() ^ getpid());
-  for (int attempt = 0; attempt < 1000; ++attempt) {
-    *temp = path + ".tmp.";
-    for (int i = 0; i < 6; ++i) temp->push_back(kChars[random() % (sizeof(kChars) - 1)]);
-    const int fd = open(temp->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
-    if (fd < 0) {
-      if (errno == EEXIST) continue;
-      return -1;
-    }
-    // Another save's clean-up may have removed the file between open() and flock(): then
-    // it is no longer in the folder and this try starts again.
-    struct stat info;
-    if (flock(fd, LOCK_EX) == 0 && fstat(fd, &info) == 0 && info.st_nlink > 0) return fd;
-    close(fd);
-  }
-  errno = EEXIST;
-  return -1;
-}
-
-// Writes `bytes` to `path` atomically: temporary file in the same directory, fsync,
-// rename, fsync of the directory. On failure the temporary file is removed and `path` is
-// untouched. A symbolic link is followed (its target is replaced); an existing file's mode
-// is kept, and a new file gets 0666 less the umask, as open() and PyTorch's torch.save do.
-void WriteFileAtomically(const std::vector<uint8_t>& bytes, const std::string& requested) {
-  const std::string path = FollowLinks(requested);
-  struct stat old;
-  const bool replacing = stat(path.c_str(), &old) == 0 && S_ISREG(old.st_mode);
-  std::string temp;
-  const int fd = CreateTemporary(path, replacing ? (old.st_mode & 0777) : 0666, &temp);
-  TANDEM_CHECK(fd >= 0, "cannot save checkpoint '", requested, "': creating a temporary file in '",
-               DirectoryOf(path), "' failed: ", ErrnoText());
-  RemoveStaleTemporaries(path, temp);
-  auto fail = [&](const std::string& what) {
-    const std::string reason = ErrnoText();
-    close(fd);
-    unlink(temp.c_str());
-    TANDEM_FAIL("cannot save checkpoint '", requested, "': ", what, " '", temp,
-                "' failed: ", reason, "; the previous file, if any, is unchanged");
-  };
-  size_t written = 0;
-  while (written < bytes.size()) {
-    const ssize_t n = write(fd, bytes.data() + written, bytes.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) fail("writing");
-    written += static_cast<size_t>(n);
-  }
-  if (replacing && fchmod(fd, old.st_mode & 07777) != 0) fail("setting permissions of");
-  if (fsync(fd) != 0) fail("flushing");
-  if (close(fd) != 0) {
-    const std::string reason = ErrnoText();
-    unlink(temp.c_str());
-    TANDEM_FAIL("cannot save checkpoint '", requested, "': closing '", temp, "' failed: ", reason);
-  }
-  if (rename(temp.c_str(), path.c_str()) != 0) {
-    const std::string reason = ErrnoText();
-    unlink(temp.c_str());
-    TANDEM_FAIL("cannot save checkpoint '", requested,
-                "': renaming the temporary file over it "
-                "failed: ",
-                reason, "; the previous file, if any, is unchanged");
-  }
-  // Make the rename itself durable. A failure here does not undo a complete save.
-  const int dir = open(DirectoryOf(path).c_str(), O_RDONLY | O_DIRECTORY);
-  if (dir >= 0) {
-    fsync(dir);
-    close(dir);
-  }
-}
 
 // ---- Reading ---------------------------------------------------------------------------
 
@@ -369,7 +230,8 @@ CheckpointEntry ParseRecordBody(const uint8_t* data, size_t size, const std::str
 
 void WriteCheckpoint(const std::vector<CheckpointEntry>& entries, const std::string& path) {
   // Everything is read from the devices before the file is touched.
-  WriteFileAtomically(Serialize(entries), path);
+  const std::vector<uint8_t> bytes = Serialize(entries);
+  WriteFileAtomically(path, bytes.data(), bytes.size(), "checkpoint");
 }
 
 std::vector<CheckpointEntry> ReadCheckpoint(const std::string& path, uint64_t max_bytes) {

@@ -4,12 +4,12 @@
 //   nn::SaveCheckpoint(*model, "/tmp/mlp.ckpt");
 //   nn::LoadCheckpoint(*model, "/tmp/mlp.ckpt");   // same architecture, any device
 //
-// Saving writes a temporary file next to the target, fsyncs it and renames it over the
-// target, so a failed or interrupted save leaves the previous file as it was; the
-// temporary files of earlier saves to the same path that were killed part-way are removed
-// (a live save locks its own, so it is never taken). Saving through a symbolic link
-// replaces the link's target and keeps the link; the file keeps its mode, and a new one gets
-// 0666 less the umask. Loading
+// Saving writes the file atomically (tensor/atomic_file.h: a temporary file next to the
+// target, fsynced and renamed over it), so a failed or interrupted save leaves the previous
+// file as it was and says why (e.g. "No space left on device"); the temporary files of
+// earlier saves to the same path that were killed part-way are removed. Saving through a
+// symbolic link replaces the link's target and keeps the link; the file keeps its mode, and a
+// new one gets 0666 less the umask. Loading
 // reads and verifies the whole file and checks it against the module before changing
 // anything: a truncated or corrupted file, or one whose names, shapes or dtypes do not
 // match the module, is refused with an error saying what is wrong, and the module is left

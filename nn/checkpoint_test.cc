@@ -253,7 +253,7 @@ TEST_F(CheckpointTest, AFailedSaveLeavesThePreviousFileInPlace) {
   setrlimit(RLIMIT_FSIZE, &saved_limit);
   std::signal(SIGXFSZ, old_handler);
 
-  EXPECT_THAT(error, HasSubstr("cannot save checkpoint '" + path + "': writing"));
+  EXPECT_THAT(error, HasSubstr("cannot write checkpoint '" + path + "': writing"));
   EXPECT_THAT(error, HasSubstr("the previous file, if any, is unchanged"));
   EXPECT_EQ(ReadBytes(path), good);
   EXPECT_EQ(Files(), std::vector<std::string>{"net.ckpt"});

@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <mutex>
 #include <thread>
 
+#include "tensor/atomic_file.h"
 #include "tensor/error.h"
 
 namespace tandem::profiler {
@@ -220,13 +220,7 @@ std::string ChromeTraceJson(const Trace& trace) {
 }
 
 void WriteChromeTrace(const Trace& trace, const std::string& path) {
-  std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  TANDEM_CHECK(file.good(), "profiler::WriteChromeTrace: cannot open '", path,
-               "' for writing; check that its directory exists and is writable");
-  file << ChromeTraceJson(trace);
-  file.close();
-  TANDEM_CHECK(!file.fail(), "profiler::WriteChromeTrace: writing '", path,
-               "' failed (disk full?)");
+  WriteFileAtomically(path, ChromeTraceJson(trace), "Chrome trace");
 }
 
 }  // namespace tandem::profiler

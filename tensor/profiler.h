@@ -54,7 +54,8 @@ Trace Stop();
 bool IsEnabled();
 
 // Writes `trace` as Chrome trace JSON (complete events plus thread names) to `path`,
-// replacing it; throws tandem::Error naming the path if it cannot be written.
+// replacing it atomically (tensor/atomic_file.h); throws tandem::Error naming the path and
+// the system's reason if it cannot be written, leaving the previous file as it was.
 void WriteChromeTrace(const Trace& trace, const std::string& path);
 // The same JSON as a string.
 std::string ChromeTraceJson(const Trace& trace);

@@ -132,7 +132,8 @@ TEST(ProfilerTest, TheChromeTraceIsJsonWithEveryEventAndThreadName) {
   read << file.rdbuf();
   EXPECT_EQ(read.str(), json);
   EXPECT_THAT(testing::ErrorOf([&] { WriteChromeTrace(trace, "/nonexistent/dir/trace.json"); }),
-              HasSubstr("cannot open '/nonexistent/dir/trace.json' for writing"));
+              HasSubstr("cannot write Chrome trace '/nonexistent/dir/trace.json': creating a "
+                        "temporary file in '/nonexistent/dir' failed: No such file or directory"));
 }
 
 }  // namespace

@@ -2,11 +2,18 @@
 // checkpoint of a whole run.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
+#include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -15,6 +22,7 @@
 #include "examples/trainer_state.h"
 #include "nn/checkpoint.h"
 #include "nn/nn.h"
+#include "tensor/profiler.h"
 #include "tensor/tensor.h"
 
 namespace tandem::examples {
@@ -37,6 +45,25 @@ std::string ErrorOf(F f) {
     return e.what();
   }
   return "(no error)";
+}
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The names in `dir`, sorted, each followed by a space.
+std::string Listing(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    names.push_back(entry.path().filename().string());
+  }
+  std::sort(names.begin(), names.end());
+  std::string out;
+  for (const std::string& name : names) out += name + " ";
+  return out;
 }
 
 int Count(const std::string& text, const std::string& what) {
@@ -150,6 +177,19 @@ class TrainerStateTest : public ::testing::Test {
  protected:
   void SetUp() override { SetCpuDeviceCount(2); }
 
+  // What the trainer saves after two epochs on cpu:0 and cpu:1.
+  static TrainerState SavedState() {
+    TrainerState state;
+    state.config = "model=tiny optimizer=sgd";
+    state.settings = "devices=cpu:0,cpu:1 batch_size=4 seed=3";
+    state.epochs_done = 2;
+    state.sampler_epoch = 2;
+    state.generators = {{Device::Cpu(0), GeneratorState{3, 40}},
+                        {Device::Cpu(1), GeneratorState{3, 80}}};
+    state.history = {{1, 0.5, 0.45, 0.85, 1.0, 10.0}, {2, 0.4, 0.41, 0.86, 1.0, 10.0}};
+    return state;
+  }
+
   // A small model with one SGD step taken, so the optimizer has state.
   static void Train(nn::Sequential& model, nn::Optimizer& optimizer) {
     Tensor x = randn({4, 3});
@@ -206,6 +246,8 @@ TEST_F(TrainerStateTest, MissingFileLoadsNothingAndMismatchesAreRefusedWholesale
   state.config = "model=tiny optimizer=sgd";
   EXPECT_FALSE(LoadTrainerCheckpoint(TempPath("does-not-exist.ckpt"), model, sgd, &state));
   Train(model, sgd);
+  state.settings = "devices=cpu:0";
+  state.generators = {{Device::Cpu(0), GeneratorState{3, 4}}};
   state.epochs_done = 1;
   state.history = {{1, 0.5, 0.45, 0.85, 1.0, 10.0}};
   const std::string path = TempPath("mismatch.ckpt");
@@ -248,10 +290,7 @@ TEST_F(TrainerStateTest, AHistoryWithImpossibleEpochNumbersIsRefusedBeforeLoadin
   manual_seed(3);
   nn::Sequential model(nn::Linear(3, 4), nn::ReLU(), nn::Linear(4, 2));
   nn::SGD sgd(model.parameters(), nn::SGDOptions(0.1).momentum(0.9));
-  TrainerState state;
-  state.config = "model=tiny optimizer=sgd";
-  state.epochs_done = 2;
-  state.history = {{1, 0.5, 0.45, 0.85, 1.0, 10.0}, {2, 0.4, 0.41, 0.86, 1.0, 10.0}};
+  TrainerState state = SavedState();
   const std::string path = TempPath("history.ckpt");
   for (const double epoch : {3.2e178, std::nan(""), 1.5, 1.0}) {
     SaveTrainerCheckpoint(path, model, sgd, state);
@@ -270,11 +309,317 @@ TEST_F(TrainerStateTest, AHistoryWithImpossibleEpochNumbersIsRefusedBeforeLoadin
     TrainerState loaded;
     loaded.config = state.config;
     EXPECT_THAT(ErrorOf([&] { LoadTrainerCheckpoint(path, other, other_sgd, &loaded); }),
-                HasSubstr("has a malformed trainer.history (row 1 is for epoch "))
+                HasSubstr("entry 'trainer.history' is malformed: row 1 is for epoch "))
         << epoch;
     EXPECT_EQ(other.named_parameters()[0].value.to_vector<float>(), before);
     EXPECT_EQ(loaded.epochs_done, 0);
   }
+}
+
+// Issue 21, item 8: a saved checkpoint altered by `edit` (its entries, as the file holds them)
+// is refused with an error naming the file and the entry; nothing is loaded.
+class AlteredCheckpointTest : public TrainerStateTest {
+ protected:
+  using Entries = std::vector<nn::CheckpointEntry>;
+
+  std::string LoadAltered(const std::function<void(Entries&)>& edit) {
+    manual_seed(3);
+    nn::Sequential model(nn::Linear(3, 4), nn::ReLU(), nn::Linear(4, 2));
+    nn::SGD sgd(model.parameters(), nn::SGDOptions(0.1).momentum(0.9));
+    Train(model, sgd);
+    SaveTrainerCheckpoint(path_, model, sgd, SavedState());
+    Entries entries = nn::ReadCheckpoint(path_);
+    edit(entries);
+    nn::WriteCheckpoint(entries, path_);
+
+    nn::Sequential other(nn::Linear(3, 4), nn::ReLU(), nn::Linear(4, 2));
+    nn::SGD other_sgd(other.parameters(), nn::SGDOptions(0.1).momentum(0.9));
+    const std::vector<float> before = other.named_parameters()[0].value.to_vector<float>();
+    TrainerState loaded;
+    loaded.config = SavedState().config;
+    const std::string error =
+        ErrorOf([&] { LoadTrainerCheckpoint(path_, other, other_sgd, &loaded); });
+    EXPECT_EQ(other.named_parameters()[0].value.to_vector<float>(), before);
+    EXPECT_EQ(loaded.epochs_done, 0);
+    EXPECT_THAT(error, HasSubstr("'" + path_ + "'"));
+    EXPECT_THAT(error, Not(HasSubstr("\n")));
+    return error;
+  }
+
+  static void Rename(Entries& entries, const std::string& from, const std::string& to) {
+    for (nn::CheckpointEntry& e : entries) {
+      if (e.name == from) e.name = to;
+    }
+  }
+  static void Remove(Entries& entries, const std::string& name) {
+    entries.erase(std::remove_if(entries.begin(), entries.end(),
+                                 [&](const nn::CheckpointEntry& e) { return e.name == name; }),
+                  entries.end());
+  }
+  static nn::CheckpointEntry& Find(Entries& entries, const std::string& name) {
+    for (nn::CheckpointEntry& e : entries) {
+      if (e.name == name) return e;
+    }
+    throw std::runtime_error("no entry " + name);
+  }
+  // Sets history row `row`, column `column` (stored bit for bit in an int64 tensor).
+  static void SetHistory(Entries& entries, int row, int column, double value) {
+    nn::CheckpointEntry& e = Find(entries, "trainer.history");
+    std::vector<int64_t> bits = e.value.to_vector<int64_t>();
+    std::memcpy(&bits[row * 6 + column], &value, sizeof value);
+    e.value = from_vector(bits, e.value.shape());
+  }
+
+  const std::string path_ = TempPath("altered.ckpt");
+};
+
+TEST_F(AlteredCheckpointTest, AMissingRenamedOrExtraGeneratorIsRefused) {
+  const std::string fix = "delete it or pass another --checkpoint path";
+  std::string error = LoadAltered([](Entries& e) { Remove(e, "trainer.generator.cpu:0"); });
+  EXPECT_THAT(error, HasSubstr("entry 'trainer.generator.cpu:0' is missing, but the run that "
+                               "saved the file trained on cpu:0 (trainer.settings: "
+                               "devices=cpu:0,cpu:1 batch_size=4 seed=3)"));
+  EXPECT_THAT(error, HasSubstr(fix));
+  for (const std::string renamed : {"cpu:7", "cpu:5000", "cuda:0", "cpu"}) {
+    error = LoadAltered(
+        [&](Entries& e) { Rename(e, "trainer.generator.cpu:0", "trainer.generator." + renamed); });
+    EXPECT_THAT(error, HasSubstr("entry 'trainer.generator." + renamed +
+                                 "' is not for a device of the run that saved it "
+                                 "(trainer.settings: devices=cpu:0,cpu:1"))
+        << renamed;
+    EXPECT_THAT(error, HasSubstr(fix)) << renamed;
+  }
+  error = LoadAltered(
+      [](Entries& e) { Rename(e, "trainer.generator.cpu:0", "trainer.generator.gpu"); });
+  EXPECT_THAT(error, HasSubstr("entry 'trainer.generator.gpu' is not named after a device "
+                               "(invalid device 'gpu'"));
+  error = LoadAltered([](Entries& e) {
+    e.push_back({"trainer.generator.cpu:2", true, from_vector(std::vector<int64_t>{3, 1}, {2})});
+  });
+  EXPECT_THAT(error, HasSubstr("entry 'trainer.generator.cpu:2' is not for a device of the run"));
+  error = LoadAltered([](Entries& e) {
+    Find(e, "trainer.generator.cpu:1").value = from_vector(std::vector<int64_t>{3, 1, 4}, {3});
+  });
+  EXPECT_THAT(error, HasSubstr("entry 'trainer.generator.cpu:1' holds 3 values; expected 2"));
+  error = LoadAltered([](Entries& e) {
+    e.push_back({"trainer.extra", true, from_vector(std::vector<int64_t>{1}, {1})});
+  });
+  EXPECT_THAT(error, HasSubstr("holds an entry 'trainer.extra' that this trainer does not write"));
+  error = LoadAltered([](Entries& e) { Remove(e, "trainer.settings"); });
+  EXPECT_THAT(error, HasSubstr("is not a checkpoint of this trainer (it lacks trainer.settings)"));
+}
+
+TEST_F(AlteredCheckpointTest, HistoryRowsWithANanLossOrAnImpossibleAccuracyAreRefused) {
+  struct Case {
+    int column;
+    double value;
+    const char* message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {1, std::nan(""),
+            "row 1 (epoch 2) has train_loss nan, expected a finite number of "
+            "at least 0"},
+           {2, -0.5, "row 1 (epoch 2) has test_loss -0.5"},
+           {3, -5, "row 1 (epoch 2) has test_accuracy -5, expected a finite number from 0 to 1"},
+           {3, 1.5, "has test_accuracy 1.5"},
+           {4, HUGE_VAL, "has seconds inf"},
+           {5, -HUGE_VAL, "has samples_per_s -inf"},
+       }) {
+    const std::string error = LoadAltered([&](Entries& e) { SetHistory(e, 1, c.column, c.value); });
+    EXPECT_THAT(error, HasSubstr("entry 'trainer.history' is malformed: row 1 (epoch 2) has "))
+        << c.value;
+    EXPECT_THAT(error, HasSubstr(c.message)) << c.value;
+  }
+}
+
+TEST_F(AlteredCheckpointTest, EntriesOfTheWrongDtypeOrShapeAreRefusedByName) {
+  std::string error = LoadAltered([](Entries& e) {
+    Find(e, "trainer.progress").value = from_vector(std::vector<float>{2, 2}, {2});
+  });
+  EXPECT_THAT(error, HasSubstr("entry 'trainer.progress' is float32 but this trainer stores it "
+                               "as int64"));
+  EXPECT_THAT(error, Not(HasSubstr("to_vector")));
+  error = LoadAltered([](Entries& e) {
+    Find(e, "trainer.generator.cpu:1").value = from_vector(std::vector<float>{3, 1}, {2});
+  });
+  EXPECT_THAT(error, HasSubstr("entry 'trainer.generator.cpu:1' is float32"));
+  error = LoadAltered([](Entries& e) {
+    Find(e, "trainer.progress").value = from_vector(std::vector<int64_t>{2, 2}, {1, 2});
+  });
+  EXPECT_THAT(error, HasSubstr("entry 'trainer.progress' has shape [1, 2] but expected a vector"));
+  error = LoadAltered([](Entries& e) {
+    Find(e, "trainer.progress").value = from_vector(std::vector<int64_t>{0, 2}, {2});
+  });
+  EXPECT_THAT(error, HasSubstr("entry 'trainer.progress' holds 0, 2; expected 2 values: the "
+                               "epochs done (at least 1)"));
+  error = LoadAltered([](Entries& e) {
+    Find(e, "trainer.history").value = zeros({2, 6});  // float32
+  });
+  EXPECT_THAT(error, HasSubstr("entry 'trainer.history' is float32"));
+}
+
+TEST_F(AlteredCheckpointTest, TextWithOutOfRangeCharacterCodesIsRefusedWholly) {
+  for (const int64_t code : {int64_t{1} << 40, int64_t{0}, int64_t{256}, int64_t{-129}}) {
+    const std::string error = LoadAltered([&](Entries& e) {
+      std::vector<int64_t> codes(5, 'm');
+      codes[2] = code;
+      Find(e, "trainer.config").value = from_vector(codes, {5});
+    });
+    EXPECT_THAT(error,
+                HasSubstr("entry 'trainer.config' holds character code " + std::to_string(code) +
+                          " at position 2; expected text (byte codes 1 to 255)"))
+        << code;
+    EXPECT_THAT(error, HasSubstr("delete it or pass another --checkpoint path")) << code;
+  }
+  const std::string error = LoadAltered([](Entries& e) {
+    Find(e, "trainer.settings").value = from_vector(std::vector<int64_t>{1 << 20}, {1});
+  });
+  EXPECT_THAT(error, HasSubstr("entry 'trainer.settings' holds character code 1048576"));
+}
+
+TEST_F(TrainerStateTest, TextOutsideAsciiRoundTrips) {
+  manual_seed(3);
+  nn::Sequential model(nn::Linear(3, 4), nn::ReLU(), nn::Linear(4, 2));
+  nn::SGD sgd(model.parameters(), nn::SGDOptions(0.1).momentum(0.9));
+  TrainerState state = SavedState();
+  state.config = "model=m\xc3\xa9lange optimizer=sgd";  // UTF-8 bytes above 127
+  const std::string path = TempPath("utf8.ckpt");
+  SaveTrainerCheckpoint(path, model, sgd, state);
+  // Files of earlier versions stored such bytes as negative codes (signed chars).
+  std::vector<nn::CheckpointEntry> entries = nn::ReadCheckpoint(path);
+  for (nn::CheckpointEntry& e : entries) {
+    if (e.name != "trainer.settings") continue;
+    std::vector<int64_t> codes = e.value.to_vector<int64_t>();
+    codes.push_back(static_cast<int64_t>(static_cast<signed char>('\xc3')));
+    codes.push_back(static_cast<int64_t>(static_cast<signed char>('\xa9')));
+    e.value = from_vector(codes, {static_cast<int64_t>(codes.size())});
+  }
+  nn::WriteCheckpoint(entries, path);
+  TrainerState loaded;
+  loaded.config = state.config;
+  ASSERT_TRUE(LoadTrainerCheckpoint(path, model, sgd, &loaded));
+  EXPECT_EQ(loaded.settings, state.settings + "\xc3\xa9");
+}
+
+// A resume on other devices than the saved run's is still right but not exact: what is reset
+// is said.
+TEST_F(TrainerStateTest, RestoreGeneratorsSetsSavedStatesAndNamesWhatStartsAfresh) {
+  TrainerState state = SavedState();
+  SetCpuDeviceCount(3);
+  EXPECT_EQ(RestoreGenerators(state, {Device::Cpu(0), Device::Cpu(1)}, 3), "");
+  EXPECT_EQ(default_generator(Device::Cpu(0)).state(), (GeneratorState{3, 40}));
+  EXPECT_EQ(default_generator(Device::Cpu(1)).state(), (GeneratorState{3, 80}));
+  default_generator(Device::Cpu(2)).set_state(GeneratorState{9, 0});
+  EXPECT_EQ(RestoreGenerators(state, {Device::Cpu(1), Device::Cpu(2)}, 9),
+            "note: the checkpoint holds no random state for cpu:2 (it was saved by a run on "
+            "other devices): its random generator starts afresh from --seed=9\n"
+            "note: the checkpoint's random state for cpu:0 is not used (not a device of this "
+            "run)\n");
+  EXPECT_EQ(default_generator(Device::Cpu(1)).state(), (GeneratorState{3, 80}));
+  EXPECT_EQ(default_generator(Device::Cpu(2)).state(), (GeneratorState{9, 0}));
+  // A saved CUDA device on a machine without one is only named, never touched.
+  state.generators = {{Device::Cuda(0), GeneratorState{3, 1}}};
+  EXPECT_THAT(RestoreGenerators(state, {Device::Cpu(0)}, 3),
+              HasSubstr("random state for cuda:0 is not used"));
+}
+
+// Issue 21, item 9: a run at chance level is named as such.
+TEST(ChanceLevelTest, AccuracyWithinThreeStandardDeviationsOfGuessingIsChanceLevel) {
+  EXPECT_EQ(ChanceLevel(10, 0.1), 0.1);
+  EXPECT_EQ(ChanceLevel(10, 0.0), 0.1);      // unknown: guessing
+  EXPECT_EQ(ChanceLevel(10, 0.131), 0.131);  // a test subset where one class is more common
+  EXPECT_TRUE(AtChanceLevel(0.0999, 0.1, 10000));
+  EXPECT_TRUE(AtChanceLevel(0.0, 0.1, 10000));
+  EXPECT_TRUE(AtChanceLevel(0.109, 0.1, 10000));  // 0.1 + 3 * 0.003
+  EXPECT_FALSE(AtChanceLevel(0.11, 0.1, 10000));
+  EXPECT_TRUE(AtChanceLevel(0.18, 0.1, 100));  // 0.1 + 3 * 0.03
+  EXPECT_FALSE(AtChanceLevel(0.20, 0.1, 100));
+  EXPECT_TRUE(AtChanceLevel(0.152, 0.131, 1000));
+  EXPECT_FALSE(AtChanceLevel(0.0, 0.1, 0));  // no test set: nothing to say
+  EXPECT_EQ(ChanceLevelWarning(0.85, 10, 0.1, 10000, "adam", 0.001), "");
+  EXPECT_EQ(ChanceLevelWarning(0.0999, 10, 0.1, 10000, "adam", 100),
+            "warning: the final test accuracy (9.99%) is at chance level for 10 classes (10.00% "
+            "by guessing): the model did not learn. Look at --lr (now 100; 0.05 suits sgd, 0.001 "
+            "adam) and --optimizer (now adam)\n");
+  EXPECT_THAT(ChanceLevelWarning(0.152, 10, 0.131, 1000, "sgd", 5),
+              HasSubstr("(15.20%) is at chance level for 10 classes (10.00% by guessing, 13.10% "
+                        "by always answering the most common class of these 1000 test images)"));
+}
+
+// Issue 21, item 7: --log_csv and --plot on a file system that refuses the write (files may
+// not grow past 200 bytes: RLIMIT_FSIZE, SIGXFSZ ignored, so write() fails with EFBIG as it
+// fails with ENOSPC on a full disk) say why, leave no temporary file and keep the previous
+// files whole. (tensor/atomic_file_test has the full disk itself.)
+TEST(EpochLogsTest, AFailedWriteSaysWhyAndKeepsThePreviousFiles) {
+  const std::string dir = TempPath("epoch_logs");
+  std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str());
+  const std::string csv = dir + "/log.csv", svg = dir + "/plot.svg";
+  const std::vector<EpochStats> one = {{1, 0.5, 0.45, 0.85, 1.0, 10.0}};
+  WriteEpochLogs(one, csv, svg, "run");
+  const std::string old_csv = ReadText(csv), old_svg = ReadText(svg);
+  ASSERT_THAT(old_csv, HasSubstr("\n1,"));
+  ASSERT_THAT(old_svg, HasSubstr("<svg"));
+  std::vector<EpochStats> many;
+  for (int i = 1; i <= 20; ++i) many.push_back({i, 0.5, 0.45, 0.85, 1.0, 10.0});
+
+  rlimit saved;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit tight = saved;
+  tight.rlim_cur = 200;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &tight), 0);
+  const std::string csv_error = ErrorOf([&] { WriteEpochLogs(many, csv, "", "run"); });
+  const std::string svg_error = ErrorOf([&] { WriteEpochLogs(many, "", svg, "run"); });
+  setrlimit(RLIMIT_FSIZE, &saved);
+  std::signal(SIGXFSZ, old_handler);
+
+  EXPECT_THAT(csv_error,
+              HasSubstr("cannot write --log_csv file '" + csv + "': writing '" + csv + ".tmp."));
+  EXPECT_THAT(svg_error,
+              HasSubstr("cannot write --plot file '" + svg + "': writing '" + svg + ".tmp."));
+  for (const std::string& error : {csv_error, svg_error}) {
+    EXPECT_THAT(error, HasSubstr("' failed: File too large; the previous file, if any, is "
+                                 "unchanged (the temporary file was removed)"));
+  }
+  EXPECT_EQ(ReadText(csv), old_csv);
+  EXPECT_EQ(ReadText(svg), old_svg);
+  EXPECT_EQ(Listing(dir), "log.csv plot.svg ");
+}
+
+// The same for --trace: the trace used to be written in place, truncating the previous one.
+TEST(StepTraceTest, AFailedTraceWriteSaysWhyAndKeepsThePreviousTrace) {
+  const std::string dir = TempPath("step_trace");
+  std::system(("rm -rf '" + dir + "' && mkdir -p '" + dir + "'").c_str());
+  const std::string path = dir + "/trace.json";
+  {
+    std::FILE* f = std::fopen(path.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs("{\"previous\":1}", f);
+    std::fclose(f);
+  }
+  rlimit saved;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  std::string error;
+  {
+    StepTrace trace(path, 3);
+    for (int i = 0; i < 200; ++i) {
+      TANDEM_PROFILE_SCOPE("step", "a region with a long enough name " + std::to_string(i));
+    }
+    trace.StepDone();
+    trace.StepDone();
+    rlimit tight = saved;
+    tight.rlim_cur = 200;
+    ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &tight), 0);
+    error = ErrorOf([&] { trace.StepDone(); });  // the third step writes the trace
+    setrlimit(RLIMIT_FSIZE, &saved);
+  }
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_THAT(error,
+              HasSubstr("cannot write Chrome trace '" + path + "': writing '" + path + ".tmp."));
+  EXPECT_THAT(error, HasSubstr("failed: File too large; the previous file, if any, is unchanged"));
+  EXPECT_EQ(ReadText(path), "{\"previous\":1}");
+  EXPECT_EQ(Listing(dir), "trace.json ");
 }
 
 }  // namespace

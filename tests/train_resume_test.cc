@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <string>
@@ -132,7 +134,9 @@ TEST_F(TrainResumeTest, WritesCsvPlotSummaryAndAFinalJsonLine) {
   EXPECT_THAT(LastLine(r.out),
               MatchesRegex("\\{\"model\":\"mlp\",\"devices\":\\[\"cpu:0\",\"cpu:1\"\\],"
                            "\"epochs\":2,\"batch_size\":64,\"test_accuracy\":0\\.[0-9]{4},"
-                           "\"train_seconds\":[0-9]+\\.[0-9],\"samples_per_s\":[0-9]+\\.[0-9]\\}"));
+                           "\"train_seconds\":[0-9]+\\.[0-9],\"samples_per_s\":[0-9]+\\.[0-9],"
+                           "\"at_chance_level\":false\\}"));
+  EXPECT_THAT(r.out, Not(HasSubstr("chance level")));
   // Not a terminal: plain progress lines, no carriage returns.
   EXPECT_THAT(r.out, Not(HasSubstr("\r")));
 
@@ -225,6 +229,98 @@ TEST_F(TrainResumeTest, ANonFiniteLossStopsTrainingNamingTheEpochAndStep) {
   EXPECT_THAT(r.err, ContainsRegex("became (NaN|-?inf) at epoch 1, step [0-9]+ of 10 "));
   EXPECT_THAT(r.err, HasSubstr("lower --lr (now 1e+06)"));
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
+// Issue 21, item 8: a checkpoint whose random state does not match the run that saved it
+// (trainer.generator.cpu:0 renamed or missing) is refused, naming the file and the entry,
+// instead of resuming inexactly without a word.
+TEST_F(TrainResumeTest, ACheckpointWithARenamedOrMissingGeneratorIsRefused) {
+  const std::string path = TestTempDir() + "/generator.ckpt";
+  std::remove(path.c_str());
+  const std::string flags = std::string(kCommon) + " --epochs=2 --checkpoint=" + path;
+  ASSERT_EQ(
+      Train("generator_saved", std::string(kCommon) + " --epochs=1 --checkpoint=" + path).exit_code,
+      0);
+  const std::vector<nn::CheckpointEntry> good = nn::ReadCheckpoint(path);
+  for (const std::string renamed : {"trainer.generator.cpu:7", "trainer.generator.cuda:0", ""}) {
+    std::vector<nn::CheckpointEntry> entries;
+    for (nn::CheckpointEntry e : good) {
+      if (e.name == "trainer.generator.cpu:0") {
+        if (renamed.empty()) continue;  // removed
+        e.name = renamed;
+      }
+      entries.push_back(e);
+    }
+    nn::WriteCheckpoint(entries, path);
+    const ProgramResult r = Train("generator_altered", flags);
+    EXPECT_EQ(r.exit_code, 1) << renamed << ": " << r.out;
+    EXPECT_THAT(r.err, HasSubstr("train: checkpoint '" + path + "': entry '" +
+                                 (renamed.empty() ? "trainer.generator.cpu:0" : renamed) + "' "))
+        << renamed;
+    EXPECT_THAT(r.err, HasSubstr(renamed.empty() ? "is missing"
+                                                 : "is not for a device of the run "
+                                                   "that saved it"))
+        << renamed;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_THAT(r.out, Not(HasSubstr("Resuming")));
+  }
+}
+
+// Issue 21, item 9: a run that does not learn ends with exit status 0 (it did what it was
+// asked) but says in the summary that its accuracy stayed at chance level, naming the flags.
+TEST_F(TrainResumeTest, ARunAtChanceLevelSaysSoAndNamesTheFlags) {
+  const ProgramResult r = Train("chance",
+                                " --devices=cpu:0,cpu:1 --threads=1 --epochs=3 --batch_size=64 "
+                                "--train_limit=6400 --test_limit=1000 --workers=1 --seed=7 "
+                                "--optimizer=adam --lr=100 --lr_decay=none");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, ContainsRegex("warning: the final test accuracy \\([0-9.]+%\\) is at chance "
+                                   "level for 10 classes \\(10.00% by guessing"));
+  EXPECT_THAT(r.out, HasSubstr("the model did not learn. Look at --lr (now 100; 0.05 suits sgd, "
+                               "0.001 adam) and --optimizer (now adam)\n"));
+  EXPECT_THAT(LastLine(r.out), HasSubstr(",\"at_chance_level\":true}"));
+}
+
+// Issue 21, item 7: --log_csv, --plot and --trace on a full file system (a 64 KiB tmpfs, filled,
+// in a private mount namespace: `unshare -rm`, as root or where user namespaces are allowed;
+// skipped elsewhere) stop the run with the system's reason, leave no partial file and keep
+// the previous file whole.
+TEST_F(TrainResumeTest, AFullDiskSaysNoSpaceLeftAndKeepsThePreviousOutputs) {
+  if (std::system("unshare -rm true > /dev/null 2>&1") != 0) {
+    GTEST_SKIP() << "cannot make a private mount namespace here (unshare -rm)";
+  }
+  const std::vector<std::pair<std::string, std::string>> outputs = {
+      {"--log_csv", "log.csv"}, {"--plot", "plot.svg"}, {"--trace", "trace.json"}};
+  for (const auto& [flag, file] : outputs) {
+    const std::string report = TestTempDir() + "/full_" + file;
+    const std::string disk = report + ".disk";
+    ASSERT_EQ(
+        std::system(
+            ("rm -rf " + report + " " + disk + " && mkdir -p " + report + " " + disk).c_str()),
+        0);
+    const std::string script =
+        "mount -t tmpfs -o size=64k tandem-full " + disk + " || exit 77; " + "printf previous > " +
+        disk + "/" + file + "; " + "cat /dev/zero > " + disk + "/filler 2> /dev/null; " +
+        "examples/train" + kCommon + " --epochs=1 " + flag + "=" + disk + "/" + file + " > " +
+        report + "/out 2> " + report + "/err; " + "echo $? > " + report + "/status; ls -A " + disk +
+        " > " + report + "/listing; cat " + disk + "/" + file + " > " + report + "/after";
+    const ProgramResult r =
+        ::tandem::testing::RunProgram("unshare", "-rm sh -c '" + script + "'", "full_" + file);
+    if (r.exit_code == 77) GTEST_SKIP() << "cannot mount a tmpfs here: " << r.err;
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const std::string err = ReadFile(report + "/err");
+    EXPECT_EQ(ReadFile(report + "/status"), "1\n") << flag << ": " << ReadFile(report + "/out");
+    EXPECT_THAT(err, StartsWith("train: cannot write ")) << flag;
+    EXPECT_THAT(err,
+                HasSubstr(" '" + disk + "/" + file + "': writing '" + disk + "/" + file + ".tmp."))
+        << flag;
+    EXPECT_THAT(err, HasSubstr("failed: No space left on device; the previous file, if any, is "
+                               "unchanged (the temporary file was removed)\n"))
+        << flag;
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
+    EXPECT_EQ(ReadFile(report + "/after"), "previous") << flag;
+    EXPECT_EQ(ReadFile(report + "/listing"), "filler\n" + file + "\n") << flag;
+  }
 }
 
 }  // namespace
