@@ -2,7 +2,9 @@
 
 #include <cxxabi.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <iostream>
 #include <sstream>
 #include <typeinfo>
 
@@ -12,6 +14,11 @@ namespace tandem::nn {
 namespace {
 
 thread_local int clone_depth = 0;
+// Set while replicate_structure() clones: the copy's entries share the original's tensors
+// (rebound right after), so no tensor is copied.
+thread_local bool clone_shares_tensors = false;
+
+std::atomic<bool> replica_zero_grad_warned{false};
 
 // "tandem::nn::Linear" -> "Linear", keeping template arguments whole.
 std::string UnqualifiedName(const std::string& qualified) {
@@ -330,7 +337,16 @@ void Module::to(Device device) {
   for (auto& [slot, copy] : plan) *slot = std::move(copy);
 }
 
-void Module::zero_grad(bool set_to_none) { ZeroGrad(parameters(), set_to_none); }
+void Module::zero_grad(bool set_to_none) {
+  if (replica_) {
+    if (!replica_zero_grad_warned.exchange(true)) {
+      std::cerr << "warning: Calling .zero_grad() from a module created with nn.DataParallel() "
+                   "has no effect.\n";
+    }
+    return;
+  }
+  ZeroGrad(parameters(), set_to_none);
+}
 
 void Module::ReplaceEntry(Kind kind, const std::string& dotted_name, Tensor value) {
   const Entry& entry = FindEntry(kind, dotted_name);
@@ -376,38 +392,35 @@ void Module::CopyStateFrom(const Module& original, std::optional<Device> device)
 
 void Module::CopyStateRecursive(const Module& original, std::optional<Device> device,
                                 const std::string& path, CopyMemo& copied) {
-  const std::string problem = "cannot clone " + original.name() + ": ";
-  const std::string advice =
+  // The messages are built only on failure: DataParallel clones at every forward.
+  const auto problem = [&original] { return "cannot clone " + original.name() + ": "; };
+  static constexpr const char* advice =
       " (create and register every parameter, buffer and submodule in reset(), not in the "
       "constructor, so that clone() can rebuild the module)";
 
   // What reset() registered must be what the original has, name for name.
-  auto check_names = [&](const char* what, const std::vector<std::string>& want,
-                         const std::vector<std::string>& have) {
-    for (const std::string& n : want) {
+  auto check_names = [&](const char* what, const auto& want_entries, const auto& have_entries) {
+    bool same = want_entries.size() == have_entries.size();
+    for (size_t i = 0; same && i < want_entries.size(); ++i) {
+      same = want_entries[i].name == have_entries[i].name;
+    }
+    if (same) return;
+    for (const auto& n : want_entries) {
       bool found = false;
-      for (const std::string& h : have) found = found || h == n;
-      TANDEM_CHECK(found, problem, "the original has ", what, " '", path + n,
+      for (const auto& h : have_entries) found = found || h.name == n.name;
+      TANDEM_CHECK(found, problem(), "the original has ", what, " '", path + n.name,
                    "' but reset() did not register it", advice);
     }
-    for (const std::string& h : have) {
+    for (const auto& h : have_entries) {
       bool found = false;
-      for (const std::string& n : want) found = found || h == n;
-      TANDEM_CHECK(found, problem, "reset() registered ", what, " '", path + h,
+      for (const auto& n : want_entries) found = found || h.name == n.name;
+      TANDEM_CHECK(found, problem(), "reset() registered ", what, " '", path + h.name,
                    "' which the original does not have", advice);
     }
   };
-  auto names_of = [](const std::vector<Entry>& entries) {
-    std::vector<std::string> names;
-    for (const Entry& e : entries) names.push_back(e.name);
-    return names;
-  };
-  std::vector<std::string> original_children, copy_children;
-  for (const NamedModule& c : original.children_) original_children.push_back(c.name);
-  for (const NamedModule& c : children_) copy_children.push_back(c.name);
-  check_names("parameter", names_of(original.parameters_), names_of(parameters_));
-  check_names("buffer", names_of(original.buffers_), names_of(buffers_));
-  check_names("submodule", original_children, copy_children);
+  check_names("parameter", original.parameters_, parameters_);
+  check_names("buffer", original.buffers_, buffers_);
+  check_names("submodule", original.children_, children_);
 
   for (Kind kind : {Kind::kParameter, Kind::kBuffer}) {
     const char* what = KindName(kind == Kind::kParameter);
@@ -418,11 +431,15 @@ void Module::CopyStateRecursive(const Module& original, std::optional<Device> de
         if (e.name == source_entry.name) target = &e;
       }
       const Tensor& rebuilt = *target->slot;
-      TANDEM_CHECK(rebuilt.shape() == source.shape() && rebuilt.dtype() == source.dtype(), problem,
-                   what, " '", path + source_entry.name, "' is ", ShapeToString(source.shape()),
-                   " ", source.dtype(), " in the original but reset() made it ",
-                   ShapeToString(rebuilt.shape()), " ", rebuilt.dtype(),
-                   " (was a configuration member changed after construction?)");
+      TANDEM_CHECK(rebuilt.shape() == source.shape() && rebuilt.dtype() == source.dtype(),
+                   problem(), what, " '", path + source_entry.name, "' is ",
+                   ShapeToString(source.shape()), " ", source.dtype(),
+                   " in the original but reset() made it ", ShapeToString(rebuilt.shape()), " ",
+                   rebuilt.dtype(), " (was a configuration member changed after construction?)");
+      if (clone_shares_tensors) {
+        *target->slot = source;
+        continue;
+      }
       auto it = copied.find(source.impl());
       if (it == copied.end()) {
         const Tensor detached = source.detach();
@@ -441,19 +458,85 @@ void Module::CopyStateRecursive(const Module& original, std::optional<Device> de
       if (c.name == source_child.name) target = &c;
     }
     const std::string child_path = path + source_child.name;
-    TANDEM_CHECK(target->module != source_child.module, problem, "reset() registered submodule '",
+    TANDEM_CHECK(target->module != source_child.module, problem(), "reset() registered submodule '",
                  child_path,
                  "' that the original holds too, so the clone would share it instead of copying "
                  "it; create submodules inside reset() (e.g. with std::make_shared), or override "
                  "clone()");
     const Module& source_module = *source_child.module;
     const Module& target_module = *target->module;
-    TANDEM_CHECK(typeid(source_module) == typeid(target_module), problem, "submodule '", child_path,
-                 "' is a ", source_module.name(), " in the original but reset() made a ",
-                 target_module.name());
+    TANDEM_CHECK(typeid(source_module) == typeid(target_module), problem(), "submodule '",
+                 child_path, "' is a ", source_module.name(),
+                 " in the original but reset() made a ", target_module.name());
     target->module->CopyStateRecursive(*source_child.module, device, child_path + ".", copied);
   }
   training_ = original.training_;
+}
+
+// ---- Replication -----------------------------------------------------------------------
+
+std::shared_ptr<Module> Module::replicate_structure(const TensorBindings& bindings) const {
+  std::shared_ptr<Module> copy;
+  {
+    NoGradGuard no_grad;
+    const bool outer = clone_shares_tensors;
+    clone_shares_tensors = true;
+    try {
+      copy = clone();
+    } catch (...) {
+      clone_shares_tensors = outer;
+      throw;
+    }
+    clone_shares_tensors = outer;
+  }
+  TANDEM_CHECK(copy != nullptr && copy.get() != this, "cannot replicate ", name(),
+               ": its clone() returned ", copy == nullptr ? "null" : "the module itself",
+               "; it must return a new copy");
+  copy->BindReplica(*this, bindings, "");
+  return copy;
+}
+
+void Module::BindReplica(const Module& original, const TensorBindings& bindings,
+                         const std::string& path) {
+  const auto problem = [&original] {
+    return "cannot replicate " + original.name() + ": its clone() ";
+  };
+  for (Kind kind : {Kind::kParameter, Kind::kBuffer}) {
+    const char* what = KindName(kind == Kind::kParameter);
+    const std::vector<Entry>& want = original.EntriesOf(kind);
+    std::vector<Entry>& have = EntriesOf(kind);
+    TANDEM_CHECK(want.size() == have.size(), problem(), "registered ", have.size(), " ", what,
+                 "s at '", path, "' but the module has ", want.size(),
+                 "; clone() must rebuild the same parameters, buffers and submodules");
+    for (size_t i = 0; i < want.size(); ++i) {
+      TANDEM_CHECK(want[i].name == have[i].name, problem(), "registered ", what, " '",
+                   path + have[i].name, "' where the module has '", path + want[i].name,
+                   "'; clone() must rebuild the same parameters, buffers and submodules");
+      TANDEM_CHECK(want[i].slot != have[i].slot, problem(), "shares the entry of ", what, " '",
+                   path + want[i].name,
+                   "' with the module instead of registering its own (a shallow copy?); "
+                   "clone() must rebuild the module's registrations");
+      auto it = bindings.find(want[i].slot->impl());
+      TANDEM_CHECK(it != bindings.end(), "replicate: no copy was made of ", what, " '",
+                   path + want[i].name, "' of ", original.name(),
+                   "; pass a binding for every tensor of named_parameters() and named_buffers()");
+      *have[i].slot = it->second;
+    }
+  }
+  TANDEM_CHECK(original.children_.size() == children_.size(), problem(), "made ", children_.size(),
+               " submodules at '", path, "' but the module has ", original.children_.size(),
+               "; clone() must rebuild the same parameters, buffers and submodules");
+  for (size_t i = 0; i < children_.size(); ++i) {
+    const NamedModule& want = original.children_[i];
+    NamedModule& have = children_[i];
+    TANDEM_CHECK(want.name == have.name, problem(), "made submodule '", path + have.name,
+                 "' where the module has '", path + want.name,
+                 "'; clone() must rebuild the same parameters, buffers and submodules");
+    TANDEM_CHECK(have.module != want.module, problem(), "shares submodule '", path + have.name,
+                 "' with the module instead of copying it; clone() must rebuild every submodule");
+    have.module->BindReplica(*want.module, bindings, path + want.name + ".");
+  }
+  replica_ = true;
 }
 
 // ---- Printing --------------------------------------------------------------------------

@@ -41,8 +41,9 @@
 // Cloneable<Derived> supplies clone() and the generic forward_tensors() from the typed
 // forward (any number of tensor arguments, returning a Tensor or a vector of them).
 //
-// A replica for data parallelism is clone(device) followed by replace_parameter(name, copy)
-// for each of named_parameters(), with copies that carry a grad_fn back to the original.
+// A replica for data parallelism is replicate_structure(copies): the module's structure
+// cloned afresh, each parameter and buffer bound to its broadcast copy (parameters' copies
+// carry a grad_fn back to the original).
 // Modules are not synchronised: do not change one module from several threads at once;
 // distinct modules (such as replicas) may run forward() concurrently.
 #ifndef TANDEM_NN_MODULE_H_
@@ -191,7 +192,9 @@ class Module {
   // registered in several places stay shared. Handles follow; Tensors obtained earlier
   // from parameters() (e.g. held by an optimizer) do not, so move a module first.
   void to(Device device);
-  // Clears the gradients of all parameters (set_to_none: drop them; else fill with 0).
+  // Clears the gradients of all parameters (set_to_none: drop them; else fill with 0). On a
+  // replica it does nothing (its parameters are copies whose gradients flow to the
+  // original) and warns once per process, as PyTorch's DataParallel replicas do.
   void zero_grad(bool set_to_none = true);
 
   // Replaces the tensor registered under a dotted name (e.g. "fc1.weight") with `value`,
@@ -206,6 +209,17 @@ class Module {
   // its own device if none), sharing no storage with this module. Implemented by
   // Cloneable<Derived> and by containers (Sequential); the default throws, explaining.
   virtual std::shared_ptr<Module> clone(std::optional<Device> device = std::nullopt) const;
+
+  // ---- Replication (DataParallel) ------------------------------------------------------
+  // Original tensor -> the tensor a replica uses instead (see replicate_structure).
+  using TensorBindings = std::unordered_map<const TensorImpl*, Tensor>;
+  // A fresh copy of this module's structure (clone(), so plain C++ members, submodules and
+  // training modes are as they are now) whose every parameter and buffer is
+  // bindings.at(the original's tensor), with no tensor copied: tensors registered in several
+  // places stay shared. Every module of the copy is a replica (is_replica()). Throws, naming
+  // the entry, when clone() built a different structure or a tensor has no binding.
+  std::shared_ptr<Module> replicate_structure(const TensorBindings& bindings) const;
+  bool is_replica() const { return replica_; }
 
   // ---- Printing ------------------------------------------------------------------------
   // Writes what goes between the parentheses after the name, e.g.
@@ -264,12 +278,15 @@ class Module {
                 std::vector<std::pair<std::shared_ptr<Tensor>, Tensor>>& plan) const;
   void CopyStateRecursive(const Module& original, std::optional<Device> device,
                           const std::string& path, CopyMemo& copied);
+  // replicate_structure's second half: binds this copy's entries, module by module.
+  void BindReplica(const Module& original, const TensorBindings& bindings, const std::string& path);
 
   std::string explicit_name_;
   std::vector<Entry> parameters_;
   std::vector<Entry> buffers_;
   std::vector<NamedModule> children_;
   bool training_ = true;
+  bool replica_ = false;
 };
 
 std::ostream& operator<<(std::ostream& out, const Module& module);

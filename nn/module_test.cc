@@ -444,5 +444,74 @@ TEST_F(ModuleTest, CopyingAModuleIsShallow) {
   EXPECT_EQ(a.weight().device(), Device::Cpu(1));
 }
 
+TEST_F(ModuleTest, ReplicateStructureClonesAndBindsWithoutCopying) {
+  Sequential seq(Linear(3, 4), ReLU(), Linear(4, 2));
+  seq.eval();
+  Module::TensorBindings bindings;
+  std::vector<Tensor> copies;
+  for (const Tensor& t : seq.parameters()) {
+    copies.push_back(t.detach().clone());
+    bindings.emplace(t.impl(), copies.back());
+  }
+  std::shared_ptr<Module> replica = seq.replicate_structure(bindings);
+  const std::vector<Tensor> bound = replica->parameters();
+  ASSERT_EQ(bound.size(), copies.size());
+  for (size_t i = 0; i < bound.size(); ++i) EXPECT_EQ(bound[i].impl(), copies[i].impl());
+  EXPECT_FALSE(replica->is_training());
+  for (Module* m : replica->modules()) EXPECT_TRUE(m->is_replica());
+  for (const Module* m : static_cast<const Module&>(seq).modules()) EXPECT_FALSE(m->is_replica());
+  const Tensor x = randn({2, 3});
+  EXPECT_EQ(testing::MaxAbsDiff(replica->forward_tensors({x})[0], seq.forward(x)), 0.0);
+
+  bindings.erase(seq.parameter("2.bias").impl());
+  EXPECT_THAT(ErrorOf([&] { seq.replicate_structure(bindings); }),
+              HasSubstr("no copy was made of parameter '2.bias'"));
+}
+
+// clone() as a shallow copy: it shares the original's registrations.
+class ShallowClone : public Module {
+ public:
+  ShallowClone() { register_parameter("w", ones({2})); }
+  std::shared_ptr<Module> clone(std::optional<Device> device) const override {
+    return std::make_shared<ShallowClone>(*this);
+  }
+};
+
+TEST_F(ModuleTest, ReplicateStructureRefusesACloneThatSharesTheOriginalsEntries) {
+  ShallowClone module;
+  const Tensor w = module.parameter("w");
+  Module::TensorBindings bindings = {{w.impl(), zeros({2})}};
+  EXPECT_THAT(ErrorOf([&] { module.replicate_structure(bindings); }),
+              HasSubstr("shares the entry of parameter 'w' with the module"));
+  EXPECT_EQ(module.parameter("w").impl(), w.impl());  // untouched
+}
+
+// The only test of this binary that calls zero_grad() on a replica (it warns once per
+// process).
+TEST_F(ModuleTest, ZeroGradOnAReplicaDoesNothingAndWarnsOnce) {
+  Linear layer(3, 2);
+  Module::TensorBindings bindings;
+  for (const Tensor& p : layer.parameters()) {
+    Tensor copy = p.detach().clone();
+    copy.set_requires_grad(true);
+    bindings.emplace(p.impl(), copy);
+  }
+  std::shared_ptr<Module> replica = layer.replicate_structure(bindings);
+  replica->forward_tensors({randn({2, 3})})[0].sum().backward();
+  const Tensor grad = replica->parameters()[0].grad();
+  ASSERT_TRUE(grad.defined());
+  ::testing::internal::CaptureStderr();
+  replica->zero_grad();
+  replica->zero_grad(/*set_to_none=*/false);
+  const std::string printed = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(printed,
+            "warning: Calling .zero_grad() from a module created with nn.DataParallel() has no "
+            "effect.\n");
+  EXPECT_EQ(replica->parameters()[0].grad().impl(), grad.impl());
+  ::testing::internal::CaptureStderr();
+  layer.zero_grad();  // not a replica: no warning
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+}
+
 }  // namespace
 }  // namespace tandem::nn

@@ -129,10 +129,8 @@ std::vector<Tensor> DataParallel::forward_tensors(const std::vector<Tensor>& inp
     std::vector<Tensor> moved;
     for (const Tensor& x : inputs) moved.push_back(x.defined() ? x.to(device_ids_[0]) : x);
     std::vector<Tensor> outputs = module_->forward_tensors(moved);
-    if (device_ids_.size() > 1) {
-      for (Tensor& out : outputs) {
-        if (out.defined()) out = out.to(output_device_);
-      }
+    for (Tensor& out : outputs) {
+      if (out.defined()) out = out.to(output_device_);  // as libtorch's data_parallel
     }
     return outputs;
   }

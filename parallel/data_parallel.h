@@ -13,12 +13,16 @@
 //
 // Semantics, as PyTorch's: the module's parameters and buffers must be on device_ids[0]
 // (checked at every forward); inputs may be on any device (they are scattered from where
-// they are); one device, or a batch that gives one chunk, runs the module directly; a
-// forward with no input runs one replica; train()/eval() reach the replicas; zero_grad()
-// inside a replica's forward does not touch the original; in training mode replica 0's
-// buffer updates (BatchNorm's running statistics) reach the original module, the other
-// replicas' are dropped. An exception in a replica reaches the caller after every replica
-// has stopped, naming the replica and its device (see parallel/parallel_apply.h).
+// they are); one device, or a batch that gives one chunk, runs the module directly; the
+// output is on the output device in every case (as libtorch's data_parallel); a forward
+// with no input runs one replica; the replicas are made afresh at every forward, so they
+// follow every change to the module (see parallel/replicate.h); train()/eval() reach the
+// replicas; zero_grad() inside a replica's forward does not touch the original and warns
+// once, as PyTorch; buffers that require grad get the sum of every replica's gradient;
+// in training mode replica 0's buffer updates (BatchNorm's running statistics) reach the
+// original module, the other replicas' are dropped. An exception in a replica reaches the
+// caller after every replica has stopped, naming the replica and its device (see
+// parallel/parallel_apply.h).
 //
 // Beyond PyTorch: forward_loss() computes the loss inside the replicas, so the full output
 // is never gathered onto one device.

@@ -472,13 +472,105 @@ class ZeroGradInForward : public nn::Cloneable<ZeroGradInForward> {
   std::shared_ptr<nn::Linear> fc_;
 };
 
-TEST_F(DataParallelTest, ZeroGradInsideAReplicaLeavesTheOriginalAlone) {
+int Occurrences(const std::string& text, const std::string& part) {
+  int count = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) {
+    ++count;
+  }
+  return count;
+}
+
+// The only test of this binary whose replicas call zero_grad(), so the warning (once per
+// process) is this test's to see.
+TEST_F(DataParallelTest, ZeroGradInsideAReplicaLeavesTheOriginalAloneAndWarnsOnce) {
   auto model = std::make_shared<ZeroGradInForward>();
   DataParallel dp(model, CpuDevices(2));
+  ::testing::internal::CaptureStderr();
   dp.forward(randn({4, 3})).sum().backward();
   const Tensor grad = model->parameters()[0].grad().clone();
   dp.forward(randn({4, 3}));  // replicas call zero_grad()
+  const std::string printed = ::testing::internal::GetCapturedStderr();
   ExpectClose(model->parameters()[0].grad(), grad);
+  EXPECT_EQ(Occurrences(printed,
+                        "Calling .zero_grad() from a module created with nn.DataParallel() has "
+                        "no effect.\n"),
+            1)
+      << printed;
+  model->zero_grad();  // the original's still clears
+  EXPECT_FALSE(model->parameters()[0].grad().defined());
+}
+
+// A module whose forward reads plain C++ members (copied by clone(), invisible to
+// parameters() and buffers()).
+class Scaled : public nn::Cloneable<Scaled> {
+ public:
+  Scaled() { reset(); }
+  void reset() override { fc_ = register_module("fc", nn::Linear(10, 4)); }
+  Tensor forward(const Tensor& x) {
+    if (refuse_) throw std::invalid_argument("refused on purpose");
+    return fc_->forward(x) * scale_;
+  }
+  double scale_ = 1.0;
+  bool refuse_ = false;
+
+ private:
+  std::shared_ptr<nn::Linear> fc_;
+};
+
+// dp's output and the gradients it gives match the module's own on `x` (a stale replica is
+// off by far more than the float32 rounding of a sum in another order).
+void ExpectDataParallelMatchesTheModule(DataParallel& dp, nn::Module& model, const Tensor& x) {
+  SCOPED_TRACE(model.ToString());
+  model.zero_grad();
+  const Tensor expected = model.forward_tensors({x}).at(0);
+  (expected * expected).sum().backward();
+  std::vector<Tensor> expected_grads;
+  for (const Tensor& g : Grads(model)) expected_grads.push_back(g.clone());
+  model.zero_grad();
+  const Tensor out = dp.forward(x);
+  ExpectClose(out, expected, 1e-4);
+  (out * out).sum().backward();
+  const std::vector<Tensor> grads = Grads(model);
+  ASSERT_EQ(grads.size(), expected_grads.size());
+  for (size_t i = 0; i < grads.size(); ++i) ExpectClose(grads[i], expected_grads[i], 1e-4);
+}
+
+TEST_F(DataParallelTest, ReplicasFollowEveryChangeToTheModuleBetweenForwards) {
+  const Tensor x = randn({6, 10});
+  auto model = Mlp();
+  DataParallel dp(model, CpuDevices(3));
+  ExpectDataParallelMatchesTheModule(dp, *model, x);
+  model->push_back(nn::ReLU());  // a new module, no new parameter
+  ExpectDataParallelMatchesTheModule(dp, *model, x);
+  model->push_back(nn::Linear(4, 3));  // new parameters
+  ExpectDataParallelMatchesTheModule(dp, *model, x);
+  {
+    Tensor weight = randn({16, 10});
+    weight.set_requires_grad(true);
+    model->replace_parameter("0.weight", weight);  // another tensor, same name and shape
+  }
+  ExpectDataParallelMatchesTheModule(dp, *model, x);
+  auto other = Mlp(/*seed=*/9);
+  other->push_back(nn::ReLU());
+  other->push_back(nn::Linear(4, 3));
+  model->load_state_dict(other->state_dict());
+  ExpectDataParallelMatchesTheModule(dp, *model, x);
+
+  auto scaled = std::make_shared<Scaled>();
+  DataParallel scaled_dp(scaled, CpuDevices(3));
+  ExpectDataParallelMatchesTheModule(scaled_dp, *scaled, x);
+  scaled->scale_ = 3.0;  // a plain member
+  ExpectDataParallelMatchesTheModule(scaled_dp, *scaled, x);
+  scaled->refuse_ = true;
+  EXPECT_THAT(ErrorOf([&] { scaled_dp.forward(x); }), HasSubstr("refused on purpose"));
+  scaled->refuse_ = false;  // fixed: the next forward works
+  ExpectDataParallelMatchesTheModule(scaled_dp, *scaled, x);
+  // forward_loss replicates the same way.
+  scaled->scale_ = -2.0;
+  nn::MSELoss criterion;
+  const Tensor target = randn({6, 4});
+  ExpectClose(scaled_dp.forward_loss(criterion, x, target),
+              criterion.forward(scaled->forward(x), target));
 }
 
 TEST_F(DataParallelTest, TrainAndEvalReachTheReplicas) {
@@ -510,6 +602,27 @@ TEST_F(DataParallelTest, AForwardWithoutInputsRunsOneReplica) {
   std::vector<Tensor> out = dp.forward_tensors({});
   ASSERT_EQ(out.size(), 1u);
   ExpectClose(out[0], full({3}, 2.0));
+}
+
+TEST_F(DataParallelTest, TheOutputIsOnTheOutputDeviceInEveryCase) {
+  nn::MSELoss criterion;
+  for (int devices : {1, 2, 3}) {
+    for (int64_t batch : {1, 2, 6}) {
+      SCOPED_TRACE(::testing::Message() << devices << " devices, batch " << batch);
+      auto model = Mlp();
+      DataParallel dp(model, CpuDevices(devices), Device::Cpu(5));
+      const Tensor x = randn({batch, 10});
+      const Tensor out = dp.forward(x);
+      EXPECT_EQ(out.device(), Device::Cpu(5));
+      ExpectDataParallelMatchesTheModule(dp, *model, x);
+      const Tensor target = randn({batch, 4});
+      const Tensor loss = dp.forward_loss(criterion, x, target);
+      EXPECT_EQ(loss.device(), Device::Cpu(5));
+      ExpectClose(loss, criterion.forward(model->forward(x), target));
+    }
+  }
+  DataParallel no_input(std::make_shared<NoInput>(), {Device::Cpu(0)}, Device::Cpu(4));
+  EXPECT_EQ(no_input.forward_tensors({}).at(0).device(), Device::Cpu(4));
 }
 
 TEST_F(DataParallelTest, BadInputsGetClearErrors) {

@@ -23,6 +23,9 @@
 //     devices other than the source (between logical CPU devices nothing is copied: the
 //     copies are views of the same memory); for a reduce-add, the bytes summed (every
 //     device's copy).
+// (e) BM_Replicate_Mlp: what a training step's replicate costs for the MLP over 2 and 3
+//     CPU devices: the differentiable broadcast plus a fresh clone of the module's structure
+//     per replica (BM_ReplicateStructure_Mlp: the clone alone, no tensor copied).
 //
 // Every time is wall-clock (UseRealTime): the work runs on the devices' worker threads.
 #include <benchmark/benchmark.h>
@@ -93,7 +96,7 @@ void BM_Linear5x2_DataParallel(benchmark::State& state) {
   for (int i = 0; i < baseline_steps; ++i) TinyStep(*model, *model, x);
   const double direct_us = 1e6 * SecondsSince(start) / baseline_steps;
 
-  for (int i = 0; i < 10; ++i) TinyStep(*model, dp, x);  // replicas cloned and cached
+  for (int i = 0; i < 10; ++i) TinyStep(*model, dp, x);  // allocator and workers warm
   start = Clock::now();
   for (auto _ : state) TinyStep(*model, dp, x);
   const double step_us = 1e6 * SecondsSince(start) / static_cast<double>(state.iterations());
@@ -197,6 +200,32 @@ BENCHMARK_CAPTURE(BM_Mlp_DataParallel, forward_loss_256KiB_buckets, true, Bucket
 BENCHMARK_CAPTURE(BM_Mlp_DataParallel, forward_loss_one_bucket, true, Buckets::kOne)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+
+// ---- (e) replicate -----------------------------------------------------------------------------
+
+void BM_Replicate_Mlp(benchmark::State& state) {
+  const int devices = static_cast<int>(state.range(0));
+  UseCpuDevices(state, devices);
+  Mlp mlp;
+  Replicator replicator(mlp.model, CpuDevices(devices));
+  for (int i = 0; i < 10; ++i) benchmark::DoNotOptimize(replicator.Replicate());
+  for (auto _ : state) benchmark::DoNotOptimize(replicator.Replicate());
+}
+BENCHMARK(BM_Replicate_Mlp)
+    ->ArgName("devices")
+    ->Arg(2)
+    ->Arg(3)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+
+void BM_ReplicateStructure_Mlp(benchmark::State& state) {
+  UseCpuDevices(state, 2);
+  Mlp mlp;
+  nn::Module::TensorBindings bindings;
+  for (const Tensor& p : mlp.model->parameters()) bindings.emplace(p.impl(), p);
+  for (auto _ : state) benchmark::DoNotOptimize(mlp.model->replicate_structure(bindings));
+}
+BENCHMARK(BM_ReplicateStructure_Mlp)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 // ---- (c) a perfectly parallel reference ---------------------------------------------------------
 

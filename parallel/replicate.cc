@@ -112,23 +112,6 @@ Replicator::Replicator(std::shared_ptr<nn::Module> module, std::vector<Device> d
   CheckDistinct(devices_, "replicate");
 }
 
-bool Replicator::CacheMatchesModule(const std::vector<nn::NamedTensor>& parameters,
-                                    const std::vector<nn::NamedTensor>& buffers) const {
-  if (clones_.empty()) return false;
-  auto same = [](const std::vector<nn::NamedTensor>& a, const std::vector<nn::NamedTensor>& b) {
-    if (a.size() != b.size()) return false;
-    for (size_t i = 0; i < a.size(); ++i) {
-      if (a[i].name != b[i].name || a[i].value.shape() != b[i].value.shape() ||
-          a[i].value.dtype() != b[i].value.dtype()) {
-        return false;
-      }
-    }
-    return true;
-  };
-  const nn::Module& clone = *clones_[0];
-  return same(parameters, clone.named_parameters()) && same(buffers, clone.named_buffers());
-}
-
 std::vector<std::shared_ptr<nn::Module>> Replicator::Replicate(int count, bool detach) {
   if (count < 0) count = static_cast<int>(devices_.size());
   TANDEM_CHECK(count >= 1 && count <= static_cast<int>(devices_.size()), "replicate: asked for ",
@@ -145,45 +128,40 @@ std::vector<std::shared_ptr<nn::Module>> Replicator::Replicate(int count, bool d
                    "; call module->to(", source, ") first");
     }
   }
-  if (!CacheMatchesModule(parameters, buffers)) {
-    NoGradGuard no_grad;
-    clones_.clear();
-    for (Device device : devices_) clones_.push_back(module_->clone(device));
-  }
   const std::vector<Device> targets(devices_.begin(), devices_.begin() + count);
+  const bool differentiable = GradMode::IsEnabled() && !detach;
 
-  std::vector<Tensor> parameter_values;
-  for (const nn::NamedTensor& p : parameters) parameter_values.push_back(p.value);
-  std::vector<std::vector<Tensor>> parameter_copies;
-  {
-    AutoGradMode mode(GradMode::IsEnabled() && !detach);  // detach: no graph
-    parameter_copies = Broadcast(parameter_values, targets, bucket_bytes_);
+  // Parameters, then the buffers that require grad (PyTorch's buffers_rg): broadcast with a
+  // gradient path back to the original. The other buffers: replica 0 shares the original's,
+  // the others get copies of their own (not broadcast_coalesced's aliases between CPU
+  // devices), so that their in-place updates stay their own.
+  std::vector<Tensor> with_grad;
+  std::vector<Tensor> without_grad;
+  for (const nn::NamedTensor& p : parameters) with_grad.push_back(p.value);
+  for (const nn::NamedTensor& b : buffers) {
+    (differentiable && b.value.requires_grad() ? with_grad : without_grad).push_back(b.value);
   }
-
+  std::vector<std::vector<Tensor>> with_grad_copies;
+  {
+    AutoGradMode mode(differentiable);
+    with_grad_copies = Broadcast(with_grad, targets, bucket_bytes_);
+  }
   NoGradGuard no_grad;
-  std::vector<const nn::Module*> originals = static_cast<const nn::Module&>(*module_).modules();
   std::vector<std::shared_ptr<nn::Module>> replicas;
   for (int d = 0; d < count; ++d) {
-    nn::Module& replica = *clones_[d];
-    for (size_t i = 0; i < parameters.size(); ++i) {
-      replica.replace_parameter(parameters[i].name, parameter_copies[d][i]);
+    nn::Module::TensorBindings bindings;
+    for (size_t i = 0; i < with_grad.size(); ++i) {
+      bindings.emplace(with_grad[i].impl(), with_grad_copies[d][i]);
     }
-    for (const nn::NamedTensor& b : buffers) {
-      Tensor value = b.value;  // replica 0 shares the original's buffers
+    for (const Tensor& b : without_grad) {
+      Tensor value = b;
       if (targets[d] != source) {
-        value = empty(b.value.shape(), TensorOptions().dtype(b.value.dtype()).device(targets[d]));
-        value.copy_(b.value);
+        value = empty(b.shape(), TensorOptions().dtype(b.dtype()).device(targets[d]));
+        value.copy_(b);
       }
-      replica.replace_buffer(b.name, value);
+      bindings.emplace(b.impl(), std::move(value));
     }
-    // Training modes, module by module (pre-order, so a child's own mode wins).
-    std::vector<nn::Module*> copies = replica.modules();
-    for (size_t k = 0; k < copies.size() && k < originals.size(); ++k) {
-      if (copies[k]->is_training() != originals[k]->is_training() || k == 0) {
-        copies[k]->train(originals[k]->is_training());
-      }
-    }
-    replicas.push_back(clones_[d]);
+    replicas.push_back(module_->replicate_structure(bindings));
   }
   return replicas;
 }

@@ -5,13 +5,16 @@
 // The broadcast is split into buckets of parameters in reverse registration order (the
 // order backward produces their gradients), each bucket one autograd node: a bucket's
 // reduce-add starts as soon as every replica has produced its gradients, while the rest of
-// backward is still running. Buffers are broadcast without gradient; replica 0 (on the
-// module's own device) shares the original's buffers, so its in-place updates (BatchNorm's
+// backward is still running. Buffers that require grad are broadcast the same way, so their
+// .grad is the sum over the replicas; the others without gradient, and replica 0 (on the
+// module's own device) shares the original's, so that its in-place updates (BatchNorm's
 // running statistics) reach the original, as in PyTorch.
 //
-// Replicator caches the cloned structure between calls and only re-binds fresh broadcast
-// tensors each step (Module::replace_parameter), so a training step pays for one coalesced
-// broadcast, not a deep clone:
+// Every call clones the module's structure afresh (Module::replicate_structure: no tensor
+// is copied, each is bound to its broadcast copy), as PyTorch's replicate does: a replica
+// is never stale, whatever changed in the module since the last call (its submodules, its
+// plain C++ members, its modes). The clone of a small module tree costs microseconds; the
+// step pays for one coalesced broadcast.
 //
 //   parallel::Replicator replicator(model, {Device::Cpu(0), Device::Cpu(1)});
 //   std::vector<std::shared_ptr<nn::Module>> replicas = replicator.Replicate();
@@ -45,25 +48,19 @@ class Replicator {
              size_t bucket_bytes = kDefaultBucketBytes);
 
   // One replica per device, for the first `count` devices (all when -1). With `detach` (or
-  // under NoGradGuard) no graph is built: the replicas' parameters are plain copies.
-  // Replicas share their structure with earlier calls' (cloned once); each call binds fresh
-  // broadcasts of the module's current parameters and buffers and its training modes.
+  // under NoGradGuard) no graph is built: the replicas' parameters are plain copies. Each
+  // call makes new replicas of the module as it is now.
   std::vector<std::shared_ptr<nn::Module>> Replicate(int count = -1, bool detach = false);
 
   const std::vector<Device>& devices() const { return devices_; }
 
  private:
-  // Whether the cached clones have the module's names, shapes and dtypes.
-  bool CacheMatchesModule(const std::vector<nn::NamedTensor>& parameters,
-                          const std::vector<nn::NamedTensor>& buffers) const;
-
   std::shared_ptr<nn::Module> module_;
   std::vector<Device> devices_;
   size_t bucket_bytes_;
-  std::vector<std::shared_ptr<nn::Module>> clones_;  // one per device, built lazily
 };
 
-// One fresh replica per device (clones every call; Replicator caches).
+// One replica per device (Replicator(module, devices).Replicate(-1, detach)).
 std::vector<std::shared_ptr<nn::Module>> replicate(const std::shared_ptr<nn::Module>& module,
                                                    const std::vector<Device>& devices,
                                                    bool detach = false);

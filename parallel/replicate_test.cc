@@ -1,6 +1,7 @@
 // replicate/Replicator and the differentiable Broadcast: replicas carry the original's
 // values on their devices, their gradients reduce-add into the original, buckets follow
-// reverse registration order, and the cloned structure is reused between calls.
+// reverse registration order, each call replicates the module as it is then, tied tensors
+// stay tied, and buffers that require grad are broadcast differentiably.
 #include "parallel/replicate.h"
 
 #include <gmock/gmock.h>
@@ -100,16 +101,99 @@ TEST_F(ReplicateTest, AnUnusedCopyStillGetsTheOthersGradient) {
   EXPECT_FALSE(params[0].grad().defined());
 }
 
-TEST_F(ReplicateTest, ReplicatorReusesItsClonesAndRebindsFreshValues) {
+TEST_F(ReplicateTest, EveryCallReplicatesTheModuleAsItIsThen) {
   Replicator replicator(model_, CpuDevices(2));
   std::vector<std::shared_ptr<nn::Module>> first = replicator.Replicate();
   {
     NoGradGuard no_grad;
     model_->parameters()[0].fill_(0.5);  // an optimizer step, say
   }
+  model_->push_back(nn::Tanh());  // no new parameter: the names, shapes and dtypes still match
   std::vector<std::shared_ptr<nn::Module>> second = replicator.Replicate();
-  EXPECT_EQ(first[1].get(), second[1].get());  // cloned once
+  EXPECT_NE(first[1].get(), second[1].get());
   EXPECT_EQ(MaxAbsDiff(second[1]->parameters()[0], full({7, 5}, 0.5)), 0.0);
+  ASSERT_EQ(second[1]->children().size(), 4u);
+  const Tensor x = randn({2, 5});
+  EXPECT_LE(MaxAbsDiff(second[1]->forward_tensors({x.to(Device::Cpu(1))})[0], model_->forward(x)),
+            1e-6);
+  EXPECT_TRUE(second[1]->is_replica());
+  EXPECT_TRUE(second[1]->children()[0]->is_replica());
+  EXPECT_FALSE(model_->is_replica());
+}
+
+// Two layers sharing one weight (registered under two names).
+class Tied : public nn::Cloneable<Tied> {
+ public:
+  Tied() { reset(); }
+  void reset() override {
+    first_ = register_module("first", nn::Linear(4, 4, /*bias=*/false));
+    second_ = register_module("second", nn::Linear(4, 4, /*bias=*/false));
+    second_->replace_parameter("weight", first_->weight());
+  }
+  Tensor forward(const Tensor& x) { return second_->forward(first_->forward(x)); }
+
+ private:
+  std::shared_ptr<nn::Linear> first_, second_;
+};
+
+TEST_F(ReplicateTest, TiedParametersStayTiedInEveryReplica) {
+  auto tied = std::make_shared<Tied>();
+  ASSERT_EQ(tied->parameters().size(), 1u);
+  std::vector<std::shared_ptr<nn::Module>> replicas = replicate(tied, CpuDevices(2));
+  for (const auto& replica : replicas) {
+    const Tensor first = replica->parameter("first.weight");
+    const Tensor second = replica->parameter("second.weight");
+    EXPECT_EQ(first.impl(), second.impl());
+    EXPECT_NE(first.impl(), tied->parameter("first.weight").impl());
+  }
+  EXPECT_EQ(replicas[1]->parameter("second.weight").device(), Device::Cpu(1));
+  // Both uses of the weight, in both replicas, reach the one original.
+  const Tensor x = randn({2, 4});
+  Tensor total =
+      add(replicas[0]->forward_tensors({x})[0].sum(),
+          replicas[1]->forward_tensors({x.to(Device::Cpu(1))})[0].sum().to(Device::Cpu(0)));
+  total.backward();
+  Tensor weight = tied->parameter("first.weight");
+  const Tensor grad = weight.grad().clone();
+  weight.set_grad(Tensor());
+  (tied->forward(x).sum() * 2.0).backward();
+  EXPECT_LE(MaxAbsDiff(grad, weight.grad()), 1e-5);
+}
+
+class WithGradBuffer : public nn::Cloneable<WithGradBuffer> {
+ public:
+  WithGradBuffer() { reset(); }
+  void reset() override {
+    Tensor t = ones({3});
+    t.set_requires_grad(true);
+    t_ = register_buffer("t", t);
+  }
+  Tensor forward(const Tensor& x) { return x * *t_; }
+
+ private:
+  nn::Buffer t_;
+};
+
+TEST_F(ReplicateTest, BuffersThatRequireGradAreBroadcastDifferentiably) {
+  auto module = std::make_shared<WithGradBuffer>();
+  std::vector<std::shared_ptr<nn::Module>> replicas = replicate(module, CpuDevices(3));
+  const Tensor x = from_vector(std::vector<float>{1, 2, 3}, {3});
+  Tensor total;
+  for (size_t d = 0; d < replicas.size(); ++d) {
+    const Tensor copy = replicas[d]->buffer("t");
+    EXPECT_TRUE(copy.requires_grad());
+    EXPECT_EQ(copy.device(), Device::Cpu(static_cast<int>(d)));
+    Tensor part = replicas[d]->forward_tensors({x.to(copy.device())})[0].sum().to(Device::Cpu(0));
+    total = total.defined() ? add(total, part) : part;
+  }
+  total.backward();
+  ASSERT_TRUE(module->buffer("t").grad().defined());
+  EXPECT_EQ(MaxAbsDiff(module->buffer("t").grad(), from_vector(std::vector<float>{3, 6, 9}, {3})),
+            0.0);
+  // detach: no gradient path, replica 0 holds the original itself.
+  replicas = replicate(module, CpuDevices(2), /*detach=*/true);
+  EXPECT_EQ(replicas[0]->buffer("t").impl(), module->buffer("t").impl());
+  EXPECT_FALSE(replicas[1]->buffer("t").requires_grad());
 }
 
 class Counter : public nn::Cloneable<Counter> {

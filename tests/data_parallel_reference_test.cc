@@ -1,6 +1,8 @@
 // The examples of PyTorch's torch.nn.DataParallel reference page, in C++: a Linear(10, 5)
 // over an 8x10 input gives 8x5 (the module's own output), and a module with two inputs,
-// fc(x) + y, scatters both.
+// fc(x) + y, scatters both. Also the assertions of PyTorch's
+// test_data_parallel_buffers_requiring_grad and of libtorch's
+// DataParallelPlacesTheOutputOnTheRequestedDevice, on logical CPU devices.
 #include <memory>
 #include <sstream>
 #include <vector>
@@ -8,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "nn/nn.h"
 #include "parallel/data_parallel.h"
+#include "tensor/gradcheck.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
 
@@ -78,6 +81,71 @@ TEST(DataParallelReferenceDefaultsTest, DefaultDevicesAndPyTorchsPrintedForm) {
             "DataParallel(\n"
             "  (module): Linear(in_features=10, out_features=5, bias=True)\n"
             ")");
+}
+
+// PyTorch's TestModule of test_data_parallel_buffers_requiring_grad: x * t_rg + t_not_rg,
+// with t_rg a buffer that requires grad.
+class BuffersRequiringGrad : public nn::Cloneable<BuffersRequiringGrad> {
+ public:
+  explicit BuffersRequiringGrad(Tensor t) : t_(std::move(t)) { reset(); }
+  void reset() override {
+    t_rg_ = register_buffer("t_rg", t_);
+    t_not_rg_ = register_buffer("t_not_rg", t_.detach().clone());
+  }
+  Tensor forward(const Tensor& x) { return x * *t_rg_ + *t_not_rg_; }
+
+ private:
+  Tensor t_;
+  nn::Buffer t_rg_, t_not_rg_;
+};
+
+TEST(DataParallelReferenceBuffersTest, BuffersRequiringGradGetEveryReplicasGradient) {
+  SetCpuDeviceCount(2);
+  manual_seed(5);
+  Tensor t = randn({100});
+  t.set_requires_grad(true);
+  auto m = std::make_shared<BuffersRequiringGrad>(t);
+  ASSERT_TRUE(m->buffer("t_rg").requires_grad());  // self.assertTrue(m.t_rg.requires_grad)
+  parallel::DataParallel dpm(m, CpuDevices(2));
+  const Tensor inp = randn({2, 100});
+  // gradcheck(fn, (m.t_rg,)) with fn(t) = dpm(inp): CheckGradients hands f a copy of t,
+  // which becomes the buffer.
+  EXPECT_GRADIENTS_MATCH(
+      [&](const std::vector<Tensor>& in) {
+        m->replace_buffer("t_rg", in[0]);
+        return dpm.forward(inp);
+      },
+      {t});
+  m->replace_buffer("t_rg", t);
+  // The same in closed form: d sum(x * t_rg + t_not_rg) / d t_rg is the sum of x's rows,
+  // one from each replica.
+  dpm.forward(inp).sum().backward();
+  ASSERT_TRUE(t.grad().defined());
+  EXPECT_LE(testing::MaxAbsDiff(t.grad(), inp.sum({0})), 1e-5);
+  EXPECT_FALSE(m->buffer("t_not_rg").requires_grad());
+}
+
+// libtorch's DataParallelPlacesTheOutputOnTheRequestedDevice, with data_parallel's
+// devices and output_device as DataParallel's device_ids and output_device.
+TEST(DataParallelReferenceOutputDeviceTest, PlacesTheOutputOnTheRequestedDevice) {
+  SetCpuDeviceCount(2);
+  auto m = std::make_shared<nn::Linear>(3, 5);
+  const Tensor input = ones({10, 3});
+  {
+    parallel::DataParallel dp(m, CpuDevices(2), Device::Cpu(1));
+    const Tensor output = dp.forward(input);
+    ASSERT_TRUE(output.defined());
+    EXPECT_EQ(output.device(), Device::Cpu(1));
+    EXPECT_LE(testing::MaxAbsDiff(output, m->forward(input)), 1e-6);
+  }
+  {
+    // The single-device case (where nothing is scattered or gathered).
+    parallel::DataParallel dp(m, {Device::Cpu(0)}, Device::Cpu(1));
+    const Tensor output = dp.forward(input);
+    ASSERT_TRUE(output.defined());
+    EXPECT_EQ(output.device(), Device::Cpu(1));
+    EXPECT_LE(testing::MaxAbsDiff(output, m->forward(input)), 1e-6);
+  }
 }
 
 }  // namespace
