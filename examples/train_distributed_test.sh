@@ -105,7 +105,10 @@ timeout 300 mpirun --oversubscribe --bind-to none --tag-output -np 2 "$train" \
   --test_limit=100 --workers=0 --collective_timeout=2 >"$stalled" 2>&1 &
 job=$!
 rank1=""
-cleanup() { [[ -n "$rank1" ]] && kill -CONT "$rank1" 2>/dev/null; kill "$job" 2>/dev/null || true; }
+cleanup() {
+  if [[ -n "$rank1" ]]; then kill -CONT "$rank1" 2>/dev/null || true; fi
+  kill "$job" 2>/dev/null || true
+}
 trap cleanup EXIT
 for _ in $(seq 1200); do
   grep -q '^\[1,0\]<stdout>:epoch *2/' "$stalled" && break
