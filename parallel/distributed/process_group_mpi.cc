@@ -256,8 +256,9 @@ struct ProcessGroupMpi::Impl {
     }
   }
 
-  // The tag of an all-reduce's messages: its element count (modulo tag_count_modulus), op and
-  // dtype, so that a receiver can tell a message of an all-reduce that differs from its own.
+  // The tag of an all-reduce's messages: its element count (modulo tag_count_modulus, 2^29
+  // with Open MPI's tags: an error shows larger counts modulo that), op and dtype, so that a
+  // receiver can tell a message of an all-reduce that differs from its own.
   int AllreduceTag(int64_t numel, DType dtype, ReduceOp op) const {
     return static_cast<int>((numel % tag_count_modulus) * 4 + (op == ReduceOp::kAverage ? 2 : 0) +
                             (dtype == kInt64 ? 1 : 0));
@@ -280,7 +281,6 @@ struct ProcessGroupMpi::Impl {
     TANDEM_FAIL(prefix, work.description(), " failed: the ranks disagree on the ", what,
                 " of the all-reduce: rank ", rank, " (this rank) has ", DescribeAllreduceTag(tag),
                 ", rank ", received.MPI_SOURCE, " sent ", DescribeAllreduceTag(peer_tag),
-                (tag / 4 + 1 >= tag_count_modulus ? " (counts modulo 2^29)" : ""),
                 "; every rank must all-reduce a tensor of the same size and dtype with the same "
                 "op");
   }
