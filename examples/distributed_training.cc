@@ -7,12 +7,15 @@
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "data/dataloader.h"
@@ -26,6 +29,7 @@
 #include "nn/nn.h"
 #include "parallel/distributed/distributed_data_parallel.h"
 #include "parallel/distributed/process_group_mpi.h"
+#include "parallel/distributed/same_configuration.h"
 #include "tensor/profiler.h"
 #include "tensor/tensor.h"
 
@@ -50,6 +54,7 @@ ABSL_DECLARE_FLAG(std::string, plot);
 ABSL_DECLARE_FLAG(std::string, save);
 ABSL_DECLARE_FLAG(int, train_limit);
 ABSL_DECLARE_FLAG(int, test_limit);
+ABSL_DECLARE_FLAG(double, collective_timeout);
 
 namespace tandem::examples {
 namespace {
@@ -110,17 +115,60 @@ EvalResult Evaluate(nn::Module& model, data::DataLoader& test_loader) {
   return {loss_sum / total, static_cast<double>(correct) / total};
 }
 
+// The trainer's flags that may differ between ranks, and why; every other flag of the
+// trainer (examples/train.cc, a flag added there later included) must be the same on every
+// rank, since it changes the number of collectives the ranks run (--epochs, --batch_size,
+// --train_limit, --checkpoint's resume) or what they compute together (--model, --optimizer,
+// --lr, --seed: ranks with different optimizers would each apply the same averaged gradient
+// differently and drift apart without a word).
+const std::set<std::string>& FlagsThatMayDiffer() {
+  static const auto* flags = new std::set<std::string>{
+      "devices", "device",  // each rank's own device
+      "threads",            // the cores of each rank's machine: its own arithmetic only
+      "workers",            // loader threads: the batches and their order are the same
+      "data_dir",           // a path on each machine; the data's size is compared instead
+      "checkpoint",         // a path on each machine; compared as given or not, and as the
+                            // epoch it resumes at
+      "log_csv", "plot", "save", "trace",  // rank 0 alone writes them
+  };
+  return *flags;
+}
+
+// Every trainer flag that must agree, by name and current value ("--epochs", "10").
+std::vector<distributed::Setting> FlagsThatMustAgree() {
+  std::vector<distributed::Setting> settings;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (!absl::EndsWith(flag->Filename(), "examples/train.cc")) continue;
+    const std::string key(name);
+    if (FlagsThatMayDiffer().count(key)) continue;
+    settings.push_back({"--" + key, flag->CurrentValue()});
+  }
+  std::sort(settings.begin(), settings.end(),
+            [](const auto& a, const auto& b) { return a.name < b.name; });
+  // Without the flags' file names (a build that strips them) nothing would be compared.
+  TANDEM_CHECK(std::any_of(settings.begin(), settings.end(),
+                           [](const auto& s) { return s.name == "--epochs"; }),
+               "train --distributed: the trainer's flags were not found by their file "
+               "(examples/train.cc), so the ranks' flags cannot be compared");
+  return settings;
+}
+
 int Train();
 
 }  // namespace
 
 int RunDistributedTraining() {
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
   try {
     return Train();
+  } catch (const distributed::ConfigurationMismatch& e) {
+    // Every rank found the same disagreement: each stops on its own, with the same message.
+    std::fprintf(stderr, "train (rank %s): %s\n", rank == nullptr ? "?" : rank,
+                 OneLine(e.what()).c_str());
+    return 1;
   } catch (const std::exception& e) {
     if (!distributed::LaunchedByMpirun()) throw;
     // One rank that stops must stop them all: the others would wait for it in a collective.
-    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
     std::fprintf(stderr, "train (rank %s): %s\n", rank == nullptr ? "?" : rank,
                  OneLine(e.what()).c_str());
     distributed::AbortJob(1);
@@ -148,6 +196,10 @@ int Train() {
           "--lr_decay must be 'cosine' or 'none' but is '", lr_decay, "'");
   Require(optimizer_kind == "sgd" || optimizer_kind == "adam",
           "--optimizer must be 'sgd' or 'adam' but is '", optimizer_kind, "'");
+  const double timeout_s = absl::GetFlag(FLAGS_collective_timeout);
+  Require(std::isfinite(timeout_s) && timeout_s >= 0.001 && timeout_s <= 1e6,
+          "--collective_timeout must be a number of seconds in [0.001, 1000000] but is ",
+          timeout_s);
 
   const Device device = ResolveDevice();
   int threads = absl::GetFlag(FLAGS_threads);
@@ -158,7 +210,10 @@ int Train() {
   }
   threads = ConfigureCpuDevices({device}, threads);
 
-  auto group = std::make_shared<distributed::ProcessGroupMpi>();
+  auto group = std::make_shared<distributed::ProcessGroupMpi>(
+      distributed::ProcessGroupMpiOptions()
+          .timeout(std::chrono::milliseconds(std::llround(timeout_s * 1000)))
+          .timeout_name("--collective_timeout"));
   const int rank = group->rank();
   const int world = group->size();
   const bool lead = rank == 0;
@@ -187,7 +242,6 @@ int Train() {
       absl::GetFlag(FLAGS_train_limit));
   const bool resumed =
       !checkpoint.empty() && LoadTrainerCheckpoint(checkpoint, *model, *optimizer, &state);
-  auto ddp = std::make_shared<distributed::DistributedDataParallel>(model, group);
 
   const std::string root = absl::GetFlag(FLAGS_data_dir);
   const auto options = data::FashionMnistOptions().normalize();
@@ -214,6 +268,21 @@ int Train() {
     test_loader = std::make_unique<data::DataLoader>(
         test_set, data::DataLoaderOptions(loader_options).batch_size(1000));
   }
+
+  // Before the first collective whose number depends on them: ranks with other flags, data or
+  // checkpoints would wait for each other in different collectives, or drift apart silently.
+  std::vector<distributed::Setting> settings = FlagsThatMustAgree();
+  settings.push_back({"--checkpoint", checkpoint.empty() ? "not given" : "given"});
+  settings.push_back({"training images", std::to_string(train_set->size()), true});
+  settings.push_back({"images per rank per epoch", std::to_string(shares->size()), true});
+  settings.push_back({"steps per epoch", std::to_string(train_loader.size()), true});
+  settings.push_back({"epochs done (from --checkpoint)", std::to_string(state.epochs_done), true});
+  settings.push_back({"data order (from --checkpoint)", std::to_string(state.sampler_epoch), true});
+  distributed::RequireSameConfiguration(
+      *group, settings,
+      "start every rank with the same values of these flags (one mpirun command line for all "
+      "of them), the same training data and the same checkpoint");
+  auto ddp = std::make_shared<distributed::DistributedDataParallel>(model, group);
 
   // Every rank's device, for the report.
   Tensor mine = from_vector(std::vector<int64_t>{device.is_cuda() ? 1 : 0, device.index()}, {2});

@@ -10,7 +10,14 @@
 //
 // Device: the one --devices names, or cuda:<local rank> where GPUs exist, else cpu:0 with
 // --threads threads (default: the machine's cores shared among the ranks on it). Reads the
-// trainer's flags (examples/train.cc); --log_csv and --plot are refused in this mode.
+// trainer's flags (examples/train.cc). Before the first step every rank checks that all agree
+// on every flag of the trainer except those that may differ per rank or machine (the device,
+// --threads, --workers, paths, and what rank 0 alone writes; see FlagsThatMayDiffer, where a
+// new per-machine flag belongs), on the training data's size and steps per epoch, and on the
+// epoch a checkpoint resumes at; otherwise every rank prints the same error naming each
+// difference and every rank's value, and exits with status 1. A collective that waits longer
+// than --collective_timeout seconds fails, naming the ranks that did not answer, and ends the
+// job.
 #ifndef TANDEM_EXAMPLES_DISTRIBUTED_TRAINING_H_
 #define TANDEM_EXAMPLES_DISTRIBUTED_TRAINING_H_
 

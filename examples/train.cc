@@ -96,6 +96,10 @@ ABSL_FLAG(int, kill_in_epoch, 0, "(testing) SIGKILL the process half-way through
 ABSL_FLAG(bool, distributed, false,
           "One process per device under mpirun, with DistributedDataParallel: mpirun -np 2 "
           "train --distributed (see examples/distributed_training.h)");
+ABSL_FLAG(double, collective_timeout, 300,
+          "With --distributed: seconds a collective may wait for the other ranks before the run "
+          "fails, naming the ranks that did not answer (a stopped, hung or dead rank) and the "
+          "collective; raise it if rank 0's evaluation or checkpoint takes longer");
 
 namespace tandem {
 namespace {

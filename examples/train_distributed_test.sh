@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The trainer's --distributed mode end to end: 2 ranks under mpirun (through
 # parallel/distributed/mpi_test.sh) train for 2 epochs on a subset of Fashion-MNIST; rank 0
-# alone prints the summary and the final JSON line, and the model learns something.
+# alone prints the summary and the final JSON line, and the model learns something. Then
+# ranks that disagree (flags, data, checkpoints) are refused at start on every rank, and a
+# rank stopped with SIGSTOP makes the other fail within --collective_timeout, naming it.
 set -euo pipefail
 train="$1"
 data_dir=/usr/share/datasets/fashion-mnist
@@ -10,10 +12,11 @@ if [[ ! -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
   exit 0
 fi
 logs="${TEST_TMPDIR:-$(mktemp -d)}"
-rm -f "$logs/run.csv" "$logs/run.svg" "$logs/trace.json"
+rm -f "$logs/run.csv" "$logs/run.svg" "$logs/trace.json" "$logs/run.ckpt" "$logs/other.ckpt"
 out="$(bash parallel/distributed/mpi_test.sh 2 "$train" --distributed --devices=cpu:0 \
   --threads=1 --epochs=2 --batch_size=64 --train_limit=2048 --test_limit=500 --workers=0 \
-  --log_csv="$logs/run.csv" --plot="$logs/run.svg" --trace="$logs/trace.json")"
+  --log_csv="$logs/run.csv" --plot="$logs/run.svg" --trace="$logs/trace.json" \
+  --checkpoint="$logs/run.ckpt")"
 echo "$out"
 json="$(grep '^\[1,0\]<stdout>:{"model"' <<<"$out" | sed 's/^\[1,0\]<stdout>://')"
 [[ -n "$json" ]] || { echo "FAIL: rank 0 printed no JSON line"; exit 1; }
@@ -42,4 +45,87 @@ grep -q '<svg' "$logs/run.svg" && grep -q '2 ranks on cpu:0' "$logs/run.svg" ||
 grep -q 'trace of 16 steps' <<<"$out" || { echo "FAIL: rank 0 did not say it wrote the trace"; exit 1; }
 grep -q '"name":"ProcessGroupMpi rank 0 thread"\|"name":"allreduce (average) of' "$logs/trace.json" ||
   { echo "FAIL: the trace holds no all-reduce"; exit 1; }
+
+# Ranks that disagree: started as MPMD (one mpirun, two command lines), every rank refuses at
+# start with the same one-line error naming what differs and each rank's value, exit status
+# 1, no hang (before: --epochs 3 against 2 waited forever, --batch_size failed with
+# MPI_ERR_IN_STATUS, --optimizer or --seed trained on without a word).
+base=(--distributed --devices=cpu:0 --threads=1 --epochs=2 --batch_size=64 --train_limit=2048
+  --test_limit=500 --workers=0)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader \
+  OMPI_MCA_plm_rsh_agent=false OMPI_MCA_btl_vader_single_copy_mechanism=none TMPDIR=/tmp \
+  OPENBLAS_NUM_THREADS=1
+unset XML_OUTPUT_FILE TEST_PREMATURE_EXIT_FILE
+# mpmd EXPECTED RANK1_FLAGS...: rank 1 gets the extra flags; both ranks must print EXPECTED.
+mpmd() {
+  local expected="$1"
+  shift
+  local rc=0
+  mismatch="$(timeout 120 mpirun --oversubscribe --bind-to none --tag-output \
+    -np 1 "$train" "${base[@]}" : -np 1 "$train" "${base[@]}" "$@" 2>&1)" || rc=$?
+  [[ $rc == 1 ]] || { echo "$mismatch"; echo "FAIL: rank 1 with $*: exit status $rc, expected 1"; exit 1; }
+  for r in 0 1; do
+    grep -qF "[1,$r]<stderr>:train (rank $r): the 2 ranks disagree on $expected; start every rank" \
+      <<<"$mismatch" || { echo "$mismatch"; echo "FAIL: rank $r with $*: expected '$expected'"; exit 1; }
+  done
+}
+mpmd "--epochs (2 on rank 0, 3 on rank 1)" --epochs=3
+mpmd "--batch_size (64 on rank 0, 128 on rank 1)" --batch_size=128
+mpmd "--train_limit (2048 on rank 0, 1024 on rank 1)" --train_limit=1024
+mpmd "--optimizer (sgd on rank 0, adam on rank 1)" --optimizer=adam
+mpmd "--seed (1 on rank 0, 2 on rank 1)" --seed=2
+mpmd "--lr (0.05 on rank 0, 0.1 on rank 1)" --lr=0.1
+mpmd "--model (mlp on rank 0, cnn on rank 1)" --model=cnn
+# Same flags, other data: rank 1 reads a copy of the first 1,000 training images (plain IDX
+# files with their own headers), so the data sizes and the steps per epoch differ.
+small="$logs/small_data"
+mkdir -p "$small"
+set +o pipefail  # head ends the pipes early
+{ printf '\x00\x00\x08\x03\x00\x00\x03\xe8\x00\x00\x00\x1c\x00\x00\x00\x1c'
+  zcat "$data_dir/train-images-idx3-ubyte.gz" | tail -c +17 | head -c 784000; } \
+  >"$small/train-images-idx3-ubyte"
+{ printf '\x00\x00\x08\x01\x00\x00\x03\xe8'
+  zcat "$data_dir/train-labels-idx1-ubyte.gz" | tail -c +9 | head -c 1000; } \
+  >"$small/train-labels-idx1-ubyte"
+set -o pipefail
+mpmd "training images (2048 on rank 0, 1000 on rank 1); images per rank per epoch (1024 on rank 0, 500 on rank 1); steps per epoch (16 on rank 0, 8 on rank 1)" \
+  --data_dir="$small"
+# Each rank's own checkpoint path (one per machine), but rank 1's file does not exist: rank 0
+# would resume after epoch 2, rank 1 start from epoch 1.
+base+=(--checkpoint="$logs/run.ckpt")
+mpmd "epochs done (from --checkpoint) (2 on rank 0, 0 on rank 1); data order (from --checkpoint) (2 on rank 0, 0 on rank 1)" \
+  --checkpoint="$logs/other.ckpt"
+
+# A rank stopped with SIGSTOP in the middle of training: rank 0 fails within
+# --collective_timeout, naming the collective and the rank that did not answer, and the job
+# ends (before: the others waited 30 minutes without a word).
+stalled="$logs/stalled.txt"
+timeout 300 mpirun --oversubscribe --bind-to none --tag-output -np 2 "$train" \
+  --distributed --devices=cpu:0 --threads=1 --epochs=1000 --batch_size=64 --train_limit=2048 \
+  --test_limit=100 --workers=0 --collective_timeout=2 >"$stalled" 2>&1 &
+job=$!
+rank1=""
+cleanup() {
+  if [[ -n "$rank1" ]]; then kill -CONT "$rank1" 2>/dev/null || true; fi
+  kill "$job" 2>/dev/null || true
+}
+trap cleanup EXIT
+for _ in $(seq 1200); do
+  grep -q '^\[1,0\]<stdout>:epoch *2/' "$stalled" && break
+  sleep 0.1
+done
+for child in $(pgrep -P "$(pgrep -P "$job" mpirun || echo "$job")" || true); do
+  if tr '\0' '\n' <"/proc/$child/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1'; then
+    rank1="$child"
+  fi
+done
+[[ -n "$rank1" ]] || { cat "$stalled"; echo "FAIL: found no rank 1 under mpirun $job"; exit 1; }
+kill -STOP "$rank1"
+rc=0
+wait "$job" || rc=$?
+[[ $rc != 124 ]] || { cat "$stalled"; echo "FAIL: the job with a stopped rank was still running after 300 s"; exit 1; }
+[[ $rc != 0 ]] || { cat "$stalled"; echo "FAIL: the job with a stopped rank exited 0"; exit 1; }
+grep -qE '^\[1,0\]<stderr>:train \(rank 0\): ProcessGroupMpi rank 0 of 2: (allreduce|barrier|broadcast|allgather)[^:]* did not finish within 2\.0 s: rank 1 did not answer \(stopped, hung or dead, or busy outside this group.s collectives\)\. .*raise --collective_timeout if a rank is only slow$' \
+  "$stalled" || { cat "$stalled"; echo "FAIL: rank 0 did not name the stopped rank 1 and the collective"; exit 1; }
+grep '^\[1,0\]<stderr>:train (rank 0)' "$stalled"
 echo "PASS: $json"

@@ -222,6 +222,33 @@ struct ProcessGroupMpi::Impl {
   std::vector<char> scratch;          // the running all-reduce's receive buffer
   std::vector<MPI_Request> requests;  // the running exchange's
 
+  // The failure-diagnosis state (see Await): a second communicator, so that a question about a
+  // stalled collective never matches one of its messages; a receive always posted for the
+  // question; the answers being sent; and how many collectives this rank has started.
+  MPI_Comm control = MPI_COMM_NULL;
+  MPI_Request question = MPI_REQUEST_NULL;
+  int64_t question_in = 0;   // the asker's collective number (not needed to answer)
+  int64_t question_out = 0;  // this rank's, when it asks (outlives the sends)
+  struct Answer {
+    MPI_Request request = MPI_REQUEST_NULL;
+    std::unique_ptr<char[]> bytes;
+  };
+  std::vector<Answer> answers_sent;
+  int64_t started_count = 0;  // collectives started, the running one included
+  // All-reduce messages carry a tag of the sender's element count (modulo this), dtype and op.
+  int64_t tag_count_modulus = 1;
+  std::vector<MPI_Status> statuses;  // the running exchange's
+
+  static constexpr int kQuestionTag = 1;
+  static constexpr int kAnswerTag = 2;
+  static constexpr int kAnswerBytes = 256;  // the collective number, then its description
+  // A collective waits this long before it looks for questions and wrongly tagged messages:
+  // long enough that a collective which is going well never pays for either.
+  static constexpr std::chrono::milliseconds kDiagnoseAfter{1};
+  // How long a rank whose collective timed out waits for the others to answer (at most the
+  // timeout): a rank waiting in a collective answers within a few milliseconds.
+  static constexpr std::chrono::seconds kAnswerWait{1};
+
   // Checks an MPI return code.
   void Check(int rc, const char* call, const Work& work) const {
     if (rc != MPI_SUCCESS) {
@@ -229,35 +256,260 @@ struct ProcessGroupMpi::Impl {
     }
   }
 
+  // The tag of an all-reduce's messages: its element count (modulo tag_count_modulus, 2^29
+  // with Open MPI's tags: an error shows larger counts modulo that), op and dtype, so that a
+  // receiver can tell a message of an all-reduce that differs from its own.
+  int AllreduceTag(int64_t numel, DType dtype, ReduceOp op) const {
+    return static_cast<int>((numel % tag_count_modulus) * 4 + (op == ReduceOp::kAverage ? 2 : 0) +
+                            (dtype == kInt64 ? 1 : 0));
+  }
+
+  std::string DescribeAllreduceTag(int tag) const {
+    return internal::Concat(tag / 4, " ", (tag & 1) ? "int64" : "float32", " elements (",
+                            (tag & 2) ? "average" : "sum", ")");
+  }
+
+  // Throws the error for a message of a different all-reduce (its tag, `received`, is not
+  // `tag`): what each side has, after letting go of the pending requests.
+  [[noreturn]] void FailMismatch(const MPI_Status& received, int tag, MPI_Request* requests,
+                                 int count, const Work& work) {
+    Abandon(requests, count, /*point_to_point=*/true);
+    const int peer_tag = received.MPI_TAG;
+    const char* what = (peer_tag & 3) != (tag & 3) && peer_tag / 4 == tag / 4
+                           ? ((peer_tag & 1) != (tag & 1) ? "dtype" : "op")
+                           : "size";
+    TANDEM_FAIL(prefix, work.description(), " failed: the ranks disagree on the ", what,
+                " of the all-reduce: rank ", rank, " (this rank) has ", DescribeAllreduceTag(tag),
+                ", rank ", received.MPI_SOURCE, " sent ", DescribeAllreduceTag(peer_tag),
+                "; every rank must all-reduce a tensor of the same size and dtype with the same "
+                "op");
+  }
+
+  // After MPI_Testall failed with `rc`: names the cause from the statuses (a message of a
+  // different all-reduce among the first `receives`, or the first request's own error).
+  [[noreturn]] void FailFromStatuses(int rc, MPI_Request* requests, int count, int receives,
+                                     int tag, const Work& work) {
+    if (rc == MPI_ERR_IN_STATUS) {
+      for (int i = 0; i < receives; ++i) {
+        const int error = statuses[i].MPI_ERROR;
+        if ((error == MPI_SUCCESS || error == MPI_ERR_TRUNCATE) && statuses[i].MPI_TAG != tag) {
+          FailMismatch(statuses[i], tag, requests, count, work);
+        }
+      }
+      for (int i = 0; i < count; ++i) {
+        const int error = statuses[i].MPI_ERROR;
+        if (error == MPI_SUCCESS || error == MPI_ERR_PENDING) continue;
+        Abandon(requests, count, receives >= 0);
+        TANDEM_FAIL(prefix, work.description(), " failed: MPI_Testall: ", MpiErrorString(error),
+                    (error == MPI_ERR_TRUNCATE
+                         ? ": a peer sent more than this rank expects; every rank must pass "
+                           "tensors of the same size and dtype"
+                         : ""));
+      }
+    }
+    Abandon(requests, count, receives >= 0);
+    TANDEM_FAIL(prefix, work.description(), " failed: MPI_Testall: ", MpiErrorString(rc));
+  }
+
+  // What this rank sends to a rank that asks what it waits for: the number of the collective
+  // it is in and its description.
+  std::unique_ptr<char[]> AnswerBytes(const Work& work) const {
+    auto bytes = std::make_unique<char[]>(kAnswerBytes);
+    std::memset(bytes.get(), 0, kAnswerBytes);
+    std::memcpy(bytes.get(), &started_count, sizeof(started_count));
+    const std::string& description = work.description();
+    std::memcpy(bytes.get() + sizeof(started_count), description.data(),
+                std::min<size_t>(description.size(), kAnswerBytes - sizeof(started_count) - 1));
+    return bytes;
+  }
+
+  // Answers every question that has come (see AskWhoWaits) with what `work` is, and lets go of
+  // the answers already delivered.
+  void AnswerQuestions(const Work& work) {
+    MpiCallLock lock;
+    while (true) {
+      int arrived = 0;
+      MPI_Status status;
+      if (MPI_Test(&question, &arrived, &status) != MPI_SUCCESS || !arrived) break;
+      Answer answer{MPI_REQUEST_NULL, AnswerBytes(work)};
+      if (MPI_Isend(answer.bytes.get(), kAnswerBytes, MPI_CHAR, status.MPI_SOURCE, kAnswerTag,
+                    control, &answer.request) == MPI_SUCCESS) {
+        answers_sent.push_back(std::move(answer));
+      }
+      if (MPI_Irecv(&question_in, 1, MPI_INT64_T, MPI_ANY_SOURCE, kQuestionTag, control,
+                    &question) != MPI_SUCCESS) {
+        question = MPI_REQUEST_NULL;
+        break;
+      }
+    }
+    for (size_t i = 0; i < answers_sent.size();) {
+      int sent = 0;
+      MPI_Test(&answers_sent[i].request, &sent, MPI_STATUS_IGNORE);
+      if (sent) {
+        answers_sent.erase(answers_sent.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
+  }
+
+  // After `work` timed out: asks every other rank which collective it waits in, and says who
+  // did not answer (a stopped, hung or dead rank, or one busy outside this group's
+  // collectives) and who waits in another collective than this rank.
+  std::string AskWhoWaits(const Work& work) {
+    question_out = started_count;
+    const size_t bytes = static_cast<size_t>(size) * kAnswerBytes;
+    char* answers = new char[bytes]();  // leaked below if a receive stays pending
+    std::vector<MPI_Request> receives(size, MPI_REQUEST_NULL);
+    {
+      MpiCallLock lock;
+      for (int r = 0; r < size; ++r) {
+        if (r == rank) continue;
+        MPI_Irecv(answers + r * kAnswerBytes, kAnswerBytes, MPI_CHAR, r, kAnswerTag, control,
+                  &receives[r]);
+        MPI_Request send = MPI_REQUEST_NULL;
+        if (MPI_Isend(&question_out, 1, MPI_INT64_T, r, kQuestionTag, control, &send) ==
+            MPI_SUCCESS) {
+          MPI_Request_free(&send);
+        }
+      }
+    }
+    const Clock::time_point give_up =
+        Clock::now() + std::min<Clock::duration>(kAnswerWait, options.timeout_);
+    std::vector<bool> answered(size, false);
+    answered[rank] = true;
+    while (true) {
+      AnswerQuestions(work);  // another rank that timed out may be asking this one
+      bool all = true;
+      {
+        MpiCallLock lock;
+        for (int r = 0; r < size; ++r) {
+          if (answered[r]) continue;
+          int arrived = 0;
+          MPI_Test(&receives[r], &arrived, MPI_STATUS_IGNORE);
+          answered[r] = arrived != 0;
+          all = all && answered[r];
+        }
+      }
+      if (all || Clock::now() > give_up) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    // This rank's description as an answer carries it (cut to the same length).
+    const std::string own(AnswerBytes(work).get() + sizeof(started_count));
+    std::vector<int> silent;
+    std::vector<std::string> elsewhere;
+    std::vector<int> alongside;
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      if (!answered[r]) {
+        silent.push_back(r);
+        continue;
+      }
+      int64_t sequence = 0;
+      std::memcpy(&sequence, answers + r * kAnswerBytes, sizeof(sequence));
+      answers[(r + 1) * kAnswerBytes - 1] = '\0';
+      const std::string description(answers + r * kAnswerBytes + sizeof(sequence));
+      if (sequence == started_count && description == own) {
+        alongside.push_back(r);
+      } else {
+        elsewhere.push_back(internal::Concat("rank ", r, " waits in its collective number ",
+                                             sequence, " (", description, ")"));
+      }
+    }
+    if (!silent.empty()) {
+      MpiCallLock lock;
+      for (MPI_Request& request : receives) {
+        if (request == MPI_REQUEST_NULL) continue;
+        MPI_Cancel(&request);
+        MPI_Request_free(&request);
+      }
+    } else {
+      delete[] answers;
+    }
+    std::ostringstream text;
+    auto ranks = [](const std::vector<int>& list) {
+      std::ostringstream out;
+      out << (list.size() == 1 ? "rank " : "ranks ");
+      for (size_t i = 0; i < list.size(); ++i) out << (i == 0 ? "" : ", ") << list[i];
+      return out.str();
+    };
+    if (!silent.empty()) {
+      text << ranks(silent) << (silent.size() == 1 ? " did" : " do")
+           << " not answer (stopped, hung or dead, or busy outside this group's collectives)";
+    }
+    if (!elsewhere.empty()) {
+      if (!silent.empty()) text << "; ";
+      for (size_t i = 0; i < elsewhere.size(); ++i) text << (i == 0 ? "" : ", ") << elsewhere[i];
+      text << ", where this rank is in its collective number " << started_count
+           << ": the ranks issued different collectives";
+    }
+    if (!alongside.empty()) {
+      if (!silent.empty() || !elsewhere.empty()) text << "; ";
+      text << ranks(alongside) << (alongside.size() == 1 ? " waits" : " wait")
+           << " in this collective too";
+    }
+    return text.str();
+  }
+
   // Polls `requests` until all have completed or `deadline` passes: spins for kSpinFor, then
   // sleeps kPollSleep between polls, and 200 us once 200 ms have passed (a peer far behind
-  // should not cost a core). On timeout, cancels the pending receives (so that nothing writes
-  // into the buffers later) and throws.
-  void Await(MPI_Request* requests, int count, Clock::time_point deadline, const Work& work) {
+  // should not cost a core). `receives` is -1 for a non-blocking collective's requests; for
+  // point-to-point ones, the first `receives` requests are receives of an all-reduce's
+  // messages, tagged `tag` (AllreduceTag): one with another tag comes from a rank that runs
+  // another all-reduce, an error naming both (checked once they have completed, and from
+  // kDiagnoseAfter on while they have not, since a rank with fewer messages leaves some
+  // receives pending). From then on the wait also answers other ranks' questions (see
+  // AskWhoWaits). On timeout, cancels the pending receives (so that nothing writes into the
+  // buffers later), asks the others which collective they wait in, and throws, naming them.
+  void Await(MPI_Request* requests, int count, Clock::time_point deadline, const Work& work,
+             int receives = -1, int tag = 0) {
+    if (statuses.size() < static_cast<size_t>(count)) statuses.resize(count);
     // The clock is read every 16 polls only, from the 16th on: most exchanges of a small
     // all-reduce are over before that.
     Clock::time_point start;
     Clock::duration waited{};
     for (int64_t polls = 1;; ++polls) {
       int done = 0;
+      int rc;
       {
         MpiCallLock lock;
-        Check(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE), "MPI_Testall", work);
+        rc = MPI_Testall(count, requests, &done, statuses.data());
       }
-      if (done) return;
+      if (rc != MPI_SUCCESS) FailFromStatuses(rc, requests, count, receives, tag, work);
+      if (done) {
+        for (int i = 0; i < receives; ++i) {
+          if (statuses[i].MPI_TAG != tag) FailMismatch(statuses[i], tag, requests, count, work);
+        }
+        return;
+      }
       if ((polls & 15) == 0) {
         const Clock::time_point now = Clock::now();
         if (polls == 16) start = now;
         waited = now - start;
+        if (waited > kDiagnoseAfter) {
+          AnswerQuestions(work);
+          for (int i = 0; i < receives; ++i) {
+            if (requests[i] == MPI_REQUEST_NULL) continue;
+            int arrived = 0;
+            MPI_Status status;
+            {
+              MpiCallLock lock;
+              MPI_Request_get_status(requests[i], &arrived, &status);
+            }
+            if (arrived && status.MPI_TAG != tag) {
+              FailMismatch(status, tag, requests, count, work);
+            }
+          }
+        }
         if (now > deadline) {
-          Abandon(requests, count);
+          Abandon(requests, count, receives >= 0);
           std::ostringstream seconds;
           seconds << std::fixed << std::setprecision(1)
                   << std::chrono::duration<double>(options.timeout_).count();
           TANDEM_FAIL(prefix, work.description(), " did not finish within ", seconds.str(),
-                      " s: a peer rank has failed, exited or not issued the same collective "
-                      "(every rank must issue the same collectives in the same order); raise "
-                      "ProcessGroupMpiOptions::timeout if a rank is only slow");
+                      " s: ", AskWhoWaits(work),
+                      ". Every rank must issue the same collectives in the same order; raise ",
+                      options.timeout_name_, " if a rank is only slow");
         }
       }
       if (waited > std::chrono::milliseconds(200)) {
@@ -270,12 +522,14 @@ struct ProcessGroupMpi::Impl {
     }
   }
 
-  // Gives up on requests after a timeout. A receive is cancelled; a send may be too late to
-  // cancel. The scratch buffer is let go without being freed, since a receive that had already
-  // matched may still write into it; the group is unusable from now on anyway.
-  void Abandon(MPI_Request* requests, int count) {
+  // Gives up on requests after a timeout or an error. A receive is cancelled; a send may be
+  // too late to cancel. A non-blocking collective's request can be neither cancelled nor
+  // freed (MPI forbids both): it is left pending. The scratch buffer is let go without being
+  // freed, since a receive that had already matched may still write into it; the group is
+  // unusable from now on anyway.
+  void Abandon(MPI_Request* requests, int count, bool point_to_point) {
     MpiCallLock lock;
-    for (int i = 0; i < count; ++i) {
+    for (int i = 0; point_to_point && i < count; ++i) {
       if (requests[i] == MPI_REQUEST_NULL) continue;
       MPI_Cancel(&requests[i]);
       MPI_Request_free(&requests[i]);
@@ -285,20 +539,22 @@ struct ProcessGroupMpi::Impl {
 
   // Sends `send_count` elements to `to` and receives `receive_count` from `from`, both at once
   // (as MPI_Sendrecv), as messages of at most `piece` elements that are all in flight
-  // together, waiting until all have finished or the deadline has passed.
+  // together, tagged `tag`, waiting until all have finished or the deadline has passed.
   template <typename T>
   void Exchange(const T* send, int64_t send_count, int to, T* receive, int64_t receive_count,
-                int from, int64_t piece, Clock::time_point deadline, const Work& work) {
+                int from, int64_t piece, int tag, Clock::time_point deadline, const Work& work) {
     requests.resize((receive_count + piece - 1) / piece + (send_count + piece - 1) / piece);
-    Post(send, send_count, to, receive, receive_count, from, piece, requests.data(), work);
-    Await(requests.data(), static_cast<int>(requests.size()), deadline, work);
+    const int receives =
+        Post(send, send_count, to, receive, receive_count, from, piece, tag, requests.data(), work);
+    Await(requests.data(), static_cast<int>(requests.size()), deadline, work, receives, tag);
   }
 
   // Exchange's first half: posts the receives, then the sends, each message's request into
-  // `requests` (receives first; room for both counts divided by `piece`, rounded up).
+  // `requests` (receives first; room for both counts divided by `piece`, rounded up). Sends
+  // carry `tag`; the receives take any tag, for Await to check. Returns how many receives.
   template <typename T>
-  void Post(const T* send, int64_t send_count, int to, T* receive, int64_t receive_count, int from,
-            int64_t piece, MPI_Request* requests, const Work& work) {
+  int Post(const T* send, int64_t send_count, int to, T* receive, int64_t receive_count, int from,
+           int64_t piece, int tag, MPI_Request* requests, const Work& work) {
     // Nothing is sent or received for an empty part: the peer skips it alike.
     const int64_t receives = (receive_count + piece - 1) / piece;
     const int64_t sends = (send_count + piece - 1) / piece;
@@ -308,14 +564,16 @@ struct ProcessGroupMpi::Impl {
     for (int64_t k = 0; k < receives; ++k) {
       const int64_t offset = k * piece;
       const int n = static_cast<int>(std::min(piece, receive_count - offset));
-      Check(MPI_Irecv(receive + offset, n, type, from, 0, comm, &requests[k]), "MPI_Irecv", work);
+      Check(MPI_Irecv(receive + offset, n, type, from, MPI_ANY_TAG, comm, &requests[k]),
+            "MPI_Irecv", work);
     }
     for (int64_t k = 0; k < sends; ++k) {
       const int64_t offset = k * piece;
       const int n = static_cast<int>(std::min(piece, send_count - offset));
-      Check(MPI_Isend(send + offset, n, type, to, 0, comm, &requests[receives + k]), "MPI_Isend",
+      Check(MPI_Isend(send + offset, n, type, to, tag, comm, &requests[receives + k]), "MPI_Isend",
             work);
     }
+    return static_cast<int>(receives);
   }
 
   // Sums `count` elements at `data` over the ranks in place, times `factor` (1 / size for an
@@ -326,7 +584,8 @@ struct ProcessGroupMpi::Impl {
   // same two halves on both sides of each exchange, and the ring has one rank add and scale
   // each block and copy it to the others (so the ring scales 1/size of the buffer per rank).
   template <typename T>
-  void Allreduce(T* data, int64_t count, T factor, Clock::time_point deadline, const Work& work) {
+  void Allreduce(T* data, int64_t count, T factor, int tag, Clock::time_point deadline,
+                 const Work& work) {
     if (size == 1 || count == 0) return;
     const int64_t bytes = count * static_cast<int64_t>(sizeof(T));
     if ((size & (size - 1)) == 0 && bytes < kRingMinBytes) {
@@ -338,7 +597,7 @@ struct ProcessGroupMpi::Impl {
       const int64_t piece = (count + pieces - 1) / pieces;
       for (int mask = 1; mask < size; mask <<= 1) {
         const int peer = rank ^ mask;
-        Exchange(data, count, peer, received, count, peer, piece, deadline, work);
+        Exchange(data, count, peer, received, count, peer, piece, tag, deadline, work);
         ::tandem::internal::AddInto(data, received, count);
       }
       if (factor != T{1}) Scale(data, factor, count);
@@ -370,16 +629,18 @@ struct ProcessGroupMpi::Impl {
       // both ranks first adding, then copying.
       const int64_t pieces = (std::max(out_size, in_size) + piece - 1) / piece;
       MPI_Request pending[2][2];
+      int pending_receives[2] = {0, 0};
       auto post = [&](int64_t k) {
         const int64_t offset = k * piece;
         std::fill_n(pending[k & 1], 2, MPI_REQUEST_NULL);
-        Post(data + begin(out) + offset, std::clamp<int64_t>(out_size - offset, 0, piece), right,
-             slots[k & 1], std::clamp<int64_t>(in_size - offset, 0, piece), left, piece,
-             pending[k & 1], work);
+        pending_receives[k & 1] =
+            Post(data + begin(out) + offset, std::clamp<int64_t>(out_size - offset, 0, piece),
+                 right, slots[k & 1], std::clamp<int64_t>(in_size - offset, 0, piece), left, piece,
+                 tag, pending[k & 1], work);
       };
       if (pieces > 0) post(0);
       for (int64_t k = 0; k < pieces; ++k) {
-        Await(pending[k & 1], 2, deadline, work);
+        Await(pending[k & 1], 2, deadline, work, pending_receives[k & 1], tag);
         if (k + 1 < pieces) post(k + 1);
         const int64_t offset = k * piece;
         ::tandem::internal::AddInto(data + begin(in) + offset, slots[k & 1],
@@ -395,13 +656,14 @@ struct ProcessGroupMpi::Impl {
       const int in = mod(rank - step);
       const int64_t whole = std::max(largest_block, int64_t{1});
       Exchange(data + begin(out), begin(out + 1) - begin(out), right, data + begin(in),
-               begin(in + 1) - begin(in), left, whole, deadline, work);
+               begin(in + 1) - begin(in), left, whole, tag, deadline, work);
     }
   }
 
   // Runs one collective that this thread has taken off the queue (with `earlier_failure`,
   // the group's failure when it did).
   void Execute(MpiWork& work, const std::string& earlier_failure) {
+    ++started_count;
     if (!earlier_failure.empty()) {
       work.Release();
       work.Finish(std::make_exception_ptr(
@@ -562,6 +824,19 @@ ProcessGroupMpi::ProcessGroupMpi(ProcessGroupMpiOptions options)
         MPI_Comm_set_errhandler(impl->comm, MPI_ERRORS_RETURN);
         MPI_Comm_rank(impl->comm, &impl->rank);
         MPI_Comm_size(impl->comm, &impl->size);
+        rc = MPI_Comm_dup(MPI_COMM_WORLD, &impl->control);
+        TANDEM_CHECK(rc == MPI_SUCCESS,
+                     "ProcessGroupMpi: MPI_Comm_dup(MPI_COMM_WORLD) failed: ", MpiErrorString(rc));
+        MPI_Comm_set_errhandler(impl->control, MPI_ERRORS_RETURN);
+        rc = MPI_Irecv(&impl->question_in, 1, MPI_INT64_T, MPI_ANY_SOURCE, Impl::kQuestionTag,
+                       impl->control, &impl->question);
+        TANDEM_CHECK(rc == MPI_SUCCESS, "ProcessGroupMpi: MPI_Irecv failed: ", MpiErrorString(rc));
+        int* tag_ub = nullptr;
+        int has_tag_ub = 0;
+        MPI_Comm_get_attr(impl->comm, MPI_TAG_UB, &tag_ub, &has_tag_ub);
+        // MPI guarantees tags up to 32767 at least; Open MPI allows 2^31 - 1 (counts mod 2^29).
+        const int64_t largest_tag = has_tag_ub && tag_ub != nullptr ? *tag_ub : 32767;
+        impl->tag_count_modulus = std::max<int64_t>(1, (largest_tag - 3) / 4 + 1);
         impl->prefix =
             internal::Concat("ProcessGroupMpi rank ", impl->rank, " of ", impl->size, ": ");
         return impl;
@@ -584,6 +859,20 @@ ProcessGroupMpi::~ProcessGroupMpi() {
   MPI_Finalized(&finalized);
   if (impl_->failure.empty() && !finalized) {
     MpiCallLock lock;
+    if (impl_->question != MPI_REQUEST_NULL) {
+      MPI_Cancel(&impl_->question);
+      MPI_Wait(&impl_->question, MPI_STATUS_IGNORE);
+    }
+    // An answer still in flight goes to a rank that asked and then stopped listening: its
+    // buffer must outlive the send, which this group cannot wait for.
+    for (Impl::Answer& answer : impl_->answers_sent) {
+      int sent = 0;
+      MPI_Test(&answer.request, &sent, MPI_STATUS_IGNORE);
+      if (sent) continue;
+      MPI_Request_free(&answer.request);
+      static_cast<void>(answer.bytes.release());  // deliberately leaked, see above
+    }
+    MPI_Comm_free(&impl_->control);
     MPI_Comm_free(&impl_->comm);
   }
 }
@@ -604,12 +893,13 @@ std::shared_ptr<Work> ProcessGroupMpi::allreduce(Tensor tensor, ReduceOp op) {
     // An average is the sum scaled by the rank that finishes each block's sum, in the pass
     // that has it in cache (a separate pass over the whole result took 0.4 ms at 0.94 MB).
     const float factor = op == ReduceOp::kAverage ? 1.0f / static_cast<float>(impl.size) : 1.0f;
+    const int tag = impl.AllreduceTag(n, tensor.dtype(), op);
     for (int64_t offset = 0; offset < n; offset += step) {
       const int64_t count = std::min(step, n - offset);
       if (tensor.dtype() == kFloat32) {
-        impl.Allreduce(tensor.data<float>() + offset, count, factor, deadline, work);
+        impl.Allreduce(tensor.data<float>() + offset, count, factor, tag, deadline, work);
       } else {
-        impl.Allreduce(tensor.data<int64_t>() + offset, count, int64_t{1}, deadline, work);
+        impl.Allreduce(tensor.data<int64_t>() + offset, count, int64_t{1}, tag, deadline, work);
       }
     }
   });

@@ -22,15 +22,18 @@
 // group's thread polls every 50 us (spinning only while a caller waits for it), so that it
 // keeps collectives moving beside a compute thread without taking half its core. Collectives
 // are MPI's non-blocking calls, polled, so that one that a peer never joins fails after
-// `timeout` instead of hanging. The all-reduce is its own recursive doubling (below 128 KB,
-// its exchanges cut into messages that fit the shared-memory transport's eager limit, all in
-// flight at once) or ring over non-blocking point-to-point messages, the algorithms of Open
-// MPI's tuned blocking MPI_Allreduce, since Open MPI's MPI_Iallreduce (libnbc) is several
-// times slower on one machine; every rank gets bit-identical sums. After a timeout the group
-// is unusable: later collectives fail at once, naming the first error.
-// Tensors larger than MPI's int counts are sent in pieces of at most max_elements_per_call.
-// MPI's errors (MPI_ERRORS_RETURN) become tandem::Error naming the rank, the collective and
-// MPI's message.
+// `timeout` instead of hanging; its error says which ranks did not answer (a stopped, hung
+// or dead rank) and which wait in another collective (every rank that waits in a collective
+// answers such a question within milliseconds). An all-reduce's messages carry its size,
+// dtype and op, so that ranks that disagree on them fail at once, naming both sides. The all-reduce
+// is its own recursive doubling (below 128 KB, its exchanges cut into messages that fit the
+// shared-memory transport's eager limit, all in flight at once) or ring over non-blocking
+// point-to-point messages, the algorithms of Open MPI's tuned blocking MPI_Allreduce, since Open
+// MPI's MPI_Iallreduce (libnbc) is several times slower on one machine; every rank gets
+// bit-identical sums. After a timeout the group is unusable: later collectives fail at once, naming
+// the first error. Tensors larger than MPI's int counts are sent in pieces of at most
+// max_elements_per_call. MPI's errors (MPI_ERRORS_RETURN) become tandem::Error naming the rank, the
+// collective and MPI's message.
 #ifndef TANDEM_PARALLEL_DISTRIBUTED_PROCESS_GROUP_MPI_H_
 #define TANDEM_PARALLEL_DISTRIBUTED_PROCESS_GROUP_MPI_H_
 
@@ -39,6 +42,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "parallel/distributed/process_group.h"
 
@@ -47,11 +51,18 @@ namespace tandem::distributed {
 struct ProcessGroupMpiOptions {
   // How long one collective may run once started before it fails (PyTorch's default: 30 min).
   std::chrono::milliseconds timeout_ = std::chrono::minutes(30);
+  // What raises the timeout, for the timeout's error message: a program that reads it from a
+  // flag names the flag ("--collective_timeout").
+  std::string timeout_name_ = "ProcessGroupMpiOptions::timeout";
   // The most elements one MPI call moves (MPI counts are ints); lower it to test chunking.
   int64_t max_elements_per_call_ = INT_MAX;
 
   ProcessGroupMpiOptions& timeout(std::chrono::milliseconds v) {
     timeout_ = v;
+    return *this;
+  }
+  ProcessGroupMpiOptions& timeout_name(std::string v) {
+    timeout_name_ = std::move(v);
     return *this;
   }
   ProcessGroupMpiOptions& max_elements_per_call(int64_t v) {

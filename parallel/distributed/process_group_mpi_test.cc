@@ -3,11 +3,14 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -306,6 +309,123 @@ TEST_F(ProcessGroupMpiTest, ARankThatThrowsBeforeACollectiveMakesTheOthersFailIn
     }
   }
   // The healthy group still works on every rank.
+  Group().barrier()->wait();
+}
+
+// The message of the error `body` throws (empty if it throws none).
+std::string ErrorOf(const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Ranks that all-reduce tensors of different sizes, dtypes or ops fail at once with an error
+// naming both sides, instead of MPI_ERR_IN_STATUS (the larger message truncated), a hang (fewer
+// messages than the receiver expects) or wrong numbers (a shorter message received silently).
+// On 3 ranks (a ring) the last rank differs: rank 0, which receives from it, and the last rank,
+// which receives from rank 1, see the difference; rank 1 only sees rank 0 stop, and times out.
+TEST_F(ProcessGroupMpiTest, RanksThatDisagreeOnAnAllreduceFailNamingBothSides) {
+  const int size = Group().size();
+  const int last = size - 1;
+  struct Case {
+    int64_t numel, last_numel;
+    DType last_dtype;
+    ReduceOp last_op;
+    std::string rank0_sees;  // on rank 0, from the last rank
+  };
+  const std::vector<Case> cases = {
+      // One message each way; the last rank's is longer.
+      {2, 4, kFloat32, ReduceOp::kSum,
+       "the ranks disagree on the size of the all-reduce: rank 0 (this rank) has 2 float32 "
+       "elements (sum), rank " +
+           std::to_string(last) + " sent 4 float32 elements (sum)"},
+      // Two messages against three (4,032-byte pieces): the receiver of two messages waits
+      // for a third that never comes, but sees the first's tag.
+      {2000, 3000, kFloat32, ReduceOp::kSum,
+       "rank 0 (this rank) has 2000 float32 elements (sum), rank " + std::to_string(last) +
+           " sent 3000 float32 elements (sum)"},
+      {64, 64, kFloat32, ReduceOp::kAverage,
+       "the ranks disagree on the op of the all-reduce: rank 0 (this rank) has 64 float32 "
+       "elements (sum), rank " +
+           std::to_string(last) + " sent 64 float32 elements (average)"},
+      {64, 64, kInt64, ReduceOp::kSum,
+       "the ranks disagree on the dtype of the all-reduce: rank 0 (this rank) has 64 float32 "
+       "elements (sum), rank " +
+           std::to_string(last) + " sent 64 int64 elements (sum)"},
+  };
+  for (const Case& c : cases) {
+    ProcessGroupMpi fragile(ProcessGroupMpiOptions().timeout(std::chrono::milliseconds(500)));
+    const bool odd = fragile.rank() == last;
+    Tensor t = odd ? ones({c.last_numel}, c.last_dtype) : ones({c.numel});
+    const std::string error =
+        ErrorOf([&] { fragile.allreduce(t, odd ? c.last_op : ReduceOp::kSum)->wait(); });
+    SCOPED_TRACE(c.rank0_sees);
+    if (size == 2 || fragile.rank() != 1) {
+      EXPECT_THAT(error, HasSubstr("every rank must all-reduce a tensor of the same size"));
+    } else {
+      EXPECT_THAT(error, HasSubstr("did not finish within 0.5 s"));
+    }
+    if (fragile.rank() == 0) EXPECT_THAT(error, HasSubstr(c.rank0_sees));
+    if (size == 2 && fragile.rank() == last) {
+      EXPECT_THAT(error, HasSubstr("rank 1 (this rank) has " + std::to_string(c.last_numel)));
+      EXPECT_THAT(error, HasSubstr("rank 0 sent " + std::to_string(c.numel) + " float32"));
+    }
+    Group().barrier()->wait();
+  }
+}
+
+// A rank that stops (SIGSTOP) in the middle of the job: the others' collective fails after
+// the timeout, naming the collective and the rank that did not answer, and (on 3 ranks) that
+// the other live rank waits in the same collective. Rank 0 then resumes it (SIGCONT).
+TEST_F(ProcessGroupMpiTest, AStoppedRankIsNamedByTheOthersAfterTheTimeout) {
+  ProcessGroupMpi fragile(ProcessGroupMpiOptions()
+                              .timeout(std::chrono::milliseconds(1500))
+                              .timeout_name("--collective_timeout"));
+  Tensor pids = zeros({fragile.size()}, kInt64);
+  fragile.allgather(pids, full({1}, static_cast<double>(getpid()), kInt64))->wait();
+  if (fragile.rank() == 1) {
+    raise(SIGSTOP);  // until rank 0 sends SIGCONT
+  } else {
+    Tensor t = ones({1000});
+    const std::string error = ErrorOf([&] { fragile.allreduce(t)->wait(); });
+    if (fragile.rank() == 0) kill(static_cast<pid_t>(pids.to_vector<int64_t>()[1]), SIGCONT);
+    EXPECT_THAT(error, HasSubstr("rank " + std::to_string(fragile.rank()) + " of " +
+                                 std::to_string(fragile.size()) +
+                                 ": allreduce (sum) of 1000 float32 elements did not finish "
+                                 "within 1.5 s: rank 1 did not answer (stopped, hung or dead"));
+    EXPECT_THAT(error, HasSubstr("raise --collective_timeout if a rank is only slow"));
+    if (fragile.size() == 3) {
+      EXPECT_THAT(error, HasSubstr("rank " + std::to_string(2 - fragile.rank()) +
+                                   " waits in this collective too"));
+    }
+  }
+  Group().barrier()->wait();
+}
+
+// Ranks that issue different collectives: the error of the one that times out says which
+// collective each other rank waits in.
+TEST_F(ProcessGroupMpiTest, RanksInDifferentCollectivesAreNamedWithTheirs) {
+  ProcessGroupMpi fragile(ProcessGroupMpiOptions().timeout(std::chrono::milliseconds(1500)));
+  Tensor t = ones({16});
+  fragile.allreduce(t)->wait();
+  const std::string error = ErrorOf([&] {
+    if (fragile.rank() == 0) {
+      fragile.allreduce(t)->wait();
+    } else {
+      fragile.barrier()->wait();
+    }
+  });
+  if (fragile.rank() == 0) {
+    EXPECT_THAT(error, HasSubstr("allreduce (sum) of 16 float32 elements did not finish within "
+                                 "1.5 s: rank 1 waits in its collective number 2 (barrier)"));
+    EXPECT_THAT(error, HasSubstr("where this rank is in its collective number 2"));
+  } else {
+    EXPECT_THAT(error, HasSubstr("barrier did not finish within 1.5 s: rank 0 waits in its "
+                                 "collective number 2 (allreduce (sum) of 16 float32 elements)"));
+  }
   Group().barrier()->wait();
 }
 
