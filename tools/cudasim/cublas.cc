@@ -2,8 +2,14 @@
 #include <cblas.h>
 #include <cublas_v2.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <memory>
 #include <mutex>
+#include <vector>
 #include <set>
 #include <string>
 
@@ -60,6 +66,31 @@ cublasStatus_t CheckGemm(const char* call, cublasOperation_t ta, cublasOperation
   return CUBLAS_STATUS_SUCCESS;
 }
 
+// TF32 as the tensor cores take it: float32 rounded (to nearest, ties to even) to 10
+// mantissa bits. Applied to the operands when the handle allows TF32, so that code choosing
+// TF32 sees its precision change here as on a GPU.
+float RoundToTf32(float x) {
+  if (!std::isfinite(x)) return x;
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  bits += 0x0fffu + ((bits >> 13) & 1u);
+  bits &= ~0x1fffu;
+  std::memcpy(&x, &bits, 4);
+  return x;
+}
+
+// A rounded copy of a column-major rows x cols operand with leading dimension ld.
+std::vector<float> Tf32Copy(const float* x, int rows, int cols, int ld) {
+  std::vector<float> copy(cols == 0 ? 0 : static_cast<size_t>(ld) * (cols - 1) + rows);
+  for (int c = 0; c < cols; ++c) {
+    for (int r = 0; r < rows; ++r) {
+      const size_t at = static_cast<size_t>(c) * ld + r;
+      copy[at] = RoundToTf32(x[at]);
+    }
+  }
+  return copy;
+}
+
 CBLAS_TRANSPOSE Trans(cublasOperation_t op) { return op == CUBLAS_OP_N ? CblasNoTrans : CblasTrans; }
 
 cublasStatus_t Queue(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb, int m,
@@ -75,6 +106,7 @@ cublasStatus_t Queue(cublasHandle_t handle, cublasOperation_t ta, cublasOperatio
     return CUBLAS_STATUS_EXECUTION_FAILED;
   }
   if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
+  const bool tf32 = handle->mode == CUBLAS_TF32_TENSOR_OP_MATH;
   stream->Enqueue([=] {
     for (int i = 0; i < batch; ++i) {
       float* ci = c + i * stride_c;
@@ -88,8 +120,17 @@ cublasStatus_t Queue(cublasHandle_t handle, cublasOperation_t ta, cublasOperatio
         }
         continue;
       }
-      cblas_sgemm(CblasColMajor, Trans(ta), Trans(tb), m, n, k, alpha, a + i * stride_a, lda,
-                  b + i * stride_b, ldb, beta, ci, ldc);
+      const float* ai = a + i * stride_a;
+      const float* bi = b + i * stride_b;
+      std::vector<float> a32, b32;
+      if (tf32) {
+        a32 = Tf32Copy(ai, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, lda);
+        b32 = Tf32Copy(bi, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, ldb);
+        ai = a32.data();
+        bi = b32.data();
+      }
+      cblas_sgemm(CblasColMajor, Trans(ta), Trans(tb), m, n, k, alpha, ai, lda, bi, ldb, beta,
+                  ci, ldc);
     }
   });
   return CUBLAS_STATUS_SUCCESS;

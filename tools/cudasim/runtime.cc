@@ -29,6 +29,7 @@ constexpr int kMaxDevices = 16;
 constexpr size_t kSharedMemoryPerBlock = 48 << 10;
 constexpr int kMaxThreadsPerBlock = 1024;
 constexpr size_t kDeviceAlignment = 256;
+constexpr size_t kHugePage = size_t{2} << 20;
 // Freed device memory stays mapped without access (so a late use faults) up to this much
 // address space, oldest released first.
 constexpr size_t kQuarantineBytes = size_t{64} << 30;
@@ -175,8 +176,11 @@ class Runtime {
       d.allocated += rounded;
     }
     // A guard page on either side; the block ends where the guard after it starts, so an
-    // access past the rounded size faults.
-    const size_t mapping_bytes = (pages + 2) * page;
+    // access past the rounded size faults. Blocks of 2 MiB and more (the caching allocator's
+    // segments) sit on transparent huge pages: page faults are what costs most here.
+    const bool huge = rounded >= kHugePage;
+    const size_t usable = huge ? (rounded + kHugePage - 1) / kHugePage * kHugePage : pages * page;
+    const size_t mapping_bytes = usable + 2 * page + (huge ? kHugePage : 0);
     void* mapping = mmap(nullptr, mapping_bytes, PROT_NONE,
                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (mapping == MAP_FAILED) {
@@ -185,8 +189,15 @@ class Runtime {
       return cudaErrorMemoryAllocation;
     }
     char* base = static_cast<char*>(mapping);
-    mprotect(base + page, pages * page, PROT_READ | PROT_WRITE);
-    char* user = base + page + pages * page - rounded;
+    char* usable_begin = base + page;
+    if (huge) {
+      const uintptr_t aligned = (reinterpret_cast<uintptr_t>(usable_begin) + kHugePage - 1) /
+                                kHugePage * kHugePage;
+      usable_begin = reinterpret_cast<char*>(aligned);
+    }
+    mprotect(usable_begin, usable, PROT_READ | PROT_WRITE);
+    if (huge) madvise(usable_begin, usable, MADV_HUGEPAGE);
+    char* user = usable_begin + usable - rounded;
     // Fresh device memory is not zero on a GPU: a kernel that reads it before writing
     // sees NaNs here rather than a lucky 0.
     std::memset(user, 0xff, rounded);
