@@ -313,6 +313,9 @@ _cuda_library = rule(
 
 def _with_cuda_compat(kwargs):
     extra = kwargs.pop("target_compatible_with", [])
+    if kwargs.pop("cudasim_only", False):
+        kwargs["target_compatible_with"] = _cudasim_compatible_with() + extra
+        return kwargs
 
     # NCCL has no simulator: what links it directly is skipped under --config=cudasim.
     deps = kwargs.get("deps", [])
@@ -354,6 +357,7 @@ def cuda_library(
         tags = [],
         testonly = False,
         target_compatible_with = [],
+        cudasim_only = False,
         **kwargs):
     """nvcc-compiled library; skipped (incompatible) when CUDA is disabled.
 
@@ -368,6 +372,7 @@ def cuda_library(
       hdrs: public headers (.h/.cuh).
       deps, copts, defines, local_defines, includes, linkopts, alwayslink, data, visibility,
         tags, testonly, target_compatible_with: as for cc_library (copts are nvcc flags).
+      cudasim_only: build only under --config=cudasim (the simulator's own tests).
       **kwargs: gpu_arches, ... (nvcc only).
     """
     _cuda_library(
@@ -385,7 +390,8 @@ def cuda_library(
         visibility = ["//visibility:private"],
         tags = tags,
         testonly = testonly,
-        target_compatible_with = _toolkit_compatible_with() + target_compatible_with,
+        target_compatible_with = (_INCOMPATIBLE if cudasim_only else _toolkit_compatible_with()) +
+                                 target_compatible_with,
         **kwargs
     )
 
@@ -463,7 +469,8 @@ def cuda_cc_binary(name, **kwargs):
     native.cc_binary(name = name, **_with_cuda_compat(kwargs))
 
 def cuda_cc_test(name, tags = [], **kwargs):
-    """cc_test that needs CUDA; skipped when CUDA is disabled.
+    """cc_test that needs CUDA; skipped when CUDA is disabled (cudasim_only = True: unless
+    under --config=cudasim).
 
     Tagged "cuda" and "gpu" (filter with --test_tag_filters=-gpu). The test
     itself should GTEST_SKIP() when cudaGetDeviceCount() fails or finds no

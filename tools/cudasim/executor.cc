@@ -168,6 +168,14 @@ class Executor {
 
   int LaneId() const { return current_->lane; }
 
+  void PoisonShared(void* address, size_t bytes) {
+    for (const void* done : poisoned_) {
+      if (done == address) return;
+    }
+    std::memset(address, 0xff, bytes);
+    poisoned_.push_back(address);
+  }
+
  private:
   static std::string Hex(unsigned value) {
     char text[16];
@@ -293,6 +301,7 @@ class Executor {
     reduce_or_[0] = 0;
     error_.clear();
     ready_.clear();
+    poisoned_.clear();
     MakeReady(order);
     while (!ready_.empty() && error_.empty()) {
       const int index = ready_.front();
@@ -346,6 +355,7 @@ class Executor {
   std::vector<SimThread> threads_;
   std::vector<SimWarp> warps_;
   std::deque<int> ready_;
+  std::vector<const void*> poisoned_;  // static shared variables this block has poisoned
   SimThread* current_ = nullptr;
   int live_ = 0;
   int at_barrier_ = 0;
@@ -393,6 +403,9 @@ void CheckSourceLane(unsigned mask, int lane, const char* what) {
   Running(what).CheckSourceLane(mask, lane, what);
 }
 int LaneId() { return Running("a warp intrinsic").LaneId(); }
+void PoisonShared(void* address, size_t bytes) {
+  Running("__shared__").PoisonShared(address, bytes);
+}
 
 uint64_t GlobalTimerNanoseconds() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(

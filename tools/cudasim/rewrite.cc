@@ -6,6 +6,8 @@
 //   include/cudasim/launch.h) that names the kernel and the line in failure messages.
 // - `extern __shared__ T name[];` (dynamic shared memory) becomes a pointer to the running
 //   block's dynamic shared memory.
+// - `__shared__ T name[N];` in a function is followed by a call that poisons it at the start of
+//   each block (PoisonStaticShared).
 // Line numbers are kept (#line and the same count of newlines), so compiler errors and
 // messages point into the .cu file.
 #include <cctype>
@@ -124,6 +126,52 @@ std::string RewriteLaunches(const std::string& text, const std::string& name) {
   return out;
 }
 
+// After each `__shared__ T name...;` inside a function, a call that fills the variable with
+// 0xff bytes (NaN, -1) when the running block first reaches it: shared memory is
+// uninitialised at a block's start on a GPU, and a kernel that reads it before writing (a
+// missing __syncthreads) must see garbage here too, not what the previous block left.
+std::string PoisonStaticShared(const std::string& text) {
+  const std::string mask = CodeMask(text);
+  static const std::regex declaration(
+      R"(\b__shared__\s+(?!extern)[^;{}()]*?\b([A-Za-z_]\w*)\s*(\[[^;{}]*\])?\s*;)");
+  std::string out;
+  size_t copied = 0;
+  // Brace kinds: 'n' for namespace and extern "C" bodies, 'o' for the rest (functions, ...).
+  std::string braces;
+  size_t scanned = 0;
+  auto scan_to = [&](size_t end) {
+    for (; scanned < end; ++scanned) {
+      if (mask[scanned] != 'c') continue;
+      if (text[scanned] == '{') {
+        size_t back = scanned;
+        while (back > 0 && text[back - 1] != ';' && text[back - 1] != '}' &&
+               text[back - 1] != '{') {
+          --back;
+        }
+        const std::string head = text.substr(back, scanned - back);
+        const bool ns = std::regex_search(head, std::regex(R"((^|\s)namespace\b|extern\s*"C)"));
+        braces.push_back(ns ? 'n' : 'o');
+      } else if (text[scanned] == '}' && !braces.empty()) {
+        braces.pop_back();
+      }
+    }
+  };
+  for (std::sregex_iterator it(text.begin(), text.end(), declaration), end; it != end; ++it) {
+    const size_t at = static_cast<size_t>(it->position(0));
+    if (mask[at] != 'c') continue;
+    if (text.compare(at > 7 ? at - 7 : 0, at > 7 ? 7 : at, "extern ") == 0) continue;
+    scan_to(at);
+    if (braces.empty() || braces.back() == 'n') continue;  // namespace scope: left alone
+    const size_t stop = at + it->length(0);
+    out += text.substr(copied, stop - copied);
+    const std::string name = (*it)[1];
+    out += " ::cudasim::internal::PoisonShared(&" + name + ", sizeof(" + name + "));";
+    copied = stop;
+  }
+  out += text.substr(copied);
+  return out;
+}
+
 std::string RewriteDynamicShared(const std::string& text) {
   static const std::regex pattern(
       R"(extern\s+__shared__\s+([^;\[]*?)\s*\b([A-Za-z_]\w*)\s*\[\s*\]\s*;)");
@@ -143,7 +191,8 @@ int main(int argc, char** argv) {
   if (!in) Die(argv[1], "cannot read it");
   std::stringstream buffer;
   buffer << in.rdbuf();
-  std::string text = RewriteDynamicShared(RewriteLaunches(buffer.str(), argv[3]));
+  std::string text =
+      RewriteDynamicShared(PoisonStaticShared(RewriteLaunches(buffer.str(), argv[3])));
   std::ofstream out(argv[2], std::ios::binary);
   out << "#line 1 \"" << argv[3] << "\"\n" << text;
   if (!out) Die(argv[2], "cannot write it");

@@ -1,6 +1,7 @@
 // cudasim's CUDA runtime: devices, memory, streams (a worker thread each), events and kernel
 // launches, on the host. See README.md for what it checks and what it cannot.
 #include <cuda_runtime.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -211,15 +212,19 @@ class Runtime {
   cudaError_t Free(void* ptr) {
     if (ptr == nullptr) return cudaSuccess;
     Allocation a;
+    bool found = false;
     {
       std::lock_guard<std::mutex> lock(memory_mutex_);
       auto it = device_memory_.find(reinterpret_cast<uintptr_t>(ptr));
-      if (it == device_memory_.end()) {
-        return Fail(cudaErrorInvalidValue,
-                    "cudaFree(" + Describe(ptr) + "): not a pointer that cudaMalloc returned "
-                    "(or freed already)");
+      if (it != device_memory_.end()) {
+        a = it->second;
+        found = true;
       }
-      a = it->second;
+    }
+    if (!found) {
+      return Fail(cudaErrorInvalidValue, "cudaFree(" + Describe(ptr) +
+                                             "): not a pointer that cudaMalloc returned (or "
+                                             "freed already)");
     }
     // cudaFree waits for the device's work, as on a GPU.
     for (Stream* s : Streams(a.device)) s->Synchronize();
@@ -331,6 +336,37 @@ class Runtime {
 };
 
 thread_local cudaError_t tls_last_error = cudaSuccess;
+thread_local const char* tls_running_kernel = nullptr;
+
+#if !defined(__SANITIZE_ADDRESS__)
+// A fault in device memory (a guard page, a freed block) is a kernel's or a copy's illegal
+// address: say which block it hit before the process dies of it. (Under AddressSanitizer its
+// own report says the same.)
+struct sigaction previous_segv_action;
+
+void OnSegv(int signal, siginfo_t* info, void* context) {
+  std::string what = Runtime::Get().Describe(info->si_addr);
+  const char* kernel = tls_running_kernel;
+  std::fprintf(stderr,
+               "cudasim: illegal address %s%s%s: an out-of-bounds or use-after-free access to "
+               "device memory (cudaErrorIllegalAddress on a GPU)\n",
+               what.c_str(), kernel != nullptr ? " in kernel " : "", kernel != nullptr ? kernel : "");
+  sigaction(SIGSEGV, &previous_segv_action, nullptr);
+  (void)signal;
+  (void)context;
+}
+
+void InstallSegvHandler() {
+  struct sigaction action;
+  std::memset(&action, 0, sizeof(action));
+  action.sa_sigaction = &OnSegv;
+  action.sa_flags = SA_SIGINFO;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGSEGV, &action, &previous_segv_action);
+}
+#else
+void InstallSegvHandler() {}
+#endif
 thread_local int tls_device = 0;
 
 struct Event {
@@ -361,6 +397,8 @@ bool ValidDevice(int device) { return device >= 0 && device < Runtime::Get().cou
 
 Stream::Stream(int device, bool is_default) : device_(device) {
   (void)is_default;
+  static std::once_flag segv_once;
+  std::call_once(segv_once, InstallSegvHandler);
   worker_ = std::thread([this] { Run(); });
 }
 
@@ -504,10 +542,13 @@ void EnqueueKernel(const LaunchConfig& config, const char* name,
   stream->Enqueue([config, seed, device, label, body = std::move(thread_body)] {
     if (StickyError(device) != cudaSuccess) return;
     try {
+      tls_running_kernel = label.c_str();
       RunGrid(config.grid, config.block, config.shared, seed, body);
+      tls_running_kernel = nullptr;
     } catch (const KernelError& error) {
       char hex[32];
       std::snprintf(hex, sizeof(hex), "0x%llx", static_cast<unsigned long long>(Seed()));
+      tls_running_kernel = nullptr;
       SetStickyError(device, cudaErrorLaunchFailure,
                      label + ": " + error.what() + " (TANDEM_CUDASIM_SEED=" + hex + ")");
     }

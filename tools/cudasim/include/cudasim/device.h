@@ -13,8 +13,9 @@
 //   }
 //
 // `__shared__` is `static thread_local`: the fibers of a block run on one OS thread and a
-// thread runs one block at a time, so each block has its own copy, as on a GPU (its
-// contents are left over from the previous block, as uninitialised shared memory may be).
+// thread runs one block at a time, so each block has its own copy, as on a GPU. The rewrite
+// step fills it with 0xff bytes (NaN) when a block first reaches its declaration, so reading
+// it before any thread wrote it gives garbage, as uninitialised shared memory does.
 #ifndef TANDEM_TOOLS_CUDASIM_INCLUDE_CUDASIM_DEVICE_H_
 #define TANDEM_TOOLS_CUDASIM_INCLUDE_CUDASIM_DEVICE_H_
 
@@ -57,6 +58,9 @@ const uint64_t* WarpExchange(unsigned mask, uint64_t value, const char* what);
 // Fails the kernel unless `lane` is in `mask` (reading a lane outside it is undefined).
 void CheckSourceLane(unsigned mask, int lane, const char* what);
 int LaneId();
+// Fills a static __shared__ variable with 0xff bytes the first time the running block reaches
+// its declaration (the rewrite step puts the call after each one).
+void PoisonShared(void* address, size_t bytes);
 uint64_t GlobalTimerNanoseconds();
 void NanoSleep(unsigned nanoseconds);
 
