@@ -209,7 +209,8 @@ TEST_F(CudaStreamTest, CopyToAnotherDeviceLeavesTheSourceComputing) {
 
 TEST_F(CudaStreamTest, CopySourceIsNotReusedBeforeTheCopyHasReadIt) {
   const int64_t n = 1 << 22;  // as above
-  EmptyCache(kCuda0);  // so that the block freed below is the only one to reuse
+  // So that the block freed below is the only one to reuse.
+  EmptyCache(kCuda0);
   Tensor dst = full({n}, -1.0, kCuda1);
   cuda::Synchronize(1);
   cuda::testing::Spin(DefaultStream(kCuda1), kSpinNanoseconds);

@@ -9,9 +9,9 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
-#include <vector>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "tools/cudasim/runtime_internal.h"
 
@@ -43,11 +43,12 @@ cublasStatus_t Invalid(const std::string& message) {
 }
 
 // cuBLAS's argument checks for C = alpha op(A) op(B) + beta C (column-major).
-cublasStatus_t CheckGemm(const char* call, cublasOperation_t ta, cublasOperation_t tb, int m,
-                         int n, int k, int lda, int ldb, int ldc) {
+cublasStatus_t CheckGemm(const char* call, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                         int k, int lda, int ldb, int ldc) {
   if (ta == CUBLAS_OP_C || tb == CUBLAS_OP_C) {
-    return Invalid(std::string(call) + ": CUBLAS_OP_C is the same as CUBLAS_OP_T for real "
-                                       "data; cudasim takes only N and T");
+    return Invalid(std::string(call) +
+                   ": CUBLAS_OP_C is the same as CUBLAS_OP_T for real "
+                   "data; cudasim takes only N and T");
   }
   if (m < 0 || n < 0 || k < 0) {
     return Invalid(std::string(call) + ": m, n, k = " + std::to_string(m) + ", " +
@@ -56,12 +57,12 @@ cublasStatus_t CheckGemm(const char* call, cublasOperation_t ta, cublasOperation
   const int a_rows = ta == CUBLAS_OP_N ? m : k;
   const int b_rows = tb == CUBLAS_OP_N ? k : n;
   if (lda < std::max(1, a_rows) || ldb < std::max(1, b_rows) || ldc < std::max(1, m)) {
-    return Invalid(std::string(call) + ": leading dimensions lda, ldb, ldc = " +
-                   std::to_string(lda) + ", " + std::to_string(ldb) + ", " +
-                   std::to_string(ldc) + " for op(A) " + std::to_string(m) + "x" +
-                   std::to_string(k) + " and op(B) " + std::to_string(k) + "x" +
-                   std::to_string(n) + ": expected at least " + std::to_string(a_rows) + ", " +
-                   std::to_string(b_rows) + ", " + std::to_string(m));
+    return Invalid(std::string(call) +
+                   ": leading dimensions lda, ldb, ldc = " + std::to_string(lda) + ", " +
+                   std::to_string(ldb) + ", " + std::to_string(ldc) + " for op(A) " +
+                   std::to_string(m) + "x" + std::to_string(k) + " and op(B) " + std::to_string(k) +
+                   "x" + std::to_string(n) + ": expected at least " + std::to_string(a_rows) +
+                   ", " + std::to_string(b_rows) + ", " + std::to_string(m));
   }
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -91,7 +92,9 @@ std::vector<float> Tf32Copy(const float* x, int rows, int cols, int ld) {
   return copy;
 }
 
-CBLAS_TRANSPOSE Trans(cublasOperation_t op) { return op == CUBLAS_OP_N ? CblasNoTrans : CblasTrans; }
+CBLAS_TRANSPOSE Trans(cublasOperation_t op) {
+  return op == CUBLAS_OP_N ? CblasNoTrans : CblasTrans;
+}
 
 cublasStatus_t Queue(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb, int m,
                      int n, int k, float alpha, const float* a, int lda, long long stride_a,
@@ -129,8 +132,8 @@ cublasStatus_t Queue(cublasHandle_t handle, cublasOperation_t ta, cublasOperatio
         ai = a32.data();
         bi = b32.data();
       }
-      cblas_sgemm(CblasColMajor, Trans(ta), Trans(tb), m, n, k, alpha, ai, lda, bi, ldb, beta,
-                  ci, ldc);
+      cblas_sgemm(CblasColMajor, Trans(ta), Trans(tb), m, n, k, alpha, ai, lda, bi, ldb, beta, ci,
+                  ldc);
     }
   });
   return CUBLAS_STATUS_SUCCESS;
@@ -243,8 +246,7 @@ cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa,
   if (!Live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
   const cublasStatus_t status = CheckGemm("cublasSgemm", transa, transb, m, n, k, lda, ldb, ldc);
   if (status != CUBLAS_STATUS_SUCCESS) return status;
-  return Queue(handle, transa, transb, m, n, k, *alpha, a, lda, 0, b, ldb, 0, *beta, c, ldc, 0,
-               1);
+  return Queue(handle, transa, transb, m, n, k, *alpha, a, lda, 0, b, ldb, 0, *beta, c, ldc, 0, 1);
 }
 
 cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
@@ -258,8 +260,8 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
       CheckGemm("cublasSgemmStridedBatched", transa, transb, m, n, k, lda, ldb, ldc);
   if (status != CUBLAS_STATUS_SUCCESS) return status;
   if (batch_count < 0) return Invalid("cublasSgemmStridedBatched: batch_count < 0");
-  return Queue(handle, transa, transb, m, n, k, *alpha, a, lda, stride_a, b, ldb, stride_b,
-               *beta, c, ldc, stride_c, batch_count);
+  return Queue(handle, transa, transb, m, n, k, *alpha, a, lda, stride_a, b, ldb, stride_b, *beta,
+               c, ldc, stride_c, batch_count);
 }
 
 }  // extern "C"

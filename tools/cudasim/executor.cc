@@ -60,9 +60,7 @@ thread_local Executor* tls_executor = nullptr;
 
 class Executor {
  public:
-  Executor() {
-    tls_executor = this;
-  }
+  Executor() { tls_executor = this; }
   ~Executor() { tls_executor = nullptr; }
 
   void RunGrid(dim3 grid, dim3 block, size_t dynamic_shared, uint64_t seed,
@@ -79,7 +77,8 @@ class Executor {
     for (unsigned bz = 0; bz < grid.z; ++bz) {
       for (unsigned by = 0; by < grid.y; ++by) {
         for (unsigned bx = 0; bx < grid.x; ++bx) {
-          uint64_t state = seed ^ (((uint64_t{bz} * grid.y + by) * grid.x + bx) * 0x632be59bd9b4e019ull);
+          uint64_t state =
+              seed ^ (((uint64_t{bz} * grid.y + by) * grid.x + bx) * 0x632be59bd9b4e019ull);
           rng_ = SplitMix(state);
           tls_context.block_idx = uint3{bx, by, bz};
           RunBlock(block, threads, warps);
@@ -255,8 +254,9 @@ class Executor {
     SimWarp& w = warps_[t.warp];
     w.exited |= 1u << t.lane;
     if (error_.empty() && (w.arrived != 0) && (w.expected >> t.lane & 1u)) {
-      error_ = Where() + ": returned from the kernel while lanes " + Hex(w.arrived) + " of its warp " +
-               "wait for it in " + w.op + " (undefined on a GPU: every lane of the mask must "
+      error_ = Where() + ": returned from the kernel while lanes " + Hex(w.arrived) +
+               " of its warp " + "wait for it in " + w.op +
+               " (undefined on a GPU: every lane of the mask must "
                "reach the intrinsic)";
     }
     if (at_barrier_ > 0 && at_barrier_ == live_) ReleaseBarrier();

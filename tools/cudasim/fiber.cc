@@ -73,8 +73,7 @@ size_t PageSize() {
 
 }  // namespace
 
-Fiber::Fiber(size_t stack_bytes, Entry entry, void* argument)
-    : entry_(entry), argument_(argument) {
+Fiber::Fiber(size_t stack_bytes, Entry entry, void* argument) : entry_(entry), argument_(argument) {
   const size_t page = PageSize();
   stack_bytes_ = (stack_bytes + page - 1) / page * page;
   mapping_bytes_ = stack_bytes_ + page;
@@ -103,12 +102,12 @@ void Fiber::Reset() {
   asm volatile("stmxcsr %0" : "=m"(control[0]));
   asm volatile("fnstcw %0" : "=m"(control[1]));
   std::memcpy(&frame[0], control, 8);
-  frame[1] = 0;                                            // r15
-  frame[2] = 0;                                            // r14
-  frame[3] = reinterpret_cast<uint64_t>(entry_);           // r13
-  frame[4] = reinterpret_cast<uint64_t>(argument_);        // r12
-  frame[5] = 0;                                            // rbx
-  frame[6] = 0;                                            // rbp
+  frame[1] = 0;                                                 // r15
+  frame[2] = 0;                                                 // r14
+  frame[3] = reinterpret_cast<uint64_t>(entry_);                // r13
+  frame[4] = reinterpret_cast<uint64_t>(argument_);             // r12
+  frame[5] = 0;                                                 // rbx
+  frame[6] = 0;                                                 // rbp
   frame[7] = reinterpret_cast<uint64_t>(&cudasim_fiber_start);  // return address
   sp_ = frame;
 }

@@ -56,9 +56,8 @@ size_t PageSize() {
 struct Settings {
   int devices = EnvInt("TANDEM_CUDASIM_DEVICES", 2, 0, kMaxDevices);
   int sms = EnvInt("TANDEM_CUDASIM_SMS", 4, 1, 1024);
-  size_t memory = size_t{static_cast<unsigned>(EnvInt("TANDEM_CUDASIM_MEMORY_MIB", 4096, 1,
-                                                      1 << 20))}
-                  << 20;
+  size_t memory =
+      size_t{static_cast<unsigned>(EnvInt("TANDEM_CUDASIM_MEMORY_MIB", 4096, 1, 1 << 20))} << 20;
 };
 
 const Settings& GetSettings() {
@@ -182,8 +181,8 @@ class Runtime {
     const bool huge = rounded >= kHugePage;
     const size_t usable = huge ? (rounded + kHugePage - 1) / kHugePage * kHugePage : pages * page;
     const size_t mapping_bytes = usable + 2 * page + (huge ? kHugePage : 0);
-    void* mapping = mmap(nullptr, mapping_bytes, PROT_NONE,
-                         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void* mapping =
+        mmap(nullptr, mapping_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (mapping == MAP_FAILED) {
       std::lock_guard<std::mutex> lock(d.mutex);
       d.allocated -= rounded;
@@ -192,8 +191,8 @@ class Runtime {
     char* base = static_cast<char*>(mapping);
     char* usable_begin = base + page;
     if (huge) {
-      const uintptr_t aligned = (reinterpret_cast<uintptr_t>(usable_begin) + kHugePage - 1) /
-                                kHugePage * kHugePage;
+      const uintptr_t aligned =
+          (reinterpret_cast<uintptr_t>(usable_begin) + kHugePage - 1) / kHugePage * kHugePage;
       usable_begin = reinterpret_cast<char*>(aligned);
     }
     mprotect(usable_begin, usable, PROT_READ | PROT_WRITE);
@@ -255,7 +254,8 @@ class Runtime {
     if (it == device_memory_.begin()) return false;
     --it;
     const Allocation& a = it->second;
-    if (p < a.begin || p - a.begin >= std::max<size_t>(a.size, 1) || bytes > a.size - (p - a.begin)) {
+    if (p < a.begin || p - a.begin >= std::max<size_t>(a.size, 1) ||
+        bytes > a.size - (p - a.begin)) {
       return false;
     }
     if (found != nullptr) *found = a;
@@ -280,8 +280,8 @@ class Runtime {
     for (auto it = quarantine_.rbegin(); it != quarantine_.rend(); ++it) {
       const uintptr_t low = reinterpret_cast<uintptr_t>(it->mapping);
       if (p >= low && p < low + it->mapping_bytes) {
-        return result + ", in device memory already freed (a block of " +
-               std::to_string(it->size) + " bytes on cuda:" + std::to_string(it->device) + ")";
+        return result + ", in device memory already freed (a block of " + std::to_string(it->size) +
+               " bytes on cuda:" + std::to_string(it->device) + ")";
       }
     }
     auto it = device_memory_.upper_bound(p);
@@ -350,7 +350,8 @@ void OnSegv(int signal, siginfo_t* info, void* context) {
   std::fprintf(stderr,
                "cudasim: illegal address %s%s%s: an out-of-bounds or use-after-free access to "
                "device memory (cudaErrorIllegalAddress on a GPU)\n",
-               what.c_str(), kernel != nullptr ? " in kernel " : "", kernel != nullptr ? kernel : "");
+               what.c_str(), kernel != nullptr ? " in kernel " : "",
+               kernel != nullptr ? kernel : "");
   sigaction(SIGSEGV, &previous_segv_action, nullptr);
   (void)signal;
   (void)context;
@@ -479,8 +480,8 @@ void SetStickyError(int device, cudaError_t error, const std::string& message) {
   DeviceState& d = Runtime::Get().device(device);
   int expected = cudaSuccess;
   if (d.sticky.compare_exchange_strong(expected, error)) {
-    std::fprintf(stderr, "cudasim: cuda:%d failed (%s), every later call on it fails: %s\n",
-                 device, cudaGetErrorName(error), message.c_str());
+    std::fprintf(stderr, "cudasim: cuda:%d failed (%s), every later call on it fails: %s\n", device,
+                 cudaGetErrorName(error), message.c_str());
   }
 }
 
@@ -586,8 +587,7 @@ constexpr ErrorInfo kErrors[] = {
      "CUDA driver version is insufficient for CUDA runtime version"},
     {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
     {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
-    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle",
-     "invalid resource handle"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
     {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
     {cudaErrorIllegalAddress, "cudaErrorIllegalAddress",
      "an illegal memory access was encountered"},
@@ -615,13 +615,13 @@ bool ValidDevice(int device) { return device >= 0 && device < Runtime::Get().cou
 
 // Every call but the error queries starts here: the current device must exist, and after a
 // failed kernel on it every call reports that failure.
-#define CUDASIM_ENTER()                                                          \
-  do {                                                                           \
-    if (Runtime::Get().count() == 0) {                                           \
-      return Fail(cudaErrorNoDevice);                                            \
-    }                                                                            \
-    const cudaError_t sticky_ = cudasim::internal::StickyError(tls_device);      \
-    if (sticky_ != cudaSuccess) return Fail(sticky_);                            \
+#define CUDASIM_ENTER()                                                     \
+  do {                                                                      \
+    if (Runtime::Get().count() == 0) {                                      \
+      return Fail(cudaErrorNoDevice);                                       \
+    }                                                                       \
+    const cudaError_t sticky_ = cudasim::internal::StickyError(tls_device); \
+    if (sticky_ != cudaSuccess) return Fail(sticky_);                       \
   } while (false)
 
 std::string CopyName(cudaMemcpyKind kind) {
@@ -655,10 +655,9 @@ cudaError_t CheckCopy(void* dst, const void* src, size_t count, cudaMemcpyKind k
   for (const Side& side : sides) {
     if (side.device && !runtime.FindDevice(side.ptr, count, nullptr)) {
       return Fail(cudaErrorInvalidValue,
-                  std::string(call) + " of " + std::to_string(count) + " bytes (" +
-                      CopyName(kind) + "): the " + side.what + " " + runtime.Describe(side.ptr) +
-                      " is not " + std::to_string(count) +
-                      " bytes of device memory from one cudaMalloc");
+                  std::string(call) + " of " + std::to_string(count) + " bytes (" + CopyName(kind) +
+                      "): the " + side.what + " " + runtime.Describe(side.ptr) + " is not " +
+                      std::to_string(count) + " bytes of device memory from one cudaMalloc");
     }
     if (!side.device && runtime.IsDevicePointer(side.ptr)) {
       return Fail(cudaErrorInvalidValue, std::string(call) + " (" + CopyName(kind) + "): the " +
@@ -672,16 +671,14 @@ cudaError_t CheckCopy(void* dst, const void* src, size_t count, cudaMemcpyKind k
 // Queues a copy on `stream` with CUDA's host-side semantics for pageable memory: from
 // pageable host memory the source is read before the call returns; into pageable host
 // memory the call returns when the copy is done.
-cudaError_t QueueCopy(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
-                      Stream* stream, bool synchronous) {
+cudaError_t QueueCopy(void* dst, const void* src, size_t count, cudaMemcpyKind kind, Stream* stream,
+                      bool synchronous) {
   Runtime& runtime = Runtime::Get();
   if (count == 0) return cudaSuccess;
-  const bool src_host =
-      kind == cudaMemcpyHostToDevice || kind == cudaMemcpyHostToHost ||
-      (kind == cudaMemcpyDefault && !runtime.IsDevicePointer(src));
-  const bool dst_host =
-      kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyHostToHost ||
-      (kind == cudaMemcpyDefault && !runtime.IsDevicePointer(dst));
+  const bool src_host = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyHostToHost ||
+                        (kind == cudaMemcpyDefault && !runtime.IsDevicePointer(src));
+  const bool dst_host = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyHostToHost ||
+                        (kind == cudaMemcpyDefault && !runtime.IsDevicePointer(dst));
   if (src_host && !runtime.IsPinned(src, count)) {
     auto staged = std::make_shared<std::vector<unsigned char>>(
         static_cast<const unsigned char*>(src), static_cast<const unsigned char*>(src) + count);
@@ -741,8 +738,8 @@ cudaError_t cudaGetDevice(int* device) {
 
 cudaError_t cudaSetDevice(int device) {
   if (!ValidDevice(device)) {
-    return Fail(cudaErrorInvalidDevice, "cudaSetDevice(" + std::to_string(device) + "): " +
-                                            std::to_string(Runtime::Get().count()) +
+    return Fail(cudaErrorInvalidDevice, "cudaSetDevice(" + std::to_string(device) +
+                                            "): " + std::to_string(Runtime::Get().count()) +
                                             " simulated devices (TANDEM_CUDASIM_DEVICES)");
   }
   tls_device = device;
@@ -917,15 +914,14 @@ cudaError_t cudaMemcpyPeerAsync(void* dst, int dst_device, const void* src, int 
   cudasim::internal::Allocation a;
   Runtime& runtime = Runtime::Get();
   if (!runtime.FindDevice(dst, count, &a) || a.device != dst_device) {
-    return Fail(cudaErrorInvalidValue, "cudaMemcpyPeerAsync: the destination " +
-                                           runtime.Describe(dst) + " is not " +
-                                           std::to_string(count) + " bytes of cuda:" +
-                                           std::to_string(dst_device) + " memory");
+    return Fail(cudaErrorInvalidValue,
+                "cudaMemcpyPeerAsync: the destination " + runtime.Describe(dst) + " is not " +
+                    std::to_string(count) + " bytes of cuda:" + std::to_string(dst_device) +
+                    " memory");
   }
   if (!runtime.FindDevice(src, count, &a) || a.device != src_device) {
-    return Fail(cudaErrorInvalidValue, "cudaMemcpyPeerAsync: the source " +
-                                           runtime.Describe(src) + " is not " +
-                                           std::to_string(count) + " bytes of cuda:" +
+    return Fail(cudaErrorInvalidValue, "cudaMemcpyPeerAsync: the source " + runtime.Describe(src) +
+                                           " is not " + std::to_string(count) + " bytes of cuda:" +
                                            std::to_string(src_device) + " memory");
   }
   return QueueCopy(dst, src, count, cudaMemcpyDeviceToDevice, s, false);

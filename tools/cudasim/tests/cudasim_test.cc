@@ -60,8 +60,8 @@ TEST(CudasimTest, BlockReductionWithBarriersAndShuffles) {
     ASSERT_EQ(BlockSums(in, out, blocks, threads, nullptr), cudaSuccess);
     const std::vector<float> sums = HostCopy(out, blocks);
     for (int b = 0; b < blocks; ++b) {
-      const float expected = std::accumulate(x.begin() + b * threads,
-                                             x.begin() + (b + 1) * threads, 0.0f);
+      const float expected =
+          std::accumulate(x.begin() + b * threads, x.begin() + (b + 1) * threads, 0.0f);
       EXPECT_EQ(sums[b], expected) << "block " << b << " of " << threads << " threads";
     }
     cudaFree(in);
@@ -144,7 +144,8 @@ TEST(CudasimTest, AtomicsFromManyStreams) {
   ASSERT_EQ(cudaMemset(count, 0, sizeof(int)), cudaSuccess);
   ASSERT_EQ(cudaMemset(fsum, 0, sizeof(float)), cudaSuccess);
   std::vector<cudaStream_t> streams(4);
-  for (cudaStream_t& s : streams) ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  for (cudaStream_t& s : streams)
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
   for (cudaStream_t s : streams) ASSERT_EQ(AtomicCount(count, fsum, n, s), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   // AtomicCount's grid is rounded up to whole blocks of 256.
@@ -241,12 +242,12 @@ TEST(CudasimTest, SgemmIsColumnMajor) {
   cublasHandle_t handle;
   ASSERT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS);
   const float alpha = 2.0f, beta = 0.5f;
-  ASSERT_EQ(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, da, k, db, k, &beta,
-                        dc, m),
-            CUBLAS_STATUS_SUCCESS);
-  EXPECT_EQ(cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, da, 1, db, k, &beta,
-                        dc, m),
-            CUBLAS_STATUS_INVALID_VALUE);  // lda < k
+  ASSERT_EQ(
+      cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, da, k, db, k, &beta, dc, m),
+      CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(
+      cublasSgemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, da, 1, db, k, &beta, dc, m),
+      CUBLAS_STATUS_INVALID_VALUE);  // lda < k
   const std::vector<float> result = HostCopy(dc, m * n);
   for (int i = 0; i < m; ++i) {
     for (int j = 0; j < n; ++j) {

@@ -220,8 +220,7 @@ T atomicXor(T* address, T value) {
 }
 template <typename T>
 T atomicCAS(T* address, T compare, T value) {
-  __atomic_compare_exchange_n(address, &compare, value, false, __ATOMIC_SEQ_CST,
-                              __ATOMIC_SEQ_CST);
+  __atomic_compare_exchange_n(address, &compare, value, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
   return compare;
 }
 

@@ -29,8 +29,7 @@ struct LaunchConfig {
 // Validates the configuration (errors go to cudaGetLastError, as on a GPU) and queues the
 // grid on the stream. `thread_body` runs once per simulated thread.
 // `name` says which launch failed in cudasim's messages.
-void EnqueueKernel(const LaunchConfig& config, const char* name,
-                   std::function<void()> thread_body);
+void EnqueueKernel(const LaunchConfig& config, const char* name, std::function<void()> thread_body);
 
 template <typename Kernel, typename... Args>
 void Launch(const LaunchConfig& config, const char* name, Kernel kernel, Args&&... args) {
