@@ -14,7 +14,7 @@ files="$(grep -rlE 'Device::Cuda\(|kCuda|DeviceType::kCUDA|cuda::' --include='*_
   tensor nn parallel data tests | grep -v -e '^tensor/cuda/' -e '^parallel/distributed/' | sort)"
 names="$(for f in $files; do basename "$f" .cc; done | paste -sd'|')"
 targets="$(bazel query --noshow_progress \
-  "attr(srcs, ':($names)\\.cc\$', tests(//tensor/... + //nn/... + //parallel/... + //data/... + //tests/...))" \
+  "attr(srcs, ':($names)\\.cc', tests(//tensor/... + //nn/... + //parallel/... + //data/... + //tests/...))" \
   2>/dev/null)"
 # shellcheck disable=SC2086
 bazel test --config=cudasim "$@" //tensor/cuda/... //tools/cuda/tests/... //tools/cudasim/... \
