@@ -166,6 +166,10 @@ class Executor {
   }
 
   int LaneId() const { return current_->lane; }
+  unsigned ActiveMask() const {
+    const SimWarp& w = warps_[current_->warp];
+    return w.exists & ~w.exited;
+  }
 
   void PoisonShared(void* address, size_t bytes) {
     for (const void* done : poisoned_) {
@@ -403,6 +407,7 @@ void CheckSourceLane(unsigned mask, int lane, const char* what) {
   Running(what).CheckSourceLane(mask, lane, what);
 }
 int LaneId() { return Running("a warp intrinsic").LaneId(); }
+unsigned ActiveMask() { return Running("__activemask").ActiveMask(); }
 void PoisonShared(void* address, size_t bytes) {
   Running("__shared__").PoisonShared(address, bytes);
 }

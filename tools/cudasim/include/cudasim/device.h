@@ -58,6 +58,8 @@ const uint64_t* WarpExchange(unsigned mask, uint64_t value, const char* what);
 // Fails the kernel unless `lane` is in `mask` (reading a lane outside it is undefined).
 void CheckSourceLane(unsigned mask, int lane, const char* what);
 int LaneId();
+// The lanes of the running warp that exist and have not returned.
+unsigned ActiveMask();
 // Fills a static __shared__ variable with 0xff bytes the first time the running block reaches
 // its declaration (the rewrite step puts the call after each one).
 void PoisonShared(void* address, size_t bytes);
@@ -284,6 +286,6 @@ inline unsigned __brev(unsigned x) {
   for (int i = 0; i < 32; ++i) r |= ((x >> i) & 1u) << (31 - i);
   return r;
 }
-inline unsigned __activemask() { return 0xffffffffu; }
+inline unsigned __activemask() { return ::cudasim::internal::ActiveMask(); }
 
 #endif  // TANDEM_TOOLS_CUDASIM_INCLUDE_CUDASIM_DEVICE_H_
