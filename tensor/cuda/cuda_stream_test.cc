@@ -182,7 +182,9 @@ TEST_F(CudaStreamTest, EventsOrderWorkAcrossDevices) {
 }
 
 TEST_F(CudaStreamTest, CopyToAnotherDeviceLeavesTheSourceComputing) {
-  const int64_t n = 1 << 24;  // 64 MiB
+  // 16 MiB: the spin, not the copy's size, keeps cuda:1 busy, and the work on cuda:0 must end
+  // within the spin even where memory is slow (the CPU simulator, --config=cudasim).
+  const int64_t n = 1 << 22;
   Backend& gpu = GetBackend(DeviceType::kCUDA);
   Tensor src = full({n}, 7.0, kCuda0);  // queued on cuda:0 before the copy: the copy sees it
   Tensor dst = full({n}, -1.0, kCuda1);
@@ -206,8 +208,9 @@ TEST_F(CudaStreamTest, CopyToAnotherDeviceLeavesTheSourceComputing) {
 }
 
 TEST_F(CudaStreamTest, CopySourceIsNotReusedBeforeTheCopyHasReadIt) {
-  const int64_t n = 1 << 24;
-  EmptyCache(kCuda0);  // so that the block freed below is the only one to reuse
+  const int64_t n = 1 << 22;  // as above
+  // So that the block freed below is the only one to reuse.
+  EmptyCache(kCuda0);
   Tensor dst = full({n}, -1.0, kCuda1);
   cuda::Synchronize(1);
   cuda::testing::Spin(DefaultStream(kCuda1), kSpinNanoseconds);

@@ -862,10 +862,16 @@ __global__ void RandomNormalKernel(float* dst, int64_t n, uint64_t key, uint64_t
 
 // ---- Test only ---------------------------------------------------------------------------
 
+// The one thing here a CPU cannot run: PTX's global timer. Under --config=cudasim
+// (TANDEM_CUDASIM) the simulator's clock stands in.
 __device__ __forceinline__ uint64_t GlobalTimerNanoseconds() {
+#if defined(TANDEM_CUDASIM)
+  return ::cudasim::internal::GlobalTimerNanoseconds();
+#else
   uint64_t now;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
   return now;
+#endif
 }
 
 __global__ void SpinKernel(uint64_t nanoseconds) {

@@ -14,14 +14,21 @@ Public API (load("//tools/cuda:cuda.bzl", ...)):
       cuda_cc_test adds the tags "cuda" and "gpu".
   if_cuda(if_true, if_false = [])
       select() on //tools/cuda:cuda_enabled, for deps/defines/srcs of targets
-      that build either way.
+      that build either way. True under --config=cudasim too.
+  if_nccl(if_true, if_false = [])
+      Like if_cuda, but false under --config=cudasim (which has no NCCL).
+  if_cudasim(if_true, if_false = [])
+      select() on //tools/cuda:cudasim_enabled.
   cuda_target_compatible_with()
       The target_compatible_with value the macros above use, for other rules.
   CUDA_FOUND, NVCC_PATH, CUDA_PATH, CUDA_VERSION
       Re-exported from @local_cuda//:defs.bzl (what the repository rule found).
 
 The //tools/cuda:enabled flag defaults to CUDA_FOUND; `--config=cpu` (in
-.bazelrc) sets it to false. A repository that depends on Tandem sets it as
+.bazelrc) sets it to false. `--config=cudasim` sets it and //tools/cuda:cudasim to true:
+cuda_library then compiles its .cu files with the C++ compiler against //tools/cudasim (see
+tools/cudasim/README.md), @local_cuda's cudart and cublas resolve to the simulator's, and
+targets that link NCCL directly are incompatible (skipped). A repository that depends on Tandem sets it as
 --@tandem//tools/cuda:enabled=false. Labels here are Label()s, resolved in
 Tandem's repository, so the macros work from other repositories too.
 """
@@ -45,6 +52,9 @@ NVCC_PATH = _NVCC_PATH
 DEFAULT_GPU_ARCHES = ["90"]
 
 _CUDA_ENABLED = str(Label("//tools/cuda:cuda_enabled"))
+_CUDASIM_ENABLED = str(Label("//tools/cuda:cudasim_enabled"))
+_INCOMPATIBLE = ["@platforms//:incompatible"]
+_NCCL = "@local_cuda//:nccl"
 
 def if_cuda(if_true, if_false = []):
     """Returns a select() that is `if_true` when CUDA is enabled, else `if_false`."""
@@ -53,11 +63,40 @@ def if_cuda(if_true, if_false = []):
         "//conditions:default": if_false,
     })
 
+def if_cudasim(if_true, if_false = []):
+    """`if_true` under --config=cudasim, else `if_false`."""
+    return select({
+        _CUDASIM_ENABLED: if_true,
+        "//conditions:default": if_false,
+    })
+
+def if_nccl(if_true, if_false = []):
+    """`if_true` when CUDA is enabled with NCCL (not under --config=cudasim), else `if_false`."""
+    return select({
+        _CUDASIM_ENABLED: if_false,
+        _CUDA_ENABLED: if_true,
+        "//conditions:default": if_false,
+    })
+
 def cuda_target_compatible_with():
     """target_compatible_with that makes a target skipped when CUDA is disabled."""
     return select({
         _CUDA_ENABLED: [],
-        "//conditions:default": ["@platforms//:incompatible"],
+        "//conditions:default": _INCOMPATIBLE,
+    })
+
+def _toolkit_compatible_with():
+    """Compatible only with real CUDA (nvcc, the toolkit's libraries), not with cudasim."""
+    return select({
+        _CUDASIM_ENABLED: _INCOMPATIBLE,
+        _CUDA_ENABLED: [],
+        "//conditions:default": _INCOMPATIBLE,
+    })
+
+def _cudasim_compatible_with():
+    return select({
+        _CUDASIM_ENABLED: [],
+        "//conditions:default": _INCOMPATIBLE,
     })
 
 # ---------------------------------------------------------------------------
@@ -274,19 +313,152 @@ _cuda_library = rule(
 
 def _with_cuda_compat(kwargs):
     extra = kwargs.pop("target_compatible_with", [])
-    kwargs["target_compatible_with"] = cuda_target_compatible_with() + extra
+    if kwargs.pop("cudasim_only", False):
+        kwargs["target_compatible_with"] = _cudasim_compatible_with() + extra
+        return kwargs
+
+    # NCCL has no simulator: what links it directly is skipped under --config=cudasim.
+    deps = kwargs.get("deps", [])
+    uses_nccl = type(deps) == type([]) and _NCCL in deps
+    compat = _toolkit_compatible_with() if uses_nccl else cuda_target_compatible_with()
+    kwargs["target_compatible_with"] = compat + extra
     return kwargs
 
-def cuda_library(name, **kwargs):
+# Flags for the host compiler when cudasim compiles a .cu file: nvcc's `-Xcompiler X` become X,
+# -D/-I/-U pass through, the rest (nvcc-only) are dropped.
+def _cudasim_copts(copts):
+    out = []
+    take_next = False
+    for c in copts:
+        if take_next:
+            out.extend(c.split(","))
+            take_next = False
+        elif c == "-Xcompiler":
+            take_next = True
+        elif c.startswith("-Xcompiler="):
+            out.extend(c[len("-Xcompiler="):].split(","))
+        elif c.startswith("-D") or c.startswith("-I") or c.startswith("-U"):
+            out.append(c)
+    return out
+
+def cuda_library(
+        name,
+        srcs = [],
+        hdrs = [],
+        deps = [],
+        copts = [],
+        defines = [],
+        local_defines = [],
+        includes = [],
+        linkopts = [],
+        alwayslink = False,
+        data = [],
+        visibility = None,
+        tags = [],
+        testonly = False,
+        target_compatible_with = [],
+        cudasim_only = False,
+        **kwargs):
     """nvcc-compiled library; skipped (incompatible) when CUDA is disabled.
+
+    Under --config=cudasim the same sources are compiled by the C++ compiler against
+    //tools/cudasim instead (each .cu file through //tools/cudasim:rewrite, then with
+    -ffp-contract=off -O2 and `-include cuda_runtime.h`). `name` is an alias of whichever
+    applies; `name`_nvcc and `name`_cudasim are the two builds.
 
     Args:
       name: target name.
-      **kwargs: srcs (.cu + private headers), hdrs (.h/.cuh), deps, copts,
-        defines, local_defines, includes, linkopts, alwayslink, gpu_arches,
-        data, visibility, tags, testonly, ...
+      srcs: .cu files (compiled) and private headers.
+      hdrs: public headers (.h/.cuh).
+      deps, copts, defines, local_defines, includes, linkopts, alwayslink, data, visibility,
+        tags, testonly, target_compatible_with: as for cc_library (copts are nvcc flags).
+      cudasim_only: build only under --config=cudasim (the simulator's own tests).
+      **kwargs: gpu_arches, ... (nvcc only).
     """
-    _cuda_library(name = name, **_with_cuda_compat(kwargs))
+    _cuda_library(
+        name = name + "_nvcc",
+        srcs = srcs,
+        hdrs = hdrs,
+        deps = deps,
+        copts = copts,
+        defines = defines,
+        local_defines = local_defines,
+        includes = includes,
+        linkopts = linkopts,
+        alwayslink = alwayslink,
+        data = data,
+        visibility = ["//visibility:private"],
+        tags = tags,
+        testonly = testonly,
+        target_compatible_with = (_INCOMPATIBLE if cudasim_only else _toolkit_compatible_with()) +
+                                 target_compatible_with,
+        **kwargs
+    )
+
+    package = native.package_name()
+    generated = []
+    private_hdrs = []
+    textual = []
+    for src in srcs:
+        if src.endswith(".cu"):
+            stem = src.split(":")[-1][:-len(".cu")]
+            out = "_cudasim/%s/%s.cu.cc" % (name, stem)
+            native.genrule(
+                name = "%s_cudasim_rewrite_%s" % (name, stem.replace("/", "_")),
+                srcs = [src],
+                outs = [out],
+                tools = [Label("//tools/cudasim:rewrite")],
+                cmd = "$(execpath %s) $< $@ %s" % (
+                    str(Label("//tools/cudasim:rewrite")),
+                    (package + "/" if package else "") + stem + ".cu",
+                ),
+                tags = tags,
+                testonly = testonly,
+                visibility = ["//visibility:private"],
+                target_compatible_with = _cudasim_compatible_with(),
+            )
+            generated.append(out)
+        elif src.endswith(".cuh"):
+            textual.append(src)
+        else:
+            private_hdrs.append(src)
+    native.cc_library(
+        name = name + "_cudasim",
+        srcs = generated + private_hdrs,
+        hdrs = [h for h in hdrs if not h.endswith(".cuh")],
+        textual_hdrs = textual + [h for h in hdrs if h.endswith(".cuh")],
+        deps = deps + [Label("//tools/cudasim:cudart")],
+        copts = [
+            "-O2",
+            "-ffp-contract=off",
+            "-Wno-unknown-pragmas",
+            "-include",
+            "cuda_runtime.h",
+            "-iquote",
+            package or ".",
+        ] + _cudasim_copts(copts),
+        defines = defines,
+        local_defines = local_defines + ["TANDEM_CUDASIM_DEVICE_CODE=1"],
+        includes = includes,
+        linkopts = linkopts,
+        alwayslink = alwayslink,
+        data = data,
+        visibility = ["//visibility:private"],
+        tags = tags,
+        testonly = testonly,
+        target_compatible_with = _cudasim_compatible_with() + target_compatible_with,
+    )
+
+    native.alias(
+        name = name,
+        actual = select({
+            _CUDASIM_ENABLED: ":" + name + "_cudasim",
+            "//conditions:default": ":" + name + "_nvcc",
+        }),
+        visibility = visibility,
+        tags = tags,
+        testonly = testonly,
+    )
 
 def cuda_cc_library(name, **kwargs):
     """cc_library (host code using CUDA libraries); skipped when CUDA is disabled."""
@@ -297,11 +469,13 @@ def cuda_cc_binary(name, **kwargs):
     native.cc_binary(name = name, **_with_cuda_compat(kwargs))
 
 def cuda_cc_test(name, tags = [], **kwargs):
-    """cc_test that needs CUDA; skipped when CUDA is disabled.
+    """cc_test that needs CUDA; skipped when CUDA is disabled (cudasim_only = True: unless
+    under --config=cudasim).
 
     Tagged "cuda" and "gpu" (filter with --test_tag_filters=-gpu). The test
     itself should GTEST_SKIP() when cudaGetDeviceCount() fails or finds no
-    device, so it passes on machines with the toolkit but no GPU.
+    device, so it passes on machines with the toolkit but no GPU. Under
+    --config=cudasim it runs on the simulator.
     """
     native.cc_test(
         name = name,

@@ -1,0 +1,267 @@
+// cudasim's cuBLAS: SGEMM on OpenBLAS, queued on the handle's stream like cuBLAS's kernels.
+#include <cblas.h>
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "tools/cudasim/runtime_internal.h"
+
+struct cublasContext {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cublasMath_t mode = CUBLAS_DEFAULT_MATH;
+};
+
+namespace {
+
+std::mutex& HandlesMutex() {
+  static std::mutex* mutex = new std::mutex;
+  return *mutex;
+}
+std::set<cublasHandle_t>& Handles() {
+  static std::set<cublasHandle_t>* handles = new std::set<cublasHandle_t>;
+  return *handles;
+}
+
+bool Live(cublasHandle_t handle) {
+  std::lock_guard<std::mutex> lock(HandlesMutex());
+  return Handles().count(handle) != 0;
+}
+
+cublasStatus_t Invalid(const std::string& message) {
+  std::fprintf(stderr, "cudasim: cuBLAS: CUBLAS_STATUS_INVALID_VALUE: %s\n", message.c_str());
+  return CUBLAS_STATUS_INVALID_VALUE;
+}
+
+// cuBLAS's argument checks for C = alpha op(A) op(B) + beta C (column-major).
+cublasStatus_t CheckGemm(const char* call, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                         int k, int lda, int ldb, int ldc) {
+  if (ta == CUBLAS_OP_C || tb == CUBLAS_OP_C) {
+    return Invalid(std::string(call) +
+                   ": CUBLAS_OP_C is the same as CUBLAS_OP_T for real "
+                   "data; cudasim takes only N and T");
+  }
+  if (m < 0 || n < 0 || k < 0) {
+    return Invalid(std::string(call) + ": m, n, k = " + std::to_string(m) + ", " +
+                   std::to_string(n) + ", " + std::to_string(k) + ": expected sizes >= 0");
+  }
+  const int a_rows = ta == CUBLAS_OP_N ? m : k;
+  const int b_rows = tb == CUBLAS_OP_N ? k : n;
+  if (lda < std::max(1, a_rows) || ldb < std::max(1, b_rows) || ldc < std::max(1, m)) {
+    return Invalid(std::string(call) +
+                   ": leading dimensions lda, ldb, ldc = " + std::to_string(lda) + ", " +
+                   std::to_string(ldb) + ", " + std::to_string(ldc) + " for op(A) " +
+                   std::to_string(m) + "x" + std::to_string(k) + " and op(B) " + std::to_string(k) +
+                   "x" + std::to_string(n) + ": expected at least " + std::to_string(a_rows) +
+                   ", " + std::to_string(b_rows) + ", " + std::to_string(m));
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// TF32 as the tensor cores take it: float32 rounded (to nearest, ties to even) to 10
+// mantissa bits. Applied to the operands when the handle allows TF32, so that code choosing
+// TF32 sees its precision change here as on a GPU.
+float RoundToTf32(float x) {
+  if (!std::isfinite(x)) return x;
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  bits += 0x0fffu + ((bits >> 13) & 1u);
+  bits &= ~0x1fffu;
+  std::memcpy(&x, &bits, 4);
+  return x;
+}
+
+// A rounded copy of a column-major rows x cols operand with leading dimension ld.
+std::vector<float> Tf32Copy(const float* x, int rows, int cols, int ld) {
+  std::vector<float> copy(cols == 0 ? 0 : static_cast<size_t>(ld) * (cols - 1) + rows);
+  for (int c = 0; c < cols; ++c) {
+    for (int r = 0; r < rows; ++r) {
+      const size_t at = static_cast<size_t>(c) * ld + r;
+      copy[at] = RoundToTf32(x[at]);
+    }
+  }
+  return copy;
+}
+
+CBLAS_TRANSPOSE Trans(cublasOperation_t op) {
+  return op == CUBLAS_OP_N ? CblasNoTrans : CblasTrans;
+}
+
+cublasStatus_t Queue(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb, int m,
+                     int n, int k, float alpha, const float* a, int lda, long long stride_a,
+                     const float* b, int ldb, long long stride_b, float beta, float* c, int ldc,
+                     long long stride_c, int batch) {
+  const int previous = cudasim::internal::CurrentDevice();
+  cudaSetDevice(handle->device);
+  cudasim::internal::Stream* stream = cudasim::internal::ResolveStream(handle->stream);
+  cudaSetDevice(previous);
+  if (stream == nullptr) return CUBLAS_STATUS_EXECUTION_FAILED;
+  if (cudasim::internal::StickyError(stream->device()) != cudaSuccess) {
+    return CUBLAS_STATUS_EXECUTION_FAILED;
+  }
+  if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
+  const bool tf32 = handle->mode == CUBLAS_TF32_TENSOR_OP_MATH;
+  stream->Enqueue([=] {
+    for (int i = 0; i < batch; ++i) {
+      float* ci = c + i * stride_c;
+      if (k == 0 || alpha == 0.0f) {
+        // BLAS: C = beta C, and with beta == 0 C is not read (NaN in it does not survive).
+        for (int col = 0; col < n; ++col) {
+          for (int row = 0; row < m; ++row) {
+            float& x = ci[static_cast<long long>(col) * ldc + row];
+            x = beta == 0.0f ? 0.0f : beta * x;
+          }
+        }
+        continue;
+      }
+      const float* ai = a + i * stride_a;
+      const float* bi = b + i * stride_b;
+      std::vector<float> a32, b32;
+      if (tf32) {
+        a32 = Tf32Copy(ai, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, lda);
+        b32 = Tf32Copy(bi, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, ldb);
+        ai = a32.data();
+        bi = b32.data();
+      }
+      cblas_sgemm(CblasColMajor, Trans(ta), Trans(tb), m, n, k, alpha, ai, lda, bi, ldb, beta, ci,
+                  ldc);
+    }
+  });
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+extern "C" {
+
+cublasStatus_t cublasCreate(cublasHandle_t* handle) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return CUBLAS_STATUS_NOT_INITIALIZED;
+  }
+  auto* context = new cublasContext;
+  context->device = cudasim::internal::CurrentDevice();
+  std::lock_guard<std::mutex> lock(HandlesMutex());
+  Handles().insert(context);
+  *handle = context;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasDestroy(cublasHandle_t handle) {
+  {
+    std::lock_guard<std::mutex> lock(HandlesMutex());
+    if (Handles().erase(handle) == 0) return CUBLAS_STATUS_NOT_INITIALIZED;
+  }
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGetVersion(cublasHandle_t handle, int* version) {
+  if (!Live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  *version = CUBLAS_VERSION;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
+  if (!Live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  handle->stream = stream;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t* stream) {
+  if (!Live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  *stream = handle->stream;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
+  if (!Live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (mode != CUBLAS_DEFAULT_MATH && mode != CUBLAS_TENSOR_OP_MATH &&
+      mode != CUBLAS_PEDANTIC_MATH && mode != CUBLAS_TF32_TENSOR_OP_MATH) {
+    return Invalid("cublasSetMathMode: unknown mode " + std::to_string(mode));
+  }
+  handle->mode = mode;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t* mode) {
+  if (!Live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  *mode = handle->mode;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+const char* cublasGetStatusName(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR:
+      return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+  }
+  return "CUBLAS_STATUS_UNKNOWN";
+}
+
+const char* cublasGetStatusString(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS:
+      return "success";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "the library was not initialized";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "an invalid numeric value was used as an argument";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "the GPU program failed to execute";
+    default:
+      return "cuBLAS error";
+  }
+}
+
+cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa,
+                           cublasOperation_t transb, int m, int n, int k, const float* alpha,
+                           const float* a, int lda, const float* b, int ldb, const float* beta,
+                           float* c, int ldc) {
+  if (!Live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  const cublasStatus_t status = CheckGemm("cublasSgemm", transa, transb, m, n, k, lda, ldb, ldc);
+  if (status != CUBLAS_STATUS_SUCCESS) return status;
+  return Queue(handle, transa, transb, m, n, k, *alpha, a, lda, 0, b, ldb, 0, *beta, c, ldc, 0, 1);
+}
+
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
+                                         cublasOperation_t transb, int m, int n, int k,
+                                         const float* alpha, const float* a, int lda,
+                                         long long stride_a, const float* b, int ldb,
+                                         long long stride_b, const float* beta, float* c, int ldc,
+                                         long long stride_c, int batch_count) {
+  if (!Live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  const cublasStatus_t status =
+      CheckGemm("cublasSgemmStridedBatched", transa, transb, m, n, k, lda, ldb, ldc);
+  if (status != CUBLAS_STATUS_SUCCESS) return status;
+  if (batch_count < 0) return Invalid("cublasSgemmStridedBatched: batch_count < 0");
+  return Queue(handle, transa, transb, m, n, k, *alpha, a, lda, stride_a, b, ldb, stride_b, *beta,
+               c, ldc, stride_c, batch_count);
+}
+
+}  // extern "C"

@@ -1,0 +1,71 @@
+// cudasim's stand-in for cuBLAS: the calls Tandem makes (handles, streams, math modes, SGEMM and
+// strided batched SGEMM), with cuBLAS's column-major semantics, computed by OpenBLAS on the
+// handle's stream (tools/cudasim/cublas.cc). Under --config=cudasim, `@local_cuda//:cublas`
+// resolves to //tools/cudasim:cublas.
+//
+//   cublasHandle_t handle;
+//   cublasCreate(&handle);
+//   cublasSetStream(handle, stream);
+//   cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, a, m, b, k, &beta, c, m);
+#ifndef TANDEM_TOOLS_CUDASIM_INCLUDE_CUBLAS_V2_H_
+#define TANDEM_TOOLS_CUDASIM_INCLUDE_CUBLAS_V2_H_
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#define CUBLAS_VER_MAJOR 13
+#define CUBLAS_VER_MINOR 0
+#define CUBLAS_VERSION 130000
+
+struct cublasContext;
+typedef cublasContext* cublasHandle_t;
+
+enum cublasStatus_t {
+  CUBLAS_STATUS_SUCCESS = 0,
+  CUBLAS_STATUS_NOT_INITIALIZED = 1,
+  CUBLAS_STATUS_ALLOC_FAILED = 3,
+  CUBLAS_STATUS_INVALID_VALUE = 7,
+  CUBLAS_STATUS_ARCH_MISMATCH = 8,
+  CUBLAS_STATUS_MAPPING_ERROR = 11,
+  CUBLAS_STATUS_EXECUTION_FAILED = 13,
+  CUBLAS_STATUS_INTERNAL_ERROR = 14,
+  CUBLAS_STATUS_NOT_SUPPORTED = 15,
+};
+
+enum cublasOperation_t {
+  CUBLAS_OP_N = 0,
+  CUBLAS_OP_T = 1,
+  CUBLAS_OP_C = 2,
+};
+
+enum cublasMath_t {
+  CUBLAS_DEFAULT_MATH = 0,
+  CUBLAS_TENSOR_OP_MATH = 1,
+  CUBLAS_PEDANTIC_MATH = 2,
+  CUBLAS_TF32_TENSOR_OP_MATH = 3,
+};
+
+extern "C" {
+cublasStatus_t cublasCreate(cublasHandle_t* handle);
+cublasStatus_t cublasDestroy(cublasHandle_t handle);
+cublasStatus_t cublasGetVersion(cublasHandle_t handle, int* version);
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream);
+cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t* stream);
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode);
+cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t* mode);
+const char* cublasGetStatusName(cublasStatus_t status);
+const char* cublasGetStatusString(cublasStatus_t status);
+cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa,
+                           cublasOperation_t transb, int m, int n, int k, const float* alpha,
+                           const float* a, int lda, const float* b, int ldb, const float* beta,
+                           float* c, int ldc);
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
+                                         cublasOperation_t transb, int m, int n, int k,
+                                         const float* alpha, const float* a, int lda,
+                                         long long stride_a, const float* b, int ldb,
+                                         long long stride_b, const float* beta, float* c, int ldc,
+                                         long long stride_c, int batch_count);
+}  // extern "C"
+
+#endif  // TANDEM_TOOLS_CUDASIM_INCLUDE_CUBLAS_V2_H_

@@ -1,0 +1,1097 @@
+// cudasim's CUDA runtime: devices, memory, streams (a worker thread each), events and kernel
+// launches, on the host. See README.md for what it checks and what it cannot.
+#include <cuda_runtime.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "tools/cudasim/executor.h"
+#include "tools/cudasim/runtime_internal.h"
+
+namespace cudasim {
+namespace internal {
+namespace {
+
+constexpr int kMaxDevices = 16;
+constexpr size_t kSharedMemoryPerBlock = 48 << 10;
+constexpr int kMaxThreadsPerBlock = 1024;
+constexpr size_t kDeviceAlignment = 256;
+constexpr size_t kHugePage = size_t{2} << 20;
+// Freed device memory stays mapped without access (so a late use faults) up to this much
+// address space, oldest released first.
+constexpr size_t kQuarantineBytes = size_t{64} << 30;
+
+int EnvInt(const char* name, int fallback, int low, int high) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return fallback;
+  char* end = nullptr;
+  const long value = std::strtol(text, &end, 10);
+  if (*end != '\0' || value < low || value > high) {
+    std::fprintf(stderr, "cudasim: %s='%s' is not valid: expected an integer in [%d, %d]\n", name,
+                 text, low, high);
+    std::exit(2);
+  }
+  return static_cast<int>(value);
+}
+
+size_t PageSize() {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+struct Settings {
+  int devices = EnvInt("TANDEM_CUDASIM_DEVICES", 2, 0, kMaxDevices);
+  int sms = EnvInt("TANDEM_CUDASIM_SMS", 4, 1, 1024);
+  size_t memory =
+      size_t{static_cast<unsigned>(EnvInt("TANDEM_CUDASIM_MEMORY_MIB", 4096, 1, 1 << 20))} << 20;
+};
+
+const Settings& GetSettings() {
+  static const Settings* settings = new Settings;
+  return *settings;
+}
+
+struct Allocation {
+  uintptr_t begin;
+  size_t size;
+  int device;
+  char* mapping;
+  size_t mapping_bytes;
+};
+
+struct EventRecord {
+  bool done = false;
+  std::chrono::steady_clock::time_point time;
+};
+
+// Every event record's completion is signalled here (host waits and stream waits alike).
+std::mutex& EventMutex() {
+  static std::mutex* mutex = new std::mutex;
+  return *mutex;
+}
+std::condition_variable& EventSignal() {
+  static std::condition_variable* signal = new std::condition_variable;
+  return *signal;
+}
+
+struct DeviceState {
+  std::mutex mutex;
+  std::unique_ptr<Stream> default_stream;
+  std::vector<Stream*> streams;  // all live streams of the device, the default one included
+  size_t allocated = 0;
+  std::set<int> peers;
+  std::atomic<int> sticky{cudaSuccess};
+  std::string sticky_message;
+};
+
+// Leaked on purpose: streams' worker threads may still run while static objects are destroyed
+// at exit.
+class Runtime {
+ public:
+  static Runtime& Get() {
+    static Runtime* runtime = new Runtime;
+    return *runtime;
+  }
+
+  int count() const { return GetSettings().devices; }
+  DeviceState& device(int index) { return *devices_[index]; }
+
+  Stream* DefaultStream(int index) {
+    DeviceState& d = device(index);
+    std::lock_guard<std::mutex> lock(d.mutex);
+    if (!d.default_stream) {
+      d.default_stream = std::make_unique<Stream>(index, true);
+      d.streams.push_back(d.default_stream.get());
+    }
+    return d.default_stream.get();
+  }
+
+  Stream* CreateStream(int index) {
+    Stream* stream = new Stream(index, false);
+    DeviceState& d = device(index);
+    {
+      std::lock_guard<std::mutex> lock(d.mutex);
+      d.streams.push_back(stream);
+    }
+    std::lock_guard<std::mutex> lock(handles_mutex_);
+    streams_.insert(stream);
+    return stream;
+  }
+
+  bool DestroyStream(Stream* stream) {
+    {
+      std::lock_guard<std::mutex> lock(handles_mutex_);
+      if (streams_.erase(stream) == 0) return false;
+    }
+    DeviceState& d = device(stream->device());
+    {
+      std::lock_guard<std::mutex> lock(d.mutex);
+      d.streams.erase(std::find(d.streams.begin(), d.streams.end(), stream));
+    }
+    delete stream;  // drains and joins
+    return true;
+  }
+
+  bool IsStream(Stream* stream) {
+    std::lock_guard<std::mutex> lock(handles_mutex_);
+    return streams_.count(stream) != 0;
+  }
+
+  std::vector<Stream*> Streams(int index) {
+    DeviceState& d = device(index);
+    std::lock_guard<std::mutex> lock(d.mutex);
+    return d.streams;
+  }
+
+  // ---- Device memory ----
+
+  cudaError_t Malloc(void** ptr, size_t size, int index) {
+    DeviceState& d = device(index);
+    if (size == 0) {
+      *ptr = nullptr;
+      return cudaSuccess;
+    }
+    const size_t page = PageSize();
+    const size_t rounded = (size + kDeviceAlignment - 1) / kDeviceAlignment * kDeviceAlignment;
+    const size_t pages = (rounded + page - 1) / page;
+    {
+      std::lock_guard<std::mutex> lock(d.mutex);
+      if (rounded > GetSettings().memory || d.allocated > GetSettings().memory - rounded) {
+        return cudaErrorMemoryAllocation;
+      }
+      d.allocated += rounded;
+    }
+    // A guard page on either side; the block ends where the guard after it starts, so an
+    // access past the rounded size faults. Blocks of 2 MiB and more (the caching allocator's
+    // segments) sit on transparent huge pages: page faults are what costs most here.
+    const bool huge = rounded >= kHugePage;
+    const size_t usable = huge ? (rounded + kHugePage - 1) / kHugePage * kHugePage : pages * page;
+    const size_t mapping_bytes = usable + 2 * page + (huge ? kHugePage : 0);
+    void* mapping =
+        mmap(nullptr, mapping_bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mapping == MAP_FAILED) {
+      std::lock_guard<std::mutex> lock(d.mutex);
+      d.allocated -= rounded;
+      return cudaErrorMemoryAllocation;
+    }
+    char* base = static_cast<char*>(mapping);
+    char* usable_begin = base + page;
+    if (huge) {
+      const uintptr_t aligned =
+          (reinterpret_cast<uintptr_t>(usable_begin) + kHugePage - 1) / kHugePage * kHugePage;
+      usable_begin = reinterpret_cast<char*>(aligned);
+    }
+    mprotect(usable_begin, usable, PROT_READ | PROT_WRITE);
+    if (huge) madvise(usable_begin, usable, MADV_HUGEPAGE);
+    char* user = usable_begin + usable - rounded;
+    // Fresh device memory is not zero on a GPU: a kernel that reads it before writing
+    // sees NaNs here rather than a lucky 0.
+    std::memset(user, 0xff, rounded);
+    Allocation a{reinterpret_cast<uintptr_t>(user), rounded, index, base, mapping_bytes};
+    std::lock_guard<std::mutex> lock(memory_mutex_);
+    device_memory_[a.begin] = a;
+    *ptr = user;
+    return cudaSuccess;
+  }
+
+  cudaError_t Free(void* ptr) {
+    if (ptr == nullptr) return cudaSuccess;
+    Allocation a;
+    bool found = false;
+    {
+      std::lock_guard<std::mutex> lock(memory_mutex_);
+      auto it = device_memory_.find(reinterpret_cast<uintptr_t>(ptr));
+      if (it != device_memory_.end()) {
+        a = it->second;
+        found = true;
+      }
+    }
+    if (!found) {
+      return Fail(cudaErrorInvalidValue, "cudaFree(" + Describe(ptr) +
+                                             "): not a pointer that cudaMalloc returned (or "
+                                             "freed already)");
+    }
+    // cudaFree waits for the device's work, as on a GPU.
+    for (Stream* s : Streams(a.device)) s->Synchronize();
+    std::lock_guard<std::mutex> lock(memory_mutex_);
+    device_memory_.erase(a.begin);
+    mprotect(a.mapping, a.mapping_bytes, PROT_NONE);
+    madvise(a.mapping, a.mapping_bytes, MADV_DONTNEED);
+    quarantine_.push_back(a);
+    quarantine_bytes_ += a.mapping_bytes;
+    while (quarantine_bytes_ > kQuarantineBytes) {
+      munmap(quarantine_.front().mapping, quarantine_.front().mapping_bytes);
+      quarantine_bytes_ -= quarantine_.front().mapping_bytes;
+      quarantine_.erase(quarantine_.begin());
+    }
+    {
+      DeviceState& d = device(a.device);
+      std::lock_guard<std::mutex> device_lock(d.mutex);
+      d.allocated -= a.size;
+    }
+    return cudaSuccess;
+  }
+
+  // The allocation holding [ptr, ptr + bytes), if one does.
+  bool FindDevice(const void* ptr, size_t bytes, Allocation* found) {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+    std::lock_guard<std::mutex> lock(memory_mutex_);
+    auto it = device_memory_.upper_bound(p);
+    if (it == device_memory_.begin()) return false;
+    --it;
+    const Allocation& a = it->second;
+    if (p < a.begin || p - a.begin >= std::max<size_t>(a.size, 1) ||
+        bytes > a.size - (p - a.begin)) {
+      return false;
+    }
+    if (found != nullptr) *found = a;
+    return true;
+  }
+
+  bool IsDevicePointer(const void* ptr) {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+    std::lock_guard<std::mutex> lock(memory_mutex_);
+    auto it = device_memory_.upper_bound(p);
+    if (it == device_memory_.begin()) return false;
+    --it;
+    return p >= it->second.begin && p < it->second.begin + it->second.size;
+  }
+
+  std::string Describe(const void* ptr) {
+    char text[64];
+    std::snprintf(text, sizeof(text), "%p", ptr);
+    std::string result = text;
+    const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+    std::lock_guard<std::mutex> lock(memory_mutex_);
+    for (auto it = quarantine_.rbegin(); it != quarantine_.rend(); ++it) {
+      const uintptr_t low = reinterpret_cast<uintptr_t>(it->mapping);
+      if (p >= low && p < low + it->mapping_bytes) {
+        return result + ", in device memory already freed (a block of " + std::to_string(it->size) +
+               " bytes on cuda:" + std::to_string(it->device) + ")";
+      }
+    }
+    auto it = device_memory_.upper_bound(p);
+    if (it != device_memory_.begin()) {
+      --it;
+      const Allocation& a = it->second;
+      if (p >= a.begin && p < a.begin + a.size) {
+        return result + ", " + std::to_string(p - a.begin) + " bytes into a block of " +
+               std::to_string(a.size) + " bytes on cuda:" + std::to_string(a.device);
+      }
+      if (p >= a.begin + a.size && p < a.begin + a.size + PageSize()) {
+        return result + ", " + std::to_string(p - a.begin - a.size) +
+               " bytes past the end of a block of " + std::to_string(a.size) +
+               " bytes on cuda:" + std::to_string(a.device);
+      }
+    }
+    return result;
+  }
+
+  // ---- Pinned host memory ----
+
+  void AddPinned(void* ptr, size_t size) {
+    std::lock_guard<std::mutex> lock(memory_mutex_);
+    pinned_[reinterpret_cast<uintptr_t>(ptr)] = size;
+  }
+  bool RemovePinned(void* ptr) {
+    std::lock_guard<std::mutex> lock(memory_mutex_);
+    return pinned_.erase(reinterpret_cast<uintptr_t>(ptr)) != 0;
+  }
+  bool IsPinned(const void* ptr, size_t bytes) {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(ptr);
+    std::lock_guard<std::mutex> lock(memory_mutex_);
+    auto it = pinned_.upper_bound(p);
+    if (it == pinned_.begin()) return false;
+    --it;
+    return p >= it->first && p - it->first + bytes <= it->second;
+  }
+
+ private:
+  Runtime() {
+    for (int i = 0; i < kMaxDevices; ++i) devices_.push_back(std::make_unique<DeviceState>());
+  }
+
+  std::vector<std::unique_ptr<DeviceState>> devices_;
+  std::mutex handles_mutex_;
+  std::set<Stream*> streams_;
+  std::mutex memory_mutex_;
+  std::map<uintptr_t, Allocation> device_memory_;
+  std::vector<Allocation> quarantine_;
+  size_t quarantine_bytes_ = 0;
+  std::map<uintptr_t, size_t> pinned_;
+};
+
+thread_local cudaError_t tls_last_error = cudaSuccess;
+thread_local const char* tls_running_kernel = nullptr;
+
+#if !defined(__SANITIZE_ADDRESS__)
+// A fault in device memory (a guard page, a freed block) is a kernel's or a copy's illegal
+// address: say which block it hit before the process dies of it. (Under AddressSanitizer its
+// own report says the same.)
+struct sigaction previous_segv_action;
+
+void OnSegv(int signal, siginfo_t* info, void* context) {
+  std::string what = Runtime::Get().Describe(info->si_addr);
+  const char* kernel = tls_running_kernel;
+  std::fprintf(stderr,
+               "cudasim: illegal address %s%s%s: an out-of-bounds or use-after-free access to "
+               "device memory (cudaErrorIllegalAddress on a GPU)\n",
+               what.c_str(), kernel != nullptr ? " in kernel " : "",
+               kernel != nullptr ? kernel : "");
+  sigaction(SIGSEGV, &previous_segv_action, nullptr);
+  (void)signal;
+  (void)context;
+}
+
+void InstallSegvHandler() {
+  struct sigaction action;
+  std::memset(&action, 0, sizeof(action));
+  action.sa_sigaction = &OnSegv;
+  action.sa_flags = SA_SIGINFO;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGSEGV, &action, &previous_segv_action);
+}
+#else
+void InstallSegvHandler() {}
+#endif
+thread_local int tls_device = 0;
+
+struct Event {
+  unsigned flags = 0;
+  std::shared_ptr<EventRecord> latest;  // guarded by EventMutex()
+};
+
+std::mutex& EventsMutex() {
+  static std::mutex* mutex = new std::mutex;
+  return *mutex;
+}
+std::set<Event*>& Events() {
+  static std::set<Event*>* events = new std::set<Event*>;
+  return *events;
+}
+
+Event* ResolveEvent(cudaEvent_t handle) {
+  Event* event = reinterpret_cast<Event*>(handle);
+  std::lock_guard<std::mutex> lock(EventsMutex());
+  return Events().count(event) != 0 ? event : nullptr;
+}
+
+bool ValidDevice(int device) { return device >= 0 && device < Runtime::Get().count(); }
+
+}  // namespace
+
+// ---- Stream ---------------------------------------------------------------------------------
+
+Stream::Stream(int device, bool is_default) : device_(device) {
+  (void)is_default;
+  static std::once_flag segv_once;
+  std::call_once(segv_once, InstallSegvHandler);
+  worker_ = std::thread([this] { Run(); });
+}
+
+Stream::~Stream() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  work_.notify_all();
+  worker_.join();
+}
+
+void Stream::Enqueue(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    tasks_.push_back(std::move(task));
+    ++pending_;
+  }
+  work_.notify_one();
+}
+
+void Stream::Synchronize() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  idle_.wait(lock, [this] { return pending_ == 0; });
+}
+
+bool Stream::Idle() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return pending_ == 0;
+}
+
+void Stream::Run() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      work_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;  // stopping, and drained
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    try {
+      task();
+    } catch (const std::exception& error) {
+      SetStickyError(device_, cudaErrorLaunchFailure, error.what());
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      --pending_;
+    }
+    idle_.notify_all();
+  }
+}
+
+Stream* ResolveStream(cudaStream_t handle) {
+  Runtime& runtime = Runtime::Get();
+  if (handle == nullptr) {
+    if (!ValidDevice(tls_device)) return nullptr;
+    return runtime.DefaultStream(tls_device);
+  }
+  Stream* stream = reinterpret_cast<Stream*>(handle);
+  return runtime.IsStream(stream) ? stream : nullptr;
+}
+
+cudaError_t Fail(cudaError_t error, const std::string& detail) {
+  tls_last_error = error;
+  if (!detail.empty()) {
+    std::fprintf(stderr, "cudasim: %s: %s\n", cudaGetErrorName(error), detail.c_str());
+  }
+  return error;
+}
+
+cudaError_t StickyError(int device) {
+  return static_cast<cudaError_t>(Runtime::Get().device(device).sticky.load());
+}
+
+void SetStickyError(int device, cudaError_t error, const std::string& message) {
+  DeviceState& d = Runtime::Get().device(device);
+  int expected = cudaSuccess;
+  if (d.sticky.compare_exchange_strong(expected, error)) {
+    std::fprintf(stderr, "cudasim: cuda:%d failed (%s), every later call on it fails: %s\n", device,
+                 cudaGetErrorName(error), message.c_str());
+  }
+}
+
+int CurrentDevice() { return tls_device; }
+
+uint64_t Seed() {
+  static const uint64_t seed = [] {
+    const char* text = std::getenv("TANDEM_CUDASIM_SEED");
+    if (text == nullptr || *text == '\0') return uint64_t{0x5eed};
+    char* end = nullptr;
+    const unsigned long long value = std::strtoull(text, &end, 0);
+    if (*end != '\0') {
+      std::fprintf(stderr, "cudasim: TANDEM_CUDASIM_SEED='%s' is not an integer\n", text);
+      std::exit(2);
+    }
+    return static_cast<uint64_t>(value);
+  }();
+  return seed;
+}
+
+}  // namespace internal
+
+// ---- Kernel launches ----------------------------------------------------------------------
+
+void EnqueueKernel(const LaunchConfig& config, const char* name,
+                   std::function<void()> thread_body) {
+  using namespace internal;  // NOLINT
+  Stream* stream = ResolveStream(config.stream);
+  if (stream == nullptr) {
+    Fail(ValidDevice(tls_device) ? cudaErrorInvalidResourceHandle : cudaErrorNoDevice,
+         std::string("launch of ") + name + ": the stream is not a live stream");
+    return;
+  }
+  if (StickyError(stream->device()) != cudaSuccess) {
+    tls_last_error = StickyError(stream->device());
+    return;
+  }
+  const dim3 g = config.grid, b = config.block;
+  const uint64_t threads = uint64_t{b.x} * b.y * b.z;
+  if (g.x == 0 || g.y == 0 || g.z == 0 || g.y > 65535 || g.z > 65535 || b.x == 0 || b.y == 0 ||
+      b.z == 0 || b.x > 1024 || b.y > 1024 || b.z > 64 || threads > kMaxThreadsPerBlock) {
+    Fail(cudaErrorInvalidConfiguration,
+         std::string("launch of ") + name + " with grid (" + std::to_string(g.x) + "," +
+             std::to_string(g.y) + "," + std::to_string(g.z) + ") and block (" +
+             std::to_string(b.x) + "," + std::to_string(b.y) + "," + std::to_string(b.z) +
+             "): expected 1 to 1024 threads per block (x, y <= 1024, z <= 64) and a grid of at "
+             "least one block");
+    return;
+  }
+  if (config.shared > kSharedMemoryPerBlock) {
+    Fail(cudaErrorInvalidValue, std::string("launch of ") + name + " asks for " +
+                                    std::to_string(config.shared) +
+                                    " bytes of dynamic shared memory: at most 49152 per block");
+    return;
+  }
+  const uint64_t seed = Seed() ^ (stream->NextLaunch() * 0xd1342543de82ef95ull);
+  const int device = stream->device();
+  std::string label = name;
+  stream->Enqueue([config, seed, device, label, body = std::move(thread_body)] {
+    if (StickyError(device) != cudaSuccess) return;
+    try {
+      tls_running_kernel = label.c_str();
+      RunGrid(config.grid, config.block, config.shared, seed, body);
+      tls_running_kernel = nullptr;
+    } catch (const KernelError& error) {
+      char hex[32];
+      std::snprintf(hex, sizeof(hex), "0x%llx", static_cast<unsigned long long>(Seed()));
+      tls_running_kernel = nullptr;
+      SetStickyError(device, cudaErrorLaunchFailure,
+                     label + ": " + error.what() + " (TANDEM_CUDASIM_SEED=" + hex + ")");
+    }
+  });
+}
+
+}  // namespace cudasim
+
+// ---- The runtime API ------------------------------------------------------------------------
+
+using cudasim::internal::Fail;
+using cudasim::internal::ResolveStream;
+using cudasim::internal::Runtime;
+using cudasim::internal::Stream;
+
+namespace {
+
+struct ErrorInfo {
+  cudaError_t error;
+  const char* name;
+  const char* text;
+};
+
+constexpr ErrorInfo kErrors[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInitializationError, "cudaErrorInitializationError", "initialization error"},
+    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration",
+     "invalid configuration argument"},
+    {cudaErrorInvalidDevicePointer, "cudaErrorInvalidDevicePointer", "invalid device pointer"},
+    {cudaErrorInvalidMemcpyDirection, "cudaErrorInvalidMemcpyDirection",
+     "invalid copy direction for memcpy"},
+    {cudaErrorInsufficientDriver, "cudaErrorInsufficientDriver",
+     "CUDA driver version is insufficient for CUDA runtime version"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+    {cudaErrorIllegalAddress, "cudaErrorIllegalAddress",
+     "an illegal memory access was encountered"},
+    {cudaErrorLaunchOutOfResources, "cudaErrorLaunchOutOfResources",
+     "too many resources requested for launch"},
+    {cudaErrorPeerAccessAlreadyEnabled, "cudaErrorPeerAccessAlreadyEnabled",
+     "peer access is already enabled"},
+    {cudaErrorPeerAccessNotEnabled, "cudaErrorPeerAccessNotEnabled",
+     "peer access has not been enabled"},
+    {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
+    {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
+};
+
+const ErrorInfo* Find(cudaError_t error) {
+  for (const ErrorInfo& info : kErrors) {
+    if (info.error == error) return &info;
+  }
+  return nullptr;
+}
+
+using cudasim::internal::tls_device;
+using cudasim::internal::tls_last_error;
+
+bool ValidDevice(int device) { return device >= 0 && device < Runtime::Get().count(); }
+
+// Every call but the error queries starts here: the current device must exist, and after a
+// failed kernel on it every call reports that failure.
+#define CUDASIM_ENTER()                                                     \
+  do {                                                                      \
+    if (Runtime::Get().count() == 0) {                                      \
+      return Fail(cudaErrorNoDevice);                                       \
+    }                                                                       \
+    const cudaError_t sticky_ = cudasim::internal::StickyError(tls_device); \
+    if (sticky_ != cudaSuccess) return Fail(sticky_);                       \
+  } while (false)
+
+std::string CopyName(cudaMemcpyKind kind) {
+  switch (kind) {
+    case cudaMemcpyHostToHost:
+      return "cudaMemcpyHostToHost";
+    case cudaMemcpyHostToDevice:
+      return "cudaMemcpyHostToDevice";
+    case cudaMemcpyDeviceToHost:
+      return "cudaMemcpyDeviceToHost";
+    case cudaMemcpyDeviceToDevice:
+      return "cudaMemcpyDeviceToDevice";
+    default:
+      return "cudaMemcpyDefault";
+  }
+}
+
+// Checks that each side of a copy is what `kind` says: device memory wholly inside one
+// cudaMalloc block, host memory not device memory.
+cudaError_t CheckCopy(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
+                      const char* call) {
+  Runtime& runtime = Runtime::Get();
+  if (kind == cudaMemcpyDefault) return cudaSuccess;
+  const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  struct Side {
+    const void* ptr;
+    bool device;
+    const char* what;
+  } sides[2] = {{dst, dst_device, "destination"}, {src, src_device, "source"}};
+  for (const Side& side : sides) {
+    if (side.device && !runtime.FindDevice(side.ptr, count, nullptr)) {
+      return Fail(cudaErrorInvalidValue,
+                  std::string(call) + " of " + std::to_string(count) + " bytes (" + CopyName(kind) +
+                      "): the " + side.what + " " + runtime.Describe(side.ptr) + " is not " +
+                      std::to_string(count) + " bytes of device memory from one cudaMalloc");
+    }
+    if (!side.device && runtime.IsDevicePointer(side.ptr)) {
+      return Fail(cudaErrorInvalidValue, std::string(call) + " (" + CopyName(kind) + "): the " +
+                                             side.what + " " + runtime.Describe(side.ptr) +
+                                             " is device memory, not host memory");
+    }
+  }
+  return cudaSuccess;
+}
+
+// Queues a copy on `stream` with CUDA's host-side semantics for pageable memory: from
+// pageable host memory the source is read before the call returns; into pageable host
+// memory the call returns when the copy is done.
+cudaError_t QueueCopy(void* dst, const void* src, size_t count, cudaMemcpyKind kind, Stream* stream,
+                      bool synchronous) {
+  Runtime& runtime = Runtime::Get();
+  if (count == 0) return cudaSuccess;
+  const bool src_host = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyHostToHost ||
+                        (kind == cudaMemcpyDefault && !runtime.IsDevicePointer(src));
+  const bool dst_host = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyHostToHost ||
+                        (kind == cudaMemcpyDefault && !runtime.IsDevicePointer(dst));
+  if (src_host && !runtime.IsPinned(src, count)) {
+    auto staged = std::make_shared<std::vector<unsigned char>>(
+        static_cast<const unsigned char*>(src), static_cast<const unsigned char*>(src) + count);
+    stream->Enqueue([dst, staged, count] { std::memcpy(dst, staged->data(), count); });
+  } else {
+    stream->Enqueue([dst, src, count] { std::memmove(dst, src, count); });
+  }
+  if (synchronous || (dst_host && !runtime.IsPinned(dst, count))) stream->Synchronize();
+  return cudasim::internal::StickyError(stream->device()) != cudaSuccess
+             ? Fail(cudasim::internal::StickyError(stream->device()))
+             : cudaSuccess;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* cudaGetErrorName(cudaError_t error) {
+  const ErrorInfo* info = Find(error);
+  return info != nullptr ? info->name : "cudaErrorUnknown";
+}
+
+const char* cudaGetErrorString(cudaError_t error) {
+  const ErrorInfo* info = Find(error);
+  return info != nullptr ? info->text : "unrecognized error code";
+}
+
+cudaError_t cudaGetLastError(void) {
+  cudaError_t error = tls_last_error;
+  tls_last_error = cudaSuccess;
+  if (ValidDevice(tls_device)) {
+    const cudaError_t sticky = cudasim::internal::StickyError(tls_device);
+    if (sticky != cudaSuccess) error = sticky;
+  }
+  return error;
+}
+
+cudaError_t cudaPeekAtLastError(void) {
+  if (ValidDevice(tls_device)) {
+    const cudaError_t sticky = cudasim::internal::StickyError(tls_device);
+    if (sticky != cudaSuccess) return sticky;
+  }
+  return tls_last_error;
+}
+
+cudaError_t cudaGetDeviceCount(int* count) {
+  *count = Runtime::Get().count();
+  if (*count == 0) return Fail(cudaErrorNoDevice);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDevice(int* device) {
+  if (Runtime::Get().count() == 0) return Fail(cudaErrorNoDevice);
+  *device = tls_device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) {
+  if (!ValidDevice(device)) {
+    return Fail(cudaErrorInvalidDevice, "cudaSetDevice(" + std::to_string(device) +
+                                            "): " + std::to_string(Runtime::Get().count()) +
+                                            " simulated devices (TANDEM_CUDASIM_DEVICES)");
+  }
+  tls_device = device;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (!ValidDevice(device)) return Fail(cudaErrorInvalidDevice);
+  std::memset(prop, 0, sizeof(*prop));
+  std::snprintf(prop->name, sizeof(prop->name), "cudasim device %d", device);
+  const auto& settings = cudasim::internal::GetSettings();
+  prop->totalGlobalMem = settings.memory;
+  prop->sharedMemPerBlock = cudasim::internal::kSharedMemoryPerBlock;
+  prop->regsPerBlock = 65536;
+  prop->warpSize = 32;
+  prop->maxThreadsPerBlock = cudasim::internal::kMaxThreadsPerBlock;
+  prop->maxThreadsDim[0] = 1024;
+  prop->maxThreadsDim[1] = 1024;
+  prop->maxThreadsDim[2] = 64;
+  prop->maxGridSize[0] = 0x7fffffff;
+  prop->maxGridSize[1] = 65535;
+  prop->maxGridSize[2] = 65535;
+  prop->major = 9;
+  prop->minor = 0;
+  prop->multiProcessorCount = settings.sms;
+  prop->maxThreadsPerMultiProcessor = 2048;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  cudaDeviceProp prop;
+  const cudaError_t error = cudaGetDeviceProperties(&prop, device);
+  if (error != cudaSuccess) return error;
+  switch (attr) {
+    case cudaDevAttrMaxThreadsPerBlock:
+      *value = prop.maxThreadsPerBlock;
+      return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlock:
+      *value = static_cast<int>(prop.sharedMemPerBlock);
+      return cudaSuccess;
+    case cudaDevAttrWarpSize:
+      *value = prop.warpSize;
+      return cudaSuccess;
+    case cudaDevAttrMultiProcessorCount:
+      *value = prop.multiProcessorCount;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMajor:
+      *value = prop.major;
+      return cudaSuccess;
+    case cudaDevAttrComputeCapabilityMinor:
+      *value = prop.minor;
+      return cudaSuccess;
+  }
+  return Fail(cudaErrorInvalidValue,
+              "cudaDeviceGetAttribute: attribute " + std::to_string(attr) + " is not simulated");
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+  CUDASIM_ENTER();
+  for (Stream* s : Runtime::Get().Streams(tls_device)) s->Synchronize();
+  CUDASIM_ENTER();
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceReset(void) { return cudaDeviceSynchronize(); }
+
+cudaError_t cudaDeviceCanAccessPeer(int* can_access, int device, int peer_device) {
+  if (!ValidDevice(device) || !ValidDevice(peer_device)) return Fail(cudaErrorInvalidDevice);
+  *can_access = device != peer_device ? 1 : 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceEnablePeerAccess(int peer_device, unsigned int flags) {
+  CUDASIM_ENTER();
+  if (!ValidDevice(peer_device) || peer_device == tls_device) return Fail(cudaErrorInvalidDevice);
+  if (flags != 0) return Fail(cudaErrorInvalidValue);
+  auto& d = Runtime::Get().device(tls_device);
+  std::lock_guard<std::mutex> lock(d.mutex);
+  if (!d.peers.insert(peer_device).second) return Fail(cudaErrorPeerAccessAlreadyEnabled);
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceDisablePeerAccess(int peer_device) {
+  CUDASIM_ENTER();
+  auto& d = Runtime::Get().device(tls_device);
+  std::lock_guard<std::mutex> lock(d.mutex);
+  if (d.peers.erase(peer_device) == 0) return Fail(cudaErrorPeerAccessNotEnabled);
+  return cudaSuccess;
+}
+
+cudaError_t cudaDriverGetVersion(int* version) {
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
+
+cudaError_t cudaRuntimeGetVersion(int* version) {
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void** ptr, size_t size) {
+  CUDASIM_ENTER();
+  const cudaError_t error = Runtime::Get().Malloc(ptr, size, tls_device);
+  return error == cudaSuccess ? error : Fail(error);
+}
+
+cudaError_t cudaFree(void* ptr) {
+  CUDASIM_ENTER();
+  return Runtime::Get().Free(ptr);
+}
+
+cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int flags) {
+  CUDASIM_ENTER();
+  if ((flags & ~0x7u) != 0) return Fail(cudaErrorInvalidValue);
+  void* memory = nullptr;
+  if (posix_memalign(&memory, 4096, std::max<size_t>(size, 1)) != 0) {
+    return Fail(cudaErrorMemoryAllocation);
+  }
+  Runtime::Get().AddPinned(memory, size);
+  *ptr = memory;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMallocHost(void** ptr, size_t size) { return cudaHostAlloc(ptr, size, 0); }
+
+cudaError_t cudaFreeHost(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  if (!Runtime::Get().RemovePinned(ptr)) {
+    return Fail(cudaErrorInvalidValue, "cudaFreeHost(" + Runtime::Get().Describe(ptr) +
+                                           "): not a pointer that cudaHostAlloc returned");
+  }
+  // As on a GPU, freeing pinned memory waits for the work that may still read it.
+  for (int d = 0; d < Runtime::Get().count(); ++d) {
+    for (Stream* s : Runtime::Get().Streams(d)) s->Synchronize();
+  }
+  std::free(ptr);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  CUDASIM_ENTER();
+  auto& d = Runtime::Get().device(tls_device);
+  std::lock_guard<std::mutex> lock(d.mutex);
+  *total = cudasim::internal::GetSettings().memory;
+  *free = *total - d.allocated;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+  CUDASIM_ENTER();
+  Stream* s = ResolveStream(stream);
+  if (s == nullptr) return Fail(cudaErrorInvalidResourceHandle, "cudaMemcpyAsync: not a stream");
+  const cudaError_t error = CheckCopy(dst, src, count, kind, "cudaMemcpyAsync");
+  if (error != cudaSuccess) return error;
+  return QueueCopy(dst, src, count, kind, s, false);
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
+  CUDASIM_ENTER();
+  const cudaError_t error = CheckCopy(dst, src, count, kind, "cudaMemcpy");
+  if (error != cudaSuccess) return error;
+  return QueueCopy(dst, src, count, kind, ResolveStream(nullptr), true);
+}
+
+cudaError_t cudaMemcpyPeerAsync(void* dst, int dst_device, const void* src, int src_device,
+                                size_t count, cudaStream_t stream) {
+  CUDASIM_ENTER();
+  if (!ValidDevice(dst_device) || !ValidDevice(src_device)) return Fail(cudaErrorInvalidDevice);
+  Stream* s = ResolveStream(stream);
+  if (s == nullptr) return Fail(cudaErrorInvalidResourceHandle);
+  cudasim::internal::Allocation a;
+  Runtime& runtime = Runtime::Get();
+  if (!runtime.FindDevice(dst, count, &a) || a.device != dst_device) {
+    return Fail(cudaErrorInvalidValue,
+                "cudaMemcpyPeerAsync: the destination " + runtime.Describe(dst) + " is not " +
+                    std::to_string(count) + " bytes of cuda:" + std::to_string(dst_device) +
+                    " memory");
+  }
+  if (!runtime.FindDevice(src, count, &a) || a.device != src_device) {
+    return Fail(cudaErrorInvalidValue, "cudaMemcpyPeerAsync: the source " + runtime.Describe(src) +
+                                           " is not " + std::to_string(count) + " bytes of cuda:" +
+                                           std::to_string(src_device) + " memory");
+  }
+  return QueueCopy(dst, src, count, cudaMemcpyDeviceToDevice, s, false);
+}
+
+cudaError_t cudaMemcpyPeer(void* dst, int dst_device, const void* src, int src_device,
+                           size_t count) {
+  const cudaError_t error = cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, nullptr);
+  if (error != cudaSuccess) return error;
+  ResolveStream(nullptr)->Synchronize();
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream) {
+  CUDASIM_ENTER();
+  Stream* s = ResolveStream(stream);
+  if (s == nullptr) return Fail(cudaErrorInvalidResourceHandle, "cudaMemsetAsync: not a stream");
+  if (count == 0) return cudaSuccess;
+  if (!Runtime::Get().FindDevice(ptr, count, nullptr)) {
+    return Fail(cudaErrorInvalidValue, "cudaMemsetAsync of " + std::to_string(count) +
+                                           " bytes at " + Runtime::Get().Describe(ptr) +
+                                           ": not that many bytes of device memory from one "
+                                           "cudaMalloc");
+  }
+  s->Enqueue([ptr, value, count] { std::memset(ptr, value, count); });
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemset(void* ptr, int value, size_t count) {
+  const cudaError_t error = cudaMemsetAsync(ptr, value, count, nullptr);
+  if (error != cudaSuccess) return error;
+  ResolveStream(nullptr)->Synchronize();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) {
+  CUDASIM_ENTER();
+  if ((flags & ~1u) != 0) return Fail(cudaErrorInvalidValue);
+  *stream = reinterpret_cast<cudaStream_t>(Runtime::Get().CreateStream(tls_device));
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  if (stream == nullptr || !Runtime::Get().DestroyStream(reinterpret_cast<Stream*>(stream))) {
+    return Fail(cudaErrorInvalidResourceHandle, "cudaStreamDestroy: not a stream it created");
+  }
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  CUDASIM_ENTER();
+  Stream* s = ResolveStream(stream);
+  if (s == nullptr) return Fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize");
+  s->Synchronize();
+  const cudaError_t sticky = cudasim::internal::StickyError(s->device());
+  return sticky == cudaSuccess ? cudaSuccess : Fail(sticky);
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  CUDASIM_ENTER();
+  Stream* s = ResolveStream(stream);
+  if (s == nullptr) return Fail(cudaErrorInvalidResourceHandle, "cudaStreamQuery");
+  return s->Idle() ? cudaSuccess : cudaErrorNotReady;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags) {
+  CUDASIM_ENTER();
+  if ((flags & ~0x3u) != 0) return Fail(cudaErrorInvalidValue);
+  auto* e = new cudasim::internal::Event;
+  e->flags = flags;
+  std::lock_guard<std::mutex> lock(cudasim::internal::EventsMutex());
+  cudasim::internal::Events().insert(e);
+  *event = reinterpret_cast<cudaEvent_t>(e);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
+
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+  auto* e = reinterpret_cast<cudasim::internal::Event*>(event);
+  {
+    std::lock_guard<std::mutex> lock(cudasim::internal::EventsMutex());
+    if (cudasim::internal::Events().erase(e) == 0) {
+      return Fail(cudaErrorInvalidResourceHandle, "cudaEventDestroy: not a live event");
+    }
+  }
+  delete e;  // queued records hold their own state
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+  CUDASIM_ENTER();
+  cudasim::internal::Event* e = cudasim::internal::ResolveEvent(event);
+  if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: not an event");
+  Stream* s = ResolveStream(stream);
+  if (s == nullptr) return Fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: not a stream");
+  auto record = std::make_shared<cudasim::internal::EventRecord>();
+  {
+    std::lock_guard<std::mutex> lock(cudasim::internal::EventMutex());
+    e->latest = record;
+  }
+  s->Enqueue([record] {
+    {
+      std::lock_guard<std::mutex> lock(cudasim::internal::EventMutex());
+      record->time = std::chrono::steady_clock::now();
+      record->done = true;
+    }
+    cudasim::internal::EventSignal().notify_all();
+  });
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  CUDASIM_ENTER();
+  cudasim::internal::Event* e = cudasim::internal::ResolveEvent(event);
+  if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle, "cudaEventQuery: not an event");
+  std::lock_guard<std::mutex> lock(cudasim::internal::EventMutex());
+  return e->latest == nullptr || e->latest->done ? cudaSuccess : cudaErrorNotReady;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+  CUDASIM_ENTER();
+  cudasim::internal::Event* e = cudasim::internal::ResolveEvent(event);
+  if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize");
+  std::unique_lock<std::mutex> lock(cudasim::internal::EventMutex());
+  std::shared_ptr<cudasim::internal::EventRecord> record = e->latest;
+  if (record != nullptr) {
+    cudasim::internal::EventSignal().wait(lock, [&] { return record->done; });
+  }
+  lock.unlock();
+  CUDASIM_ENTER();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+  CUDASIM_ENTER();
+  if (flags != 0) return Fail(cudaErrorInvalidValue);
+  Stream* s = ResolveStream(stream);
+  if (s == nullptr) return Fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: stream");
+  cudasim::internal::Event* e = cudasim::internal::ResolveEvent(event);
+  if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: event");
+  std::shared_ptr<cudasim::internal::EventRecord> record;
+  {
+    std::lock_guard<std::mutex> lock(cudasim::internal::EventMutex());
+    record = e->latest;
+  }
+  if (record == nullptr) return cudaSuccess;  // never recorded: nothing to wait for
+  s->Enqueue([record] {
+    std::unique_lock<std::mutex> lock(cudasim::internal::EventMutex());
+    cudasim::internal::EventSignal().wait(lock, [&] { return record->done; });
+  });
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+  CUDASIM_ENTER();
+  cudasim::internal::Event* a = cudasim::internal::ResolveEvent(start);
+  cudasim::internal::Event* b = cudasim::internal::ResolveEvent(end);
+  if (a == nullptr || b == nullptr) return Fail(cudaErrorInvalidResourceHandle);
+  if ((a->flags | b->flags) & cudaEventDisableTiming) {
+    return Fail(cudaErrorInvalidResourceHandle,
+                "cudaEventElapsedTime: an event was created with cudaEventDisableTiming");
+  }
+  std::lock_guard<std::mutex> lock(cudasim::internal::EventMutex());
+  if (a->latest == nullptr || b->latest == nullptr) return Fail(cudaErrorInvalidResourceHandle);
+  if (!a->latest->done || !b->latest->done) return Fail(cudaErrorNotReady);
+  *ms = std::chrono::duration<float, std::milli>(b->latest->time - a->latest->time).count();
+  return cudaSuccess;
+}
+
+}  // extern "C"

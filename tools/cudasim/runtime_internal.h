@@ -1,0 +1,63 @@
+// cudasim internals shared by the runtime (runtime.cc) and cuBLAS (cublas.cc): devices, streams
+// as FIFO worker threads, device memory bookkeeping. Not for use outside tools/cudasim.
+#ifndef TANDEM_TOOLS_CUDASIM_RUNTIME_INTERNAL_H_
+#define TANDEM_TOOLS_CUDASIM_RUNTIME_INTERNAL_H_
+
+#include <cuda_runtime.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace cudasim {
+namespace internal {
+
+// A stream: one worker thread running its tasks in order.
+class Stream {
+ public:
+  Stream(int device, bool is_default);
+  ~Stream();  // drains the queue and joins the worker
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  int device() const { return device_; }
+  void Enqueue(std::function<void()> task);
+  void Synchronize();
+  bool Idle();
+  // A per-stream count of kernel launches, for the seed of each launch's thread order.
+  uint64_t NextLaunch() { return launches_++; }
+
+ private:
+  void Run();
+
+  const int device_;
+  std::mutex mutex_;
+  std::condition_variable work_;
+  std::condition_variable idle_;
+  std::deque<std::function<void()>> tasks_;
+  int64_t pending_ = 0;
+  bool stop_ = false;
+  uint64_t launches_ = 0;
+  std::thread worker_;
+};
+
+// The stream a handle names (nullptr: the current device's default stream). Null when the
+// handle is not a live stream.
+Stream* ResolveStream(cudaStream_t stream);
+// Sets the thread's last error and returns `error`; prints `detail` to stderr when it is not
+// empty (cudasim explains errors that a GPU would only name).
+cudaError_t Fail(cudaError_t error, const std::string& detail = "");
+// The device's sticky error (a failed kernel), or cudaSuccess.
+cudaError_t StickyError(int device);
+void SetStickyError(int device, cudaError_t error, const std::string& message);
+int CurrentDevice();
+uint64_t Seed();
+
+}  // namespace internal
+}  // namespace cudasim
+
+#endif  // TANDEM_TOOLS_CUDASIM_RUNTIME_INTERNAL_H_
