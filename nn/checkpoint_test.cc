@@ -4,7 +4,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/file.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -243,15 +242,11 @@ TEST_F(CheckpointTest, AFailedSaveLeavesThePreviousFileInPlace) {
   // Make writes fail part-way: files may not grow past 100 bytes (SIGXFSZ ignored, so
   // write() reports EFBIG instead of killing the process).
   Linear big(64, 64);
-  rlimit saved_limit;
-  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved_limit), 0);
-  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
-  rlimit tight = saved_limit;
-  tight.rlim_cur = 100;
-  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &tight), 0);
-  const std::string error = ErrorOf([&] { SaveCheckpoint(big, path); });
-  setrlimit(RLIMIT_FSIZE, &saved_limit);
-  std::signal(SIGXFSZ, old_handler);
+  std::string error;
+  {
+    tandem::testing::FileSizeLimit limit(100);
+    error = ErrorOf([&] { SaveCheckpoint(big, path); });
+  }
 
   EXPECT_THAT(error, HasSubstr("cannot write checkpoint '" + path + "': writing"));
   EXPECT_THAT(error, HasSubstr("the previous file, if any, is unchanged"));

@@ -5,13 +5,11 @@
 #include <gtest/gtest.h>
 #include <sched.h>
 #include <sys/mount.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -88,16 +86,12 @@ TEST_F(AtomicFileTest, AMissingFolderIsNamedWithTheSystemsReason) {
 TEST_F(AtomicFileTest, AWriteThatFailsPartWayKeepsThePreviousFileAndRemovesTheTemporary) {
   const std::string path = dir_ + "/trace.json";
   WriteFileAtomically(path, "previous", "Chrome trace");
-  rlimit saved;
-  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
-  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
-  rlimit tight = saved;
-  tight.rlim_cur = 100;
-  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &tight), 0);
-  const std::string error =
-      testing::ErrorOf([&] { WriteFileAtomically(path, std::string(4096, 'x'), "Chrome trace"); });
-  setrlimit(RLIMIT_FSIZE, &saved);
-  std::signal(SIGXFSZ, old_handler);
+  std::string error;
+  {
+    testing::FileSizeLimit limit(100);
+    error = testing::ErrorOf(
+        [&] { WriteFileAtomically(path, std::string(4096, 'x'), "Chrome trace"); });
+  }
   EXPECT_THAT(error,
               HasSubstr("cannot write Chrome trace '" + path + "': writing '" + path + ".tmp."));
   EXPECT_THAT(error, HasSubstr("' failed: File too large; the previous file, if any, is "

@@ -1,7 +1,10 @@
 #include "tensor/testing.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <csignal>
+#include <cstring>
 #include <vector>
 
 #include "tensor/backend.h"
@@ -41,6 +44,25 @@ double MaxAbsDiff(const Tensor& a, const Tensor& b) {
     if (!std::isnan(diff)) worst = std::max(worst, diff);
   }
   return worst;
+}
+
+FileSizeLimit::FileSizeLimit(uint64_t bytes) {
+  if (getrlimit(RLIMIT_FSIZE, &saved_) != 0) {
+    TANDEM_FAIL("FileSizeLimit: getrlimit failed: ", std::strerror(errno));
+  }
+  rlimit tight = saved_;
+  tight.rlim_cur = bytes;
+  saved_handler_ = std::signal(SIGXFSZ, SIG_IGN);
+  if (setrlimit(RLIMIT_FSIZE, &tight) != 0) {
+    std::signal(SIGXFSZ, saved_handler_);
+    TANDEM_FAIL("FileSizeLimit: setrlimit(RLIMIT_FSIZE, ", bytes,
+                ") failed: ", std::strerror(errno));
+  }
+}
+
+FileSizeLimit::~FileSizeLimit() {
+  setrlimit(RLIMIT_FSIZE, &saved_);
+  std::signal(SIGXFSZ, saved_handler_);
 }
 
 }  // namespace testing

@@ -2,11 +2,9 @@
 // checkpoint of a whole run.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -24,6 +22,7 @@
 #include "nn/nn.h"
 #include "tensor/profiler.h"
 #include "tensor/tensor.h"
+#include "tensor/testing.h"
 
 namespace tandem::examples {
 namespace {
@@ -562,16 +561,12 @@ TEST(EpochLogsTest, AFailedWriteSaysWhyAndKeepsThePreviousFiles) {
   std::vector<EpochStats> many;
   for (int i = 1; i <= 20; ++i) many.push_back({i, 0.5, 0.45, 0.85, 1.0, 10.0});
 
-  rlimit saved;
-  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
-  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
-  rlimit tight = saved;
-  tight.rlim_cur = 200;
-  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &tight), 0);
-  const std::string csv_error = ErrorOf([&] { WriteEpochLogs(many, csv, "", "run"); });
-  const std::string svg_error = ErrorOf([&] { WriteEpochLogs(many, "", svg, "run"); });
-  setrlimit(RLIMIT_FSIZE, &saved);
-  std::signal(SIGXFSZ, old_handler);
+  std::string csv_error, svg_error;
+  {
+    tandem::testing::FileSizeLimit limit(200);
+    csv_error = ErrorOf([&] { WriteEpochLogs(many, csv, "", "run"); });
+    svg_error = ErrorOf([&] { WriteEpochLogs(many, "", svg, "run"); });
+  }
 
   EXPECT_THAT(csv_error,
               HasSubstr("cannot write --log_csv file '" + csv + "': writing '" + csv + ".tmp."));
@@ -597,9 +592,6 @@ TEST(StepTraceTest, AFailedTraceWriteSaysWhyAndKeepsThePreviousTrace) {
     std::fputs("{\"previous\":1}", f);
     std::fclose(f);
   }
-  rlimit saved;
-  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
-  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
   std::string error;
   {
     StepTrace trace(path, 3);
@@ -608,13 +600,9 @@ TEST(StepTraceTest, AFailedTraceWriteSaysWhyAndKeepsThePreviousTrace) {
     }
     trace.StepDone();
     trace.StepDone();
-    rlimit tight = saved;
-    tight.rlim_cur = 200;
-    ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &tight), 0);
+    tandem::testing::FileSizeLimit limit(200);
     error = ErrorOf([&] { trace.StepDone(); });  // the third step writes the trace
-    setrlimit(RLIMIT_FSIZE, &saved);
   }
-  std::signal(SIGXFSZ, old_handler);
   EXPECT_THAT(error,
               HasSubstr("cannot write Chrome trace '" + path + "': writing '" + path + ".tmp."));
   EXPECT_THAT(error, HasSubstr("failed: File too large; the previous file, if any, is unchanged"));
