@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "nn/nn.h"
+#include "parallel/distributed/mpi_testing.h"
 #include "parallel/distributed/process_group_mpi.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
@@ -21,24 +22,13 @@ namespace {
 using ::testing::HasSubstr;
 
 // Every test needs the MPI job that mpi_test.sh starts; run alone, the binary skips them.
-class DistributedDataParallelTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!LaunchedByMpirun()) {
-      GTEST_SKIP() << "needs mpirun: bazel test runs it through parallel/distributed/mpi_test.sh";
-    }
-  }
-};
+class DistributedDataParallelTest : public MpiTest {};
 
 constexpr int64_t kPerRank = 8;
 constexpr int64_t kIn = 6;
 constexpr int64_t kClasses = 3;
 
-std::shared_ptr<ProcessGroupMpi> Group() {
-  static auto group =
-      std::make_shared<ProcessGroupMpi>(ProcessGroupMpiOptions().timeout(std::chrono::seconds(60)));
-  return group;
-}
+std::shared_ptr<ProcessGroupMpi> Group() { return TestGroup(); }
 
 std::shared_ptr<nn::Sequential> MakeModel(uint64_t seed, int64_t hidden = 5) {
   manual_seed(seed);

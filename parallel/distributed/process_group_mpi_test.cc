@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "parallel/distributed/mpi_testing.h"
 #include "tensor/tensor.h"
 
 namespace tandem::distributed {
@@ -23,21 +24,10 @@ namespace {
 using ::testing::HasSubstr;
 
 // Every test needs the MPI job that mpi_test.sh starts; run alone, the binary skips them.
-class ProcessGroupMpiTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!LaunchedByMpirun()) {
-      GTEST_SKIP() << "needs mpirun: bazel test runs it through parallel/distributed/mpi_test.sh";
-    }
-  }
-};
+class ProcessGroupMpiTest : public MpiTest {};
 
 // One group for the whole binary (groups are collective to create).
-ProcessGroupMpi& Group() {
-  static auto* group =
-      new ProcessGroupMpi(ProcessGroupMpiOptions().timeout(std::chrono::seconds(60)));
-  return *group;
-}
+ProcessGroupMpi& Group() { return *TestGroup(); }
 
 // Rank r's value at index i of a test tensor.
 float Value(int rank, int64_t i) { return static_cast<float>(rank + 1) * 0.5f + (i % 17); }

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/distributed/mpi_testing.h"
 #include "parallel/distributed/process_group_mpi.h"
 
 namespace tandem::distributed {
@@ -16,20 +17,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-class SameConfigurationTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (!LaunchedByMpirun()) {
-      GTEST_SKIP() << "needs mpirun: bazel test runs it through parallel/distributed/mpi_test.sh";
-    }
-  }
-};
+class SameConfigurationTest : public MpiTest {};
 
-ProcessGroupMpi& Group() {
-  static auto* group =
-      new ProcessGroupMpi(ProcessGroupMpiOptions().timeout(std::chrono::seconds(60)));
-  return *group;
-}
+ProcessGroupMpi& Group() { return *TestGroup(); }
 
 // The message RequireSameConfiguration throws on this rank ("" if it returns).
 std::string MismatchOf(const std::vector<Setting>& settings) {
