@@ -94,6 +94,20 @@ ranks2 "${base[@]}" --checkpoint="$logs/killed_copy.ckpt" --seed=2 >/dev/null 2>
 [[ "$(generator "$logs/killed_copy.ckpt")" == "$(generator "$logs/run.ckpt")" ]] ||
   { echo "FAIL: a resume did not restore the checkpoint's random state"; exit 1; }
 
+# A checkpoint of the single-process trainer on cpu:0 and cpu:1, resumed here (after its last
+# epoch: nothing left to train): each rank restores cpu:0's random state and says that
+# cpu:1's is not used.
+"$train" --devices=cpu:0,cpu:1 --threads=1 --epochs=1 --batch_size=64 --train_limit=256 \
+  --test_limit=100 --workers=0 --checkpoint="$logs/single.ckpt" >/dev/null ||
+  { echo "FAIL: the single-process run failed"; exit 1; }
+single="$(ranks2 --distributed --devices=cpu:0 --threads=1 --epochs=1 --batch_size=64 \
+  --train_limit=256 --test_limit=100 --workers=0 --checkpoint="$logs/single.ckpt" 2>&1)" ||
+  { echo "$single"; echo "FAIL: the resume of a single-process checkpoint failed"; exit 1; }
+for r in 0 1; do
+  grep -qxF "[1,$r]<stdout>:rank $r: note: the checkpoint's random state for cpu:1 is not used (not a device of this run)" <<<"$single" ||
+    { echo "$single"; echo "FAIL: rank $r did not say that cpu:1's random state is not used"; exit 1; }
+done
+
 # A run that learns nothing (--lr=1e-9: the model stays as initialized) ends with status 0 but
 # warns that its accuracy is at chance level, naming the flags, and says so in the JSON line.
 chance="$(ranks2 --distributed --devices=cpu:0 --threads=1 --epochs=1 --batch_size=64 \
