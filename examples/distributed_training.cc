@@ -362,7 +362,8 @@ int Train() {
   nn::CrossEntropyLoss criterion;
   const int64_t steps = train_loader.size();
   const int kill_in_epoch = absl::GetFlag(FLAGS_kill_in_epoch);
-  double majority_share = 0;  // of the test set, known once an epoch was evaluated
+  double majority_share = 0;            // of the test set, known once an epoch was evaluated
+  bool said_generators_differ = false;  // once: they stay apart
   StepTrace trace(lead ? absl::GetFlag(FLAGS_trace) : std::string(), 50);
   for (int epoch = static_cast<int>(state.epochs_done) + 1; epoch <= epochs; ++epoch) {
     set_lr(LearningRate(lr, lr_decay, epoch - 1, epochs));
@@ -404,7 +405,7 @@ int Train() {
     state.epochs_done = epoch;
     state.sampler_epoch = shares->epoch();
     // The checkpoint holds rank 0's generator for every rank (see RestoreRankGenerator):
-    // exact while the ranks' states agree, so rank 0 says so when they do not.
+    // exact while the ranks' states agree, so rank 0 says so (once) when they do not.
     const std::vector<GeneratorState> generators = GatherGenerators(*group, device);
     state.generators = {{device, generators[0]}};
     if (!lead) continue;
@@ -417,7 +418,8 @@ int Train() {
                                             generators[r].offset));
       }
     }
-    if (!differing.empty() && !checkpoint.empty()) {
+    if (!differing.empty() && !checkpoint.empty() && !said_generators_differ) {
+      said_generators_differ = true;
       std::printf(
           "note: the ranks' random generators differ after epoch %d (rank 0 seed %d offset %d; "
           "%s): the checkpoint holds rank 0's, which a resume restores on every rank, so a "
