@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <set>
 #include <stdexcept>
@@ -55,6 +57,7 @@ ABSL_DECLARE_FLAG(std::string, save);
 ABSL_DECLARE_FLAG(int, train_limit);
 ABSL_DECLARE_FLAG(int, test_limit);
 ABSL_DECLARE_FLAG(double, collective_timeout);
+ABSL_DECLARE_FLAG(int, kill_in_epoch);
 
 namespace tandem::examples {
 namespace {
@@ -92,8 +95,38 @@ std::vector<double> SumOverRanks(distributed::ProcessGroup& group, const std::ve
   return std::vector<double>(summed.begin(), summed.end());
 }
 
+// Every rank's generator state for its device, on every rank: {seed, offset} per rank.
+std::vector<GeneratorState> GatherGenerators(distributed::ProcessGroup& group, Device device) {
+  const GeneratorState own = default_generator(device).state();
+  Tensor mine = from_vector(
+      std::vector<int64_t>{static_cast<int64_t>(own.seed), static_cast<int64_t>(own.offset)}, {2});
+  Tensor all = zeros({2 * group.size()}, kInt64);
+  group.allgather(all, mine)->wait();
+  const std::vector<int64_t> v = all.to_vector<int64_t>();
+  std::vector<GeneratorState> states;
+  for (int r = 0; r < group.size(); ++r) {
+    states.push_back({static_cast<uint64_t>(v[2 * r]), static_cast<uint64_t>(v[2 * r + 1])});
+  }
+  return states;
+}
+
+// After a load: this rank's device generator. A checkpoint of --distributed holds one
+// generator, rank 0's under rank 0's device, that stands for every rank's (the ranks seed
+// theirs alike and draw alike, which rank 0 checks when it saves): each rank restores it on
+// its own device, so a resume repeats the run exactly whatever device each rank has now. A
+// checkpoint of the single-process trainer holds one per device of that run: a rank restores
+// its own device's, if there, as that trainer does (RestoreGenerators says what starts afresh).
+std::string RestoreRankGenerator(const TrainerState& saved, Device device, uint64_t seed) {
+  TrainerState state = saved;
+  if (absl::StartsWith(state.settings, "distributed ") && state.generators.size() == 1) {
+    state.generators[0].first = device;
+  }
+  return RestoreGenerators(state, {device}, seed);
+}
+
 struct EvalResult {
   double loss = 0, accuracy = 0;
+  double majority_share = 0;  // of the most common class among the test targets
 };
 
 // Loss and accuracy of `model` on the test set (rank 0 alone; no collective).
@@ -102,7 +135,11 @@ EvalResult Evaluate(nn::Module& model, data::DataLoader& test_loader) {
   model.eval();
   double loss_sum = 0;
   int64_t correct = 0, total = 0;
+  std::map<int64_t, int64_t> per_class;
   for (data::Batch& batch : test_loader) {
+    for (int64_t label : batch.target().to(Device::Cpu(0)).to_vector<int64_t>()) {
+      ++per_class[label];
+    }
     Tensor logits = model.forward_tensors({batch.data()})[0];
     const Tensor target = batch.target().to(logits.device());
     const int64_t n = target.size(0);
@@ -112,7 +149,10 @@ EvalResult Evaluate(nn::Module& model, data::DataLoader& test_loader) {
   }
   model.train();
   if (total == 0) return {};
-  return {loss_sum / total, static_cast<double>(correct) / total};
+  int64_t most = 0;
+  for (const auto& [label, count] : per_class) most = std::max(most, count);
+  return {loss_sum / total, static_cast<double>(correct) / total,
+          static_cast<double>(most) / total};
 }
 
 // The trainer's flags that may differ between ranks, and why; every other flag of the
@@ -242,6 +282,7 @@ int Train() {
       absl::GetFlag(FLAGS_train_limit));
   const bool resumed =
       !checkpoint.empty() && LoadTrainerCheckpoint(checkpoint, *model, *optimizer, &state);
+  const std::string generator_note = resumed ? RestoreRankGenerator(state, device, seed) : "";
 
   const std::string root = absl::GetFlag(FLAGS_data_dir);
   const auto options = data::FashionMnistOptions().normalize();
@@ -312,12 +353,17 @@ int Train() {
       std::printf("Resuming from %s: %lld of %d epochs done\n", checkpoint.c_str(),
                   static_cast<long long>(state.epochs_done), epochs);
     }
-    std::printf("\n");
-    std::fflush(stdout);
   }
+  // Each rank's own (its device may have had a saved state or not), after rank 0's lines.
+  if (!generator_note.empty()) std::printf("rank %d: %s", rank, generator_note.c_str());
+  if (lead) std::printf("\n");
+  std::fflush(stdout);
 
   nn::CrossEntropyLoss criterion;
   const int64_t steps = train_loader.size();
+  const int kill_in_epoch = absl::GetFlag(FLAGS_kill_in_epoch);
+  double majority_share = 0;            // of the test set, known once an epoch was evaluated
+  bool said_generators_differ = false;  // once: they stay apart
   StepTrace trace(lead ? absl::GetFlag(FLAGS_trace) : std::string(), 50);
   for (int epoch = static_cast<int>(state.epochs_done) + 1; epoch <= epochs; ++epoch) {
     set_lr(LearningRate(lr, lr_decay, epoch - 1, epochs));
@@ -349,6 +395,8 @@ int Train() {
       loss_sum += loss_value * batch.size();
       seen += batch.size();
       if (bar) bar->Update(step, seen * world, loss_sum / seen, SecondsSince(epoch_start));
+      // Rank 0 dies as a machine would; mpirun then ends the others.
+      if (lead && epoch == kill_in_epoch && step == steps / 2) std::raise(SIGKILL);
       trace.StepDone();
     }
     trace.EpochDone();
@@ -356,10 +404,30 @@ int Train() {
     const double seconds = SecondsSince(epoch_start);
     state.epochs_done = epoch;
     state.sampler_epoch = shares->epoch();
-    state.generators = {{device, default_generator(device).state()}};
+    // The checkpoint holds rank 0's generator for every rank (see RestoreRankGenerator):
+    // exact while the ranks' states agree, so rank 0 says so (once) when they do not.
+    const std::vector<GeneratorState> generators = GatherGenerators(*group, device);
+    state.generators = {{device, generators[0]}};
     if (!lead) continue;
     bar->Finish();
+    std::vector<std::string> differing;
+    for (int r = 1; r < world; ++r) {
+      if (generators[r].seed != generators[0].seed ||
+          generators[r].offset != generators[0].offset) {
+        differing.push_back(absl::StrFormat("rank %d seed %d offset %d", r, generators[r].seed,
+                                            generators[r].offset));
+      }
+    }
+    if (!differing.empty() && !checkpoint.empty() && !said_generators_differ) {
+      said_generators_differ = true;
+      std::printf(
+          "note: the ranks' random generators differ after epoch %d (rank 0 seed %d offset %d; "
+          "%s): the checkpoint holds rank 0's, which a resume restores on every rank, so a "
+          "resume will not repeat this run exactly\n",
+          epoch, generators[0].seed, generators[0].offset, absl::StrJoin(differing, "; "));
+    }
     const EvalResult test = Evaluate(*model, *test_loader);
+    majority_share = test.majority_share;
     state.history.push_back(
         {epoch, totals[0] / totals[1], test.loss, test.accuracy, seconds, totals[1] / seconds});
     std::printf(
@@ -393,6 +461,14 @@ int Train() {
                 static_cast<long long>(e.epoch), e.train_loss, e.test_loss, 100.0 * e.test_accuracy,
                 e.seconds, e.samples_per_s);
   }
+  // A warning, not an error (exit status 0): the run did what it was asked; the flags did not
+  // let it learn.
+  const int64_t classes = data::FashionMnist::kNumClasses;
+  const bool at_chance = AtChanceLevel(final_accuracy, ChanceLevel(classes, majority_share),
+                                       state.history.empty() ? 0 : test_size);
+  std::printf("%s", ChanceLevelWarning(final_accuracy, classes, majority_share,
+                                       state.history.empty() ? 0 : test_size, optimizer_kind, lr)
+                        .c_str());
   const std::string save = absl::GetFlag(FLAGS_save);
   if (!save.empty()) {
     nn::SaveCheckpoint(*model, save);
@@ -409,9 +485,11 @@ int Train() {
   for (const std::string& name : device_names) quoted.push_back("\"" + name + "\"");
   std::printf(
       "{\"model\":\"%s\",\"devices\":[%s],\"ranks\":%d,\"epochs\":%zu,\"batch_size\":%d,"
-      "\"test_accuracy\":%.4f,\"train_seconds\":%.1f,\"samples_per_s\":%.1f}\n",
+      "\"test_accuracy\":%.4f,\"train_seconds\":%.1f,\"samples_per_s\":%.1f,"
+      "\"at_chance_level\":%s}\n",
       model_kind.c_str(), absl::StrJoin(quoted, ",").c_str(), world, state.history.size(),
-      batch_size, final_accuracy, train_seconds, train_seconds > 0 ? samples / train_seconds : 0.0);
+      batch_size, final_accuracy, train_seconds, train_seconds > 0 ? samples / train_seconds : 0.0,
+      at_chance ? "true" : "false");
   return 0;
 }
 

@@ -18,6 +18,14 @@
 // difference and every rank's value, and exits with status 1. A collective that waits longer
 // than --collective_timeout seconds fails, naming the ranks that did not answer, and ends the
 // job.
+//
+// --checkpoint holds one random generator state, rank 0's, for every rank: the ranks seed
+// theirs alike and draw alike (rank 0 checks at each save and prints a note if they do not),
+// so a job resumed from it, on any devices, restores it on each rank's device and repeats the
+// uninterrupted job exactly. A checkpoint of the single-process trainer restores each rank's
+// own device's state; a rank whose device has none says that its generator starts afresh from
+// --seed. The summary warns when the final accuracy is at chance level, as the single-process
+// trainer does, and the JSON line has "at_chance_level".
 #ifndef TANDEM_EXAMPLES_DISTRIBUTED_TRAINING_H_
 #define TANDEM_EXAMPLES_DISTRIBUTED_TRAINING_H_
 

@@ -3,7 +3,9 @@
 # parallel/distributed/mpi_test.sh) train for 2 epochs on a subset of Fashion-MNIST; rank 0
 # alone prints the summary and the final JSON line, and the model learns something. Then
 # ranks that disagree (flags, data, checkpoints) are refused at start on every rank, and a
-# rank stopped with SIGSTOP makes the other fail within --collective_timeout, naming it.
+# rank stopped with SIGSTOP makes the other fail within --collective_timeout, naming it. A
+# job killed in epoch 2 and resumed from its checkpoint ends with the same parameters and
+# random state as the uninterrupted one; a run that learns nothing says it is at chance level.
 set -euo pipefail
 train="$1"
 data_dir=/usr/share/datasets/fashion-mnist
@@ -12,11 +14,11 @@ if [[ ! -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
   exit 0
 fi
 logs="${TEST_TMPDIR:-$(mktemp -d)}"
-rm -f "$logs/run.csv" "$logs/run.svg" "$logs/trace.json" "$logs/run.ckpt" "$logs/other.ckpt"
+rm -f "$logs"/*.csv "$logs"/*.svg "$logs"/*.json "$logs"/*.ckpt "$logs"/*.model
 out="$(bash parallel/distributed/mpi_test.sh 2 "$train" --distributed --devices=cpu:0 \
   --threads=1 --epochs=2 --batch_size=64 --train_limit=2048 --test_limit=500 --workers=0 \
   --log_csv="$logs/run.csv" --plot="$logs/run.svg" --trace="$logs/trace.json" \
-  --checkpoint="$logs/run.ckpt")"
+  --checkpoint="$logs/run.ckpt" --save="$logs/straight.model")"
 echo "$out"
 json="$(grep '^\[1,0\]<stdout>:{"model"' <<<"$out" | sed 's/^\[1,0\]<stdout>://')"
 [[ -n "$json" ]] || { echo "FAIL: rank 0 printed no JSON line"; exit 1; }
@@ -30,6 +32,9 @@ if grep -q $'\r' <<<"$out"; then echo "FAIL: the progress bar redraws into a pip
 grep -q '^\[1,0\]<stdout>:epoch 1/2 \[' <<<"$out" ||
   { echo "FAIL: rank 0 printed no progress line"; exit 1; }
 grep -q '"epochs":2' <<<"$json" || { echo "FAIL: expected \"epochs\":2 in $json"; exit 1; }
+grep -q '"at_chance_level":false}$' <<<"$json" ||
+  { echo "FAIL: expected \"at_chance_level\":false at the end of $json"; exit 1; }
+if grep -q 'chance level' <<<"$out"; then echo "FAIL: a run that learned warned of chance level"; exit 1; fi
 accuracy="$(sed 's/.*"test_accuracy":\([0-9.]*\).*/\1/' <<<"$json")"
 # Chance is 0.10; two short epochs on 2048 images reach about 0.6.
 awk -v a="$accuracy" 'BEGIN { exit !(a > 0.4) }' ||
@@ -46,16 +51,80 @@ grep -q 'trace of 16 steps' <<<"$out" || { echo "FAIL: rank 0 did not say it wro
 grep -q '"name":"ProcessGroupMpi rank 0 thread"\|"name":"allreduce (average) of' "$logs/trace.json" ||
   { echo "FAIL: the trace holds no all-reduce"; exit 1; }
 
-# Ranks that disagree: started as MPMD (one mpirun, two command lines), every rank refuses at
-# start with the same one-line error naming what differs and each rank's value, exit status
-# 1, no hang (before: --epochs 3 against 2 waited forever, --batch_size failed with
-# MPI_ERR_IN_STATUS, --optimizer or --seed trained on without a word).
-base=(--distributed --devices=cpu:0 --threads=1 --epochs=2 --batch_size=64 --train_limit=2048
-  --test_limit=500 --workers=0)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader \
   OMPI_MCA_plm_rsh_agent=false OMPI_MCA_btl_vader_single_copy_mechanism=none TMPDIR=/tmp \
   OPENBLAS_NUM_THREADS=1
 unset XML_OUTPUT_FILE TEST_PREMATURE_EXIT_FILE
+base=(--distributed --devices=cpu:0 --threads=1 --epochs=2 --batch_size=64 --train_limit=2048
+  --test_limit=500 --workers=0)
+ranks2() { timeout 300 mpirun --oversubscribe --bind-to none --tag-output -np 2 "$train" "$@"; }
+
+# The first run's job killed half-way through epoch 2 (rank 0 SIGKILLed, mpirun ends rank 1),
+# then started again from its checkpoint: the same model, bit for bit.
+rc=0
+killed="$(ranks2 "${base[@]}" --checkpoint="$logs/killed.ckpt" --kill_in_epoch=2 2>&1)" || rc=$?
+[[ $rc != 0 ]] || { echo "$killed"; echo "FAIL: the job killed in epoch 2 exited 0"; exit 1; }
+grep -q '^\[1,0\]<stdout>:epoch 1/2  train loss' <<<"$killed" &&
+  ! grep -q '^\[1,0\]<stdout>:epoch 2/2  train loss' <<<"$killed" ||
+  { echo "$killed"; echo "FAIL: expected the job to end in epoch 2"; exit 1; }
+cp "$logs/killed.ckpt" "$logs/killed_copy.ckpt"
+resumed="$(ranks2 "${base[@]}" --checkpoint="$logs/killed.ckpt" --save="$logs/resumed.model" 2>&1)" ||
+  { echo "$resumed"; echo "FAIL: the resumed job failed"; exit 1; }
+echo "$resumed"
+grep -q "Resuming from $logs/killed.ckpt: 1 of 2 epochs done" <<<"$resumed" ||
+  { echo "FAIL: the job did not resume after epoch 1"; exit 1; }
+if grep -q 'note:' <<<"$resumed"; then echo "FAIL: an exact resume printed a note"; exit 1; fi
+cmp "$logs/straight.model" "$logs/resumed.model" ||
+  { echo "FAIL: the resumed job's model differs from the uninterrupted job's"; exit 1; }
+# The random state a checkpoint holds (trainer.generator.cpu:0: its seed and offset, the 16
+# bytes after the record's name, rank, size and data length), in hex.
+generator() {
+  local name=trainer.generator.cpu:0 at
+  at="$(LC_ALL=C grep -obUaF "$name" "$1" | head -1 | cut -d: -f1)"
+  [[ -n "$at" ]] || { echo "FAIL: $1 holds no $name" >&2; exit 1; }
+  tail -c +$((at + ${#name} + 4 + 8 + 8 + 1)) "$1" | head -c 16 | od -An -tx1 | tr -d ' \n'
+}
+[[ "$(generator "$logs/run.ckpt")" == "$(generator "$logs/killed.ckpt")" ]] ||
+  { echo "FAIL: the resumed job's random state differs from the uninterrupted job's"; exit 1; }
+# The same checkpoint resumed with another --seed (other data order, not exact, as asked): the
+# generators are the checkpoint's, not --seed's (training draws no random numbers from them,
+# so they are saved again as restored; before, they were left as --seed made them).
+ranks2 "${base[@]}" --checkpoint="$logs/killed_copy.ckpt" --seed=2 >/dev/null 2>&1 ||
+  { echo "FAIL: the job resumed with --seed=2 failed"; exit 1; }
+[[ "$(generator "$logs/killed_copy.ckpt")" == "$(generator "$logs/run.ckpt")" ]] ||
+  { echo "FAIL: a resume did not restore the checkpoint's random state"; exit 1; }
+
+# A checkpoint of the single-process trainer on cpu:0 and cpu:1, resumed here (after its last
+# epoch: nothing left to train): each rank restores cpu:0's random state and says that
+# cpu:1's is not used.
+"$train" --devices=cpu:0,cpu:1 --threads=1 --epochs=1 --batch_size=64 --train_limit=256 \
+  --test_limit=100 --workers=0 --checkpoint="$logs/single.ckpt" >/dev/null ||
+  { echo "FAIL: the single-process run failed"; exit 1; }
+single="$(ranks2 --distributed --devices=cpu:0 --threads=1 --epochs=1 --batch_size=64 \
+  --train_limit=256 --test_limit=100 --workers=0 --checkpoint="$logs/single.ckpt" 2>&1)" ||
+  { echo "$single"; echo "FAIL: the resume of a single-process checkpoint failed"; exit 1; }
+for r in 0 1; do
+  grep -qxF "[1,$r]<stdout>:rank $r: note: the checkpoint's random state for cpu:1 is not used (not a device of this run)" <<<"$single" ||
+    { echo "$single"; echo "FAIL: rank $r did not say that cpu:1's random state is not used"; exit 1; }
+done
+
+# A run that learns nothing (--lr=1e-9: the model stays as initialized) ends with status 0 but
+# warns that its accuracy is at chance level, naming the flags, and says so in the JSON line.
+chance="$(ranks2 --distributed --devices=cpu:0 --threads=1 --epochs=1 --batch_size=64 \
+  --train_limit=256 --test_limit=1000 --workers=0 --lr=1e-9 2>&1)" ||
+  { echo "$chance"; echo "FAIL: the run at chance level failed"; exit 1; }
+grep -qE '^\[1,0\]<stdout>:warning: the final test accuracy \([0-9.]+%\) is at chance level for 10 classes \(10.00% by guessing, 11.50% by always answering the most common class of these 1000 test images\)' <<<"$chance" &&
+  grep -qF 'the model did not learn. Look at --lr (now 1e-09; 0.05 suits sgd, 0.001 adam) and --optimizer (now sgd)' <<<"$chance" &&
+  grep -q '^\[1,0\]<stdout>:{"model".*,"at_chance_level":true}$' <<<"$chance" ||
+  { echo "$chance"; echo "FAIL: the run at chance level did not say so"; exit 1; }
+if grep -q '^\[1,1\]<stdout>:.*chance level' <<<"$chance"; then
+  echo "FAIL: rank 1 warned too"; exit 1
+fi
+
+# Ranks that disagree: started as MPMD (one mpirun, two command lines), every rank refuses at
+# start with the same one-line error naming what differs and each rank's value, exit status
+# 1, no hang (before: --epochs 3 against 2 waited forever, --batch_size failed with
+# MPI_ERR_IN_STATUS, --optimizer or --seed trained on without a word).
 # mpmd EXPECTED RANK1_FLAGS...: rank 1 gets the extra flags; both ranks must print EXPECTED.
 mpmd() {
   local expected="$1"
