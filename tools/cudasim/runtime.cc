@@ -412,10 +412,10 @@ Stream::~Stream() {
   worker_.join();
 }
 
-void Stream::Enqueue(std::function<void()> task) {
+void Stream::Enqueue(std::function<void()> task, std::function<void()> retired) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    tasks_.push_back(std::move(task));
+    tasks_.push_back({std::move(task), std::move(retired)});
     ++pending_;
   }
   work_.notify_one();
@@ -433,7 +433,7 @@ bool Stream::Idle() {
 
 void Stream::Run() {
   for (;;) {
-    std::function<void()> task;
+    Task task;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       work_.wait(lock, [this] { return stop_ || !tasks_.empty(); });
@@ -442,13 +442,14 @@ void Stream::Run() {
       tasks_.pop_front();
     }
     try {
-      task();
+      if (task.run) task.run();
     } catch (const std::exception& error) {
       SetStickyError(device_, cudaErrorLaunchFailure, error.what());
     }
     {
       std::lock_guard<std::mutex> lock(mutex_);
       --pending_;
+      if (task.retired) task.retired();
     }
     idle_.notify_all();
   }
@@ -1025,7 +1026,9 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
     std::lock_guard<std::mutex> lock(cudasim::internal::EventMutex());
     e->latest = record;
   }
-  s->Enqueue([record] {
+  // The record's completion is set as the task retires (Stream::Enqueue): a GPU's stream
+  // that has reached its last event is idle.
+  s->Enqueue(nullptr, [record] {
     {
       std::lock_guard<std::mutex> lock(cudasim::internal::EventMutex());
       record->time = std::chrono::steady_clock::now();

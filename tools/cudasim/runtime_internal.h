@@ -25,7 +25,11 @@ class Stream {
   Stream& operator=(const Stream&) = delete;
 
   int device() const { return device_; }
-  void Enqueue(std::function<void()> task);
+  // `retired`, when given, runs after the task, under the stream's lock and once the task no
+  // longer counts as pending: an event's completion is set there, so that whoever sees the
+  // event done also sees the stream idle (when nothing came after it), and whoever sees the
+  // stream idle sees every event recorded on it done, as on a GPU.
+  void Enqueue(std::function<void()> task, std::function<void()> retired = nullptr);
   void Synchronize();
   bool Idle();
   // A per-stream count of kernel launches, for the seed of each launch's thread order.
@@ -38,7 +42,11 @@ class Stream {
   std::mutex mutex_;
   std::condition_variable work_;
   std::condition_variable idle_;
-  std::deque<std::function<void()>> tasks_;
+  struct Task {
+    std::function<void()> run;
+    std::function<void()> retired;
+  };
+  std::deque<Task> tasks_;
   int64_t pending_ = 0;
   bool stop_ = false;
   uint64_t launches_ = 0;
