@@ -2,7 +2,7 @@
 
 #include <limits>
 
-#include "tensor/internal/philox.h"
+#include "tensor/philox.h"
 
 namespace tandem {
 namespace data {

@@ -5,7 +5,7 @@
 
 #include "data/internal.h"
 #include "tensor/error.h"
-#include "tensor/internal/philox.h"
+#include "tensor/philox.h"
 
 namespace tandem {
 namespace data {

@@ -17,7 +17,7 @@
 #include "nn/test_util.h"
 #include "tensor/autograd.h"
 #include "tensor/gradcheck.h"
-#include "tensor/internal/philox.h"
+#include "tensor/philox.h"
 #include "tensor/runtime.h"
 #include "tensor/worker.h"
 

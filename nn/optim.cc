@@ -8,10 +8,10 @@
 #include <utility>
 
 #include "tensor/autograd.h"
-#include "tensor/internal/device_split.h"
-#include "tensor/internal/vectorized.h"
 #include "tensor/profiler.h"
+#include "tensor/run_across_devices.h"
 #include "tensor/runtime.h"
+#include "tensor/vectorized.h"
 #include "tensor/worker.h"
 
 namespace tandem::nn {
@@ -70,7 +70,7 @@ void RunPieces(const std::vector<int64_t>& sizes,
   }
   const std::vector<Device> devices = CpuWorkDevices();
   if (devices.size() > 1) {
-    ::tandem::internal::RunAcrossDevices(devices, static_cast<int>(n), [&](int k) { run(k); });
+    ::tandem::RunAcrossDevices(devices, static_cast<int>(n), [&](int k) { run(k); });
   } else {
     ParallelFor(devices[0], n, 1, [&](int64_t begin, int64_t end) {
       for (int64_t k = begin; k < end; ++k) run(k);
@@ -108,10 +108,10 @@ TANDEM_VECTORIZE void SgdKernel(const SgdItem& it, int64_t begin, int64_t end) {
   }
 }
 
-// The kernel compiled for this CPU's vector unit (tensor/internal/vectorized.h).
+// The kernel compiled for this CPU's vector unit (tensor/vectorized.h).
 template <bool kDecay, bool kMomentum, bool kNesterov, bool kFirst>
 void SgdUpdate(const SgdItem& it, int64_t begin, int64_t end) {
-  ::tandem::internal::Vectorized(
+  ::tandem::vec::Vectorized(
       [&] { SgdKernel<kDecay, kMomentum, kNesterov, kFirst>(it, begin, end); });
 }
 
@@ -489,7 +489,7 @@ void AdamBase::step() {
     p.add_(div(m, denom), -o.lr / bias_correction1);
   });
   RunPieces(sizes, [&](size_t k, int64_t begin, int64_t end) {
-    ::tandem::internal::Vectorized([&] { AdamKernel(items[k], begin, end); });
+    ::tandem::vec::Vectorized([&] { AdamKernel(items[k], begin, end); });
   });
 }
 
@@ -625,7 +625,7 @@ void RMSprop::step() {
   });
   RunPieces(sizes, [&](size_t k, int64_t begin, int64_t end) {
     const RmsItem& it = items[k];
-    ::tandem::internal::Vectorized([&] {
+    ::tandem::vec::Vectorized([&] {
       if (it.buffer && it.grad_avg) {
         RmsKernel<true, true>(it, begin, end);
       } else if (it.buffer) {

@@ -7,7 +7,7 @@
 
 #include "nn/layers.h"
 #include "nn/test_util.h"
-#include "tensor/internal/vectorized.h"
+#include "tensor/vectorized.h"
 #include "tensor/profiler.h"
 #include "tensor/runtime.h"
 
@@ -515,7 +515,7 @@ void ExpectFusedUpdatesMatchAndDoNotDependOnTheSplit(Make make) {
   std::vector<std::vector<float>> results;
   for (int run = 0; run < 4; ++run) {
     const int devices = run < 3 ? run + 1 : 2;
-    const ::tandem::internal::BaselineVectorsForTesting vectors(run == 3);
+    const ::tandem::vec::BaselineVectorsForTesting vectors(run == 3);
     SetCpuDeviceCount(devices);
     manual_seed(7);
     // Sizes around the piece size (2^14) and odd ones, so pieces split parameters unevenly.

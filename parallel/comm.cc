@@ -10,10 +10,9 @@
 #include <set>
 
 #include "parallel/internal/collectives.h"
-#include "parallel/internal/device_split.h"
 #include "tensor/autograd.h"
-#include "tensor/internal/tensor_impl.h"
-#include "tensor/internal/vectorized.h"
+#include "tensor/run_across_devices.h"
+#include "tensor/vectorized.h"
 
 namespace tandem::parallel {
 namespace {
@@ -30,25 +29,11 @@ void CheckDevices(const std::vector<Device>& devices, const char* op) {
                ": expected at least one device but got an empty list; pass e.g. {cpu:0, cpu:1}");
 }
 
-// `tensor` owned by the logical CPU device `device`, sharing its memory (no copy).
-Tensor AliasOnCpuDevice(const Tensor& tensor, Device device) {
-  const TensorImpl& source = *tensor.impl();
-  auto storage = std::make_shared<Storage>(*source.storage);
-  storage->device = device;
-  auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::move(storage);
-  impl->offset = source.offset;
-  impl->shape = source.shape;
-  impl->strides = source.strides;
-  impl->dtype = source.dtype;
-  return Tensor(std::move(impl));
-}
-
 // `tensor` on `device`: itself if it is there, a shared-memory view between CPU devices,
 // else a copy. Records nothing.
 Tensor MoveTo(const Tensor& tensor, Device device) {
   if (tensor.device() == device) return tensor;
-  if (tensor.device().is_cpu() && device.is_cpu()) return AliasOnCpuDevice(tensor, device);
+  if (tensor.device().is_cpu() && device.is_cpu()) return alias_on_cpu_device(tensor, device);
   return tensor.detach().to(device);
 }
 
@@ -117,7 +102,7 @@ void SumRange(const std::vector<const T*>& inputs, T* out, int64_t begin, int64_
       std::memcpy(out + block, inputs[0] + block, static_cast<size_t>(n) * sizeof(T));
     }
     for (size_t k = 1; k < inputs.size(); ++k) {
-      ::tandem::internal::AddInto(out + block, inputs[k] + block, n);
+      ::tandem::vec::AddInto(out + block, inputs[k] + block, n);
     }
   }
 }
@@ -155,7 +140,7 @@ void ReduceAddOnCpu(const std::vector<CpuSum>& sums) {
                          : static_cast<int>(std::max<int64_t>(
                                static_cast<int64_t>(helpers.size()),
                                (total + kReducePieceElements - 1) / kReducePieceElements));
-  internal::RunAcrossDevices(helpers, pieces, [&](int piece) {
+  RunAcrossDevices(helpers, pieces, [&](int piece) {
     const int64_t begin = total * piece / pieces, end = total * (piece + 1) / pieces;
     for (size_t k = 0; k < sums.size(); ++k) {
       const int64_t from = std::max(begin, starts[k]) - starts[k];
@@ -210,7 +195,8 @@ std::vector<std::vector<Tensor>> broadcast_coalesced(const std::vector<Tensor>& 
     if (target == source) {
       out[d] = tensors;
     } else if (source.is_cpu() && target.is_cpu()) {
-      for (size_t i = 0; i < tensors.size(); ++i) out[d][i] = AliasOnCpuDevice(tensors[i], target);
+      for (size_t i = 0; i < tensors.size(); ++i)
+        out[d][i] = alias_on_cpu_device(tensors[i], target);
     }
   }
   // Accelerators: one flat buffer per bucket, sent once per device: by the collectives

@@ -11,7 +11,6 @@
 #include "parallel/scatter_gather.h"
 #include "tensor/autograd.h"
 #include "tensor/backend.h"
-#include "tensor/internal/tensor_impl.h"
 #include "tensor/profiler.h"
 #include "tensor/runtime.h"
 

@@ -5,7 +5,6 @@
 
 #include "parallel/comm.h"
 #include "tensor/autograd.h"
-#include "tensor/internal/tensor_impl.h"
 
 namespace tandem::parallel {
 namespace {

@@ -35,10 +35,10 @@
 #include "tensor/error.h"
 #include "tensor/internal/caching_allocator.h"
 #include "tensor/internal/elementwise_math.h"
-#include "tensor/internal/philox.h"
+#include "tensor/philox.h"
 #include "tensor/internal/pooling_math.h"
 #include "tensor/internal/strided_layout.h"
-#include "tensor/internal/vectorized.h"
+#include "tensor/vectorized.h"
 #include "tensor/runtime.h"
 #include "tensor/worker.h"
 
@@ -283,7 +283,7 @@ void ConvertRun(To* dst, const From* src, int64_t n, int64_t dst_stride, int64_t
     // A broadcast (conv2d's bias over each output plane): GCC's -O2 leaves a plain fill of a
     // non-zero value scalar.
     const To value = static_cast<To>(*src);
-    internal::Vectorized([&] { FillLoop(dst, n, value); });
+    vec::Vectorized([&] { FillLoop(dst, n, value); });
   } else if (dst_stride == 1 && src_stride == 1) {
     for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<To>(src[i]);
   } else {
@@ -962,7 +962,7 @@ void CpuBackend::Im2Col(int index, const Conv2dGeometry& g, const float* image, 
   const int64_t image_size = g.batch * g.channels * plane;
   ParallelFor(Cpu(index), rows, std::max<int64_t>(1, kElementwiseGrain / out_plane),
               [&](int64_t begin, int64_t end) {
-                internal::Vectorized([&] {
+                vec::Vectorized([&] {
                   for (int64_t row = begin; row < end; ++row) {
                     const int64_t kx = row % g.kernel_w;
                     const int64_t ky = (row / g.kernel_w) % g.kernel_h;
@@ -1026,7 +1026,7 @@ void CpuBackend::Col2Im(int index, const Conv2dGeometry& g, const float* columns
   ParallelFor(Cpu(index), planes,
               std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, window * out_plane)),
               [&](int64_t begin, int64_t end) {
-                internal::Vectorized([&] {
+                vec::Vectorized([&] {
                   for (int64_t p = begin; p < end; ++p) {
                     float* out = image + p * plane;
                     std::fill(out, out + plane, 0.0f);
@@ -1043,7 +1043,7 @@ void CpuBackend::Col2Im(int index, const Conv2dGeometry& g, const float* columns
                         float* out_row = out + y * g.width;
                         const float* in_row = in + oy * out_w;
                         if (g.stride_w == 1) {
-                          internal::AddIntoLoop(out_row + shift + lo, in_row + lo, hi - lo);
+                          vec::AddIntoLoop(out_row + shift + lo, in_row + lo, hi - lo);
                         } else {
                           AddIntoStrided(out_row + lo * g.stride_w + shift, g.stride_w, in_row + lo,
                                          hi - lo);
@@ -1160,7 +1160,7 @@ void CpuBackend::MaxPool2d(int index, const Conv2dGeometry& g, const float* inpu
       std::max<int64_t>(
           1, kElementwiseGrain / std::max<int64_t>(1, out_plane * g.kernel_h * g.kernel_w)),
       [&](int64_t begin, int64_t end) {
-        internal::Vectorized([&] {
+        vec::Vectorized([&] {
           for (int64_t p = begin; p < end; ++p) {
             const float* in = input + p * plane;
             for (int64_t oy = 0; oy < out_h; ++oy) {

@@ -17,8 +17,8 @@
 #include "tensor/device.h"
 #include "tensor/error.h"
 #include "tensor/internal/elementwise_math.h"
-#include "tensor/internal/philox.h"
-#include "tensor/internal/vectorized.h"
+#include "tensor/philox.h"
+#include "tensor/vectorized.h"
 #include "tensor/runtime.h"
 
 namespace tandem {
@@ -167,7 +167,7 @@ TEST(CpuBackendTest, CopyBroadcastsStrideZero) {
 // the vector loop and its tail, on the baseline and AVX2 builds, float and int64.
 TEST(CpuBackendTest, CopyBroadcastsAColumnAlongRows) {
   for (const bool baseline : {false, true}) {
-    const internal::BaselineVectorsForTesting vectors(baseline);
+    const vec::BaselineVectorsForTesting vectors(baseline);
     std::vector<float> column = {1.5f, -0.0f, kNaN, 3.25f, -7.0f};
     std::vector<float> out(5 * 37, 0.0f);
     Cpu().Copy(0, View(out.data(), {5, 37}), View(column.data(), {5, 37}, {1, 0}));
@@ -773,7 +773,7 @@ std::vector<float> ReferenceIm2Col(const Conv2dGeometry& g, const std::vector<fl
 TEST(CpuBackendTest, Im2ColMatchesTheDefinition) {
   WithEachThreadCount([] {
     for (const bool baseline : {false, true}) {
-      const internal::BaselineVectorsForTesting vectors(baseline);
+      const vec::BaselineVectorsForTesting vectors(baseline);
       for (const Conv2dGeometry& g : ConvGeometries()) {
         std::vector<float> image =
             RandomFloats(g.batch * g.channels * g.height * g.width, -1, 1, 18);
@@ -789,7 +789,7 @@ TEST(CpuBackendTest, Im2ColMatchesTheDefinition) {
 TEST(CpuBackendTest, Col2ImIsTheAdjointOfIm2Col) {
   WithEachThreadCount([] {
     for (const bool baseline : {false, true}) {
-      const internal::BaselineVectorsForTesting vectors(baseline);
+      const vec::BaselineVectorsForTesting vectors(baseline);
       for (const Conv2dGeometry& g : ConvGeometries()) {
         const int64_t image_size = g.batch * g.channels * g.height * g.width;
         const int64_t column_size =
@@ -927,7 +927,7 @@ TEST(CpuBackendTest, MaxPoolMatchesTheScanBitForBitOnEveryVectorUnit) {
     geometries.push_back(g);
   }
   for (const bool baseline : {false, true}) {
-    const internal::BaselineVectorsForTesting vectors(baseline);
+    const vec::BaselineVectorsForTesting vectors(baseline);
     SCOPED_TRACE(baseline ? "baseline build" : "best vector unit");
     for (const Conv2dGeometry& g : geometries) {
       SCOPED_TRACE(::testing::Message()

@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "tensor/internal/philox.h"
+#include "tensor/philox.h"
 #include "tensor/runtime.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"

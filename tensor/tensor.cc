@@ -11,8 +11,8 @@
 
 #include "tensor/autograd.h"
 #include "tensor/backend.h"
-#include "tensor/internal/philox.h"
 #include "tensor/internal/tensor_impl.h"
+#include "tensor/philox.h"
 #include "tensor/runtime.h"
 
 namespace tandem {
@@ -917,6 +917,23 @@ Tensor from_blob(void* data, const Shape& shape, const std::vector<int64_t>& str
 Tensor from_blob(void* data, const Shape& shape, const std::vector<int64_t>& strides,
                  const TensorOptions& options) {
   return from_blob(data, shape, strides, nullptr, options);
+}
+
+Tensor alias_on_cpu_device(const Tensor& tensor, Device device) {
+  TANDEM_CHECK(tensor.defined(), "alias_on_cpu_device: expected a defined tensor");
+  TANDEM_CHECK(tensor.device().is_cpu() && device.is_cpu(),
+               "alias_on_cpu_device: only logical CPU devices share memory, but the tensor is on ",
+               tensor.device(), " and the target is ", device, "; use to(device) to copy");
+  const TensorImpl& source = *tensor.impl();
+  auto storage = std::make_shared<Storage>(*source.storage);
+  storage->device = device;
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::move(storage);
+  impl->offset = source.offset;
+  impl->shape = source.shape;
+  impl->strides = source.strides;
+  impl->dtype = source.dtype;
+  return Tensor(std::move(impl));
 }
 
 Tensor from_blob(void* data, const Shape& shape, std::function<void(void*)> deleter,

@@ -232,6 +232,25 @@ Tensor from_blob(void* data, const Shape& shape, const std::vector<int64_t>& str
 Tensor from_blob(void* data, const Shape& shape, const std::vector<int64_t>& strides,
                  const TensorOptions& options = {});
 
+// Whether `t` is the only handle on all of its memory: a dense tensor that fills its storage
+// from the start, that no other tensor (no view, no alias on another CPU device) shares, and
+// that records no autograd history. Its memory may then be reused (stolen, written in place)
+// by whoever holds the handle.
+bool IsSoleOwner(const Tensor& t);
+
+// A possibly negative dimension index normalised against `ndim` (-1 is the last), as
+// PyTorch's maybe_wrap_dim, or an error naming `op` and the valid range.
+//
+//   int64_t axis = WrapDim(-1, x.dim(), "scatter");   // x.dim() - 1
+int64_t WrapDim(int64_t dim, int64_t ndim, const char* op);
+
+// The same memory as `tensor` (no copy), owned by the logical CPU device `device`: how data
+// moves between logical CPU devices, which share host memory (comm's broadcast and scatter
+// between cpu:i and cpu:j). Records no autograd history. Both devices must be CPU devices.
+//
+//   Tensor on_cpu1 = alias_on_cpu_device(randn({4}), Device::Cpu(1));   // same bytes
+Tensor alias_on_cpu_device(const Tensor& tensor, Device device);
+
 // ---- Random numbers ------------------------------------------------------------------
 // Counter-based (Philox) random numbers: a generator is a seed and an offset (the next
 // counter); each request takes the next `n` counters, so the same seed and the same sequence

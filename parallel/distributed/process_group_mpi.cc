@@ -17,8 +17,8 @@
 #include <utility>
 
 #include "tensor/error.h"
-#include "tensor/internal/vectorized.h"
 #include "tensor/profiler.h"
+#include "tensor/vectorized.h"
 
 namespace tandem::distributed {
 namespace {
@@ -119,7 +119,7 @@ TANDEM_VECTORIZE void ScaleLoop(T* __restrict data, T factor, int64_t n) {
 }
 template <typename T>
 void Scale(T* data, T factor, int64_t n) {
-  ::tandem::internal::Vectorized([&] { ScaleLoop(data, factor, n); });
+  ::tandem::vec::Vectorized([&] { ScaleLoop(data, factor, n); });
 }
 
 std::string Elements(int64_t numel, DType dtype) {
@@ -598,7 +598,7 @@ struct ProcessGroupMpi::Impl {
       for (int mask = 1; mask < size; mask <<= 1) {
         const int peer = rank ^ mask;
         Exchange(data, count, peer, received, count, peer, piece, tag, deadline, work);
-        ::tandem::internal::AddInto(data, received, count);
+        ::tandem::vec::AddInto(data, received, count);
       }
       if (factor != T{1}) Scale(data, factor, count);
       return;
@@ -643,8 +643,8 @@ struct ProcessGroupMpi::Impl {
         Await(pending[k & 1], 2, deadline, work, pending_receives[k & 1], tag);
         if (k + 1 < pieces) post(k + 1);
         const int64_t offset = k * piece;
-        ::tandem::internal::AddInto(data + begin(in) + offset, slots[k & 1],
-                                    std::clamp<int64_t>(in_size - offset, 0, piece));
+        ::tandem::vec::AddInto(data + begin(in) + offset, slots[k & 1],
+                               std::clamp<int64_t>(in_size - offset, 0, piece));
       }
     }
     if (factor != T{1}) {

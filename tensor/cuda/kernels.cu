@@ -25,7 +25,7 @@
 #include "tensor/cuda/kernels.h"
 #include "tensor/error.h"
 #include "tensor/internal/elementwise_math.h"
-#include "tensor/internal/philox.h"
+#include "tensor/philox.h"
 #include "tensor/internal/pooling_math.h"
 #include "tensor/internal/strided_layout.h"
 

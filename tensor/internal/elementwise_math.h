@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "tensor/backend.h"
-#include "tensor/internal/philox.h"  // TANDEM_HOST_DEVICE
+#include "tensor/philox.h"  // TANDEM_HOST_DEVICE
 
 namespace tandem {
 

@@ -54,15 +54,8 @@ Tensor MakeView(const Tensor& base, const Shape& shape, const std::vector<int64_
                 int64_t offset);
 // The kernel-facing description of a tensor (throws beyond kMaxDims dimensions).
 KernelTensor ToKernel(const Tensor& tensor);
-// Whether `t` is the only handle on all of its memory: a dense tensor that fills its storage
-// from the start, that no other tensor (no view, no alias on another CPU device) shares, and
-// that records no autograd history. Its memory may then be reused (stolen, written in place)
-// by whoever holds the handle.
-bool IsSoleOwner(const Tensor& t);
 // `tensor` viewed with `shape`'s rank and broadcast to it (strides 0), for kernels.
 KernelTensor ToKernelBroadcast(const Tensor& tensor, const Shape& shape);
-// Normalises a possibly negative dimension index against `ndim`, with a clear error.
-int64_t WrapDim(int64_t dim, int64_t ndim, const char* op);
 // The broadcast shape of two shapes, or a clear error naming the op.
 Shape BroadcastShapes(const Shape& a, const Shape& b, const char* op);
 

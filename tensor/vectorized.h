@@ -1,12 +1,13 @@
-// Streaming CPU loops compiled for AVX2 where the CPU has it, for the x86-64 baseline (SSE2)
-// elsewhere: for the loops that sweep whole gradients every step (reduce-adds, all-reduces,
-// fused optimizer updates). The build targets the baseline and GCC's -O2 vectorises almost
-// nothing, so such a loop ran scalar at about 1 ns an element; vectorised it is memory-bound.
+// tandem::vec: streaming CPU loops compiled for AVX2 where the CPU has it, for the x86-64
+// baseline (SSE2) elsewhere: for the loops that sweep whole gradients every step (the CPU
+// backend's elementwise kernels, reduce-adds, all-reduces, fused optimizer updates). The build
+// targets the baseline and GCC's -O2 vectorises almost nothing, so such a loop ran scalar at about
+// 1 ns an element; vectorised it is memory-bound.
 //
-//   internal::AddInto(out, in, n);  // out[i] += in[i]
+//   vec::AddInto(out, in, n);  // out[i] += in[i]
 //
 //   // Any loop: write it as a TANDEM_VECTORIZE function (restrict pointers help), then
-//   internal::Vectorized([&] { MyLoop(out, in, begin, end); });
+//   vec::Vectorized([&] { MyLoop(out, in, begin, end); });
 //
 // Vectorized compiles the callable twice, with everything it calls inlined, and picks one at
 // run time by the CPU (no ifunc, which ThreadSanitizer's start-up does not survive). Neither
@@ -14,8 +15,8 @@
 // arithmetic, and so the result, is the same bit for bit on every CPU and wherever a vector
 // loop's scalar tail begins. Square roots vectorise only where the target is built with
 // -fno-math-errno (GCC keeps errno otherwise).
-#ifndef TANDEM_TENSOR_INTERNAL_VECTORIZED_H_
-#define TANDEM_TENSOR_INTERNAL_VECTORIZED_H_
+#ifndef TANDEM_TENSOR_VECTORIZED_H_
+#define TANDEM_TENSOR_VECTORIZED_H_
 
 #include <atomic>
 #include <cstdint>
@@ -34,7 +35,7 @@
 #define TANDEM_INTERNAL_TARGET_AVX2 __attribute__((flatten))
 #endif
 
-namespace tandem::internal {
+namespace tandem::vec {
 
 // Set while a BaselineVectorsForTesting lives.
 inline std::atomic<bool> g_force_baseline_vectors{false};
@@ -94,6 +95,6 @@ void AddInto(T* out, const T* in, int64_t n) {
   Vectorized([&] { AddIntoLoop(out, in, n); });
 }
 
-}  // namespace tandem::internal
+}  // namespace tandem::vec
 
-#endif  // TANDEM_TENSOR_INTERNAL_VECTORIZED_H_
+#endif  // TANDEM_TENSOR_VECTORIZED_H_

@@ -1,4 +1,4 @@
-#include "tensor/internal/device_split.h"
+#include "tensor/run_across_devices.h"
 
 #include <atomic>
 #include <chrono>
@@ -10,7 +10,7 @@
 #include "tensor/profiler.h"
 #include "tensor/worker.h"
 
-namespace tandem::internal {
+namespace tandem {
 namespace {
 
 struct Job {
@@ -71,4 +71,4 @@ void RunAcrossDevices(const std::vector<Device>& devices, int pieces,
   if (job->error) std::rethrow_exception(job->error);
 }
 
-}  // namespace tandem::internal
+}  // namespace tandem

@@ -1,16 +1,18 @@
-// Internal: runs the pieces of one job on several devices' workers at once (used by the
-// optimizers' fused updates in //nn and by comm's reduce-add in //parallel).
+// RunAcrossDevices: the pieces of one host-side job (a sweep over whole gradients) run on
+// several logical CPU devices' workers at once, so that a step's optimizer update or
+// reduce-add uses every core the devices own. Used by the optimizers' fused updates in //nn
+// and by comm's reduce-add in //parallel.
 //
-//   tandem::internal::RunAcrossDevices(CpuDevices(2), 8, [&](int i) { Update(piece[i]); });
-#ifndef TANDEM_TENSOR_INTERNAL_DEVICE_SPLIT_H_
-#define TANDEM_TENSOR_INTERNAL_DEVICE_SPLIT_H_
+//   tandem::RunAcrossDevices(CpuDevices(2), 8, [&](int i) { Update(piece[i]); });
+#ifndef TANDEM_TENSOR_RUN_ACROSS_DEVICES_H_
+#define TANDEM_TENSOR_RUN_ACROSS_DEVICES_H_
 
 #include <functional>
 #include <vector>
 
 #include "tensor/device.h"
 
-namespace tandem::internal {
+namespace tandem {
 
 // Calls piece(0) ... piece(pieces - 1), spread over the workers of `devices` and the calling
 // thread (which stands in for its own worker's device, or for the first CPU device when it is
@@ -20,6 +22,6 @@ namespace tandem::internal {
 void RunAcrossDevices(const std::vector<Device>& devices, int pieces,
                       const std::function<void(int)>& piece);
 
-}  // namespace tandem::internal
+}  // namespace tandem
 
-#endif  // TANDEM_TENSOR_INTERNAL_DEVICE_SPLIT_H_
+#endif  // TANDEM_TENSOR_RUN_ACROSS_DEVICES_H_

@@ -3,11 +3,13 @@
 // Because each value is a pure function of (seed, counter), the CPU and a GPU produce the
 // same numbers for the same seed however the work is split across threads.
 //
-// This header compiles as plain C++ and as CUDA (__host__ __device__).
+// This header compiles as plain C++ and as CUDA (__host__ __device__). Use it where a value
+// must be the one Tandem's random ops would draw for a (seed, counter) without building a
+// tensor: a sampler's permutation, a procedural dataset, a test that recomputes a dropout mask.
 //
 //   float u = tandem::philox::Uniform(/*seed=*/42, /*counter=*/7);  // in [0, 1)
-#ifndef TANDEM_TENSOR_INTERNAL_PHILOX_H_
-#define TANDEM_TENSOR_INTERNAL_PHILOX_H_
+#ifndef TANDEM_TENSOR_PHILOX_H_
+#define TANDEM_TENSOR_PHILOX_H_
 
 #include <cmath>
 #include <cstdint>
@@ -79,4 +81,4 @@ TANDEM_HOST_DEVICE float Normal(uint64_t seed, uint64_t counter) {
 }  // namespace philox
 }  // namespace tandem
 
-#endif  // TANDEM_TENSOR_INTERNAL_PHILOX_H_
+#endif  // TANDEM_TENSOR_PHILOX_H_
