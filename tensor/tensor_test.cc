@@ -210,5 +210,21 @@ TEST_F(TensorTest, DetachSharesDataButLeavesTheGraph) {
   EXPECT_THAT(ErrorOf([] { arange(2).set_requires_grad(true); }), HasSubstr("only float32"));
 }
 
+TEST_F(TensorTest, AliasOnCpuDeviceSharesMemoryAndChangesOnlyTheDevice) {
+  Tensor x = arange(6).to(kFloat32).reshape({2, 3}).transpose(0, 1);
+  Tensor a = alias_on_cpu_device(x, Device::Cpu(1));
+  EXPECT_EQ(a.device(), Device::Cpu(1));
+  EXPECT_EQ(a.shape(), x.shape());
+  EXPECT_EQ(a.strides(), x.strides());
+  EXPECT_TRUE(a.shares_storage_with(x));
+  EXPECT_EQ(a.contiguous().to_vector<float>(), x.contiguous().to_vector<float>());
+  x.fill_(7.0f);
+  EXPECT_EQ(a.contiguous().to_vector<float>(), std::vector<float>(6, 7.0f));
+  EXPECT_FALSE(alias_on_cpu_device(ones({2}, TensorOptions().requires_grad(true)), Device::Cpu(2))
+                   .requires_grad());
+  EXPECT_THAT(ErrorOf([] { alias_on_cpu_device(ones({1}), Device::Cuda(0)); }),
+              HasSubstr("only logical CPU devices share memory"));
+}
+
 }  // namespace
 }  // namespace tandem
