@@ -479,15 +479,12 @@ std::shared_ptr<Module> Module::replicate_structure(const TensorBindings& bindin
   std::shared_ptr<Module> copy;
   {
     NoGradGuard no_grad;
-    const bool outer = clone_shares_tensors;
-    clone_shares_tensors = true;
-    try {
-      copy = clone();
-    } catch (...) {
-      clone_shares_tensors = outer;
-      throw;
-    }
-    clone_shares_tensors = outer;
+    struct ShareTensorsWhileCloning {
+      const bool outer = clone_shares_tensors;
+      ShareTensorsWhileCloning() { clone_shares_tensors = true; }
+      ~ShareTensorsWhileCloning() { clone_shares_tensors = outer; }
+    } sharing;
+    copy = clone();
   }
   TANDEM_CHECK(copy != nullptr && copy.get() != this, "cannot replicate ", name(),
                ": its clone() returned ", copy == nullptr ? "null" : "the module itself",
