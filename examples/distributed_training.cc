@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
-#include <map>
 #include <memory>
 #include <set>
 #include <stdexcept>
@@ -126,7 +125,6 @@ std::string RestoreRankGenerator(const TrainerState& saved, Device device, uint6
 
 struct EvalResult {
   double loss = 0, accuracy = 0;
-  double majority_share = 0;  // of the most common class among the test targets
 };
 
 // Loss and accuracy of `model` on the test set (rank 0 alone; no collective).
@@ -135,11 +133,7 @@ EvalResult Evaluate(nn::Module& model, data::DataLoader& test_loader) {
   model.eval();
   double loss_sum = 0;
   int64_t correct = 0, total = 0;
-  std::map<int64_t, int64_t> per_class;
   for (data::Batch& batch : test_loader) {
-    for (int64_t label : batch.target().to(Device::Cpu(0)).to_vector<int64_t>()) {
-      ++per_class[label];
-    }
     Tensor logits = model.forward_tensors({batch.data()})[0];
     const Tensor target = batch.target().to(logits.device());
     const int64_t n = target.size(0);
@@ -149,10 +143,7 @@ EvalResult Evaluate(nn::Module& model, data::DataLoader& test_loader) {
   }
   model.train();
   if (total == 0) return {};
-  int64_t most = 0;
-  for (const auto& [label, count] : per_class) most = std::max(most, count);
-  return {loss_sum / total, static_cast<double>(correct) / total,
-          static_cast<double>(most) / total};
+  return {loss_sum / total, static_cast<double>(correct) / total};
 }
 
 // The trainer's flags that may differ between ranks, and why; every other flag of the
@@ -280,6 +271,14 @@ int Train() {
       "seed=%d lr=%g lr_decay=%s epochs=%d train_limit=%d",
       world, device.ToString(), threads, batch_size, seed, lr, lr_decay, epochs,
       absl::GetFlag(FLAGS_train_limit));
+  // The flags first: a rank given another --model or --optimizer would otherwise fail alone,
+  // inside the checkpoint's load, instead of every rank naming the flag.
+  const std::string advice =
+      "start every rank with the same values of these flags (one mpirun command line for all "
+      "of them), the same training data and the same checkpoint";
+  std::vector<distributed::Setting> flags = FlagsThatMustAgree();
+  flags.push_back({"--checkpoint", checkpoint.empty() ? "not given" : "given"});
+  distributed::RequireSameConfiguration(*group, flags, advice);
   const bool resumed =
       !checkpoint.empty() && LoadTrainerCheckpoint(checkpoint, *model, *optimizer, &state);
   const std::string generator_note = resumed ? RestoreRankGenerator(state, device, seed) : "";
@@ -301,28 +300,27 @@ int Train() {
                                 data::DataLoaderOptions(loader_options).batch_size(batch_size));
   std::unique_ptr<data::DataLoader> test_loader;
   int64_t test_size = 0;
+  double majority_share = 0;  // of the test set's most common class (rank 0)
   if (lead) {
     std::shared_ptr<const data::Dataset> test_set = data::FirstExamples(
         std::make_shared<data::FashionMnist>(root, data::FashionMnist::Split::kTest, options),
         absl::GetFlag(FLAGS_test_limit));
     test_size = test_set->size();
+    majority_share = MajorityShare(*test_set);
     test_loader = std::make_unique<data::DataLoader>(
         test_set, data::DataLoaderOptions(loader_options).batch_size(1000));
   }
 
   // Before the first collective whose number depends on them: ranks with other flags, data or
   // checkpoints would wait for each other in different collectives, or drift apart silently.
-  std::vector<distributed::Setting> settings = FlagsThatMustAgree();
-  settings.push_back({"--checkpoint", checkpoint.empty() ? "not given" : "given"});
-  settings.push_back({"training images", std::to_string(train_set->size()), true});
-  settings.push_back({"images per rank per epoch", std::to_string(shares->size()), true});
-  settings.push_back({"steps per epoch", std::to_string(train_loader.size()), true});
-  settings.push_back({"epochs done (from --checkpoint)", std::to_string(state.epochs_done), true});
-  settings.push_back({"data order (from --checkpoint)", std::to_string(state.sampler_epoch), true});
   distributed::RequireSameConfiguration(
-      *group, settings,
-      "start every rank with the same values of these flags (one mpirun command line for all "
-      "of them), the same training data and the same checkpoint");
+      *group,
+      {{"training images", std::to_string(train_set->size()), true},
+       {"images per rank per epoch", std::to_string(shares->size()), true},
+       {"steps per epoch", std::to_string(train_loader.size()), true},
+       {"epochs done (from --checkpoint)", std::to_string(state.epochs_done), true},
+       {"data order (from --checkpoint)", std::to_string(state.sampler_epoch), true}},
+      advice);
   auto ddp = std::make_shared<distributed::DistributedDataParallel>(model, group);
 
   // Every rank's device, for the report.
@@ -362,7 +360,6 @@ int Train() {
   nn::CrossEntropyLoss criterion;
   const int64_t steps = train_loader.size();
   const int kill_in_epoch = absl::GetFlag(FLAGS_kill_in_epoch);
-  double majority_share = 0;            // of the test set, known once an epoch was evaluated
   bool said_generators_differ = false;  // once: they stay apart
   StepTrace trace(lead ? absl::GetFlag(FLAGS_trace) : std::string(), 50);
   for (int epoch = static_cast<int>(state.epochs_done) + 1; epoch <= epochs; ++epoch) {
@@ -405,20 +402,24 @@ int Train() {
     state.epochs_done = epoch;
     state.sampler_epoch = shares->epoch();
     // The checkpoint holds rank 0's generator for every rank (see RestoreRankGenerator):
-    // exact while the ranks' states agree, so rank 0 says so (once) when they do not.
-    const std::vector<GeneratorState> generators = GatherGenerators(*group, device);
-    state.generators = {{device, generators[0]}};
+    // exact while the ranks' states agree, so rank 0 says so (once) when they do not. Only
+    // with --checkpoint, whose presence every rank agrees on, so all or none gather.
+    std::vector<GeneratorState> generators;
+    if (!checkpoint.empty()) {
+      generators = GatherGenerators(*group, device);
+      state.generators = {{device, generators[0]}};
+    }
     if (!lead) continue;
     bar->Finish();
     std::vector<std::string> differing;
-    for (int r = 1; r < world; ++r) {
+    for (size_t r = 1; r < generators.size(); ++r) {
       if (generators[r].seed != generators[0].seed ||
           generators[r].offset != generators[0].offset) {
         differing.push_back(absl::StrFormat("rank %d seed %d offset %d", r, generators[r].seed,
                                             generators[r].offset));
       }
     }
-    if (!differing.empty() && !checkpoint.empty() && !said_generators_differ) {
+    if (!differing.empty() && !said_generators_differ) {
       said_generators_differ = true;
       std::printf(
           "note: the ranks' random generators differ after epoch %d (rank 0 seed %d offset %d; "
@@ -427,7 +428,6 @@ int Train() {
           epoch, generators[0].seed, generators[0].offset, absl::StrJoin(differing, "; "));
     }
     const EvalResult test = Evaluate(*model, *test_loader);
-    majority_share = test.majority_share;
     state.history.push_back(
         {epoch, totals[0] / totals[1], test.loss, test.accuracy, seconds, totals[1] / seconds});
     std::printf(
@@ -464,11 +464,11 @@ int Train() {
   // A warning, not an error (exit status 0): the run did what it was asked; the flags did not
   // let it learn.
   const int64_t classes = data::FashionMnist::kNumClasses;
-  const bool at_chance = AtChanceLevel(final_accuracy, ChanceLevel(classes, majority_share),
-                                       state.history.empty() ? 0 : test_size);
-  std::printf("%s", ChanceLevelWarning(final_accuracy, classes, majority_share,
-                                       state.history.empty() ? 0 : test_size, optimizer_kind, lr)
-                        .c_str());
+  const std::string chance_warning =
+      ChanceLevelWarning(final_accuracy, classes, majority_share,
+                         state.history.empty() ? 0 : test_size, optimizer_kind, lr);
+  const bool at_chance = !chance_warning.empty();
+  std::printf("%s", chance_warning.c_str());
   const std::string save = absl::GetFlag(FLAGS_save);
   if (!save.empty()) {
     nn::SaveCheckpoint(*model, save);

@@ -129,7 +129,6 @@ std::vector<Device> ResolveDevices() {
 
 struct EvalResult {
   double loss = 0, accuracy = 0;
-  double majority_share = 0;  // of the most common class among the test targets
 };
 
 // Loss and accuracy on the test set, data-parallel, in evaluation mode without a graph.
@@ -138,11 +137,7 @@ EvalResult Evaluate(parallel::DataParallel& dp, data::DataLoader& test_loader) {
   dp.eval();
   double loss_sum = 0;
   int64_t correct = 0, total = 0;
-  std::map<int64_t, int64_t> per_class;
   for (data::Batch& batch : test_loader) {
-    for (int64_t label : batch.target().to(Device::Cpu(0)).to_vector<int64_t>()) {
-      ++per_class[label];
-    }
     Tensor logits = dp.forward(batch.data());
     const Tensor target = batch.target().to(logits.device());
     const int64_t n = target.size(0);
@@ -152,10 +147,7 @@ EvalResult Evaluate(parallel::DataParallel& dp, data::DataLoader& test_loader) {
   }
   dp.train();
   if (total == 0) return {};
-  int64_t most = 0;
-  for (const auto& [label, count] : per_class) most = std::max(most, count);
-  return {loss_sum / total, static_cast<double>(correct) / total,
-          static_cast<double>(most) / total};
+  return {loss_sum / total, static_cast<double>(correct) / total};
 }
 
 int Run() {
@@ -285,7 +277,6 @@ int Run() {
     in_use_before.push_back(GetMemoryStats(d).in_use_bytes);
   }
   const int64_t steps = train_loader.size();
-  double majority_share = 0;  // of the test set, known once an epoch was evaluated
   const int kill_in_epoch = absl::GetFlag(FLAGS_kill_in_epoch);
   examples::StepTrace trace(absl::GetFlag(FLAGS_trace), 50);
   for (int epoch = static_cast<int>(state.epochs_done) + 1; epoch <= epochs; ++epoch) {
@@ -338,7 +329,6 @@ int Run() {
     const double seconds = SecondsSince(epoch_start);
     bar.Finish();
     const EvalResult test = Evaluate(*dp, test_loader);
-    majority_share = test.majority_share;
     state.history.push_back(
         {epoch, loss_sum / seen, test.loss, test.accuracy, seconds, seen / seconds});
     std::vector<std::string> split_text;
@@ -385,11 +375,11 @@ int Run() {
   // A warning, not an error (exit status 0): the run did what it was asked; the flags did not
   // let it learn.
   const int64_t classes = data::FashionMnist::kNumClasses;
-  const bool at_chance = examples::AtChanceLevel(
-      final_accuracy, examples::ChanceLevel(classes, majority_share), test_set->size());
-  std::printf("%s", examples::ChanceLevelWarning(final_accuracy, classes, majority_share,
-                                                 test_set->size(), optimizer_kind, lr)
-                        .c_str());
+  const std::string chance_warning =
+      examples::ChanceLevelWarning(final_accuracy, classes, examples::MajorityShare(*test_set),
+                                   test_set->size(), optimizer_kind, lr);
+  const bool at_chance = !chance_warning.empty();
+  std::printf("%s", chance_warning.c_str());
   std::printf("Peak memory per device during this run's training (allocator statistics):\n");
   for (size_t i = 0; i < devices.size(); ++i) {
     const MemoryStats stats = GetMemoryStats(devices[i]);

@@ -84,11 +84,10 @@ generator() {
   [[ -n "$at" ]] || { echo "FAIL: $1 holds no $name" >&2; exit 1; }
   tail -c +$((at + ${#name} + 4 + 8 + 8 + 1)) "$1" | head -c 16 | od -An -tx1 | tr -d ' \n'
 }
-[[ "$(generator "$logs/run.ckpt")" == "$(generator "$logs/killed.ckpt")" ]] ||
-  { echo "FAIL: the resumed job's random state differs from the uninterrupted job's"; exit 1; }
-# The same checkpoint resumed with another --seed (other data order, not exact, as asked): the
-# generators are the checkpoint's, not --seed's (training draws no random numbers from them,
-# so they are saved again as restored; before, they were left as --seed made them).
+# Training draws no random numbers from the generators, so the killed job's and the straight
+# job's states match whether or not a resume restores them: the check is a resume with another
+# --seed (other data order, not exact, as asked), whose saved generators must be the
+# checkpoint's, not --seed's (before, they were left as --seed made them).
 ranks2 "${base[@]}" --checkpoint="$logs/killed_copy.ckpt" --seed=2 >/dev/null 2>&1 ||
   { echo "FAIL: the job resumed with --seed=2 failed"; exit 1; }
 [[ "$(generator "$logs/killed_copy.ckpt")" == "$(generator "$logs/run.ckpt")" ]] ||
@@ -164,6 +163,10 @@ mpmd "training images (2048 on rank 0, 1000 on rank 1); images per rank per epoc
 base+=(--checkpoint="$logs/run.ckpt")
 mpmd "epochs done (from --checkpoint) (2 on rank 0, 0 on rank 1); data order (from --checkpoint) (2 on rank 0, 0 on rank 1)" \
   --checkpoint="$logs/other.ckpt"
+# Both resume from the same checkpoint, but rank 1 was given another optimizer: the flags are
+# compared before the checkpoint is read, so every rank names the flag (before, rank 1 alone
+# failed inside the load: the checkpoint "was saved by a run with" sgd).
+mpmd "--optimizer (sgd on rank 0, adam on rank 1)" --optimizer=adam
 
 # A rank stopped with SIGSTOP in the middle of training: rank 0 fails within
 # --collective_timeout, naming the collective and the rank that did not answer, and the job

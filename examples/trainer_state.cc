@@ -342,6 +342,18 @@ bool AtChanceLevel(double accuracy, double chance, int64_t test_images) {
   return accuracy <= chance + 3 * spread;
 }
 
+double MajorityShare(const data::Dataset& dataset) {
+  const int64_t n = dataset.size();
+  if (n == 0) return 0;
+  std::map<int64_t, int64_t> per_class;
+  int64_t most = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t label = dataset.get(i).at(1).to(Device::Cpu(0)).item<int64_t>();
+    most = std::max(most, ++per_class[label]);
+  }
+  return static_cast<double>(most) / static_cast<double>(n);
+}
+
 std::string ChanceLevelWarning(double accuracy, int64_t classes, double majority_share,
                                int64_t test_images, const std::string& optimizer, double lr) {
   const double guessing = 1.0 / static_cast<double>(classes);

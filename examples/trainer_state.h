@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "data/dataset.h"
 #include "nn/module.h"
 #include "nn/optim.h"
 #include "tensor/tensor.h"
@@ -63,6 +64,9 @@ void WriteEpochLogs(const std::vector<EpochStats>& history, const std::string& c
 // images (10.9% on Fashion-MNIST's 10,000 balanced test images, 19% on 100). False without
 // test images.
 double ChanceLevel(int64_t classes, double majority_share);
+// The share of the most common class among the targets (field 1, a class index) of
+// `dataset`'s examples: ChanceLevel's `majority_share`, read once a run (0 when empty).
+double MajorityShare(const data::Dataset& dataset);
 bool AtChanceLevel(double accuracy, double chance, int64_t test_images);
 
 // The summary's warning for a run whose final accuracy is at chance level: what was found and

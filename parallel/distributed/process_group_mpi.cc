@@ -242,8 +242,10 @@ struct ProcessGroupMpi::Impl {
   static constexpr int kQuestionTag = 1;
   static constexpr int kAnswerTag = 2;
   static constexpr int kAnswerBytes = 256;  // the collective number, then its description
-  // A collective waits this long before it looks for questions and wrongly tagged messages:
-  // long enough that a collective which is going well never pays for either.
+  // A collective that has waited this long also looks, at every 16th poll, for other ranks'
+  // questions and for wrongly tagged messages among its pending receives (one MPI_Test and
+  // one MPI_Request_get_status per pending receive, beside the poll's own MPI_Testall); one
+  // that finishes sooner pays for neither.
   static constexpr std::chrono::milliseconds kDiagnoseAfter{1};
   // How long a rank whose collective timed out waits for the others to answer (at most the
   // timeout): a rank waiting in a collective answers within a few milliseconds.

@@ -17,10 +17,12 @@
 
 #include "parallel/distributed/mpi_testing.h"
 #include "tensor/tensor.h"
+#include "tensor/testing.h"
 
 namespace tandem::distributed {
 namespace {
 
+using ::tandem::testing::ErrorOf;
 using ::testing::HasSubstr;
 
 // Every test needs the MPI job that mpi_test.sh starts; run alone, the binary skips them.
@@ -300,16 +302,6 @@ TEST_F(ProcessGroupMpiTest, ARankThatThrowsBeforeACollectiveMakesTheOthersFailIn
   }
   // The healthy group still works on every rank.
   Group().barrier()->wait();
-}
-
-// The message of the error `body` throws (empty if it throws none).
-std::string ErrorOf(const std::function<void()>& body) {
-  try {
-    body();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // Ranks that all-reduce tensors of different sizes, dtypes or ops fail at once with an error
