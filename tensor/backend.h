@@ -71,7 +71,7 @@ struct KernelTensor {
 };
 
 // Elementwise functions of one input and an optional scalar parameter `s`.
-// Float32 only, except kNeg, kAbs, kAddScalar, kMulScalar which also accept int64.
+// Floating types only, except kNeg, kAbs, kAddScalar, kMulScalar which also accept int64.
 enum class UnaryOp : int8_t {
   kNeg,             // -x
   kExp,             // e^x
@@ -90,7 +90,7 @@ enum class UnaryOp : int8_t {
   kGeluDerivative,  // Phi(x) + x * phi(x), the derivative of kGelu
 };
 
-// Elementwise functions of two inputs of the same dtype (float32 or int64). Comparisons
+// Elementwise functions of two inputs of the same dtype (any dtype). Comparisons
 // give 1 or 0 in that dtype.
 enum class BinaryOp : int8_t {
   kAdd,
@@ -108,10 +108,11 @@ enum class BinaryOp : int8_t {
   kReluBackward,  // 0 if b <= 0 else a (a: incoming gradient, b: relu output; NaN passes)
 };
 
-// Reductions over the middle axis of a contiguous [outer, reduce, inner] input into a
+// Reductions over the middle axis (named Kind, not Op: ReduceOp is the collectives' enum,
+// parallel/distributed/process_group.h) of a contiguous [outer, reduce, inner] input into a
 // contiguous [outer, inner] output. kArgMax/kArgMin write int64 indices; the others keep
 // the input's dtype. Ties in arg reductions pick the first index, as PyTorch does.
-enum class ReduceOp : int8_t { kSum, kMax, kMin, kArgMax, kArgMin };
+enum class ReduceKind : int8_t { kSum, kMax, kMin, kArgMax, kArgMin };
 
 // Describes a 2-D convolution or pooling window over NCHW images. A window's taps are
 // `dilation` apart (it spans dilation * (kernel - 1) + 1 pixels). With ceil_mode the output
@@ -251,72 +252,81 @@ class Backend {
   // dst = op(a, b); a and b already broadcast to dst's shape (stride 0 where broadcast).
   virtual void Binary(int index, BinaryOp op, const KernelTensor& dst, const KernelTensor& a,
                       const KernelTensor& b) = 0;
-  // See ReduceOp. `src` and `dst` are contiguous.
-  virtual void Reduce(int index, ReduceOp op, const KernelTensor& dst, const KernelTensor& src,
+  // See ReduceKind. `src` and `dst` are contiguous.
+  virtual void Reduce(int index, ReduceKind op, const KernelTensor& dst, const KernelTensor& src,
                       int64_t outer, int64_t reduce, int64_t inner) = 0;
-  // Softmax or log-softmax over the middle axis of contiguous [outer, dim, inner] float32.
-  virtual void Softmax(int index, bool log, float* dst, const float* src, int64_t outer,
-                       int64_t dim, int64_t inner) = 0;
-  // Row-major batched SGEMM: for b in [0, batch):
+  // The kernels below take `dtype`, the element type of their floating-point operands
+  // (float32 or float64; int64 index operands stay int64_t), and untyped pointers to them.
+  //
+  // Softmax or log-softmax over the middle axis of contiguous [outer, dim, inner].
+  virtual void Softmax(int index, DType dtype, bool log, void* dst, const void* src,
+                       int64_t outer, int64_t dim, int64_t inner) = 0;
+  // Row-major batched GEMM: for b in [0, batch):
   //   C_b = alpha * op(A_b) * op(B_b) + beta * C_b,  op(X) = X or X^T,
   // with A_b = a + b * stride_a (stride 0 reuses one matrix), likewise B and C.
-  // op(A) is m x k, op(B) is k x n, C is m x n; lda/ldb/ldc are row strides.
-  virtual void Gemm(int index, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                    float alpha, const float* a, int64_t lda, int64_t stride_a, const float* b,
-                    int64_t ldb, int64_t stride_b, float beta, float* c, int64_t ldc,
-                    int64_t stride_c, int64_t batch) = 0;
+  // op(A) is m x k, op(B) is k x n, C is m x n; lda/ldb/ldc are row strides (in elements).
+  virtual void Gemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                    int64_t k, double alpha, const void* a, int64_t lda, int64_t stride_a,
+                    const void* b, int64_t ldb, int64_t stride_b, double beta, void* c,
+                    int64_t ldc, int64_t stride_c, int64_t batch) = 0;
   // Unfolds NCHW images into columns [batch, channels*kh*kw, out_h*out_w] (zero padding).
-  virtual void Im2Col(int index, const Conv2dGeometry& g, const float* image, float* columns) = 0;
+  virtual void Im2Col(int index, DType dtype, const Conv2dGeometry& g, const void* image,
+                      void* columns) = 0;
   // The adjoint of Im2Col: sums columns back into images (overwrites `image`).
-  virtual void Col2Im(int index, const Conv2dGeometry& g, const float* columns, float* image) = 0;
+  virtual void Col2Im(int index, DType dtype, const Conv2dGeometry& g, const void* columns,
+                      void* image) = 0;
   // Max pooling over NCHW (padding counts as -inf). Writes the output and, per output
   // element, the flat index (within its H*W plane) of the chosen input element.
-  virtual void MaxPool2d(int index, const Conv2dGeometry& g, const float* input, float* output,
-                         int64_t* argmax) = 0;
+  virtual void MaxPool2d(int index, DType dtype, const Conv2dGeometry& g, const void* input,
+                         void* output, int64_t* argmax) = 0;
   // grad_input (zeroed here first) += grad_output at the argmax positions.
-  virtual void MaxPool2dBackward(int index, const Conv2dGeometry& g, const float* grad_output,
-                                 const int64_t* argmax, float* grad_input) = 0;
+  virtual void MaxPool2dBackward(int index, DType dtype, const Conv2dGeometry& g,
+                                 const void* grad_output, const int64_t* argmax,
+                                 void* grad_input) = 0;
   // Average pooling over NCHW, as PyTorch's avg_pool2d: each output is the sum of its
   // window's pixels inside the image, divided by the window's size clipped to the padded
   // input (count_include_pad) or to the image (otherwise). Dilation must be 1.
-  virtual void AvgPool2d(int index, const Conv2dGeometry& g, bool count_include_pad,
-                         const float* input, float* output) = 0;
+  virtual void AvgPool2d(int index, DType dtype, const Conv2dGeometry& g, bool count_include_pad,
+                         const void* input, void* output) = 0;
   // The adjoint of AvgPool2d (overwrites grad_input).
-  virtual void AvgPool2dBackward(int index, const Conv2dGeometry& g, bool count_include_pad,
-                                 const float* grad_output, float* grad_input) = 0;
+  virtual void AvgPool2dBackward(int index, DType dtype, const Conv2dGeometry& g,
+                                 bool count_include_pad, const void* grad_output,
+                                 void* grad_input) = 0;
   // Adaptive average pooling of `planes` contiguous height x width planes into out_h x out_w:
   // output (i, j) is the mean of rows [floor(i * height / out_h), ceil((i + 1) * height /
   // out_h)) and likewise of columns, as PyTorch's adaptive_avg_pool2d.
-  virtual void AdaptiveAvgPool2d(int index, int64_t planes, int64_t height, int64_t width,
-                                 int64_t out_h, int64_t out_w, const float* input,
-                                 float* output) = 0;
+  virtual void AdaptiveAvgPool2d(int index, DType dtype, int64_t planes, int64_t height,
+                                 int64_t width, int64_t out_h, int64_t out_w, const void* input,
+                                 void* output) = 0;
   // The adjoint of AdaptiveAvgPool2d (overwrites grad_input).
-  virtual void AdaptiveAvgPool2dBackward(int index, int64_t planes, int64_t height, int64_t width,
-                                         int64_t out_h, int64_t out_w, const float* grad_output,
-                                         float* grad_input) = 0;
+  virtual void AdaptiveAvgPool2dBackward(int index, DType dtype, int64_t planes, int64_t height,
+                                         int64_t width, int64_t out_h, int64_t out_w,
+                                         const void* grad_output, void* grad_input) = 0;
   // dst[r] = src[r * cols + idx[r]] for r in [0, rows). Indices must be in [0, cols): the
   // caller validates them.
-  virtual void GatherColumns(int index, float* dst, const float* src, const int64_t* idx,
-                             int64_t rows, int64_t cols) = 0;
+  virtual void GatherColumns(int index, DType dtype, void* dst, const void* src,
+                             const int64_t* idx, int64_t rows, int64_t cols) = 0;
   // dst[r * cols + idx[r]] += src[r] (dst is not cleared).
-  virtual void ScatterAddColumns(int index, float* dst, const float* src, const int64_t* idx,
-                                 int64_t rows, int64_t cols) = 0;
+  virtual void ScatterAddColumns(int index, DType dtype, void* dst, const void* src,
+                                 const int64_t* idx, int64_t rows, int64_t cols) = 0;
   // torch.gather over the middle axis of contiguous tensors: src [outer, src_dim, inner],
   // idx and dst [outer, idx_dim, inner]: dst[o, j, i] = src[o, idx[o, j, i], i]. Indices must
   // be in [0, src_dim): the caller validates them.
-  virtual void Gather(int index, float* dst, const float* src, const int64_t* idx, int64_t outer,
-                      int64_t src_dim, int64_t idx_dim, int64_t inner) = 0;
+  virtual void Gather(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
+                      int64_t outer, int64_t src_dim, int64_t idx_dim, int64_t inner) = 0;
   // The adjoint of Gather: dst[o, idx[o, j, i], i] += src[o, j, i] for dst [outer, dst_dim,
   // inner] (not cleared). Repeated indices accumulate.
-  virtual void ScatterAdd(int index, float* dst, const float* src, const int64_t* idx,
+  virtual void ScatterAdd(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
                           int64_t outer, int64_t dst_dim, int64_t idx_dim, int64_t inner) = 0;
   // Counter-based random numbers (see tensor/philox.h): element i is a pure function of
   // (seed, offset + i), so every backend produces the same numbers for the same request.
-  // Uniform in [low, high), or normal(mean, stddev) by Box-Muller.
-  virtual void RandomUniform(int index, float* dst, int64_t n, uint64_t seed, uint64_t offset,
-                             float low, float high) = 0;
-  virtual void RandomNormal(int index, float* dst, int64_t n, uint64_t seed, uint64_t offset,
-                            float mean, float stddev) = 0;
+  // Uniform in [low, high), or normal(mean, stddev) by Box-Muller. Note [Random float64]:
+  // a float64 request draws the float32 request's numbers, widened (computed in float32), so
+  // rand(shape, kFloat64) equals rand(shape).to(kFloat64) for the same generator state.
+  virtual void RandomUniform(int index, DType dtype, void* dst, int64_t n, uint64_t seed,
+                             uint64_t offset, double low, double high) = 0;
+  virtual void RandomNormal(int index, DType dtype, void* dst, int64_t n, uint64_t seed,
+                            uint64_t offset, double mean, double stddev) = 0;
 
  protected:
   // Throws tandem::Error unless `index` is one of this backend's devices.

@@ -448,34 +448,34 @@ void ReduceExtremum(int index, void* dst, const T* src, int64_t outer, int64_t r
 }
 
 template <typename T>
-void ReduceTyped(int index, ReduceOp op, void* dst, const T* src, int64_t outer, int64_t reduce,
+void ReduceTyped(int index, ReduceKind op, void* dst, const T* src, int64_t outer, int64_t reduce,
                  int64_t inner) {
   switch (op) {
-    case ReduceOp::kSum:
+    case ReduceKind::kSum:
       return ReduceSum(index, static_cast<T*>(dst), src, outer, reduce, inner);
-    case ReduceOp::kMax:
+    case ReduceKind::kMax:
       return ReduceExtremum<true, false>(index, dst, src, outer, reduce, inner);
-    case ReduceOp::kMin:
+    case ReduceKind::kMin:
       return ReduceExtremum<false, false>(index, dst, src, outer, reduce, inner);
-    case ReduceOp::kArgMax:
+    case ReduceKind::kArgMax:
       return ReduceExtremum<true, true>(index, dst, src, outer, reduce, inner);
-    case ReduceOp::kArgMin:
+    case ReduceKind::kArgMin:
       return ReduceExtremum<false, true>(index, dst, src, outer, reduce, inner);
   }
-  TANDEM_FAIL("unknown ReduceOp ", static_cast<int>(op));
+  TANDEM_FAIL("unknown ReduceKind ", static_cast<int>(op));
 }
 
-const char* ReduceOpName(ReduceOp op) {
+const char* ReduceKindName(ReduceKind op) {
   switch (op) {
-    case ReduceOp::kSum:
+    case ReduceKind::kSum:
       return "sum";
-    case ReduceOp::kMax:
+    case ReduceKind::kMax:
       return "max";
-    case ReduceOp::kMin:
+    case ReduceKind::kMin:
       return "min";
-    case ReduceOp::kArgMax:
+    case ReduceKind::kArgMax:
       return "argmax";
-    case ReduceOp::kArgMin:
+    case ReduceKind::kArgMin:
       return "argmin";
   }
   return "?";
@@ -484,24 +484,25 @@ const char* ReduceOpName(ReduceOp op) {
 // ---- Softmax ----------------------------------------------------------------------------
 
 // Softmax of one row of `dim` elements, `stride` apart.
-void SoftmaxRow(bool log, float* dst, const float* src, int64_t dim, int64_t stride) {
-  float max_value = -std::numeric_limits<float>::infinity();
+template <typename T>
+void SoftmaxRow(bool log, T* dst, const T* src, int64_t dim, int64_t stride) {
+  T max_value = -std::numeric_limits<T>::infinity();
   for (int64_t i = 0; i < dim; ++i) {
-    const float x = src[i * stride];
+    const T x = src[i * stride];
     if (Replaces<true>(x, max_value)) max_value = x;
   }
   double sum = 0.0;
   if (log) {
     for (int64_t i = 0; i < dim; ++i) sum += std::exp(src[i * stride] - max_value);
-    const float log_sum = static_cast<float>(std::log(sum));
+    const T log_sum = static_cast<T>(std::log(sum));
     for (int64_t i = 0; i < dim; ++i) dst[i * stride] = (src[i * stride] - max_value) - log_sum;
   } else {
     for (int64_t i = 0; i < dim; ++i) {
-      const float e = std::exp(src[i * stride] - max_value);
+      const T e = std::exp(src[i * stride] - max_value);
       dst[i * stride] = e;
       sum += e;
     }
-    const float scale = static_cast<float>(1.0 / sum);
+    const T scale = static_cast<T>(1.0 / sum);
     for (int64_t i = 0; i < dim; ++i) dst[i * stride] *= scale;
   }
 }
@@ -518,40 +519,50 @@ int64_t LeadingDimension(int64_t rows, int64_t cols, int64_t ld, const char* nam
   return ld;
 }
 
-void BlasGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-              int64_t ldc) {
+// BLAS's GEMM for T: the one kernel of this file that is specialised per dtype.
+void CblasGemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
+               const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+void CblasGemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha,
+               const double* a, int lda, const double* b, int ldb, double beta, double* c,
+               int ldc) {
+  cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+template <typename T>
+void BlasGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+              int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  if (k == 0 || alpha == 0.0f) {
+  if (k == 0 || alpha == T(0)) {
     // C = beta * C; BLAS semantics: beta == 0 overwrites (even NaN).
     for (int64_t i = 0; i < m; ++i) {
-      float* row = c + i * ldc;
-      if (beta == 0.0f) {
-        std::fill(row, row + n, 0.0f);
-      } else if (beta != 1.0f) {
+      T* row = c + i * ldc;
+      if (beta == T(0)) {
+        std::fill(row, row + n, T(0));
+      } else if (beta != T(1)) {
         for (int64_t j = 0; j < n; ++j) row[j] *= beta;
       }
     }
     return;
   }
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
-              c, static_cast<int>(ldc));
+  CblasGemm(trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+            static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+            static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
 }
 
 // ---- Random numbers --------------------------------------------------------------------
 
 // Writes f(block, lane) for counters [offset + begin, offset + end), generating each Philox
 // block once for its `kPerBlock` lanes. Element i depends only on offset + i.
-template <int kPerBlock, typename F>
-void PhiloxFill(float* dst, int64_t begin, int64_t end, uint64_t seed, uint64_t offset, F&& f) {
+template <int kPerBlock, typename T, typename F>
+void PhiloxFill(T* dst, int64_t begin, int64_t end, uint64_t seed, uint64_t offset, F&& f) {
   int64_t i = begin;
   while (i < end) {
     const uint64_t counter = offset + static_cast<uint64_t>(i);
     const int lane = static_cast<int>(counter % kPerBlock);
     const philox::Block block = philox::Generate(seed, counter / kPerBlock);
-    for (int l = lane; l < kPerBlock && i < end; ++l, ++i) dst[i] = f(block, l);
+    for (int l = lane; l < kPerBlock && i < end; ++l, ++i) dst[i] = static_cast<T>(f(block, l));
   }
 }
 
@@ -613,41 +624,43 @@ class CpuBackend final : public Backend {
              double scalar) override;
   void Binary(int index, BinaryOp op, const KernelTensor& dst, const KernelTensor& a,
               const KernelTensor& b) override;
-  void Reduce(int index, ReduceOp op, const KernelTensor& dst, const KernelTensor& src,
+  void Reduce(int index, ReduceKind op, const KernelTensor& dst, const KernelTensor& src,
               int64_t outer, int64_t reduce, int64_t inner) override;
-  void Softmax(int index, bool log, float* dst, const float* src, int64_t outer, int64_t dim,
-               int64_t inner) override;
-  void Gemm(int index, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-            const float* a, int64_t lda, int64_t stride_a, const float* b, int64_t ldb,
-            int64_t stride_b, float beta, float* c, int64_t ldc, int64_t stride_c,
+  void Softmax(int index, DType dtype, bool log, void* dst, const void* src, int64_t outer,
+               int64_t dim, int64_t inner) override;
+  void Gemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+            double alpha, const void* a, int64_t lda, int64_t stride_a, const void* b,
+            int64_t ldb, int64_t stride_b, double beta, void* c, int64_t ldc, int64_t stride_c,
             int64_t batch) override;
-  void Im2Col(int index, const Conv2dGeometry& g, const float* image, float* columns) override;
-  void Col2Im(int index, const Conv2dGeometry& g, const float* columns, float* image) override;
-  void MaxPool2d(int index, const Conv2dGeometry& g, const float* input, float* output,
+  void Im2Col(int index, DType dtype, const Conv2dGeometry& g, const void* image,
+              void* columns) override;
+  void Col2Im(int index, DType dtype, const Conv2dGeometry& g, const void* columns,
+              void* image) override;
+  void MaxPool2d(int index, DType dtype, const Conv2dGeometry& g, const void* input, void* output,
                  int64_t* argmax) override;
-  void MaxPool2dBackward(int index, const Conv2dGeometry& g, const float* grad_output,
-                         const int64_t* argmax, float* grad_input) override;
-  void AvgPool2d(int index, const Conv2dGeometry& g, bool count_include_pad, const float* input,
-                 float* output) override;
-  void AvgPool2dBackward(int index, const Conv2dGeometry& g, bool count_include_pad,
-                         const float* grad_output, float* grad_input) override;
-  void AdaptiveAvgPool2d(int index, int64_t planes, int64_t height, int64_t width, int64_t out_h,
-                         int64_t out_w, const float* input, float* output) override;
-  void AdaptiveAvgPool2dBackward(int index, int64_t planes, int64_t height, int64_t width,
-                                 int64_t out_h, int64_t out_w, const float* grad_output,
-                                 float* grad_input) override;
-  void GatherColumns(int index, float* dst, const float* src, const int64_t* idx, int64_t rows,
-                     int64_t cols) override;
-  void ScatterAddColumns(int index, float* dst, const float* src, const int64_t* idx, int64_t rows,
-                         int64_t cols) override;
-  void Gather(int index, float* dst, const float* src, const int64_t* idx, int64_t outer,
-              int64_t src_dim, int64_t idx_dim, int64_t inner) override;
-  void ScatterAdd(int index, float* dst, const float* src, const int64_t* idx, int64_t outer,
-                  int64_t dst_dim, int64_t idx_dim, int64_t inner) override;
-  void RandomUniform(int index, float* dst, int64_t n, uint64_t seed, uint64_t offset, float low,
-                     float high) override;
-  void RandomNormal(int index, float* dst, int64_t n, uint64_t seed, uint64_t offset, float mean,
-                    float stddev) override;
+  void MaxPool2dBackward(int index, DType dtype, const Conv2dGeometry& g, const void* grad_output,
+                         const int64_t* argmax, void* grad_input) override;
+  void AvgPool2d(int index, DType dtype, const Conv2dGeometry& g, bool count_include_pad,
+                 const void* input, void* output) override;
+  void AvgPool2dBackward(int index, DType dtype, const Conv2dGeometry& g, bool count_include_pad,
+                         const void* grad_output, void* grad_input) override;
+  void AdaptiveAvgPool2d(int index, DType dtype, int64_t planes, int64_t height, int64_t width,
+                         int64_t out_h, int64_t out_w, const void* input, void* output) override;
+  void AdaptiveAvgPool2dBackward(int index, DType dtype, int64_t planes, int64_t height,
+                                 int64_t width, int64_t out_h, int64_t out_w,
+                                 const void* grad_output, void* grad_input) override;
+  void GatherColumns(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
+                     int64_t rows, int64_t cols) override;
+  void ScatterAddColumns(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
+                         int64_t rows, int64_t cols) override;
+  void Gather(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
+              int64_t outer, int64_t src_dim, int64_t idx_dim, int64_t inner) override;
+  void ScatterAdd(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
+                  int64_t outer, int64_t dst_dim, int64_t idx_dim, int64_t inner) override;
+  void RandomUniform(int index, DType dtype, void* dst, int64_t n, uint64_t seed,
+                     uint64_t offset, double low, double high) override;
+  void RandomNormal(int index, DType dtype, void* dst, int64_t n, uint64_t seed, uint64_t offset,
+                    double mean, double stddev) override;
 
  private:
   CpuBackend() {
@@ -701,12 +714,11 @@ void CpuBackend::Copy(int index, const KernelTensor& dst, const KernelTensor& sr
       });
     });
   };
-  if (dst.dtype == kFloat32) {
-    if (src.dtype == kFloat32) return run(dst.ptr<float>(), src.ptr<const float>());
-    return run(dst.ptr<float>(), src.ptr<const int64_t>());
-  }
-  if (src.dtype == kFloat32) return run(dst.ptr<int64_t>(), src.ptr<const float>());
-  run(dst.ptr<int64_t>(), src.ptr<const int64_t>());
+  DispatchDType(dst.dtype, "CPU Copy", [&](auto to) {
+    DispatchDType(src.dtype, "CPU Copy", [&](auto from) {
+      run(dst.ptr<typename decltype(to)::type>(), src.ptr<const typename decltype(from)::type>());
+    });
+  });
 }
 
 void CpuBackend::Fill(int index, const KernelTensor& dst, double value) {
@@ -723,8 +735,10 @@ void CpuBackend::Fill(int index, const KernelTensor& dst, double value) {
       });
     });
   };
-  if (dst.dtype == kFloat32) return run(dst.ptr<float>(), static_cast<float>(value));
-  run(dst.ptr<int64_t>(), static_cast<int64_t>(value));
+  DispatchDType(dst.dtype, "CPU Fill", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    run(dst.ptr<T>(), static_cast<T>(value));
+  });
 }
 
 void CpuBackend::Unary(int index, UnaryOp op, const KernelTensor& dst, const KernelTensor& src,
@@ -735,9 +749,9 @@ void CpuBackend::Unary(int index, UnaryOp op, const KernelTensor& dst, const Ker
   CheckSameShape(dst, src, "Unary", "an input");
   TANDEM_CHECK(dst.dtype == src.dtype, "CPU Unary expects the output's dtype (", dst.dtype,
                ") to match the input's (", src.dtype, "); convert with Copy first");
-  TANDEM_CHECK(src.dtype == kFloat32 || UnarySupportsInt64(op), "CPU Unary: op ",
-               static_cast<int>(op), " is defined for float32 only but got ", src.dtype,
-               "; convert the tensor to float32 first");
+  TANDEM_CHECK(IsFloatingPoint(src.dtype) || UnarySupportsInt64(op), "CPU Unary: op ",
+               static_cast<int>(op), " is defined for floating types only but got ", src.dtype,
+               "; convert the tensor to float32 or float64 first");
   const int64_t n = dst.numel();
   if (n == 0) return;
   const KernelTensor* operands[2] = {&dst, &src};
@@ -758,10 +772,12 @@ void CpuBackend::Unary(int index, UnaryOp op, const KernelTensor& dst, const Ker
       });
     });
   };
-  if (src.dtype == kFloat32) {
-    return run(dst.ptr<float>(), src.ptr<const float>(), static_cast<float>(scalar));
-  }
-  run(dst.ptr<int64_t>(), src.ptr<const int64_t>(), scalar);
+  DispatchDType(src.dtype, "CPU Unary", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    // Integral types take the scalar as a double (ApplyUnary's int64 overload).
+    using Scalar = std::conditional_t<std::is_floating_point_v<T>, T, double>;
+    run(dst.ptr<T>(), src.ptr<const T>(), static_cast<Scalar>(scalar));
+  });
 }
 
 void CpuBackend::Binary(int index, BinaryOp op, const KernelTensor& dst, const KernelTensor& a,
@@ -795,13 +811,13 @@ void CpuBackend::Binary(int index, BinaryOp op, const KernelTensor& dst, const K
       });
     });
   };
-  if (dst.dtype == kFloat32) {
-    return run(dst.ptr<float>(), a.ptr<const float>(), b.ptr<const float>());
-  }
-  run(dst.ptr<int64_t>(), a.ptr<const int64_t>(), b.ptr<const int64_t>());
+  DispatchDType(dst.dtype, "CPU Binary", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    run(dst.ptr<T>(), a.ptr<const T>(), b.ptr<const T>());
+  });
 }
 
-void CpuBackend::Reduce(int index, ReduceOp op, const KernelTensor& dst, const KernelTensor& src,
+void CpuBackend::Reduce(int index, ReduceKind op, const KernelTensor& dst, const KernelTensor& src,
                         int64_t outer, int64_t reduce, int64_t inner) {
   CheckIndex(index);
   TANDEM_CHECK(outer >= 0 && reduce >= 0 && inner >= 0,
@@ -815,98 +831,111 @@ void CpuBackend::Reduce(int index, ReduceOp op, const KernelTensor& dst, const K
                " elements but [outer, inner] = [", outer, ", ", inner, "] needs ", outer * inner);
   TANDEM_CHECK(src.is_contiguous() && dst.is_contiguous(),
                "CPU Reduce expects contiguous tensors; call contiguous() first");
-  const bool arg = op == ReduceOp::kArgMax || op == ReduceOp::kArgMin;
-  TANDEM_CHECK(dst.dtype == (arg ? kInt64 : src.dtype), "CPU Reduce ", ReduceOpName(op), " writes ",
+  const bool arg = op == ReduceKind::kArgMax || op == ReduceKind::kArgMin;
+  TANDEM_CHECK(dst.dtype == (arg ? kInt64 : src.dtype), "CPU Reduce ", ReduceKindName(op), " writes ",
                (arg ? kInt64 : src.dtype), " but the output is ", dst.dtype);
   if (outer * inner == 0) return;
-  TANDEM_CHECK(reduce > 0 || op == ReduceOp::kSum, "CPU Reduce: ", ReduceOpName(op),
+  TANDEM_CHECK(reduce > 0 || op == ReduceKind::kSum, "CPU Reduce: ", ReduceKindName(op),
                " of an empty dimension is undefined (the dimension being reduced has size 0); "
                "reduce a non-empty dimension");
   if (reduce == 0) {  // empty sum
     return Fill(index, dst, 0.0);
   }
-  if (src.dtype == kFloat32) {
-    return ReduceTyped(index, op, dst.data, src.ptr<const float>(), outer, reduce, inner);
-  }
-  ReduceTyped(index, op, dst.data, src.ptr<const int64_t>(), outer, reduce, inner);
+  DispatchDType(src.dtype, "CPU Reduce", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    ReduceTyped(index, op, dst.data, src.ptr<const T>(), outer, reduce, inner);
+  });
 }
 
-void CpuBackend::Softmax(int index, bool log, float* dst, const float* src, int64_t outer,
-                         int64_t dim, int64_t inner) {
+void CpuBackend::Softmax(int index, DType dtype, bool log, void* dst_data, const void* src_data,
+                         int64_t outer, int64_t dim, int64_t inner) {
   CheckIndex(index);
-  TANDEM_CHECK(outer >= 0 && dim >= 0 && inner >= 0,
-               "CPU Softmax expects non-negative "
-               "[outer, dim, inner] but got [",
-               outer, ", ", dim, ", ", inner, "]");
-  if (outer * dim * inner == 0) return;
-  // One row per (outer, inner) pair; rows along `dim` are `inner` apart.
-  const int64_t rows = outer * inner;
-  ParallelFor(Cpu(index), rows, std::max<int64_t>(1, kTranscendentalGrain / dim),
-              [&](int64_t begin, int64_t end) {
-                for (int64_t row = begin; row < end; ++row) {
-                  const int64_t o = row / inner, j = row % inner;
-                  const int64_t start = o * dim * inner + j;
-                  SoftmaxRow(log, dst + start, src + start, dim, inner);
-                }
-              });
+  DispatchFloatingTypes(dtype, "CPU Softmax", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* dst = static_cast<T*>(dst_data);
+    const T* src = static_cast<const T*>(src_data);
+    TANDEM_CHECK(outer >= 0 && dim >= 0 && inner >= 0,
+                 "CPU Softmax expects non-negative "
+                 "[outer, dim, inner] but got [",
+                 outer, ", ", dim, ", ", inner, "]");
+    if (outer * dim * inner == 0) return;
+    // One row per (outer, inner) pair; rows along `dim` are `inner` apart.
+    const int64_t rows = outer * inner;
+    ParallelFor(Cpu(index), rows, std::max<int64_t>(1, kTranscendentalGrain / dim),
+                [&](int64_t begin, int64_t end) {
+                  for (int64_t row = begin; row < end; ++row) {
+                    const int64_t o = row / inner, j = row % inner;
+                    const int64_t start = o * dim * inner + j;
+                    SoftmaxRow(log, dst + start, src + start, dim, inner);
+                  }
+                });
+  });
 }
 
-void CpuBackend::Gemm(int index, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                      float alpha, const float* a, int64_t lda, int64_t stride_a, const float* b,
-                      int64_t ldb, int64_t stride_b, float beta, float* c, int64_t ldc,
-                      int64_t stride_c, int64_t batch) {
+void CpuBackend::Gemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                      int64_t k, double alpha_value, const void* a_data, int64_t lda,
+                      int64_t stride_a, const void* b_data, int64_t ldb, int64_t stride_b,
+                      double beta_value, void* c_data, int64_t ldc, int64_t stride_c,
+                      int64_t batch) {
   CheckIndex(index);
-  TANDEM_CHECK(m >= 0 && n >= 0 && k >= 0 && batch >= 0,
-               "CPU Gemm expects non-negative sizes "
-               "but got m=",
-               m, " n=", n, " k=", k, " batch=", batch);
-  if (m == 0 || n == 0 || batch == 0) return;
-  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
-  TANDEM_CHECK(m <= kIntMax && n <= kIntMax && k <= kIntMax, "CPU Gemm: m=", m, " n=", n, " k=", k,
-               " exceed BLAS's 32-bit sizes; split the product");
-  TANDEM_CHECK(batch == 1 || stride_c != 0, "CPU Gemm: a batch of ", batch,
-               " products cannot write one C (stride_c = 0); give each product its own C");
-  // op(A) is m x k: A is stored m x k, or k x m when transposed; likewise B.
-  lda = LeadingDimension(trans_a ? k : m, trans_a ? m : k, lda, "lda");
-  ldb = LeadingDimension(trans_b ? n : k, trans_b ? k : n, ldb, "ldb");
-  ldc = LeadingDimension(m, n, ldc, "ldc");
+  DispatchFloatingTypes(dtype, "CPU Gemm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T alpha = static_cast<T>(alpha_value), beta = static_cast<T>(beta_value);
+    const T* a = static_cast<const T*>(a_data);
+    const T* b = static_cast<const T*>(b_data);
+    T* c = static_cast<T*>(c_data);
+    TANDEM_CHECK(m >= 0 && n >= 0 && k >= 0 && batch >= 0,
+                 "CPU Gemm expects non-negative sizes "
+                 "but got m=",
+                 m, " n=", n, " k=", k, " batch=", batch);
+    if (m == 0 || n == 0 || batch == 0) return;
+    constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+    TANDEM_CHECK(m <= kIntMax && n <= kIntMax && k <= kIntMax, "CPU Gemm: m=", m, " n=", n, " k=", k,
+                 " exceed BLAS's 32-bit sizes; split the product");
+    TANDEM_CHECK(batch == 1 || stride_c != 0, "CPU Gemm: a batch of ", batch,
+                 " products cannot write one C (stride_c = 0); give each product its own C");
+    // op(A) is m x k: A is stored m x k, or k x m when transposed; likewise B.
+    lda = LeadingDimension(trans_a ? k : m, trans_a ? m : k, lda, "lda");
+    ldb = LeadingDimension(trans_b ? n : k, trans_b ? k : n, ldb, "ldb");
+    ldc = LeadingDimension(m, n, ldc, "ldc");
 
-  // Work items: each product's C cut along its longer side into `pieces` blocks of rows
-  // (or columns), one single-threaded BLAS call per block. Whole products are enough when
-  // the batch alone feeds every thread; otherwise products are cut so that the number of
-  // items is a multiple of the thread count (even chunks), but blocks stay at least 16 wide
-  // (OpenBLAS's register blocking) and worth kGemmFlopsPerChunk.
-  constexpr int64_t kMinBlock = 16;
-  const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) *
-                       static_cast<double>(std::max<int64_t>(k, 1));
-  const bool split_rows = m >= n;
-  const int64_t extent = split_rows ? m : n;
-  const int64_t threads = CpuThreadPool(index).num_threads();
-  int64_t pieces = threads / std::gcd(batch, threads);
-  pieces = std::min(pieces, std::max<int64_t>(1, extent / kMinBlock));
-  pieces = std::min(pieces, std::max<int64_t>(1, static_cast<int64_t>(flops / kGemmFlopsPerChunk)));
-  const double flops_per_item = flops / static_cast<double>(pieces);
-  const int64_t grain =
-      std::max<int64_t>(1, static_cast<int64_t>(kGemmFlopsPerChunk / flops_per_item));
-  ParallelFor(Cpu(index), batch * pieces, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t product = item / pieces, piece = item % pieces;
-      const int64_t lo = extent * piece / pieces, hi = extent * (piece + 1) / pieces;
-      const float* a_product = a + product * stride_a;
-      const float* b_product = b + product * stride_b;
-      float* c_product = c + product * stride_c;
-      if (split_rows) {
-        // Rows [lo, hi) of op(A): rows of A, or columns of A when transposed.
-        const float* a_block = trans_a ? a_product + lo : a_product + lo * lda;
-        BlasGemm(trans_a, trans_b, hi - lo, n, k, alpha, a_block, lda, b_product, ldb, beta,
-                 c_product + lo * ldc, ldc);
-      } else {
-        // Columns [lo, hi) of op(B): columns of B, or rows of B when transposed.
-        const float* b_block = trans_b ? b_product + lo * ldb : b_product + lo;
-        BlasGemm(trans_a, trans_b, m, hi - lo, k, alpha, a_product, lda, b_block, ldb, beta,
-                 c_product + lo, ldc);
+    // Work items: each product's C cut along its longer side into `pieces` blocks of rows
+    // (or columns), one single-threaded BLAS call per block. Whole products are enough when
+    // the batch alone feeds every thread; otherwise products are cut so that the number of
+    // items is a multiple of the thread count (even chunks), but blocks stay at least 16 wide
+    // (OpenBLAS's register blocking) and worth kGemmFlopsPerChunk.
+    constexpr int64_t kMinBlock = 16;
+    const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) *
+                         static_cast<double>(std::max<int64_t>(k, 1));
+    const bool split_rows = m >= n;
+    const int64_t extent = split_rows ? m : n;
+    const int64_t threads = CpuThreadPool(index).num_threads();
+    int64_t pieces = threads / std::gcd(batch, threads);
+    pieces = std::min(pieces, std::max<int64_t>(1, extent / kMinBlock));
+    pieces = std::min(pieces, std::max<int64_t>(1, static_cast<int64_t>(flops / kGemmFlopsPerChunk)));
+    const double flops_per_item = flops / static_cast<double>(pieces);
+    const int64_t grain =
+        std::max<int64_t>(1, static_cast<int64_t>(kGemmFlopsPerChunk / flops_per_item));
+    ParallelFor(Cpu(index), batch * pieces, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t product = item / pieces, piece = item % pieces;
+        const int64_t lo = extent * piece / pieces, hi = extent * (piece + 1) / pieces;
+        const T* a_product = a + product * stride_a;
+        const T* b_product = b + product * stride_b;
+        T* c_product = c + product * stride_c;
+        if (split_rows) {
+          // Rows [lo, hi) of op(A): rows of A, or columns of A when transposed.
+          const T* a_block = trans_a ? a_product + lo : a_product + lo * lda;
+          BlasGemm(trans_a, trans_b, hi - lo, n, k, alpha, a_block, lda, b_product, ldb, beta,
+                   c_product + lo * ldc, ldc);
+        } else {
+          // Columns [lo, hi) of op(B): columns of B, or rows of B when transposed.
+          const T* b_block = trans_b ? b_product + lo * ldb : b_product + lo;
+          BlasGemm(trans_a, trans_b, m, hi - lo, k, alpha, a_product, lda, b_block, ldb, beta,
+                   c_product + lo, ldc);
+        }
       }
-    }
+    });
   });
 }
 
@@ -942,117 +971,131 @@ std::pair<int64_t, int64_t> InsideRange(int64_t shift, int64_t stride, int64_t s
 // out[i] = src[i] for i in [lo, hi), 0 elsewhere in [0, n), reading src[i] for every i (so all
 // of [src, src + n) must be readable). One loop with a select rather than a fill, a copy and a
 // fill: those become calls to memset and memmove, most of a short row's time.
-TANDEM_VECTORIZE inline void CopyInside(const float* __restrict src, int32_t lo, int32_t hi,
-                                        int32_t n, float* __restrict out) {
+template <typename T>
+TANDEM_VECTORIZE inline void CopyInside(const T* __restrict src, int32_t lo, int32_t hi, int32_t n,
+                                        T* __restrict out) {
   for (int32_t i = 0; i < n; ++i) {
-    const float v = src[i];
-    out[i] = i >= lo && i < hi ? v : 0.0f;
+    const T v = src[i];
+    out[i] = i >= lo && i < hi ? v : T(0);
   }
 }
 
-void CpuBackend::Im2Col(int index, const Conv2dGeometry& g, const float* image, float* columns) {
+void CpuBackend::Im2Col(int index, DType dtype, const Conv2dGeometry& g, const void* image_data,
+                        void* columns_data) {
   CheckIndex(index);
-  CheckGeometry(g, "Im2Col");
-  const int64_t out_h = g.out_h(), out_w = g.out_w();
-  const int64_t plane = g.height * g.width, out_plane = out_h * out_w;
-  const int64_t window = g.kernel_h * g.kernel_w;
-  // One column row per (image, channel, kernel_row, kernel_col).
-  const int64_t rows = g.batch * g.channels * window;
-  if (rows == 0 || out_plane == 0) return;
-  const int64_t image_size = g.batch * g.channels * plane;
-  ParallelFor(Cpu(index), rows, std::max<int64_t>(1, kElementwiseGrain / out_plane),
-              [&](int64_t begin, int64_t end) {
-                vec::Vectorized([&] {
-                  for (int64_t row = begin; row < end; ++row) {
-                    const int64_t kx = row % g.kernel_w;
-                    const int64_t ky = (row / g.kernel_w) % g.kernel_h;
-                    const int64_t image_channel = row / window;  // b * channels + c
-                    const float* in = image + image_channel * plane;
-                    float* out = columns +
-                                 g.columns_start(image_channel / g.channels,
-                                                 image_channel % g.channels, out_plane) +
-                                 (row % window) * g.columns_tap_stride(out_plane);
-                    // x = ox * stride - pad + kx * dilation lies inside for ox in [lo, hi).
-                    const int64_t shift = kx * g.dilation_w - g.pad_w;
-                    const auto [lo, hi] = InsideRange(shift, g.stride_w, g.width, out_w);
-                    for (int64_t oy = 0; oy < out_h; ++oy) {
-                      const int64_t y = oy * g.stride_h - g.pad_h + ky * g.dilation_h;
-                      float* out_row = out + oy * out_w;
-                      if (y < 0 || y >= g.height) {
-                        std::fill(out_row, out_row + out_w, 0.0f);
-                        continue;
-                      }
-                      const float* in_row = in + y * g.width;
-                      // The padding's reads land in the neighbouring pixels, or outside the image
-                      // at its first and last rows (those take the loop below).
-                      const int64_t start = image_channel * plane + y * g.width + shift;
-                      if (g.stride_w == 1 && start >= 0 && start + out_w <= image_size &&
-                          out_w <= std::numeric_limits<int32_t>::max()) {
-                        CopyInside(in_row + shift, static_cast<int32_t>(lo),
-                                   static_cast<int32_t>(hi), static_cast<int32_t>(out_w), out_row);
-                        continue;
-                      }
-                      std::fill(out_row, out_row + lo, 0.0f);
-                      if (g.stride_w == 1) {
-                        std::copy(in_row + lo + shift, in_row + hi + shift, out_row + lo);
-                      } else {
-                        for (int64_t ox = lo; ox < hi; ++ox)
-                          out_row[ox] = in_row[ox * g.stride_w + shift];
-                      }
-                      std::fill(out_row + hi, out_row + out_w, 0.0f);
-                    }
-                  }
-                });
-              });
-}
-
-// out[i * stride] += in[i] for i < n.
-TANDEM_VECTORIZE inline void AddIntoStrided(float* __restrict out, int64_t stride,
-                                            const float* __restrict in, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i * stride] += in[i];
-}
-
-void CpuBackend::Col2Im(int index, const Conv2dGeometry& g, const float* columns, float* image) {
-  CheckIndex(index);
-  CheckGeometry(g, "Col2Im");
-  const int64_t out_h = g.out_h(), out_w = g.out_w();
-  const int64_t plane = g.height * g.width, out_plane = out_h * out_w;
-  const int64_t window = g.kernel_h * g.kernel_w;
-  const int64_t planes = g.batch * g.channels;
-  if (planes == 0 || plane == 0) return;
-  // One image plane per task: the column rows that sum into it belong to it alone. Each pixel
-  // sums its taps in the same order whatever the vector unit (Vectorized: the rows' adds are
-  // lanes of one vector, not a reordered sum).
-  ParallelFor(Cpu(index), planes,
-              std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, window * out_plane)),
-              [&](int64_t begin, int64_t end) {
-                vec::Vectorized([&] {
-                  for (int64_t p = begin; p < end; ++p) {
-                    float* out = image + p * plane;
-                    std::fill(out, out + plane, 0.0f);
-                    for (int64_t w = 0; w < window; ++w) {
-                      const int64_t ky = w / g.kernel_w, kx = w % g.kernel_w;
-                      const float* in = columns +
-                                        g.columns_start(p / g.channels, p % g.channels, out_plane) +
-                                        w * g.columns_tap_stride(out_plane);
+  DispatchFloatingTypes(dtype, "CPU Im2Col", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* image = static_cast<const T*>(image_data);
+    T* columns = static_cast<T*>(columns_data);
+    CheckGeometry(g, "Im2Col");
+    const int64_t out_h = g.out_h(), out_w = g.out_w();
+    const int64_t plane = g.height * g.width, out_plane = out_h * out_w;
+    const int64_t window = g.kernel_h * g.kernel_w;
+    // One column row per (image, channel, kernel_row, kernel_col).
+    const int64_t rows = g.batch * g.channels * window;
+    if (rows == 0 || out_plane == 0) return;
+    const int64_t image_size = g.batch * g.channels * plane;
+    ParallelFor(Cpu(index), rows, std::max<int64_t>(1, kElementwiseGrain / out_plane),
+                [&](int64_t begin, int64_t end) {
+                  vec::Vectorized([&] {
+                    for (int64_t row = begin; row < end; ++row) {
+                      const int64_t kx = row % g.kernel_w;
+                      const int64_t ky = (row / g.kernel_w) % g.kernel_h;
+                      const int64_t image_channel = row / window;  // b * channels + c
+                      const T* in = image + image_channel * plane;
+                      T* out = columns +
+                                   g.columns_start(image_channel / g.channels,
+                                                   image_channel % g.channels, out_plane) +
+                                   (row % window) * g.columns_tap_stride(out_plane);
+                      // x = ox * stride - pad + kx * dilation lies inside for ox in [lo, hi).
                       const int64_t shift = kx * g.dilation_w - g.pad_w;
                       const auto [lo, hi] = InsideRange(shift, g.stride_w, g.width, out_w);
                       for (int64_t oy = 0; oy < out_h; ++oy) {
                         const int64_t y = oy * g.stride_h - g.pad_h + ky * g.dilation_h;
-                        if (y < 0 || y >= g.height) continue;
-                        float* out_row = out + y * g.width;
-                        const float* in_row = in + oy * out_w;
+                        T* out_row = out + oy * out_w;
+                        if (y < 0 || y >= g.height) {
+                          std::fill(out_row, out_row + out_w, T(0));
+                          continue;
+                        }
+                        const T* in_row = in + y * g.width;
+                        // The padding's reads land in the neighbouring pixels, or outside the image
+                        // at its first and last rows (those take the loop below).
+                        const int64_t start = image_channel * plane + y * g.width + shift;
+                        if (g.stride_w == 1 && start >= 0 && start + out_w <= image_size &&
+                            out_w <= std::numeric_limits<int32_t>::max()) {
+                          CopyInside(in_row + shift, static_cast<int32_t>(lo),
+                                     static_cast<int32_t>(hi), static_cast<int32_t>(out_w), out_row);
+                          continue;
+                        }
+                        std::fill(out_row, out_row + lo, T(0));
                         if (g.stride_w == 1) {
-                          vec::AddIntoLoop(out_row + shift + lo, in_row + lo, hi - lo);
+                          std::copy(in_row + lo + shift, in_row + hi + shift, out_row + lo);
                         } else {
-                          AddIntoStrided(out_row + lo * g.stride_w + shift, g.stride_w, in_row + lo,
-                                         hi - lo);
+                          for (int64_t ox = lo; ox < hi; ++ox)
+                            out_row[ox] = in_row[ox * g.stride_w + shift];
+                        }
+                        std::fill(out_row + hi, out_row + out_w, T(0));
+                      }
+                    }
+                  });
+                });
+  });
+}
+
+// out[i * stride] += in[i] for i < n.
+template <typename T>
+TANDEM_VECTORIZE inline void AddIntoStrided(T* __restrict out, int64_t stride,
+                                            const T* __restrict in, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i * stride] += in[i];
+}
+
+void CpuBackend::Col2Im(int index, DType dtype, const Conv2dGeometry& g, const void* columns_data,
+                        void* image_data) {
+  CheckIndex(index);
+  DispatchFloatingTypes(dtype, "CPU Col2Im", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* columns = static_cast<const T*>(columns_data);
+    T* image = static_cast<T*>(image_data);
+    CheckGeometry(g, "Col2Im");
+    const int64_t out_h = g.out_h(), out_w = g.out_w();
+    const int64_t plane = g.height * g.width, out_plane = out_h * out_w;
+    const int64_t window = g.kernel_h * g.kernel_w;
+    const int64_t planes = g.batch * g.channels;
+    if (planes == 0 || plane == 0) return;
+    // One image plane per task: the column rows that sum into it belong to it alone. Each pixel
+    // sums its taps in the same order whatever the vector unit (Vectorized: the rows' adds are
+    // lanes of one vector, not a reordered sum).
+    ParallelFor(Cpu(index), planes,
+                std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, window * out_plane)),
+                [&](int64_t begin, int64_t end) {
+                  vec::Vectorized([&] {
+                    for (int64_t p = begin; p < end; ++p) {
+                      T* out = image + p * plane;
+                      std::fill(out, out + plane, T(0));
+                      for (int64_t w = 0; w < window; ++w) {
+                        const int64_t ky = w / g.kernel_w, kx = w % g.kernel_w;
+                        const T* in = columns +
+                                          g.columns_start(p / g.channels, p % g.channels, out_plane) +
+                                          w * g.columns_tap_stride(out_plane);
+                        const int64_t shift = kx * g.dilation_w - g.pad_w;
+                        const auto [lo, hi] = InsideRange(shift, g.stride_w, g.width, out_w);
+                        for (int64_t oy = 0; oy < out_h; ++oy) {
+                          const int64_t y = oy * g.stride_h - g.pad_h + ky * g.dilation_h;
+                          if (y < 0 || y >= g.height) continue;
+                          T* out_row = out + y * g.width;
+                          const T* in_row = in + oy * out_w;
+                          if (g.stride_w == 1) {
+                            vec::AddIntoLoop(out_row + shift + lo, in_row + lo, hi - lo);
+                          } else {
+                            AddIntoStrided(out_row + lo * g.stride_w + shift, g.stride_w, in_row + lo,
+                                           hi - lo);
+                          }
                         }
                       }
                     }
-                  }
+                  });
                 });
-              });
+  });
 }
 
 // Replaces<true>(v, best): NaN wins, ties keep the earlier (the rule of every max-pooling
@@ -1136,8 +1179,54 @@ TANDEM_VECTORIZE inline void Widen(const int32_t* __restrict in, int64_t n,
   for (int64_t i = 0; i < n; ++i) out[i] = in[i];
 }
 
-void CpuBackend::MaxPool2d(int index, const Conv2dGeometry& g, const float* input, float* output,
-                           int64_t* argmax) {
+// Calls f(plane, y, x) for every element of `planes` height x width planes, a few planes per
+// task of the device's pool.
+template <typename F>
+void ForEachPixel(int index, int64_t planes, int64_t height, int64_t width, int64_t cost, F&& f) {
+  const int64_t plane = height * width;
+  if (planes == 0 || plane == 0) return;
+  ParallelFor(Cpu(index), planes,
+              std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, plane * cost)),
+              [&](int64_t begin, int64_t end) {
+                for (int64_t p = begin; p < end; ++p) {
+                  for (int64_t y = 0; y < height; ++y) {
+                    for (int64_t x = 0; x < width; ++x) f(p, y, x);
+                  }
+                }
+              });
+}
+
+// Max pooling in any floating type, one window at a time in the vectorised float32 loop's scan
+// order (so the same argmax): the float64 path, where speed matters less than in float32.
+template <typename T>
+void MaxPool2dScalar(int index, const Conv2dGeometry& g, const T* input, T* output,
+                     int64_t* argmax) {
+  const int64_t out_h = g.out_h(), out_w = g.out_w();
+  const int64_t plane = g.height * g.width, out_plane = out_h * out_w;
+  ForEachPixel(index, g.batch * g.channels, out_h, out_w, g.kernel_h * g.kernel_w,
+               [&](int64_t p, int64_t oy, int64_t ox) {
+                 const T* in = input + p * plane;
+                 const int64_t y0 = std::max<int64_t>(oy * g.stride_h - g.pad_h, 0);
+                 const int64_t y1 = std::min(oy * g.stride_h - g.pad_h + g.kernel_h, g.height);
+                 const int64_t x0 = std::max<int64_t>(ox * g.stride_w - g.pad_w, 0);
+                 const int64_t x1 = std::min(ox * g.stride_w - g.pad_w + g.kernel_w, g.width);
+                 int64_t best_at = y0 * g.width + x0;
+                 T best = in[best_at];
+                 for (int64_t y = y0; y < y1; ++y) {
+                   for (int64_t x = x0; x < x1; ++x) {
+                     if (Replaces<true>(in[y * g.width + x], best)) {
+                       best = in[y * g.width + x];
+                       best_at = y * g.width + x;
+                     }
+                   }
+                 }
+                 output[p * out_plane + oy * out_w + ox] = best;
+                 argmax[p * out_plane + oy * out_w + ox] = best_at;
+               });
+}
+
+void CpuBackend::MaxPool2d(int index, DType dtype, const Conv2dGeometry& g, const void* input_data,
+                           void* output_data, int64_t* argmax) {
   CheckIndex(index);
   CheckGeometry(g, "MaxPool2d");
   TANDEM_CHECK(g.pad_h * 2 <= g.kernel_h && g.pad_w * 2 <= g.kernel_w, "CPU MaxPool2d: padding ",
@@ -1155,6 +1244,15 @@ void CpuBackend::MaxPool2d(int index, const Conv2dGeometry& g, const float* inpu
   int64_t hi = room < 0 ? lo : std::clamp(room / g.stride_w + 1, lo, out_w);
   // The vectorised loop counts in 32 bits; larger planes take pool_one everywhere.
   if (plane > std::numeric_limits<int32_t>::max()) hi = lo;
+  if (dtype != kFloat32) {
+    return DispatchFloatingTypes(dtype, "CPU MaxPool2d", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      MaxPool2dScalar(index, g, static_cast<const T*>(input_data), static_cast<T*>(output_data),
+                      argmax);
+    });
+  }
+  const float* input = static_cast<const float*>(input_data);
+  float* output = static_cast<float*>(output_data);
   ParallelFor(
       Cpu(index), planes,
       std::max<int64_t>(
@@ -1232,175 +1330,216 @@ void CpuBackend::MaxPool2d(int index, const Conv2dGeometry& g, const float* inpu
       });
 }
 
-void CpuBackend::MaxPool2dBackward(int index, const Conv2dGeometry& g, const float* grad_output,
-                                   const int64_t* argmax, float* grad_input) {
+void CpuBackend::MaxPool2dBackward(int index, DType dtype, const Conv2dGeometry& g,
+                                   const void* grad_output_data, const int64_t* argmax,
+                                   void* grad_input_data) {
   CheckIndex(index);
-  CheckGeometry(g, "MaxPool2dBackward");
-  const int64_t plane = g.height * g.width, out_plane = g.out_h() * g.out_w();
-  const int64_t planes = g.batch * g.channels;
-  if (planes == 0 || plane == 0) return;
-  // One plane per task: an output's argmax lies in its own plane, so tasks never collide.
-  ParallelFor(Cpu(index), planes,
-              std::max<int64_t>(1, kElementwiseGrain / std::max(plane, out_plane)),
-              [&](int64_t begin, int64_t end) {
-                for (int64_t p = begin; p < end; ++p) {
-                  float* out = grad_input + p * plane;
-                  std::fill(out, out + plane, 0.0f);
-                  const float* grad = grad_output + p * out_plane;
-                  const int64_t* at = argmax + p * out_plane;
-                  for (int64_t o = 0; o < out_plane; ++o) out[at[o]] += grad[o];
-                }
-              });
-}
-
-namespace {
-
-// Calls f(plane, y, x) for every element of `planes` height x width planes, a few planes per
-// task of the device's pool.
-template <typename F>
-void ForEachPixel(int index, int64_t planes, int64_t height, int64_t width, int64_t cost, F&& f) {
-  const int64_t plane = height * width;
-  if (planes == 0 || plane == 0) return;
-  ParallelFor(Cpu(index), planes,
-              std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, plane * cost)),
-              [&](int64_t begin, int64_t end) {
-                for (int64_t p = begin; p < end; ++p) {
-                  for (int64_t y = 0; y < height; ++y) {
-                    for (int64_t x = 0; x < width; ++x) f(p, y, x);
+  DispatchFloatingTypes(dtype, "CPU MaxPool2dBackward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* grad_output = static_cast<const T*>(grad_output_data);
+    T* grad_input = static_cast<T*>(grad_input_data);
+    CheckGeometry(g, "MaxPool2dBackward");
+    const int64_t plane = g.height * g.width, out_plane = g.out_h() * g.out_w();
+    const int64_t planes = g.batch * g.channels;
+    if (planes == 0 || plane == 0) return;
+    // One plane per task: an output's argmax lies in its own plane, so tasks never collide.
+    ParallelFor(Cpu(index), planes,
+                std::max<int64_t>(1, kElementwiseGrain / std::max(plane, out_plane)),
+                [&](int64_t begin, int64_t end) {
+                  for (int64_t p = begin; p < end; ++p) {
+                    T* out = grad_input + p * plane;
+                    std::fill(out, out + plane, T(0));
+                    const T* grad = grad_output + p * out_plane;
+                    const int64_t* at = argmax + p * out_plane;
+                    for (int64_t o = 0; o < out_plane; ++o) out[at[o]] += grad[o];
                   }
-                }
-              });
-}
-
-}  // namespace
-
-void CpuBackend::AvgPool2d(int index, const Conv2dGeometry& g, bool count_include_pad,
-                           const float* input, float* output) {
-  CheckIndex(index);
-  CheckGeometry(g, "AvgPool2d");
-  const int64_t out_h = g.out_h(), out_w = g.out_w(), plane = g.height * g.width;
-  ForEachPixel(index, g.batch * g.channels, out_h, out_w, g.kernel_h * g.kernel_w,
-               [&](int64_t p, int64_t oy, int64_t ox) {
-                 output[(p * out_h + oy) * out_w + ox] =
-                     AvgPoolOutput(g, count_include_pad, input + p * plane, oy, ox);
-               });
-}
-
-void CpuBackend::AvgPool2dBackward(int index, const Conv2dGeometry& g, bool count_include_pad,
-                                   const float* grad_output, float* grad_input) {
-  CheckIndex(index);
-  CheckGeometry(g, "AvgPool2dBackward");
-  const int64_t out_h = g.out_h(), out_w = g.out_w(), out_plane = out_h * out_w;
-  const int64_t cost = (g.kernel_h / g.stride_h + 1) * (g.kernel_w / g.stride_w + 1);
-  ForEachPixel(
-      index, g.batch * g.channels, g.height, g.width, cost, [&](int64_t p, int64_t y, int64_t x) {
-        grad_input[(p * g.height + y) * g.width + x] =
-            AvgPoolInputGrad(g, count_include_pad, out_h, out_w, grad_output + p * out_plane, y, x);
-      });
-}
-
-void CpuBackend::AdaptiveAvgPool2d(int index, int64_t planes, int64_t height, int64_t width,
-                                   int64_t out_h, int64_t out_w, const float* input,
-                                   float* output) {
-  CheckIndex(index);
-  const int64_t cost =
-      (height / std::max<int64_t>(out_h, 1) + 1) * (width / std::max<int64_t>(out_w, 1) + 1);
-  ForEachPixel(index, planes, out_h, out_w, cost, [&](int64_t p, int64_t oy, int64_t ox) {
-    output[(p * out_h + oy) * out_w + ox] =
-        AdaptiveAvgPoolOutput(height, width, out_h, out_w, input + p * height * width, oy, ox);
+                });
   });
 }
 
-void CpuBackend::AdaptiveAvgPool2dBackward(int index, int64_t planes, int64_t height, int64_t width,
-                                           int64_t out_h, int64_t out_w, const float* grad_output,
-                                           float* grad_input) {
+
+void CpuBackend::AvgPool2d(int index, DType dtype, const Conv2dGeometry& g, bool count_include_pad,
+                           const void* input_data, void* output_data) {
   CheckIndex(index);
-  ForEachPixel(index, planes, height, width, out_h + out_w, [&](int64_t p, int64_t y, int64_t x) {
-    grad_input[(p * height + y) * width + x] = AdaptiveAvgPoolInputGrad(
-        height, width, out_h, out_w, grad_output + p * out_h * out_w, y, x);
+  DispatchFloatingTypes(dtype, "CPU AvgPool2d", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* input = static_cast<const T*>(input_data);
+    T* output = static_cast<T*>(output_data);
+    CheckGeometry(g, "AvgPool2d");
+    const int64_t out_h = g.out_h(), out_w = g.out_w(), plane = g.height * g.width;
+    ForEachPixel(index, g.batch * g.channels, out_h, out_w, g.kernel_h * g.kernel_w,
+                 [&](int64_t p, int64_t oy, int64_t ox) {
+                   output[(p * out_h + oy) * out_w + ox] =
+                       AvgPoolOutput(g, count_include_pad, input + p * plane, oy, ox);
+                 });
   });
 }
 
-void CpuBackend::GatherColumns(int index, float* dst, const float* src, const int64_t* idx,
-                               int64_t rows, int64_t cols) {
+void CpuBackend::AvgPool2dBackward(int index, DType dtype, const Conv2dGeometry& g,
+                                   bool count_include_pad, const void* grad_output_data,
+                                   void* grad_input_data) {
   CheckIndex(index);
-  if (rows <= 0) return;
-  ParallelFor(Cpu(index), rows, kElementwiseGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) dst[r] = src[r * cols + idx[r]];
+  DispatchFloatingTypes(dtype, "CPU AvgPool2dBackward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* grad_output = static_cast<const T*>(grad_output_data);
+    T* grad_input = static_cast<T*>(grad_input_data);
+    CheckGeometry(g, "AvgPool2dBackward");
+    const int64_t out_h = g.out_h(), out_w = g.out_w(), out_plane = out_h * out_w;
+    const int64_t cost = (g.kernel_h / g.stride_h + 1) * (g.kernel_w / g.stride_w + 1);
+    ForEachPixel(
+        index, g.batch * g.channels, g.height, g.width, cost, [&](int64_t p, int64_t y, int64_t x) {
+          grad_input[(p * g.height + y) * g.width + x] =
+              AvgPoolInputGrad(g, count_include_pad, out_h, out_w, grad_output + p * out_plane, y, x);
+        });
   });
 }
 
-void CpuBackend::ScatterAddColumns(int index, float* dst, const float* src, const int64_t* idx,
-                                   int64_t rows, int64_t cols) {
+void CpuBackend::AdaptiveAvgPool2d(int index, DType dtype, int64_t planes, int64_t height,
+                                   int64_t width, int64_t out_h, int64_t out_w,
+                                   const void* input_data, void* output_data) {
   CheckIndex(index);
-  if (rows <= 0) return;
-  // Row r touches only row r of dst: no two tasks write the same element.
-  ParallelFor(Cpu(index), rows, kElementwiseGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) dst[r * cols + idx[r]] += src[r];
+  DispatchFloatingTypes(dtype, "CPU AdaptiveAvgPool2d", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* input = static_cast<const T*>(input_data);
+    T* output = static_cast<T*>(output_data);
+    const int64_t cost =
+        (height / std::max<int64_t>(out_h, 1) + 1) * (width / std::max<int64_t>(out_w, 1) + 1);
+    ForEachPixel(index, planes, out_h, out_w, cost, [&](int64_t p, int64_t oy, int64_t ox) {
+      output[(p * out_h + oy) * out_w + ox] =
+          AdaptiveAvgPoolOutput(height, width, out_h, out_w, input + p * height * width, oy, ox);
+    });
   });
 }
 
-void CpuBackend::Gather(int index, float* dst, const float* src, const int64_t* idx, int64_t outer,
-                        int64_t src_dim, int64_t idx_dim, int64_t inner) {
+void CpuBackend::AdaptiveAvgPool2dBackward(int index, DType dtype, int64_t planes,
+                                           int64_t height, int64_t width, int64_t out_h,
+                                           int64_t out_w, const void* grad_output_data,
+                                           void* grad_input_data) {
   CheckIndex(index);
-  const int64_t n = outer * idx_dim * inner;
-  if (n <= 0) return;
-  ParallelFor(Cpu(index), n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t e = begin; e < end; ++e) {
-      const int64_t o = e / (idx_dim * inner), i = e % inner;
-      dst[e] = src[(o * src_dim + idx[e]) * inner + i];
-    }
+  DispatchFloatingTypes(dtype, "CPU AdaptiveAvgPool2dBackward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* grad_output = static_cast<const T*>(grad_output_data);
+    T* grad_input = static_cast<T*>(grad_input_data);
+    ForEachPixel(index, planes, height, width, out_h + out_w, [&](int64_t p, int64_t y, int64_t x) {
+      grad_input[(p * height + y) * width + x] = AdaptiveAvgPoolInputGrad(
+          height, width, out_h, out_w, grad_output + p * out_h * out_w, y, x);
+    });
   });
 }
 
-void CpuBackend::ScatterAdd(int index, float* dst, const float* src, const int64_t* idx,
-                            int64_t outer, int64_t dst_dim, int64_t idx_dim, int64_t inner) {
+void CpuBackend::GatherColumns(int index, DType dtype, void* dst_data, const void* src_data,
+                               const int64_t* idx, int64_t rows, int64_t cols) {
   CheckIndex(index);
-  if (outer * idx_dim * inner <= 0) return;
-  // Each task owns whole columns (o, i) of dst, so no two tasks write the same element, and
-  // the additions into one element happen in j order: deterministic.
-  ParallelFor(Cpu(index), outer * inner, std::max<int64_t>(1, kElementwiseGrain / idx_dim),
-              [&](int64_t begin, int64_t end) {
-                for (int64_t column = begin; column < end; ++column) {
-                  const int64_t o = column / inner, i = column % inner;
-                  for (int64_t j = 0; j < idx_dim; ++j) {
-                    const int64_t at = (o * idx_dim + j) * inner + i;
-                    dst[(o * dst_dim + idx[at]) * inner + i] += src[at];
+  DispatchFloatingTypes(dtype, "CPU GatherColumns", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* dst = static_cast<T*>(dst_data);
+    const T* src = static_cast<const T*>(src_data);
+    if (rows <= 0) return;
+    ParallelFor(Cpu(index), rows, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) dst[r] = src[r * cols + idx[r]];
+    });
+  });
+}
+
+void CpuBackend::ScatterAddColumns(int index, DType dtype, void* dst_data, const void* src_data,
+                                   const int64_t* idx, int64_t rows, int64_t cols) {
+  CheckIndex(index);
+  DispatchFloatingTypes(dtype, "CPU ScatterAddColumns", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* dst = static_cast<T*>(dst_data);
+    const T* src = static_cast<const T*>(src_data);
+    if (rows <= 0) return;
+    // Row r touches only row r of dst: no two tasks write the same element.
+    ParallelFor(Cpu(index), rows, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) dst[r * cols + idx[r]] += src[r];
+    });
+  });
+}
+
+void CpuBackend::Gather(int index, DType dtype, void* dst_data, const void* src_data,
+                        const int64_t* idx, int64_t outer, int64_t src_dim, int64_t idx_dim,
+                        int64_t inner) {
+  CheckIndex(index);
+  DispatchFloatingTypes(dtype, "CPU Gather", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* dst = static_cast<T*>(dst_data);
+    const T* src = static_cast<const T*>(src_data);
+    const int64_t n = outer * idx_dim * inner;
+    if (n <= 0) return;
+    ParallelFor(Cpu(index), n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t e = begin; e < end; ++e) {
+        const int64_t o = e / (idx_dim * inner), i = e % inner;
+        dst[e] = src[(o * src_dim + idx[e]) * inner + i];
+      }
+    });
+  });
+}
+
+void CpuBackend::ScatterAdd(int index, DType dtype, void* dst_data, const void* src_data,
+                            const int64_t* idx, int64_t outer, int64_t dst_dim, int64_t idx_dim,
+                            int64_t inner) {
+  CheckIndex(index);
+  DispatchFloatingTypes(dtype, "CPU ScatterAdd", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* dst = static_cast<T*>(dst_data);
+    const T* src = static_cast<const T*>(src_data);
+    if (outer * idx_dim * inner <= 0) return;
+    // Each task owns whole columns (o, i) of dst, so no two tasks write the same element, and
+    // the additions into one element happen in j order: deterministic.
+    ParallelFor(Cpu(index), outer * inner, std::max<int64_t>(1, kElementwiseGrain / idx_dim),
+                [&](int64_t begin, int64_t end) {
+                  for (int64_t column = begin; column < end; ++column) {
+                    const int64_t o = column / inner, i = column % inner;
+                    for (int64_t j = 0; j < idx_dim; ++j) {
+                      const int64_t at = (o * idx_dim + j) * inner + i;
+                      dst[(o * dst_dim + idx[at]) * inner + i] += src[at];
+                    }
                   }
-                }
-              });
-}
-
-void CpuBackend::RandomUniform(int index, float* dst, int64_t n, uint64_t seed, uint64_t offset,
-                               float low, float high) {
-  CheckIndex(index);
-  if (n <= 0) return;
-  const float range = high - low;
-  // low + range * u can round up to `high` itself; the largest float below it keeps the
-  // interval half-open.
-  const float below_high = std::nextafter(high, low);
-  ParallelFor(Cpu(index), n, kTranscendentalGrain, [&](int64_t begin, int64_t end) {
-    PhiloxFill<4>(dst, begin, end, seed ^ philox::kUniformStream, offset,
-                  [&](const philox::Block& block, int lane) {
-                    const float value = low + range * philox::ToUnit(block.x[lane]);
-                    return value >= high && high > low ? below_high : value;
-                  });
+                });
   });
 }
 
-void CpuBackend::RandomNormal(int index, float* dst, int64_t n, uint64_t seed, uint64_t offset,
-                              float mean, float stddev) {
+void CpuBackend::RandomUniform(int index, DType dtype, void* dst_data, int64_t n, uint64_t seed,
+                               uint64_t offset, double low_value, double high_value) {
   CheckIndex(index);
-  if (n <= 0) return;
-  ParallelFor(Cpu(index), n, kTranscendentalGrain, [&](int64_t begin, int64_t end) {
-    // Same arithmetic as philox::Normal, with each block generated once for both lanes.
-    PhiloxFill<2>(dst, begin, end, seed ^ philox::kNormalStream, offset,
-                  [&](const philox::Block& block, int lane) {
-                    const float u1 = ((block.x[2 * lane] >> 8) + 1) * (1.0f / 16777216.0f);
-                    const float u2 = philox::ToUnit(block.x[2 * lane + 1]);
-                    const float radius = sqrtf(-2.0f * logf(u1));
-                    return mean + stddev * (radius * cosf(6.2831853071795864769f * u2));
-                  });
+  DispatchFloatingTypes(dtype, "CPU RandomUniform", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    // Computed in float32 for every dtype (Note [Random float64] in tensor/backend.h).
+    T* dst = static_cast<T*>(dst_data);
+    const float low = static_cast<float>(low_value), high = static_cast<float>(high_value);
+    if (n <= 0) return;
+    const float range = high - low;
+    // low + range * u can round up to `high` itself; the largest float below it keeps the
+    // interval half-open.
+    const float below_high = std::nextafter(high, low);
+    ParallelFor(Cpu(index), n, kTranscendentalGrain, [&](int64_t begin, int64_t end) {
+      PhiloxFill<4>(dst, begin, end, seed ^ philox::kUniformStream, offset,
+                    [&](const philox::Block& block, int lane) {
+                      const float value = low + range * philox::ToUnit(block.x[lane]);
+                      return value >= high && high > low ? below_high : value;
+                    });
+    });
+  });
+}
+
+void CpuBackend::RandomNormal(int index, DType dtype, void* dst_data, int64_t n, uint64_t seed,
+                              uint64_t offset, double mean_value, double stddev_value) {
+  CheckIndex(index);
+  DispatchFloatingTypes(dtype, "CPU RandomNormal", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* dst = static_cast<T*>(dst_data);
+    const float mean = static_cast<float>(mean_value), stddev = static_cast<float>(stddev_value);
+    if (n <= 0) return;
+    ParallelFor(Cpu(index), n, kTranscendentalGrain, [&](int64_t begin, int64_t end) {
+      // Same arithmetic as philox::Normal, with each block generated once for both lanes.
+      PhiloxFill<2>(dst, begin, end, seed ^ philox::kNormalStream, offset,
+                    [&](const philox::Block& block, int lane) {
+                      const float u1 = ((block.x[2 * lane] >> 8) + 1) * (1.0f / 16777216.0f);
+                      const float u2 = philox::ToUnit(block.x[2 * lane + 1]);
+                      const float radius = sqrtf(-2.0f * logf(u1));
+                      return mean + stddev * (radius * cosf(6.2831853071795864769f * u2));
+                    });
+    });
   });
 }
 

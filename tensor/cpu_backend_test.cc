@@ -407,19 +407,19 @@ TEST(CpuBackendTest, BinaryInPlaceAndEdgeCases) {
 
 // Reference reduction in double (sum) or by the definition (first index on ties, NaN wins).
 template <typename T>
-std::vector<double> ReferenceReduce(ReduceOp op, const std::vector<T>& x, int64_t outer,
+std::vector<double> ReferenceReduce(ReduceKind op, const std::vector<T>& x, int64_t outer,
                                     int64_t reduce, int64_t inner) {
   std::vector<double> out(outer * inner);
   for (int64_t o = 0; o < outer; ++o) {
     for (int64_t j = 0; j < inner; ++j) {
       auto at = [&](int64_t r) { return x[(o * reduce + r) * inner + j]; };
-      if (op == ReduceOp::kSum) {
+      if (op == ReduceKind::kSum) {
         double sum = 0;
         for (int64_t r = 0; r < reduce; ++r) sum += static_cast<double>(at(r));
         out[o * inner + j] = sum;
         continue;
       }
-      const bool want_max = op == ReduceOp::kMax || op == ReduceOp::kArgMax;
+      const bool want_max = op == ReduceKind::kMax || op == ReduceKind::kArgMax;
       int64_t best = 0;
       for (int64_t r = 1; r < reduce; ++r) {
         const T v = at(r), b = at(best);
@@ -432,7 +432,7 @@ std::vector<double> ReferenceReduce(ReduceOp op, const std::vector<T>& x, int64_
         }
         if (want_max ? v > b : v < b) best = r;
       }
-      const bool arg = op == ReduceOp::kArgMax || op == ReduceOp::kArgMin;
+      const bool arg = op == ReduceKind::kArgMax || op == ReduceKind::kArgMin;
       out[o * inner + j] = arg ? static_cast<double>(best) : static_cast<double>(at(best));
     }
   }
@@ -452,10 +452,10 @@ TEST(CpuBackendTest, ReducesFloatRowsAndColumns) {
       // Values rounded to a coarse grid so that max/min have exact ties.
       std::vector<float> x = RandomFloats(n, -4, 4, 12);
       for (float& v : x) v = std::round(v * 4) / 4;
-      for (ReduceOp op :
-           {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kArgMax, ReduceOp::kArgMin}) {
+      for (ReduceKind op :
+           {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kMin, ReduceKind::kArgMax, ReduceKind::kArgMin}) {
         const std::vector<double> expected = ReferenceReduce(op, x, c.outer, c.reduce, c.inner);
-        const bool arg = op == ReduceOp::kArgMax || op == ReduceOp::kArgMin;
+        const bool arg = op == ReduceKind::kArgMax || op == ReduceKind::kArgMin;
         std::vector<float> values(c.outer * c.inner, kNaN);
         std::vector<int64_t> indices(c.outer * c.inner, -1);
         KernelTensor dst = arg ? View(indices.data(), {c.outer, c.inner})
@@ -464,7 +464,7 @@ TEST(CpuBackendTest, ReducesFloatRowsAndColumns) {
         for (size_t i = 0; i < expected.size(); ++i) {
           if (arg) {
             ASSERT_EQ(indices[i], static_cast<int64_t>(expected[i])) << "op " << int(op);
-          } else if (op == ReduceOp::kSum) {
+          } else if (op == ReduceKind::kSum) {
             // Double accumulation: the only error is the final rounding to float.
             ASSERT_NEAR(values[i], expected[i], 1e-6 * (1 + std::abs(expected[i])));
           } else {
@@ -481,13 +481,13 @@ TEST(CpuBackendTest, SumOfALongRowKeepsFloat32Precision) {
   const int64_t n = (int64_t{1} << 24) + 8;
   std::vector<float> ones(n, 1.0f);
   float sum = 0;
-  Cpu().Reduce(0, ReduceOp::kSum, View(&sum, {}), View(ones.data(), {n}), 1, n, 1);
+  Cpu().Reduce(0, ReduceKind::kSum, View(&sum, {}), View(ones.data(), {n}), 1, n, 1);
   EXPECT_EQ(sum, static_cast<float>(n));
   // Ones between a large value and its negation: float32 partial sums would lose them.
   std::vector<float> mixed(100000, 1.0f);
   mixed.front() = 1e8f;
   mixed.back() = -1e8f;
-  Cpu().Reduce(0, ReduceOp::kSum, View(&sum, {}), View(mixed.data(), {100000}), 1, 100000, 1);
+  Cpu().Reduce(0, ReduceKind::kSum, View(&sum, {}), View(mixed.data(), {100000}), 1, 100000, 1);
   EXPECT_EQ(sum, 99998.0f);
 }
 
@@ -496,9 +496,9 @@ TEST(CpuBackendTest, MaxMinAndArgPropagateNaNAndPickTheFirstTie) {
   const std::vector<float> x = {1, 5, 5, 2,    1, 9,    kNaN,  3,    kNaN, 1,
                                 2, 3, 4, kNaN, 0, kNaN, -kInf, kInf, kInf, 0};
   const int64_t rows = 5, cols = 4;
-  for (ReduceOp op : {ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kArgMax, ReduceOp::kArgMin}) {
+  for (ReduceKind op : {ReduceKind::kMax, ReduceKind::kMin, ReduceKind::kArgMax, ReduceKind::kArgMin}) {
     const std::vector<double> expected = ReferenceReduce(op, x, rows, cols, 1);
-    const bool arg = op == ReduceOp::kArgMax || op == ReduceOp::kArgMin;
+    const bool arg = op == ReduceKind::kArgMax || op == ReduceKind::kArgMin;
     std::vector<float> values(rows);
     std::vector<int64_t> indices(rows);
     Cpu().Reduce(0, op, arg ? View(indices.data(), {rows}) : View(values.data(), {rows}),
@@ -524,7 +524,7 @@ TEST(CpuBackendTest, MaxMinAndArgPropagateNaNAndPickTheFirstTie) {
   }
   // Spot checks of the policy itself.
   std::vector<int64_t> argmax(rows);
-  Cpu().Reduce(0, ReduceOp::kArgMax, View(argmax.data(), {rows}), View(x.data(), {rows, cols}),
+  Cpu().Reduce(0, ReduceKind::kArgMax, View(argmax.data(), {rows}), View(x.data(), {rows, cols}),
                rows, cols, 1);
   EXPECT_EQ(argmax, (std::vector<int64_t>{1, 2, 0, 1, 1}));
 }
@@ -532,8 +532,8 @@ TEST(CpuBackendTest, MaxMinAndArgPropagateNaNAndPickTheFirstTie) {
 TEST(CpuBackendTest, ReducesInt64) {
   const int64_t outer = 6, reduce = 1001, inner = 3;
   std::vector<int64_t> x = RandomInts(outer * reduce * inner, -20, 20, 13);
-  for (ReduceOp op :
-       {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kArgMax, ReduceOp::kArgMin}) {
+  for (ReduceKind op :
+       {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kMin, ReduceKind::kArgMax, ReduceKind::kArgMin}) {
     std::vector<double> expected = ReferenceReduce(op, x, outer, reduce, inner);
     std::vector<int64_t> out(outer * inner);
     Cpu().Reduce(0, op, View(out.data(), {outer, inner}), View(x.data(), {outer, reduce, inner}),
@@ -544,20 +544,20 @@ TEST(CpuBackendTest, ReducesInt64) {
 
 TEST(CpuBackendTest, ReduceHandlesEmptyInputsAndChecksArguments) {
   std::vector<float> sums(4, kNaN);
-  Cpu().Reduce(0, ReduceOp::kSum, View(sums.data(), {2, 2}),
+  Cpu().Reduce(0, ReduceKind::kSum, View(sums.data(), {2, 2}),
                View(static_cast<float*>(nullptr), {2, 0, 2}), 2, 0, 2);
   EXPECT_EQ(sums, std::vector<float>(4, 0.0f));
-  EXPECT_THROW(Cpu().Reduce(0, ReduceOp::kMax, View(sums.data(), {2, 2}),
+  EXPECT_THROW(Cpu().Reduce(0, ReduceKind::kMax, View(sums.data(), {2, 2}),
                             View(static_cast<float*>(nullptr), {2, 0, 2}), 2, 0, 2),
                Error);
   // Nothing to write.
-  Cpu().Reduce(0, ReduceOp::kMax, View(static_cast<float*>(nullptr), {0}),
+  Cpu().Reduce(0, ReduceKind::kMax, View(static_cast<float*>(nullptr), {0}),
                View(static_cast<float*>(nullptr), {0, 5}), 0, 5, 1);
   std::vector<float> x(6);
   float out = 0;
-  EXPECT_THROW(Cpu().Reduce(0, ReduceOp::kArgMax, View(&out, {}), View(x.data(), {6}), 1, 6, 1),
+  EXPECT_THROW(Cpu().Reduce(0, ReduceKind::kArgMax, View(&out, {}), View(x.data(), {6}), 1, 6, 1),
                Error);  // argmax writes int64
-  EXPECT_THROW(Cpu().Reduce(0, ReduceOp::kSum, View(&out, {}), View(x.data(), {6}), 1, 5, 1),
+  EXPECT_THROW(Cpu().Reduce(0, ReduceKind::kSum, View(&out, {}), View(x.data(), {6}), 1, 5, 1),
                Error);  // sizes do not match
 }
 

@@ -32,7 +32,23 @@ namespace {
 Backend& BackendOf(const Tensor& t) { return GetBackend(t.device()); }
 int IndexOf(const Tensor& t) { return t.device().index(); }
 
-float* FloatPtr(const Tensor& t) { return static_cast<float*>(ToKernel(t).data); }
+// The address of a tensor's first element (storage offset included), in its dtype: `+ n`
+// moves n elements, and it converts to the untyped pointers that Backend's kernels take.
+class ElementPtr {
+ public:
+  ElementPtr() = default;
+  ElementPtr(void* data, DType dtype) : data_(static_cast<char*>(data)), dtype_(dtype) {}
+  ElementPtr operator+(int64_t n) const {
+    return ElementPtr(data_ + n * static_cast<int64_t>(ElementSize(dtype_)), dtype_);
+  }
+  operator void*() const { return data_; }  // NOLINT: what Backend's kernels take.
+
+ private:
+  char* data_ = nullptr;
+  DType dtype_ = kFloat32;
+};
+
+ElementPtr DataPtr(const Tensor& t) { return ElementPtr(ToKernel(t).data, t.dtype()); }
 int64_t* Int64Ptr(const Tensor& t) { return static_cast<int64_t*>(ToKernel(t).data); }
 
 int64_t Product(const Shape& shape, size_t begin, size_t end) {
@@ -54,9 +70,21 @@ void CheckSameDevice(const Tensor& a, const char* a_name, const Tensor& b, const
                "with .to(", a.device(), ")");
 }
 
+// A floating-point input (float32 or float64).
 void CheckFloat(const Tensor& t, const char* op, const char* name) {
-  TANDEM_CHECK(t.dtype() == kFloat32, op, ": ", name, " must be float32 but is ", t.dtype(),
+  TANDEM_CHECK(IsFloatingPoint(t.dtype()), op, ": ", name,
+               " must be a floating-point tensor (float32 or float64) but is ", t.dtype(),
                "; convert it with .to(kFloat32)");
+}
+
+// Inputs that meet in one kernel (a matmul's operands, a layer's weight and input) must share
+// a floating dtype: PyTorch refuses to mix them too, rather than casting a weight silently.
+void CheckSameFloat(const Tensor& a, const char* a_name, const Tensor& b, const char* b_name,
+                    const char* op) {
+  CheckFloat(a, op, a_name);
+  TANDEM_CHECK(a.dtype() == b.dtype(), op, ": ", a_name, " is ", a.dtype(), " but ", b_name,
+               " is ", b.dtype(), "; both must have one dtype: convert one with .to(", a.dtype(),
+               ")");
 }
 
 // A possibly negative dim of a tensor with `ndim` dimensions; zero-dimensional tensors
@@ -155,10 +183,10 @@ Shape ReducedShape(const Shape& shape, const std::vector<int64_t>& dims, bool ke
 // Reduces `a` over the sorted dims with Backend::Reduce, one run of adjacent dims at a
 // time (last run first, so earlier dims keep their positions). The result has the keepdim
 // shape; kArgMax/kArgMin give int64 and take a single dim.
-Tensor ReduceRaw(const Tensor& a, const std::vector<int64_t>& dims, ReduceOp op, const char* name) {
+Tensor ReduceRaw(const Tensor& a, const std::vector<int64_t>& dims, ReduceKind op, const char* name) {
   const bool zero_dim = a.dim() == 0;
   Shape shape = zero_dim ? Shape{1} : a.shape();
-  const DType out_dtype = (op == ReduceOp::kArgMax || op == ReduceOp::kArgMin) ? kInt64 : a.dtype();
+  const DType out_dtype = (op == ReduceKind::kArgMax || op == ReduceKind::kArgMin) ? kInt64 : a.dtype();
   Tensor current = ContiguousRaw(a);
   size_t run_end = dims.size();
   while (run_end > 0) {
@@ -174,7 +202,7 @@ Tensor ReduceRaw(const Tensor& a, const std::vector<int64_t>& dims, ReduceOp op,
     Tensor out = NewTensor(zero_dim ? Shape{} : next, out_dtype, a.device());
     if (outer * inner > 0) {
       if (reduce == 0) {
-        TANDEM_CHECK(op == ReduceOp::kSum, name, ": cannot reduce over a dimension of size 0 (",
+        TANDEM_CHECK(op == ReduceKind::kSum, name, ": cannot reduce over a dimension of size 0 (",
                      "input is ", ShapeToString(a.shape()),
                      "); a maximum, minimum or arg-reduction over no elements is undefined");
         BackendOf(a).Fill(IndexOf(a), ToKernel(out), 0.0);
@@ -190,7 +218,7 @@ Tensor ReduceRaw(const Tensor& a, const std::vector<int64_t>& dims, ReduceOp op,
 }
 
 Tensor SumAllRaw(const Tensor& a) {
-  return ViewRaw(ReduceRaw(a, NormalizeDims({}, a.dim(), "sum"), ReduceOp::kSum, "sum"), {});
+  return ViewRaw(ReduceRaw(a, NormalizeDims({}, a.dim(), "sum"), ReduceKind::kSum, "sum"), {});
 }
 
 // `grad` (of the reduced shape) broadcast back to `input_shape` as a stride-0 view: the
@@ -211,22 +239,23 @@ struct Promoted {
   Tensor a, b;
 };
 
-// Checks a binary op's inputs and converts an int64 operand to float32 when the other one
-// is float32.
+// Checks a binary op's inputs and converts both to their promoted dtype (PyTorch's
+// result_type: int64 + float32 -> float32, float32 + float64 -> float64).
 Promoted PromoteBinary(const Tensor& a, const Tensor& b, const char* op) {
   CheckDefined(a, op, "a");
   CheckDefined(b, op, "b");
   CheckSameDevice(a, "a", b, "b", op);
-  const DType dtype = a.dtype() == b.dtype() ? a.dtype() : kFloat32;
+  const DType dtype = result_type(a, b);
   return {CastRaw(a, dtype), CastRaw(b, dtype)};
 }
 
 bool IsIntegral(double value) { return std::isfinite(value) && value == std::floor(value); }
 
-// A float32 version of `a` (int64 inputs promote, as PyTorch does for exp, log, ...).
+// A floating version of `a`: integral inputs become float32, the default dtype, as PyTorch
+// promotes them for exp, log, ...; float32 and float64 stay as they are.
 Tensor FloatInput(const Tensor& a, const char* op) {
   CheckDefined(a, op, "input");
-  return CastRaw(a, kFloat32);
+  return IsFloatingPoint(a.dtype()) ? a : CastRaw(a, kFloat32);
 }
 
 template <typename Backward>
@@ -256,7 +285,7 @@ Tensor FloatUnaryOp(const Tensor& a, UnaryOp op, double scalar, const char* name
 // copying: row-major (trans = false) or column-major (trans = true, e.g. a transposed view).
 struct GemmOperand {
   Tensor holder;  // keeps a contiguous copy alive when the layout needed one
-  const float* data = nullptr;
+  ElementPtr data;
   bool trans = false;
   int64_t ld = 1;
   int64_t batch_stride = 0;
@@ -280,33 +309,33 @@ bool TryGemmLayout(const Tensor& t, GemmOperand* operand) {
     return false;
   }
   operand->batch_stride = (n == 3 && t.shape()[0] > 1) ? t.strides()[0] : 0;
-  operand->data = FloatPtr(t);
+  operand->data = DataPtr(t);
   return true;
 }
 
 GemmOperand MakeGemmOperand(const Tensor& t) {
   GemmOperand operand;
   if (TryGemmLayout(t, &operand)) return operand;
-  operand.holder = BroadcastCopyRaw(t, t.shape(), kFloat32);
+  operand.holder = BroadcastCopyRaw(t, t.shape(), t.dtype());
   TryGemmLayout(operand.holder, &operand);
   return operand;
 }
 
 // out (contiguous [m, n] or [batch, m, n]) = a · b + beta · out, where a is [m, k] or
 // [batch, m, k] and b is [k, n] or [batch, k, n]; a 2-D operand is reused for every batch.
-void GemmIntoRaw(const Tensor& out, const Tensor& a, const Tensor& b, float beta) {
+void GemmIntoRaw(const Tensor& out, const Tensor& a, const Tensor& b, double beta) {
   const int64_t batch = out.dim() == 3 ? out.shape()[0] : 1;
   const int64_t m = a.shape()[a.dim() - 2], k = a.shape()[a.dim() - 1];
   const int64_t n = b.shape()[b.dim() - 1];
   if (out.numel() == 0) return;
   if (k == 0) {
-    if (beta == 0.0f) BackendOf(out).Fill(IndexOf(out), ToKernel(out), 0.0);
+    if (beta == 0.0) BackendOf(out).Fill(IndexOf(out), ToKernel(out), 0.0);
     return;
   }
   const GemmOperand lhs = MakeGemmOperand(a);
   const GemmOperand rhs = MakeGemmOperand(b);
-  BackendOf(out).Gemm(IndexOf(out), lhs.trans, rhs.trans, m, n, k, 1.0f, lhs.data, lhs.ld,
-                      lhs.batch_stride, rhs.data, rhs.ld, rhs.batch_stride, beta, FloatPtr(out), n,
+  BackendOf(out).Gemm(IndexOf(out), out.dtype(), lhs.trans, rhs.trans, m, n, k, 1.0f, lhs.data, lhs.ld,
+                      lhs.batch_stride, rhs.data, rhs.ld, rhs.batch_stride, beta, DataPtr(out), n,
                       m * n, batch);
 }
 
@@ -318,7 +347,7 @@ Tensor MatmulRaw(const Tensor& a, const Tensor& b) {
   } else if (b.dim() == 3) {
     shape.insert(shape.begin(), b.shape()[0]);
   }
-  Tensor out = NewTensor(shape, kFloat32, a.device());
+  Tensor out = NewTensor(shape, a.dtype(), a.device());
   GemmIntoRaw(out, a, b, 0.0f);
   return out;
 }
@@ -335,7 +364,7 @@ Tensor MatmulCore(const Tensor& a, const Tensor& b) {
         // dA = G · B^T, summed over the batch when A was shared by every batch.
         da = MatmulRaw(grad, TransposedRaw(sb));
         if (sa.dim() == 2 && da.dim() == 3)
-          da = ViewRaw(ReduceRaw(da, {0}, ReduceOp::kSum, "matmul"), sa.shape());
+          da = ViewRaw(ReduceRaw(da, {0}, ReduceKind::kSum, "matmul"), sa.shape());
       }
       if (grad_b) {
         if (sb.dim() == 2 && sa.dim() == 3) {
@@ -360,8 +389,8 @@ Tensor MatmulCore(const Tensor& a, const Tensor& b) {
 // reductions and a single two-element read back, not a walk over host memory.
 void CheckTargets(const Tensor& targets, int64_t classes, const char* op) {
   if (targets.numel() == 0) return;
-  const Tensor largest = ViewRaw(ReduceRaw(targets, {0}, ReduceOp::kMax, op), {1});
-  const Tensor smallest = ViewRaw(ReduceRaw(targets, {0}, ReduceOp::kMin, op), {1});
+  const Tensor largest = ViewRaw(ReduceRaw(targets, {0}, ReduceKind::kMax, op), {1});
+  const Tensor smallest = ViewRaw(ReduceRaw(targets, {0}, ReduceKind::kMin, op), {1});
   const std::vector<int64_t> range = cat({smallest, largest}).to_vector<int64_t>();
   TANDEM_CHECK(range[0] >= 0 && range[1] < classes, op,
                ": targets must be class indices in [0, C) = [0, ", classes, ") but range over [",
@@ -374,9 +403,9 @@ Tensor NllLossCore(const Tensor& log_probs, const Tensor& targets) {
   const int64_t rows = log_probs.shape()[0], cols = log_probs.shape()[1];
   Tensor lp = ContiguousRaw(log_probs);
   Tensor idx = ContiguousRaw(targets);
-  Tensor picked = NewTensor({rows}, kFloat32, lp.device());
+  Tensor picked = NewTensor({rows}, lp.dtype(), lp.device());
   if (rows > 0) {
-    BackendOf(lp).GatherColumns(IndexOf(lp), FloatPtr(picked), FloatPtr(lp), Int64Ptr(idx), rows,
+    BackendOf(lp).GatherColumns(IndexOf(lp), lp.dtype(), DataPtr(picked), DataPtr(lp), Int64Ptr(idx), rows,
                                 cols);
   }
   // Mean over zero rows is NaN, as in PyTorch.
@@ -385,11 +414,11 @@ Tensor NllLossCore(const Tensor& log_probs, const Tensor& targets) {
   Tensor out = UnaryRaw(UnaryOp::kMulScalar, SumAllRaw(picked), scale);
   if (NeedsGrad({log_probs})) {
     Record("NllLossBackward", {log_probs}, out, [idx, rows, cols, scale](const Tensor& grad) {
-      Tensor grad_lp = FilledRaw({rows, cols}, kFloat32, grad.device(), 0.0);
+      Tensor grad_lp = FilledRaw({rows, cols}, grad.dtype(), grad.device(), 0.0);
       if (rows > 0) {
         Tensor per_row =
-            BroadcastCopyRaw(UnaryRaw(UnaryOp::kMulScalar, grad, scale), {rows}, kFloat32);
-        BackendOf(grad).ScatterAddColumns(IndexOf(grad), FloatPtr(grad_lp), FloatPtr(per_row),
+            BroadcastCopyRaw(UnaryRaw(UnaryOp::kMulScalar, grad, scale), {rows}, grad_lp.dtype());
+        BackendOf(grad).ScatterAddColumns(IndexOf(grad), grad_lp.dtype(), DataPtr(grad_lp), DataPtr(per_row),
                                           Int64Ptr(idx), rows, cols);
       }
       return std::vector<Tensor>{grad_lp};
@@ -502,8 +531,8 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 Tensor div(const Tensor& a, const Tensor& b) {
   // True division: int64 operands promote to float32, as in PyTorch.
   Promoted p = PromoteBinary(a, b, "div");
-  p.a = CastRaw(p.a, kFloat32);
-  p.b = CastRaw(p.b, kFloat32);
+  p.a = FloatInput(p.a, "div");
+  p.b = FloatInput(p.b, "div");
   Tensor out = BinaryRaw(BinaryOp::kDiv, p.a, p.b, "div");
   if (NeedsGrad({a, b})) {
     const bool grad_a = NeedsGrad({a}), grad_b = NeedsGrad({b});
@@ -551,6 +580,20 @@ Tensor Compare(const Tensor& a, const Tensor& b, BinaryOp op, const char* name) 
 }
 
 }  // namespace
+
+DType result_type(const Tensor& a, const Tensor& b) {
+  CheckDefined(a, "result_type", "a");
+  CheckDefined(b, "result_type", "b");
+  if (a.dtype() == b.dtype()) return a.dtype();
+  // PyTorch's rule: zero-dimensional tensors take part only when they are of a higher category
+  // (floating over integral) than the dimensioned ones: float32 [3] with a float64 scalar
+  // tensor stays float32, int64 [3] with a float64 scalar tensor becomes float64.
+  if ((a.dim() == 0) == (b.dim() == 0)) return PromoteTypes(a.dtype(), b.dtype());
+  const DType dimensioned = a.dim() > 0 ? a.dtype() : b.dtype();
+  const DType zero_dim = a.dim() > 0 ? b.dtype() : a.dtype();
+  if (IsFloatingPoint(dimensioned) || !IsFloatingPoint(zero_dim)) return dimensioned;
+  return PromoteTypes(dimensioned, zero_dim);
+}
 
 Tensor maximum(const Tensor& a, const Tensor& b) { return MaxMin(a, b, true); }
 Tensor minimum(const Tensor& a, const Tensor& b) { return MaxMin(a, b, false); }
@@ -621,7 +664,7 @@ Tensor abs(const Tensor& a) {
   if (NeedsGrad({a})) {
     Record("AbsBackward", {a}, out, [x = a.detach()](const Tensor& grad) {
       // sign(x), with sign(0) = 0 as in PyTorch.
-      const Tensor zero = FilledRaw({}, kFloat32, x.device(), 0.0);
+      const Tensor zero = FilledRaw({}, x.dtype(), x.device(), 0.0);
       return std::vector<Tensor>{mul(grad, sub(gt(x, zero), lt(x, zero)))};
     });
   }
@@ -703,7 +746,7 @@ Tensor operator*(const Tensor& a, double b) { return mul(a, b); }
 // int64 tensor promotes to float32 unless 1/b is integral.
 Tensor operator/(const Tensor& a, double b) {
   CheckDefined(a, "div", "a");
-  return mul(CastRaw(a, kFloat32), 1.0 / b);
+  return mul(FloatInput(a, "div"), 1.0 / b);
 }
 Tensor operator+(double a, const Tensor& b) { return add(b, a); }
 Tensor operator-(double a, const Tensor& b) { return add(neg(b), a); }
@@ -727,7 +770,7 @@ Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   CheckDefined(a, "sum", "input");
   const std::vector<int64_t> reduced = NormalizeDims(dims, a.dim(), "sum");
   const Shape kept_shape = ReducedShape(a.shape(), reduced, true);
-  Tensor kept = ReduceRaw(a, reduced, ReduceOp::kSum, "sum");
+  Tensor kept = ReduceRaw(a, reduced, ReduceKind::kSum, "sum");
   Tensor out = keepdim ? kept : ViewRaw(kept, ReducedShape(a.shape(), reduced, false));
   if (NeedsGrad({a})) {
     Record("SumBackward", {a}, out, [kept_shape, shape = a.shape()](const Tensor& grad) {
@@ -739,8 +782,7 @@ Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
 
 Tensor mean(const Tensor& a) {
   CheckDefined(a, "mean", "input");
-  TANDEM_CHECK(a.dtype() == kFloat32, "mean: input must be float32 but is ", a.dtype(),
-               "; convert it with .to(kFloat32) first");
+  CheckFloat(a, "mean", "input");
   // Mean of no elements is NaN, as in PyTorch.
   const double scale = a.numel() > 0 ? 1.0 / static_cast<double>(a.numel())
                                      : std::numeric_limits<double>::quiet_NaN();
@@ -749,8 +791,7 @@ Tensor mean(const Tensor& a) {
 
 Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   CheckDefined(a, "mean", "input");
-  TANDEM_CHECK(a.dtype() == kFloat32, "mean: input must be float32 but is ", a.dtype(),
-               "; convert it with .to(kFloat32) first");
+  CheckFloat(a, "mean", "input");
   const std::vector<int64_t> reduced = NormalizeDims(dims, a.dim(), "mean");
   int64_t count = 1;
   for (int64_t d : reduced) count *= a.dim() == 0 ? 1 : a.shape()[d];
@@ -763,7 +804,7 @@ Tensor amax(const Tensor& a, int64_t dim, bool keepdim) {
   CheckDefined(a, "amax", "input");
   const std::vector<int64_t> reduced = {Dim(dim, a.dim(), "amax")};
   const Shape kept_shape = ReducedShape(a.shape(), reduced, true);
-  Tensor kept = ReduceRaw(a, reduced, ReduceOp::kMax, "amax");
+  Tensor kept = ReduceRaw(a, reduced, ReduceKind::kMax, "amax");
   Tensor out = keepdim ? kept : ViewRaw(kept, ReducedShape(a.shape(), reduced, false));
   if (NeedsGrad({a})) {
     Record("AmaxBackward", {a}, out,
@@ -780,7 +821,7 @@ Tensor amax(const Tensor& a, int64_t dim, bool keepdim) {
 
 namespace {
 
-Tensor ArgReduce(const Tensor& a, int64_t dim, bool keepdim, ReduceOp op, const char* name) {
+Tensor ArgReduce(const Tensor& a, int64_t dim, bool keepdim, ReduceKind op, const char* name) {
   CheckDefined(a, name, "input");
   const std::vector<int64_t> reduced = {Dim(dim, a.dim(), name)};
   Tensor kept = ReduceRaw(a, reduced, op, name);
@@ -790,11 +831,11 @@ Tensor ArgReduce(const Tensor& a, int64_t dim, bool keepdim, ReduceOp op, const 
 }  // namespace
 
 Tensor argmax(const Tensor& a, int64_t dim, bool keepdim) {
-  return ArgReduce(a, dim, keepdim, ReduceOp::kArgMax, "argmax");
+  return ArgReduce(a, dim, keepdim, ReduceKind::kArgMax, "argmax");
 }
 
 Tensor argmin(const Tensor& a, int64_t dim, bool keepdim) {
-  return ArgReduce(a, dim, keepdim, ReduceOp::kArgMin, "argmin");
+  return ArgReduce(a, dim, keepdim, ReduceKind::kArgMin, "argmin");
 }
 
 // ---- Neural-network functions ------------------------------------------------------------
@@ -808,10 +849,10 @@ Tensor SoftmaxImpl(const Tensor& a, int64_t dim, bool log) {
   const int64_t d = Dim(dim, a.dim(), name);
   const Shape shape = a.dim() == 0 ? Shape{1} : a.shape();
   Tensor x = ContiguousRaw(a);
-  Tensor out = NewTensor(a.shape(), kFloat32, a.device());
+  Tensor out = NewTensor(a.shape(), a.dtype(), a.device());
   if (out.numel() > 0) {
     const auto split = static_cast<size_t>(d);
-    BackendOf(a).Softmax(IndexOf(a), log, FloatPtr(out), FloatPtr(x), Product(shape, 0, split),
+    BackendOf(a).Softmax(IndexOf(a), x.dtype(), log, DataPtr(out), DataPtr(x), Product(shape, 0, split),
                          shape[split], Product(shape, split + 1, shape.size()));
   }
   if (NeedsGrad({a})) {
@@ -838,8 +879,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   CheckDefined(a, "matmul", "a");
   CheckDefined(b, "matmul", "b");
   CheckSameDevice(a, "a", b, "b", "matmul");
-  CheckFloat(a, "matmul", "a");
-  CheckFloat(b, "matmul", "b");
+  CheckSameFloat(a, "a", b, "b", "matmul");
   TANDEM_CHECK(a.dim() >= 1 && b.dim() >= 1,
                "matmul: both operands must have at least one dimension but a is ",
                ShapeToString(a.shape()), " and b is ", ShapeToString(b.shape()),
@@ -900,8 +940,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   CheckDefined(x, "linear", "x");
   CheckDefined(weight, "linear", "weight");
   CheckSameDevice(x, "x", weight, "weight", "linear");
-  CheckFloat(x, "linear", "x");
-  CheckFloat(weight, "linear", "weight");
+  CheckSameFloat(x, "x", weight, "weight", "linear");
   TANDEM_CHECK(weight.dim() == 2, "linear: weight must be 2-D [out_features, in_features] but is ",
                ShapeToString(weight.shape()));
   TANDEM_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: x is ",
@@ -910,7 +949,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const int64_t in = weight.size(1), out_features = weight.size(0);
   if (bias.defined()) {
     CheckSameDevice(x, "x", bias, "bias", "linear");
-    CheckFloat(bias, "linear", "bias");
+    CheckSameFloat(x, "x", bias, "bias", "linear");
     TANDEM_CHECK(bias.dim() == 1 && bias.size(0) == out_features, "linear: bias must be [",
                  out_features, "] (out_features) but is ", ShapeToString(bias.shape()));
   }
@@ -920,8 +959,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const Tensor x2 = x.dim() == 2 ? x : x.reshape({rows, in});
 
   // y = x2 · weight^T (+ bias): the bias is broadcast into y first and Gemm adds onto it.
-  Tensor y = bias.defined() ? BroadcastCopyRaw(bias, {rows, out_features}, kFloat32)
-                            : NewTensor({rows, out_features}, kFloat32, x.device());
+  Tensor y = bias.defined() ? BroadcastCopyRaw(bias, {rows, out_features}, x.dtype())
+                            : NewTensor({rows, out_features}, x.dtype(), x.device());
   GemmIntoRaw(y, x2, TransposedRaw(weight), bias.defined() ? 1.0f : 0.0f);
   std::vector<Tensor> inputs = {x2, weight};
   if (bias.defined()) inputs.push_back(bias);
@@ -934,7 +973,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
              std::vector<Tensor> grads = {grad_x ? MatmulRaw(grad, sw) : Tensor(),
                                           grad_w ? MatmulRaw(TransposedRaw(grad), sx) : Tensor()};
              if (has_bias) {
-               grads.push_back(grad_b ? ViewRaw(ReduceRaw(grad, {0}, ReduceOp::kSum, "linear"),
+               grads.push_back(grad_b ? ViewRaw(ReduceRaw(grad, {0}, ReduceKind::kSum, "linear"),
                                                 {grad.shape()[1]})
                                       : Tensor());
              }
@@ -981,39 +1020,40 @@ std::vector<Tensor> PerImageConv2dBackward(const Conv2dGeometry& g, int64_t grou
   const int64_t patch = g.channels * g.kernel_h * g.kernel_w;
   const int64_t group_out = out_channels / groups, group_patch = patch / groups;
   Backend& backend = BackendOf(grad_output);
+  const DType dtype = grad_output.dtype();
   const int index = IndexOf(grad_output);
   const Tensor grad = ContiguousRaw(grad_output);
   Tensor grad_input, grad_weight, grad_bias;
   if (grad_x) {
     // columns_n[group] [K_g, L] = W_g^T [K_g, O_g] · grad_n[group] [O_g, L], then folded back
     // (Col2Im overwrites every element).
-    Tensor grad_columns = NewTensor({batch, patch, plane}, kFloat32, sx.device());
+    Tensor grad_columns = NewTensor({batch, patch, plane}, sx.dtype(), sx.device());
     for (int64_t group = 0; group < groups; ++group) {
-      backend.Gemm(index, true, false, group_patch, plane, group_out, 1.0f,
-                   FloatPtr(sw) + group * group_out * group_patch, group_patch, 0,
-                   FloatPtr(grad) + group * group_out * plane, plane, out_channels * plane, 0.0f,
-                   FloatPtr(grad_columns) + group * group_patch * plane, plane, patch * plane,
+      backend.Gemm(index, dtype, true, false, group_patch, plane, group_out, 1.0f,
+                   DataPtr(sw) + group * group_out * group_patch, group_patch, 0,
+                   DataPtr(grad) + group * group_out * plane, plane, out_channels * plane, 0.0f,
+                   DataPtr(grad_columns) + group * group_patch * plane, plane, patch * plane,
                    batch);
     }
-    grad_input = NewTensor(sx.shape(), kFloat32, sx.device());
-    backend.Col2Im(index, g, FloatPtr(grad_columns), FloatPtr(grad_input));
+    grad_input = NewTensor(sx.shape(), sx.dtype(), sx.device());
+    backend.Col2Im(index, dtype, g, DataPtr(grad_columns), DataPtr(grad_input));
   }
   if (grad_w) {
     // Per image: grad_n[group] [O_g, L] · columns_n[group]^T [L, K_g]; summed over images.
-    Tensor columns = NewTensor({batch, patch, plane}, kFloat32, sx.device());
-    backend.Im2Col(index, g, FloatPtr(sx), FloatPtr(columns));
-    Tensor per_image = NewTensor({batch, out_channels, group_patch}, kFloat32, sx.device());
+    Tensor columns = NewTensor({batch, patch, plane}, sx.dtype(), sx.device());
+    backend.Im2Col(index, dtype, g, DataPtr(sx), DataPtr(columns));
+    Tensor per_image = NewTensor({batch, out_channels, group_patch}, sx.dtype(), sx.device());
     for (int64_t group = 0; group < groups; ++group) {
-      backend.Gemm(index, false, true, group_out, group_patch, plane, 1.0f,
-                   FloatPtr(grad) + group * group_out * plane, plane, out_channels * plane,
-                   FloatPtr(columns) + group * group_patch * plane, plane, patch * plane, 0.0f,
-                   FloatPtr(per_image) + group * group_out * group_patch, group_patch,
+      backend.Gemm(index, dtype, false, true, group_out, group_patch, plane, 1.0f,
+                   DataPtr(grad) + group * group_out * plane, plane, out_channels * plane,
+                   DataPtr(columns) + group * group_patch * plane, plane, patch * plane, 0.0f,
+                   DataPtr(per_image) + group * group_out * group_patch, group_patch,
                    out_channels * group_patch, batch);
     }
-    grad_weight = ViewRaw(ReduceRaw(per_image, {0}, ReduceOp::kSum, "conv2d"), weight_shape);
+    grad_weight = ViewRaw(ReduceRaw(per_image, {0}, ReduceKind::kSum, "conv2d"), weight_shape);
   }
   if (grad_b) {
-    grad_bias = ViewRaw(ReduceRaw(grad, {0, 2, 3}, ReduceOp::kSum, "conv2d"), {out_channels});
+    grad_bias = ViewRaw(ReduceRaw(grad, {0, 2, 3}, ReduceKind::kSum, "conv2d"), {out_channels});
   }
   std::vector<Tensor> grads = {grad_input, grad_weight};
   if (has_bias) grads.push_back(grad_bias);
@@ -1028,7 +1068,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
   CheckImageInput(input, "conv2d");
   CheckDefined(weight, "conv2d", "weight");
   CheckSameDevice(input, "input", weight, "weight", "conv2d");
-  CheckFloat(weight, "conv2d", "weight");
+  CheckSameFloat(input, "input", weight, "weight", "conv2d");
   TANDEM_CHECK(weight.dim() == 4,
                "conv2d: weight must be 4-D [out_channels, in_channels / groups, ",
                "kh, kw] but is ", ShapeToString(weight.shape()));
@@ -1042,7 +1082,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
                ") must be divisible by groups (", groups, ")");
   if (bias.defined()) {
     CheckSameDevice(input, "input", bias, "bias", "conv2d");
-    CheckFloat(bias, "conv2d", "bias");
+    CheckSameFloat(input, "input", bias, "bias", "conv2d");
     TANDEM_CHECK(bias.dim() == 1 && bias.size(0) == out_channels, "conv2d: bias must be [",
                  out_channels, "] (out_channels) but is ", ShapeToString(bias.shape()));
   }
@@ -1085,36 +1125,37 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
   Tensor x = ContiguousRaw(input);
   Tensor w = ContiguousRaw(weight);
   Backend& backend = BackendOf(x);
+  const DType dtype = x.dtype();
   const int index = IndexOf(x);
 
   Tensor out;
   if (work && !g.batch_in_columns) {
-    Tensor columns = NewTensor({batch, patch, plane}, kFloat32, x.device());
-    backend.Im2Col(index, g, FloatPtr(x), FloatPtr(columns));
+    Tensor columns = NewTensor({batch, patch, plane}, x.dtype(), x.device());
+    backend.Im2Col(index, dtype, g, DataPtr(x), DataPtr(columns));
     if (bias.defined()) {
       const Tensor bias_column =
           MakeView(bias, {out_channels, 1}, {bias.strides()[0], 1}, bias.storage_offset());
-      out = BroadcastCopyRaw(bias_column, {batch, out_channels, plane}, kFloat32);
+      out = BroadcastCopyRaw(bias_column, {batch, out_channels, plane}, x.dtype());
     } else {
-      out = NewTensor({batch, out_channels, plane}, kFloat32, x.device());
+      out = NewTensor({batch, out_channels, plane}, x.dtype(), x.device());
     }
     // out_n[group] [O_g, L] (+)= W_g [O_g, K_g] · columns_n[group] [K_g, L], every image n.
     for (int64_t group = 0; group < groups; ++group) {
-      backend.Gemm(index, false, false, group_out, plane, group_patch, 1.0f,
-                   FloatPtr(w) + group * group_out * group_patch, group_patch, 0,
-                   FloatPtr(columns) + group * group_patch * plane, plane, patch * plane,
-                   bias.defined() ? 1.0f : 0.0f, FloatPtr(out) + group * group_out * plane, plane,
+      backend.Gemm(index, dtype, false, false, group_out, plane, group_patch, 1.0f,
+                   DataPtr(w) + group * group_out * group_patch, group_patch, 0,
+                   DataPtr(columns) + group * group_patch * plane, plane, patch * plane,
+                   bias.defined() ? 1.0f : 0.0f, DataPtr(out) + group * group_out * plane, plane,
                    out_channels * plane, batch);
     }
     out = ViewRaw(out, {batch, out_channels, oh, ow});
   } else if (work) {
-    Tensor columns = NewTensor({patch, batch, plane}, kFloat32, x.device());
-    backend.Im2Col(index, g, FloatPtr(x), FloatPtr(columns));
+    Tensor columns = NewTensor({patch, batch, plane}, x.dtype(), x.device());
+    backend.Im2Col(index, dtype, g, DataPtr(x), DataPtr(columns));
     // product_g [O_g, N*L] = W_g [O_g, K_g] · columns_g [K_g, N*L], one GEMM per group.
-    Tensor product = NewTensor({out_channels, batch, plane}, kFloat32, x.device());
-    backend.Gemm(index, false, false, group_out, cols, group_patch, 1.0f, FloatPtr(w), group_patch,
-                 group_out * group_patch, FloatPtr(columns), cols, group_patch * cols, 0.0f,
-                 FloatPtr(product), cols, group_out * cols, groups);
+    Tensor product = NewTensor({out_channels, batch, plane}, x.dtype(), x.device());
+    backend.Gemm(index, dtype, false, false, group_out, cols, group_patch, 1.0f, DataPtr(w), group_patch,
+                 group_out * group_patch, DataPtr(columns), cols, group_patch * cols, 0.0f,
+                 DataPtr(product), cols, group_out * cols, groups);
     // [O, N, L] -> [N, O, L], adding the bias in the same pass.
     const Tensor permuted = MakeView(product, {batch, out_channels, plane},
                                      {plane, batch * plane, 1}, product.storage_offset());
@@ -1129,10 +1170,10 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
   } else if (bias.defined()) {
     const Tensor bias_column =
         MakeView(bias, {out_channels, 1}, {bias.strides()[0], 1}, bias.storage_offset());
-    out = ViewRaw(BroadcastCopyRaw(bias_column, {batch, out_channels, plane}, kFloat32),
+    out = ViewRaw(BroadcastCopyRaw(bias_column, {batch, out_channels, plane}, x.dtype()),
                   {batch, out_channels, oh, ow});
   } else {
-    out = FilledRaw({batch, out_channels, oh, ow}, kFloat32, x.device(), 0.0);
+    out = FilledRaw({batch, out_channels, oh, ow}, x.dtype(), x.device(), 0.0);
   }
   std::vector<Tensor> inputs = {input, weight};
   if (bias.defined()) inputs.push_back(bias);
@@ -1147,6 +1188,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
              const int64_t group_out = out_channels / groups, group_patch = patch / groups;
              const int64_t cols = batch * plane;
              Backend& backend = BackendOf(grad_output);
+             const DType dtype = grad_output.dtype();
              const int index = IndexOf(grad_output);
              if (work && !g.batch_in_columns) {
                return PerImageConv2dBackward(g, groups, grad_x, grad_w, has_bias, grad_b,
@@ -1163,37 +1205,37 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
              Tensor grad_input, grad_weight, grad_bias;
              if (grad_x) {
                // Col2Im overwrites every element, so only an empty problem needs a fill.
-               grad_input = work ? NewTensor(sx.shape(), kFloat32, sx.device())
-                                 : FilledRaw(sx.shape(), kFloat32, sx.device(), 0.0);
+               grad_input = work ? NewTensor(sx.shape(), sx.dtype(), sx.device())
+                                 : FilledRaw(sx.shape(), sx.dtype(), sx.device(), 0.0);
                if (work) {
                  // columns_g [K_g, N*L] = W_g^T [K_g, O_g] · grad_g [O_g, N*L], then folded back.
-                 Tensor grad_columns = NewTensor({patch, batch, plane}, kFloat32, sx.device());
-                 backend.Gemm(index, true, false, group_patch, cols, group_out, 1.0f, FloatPtr(sw),
-                              group_patch, group_out * group_patch, FloatPtr(grad), cols,
-                              group_out * cols, 0.0f, FloatPtr(grad_columns), cols,
+                 Tensor grad_columns = NewTensor({patch, batch, plane}, sx.dtype(), sx.device());
+                 backend.Gemm(index, dtype, true, false, group_patch, cols, group_out, 1.0f, DataPtr(sw),
+                              group_patch, group_out * group_patch, DataPtr(grad), cols,
+                              group_out * cols, 0.0f, DataPtr(grad_columns), cols,
                               group_patch * cols, groups);
-                 backend.Col2Im(index, g, FloatPtr(grad_columns), FloatPtr(grad_input));
+                 backend.Col2Im(index, dtype, g, DataPtr(grad_columns), DataPtr(grad_input));
                }
              }
              if (grad_w) {
                if (work) {
                  // W_g [O_g, K_g] = grad_g [O_g, N*L] · columns_g^T [N*L, K_g]: the sum over
                  // images is the GEMM's inner dimension.
-                 Tensor columns = NewTensor({patch, batch, plane}, kFloat32, sx.device());
-                 backend.Im2Col(index, g, FloatPtr(sx), FloatPtr(columns));
-                 grad_weight = NewTensor(weight_shape, kFloat32, sx.device());
-                 backend.Gemm(index, false, true, group_out, group_patch, cols, 1.0f,
-                              FloatPtr(grad), cols, group_out * cols, FloatPtr(columns), cols,
-                              group_patch * cols, 0.0f, FloatPtr(grad_weight), group_patch,
+                 Tensor columns = NewTensor({patch, batch, plane}, sx.dtype(), sx.device());
+                 backend.Im2Col(index, dtype, g, DataPtr(sx), DataPtr(columns));
+                 grad_weight = NewTensor(weight_shape, sx.dtype(), sx.device());
+                 backend.Gemm(index, dtype, false, true, group_out, group_patch, cols, 1.0f,
+                              DataPtr(grad), cols, group_out * cols, DataPtr(columns), cols,
+                              group_patch * cols, 0.0f, DataPtr(grad_weight), group_patch,
                               group_out * group_patch, groups);
                } else {
-                 grad_weight = FilledRaw(weight_shape, kFloat32, sx.device(), 0.0);
+                 grad_weight = FilledRaw(weight_shape, sx.dtype(), sx.device(), 0.0);
                }
              }
              if (grad_b) {
                grad_bias =
-                   work ? ViewRaw(ReduceRaw(grad, {1, 2}, ReduceOp::kSum, "conv2d"), {out_channels})
-                        : FilledRaw({out_channels}, kFloat32, sx.device(), 0.0);
+                   work ? ViewRaw(ReduceRaw(grad, {1, 2}, ReduceKind::kSum, "conv2d"), {out_channels})
+                        : FilledRaw({out_channels}, sx.dtype(), sx.device(), 0.0);
              }
              std::vector<Tensor> grads = {grad_input, grad_weight};
              if (has_bias) grads.push_back(grad_bias);
@@ -1241,19 +1283,19 @@ Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
       PoolGeometry(input, kernel_size, stride, padding, ceil_mode, "max_pool2d");
   const Shape out_shape = {g.batch, g.channels, g.out_h(), g.out_w()};
   Tensor x = ContiguousRaw(input);
-  Tensor out = NewTensor(out_shape, kFloat32, x.device());
+  Tensor out = NewTensor(out_shape, x.dtype(), x.device());
   Tensor argmax = NewTensor(out_shape, kInt64, x.device());
   if (out.numel() > 0) {
-    BackendOf(x).MaxPool2d(IndexOf(x), g, FloatPtr(x), FloatPtr(out), Int64Ptr(argmax));
+    BackendOf(x).MaxPool2d(IndexOf(x), x.dtype(), g, DataPtr(x), DataPtr(out), Int64Ptr(argmax));
   }
   if (NeedsGrad({input})) {
     Record("MaxPool2dBackward", {input}, out,
            [g, argmax, input_shape = input.shape()](const Tensor& grad_output) {
              const Tensor grad = ContiguousRaw(grad_output);
-             Tensor grad_input = NewTensor(input_shape, kFloat32, grad.device());
+             Tensor grad_input = NewTensor(input_shape, grad.dtype(), grad.device());
              if (grad.numel() > 0) {
-               BackendOf(grad).MaxPool2dBackward(IndexOf(grad), g, FloatPtr(grad), Int64Ptr(argmax),
-                                                 FloatPtr(grad_input));
+               BackendOf(grad).MaxPool2dBackward(IndexOf(grad), grad.dtype(), g, DataPtr(grad), Int64Ptr(argmax),
+                                                 DataPtr(grad_input));
              } else if (grad_input.numel() > 0) {
                BackendOf(grad).Fill(IndexOf(grad), ToKernel(grad_input), 0.0);
              }
@@ -1270,18 +1312,18 @@ Tensor avg_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
       PoolGeometry(input, kernel_size, stride, padding, ceil_mode, "avg_pool2d");
   const Shape out_shape = {g.batch, g.channels, g.out_h(), g.out_w()};
   Tensor x = ContiguousRaw(input);
-  Tensor out = NewTensor(out_shape, kFloat32, x.device());
+  Tensor out = NewTensor(out_shape, x.dtype(), x.device());
   if (out.numel() > 0) {
-    BackendOf(x).AvgPool2d(IndexOf(x), g, count_include_pad, FloatPtr(x), FloatPtr(out));
+    BackendOf(x).AvgPool2d(IndexOf(x), x.dtype(), g, count_include_pad, DataPtr(x), DataPtr(out));
   }
   if (NeedsGrad({input})) {
     Record("AvgPool2dBackward", {input}, out,
            [g, count_include_pad, input_shape = input.shape()](const Tensor& grad_output) {
              const Tensor grad = ContiguousRaw(grad_output);
-             Tensor grad_input = NewTensor(input_shape, kFloat32, grad.device());
+             Tensor grad_input = NewTensor(input_shape, grad.dtype(), grad.device());
              if (grad_input.numel() > 0) {
-               BackendOf(grad).AvgPool2dBackward(IndexOf(grad), g, count_include_pad,
-                                                 FloatPtr(grad), FloatPtr(grad_input));
+               BackendOf(grad).AvgPool2dBackward(IndexOf(grad), grad.dtype(), g, count_include_pad,
+                                                 DataPtr(grad), DataPtr(grad_input));
              }
              return std::vector<Tensor>{grad_input};
            });
@@ -1300,21 +1342,21 @@ Tensor adaptive_avg_pool2d(const Tensor& input, std::vector<int64_t> output_size
                "; its images must have at least one pixel (height and width > 0)");
   const int64_t planes = input.size(0) * input.size(1);
   Tensor x = ContiguousRaw(input);
-  Tensor out = NewTensor({input.size(0), input.size(1), out_h, out_w}, kFloat32, x.device());
+  Tensor out = NewTensor({input.size(0), input.size(1), out_h, out_w}, x.dtype(), x.device());
   if (planes > 0) {
-    BackendOf(x).AdaptiveAvgPool2d(IndexOf(x), planes, height, width, out_h, out_w, FloatPtr(x),
-                                   FloatPtr(out));
+    BackendOf(x).AdaptiveAvgPool2d(IndexOf(x), x.dtype(), planes, height, width, out_h, out_w, DataPtr(x),
+                                   DataPtr(out));
   }
   if (NeedsGrad({input})) {
     Record("AdaptiveAvgPool2dBackward", {input}, out,
            [planes, height, width, out_h = out_h, out_w = out_w,
             input_shape = input.shape()](const Tensor& grad_output) {
              const Tensor grad = ContiguousRaw(grad_output);
-             Tensor grad_input = NewTensor(input_shape, kFloat32, grad.device());
+             Tensor grad_input = NewTensor(input_shape, grad.dtype(), grad.device());
              if (planes > 0) {
-               BackendOf(grad).AdaptiveAvgPool2dBackward(IndexOf(grad), planes, height, width,
-                                                         out_h, out_w, FloatPtr(grad),
-                                                         FloatPtr(grad_input));
+               BackendOf(grad).AdaptiveAvgPool2dBackward(IndexOf(grad), grad.dtype(), planes, height, width,
+                                                         out_h, out_w, DataPtr(grad),
+                                                         DataPtr(grad_input));
              }
              return std::vector<Tensor>{grad_input};
            });
@@ -1329,7 +1371,7 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* gen) {
                "be in [0, 1] but is ", p);
   if (!training || p == 0.0) return input;
   // p = 1 zeroes everything (NaN * 0 stays NaN, and the gradient is 0), as PyTorch does.
-  if (p == 1.0) return mul(input, FilledRaw({}, kFloat32, input.device(), 0.0));
+  if (p == 1.0) return mul(input, FilledRaw({}, input.dtype(), input.device(), 0.0));
   // The input's device draws from its own default generator (see "Random numbers" in
   // tensor/tensor.h), so replicas on different devices never race for one stream.
   Generator& generator = gen != nullptr ? *gen : default_generator(input.device());
@@ -1337,11 +1379,11 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* gen) {
   const GeneratorState claimed = generator.Claim(static_cast<uint64_t>(n));
   const uint64_t seed = claimed.seed;
   const uint64_t offset = claimed.offset;
-  Tensor mask = NewTensor(input.shape(), kFloat32, input.device());
+  Tensor mask = NewTensor(input.shape(), input.dtype(), input.device());
   if (n > 0) {
     Backend& backend = BackendOf(input);
     const int index = IndexOf(input);
-    backend.RandomUniform(index, FloatPtr(mask), n, seed, offset, 0.0f, 1.0f);
+    backend.RandomUniform(index, mask.dtype(), DataPtr(mask), n, seed, offset, 0.0f, 1.0f);
     // Keep where u >= p (probability 1 - p), scaled so that the expectation is unchanged.
     backend.Unary(index, UnaryOp::kGeScalar, ToKernel(mask), ToKernel(mask), p);
     backend.Unary(index, UnaryOp::kMulScalar, ToKernel(mask), ToKernel(mask), 1.0 / (1.0 - p));
@@ -1442,8 +1484,8 @@ Tensor KeepWhereRaw(const Tensor& x, const Tensor& mask, const char* name) {
 void CheckIndexRange(const Tensor& index, int64_t size, int64_t dim, const char* op) {
   if (index.numel() == 0) return;
   const Tensor flat = ViewRaw(ContiguousRaw(index), {index.numel()});
-  const Tensor largest = ViewRaw(ReduceRaw(flat, {0}, ReduceOp::kMax, op), {1});
-  const Tensor smallest = ViewRaw(ReduceRaw(flat, {0}, ReduceOp::kMin, op), {1});
+  const Tensor largest = ViewRaw(ReduceRaw(flat, {0}, ReduceKind::kMax, op), {1});
+  const Tensor smallest = ViewRaw(ReduceRaw(flat, {0}, ReduceKind::kMin, op), {1});
   const std::vector<int64_t> range = cat({smallest, largest}).to_vector<int64_t>();
   TANDEM_CHECK(range[0] >= 0 && range[1] < size, op, ": index values must be in [0, ", size,
                ") (the size of dimension ", dim, ") but range over [", range[0], ", ", range[1],
@@ -1539,21 +1581,21 @@ Tensor gather(const Tensor& input, int64_t dim, const Tensor& index) {
   const Tensor idx = ContiguousRaw(index);
   const int64_t outer = Product(idx_shape, 0, d), inner = Product(idx_shape, d + 1, ndim);
   const int64_t src_dim = in_shape[d], idx_dim = idx_shape[d];
-  Tensor out = NewTensor(index.shape(), kFloat32, input.device());
-  BackendOf(x).Gather(IndexOf(x), FloatPtr(out), FloatPtr(x), Int64Ptr(idx), outer, src_dim,
+  Tensor out = NewTensor(index.shape(), input.dtype(), input.device());
+  BackendOf(x).Gather(IndexOf(x), x.dtype(), DataPtr(out), DataPtr(x), Int64Ptr(idx), outer, src_dim,
                       idx_dim, inner);
   if (NeedsGrad({input})) {
     Record("GatherBackward", {input}, out,
            [idx, narrowed, outer, src_dim, idx_dim, inner,
             shape = input.shape()](const Tensor& grad_output) {
              const Tensor grad = ContiguousRaw(grad_output);
-             Tensor part = FilledRaw(narrowed, kFloat32, grad.device(), 0.0);
-             BackendOf(grad).ScatterAdd(IndexOf(grad), FloatPtr(part), FloatPtr(grad),
+             Tensor part = FilledRaw(narrowed, grad.dtype(), grad.device(), 0.0);
+             BackendOf(grad).ScatterAdd(IndexOf(grad), grad.dtype(), DataPtr(part), DataPtr(grad),
                                         Int64Ptr(idx), outer, src_dim, idx_dim, inner);
              if (NumElements(narrowed) == NumElements(shape)) {
                return std::vector<Tensor>{ViewRaw(part, shape)};
              }
-             Tensor full = FilledRaw(shape, kFloat32, grad.device(), 0.0);
+             Tensor full = FilledRaw(shape, grad.dtype(), grad.device(), 0.0);
              BackendOf(grad).Copy(IndexOf(grad),
                                   ToKernel(MakeView(full, narrowed, full.strides(), 0)),
                                   ToKernel(part));
@@ -1593,7 +1635,8 @@ std::pair<Tensor, Tensor> topk(const Tensor& input, int64_t k, int64_t dim, bool
                ") but is ", k);
   // Positions chosen on the host: [outer, n, inner] values, one sort per line.
   const int64_t outer = Product(shape, 0, d), inner = Product(shape, d + 1, shape.size());
-  const std::vector<float> values = input.detach().contiguous().to_vector<float>();
+  // In float64, which holds every float32 exactly (so the order is the same).
+  const std::vector<double> values = input.detach().to(kFloat64).contiguous().to_vector<double>();
   std::vector<int64_t> chosen(static_cast<size_t>(outer * k * inner));
   std::vector<int64_t> order(static_cast<size_t>(n));
   for (int64_t o = 0; o < outer; ++o) {
@@ -1601,7 +1644,7 @@ std::pair<Tensor, Tensor> topk(const Tensor& input, int64_t k, int64_t dim, bool
       const auto at = [&](int64_t j) { return values[(o * n + j) * inner + i]; };
       // NaN above every number; ties by lower index (a strict weak order on indices).
       const auto before = [&](int64_t p, int64_t q) {
-        const float x = at(p), y = at(q);
+        const double x = at(p), y = at(q);
         const bool x_nan = std::isnan(x), y_nan = std::isnan(y);
         if (x_nan || y_nan) {
           if (x_nan && y_nan) return p < q;
@@ -1627,14 +1670,7 @@ bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {
   CheckDefined(b, "allclose", "b");
   if (a.shape() != b.shape()) return false;
   const auto host_values = [](const Tensor& t) {
-    const Tensor host = t.detach().to(Device::Cpu()).contiguous();
-    std::vector<double> values;
-    if (host.dtype() == kFloat32) {
-      for (float v : host.to_vector<float>()) values.push_back(v);
-    } else {
-      for (int64_t v : host.to_vector<int64_t>()) values.push_back(static_cast<double>(v));
-    }
-    return values;
+    return t.detach().to(Device::Cpu()).to(kFloat64).contiguous().to_vector<double>();
   };
   const std::vector<double> x = host_values(a), y = host_values(b);
   for (size_t i = 0; i < x.size(); ++i) {

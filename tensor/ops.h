@@ -17,16 +17,23 @@
 #include <utility>
 #include <vector>
 
+#include "tensor/dtype.h"
+
 namespace tandem {
 
 class Tensor;
 class Generator;
 
 // ---- Elementwise -------------------------------------------------------------------------
+// The dtype that a binary op of `a` and `b` computes in, as torch.result_type: the promoted
+// dtype (tensor/dtype.h's PromoteTypes), except that a zero-dimensional tensor only counts
+// when it is floating and the other is not (float32 [3] + float64 [] stays float32).
+DType result_type(const Tensor& a, const Tensor& b);
+// Binary ops compute in result_type(a, b), with broadcasting.
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
-Tensor div(const Tensor& a, const Tensor& b);  // float32 only
+Tensor div(const Tensor& a, const Tensor& b);  // integral inputs promote to float32
 Tensor maximum(const Tensor& a, const Tensor& b);
 Tensor minimum(const Tensor& a, const Tensor& b);
 Tensor add(const Tensor& a, double b);

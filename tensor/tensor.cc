@@ -8,6 +8,8 @@
 #include <map>
 #include <numeric>
 #include <sstream>
+#include <string>
+#include <type_traits>
 
 #include "tensor/autograd.h"
 #include "tensor/backend.h"
@@ -266,16 +268,16 @@ void* Tensor::raw_data() const {
 namespace {
 template <typename T>
 const char* CppTypeName();
-template <>
-const char* CppTypeName<float>() {
-  return "float";
-}
-template <>
-const char* CppTypeName<int64_t>() {
-  return "int64_t";
-}
+#define TANDEM_CPP_TYPE_NAME(type, name, text) \
+  template <>                                  \
+  const char* CppTypeName<type>() {            \
+    return #type;                              \
+  }
+TANDEM_FORALL_DTYPES(TANDEM_CPP_TYPE_NAME)
+#undef TANDEM_CPP_TYPE_NAME
 const char* CppTypeName(DType dtype) {
-  return dtype == kFloat32 ? CppTypeName<float>() : CppTypeName<int64_t>();
+  return DispatchDType(dtype, "CppTypeName",
+                       [](auto tag) { return CppTypeName<typename decltype(tag)::type>(); });
 }
 }  // namespace
 
@@ -287,8 +289,9 @@ T* Tensor::data() const {
                CppTypeName(dtype()), ">() or convert it first with .to(", DTypeOf<T>::value, ")");
   return static_cast<T*>(raw_data());
 }
-template float* Tensor::data<float>() const;
-template int64_t* Tensor::data<int64_t>() const;
+#define TANDEM_INSTANTIATE_DATA(type, name, text) template type* Tensor::data<type>() const;
+TANDEM_FORALL_DTYPES(TANDEM_INSTANTIATE_DATA)
+#undef TANDEM_INSTANTIATE_DATA
 
 template <typename T>
 T* Tensor::data_ptr() const {
@@ -298,8 +301,10 @@ T* Tensor::data_ptr() const {
                CppTypeName(dtype()), ">() or convert it first with .to(", DTypeOf<T>::value, ")");
   return static_cast<T*>(raw_data());
 }
-template float* Tensor::data_ptr<float>() const;
-template int64_t* Tensor::data_ptr<int64_t>() const;
+#define TANDEM_INSTANTIATE_DATA_PTR(type, name, text) \
+  template type* Tensor::data_ptr<type>() const;
+TANDEM_FORALL_DTYPES(TANDEM_INSTANTIATE_DATA_PTR)
+#undef TANDEM_INSTANTIATE_DATA_PTR
 
 template <typename T>
 std::vector<T> Tensor::to_vector() const {
@@ -310,14 +315,17 @@ std::vector<T> Tensor::to_vector() const {
   const T* begin = host.data<T>();
   return std::vector<T>(begin, begin + host.numel());
 }
-template std::vector<float> Tensor::to_vector<float>() const;
-template std::vector<int64_t> Tensor::to_vector<int64_t>() const;
+#define TANDEM_INSTANTIATE_TO_VECTOR(type, name, text) \
+  template std::vector<type> Tensor::to_vector<type>() const;
+TANDEM_FORALL_DTYPES(TANDEM_INSTANTIATE_TO_VECTOR)
+#undef TANDEM_INSTANTIATE_TO_VECTOR
 
 double Tensor::item() const {
   TANDEM_CHECK(numel() == 1, "item() needs a tensor with exactly one element but got shape ",
                ShapeToString(shape()));
-  if (dtype() == kFloat32) return to_vector<float>()[0];
-  return static_cast<double>(to_vector<int64_t>()[0]);
+  return DispatchDType(dtype(), "item", [&](auto tag) {
+    return static_cast<double>(to_vector<typename decltype(tag)::type>()[0]);
+  });
 }
 
 // ---- Views -----------------------------------------------------------------------------
@@ -578,7 +586,8 @@ Tensor Tensor::to(DType type) const {
   Tensor out = NewTensor(shape(), type, device());
   GetBackend(device()).Copy(device().index(), ToKernel(out), ToKernel(*this));
   const DType source = dtype();
-  if (type == kFloat32 && source == kFloat32 && NeedsGrad({*this})) {
+  // Between floating types the gradient flows back converted (PyTorch's to(dtype) too).
+  if (IsFloatingPoint(type) && IsFloatingPoint(source) && NeedsGrad({*this})) {
     RecordOp("ToDTypeBackward", {*this}, out,
              [source](const Tensor& g) { return std::vector<Tensor>{g.to(source)}; });
   }
@@ -685,8 +694,9 @@ Tensor& Tensor::set_requires_grad(bool requires_grad) {
   CheckDefined("set_requires_grad()");
   TANDEM_CHECK(is_leaf(), "set_requires_grad: only leaf tensors (not results of recorded ops) can ",
                "be marked; use detach() to make a new leaf");
-  TANDEM_CHECK(!requires_grad || dtype() == kFloat32,
-               "set_requires_grad: only float32 tensors can require gradients, not ", dtype());
+  TANDEM_CHECK(!requires_grad || IsFloatingPoint(dtype()),
+               "set_requires_grad: only floating-point tensors (float32, float64) can require ",
+               "gradients, not ", dtype());
   impl_->requires_grad = requires_grad;
   return *this;
 }
@@ -738,6 +748,19 @@ namespace {
 constexpr int64_t kSummaryThreshold = 1000;
 constexpr int64_t kEdgeItems = 3;
 
+// One element as PyTorch prints it: floating types with 4 decimals, integers as they are.
+void FormatElement(std::ostream& out, const Tensor& host, int64_t at) {
+  DispatchDType(host.dtype(), "print", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T value = host.data<T>()[at];
+    if constexpr (std::is_floating_point_v<T>) {
+      out << std::fixed << std::setprecision(4) << value;
+    } else {
+      out << value;
+    }
+  });
+}
+
 void FormatRecursive(std::ostringstream& out, const Tensor& t, int64_t d, int64_t offset,
                      const std::vector<int64_t>& strides, int indent, int width, bool summarise) {
   const int64_t n = t.shape()[d];
@@ -751,11 +774,8 @@ void FormatRecursive(std::ostringstream& out, const Tensor& t, int64_t d, int64_
     }
     const int64_t at = offset + i * strides[d];
     if (last) {
-      if (t.dtype() == kFloat32) {
-        out << std::setw(width) << std::fixed << std::setprecision(4) << t.data<float>()[at];
-      } else {
-        out << std::setw(width) << t.data<int64_t>()[at];
-      }
+      out << std::setw(width);
+      FormatElement(out, t, at);
     } else {
       FormatRecursive(out, t, d + 1, at, strides, indent + 1, width, summarise);
     }
@@ -771,22 +791,14 @@ void FormatRecursive(std::ostringstream& out, const Tensor& t, int64_t d, int64_
 std::string FormatElements(const Tensor& host) {
   std::ostringstream out;
   if (host.dim() == 0) {
-    if (host.dtype() == kFloat32) {
-      out << std::fixed << std::setprecision(4) << host.data<float>()[0];
-    } else {
-      out << host.data<int64_t>()[0];
-    }
+    FormatElement(out, host, 0);
     return out.str();
   }
   if (host.numel() == 0) return "[]";
   int width = 1;
   for (int64_t i = 0; i < host.numel(); ++i) {
     std::ostringstream cell;
-    if (host.dtype() == kFloat32) {
-      cell << std::fixed << std::setprecision(4) << host.data<float>()[i];
-    } else {
-      cell << host.data<int64_t>()[i];
-    }
+    FormatElement(cell, host, i);
     width = std::max<int>(width, static_cast<int>(cell.str().size()));
   }
   FormatRecursive(out, host, 0, 0, host.strides(), /*indent=*/7, width,
@@ -801,7 +813,8 @@ std::string Tensor::ToString() const {
   Tensor host = detach().to(Device::Cpu(0)).contiguous();
   std::string text = "tensor(" + FormatElements(host);
   if (device() != Device::Cpu(0)) text += ", device='" + device().ToString() + "'";
-  if (dtype() == kInt64) text += ", dtype=int64";
+  // PyTorch names the dtype unless it is the default float32 (or int64, implied by integers).
+  if (dtype() != kFloat32) text += std::string(", dtype=") + DTypeName(dtype());
   if (grad_fn()) {
     text += ", grad_fn=<" + grad_fn()->name() + ">";
   } else if (requires_grad()) {
@@ -870,6 +883,10 @@ Tensor from_vector(const std::vector<float>& values, const Shape& shape,
   return FromHost(values, shape, options);
 }
 Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape,
+                   const TensorOptions& options) {
+  return FromHost(values, shape, options);
+}
+Tensor from_vector(const std::vector<double>& values, const Shape& shape,
                    const TensorOptions& options) {
   return FromHost(values, shape, options);
 }
@@ -1062,19 +1079,22 @@ void manual_seed(uint64_t seed) { DefaultGenerators().manual_seed(seed); }
 namespace {
 
 Tensor RandomTensor(const Shape& shape, const TensorOptions& options, Generator* gen, bool normal,
-                    float a, float b) {
-  TANDEM_CHECK(options.dtype_.value_or(kFloat32) == kFloat32,
-               "random tensors are float32; got dtype ", *options.dtype_);
-  Tensor t = NewTensor(shape, kFloat32, options.device_, options.pinned_);
+                    double a, double b) {
+  const DType dtype = options.dtype_.value_or(kFloat32);
+  TANDEM_CHECK(IsFloatingPoint(dtype), "random tensors are floating-point (float32 or float64); ",
+               "got dtype ", dtype, ": draw floats and convert with .to(", dtype, ")");
+  Tensor t = NewTensor(shape, dtype, options.device_, options.pinned_);
   Generator& g = gen != nullptr ? *gen : default_generator(t.device());
   const GeneratorState claimed = g.Claim(static_cast<uint64_t>(t.numel()));
   if (t.numel() > 0) {
     Backend& backend = GetBackend(t.device());
     const int index = t.device().index();
     if (normal) {
-      backend.RandomNormal(index, t.data<float>(), t.numel(), claimed.seed, claimed.offset, a, b);
+      backend.RandomNormal(index, dtype, t.raw_data(), t.numel(), claimed.seed, claimed.offset, a,
+                           b);
     } else {
-      backend.RandomUniform(index, t.data<float>(), t.numel(), claimed.seed, claimed.offset, a, b);
+      backend.RandomUniform(index, dtype, t.raw_data(), t.numel(), claimed.seed, claimed.offset, a,
+                            b);
     }
   }
   return Finish(t, options);
@@ -1083,18 +1103,17 @@ Tensor RandomTensor(const Shape& shape, const TensorOptions& options, Generator*
 }  // namespace
 
 Tensor rand(const Shape& shape, const TensorOptions& options, Generator* gen) {
-  return RandomTensor(shape, options, gen, /*normal=*/false, 0.0f, 1.0f);
+  return RandomTensor(shape, options, gen, /*normal=*/false, 0.0, 1.0);
 }
 
 Tensor randn(const Shape& shape, const TensorOptions& options, Generator* gen) {
-  return RandomTensor(shape, options, gen, /*normal=*/true, 0.0f, 1.0f);
+  return RandomTensor(shape, options, gen, /*normal=*/true, 0.0, 1.0);
 }
 
 Tensor uniform(const Shape& shape, double low, double high, const TensorOptions& options,
                Generator* gen) {
   TANDEM_CHECK(low <= high, "uniform: low (", low, ") must not exceed high (", high, ")");
-  return RandomTensor(shape, options, gen, /*normal=*/false, static_cast<float>(low),
-                      static_cast<float>(high));
+  return RandomTensor(shape, options, gen, /*normal=*/false, low, high);
 }
 
 Tensor randperm(int64_t n, Generator* gen) {

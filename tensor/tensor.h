@@ -1,4 +1,4 @@
-// Tensor: a dense, strided, n-dimensional array of float32 or int64 on a CPU or CUDA
+// Tensor: a dense, strided, n-dimensional array (float32, float64 or int64) on a CPU or CUDA
 // device, with define-by-run autograd. A Tensor is a cheap handle to a shared
 // implementation (storage + offset + shape + strides); copying a Tensor shares the data.
 // Views (view/reshape, narrow, chunk, split, transpose, expand, ...) share storage with
@@ -90,7 +90,7 @@ class Tensor {
 
   // ---- Data access (copies to the host when needed; waits for the device) -------------
   template <typename T>
-  std::vector<T> to_vector() const;  // T must match dtype(): float or int64_t
+  std::vector<T> to_vector() const;  // T must match dtype(): float, double or int64_t
   // The single value of a one-element tensor, as a double.
   double item() const;
   template <typename T>
@@ -103,7 +103,8 @@ class Tensor {
   T* data() const;  // checks dtype
   // libtorch's names: the address of the first element (storage offset included; host
   // memory for CPU tensors, device memory else). The typed form checks that T is the
-  // tensor's dtype (float for float32, int64_t for int64) and throws saying which it is.
+  // tensor's dtype (float, double, int64_t for float32, float64, int64) and throws saying
+  // which it is.
   //   float* p = x.data_ptr<float>();   // x.dtype() == kFloat32
   void* data_ptr() const { return raw_data(); }
   template <typename T>
@@ -207,6 +208,8 @@ Tensor arange(int64_t n, const TensorOptions& options = {});
 Tensor from_vector(const std::vector<float>& values, const Shape& shape,
                    const TensorOptions& options = {});
 Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape,
+                   const TensorOptions& options = {});
+Tensor from_vector(const std::vector<double>& values, const Shape& shape,
                    const TensorOptions& options = {});
 // A zero-dimensional tensor holding `value`.
 Tensor scalar_tensor(double value, const TensorOptions& options = {});

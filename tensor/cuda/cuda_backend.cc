@@ -77,17 +77,17 @@ void CheckGeometry(const Conv2dGeometry& g, const char* kernel) {
                g.width + 2 * g.pad_w, " image; use a smaller kernel or more padding");
 }
 
-const char* ReduceOpName(ReduceOp op) {
+const char* ReduceKindName(ReduceKind op) {
   switch (op) {
-    case ReduceOp::kSum:
+    case ReduceKind::kSum:
       return "sum";
-    case ReduceOp::kMax:
+    case ReduceKind::kMax:
       return "max";
-    case ReduceOp::kMin:
+    case ReduceKind::kMin:
       return "min";
-    case ReduceOp::kArgMax:
+    case ReduceKind::kArgMax:
       return "argmax";
-    case ReduceOp::kArgMin:
+    case ReduceKind::kArgMin:
       return "argmin";
   }
   return "?";
@@ -161,7 +161,7 @@ class CudaBackend final : public Backend {
              double scalar) override;
   void Binary(int index, BinaryOp op, const KernelTensor& dst, const KernelTensor& a,
               const KernelTensor& b) override;
-  void Reduce(int index, ReduceOp op, const KernelTensor& dst, const KernelTensor& src,
+  void Reduce(int index, ReduceKind op, const KernelTensor& dst, const KernelTensor& src,
               int64_t outer, int64_t reduce, int64_t inner) override;
   void Softmax(int index, bool log, float* dst, const float* src, int64_t outer, int64_t dim,
                int64_t inner) override;
@@ -356,7 +356,7 @@ void CudaBackend::Binary(int index, BinaryOp op, const KernelTensor& dst, const 
 
 // ---- Reductions ------------------------------------------------------------------------------
 
-void CudaBackend::Reduce(int index, ReduceOp op, const KernelTensor& dst, const KernelTensor& src,
+void CudaBackend::Reduce(int index, ReduceKind op, const KernelTensor& dst, const KernelTensor& src,
                          int64_t outer, int64_t reduce, int64_t inner) {
   CudaDevice& device = Device(index);
   TANDEM_CHECK(outer >= 0 && reduce >= 0 && inner >= 0,
@@ -369,11 +369,11 @@ void CudaBackend::Reduce(int index, ReduceOp op, const KernelTensor& dst, const 
                " elements but [outer, inner] = [", outer, ", ", inner, "] needs ", outer * inner);
   TANDEM_CHECK(src.is_contiguous() && dst.is_contiguous(),
                "CUDA Reduce expects contiguous tensors; call contiguous() first");
-  const bool arg = op == ReduceOp::kArgMax || op == ReduceOp::kArgMin;
-  TANDEM_CHECK(dst.dtype == (arg ? kInt64 : src.dtype), "CUDA Reduce ", ReduceOpName(op),
+  const bool arg = op == ReduceKind::kArgMax || op == ReduceKind::kArgMin;
+  TANDEM_CHECK(dst.dtype == (arg ? kInt64 : src.dtype), "CUDA Reduce ", ReduceKindName(op),
                " writes ", (arg ? kInt64 : src.dtype), " but the output is ", dst.dtype);
   if (outer * inner == 0) return;
-  TANDEM_CHECK(reduce > 0 || op == ReduceOp::kSum, "CUDA Reduce: ", ReduceOpName(op),
+  TANDEM_CHECK(reduce > 0 || op == ReduceKind::kSum, "CUDA Reduce: ", ReduceKindName(op),
                " of an empty dimension is undefined (the dimension being reduced has size 0); "
                "reduce a non-empty dimension");
   DeviceGuard guard(device.physical());

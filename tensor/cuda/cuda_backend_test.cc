@@ -417,9 +417,9 @@ const ReduceShape kReduceShapes[] = {
 };
 
 TEST_F(CudaBackendTest, ReduceFloat) {
-  for (ReduceOp op :
-       {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kArgMax, ReduceOp::kArgMin}) {
-    const bool arg = op == ReduceOp::kArgMax || op == ReduceOp::kArgMin;
+  for (ReduceKind op :
+       {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kMin, ReduceKind::kArgMax, ReduceKind::kArgMin}) {
+    const bool arg = op == ReduceKind::kArgMax || op == ReduceKind::kArgMin;
     for (const ReduceShape& s : kReduceShapes) {
       const std::string what =
           Note("reduce op " + std::to_string(static_cast<int>(op)) + " over [" +
@@ -427,7 +427,7 @@ TEST_F(CudaBackendTest, ReduceFloat) {
                std::to_string(s.inner) + "]");
       const int64_t n = s.outer * s.reduce * s.inner, outputs = s.outer * s.inner;
       // Ties everywhere for max/argmax; continuous values for sums.
-      Buffer<float> src(op == ReduceOp::kSum ? RandomFloats(n) : RandomIntegerFloats(n, -20, 20));
+      Buffer<float> src(op == ReduceKind::kSum ? RandomFloats(n) : RandomIntegerFloats(n, -20, 20));
       const std::vector<int64_t> in_shape = {s.outer, s.reduce, s.inner};
       const std::vector<int64_t> out_shape = {s.outer, s.inner};
       if (arg) {
@@ -460,17 +460,17 @@ TEST_F(CudaBackendTest, ReduceNanAndInt64AndEmptySum) {
   Buffer<float> src(values);
   Buffer<int64_t> argmax(rows);
   Buffer<float> max(rows);
-  cpu_.Reduce(0, ReduceOp::kMax, max.CpuView({rows}), src.CpuView({rows, cols}), rows, cols, 1);
-  gpu_.Reduce(0, ReduceOp::kMax, max.GpuView({rows}), src.GpuView({rows, cols}), rows, cols, 1);
+  cpu_.Reduce(0, ReduceKind::kMax, max.CpuView({rows}), src.CpuView({rows, cols}), rows, cols, 1);
+  gpu_.Reduce(0, ReduceKind::kMax, max.GpuView({rows}), src.GpuView({rows, cols}), rows, cols, 1);
   ExpectBitwiseEqual(max.Cpu(), max.Gpu(), Note("max with NaN"));
-  cpu_.Reduce(0, ReduceOp::kArgMax, argmax.CpuView({rows}), src.CpuView({rows, cols}), rows, cols,
+  cpu_.Reduce(0, ReduceKind::kArgMax, argmax.CpuView({rows}), src.CpuView({rows, cols}), rows, cols,
               1);
-  gpu_.Reduce(0, ReduceOp::kArgMax, argmax.GpuView({rows}), src.GpuView({rows, cols}), rows, cols,
+  gpu_.Reduce(0, ReduceKind::kArgMax, argmax.GpuView({rows}), src.GpuView({rows, cols}), rows, cols,
               1);
   ExpectEqual(argmax.Cpu(), argmax.Gpu(), Note("argmax with NaN"));
   EXPECT_EQ(argmax.Gpu()[1], 2000);
 
-  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kArgMin}) {
+  for (ReduceKind op : {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kArgMin}) {
     const int64_t outer = 3, reduce = 20001, inner = 2;
     Buffer<int64_t> ints(RandomInts(outer * reduce * inner, -1000, 1000));
     Buffer<int64_t> dst(outer * inner);
@@ -484,9 +484,9 @@ TEST_F(CudaBackendTest, ReduceNanAndInt64AndEmptySum) {
 
   Buffer<float> empty_sum(6);
   Buffer<float> nothing(1);
-  gpu_.Reduce(0, ReduceOp::kSum, empty_sum.GpuView({2, 3}), nothing.GpuView({2, 0, 3}), 2, 0, 3);
+  gpu_.Reduce(0, ReduceKind::kSum, empty_sum.GpuView({2, 3}), nothing.GpuView({2, 0, 3}), 2, 0, 3);
   EXPECT_EQ(empty_sum.Gpu(), std::vector<float>(6, 0.0f));
-  EXPECT_THROW(gpu_.Reduce(0, ReduceOp::kMax, empty_sum.GpuView({2, 3}), nothing.GpuView({2, 0, 3}),
+  EXPECT_THROW(gpu_.Reduce(0, ReduceKind::kMax, empty_sum.GpuView({2, 3}), nothing.GpuView({2, 0, 3}),
                            2, 0, 3),
                Error);
 }

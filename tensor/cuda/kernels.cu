@@ -331,13 +331,13 @@ struct Partial {
   int64_t index;
 };
 
-__device__ __forceinline__ bool IsMax(ReduceOp op) {
-  return op == ReduceOp::kMax || op == ReduceOp::kArgMax;
+__device__ __forceinline__ bool IsMax(ReduceKind op) {
+  return op == ReduceKind::kMax || op == ReduceKind::kArgMax;
 }
 
 template <typename Acc>
-__device__ __forceinline__ Partial<Acc> Identity(ReduceOp op) {
-  if (op == ReduceOp::kSum) return {Acc(0), kNoIndex};
+__device__ __forceinline__ Partial<Acc> Identity(ReduceKind op) {
+  if (op == ReduceKind::kSum) return {Acc(0), kNoIndex};
   return {IsMax(op) ? Lowest<Acc>() : Highest<Acc>(), kNoIndex};
 }
 
@@ -345,8 +345,8 @@ __device__ __forceinline__ Partial<Acc> Identity(ReduceOp op) {
 // (min) value wins, and among equals (or NaNs) the smaller index wins. The result is the
 // same however the elements are split between lanes, warps and passes.
 template <typename Acc>
-__device__ __forceinline__ void Combine(ReduceOp op, Partial<Acc>& best, Acc value, int64_t index) {
-  if (op == ReduceOp::kSum) {
+__device__ __forceinline__ void Combine(ReduceKind op, Partial<Acc>& best, Acc value, int64_t index) {
+  if (op == ReduceKind::kSum) {
     best.value += value;
     return;
   }
@@ -367,7 +367,7 @@ __device__ __forceinline__ void Combine(ReduceOp op, Partial<Acc>& best, Acc val
 }
 
 template <typename Acc>
-__device__ __forceinline__ void WarpCombine(ReduceOp op, Partial<Acc>& partial) {
+__device__ __forceinline__ void WarpCombine(ReduceKind op, Partial<Acc>& partial) {
 #pragma unroll
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
     const Acc value = __shfl_down_sync(kFullMask, partial.value, offset);
@@ -378,7 +378,7 @@ __device__ __forceinline__ void WarpCombine(ReduceOp op, Partial<Acc>& partial) 
 
 // One warp per (row, split) of a [rows, reduce] input (inner == 1).
 template <typename In, typename Acc, typename Out>
-__global__ void ReduceRowsKernel(ReduceOp op, const In* src, const int64_t* src_index, int64_t rows,
+__global__ void ReduceRowsKernel(ReduceKind op, const In* src, const int64_t* src_index, int64_t rows,
                                  int64_t reduce, int64_t splits, int64_t chunk, Out* dst_value,
                                  int64_t* dst_index) {
   const int lane = threadIdx.x % kWarpSize;
@@ -403,7 +403,7 @@ __global__ void ReduceRowsKernel(ReduceOp op, const In* src, const int64_t* src_
 
 // One thread per (outer, split, inner) output of an [outer, reduce, inner] input.
 template <typename In, typename Acc, typename Out>
-__global__ void ReduceColumnsKernel(ReduceOp op, const In* src, const int64_t* src_index,
+__global__ void ReduceColumnsKernel(ReduceKind op, const In* src, const int64_t* src_index,
                                     int64_t outer, int64_t reduce, int64_t inner, int64_t splits,
                                     int64_t chunk, Out* dst_value, int64_t* dst_index) {
   for (int64_t item = GlobalThread(); item < outer * splits * inner; item += GridThreads()) {
@@ -431,7 +431,7 @@ bool UseWarpPerOutput(int64_t reduce, int64_t inner) { return inner == 1 && redu
 // splits, inner] values and/or indices. With src_index, the index of element r is
 // src_index[...] (the second pass of a split reduction), else r itself.
 template <typename In, typename Acc, typename Out>
-void ReducePass(const LaunchContext& context, ReduceOp op, const In* src, const int64_t* src_index,
+void ReducePass(const LaunchContext& context, ReduceKind op, const In* src, const int64_t* src_index,
                 int64_t outer, int64_t reduce, int64_t inner, int64_t splits, int64_t chunk,
                 Out* dst_value, int64_t* dst_index) {
   if (UseWarpPerOutput(reduce, inner)) {
@@ -458,9 +458,9 @@ int64_t ChooseSplits(const LaunchContext& context, int64_t outputs, int64_t redu
 }
 
 template <typename In, typename Acc>
-void ReduceTyped(const LaunchContext& context, ReduceOp op, void* dst, const In* src, int64_t outer,
+void ReduceTyped(const LaunchContext& context, ReduceKind op, void* dst, const In* src, int64_t outer,
                  int64_t reduce, int64_t inner) {
-  const bool arg = op == ReduceOp::kArgMax || op == ReduceOp::kArgMin;
+  const bool arg = op == ReduceKind::kArgMax || op == ReduceKind::kArgMin;
   In* dst_value = arg ? nullptr : static_cast<In*>(dst);
   int64_t* dst_index = arg ? static_cast<int64_t*>(dst) : nullptr;
   int64_t splits = ChooseSplits(context, outer * inner, reduce, inner);
@@ -938,11 +938,11 @@ void LaunchBinary(const LaunchContext& context, BinaryOp op, const KernelTensor&
   RunMap2<int64_t>(context, dst, a, b, BinaryFn<int64_t>{op});
 }
 
-void LaunchReduce(const LaunchContext& context, ReduceOp op, const KernelTensor& dst,
+void LaunchReduce(const LaunchContext& context, ReduceKind op, const KernelTensor& dst,
                   const KernelTensor& src, int64_t outer, int64_t reduce, int64_t inner) {
   if (outer * inner == 0) return;
   if (reduce == 0) return LaunchFill(context, dst, 0.0);  // an empty sum
-  const bool sum = op == ReduceOp::kSum;
+  const bool sum = op == ReduceKind::kSum;
   if (src.dtype == kFloat32) {
     if (sum) {
       return ReduceTyped<float, double>(context, op, dst.data, src.ptr<const float>(), outer,

@@ -36,7 +36,7 @@ void LaunchUnary(const LaunchContext& context, UnaryOp op, const KernelTensor& d
                  const KernelTensor& src, double scalar);
 void LaunchBinary(const LaunchContext& context, BinaryOp op, const KernelTensor& dst,
                   const KernelTensor& a, const KernelTensor& b);
-void LaunchReduce(const LaunchContext& context, ReduceOp op, const KernelTensor& dst,
+void LaunchReduce(const LaunchContext& context, ReduceKind op, const KernelTensor& dst,
                   const KernelTensor& src, int64_t outer, int64_t reduce, int64_t inner);
 void LaunchSoftmax(const LaunchContext& context, bool log, float* dst, const float* src,
                    int64_t outer, int64_t dim, int64_t inner);

@@ -1,7 +1,7 @@
 // The scalar math behind UnaryOp and BinaryOp, shared by the CPU and CUDA backends so that
 // both compute exactly the same function (the CPU is the oracle for the GPU).
 //
-//   float y = tandem::ApplyUnary(tandem::UnaryOp::kRelu, x, 0.0);
+//   float y = tandem::ApplyUnary(tandem::UnaryOp::kRelu, x, 0.0f);   // float or double
 #ifndef TANDEM_TENSOR_INTERNAL_ELEMENTWISE_MATH_H_
 #define TANDEM_TENSOR_INTERNAL_ELEMENTWISE_MATH_H_
 
@@ -13,28 +13,48 @@
 
 namespace tandem {
 
-TANDEM_HOST_DEVICE float ApplyUnary(UnaryOp op, float x, float s) {
+// The C math library's float and double functions under one name each, so that ApplyUnary
+// is written once for both (expf for float, exp for double, on the host and in CUDA). Called
+// with :: because tandem's own exp/log (of Tensors) would hide them.
+namespace math {
+#define TANDEM_MATH_FUNCTION(name, float_fn, double_fn)                      \
+  TANDEM_HOST_DEVICE float name(float x) { return ::float_fn(x); }          \
+  TANDEM_HOST_DEVICE double name(double x) { return ::double_fn(x); }
+TANDEM_MATH_FUNCTION(Exp, expf, exp)
+TANDEM_MATH_FUNCTION(Log, logf, log)
+TANDEM_MATH_FUNCTION(Sqrt, sqrtf, sqrt)
+TANDEM_MATH_FUNCTION(Abs, fabsf, fabs)
+TANDEM_MATH_FUNCTION(Tanh, tanhf, tanh)
+TANDEM_MATH_FUNCTION(Erf, erff, erf)
+#undef TANDEM_MATH_FUNCTION
+TANDEM_HOST_DEVICE float Pow(float x, float y) { return ::powf(x, y); }
+TANDEM_HOST_DEVICE double Pow(double x, double y) { return ::pow(x, y); }
+}  // namespace math
+
+// T is float or double; the constants are rounded to T, so float keeps float arithmetic.
+template <typename T>
+TANDEM_HOST_DEVICE T ApplyUnary(UnaryOp op, T x, T s) {
   switch (op) {
     case UnaryOp::kNeg:
       return -x;
     case UnaryOp::kExp:
-      return expf(x);
+      return math::Exp(x);
     case UnaryOp::kLog:
-      return logf(x);
+      return math::Log(x);
     case UnaryOp::kRelu:
       // NaN stays NaN, as in PyTorch (a diverging run shows NaN instead of zeros). Written
       // as max(0, x) in SSE's operand order (maxss returns the second operand when either
       // is NaN), so compilers emit a branchless maxss/maxps instead of a mispredicted branch
       // on every other element (5x slower on random data).
-      return 0.0f > x ? 0.0f : x;
+      return T(0) > x ? T(0) : x;
     case UnaryOp::kSqrt:
-      return sqrtf(x);
+      return math::Sqrt(x);
     case UnaryOp::kAbs:
-      return fabsf(x);
+      return math::Abs(x);
     case UnaryOp::kTanh:
-      return tanhf(x);
+      return math::Tanh(x);
     case UnaryOp::kSigmoid:
-      return 1.0f / (1.0f + expf(-x));
+      return T(1) / (T(1) + math::Exp(-x));
     case UnaryOp::kSquare:
       return x * x;
     case UnaryOp::kAddScalar:
@@ -42,17 +62,17 @@ TANDEM_HOST_DEVICE float ApplyUnary(UnaryOp op, float x, float s) {
     case UnaryOp::kMulScalar:
       return x * s;
     case UnaryOp::kPowScalar:
-      return powf(x, s);
+      return math::Pow(x, s);
     case UnaryOp::kGeScalar:
-      return x >= s ? 1.0f : 0.0f;
+      return x >= s ? T(1) : T(0);
     case UnaryOp::kGelu:
-      return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+      return T(0.5) * x * (T(1) + math::Erf(x * T(0.70710678118654752)));
     case UnaryOp::kGeluDerivative:
       // Phi(x) + x * phi(x): the normal distribution's CDF and density.
-      return 0.5f * (1.0f + erff(x * 0.70710678118654752f)) +
-             x * 0.39894228040143268f * expf(-0.5f * x * x);
+      return T(0.5) * (T(1) + math::Erf(x * T(0.70710678118654752))) +
+             x * T(0.39894228040143268) * math::Exp(T(-0.5) * x * x);
   }
-  return 0.0f;
+  return T(0);
 }
 
 // The int64 subset (kNeg, kAbs, kAddScalar, kMulScalar); callers reject the others.
