@@ -75,13 +75,10 @@ std::vector<uint8_t> Serialize(const std::vector<CheckpointEntry>& entries) {
     for (int64_t size : value.shape()) body.Int<int64_t>(size);
     const uint64_t data_bytes = static_cast<uint64_t>(value.numel()) * ElementSize(value.dtype());
     body.Int<uint64_t>(data_bytes);
-    if (value.dtype() == kFloat32) {
-      const std::vector<float> values = value.to_vector<float>();
+    DispatchDType(value.dtype(), "checkpoint", [&](auto tag) {
+      const auto values = value.to_vector<typename decltype(tag)::type>();
       body.Bytes(values.data(), data_bytes);
-    } else {
-      const std::vector<int64_t> values = value.to_vector<int64_t>();
-      body.Bytes(values.data(), data_bytes);
-    }
+    });
     TANDEM_CHECK(body.bytes().size() <= UINT32_MAX, "checkpoint: tensor '", entry.name, "' (",
                  ShapeToString(value.shape()), ") is too large for format version ", kVersion,
                  " (records hold at most 4 GiB)");
@@ -178,7 +175,7 @@ CheckpointEntry ParseRecordBody(const uint8_t* data, size_t size, const std::str
   if (kind > 1) corrupt("has kind " + std::to_string(kind) + " (expected 0 or 1)");
   entry.is_buffer = kind == 1;
   const uint8_t dtype_code = in.Int<uint8_t>(where + " dtype");
-  if (dtype_code > 1) corrupt("has dtype code " + std::to_string(dtype_code));
+  if (!IsValidDTypeCode(dtype_code)) corrupt("has dtype code " + std::to_string(dtype_code));
   const DType dtype = static_cast<DType>(dtype_code);
   const uint32_t name_size = in.Int<uint32_t>(where + " name length");
   const uint8_t* name = in.Take(name_size, where + " name");
@@ -212,17 +209,10 @@ CheckpointEntry ParseRecordBody(const uint8_t* data, size_t size, const std::str
   }
   const uint8_t* values = in.Take(data_bytes, named + " data");
   if (in.remaining() != 0) corrupt("has " + std::to_string(in.remaining()) + " stray bytes");
-  if (dtype == kFloat32) {
-    std::vector<float> host(numel);
-    // A zero-element tensor has an empty vector whose data() may be null: memcpy must not
-    // see it (undefined behaviour even for 0 bytes).
-    if (data_bytes > 0) std::memcpy(host.data(), values, data_bytes);
-    entry.value = from_vector(host, shape);
-  } else {
-    std::vector<int64_t> host(numel);
-    if (data_bytes > 0) std::memcpy(host.data(), values, data_bytes);
-    entry.value = from_vector(host, shape, TensorOptions(kInt64));
-  }
+  entry.value = empty(shape, TensorOptions(dtype));
+  // A zero-element tensor's data pointer may be null: memcpy must not see it (undefined
+  // behaviour even for 0 bytes).
+  if (data_bytes > 0) std::memcpy(entry.value.raw_data(), values, data_bytes);
   return entry;
 }
 

@@ -19,7 +19,7 @@
 // File format (version 1; integers little-endian):
 //   header:  "TANDEMCK" | u32 version | u32 record count | u32 CRC32 of the previous 16 bytes
 //   record:  u32 body length | body | u32 CRC32 of the body
-//   body:    u8 kind (0 parameter, 1 buffer) | u8 dtype (0 float32, 1 int64)
+//   body:    u8 kind (0 parameter, 1 buffer) | u8 dtype (0 float32, 1 int64, 2 float64: DType)
 //            | u32 name length | name (UTF-8) | u32 rank | i64 sizes[rank]
 //            | u64 data length | data (row-major, little-endian elements)
 // and nothing after the last record.

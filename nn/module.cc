@@ -306,35 +306,48 @@ void Module::train(bool on) {
   for (const NamedModule& c : children_) c.module->train(on);
 }
 
-void Module::PlanMove(Device device, CopyMemo& moved,
-                      std::vector<std::pair<std::shared_ptr<Tensor>, Tensor>>& plan) const {
+void Module::PlanConversion(const TensorConversion& convert, CopyMemo& converted,
+                            std::vector<std::pair<std::shared_ptr<Tensor>, Tensor>>& plan) const {
   for (Kind kind : {Kind::kParameter, Kind::kBuffer}) {
     for (const Entry& e : EntriesOf(kind)) {
       const Tensor& old = *e.slot;
-      if (old.device() == device) continue;
-      auto it = moved.find(old.impl());
-      if (it == moved.end()) {
-        Tensor copy = old.detach().to(device);
+      auto it = converted.find(old.impl());
+      if (it == converted.end()) {
+        Tensor copy = convert(old);  // under NoGradGuard: records nothing
+        if (copy.impl() == old.impl()) continue;  // already as asked
+        copy = copy.detach();
         if (old.requires_grad()) copy.set_requires_grad(true);
         const Tensor grad = old.is_leaf() ? old.grad() : Tensor();
-        if (grad.defined()) copy.set_grad(grad.to(device));
-        it = moved.emplace(old.impl(), std::move(copy)).first;
+        if (grad.defined()) copy.set_grad(convert(grad));
+        it = converted.emplace(old.impl(), std::move(copy)).first;
       }
       plan.emplace_back(e.slot, it->second);
     }
   }
-  for (const NamedModule& c : children_) c.module->PlanMove(device, moved, plan);
+  for (const NamedModule& c : children_) c.module->PlanConversion(convert, converted, plan);
+}
+
+void Module::Convert(const TensorConversion& convert) {
+  NoGradGuard no_grad;
+  // Copy everything first and swap in afterwards, so that a failed copy (out of memory)
+  // leaves the module as it was.
+  CopyMemo converted;
+  std::vector<std::pair<std::shared_ptr<Tensor>, Tensor>> plan;
+  PlanConversion(convert, converted, plan);
+  for (auto& [slot, copy] : plan) *slot = std::move(copy);
 }
 
 void Module::to(Device device) {
   CheckAvailable(device);
-  NoGradGuard no_grad;
-  // Copy everything first and swap in afterwards, so that a failed copy (out of memory)
-  // leaves the module as it was.
-  CopyMemo moved;
-  std::vector<std::pair<std::shared_ptr<Tensor>, Tensor>> plan;
-  PlanMove(device, moved, plan);
-  for (auto& [slot, copy] : plan) *slot = std::move(copy);
+  Convert([device](const Tensor& t) { return t.to(device); });
+}
+
+void Module::to(DType dtype) {
+  TANDEM_CHECK(IsFloatingPoint(dtype), name(), ".to(", dtype,
+               "): a module converts its floating-point parameters and buffers, so the dtype ",
+               "must be floating-point (float32 or float64)");
+  // As PyTorch's Module.to(dtype): integral buffers (BatchNorm's num_batches_tracked) stay.
+  Convert([dtype](const Tensor& t) { return IsFloatingPoint(t.dtype()) ? t.to(dtype) : t; });
 }
 
 void Module::zero_grad(bool set_to_none) {

@@ -192,6 +192,11 @@ class Module {
   // registered in several places stay shared. Handles follow; Tensors obtained earlier
   // from parameters() (e.g. held by an optimizer) do not, so move a module first.
   void to(Device device);
+  // Converts every floating-point parameter and buffer to `dtype` in place, as to(device)
+  // moves them (PyTorch's module.to(torch.float64), module.double()); integral buffers keep
+  // their dtype.
+  //   model->to(kFloat64);   // then feed it float64 inputs
+  void to(DType dtype);
   // Clears the gradients of all parameters (set_to_none: drop them; else fill with 0). On a
   // replica it does nothing (its parameters are copies whose gradients flow to the
   // original) and warns once per process, as PyTorch's DataParallel replicas do.
@@ -274,8 +279,12 @@ class Module {
   // The registry entry for a dotted name, or throws naming what exists.
   const Entry& FindEntry(Kind kind, const std::string& dotted_name) const;
   void ReplaceEntry(Kind kind, const std::string& dotted_name, Tensor value);
-  void PlanMove(Device device, CopyMemo& moved,
-                std::vector<std::pair<std::shared_ptr<Tensor>, Tensor>>& plan) const;
+  // Replaces every parameter and buffer t by convert(t) (to another device or dtype);
+  // convert returns t itself to leave it alone.
+  using TensorConversion = std::function<Tensor(const Tensor&)>;
+  void Convert(const TensorConversion& convert);
+  void PlanConversion(const TensorConversion& convert, CopyMemo& converted,
+                      std::vector<std::pair<std::shared_ptr<Tensor>, Tensor>>& plan) const;
   void CopyStateRecursive(const Module& original, std::optional<Device> device,
                           const std::string& path, CopyMemo& copied);
   // replicate_structure's second half: binds this copy's entries, module by module.

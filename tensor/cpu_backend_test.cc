@@ -575,7 +575,7 @@ TEST(CpuBackendTest, SoftmaxAndLogSoftmaxMatchADoubleReference) {
       x[0] = 1000.0f;  // large logits must not overflow
       for (bool log : {false, true}) {
         std::vector<float> out(n, kNaN);
-        Cpu().Softmax(0, log, out.data(), x.data(), c.outer, c.dim, c.inner);
+        Cpu().Softmax(0, kFloat32, log, out.data(), x.data(), c.outer, c.dim, c.inner);
         for (int64_t o = 0; o < c.outer; ++o) {
           for (int64_t j = 0; j < c.inner; ++j) {
             auto at = [&](int64_t i) { return (o * c.dim + i) * c.inner + j; };
@@ -599,9 +599,9 @@ TEST(CpuBackendTest, SoftmaxAndLogSoftmaxMatchADoubleReference) {
   });
   std::vector<float> inf_row = {-kInf, 0.0f, -kInf};
   std::vector<float> out(3);
-  Cpu().Softmax(0, false, out.data(), inf_row.data(), 1, 3, 1);
+  Cpu().Softmax(0, kFloat32, false, out.data(), inf_row.data(), 1, 3, 1);
   EXPECT_EQ(out, (std::vector<float>{0, 1, 0}));
-  Cpu().Softmax(0, true, out.data(), nullptr, 0, 3, 1);  // empty
+  Cpu().Softmax(0, kFloat32, true, out.data(), nullptr, 0, 3, 1);  // empty
 }
 
 // ---- GEMM --------------------------------------------------------------------------------
@@ -643,7 +643,7 @@ void CheckGemm(const GemmCase& c) {
       }
     }
   }
-  Cpu().Gemm(0, c.trans_a, c.trans_b, c.m, c.n, c.k, c.alpha, a.data(), lda, stride_a, b.data(),
+  Cpu().Gemm(0, kFloat32, c.trans_a, c.trans_b, c.m, c.n, c.k, c.alpha, a.data(), lda, stride_a, b.data(),
              ldb, stride_b, c.beta, cm.data(), ldc, stride_c, c.batch);
   for (size_t i = 0; i < cm.size(); ++i) {
     const bool padding = c.n == 0 || static_cast<int64_t>(i % ldc) >= c.n;
@@ -702,20 +702,20 @@ TEST(CpuBackendTest, GemmDegenerateSizes) {
   CheckGemm({false, false, 3, 3, 3, 1, 0.0f, 2.0f, false});  // alpha = 0
   // beta = 0 overwrites C even where it holds NaN.
   std::vector<float> a(4, 1.0f), b(4, 1.0f), c(4, kNaN);
-  Cpu().Gemm(0, false, false, 2, 2, 2, 1.0f, a.data(), 2, 0, b.data(), 2, 0, 0.0f, c.data(), 2, 0,
+  Cpu().Gemm(0, kFloat32, false, false, 2, 2, 2, 1.0f, a.data(), 2, 0, b.data(), 2, 0, 0.0f, c.data(), 2, 0,
              1);
   EXPECT_EQ(c, std::vector<float>(4, 2.0f));
   // A single row or column with a tight leading dimension (what a [1, k] view gives).
   std::vector<float> row = {1, 2, 3}, col = {4, 5, 6};
   float dot = 0;
-  Cpu().Gemm(0, false, false, 1, 1, 3, 1.0f, row.data(), 0, 0, col.data(), 1, 0, 0.0f, &dot, 0, 0,
+  Cpu().Gemm(0, kFloat32, false, false, 1, 1, 3, 1.0f, row.data(), 0, 0, col.data(), 1, 0, 0.0f, &dot, 0, 0,
              1);
   EXPECT_EQ(dot, 32.0f);
   // Overlapping rows cannot go to BLAS.
-  EXPECT_THROW(Cpu().Gemm(0, false, false, 2, 2, 2, 1.0f, a.data(), 1, 0, b.data(), 2, 0, 0.0f,
+  EXPECT_THROW(Cpu().Gemm(0, kFloat32, false, false, 2, 2, 2, 1.0f, a.data(), 1, 0, b.data(), 2, 0, 0.0f,
                           c.data(), 2, 0, 1),
                Error);
-  EXPECT_THROW(Cpu().Gemm(0, false, false, 2, 2, 2, 1.0f, a.data(), 2, 0, b.data(), 2, 0, 0.0f,
+  EXPECT_THROW(Cpu().Gemm(0, kFloat32, false, false, 2, 2, 2, 1.0f, a.data(), 2, 0, b.data(), 2, 0, 0.0f,
                           c.data(), 2, 0, 3),
                Error);  // a batch writing one C
 }
@@ -779,7 +779,7 @@ TEST(CpuBackendTest, Im2ColMatchesTheDefinition) {
             RandomFloats(g.batch * g.channels * g.height * g.width, -1, 1, 18);
         const std::vector<float> expected = ReferenceIm2Col(g, image);
         std::vector<float> columns(expected.size(), kNaN);
-        Cpu().Im2Col(0, g, image.data(), columns.data());
+        Cpu().Im2Col(0, kFloat32, g, image.data(), columns.data());
         ASSERT_EQ(columns, expected);
       }
     }
@@ -797,8 +797,8 @@ TEST(CpuBackendTest, Col2ImIsTheAdjointOfIm2Col) {
         std::vector<float> x = RandomFloats(image_size, -1, 1, 19);
         std::vector<float> y = RandomFloats(column_size, -1, 1, 20);
         std::vector<float> im2col_x(column_size), col2im_y(image_size, kNaN);
-        Cpu().Im2Col(0, g, x.data(), im2col_x.data());
-        Cpu().Col2Im(0, g, y.data(), col2im_y.data());
+        Cpu().Im2Col(0, kFloat32, g, x.data(), im2col_x.data());
+        Cpu().Col2Im(0, kFloat32, g, y.data(), col2im_y.data());
         // <col2im(y), x> == <y, im2col(x)>
         double lhs = 0, rhs = 0;
         for (int64_t i = 0; i < image_size; ++i) lhs += double{col2im_y[i]} * x[i];
@@ -825,9 +825,9 @@ TEST(CpuBackendTest, Col2ImIsTheAdjointOfIm2Col) {
 
 TEST(CpuBackendTest, Im2ColRejectsBadGeometry) {
   float buffer[16] = {};
-  EXPECT_THROW(Cpu().Im2Col(0, Conv2dGeometry::Make(1, 1, 2, 2, 3, 3, 1, 1, 0, 0), buffer, buffer),
+  EXPECT_THROW(Cpu().Im2Col(0, kFloat32, Conv2dGeometry::Make(1, 1, 2, 2, 3, 3, 1, 1, 0, 0), buffer, buffer),
                Error);
-  EXPECT_THROW(Cpu().Im2Col(0, Conv2dGeometry::Make(1, 1, 4, 4, 2, 2, 0, 1, 0, 0), buffer, buffer),
+  EXPECT_THROW(Cpu().Im2Col(0, kFloat32, Conv2dGeometry::Make(1, 1, 4, 4, 2, 2, 0, 1, 0, 0), buffer, buffer),
                Error);
 }
 
@@ -845,7 +845,7 @@ TEST(CpuBackendTest, MaxPoolWithPaddingMatchesTheDefinition) {
       for (float& v : input) v = std::round(v);
       std::vector<float> output(planes * out_plane, kNaN);
       std::vector<int64_t> argmax(planes * out_plane, -1);
-      Cpu().MaxPool2d(0, g, input.data(), output.data(), argmax.data());
+      Cpu().MaxPool2d(0, kFloat32, g, input.data(), output.data(), argmax.data());
       for (int64_t p = 0; p < planes; ++p) {
         for (int64_t oy = 0; oy < g.out_h(); ++oy) {
           for (int64_t ox = 0; ox < g.out_w(); ++ox) {
@@ -878,7 +878,7 @@ TEST(CpuBackendTest, MaxPoolWithPaddingMatchesTheDefinition) {
           expected[p * plane + argmax[p * out_plane + o]] += grad_output[p * out_plane + o];
         }
       }
-      Cpu().MaxPool2dBackward(0, g, grad_output.data(), argmax.data(), grad_input.data());
+      Cpu().MaxPool2dBackward(0, kFloat32, g, grad_output.data(), argmax.data(), grad_input.data());
       for (int64_t i = 0; i < planes * plane; ++i) ASSERT_FLOAT_EQ(grad_input[i], expected[i]);
     }
   });
@@ -889,10 +889,10 @@ TEST(CpuBackendTest, MaxPoolPropagatesNaN) {
   std::vector<float> input = {1, kNaN, 3, kNaN};
   float output = 0;
   int64_t argmax = -1;
-  Cpu().MaxPool2d(0, g, input.data(), &output, &argmax);
+  Cpu().MaxPool2d(0, kFloat32, g, input.data(), &output, &argmax);
   EXPECT_TRUE(std::isnan(output));
   EXPECT_EQ(argmax, 1);  // the first NaN
-  EXPECT_THROW(Cpu().MaxPool2d(0, Conv2dGeometry::Make(1, 1, 4, 4, 2, 2, 1, 1, 2, 2), input.data(),
+  EXPECT_THROW(Cpu().MaxPool2d(0, kFloat32, Conv2dGeometry::Make(1, 1, 4, 4, 2, 2, 1, 1, 2, 2), input.data(),
                                &output, &argmax),
                Error);  // padding beyond half the kernel
 }
@@ -947,7 +947,7 @@ TEST(CpuBackendTest, MaxPoolMatchesTheScanBitForBitOnEveryVectorUnit) {
       }
       std::vector<float> output(planes * out_plane, 7.0f);
       std::vector<int64_t> argmax(planes * out_plane, -1);
-      Cpu().MaxPool2d(0, g, input.data(), output.data(), argmax.data());
+      Cpu().MaxPool2d(0, kFloat32, g, input.data(), output.data(), argmax.data());
       for (int64_t p = 0; p < planes; ++p) {
         for (int64_t oy = 0; oy < out_h; ++oy) {
           for (int64_t ox = 0; ox < out_w; ++ox) {
@@ -983,15 +983,15 @@ TEST(CpuBackendTest, GatherAndScatterAddColumns) {
     std::vector<float> src = RandomFloats(rows * cols, -1, 1, 23);
     std::vector<int64_t> idx = RandomInts(rows, 0, cols - 1, 24);
     std::vector<float> gathered(rows);
-    Cpu().GatherColumns(0, gathered.data(), src.data(), idx.data(), rows, cols);
+    Cpu().GatherColumns(0, kFloat32, gathered.data(), src.data(), idx.data(), rows, cols);
     for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(gathered[r], src[r * cols + idx[r]]);
 
     std::vector<float> dst = src, expected = src;
     for (int64_t r = 0; r < rows; ++r) expected[r * cols + idx[r]] += gathered[r];
-    Cpu().ScatterAddColumns(0, dst.data(), gathered.data(), idx.data(), rows, cols);
+    Cpu().ScatterAddColumns(0, kFloat32, dst.data(), gathered.data(), idx.data(), rows, cols);
     ASSERT_EQ(dst, expected);
-    Cpu().GatherColumns(0, nullptr, nullptr, nullptr, 0, cols);
-    Cpu().ScatterAddColumns(0, nullptr, nullptr, nullptr, 0, cols);
+    Cpu().GatherColumns(0, kFloat32, nullptr, nullptr, nullptr, 0, cols);
+    Cpu().ScatterAddColumns(0, kFloat32, nullptr, nullptr, nullptr, 0, cols);
   });
 }
 
@@ -1002,7 +1002,7 @@ TEST(CpuBackendTest, RandomUniformIsPhiloxAtOffsetPlusIndex) {
     const int64_t n = 100001;
     const uint64_t seed = 1234, offset = 7;  // unaligned: starts mid-block
     std::vector<float> out(n);
-    Cpu().RandomUniform(0, out.data(), n, seed, offset, -2.0f, 3.0f);
+    Cpu().RandomUniform(0, kFloat32, out.data(), n, seed, offset, -2.0f, 3.0f);
     for (int64_t i = 0; i < n; ++i) {
       ASSERT_EQ(out[i], -2.0f + 5.0f * philox::Uniform(seed, offset + i)) << "at " << i;
     }
@@ -1014,7 +1014,7 @@ TEST(CpuBackendTest, RandomNormalIsPhiloxAtOffsetPlusIndex) {
     const int64_t n = 100001;
     const uint64_t seed = 99, offset = 3;
     std::vector<float> out(n);
-    Cpu().RandomNormal(0, out.data(), n, seed, offset, 0.5f, 2.0f);
+    Cpu().RandomNormal(0, kFloat32, out.data(), n, seed, offset, 0.5f, 2.0f);
     for (int64_t i = 0; i < n; ++i) {
       ASSERT_EQ(out[i], 0.5f + 2.0f * philox::Normal(seed, offset + i)) << "at " << i;
     }
@@ -1026,30 +1026,30 @@ TEST(CpuBackendTest, RandomNumbersDoNotDependOnHowTheRequestIsSplit) {
   const int original = CpuDeviceCount();
   std::vector<float> whole_uniform(n), whole_normal(n);
   SetCpuDeviceCount(1);  // all cores on cpu:0
-  Cpu().RandomUniform(0, whole_uniform.data(), n, 5, 11, 0.0f, 1.0f);
-  Cpu().RandomNormal(0, whole_normal.data(), n, 5, 11, 0.0f, 1.0f);
+  Cpu().RandomUniform(0, kFloat32, whole_uniform.data(), n, 5, 11, 0.0f, 1.0f);
+  Cpu().RandomNormal(0, kFloat32, whole_normal.data(), n, 5, 11, 0.0f, 1.0f);
   SetCpuDeviceCount(HardwareCores());  // one thread per device
   // The same counters requested in pieces that start and end inside Philox blocks.
   std::vector<float> uniform(n), normal(n);
   const std::vector<int64_t> cuts = {0, 1, 6, 77777, 155557, n};
   for (size_t piece = 0; piece + 1 < cuts.size(); ++piece) {
     const int64_t begin = cuts[piece], size = cuts[piece + 1] - begin;
-    Cpu().RandomUniform(0, uniform.data() + begin, size, 5, 11 + begin, 0.0f, 1.0f);
-    Cpu().RandomNormal(0, normal.data() + begin, size, 5, 11 + begin, 0.0f, 1.0f);
+    Cpu().RandomUniform(0, kFloat32, uniform.data() + begin, size, 5, 11 + begin, 0.0f, 1.0f);
+    Cpu().RandomNormal(0, kFloat32, normal.data() + begin, size, 5, 11 + begin, 0.0f, 1.0f);
   }
   SetCpuDeviceCount(original);
   EXPECT_EQ(uniform, whole_uniform);
   EXPECT_EQ(normal, whole_normal);
   // Another seed gives other numbers.
-  Cpu().RandomUniform(0, uniform.data(), n, 6, 11, 0.0f, 1.0f);
+  Cpu().RandomUniform(0, kFloat32, uniform.data(), n, 6, 11, 0.0f, 1.0f);
   EXPECT_NE(uniform, whole_uniform);
 }
 
 TEST(CpuBackendTest, RandomDistributionsHaveTheRightMoments) {
   const int64_t n = 1 << 20;
   std::vector<float> u(n), z(n);
-  Cpu().RandomUniform(0, u.data(), n, 42, 0, -1.0f, 3.0f);
-  Cpu().RandomNormal(0, z.data(), n, 42, 0, 1.5f, 0.5f);
+  Cpu().RandomUniform(0, kFloat32, u.data(), n, 42, 0, -1.0f, 3.0f);
+  Cpu().RandomNormal(0, kFloat32, z.data(), n, 42, 0, 1.5f, 0.5f);
   auto moments = [](const std::vector<float>& v) {
     double sum = 0, sum_sq = 0;
     for (float x : v) sum += x;
@@ -1080,7 +1080,7 @@ TEST(CpuBackendTest, RandomUniformStaysBelowHigh) {
   // of the u in [0, 1); the interval is half-open, so every value must be low.
   const float low = 1.0f, high = std::nextafter(1.0f, 2.0f);
   std::vector<float> values(1000);
-  Cpu().RandomUniform(0, values.data(), 1000, 8, 0, low, high);
+  Cpu().RandomUniform(0, kFloat32, values.data(), 1000, 8, 0, low, high);
   for (float v : values) ASSERT_EQ(v, low);
 }
 

@@ -19,8 +19,16 @@ constexpr int kMaxReportedMismatches = 5;
 constexpr uint64_t kProjectionSeed = 0x6772616463686bULL;
 
 std::vector<double> HostValues(const Tensor& t) {
-  const std::vector<float> values = t.detach().contiguous().to_vector<float>();
-  return std::vector<double>(values.begin(), values.end());
+  return t.detach().to(kFloat64).contiguous().to_vector<double>();
+}
+
+// The defaults for the dtype of the checked inputs (see gradcheck.h).
+struct Tolerances {
+  double eps, atol, rtol;
+};
+Tolerances DefaultTolerances(DType dtype) {
+  if (dtype == kFloat64) return {1e-6, 1e-5, 1e-3};  // PyTorch's gradcheck defaults
+  return {1e-3, 1e-3, 1e-2};
 }
 
 std::string ElementIndex(int64_t flat, const Shape& shape) {
@@ -52,16 +60,13 @@ std::vector<double> Evaluate(const GradCheckFunction& f, const std::vector<Tenso
 GradCheckResult CheckGradients(GradCheckFunction f, std::vector<Tensor> inputs, double eps,
                                double atol, double rtol) {
   TANDEM_CHECK(static_cast<bool>(f), "CheckGradients: f is empty");
-  TANDEM_CHECK(eps > 0.0 && atol >= 0.0 && rtol >= 0.0,
-               "CheckGradients: eps must be positive and atol, rtol non-negative but eps = ", eps,
-               ", atol = ", atol, ", rtol = ", rtol);
   // Fresh leaves, so that the caller's tensors and their gradients stay untouched.
   std::vector<Tensor> leaves(inputs.size());
   std::vector<bool> checked(inputs.size(), false);
   bool any_checked = false;
   for (size_t i = 0; i < inputs.size(); ++i) {
     TANDEM_CHECK(inputs[i].defined(), "CheckGradients: input ", i, " is an undefined Tensor");
-    checked[i] = inputs[i].dtype() == kFloat32 && inputs[i].requires_grad();
+    checked[i] = IsFloatingPoint(inputs[i].dtype()) && inputs[i].requires_grad();
     any_checked = any_checked || checked[i];
     leaves[i] = inputs[i];
     if (checked[i]) {
@@ -70,16 +75,28 @@ GradCheckResult CheckGradients(GradCheckFunction f, std::vector<Tensor> inputs, 
     }
   }
   TANDEM_CHECK(any_checked,
-               "CheckGradients: no input is a float32 tensor that requires grad; call "
+               "CheckGradients: no input is a floating-point tensor that requires grad; call "
                "set_requires_grad(true) on the inputs whose gradients should be checked");
+  // The coarsest checked dtype sets the defaults: one float32 input limits the precision.
+  DType precision = kFloat64;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (checked[i] && inputs[i].dtype() == kFloat32) precision = kFloat32;
+  }
+  const Tolerances defaults = DefaultTolerances(precision);
+  if (eps < 0.0) eps = defaults.eps;
+  if (atol < 0.0) atol = defaults.atol;
+  if (rtol < 0.0) rtol = defaults.rtol;
+  TANDEM_CHECK(eps > 0.0, "CheckGradients: eps must be positive (or negative for the default) ",
+               "but is ", eps);
 
   const Tensor output = f(leaves);
-  TANDEM_CHECK(output.defined() && output.dtype() == kFloat32,
-               "CheckGradients: f must return a defined float32 tensor but returned ",
+  TANDEM_CHECK(output.defined() && IsFloatingPoint(output.dtype()),
+               "CheckGradients: f must return a defined floating-point tensor but returned ",
                output.defined() ? DTypeName(output.dtype()) : "an undefined tensor");
   const Shape output_shape = output.shape();
   Generator generator(kProjectionSeed);
-  const Tensor projection = randn(output_shape, TensorOptions(output.device()), &generator);
+  const Tensor projection =
+      randn(output_shape, TensorOptions(output.device()).dtype(output.dtype()), &generator);
   const std::vector<double> weights = HostValues(projection);
   if (output.requires_grad()) sum(mul(output, projection)).backward();
 
@@ -103,11 +120,15 @@ GradCheckResult CheckGradients(GradCheckFunction f, std::vector<Tensor> inputs, 
     probe[i] = leaves[i].detach().clone().contiguous();
     const Tensor flat = probe[i].view({-1});
     const std::vector<double> original = HostValues(probe[i]);
+    const bool single = probe[i].dtype() == kFloat32;
+    // x rounded to the input's dtype, which is what the difference must be divided by.
+    const auto in_dtype = [single](double x) {
+      return single ? static_cast<double>(static_cast<float>(x)) : x;
+    };
     for (int64_t j = 0; j < static_cast<int64_t>(original.size()); ++j) {
-      const float x = static_cast<float>(original[j]);
-      const float step = static_cast<float>(eps * std::max(1.0, std::fabs(original[j])));
-      // The step actually taken in float32, which is what the difference must be divided by.
-      const float plus = x + step, minus = x - step;
+      const double x = original[j];
+      const double step = in_dtype(eps * std::max(1.0, std::fabs(original[j])));
+      const double plus = in_dtype(x + step), minus = in_dtype(x - step);
       Tensor element = flat.narrow(0, j, 1);
       element.fill_(plus);
       const std::vector<double> y_plus = Evaluate(f, probe, output_shape);
@@ -119,7 +140,7 @@ GradCheckResult CheckGradients(GradCheckFunction f, std::vector<Tensor> inputs, 
       for (size_t k = 0; k < weights.size(); ++k) {
         difference += weights[k] * (y_plus[k] - y_minus[k]);
       }
-      const double numeric = difference / (static_cast<double>(plus) - static_cast<double>(minus));
+      const double numeric = difference / (plus - minus);
       const double error = std::fabs(analytic[j] - numeric);
       ++result.checked_elements;
       if (!(error <= result.max_abs_error)) result.max_abs_error = error;

@@ -2,15 +2,17 @@
 //
 // CheckGradients compares the gradients that autograd computes for
 // L = sum(f(inputs) * R), with R a fixed random projection, against central finite
-// differences of L, element by element, for every float32 input that requires grad. Inputs
-// may live on any device: f runs there, the comparison happens on the host.
+// differences of L, element by element, for every floating-point input that requires grad.
+// Inputs may live on any device: f runs there, the comparison happens on the host.
 //
-//   Tensor x = randn({3, 4}).set_requires_grad(true);   // (a leaf, so this is allowed)
+//   Tensor x = randn({3, 4}, kFloat64).set_requires_grad(true);   // a leaf, so this is allowed
 //   EXPECT_GRADIENTS_MATCH([](const std::vector<Tensor>& in) { return tanh(in[0]); }, {x});
 //
-// Float32 resolves a central difference to roughly 1e-4 of the output's magnitude, so keep
-// checks small (tens of elements per output), well scaled (values of order 1) and away from
-// kinks (relu at 0, ties in max) by more than eps. The defaults suit such problems.
+// Check in float64 where you can (as PyTorch's gradcheck asks): it resolves a central
+// difference to about 1e-10, so a wrong gradient cannot hide in the noise. Float32 resolves
+// one to roughly 1e-4 of the output's magnitude, so keep float32 checks small (tens of
+// elements per output), well scaled (values of order 1) and away from kinks (relu at 0, ties
+// in max) by more than eps.
 #ifndef TANDEM_TENSOR_GRADCHECK_H_
 #define TANDEM_TENSOR_GRADCHECK_H_
 
@@ -38,9 +40,11 @@ using GradCheckFunction = std::function<Tensor(const std::vector<Tensor>&)>;
 
 // Checks autograd's gradients of `f` against central finite differences with step
 // eps * max(1, |x|). An element passes when |analytic - numeric| <= atol + rtol * |numeric|.
+// A negative eps, atol or rtol takes the default for the checked inputs' dtype: float64
+// 1e-6, 1e-5, 1e-3 (PyTorch's), float32 1e-3, 1e-3, 1e-2 (any float32 input counts).
 // The caller's tensors are not modified (their .grad included): f receives copies.
-GradCheckResult CheckGradients(GradCheckFunction f, std::vector<Tensor> inputs, double eps = 1e-3,
-                               double atol = 1e-3, double rtol = 1e-2);
+GradCheckResult CheckGradients(GradCheckFunction f, std::vector<Tensor> inputs, double eps = -1.0,
+                               double atol = -1.0, double rtol = -1.0);
 
 }  // namespace tandem
 

@@ -122,7 +122,7 @@ TEST(GradCheckTest, RejectsCallsWithNothingToCheck) {
     CheckGradients([](const std::vector<Tensor>& in) { return in[0]; }, {randn({2})});
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("no input is a float32 tensor that requires grad"));
+    EXPECT_THAT(e.what(), HasSubstr("no input is a floating-point tensor that requires grad"));
   }
 }
 

@@ -56,6 +56,10 @@ Tensor Param(Tensor t) {
   return leaf;
 }
 
+// A float64 leaf: gradient checks run in float64, where finite differences resolve a wrong
+// gradient to about 1e-10 instead of float32's 1e-4.
+Tensor Param64(const Tensor& t) { return Param(t.to(kFloat64)); }
+
 // Values in [-1.2, -0.2] or [0.2, 1.2]: away from the kinks of relu and abs at 0.
 Tensor AwayFromZero(const Shape& shape, uint64_t seed) {
   const std::vector<float> u = Values(Uniform(shape, -1.0, 1.0, seed));
@@ -295,12 +299,15 @@ TEST_F(OpsTest, Int64ArithmeticStaysInt64AndMixingPromotes) {
 TEST_F(OpsTest, Int64OnlyOpsThatNeedFloatSayHowToConvert) {
   const Tensor labels = Labels(std::vector<int64_t>{1, 2, 3, 4}, {2, 2});
   EXPECT_THAT(ErrorOf([&] { mean(labels); }),
-              HasSubstr("mean: input must be float32 but is int64; convert it with .to(kFloat32)"));
+              HasSubstr("mean: input must be a floating-point tensor (float32 or float64) but "
+                        "is int64; convert it with .to(kFloat32)"));
   EXPECT_THAT(ErrorOf([&] { softmax(labels, 1); }),
-              HasSubstr("softmax: input must be float32 but is int64"));
+              HasSubstr("softmax: input must be a floating-point tensor (float32 or float64) "
+                        "but is int64"));
   EXPECT_THAT(ErrorOf([&] { log_softmax(labels, 1); }), HasSubstr("log_softmax: input must be"));
   EXPECT_THAT(ErrorOf([&] { matmul(labels, labels); }),
-              HasSubstr("matmul: a must be float32 but is int64; convert it with .to(kFloat32)"));
+              HasSubstr("matmul: a must be a floating-point tensor (float32 or float64) but is "
+                        "int64; convert it with .to(kFloat32)"));
   EXPECT_THAT(ErrorOf([&] { mse_loss(labels, labels); }), HasSubstr("mse_loss: input must be"));
   EXPECT_THAT(ErrorOf([&] { dropout(labels, 0.5, true); }), HasSubstr("dropout: input must be"));
 }
@@ -1161,8 +1168,8 @@ TEST_F(OpsTest, GradientsOfBroadcastingBinaryOps) {
   for (const BinaryCase& c : std::vector<BinaryCase>{
            {{2, 3}, {2, 3}}, {{2, 3}, {3}}, {{2, 1}, {1, 3}}, {{}, {2, 3}}, {{3, 1, 2}, {2}}}) {
     SCOPED_TRACE(ShapeToString(c.a) + " with " + ShapeToString(c.b));
-    const Tensor a = Param(Randn(c.a, 201)), b = Param(Randn(c.b, 202));
-    const Tensor positive_b = Param(Uniform(c.b, 0.5, 1.5, 203));
+    const Tensor a = Param64(Randn(c.a, 201)), b = Param64(Randn(c.b, 202));
+    const Tensor positive_b = Param64(Uniform(c.b, 0.5, 1.5, 203));
     EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return add(in[0], in[1]); }, {a, b}, kLinearEps);
     EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return sub(in[0], in[1]); }, {a, b}, kLinearEps);
     EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return mul(in[0], in[1]); }, {a, b});
@@ -1176,9 +1183,9 @@ TEST_F(OpsTest, GradientsOfBroadcastingBinaryOps) {
 }
 
 TEST_F(OpsTest, GradientsOfMaximumAndMinimum) {
-  const Tensor a = Param(Distinct({2, 3}, 211));
-  const Tensor b = Param(Distinct({2, 3}, 212, 0.05f, 0.025f));  // never within 0.025 of a
-  const Tensor row = Param(Distinct({3}, 213, 0.05f, 0.0125f));
+  const Tensor a = Param64(Distinct({2, 3}, 211));
+  const Tensor b = Param64(Distinct({2, 3}, 212, 0.05f, 0.025f));  // never within 0.025 of a
+  const Tensor row = Param64(Distinct({3}, 213, 0.05f, 0.0125f));
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return maximum(in[0], in[1]); }, {a, b},
                          kLinearEps / 4);
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return minimum(in[0], in[1]); }, {a, b},
@@ -1190,7 +1197,7 @@ TEST_F(OpsTest, GradientsOfMaximumAndMinimum) {
 }
 
 TEST_F(OpsTest, GradientsOfScalarOps) {
-  const Tensor x = Param(Randn({2, 3}, 221));
+  const Tensor x = Param64(Randn({2, 3}, 221));
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return add(in[0], 2.5); }, {x}, kLinearEps);
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return mul(in[0], -1.5); }, {x}, kLinearEps);
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return 3.0 - in[0] / 2.0; }, {x}, kLinearEps);
@@ -1200,9 +1207,9 @@ TEST_F(OpsTest, GradientsOfScalarOps) {
 }
 
 TEST_F(OpsTest, GradientsOfUnaryOps) {
-  const Tensor any = Param(Randn({2, 3}, 231));
-  const Tensor positive = Param(Uniform({2, 3}, 0.5, 2.0, 232));
-  const Tensor nonzero = Param(AwayFromZero({2, 3}, 233));
+  const Tensor any = Param64(Randn({2, 3}, 231));
+  const Tensor positive = Param64(Uniform({2, 3}, 0.5, 2.0, 232));
+  const Tensor nonzero = Param64(AwayFromZero({2, 3}, 233));
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return neg(in[0]); }, {any}, kLinearEps);
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return exp(in[0]); }, {any});
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return in[0].exp(); }, {any});
@@ -1221,13 +1228,13 @@ TEST_F(OpsTest, GradientsOfUnaryOps) {
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return pow(in[0], 1.0); }, {any}, kLinearEps);
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return pow(in[0], 0.0); }, {any});
   // A chain of them, on a strided input.
-  const Tensor wide = Param(Randn({3, 2}, 234));
+  const Tensor wide = Param64(Randn({3, 2}, 234));
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return sigmoid(tanh(in[0].t()) * exp(in[0].t())); },
                          {wide});
 }
 
 TEST_F(OpsTest, GradientsOfSumAndMean) {
-  const Tensor x = Param(Randn({2, 3, 4}, 241));
+  const Tensor x = Param64(Randn({2, 3, 4}, 241));
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return sum(in[0]); }, {x}, kLinearEps);
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return in[0].sum(); }, {x}, kLinearEps);
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return mean(in[0]); }, {x}, kLinearEps);
@@ -1249,7 +1256,7 @@ TEST_F(OpsTest, GradientsOfSumAndMean) {
 }
 
 TEST_F(OpsTest, GradientsOfAmax) {
-  const Tensor x = Param(Distinct({3, 4}, 251));
+  const Tensor x = Param64(Distinct({3, 4}, 251));
   for (int64_t dim : {0, 1, -1}) {
     for (bool keepdim : {false, true}) {
       EXPECT_GRADIENTS_MATCH([&](const Inputs& in) { return amax(in[0], dim, keepdim); }, {x},
@@ -1259,8 +1266,8 @@ TEST_F(OpsTest, GradientsOfAmax) {
 }
 
 TEST_F(OpsTest, GradientsOfSoftmaxAndLogSoftmax) {
-  const Tensor x = Param(Randn({3, 5}, 261));
-  const Tensor x3 = Param(Randn({2, 3, 4}, 262));
+  const Tensor x = Param64(Randn({3, 5}, 261));
+  const Tensor x3 = Param64(Randn({2, 3, 4}, 262));
   for (int64_t dim : {0, 1, -1}) {
     SCOPED_TRACE("dim " + std::to_string(dim));
     EXPECT_GRADIENTS_MATCH([&](const Inputs& in) { return softmax(in[0], dim); }, {x});
@@ -1278,12 +1285,12 @@ TEST_F(OpsTest, GradientsOfMatmulInAllForms) {
   uint64_t seed = 270;
   for (const MatmulCase& c : cases) {
     SCOPED_TRACE(ShapeToString(c.a) + " x " + ShapeToString(c.b));
-    const Tensor a = Param(Randn(c.a, ++seed)), b = Param(Randn(c.b, ++seed));
+    const Tensor a = Param64(Randn(c.a, ++seed)), b = Param64(Randn(c.b, ++seed));
     EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return matmul(in[0], in[1]); }, {a, b},
                            kLinearEps);
   }
   // Transposed operands (Gemm's transpose flags, forward and backward).
-  const Tensor a = Param(Randn({4, 3}, 281)), b = Param(Randn({2, 4}, 282));
+  const Tensor a = Param64(Randn({4, 3}, 281)), b = Param64(Randn({2, 4}, 282));
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return matmul(in[0].t(), in[1].t()); }, {a, b},
                          kLinearEps);
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return in[0].t().matmul(in[1].t()); }, {a, b},
@@ -1291,29 +1298,29 @@ TEST_F(OpsTest, GradientsOfMatmulInAllForms) {
 }
 
 TEST_F(OpsTest, GradientsOfLinear) {
-  const Tensor w = Param(Randn({3, 4}, 291)), b = Param(Randn({3}, 292));
+  const Tensor w = Param64(Randn({3, 4}, 291)), b = Param64(Randn({3}, 292));
   for (const Shape& shape : {Shape{2, 4}, Shape{2, 2, 4}, Shape{4}}) {
     SCOPED_TRACE(ShapeToString(shape));
-    const Tensor x = Param(Randn(shape, 293));
+    const Tensor x = Param64(Randn(shape, 293));
     EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return linear(in[0], in[1], in[2]); }, {x, w, b},
                            kLinearEps);
     EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return linear(in[0], in[1], Tensor()); }, {x, w},
                            kLinearEps);
   }
   // Only the weight needs a gradient (the first layer of a network).
-  const Tensor x = Randn({2, 4}, 294);
+  const Tensor x = Randn({2, 4}, 294).to(kFloat64);
   EXPECT_GRADIENTS_MATCH([x](const Inputs& in) { return linear(x, in[0], in[1]); }, {w, b},
                          kLinearEps);
 }
 
 TEST_F(OpsTest, GradientsOfLosses) {
-  const Tensor scores = Param(Randn({4, 5}, 301));
+  const Tensor scores = Param64(Randn({4, 5}, 301));
   const Tensor targets = Labels(std::vector<int64_t>{1, 0, 4, 1}, {4});
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return nll_loss(in[0], in[1]); }, {scores, targets},
                          kLinearEps);
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return cross_entropy(in[0], in[1]); },
                          {scores, targets});
-  const Tensor a = Param(Randn({3, 4}, 302)), b = Param(Randn({3, 4}, 303));
+  const Tensor a = Param64(Randn({3, 4}, 302)), b = Param64(Randn({3, 4}, 303));
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return mse_loss(in[0], in[1]); }, {a, b});
 }
 
@@ -1329,8 +1336,8 @@ TEST_F(OpsTest, GradientsOfConv2d) {
                                          {{2, 1, 4, 4}, {2, 1, 2, 2}, {2, 2}, {1, 1}, true},
                                          {{1, 3, 3, 3}, {2, 3, 1, 1}, {1, 1}, {0, 0}, true}}) {
     SCOPED_TRACE(ShapeToString(c.x) + " * " + ShapeToString(c.w));
-    const Tensor x = Param(Randn(c.x, ++seed)), w = Param(Randn(c.w, ++seed));
-    const Tensor b = Param(Randn({c.w[0]}, ++seed));
+    const Tensor x = Param64(Randn(c.x, ++seed)), w = Param64(Randn(c.w, ++seed));
+    const Tensor b = Param64(Randn({c.w[0]}, ++seed));
     if (c.bias) {
       EXPECT_GRADIENTS_MATCH(
           [&](const Inputs& in) { return conv2d(in[0], in[1], in[2], c.stride, c.padding); },
@@ -1344,7 +1351,7 @@ TEST_F(OpsTest, GradientsOfConv2d) {
 }
 
 TEST_F(OpsTest, GradientsOfMaxPool2d) {
-  const Tensor x = Param(Distinct({2, 2, 5, 5}, 321));
+  const Tensor x = Param64(Distinct({2, 2, 5, 5}, 321));
   EXPECT_GRADIENTS_MATCH(
       [](const Inputs& in) {
         return max_pool2d(in[0], {2, 2});
@@ -1363,7 +1370,7 @@ TEST_F(OpsTest, GradientsOfMaxPool2d) {
 }
 
 TEST_F(OpsTest, GradientsOfDropout) {
-  const Tensor x = Param(Randn({4, 5}, 331));
+  const Tensor x = Param64(Randn({4, 5}, 331));
   // A fresh generator with a fixed seed per call, so every evaluation draws the same mask.
   EXPECT_GRADIENTS_MATCH(
       [](const Inputs& in) {
@@ -1374,8 +1381,8 @@ TEST_F(OpsTest, GradientsOfDropout) {
 }
 
 TEST_F(OpsTest, GradientsOfCatAndStack) {
-  const Tensor a = Param(Randn({2, 3}, 341)), b = Param(Randn({2, 1}, 342));
-  const Tensor c = Param(Randn({2, 3}, 343));
+  const Tensor a = Param64(Randn({2, 3}, 341)), b = Param64(Randn({2, 1}, 342));
+  const Tensor c = Param64(Randn({2, 3}, 343));
   EXPECT_GRADIENTS_MATCH(
       [](const Inputs& in) {
         return cat({in[0], in[1], in[2]}, 1);
@@ -1401,11 +1408,11 @@ TEST_F(OpsTest, GradientsOfCatAndStack) {
 }
 
 TEST_F(OpsTest, GradientsFlowAcrossDevices) {
-  const Tensor w = Param(Randn({3, 4}, 351));
-  const Tensor x = Randn({2, 4}, 352).to(Device::Cpu(1));
+  const Tensor w = Param64(Randn({3, 4}, 351));
+  const Tensor x = Randn({2, 4}, 352).to(kFloat64).to(Device::Cpu(1));
   EXPECT_GRADIENTS_MATCH(
       [x](const Inputs& in) { return tanh(linear(x, in[0].to(Device::Cpu(1)), Tensor())); }, {w});
-  const Tensor on_cpu1 = Param(Randn({3, 4}, 353).to(Device::Cpu(1)));
+  const Tensor on_cpu1 = Param64(Randn({3, 4}, 353).to(Device::Cpu(1)));
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return log_softmax(in[0], 1); }, {on_cpu1});
 }
 
