@@ -471,8 +471,9 @@ void BatchNormBase<Derived>::pretty_print(std::ostream& out) const {
 template <typename Derived>
 Tensor BatchNormBase<Derived>::Normalize(const Tensor& input) {
   const int64_t c = options_.num_features_;
-  TANDEM_CHECK(input.dtype() == kFloat32, this->ToString(), ": expected a float32 input but got ",
-               input.dtype(), "; convert it with .to(kFloat32)");
+  TANDEM_CHECK(IsFloatingPoint(input.dtype()), this->ToString(),
+               ": expected a floating-point input (float32 or float64) but got ", input.dtype(),
+               "; convert it with .to(kFloat32)");
   TANDEM_CHECK(input.size(1) == c, this->ToString(), ": expected input with ", c,
                " channels (dimension 1) but got ", ShapeToString(input.shape()));
   const Tensor reference = weight_ ? *weight_ : running_mean();
@@ -601,8 +602,9 @@ Tensor LayerNorm::forward(const Tensor& input) {
                                                input.shape().begin() + std::max<int64_t>(lead, 0));
   TANDEM_CHECK(matches, ToString(), ": expected an input whose last ", count, " dimension(s) are ",
                ShapeToString(normalized_shape_), " but got ", ShapeToString(input.shape()));
-  TANDEM_CHECK(input.dtype() == kFloat32, ToString(), ": expected a float32 input but got ",
-               input.dtype(), "; convert it with .to(kFloat32)");
+  TANDEM_CHECK(IsFloatingPoint(input.dtype()), ToString(),
+               ": expected a floating-point input (float32 or float64) but got ", input.dtype(),
+               "; convert it with .to(kFloat32)");
   if (weight_) CheckSameDevice(input, *weight_, *this);
   std::vector<int64_t> dims;
   for (int64_t d = lead; d < input.dim(); ++d) dims.push_back(d);

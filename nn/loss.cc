@@ -29,7 +29,8 @@ void CheckDefined(const Tensor& t, const char* op, const char* name) {
 }
 
 void CheckFloat(const Tensor& t, const char* op, const char* name) {
-  TANDEM_CHECK(t.dtype() == kFloat32, op, ": ", name, " must be float32 but is ", t.dtype(),
+  TANDEM_CHECK(IsFloatingPoint(t.dtype()), op, ": ", name,
+               " must be a floating-point tensor (float32 or float64) but is ", t.dtype(),
                "; convert it with .to(kFloat32)");
 }
 
@@ -300,10 +301,10 @@ LossParts ClassIndexLossParts(const Tensor& input, const Tensor& target, bool lo
 LossParts ProbabilityParts(const Tensor& input, const Tensor& target, const Tensor& weight,
                            int64_t ignore_index, Reduction reduction, double label_smoothing,
                            const char* op) {
-  TANDEM_CHECK(target.dtype() == kFloat32, op, ": target has input's shape ",
+  TANDEM_CHECK(IsFloatingPoint(target.dtype()), op, ": target has input's shape ",
                ShapeToString(input.shape()),
-               " so it is read as class probabilities and must be float32, but is ", target.dtype(),
-               "; for class indices give it input's shape without C");
+               " so it is read as class probabilities and must be floating-point, but is ",
+               target.dtype(), "; for class indices give it input's shape without C");
   TANDEM_CHECK(ignore_index < 0, op, ": ignore_index (", ignore_index,
                ") applies to class-index targets only, but target has input's shape and holds "
                "class probabilities; leave ignore_index negative (default -100)");
@@ -489,8 +490,9 @@ namespace {
 
 void CheckModuleWeight(const Tensor& weight, const char* module, const char* name) {
   if (!weight.defined()) return;
-  TANDEM_CHECK(weight.dtype() == kFloat32, module, ": ", name, " must be float32 but is ",
-               weight.dtype(), "; convert it with .to(kFloat32)");
+  TANDEM_CHECK(IsFloatingPoint(weight.dtype()), module, ": ", name,
+               " must be a floating-point tensor (float32 or float64) but is ", weight.dtype(),
+               "; convert it with .to(kFloat32)");
 }
 
 }  // namespace

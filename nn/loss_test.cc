@@ -326,10 +326,11 @@ TEST_F(LossTest, CrossEntropyRejectsMistakesClearly) {
                 criterion.forward(randn({2, 3}), zeros({2}));
               }),
               HasSubstr("cross_entropy: target must be int64 class indices but is float32"));
-  EXPECT_THAT(ErrorOf([&] {
-                criterion.forward(randn({2, 3}), zeros({2, 3}, kInt64));
-              }),
-              HasSubstr("so it is read as class probabilities and must be float32, but is int64"));
+  EXPECT_THAT(
+      ErrorOf([&] {
+        criterion.forward(randn({2, 3}), zeros({2, 3}, kInt64));
+      }),
+      HasSubstr("so it is read as class probabilities and must be floating-point, but is int64"));
   EXPECT_THAT(ErrorOf([&] {
                 criterion.forward(randn({2, 3}), zeros({3}, kInt64));
               }),
@@ -355,7 +356,8 @@ TEST_F(LossTest, CrossEntropyRejectsMistakesClearly) {
   EXPECT_THAT(ErrorOf([&] {
                 criterion.forward(zeros({2, 3}, kInt64), Labels({0, 1}, {2}));
               }),
-              HasSubstr("cross_entropy: input must be float32 but is int64"));
+              HasSubstr("cross_entropy: input must be a floating-point tensor (float32 or float64) "
+                        "but is int64"));
 }
 
 // ---- NLLLoss -------------------------------------------------------------------------------
@@ -486,10 +488,11 @@ TEST_F(LossTest, BceWithLogitsGradientsAndErrors) {
               }),
               HasSubstr("binary_cross_entropy_with_logits: input is [3, 4] and target is [3]; "
                         "they must have the same shape"));
-  EXPECT_THAT(ErrorOf([&] {
-                criterion.forward(randn({3, 4}), zeros({3, 4}, kInt64));
-              }),
-              HasSubstr("target must be float32 but is int64"));
+  EXPECT_THAT(
+      ErrorOf([&] {
+        criterion.forward(randn({3, 4}), zeros({3, 4}, kInt64));
+      }),
+      HasSubstr("target must be a floating-point tensor (float32 or float64) but is int64"));
   EXPECT_THAT(ErrorOf([&] {
                 F::binary_cross_entropy_with_logits(
                     randn({3, 4}), rand({3, 4}), BCEWithLogitsLossOptions().pos_weight(ones({3})));
@@ -560,8 +563,10 @@ TEST_F(LossTest, RegressionLossesRejectMistakes) {
               }),
               HasSubstr("mse_loss: input is [3] and target is [3, 1]; they must have the same "
                         "shape"));
-  EXPECT_THAT(ErrorOf([&] { L1Loss().forward(randn({3}), zeros({3}, kInt64)); }),
-              HasSubstr("l1_loss: target must be float32 but is int64"));
+  EXPECT_THAT(
+      ErrorOf([&] { L1Loss().forward(randn({3}), zeros({3}, kInt64)); }),
+      HasSubstr(
+          "l1_loss: target must be a floating-point tensor (float32 or float64) but is int64"));
   EXPECT_THAT(ErrorOf([&] { SmoothL1Loss(SmoothL1LossOptions().beta(-1.0)); }),
               HasSubstr("SmoothL1Loss: beta must be >= 0 (0 gives the L1 loss) but is -1"));
   EXPECT_THAT(

@@ -114,8 +114,9 @@ Parameter Module::register_parameter(const std::string& name, Tensor tensor, boo
   CheckNewName(name, "parameter");
   TANDEM_CHECK(tensor.defined(), this->name(), ": register_parameter('", name,
                "') was given an undefined tensor");
-  TANDEM_CHECK(tensor.dtype() == kFloat32, this->name(), ": parameter '", name,
-               "' must be float32 (gradients are float32) but is ", tensor.dtype());
+  TANDEM_CHECK(IsFloatingPoint(tensor.dtype()), this->name(), ": parameter '", name,
+               "' must be floating-point (float32 or float64: gradients are) but is ",
+               tensor.dtype());
   TANDEM_CHECK(tensor.is_leaf(), this->name(), ": parameter '", name,
                "' must be a leaf tensor (gradients accumulate in leaves) but is the result of ",
                tensor.grad_fn()->name(), "; register tensor.detach() instead");
@@ -313,7 +314,7 @@ void Module::PlanConversion(const TensorConversion& convert, CopyMemo& converted
       const Tensor& old = *e.slot;
       auto it = converted.find(old.impl());
       if (it == converted.end()) {
-        Tensor copy = convert(old);  // under NoGradGuard: records nothing
+        Tensor copy = convert(old);               // under NoGradGuard: records nothing
         if (copy.impl() == old.impl()) continue;  // already as asked
         copy = copy.detach();
         if (old.requires_grad()) copy.set_requires_grad(true);

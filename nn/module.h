@@ -135,7 +135,7 @@ class Module {
 
   // ---- Registration --------------------------------------------------------------------
   // Names are non-empty, contain no '.', and are unique among a module's parameters,
-  // buffers and submodules. A parameter must be a float32 leaf; it is marked
+  // buffers and submodules. A parameter must be a floating-point leaf; it is marked
   // requires_grad(requires_grad) in place.
   Parameter register_parameter(const std::string& name, Tensor tensor, bool requires_grad = true);
   Buffer register_buffer(const std::string& name, Tensor tensor);

@@ -155,7 +155,7 @@ TEST_F(ModuleTest, RegistrationRejectsBadNamesAndTensors) {
               HasSubstr("must not contain '.'"));
   EXPECT_THAT(ErrorOf([&] { m.register_parameter("", zeros({2})); }), HasSubstr("empty name"));
   EXPECT_THAT(ErrorOf([&] { m.register_parameter("i", zeros({2}, kInt64)); }),
-              HasSubstr("parameter 'i' must be float32"));
+              HasSubstr("parameter 'i' must be floating-point (float32 or float64"));
   Tensor leaf = ones({2}, TensorOptions().requires_grad(true));
   EXPECT_THAT(ErrorOf([&] { m.register_parameter("sum", leaf * 2.0); }),
               HasSubstr("must be a leaf tensor"));

@@ -266,8 +266,8 @@ void Optimizer::add_param_group(const ParamGroup& group) {
     const Tensor& p = group.params()[k];
     const size_t i = parameters_.size() + k;
     TANDEM_CHECK(p.defined(), name_, ": parameter ", i, " is undefined");
-    TANDEM_CHECK(p.dtype() == kFloat32, name_, ": parameter ", i, " is ", p.dtype(),
-                 " but only float32 tensors can be optimized");
+    TANDEM_CHECK(IsFloatingPoint(p.dtype()), name_, ": parameter ", i, " is ", p.dtype(),
+                 " but only floating-point tensors (float32, float64) can be optimized");
     TANDEM_CHECK(p.is_leaf(), name_, ": parameter ", i, " (", ShapeToString(p.shape()),
                  ") is not a leaf but the result of ", p.grad_fn()->name(),
                  "; an optimizer updates leaves, where gradients accumulate");
@@ -318,8 +318,8 @@ std::pair<size_t, std::string> Optimizer::ParseStateName(
 Tensor Optimizer::StateTensorFor(size_t i, const std::string& name, const Tensor& value) const {
   const Tensor& p = parameters_[i];
   TANDEM_CHECK(value.defined(), name_, "::load_state_dict: entry '", name, "' is undefined");
-  TANDEM_CHECK(value.dtype() == kFloat32 && value.shape() == p.shape(), name_,
-               "::load_state_dict: entry '", name, "' must be float32 of shape ",
+  TANDEM_CHECK(value.dtype() == p.dtype() && value.shape() == p.shape(), name_,
+               "::load_state_dict: entry '", name, "' must be ", p.dtype(), " of shape ",
                ShapeToString(p.shape()), " (parameter ", i, "'s) but is ", value.dtype(),
                " of shape ", ShapeToString(value.shape()),
                "; was the state saved for another model?");

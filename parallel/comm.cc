@@ -146,11 +146,8 @@ void ReduceAddOnCpu(const std::vector<CpuSum>& sums) {
       const int64_t from = std::max(begin, starts[k]) - starts[k];
       const int64_t to = std::min(end, starts[k + 1]) - starts[k];
       if (from >= to) continue;
-      if (sums[k].out.dtype() == kFloat32) {
-        SumPart<float>(sums[k], from, to);
-      } else {
-        SumPart<int64_t>(sums[k], from, to);
-      }
+      DispatchDType(sums[k].out.dtype(), "reduce_add",
+                    [&](auto tag) { SumPart<typename decltype(tag)::type>(sums[k], from, to); });
     }
   });
 }

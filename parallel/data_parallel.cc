@@ -283,15 +283,15 @@ Tensor DataParallel::forward_loss(nn::Module& criterion, const std::vector<Tenso
   }
   // Any other criterion: the chunks' losses weighted by chunk size, exact for a mean over
   // the rows of the batch.
-  std::vector<float> weights;
+  std::vector<double> weights;
   int64_t total = 0;
   for (int64_t c : chunks) total += c;
   for (size_t i = 0; i < n; ++i) {
-    weights.push_back(static_cast<float>(static_cast<double>(chunks[i]) / total));
+    weights.push_back(static_cast<double>(chunks[i]) / total);
   }
   Tensor per_chunk = Gather(numerators, output_device_, 0);
-  Tensor w =
-      from_vector(weights, {static_cast<int64_t>(n)}, TensorOptions().device(output_device_));
+  Tensor w = from_vector(weights, {static_cast<int64_t>(n)},
+                         TensorOptions().dtype(per_chunk.dtype()).device(output_device_));
   return mul(per_chunk, w).sum();
 }
 

@@ -259,16 +259,16 @@ class Backend {
   // (float32 or float64; int64 index operands stay int64_t), and untyped pointers to them.
   //
   // Softmax or log-softmax over the middle axis of contiguous [outer, dim, inner].
-  virtual void Softmax(int index, DType dtype, bool log, void* dst, const void* src,
-                       int64_t outer, int64_t dim, int64_t inner) = 0;
+  virtual void Softmax(int index, DType dtype, bool log, void* dst, const void* src, int64_t outer,
+                       int64_t dim, int64_t inner) = 0;
   // Row-major batched GEMM: for b in [0, batch):
   //   C_b = alpha * op(A_b) * op(B_b) + beta * C_b,  op(X) = X or X^T,
   // with A_b = a + b * stride_a (stride 0 reuses one matrix), likewise B and C.
   // op(A) is m x k, op(B) is k x n, C is m x n; lda/ldb/ldc are row strides (in elements).
   virtual void Gemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
                     int64_t k, double alpha, const void* a, int64_t lda, int64_t stride_a,
-                    const void* b, int64_t ldb, int64_t stride_b, double beta, void* c,
-                    int64_t ldc, int64_t stride_c, int64_t batch) = 0;
+                    const void* b, int64_t ldb, int64_t stride_b, double beta, void* c, int64_t ldc,
+                    int64_t stride_c, int64_t batch) = 0;
   // Unfolds NCHW images into columns [batch, channels*kh*kw, out_h*out_w] (zero padding).
   virtual void Im2Col(int index, DType dtype, const Conv2dGeometry& g, const void* image,
                       void* columns) = 0;
@@ -304,8 +304,8 @@ class Backend {
                                          const void* grad_output, void* grad_input) = 0;
   // dst[r] = src[r * cols + idx[r]] for r in [0, rows). Indices must be in [0, cols): the
   // caller validates them.
-  virtual void GatherColumns(int index, DType dtype, void* dst, const void* src,
-                             const int64_t* idx, int64_t rows, int64_t cols) = 0;
+  virtual void GatherColumns(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
+                             int64_t rows, int64_t cols) = 0;
   // dst[r * cols + idx[r]] += src[r] (dst is not cleared).
   virtual void ScatterAddColumns(int index, DType dtype, void* dst, const void* src,
                                  const int64_t* idx, int64_t rows, int64_t cols) = 0;

@@ -35,11 +35,11 @@
 #include "tensor/error.h"
 #include "tensor/internal/caching_allocator.h"
 #include "tensor/internal/elementwise_math.h"
-#include "tensor/philox.h"
 #include "tensor/internal/pooling_math.h"
 #include "tensor/internal/strided_layout.h"
-#include "tensor/vectorized.h"
+#include "tensor/philox.h"
 #include "tensor/runtime.h"
+#include "tensor/vectorized.h"
 #include "tensor/worker.h"
 
 namespace tandem {
@@ -629,8 +629,8 @@ class CpuBackend final : public Backend {
   void Softmax(int index, DType dtype, bool log, void* dst, const void* src, int64_t outer,
                int64_t dim, int64_t inner) override;
   void Gemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-            double alpha, const void* a, int64_t lda, int64_t stride_a, const void* b,
-            int64_t ldb, int64_t stride_b, double beta, void* c, int64_t ldc, int64_t stride_c,
+            double alpha, const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb,
+            int64_t stride_b, double beta, void* c, int64_t ldc, int64_t stride_c,
             int64_t batch) override;
   void Im2Col(int index, DType dtype, const Conv2dGeometry& g, const void* image,
               void* columns) override;
@@ -653,12 +653,12 @@ class CpuBackend final : public Backend {
                      int64_t rows, int64_t cols) override;
   void ScatterAddColumns(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
                          int64_t rows, int64_t cols) override;
-  void Gather(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
-              int64_t outer, int64_t src_dim, int64_t idx_dim, int64_t inner) override;
+  void Gather(int index, DType dtype, void* dst, const void* src, const int64_t* idx, int64_t outer,
+              int64_t src_dim, int64_t idx_dim, int64_t inner) override;
   void ScatterAdd(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
                   int64_t outer, int64_t dst_dim, int64_t idx_dim, int64_t inner) override;
-  void RandomUniform(int index, DType dtype, void* dst, int64_t n, uint64_t seed,
-                     uint64_t offset, double low, double high) override;
+  void RandomUniform(int index, DType dtype, void* dst, int64_t n, uint64_t seed, uint64_t offset,
+                     double low, double high) override;
   void RandomNormal(int index, DType dtype, void* dst, int64_t n, uint64_t seed, uint64_t offset,
                     double mean, double stddev) override;
 
@@ -832,8 +832,8 @@ void CpuBackend::Reduce(int index, ReduceKind op, const KernelTensor& dst, const
   TANDEM_CHECK(src.is_contiguous() && dst.is_contiguous(),
                "CPU Reduce expects contiguous tensors; call contiguous() first");
   const bool arg = op == ReduceKind::kArgMax || op == ReduceKind::kArgMin;
-  TANDEM_CHECK(dst.dtype == (arg ? kInt64 : src.dtype), "CPU Reduce ", ReduceKindName(op), " writes ",
-               (arg ? kInt64 : src.dtype), " but the output is ", dst.dtype);
+  TANDEM_CHECK(dst.dtype == (arg ? kInt64 : src.dtype), "CPU Reduce ", ReduceKindName(op),
+               " writes ", (arg ? kInt64 : src.dtype), " but the output is ", dst.dtype);
   if (outer * inner == 0) return;
   TANDEM_CHECK(reduce > 0 || op == ReduceKind::kSum, "CPU Reduce: ", ReduceKindName(op),
                " of an empty dimension is undefined (the dimension being reduced has size 0); "
@@ -890,8 +890,8 @@ void CpuBackend::Gemm(int index, DType dtype, bool trans_a, bool trans_b, int64_
                  m, " n=", n, " k=", k, " batch=", batch);
     if (m == 0 || n == 0 || batch == 0) return;
     constexpr int64_t kIntMax = std::numeric_limits<int>::max();
-    TANDEM_CHECK(m <= kIntMax && n <= kIntMax && k <= kIntMax, "CPU Gemm: m=", m, " n=", n, " k=", k,
-                 " exceed BLAS's 32-bit sizes; split the product");
+    TANDEM_CHECK(m <= kIntMax && n <= kIntMax && k <= kIntMax, "CPU Gemm: m=", m, " n=", n,
+                 " k=", k, " exceed BLAS's 32-bit sizes; split the product");
     TANDEM_CHECK(batch == 1 || stride_c != 0, "CPU Gemm: a batch of ", batch,
                  " products cannot write one C (stride_c = 0); give each product its own C");
     // op(A) is m x k: A is stored m x k, or k x m when transposed; likewise B.
@@ -912,7 +912,8 @@ void CpuBackend::Gemm(int index, DType dtype, bool trans_a, bool trans_b, int64_
     const int64_t threads = CpuThreadPool(index).num_threads();
     int64_t pieces = threads / std::gcd(batch, threads);
     pieces = std::min(pieces, std::max<int64_t>(1, extent / kMinBlock));
-    pieces = std::min(pieces, std::max<int64_t>(1, static_cast<int64_t>(flops / kGemmFlopsPerChunk)));
+    pieces =
+        std::min(pieces, std::max<int64_t>(1, static_cast<int64_t>(flops / kGemmFlopsPerChunk)));
     const double flops_per_item = flops / static_cast<double>(pieces);
     const int64_t grain =
         std::max<int64_t>(1, static_cast<int64_t>(kGemmFlopsPerChunk / flops_per_item));
@@ -1004,9 +1005,9 @@ void CpuBackend::Im2Col(int index, DType dtype, const Conv2dGeometry& g, const v
                       const int64_t image_channel = row / window;  // b * channels + c
                       const T* in = image + image_channel * plane;
                       T* out = columns +
-                                   g.columns_start(image_channel / g.channels,
-                                                   image_channel % g.channels, out_plane) +
-                                   (row % window) * g.columns_tap_stride(out_plane);
+                               g.columns_start(image_channel / g.channels,
+                                               image_channel % g.channels, out_plane) +
+                               (row % window) * g.columns_tap_stride(out_plane);
                       // x = ox * stride - pad + kx * dilation lies inside for ox in [lo, hi).
                       const int64_t shift = kx * g.dilation_w - g.pad_w;
                       const auto [lo, hi] = InsideRange(shift, g.stride_w, g.width, out_w);
@@ -1024,7 +1025,8 @@ void CpuBackend::Im2Col(int index, DType dtype, const Conv2dGeometry& g, const v
                         if (g.stride_w == 1 && start >= 0 && start + out_w <= image_size &&
                             out_w <= std::numeric_limits<int32_t>::max()) {
                           CopyInside(in_row + shift, static_cast<int32_t>(lo),
-                                     static_cast<int32_t>(hi), static_cast<int32_t>(out_w), out_row);
+                                     static_cast<int32_t>(hi), static_cast<int32_t>(out_w),
+                                     out_row);
                           continue;
                         }
                         std::fill(out_row, out_row + lo, T(0));
@@ -1075,8 +1077,8 @@ void CpuBackend::Col2Im(int index, DType dtype, const Conv2dGeometry& g, const v
                       for (int64_t w = 0; w < window; ++w) {
                         const int64_t ky = w / g.kernel_w, kx = w % g.kernel_w;
                         const T* in = columns +
-                                          g.columns_start(p / g.channels, p % g.channels, out_plane) +
-                                          w * g.columns_tap_stride(out_plane);
+                                      g.columns_start(p / g.channels, p % g.channels, out_plane) +
+                                      w * g.columns_tap_stride(out_plane);
                         const int64_t shift = kx * g.dilation_w - g.pad_w;
                         const auto [lo, hi] = InsideRange(shift, g.stride_w, g.width, out_w);
                         for (int64_t oy = 0; oy < out_h; ++oy) {
@@ -1087,8 +1089,8 @@ void CpuBackend::Col2Im(int index, DType dtype, const Conv2dGeometry& g, const v
                           if (g.stride_w == 1) {
                             vec::AddIntoLoop(out_row + shift + lo, in_row + lo, hi - lo);
                           } else {
-                            AddIntoStrided(out_row + lo * g.stride_w + shift, g.stride_w, in_row + lo,
-                                           hi - lo);
+                            AddIntoStrided(out_row + lo * g.stride_w + shift, g.stride_w,
+                                           in_row + lo, hi - lo);
                           }
                         }
                       }
@@ -1357,7 +1359,6 @@ void CpuBackend::MaxPool2dBackward(int index, DType dtype, const Conv2dGeometry&
   });
 }
 
-
 void CpuBackend::AvgPool2d(int index, DType dtype, const Conv2dGeometry& g, bool count_include_pad,
                            const void* input_data, void* output_data) {
   CheckIndex(index);
@@ -1386,11 +1387,11 @@ void CpuBackend::AvgPool2dBackward(int index, DType dtype, const Conv2dGeometry&
     CheckGeometry(g, "AvgPool2dBackward");
     const int64_t out_h = g.out_h(), out_w = g.out_w(), out_plane = out_h * out_w;
     const int64_t cost = (g.kernel_h / g.stride_h + 1) * (g.kernel_w / g.stride_w + 1);
-    ForEachPixel(
-        index, g.batch * g.channels, g.height, g.width, cost, [&](int64_t p, int64_t y, int64_t x) {
-          grad_input[(p * g.height + y) * g.width + x] =
-              AvgPoolInputGrad(g, count_include_pad, out_h, out_w, grad_output + p * out_plane, y, x);
-        });
+    ForEachPixel(index, g.batch * g.channels, g.height, g.width, cost,
+                 [&](int64_t p, int64_t y, int64_t x) {
+                   grad_input[(p * g.height + y) * g.width + x] = AvgPoolInputGrad(
+                       g, count_include_pad, out_h, out_w, grad_output + p * out_plane, y, x);
+                 });
   });
 }
 
@@ -1411,10 +1412,9 @@ void CpuBackend::AdaptiveAvgPool2d(int index, DType dtype, int64_t planes, int64
   });
 }
 
-void CpuBackend::AdaptiveAvgPool2dBackward(int index, DType dtype, int64_t planes,
-                                           int64_t height, int64_t width, int64_t out_h,
-                                           int64_t out_w, const void* grad_output_data,
-                                           void* grad_input_data) {
+void CpuBackend::AdaptiveAvgPool2dBackward(int index, DType dtype, int64_t planes, int64_t height,
+                                           int64_t width, int64_t out_h, int64_t out_w,
+                                           const void* grad_output_data, void* grad_input_data) {
   CheckIndex(index);
   DispatchFloatingTypes(dtype, "CPU AdaptiveAvgPool2dBackward", [&](auto tag) {
     using T = typename decltype(tag)::type;

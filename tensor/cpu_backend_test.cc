@@ -18,8 +18,8 @@
 #include "tensor/error.h"
 #include "tensor/internal/elementwise_math.h"
 #include "tensor/philox.h"
-#include "tensor/vectorized.h"
 #include "tensor/runtime.h"
+#include "tensor/vectorized.h"
 
 namespace tandem {
 namespace {
@@ -452,8 +452,8 @@ TEST(CpuBackendTest, ReducesFloatRowsAndColumns) {
       // Values rounded to a coarse grid so that max/min have exact ties.
       std::vector<float> x = RandomFloats(n, -4, 4, 12);
       for (float& v : x) v = std::round(v * 4) / 4;
-      for (ReduceKind op :
-           {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kMin, ReduceKind::kArgMax, ReduceKind::kArgMin}) {
+      for (ReduceKind op : {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kMin,
+                            ReduceKind::kArgMax, ReduceKind::kArgMin}) {
         const std::vector<double> expected = ReferenceReduce(op, x, c.outer, c.reduce, c.inner);
         const bool arg = op == ReduceKind::kArgMax || op == ReduceKind::kArgMin;
         std::vector<float> values(c.outer * c.inner, kNaN);
@@ -496,7 +496,8 @@ TEST(CpuBackendTest, MaxMinAndArgPropagateNaNAndPickTheFirstTie) {
   const std::vector<float> x = {1, 5, 5, 2,    1, 9,    kNaN,  3,    kNaN, 1,
                                 2, 3, 4, kNaN, 0, kNaN, -kInf, kInf, kInf, 0};
   const int64_t rows = 5, cols = 4;
-  for (ReduceKind op : {ReduceKind::kMax, ReduceKind::kMin, ReduceKind::kArgMax, ReduceKind::kArgMin}) {
+  for (ReduceKind op :
+       {ReduceKind::kMax, ReduceKind::kMin, ReduceKind::kArgMax, ReduceKind::kArgMin}) {
     const std::vector<double> expected = ReferenceReduce(op, x, rows, cols, 1);
     const bool arg = op == ReduceKind::kArgMax || op == ReduceKind::kArgMin;
     std::vector<float> values(rows);
@@ -532,8 +533,8 @@ TEST(CpuBackendTest, MaxMinAndArgPropagateNaNAndPickTheFirstTie) {
 TEST(CpuBackendTest, ReducesInt64) {
   const int64_t outer = 6, reduce = 1001, inner = 3;
   std::vector<int64_t> x = RandomInts(outer * reduce * inner, -20, 20, 13);
-  for (ReduceKind op :
-       {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kMin, ReduceKind::kArgMax, ReduceKind::kArgMin}) {
+  for (ReduceKind op : {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kMin, ReduceKind::kArgMax,
+                        ReduceKind::kArgMin}) {
     std::vector<double> expected = ReferenceReduce(op, x, outer, reduce, inner);
     std::vector<int64_t> out(outer * inner);
     Cpu().Reduce(0, op, View(out.data(), {outer, inner}), View(x.data(), {outer, reduce, inner}),
@@ -643,8 +644,8 @@ void CheckGemm(const GemmCase& c) {
       }
     }
   }
-  Cpu().Gemm(0, kFloat32, c.trans_a, c.trans_b, c.m, c.n, c.k, c.alpha, a.data(), lda, stride_a, b.data(),
-             ldb, stride_b, c.beta, cm.data(), ldc, stride_c, c.batch);
+  Cpu().Gemm(0, kFloat32, c.trans_a, c.trans_b, c.m, c.n, c.k, c.alpha, a.data(), lda, stride_a,
+             b.data(), ldb, stride_b, c.beta, cm.data(), ldc, stride_c, c.batch);
   for (size_t i = 0; i < cm.size(); ++i) {
     const bool padding = c.n == 0 || static_cast<int64_t>(i % ldc) >= c.n;
     if (padding) {
@@ -702,21 +703,21 @@ TEST(CpuBackendTest, GemmDegenerateSizes) {
   CheckGemm({false, false, 3, 3, 3, 1, 0.0f, 2.0f, false});  // alpha = 0
   // beta = 0 overwrites C even where it holds NaN.
   std::vector<float> a(4, 1.0f), b(4, 1.0f), c(4, kNaN);
-  Cpu().Gemm(0, kFloat32, false, false, 2, 2, 2, 1.0f, a.data(), 2, 0, b.data(), 2, 0, 0.0f, c.data(), 2, 0,
-             1);
+  Cpu().Gemm(0, kFloat32, false, false, 2, 2, 2, 1.0f, a.data(), 2, 0, b.data(), 2, 0, 0.0f,
+             c.data(), 2, 0, 1);
   EXPECT_EQ(c, std::vector<float>(4, 2.0f));
   // A single row or column with a tight leading dimension (what a [1, k] view gives).
   std::vector<float> row = {1, 2, 3}, col = {4, 5, 6};
   float dot = 0;
-  Cpu().Gemm(0, kFloat32, false, false, 1, 1, 3, 1.0f, row.data(), 0, 0, col.data(), 1, 0, 0.0f, &dot, 0, 0,
-             1);
+  Cpu().Gemm(0, kFloat32, false, false, 1, 1, 3, 1.0f, row.data(), 0, 0, col.data(), 1, 0, 0.0f,
+             &dot, 0, 0, 1);
   EXPECT_EQ(dot, 32.0f);
   // Overlapping rows cannot go to BLAS.
-  EXPECT_THROW(Cpu().Gemm(0, kFloat32, false, false, 2, 2, 2, 1.0f, a.data(), 1, 0, b.data(), 2, 0, 0.0f,
-                          c.data(), 2, 0, 1),
+  EXPECT_THROW(Cpu().Gemm(0, kFloat32, false, false, 2, 2, 2, 1.0f, a.data(), 1, 0, b.data(), 2, 0,
+                          0.0f, c.data(), 2, 0, 1),
                Error);
-  EXPECT_THROW(Cpu().Gemm(0, kFloat32, false, false, 2, 2, 2, 1.0f, a.data(), 2, 0, b.data(), 2, 0, 0.0f,
-                          c.data(), 2, 0, 3),
+  EXPECT_THROW(Cpu().Gemm(0, kFloat32, false, false, 2, 2, 2, 1.0f, a.data(), 2, 0, b.data(), 2, 0,
+                          0.0f, c.data(), 2, 0, 3),
                Error);  // a batch writing one C
 }
 
@@ -825,10 +826,12 @@ TEST(CpuBackendTest, Col2ImIsTheAdjointOfIm2Col) {
 
 TEST(CpuBackendTest, Im2ColRejectsBadGeometry) {
   float buffer[16] = {};
-  EXPECT_THROW(Cpu().Im2Col(0, kFloat32, Conv2dGeometry::Make(1, 1, 2, 2, 3, 3, 1, 1, 0, 0), buffer, buffer),
-               Error);
-  EXPECT_THROW(Cpu().Im2Col(0, kFloat32, Conv2dGeometry::Make(1, 1, 4, 4, 2, 2, 0, 1, 0, 0), buffer, buffer),
-               Error);
+  EXPECT_THROW(
+      Cpu().Im2Col(0, kFloat32, Conv2dGeometry::Make(1, 1, 2, 2, 3, 3, 1, 1, 0, 0), buffer, buffer),
+      Error);
+  EXPECT_THROW(
+      Cpu().Im2Col(0, kFloat32, Conv2dGeometry::Make(1, 1, 4, 4, 2, 2, 0, 1, 0, 0), buffer, buffer),
+      Error);
 }
 
 TEST(CpuBackendTest, MaxPoolWithPaddingMatchesTheDefinition) {
@@ -892,8 +895,8 @@ TEST(CpuBackendTest, MaxPoolPropagatesNaN) {
   Cpu().MaxPool2d(0, kFloat32, g, input.data(), &output, &argmax);
   EXPECT_TRUE(std::isnan(output));
   EXPECT_EQ(argmax, 1);  // the first NaN
-  EXPECT_THROW(Cpu().MaxPool2d(0, kFloat32, Conv2dGeometry::Make(1, 1, 4, 4, 2, 2, 1, 1, 2, 2), input.data(),
-                               &output, &argmax),
+  EXPECT_THROW(Cpu().MaxPool2d(0, kFloat32, Conv2dGeometry::Make(1, 1, 4, 4, 2, 2, 1, 1, 2, 2),
+                               input.data(), &output, &argmax),
                Error);  // padding beyond half the kernel
 }
 

@@ -81,9 +81,9 @@ inline constexpr DType PromoteTypes(DType a, DType b) {
 // The C++ type for a DType, and back.
 template <typename T>
 struct DTypeOf;
-#define TANDEM_DTYPE_OF(type, name, text)    \
-  template <>                                \
-  struct DTypeOf<type> {                     \
+#define TANDEM_DTYPE_OF(type, name, text)          \
+  template <>                                      \
+  struct DTypeOf<type> {                           \
     static constexpr DType value = DType::k##name; \
   };
 TANDEM_FORALL_DTYPES(TANDEM_DTYPE_OF)

@@ -82,9 +82,8 @@ void CheckFloat(const Tensor& t, const char* op, const char* name) {
 void CheckSameFloat(const Tensor& a, const char* a_name, const Tensor& b, const char* b_name,
                     const char* op) {
   CheckFloat(a, op, a_name);
-  TANDEM_CHECK(a.dtype() == b.dtype(), op, ": ", a_name, " is ", a.dtype(), " but ", b_name,
-               " is ", b.dtype(), "; both must have one dtype: convert one with .to(", a.dtype(),
-               ")");
+  TANDEM_CHECK(a.dtype() == b.dtype(), op, ": ", a_name, " is ", a.dtype(), " but ", b_name, " is ",
+               b.dtype(), "; both must have one dtype: convert one with .to(", a.dtype(), ")");
 }
 
 // A possibly negative dim of a tensor with `ndim` dimensions; zero-dimensional tensors
@@ -183,10 +182,12 @@ Shape ReducedShape(const Shape& shape, const std::vector<int64_t>& dims, bool ke
 // Reduces `a` over the sorted dims with Backend::Reduce, one run of adjacent dims at a
 // time (last run first, so earlier dims keep their positions). The result has the keepdim
 // shape; kArgMax/kArgMin give int64 and take a single dim.
-Tensor ReduceRaw(const Tensor& a, const std::vector<int64_t>& dims, ReduceKind op, const char* name) {
+Tensor ReduceRaw(const Tensor& a, const std::vector<int64_t>& dims, ReduceKind op,
+                 const char* name) {
   const bool zero_dim = a.dim() == 0;
   Shape shape = zero_dim ? Shape{1} : a.shape();
-  const DType out_dtype = (op == ReduceKind::kArgMax || op == ReduceKind::kArgMin) ? kInt64 : a.dtype();
+  const DType out_dtype =
+      (op == ReduceKind::kArgMax || op == ReduceKind::kArgMin) ? kInt64 : a.dtype();
   Tensor current = ContiguousRaw(a);
   size_t run_end = dims.size();
   while (run_end > 0) {
@@ -334,9 +335,9 @@ void GemmIntoRaw(const Tensor& out, const Tensor& a, const Tensor& b, double bet
   }
   const GemmOperand lhs = MakeGemmOperand(a);
   const GemmOperand rhs = MakeGemmOperand(b);
-  BackendOf(out).Gemm(IndexOf(out), out.dtype(), lhs.trans, rhs.trans, m, n, k, 1.0f, lhs.data, lhs.ld,
-                      lhs.batch_stride, rhs.data, rhs.ld, rhs.batch_stride, beta, DataPtr(out), n,
-                      m * n, batch);
+  BackendOf(out).Gemm(IndexOf(out), out.dtype(), lhs.trans, rhs.trans, m, n, k, 1.0f, lhs.data,
+                      lhs.ld, lhs.batch_stride, rhs.data, rhs.ld, rhs.batch_stride, beta,
+                      DataPtr(out), n, m * n, batch);
 }
 
 Tensor MatmulRaw(const Tensor& a, const Tensor& b) {
@@ -405,8 +406,8 @@ Tensor NllLossCore(const Tensor& log_probs, const Tensor& targets) {
   Tensor idx = ContiguousRaw(targets);
   Tensor picked = NewTensor({rows}, lp.dtype(), lp.device());
   if (rows > 0) {
-    BackendOf(lp).GatherColumns(IndexOf(lp), lp.dtype(), DataPtr(picked), DataPtr(lp), Int64Ptr(idx), rows,
-                                cols);
+    BackendOf(lp).GatherColumns(IndexOf(lp), lp.dtype(), DataPtr(picked), DataPtr(lp),
+                                Int64Ptr(idx), rows, cols);
   }
   // Mean over zero rows is NaN, as in PyTorch.
   const double scale =
@@ -418,8 +419,8 @@ Tensor NllLossCore(const Tensor& log_probs, const Tensor& targets) {
       if (rows > 0) {
         Tensor per_row =
             BroadcastCopyRaw(UnaryRaw(UnaryOp::kMulScalar, grad, scale), {rows}, grad_lp.dtype());
-        BackendOf(grad).ScatterAddColumns(IndexOf(grad), grad_lp.dtype(), DataPtr(grad_lp), DataPtr(per_row),
-                                          Int64Ptr(idx), rows, cols);
+        BackendOf(grad).ScatterAddColumns(IndexOf(grad), grad_lp.dtype(), DataPtr(grad_lp),
+                                          DataPtr(per_row), Int64Ptr(idx), rows, cols);
       }
       return std::vector<Tensor>{grad_lp};
     });
@@ -852,8 +853,9 @@ Tensor SoftmaxImpl(const Tensor& a, int64_t dim, bool log) {
   Tensor out = NewTensor(a.shape(), a.dtype(), a.device());
   if (out.numel() > 0) {
     const auto split = static_cast<size_t>(d);
-    BackendOf(a).Softmax(IndexOf(a), x.dtype(), log, DataPtr(out), DataPtr(x), Product(shape, 0, split),
-                         shape[split], Product(shape, split + 1, shape.size()));
+    BackendOf(a).Softmax(IndexOf(a), x.dtype(), log, DataPtr(out), DataPtr(x),
+                         Product(shape, 0, split), shape[split],
+                         Product(shape, split + 1, shape.size()));
   }
   if (NeedsGrad({a})) {
     Record(log ? "LogSoftmaxBackward" : "SoftmaxBackward", {a}, out,
@@ -1153,9 +1155,9 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
     backend.Im2Col(index, dtype, g, DataPtr(x), DataPtr(columns));
     // product_g [O_g, N*L] = W_g [O_g, K_g] · columns_g [K_g, N*L], one GEMM per group.
     Tensor product = NewTensor({out_channels, batch, plane}, x.dtype(), x.device());
-    backend.Gemm(index, dtype, false, false, group_out, cols, group_patch, 1.0f, DataPtr(w), group_patch,
-                 group_out * group_patch, DataPtr(columns), cols, group_patch * cols, 0.0f,
-                 DataPtr(product), cols, group_out * cols, groups);
+    backend.Gemm(index, dtype, false, false, group_out, cols, group_patch, 1.0f, DataPtr(w),
+                 group_patch, group_out * group_patch, DataPtr(columns), cols, group_patch * cols,
+                 0.0f, DataPtr(product), cols, group_out * cols, groups);
     // [O, N, L] -> [N, O, L], adding the bias in the same pass.
     const Tensor permuted = MakeView(product, {batch, out_channels, plane},
                                      {plane, batch * plane, 1}, product.storage_offset());
@@ -1210,9 +1212,9 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
                if (work) {
                  // columns_g [K_g, N*L] = W_g^T [K_g, O_g] · grad_g [O_g, N*L], then folded back.
                  Tensor grad_columns = NewTensor({patch, batch, plane}, sx.dtype(), sx.device());
-                 backend.Gemm(index, dtype, true, false, group_patch, cols, group_out, 1.0f, DataPtr(sw),
-                              group_patch, group_out * group_patch, DataPtr(grad), cols,
-                              group_out * cols, 0.0f, DataPtr(grad_columns), cols,
+                 backend.Gemm(index, dtype, true, false, group_patch, cols, group_out, 1.0f,
+                              DataPtr(sw), group_patch, group_out * group_patch, DataPtr(grad),
+                              cols, group_out * cols, 0.0f, DataPtr(grad_columns), cols,
                               group_patch * cols, groups);
                  backend.Col2Im(index, dtype, g, DataPtr(grad_columns), DataPtr(grad_input));
                }
@@ -1233,9 +1235,9 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
                }
              }
              if (grad_b) {
-               grad_bias =
-                   work ? ViewRaw(ReduceRaw(grad, {1, 2}, ReduceKind::kSum, "conv2d"), {out_channels})
-                        : FilledRaw({out_channels}, sx.dtype(), sx.device(), 0.0);
+               grad_bias = work ? ViewRaw(ReduceRaw(grad, {1, 2}, ReduceKind::kSum, "conv2d"),
+                                          {out_channels})
+                                : FilledRaw({out_channels}, sx.dtype(), sx.device(), 0.0);
              }
              std::vector<Tensor> grads = {grad_input, grad_weight};
              if (has_bias) grads.push_back(grad_bias);
@@ -1294,8 +1296,8 @@ Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
              const Tensor grad = ContiguousRaw(grad_output);
              Tensor grad_input = NewTensor(input_shape, grad.dtype(), grad.device());
              if (grad.numel() > 0) {
-               BackendOf(grad).MaxPool2dBackward(IndexOf(grad), grad.dtype(), g, DataPtr(grad), Int64Ptr(argmax),
-                                                 DataPtr(grad_input));
+               BackendOf(grad).MaxPool2dBackward(IndexOf(grad), grad.dtype(), g, DataPtr(grad),
+                                                 Int64Ptr(argmax), DataPtr(grad_input));
              } else if (grad_input.numel() > 0) {
                BackendOf(grad).Fill(IndexOf(grad), ToKernel(grad_input), 0.0);
              }
@@ -1344,8 +1346,8 @@ Tensor adaptive_avg_pool2d(const Tensor& input, std::vector<int64_t> output_size
   Tensor x = ContiguousRaw(input);
   Tensor out = NewTensor({input.size(0), input.size(1), out_h, out_w}, x.dtype(), x.device());
   if (planes > 0) {
-    BackendOf(x).AdaptiveAvgPool2d(IndexOf(x), x.dtype(), planes, height, width, out_h, out_w, DataPtr(x),
-                                   DataPtr(out));
+    BackendOf(x).AdaptiveAvgPool2d(IndexOf(x), x.dtype(), planes, height, width, out_h, out_w,
+                                   DataPtr(x), DataPtr(out));
   }
   if (NeedsGrad({input})) {
     Record("AdaptiveAvgPool2dBackward", {input}, out,
@@ -1354,8 +1356,8 @@ Tensor adaptive_avg_pool2d(const Tensor& input, std::vector<int64_t> output_size
              const Tensor grad = ContiguousRaw(grad_output);
              Tensor grad_input = NewTensor(input_shape, grad.dtype(), grad.device());
              if (planes > 0) {
-               BackendOf(grad).AdaptiveAvgPool2dBackward(IndexOf(grad), grad.dtype(), planes, height, width,
-                                                         out_h, out_w, DataPtr(grad),
+               BackendOf(grad).AdaptiveAvgPool2dBackward(IndexOf(grad), grad.dtype(), planes,
+                                                         height, width, out_h, out_w, DataPtr(grad),
                                                          DataPtr(grad_input));
              }
              return std::vector<Tensor>{grad_input};
@@ -1582,8 +1584,8 @@ Tensor gather(const Tensor& input, int64_t dim, const Tensor& index) {
   const int64_t outer = Product(idx_shape, 0, d), inner = Product(idx_shape, d + 1, ndim);
   const int64_t src_dim = in_shape[d], idx_dim = idx_shape[d];
   Tensor out = NewTensor(index.shape(), input.dtype(), input.device());
-  BackendOf(x).Gather(IndexOf(x), x.dtype(), DataPtr(out), DataPtr(x), Int64Ptr(idx), outer, src_dim,
-                      idx_dim, inner);
+  BackendOf(x).Gather(IndexOf(x), x.dtype(), DataPtr(out), DataPtr(x), Int64Ptr(idx), outer,
+                      src_dim, idx_dim, inner);
   if (NeedsGrad({input})) {
     Record("GatherBackward", {input}, out,
            [idx, narrowed, outer, src_dim, idx_dim, inner,

@@ -301,8 +301,7 @@ T* Tensor::data_ptr() const {
                CppTypeName(dtype()), ">() or convert it first with .to(", DTypeOf<T>::value, ")");
   return static_cast<T*>(raw_data());
 }
-#define TANDEM_INSTANTIATE_DATA_PTR(type, name, text) \
-  template type* Tensor::data_ptr<type>() const;
+#define TANDEM_INSTANTIATE_DATA_PTR(type, name, text) template type* Tensor::data_ptr<type>() const;
 TANDEM_FORALL_DTYPES(TANDEM_INSTANTIATE_DATA_PTR)
 #undef TANDEM_INSTANTIATE_DATA_PTR
 

@@ -78,8 +78,8 @@ void BM_SgemmBackend(benchmark::State& state) {
   if (!SetThreadsPerDevice(state, static_cast<int>(state.range(3)))) return;
   Buffer a(s.m * s.k, 1), b(s.k * s.n, 2), c(s.m * s.n, 3);
   for (auto _ : state) {
-    CpuBackend().Gemm(0, kFloat32, false, false, s.m, s.n, s.k, 1.0f, a.data(), s.k, 0, b.data(), s.n, 0,
-                      0.0f, c.data(), s.n, 0, 1);
+    CpuBackend().Gemm(0, kFloat32, false, false, s.m, s.n, s.k, 1.0f, a.data(), s.k, 0, b.data(),
+                      s.n, 0, 0.0f, c.data(), s.n, 0, 1);
     benchmark::DoNotOptimize(c.data());
     benchmark::ClobberMemory();
   }
@@ -123,9 +123,9 @@ void BM_SgemmTwoDevices(benchmark::State& state) {
     std::future<void> done[2];
     for (int d = 0; d < 2; ++d) {
       done[d] = DeviceWorker::For(Device::Cpu(d)).Submit([&, d] {
-        CpuBackend().Gemm(d, kFloat32, false, false, s.m, s.n, s.k, 1.0f, buffers[3 * d]->data(), s.k, 0,
-                          buffers[3 * d + 1]->data(), s.n, 0, 0.0f, buffers[3 * d + 2]->data(), s.n,
-                          0, 1);
+        CpuBackend().Gemm(d, kFloat32, false, false, s.m, s.n, s.k, 1.0f, buffers[3 * d]->data(),
+                          s.k, 0, buffers[3 * d + 1]->data(), s.n, 0, 0.0f,
+                          buffers[3 * d + 2]->data(), s.n, 0, 1);
       });
     }
     for (auto& future : done) future.get();

@@ -207,7 +207,8 @@ TEST_F(TensorTest, DetachSharesDataButLeavesTheGraph) {
   EXPECT_FALSE(d.requires_grad());
   EXPECT_TRUE(d.shares_storage_with(w));
   EXPECT_TRUE(w.is_leaf());
-  EXPECT_THAT(ErrorOf([] { arange(2).set_requires_grad(true); }), HasSubstr("only floating-point tensors (float32, float64) can require"));
+  EXPECT_THAT(ErrorOf([] { arange(2).set_requires_grad(true); }),
+              HasSubstr("only floating-point tensors (float32, float64) can require"));
 }
 
 TEST_F(TensorTest, AliasOnCpuDeviceSharesMemoryAndChangesOnlyTheDevice) {

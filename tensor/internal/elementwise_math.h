@@ -17,8 +17,8 @@ namespace tandem {
 // is written once for both (expf for float, exp for double, on the host and in CUDA). Called
 // with :: because tandem's own exp/log (of Tensors) would hide them.
 namespace math {
-#define TANDEM_MATH_FUNCTION(name, float_fn, double_fn)                      \
-  TANDEM_HOST_DEVICE float name(float x) { return ::float_fn(x); }          \
+#define TANDEM_MATH_FUNCTION(name, float_fn, double_fn)            \
+  TANDEM_HOST_DEVICE float name(float x) { return ::float_fn(x); } \
   TANDEM_HOST_DEVICE double name(double x) { return ::double_fn(x); }
 TANDEM_MATH_FUNCTION(Exp, expf, exp)
 TANDEM_MATH_FUNCTION(Log, logf, log)

@@ -28,7 +28,7 @@ TANDEM_HOST_DEVICE void AvgPoolWindow(int64_t o, int64_t stride, int64_t pad, in
 
 template <typename T>
 TANDEM_HOST_DEVICE T AvgPoolDivisor(const Conv2dGeometry& g, bool count_include_pad, int64_t oy,
-                                        int64_t ox) {
+                                    int64_t ox) {
   int64_t y0, y1, py, x0, x1, px;
   AvgPoolWindow(oy, g.stride_h, g.pad_h, g.kernel_h, g.height, &y0, &y1, &py);
   AvgPoolWindow(ox, g.stride_w, g.pad_w, g.kernel_w, g.width, &x0, &x1, &px);
