@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "data/internal.h"
-#include "tensor/profiler.h"
-#include "tensor/runtime.h"
+#include "tensor/runtime/profiler.h"
+#include "tensor/runtime/devices.h"
 #include "tensor/tensor.h"
 
 namespace tandem {

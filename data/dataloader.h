@@ -32,7 +32,7 @@
 
 #include "data/dataset.h"
 #include "data/sampler.h"
-#include "tensor/device.h"
+#include "tensor/base/device.h"
 
 namespace tandem {
 namespace data {

@@ -16,7 +16,7 @@
 #include "data/random_dataset.h"
 #include "data/sampler.h"
 #include "data/tensor_dataset.h"
-#include "tensor/runtime.h"
+#include "tensor/runtime/devices.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
 

@@ -2,7 +2,7 @@
 
 #include <numeric>
 
-#include "tensor/error.h"
+#include "tensor/base/error.h"
 
 namespace tandem {
 namespace data {

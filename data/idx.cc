@@ -10,7 +10,7 @@
 #include <string>
 #include <utility>
 
-#include "tensor/error.h"
+#include "tensor/base/error.h"
 
 namespace tandem {
 namespace data {

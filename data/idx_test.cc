@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "data/test_util.h"
-#include "tensor/error.h"
+#include "tensor/base/error.h"
 
 namespace tandem {
 namespace data {

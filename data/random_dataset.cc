@@ -2,7 +2,7 @@
 
 #include <limits>
 
-#include "tensor/philox.h"
+#include "tensor/base/philox.h"
 
 namespace tandem {
 namespace data {

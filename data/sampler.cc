@@ -4,8 +4,8 @@
 #include <utility>
 
 #include "data/internal.h"
-#include "tensor/error.h"
-#include "tensor/philox.h"
+#include "tensor/base/error.h"
+#include "tensor/base/philox.h"
 
 namespace tandem {
 namespace data {

@@ -8,7 +8,7 @@
 #include <set>
 #include <vector>
 
-#include "tensor/error.h"
+#include "tensor/base/error.h"
 
 namespace tandem {
 namespace data {

@@ -4,7 +4,7 @@
 #include <numeric>
 #include <utility>
 
-#include "tensor/error.h"
+#include "tensor/base/error.h"
 
 namespace tandem {
 namespace data {

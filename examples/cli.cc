@@ -12,7 +12,7 @@
 
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "tensor/error.h"
+#include "tensor/base/error.h"
 #include "tensor/tensor.h"
 
 namespace tandem::examples {

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "tensor/device.h"
+#include "tensor/base/device.h"
 
 namespace tandem::examples {
 

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "tensor/runtime.h"
+#include "tensor/runtime/devices.h"
 
 namespace tandem::examples {
 namespace {

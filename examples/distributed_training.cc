@@ -31,7 +31,7 @@
 #include "parallel/distributed/distributed_data_parallel.h"
 #include "parallel/distributed/process_group_mpi.h"
 #include "parallel/distributed/same_configuration.h"
-#include "tensor/profiler.h"
+#include "tensor/runtime/profiler.h"
 #include "tensor/tensor.h"
 
 // The trainer's flags (defined in examples/train.cc).

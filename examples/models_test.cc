@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "examples/cli.h"
-#include "tensor/runtime.h"
+#include "tensor/runtime/devices.h"
 #include "tensor/tensor.h"
 
 namespace tandem::examples {

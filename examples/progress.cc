@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_format.h"
-#include "tensor/profiler.h"
+#include "tensor/runtime/profiler.h"
 
 namespace tandem::examples {
 

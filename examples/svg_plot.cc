@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "tensor/error.h"
+#include "tensor/base/error.h"
 
 namespace tandem::examples {
 namespace {

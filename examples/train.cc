@@ -44,9 +44,9 @@
 #include "nn/nn.h"
 #include "parallel/comm.h"
 #include "parallel/data_parallel.h"
-#include "tensor/allocator.h"
-#include "tensor/anomaly_mode.h"
-#include "tensor/profiler.h"
+#include "tensor/runtime/allocator.h"
+#include "tensor/core/anomaly_mode.h"
+#include "tensor/runtime/profiler.h"
 #include "tensor/tensor.h"
 
 ABSL_FLAG(std::string, devices, "",

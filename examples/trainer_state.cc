@@ -14,8 +14,8 @@
 #include "examples/cli.h"
 #include "examples/svg_plot.h"
 #include "nn/checkpoint.h"
-#include "tensor/atomic_file.h"
-#include "tensor/error.h"
+#include "tensor/base/atomic_file.h"
+#include "tensor/base/error.h"
 
 namespace tandem::examples {
 namespace {

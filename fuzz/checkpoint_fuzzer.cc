@@ -21,7 +21,7 @@
 #include "nn/layers.h"
 #include "nn/optim.h"
 #include "nn/sequential.h"
-#include "tensor/error.h"
+#include "tensor/base/error.h"
 #include "tensor/tensor.h"
 
 namespace {

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "fuzz/fuzz_util.h"
-#include "tensor/device.h"
-#include "tensor/error.h"
+#include "tensor/base/device.h"
+#include "tensor/base/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tandem;

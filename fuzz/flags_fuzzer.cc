@@ -14,7 +14,7 @@
 #include "examples/cli.h"
 #include "examples/models.h"
 #include "fuzz/fuzz_util.h"
-#include "tensor/error.h"
+#include "tensor/base/error.h"
 
 namespace {
 

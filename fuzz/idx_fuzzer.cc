@@ -9,7 +9,7 @@
 
 #include "data/idx.h"
 #include "fuzz/fuzz_util.h"
-#include "tensor/error.h"
+#include "tensor/base/error.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace tandem;

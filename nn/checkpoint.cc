@@ -12,9 +12,9 @@
 #include <map>
 #include <sstream>
 
-#include "tensor/atomic_file.h"
-#include "tensor/autograd.h"
-#include "tensor/backend.h"  // kMaxDims
+#include "tensor/base/atomic_file.h"
+#include "tensor/core/autograd.h"
+#include "tensor/runtime/backend.h"  // kMaxDims
 
 namespace tandem::nn {
 namespace {

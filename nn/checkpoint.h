@@ -4,7 +4,7 @@
 //   nn::SaveCheckpoint(*model, "/tmp/mlp.ckpt");
 //   nn::LoadCheckpoint(*model, "/tmp/mlp.ckpt");   // same architecture, any device
 //
-// Saving writes the file atomically (tensor/atomic_file.h: a temporary file next to the
+// Saving writes the file atomically (tensor/base/atomic_file.h: a temporary file next to the
 // target, fsynced and renamed over it), so a failed or interrupted save leaves the previous
 // file as it was and says why (e.g. "No space left on device"); the temporary files of
 // earlier saves to the same path that were killed part-way are removed. Saving through a

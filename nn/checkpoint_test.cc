@@ -20,7 +20,7 @@
 #include "nn/layers.h"
 #include "nn/sequential.h"
 #include "nn/test_util.h"
-#include "tensor/runtime.h"
+#include "tensor/runtime/devices.h"
 
 namespace tandem::nn {
 namespace {

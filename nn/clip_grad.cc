@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
-#include "tensor/grad_mode.h"
-#include "tensor/ops.h"
+#include "tensor/base/grad_mode.h"
+#include "tensor/ops/ops.h"
 
 namespace tandem::nn {
 

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "tensor/autograd.h"
+#include "tensor/core/autograd.h"
 
 namespace tandem::nn {
 namespace {

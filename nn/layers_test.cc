@@ -15,11 +15,11 @@
 
 #include "nn/sequential.h"
 #include "nn/test_util.h"
-#include "tensor/autograd.h"
+#include "tensor/core/autograd.h"
 #include "tensor/gradcheck.h"
-#include "tensor/philox.h"
-#include "tensor/runtime.h"
-#include "tensor/worker.h"
+#include "tensor/base/philox.h"
+#include "tensor/runtime/devices.h"
+#include "tensor/runtime/threads.h"
 
 namespace tandem::nn {
 namespace {

@@ -28,7 +28,7 @@
 // Every loss module is also a ChunkableLoss: forward_parts() returns its reduction's parts
 // for a chunk of a batch, so that the loss of the whole batch can be put together from the
 // chunks' parts (parallel::DataParallel::forward_loss does, one chunk per replica).
-// tandem::cross_entropy and tandem::mse_loss (tensor/ops.h) are the plain mean-reduced forms
+// tandem::cross_entropy and tandem::mse_loss (tensor/ops/ops.h) are the plain mean-reduced forms
 // without options.
 #ifndef TANDEM_NN_LOSS_H_
 #define TANDEM_NN_LOSS_H_

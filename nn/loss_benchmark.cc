@@ -1,5 +1,5 @@
 // Loss throughput: forward + backward of each loss at classifier-sized shapes, and what the
-// options cost next to the fused op of tensor/ops.h (tandem::cross_entropy).
+// options cost next to the fused op of tensor/ops/ops.h (tandem::cross_entropy).
 //
 //   bazel run -c opt //nn:loss_benchmark
 //   bazel run -c opt //nn:loss_benchmark -- --benchmark_filter=CrossEntropy
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "nn/loss.h"
-#include "tensor/autograd.h"
+#include "tensor/core/autograd.h"
 #include "tensor/tensor.h"
 
 namespace tandem::nn {

@@ -77,7 +77,7 @@ TEST_F(LossTest, CrossEntropyMatchesTheFormulaForEveryReduction) {
   ExpectValues(each, per_row, 1e-6);
   CrossEntropyLoss summed(CrossEntropyLossOptions().reduction(Reduction::kSum));
   EXPECT_NEAR(summed.forward(logits, targets).item(), total, 1e-5);
-  // The function, and the plain op of tensor/ops.h, agree.
+  // The function, and the plain op of tensor/ops/ops.h, agree.
   EXPECT_NEAR(F::cross_entropy(logits, targets).item(), total / 3, 1e-6);
   EXPECT_NEAR(tandem::cross_entropy(logits, targets).item(), total / 3, 1e-6);
 }

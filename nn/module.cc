@@ -8,7 +8,7 @@
 #include <sstream>
 #include <typeinfo>
 
-#include "tensor/runtime.h"
+#include "tensor/runtime/devices.h"
 
 namespace tandem::nn {
 namespace {

@@ -62,7 +62,7 @@
 #include <utility>
 #include <vector>
 
-#include "tensor/autograd.h"
+#include "tensor/core/autograd.h"
 #include "tensor/tensor.h"
 
 namespace tandem::nn {

@@ -9,8 +9,8 @@
 #include "nn/layers.h"
 #include "nn/sequential.h"
 #include "nn/test_util.h"
-#include "tensor/autograd.h"
-#include "tensor/runtime.h"
+#include "tensor/core/autograd.h"
+#include "tensor/runtime/devices.h"
 
 namespace tandem::nn {
 namespace {

@@ -14,8 +14,8 @@
 #include <string>
 
 #include "nn/nn.h"
-#include "tensor/autograd.h"
-#include "tensor/runtime.h"
+#include "tensor/core/autograd.h"
+#include "tensor/runtime/devices.h"
 
 namespace tandem::nn {
 namespace {

@@ -7,12 +7,12 @@
 #include <string>
 #include <utility>
 
-#include "tensor/autograd.h"
-#include "tensor/profiler.h"
-#include "tensor/run_across_devices.h"
-#include "tensor/runtime.h"
-#include "tensor/vectorized.h"
-#include "tensor/worker.h"
+#include "tensor/core/autograd.h"
+#include "tensor/runtime/profiler.h"
+#include "tensor/runtime/run_across_devices.h"
+#include "tensor/runtime/devices.h"
+#include "tensor/kernels/vectorized.h"
+#include "tensor/runtime/threads.h"
 
 namespace tandem::nn {
 namespace {
@@ -108,7 +108,7 @@ TANDEM_VECTORIZE void SgdKernel(const SgdItem& it, int64_t begin, int64_t end) {
   }
 }
 
-// The kernel compiled for this CPU's vector unit (tensor/vectorized.h).
+// The kernel compiled for this CPU's vector unit (tensor/kernels/vectorized.h).
 template <bool kDecay, bool kMomentum, bool kNesterov, bool kFirst>
 void SgdUpdate(const SgdItem& it, int64_t begin, int64_t end) {
   ::tandem::vec::Vectorized(

@@ -7,9 +7,9 @@
 
 #include "nn/layers.h"
 #include "nn/test_util.h"
-#include "tensor/profiler.h"
-#include "tensor/runtime.h"
-#include "tensor/vectorized.h"
+#include "tensor/runtime/profiler.h"
+#include "tensor/runtime/devices.h"
+#include "tensor/kernels/vectorized.h"
 
 namespace tandem::nn {
 namespace {

@@ -11,7 +11,7 @@
 #include "nn/loss.h"
 #include "nn/test_util.h"
 #include "tensor/gradcheck.h"
-#include "tensor/runtime.h"
+#include "tensor/runtime/devices.h"
 
 namespace tandem::nn {
 namespace {

@@ -10,9 +10,9 @@
 #include <set>
 
 #include "parallel/internal/collectives.h"
-#include "tensor/autograd.h"
-#include "tensor/run_across_devices.h"
-#include "tensor/vectorized.h"
+#include "tensor/core/autograd.h"
+#include "tensor/runtime/run_across_devices.h"
+#include "tensor/kernels/vectorized.h"
 
 namespace tandem::parallel {
 namespace {

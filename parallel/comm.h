@@ -1,6 +1,6 @@
 // Collective copies between devices, the plumbing under scatter, replicate and gather:
 // broadcast_coalesced, reduce_add_coalesced, scatter and gather, as PyTorch's
-// torch.cuda.comm. Nothing here records autograd (tensor/autograd.h); the differentiable
+// torch.cuda.comm. Nothing here records autograd (tensor/core/autograd.h); the differentiable
 // versions are in parallel/scatter_gather.h and parallel/replicate.h.
 //
 // Logical CPU devices share host memory, so between them a broadcast or a scatter copies

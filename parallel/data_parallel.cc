@@ -9,10 +9,10 @@
 #include "parallel/comm.h"
 #include "parallel/parallel_apply.h"
 #include "parallel/scatter_gather.h"
-#include "tensor/autograd.h"
-#include "tensor/backend.h"
-#include "tensor/profiler.h"
-#include "tensor/runtime.h"
+#include "tensor/core/autograd.h"
+#include "tensor/runtime/backend.h"
+#include "tensor/runtime/profiler.h"
+#include "tensor/runtime/devices.h"
 
 namespace tandem::parallel {
 namespace {

@@ -39,7 +39,7 @@
 
 #include "nn/module.h"
 #include "parallel/replicate.h"
-#include "tensor/backend.h"
+#include "tensor/runtime/backend.h"
 #include "tensor/tensor.h"
 
 namespace tandem::parallel {

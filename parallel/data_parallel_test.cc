@@ -15,7 +15,7 @@
 
 #include "nn/nn.h"
 #include "tensor/testing.h"
-#include "tensor/worker.h"
+#include "tensor/runtime/threads.h"
 
 namespace tandem::parallel {
 namespace {

@@ -10,8 +10,8 @@
 #include <string>
 #include <typeinfo>
 
-#include "tensor/profiler.h"
-#include "tensor/worker.h"
+#include "tensor/runtime/profiler.h"
+#include "tensor/runtime/threads.h"
 
 namespace tandem::parallel {
 namespace {

@@ -15,9 +15,9 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tensor/grad_mode.h"
+#include "tensor/base/grad_mode.h"
 #include "tensor/testing.h"
-#include "tensor/worker.h"
+#include "tensor/runtime/threads.h"
 
 namespace tandem::parallel {
 namespace {

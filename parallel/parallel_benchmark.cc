@@ -42,7 +42,7 @@
 #include "nn/nn.h"
 #include "parallel/parallel.h"
 #include "tensor/tensor.h"
-#include "tensor/worker.h"
+#include "tensor/runtime/threads.h"
 #include "tools/bench/reference_loop.h"
 
 namespace tandem::parallel {

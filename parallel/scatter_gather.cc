@@ -4,7 +4,7 @@
 #include <string>
 
 #include "parallel/comm.h"
-#include "tensor/autograd.h"
+#include "tensor/core/autograd.h"
 
 namespace tandem::parallel {
 namespace {

@@ -7,7 +7,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tensor/grad_mode.h"
+#include "tensor/base/grad_mode.h"
 #include "tensor/gradcheck.h"
 #include "tensor/testing.h"
 

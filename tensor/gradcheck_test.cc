@@ -5,7 +5,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest-spi.h"
 #include "gtest/gtest.h"
-#include "tensor/autograd.h"
+#include "tensor/core/autograd.h"
 #include "tensor/tensor.h"
 
 namespace tandem {

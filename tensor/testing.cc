@@ -7,8 +7,8 @@
 #include <cstring>
 #include <vector>
 
-#include "tensor/backend.h"
-#include "tensor/runtime.h"
+#include "tensor/runtime/backend.h"
+#include "tensor/runtime/devices.h"
 
 namespace tandem {
 namespace testing {

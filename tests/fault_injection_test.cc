@@ -25,10 +25,10 @@
 #include "data/data.h"
 #include "nn/nn.h"
 #include "parallel/parallel.h"
-#include "tensor/anomaly_mode.h"
+#include "tensor/core/anomaly_mode.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
-#include "tensor/worker.h"
+#include "tensor/runtime/threads.h"
 
 namespace tandem {
 namespace {

@@ -40,7 +40,7 @@
 #include "nn/nn.h"
 #include "parallel/parallel.h"
 #include "tensor/tensor.h"
-#include "tensor/worker.h"
+#include "tensor/runtime/threads.h"
 
 namespace tandem {
 namespace {

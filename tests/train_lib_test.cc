@@ -20,7 +20,7 @@
 #include "examples/trainer_state.h"
 #include "nn/checkpoint.h"
 #include "nn/nn.h"
-#include "tensor/profiler.h"
+#include "tensor/runtime/profiler.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
 

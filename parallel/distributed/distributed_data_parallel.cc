@@ -7,8 +7,8 @@
 #include <unordered_set>
 #include <utility>
 
-#include "tensor/autograd.h"
-#include "tensor/error.h"
+#include "tensor/core/autograd.h"
+#include "tensor/base/error.h"
 
 namespace tandem::distributed {
 namespace {

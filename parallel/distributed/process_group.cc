@@ -3,7 +3,7 @@
 #include <chrono>
 #include <utility>
 
-#include "tensor/worker.h"
+#include "tensor/runtime/threads.h"
 
 namespace tandem::distributed {
 

@@ -16,9 +16,9 @@
 #include <thread>
 #include <utility>
 
-#include "tensor/error.h"
-#include "tensor/profiler.h"
-#include "tensor/vectorized.h"
+#include "tensor/base/error.h"
+#include "tensor/runtime/profiler.h"
+#include "tensor/kernels/vectorized.h"
 
 namespace tandem::distributed {
 namespace {

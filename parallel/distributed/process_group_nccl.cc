@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "tensor/cuda/cuda.h"
-#include "tensor/error.h"
-#include "tensor/stream.h"
+#include "tensor/base/error.h"
+#include "tensor/runtime/stream.h"
 #include "tensor/tensor.h"
 
 namespace tandem::distributed {

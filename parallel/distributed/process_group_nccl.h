@@ -21,7 +21,7 @@
 #include <string>
 
 #include "parallel/distributed/process_group.h"
-#include "tensor/device.h"
+#include "tensor/base/device.h"
 
 namespace tandem::distributed {
 

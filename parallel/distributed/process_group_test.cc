@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "tensor/error.h"
+#include "tensor/base/error.h"
 
 namespace tandem::distributed {
 namespace {

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "parallel/distributed/process_group.h"
-#include "tensor/error.h"
+#include "tensor/base/error.h"
 
 namespace tandem::distributed {
 

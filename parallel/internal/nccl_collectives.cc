@@ -16,7 +16,7 @@
 
 #include "parallel/internal/collectives.h"
 #include "tensor/cuda/cuda.h"
-#include "tensor/stream.h"
+#include "tensor/runtime/stream.h"
 
 namespace tandem::parallel::internal {
 namespace {

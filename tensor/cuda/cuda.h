@@ -20,7 +20,7 @@
 
 #include <string>
 
-#include "tensor/stream.h"
+#include "tensor/runtime/stream.h"
 
 namespace tandem {
 namespace cuda {
@@ -52,7 +52,7 @@ int PhysicalDevice(int device);
 // tandem::StreamGuard picked another), as an opaque handle to cast to cudaStream_t, for code
 // that queues its own CUDA work (NCCL, custom kernels) in order with Tandem's.
 void* Stream(int device);
-// The handle of any stream of a CUDA device (tensor/stream.h), e.g. a side stream for NCCL.
+// The handle of any stream of a CUDA device (tensor/runtime/stream.h), e.g. a side stream for NCCL.
 // Throws tandem::Error for a CPU stream or one that does not exist.
 void* StreamHandle(tandem::Stream stream);
 

@@ -2,7 +2,7 @@
 //
 // Each call makes its device's physical GPU current, validates its arguments (with the
 // CPU backend's messages, so errors read the same on either device), and queues its work
-// on the calling thread's current stream of the device (tensor/stream.h,
+// on the calling thread's current stream of the device (tensor/runtime/stream.h,
 // tensor/cuda/cuda_device.h). Kernels are in kernels.cu; GEMM is cuBLAS. Nothing here waits
 // for the GPU except CopyToHost, pageable CopyFromHost and the Synchronize calls.
 #include <cublas_v2.h>
@@ -14,19 +14,19 @@
 #include <memory>
 #include <string>
 
-#include "tensor/allocator.h"
-#include "tensor/backend.h"
+#include "tensor/runtime/allocator.h"
+#include "tensor/runtime/backend.h"
 #include "tensor/cuda/cuda.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/cuda_device.h"
 #include "tensor/cuda/cuda_testing.h"
 #include "tensor/cuda/kernels.h"
-#include "tensor/dtype.h"
-#include "tensor/error.h"
-#include "tensor/internal/caching_allocator.h"
-#include "tensor/internal/elementwise_math.h"
-#include "tensor/runtime.h"
-#include "tensor/stream.h"
+#include "tensor/base/dtype.h"
+#include "tensor/base/error.h"
+#include "tensor/runtime/internal/caching_allocator.h"
+#include "tensor/kernels/internal/elementwise_math.h"
+#include "tensor/runtime/devices.h"
+#include "tensor/runtime/stream.h"
 
 namespace tandem {
 namespace cuda {

@@ -23,13 +23,13 @@
 #include <utility>
 #include <vector>
 
-#include "tensor/allocator.h"
-#include "tensor/backend.h"
+#include "tensor/runtime/allocator.h"
+#include "tensor/runtime/backend.h"
 #include "tensor/cuda/cuda.h"
-#include "tensor/device.h"
-#include "tensor/error.h"
-#include "tensor/internal/elementwise_math.h"
-#include "tensor/runtime.h"
+#include "tensor/base/device.h"
+#include "tensor/base/error.h"
+#include "tensor/kernels/internal/elementwise_math.h"
+#include "tensor/runtime/devices.h"
 
 namespace tandem {
 namespace {

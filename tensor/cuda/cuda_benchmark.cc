@@ -18,11 +18,11 @@
 #include <string>
 #include <vector>
 
-#include "tensor/allocator.h"
-#include "tensor/backend.h"
+#include "tensor/runtime/allocator.h"
+#include "tensor/runtime/backend.h"
 #include "tensor/cuda/cuda.h"
 #include "tensor/cuda/cuda_check.h"
-#include "tensor/device.h"
+#include "tensor/base/device.h"
 
 namespace tandem {
 namespace cuda {

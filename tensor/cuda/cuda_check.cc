@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "tensor/error.h"
+#include "tensor/base/error.h"
 
 namespace tandem {
 namespace cuda {

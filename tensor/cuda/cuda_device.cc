@@ -8,9 +8,9 @@
 #include <utility>
 
 #include "tensor/cuda/cuda_check.h"
-#include "tensor/device.h"
-#include "tensor/error.h"
-#include "tensor/runtime.h"
+#include "tensor/base/device.h"
+#include "tensor/base/error.h"
+#include "tensor/runtime/devices.h"
 
 namespace tandem {
 namespace cuda {

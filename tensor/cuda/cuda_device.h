@@ -3,7 +3,7 @@
 // caching allocator, created at first use.
 //
 // Every logical device owns non-blocking streams: id 0, the compute stream, created at
-// first use, and side streams that CreateStream adds (tensor/stream.h). Kernels, cuBLAS
+// first use, and side streams that CreateStream adds (tensor/runtime/stream.h). Kernels, cuBLAS
 // calls and copies go to the calling thread's current stream of the device (the compute
 // stream unless a StreamGuard picked another), so work on one stream runs in order and work
 // on different streams and devices overlaps. Host threads share the streams (CUDA streams
@@ -24,10 +24,10 @@
 #include <string>
 #include <vector>
 
-#include "tensor/backend.h"
+#include "tensor/runtime/backend.h"
 #include "tensor/cuda/kernels.h"
 #include "tensor/cuda/pinned_host_allocator.h"
-#include "tensor/internal/caching_allocator.h"
+#include "tensor/runtime/internal/caching_allocator.h"
 
 namespace tandem {
 namespace cuda {
@@ -50,7 +50,7 @@ class DeviceGuard {
 
 class CudaDevice {
  public:
-  // Side streams a device may have (tensor/stream.h's CreateStream documents the limit).
+  // Side streams a device may have (tensor/runtime/stream.h's CreateStream documents the limit).
   static constexpr int kMaxSideStreams = 32;
 
   CudaDevice(int index, int physical);

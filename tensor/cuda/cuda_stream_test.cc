@@ -14,15 +14,15 @@
 #include <numeric>
 #include <vector>
 
-#include "tensor/allocator.h"
-#include "tensor/backend.h"
+#include "tensor/runtime/allocator.h"
+#include "tensor/runtime/backend.h"
 #include "tensor/cuda/cuda.h"
 #include "tensor/cuda/cuda_testing.h"
-#include "tensor/device.h"
-#include "tensor/error.h"
-#include "tensor/internal/caching_allocator.h"
-#include "tensor/runtime.h"
-#include "tensor/stream.h"
+#include "tensor/base/device.h"
+#include "tensor/base/error.h"
+#include "tensor/runtime/internal/caching_allocator.h"
+#include "tensor/runtime/devices.h"
+#include "tensor/runtime/stream.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
 

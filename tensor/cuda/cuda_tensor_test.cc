@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "tensor/allocator.h"
+#include "tensor/runtime/allocator.h"
 #include "tensor/cuda/cuda.h"
 #include "tensor/gradcheck.h"
-#include "tensor/runtime.h"
+#include "tensor/runtime/devices.h"
 #include "tensor/tensor.h"
 
 namespace tandem {

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "tensor/stream.h"
+#include "tensor/runtime/stream.h"
 
 namespace tandem {
 namespace cuda {

@@ -23,11 +23,11 @@
 
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/kernels.h"
-#include "tensor/error.h"
-#include "tensor/internal/elementwise_math.h"
-#include "tensor/philox.h"
-#include "tensor/internal/pooling_math.h"
-#include "tensor/internal/strided_layout.h"
+#include "tensor/base/error.h"
+#include "tensor/kernels/internal/elementwise_math.h"
+#include "tensor/base/philox.h"
+#include "tensor/kernels/internal/pooling_math.h"
+#include "tensor/kernels/internal/strided_layout.h"
 
 namespace tandem {
 namespace cuda {
@@ -726,7 +726,7 @@ __global__ void MaxPool2dBackwardKernel(Conv2dGeometry g, int64_t out_h, int64_t
 }
 
 // Average pooling: one thread per output element (forward) or input element (backward, a
-// gather), computing exactly what the CPU computes (tensor/internal/pooling_math.h).
+// gather), computing exactly what the CPU computes (tensor/kernels/internal/pooling_math.h).
 __global__ void AvgPool2dKernel(Conv2dGeometry g, bool count_include_pad, int64_t out_h,
                                 int64_t out_w, const float* input, float* output) {
   const int64_t out_plane = out_h * out_w;
@@ -816,7 +816,7 @@ __global__ void ScatterAddKernel(float* dst, const float* src, const int64_t* id
 }
 
 // ---- Random numbers ---------------------------------------------------------------------
-// Element i is a function of counter offset + i alone (tensor/philox.h). Each thread owns
+// Element i is a function of counter offset + i alone (tensor/base/philox.h). Each thread owns
 // one Philox block — 4 counters for uniforms, 2 for normals — and writes the elements of
 // the request that fall in it, so a block is generated once and the output is the same
 // whatever the grid. __fmul_rn/__fadd_rn keep nvcc from fusing a * b + c into an FMA,

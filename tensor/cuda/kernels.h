@@ -17,8 +17,8 @@
 
 #include <cstdint>
 
-#include "tensor/allocator.h"
-#include "tensor/backend.h"
+#include "tensor/runtime/allocator.h"
+#include "tensor/runtime/backend.h"
 
 namespace tandem {
 namespace cuda {

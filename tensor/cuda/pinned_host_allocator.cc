@@ -5,7 +5,7 @@
 #include <string>
 
 #include "tensor/cuda/cuda_check.h"
-#include "tensor/error.h"
+#include "tensor/base/error.h"
 
 namespace tandem {
 namespace cuda {

@@ -4,7 +4,7 @@
 #include <chrono>
 #include <future>
 
-#include "tensor/worker.h"
+#include "tensor/runtime/threads.h"
 
 namespace tandem::bench {
 namespace {

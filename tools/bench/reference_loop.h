@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "tensor/device.h"
+#include "tensor/base/device.h"
 
 namespace tandem::bench {
 

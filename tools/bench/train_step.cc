@@ -34,10 +34,10 @@
 #include "examples/progress.h"
 #include "nn/nn.h"
 #include "parallel/data_parallel.h"
-#include "tensor/allocator.h"
-#include "tensor/profiler.h"
+#include "tensor/runtime/allocator.h"
+#include "tensor/runtime/profiler.h"
 #include "tensor/tensor.h"
-#include "tensor/worker.h"
+#include "tensor/runtime/threads.h"
 #include "tools/bench/reference_loop.h"
 
 ABSL_FLAG(std::string, model, "mlp", "mlp (784-256-128-10) or cnn (two conv+pool blocks)");

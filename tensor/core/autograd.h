@@ -1,0 +1,143 @@
+// Autograd: the define-by-run graph that ops record and Tensor::backward() runs.
+//
+// This header is the *recording* side: Node (one recorded operation, with one or several
+// outputs), Edge, RecordOp, grad mode and the gradient-ready hooks on leaves. The engine
+// that runs a backward pass over the recorded graph is tensor/core/engine.h.
+//
+// Every differentiable op whose inputs require grad records a Node that turns the
+// gradients of its outputs into gradients of its inputs; leaves that require grad get an
+// AccumulateGrad node that adds into Tensor::grad(). Writing a new differentiable op (see
+// tensor/ops.cc for many):
+//
+//   Tensor out = ...;  // computed without recording anything
+//   if (NeedsGrad({a})) {
+//     RecordOp("MyOpBackward", {a}, out, [a](const Tensor& grad) {
+//       return std::vector<Tensor>{grad * 2.0};
+//     });
+//   }
+//
+// A closure must not capture `out` itself (that would be a reference cycle): capture
+// out.detach() instead. An op with several outputs on several devices (DataParallel's
+// broadcast and scatter) derives from Node, gives one output device per output, and
+// records with RecordMultiOutputOp; its Apply receives one gradient slot per output (an
+// undefined Tensor where an output got no gradient).
+#ifndef TANDEM_TENSOR_CORE_AUTOGRAD_H_
+#define TANDEM_TENSOR_CORE_AUTOGRAD_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tensor/base/device.h"
+#include "tensor/base/grad_mode.h"  // IWYU pragma: export
+#include "tensor/core/tensor.h"
+
+namespace tandem {
+
+class Node;
+
+// Where a gradient goes: output `input_nr` of `node` (PyTorch's naming: it is the index of
+// the gradient among the node's inputs in the backward direction).
+struct Edge {
+  std::shared_ptr<Node> node;  // nullptr: this input needs no gradient
+  uint32_t input_nr = 0;
+};
+
+// One recorded operation.
+class Node {
+ public:
+  // A node with one output on `device`.
+  explicit Node(Device device);
+  // A node that runs on `device` whose outputs live on `output_devices` (one per output).
+  Node(Device device, std::vector<Device> output_devices);
+  virtual ~Node() = default;
+  Node(const Node&) = delete;
+  Node& operator=(const Node&) = delete;
+
+  // Given the gradients of this node's outputs (one per output, each on that output's
+  // device; undefined where an output got none), the gradients of its inputs, in the order
+  // of next_edges(); an undefined Tensor where an input gets no gradient.
+  virtual std::vector<Tensor> Apply(std::vector<Tensor> grad_outputs) = 0;
+  virtual std::string name() const = 0;
+
+  // The device whose worker runs Apply.
+  Device device() const { return device_; }
+  int num_outputs() const { return static_cast<int>(output_devices_.size()); }
+  // The device the gradient of output `i` is delivered on.
+  Device output_device(int i) const { return output_devices_[i]; }
+  const std::vector<Edge>& next_edges() const { return next_edges_; }
+  void set_next_edges(std::vector<Edge> edges) { next_edges_ = std::move(edges); }
+  // Creation order. Among the ready nodes of one device the engine runs the newest first,
+  // as PyTorch does: it follows the forward pass backwards, so cheap cross-device copies
+  // recorded late (a gather) start the other devices' work before this device's own.
+  // Gradient accumulators (leaves) have kAccumulatorSequenceNr.
+  uint64_t sequence_nr() const { return sequence_nr_; }
+
+  // The sequence number of every gradient accumulator: the largest, so that a leaf's
+  // gradient is accumulated (and its hooks run) the moment it is ready rather than after
+  // the rest of the pass, as PyTorch does; DistributedDataParallel launches its buckets
+  // from those hooks. (A leaf's accumulator lives as long as the leaf's graphs do, so a
+  // creation-order number would make it the oldest node of every later pass.)
+  static constexpr uint64_t kAccumulatorSequenceNr = ~uint64_t{0};
+
+ protected:
+  // For nodes with a fixed place in the engine's order (gradient accumulators).
+  Node(Device device, uint64_t sequence_nr);
+
+ private:
+  Device device_;
+  std::vector<Device> output_devices_;
+  uint64_t sequence_nr_;
+  std::vector<Edge> next_edges_;
+};
+
+// A single-output Node whose backward is a closure.
+class FunctionNode final : public Node {
+ public:
+  using Backward = std::function<std::vector<Tensor>(const Tensor&)>;
+  FunctionNode(std::string name, Device device, Backward backward)
+      : Node(device), name_(std::move(name)), backward_(std::move(backward)) {}
+  std::vector<Tensor> Apply(std::vector<Tensor> grad_outputs) override {
+    return backward_(grad_outputs[0]);
+  }
+  std::string name() const override { return name_; }
+
+ private:
+  std::string name_;
+  Backward backward_;
+};
+
+// True if grad mode is on and any defined input requires grad.
+bool NeedsGrad(const std::vector<Tensor>& inputs);
+
+// Makes `node` the grad_fn of `output` (which must not be a leaf that requires grad)
+// with edges to `inputs`, and marks output as requiring grad.
+void RecordOp(std::shared_ptr<Node> node, const std::vector<Tensor>& inputs, Tensor& output);
+void RecordOp(std::string name, const std::vector<Tensor>& inputs, Tensor& output,
+              FunctionNode::Backward backward);
+// Makes `node` the grad_fn of every output (output i is the node's output i; their count
+// and devices must match the node's) with edges to `inputs`. Undefined outputs are skipped.
+void RecordMultiOutputOp(std::shared_ptr<Node> node, const std::vector<Tensor>& inputs,
+                         std::vector<Tensor>& outputs);
+
+// The edge through which a gradient reaches `tensor` (its grad_fn and output index, or its
+// accumulator if it is a leaf that requires grad, or none).
+Edge GradientEdge(const Tensor& tensor);
+
+// Calls `hook(grad)` each time a backward pass has finished accumulating into `leaf`'s
+// gradient, on the worker of the leaf's device. This is the gradient-ready point that
+// overlapping communication with backward (DistributedDataParallel) needs.
+void AddGradAccumulatedHook(const Tensor& leaf, std::function<void(const Tensor&)> hook);
+
+// Clears the gradients of `tensors`: drops them (set_to_none, PyTorch's default since 2.0,
+// saves a pass over memory and lets the next backward write fresh ones) or fills them with
+// zeros. What Module::zero_grad and Optimizer::zero_grad do.
+void ZeroGrad(const std::vector<Tensor>& tensors, bool set_to_none = true);
+
+}  // namespace tandem
+
+#include "tensor/core/engine.h"  // IWYU pragma: export (RunBackward, QueueCallback)
+
+#endif  // TANDEM_TENSOR_CORE_AUTOGRAD_H_

@@ -1,0 +1,400 @@
+#include "tensor/core/engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "tensor/core/anomaly_mode.h"
+#include "tensor/core/autograd.h"
+#include "tensor/core/internal/anomaly.h"
+#include "tensor/core/internal/tensor_impl.h"
+#include "tensor/runtime/backend.h"
+#include "tensor/runtime/profiler.h"
+#include "tensor/runtime/threads.h"
+
+namespace tandem {
+namespace {
+
+class GraphTask;
+thread_local GraphTask* t_current_task = nullptr;
+
+class CurrentTaskScope {
+ public:
+  explicit CurrentTaskScope(GraphTask* task) : previous_(t_current_task) { t_current_task = task; }
+  ~CurrentTaskScope() { t_current_task = previous_; }
+  CurrentTaskScope(const CurrentTaskScope&) = delete;
+  CurrentTaskScope& operator=(const CurrentTaskScope&) = delete;
+
+ private:
+  GraphTask* previous_;
+};
+
+// The state of one backward pass. Every node reachable from the roots gets a NodeState up
+// front, so the map is only read while the pass runs; a node becomes ready when every edge
+// into it has delivered (with or without a gradient), and then runs on its device's worker.
+class GraphTask : public std::enable_shared_from_this<GraphTask> {
+ public:
+  GraphTask() : caller_(DeviceWorker::Current()) {}
+
+  void CountDependencies(const std::vector<Node*>& roots) {
+    std::vector<Node*> stack;
+    for (Node* root : roots) {
+      if (StateOf(root) == nullptr) {
+        states_.emplace(root, std::make_unique<NodeState>(root->num_outputs()));
+        stack.push_back(root);
+      }
+    }
+    while (!stack.empty()) {
+      Node* node = stack.back();
+      stack.pop_back();
+      for (const Edge& edge : node->next_edges()) {
+        Node* next = edge.node.get();
+        if (next == nullptr) continue;
+        NodeState* state = StateOf(next);
+        if (state == nullptr) {
+          state = states_.emplace(next, std::make_unique<NodeState>(next->num_outputs()))
+                      .first->second.get();
+          stack.push_back(next);
+        }
+        state->dependencies.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+  }
+
+  void AddRoot(const Edge& edge, const Tensor& grad) {
+    Deposit(StateOf(edge.node.get()), edge.input_nr, grad);
+    roots_.push_back(edge.node);
+  }
+
+  void Run() {
+    if (caller_ == nullptr && !roots_.empty() && RunsInline(roots_[0]->device())) {
+      // A thread that is no device's worker (the program's own) runs the nodes of its root's
+      // CPU device itself, as PyTorch's engine runs CPU work on the thread that called
+      // backward: a backward pass on one CPU device then hands nothing to another thread,
+      // and one over several devices hands off only what the other devices run.
+      caller_ = &DeviceWorker::For(roots_[0]->device());
+    }
+    std::unordered_set<Node*> started;
+    for (const auto& root : roots_) {
+      NodeState* state = StateOf(root.get());
+      if (state->dependencies.load() == 0 && started.insert(root.get()).second) {
+        Dispatch(root, std::move(state->slots));
+      }
+    }
+    // The graph (and the tensors its nodes saved) is let go on the caller's thread before
+    // backward() returns, as in PyTorch: a worker that finished the last node may still be
+    // unwinding its task, and must not be the one holding the graph's last references.
+    struct ReleaseGraphOnExit {
+      GraphTask* task;
+      ~ReleaseGraphOnExit() { task->ReleaseGraph(); }
+    } release{this};
+    WaitUntilDone();
+    RunCallbacks();
+  }
+
+  // Drops the roots and any queued nodes; called once every node has run (or was skipped).
+  void ReleaseGraph() {
+    std::vector<std::shared_ptr<Node>> roots;
+    std::unordered_map<DeviceWorker*, std::vector<ReadyNode>> ready;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      roots.swap(roots_);
+      ready.swap(ready_);
+    }
+  }
+
+  void AddCallback(std::function<void()> callback) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    callbacks_.push_back(std::move(callback));
+  }
+
+ private:
+  struct NodeState {
+    explicit NodeState(int num_outputs) : slots(num_outputs) {}
+    std::atomic<int> dependencies{0};
+    std::mutex mutex;  // guards slots while gradients are delivered
+    std::vector<Tensor> slots;
+  };
+
+  NodeState* StateOf(Node* node) const {
+    auto it = states_.find(node);
+    return it == states_.end() ? nullptr : it->second.get();
+  }
+
+  // Adds `grad` into slot `slot` of a node. The addition runs outside the slot's lock: a
+  // thread that finds the slot occupied takes the value out, adds, and puts the sum back
+  // (again, if another thread filled the slot meanwhile), so several devices' gradients
+  // meeting in one node are summed in parallel. A delivery completes before its dependency
+  // is released, so the node sees every sum when it becomes ready.
+  void Deposit(NodeState* state, uint32_t slot, Tensor grad) {
+    while (true) {
+      Tensor existing;
+      {
+        std::lock_guard<std::mutex> lock(state->mutex);
+        Tensor& target = state->slots[slot];
+        if (!target.defined()) {
+          target = std::move(grad);
+          return;
+        }
+        existing = std::move(target);
+        target = Tensor();
+      }
+      grad = SumOfGradients(existing, grad);
+    }
+  }
+
+  // a + b for two gradients of one slot (one shape; either may be a broadcast view), with
+  // the backend's kernel: the engine sits below the ops layer.
+  static Tensor SumOfGradients(const Tensor& a, const Tensor& b) {
+    const Device device = a.device();
+    Backend& backend = GetBackend(device);
+    const DType dtype = PromoteTypes(a.dtype(), b.dtype());
+    const auto in_dtype = [&](const Tensor& t) {
+      if (t.dtype() == dtype) return t;
+      Tensor converted = NewTensor(t.shape(), dtype, device);
+      backend.Copy(device.index(), ToKernel(converted), ToKernel(t));
+      return converted;
+    };
+    const Tensor x = in_dtype(a), y = in_dtype(b);
+    Tensor sum = NewTensor(a.shape(), dtype, device);
+    backend.Binary(device.index(), BinaryOp::kAdd, ToKernel(sum), ToKernel(x), ToKernel(y));
+    return sum;
+  }
+
+  // Marks one edge into `next` as delivered. A node whose edges have all delivered is
+  // dispatched, or, if no gradient reached any of its outputs, skipped, releasing its own
+  // inputs in turn.
+  void Release(const std::shared_ptr<Node>& next) {
+    std::vector<std::shared_ptr<Node>> pending = {next};
+    while (!pending.empty()) {
+      std::shared_ptr<Node> node = std::move(pending.back());
+      pending.pop_back();
+      NodeState* state = StateOf(node.get());
+      if (state->dependencies.fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
+      std::vector<Tensor> grads;
+      {
+        std::lock_guard<std::mutex> lock(state->mutex);
+        grads = std::move(state->slots);
+      }
+      if (std::any_of(grads.begin(), grads.end(), [](const Tensor& g) { return g.defined(); })) {
+        Dispatch(node, std::move(grads));
+      } else {
+        for (const Edge& edge : node->next_edges()) {
+          if (edge.node) pending.push_back(edge.node);
+        }
+      }
+    }
+  }
+
+  // Queues a ready node for its device. Each device has a heap of ready nodes ordered by
+  // sequence number; every queued node posts one "run the newest ready node" task to the
+  // device's worker, so all get run and the order follows the heap, not the posting.
+  void Dispatch(std::shared_ptr<Node> node, std::vector<Tensor> grads) {
+    DeviceWorker* worker = &DeviceWorker::For(node->device());
+    auto self = shared_from_this();
+    auto task = [self, worker] { self->RunNewestReady(worker); };
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      ++outstanding_;
+      std::vector<ReadyNode>& heap = ready_[worker];
+      heap.push_back(ReadyNode{std::move(node), std::move(grads)});
+      std::push_heap(heap.begin(), heap.end());
+      if (worker == caller_) {
+        // The caller is this device's worker and is blocked in WaitUntilDone: it runs the
+        // task itself rather than deadlocking on its own queue.
+        local_tasks_.push_back(std::move(task));
+        wake_signals_.fetch_add(1, std::memory_order_release);
+        wake_.notify_all();
+        return;
+      }
+    }
+    worker->Post(std::move(task));
+  }
+
+  void RunNewestReady(DeviceWorker* worker) {
+    ReadyNode next;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      std::vector<ReadyNode>& heap = ready_[worker];
+      std::pop_heap(heap.begin(), heap.end());
+      next = std::move(heap.back());
+      heap.pop_back();
+    }
+    Execute(std::move(next.node), std::move(next.grads));
+  }
+
+  void Execute(std::shared_ptr<Node> node, std::vector<Tensor> grads) {
+    if (!failed_.load()) {
+      try {
+        CurrentTaskScope current(this);
+        NoGradGuard no_grad;
+        const bool detect_anomaly = AnomalyMode::IsEnabled();
+        std::vector<Tensor> received;
+        if (detect_anomaly) received = grads;
+        std::vector<Tensor> input_grads;
+        {
+          TANDEM_PROFILE_SCOPE("autograd", node->name());
+          input_grads = node->Apply(std::move(grads));
+        }
+        const auto& edges = node->next_edges();
+        TANDEM_CHECK(input_grads.size() == edges.size(), "internal error: ", node->name(),
+                     " returned ", input_grads.size(), " gradients for ", edges.size(), " inputs");
+        if (detect_anomaly) internal::CheckBackwardAnomaly(*node, received, input_grads);
+        for (size_t i = 0; i < input_grads.size(); ++i) {
+          const Edge& edge = edges[i];
+          if (!edge.node) continue;
+          Tensor g = std::move(input_grads[i]);
+          if (g.defined()) {
+            const Device target = edge.node->output_device(static_cast<int>(edge.input_nr));
+            if (g.device() != target) g = g.to(target);
+            Deposit(StateOf(edge.node.get()), edge.input_nr, std::move(g));
+          }
+          Release(edge.node);
+        }
+      } catch (...) {
+        RecordFailure(node, std::current_exception());
+      }
+    }
+    node.reset();  // before the caller can wake: backward() returns with the node released
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (--outstanding_ == 0) {
+      wake_signals_.fetch_add(1, std::memory_order_release);
+      wake_.notify_all();
+    }
+  }
+
+  void RecordFailure(const std::shared_ptr<Node>& node, std::exception_ptr error) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!failed_.exchange(true)) {
+      error_ = std::move(error);
+      failed_node_ = node->name() + " on " + node->device().ToString();
+    }
+  }
+
+  void WaitUntilDone() {
+    WorkerScope as_worker(caller_);  // the nodes run here see the device they run for
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (true) {
+      if (outstanding_ != 0 && local_tasks_.empty()) {
+        // Another device's nodes are running; the next event (a node for this thread, or the
+        // end) often follows within microseconds, sooner than a sleeping thread wakes.
+        const int seen = wake_signals_.load(std::memory_order_acquire);
+        lock.unlock();
+        SpinWait([&] { return wake_signals_.load(std::memory_order_acquire) != seen; },
+                 kHandOffSpin);
+        lock.lock();
+      }
+      wake_.wait(lock, [this] { return outstanding_ == 0 || !local_tasks_.empty(); });
+      if (local_tasks_.empty()) break;
+      auto task = std::move(local_tasks_.front());
+      local_tasks_.pop_front();
+      lock.unlock();
+      task();
+      lock.lock();
+    }
+    lock.unlock();
+    if (failed_) ThrowFailure();
+  }
+
+  // A tandem::Error naming the node, with the node's own exception nested inside.
+  [[noreturn]] void ThrowFailure() {
+    std::string what = "unknown exception";
+    try {
+      std::rethrow_exception(error_);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    try {
+      std::rethrow_exception(error_);
+    } catch (...) {
+      std::throw_with_nested(Error("backward failed in " + failed_node_ + ": " + what));
+    }
+  }
+
+  void RunCallbacks() {
+    CurrentTaskScope current(this);
+    while (true) {
+      std::function<void()> callback;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (next_callback_ == callbacks_.size()) return;
+        callback = std::move(callbacks_[next_callback_++]);
+      }
+      callback();
+    }
+  }
+
+  struct ReadyNode {
+    std::shared_ptr<Node> node;
+    std::vector<Tensor> grads;
+    bool operator<(const ReadyNode& other) const {
+      return node->sequence_nr() < other.node->sequence_nr();
+    }
+  };
+
+  DeviceWorker* caller_;
+  std::unordered_map<Node*, std::unique_ptr<NodeState>> states_;  // fixed before Run
+  std::vector<std::shared_ptr<Node>> roots_;
+  std::atomic<bool> failed_{false};
+
+  std::mutex mutex_;  // guards everything below
+  std::condition_variable wake_;
+  std::unordered_map<DeviceWorker*, std::vector<ReadyNode>> ready_;
+  std::deque<std::function<void()>> local_tasks_;
+  int outstanding_ = 0;
+  // Bumped (under mutex_) whenever WaitUntilDone has something new to look at, so that it can
+  // poll for it without the lock before sleeping.
+  std::atomic<int> wake_signals_{0};
+  std::exception_ptr error_;
+  std::string failed_node_;
+  std::vector<std::function<void()>> callbacks_;
+  size_t next_callback_ = 0;
+};
+
+}  // namespace
+
+void RunBackward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads) {
+  TANDEM_CHECK(roots.size() == grads.size(), "backward: ", roots.size(), " tensors but ",
+               grads.size(), " gradients");
+  TANDEM_PROFILE_SCOPE("autograd", "backward");
+  auto task = std::make_shared<GraphTask>();
+  std::vector<Node*> root_nodes;
+  std::vector<std::pair<Edge, Tensor>> starts;
+  for (size_t i = 0; i < roots.size(); ++i) {
+    const Edge edge = GradientEdge(roots[i]);
+    TANDEM_CHECK(edge.node != nullptr, "backward: tensor ", i,
+                 " does not require grad and has no grad_fn");
+    TANDEM_CHECK(grads[i].defined() && grads[i].shape() == roots[i].shape(),
+                 "backward: the gradient for tensor ", i, " must have shape ",
+                 ShapeToString(roots[i].shape()));
+    root_nodes.push_back(edge.node.get());
+    Tensor grad = grads[i].detach();
+    const Device target = edge.node->output_device(static_cast<int>(edge.input_nr));
+    if (grad.device() != target) grad = grad.to(target);
+    starts.emplace_back(edge, grad);
+  }
+  task->CountDependencies(root_nodes);
+  {
+    NoGradGuard no_grad;
+    for (auto& [edge, grad] : starts) task->AddRoot(edge, grad);
+  }
+  task->Run();
+}
+
+void QueueCallback(std::function<void()> callback) {
+  TANDEM_CHECK(t_current_task != nullptr,
+               "QueueCallback: called outside a backward pass; call it from a node or a "
+               "gradient hook while backward() runs");
+  t_current_task->AddCallback(std::move(callback));
+}
+
+bool InBackwardPass() { return t_current_task != nullptr; }
+
+}  // namespace tandem

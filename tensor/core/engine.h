@@ -1,0 +1,45 @@
+// The autograd engine: runs a backward pass over the graph that ops recorded
+// (tensor/core/autograd.h). Tensor::backward() calls RunBackward; most code never calls this
+// header directly.
+//
+// Each node runs on the worker of its device, so the parts of a graph on different devices
+// (DataParallel's replicas) run backward in parallel; the nodes on the CPU device of the
+// first root run on the thread that called backward when that thread is no device's worker
+// (as PyTorch runs CPU work on the calling thread), which saves two thread hand-offs a pass.
+// Gradients that meet in one node are summed outside any lock shared by the pass, by the threads
+// that deliver them, so N devices accumulate in parallel. A node's exception stops the pass; the
+// caller gets a tandem::Error naming the node, with the original exception nested inside
+// (std::rethrow_if_nested reaches it, type intact).
+//
+// Code that runs inside a backward pass (a node, a gradient-ready hook) may queue a
+// callback that runs once, on the caller's thread, after every node has finished — where
+// DistributedDataParallel waits for its last all-reduce:
+//
+//   AddGradAccumulatedHook(weight, [](const Tensor&) {
+//     QueueCallback([] { /* every gradient of this pass is in place */ });
+//   });
+#ifndef TANDEM_TENSOR_CORE_ENGINE_H_
+#define TANDEM_TENSOR_CORE_ENGINE_H_
+
+#include <functional>
+#include <vector>
+
+#include "tensor/core/tensor.h"
+
+namespace tandem {
+
+// Runs the backward pass from `roots` with the given gradients (one per root).
+void RunBackward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads);
+
+// Queues `callback` to run once when the backward pass the calling code is part of has
+// finished, after every node, on the thread that called backward (in the order queued; a
+// callback may queue further ones). Not run if the pass fails. Throws when called outside a
+// backward pass.
+void QueueCallback(std::function<void()> callback);
+
+// True on a thread that is running a node (or hook) of a backward pass.
+bool InBackwardPass();
+
+}  // namespace tandem
+
+#endif  // TANDEM_TENSOR_CORE_ENGINE_H_

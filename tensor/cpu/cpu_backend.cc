@@ -1,0 +1,1549 @@
+// The CPU backend: kernels for logical CPU devices over host memory.
+//
+// Every kernel runs on the calling thread and splits large loops over the intra-op thread
+// pool of its logical device (ParallelFor), so that cpu:0 and cpu:1 each use their own share
+// of the cores. Elementwise math comes from tensor/elementwise_math.h, shared with the CUDA
+// backend, so that the CPU is an exact oracle for the GPU. GEMM is OpenBLAS, pinned to one
+// thread: parallelism comes from splitting the product over our pool instead, so OpenBLAS's
+// own threads never compete with other logical devices.
+//
+// Every loop computes each output element in one place, independently of how the range is
+// split, so results are bitwise the same whatever the number of threads.
+#include <cblas.h>
+#include <unistd.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "tensor/runtime/allocator.h"
+#include "tensor/runtime/backend.h"
+#include "tensor/base/error.h"
+#include "tensor/runtime/internal/caching_allocator.h"
+#include "tensor/kernels/internal/elementwise_math.h"
+#include "tensor/kernels/internal/pooling_math.h"
+#include "tensor/kernels/internal/strided_layout.h"
+#include "tensor/base/philox.h"
+#include "tensor/runtime/devices.h"
+#include "tensor/kernels/vectorized.h"
+#include "tensor/runtime/threads.h"
+
+namespace tandem {
+namespace {
+
+// 64-byte aligned host memory under each CPU device's CachingAllocator.
+class HostMemory final : public SystemMemory {
+ public:
+  void* Allocate(size_t bytes, std::string* error) override {
+    void* data = std::aligned_alloc(kHostAlignment, bytes);
+    if (data == nullptr) *error = "aligned_alloc returned no memory";
+    return data;
+  }
+  void Free(void* ptr) override { std::free(ptr); }
+  const char* Name() const override { return "aligned_alloc"; }
+};
+
+// Elements per chunk below which splitting a loop costs more than it saves (waking a pool
+// thread is a few microseconds; a cheap elementwise op does ~1 element per nanosecond).
+constexpr int64_t kElementwiseGrain = 32768;
+// Transcendental functions cost ~10x more per element, so smaller chunks pay off.
+constexpr int64_t kTranscendentalGrain = 4096;
+// Minimum floating-point operations per GEMM chunk (~30 us on one core).
+constexpr double kGemmFlopsPerChunk = 1 << 20;
+constexpr int64_t kBytesPerCopyChunk = 1 << 20;
+// Sums accumulate in double, in blocks of this many elements, then add the blocks' sums in
+// order: the result does not depend on the split and long float32 rows lose no precision.
+constexpr int64_t kSumBlock = 1 << 15;
+
+Device Cpu(int index) { return Device::Cpu(index); }
+
+// ---- Strided iteration --------------------------------------------------------------
+
+// Visits the elements [begin, end) of `layout` in row-major order, one run along the last
+// dimension at a time: inner(offsets, count, inner_strides) with per-operand element
+// offsets of the run's first element.
+template <int kArity, typename Inner>
+void ForEachRun(const StridedLayout<kArity>& layout, int64_t begin, int64_t end, Inner&& inner) {
+  int64_t offsets[kArity] = {};
+  if (layout.ndim == 0) {  // a single element
+    if (begin < end) inner(offsets, int64_t{1}, offsets);
+    return;
+  }
+  const int last = layout.ndim - 1;
+  int64_t index[kMaxDims];
+  int64_t remainder = begin;
+  for (int d = last; d >= 0; --d) {
+    index[d] = remainder % layout.sizes[d];
+    remainder /= layout.sizes[d];
+    for (int a = 0; a < kArity; ++a) offsets[a] += index[d] * layout.strides[a][d];
+  }
+  int64_t inner_strides[kArity];
+  for (int a = 0; a < kArity; ++a) inner_strides[a] = layout.strides[a][last];
+
+  int64_t position = begin;
+  while (position < end) {
+    const int64_t count = std::min(layout.sizes[last] - index[last], end - position);
+    inner(offsets, count, inner_strides);
+    position += count;
+    if (position >= end) break;
+    // The run reached the end of the last dimension: carry into the outer ones.
+    for (int a = 0; a < kArity; ++a) offsets[a] -= index[last] * inner_strides[a];
+    index[last] = 0;
+    for (int d = last - 1; d >= 0; --d) {
+      ++index[d];
+      for (int a = 0; a < kArity; ++a) offsets[a] += layout.strides[a][d];
+      if (index[d] < layout.sizes[d]) break;
+      for (int a = 0; a < kArity; ++a) offsets[a] -= index[d] * layout.strides[a][d];
+      index[d] = 0;
+    }
+  }
+}
+
+void CheckSameShape(const KernelTensor& dst, const KernelTensor& src, const char* kernel,
+                    const char* what) {
+  bool same = dst.ndim == src.ndim;
+  for (int d = 0; same && d < dst.ndim; ++d) same = dst.sizes[d] == src.sizes[d];
+  if (same) return;
+  std::string dst_shape = "[", src_shape = "[";
+  for (int d = 0; d < dst.ndim; ++d) dst_shape += (d ? ", " : "") + std::to_string(dst.sizes[d]);
+  for (int d = 0; d < src.ndim; ++d) src_shape += (d ? ", " : "") + std::to_string(src.sizes[d]);
+  TANDEM_FAIL("CPU ", kernel, " expects ", what, " of the output's shape ", dst_shape, "] but got ",
+              src_shape, "]; broadcast or reshape it before calling the kernel");
+}
+
+void CheckLayout(const KernelTensor& t, const char* kernel) {
+  TANDEM_CHECK(t.ndim >= 0 && t.ndim <= kMaxDims, "CPU ", kernel, " got a tensor with ", t.ndim,
+               " dimensions; at most ", kMaxDims, " are supported");
+  for (int d = 0; d < t.ndim; ++d) {
+    TANDEM_CHECK(t.sizes[d] >= 0, "CPU ", kernel, " got a negative size ", t.sizes[d],
+                 " in dimension ", d);
+  }
+}
+
+// Calls f(std::integral_constant<Enum, value>) for the runtime `op`, so that the switch
+// inside ApplyUnary/ApplyBinary folds away and each loop is compiled for one function.
+template <typename F>
+void DispatchUnary(UnaryOp op, F&& f) {
+#define TANDEM_UNARY_CASE(name) \
+  case UnaryOp::name:           \
+    return f(std::integral_constant<UnaryOp, UnaryOp::name>{})
+  switch (op) {
+    TANDEM_UNARY_CASE(kNeg);
+    TANDEM_UNARY_CASE(kExp);
+    TANDEM_UNARY_CASE(kLog);
+    TANDEM_UNARY_CASE(kRelu);
+    TANDEM_UNARY_CASE(kSqrt);
+    TANDEM_UNARY_CASE(kAbs);
+    TANDEM_UNARY_CASE(kTanh);
+    TANDEM_UNARY_CASE(kSigmoid);
+    TANDEM_UNARY_CASE(kSquare);
+    TANDEM_UNARY_CASE(kAddScalar);
+    TANDEM_UNARY_CASE(kMulScalar);
+    TANDEM_UNARY_CASE(kPowScalar);
+    TANDEM_UNARY_CASE(kGeScalar);
+    TANDEM_UNARY_CASE(kGelu);
+    TANDEM_UNARY_CASE(kGeluDerivative);
+  }
+#undef TANDEM_UNARY_CASE
+  TANDEM_FAIL("unknown UnaryOp ", static_cast<int>(op));
+}
+
+template <typename F>
+void DispatchBinary(BinaryOp op, F&& f) {
+#define TANDEM_BINARY_CASE(name) \
+  case BinaryOp::name:           \
+    return f(std::integral_constant<BinaryOp, BinaryOp::name>{})
+  switch (op) {
+    TANDEM_BINARY_CASE(kAdd);
+    TANDEM_BINARY_CASE(kSub);
+    TANDEM_BINARY_CASE(kMul);
+    TANDEM_BINARY_CASE(kDiv);
+    TANDEM_BINARY_CASE(kMaximum);
+    TANDEM_BINARY_CASE(kMinimum);
+    TANDEM_BINARY_CASE(kEq);
+    TANDEM_BINARY_CASE(kNe);
+    TANDEM_BINARY_CASE(kLt);
+    TANDEM_BINARY_CASE(kLe);
+    TANDEM_BINARY_CASE(kGt);
+    TANDEM_BINARY_CASE(kGe);
+    TANDEM_BINARY_CASE(kReluBackward);
+  }
+#undef TANDEM_BINARY_CASE
+  TANDEM_FAIL("unknown BinaryOp ", static_cast<int>(op));
+}
+
+bool IsTranscendental(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::kExp:
+    case UnaryOp::kLog:
+    case UnaryOp::kSqrt:
+    case UnaryOp::kTanh:
+    case UnaryOp::kSigmoid:
+    case UnaryOp::kPowScalar:
+    case UnaryOp::kGelu:
+    case UnaryOp::kGeluDerivative:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// ---- Elementwise inner loops ----------------------------------------------------------
+// The unit-stride and broadcast-scalar cases get their own loops so that the compiler
+// vectorises them; anything else takes the general strided loop.
+
+// GCC (12, at -O2 and -O3) compiles relu's `0 > x ? 0 : x` and its backward's select into a
+// compare and a branch per element, mispredicted on every other element of real activations
+// (about 30x slower than SSE on random signs). These loops spell out the same selects, NaN
+// included: maxps(0, x) returns x when x is NaN; cmpnle(b, 0) is true when b > 0 or NaN.
+// Both return how many leading elements they did; the caller finishes the rest.
+int64_t ReluUnitStride(float* dst, const float* src, int64_t n) {
+  int64_t i = 0;
+#if defined(__SSE2__)
+  const __m128 zero = _mm_setzero_ps();
+  for (; i + 4 <= n; i += 4) _mm_storeu_ps(dst + i, _mm_max_ps(zero, _mm_loadu_ps(src + i)));
+#endif
+  return i;
+}
+
+int64_t ReluBackwardUnitStride(float* dst, const float* grad, const float* out, int64_t n) {
+  int64_t i = 0;
+#if defined(__SSE2__)
+  const __m128 zero = _mm_setzero_ps();
+  for (; i + 4 <= n; i += 4) {
+    const __m128 pass = _mm_cmpnle_ps(_mm_loadu_ps(out + i), zero);
+    _mm_storeu_ps(dst + i, _mm_and_ps(pass, _mm_loadu_ps(grad + i)));
+  }
+#endif
+  return i;
+}
+
+template <UnaryOp kOp, typename T, typename S>
+void UnaryRun(T* dst, const T* src, int64_t n, int64_t dst_stride, int64_t src_stride, S s) {
+  if (dst_stride == 1 && src_stride == 1) {
+    int64_t i = 0;
+    if constexpr (kOp == UnaryOp::kRelu && std::is_same_v<T, float>) {
+      i = ReluUnitStride(dst, src, n);
+    }
+    for (; i < n; ++i) dst[i] = ApplyUnary(kOp, src[i], s);
+  } else if (dst_stride == 1 && src_stride == 0) {
+    const T value = ApplyUnary(kOp, *src, s);
+    std::fill(dst, dst + n, value);
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      dst[i * dst_stride] = ApplyUnary(kOp, src[i * src_stride], s);
+    }
+  }
+}
+
+template <BinaryOp kOp, typename T>
+void BinaryRun(T* dst, const T* a, const T* b, int64_t n, const int64_t* strides) {
+  const int64_t sd = strides[0], sa = strides[1], sb = strides[2];
+  if (sd == 1 && sa == 1 && sb == 1) {
+    int64_t i = 0;
+    if constexpr (kOp == BinaryOp::kReluBackward && std::is_same_v<T, float>) {
+      i = ReluBackwardUnitStride(dst, a, b, n);
+    }
+    for (; i < n; ++i) dst[i] = ApplyBinary(kOp, a[i], b[i]);
+  } else if (sd == 1 && sa == 1 && sb == 0) {
+    const T bv = *b;
+    for (int64_t i = 0; i < n; ++i) dst[i] = ApplyBinary(kOp, a[i], bv);
+  } else if (sd == 1 && sa == 0 && sb == 1) {
+    const T av = *a;
+    for (int64_t i = 0; i < n; ++i) dst[i] = ApplyBinary(kOp, av, b[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      dst[i * sd] = ApplyBinary(kOp, a[i * sa], b[i * sb]);
+    }
+  }
+}
+
+template <typename T>
+TANDEM_VECTORIZE inline void FillLoop(T* __restrict dst, int64_t n, T value) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = value;
+}
+
+template <typename To, typename From>
+void ConvertRun(To* dst, const From* src, int64_t n, int64_t dst_stride, int64_t src_stride) {
+  if (dst_stride == 1 && src_stride == 0) {
+    // A broadcast (conv2d's bias over each output plane): GCC's -O2 leaves a plain fill of a
+    // non-zero value scalar.
+    const To value = static_cast<To>(*src);
+    vec::Vectorized([&] { FillLoop(dst, n, value); });
+  } else if (dst_stride == 1 && src_stride == 1) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<To>(src[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i * dst_stride] = static_cast<To>(src[i * src_stride]);
+  }
+}
+
+template <typename T>
+void FillRun(T* dst, int64_t n, int64_t stride, T value) {
+  if (stride == 1) {
+    std::fill(dst, dst + n, value);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i * stride] = value;
+  }
+}
+
+// ---- Reductions -------------------------------------------------------------------------
+
+// Wider accumulators for sums: double for float32 (see kSumBlock), int64 for int64.
+template <typename T>
+using SumAccumulator = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
+
+// Sum of n contiguous elements, with eight independent accumulators so that the loop
+// vectorises without reassociating a single chain (which the compiler may not do).
+template <typename T>
+SumAccumulator<T> SumContiguous(const T* x, int64_t n) {
+  using Acc = SumAccumulator<T>;
+  Acc partial[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) partial[j] += static_cast<Acc>(x[i + j]);
+  }
+  Acc tail = 0;
+  for (; i < n; ++i) tail += static_cast<Acc>(x[i]);
+  return ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
+         ((partial[4] + partial[5]) + (partial[6] + partial[7])) + tail;
+}
+
+// Whether `candidate` replaces `best` in a max (kMax) or min reduction. NaN wins over any
+// number (PyTorch propagates NaN through max/min and its argmax picks the NaN); among equal
+// values the earlier one stays.
+template <bool kMax, typename T>
+inline bool Replaces(T candidate, T best) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (std::isnan(candidate)) return !std::isnan(best);
+  }
+  return kMax ? candidate > best : candidate < best;
+}
+
+template <typename T>
+void ReduceSum(int index, T* dst, const T* src, int64_t outer, int64_t reduce, int64_t inner) {
+  using Acc = SumAccumulator<T>;
+  if (inner == 1) {
+    // Rows: split over (row, block) pairs so that one long row still uses every thread.
+    const int64_t blocks = std::max<int64_t>(1, (reduce + kSumBlock - 1) / kSumBlock);
+    if (blocks == 1) {
+      ParallelFor(Cpu(index), outer, std::max<int64_t>(1, kElementwiseGrain / (reduce + 1)),
+                  [&](int64_t begin, int64_t end) {
+                    for (int64_t o = begin; o < end; ++o) {
+                      dst[o] = static_cast<T>(SumContiguous(src + o * reduce, reduce));
+                    }
+                  });
+      return;
+    }
+    std::vector<Acc> partial(outer * blocks);
+    ParallelFor(Cpu(index), outer * blocks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t o = item / blocks, block = item % blocks;
+        const int64_t start = block * kSumBlock;
+        const int64_t length = std::min(kSumBlock, reduce - start);
+        partial[item] = SumContiguous(src + o * reduce + start, length);
+      }
+    });
+    for (int64_t o = 0; o < outer; ++o) {
+      Acc total = 0;
+      for (int64_t block = 0; block < blocks; ++block) total += partial[o * blocks + block];
+      dst[o] = static_cast<T>(total);
+    }
+    return;
+  }
+  // Columns: accumulate a tile of the inner axis across the reduced axis (contiguous, so
+  // the loop over the tile vectorises).
+  constexpr int64_t kTile = 256;
+  const int64_t tiles = (inner + kTile - 1) / kTile;
+  const int64_t work_per_tile = reduce * std::min(inner, kTile);
+  ParallelFor(Cpu(index), outer * tiles,
+              std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, work_per_tile)),
+              [&](int64_t begin, int64_t end) {
+                Acc acc[kTile];
+                for (int64_t item = begin; item < end; ++item) {
+                  const int64_t o = item / tiles, j0 = (item % tiles) * kTile;
+                  const int64_t width = std::min(kTile, inner - j0);
+                  std::fill(acc, acc + width, Acc{0});
+                  const T* base = src + o * reduce * inner + j0;
+                  for (int64_t r = 0; r < reduce; ++r) {
+                    const T* row = base + r * inner;
+                    for (int64_t j = 0; j < width; ++j) acc[j] += static_cast<Acc>(row[j]);
+                  }
+                  T* out = dst + o * inner + j0;
+                  for (int64_t j = 0; j < width; ++j) out[j] = static_cast<T>(acc[j]);
+                }
+              });
+}
+
+// Max/min (kArg false: values of type T) or argmax/argmin (kArg true: int64 indices).
+template <bool kMax, bool kArg, typename T>
+void ReduceExtremum(int index, void* dst, const T* src, int64_t outer, int64_t reduce,
+                    int64_t inner) {
+  auto write = [&](int64_t at, T value, int64_t position) {
+    if constexpr (kArg) {
+      static_cast<int64_t*>(dst)[at] = position;
+    } else {
+      static_cast<T*>(dst)[at] = value;
+    }
+  };
+  if (inner == 1) {
+    ParallelFor(Cpu(index), outer, std::max<int64_t>(1, kElementwiseGrain / reduce),
+                [&](int64_t begin, int64_t end) {
+                  for (int64_t o = begin; o < end; ++o) {
+                    const T* row = src + o * reduce;
+                    T best = row[0];
+                    int64_t position = 0;
+                    for (int64_t r = 1; r < reduce; ++r) {
+                      if (Replaces<kMax>(row[r], best)) {
+                        best = row[r];
+                        position = r;
+                      }
+                    }
+                    write(o, best, position);
+                  }
+                });
+    return;
+  }
+  constexpr int64_t kTile = 256;
+  const int64_t tiles = (inner + kTile - 1) / kTile;
+  const int64_t work_per_tile = reduce * std::min(inner, kTile);
+  ParallelFor(Cpu(index), outer * tiles, std::max<int64_t>(1, kElementwiseGrain / work_per_tile),
+              [&](int64_t begin, int64_t end) {
+                T best[kTile];
+                int64_t position[kTile];
+                for (int64_t item = begin; item < end; ++item) {
+                  const int64_t o = item / tiles, j0 = (item % tiles) * kTile;
+                  const int64_t width = std::min(kTile, inner - j0);
+                  const T* base = src + o * reduce * inner + j0;
+                  for (int64_t j = 0; j < width; ++j) {
+                    best[j] = base[j];
+                    position[j] = 0;
+                  }
+                  for (int64_t r = 1; r < reduce; ++r) {
+                    const T* row = base + r * inner;
+                    for (int64_t j = 0; j < width; ++j) {
+                      if (Replaces<kMax>(row[j], best[j])) {
+                        best[j] = row[j];
+                        position[j] = r;
+                      }
+                    }
+                  }
+                  for (int64_t j = 0; j < width; ++j)
+                    write(o * inner + j0 + j, best[j], position[j]);
+                }
+              });
+}
+
+template <typename T>
+void ReduceTyped(int index, ReduceKind op, void* dst, const T* src, int64_t outer, int64_t reduce,
+                 int64_t inner) {
+  switch (op) {
+    case ReduceKind::kSum:
+      return ReduceSum(index, static_cast<T*>(dst), src, outer, reduce, inner);
+    case ReduceKind::kMax:
+      return ReduceExtremum<true, false>(index, dst, src, outer, reduce, inner);
+    case ReduceKind::kMin:
+      return ReduceExtremum<false, false>(index, dst, src, outer, reduce, inner);
+    case ReduceKind::kArgMax:
+      return ReduceExtremum<true, true>(index, dst, src, outer, reduce, inner);
+    case ReduceKind::kArgMin:
+      return ReduceExtremum<false, true>(index, dst, src, outer, reduce, inner);
+  }
+  TANDEM_FAIL("unknown ReduceKind ", static_cast<int>(op));
+}
+
+const char* ReduceKindName(ReduceKind op) {
+  switch (op) {
+    case ReduceKind::kSum:
+      return "sum";
+    case ReduceKind::kMax:
+      return "max";
+    case ReduceKind::kMin:
+      return "min";
+    case ReduceKind::kArgMax:
+      return "argmax";
+    case ReduceKind::kArgMin:
+      return "argmin";
+  }
+  return "?";
+}
+
+// ---- Softmax ----------------------------------------------------------------------------
+
+// Softmax of one row of `dim` elements, `stride` apart.
+template <typename T>
+void SoftmaxRow(bool log, T* dst, const T* src, int64_t dim, int64_t stride) {
+  T max_value = -std::numeric_limits<T>::infinity();
+  for (int64_t i = 0; i < dim; ++i) {
+    const T x = src[i * stride];
+    if (Replaces<true>(x, max_value)) max_value = x;
+  }
+  double sum = 0.0;
+  if (log) {
+    for (int64_t i = 0; i < dim; ++i) sum += std::exp(src[i * stride] - max_value);
+    const T log_sum = static_cast<T>(std::log(sum));
+    for (int64_t i = 0; i < dim; ++i) dst[i * stride] = (src[i * stride] - max_value) - log_sum;
+  } else {
+    for (int64_t i = 0; i < dim; ++i) {
+      const T e = std::exp(src[i * stride] - max_value);
+      dst[i * stride] = e;
+      sum += e;
+    }
+    const T scale = static_cast<T>(1.0 / sum);
+    for (int64_t i = 0; i < dim; ++i) dst[i * stride] *= scale;
+  }
+}
+
+// ---- GEMM -------------------------------------------------------------------------------
+
+// OpenBLAS rejects (with a message on stderr, computing nothing) a leading dimension below
+// the row length even where it does not matter, e.g. for a single row or an empty matrix.
+int64_t LeadingDimension(int64_t rows, int64_t cols, int64_t ld, const char* name) {
+  if (rows <= 1) return std::max<int64_t>(ld, std::max<int64_t>(cols, 1));
+  TANDEM_CHECK(ld >= std::max<int64_t>(cols, 1), "CPU Gemm: the row stride ", name, " = ", ld,
+               " is smaller than the row length ", cols,
+               "; BLAS needs rows that do not overlap: make the matrix contiguous first");
+  return ld;
+}
+
+// BLAS's GEMM for T: the one kernel of this file that is specialised per dtype.
+void CblasGemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
+               const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+void CblasGemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha,
+               const double* a, int lda, const double* b, int ldb, double beta, double* c,
+               int ldc) {
+  cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+template <typename T>
+void BlasGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
+              int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (k == 0 || alpha == T(0)) {
+    // C = beta * C; BLAS semantics: beta == 0 overwrites (even NaN).
+    for (int64_t i = 0; i < m; ++i) {
+      T* row = c + i * ldc;
+      if (beta == T(0)) {
+        std::fill(row, row + n, T(0));
+      } else if (beta != T(1)) {
+        for (int64_t j = 0; j < n; ++j) row[j] *= beta;
+      }
+    }
+    return;
+  }
+  CblasGemm(trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+            static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+            static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+// ---- Random numbers --------------------------------------------------------------------
+
+// Writes f(block, lane) for counters [offset + begin, offset + end), generating each Philox
+// block once for its `kPerBlock` lanes. Element i depends only on offset + i.
+template <int kPerBlock, typename T, typename F>
+void PhiloxFill(T* dst, int64_t begin, int64_t end, uint64_t seed, uint64_t offset, F&& f) {
+  int64_t i = begin;
+  while (i < end) {
+    const uint64_t counter = offset + static_cast<uint64_t>(i);
+    const int lane = static_cast<int>(counter % kPerBlock);
+    const philox::Block block = philox::Generate(seed, counter / kPerBlock);
+    for (int l = lane; l < kPerBlock && i < end; ++l, ++i) dst[i] = static_cast<T>(f(block, l));
+  }
+}
+
+// ---- The backend -------------------------------------------------------------------------
+
+class CpuBackend final : public Backend {
+ public:
+  static Backend& Instance() {
+    // Leaked on purpose: device workers may still run kernels while statics are destroyed.
+    static CpuBackend* backend = new CpuBackend;
+    return *backend;
+  }
+
+  DeviceType type() const override { return DeviceType::kCPU; }
+  int DeviceCount() const override { return CpuDeviceCount(); }
+  DeviceCapacity Capacity(int index) const override {
+    // Logical CPU devices share host memory and each get the same share of the cores.
+    static const int64_t host_bytes =
+        static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+    return DeviceCapacity{host_bytes, CpuThreadsPerDevice()};
+  }
+
+  Allocator& GetAllocator(int index) override {
+    CheckIndex(index);
+    // Lock-free once the device's allocator exists (every tensor allocation asks).
+    if (index < kMaxCpuDevices) {
+      if (Allocator* existing = fast_allocators_[index].load(std::memory_order_acquire)) {
+        return *existing;
+      }
+    }
+    std::lock_guard<std::mutex> lock(allocators_mutex_);
+    std::unique_ptr<Allocator>& allocator = allocators_[index];
+    if (allocator == nullptr) {
+      allocator = std::make_unique<CachingAllocator>(Cpu(index), std::make_unique<HostMemory>());
+    }
+    if (index < kMaxCpuDevices) {
+      fast_allocators_[index].store(allocator.get(), std::memory_order_release);
+    }
+    return *allocator;
+  }
+
+  void Synchronize(int index) override { CheckIndex(index); }  // kernels are synchronous
+
+  void CopyToHost(int index, void* dst, const void* src, size_t bytes) override {
+    CopyBytes(index, dst, src, bytes);
+  }
+  void CopyFromHost(int index, void* dst, const void* src, size_t bytes) override {
+    CopyBytes(index, dst, src, bytes);
+  }
+  void CopyBetweenDevices(int dst_index, void* dst, int src_index, const void* src,
+                          size_t bytes) override {
+    CheckIndex(src_index);
+    CopyBytes(dst_index, dst, src, bytes);
+  }
+
+  void Copy(int index, const KernelTensor& dst, const KernelTensor& src) override;
+  void Fill(int index, const KernelTensor& dst, double value) override;
+  void Unary(int index, UnaryOp op, const KernelTensor& dst, const KernelTensor& src,
+             double scalar) override;
+  void Binary(int index, BinaryOp op, const KernelTensor& dst, const KernelTensor& a,
+              const KernelTensor& b) override;
+  void Reduce(int index, ReduceKind op, const KernelTensor& dst, const KernelTensor& src,
+              int64_t outer, int64_t reduce, int64_t inner) override;
+  void Softmax(int index, DType dtype, bool log, void* dst, const void* src, int64_t outer,
+               int64_t dim, int64_t inner) override;
+  void Gemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+            double alpha, const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb,
+            int64_t stride_b, double beta, void* c, int64_t ldc, int64_t stride_c,
+            int64_t batch) override;
+  void Im2Col(int index, DType dtype, const Conv2dGeometry& g, const void* image,
+              void* columns) override;
+  void Col2Im(int index, DType dtype, const Conv2dGeometry& g, const void* columns,
+              void* image) override;
+  void MaxPool2d(int index, DType dtype, const Conv2dGeometry& g, const void* input, void* output,
+                 int64_t* argmax) override;
+  void MaxPool2dBackward(int index, DType dtype, const Conv2dGeometry& g, const void* grad_output,
+                         const int64_t* argmax, void* grad_input) override;
+  void AvgPool2d(int index, DType dtype, const Conv2dGeometry& g, bool count_include_pad,
+                 const void* input, void* output) override;
+  void AvgPool2dBackward(int index, DType dtype, const Conv2dGeometry& g, bool count_include_pad,
+                         const void* grad_output, void* grad_input) override;
+  void AdaptiveAvgPool2d(int index, DType dtype, int64_t planes, int64_t height, int64_t width,
+                         int64_t out_h, int64_t out_w, const void* input, void* output) override;
+  void AdaptiveAvgPool2dBackward(int index, DType dtype, int64_t planes, int64_t height,
+                                 int64_t width, int64_t out_h, int64_t out_w,
+                                 const void* grad_output, void* grad_input) override;
+  void GatherColumns(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
+                     int64_t rows, int64_t cols) override;
+  void ScatterAddColumns(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
+                         int64_t rows, int64_t cols) override;
+  void Gather(int index, DType dtype, void* dst, const void* src, const int64_t* idx, int64_t outer,
+              int64_t src_dim, int64_t idx_dim, int64_t inner) override;
+  void ScatterAdd(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
+                  int64_t outer, int64_t dst_dim, int64_t idx_dim, int64_t inner) override;
+  void RandomUniform(int index, DType dtype, void* dst, int64_t n, uint64_t seed, uint64_t offset,
+                     double low, double high) override;
+  void RandomNormal(int index, DType dtype, void* dst, int64_t n, uint64_t seed, uint64_t offset,
+                    double mean, double stddev) override;
+
+ private:
+  CpuBackend() {
+    // Parallelism comes from our pools (see the top of this file).
+    openblas_set_num_threads(1);
+  }
+
+  static void CheckIndex(int index) {
+    TANDEM_CHECK(index >= 0, "CPU backend: device index must be >= 0 but got ", index);
+  }
+
+  static void CopyBytes(int index, void* dst, const void* src, size_t bytes) {
+    CheckIndex(index);
+    if (bytes == 0) return;
+    char* out = static_cast<char*>(dst);
+    const char* in = static_cast<const char*>(src);
+    ParallelFor(
+        Cpu(index), static_cast<int64_t>(bytes), kBytesPerCopyChunk,
+        [&](int64_t begin, int64_t end) { std::memcpy(out + begin, in + begin, end - begin); });
+  }
+
+  std::mutex allocators_mutex_;
+  std::map<int, std::unique_ptr<Allocator>> allocators_;  // never erased
+  std::atomic<Allocator*> fast_allocators_[kMaxCpuDevices] = {};
+};
+
+void CpuBackend::Copy(int index, const KernelTensor& dst, const KernelTensor& src) {
+  CheckIndex(index);
+  CheckLayout(dst, "Copy");
+  CheckLayout(src, "Copy");
+  CheckSameShape(dst, src, "Copy", "a source");
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  const KernelTensor* operands[2] = {&dst, &src};
+  const StridedLayout<2> layout = MakeStridedLayout(operands);
+  if (dst.dtype == src.dtype && dst.data == src.data) {
+    bool same_strides = true;
+    for (int d = 0; d < layout.ndim; ++d)
+      same_strides &= layout.strides[0][d] == layout.strides[1][d];
+    if (same_strides) return;  // copying a view onto itself
+  }
+  if (dst.dtype == src.dtype && layout.IsContiguous()) {
+    const size_t element = ElementSize(dst.dtype);
+    CopyBytes(index, dst.data, src.data, static_cast<size_t>(n) * element);
+    return;
+  }
+  auto run = [&](auto* out, const auto* in) {
+    ParallelFor(Cpu(index), n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+      ForEachRun(layout, begin, end, [&](const int64_t* offsets, int64_t count, const int64_t* s) {
+        ConvertRun(out + offsets[0], in + offsets[1], count, s[0], s[1]);
+      });
+    });
+  };
+  DispatchDType(dst.dtype, "CPU Copy", [&](auto to) {
+    DispatchDType(src.dtype, "CPU Copy", [&](auto from) {
+      run(dst.ptr<typename decltype(to)::type>(), src.ptr<const typename decltype(from)::type>());
+    });
+  });
+}
+
+void CpuBackend::Fill(int index, const KernelTensor& dst, double value) {
+  CheckIndex(index);
+  CheckLayout(dst, "Fill");
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  const KernelTensor* operands[1] = {&dst};
+  const StridedLayout<1> layout = MakeStridedLayout(operands);
+  auto run = [&](auto* out, auto typed_value) {
+    ParallelFor(Cpu(index), n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+      ForEachRun(layout, begin, end, [&](const int64_t* offsets, int64_t count, const int64_t* s) {
+        FillRun(out + offsets[0], count, s[0], typed_value);
+      });
+    });
+  };
+  DispatchDType(dst.dtype, "CPU Fill", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    run(dst.ptr<T>(), static_cast<T>(value));
+  });
+}
+
+void CpuBackend::Unary(int index, UnaryOp op, const KernelTensor& dst, const KernelTensor& src,
+                       double scalar) {
+  CheckIndex(index);
+  CheckLayout(dst, "Unary");
+  CheckLayout(src, "Unary");
+  CheckSameShape(dst, src, "Unary", "an input");
+  TANDEM_CHECK(dst.dtype == src.dtype, "CPU Unary expects the output's dtype (", dst.dtype,
+               ") to match the input's (", src.dtype, "); convert with Copy first");
+  TANDEM_CHECK(IsFloatingPoint(src.dtype) || UnarySupportsInt64(op), "CPU Unary: op ",
+               static_cast<int>(op), " is defined for floating types only but got ", src.dtype,
+               "; convert the tensor to float32 or float64 first");
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  const KernelTensor* operands[2] = {&dst, &src};
+  const StridedLayout<2> layout = MakeStridedLayout(operands);
+  const int64_t grain = IsTranscendental(op) ? kTranscendentalGrain : kElementwiseGrain;
+  auto run = [&](auto* out, const auto* in, auto typed_scalar) {
+    DispatchUnary(op, [&](auto op_constant) {
+      constexpr UnaryOp kOp = decltype(op_constant)::value;
+      ParallelFor(Cpu(index), n, grain, [&](int64_t begin, int64_t end) {
+        if (layout.IsContiguous()) {
+          UnaryRun<kOp>(out + begin, in + begin, end - begin, 1, 1, typed_scalar);
+          return;
+        }
+        ForEachRun(
+            layout, begin, end, [&](const int64_t* offsets, int64_t count, const int64_t* s) {
+              UnaryRun<kOp>(out + offsets[0], in + offsets[1], count, s[0], s[1], typed_scalar);
+            });
+      });
+    });
+  };
+  DispatchDType(src.dtype, "CPU Unary", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    // Integral types take the scalar as a double (ApplyUnary's int64 overload).
+    using Scalar = std::conditional_t<std::is_floating_point_v<T>, T, double>;
+    run(dst.ptr<T>(), src.ptr<const T>(), static_cast<Scalar>(scalar));
+  });
+}
+
+void CpuBackend::Binary(int index, BinaryOp op, const KernelTensor& dst, const KernelTensor& a,
+                        const KernelTensor& b) {
+  CheckIndex(index);
+  CheckLayout(dst, "Binary");
+  CheckLayout(a, "Binary");
+  CheckLayout(b, "Binary");
+  CheckSameShape(dst, a, "Binary", "a first input (already broadcast)");
+  CheckSameShape(dst, b, "Binary", "a second input (already broadcast)");
+  TANDEM_CHECK(a.dtype == b.dtype && dst.dtype == a.dtype,
+               "CPU Binary expects inputs and output of one dtype but got ", a.dtype, " and ",
+               b.dtype, " into ", dst.dtype, "; convert them to a common dtype first");
+  const int64_t n = dst.numel();
+  if (n == 0) return;
+  const KernelTensor* operands[3] = {&dst, &a, &b};
+  const StridedLayout<3> layout = MakeStridedLayout(operands);
+  auto run = [&](auto* out, const auto* x, const auto* y) {
+    DispatchBinary(op, [&](auto op_constant) {
+      constexpr BinaryOp kOp = decltype(op_constant)::value;
+      ParallelFor(Cpu(index), n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+        if (layout.IsContiguous()) {
+          const int64_t unit[3] = {1, 1, 1};
+          BinaryRun<kOp>(out + begin, x + begin, y + begin, end - begin, unit);
+          return;
+        }
+        ForEachRun(layout, begin, end,
+                   [&](const int64_t* offsets, int64_t count, const int64_t* s) {
+                     BinaryRun<kOp>(out + offsets[0], x + offsets[1], y + offsets[2], count, s);
+                   });
+      });
+    });
+  };
+  DispatchDType(dst.dtype, "CPU Binary", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    run(dst.ptr<T>(), a.ptr<const T>(), b.ptr<const T>());
+  });
+}
+
+void CpuBackend::Reduce(int index, ReduceKind op, const KernelTensor& dst, const KernelTensor& src,
+                        int64_t outer, int64_t reduce, int64_t inner) {
+  CheckIndex(index);
+  TANDEM_CHECK(outer >= 0 && reduce >= 0 && inner >= 0,
+               "CPU Reduce expects non-negative "
+               "[outer, reduce, inner] but got [",
+               outer, ", ", reduce, ", ", inner, "]");
+  TANDEM_CHECK(src.numel() == outer * reduce * inner, "CPU Reduce: the input has ", src.numel(),
+               " elements but [outer, reduce, inner] = [", outer, ", ", reduce, ", ", inner,
+               "] describes ", outer * reduce * inner);
+  TANDEM_CHECK(dst.numel() == outer * inner, "CPU Reduce: the output has ", dst.numel(),
+               " elements but [outer, inner] = [", outer, ", ", inner, "] needs ", outer * inner);
+  TANDEM_CHECK(src.is_contiguous() && dst.is_contiguous(),
+               "CPU Reduce expects contiguous tensors; call contiguous() first");
+  const bool arg = op == ReduceKind::kArgMax || op == ReduceKind::kArgMin;
+  TANDEM_CHECK(dst.dtype == (arg ? kInt64 : src.dtype), "CPU Reduce ", ReduceKindName(op),
+               " writes ", (arg ? kInt64 : src.dtype), " but the output is ", dst.dtype);
+  if (outer * inner == 0) return;
+  TANDEM_CHECK(reduce > 0 || op == ReduceKind::kSum, "CPU Reduce: ", ReduceKindName(op),
+               " of an empty dimension is undefined (the dimension being reduced has size 0); "
+               "reduce a non-empty dimension");
+  if (reduce == 0) {  // empty sum
+    return Fill(index, dst, 0.0);
+  }
+  DispatchDType(src.dtype, "CPU Reduce", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    ReduceTyped(index, op, dst.data, src.ptr<const T>(), outer, reduce, inner);
+  });
+}
+
+void CpuBackend::Softmax(int index, DType dtype, bool log, void* dst_data, const void* src_data,
+                         int64_t outer, int64_t dim, int64_t inner) {
+  CheckIndex(index);
+  DispatchFloatingTypes(dtype, "CPU Softmax", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* dst = static_cast<T*>(dst_data);
+    const T* src = static_cast<const T*>(src_data);
+    TANDEM_CHECK(outer >= 0 && dim >= 0 && inner >= 0,
+                 "CPU Softmax expects non-negative "
+                 "[outer, dim, inner] but got [",
+                 outer, ", ", dim, ", ", inner, "]");
+    if (outer * dim * inner == 0) return;
+    // One row per (outer, inner) pair; rows along `dim` are `inner` apart.
+    const int64_t rows = outer * inner;
+    ParallelFor(Cpu(index), rows, std::max<int64_t>(1, kTranscendentalGrain / dim),
+                [&](int64_t begin, int64_t end) {
+                  for (int64_t row = begin; row < end; ++row) {
+                    const int64_t o = row / inner, j = row % inner;
+                    const int64_t start = o * dim * inner + j;
+                    SoftmaxRow(log, dst + start, src + start, dim, inner);
+                  }
+                });
+  });
+}
+
+void CpuBackend::Gemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                      int64_t k, double alpha_value, const void* a_data, int64_t lda,
+                      int64_t stride_a, const void* b_data, int64_t ldb, int64_t stride_b,
+                      double beta_value, void* c_data, int64_t ldc, int64_t stride_c,
+                      int64_t batch) {
+  CheckIndex(index);
+  DispatchFloatingTypes(dtype, "CPU Gemm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T alpha = static_cast<T>(alpha_value), beta = static_cast<T>(beta_value);
+    const T* a = static_cast<const T*>(a_data);
+    const T* b = static_cast<const T*>(b_data);
+    T* c = static_cast<T*>(c_data);
+    TANDEM_CHECK(m >= 0 && n >= 0 && k >= 0 && batch >= 0,
+                 "CPU Gemm expects non-negative sizes "
+                 "but got m=",
+                 m, " n=", n, " k=", k, " batch=", batch);
+    if (m == 0 || n == 0 || batch == 0) return;
+    constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+    TANDEM_CHECK(m <= kIntMax && n <= kIntMax && k <= kIntMax, "CPU Gemm: m=", m, " n=", n,
+                 " k=", k, " exceed BLAS's 32-bit sizes; split the product");
+    TANDEM_CHECK(batch == 1 || stride_c != 0, "CPU Gemm: a batch of ", batch,
+                 " products cannot write one C (stride_c = 0); give each product its own C");
+    // op(A) is m x k: A is stored m x k, or k x m when transposed; likewise B.
+    lda = LeadingDimension(trans_a ? k : m, trans_a ? m : k, lda, "lda");
+    ldb = LeadingDimension(trans_b ? n : k, trans_b ? k : n, ldb, "ldb");
+    ldc = LeadingDimension(m, n, ldc, "ldc");
+
+    // Work items: each product's C cut along its longer side into `pieces` blocks of rows
+    // (or columns), one single-threaded BLAS call per block. Whole products are enough when
+    // the batch alone feeds every thread; otherwise products are cut so that the number of
+    // items is a multiple of the thread count (even chunks), but blocks stay at least 16 wide
+    // (OpenBLAS's register blocking) and worth kGemmFlopsPerChunk.
+    constexpr int64_t kMinBlock = 16;
+    const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) *
+                         static_cast<double>(std::max<int64_t>(k, 1));
+    const bool split_rows = m >= n;
+    const int64_t extent = split_rows ? m : n;
+    const int64_t threads = CpuThreadPool(index).num_threads();
+    int64_t pieces = threads / std::gcd(batch, threads);
+    pieces = std::min(pieces, std::max<int64_t>(1, extent / kMinBlock));
+    pieces =
+        std::min(pieces, std::max<int64_t>(1, static_cast<int64_t>(flops / kGemmFlopsPerChunk)));
+    const double flops_per_item = flops / static_cast<double>(pieces);
+    const int64_t grain =
+        std::max<int64_t>(1, static_cast<int64_t>(kGemmFlopsPerChunk / flops_per_item));
+    ParallelFor(Cpu(index), batch * pieces, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t product = item / pieces, piece = item % pieces;
+        const int64_t lo = extent * piece / pieces, hi = extent * (piece + 1) / pieces;
+        const T* a_product = a + product * stride_a;
+        const T* b_product = b + product * stride_b;
+        T* c_product = c + product * stride_c;
+        if (split_rows) {
+          // Rows [lo, hi) of op(A): rows of A, or columns of A when transposed.
+          const T* a_block = trans_a ? a_product + lo : a_product + lo * lda;
+          BlasGemm(trans_a, trans_b, hi - lo, n, k, alpha, a_block, lda, b_product, ldb, beta,
+                   c_product + lo * ldc, ldc);
+        } else {
+          // Columns [lo, hi) of op(B): columns of B, or rows of B when transposed.
+          const T* b_block = trans_b ? b_product + lo * ldb : b_product + lo;
+          BlasGemm(trans_a, trans_b, m, hi - lo, k, alpha, a_product, lda, b_block, ldb, beta,
+                   c_product + lo, ldc);
+        }
+      }
+    });
+  });
+}
+
+void CheckGeometry(const Conv2dGeometry& g, const char* kernel) {
+  TANDEM_CHECK(g.batch >= 0 && g.channels >= 0 && g.height >= 0 && g.width >= 0, "CPU ", kernel,
+               " expects non-negative image sizes but got batch=", g.batch,
+               " channels=", g.channels, " height=", g.height, " width=", g.width);
+  TANDEM_CHECK(g.kernel_h > 0 && g.kernel_w > 0 && g.stride_h > 0 && g.stride_w > 0 &&
+                   g.pad_h >= 0 && g.pad_w >= 0 && g.dilation_h > 0 && g.dilation_w > 0,
+               "CPU ", kernel,
+               " expects a positive kernel, stride and dilation and non-negative padding "
+               "but got kernel ",
+               g.kernel_h, "x", g.kernel_w, ", stride ", g.stride_h, "x", g.stride_w, ", padding ",
+               g.pad_h, "x", g.pad_w, ", dilation ", g.dilation_h, "x", g.dilation_w);
+  TANDEM_CHECK(g.height + 2 * g.pad_h >= g.span_h() && g.width + 2 * g.pad_w >= g.span_w(), "CPU ",
+               kernel, ": the ", g.span_h(), "x", g.span_w(),
+               " window (with dilation) is larger than the padded ", g.height + 2 * g.pad_h, "x",
+               g.width + 2 * g.pad_w, " image; use a smaller kernel or more padding");
+}
+
+// The outputs o in [0, count) whose input position o * stride + shift lies in [0, size), as
+// [lo, hi) (empty: lo == hi).
+std::pair<int64_t, int64_t> InsideRange(int64_t shift, int64_t stride, int64_t size,
+                                        int64_t count) {
+  // o * stride + shift >= 0  <=>  o >= ceil(-shift / stride); < size  <=>  o < ceil((size -
+  // shift) / stride).
+  const auto ceil_div = [](int64_t a, int64_t b) { return a >= 0 ? (a + b - 1) / b : -(-a / b); };
+  const int64_t lo = std::clamp<int64_t>(ceil_div(-shift, stride), 0, count);
+  const int64_t hi = std::clamp<int64_t>(ceil_div(size - shift, stride), lo, count);
+  return {lo, hi};
+}
+
+// out[i] = src[i] for i in [lo, hi), 0 elsewhere in [0, n), reading src[i] for every i (so all
+// of [src, src + n) must be readable). One loop with a select rather than a fill, a copy and a
+// fill: those become calls to memset and memmove, most of a short row's time.
+template <typename T>
+TANDEM_VECTORIZE inline void CopyInside(const T* __restrict src, int32_t lo, int32_t hi, int32_t n,
+                                        T* __restrict out) {
+  for (int32_t i = 0; i < n; ++i) {
+    const T v = src[i];
+    out[i] = i >= lo && i < hi ? v : T(0);
+  }
+}
+
+void CpuBackend::Im2Col(int index, DType dtype, const Conv2dGeometry& g, const void* image_data,
+                        void* columns_data) {
+  CheckIndex(index);
+  DispatchFloatingTypes(dtype, "CPU Im2Col", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* image = static_cast<const T*>(image_data);
+    T* columns = static_cast<T*>(columns_data);
+    CheckGeometry(g, "Im2Col");
+    const int64_t out_h = g.out_h(), out_w = g.out_w();
+    const int64_t plane = g.height * g.width, out_plane = out_h * out_w;
+    const int64_t window = g.kernel_h * g.kernel_w;
+    // One column row per (image, channel, kernel_row, kernel_col).
+    const int64_t rows = g.batch * g.channels * window;
+    if (rows == 0 || out_plane == 0) return;
+    const int64_t image_size = g.batch * g.channels * plane;
+    ParallelFor(Cpu(index), rows, std::max<int64_t>(1, kElementwiseGrain / out_plane),
+                [&](int64_t begin, int64_t end) {
+                  vec::Vectorized([&] {
+                    for (int64_t row = begin; row < end; ++row) {
+                      const int64_t kx = row % g.kernel_w;
+                      const int64_t ky = (row / g.kernel_w) % g.kernel_h;
+                      const int64_t image_channel = row / window;  // b * channels + c
+                      const T* in = image + image_channel * plane;
+                      T* out = columns +
+                               g.columns_start(image_channel / g.channels,
+                                               image_channel % g.channels, out_plane) +
+                               (row % window) * g.columns_tap_stride(out_plane);
+                      // x = ox * stride - pad + kx * dilation lies inside for ox in [lo, hi).
+                      const int64_t shift = kx * g.dilation_w - g.pad_w;
+                      const auto [lo, hi] = InsideRange(shift, g.stride_w, g.width, out_w);
+                      for (int64_t oy = 0; oy < out_h; ++oy) {
+                        const int64_t y = oy * g.stride_h - g.pad_h + ky * g.dilation_h;
+                        T* out_row = out + oy * out_w;
+                        if (y < 0 || y >= g.height) {
+                          std::fill(out_row, out_row + out_w, T(0));
+                          continue;
+                        }
+                        const T* in_row = in + y * g.width;
+                        // The padding's reads land in the neighbouring pixels, or outside the image
+                        // at its first and last rows (those take the loop below).
+                        const int64_t start = image_channel * plane + y * g.width + shift;
+                        if (g.stride_w == 1 && start >= 0 && start + out_w <= image_size &&
+                            out_w <= std::numeric_limits<int32_t>::max()) {
+                          CopyInside(in_row + shift, static_cast<int32_t>(lo),
+                                     static_cast<int32_t>(hi), static_cast<int32_t>(out_w),
+                                     out_row);
+                          continue;
+                        }
+                        std::fill(out_row, out_row + lo, T(0));
+                        if (g.stride_w == 1) {
+                          std::copy(in_row + lo + shift, in_row + hi + shift, out_row + lo);
+                        } else {
+                          for (int64_t ox = lo; ox < hi; ++ox)
+                            out_row[ox] = in_row[ox * g.stride_w + shift];
+                        }
+                        std::fill(out_row + hi, out_row + out_w, T(0));
+                      }
+                    }
+                  });
+                });
+  });
+}
+
+// out[i * stride] += in[i] for i < n.
+template <typename T>
+TANDEM_VECTORIZE inline void AddIntoStrided(T* __restrict out, int64_t stride,
+                                            const T* __restrict in, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i * stride] += in[i];
+}
+
+void CpuBackend::Col2Im(int index, DType dtype, const Conv2dGeometry& g, const void* columns_data,
+                        void* image_data) {
+  CheckIndex(index);
+  DispatchFloatingTypes(dtype, "CPU Col2Im", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* columns = static_cast<const T*>(columns_data);
+    T* image = static_cast<T*>(image_data);
+    CheckGeometry(g, "Col2Im");
+    const int64_t out_h = g.out_h(), out_w = g.out_w();
+    const int64_t plane = g.height * g.width, out_plane = out_h * out_w;
+    const int64_t window = g.kernel_h * g.kernel_w;
+    const int64_t planes = g.batch * g.channels;
+    if (planes == 0 || plane == 0) return;
+    // One image plane per task: the column rows that sum into it belong to it alone. Each pixel
+    // sums its taps in the same order whatever the vector unit (Vectorized: the rows' adds are
+    // lanes of one vector, not a reordered sum).
+    ParallelFor(Cpu(index), planes,
+                std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, window * out_plane)),
+                [&](int64_t begin, int64_t end) {
+                  vec::Vectorized([&] {
+                    for (int64_t p = begin; p < end; ++p) {
+                      T* out = image + p * plane;
+                      std::fill(out, out + plane, T(0));
+                      for (int64_t w = 0; w < window; ++w) {
+                        const int64_t ky = w / g.kernel_w, kx = w % g.kernel_w;
+                        const T* in = columns +
+                                      g.columns_start(p / g.channels, p % g.channels, out_plane) +
+                                      w * g.columns_tap_stride(out_plane);
+                        const int64_t shift = kx * g.dilation_w - g.pad_w;
+                        const auto [lo, hi] = InsideRange(shift, g.stride_w, g.width, out_w);
+                        for (int64_t oy = 0; oy < out_h; ++oy) {
+                          const int64_t y = oy * g.stride_h - g.pad_h + ky * g.dilation_h;
+                          if (y < 0 || y >= g.height) continue;
+                          T* out_row = out + y * g.width;
+                          const T* in_row = in + oy * out_w;
+                          if (g.stride_w == 1) {
+                            vec::AddIntoLoop(out_row + shift + lo, in_row + lo, hi - lo);
+                          } else {
+                            AddIntoStrided(out_row + lo * g.stride_w + shift, g.stride_w,
+                                           in_row + lo, hi - lo);
+                          }
+                        }
+                      }
+                    }
+                  });
+                });
+  });
+}
+
+// Replaces<true>(v, best): NaN wins, ties keep the earlier (the rule of every max-pooling
+// loop here, scalar or in vector lanes).
+inline bool Takes(float v, float best) { return (v > best) | ((v != v) & (best == best)); }
+
+// Takes(v, *best) applied without branches: a comparison
+// on random data mispredicts half the time, and GCC keeps a branch for a float select, so
+// the select is done on the bits.
+inline void TakeIfGreater(float v, int64_t at, float* best, int64_t* best_at) {
+  const float b = *best;
+  const int take = static_cast<int>(Takes(v, b));
+  const uint32_t mask = 0u - static_cast<uint32_t>(take);
+  uint32_t v_bits, b_bits;
+  std::memcpy(&v_bits, &v, sizeof(v));
+  std::memcpy(&b_bits, &b, sizeof(b));
+  b_bits = (v_bits & mask) | (b_bits & ~mask);
+  std::memcpy(best, &b_bits, sizeof(b_bits));
+  *best_at += (at - *best_at) & -static_cast<int64_t>(take);
+}
+
+// Max pooling of the outputs [0, n) of one output row whose windows lie inside the image
+// horizontally: output i's window starts at `first + i * s` and spans `rows` rows of `width`
+// and kernel_w columns. Tap by tap across the row, each tap in the same scan order as
+// TakeIfGreater's per output, so that the outputs are independent lanes and GCC vectorises
+// the loops (Vectorized). The argmax is kept in 32 bits, the lanes of the float comparison:
+// with 64-bit lanes the vector loop cost so much more that GCC ran short rows scalar.
+// kStride > 0 fixes s at compile time (whole vector loads and shuffles instead of element by
+// element).
+template <int64_t kStride>
+TANDEM_VECTORIZE inline void MaxPoolTaps(const float* __restrict in, int32_t width, int32_t rows,
+                                         int32_t kernel_w, int32_t first, int32_t stride, int64_t n,
+                                         float* __restrict best, int32_t* __restrict best_at) {
+  const int32_t s = kStride > 0 ? kStride : stride;
+  for (int64_t i = 0; i < n; ++i) {
+    best_at[i] = first + static_cast<int32_t>(i) * s;
+    best[i] = in[first + i * s];
+  }
+  for (int32_t y = 0; y < rows; ++y) {
+    for (int32_t kx = y == 0 ? 1 : 0; kx < kernel_w; ++kx) {
+      const int32_t tap = first + y * width + kx;
+      for (int64_t i = 0; i < n; ++i) {
+        const int32_t at = tap + static_cast<int32_t>(i) * s;
+        const float v = in[tap + i * s], b = best[i];
+        const bool take = Takes(v, b);
+        best[i] = take ? v : b;
+        best_at[i] = take ? at : best_at[i];
+      }
+    }
+  }
+}
+
+// MaxPoolTaps for 2-wide windows 2 apart (2x2 pooling), one window row at a time: the pairs'
+// maxima first, both taps in one pass, so that the vector loop loads every float of its span
+// (a stride-2 load of one tap alone leaves a gap that makes GCC keep the last output out of
+// the vector loop, and so run half of a 7- or 14-output row scalar); then each later row's
+// into the running maxima, which hold the earlier taps and so win ties.
+TANDEM_VECTORIZE inline void MaxPoolPairs(const float* __restrict in, int32_t first, int64_t n,
+                                          float* __restrict best, int32_t* __restrict best_at) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t at = first + 2 * static_cast<int32_t>(i);
+    const float v0 = in[first + 2 * i], v1 = in[first + 2 * i + 1];
+    const bool take = Takes(v1, v0);
+    best[i] = take ? v1 : v0;
+    best_at[i] = take ? at + 1 : at;
+  }
+}
+
+TANDEM_VECTORIZE inline void MaxPoolMerge(const float* __restrict row_best,
+                                          const int32_t* __restrict row_at, int64_t n,
+                                          float* __restrict best, int32_t* __restrict best_at) {
+  for (int64_t i = 0; i < n; ++i) {
+    const bool take = Takes(row_best[i], best[i]);
+    best[i] = take ? row_best[i] : best[i];
+    best_at[i] = take ? row_at[i] : best_at[i];
+  }
+}
+
+TANDEM_VECTORIZE inline void Widen(const int32_t* __restrict in, int64_t n,
+                                   int64_t* __restrict out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = in[i];
+}
+
+// Calls f(plane, y, x) for every element of `planes` height x width planes, a few planes per
+// task of the device's pool.
+template <typename F>
+void ForEachPixel(int index, int64_t planes, int64_t height, int64_t width, int64_t cost, F&& f) {
+  const int64_t plane = height * width;
+  if (planes == 0 || plane == 0) return;
+  ParallelFor(Cpu(index), planes,
+              std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, plane * cost)),
+              [&](int64_t begin, int64_t end) {
+                for (int64_t p = begin; p < end; ++p) {
+                  for (int64_t y = 0; y < height; ++y) {
+                    for (int64_t x = 0; x < width; ++x) f(p, y, x);
+                  }
+                }
+              });
+}
+
+// Max pooling in any floating type, one window at a time in the vectorised float32 loop's scan
+// order (so the same argmax): the float64 path, where speed matters less than in float32.
+template <typename T>
+void MaxPool2dScalar(int index, const Conv2dGeometry& g, const T* input, T* output,
+                     int64_t* argmax) {
+  const int64_t out_h = g.out_h(), out_w = g.out_w();
+  const int64_t plane = g.height * g.width, out_plane = out_h * out_w;
+  ForEachPixel(index, g.batch * g.channels, out_h, out_w, g.kernel_h * g.kernel_w,
+               [&](int64_t p, int64_t oy, int64_t ox) {
+                 const T* in = input + p * plane;
+                 const int64_t y0 = std::max<int64_t>(oy * g.stride_h - g.pad_h, 0);
+                 const int64_t y1 = std::min(oy * g.stride_h - g.pad_h + g.kernel_h, g.height);
+                 const int64_t x0 = std::max<int64_t>(ox * g.stride_w - g.pad_w, 0);
+                 const int64_t x1 = std::min(ox * g.stride_w - g.pad_w + g.kernel_w, g.width);
+                 int64_t best_at = y0 * g.width + x0;
+                 T best = in[best_at];
+                 for (int64_t y = y0; y < y1; ++y) {
+                   for (int64_t x = x0; x < x1; ++x) {
+                     if (Replaces<true>(in[y * g.width + x], best)) {
+                       best = in[y * g.width + x];
+                       best_at = y * g.width + x;
+                     }
+                   }
+                 }
+                 output[p * out_plane + oy * out_w + ox] = best;
+                 argmax[p * out_plane + oy * out_w + ox] = best_at;
+               });
+}
+
+void CpuBackend::MaxPool2d(int index, DType dtype, const Conv2dGeometry& g, const void* input_data,
+                           void* output_data, int64_t* argmax) {
+  CheckIndex(index);
+  CheckGeometry(g, "MaxPool2d");
+  TANDEM_CHECK(g.pad_h * 2 <= g.kernel_h && g.pad_w * 2 <= g.kernel_w, "CPU MaxPool2d: padding ",
+               g.pad_h, "x", g.pad_w, " must be at most half the kernel ", g.kernel_h, "x",
+               g.kernel_w, " (as in PyTorch), so that every window covers part of the image");
+  const int64_t out_h = g.out_h(), out_w = g.out_w();
+  const int64_t plane = g.height * g.width, out_plane = out_h * out_w;
+  const int64_t planes = g.batch * g.channels;
+  if (planes == 0 || out_plane == 0) return;
+  TANDEM_CHECK(plane > 0, "CPU MaxPool2d: cannot pool ", g.height, "x", g.width,
+               " images: every window would lie in the padding; give images at least one pixel");
+  // Outputs whose window lies inside horizontally, [lo, hi), take the vectorised row loop.
+  const int64_t lo = std::min(out_w, (g.pad_w + g.stride_w - 1) / g.stride_w);
+  const int64_t room = g.width + g.pad_w - g.kernel_w;
+  int64_t hi = room < 0 ? lo : std::clamp(room / g.stride_w + 1, lo, out_w);
+  // The vectorised loop counts in 32 bits; larger planes take pool_one everywhere.
+  if (plane > std::numeric_limits<int32_t>::max()) hi = lo;
+  if (dtype != kFloat32) {
+    return DispatchFloatingTypes(dtype, "CPU MaxPool2d", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      MaxPool2dScalar(index, g, static_cast<const T*>(input_data), static_cast<T*>(output_data),
+                      argmax);
+    });
+  }
+  const float* input = static_cast<const float*>(input_data);
+  float* output = static_cast<float*>(output_data);
+  ParallelFor(
+      Cpu(index), planes,
+      std::max<int64_t>(
+          1, kElementwiseGrain / std::max<int64_t>(1, out_plane * g.kernel_h * g.kernel_w)),
+      [&](int64_t begin, int64_t end) {
+        vec::Vectorized([&] {
+          for (int64_t p = begin; p < end; ++p) {
+            const float* in = input + p * plane;
+            for (int64_t oy = 0; oy < out_h; ++oy) {
+              const int64_t y0 = std::max<int64_t>(oy * g.stride_h - g.pad_h, 0);
+              const int64_t y1 = std::min(oy * g.stride_h - g.pad_h + g.kernel_h, g.height);
+              float* best = output + p * out_plane + oy * out_w;
+              int64_t* best_at = argmax + p * out_plane + oy * out_w;
+              // One output: its window's part inside the image, scanned row by row
+              // (never empty: pad <= kernel / 2; padding is -inf).
+              const auto pool_one = [&](int64_t ox) {
+                const int64_t x0 = std::max<int64_t>(ox * g.stride_w - g.pad_w, 0);
+                const int64_t x1 = std::min(ox * g.stride_w - g.pad_w + g.kernel_w, g.width);
+                best_at[ox] = y0 * g.width + x0;
+                best[ox] = in[best_at[ox]];
+                for (int64_t y = y0; y < y1; ++y) {
+                  for (int64_t x = x0; x < x1; ++x) {
+                    TakeIfGreater(in[y * g.width + x], y * g.width + x, &best[ox], &best_at[ox]);
+                  }
+                }
+              };
+              for (int64_t ox = 0; ox < lo; ++ox) pool_one(ox);
+              // Pooling rows are short (14 and 7 outputs in a small CNN), so the vector loop
+              // would spend most of its time in its scalar tail: it runs to a whole number of
+              // vectors instead where the extra windows still lie in the input and their
+              // outputs in this task's part of the output, which pool_one below and the next
+              // rows overwrite.
+              const int64_t first = y0 * g.width - g.pad_w + lo * g.stride_w;
+              constexpr int64_t kLanes = 8;  // floats in an AVX2 vector
+              int64_t n = (hi - lo + kLanes - 1) / kLanes * kLanes;
+              const int64_t last_read =
+                  first + (n - 1) * g.stride_w + (y1 - y0 - 1) * g.width + g.kernel_w - 1;
+              if (last_read >= (planes - p) * plane ||
+                  n > (end - p) * out_plane - oy * out_w - lo) {
+                n = hi - lo;
+              }
+              const auto inside = [&](auto stride) {
+                constexpr int64_t kChunk = 256;  // outputs, a multiple of kLanes
+                int32_t chunk_at[kChunk], row_at[kChunk];
+                float row_best[kChunk];
+                for (int64_t c = 0; c < n; c += kChunk) {
+                  const int64_t m = std::min(kChunk, n - c);
+                  if (decltype(stride)::value == 2 && g.kernel_w == 2) {
+                    const int32_t row_first = static_cast<int32_t>(first + c * 2);
+                    MaxPoolPairs(in, row_first, m, best + lo + c, chunk_at);
+                    for (int64_t y = 1; y < y1 - y0; ++y) {
+                      MaxPoolPairs(in, static_cast<int32_t>(row_first + y * g.width), m, row_best,
+                                   row_at);
+                      MaxPoolMerge(row_best, row_at, m, best + lo + c, chunk_at);
+                    }
+                  } else {
+                    MaxPoolTaps<decltype(stride)::value>(in, g.width, y1 - y0, g.kernel_w,
+                                                         first + c * g.stride_w, g.stride_w, m,
+                                                         best + lo + c, chunk_at);
+                  }
+                  Widen(chunk_at, m, best_at + lo + c);
+                }
+              };
+              if (g.stride_w == 1) {
+                inside(std::integral_constant<int64_t, 1>());
+              } else if (g.stride_w == 2) {
+                inside(std::integral_constant<int64_t, 2>());
+              } else {
+                inside(std::integral_constant<int64_t, 0>());
+              }
+              for (int64_t ox = hi; ox < out_w; ++ox) pool_one(ox);
+            }
+          }
+        });
+      });
+}
+
+void CpuBackend::MaxPool2dBackward(int index, DType dtype, const Conv2dGeometry& g,
+                                   const void* grad_output_data, const int64_t* argmax,
+                                   void* grad_input_data) {
+  CheckIndex(index);
+  DispatchFloatingTypes(dtype, "CPU MaxPool2dBackward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* grad_output = static_cast<const T*>(grad_output_data);
+    T* grad_input = static_cast<T*>(grad_input_data);
+    CheckGeometry(g, "MaxPool2dBackward");
+    const int64_t plane = g.height * g.width, out_plane = g.out_h() * g.out_w();
+    const int64_t planes = g.batch * g.channels;
+    if (planes == 0 || plane == 0) return;
+    // One plane per task: an output's argmax lies in its own plane, so tasks never collide.
+    ParallelFor(Cpu(index), planes,
+                std::max<int64_t>(1, kElementwiseGrain / std::max(plane, out_plane)),
+                [&](int64_t begin, int64_t end) {
+                  for (int64_t p = begin; p < end; ++p) {
+                    T* out = grad_input + p * plane;
+                    std::fill(out, out + plane, T(0));
+                    const T* grad = grad_output + p * out_plane;
+                    const int64_t* at = argmax + p * out_plane;
+                    for (int64_t o = 0; o < out_plane; ++o) out[at[o]] += grad[o];
+                  }
+                });
+  });
+}
+
+void CpuBackend::AvgPool2d(int index, DType dtype, const Conv2dGeometry& g, bool count_include_pad,
+                           const void* input_data, void* output_data) {
+  CheckIndex(index);
+  DispatchFloatingTypes(dtype, "CPU AvgPool2d", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* input = static_cast<const T*>(input_data);
+    T* output = static_cast<T*>(output_data);
+    CheckGeometry(g, "AvgPool2d");
+    const int64_t out_h = g.out_h(), out_w = g.out_w(), plane = g.height * g.width;
+    ForEachPixel(index, g.batch * g.channels, out_h, out_w, g.kernel_h * g.kernel_w,
+                 [&](int64_t p, int64_t oy, int64_t ox) {
+                   output[(p * out_h + oy) * out_w + ox] =
+                       AvgPoolOutput(g, count_include_pad, input + p * plane, oy, ox);
+                 });
+  });
+}
+
+void CpuBackend::AvgPool2dBackward(int index, DType dtype, const Conv2dGeometry& g,
+                                   bool count_include_pad, const void* grad_output_data,
+                                   void* grad_input_data) {
+  CheckIndex(index);
+  DispatchFloatingTypes(dtype, "CPU AvgPool2dBackward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* grad_output = static_cast<const T*>(grad_output_data);
+    T* grad_input = static_cast<T*>(grad_input_data);
+    CheckGeometry(g, "AvgPool2dBackward");
+    const int64_t out_h = g.out_h(), out_w = g.out_w(), out_plane = out_h * out_w;
+    const int64_t cost = (g.kernel_h / g.stride_h + 1) * (g.kernel_w / g.stride_w + 1);
+    ForEachPixel(index, g.batch * g.channels, g.height, g.width, cost,
+                 [&](int64_t p, int64_t y, int64_t x) {
+                   grad_input[(p * g.height + y) * g.width + x] = AvgPoolInputGrad(
+                       g, count_include_pad, out_h, out_w, grad_output + p * out_plane, y, x);
+                 });
+  });
+}
+
+void CpuBackend::AdaptiveAvgPool2d(int index, DType dtype, int64_t planes, int64_t height,
+                                   int64_t width, int64_t out_h, int64_t out_w,
+                                   const void* input_data, void* output_data) {
+  CheckIndex(index);
+  DispatchFloatingTypes(dtype, "CPU AdaptiveAvgPool2d", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* input = static_cast<const T*>(input_data);
+    T* output = static_cast<T*>(output_data);
+    const int64_t cost =
+        (height / std::max<int64_t>(out_h, 1) + 1) * (width / std::max<int64_t>(out_w, 1) + 1);
+    ForEachPixel(index, planes, out_h, out_w, cost, [&](int64_t p, int64_t oy, int64_t ox) {
+      output[(p * out_h + oy) * out_w + ox] =
+          AdaptiveAvgPoolOutput(height, width, out_h, out_w, input + p * height * width, oy, ox);
+    });
+  });
+}
+
+void CpuBackend::AdaptiveAvgPool2dBackward(int index, DType dtype, int64_t planes, int64_t height,
+                                           int64_t width, int64_t out_h, int64_t out_w,
+                                           const void* grad_output_data, void* grad_input_data) {
+  CheckIndex(index);
+  DispatchFloatingTypes(dtype, "CPU AdaptiveAvgPool2dBackward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* grad_output = static_cast<const T*>(grad_output_data);
+    T* grad_input = static_cast<T*>(grad_input_data);
+    ForEachPixel(index, planes, height, width, out_h + out_w, [&](int64_t p, int64_t y, int64_t x) {
+      grad_input[(p * height + y) * width + x] = AdaptiveAvgPoolInputGrad(
+          height, width, out_h, out_w, grad_output + p * out_h * out_w, y, x);
+    });
+  });
+}
+
+void CpuBackend::GatherColumns(int index, DType dtype, void* dst_data, const void* src_data,
+                               const int64_t* idx, int64_t rows, int64_t cols) {
+  CheckIndex(index);
+  DispatchFloatingTypes(dtype, "CPU GatherColumns", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* dst = static_cast<T*>(dst_data);
+    const T* src = static_cast<const T*>(src_data);
+    if (rows <= 0) return;
+    ParallelFor(Cpu(index), rows, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) dst[r] = src[r * cols + idx[r]];
+    });
+  });
+}
+
+void CpuBackend::ScatterAddColumns(int index, DType dtype, void* dst_data, const void* src_data,
+                                   const int64_t* idx, int64_t rows, int64_t cols) {
+  CheckIndex(index);
+  DispatchFloatingTypes(dtype, "CPU ScatterAddColumns", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* dst = static_cast<T*>(dst_data);
+    const T* src = static_cast<const T*>(src_data);
+    if (rows <= 0) return;
+    // Row r touches only row r of dst: no two tasks write the same element.
+    ParallelFor(Cpu(index), rows, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) dst[r * cols + idx[r]] += src[r];
+    });
+  });
+}
+
+void CpuBackend::Gather(int index, DType dtype, void* dst_data, const void* src_data,
+                        const int64_t* idx, int64_t outer, int64_t src_dim, int64_t idx_dim,
+                        int64_t inner) {
+  CheckIndex(index);
+  DispatchFloatingTypes(dtype, "CPU Gather", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* dst = static_cast<T*>(dst_data);
+    const T* src = static_cast<const T*>(src_data);
+    const int64_t n = outer * idx_dim * inner;
+    if (n <= 0) return;
+    ParallelFor(Cpu(index), n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t e = begin; e < end; ++e) {
+        const int64_t o = e / (idx_dim * inner), i = e % inner;
+        dst[e] = src[(o * src_dim + idx[e]) * inner + i];
+      }
+    });
+  });
+}
+
+void CpuBackend::ScatterAdd(int index, DType dtype, void* dst_data, const void* src_data,
+                            const int64_t* idx, int64_t outer, int64_t dst_dim, int64_t idx_dim,
+                            int64_t inner) {
+  CheckIndex(index);
+  DispatchFloatingTypes(dtype, "CPU ScatterAdd", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* dst = static_cast<T*>(dst_data);
+    const T* src = static_cast<const T*>(src_data);
+    if (outer * idx_dim * inner <= 0) return;
+    // Each task owns whole columns (o, i) of dst, so no two tasks write the same element, and
+    // the additions into one element happen in j order: deterministic.
+    ParallelFor(Cpu(index), outer * inner, std::max<int64_t>(1, kElementwiseGrain / idx_dim),
+                [&](int64_t begin, int64_t end) {
+                  for (int64_t column = begin; column < end; ++column) {
+                    const int64_t o = column / inner, i = column % inner;
+                    for (int64_t j = 0; j < idx_dim; ++j) {
+                      const int64_t at = (o * idx_dim + j) * inner + i;
+                      dst[(o * dst_dim + idx[at]) * inner + i] += src[at];
+                    }
+                  }
+                });
+  });
+}
+
+void CpuBackend::RandomUniform(int index, DType dtype, void* dst_data, int64_t n, uint64_t seed,
+                               uint64_t offset, double low_value, double high_value) {
+  CheckIndex(index);
+  DispatchFloatingTypes(dtype, "CPU RandomUniform", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    // Computed in float32 for every dtype (Note [Random float64] in tensor/runtime/backend.h).
+    T* dst = static_cast<T*>(dst_data);
+    const float low = static_cast<float>(low_value), high = static_cast<float>(high_value);
+    if (n <= 0) return;
+    const float range = high - low;
+    // low + range * u can round up to `high` itself; the largest float below it keeps the
+    // interval half-open.
+    const float below_high = std::nextafter(high, low);
+    ParallelFor(Cpu(index), n, kTranscendentalGrain, [&](int64_t begin, int64_t end) {
+      PhiloxFill<4>(dst, begin, end, seed ^ philox::kUniformStream, offset,
+                    [&](const philox::Block& block, int lane) {
+                      const float value = low + range * philox::ToUnit(block.x[lane]);
+                      return value >= high && high > low ? below_high : value;
+                    });
+    });
+  });
+}
+
+void CpuBackend::RandomNormal(int index, DType dtype, void* dst_data, int64_t n, uint64_t seed,
+                              uint64_t offset, double mean_value, double stddev_value) {
+  CheckIndex(index);
+  DispatchFloatingTypes(dtype, "CPU RandomNormal", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    T* dst = static_cast<T*>(dst_data);
+    const float mean = static_cast<float>(mean_value), stddev = static_cast<float>(stddev_value);
+    if (n <= 0) return;
+    ParallelFor(Cpu(index), n, kTranscendentalGrain, [&](int64_t begin, int64_t end) {
+      // Same arithmetic as philox::Normal, with each block generated once for both lanes.
+      PhiloxFill<2>(dst, begin, end, seed ^ philox::kNormalStream, offset,
+                    [&](const philox::Block& block, int lane) {
+                      const float u1 = ((block.x[2 * lane] >> 8) + 1) * (1.0f / 16777216.0f);
+                      const float u2 = philox::ToUnit(block.x[2 * lane + 1]);
+                      const float radius = sqrtf(-2.0f * logf(u1));
+                      return mean + stddev * (radius * cosf(6.2831853071795864769f * u2));
+                    });
+    });
+  });
+}
+
+BackendRegistration registration(DeviceType::kCPU, &CpuBackend::Instance);
+
+}  // namespace
+}  // namespace tandem

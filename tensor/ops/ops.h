@@ -1,0 +1,164 @@
+// Operations on tensors, differentiable where it makes sense. All inputs of one op must be
+// on the same device (move them with to() first); the result is on that device.
+// Elementwise binary ops broadcast as NumPy and PyTorch do; mixing int64 with float32
+// promotes to float32.
+//
+//   Tensor logits = linear(x, weight, bias);             // x [B, in], weight [out, in]
+//   Tensor loss = cross_entropy(logits, labels);         // labels int64 [B]
+//   Tensor accuracy = eq(argmax(logits, 1), labels).to(kFloat32).mean();
+//
+// Included by tensor/tensor.h; include that instead.
+#ifndef TANDEM_TENSOR_OPS_OPS_H_
+#define TANDEM_TENSOR_OPS_OPS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tensor/base/dtype.h"
+
+namespace tandem {
+
+class Tensor;
+class Generator;
+
+// ---- Elementwise -------------------------------------------------------------------------
+// The dtype that a binary op of `a` and `b` computes in, as torch.result_type: the promoted
+// dtype (tensor/base/dtype.h's PromoteTypes), except that a zero-dimensional tensor only counts
+// when it is floating and the other is not (float32 [3] + float64 [] stays float32).
+DType result_type(const Tensor& a, const Tensor& b);
+// Binary ops compute in result_type(a, b), with broadcasting.
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);  // integral inputs promote to float32
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double b);
+Tensor mul(const Tensor& a, double b);
+Tensor pow(const Tensor& a, double exponent);
+Tensor neg(const Tensor& a);
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+Tensor sqrt(const Tensor& a);
+Tensor abs(const Tensor& a);
+Tensor tanh(const Tensor& a);
+Tensor sigmoid(const Tensor& a);
+Tensor square(const Tensor& a);
+Tensor relu(const Tensor& a);
+// x * Phi(x) (Phi: the standard normal CDF), exactly with erf; approximate = "tanh" gives
+// 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), as torch.nn.functional.gelu.
+Tensor gelu(const Tensor& a, const std::string& approximate = "none");
+
+// Comparisons (not differentiable): 1 where true, 0 elsewhere, in the inputs' dtype.
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator+(const Tensor& a, double b);
+Tensor operator-(const Tensor& a, double b);
+Tensor operator*(const Tensor& a, double b);
+Tensor operator/(const Tensor& a, double b);
+Tensor operator+(double a, const Tensor& b);
+Tensor operator-(double a, const Tensor& b);
+Tensor operator*(double a, const Tensor& b);
+Tensor operator-(const Tensor& a);
+
+// ---- Reductions ----------------------------------------------------------------------
+Tensor sum(const Tensor& a);  // all elements, 0-dim result
+Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim = false);
+Tensor mean(const Tensor& a);
+Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim = false);
+Tensor amax(const Tensor& a, int64_t dim, bool keepdim = false);    // differentiable
+Tensor argmax(const Tensor& a, int64_t dim, bool keepdim = false);  // int64
+Tensor argmin(const Tensor& a, int64_t dim, bool keepdim = false);  // int64
+// Sums `a` over broadcast dimensions down to `shape` (the adjoint of expand).
+Tensor sum_to(const Tensor& a, const std::vector<int64_t>& shape);
+
+// ---- Neural-network functions --------------------------------------------------------
+Tensor softmax(const Tensor& a, int64_t dim);
+Tensor log_softmax(const Tensor& a, int64_t dim);
+// torch.matmul: 1-D x 1-D is a dot product (0-dim), a 1-D operand is a row (left) or a
+// column (right) vector whose dimension is dropped afterwards, 2-D x 2-D is a matrix
+// product, and beyond that the leading (batch) dimensions broadcast:
+//   matmul([j, 1, n, m], [k, m, p]) is [j, k, n, p].
+Tensor matmul(const Tensor& a, const Tensor& b);
+// x [*, in] · weight[out, in]^T + bias[out].
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// Mean negative log-likelihood of int64 class targets [N] under log-probabilities [N, C].
+Tensor nll_loss(const Tensor& log_probs, const Tensor& targets);
+// log_softmax + nll_loss, numerically stable.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets);
+Tensor mse_loss(const Tensor& input, const Tensor& target);  // mean reduction
+// NCHW input, weight [out, in / groups, kh, kw], optional bias [out] (undefined Tensor for
+// none). Kernel taps are `dilation` pixels apart. With groups > 1, in and out split into that
+// many groups (both must divide), output group g seeing only input group g.
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
+              std::vector<int64_t> stride = {1, 1}, std::vector<int64_t> padding = {0, 0},
+              std::vector<int64_t> dilation = {1, 1}, int64_t groups = 1);
+// Stride defaults to the kernel size, as in PyTorch. ceil_mode rounds the output size up
+// (a last, partial window), but a window must start inside the input or its left padding.
+Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
+                  std::vector<int64_t> stride = {}, std::vector<int64_t> padding = {0, 0},
+                  bool ceil_mode = false);
+// Mean over each window, as torch.nn.functional.avg_pool2d: padding counts as zeros in the
+// divisor when count_include_pad (the window clipped to the padded input), else the divisor
+// is the number of pixels of the window inside the input.
+Tensor avg_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
+                  std::vector<int64_t> stride = {}, std::vector<int64_t> padding = {0, 0},
+                  bool ceil_mode = false, bool count_include_pad = true);
+// Mean over the windows that split each H x W image into output_size (h, w) cells:
+// cell i covers rows [floor(i * H / h), ceil((i + 1) * H / h)), likewise columns.
+Tensor adaptive_avg_pool2d(const Tensor& input, std::vector<int64_t> output_size);
+// Zeroes elements with probability p and scales the rest by 1/(1-p) when training;
+// the identity otherwise.
+Tensor dropout(const Tensor& input, double p, bool training, Generator* gen = nullptr);
+
+// ---- Selection and indexing ------------------------------------------------------------
+// `condition` is nonzero where `a` is taken and zero where `b` is (any dtype: comparisons
+// give 1/0). All three broadcast together; a and b promote as binary ops do. The
+// unselected side never leaks in (a NaN or inf there does not matter). Differentiable in
+// a and b.
+//   Tensor y = where(gt(x, zeros({})), x, mul(x, 0.01));   // leaky relu
+Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);
+// `input` with `value` wherever `mask` (broadcast to input's shape) is nonzero.
+Tensor masked_fill(const Tensor& input, const Tensor& mask, double value);
+// Limits every element to [min, max] (either bound optional; min > max gives max
+// everywhere, as PyTorch). NaN stays NaN. The gradient passes where min <= x <= max.
+Tensor clamp(const Tensor& input, std::optional<double> min, std::optional<double> max);
+// torch.gather: out[i][j][k] = input[index[i][j][k]][j][k] for dim 0 (likewise for other
+// dims). index is int64 with input's number of dimensions and, outside `dim`, sizes no
+// larger than input's; the result has index's shape. Float32 input; differentiable.
+Tensor gather(const Tensor& input, int64_t dim, const Tensor& index);
+// The entries of `input` at the int64 positions `index` (1-D) along `dim`, in that order
+// (repeats allowed): the result's size along dim is index.numel(). Differentiable.
+Tensor index_select(const Tensor& input, int64_t dim, const Tensor& index);
+// The k largest (or smallest) entries along `dim` and their int64 indices, largest first
+// (smallest first when largest is false). NaN counts as larger than any number, as in
+// PyTorch; among equal values the lower index comes first. Values are differentiable.
+// The positions are chosen on the host (device tensors are copied there once).
+//   auto [values, indices] = topk(logits, 5);
+std::pair<Tensor, Tensor> topk(const Tensor& input, int64_t k, int64_t dim = -1,
+                               bool largest = true, bool sorted = true);
+
+// ---- Joining -------------------------------------------------------------------------
+// Concatenates along an existing dimension; all on one device. Differentiable.
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+// Joins along a new dimension. Differentiable.
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+
+// True when both have the same shape and |a - b| <= atol + rtol * |b| everywhere.
+bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8);
+
+}  // namespace tandem
+
+#endif  // TANDEM_TENSOR_OPS_OPS_H_

@@ -1,0 +1,355 @@
+// Backend: the small interface through which the device-independent core (Tensor, ops,
+// autograd) reaches device-specific code. One Backend is registered per DeviceType: the
+// CPU backend always, the CUDA backend from tensor/cuda/ when Tandem is built with CUDA.
+// Core code never includes a CUDA header; it calls these virtual functions.
+//
+// Kernels take KernelTensor views (data pointer already offset, sizes and strides in
+// elements). They run asynchronously with respect to the host on devices that queue work
+// (CUDA: on the device's current stream, see tensor/runtime/stream.h); CopyToHost and Synchronize
+// wait.
+//
+// Most users never touch this header. A new device type implements Backend and registers
+// it with a static BackendRegistration:
+//
+//   static tandem::BackendRegistration registration(tandem::DeviceType::kCUDA,
+//                                                   &MyCudaBackend::Instance);
+#ifndef TANDEM_TENSOR_RUNTIME_BACKEND_H_
+#define TANDEM_TENSOR_RUNTIME_BACKEND_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "tensor/runtime/allocator.h"
+#include "tensor/base/device.h"
+#include "tensor/base/dtype.h"
+#include "tensor/runtime/stream.h"
+
+namespace tandem {
+
+inline constexpr int kMaxDims = 8;
+
+// A strided view of device memory, handed to kernels. Plain data so that it can be passed
+// by value to a CUDA kernel.
+struct KernelTensor {
+  void* data = nullptr;
+  DType dtype = DType::kFloat32;
+  int ndim = 0;
+  int64_t sizes[kMaxDims] = {};
+  int64_t strides[kMaxDims] = {};  // in elements; 0 for broadcast dimensions
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; ++d) n *= sizes[d];
+    return n;
+  }
+  bool is_contiguous() const {
+    int64_t expected = 1;
+    for (int d = ndim - 1; d >= 0; --d) {
+      if (sizes[d] != 1 && strides[d] != expected) return false;
+      expected *= sizes[d];
+    }
+    return true;
+  }
+  template <typename T>
+  T* ptr() const {
+    return static_cast<T*>(data);
+  }
+
+  // A contiguous vector of `n` elements at `data`.
+  static KernelTensor Vector(void* data, int64_t n, DType dtype = DType::kFloat32) {
+    KernelTensor t;
+    t.data = data;
+    t.dtype = dtype;
+    t.ndim = 1;
+    t.sizes[0] = n;
+    t.strides[0] = 1;
+    return t;
+  }
+};
+
+// Elementwise functions of one input and an optional scalar parameter `s`.
+// Floating types only, except kNeg, kAbs, kAddScalar, kMulScalar which also accept int64.
+enum class UnaryOp : int8_t {
+  kNeg,             // -x
+  kExp,             // e^x
+  kLog,             // ln x
+  kRelu,            // max(x, 0)
+  kSqrt,            // sqrt x
+  kAbs,             // |x|
+  kTanh,            // tanh x
+  kSigmoid,         // 1 / (1 + e^-x)
+  kSquare,          // x * x
+  kAddScalar,       // x + s
+  kMulScalar,       // x * s
+  kPowScalar,       // x ^ s
+  kGeScalar,        // x >= s ? 1 : 0
+  kGelu,            // x * Phi(x) = x / 2 * (1 + erf(x / sqrt 2))
+  kGeluDerivative,  // Phi(x) + x * phi(x), the derivative of kGelu
+};
+
+// Elementwise functions of two inputs of the same dtype (any dtype). Comparisons
+// give 1 or 0 in that dtype.
+enum class BinaryOp : int8_t {
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  kMaximum,
+  kMinimum,
+  kEq,
+  kNe,
+  kLt,
+  kLe,
+  kGt,
+  kGe,
+  kReluBackward,  // 0 if b <= 0 else a (a: incoming gradient, b: relu output; NaN passes)
+};
+
+// Reductions over the middle axis (named Kind, not Op: ReduceOp is the collectives' enum,
+// parallel/distributed/process_group.h) of a contiguous [outer, reduce, inner] input into a
+// contiguous [outer, inner] output. kArgMax/kArgMin write int64 indices; the others keep
+// the input's dtype. Ties in arg reductions pick the first index, as PyTorch does.
+enum class ReduceKind : int8_t { kSum, kMax, kMin, kArgMax, kArgMin };
+
+// Describes a 2-D convolution or pooling window over NCHW images. A window's taps are
+// `dilation` apart (it spans dilation * (kernel - 1) + 1 pixels). With ceil_mode the output
+// size rounds up, as PyTorch's pooling does, but the last window must start inside the input
+// or its left padding.
+struct Conv2dGeometry {
+  int64_t batch = 0, channels = 0, height = 0, width = 0;
+  int64_t kernel_h = 0, kernel_w = 0;
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;
+  int64_t dilation_h = 1, dilation_w = 1;
+  bool ceil_mode = false;
+  // Im2Col/Col2Im's column layout: false: [batch, channels*kh*kw, out_h*out_w] (one matrix
+  // per image); true: [channels*kh*kw, batch, out_h*out_w] (one matrix with every image's
+  // columns side by side, for a single large GEMM over the batch).
+  bool batch_in_columns = false;
+  constexpr int64_t span_h() const { return dilation_h * (kernel_h - 1) + 1; }
+  constexpr int64_t span_w() const { return dilation_w * (kernel_w - 1) + 1; }
+  int64_t out_h() const { return OutSize(height, span_h(), stride_h, pad_h, ceil_mode); }
+  int64_t out_w() const { return OutSize(width, span_w(), stride_w, pad_w, ceil_mode); }
+
+  // Im2Col's columns: where the row of image b, channel c, tap 0 starts, and the distance
+  // between the rows of consecutive taps (ky * kernel_w + kx) of that image and channel.
+  // constexpr so that CUDA kernels can call them too.
+  constexpr int64_t columns_start(int64_t b, int64_t c, int64_t out_plane) const {
+    const int64_t window = kernel_h * kernel_w;
+    return (batch_in_columns ? c * window * batch + b : (b * channels + c) * window) * out_plane;
+  }
+  constexpr int64_t columns_tap_stride(int64_t out_plane) const {
+    return batch_in_columns ? batch * out_plane : out_plane;
+  }
+
+  // PyTorch's pooling_output_shape (the padded input must hold one window).
+  static int64_t OutSize(int64_t in, int64_t span, int64_t stride, int64_t pad, bool ceil) {
+    const int64_t room = in + 2 * pad - span;
+    int64_t out = (ceil ? room + stride - 1 : room) / stride + 1;
+    if (ceil && (out - 1) * stride >= in + pad) --out;
+    return out;
+  }
+
+  static Conv2dGeometry Make(int64_t batch, int64_t channels, int64_t height, int64_t width,
+                             int64_t kernel_h, int64_t kernel_w, int64_t stride_h, int64_t stride_w,
+                             int64_t pad_h, int64_t pad_w) {
+    Conv2dGeometry g;
+    g.batch = batch;
+    g.channels = channels;
+    g.height = height;
+    g.width = width;
+    g.kernel_h = kernel_h;
+    g.kernel_w = kernel_w;
+    g.stride_h = stride_h;
+    g.stride_w = stride_w;
+    g.pad_h = pad_h;
+    g.pad_w = pad_w;
+    return g;
+  }
+};
+
+// A backend's event, behind tandem::Event (tensor/runtime/stream.h): a point in one stream's queue,
+// made by Backend::RecordEvent.
+class EventImpl {
+ public:
+  virtual ~EventImpl() = default;
+  // Whether the work before the point has finished (never blocks).
+  virtual bool Query() = 0;
+  // Waits on the host until it has; throws tandem::Error carrying any asynchronous error.
+  virtual void Synchronize() = 0;
+};
+
+// What a device can do, for balancing work across devices (DataParallel warns when some
+// are much weaker than others). Zero means unknown.
+struct DeviceCapacity {
+  int64_t memory_bytes = 0;  // total memory the device can hold
+  int64_t cores = 0;         // threads (CPU) or multiprocessors (GPU)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual DeviceType type() const = 0;
+  // Devices of this type usable in this process (0 when, e.g., there is no GPU).
+  virtual int DeviceCount() const = 0;
+  // Why DeviceCount() is 0, for error messages ("no CUDA driver: ..."); empty otherwise.
+  virtual std::string UnavailableReason() const { return ""; }
+  // The device's memory and cores (zeros where the backend cannot tell).
+  virtual DeviceCapacity Capacity(int /*index*/) const { return {}; }
+
+  // ---- Streams and events (see tensor/runtime/stream.h) ---------------------------------------
+  // Stream 0 of a device is its compute stream; CreateStream makes side streams. Kernels and
+  // copies go to the calling thread's CurrentStream of their device. The defaults suit
+  // devices whose work runs synchronously on the calling thread (CPU): every stream is idle
+  // whenever the host looks, and an event is complete as soon as it is recorded.
+  //
+  // A new side stream of device `index`; returns its id (>= 1).
+  virtual int CreateStream(int index);
+  // QueryStream: whether all work queued on the stream has finished; SynchronizeStream
+  // waits on the host until it has.
+  virtual bool QueryStream(int index, int stream);
+  virtual void SynchronizeStream(int index, int stream);
+  // An event capturing the work queued so far on stream `stream` of device `index`.
+  virtual std::unique_ptr<EventImpl> RecordEvent(int index, int stream);
+  // Work queued later on stream `stream` of device `index` waits for `event`, an event this
+  // backend made (on any of its devices). The default waits on the host.
+  virtual void StreamWaitEvent(int index, int stream, EventImpl& event);
+
+  // ---- Memory and copies -------------------------------------------------------------
+  virtual Allocator& GetAllocator(int index) = 0;
+  // Waits for all work queued on the device, on every one of its streams.
+  virtual void Synchronize(int index) = 0;
+  // Contiguous byte copies between the device and host memory, on the device's current
+  // stream. CopyToHost returns when the bytes are on the host; CopyFromHost may return
+  // earlier only if `src` is pinned.
+  virtual void CopyToHost(int index, void* dst, const void* src, size_t bytes) = 0;
+  virtual void CopyFromHost(int index, void* dst, const void* src, size_t bytes) = 0;
+  // Contiguous byte copy between two devices of this type. It runs on the destination's
+  // current stream, after an event recorded on the source's current stream: it sees the
+  // work queued there before the call, and work queued later on the destination's stream
+  // sees the copy. The source's stream does not wait; it goes on computing. The caller may
+  // free `src` at once: backends with asynchronous streams keep its memory from being
+  // reused until the copy has read it (RecordStream on the destination's stream). Writing
+  // `src` in place on the source device later is not ordered after the copy: such a writer
+  // first makes the source's stream wait for the destination's (Stream::Wait).
+  virtual void CopyBetweenDevices(int dst_index, void* dst, int src_index, const void* src,
+                                  size_t bytes) = 0;
+  // Page-locked host memory for fast, asynchronous copies to this device type. Backends
+  // without such memory return nullptr.
+  virtual std::shared_ptr<void> AllocatePinnedHost(size_t /*bytes*/) { return nullptr; }
+
+  // ---- Kernels (all tensors on device `index`) ----------------------------------------
+  // dst[i] = src[i] for strided views of the same shape; converts dtype if they differ.
+  virtual void Copy(int index, const KernelTensor& dst, const KernelTensor& src) = 0;
+  virtual void Fill(int index, const KernelTensor& dst, double value) = 0;
+  // dst = op(src, scalar); shapes equal (strides may differ; dst may alias src exactly).
+  virtual void Unary(int index, UnaryOp op, const KernelTensor& dst, const KernelTensor& src,
+                     double scalar) = 0;
+  // dst = op(a, b); a and b already broadcast to dst's shape (stride 0 where broadcast).
+  virtual void Binary(int index, BinaryOp op, const KernelTensor& dst, const KernelTensor& a,
+                      const KernelTensor& b) = 0;
+  // See ReduceKind. `src` and `dst` are contiguous.
+  virtual void Reduce(int index, ReduceKind op, const KernelTensor& dst, const KernelTensor& src,
+                      int64_t outer, int64_t reduce, int64_t inner) = 0;
+  // The kernels below take `dtype`, the element type of their floating-point operands
+  // (float32 or float64; int64 index operands stay int64_t), and untyped pointers to them.
+  //
+  // Softmax or log-softmax over the middle axis of contiguous [outer, dim, inner].
+  virtual void Softmax(int index, DType dtype, bool log, void* dst, const void* src, int64_t outer,
+                       int64_t dim, int64_t inner) = 0;
+  // Row-major batched GEMM: for b in [0, batch):
+  //   C_b = alpha * op(A_b) * op(B_b) + beta * C_b,  op(X) = X or X^T,
+  // with A_b = a + b * stride_a (stride 0 reuses one matrix), likewise B and C.
+  // op(A) is m x k, op(B) is k x n, C is m x n; lda/ldb/ldc are row strides (in elements).
+  virtual void Gemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                    int64_t k, double alpha, const void* a, int64_t lda, int64_t stride_a,
+                    const void* b, int64_t ldb, int64_t stride_b, double beta, void* c, int64_t ldc,
+                    int64_t stride_c, int64_t batch) = 0;
+  // Unfolds NCHW images into columns [batch, channels*kh*kw, out_h*out_w] (zero padding).
+  virtual void Im2Col(int index, DType dtype, const Conv2dGeometry& g, const void* image,
+                      void* columns) = 0;
+  // The adjoint of Im2Col: sums columns back into images (overwrites `image`).
+  virtual void Col2Im(int index, DType dtype, const Conv2dGeometry& g, const void* columns,
+                      void* image) = 0;
+  // Max pooling over NCHW (padding counts as -inf). Writes the output and, per output
+  // element, the flat index (within its H*W plane) of the chosen input element.
+  virtual void MaxPool2d(int index, DType dtype, const Conv2dGeometry& g, const void* input,
+                         void* output, int64_t* argmax) = 0;
+  // grad_input (zeroed here first) += grad_output at the argmax positions.
+  virtual void MaxPool2dBackward(int index, DType dtype, const Conv2dGeometry& g,
+                                 const void* grad_output, const int64_t* argmax,
+                                 void* grad_input) = 0;
+  // Average pooling over NCHW, as PyTorch's avg_pool2d: each output is the sum of its
+  // window's pixels inside the image, divided by the window's size clipped to the padded
+  // input (count_include_pad) or to the image (otherwise). Dilation must be 1.
+  virtual void AvgPool2d(int index, DType dtype, const Conv2dGeometry& g, bool count_include_pad,
+                         const void* input, void* output) = 0;
+  // The adjoint of AvgPool2d (overwrites grad_input).
+  virtual void AvgPool2dBackward(int index, DType dtype, const Conv2dGeometry& g,
+                                 bool count_include_pad, const void* grad_output,
+                                 void* grad_input) = 0;
+  // Adaptive average pooling of `planes` contiguous height x width planes into out_h x out_w:
+  // output (i, j) is the mean of rows [floor(i * height / out_h), ceil((i + 1) * height /
+  // out_h)) and likewise of columns, as PyTorch's adaptive_avg_pool2d.
+  virtual void AdaptiveAvgPool2d(int index, DType dtype, int64_t planes, int64_t height,
+                                 int64_t width, int64_t out_h, int64_t out_w, const void* input,
+                                 void* output) = 0;
+  // The adjoint of AdaptiveAvgPool2d (overwrites grad_input).
+  virtual void AdaptiveAvgPool2dBackward(int index, DType dtype, int64_t planes, int64_t height,
+                                         int64_t width, int64_t out_h, int64_t out_w,
+                                         const void* grad_output, void* grad_input) = 0;
+  // dst[r] = src[r * cols + idx[r]] for r in [0, rows). Indices must be in [0, cols): the
+  // caller validates them.
+  virtual void GatherColumns(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
+                             int64_t rows, int64_t cols) = 0;
+  // dst[r * cols + idx[r]] += src[r] (dst is not cleared).
+  virtual void ScatterAddColumns(int index, DType dtype, void* dst, const void* src,
+                                 const int64_t* idx, int64_t rows, int64_t cols) = 0;
+  // torch.gather over the middle axis of contiguous tensors: src [outer, src_dim, inner],
+  // idx and dst [outer, idx_dim, inner]: dst[o, j, i] = src[o, idx[o, j, i], i]. Indices must
+  // be in [0, src_dim): the caller validates them.
+  virtual void Gather(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
+                      int64_t outer, int64_t src_dim, int64_t idx_dim, int64_t inner) = 0;
+  // The adjoint of Gather: dst[o, idx[o, j, i], i] += src[o, j, i] for dst [outer, dst_dim,
+  // inner] (not cleared). Repeated indices accumulate.
+  virtual void ScatterAdd(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
+                          int64_t outer, int64_t dst_dim, int64_t idx_dim, int64_t inner) = 0;
+  // Counter-based random numbers (see tensor/base/philox.h): element i is a pure function of
+  // (seed, offset + i), so every backend produces the same numbers for the same request.
+  // Uniform in [low, high), or normal(mean, stddev) by Box-Muller. Note [Random float64]:
+  // a float64 request draws the float32 request's numbers, widened (computed in float32), so
+  // rand(shape, kFloat64) equals rand(shape).to(kFloat64) for the same generator state.
+  virtual void RandomUniform(int index, DType dtype, void* dst, int64_t n, uint64_t seed,
+                             uint64_t offset, double low, double high) = 0;
+  virtual void RandomNormal(int index, DType dtype, void* dst, int64_t n, uint64_t seed,
+                            uint64_t offset, double mean, double stddev) = 0;
+
+ protected:
+  // Throws tandem::Error unless `index` is one of this backend's devices.
+  void CheckDevice(int index) const;
+  // Also unless `stream` is 0 or an id that the default CreateStream gave.
+  void CheckStream(int index, int stream) const;
+
+ private:
+  std::atomic<int> last_default_stream_{0};  // ids the default CreateStream gave
+};
+
+// The backend for a device type; throws tandem::Error (naming how to get one) if none is
+// registered, e.g. cuda in a CPU-only build.
+Backend& GetBackend(DeviceType type);
+Backend* FindBackend(DeviceType type);  // nullptr when not registered
+inline Backend& GetBackend(Device device) { return GetBackend(device.type()); }
+
+// Registers a backend at static-initialisation time. `instance` is called once, lazily.
+class BackendRegistration {
+ public:
+  BackendRegistration(DeviceType type, Backend& (*instance)());
+};
+
+}  // namespace tandem
+
+#endif  // TANDEM_TENSOR_RUNTIME_BACKEND_H_
