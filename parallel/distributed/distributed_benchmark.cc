@@ -38,7 +38,7 @@
 #include "parallel/reference_loop.h"
 #include "tensor/tensor.h"
 
-namespace tandem::distributed {
+namespace tandem::parallel::distributed {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -316,6 +316,6 @@ int Main(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace tandem::distributed
+}  // namespace tandem::parallel::distributed
 
-int main(int argc, char** argv) { return tandem::distributed::Main(argc, argv); }
+int main(int argc, char** argv) { return tandem::parallel::distributed::Main(argc, argv); }

@@ -10,7 +10,7 @@
 #include "tensor/autograd.h"
 #include "tensor/error.h"
 
-namespace tandem::distributed {
+namespace tandem::parallel::distributed {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -18,8 +18,8 @@ using Clock = std::chrono::steady_clock;
 constexpr double kFirstBucketBytes = 1024 * 1024;
 
 std::string Prefix(const ProcessGroup& group) {
-  return internal::Concat("DistributedDataParallel (rank ", group.rank(), " of ", group.size(),
-                          "): ");
+  return tandem::internal::Concat("DistributedDataParallel (rank ", group.rank(), " of ",
+                                  group.size(), "): ");
 }
 
 // Every rank's `text`, rank 0's first (collective).
@@ -397,4 +397,4 @@ DistributedDataParallel::NoSyncGuard::~NoSyncGuard() {
   if (ddp_ != nullptr) ddp_->require_sync_ = previous_;
 }
 
-}  // namespace tandem::distributed
+}  // namespace tandem::parallel::distributed

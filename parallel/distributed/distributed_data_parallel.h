@@ -3,10 +3,10 @@
 // on its own share of the data (data::DistributedSampler); after backward every rank holds
 // the average of all ranks' gradients, so the optimizers take the same step everywhere.
 //
-//   auto group = std::make_shared<distributed::ProcessGroupMpi>();
+//   auto group = std::make_shared<parallel::distributed::ProcessGroupMpi>();
 //   auto model = std::make_shared<nn::Sequential>(nn::Linear(784, 256), nn::ReLU(),
 //                                                 nn::Linear(256, 10));
-//   auto ddp = std::make_shared<distributed::DistributedDataParallel>(model, group);
+//   auto ddp = std::make_shared<parallel::distributed::DistributedDataParallel>(model, group);
 //   nn::SGD optimizer(model->parameters(), nn::SGDOptions(0.1));
 //   Tensor loss = cross_entropy(ddp->forward(x), y);   // x, y: this rank's batch
 //   optimizer.zero_grad();
@@ -49,7 +49,7 @@
 #include "parallel/distributed/process_group.h"
 #include "tensor/tensor.h"
 
-namespace tandem::distributed {
+namespace tandem::parallel::distributed {
 
 struct DistributedDataParallelOptions {
   double bucket_cap_mb_ = 25.0;  // MiB of gradients per all-reduce bucket (the first: 1 MiB)
@@ -141,6 +141,6 @@ class DistributedDataParallel : public nn::Module {
   bool require_sync_ = true;
 };
 
-}  // namespace tandem::distributed
+}  // namespace tandem::parallel::distributed
 
 #endif  // TANDEM_PARALLEL_DISTRIBUTED_DISTRIBUTED_DATA_PARALLEL_H_

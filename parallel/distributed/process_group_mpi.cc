@@ -20,7 +20,7 @@
 #include "tensor/profiler.h"
 #include "tensor/vectorized.h"
 
-namespace tandem::distributed {
+namespace tandem::parallel::distributed {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -123,7 +123,7 @@ void Scale(T* data, T factor, int64_t n) {
 }
 
 std::string Elements(int64_t numel, DType dtype) {
-  return internal::Concat(numel, " ", DTypeName(dtype), " elements");
+  return tandem::internal::Concat(numel, " ", DTypeName(dtype), " elements");
 }
 std::string Elements(const Tensor& t) { return Elements(t.numel(), t.dtype()); }
 
@@ -267,8 +267,8 @@ struct ProcessGroupMpi::Impl {
   }
 
   std::string DescribeAllreduceTag(int tag) const {
-    return internal::Concat(tag / 4, " ", (tag & 1) ? "int64" : "float32", " elements (",
-                            (tag & 2) ? "average" : "sum", ")");
+    return tandem::internal::Concat(tag / 4, " ", (tag & 1) ? "int64" : "float32", " elements (",
+                                    (tag & 2) ? "average" : "sum", ")");
   }
 
   // Throws the error for a message of a different all-reduce (its tag, `received`, is not
@@ -414,8 +414,8 @@ struct ProcessGroupMpi::Impl {
       if (sequence == started_count && description == own) {
         alongside.push_back(r);
       } else {
-        elsewhere.push_back(internal::Concat("rank ", r, " waits in its collective number ",
-                                             sequence, " (", description, ")"));
+        elsewhere.push_back(tandem::internal::Concat("rank ", r, " waits in its collective number ",
+                                                     sequence, " (", description, ")"));
       }
     }
     if (!silent.empty()) {
@@ -840,7 +840,7 @@ ProcessGroupMpi::ProcessGroupMpi(ProcessGroupMpiOptions options)
         const int64_t largest_tag = has_tag_ub && tag_ub != nullptr ? *tag_ub : 32767;
         impl->tag_count_modulus = std::max<int64_t>(1, (largest_tag - 3) / 4 + 1);
         impl->prefix =
-            internal::Concat("ProcessGroupMpi rank ", impl->rank, " of ", impl->size, ": ");
+            tandem::internal::Concat("ProcessGroupMpi rank ", impl->rank, " of ", impl->size, ": ");
         return impl;
       }()) {}
 
@@ -887,7 +887,8 @@ std::shared_ptr<Work> ProcessGroupMpi::allreduce(Tensor tensor, ReduceOp op) {
                "; use ReduceOp::kSum and divide yourself");
   // Small enough for std::function to hold without allocating (unlike the tensor).
   auto describe = [numel = tensor.numel(), dtype = tensor.dtype(), op] {
-    return internal::Concat("allreduce (", ReduceOpName(op), ") of ", Elements(numel, dtype));
+    return tandem::internal::Concat("allreduce (", ReduceOpName(op), ") of ",
+                                    Elements(numel, dtype));
   };
   return impl.Enqueue(describe, [&impl, tensor, op](const Work& work, Clock::time_point deadline) {
     const int64_t n = tensor.numel();
@@ -913,7 +914,7 @@ std::shared_ptr<Work> ProcessGroupMpi::broadcast(Tensor tensor, int root) {
   TANDEM_CHECK(root >= 0 && root < impl.size, impl.prefix, "broadcast: root must be a rank in [0, ",
                impl.size, ") but is ", root);
   auto describe = [tensor, root] {
-    return internal::Concat("broadcast from rank ", root, " of ", Elements(tensor));
+    return tandem::internal::Concat("broadcast from rank ", root, " of ", Elements(tensor));
   };
   return impl.Enqueue(
       describe, [&impl, tensor, root](const Work& work, Clock::time_point deadline) {
@@ -945,7 +946,7 @@ std::shared_ptr<Work> ProcessGroupMpi::allgather(Tensor output, Tensor input) {
                output.dtype(), " elements");
   TANDEM_CHECK(!output.shares_storage_with(input), impl.prefix,
                "allgather: the output must not share storage with the input");
-  auto describe = [input] { return internal::Concat("allgather of ", Elements(input)); };
+  auto describe = [input] { return tandem::internal::Concat("allgather of ", Elements(input)); };
   return impl.Enqueue(describe, [&impl, output, input](const Work& work,
                                                        Clock::time_point deadline) {
     const int64_t n = input.numel();
@@ -1013,4 +1014,4 @@ void AbortJob(int code) {
   std::exit(code);
 }
 
-}  // namespace tandem::distributed
+}  // namespace tandem::parallel::distributed

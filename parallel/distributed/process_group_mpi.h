@@ -1,11 +1,11 @@
 // ProcessGroupMpi: a ProcessGroup over Open MPI for CPU tensors (float32, int64). Start the
 // program with mpirun; each process is one rank of MPI_COMM_WORLD.
 //
-//   auto group = std::make_shared<distributed::ProcessGroupMpi>();   // collective: all ranks
-//   Tensor grad = ...;                                               // contiguous, on the CPU
-//   std::shared_ptr<distributed::Work> work =
-//       group->allreduce(grad, distributed::ReduceOp::kAverage);
-//   ...                                                              // overlap other work
+//   auto group = std::make_shared<parallel::distributed::ProcessGroupMpi>();  // collective
+//   Tensor grad = ...;                                        // contiguous, on the CPU
+//   std::shared_ptr<parallel::distributed::Work> work =
+//       group->allreduce(grad, parallel::distributed::ReduceOp::kAverage);
+//   ...                                                       // overlap other work
 //   work->wait();
 //
 //   $ mpirun -np 2 ./my_program                  # two ranks on this machine
@@ -46,7 +46,7 @@
 
 #include "parallel/distributed/process_group.h"
 
-namespace tandem::distributed {
+namespace tandem::parallel::distributed {
 
 struct ProcessGroupMpiOptions {
   // How long one collective may run once started before it fails (PyTorch's default: 30 min).
@@ -107,6 +107,6 @@ bool LaunchedByMpirun();
 // MPI_Finalize for the others, which wait for it). Without MPI initialised: std::exit(code).
 [[noreturn]] void AbortJob(int code);
 
-}  // namespace tandem::distributed
+}  // namespace tandem::parallel::distributed
 
 #endif  // TANDEM_PARALLEL_DISTRIBUTED_PROCESS_GROUP_MPI_H_
