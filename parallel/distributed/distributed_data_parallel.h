@@ -45,6 +45,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "base/arg.h"
 #include "nn/module.h"
 #include "parallel/distributed/process_group.h"
 #include "tensor/tensor.h"
@@ -52,22 +53,10 @@
 namespace tandem::parallel::distributed {
 
 struct DistributedDataParallelOptions {
-  double bucket_cap_mb_ = 25.0;  // MiB of gradients per all-reduce bucket (the first: 1 MiB)
-  bool find_unused_parameters_ = false;
-  bool broadcast_buffers_ = true;
-
-  DistributedDataParallelOptions& bucket_cap_mb(double v) {
-    bucket_cap_mb_ = v;
-    return *this;
-  }
-  DistributedDataParallelOptions& find_unused_parameters(bool v) {
-    find_unused_parameters_ = v;
-    return *this;
-  }
-  DistributedDataParallelOptions& broadcast_buffers(bool v) {
-    broadcast_buffers_ = v;
-    return *this;
-  }
+  // MiB of gradients per all-reduce bucket (the first: 1 MiB).
+  TANDEM_ARG(double, bucket_cap_mb) = 25.0;
+  TANDEM_ARG(bool, find_unused_parameters) = false;
+  TANDEM_ARG(bool, broadcast_buffers) = true;
 };
 
 // What the last reduced backward pass spent on communication (for benchmarks).

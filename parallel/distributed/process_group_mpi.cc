@@ -377,7 +377,7 @@ struct ProcessGroupMpi::Impl {
       }
     }
     const Clock::time_point give_up =
-        Clock::now() + std::min<Clock::duration>(kAnswerWait, options.timeout_);
+        Clock::now() + std::min<Clock::duration>(kAnswerWait, options.timeout());
     std::vector<bool> answered(size, false);
     answered[rank] = true;
     while (true) {
@@ -507,11 +507,11 @@ struct ProcessGroupMpi::Impl {
           Abandon(requests, count, receives >= 0);
           std::ostringstream seconds;
           seconds << std::fixed << std::setprecision(1)
-                  << std::chrono::duration<double>(options.timeout_).count();
+                  << std::chrono::duration<double>(options.timeout()).count();
           TANDEM_FAIL(prefix, work.description(), " did not finish within ", seconds.str(),
                       " s: ", AskWhoWaits(work),
                       ". Every rank must issue the same collectives in the same order; raise ",
-                      options.timeout_name_, " if a rank is only slow");
+                      options.timeout_name(), " if a rank is only slow");
         }
       }
       if (waited > std::chrono::milliseconds(200)) {
@@ -675,7 +675,7 @@ struct ProcessGroupMpi::Impl {
     }
     try {
       TANDEM_PROFILE_SCOPE("distributed", work.description());
-      work.Run(work.Start() + options.timeout_);
+      work.Run(work.Start() + options.timeout());
       work.Release();
       work.Finish();
     } catch (const std::exception& e) {
@@ -808,13 +808,13 @@ struct ProcessGroupMpi::Impl {
 
 ProcessGroupMpi::ProcessGroupMpi(ProcessGroupMpiOptions options)
     : ProcessGroupMpi(options, [&options] {
-        TANDEM_CHECK(options.timeout_.count() > 0,
+        TANDEM_CHECK(options.timeout().count() > 0,
                      "ProcessGroupMpi: the timeout must be positive but is ",
-                     options.timeout_.count(), " ms");
+                     options.timeout().count(), " ms");
         TANDEM_CHECK(
-            options.max_elements_per_call_ >= 1 && options.max_elements_per_call_ <= INT_MAX,
+            options.max_elements_per_call() >= 1 && options.max_elements_per_call() <= INT_MAX,
             "ProcessGroupMpi: max_elements_per_call must be in [1, ", INT_MAX, "] but is ",
-            options.max_elements_per_call_);
+            options.max_elements_per_call());
         EnsureMpiInitialized();
         auto impl = std::make_unique<Impl>();
         impl->options = options;
@@ -892,7 +892,7 @@ std::shared_ptr<Work> ProcessGroupMpi::allreduce(Tensor tensor, ReduceOp op) {
   };
   return impl.Enqueue(describe, [&impl, tensor, op](const Work& work, Clock::time_point deadline) {
     const int64_t n = tensor.numel();
-    const int64_t step = impl.options.max_elements_per_call_;
+    const int64_t step = impl.options.max_elements_per_call();
     // An average is the sum scaled by the rank that finishes each block's sum, in the pass
     // that has it in cache (a separate pass over the whole result took 0.4 ms at 0.94 MB).
     const float factor = op == ReduceOp::kAverage ? 1.0f / static_cast<float>(impl.size) : 1.0f;
@@ -921,7 +921,7 @@ std::shared_ptr<Work> ProcessGroupMpi::broadcast(Tensor tensor, int root) {
         const int64_t n = tensor.numel();
         char* data = static_cast<char*>(tensor.raw_data());
         const size_t element = ElementSize(tensor.dtype());
-        const int64_t step = impl.options.max_elements_per_call_;
+        const int64_t step = impl.options.max_elements_per_call();
         for (int64_t offset = 0; offset < n; offset += step) {
           const int count = static_cast<int>(std::min(step, n - offset));
           MPI_Request request;
@@ -954,7 +954,7 @@ std::shared_ptr<Work> ProcessGroupMpi::allgather(Tensor output, Tensor input) {
     char* out = static_cast<char*>(output.raw_data());
     const size_t element = ElementSize(input.dtype());
     const MPI_Datatype type = MpiType(input.dtype());
-    const int64_t step = impl.options.max_elements_per_call_;
+    const int64_t step = impl.options.max_elements_per_call();
     for (int64_t offset = 0; offset < n; offset += step) {
       const int count = static_cast<int>(std::min(step, n - offset));
       MPI_Request request;

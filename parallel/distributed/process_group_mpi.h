@@ -44,31 +44,19 @@
 #include <string>
 #include <utility>
 
+#include "base/arg.h"
 #include "parallel/distributed/process_group.h"
 
 namespace tandem::parallel::distributed {
 
 struct ProcessGroupMpiOptions {
   // How long one collective may run once started before it fails (PyTorch's default: 30 min).
-  std::chrono::milliseconds timeout_ = std::chrono::minutes(30);
+  TANDEM_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(30);
   // What raises the timeout, for the timeout's error message: a program that reads it from a
   // flag names the flag ("--collective_timeout").
-  std::string timeout_name_ = "ProcessGroupMpiOptions::timeout";
+  TANDEM_ARG(std::string, timeout_name) = "ProcessGroupMpiOptions::timeout";
   // The most elements one MPI call moves (MPI counts are ints); lower it to test chunking.
-  int64_t max_elements_per_call_ = INT_MAX;
-
-  ProcessGroupMpiOptions& timeout(std::chrono::milliseconds v) {
-    timeout_ = v;
-    return *this;
-  }
-  ProcessGroupMpiOptions& timeout_name(std::string v) {
-    timeout_name_ = std::move(v);
-    return *this;
-  }
-  ProcessGroupMpiOptions& max_elements_per_call(int64_t v) {
-    max_elements_per_call_ = v;
-    return *this;
-  }
+  TANDEM_ARG(int64_t, max_elements_per_call) = INT_MAX;
 };
 
 class ProcessGroupMpi final : public ProcessGroup {
