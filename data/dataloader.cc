@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "data/internal.h"
-#include "tensor/runtime/profiler.h"
 #include "tensor/runtime/devices.h"
+#include "tensor/runtime/profiler.h"
 #include "tensor/tensor.h"
 
 namespace tandem {
@@ -239,42 +239,42 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, std::unique_ptr<S
   const int64_t examples = dataset_->size();
   TANDEM_CHECK(examples > 0, "DataLoader: the dataset is empty (size() is ", examples,
                "); there is nothing to load");
-  TANDEM_CHECK(options_.batch_size_ >= 1, "DataLoader: batch_size must be at least 1 but is ",
-               options_.batch_size_);
-  TANDEM_CHECK(options_.num_workers_ >= 0,
+  TANDEM_CHECK(options_.batch_size() >= 1, "DataLoader: batch_size must be at least 1 but is ",
+               options_.batch_size());
+  TANDEM_CHECK(options_.num_workers() >= 0,
                "DataLoader: num_workers must be >= 0 (0 loads in the calling thread) but is ",
-               options_.num_workers_);
-  TANDEM_CHECK(options_.prefetch_factor_ >= 1,
+               options_.num_workers());
+  TANDEM_CHECK(options_.prefetch_factor() >= 1,
                "DataLoader: prefetch_factor (batches loaded ahead per worker) must be at least 1 "
                "but is ",
-               options_.prefetch_factor_);
-  if (options_.device_) CheckAvailable(*options_.device_);
+               options_.prefetch_factor());
+  if (options_.device()) CheckAvailable(*options_.device());
 
   if (sampler_ != nullptr) {
-    TANDEM_CHECK(!options_.shuffle_,
+    TANDEM_CHECK(!options_.shuffle(),
                  "DataLoader: shuffle and a sampler exclude each other (the sampler decides the "
                  "order); pass a RandomSampler, or shuffle without a sampler");
-  } else if (options_.shuffle_) {
-    if (!options_.seed_) {
+  } else if (options_.shuffle()) {
+    if (!options_.seed()) {
       Generator& generator = default_generator();
       const uint64_t counter = generator.Reserve(1);
-      options_.seed_ = internal::Mix64(generator.seed() ^ internal::Mix64(counter));
+      options_.seed(internal::Mix64(generator.seed() ^ internal::Mix64(counter)));
     }
-    sampler_ = std::make_unique<RandomSampler>(examples, *options_.seed_);
+    sampler_ = std::make_unique<RandomSampler>(examples, *options_.seed());
   } else {
     sampler_ = std::make_unique<SequentialSampler>(examples);
   }
   TANDEM_CHECK(sampler_->size() > 0, "DataLoader: the sampler yields no indices");
-  if (options_.drop_last_ && sampler_->size() < options_.batch_size_) {
+  if (options_.drop_last() && sampler_->size() < options_.batch_size()) {
     // PyTorch's behaviour: a loader of length 0 whose loop does nothing (e.g. a rank of a
     // distributed run whose share is small). Legal, but rarely what was meant: say so.
     std::cerr << "tandem::data::DataLoader warning: with drop_last, " << sampler_->size()
-              << " examples and batch_size " << options_.batch_size_
+              << " examples and batch_size " << options_.batch_size()
               << " give no batch at all (the loader's length is 0 and its loop does nothing); "
                  "lower batch_size or turn drop_last off if you expected batches\n";
   }
 
-  if (options_.pin_memory_) {
+  if (options_.pin_memory()) {
     pin_ = DeviceCount(DeviceType::kCUDA) > 0;
     if (!pin_) WarnPinMemoryWithoutCuda();
   }
@@ -286,8 +286,8 @@ DataLoader::~DataLoader() {
 
 int64_t DataLoader::size() const {
   const int64_t n = sampler_->size();
-  const int64_t b = options_.batch_size_;
-  return options_.drop_last_ ? n / b : (n + b - 1) / b;
+  const int64_t b = options_.batch_size();
+  return options_.drop_last() ? n / b : (n + b - 1) / b;
 }
 
 DataLoader::Iterator DataLoader::begin() {
@@ -299,16 +299,16 @@ DataLoader::Iterator DataLoader::begin() {
   TANDEM_CHECK(!order.empty(), "DataLoader: the sampler returned no indices for epoch ",
                epochs_started_);
   const auto n = static_cast<int64_t>(order.size());
-  const int64_t b = options_.batch_size_;
-  const int64_t num_batches = options_.drop_last_ ? n / b : (n + b - 1) / b;
+  const int64_t b = options_.batch_size();
+  const int64_t num_batches = options_.drop_last() ? n / b : (n + b - 1) / b;
   std::vector<std::vector<int64_t>> batches(static_cast<size_t>(num_batches));
   for (int64_t k = 0; k < num_batches; ++k) {
     const auto first = order.begin() + k * b;
     batches[k].assign(first, first + std::min(b, n - k * b));
   }
   epoch_ = std::make_shared<Epoch>(dataset_, std::move(batches), epochs_started_++,
-                                   options_.num_workers_, options_.prefetch_factor_, pin_,
-                                   options_.device_);
+                                   options_.num_workers(), options_.prefetch_factor(), pin_,
+                                   options_.device());
   auto cursor = std::make_shared<Cursor>(epoch_);
   epoch_->StartWorkers();
   epoch_->Advance();

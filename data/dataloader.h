@@ -32,58 +32,26 @@
 
 #include "data/dataset.h"
 #include "data/sampler.h"
+#include "tensor/base/arg.h"
 #include "tensor/base/device.h"
 
 namespace tandem {
 namespace data {
 
 struct DataLoaderOptions {
-  int64_t batch_size_ = 1;
-  bool shuffle_ = false;
+  TANDEM_ARG(int64_t, batch_size) = 1;
+  TANDEM_ARG(bool, shuffle) = false;
   // The shuffle seed. Unset: drawn from tandem::default_generator() when the loader is
   // made, so tandem::manual_seed() makes it reproducible.
-  std::optional<uint64_t> seed_;
-  bool drop_last_ = false;   // drop the last batch if it is smaller than batch_size
-  int num_workers_ = 0;      // 0: load in the consuming thread, when each batch is asked for
-  int prefetch_factor_ = 2;  // batches loaded ahead per worker
+  TANDEM_ARG(std::optional<uint64_t>, seed);
+  TANDEM_ARG(bool, drop_last) = false;   // drop the last batch if it is smaller than batch_size
+  TANDEM_ARG(int, num_workers) = 0;      // 0: load in the consuming thread, when asked for
+  TANDEM_ARG(int, prefetch_factor) = 2;  // batches loaded ahead per worker
   // Batches in page-locked host memory, for faster and asynchronous copies to a GPU. On a
   // machine without CUDA this warns once and is ignored, as in PyTorch.
-  bool pin_memory_ = false;
+  TANDEM_ARG(bool, pin_memory) = false;
   // Where batches end up (copied there by the workers); unset: where the dataset made them.
-  std::optional<Device> device_;
-
-  DataLoaderOptions& batch_size(int64_t v) {
-    batch_size_ = v;
-    return *this;
-  }
-  DataLoaderOptions& shuffle(bool v) {
-    shuffle_ = v;
-    return *this;
-  }
-  DataLoaderOptions& seed(uint64_t v) {
-    seed_ = v;
-    return *this;
-  }
-  DataLoaderOptions& drop_last(bool v) {
-    drop_last_ = v;
-    return *this;
-  }
-  DataLoaderOptions& num_workers(int v) {
-    num_workers_ = v;
-    return *this;
-  }
-  DataLoaderOptions& prefetch_factor(int v) {
-    prefetch_factor_ = v;
-    return *this;
-  }
-  DataLoaderOptions& pin_memory(bool v) {
-    pin_memory_ = v;
-    return *this;
-  }
-  DataLoaderOptions& device(Device v) {
-    device_ = v;
-    return *this;
-  }
+  TANDEM_ARG(std::optional<Device>, device);
 };
 
 class DataLoader {
@@ -91,12 +59,12 @@ class DataLoader {
   struct Cursor;  // shared by an iterator and its copies; ends the epoch when released
 
  public:
-  // Uses a SequentialSampler, or a RandomSampler when options.shuffle_ is set. Throws for
+  // Uses a SequentialSampler, or a RandomSampler when options.shuffle() is set. Throws for
   // a null or empty dataset, batch_size < 1, num_workers < 0, prefetch_factor < 1 or an
   // unavailable device. With drop_last and fewer examples than one batch, the loader has
   // size() 0 and loops over nothing, as in PyTorch (with a warning on stderr).
   DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions options = {});
-  // Visits the dataset in the sampler's order; options.shuffle_ must then be false.
+  // Visits the dataset in the sampler's order; options.shuffle() must then be false.
   DataLoader(std::shared_ptr<const Dataset> dataset, std::unique_ptr<Sampler> sampler,
              DataLoaderOptions options = {});
   // Take a dataset by value: DataLoader(TensorDataset({x, y}), options).

@@ -29,6 +29,9 @@ namespace data {
 inline constexpr float kFashionMnistMean = 0.2860f;
 inline constexpr float kFashionMnistStd = 0.3530f;
 
+// Hand-written, not TANDEM_ARG (tensor/base/arg.h): normalize() sets three fields at once, and
+// called without arguments it turns normalisation on, where TANDEM_ARG's normalize() would be
+// a getter and Options().normalize() would silently stop normalising.
 struct FashionMnistOptions {
   bool normalize_ = false;
   float mean_ = kFashionMnistMean;

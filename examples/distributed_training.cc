@@ -59,6 +59,7 @@ ABSL_DECLARE_FLAG(double, collective_timeout);
 ABSL_DECLARE_FLAG(int, kill_in_epoch);
 
 namespace tandem::examples {
+namespace distributed = parallel::distributed;
 namespace {
 
 using Clock = std::chrono::steady_clock;

@@ -1,6 +1,6 @@
 // The trainer's --distributed mode: one process per device, started by mpirun, training the
-// Fashion-MNIST classifier with distributed::DistributedDataParallel over Open MPI. Each rank
-// reads its share of every epoch (data::DistributedSampler) in batches of --batch_size (per
+// Fashion-MNIST classifier with parallel::distributed::DistributedDataParallel over Open MPI. Each
+// rank reads its share of every epoch (data::DistributedSampler) in batches of --batch_size (per
 // rank, as in PyTorch), the gradients are averaged across ranks in backward, and rank 0 alone
 // prints progress, evaluates on the test set, writes the checkpoint and prints the final
 // JSON line (with "ranks").

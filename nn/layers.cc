@@ -182,23 +182,23 @@ void Flatten::pretty_print(std::ostream& out) const {
 
 Conv2d::Conv2d(const Conv2dOptions& options) : options_(options) {
   const Conv2dOptions& o = options_;
-  TANDEM_CHECK(o.in_channels_ > 0 && o.out_channels_ > 0,
-               "Conv2d: in_channels and out_channels must be positive but are ", o.in_channels_,
-               " and ", o.out_channels_);
-  TANDEM_CHECK(o.kernel_size_.h > 0 && o.kernel_size_.w > 0,
-               "Conv2d: kernel_size must be positive but is ", Tuple(o.kernel_size_));
-  TANDEM_CHECK(o.stride_.h > 0 && o.stride_.w > 0, "Conv2d: stride must be positive but is ",
-               Tuple(o.stride_));
-  TANDEM_CHECK(o.padding_.h >= 0 && o.padding_.w >= 0,
-               "Conv2d: padding must be non-negative but is ", Tuple(o.padding_));
-  TANDEM_CHECK(o.dilation_.h > 0 && o.dilation_.w > 0, "Conv2d: dilation must be positive but is ",
-               Tuple(o.dilation_));
-  TANDEM_CHECK(o.groups_ > 0, "Conv2d: groups must be positive but is ", o.groups_);
-  TANDEM_CHECK(o.in_channels_ % o.groups_ == 0, "Conv2d: in_channels (", o.in_channels_,
-               ") must be divisible by groups (", o.groups_, "); choose groups among the ",
+  TANDEM_CHECK(o.in_channels() > 0 && o.out_channels() > 0,
+               "Conv2d: in_channels and out_channels must be positive but are ", o.in_channels(),
+               " and ", o.out_channels());
+  TANDEM_CHECK(o.kernel_size().h > 0 && o.kernel_size().w > 0,
+               "Conv2d: kernel_size must be positive but is ", Tuple(o.kernel_size()));
+  TANDEM_CHECK(o.stride().h > 0 && o.stride().w > 0, "Conv2d: stride must be positive but is ",
+               Tuple(o.stride()));
+  TANDEM_CHECK(o.padding().h >= 0 && o.padding().w >= 0,
+               "Conv2d: padding must be non-negative but is ", Tuple(o.padding()));
+  TANDEM_CHECK(o.dilation().h > 0 && o.dilation().w > 0,
+               "Conv2d: dilation must be positive but is ", Tuple(o.dilation()));
+  TANDEM_CHECK(o.groups() > 0, "Conv2d: groups must be positive but is ", o.groups());
+  TANDEM_CHECK(o.in_channels() % o.groups() == 0, "Conv2d: in_channels (", o.in_channels(),
+               ") must be divisible by groups (", o.groups(), "); choose groups among the ",
                "common divisors of in_channels and out_channels");
-  TANDEM_CHECK(o.out_channels_ % o.groups_ == 0, "Conv2d: out_channels (", o.out_channels_,
-               ") must be divisible by groups (", o.groups_, "); choose groups among the ",
+  TANDEM_CHECK(o.out_channels() % o.groups() == 0, "Conv2d: out_channels (", o.out_channels(),
+               ") must be divisible by groups (", o.groups(), "); choose groups among the ",
                "common divisors of in_channels and out_channels");
   reset();
 }
@@ -217,7 +217,7 @@ namespace {
 // PyTorch's bound for Conv2d's weight (kaiming_uniform_ with a = sqrt(5)) and bias:
 // 1/sqrt(fan_in), fan_in = in_channels / groups * kh * kw.
 double ConvInitBound(const Conv2dOptions& o) {
-  const int64_t fan_in = o.in_channels_ / o.groups_ * o.kernel_size_.h * o.kernel_size_.w;
+  const int64_t fan_in = o.in_channels() / o.groups() * o.kernel_size().h * o.kernel_size().w;
   return 1.0 / std::sqrt(static_cast<double>(fan_in));
 }
 
@@ -229,9 +229,9 @@ void Conv2d::reset() {
   auto init = [&](const Shape& shape) {
     return cloning() ? empty(shape) : uniform(shape, -bound, bound);
   };
-  weight_ = register_parameter("weight", init({o.out_channels_, o.in_channels_ / o.groups_,
-                                               o.kernel_size_.h, o.kernel_size_.w}));
-  if (o.bias_) bias_ = register_parameter("bias", init({o.out_channels_}));
+  weight_ = register_parameter("weight", init({o.out_channels(), o.in_channels() / o.groups(),
+                                               o.kernel_size().h, o.kernel_size().w}));
+  if (o.bias()) bias_ = register_parameter("bias", init({o.out_channels()}));
 }
 
 void Conv2d::reset_parameters() {
@@ -247,31 +247,32 @@ Tensor Conv2d::forward(const Tensor& input) {
   TANDEM_CHECK(input.dim() == 4, ToString(),
                ": expected a 4-D input [N, C, H, W] (or 3-D [C, H, W]) ", "but got ",
                ShapeToString(input.shape()));
-  TANDEM_CHECK(input.size(1) == o.in_channels_, ToString(), ": expected input with ",
-               o.in_channels_, " channels (dimension 1 of [N, C, H, W]) but got ",
+  TANDEM_CHECK(input.size(1) == o.in_channels(), ToString(), ": expected input with ",
+               o.in_channels(), " channels (dimension 1 of [N, C, H, W]) but got ",
                ShapeToString(input.shape()));
-  const int64_t padded_h = input.size(2) + 2 * o.padding_.h;
-  const int64_t padded_w = input.size(3) + 2 * o.padding_.w;
-  const int64_t span_h = o.dilation_.h * (o.kernel_size_.h - 1) + 1;
-  const int64_t span_w = o.dilation_.w * (o.kernel_size_.w - 1) + 1;
-  TANDEM_CHECK(padded_h >= span_h && padded_w >= span_w, ToString(), ": input ",
-               ShapeToString(input.shape()), " is too small: its ", input.size(2), "x",
-               input.size(3), " images (", padded_h, "x", padded_w,
-               " with padding) are smaller than the ", span_h, "x", span_w, " kernel",
-               span_h != o.kernel_size_.h || span_w != o.kernel_size_.w ? " (with dilation)" : "");
+  const int64_t padded_h = input.size(2) + 2 * o.padding().h;
+  const int64_t padded_w = input.size(3) + 2 * o.padding().w;
+  const int64_t span_h = o.dilation().h * (o.kernel_size().h - 1) + 1;
+  const int64_t span_w = o.dilation().w * (o.kernel_size().w - 1) + 1;
+  TANDEM_CHECK(
+      padded_h >= span_h && padded_w >= span_w, ToString(), ": input ",
+      ShapeToString(input.shape()), " is too small: its ", input.size(2), "x", input.size(3),
+      " images (", padded_h, "x", padded_w, " with padding) are smaller than the ", span_h, "x",
+      span_w, " kernel",
+      span_h != o.kernel_size().h || span_w != o.kernel_size().w ? " (with dilation)" : "");
   CheckSameDevice(input, *weight_, *this);
-  return conv2d(input, *weight_, bias(), o.stride_.vec(), o.padding_.vec(), o.dilation_.vec(),
-                o.groups_);
+  return conv2d(input, *weight_, bias(), o.stride().vec(), o.padding().vec(), o.dilation().vec(),
+                o.groups());
 }
 
 void Conv2d::pretty_print(std::ostream& out) const {
   const Conv2dOptions& o = options_;
-  out << o.in_channels_ << ", " << o.out_channels_ << ", kernel_size=" << Tuple(o.kernel_size_)
-      << ", stride=" << Tuple(o.stride_);
-  if (o.padding_.h != 0 || o.padding_.w != 0) out << ", padding=" << Tuple(o.padding_);
-  if (o.dilation_.h != 1 || o.dilation_.w != 1) out << ", dilation=" << Tuple(o.dilation_);
-  if (o.groups_ != 1) out << ", groups=" << o.groups_;
-  if (!o.bias_) out << ", bias=False";
+  out << o.in_channels() << ", " << o.out_channels() << ", kernel_size=" << Tuple(o.kernel_size())
+      << ", stride=" << Tuple(o.stride());
+  if (o.padding().h != 0 || o.padding().w != 0) out << ", padding=" << Tuple(o.padding());
+  if (o.dilation().h != 1 || o.dilation().w != 1) out << ", dilation=" << Tuple(o.dilation());
+  if (o.groups() != 1) out << ", groups=" << o.groups();
+  if (!o.bias()) out << ", bias=False";
 }
 
 // ---- MaxPool2d -------------------------------------------------------------------------
@@ -418,24 +419,24 @@ void Dropout::pretty_print(std::ostream& out) const {
 template <typename Derived>
 BatchNormBase<Derived>::BatchNormBase(const BatchNormOptions& options) : options_(options) {
   const char* name = std::is_same_v<Derived, BatchNorm1d> ? "BatchNorm1d" : "BatchNorm2d";
-  TANDEM_CHECK(options_.num_features_ > 0, name, ": num_features (the number of channels) must ",
-               "be positive but is ", options_.num_features_);
-  TANDEM_CHECK(options_.eps_ >= 0.0 && std::isfinite(options_.eps_), name,
-               ": eps must be a finite value >= 0 but is ", options_.eps_);
-  TANDEM_CHECK(!options_.momentum_ || (*options_.momentum_ >= 0.0 && *options_.momentum_ <= 1.0),
+  TANDEM_CHECK(options_.num_features() > 0, name, ": num_features (the number of channels) must ",
+               "be positive but is ", options_.num_features());
+  TANDEM_CHECK(options_.eps() >= 0.0 && std::isfinite(options_.eps()), name,
+               ": eps must be a finite value >= 0 but is ", options_.eps());
+  TANDEM_CHECK(!options_.momentum() || (*options_.momentum() >= 0.0 && *options_.momentum() <= 1.0),
                name, ": momentum must be in [0, 1] (or nullopt for a cumulative average) but is ",
-               options_.momentum_.value_or(0.0));
+               options_.momentum().value_or(0.0));
   reset();
 }
 
 template <typename Derived>
 void BatchNormBase<Derived>::reset() {
-  const int64_t c = options_.num_features_;
-  if (options_.affine_) {
+  const int64_t c = options_.num_features();
+  if (options_.affine()) {
     weight_ = this->register_parameter("weight", ones({c}));
     bias_ = this->register_parameter("bias", zeros({c}));
   }
-  if (options_.track_running_stats_) {
+  if (options_.track_running_stats()) {
     running_mean_ = this->register_buffer("running_mean", zeros({c}));
     running_var_ = this->register_buffer("running_var", ones({c}));
     num_batches_tracked_ = this->register_buffer("num_batches_tracked", zeros({}, kInt64));
@@ -444,7 +445,7 @@ void BatchNormBase<Derived>::reset() {
 
 template <typename Derived>
 void BatchNormBase<Derived>::reset_running_stats() {
-  if (!options_.track_running_stats_) return;
+  if (!options_.track_running_stats()) return;
   NoGradGuard no_grad;
   Tensor(*running_mean_).zero_();
   Tensor(*running_var_).fill_(1.0);
@@ -454,7 +455,7 @@ void BatchNormBase<Derived>::reset_running_stats() {
 template <typename Derived>
 void BatchNormBase<Derived>::reset_parameters() {
   reset_running_stats();
-  if (!options_.affine_) return;
+  if (!options_.affine()) return;
   NoGradGuard no_grad;
   Tensor(*weight_).fill_(1.0);
   Tensor(*bias_).zero_();
@@ -462,15 +463,15 @@ void BatchNormBase<Derived>::reset_parameters() {
 
 template <typename Derived>
 void BatchNormBase<Derived>::pretty_print(std::ostream& out) const {
-  out << options_.num_features_ << ", eps=" << PythonFloat(options_.eps_) << ", momentum="
-      << (options_.momentum_ ? PythonFloat(*options_.momentum_) : std::string("None"))
-      << ", affine=" << PythonBool(options_.affine_)
-      << ", track_running_stats=" << PythonBool(options_.track_running_stats_);
+  out << options_.num_features() << ", eps=" << PythonFloat(options_.eps()) << ", momentum="
+      << (options_.momentum() ? PythonFloat(*options_.momentum()) : std::string("None"))
+      << ", affine=" << PythonBool(options_.affine())
+      << ", track_running_stats=" << PythonBool(options_.track_running_stats());
 }
 
 template <typename Derived>
 Tensor BatchNormBase<Derived>::Normalize(const Tensor& input) {
-  const int64_t c = options_.num_features_;
+  const int64_t c = options_.num_features();
   TANDEM_CHECK(IsFloatingPoint(input.dtype()), this->ToString(),
                ": expected a floating-point input (float32 or float64) but got ", input.dtype(),
                "; convert it with .to(kFloat32)");
@@ -486,7 +487,7 @@ Tensor BatchNormBase<Derived>::Normalize(const Tensor& input) {
   for (int64_t d = 2; d < input.dim(); ++d) reduce_dims.push_back(d);
   const int64_t per_channel = c > 0 ? input.numel() / c : 0;
 
-  const bool use_batch_stats = this->is_training() || !options_.track_running_stats_;
+  const bool use_batch_stats = this->is_training() || !options_.track_running_stats();
   Tensor normalized;
   if (use_batch_stats) {
     TANDEM_CHECK(per_channel > 1, this->ToString(),
@@ -497,12 +498,12 @@ Tensor BatchNormBase<Derived>::Normalize(const Tensor& input) {
     const Tensor mean = input.mean(reduce_dims, /*keepdim=*/true);
     const Tensor centered = input - mean;
     const Tensor var = square(centered).mean(reduce_dims, /*keepdim=*/true);  // biased
-    normalized = centered / sqrt(var + options_.eps_);
-    if (this->is_training() && options_.track_running_stats_) {
+    normalized = centered / sqrt(var + options_.eps());
+    if (this->is_training() && options_.track_running_stats()) {
       NoGradGuard no_grad;
       Tensor count = *num_batches_tracked_;
       count.add_(1.0);
-      const double factor = options_.momentum_ ? *options_.momentum_ : 1.0 / count.item();
+      const double factor = options_.momentum() ? *options_.momentum() : 1.0 / count.item();
       const double unbias = static_cast<double>(per_channel) / (per_channel - 1);
       Tensor running_mean = *running_mean_;
       Tensor running_var = *running_var_;
@@ -512,9 +513,9 @@ Tensor BatchNormBase<Derived>::Normalize(const Tensor& input) {
   } else {
     const Tensor mean = running_mean_->view(channel_shape);
     const Tensor var = running_var_->view(channel_shape);
-    normalized = (input - mean) / sqrt(var + options_.eps_);
+    normalized = (input - mean) / sqrt(var + options_.eps());
   }
-  if (!options_.affine_) return normalized;
+  if (!options_.affine()) return normalized;
   return normalized * weight_->view(channel_shape) + bias_->view(channel_shape);
 }
 

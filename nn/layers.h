@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "nn/module.h"
+#include "tensor/base/arg.h"
 #include "tensor/tensor.h"
 
 namespace tandem::nn {
@@ -121,35 +122,15 @@ class Flatten : public Cloneable<Flatten> {
 struct Conv2dOptions {
   Conv2dOptions(int64_t in_channels, int64_t out_channels, Size2 kernel_size)
       : in_channels_(in_channels), out_channels_(out_channels), kernel_size_(kernel_size) {}
-  Conv2dOptions& stride(Size2 value) {
-    stride_ = value;
-    return *this;
-  }
-  Conv2dOptions& padding(Size2 value) {
-    padding_ = value;
-    return *this;
-  }
-  Conv2dOptions& dilation(Size2 value) {
-    dilation_ = value;
-    return *this;
-  }
-  Conv2dOptions& groups(int64_t value) {
-    groups_ = value;
-    return *this;
-  }
-  Conv2dOptions& bias(bool value) {
-    bias_ = value;
-    return *this;
-  }
 
-  int64_t in_channels_;
-  int64_t out_channels_;
-  Size2 kernel_size_;
-  Size2 stride_ = 1;
-  Size2 padding_ = 0;   // zeros on each side
-  Size2 dilation_ = 1;  // spacing between kernel taps
-  int64_t groups_ = 1;  // in_channels and out_channels must both be divisible by it
-  bool bias_ = true;
+  TANDEM_ARG(int64_t, in_channels);
+  TANDEM_ARG(int64_t, out_channels);
+  TANDEM_ARG(Size2, kernel_size);
+  TANDEM_ARG(Size2, stride) = 1;
+  TANDEM_ARG(Size2, padding) = 0;   // zeros on each side
+  TANDEM_ARG(Size2, dilation) = 1;  // spacing between kernel taps
+  TANDEM_ARG(int64_t, groups) = 1;  // in_channels and out_channels must both be divisible by it
+  TANDEM_ARG(bool, bias) = true;
 };
 
 // 2-D convolution over [N, C_in, H, W] (or unbatched [C_in, H, W]) images, giving
@@ -281,29 +262,13 @@ class Dropout : public Cloneable<Dropout> {
 // The arguments of BatchNorm1d / BatchNorm2d, with PyTorch's defaults.
 struct BatchNormOptions {
   explicit BatchNormOptions(int64_t num_features) : num_features_(num_features) {}
-  BatchNormOptions& eps(double value) {
-    eps_ = value;
-    return *this;
-  }
-  // nullopt: running statistics are the cumulative (equal-weight) average of every batch.
-  BatchNormOptions& momentum(std::optional<double> value) {
-    momentum_ = value;
-    return *this;
-  }
-  BatchNormOptions& affine(bool value) {
-    affine_ = value;
-    return *this;
-  }
-  BatchNormOptions& track_running_stats(bool value) {
-    track_running_stats_ = value;
-    return *this;
-  }
 
-  int64_t num_features_;
-  double eps_ = 1e-5;
-  std::optional<double> momentum_ = 0.1;
-  bool affine_ = true;
-  bool track_running_stats_ = true;
+  TANDEM_ARG(int64_t, num_features);
+  TANDEM_ARG(double, eps) = 1e-5;
+  // nullopt: running statistics are the cumulative (equal-weight) average of every batch.
+  TANDEM_ARG(std::optional<double>, momentum) = 0.1;
+  TANDEM_ARG(bool, affine) = true;
+  TANDEM_ARG(bool, track_running_stats) = true;
 };
 
 // Batch normalisation over the channel dimension (dimension 1) of [N, C, *] inputs, as
@@ -337,7 +302,7 @@ class BatchNormBase : public Cloneable<Derived> {
   void pretty_print(std::ostream& out) const override;
 
   const BatchNormOptions& options() const { return options_; }
-  int64_t num_features() const { return options_.num_features_; }
+  int64_t num_features() const { return options_.num_features(); }
   // Undefined when the layer has none (affine=false, track_running_stats=false).
   Tensor weight() const { return weight_ ? *weight_ : Tensor(); }
   Tensor bias() const { return bias_ ? *bias_ : Tensor(); }

@@ -352,13 +352,13 @@ bool CheckCrossEntropy(const Tensor& input, const Tensor& target,
   CheckDefined(target, op, "target");
   CheckFloat(input, op, "input");
   CheckSameDevice(input, "input", target, "target", op);
-  CheckReduction(options.reduction_, op);
-  CheckLabelSmoothing(options.label_smoothing_, op);
+  CheckReduction(options.reduction(), op);
+  CheckLabelSmoothing(options.label_smoothing(), op);
   TANDEM_CHECK(input.dim() >= 1, op,
                ": input must have a class dimension ([C], [N, C] or [N, C, d1, ...]) but is "
                "zero-dimensional");
   const int64_t classes = input.dim() == 1 ? input.size(0) : input.size(1);
-  CheckClassWeight(options.weight_, input, classes, op);
+  CheckClassWeight(options.weight(), input, classes, op);
   return target.shape() == input.shape();
 }
 
@@ -368,12 +368,12 @@ void CheckNllLoss(const Tensor& input, const Tensor& target, const NLLLossOption
   CheckDefined(target, op, "target");
   CheckFloat(input, op, "input");
   CheckSameDevice(input, "input", target, "target", op);
-  CheckReduction(options.reduction_, op);
+  CheckReduction(options.reduction(), op);
   TANDEM_CHECK(input.dim() >= 1, op,
                ": input must have a class dimension ([C], [N, C] or [N, C, d1, ...]) but is "
                "zero-dimensional");
   const int64_t classes = input.dim() == 1 ? input.size(0) : input.size(1);
-  CheckClassWeight(options.weight_, input, classes, op);
+  CheckClassWeight(options.weight(), input, classes, op);
 }
 
 // The per-element losses of the elementwise losses, checked.
@@ -381,28 +381,28 @@ Tensor BceElements(const Tensor& input, const Tensor& target,
                    const BCEWithLogitsLossOptions& options) {
   const char* op = "binary_cross_entropy_with_logits";
   CheckSameShapeFloats(input, target, op);
-  CheckReduction(options.reduction_, op);
-  CheckBroadcastWeight(options.weight_, "weight", input, op);
-  CheckBroadcastWeight(options.pos_weight_, "pos_weight", input, op);
+  CheckReduction(options.reduction(), op);
+  CheckBroadcastWeight(options.weight(), "weight", input, op);
+  CheckBroadcastWeight(options.pos_weight(), "pos_weight", input, op);
   // PyTorch's form: (1 - t) x - w_t log sigmoid(x), w_t = 1 + (pos_weight - 1) t.
   Tensor minus_log_sigmoid = SoftplusOfNegative(input);
-  if (options.pos_weight_.defined()) {
-    minus_log_sigmoid = mul(minus_log_sigmoid, add(mul(options.pos_weight_ - 1.0, target), 1.0));
+  if (options.pos_weight().defined()) {
+    minus_log_sigmoid = mul(minus_log_sigmoid, add(mul(options.pos_weight() - 1.0, target), 1.0));
   }
   Tensor loss = add(mul(1.0 - target, input), minus_log_sigmoid);
-  if (options.weight_.defined()) loss = mul(loss, options.weight_);
+  if (options.weight().defined()) loss = mul(loss, options.weight());
   return loss;
 }
 
 Tensor MseElements(const Tensor& input, const Tensor& target, const MSELossOptions& options) {
   CheckSameShapeFloats(input, target, "mse_loss");
-  CheckReduction(options.reduction_, "mse_loss");
+  CheckReduction(options.reduction(), "mse_loss");
   return square(sub(input, target));
 }
 
 Tensor L1Elements(const Tensor& input, const Tensor& target, const L1LossOptions& options) {
   CheckSameShapeFloats(input, target, "l1_loss");
-  CheckReduction(options.reduction_, "l1_loss");
+  CheckReduction(options.reduction(), "l1_loss");
   return abs(sub(input, target));
 }
 
@@ -410,9 +410,9 @@ Tensor SmoothL1Elements(const Tensor& input, const Tensor& target,
                         const SmoothL1LossOptions& options) {
   const char* op = "smooth_l1_loss";
   CheckSameShapeFloats(input, target, op);
-  CheckReduction(options.reduction_, op);
-  CheckBeta(options.beta_, op);
-  const double beta = options.beta_;
+  CheckReduction(options.reduction(), op);
+  CheckBeta(options.beta(), op);
+  const double beta = options.beta();
   const Tensor diff = sub(input, target);
   const Tensor distance = abs(diff);
   // beta = 0 is the L1 loss (and 0.5 d^2 / 0 would poison the gradient of the other branch).
@@ -426,17 +426,18 @@ LossParts CrossEntropyParts(const Tensor& input, const Tensor& target,
                             const CrossEntropyLossOptions& options) {
   const char* op = "cross_entropy";
   if (CheckCrossEntropy(input, target, options, op)) {
-    return ProbabilityParts(input, target, options.weight_, options.ignore_index_,
-                            options.reduction_, options.label_smoothing_, op);
+    return ProbabilityParts(input, target, options.weight(), options.ignore_index(),
+                            options.reduction(), options.label_smoothing(), op);
   }
-  return ClassIndexLossParts(input, target, /*logits=*/true, options.weight_, options.ignore_index_,
-                             options.reduction_, options.label_smoothing_, op);
+  return ClassIndexLossParts(input, target, /*logits=*/true, options.weight(),
+                             options.ignore_index(), options.reduction(), options.label_smoothing(),
+                             op);
 }
 
 LossParts NllLossParts(const Tensor& input, const Tensor& target, const NLLLossOptions& options) {
   CheckNllLoss(input, target, options, "nll_loss");
-  return ClassIndexLossParts(input, target, /*logits=*/false, options.weight_,
-                             options.ignore_index_, options.reduction_,
+  return ClassIndexLossParts(input, target, /*logits=*/false, options.weight(),
+                             options.ignore_index(), options.reduction(),
                              /*label_smoothing=*/0.0, "nll_loss");
 }
 
@@ -450,36 +451,36 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target,
                      const CrossEntropyLossOptions& options) {
   const char* op = "cross_entropy";
   if (CheckCrossEntropy(input, target, options, op)) {
-    return Finish(ProbabilityParts(input, target, options.weight_, options.ignore_index_,
-                                   options.reduction_, options.label_smoothing_, op));
+    return Finish(ProbabilityParts(input, target, options.weight(), options.ignore_index(),
+                                   options.reduction(), options.label_smoothing(), op));
   }
-  return ClassIndexLoss(input, target, /*logits=*/true, options.weight_, options.ignore_index_,
-                        options.reduction_, options.label_smoothing_, op);
+  return ClassIndexLoss(input, target, /*logits=*/true, options.weight(), options.ignore_index(),
+                        options.reduction(), options.label_smoothing(), op);
 }
 
 Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions& options) {
   const char* op = "nll_loss";
   CheckNllLoss(input, target, options, op);
-  return ClassIndexLoss(input, target, /*logits=*/false, options.weight_, options.ignore_index_,
-                        options.reduction_, /*label_smoothing=*/0.0, op);
+  return ClassIndexLoss(input, target, /*logits=*/false, options.weight(), options.ignore_index(),
+                        options.reduction(), /*label_smoothing=*/0.0, op);
 }
 
 Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
                                         const BCEWithLogitsLossOptions& options) {
-  return Reduce(BceElements(input, target, options), options.reduction_);
+  return Reduce(BceElements(input, target, options), options.reduction());
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, const MSELossOptions& options) {
-  return Reduce(MseElements(input, target, options), options.reduction_);
+  return Reduce(MseElements(input, target, options), options.reduction());
 }
 
 Tensor l1_loss(const Tensor& input, const Tensor& target, const L1LossOptions& options) {
-  return Reduce(L1Elements(input, target, options), options.reduction_);
+  return Reduce(L1Elements(input, target, options), options.reduction());
 }
 
 Tensor smooth_l1_loss(const Tensor& input, const Tensor& target,
                       const SmoothL1LossOptions& options) {
-  return Reduce(SmoothL1Elements(input, target, options), options.reduction_);
+  return Reduce(SmoothL1Elements(input, target, options), options.reduction());
 }
 
 }  // namespace functional
@@ -498,71 +499,71 @@ void CheckModuleWeight(const Tensor& weight, const char* module, const char* nam
 }  // namespace
 
 CrossEntropyLoss::CrossEntropyLoss(const CrossEntropyLossOptions& options) : options_(options) {
-  CheckModuleWeight(options_.weight_, "CrossEntropyLoss", "weight");
-  TANDEM_CHECK(!options_.weight_.defined() || options_.weight_.dim() == 1,
+  CheckModuleWeight(options_.weight(), "CrossEntropyLoss", "weight");
+  TANDEM_CHECK(!options_.weight().defined() || options_.weight().dim() == 1,
                "CrossEntropyLoss: weight must be 1-D [C] (one entry per class) but is ",
-               ShapeToString(options_.weight_.shape()));
-  CheckLabelSmoothing(options_.label_smoothing_, "CrossEntropyLoss");
-  CheckReduction(options_.reduction_, "CrossEntropyLoss");
+               ShapeToString(options_.weight().shape()));
+  CheckLabelSmoothing(options_.label_smoothing(), "CrossEntropyLoss");
+  CheckReduction(options_.reduction(), "CrossEntropyLoss");
   reset();
 }
 
 void CrossEntropyLoss::reset() {
-  if (options_.weight_.defined()) weight_ = register_buffer("weight", options_.weight_);
+  if (options_.weight().defined()) weight_ = register_buffer("weight", options_.weight());
 }
 
 Tensor CrossEntropyLoss::weight() const { return weight_ ? *weight_ : Tensor(); }
 
 Tensor CrossEntropyLoss::forward(const Tensor& input, const Tensor& target) {
   CrossEntropyLossOptions options = options_;
-  options.weight_ = weight();
+  options.weight(weight());
   return functional::cross_entropy(input, target, options);
 }
 
 LossParts CrossEntropyLoss::forward_parts(const Tensor& input, const Tensor& target) const {
   CrossEntropyLossOptions options = options_;
-  options.weight_ = weight();
+  options.weight(weight());
   return CrossEntropyParts(input, target, options);
 }
 
 NLLLoss::NLLLoss(const NLLLossOptions& options) : options_(options) {
-  CheckModuleWeight(options_.weight_, "NLLLoss", "weight");
-  TANDEM_CHECK(!options_.weight_.defined() || options_.weight_.dim() == 1,
+  CheckModuleWeight(options_.weight(), "NLLLoss", "weight");
+  TANDEM_CHECK(!options_.weight().defined() || options_.weight().dim() == 1,
                "NLLLoss: weight must be 1-D [C] (one entry per class) but is ",
-               ShapeToString(options_.weight_.shape()));
-  CheckReduction(options_.reduction_, "NLLLoss");
+               ShapeToString(options_.weight().shape()));
+  CheckReduction(options_.reduction(), "NLLLoss");
   reset();
 }
 
 void NLLLoss::reset() {
-  if (options_.weight_.defined()) weight_ = register_buffer("weight", options_.weight_);
+  if (options_.weight().defined()) weight_ = register_buffer("weight", options_.weight());
 }
 
 Tensor NLLLoss::weight() const { return weight_ ? *weight_ : Tensor(); }
 
 Tensor NLLLoss::forward(const Tensor& input, const Tensor& target) {
   NLLLossOptions options = options_;
-  options.weight_ = weight();
+  options.weight(weight());
   return functional::nll_loss(input, target, options);
 }
 
 LossParts NLLLoss::forward_parts(const Tensor& input, const Tensor& target) const {
   NLLLossOptions options = options_;
-  options.weight_ = weight();
+  options.weight(weight());
   return NllLossParts(input, target, options);
 }
 
 BCEWithLogitsLoss::BCEWithLogitsLoss(const BCEWithLogitsLossOptions& options) : options_(options) {
-  CheckModuleWeight(options_.weight_, "BCEWithLogitsLoss", "weight");
-  CheckModuleWeight(options_.pos_weight_, "BCEWithLogitsLoss", "pos_weight");
-  CheckReduction(options_.reduction_, "BCEWithLogitsLoss");
+  CheckModuleWeight(options_.weight(), "BCEWithLogitsLoss", "weight");
+  CheckModuleWeight(options_.pos_weight(), "BCEWithLogitsLoss", "pos_weight");
+  CheckReduction(options_.reduction(), "BCEWithLogitsLoss");
   reset();
 }
 
 void BCEWithLogitsLoss::reset() {
-  if (options_.weight_.defined()) weight_ = register_buffer("weight", options_.weight_);
-  if (options_.pos_weight_.defined()) {
-    pos_weight_ = register_buffer("pos_weight", options_.pos_weight_);
+  if (options_.weight().defined()) weight_ = register_buffer("weight", options_.weight());
+  if (options_.pos_weight().defined()) {
+    pos_weight_ = register_buffer("pos_weight", options_.pos_weight());
   }
 }
 
@@ -571,16 +572,16 @@ Tensor BCEWithLogitsLoss::pos_weight() const { return pos_weight_ ? *pos_weight_
 
 Tensor BCEWithLogitsLoss::forward(const Tensor& input, const Tensor& target) {
   BCEWithLogitsLossOptions options = options_;
-  options.weight_ = weight();
-  options.pos_weight_ = pos_weight();
+  options.weight(weight());
+  options.pos_weight(pos_weight());
   return functional::binary_cross_entropy_with_logits(input, target, options);
 }
 
 LossParts BCEWithLogitsLoss::forward_parts(const Tensor& input, const Tensor& target) const {
   BCEWithLogitsLossOptions options = options_;
-  options.weight_ = weight();
-  options.pos_weight_ = pos_weight();
-  return ElementParts(BceElements(input, target, options), options.reduction_);
+  options.weight(weight());
+  options.pos_weight(pos_weight());
+  return ElementParts(BceElements(input, target, options), options.reduction());
 }
 
 Tensor MSELoss::forward(const Tensor& input, const Tensor& target) {
@@ -588,7 +589,7 @@ Tensor MSELoss::forward(const Tensor& input, const Tensor& target) {
 }
 
 LossParts MSELoss::forward_parts(const Tensor& input, const Tensor& target) const {
-  return ElementParts(MseElements(input, target, options_), options_.reduction_);
+  return ElementParts(MseElements(input, target, options_), options_.reduction());
 }
 
 Tensor L1Loss::forward(const Tensor& input, const Tensor& target) {
@@ -596,12 +597,12 @@ Tensor L1Loss::forward(const Tensor& input, const Tensor& target) {
 }
 
 LossParts L1Loss::forward_parts(const Tensor& input, const Tensor& target) const {
-  return ElementParts(L1Elements(input, target, options_), options_.reduction_);
+  return ElementParts(L1Elements(input, target, options_), options_.reduction());
 }
 
 SmoothL1Loss::SmoothL1Loss(const SmoothL1LossOptions& options) : options_(options) {
-  CheckBeta(options_.beta_, "SmoothL1Loss");
-  CheckReduction(options_.reduction_, "SmoothL1Loss");
+  CheckBeta(options_.beta(), "SmoothL1Loss");
+  CheckReduction(options_.reduction(), "SmoothL1Loss");
 }
 
 Tensor SmoothL1Loss::forward(const Tensor& input, const Tensor& target) {
@@ -609,7 +610,7 @@ Tensor SmoothL1Loss::forward(const Tensor& input, const Tensor& target) {
 }
 
 LossParts SmoothL1Loss::forward_parts(const Tensor& input, const Tensor& target) const {
-  return ElementParts(SmoothL1Elements(input, target, options_), options_.reduction_);
+  return ElementParts(SmoothL1Elements(input, target, options_), options_.reduction());
 }
 
 }  // namespace tandem::nn

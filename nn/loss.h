@@ -37,6 +37,7 @@
 #include <utility>
 
 #include "nn/module.h"
+#include "tensor/base/arg.h"
 #include "tensor/tensor.h"
 
 namespace tandem::nn {
@@ -78,102 +79,43 @@ class ChunkableLoss {
 
 struct CrossEntropyLossOptions {
   // float32 [C]: a rescaling weight per class (undefined: all ones).
-  CrossEntropyLossOptions& weight(Tensor value) {
-    weight_ = std::move(value);
-    return *this;
-  }
+  TANDEM_ARG(Tensor, weight);
   // Targets equal to this contribute nothing, to the loss nor to the mean's denominator.
-  CrossEntropyLossOptions& ignore_index(int64_t value) {
-    ignore_index_ = value;
-    return *this;
-  }
-  CrossEntropyLossOptions& reduction(Reduction value) {
-    reduction_ = value;
-    return *this;
-  }
+  TANDEM_ARG(int64_t, ignore_index) = -100;
+  TANDEM_ARG(Reduction, reduction) = Reduction::kMean;
   // In [0, 1]: the target becomes (1 - s) one-hot + s / C uniform (PyTorch's formula, also
   // with a weight).
-  CrossEntropyLossOptions& label_smoothing(double value) {
-    label_smoothing_ = value;
-    return *this;
-  }
-
-  Tensor weight_;
-  int64_t ignore_index_ = -100;
-  Reduction reduction_ = Reduction::kMean;
-  double label_smoothing_ = 0.0;
+  TANDEM_ARG(double, label_smoothing) = 0.0;
 };
 
 struct NLLLossOptions {
-  NLLLossOptions& weight(Tensor value) {
-    weight_ = std::move(value);
-    return *this;
-  }
-  NLLLossOptions& ignore_index(int64_t value) {
-    ignore_index_ = value;
-    return *this;
-  }
-  NLLLossOptions& reduction(Reduction value) {
-    reduction_ = value;
-    return *this;
-  }
-
-  Tensor weight_;
-  int64_t ignore_index_ = -100;
-  Reduction reduction_ = Reduction::kMean;
+  TANDEM_ARG(Tensor, weight);
+  TANDEM_ARG(int64_t, ignore_index) = -100;
+  TANDEM_ARG(Reduction, reduction) = Reduction::kMean;
 };
 
 struct BCEWithLogitsLossOptions {
   // Multiplies each element's loss; must broadcast to the input's shape.
-  BCEWithLogitsLossOptions& weight(Tensor value) {
-    weight_ = std::move(value);
-    return *this;
-  }
+  TANDEM_ARG(Tensor, weight);
   // Multiplies the positive term (target * log sigmoid(x)); typically [C] = negatives /
   // positives per class. Must broadcast to the input's shape.
-  BCEWithLogitsLossOptions& pos_weight(Tensor value) {
-    pos_weight_ = std::move(value);
-    return *this;
-  }
-  BCEWithLogitsLossOptions& reduction(Reduction value) {
-    reduction_ = value;
-    return *this;
-  }
-
-  Tensor weight_;
-  Tensor pos_weight_;
-  Reduction reduction_ = Reduction::kMean;
+  TANDEM_ARG(Tensor, pos_weight);
+  TANDEM_ARG(Reduction, reduction) = Reduction::kMean;
 };
 
 struct MSELossOptions {
-  MSELossOptions& reduction(Reduction value) {
-    reduction_ = value;
-    return *this;
-  }
-  Reduction reduction_ = Reduction::kMean;
+  TANDEM_ARG(Reduction, reduction) = Reduction::kMean;
 };
 
 struct L1LossOptions {
-  L1LossOptions& reduction(Reduction value) {
-    reduction_ = value;
-    return *this;
-  }
-  Reduction reduction_ = Reduction::kMean;
+  TANDEM_ARG(Reduction, reduction) = Reduction::kMean;
 };
 
 struct SmoothL1LossOptions {
-  SmoothL1LossOptions& reduction(Reduction value) {
-    reduction_ = value;
-    return *this;
-  }
+  TANDEM_ARG(Reduction, reduction) = Reduction::kMean;
   // Where the loss turns from quadratic (|d| < beta: 0.5 d^2 / beta) to linear (|d| - beta/2);
   // >= 0, and 0 gives the L1 loss.
-  SmoothL1LossOptions& beta(double value) {
-    beta_ = value;
-    return *this;
-  }
-  Reduction reduction_ = Reduction::kMean;
-  double beta_ = 1.0;
+  TANDEM_ARG(double, beta) = 1.0;
 };
 
 // ---- Functions ---------------------------------------------------------------------------

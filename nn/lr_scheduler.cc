@@ -165,14 +165,14 @@ OneCycleLR::OneCycleLR(Optimizer& optimizer, double max_lr, int64_t total_steps,
                "OneCycleLR: max_lr must be a positive number but is ", max_lr);
   TANDEM_CHECK(total_steps >= 1, "OneCycleLR: total_steps must be >= 1 but is ", total_steps,
                "; pass epochs * batches per epoch");
-  TANDEM_CHECK(options.pct_start_ >= 0.0 && options.pct_start_ <= 1.0,
-               "OneCycleLR: pct_start must be in [0, 1] but is ", options.pct_start_);
-  TANDEM_CHECK(options.div_factor_ > 0.0 && options.final_div_factor_ > 0.0,
+  TANDEM_CHECK(options.pct_start() >= 0.0 && options.pct_start() <= 1.0,
+               "OneCycleLR: pct_start must be in [0, 1] but is ", options.pct_start());
+  TANDEM_CHECK(options.div_factor() > 0.0 && options.final_div_factor() > 0.0,
                "OneCycleLR: div_factor and final_div_factor must be > 0 but are ",
-               options.div_factor_, " and ", options.final_div_factor_);
+               options.div_factor(), " and ", options.final_div_factor());
   std::vector<ParamGroup>& groups = optimizer_.param_groups();
   for (size_t g = 0; g < groups.size(); ++g) {
-    base_lrs_[g] = max_lr / options.div_factor_;
+    base_lrs_[g] = max_lr / options.div_factor();
     groups[g].set_initial_lr(base_lrs_[g]);
   }
   Start();
@@ -183,9 +183,9 @@ double OneCycleLR::LrAt(int64_t epoch, size_t group) const {
                " times but total_steps is ", total_steps_,
                "; build the scheduler with total_steps = epochs * batches per epoch");
   const double initial = base_lrs_[group];
-  const double min_lr = initial / options_.final_div_factor_;
+  const double min_lr = initial / options_.final_div_factor();
   const double step = static_cast<double>(epoch);
-  const double warm_end = options_.pct_start_ * static_cast<double>(total_steps_) - 1.0;
+  const double warm_end = options_.pct_start() * static_cast<double>(total_steps_) - 1.0;
   const double last = static_cast<double>(total_steps_) - 1.0;
   if (step <= warm_end) {
     return CosineAnneal(initial, max_lr_, warm_end > 0.0 ? step / warm_end : 1.0);

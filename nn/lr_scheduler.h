@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "nn/optim.h"
+#include "tensor/base/arg.h"
 #include "tensor/tensor.h"
 
 namespace tandem::nn {
@@ -116,21 +117,9 @@ class LinearLR : public LRScheduler {
 };
 
 struct OneCycleOptions {
-  OneCycleOptions& pct_start(double value) {
-    pct_start_ = value;
-    return *this;
-  }
-  OneCycleOptions& div_factor(double value) {
-    div_factor_ = value;
-    return *this;
-  }
-  OneCycleOptions& final_div_factor(double value) {
-    final_div_factor_ = value;
-    return *this;
-  }
-  double pct_start_ = 0.3;
-  double div_factor_ = 25.0;
-  double final_div_factor_ = 1e4;
+  TANDEM_ARG(double, pct_start) = 0.3;
+  TANDEM_ARG(double, div_factor) = 25.0;
+  TANDEM_ARG(double, final_div_factor) = 1e4;
 };
 
 // The 1cycle policy (Smith & Topin), stepped once per batch over total_steps: cosine from

@@ -8,10 +8,10 @@
 #include <utility>
 
 #include "tensor/core/autograd.h"
+#include "tensor/kernels/vectorized.h"
+#include "tensor/runtime/devices.h"
 #include "tensor/runtime/profiler.h"
 #include "tensor/runtime/run_across_devices.h"
-#include "tensor/runtime/devices.h"
-#include "tensor/kernels/vectorized.h"
 #include "tensor/runtime/threads.h"
 
 namespace tandem::nn {
@@ -351,12 +351,13 @@ SGD::SGD(std::vector<ParamGroup> groups, const SGDOptions& defaults)
 void SGD::CheckOptions(const OptimizerOptions& options) const {
   const auto* o = dynamic_cast<const SGDOptions*>(&options);
   TANDEM_CHECK(o != nullptr, "SGD: a parameter group's options must be nn::SGDOptions");
-  TANDEM_CHECK(o->lr_ >= 0.0, "SGD: the learning rate must be >= 0 but is ", o->lr_);
-  TANDEM_CHECK(o->momentum_ >= 0.0, "SGD: momentum must be >= 0 but is ", o->momentum_);
-  TANDEM_CHECK(o->weight_decay_ >= 0.0, "SGD: weight_decay must be >= 0 but is ", o->weight_decay_);
-  TANDEM_CHECK(!o->nesterov_ || (o->momentum_ > 0.0 && o->dampening_ == 0.0),
+  TANDEM_CHECK(o->lr() >= 0.0, "SGD: the learning rate must be >= 0 but is ", o->lr());
+  TANDEM_CHECK(o->momentum() >= 0.0, "SGD: momentum must be >= 0 but is ", o->momentum());
+  TANDEM_CHECK(o->weight_decay() >= 0.0, "SGD: weight_decay must be >= 0 but is ",
+               o->weight_decay());
+  TANDEM_CHECK(!o->nesterov() || (o->momentum() > 0.0 && o->dampening() == 0.0),
                "SGD: Nesterov momentum needs momentum > 0 and dampening 0, but momentum is ",
-               o->momentum_, " and dampening ", o->dampening_);
+               o->momentum(), " and dampening ", o->dampening());
 }
 
 void SGD::step() {
@@ -369,27 +370,27 @@ void SGD::step() {
     const Tensor grad = p.grad();
     if (!grad.defined()) return;
     Tensor& buffer = momentum_buffers_[i];
-    const bool momentum = o.momentum_ != 0.0;
+    const bool momentum = o.momentum() != 0.0;
     const bool first = momentum && !buffer.defined();
     if (FusedOnCpu({&p, &grad, &buffer})) {
       if (first) buffer = empty(p.shape(), TensorOptions().device(p.device()));
       items.push_back({p.data<float>(), grad.data<float>(), momentum ? Floats(buffer) : nullptr,
-                       first, static_cast<float>(o.lr_), static_cast<float>(o.momentum_),
-                       static_cast<float>(o.dampening_), static_cast<float>(o.weight_decay_),
-                       o.nesterov_});
+                       first, static_cast<float>(o.lr()), static_cast<float>(o.momentum()),
+                       static_cast<float>(o.dampening()), static_cast<float>(o.weight_decay()),
+                       o.nesterov()});
       sizes.push_back(p.numel());
       return;
     }
-    Tensor g = DecayedGradient(p, grad, o.weight_decay_);
+    Tensor g = DecayedGradient(p, grad, o.weight_decay());
     if (momentum) {
       if (first) {
         buffer = g.clone();
       } else {
-        buffer.mul_(o.momentum_).add_(g, 1.0 - o.dampening_);
+        buffer.mul_(o.momentum()).add_(g, 1.0 - o.dampening());
       }
-      g = o.nesterov_ ? add(g, mul(buffer, o.momentum_)) : buffer;
+      g = o.nesterov() ? add(g, mul(buffer, o.momentum())) : buffer;
     }
-    p.add_(g, -o.lr_);
+    p.add_(g, -o.lr());
   });
   RunPieces(sizes, [&](size_t k, int64_t begin, int64_t end) {
     PickSgdKernel(items[k])(items[k], begin, end);
@@ -423,10 +424,10 @@ namespace {
 
 AdamHyper HyperOf(const OptimizerOptions& options) {
   if (const auto* o = dynamic_cast<const AdamOptions*>(&options)) {
-    return {o->lr_, o->beta1_, o->beta2_, o->eps_, o->weight_decay_};
+    return {o->lr(), std::get<0>(o->betas()), std::get<1>(o->betas()), o->eps(), o->weight_decay()};
   }
   const auto& o = static_cast<const AdamWOptions&>(options);
-  return {o.lr_, o.beta1_, o.beta2_, o.eps_, o.weight_decay_};
+  return {o.lr(), std::get<0>(o.betas()), std::get<1>(o.betas()), o.eps(), o.weight_decay()};
 }
 
 }  // namespace
@@ -565,12 +566,12 @@ RMSprop::RMSprop(std::vector<ParamGroup> groups, const RMSpropOptions& defaults)
 void RMSprop::CheckOptions(const OptimizerOptions& options) const {
   const auto* o = dynamic_cast<const RMSpropOptions*>(&options);
   TANDEM_CHECK(o != nullptr, "RMSprop: a parameter group's options must be nn::RMSpropOptions");
-  TANDEM_CHECK(o->lr_ >= 0.0, "RMSprop: the learning rate must be >= 0 but is ", o->lr_);
-  TANDEM_CHECK(o->alpha_ >= 0.0, "RMSprop: alpha must be >= 0 but is ", o->alpha_);
-  TANDEM_CHECK(o->eps_ >= 0.0, "RMSprop: eps must be >= 0 but is ", o->eps_);
-  TANDEM_CHECK(o->momentum_ >= 0.0, "RMSprop: momentum must be >= 0 but is ", o->momentum_);
-  TANDEM_CHECK(o->weight_decay_ >= 0.0, "RMSprop: weight_decay must be >= 0 but is ",
-               o->weight_decay_);
+  TANDEM_CHECK(o->lr() >= 0.0, "RMSprop: the learning rate must be >= 0 but is ", o->lr());
+  TANDEM_CHECK(o->alpha() >= 0.0, "RMSprop: alpha must be >= 0 but is ", o->alpha());
+  TANDEM_CHECK(o->eps() >= 0.0, "RMSprop: eps must be >= 0 but is ", o->eps());
+  TANDEM_CHECK(o->momentum() >= 0.0, "RMSprop: momentum must be >= 0 but is ", o->momentum());
+  TANDEM_CHECK(o->weight_decay() >= 0.0, "RMSprop: weight_decay must be >= 0 but is ",
+               o->weight_decay());
 }
 
 void RMSprop::ResizeState(size_t n) {
@@ -594,33 +595,33 @@ void RMSprop::step() {
     Tensor& a = grad_avg_[i];
     if (!v.defined()) v = zeros_like(p);
     // Options may change between steps (a group's momentum set later): buffers start at 0.
-    if (o.momentum_ > 0.0 && !b.defined()) b = zeros_like(p);
-    if (o.centered_ && !a.defined()) a = zeros_like(p);
+    if (o.momentum() > 0.0 && !b.defined()) b = zeros_like(p);
+    if (o.centered() && !a.defined()) a = zeros_like(p);
     ++steps_[i];
     if (FusedOnCpu({&p, &grad, &v, &b, &a})) {
       items.push_back({p.data<float>(), grad.data<float>(), v.data<float>(),
-                       o.momentum_ > 0.0 ? b.data<float>() : nullptr,
-                       o.centered_ ? a.data<float>() : nullptr, static_cast<float>(o.lr_),
-                       static_cast<float>(o.alpha_), static_cast<float>(o.eps_),
-                       static_cast<float>(o.weight_decay_), static_cast<float>(o.momentum_)});
+                       o.momentum() > 0.0 ? b.data<float>() : nullptr,
+                       o.centered() ? a.data<float>() : nullptr, static_cast<float>(o.lr()),
+                       static_cast<float>(o.alpha()), static_cast<float>(o.eps()),
+                       static_cast<float>(o.weight_decay()), static_cast<float>(o.momentum())});
       sizes.push_back(p.numel());
       return;
     }
-    const Tensor g = DecayedGradient(p, grad, o.weight_decay_);
-    v.mul_(o.alpha_).add_(square(g), 1.0 - o.alpha_);
+    const Tensor g = DecayedGradient(p, grad, o.weight_decay());
+    v.mul_(o.alpha()).add_(square(g), 1.0 - o.alpha());
     Tensor denom;
-    if (o.centered_) {
-      a.mul_(o.alpha_).add_(g, 1.0 - o.alpha_);
+    if (o.centered()) {
+      a.mul_(o.alpha()).add_(g, 1.0 - o.alpha());
       denom = sqrt(sub(v, square(a)));
     } else {
       denom = sqrt(v);
     }
-    denom.add_(o.eps_);
-    if (o.momentum_ > 0.0) {
-      b.mul_(o.momentum_).add_(div(g, denom));
-      p.add_(b, -o.lr_);
+    denom.add_(o.eps());
+    if (o.momentum() > 0.0) {
+      b.mul_(o.momentum()).add_(div(g, denom));
+      p.add_(b, -o.lr());
     } else {
-      p.add_(div(g, denom), -o.lr_);
+      p.add_(div(g, denom), -o.lr());
     }
   });
   RunPieces(sizes, [&](size_t k, int64_t begin, int64_t end) {

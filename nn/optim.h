@@ -42,10 +42,12 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "tensor/base/arg.h"
 #include "tensor/tensor.h"
 
 namespace tandem::nn {
@@ -170,38 +172,17 @@ class Optimizer {
 
 struct SGDOptions : OptimizerOptions {
   explicit SGDOptions(double lr) : lr_(lr) {}
-  SGDOptions& lr(double value) {
-    lr_ = value;
-    return *this;
-  }
-  SGDOptions& momentum(double value) {
-    momentum_ = value;
-    return *this;
-  }
-  SGDOptions& dampening(double value) {
-    dampening_ = value;
-    return *this;
-  }
-  SGDOptions& weight_decay(double value) {
-    weight_decay_ = value;
-    return *this;
-  }
-  SGDOptions& nesterov(bool value) {
-    nesterov_ = value;
-    return *this;
-  }
-  double lr() const { return lr_; }
   double get_lr() const override { return lr_; }
   void set_lr(double lr) override { lr_ = lr; }
   std::unique_ptr<OptimizerOptions> clone() const override {
     return std::make_unique<SGDOptions>(*this);
   }
 
-  double lr_;
-  double momentum_ = 0.0;
-  double dampening_ = 0.0;
-  double weight_decay_ = 0.0;
-  bool nesterov_ = false;
+  TANDEM_ARG(double, lr);
+  TANDEM_ARG(double, momentum) = 0.0;
+  TANDEM_ARG(double, dampening) = 0.0;
+  TANDEM_ARG(double, weight_decay) = 0.0;
+  TANDEM_ARG(bool, nesterov) = false;
 };
 
 // For each parameter p with gradient g (PyTorch's torch.optim.SGD):
@@ -233,70 +214,42 @@ class SGD : public Optimizer {
 // ---- Adam and AdamW --------------------------------------------------------------------
 
 struct AdamOptions : OptimizerOptions {
+  // (beta1, beta2); named, since a macro argument cannot hold a bare comma.
+  using Betas = std::tuple<double, double>;
+
   explicit AdamOptions(double lr = 1e-3) : lr_(lr) {}
-  AdamOptions& lr(double value) {
-    lr_ = value;
-    return *this;
-  }
-  AdamOptions& betas(double beta1, double beta2) {
-    beta1_ = beta1;
-    beta2_ = beta2;
-    return *this;
-  }
-  AdamOptions& eps(double value) {
-    eps_ = value;
-    return *this;
-  }
-  AdamOptions& weight_decay(double value) {
-    weight_decay_ = value;
-    return *this;
-  }
-  double lr() const { return lr_; }
+  // Beside TANDEM_ARG's betas({beta1, beta2}): the two-number form callers already use.
+  AdamOptions& betas(double beta1, double beta2) { return betas(std::make_tuple(beta1, beta2)); }
   double get_lr() const override { return lr_; }
   void set_lr(double lr) override { lr_ = lr; }
   std::unique_ptr<OptimizerOptions> clone() const override {
     return std::make_unique<AdamOptions>(*this);
   }
 
-  double lr_;
-  double beta1_ = 0.9;
-  double beta2_ = 0.999;
-  double eps_ = 1e-8;
-  double weight_decay_ = 0.0;
+  TANDEM_ARG(double, lr);
+  TANDEM_ARG(Betas, betas) = std::make_tuple(0.9, 0.999);
+  TANDEM_ARG(double, eps) = 1e-8;
+  TANDEM_ARG(double, weight_decay) = 0.0;
 };
 
 // AdamW's options: Adam's, with weight decay 1e-2 by default (torch.optim.AdamW).
 struct AdamWOptions : OptimizerOptions {
+  // (beta1, beta2); named, since a macro argument cannot hold a bare comma.
+  using Betas = std::tuple<double, double>;
+
   explicit AdamWOptions(double lr = 1e-3) : lr_(lr) {}
-  AdamWOptions& lr(double value) {
-    lr_ = value;
-    return *this;
-  }
-  AdamWOptions& betas(double beta1, double beta2) {
-    beta1_ = beta1;
-    beta2_ = beta2;
-    return *this;
-  }
-  AdamWOptions& eps(double value) {
-    eps_ = value;
-    return *this;
-  }
-  AdamWOptions& weight_decay(double value) {
-    weight_decay_ = value;
-    return *this;
-  }
-  double lr() const { return lr_; }
+  // Beside TANDEM_ARG's betas({beta1, beta2}): the two-number form callers already use.
+  AdamWOptions& betas(double beta1, double beta2) { return betas(std::make_tuple(beta1, beta2)); }
   double get_lr() const override { return lr_; }
   void set_lr(double lr) override { lr_ = lr; }
   std::unique_ptr<OptimizerOptions> clone() const override {
     return std::make_unique<AdamWOptions>(*this);
   }
 
-  double lr_;
-  double beta1_ = 0.9;
-  double beta2_ = 0.999;
-  double eps_ = 1e-8;
-  double weight_decay_ = 1e-2;
+  TANDEM_ARG(double, lr);
+  TANDEM_ARG(Betas, betas) = std::make_tuple(0.9, 0.999);
+  TANDEM_ARG(double, eps) = 1e-8;
+  TANDEM_ARG(double, weight_decay) = 1e-2;
 };
 
 namespace internal {
@@ -352,43 +305,18 @@ class AdamW : public internal::AdamBase {
 
 struct RMSpropOptions : OptimizerOptions {
   explicit RMSpropOptions(double lr = 1e-2) : lr_(lr) {}
-  RMSpropOptions& lr(double value) {
-    lr_ = value;
-    return *this;
-  }
-  RMSpropOptions& alpha(double value) {
-    alpha_ = value;
-    return *this;
-  }
-  RMSpropOptions& eps(double value) {
-    eps_ = value;
-    return *this;
-  }
-  RMSpropOptions& weight_decay(double value) {
-    weight_decay_ = value;
-    return *this;
-  }
-  RMSpropOptions& momentum(double value) {
-    momentum_ = value;
-    return *this;
-  }
-  RMSpropOptions& centered(bool value) {
-    centered_ = value;
-    return *this;
-  }
-  double lr() const { return lr_; }
   double get_lr() const override { return lr_; }
   void set_lr(double lr) override { lr_ = lr; }
   std::unique_ptr<OptimizerOptions> clone() const override {
     return std::make_unique<RMSpropOptions>(*this);
   }
 
-  double lr_;
-  double alpha_ = 0.99;
-  double eps_ = 1e-8;
-  double weight_decay_ = 0.0;
-  double momentum_ = 0.0;
-  bool centered_ = false;
+  TANDEM_ARG(double, lr);
+  TANDEM_ARG(double, alpha) = 0.99;
+  TANDEM_ARG(double, eps) = 1e-8;
+  TANDEM_ARG(double, weight_decay) = 0.0;
+  TANDEM_ARG(double, momentum) = 0.0;
+  TANDEM_ARG(bool, centered) = false;
 };
 
 // For each parameter p with gradient g (torch.optim.RMSprop):

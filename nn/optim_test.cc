@@ -7,9 +7,9 @@
 
 #include "nn/layers.h"
 #include "nn/test_util.h"
-#include "tensor/runtime/profiler.h"
-#include "tensor/runtime/devices.h"
 #include "tensor/kernels/vectorized.h"
+#include "tensor/runtime/devices.h"
+#include "tensor/runtime/profiler.h"
 
 namespace tandem::nn {
 namespace {
@@ -45,14 +45,14 @@ struct ReferenceSgd {
   void Step(std::vector<double>& w) {
     std::vector<double> g = Gradient(w);
     for (size_t i = 0; i < w.size(); ++i) {
-      g[i] += o.weight_decay_ * w[i];
-      if (o.momentum_ != 0.0) {
+      g[i] += o.weight_decay() * w[i];
+      if (o.momentum() != 0.0) {
         if (buffer.size() < w.size()) buffer.resize(w.size(), NAN);
         buffer[i] =
-            std::isnan(buffer[i]) ? g[i] : o.momentum_ * buffer[i] + (1.0 - o.dampening_) * g[i];
-        g[i] = o.nesterov_ ? g[i] + o.momentum_ * buffer[i] : buffer[i];
+            std::isnan(buffer[i]) ? g[i] : o.momentum() * buffer[i] + (1.0 - o.dampening()) * g[i];
+        g[i] = o.nesterov() ? g[i] + o.momentum() * buffer[i] : buffer[i];
       }
-      w[i] -= o.lr_ * g[i];
+      w[i] -= o.lr() * g[i];
     }
   }
 };
@@ -67,12 +67,12 @@ struct ReferenceAdam {
     std::vector<double> g = Gradient(w);
     ++t;
     for (size_t i = 0; i < w.size(); ++i) {
-      g[i] += o.weight_decay_ * w[i];
-      m[i] = o.beta1_ * m[i] + (1.0 - o.beta1_) * g[i];
-      v[i] = o.beta2_ * v[i] + (1.0 - o.beta2_) * g[i] * g[i];
-      const double m_hat = m[i] / (1.0 - std::pow(o.beta1_, t));
-      const double v_hat = v[i] / (1.0 - std::pow(o.beta2_, t));
-      w[i] -= o.lr_ * m_hat / (std::sqrt(v_hat) + o.eps_);
+      g[i] += o.weight_decay() * w[i];
+      m[i] = std::get<0>(o.betas()) * m[i] + (1.0 - std::get<0>(o.betas())) * g[i];
+      v[i] = std::get<1>(o.betas()) * v[i] + (1.0 - std::get<1>(o.betas())) * g[i] * g[i];
+      const double m_hat = m[i] / (1.0 - std::pow(std::get<0>(o.betas()), t));
+      const double v_hat = v[i] / (1.0 - std::pow(std::get<1>(o.betas()), t));
+      w[i] -= o.lr() * m_hat / (std::sqrt(v_hat) + o.eps());
     }
   }
 };
@@ -87,12 +87,12 @@ struct ReferenceAdamW {
     const std::vector<double> g = Gradient(w);
     ++t;
     for (size_t i = 0; i < w.size(); ++i) {
-      w[i] *= 1.0 - o.lr_ * o.weight_decay_;
-      m[i] = o.beta1_ * m[i] + (1.0 - o.beta1_) * g[i];
-      v[i] = o.beta2_ * v[i] + (1.0 - o.beta2_) * g[i] * g[i];
-      const double m_hat = m[i] / (1.0 - std::pow(o.beta1_, t));
-      const double v_hat = v[i] / (1.0 - std::pow(o.beta2_, t));
-      w[i] -= o.lr_ * m_hat / (std::sqrt(v_hat) + o.eps_);
+      w[i] *= 1.0 - o.lr() * o.weight_decay();
+      m[i] = std::get<0>(o.betas()) * m[i] + (1.0 - std::get<0>(o.betas())) * g[i];
+      v[i] = std::get<1>(o.betas()) * v[i] + (1.0 - std::get<1>(o.betas())) * g[i] * g[i];
+      const double m_hat = m[i] / (1.0 - std::pow(std::get<0>(o.betas()), t));
+      const double v_hat = v[i] / (1.0 - std::pow(std::get<1>(o.betas()), t));
+      w[i] -= o.lr() * m_hat / (std::sqrt(v_hat) + o.eps());
     }
   }
 };
@@ -106,20 +106,20 @@ struct ReferenceRmsprop {
   void Step(std::vector<double>& w) {
     std::vector<double> g = Gradient(w);
     for (size_t i = 0; i < w.size(); ++i) {
-      g[i] += o.weight_decay_ * w[i];
-      v[i] = o.alpha_ * v[i] + (1.0 - o.alpha_) * g[i] * g[i];
+      g[i] += o.weight_decay() * w[i];
+      v[i] = o.alpha() * v[i] + (1.0 - o.alpha()) * g[i] * g[i];
       double avg;
-      if (o.centered_) {
-        a[i] = o.alpha_ * a[i] + (1.0 - o.alpha_) * g[i];
-        avg = std::sqrt(v[i] - a[i] * a[i]) + o.eps_;
+      if (o.centered()) {
+        a[i] = o.alpha() * a[i] + (1.0 - o.alpha()) * g[i];
+        avg = std::sqrt(v[i] - a[i] * a[i]) + o.eps();
       } else {
-        avg = std::sqrt(v[i]) + o.eps_;
+        avg = std::sqrt(v[i]) + o.eps();
       }
-      if (o.momentum_ > 0.0) {
-        b[i] = o.momentum_ * b[i] + g[i] / avg;
-        w[i] -= o.lr_ * b[i];
+      if (o.momentum() > 0.0) {
+        b[i] = o.momentum() * b[i] + g[i] / avg;
+        w[i] -= o.lr() * b[i];
       } else {
-        w[i] -= o.lr_ * g[i] / avg;
+        w[i] -= o.lr() * g[i] / avg;
       }
     }
   }
@@ -181,9 +181,9 @@ TEST_F(OptimTest, SgdVariantsMatchPyTorchsRule) {
         SGDOptions(0.05).momentum(0.8).dampening(0.5),
         SGDOptions(0.05).momentum(0.9).nesterov(true), SGDOptions(0.1).weight_decay(0.1),
         SGDOptions(0.05).momentum(0.9).weight_decay(0.01)}) {
-    SCOPED_TRACE(::testing::Message()
-                 << "momentum " << options.momentum_ << " dampening " << options.dampening_
-                 << " nesterov " << options.nesterov_ << " weight_decay " << options.weight_decay_);
+    SCOPED_TRACE(::testing::Message() << "momentum " << options.momentum() << " dampening "
+                                      << options.dampening() << " nesterov " << options.nesterov()
+                                      << " weight_decay " << options.weight_decay());
     SGD sgd({StartingPoint()}, options);
     ExpectSameTrajectory(sgd, ReferenceSgd{options, {}}, 6);
   }
@@ -209,8 +209,8 @@ TEST_F(OptimTest, AdamMatchesPyTorchsRule) {
        {AdamOptions(0.1), AdamOptions(0.05).betas(0.8, 0.99), AdamOptions(0.05).eps(1e-3),
         AdamOptions(0.1).weight_decay(0.1)}) {
     SCOPED_TRACE(::testing::Message()
-                 << "betas " << options.beta1_ << ", " << options.beta2_ << " eps " << options.eps_
-                 << " weight_decay " << options.weight_decay_);
+                 << "betas " << std::get<0>(options.betas()) << ", " << std::get<1>(options.betas())
+                 << " eps " << options.eps() << " weight_decay " << options.weight_decay());
     Adam adam({StartingPoint()}, options);
     ExpectSameTrajectory(adam, ReferenceAdam{options}, 8);
   }
@@ -390,11 +390,11 @@ TEST_F(OptimTest, LoadStateDictRejectsMismatchesAndChangesNothing) {
 }
 
 TEST_F(OptimTest, AdamWDecouplesWeightDecay) {
-  EXPECT_EQ(AdamWOptions().weight_decay_, 1e-2);  // PyTorch's default
+  EXPECT_EQ(AdamWOptions().weight_decay(), 1e-2);  // PyTorch's default
   for (const AdamWOptions& options :
        {AdamWOptions(0.1), AdamWOptions(0.05).weight_decay(0.1).betas(0.8, 0.99),
         AdamWOptions(0.05).eps(1e-3).weight_decay(0.0)}) {
-    SCOPED_TRACE(::testing::Message() << "weight_decay " << options.weight_decay_);
+    SCOPED_TRACE(::testing::Message() << "weight_decay " << options.weight_decay());
     AdamW adamw({StartingPoint()}, options);
     ExpectSameTrajectory(adamw, ReferenceAdamW{options}, 8);
   }
@@ -408,15 +408,15 @@ TEST_F(OptimTest, AdamWDecouplesWeightDecay) {
 }
 
 TEST_F(OptimTest, RmspropMatchesPyTorchsRule) {
-  EXPECT_EQ(RMSpropOptions().lr_, 1e-2);  // PyTorch's defaults
-  EXPECT_EQ(RMSpropOptions().alpha_, 0.99);
+  EXPECT_EQ(RMSpropOptions().lr(), 1e-2);  // PyTorch's defaults
+  EXPECT_EQ(RMSpropOptions().alpha(), 0.99);
   for (const RMSpropOptions& options :
        {RMSpropOptions(0.01), RMSpropOptions(0.01).alpha(0.9).eps(1e-4),
         RMSpropOptions(0.01).momentum(0.9), RMSpropOptions(0.01).centered(true),
         RMSpropOptions(0.005).centered(true).momentum(0.5).weight_decay(0.1)}) {
-    SCOPED_TRACE(::testing::Message()
-                 << "alpha " << options.alpha_ << " momentum " << options.momentum_ << " centered "
-                 << options.centered_ << " weight_decay " << options.weight_decay_);
+    SCOPED_TRACE(::testing::Message() << "alpha " << options.alpha() << " momentum "
+                                      << options.momentum() << " centered " << options.centered()
+                                      << " weight_decay " << options.weight_decay());
     RMSprop rmsprop({StartingPoint()}, options);
     ExpectSameTrajectory(rmsprop, ReferenceRmsprop{options}, 8, 5e-5);
   }
@@ -470,8 +470,8 @@ TEST_F(OptimTest, AddParamGroupTakesTheDefaultsAndNumbersItsParametersAfterTheOt
   adam.add_param_group(ParamGroup({b}));
   ASSERT_EQ(adam.param_groups().size(), 2u);
   const auto& options = static_cast<const AdamOptions&>(adam.param_groups()[1].options());
-  EXPECT_EQ(options.lr_, 0.1);
-  EXPECT_EQ(options.beta1_, 0.8);
+  EXPECT_EQ(options.lr(), 0.1);
+  EXPECT_EQ(std::get<0>(options.betas()), 0.8);
   adam.param_groups()[0].options().set_lr(0.5);  // groups own their options
   EXPECT_EQ(adam.param_groups()[1].options().get_lr(), 0.1);
   EXPECT_EQ(adam.defaults().get_lr(), 0.1);

@@ -9,10 +9,10 @@
 #include <mutex>
 #include <set>
 
-#include "parallel/internal/collectives.h"
+#include "parallel/internal/comm_backend.h"
 #include "tensor/core/autograd.h"
-#include "tensor/runtime/run_across_devices.h"
 #include "tensor/kernels/vectorized.h"
+#include "tensor/runtime/run_across_devices.h"
 
 namespace tandem::parallel {
 namespace {
@@ -196,8 +196,8 @@ std::vector<std::vector<Tensor>> broadcast_coalesced(const std::vector<Tensor>& 
         out[d][i] = alias_on_cpu_device(tensors[i], target);
     }
   }
-  // Accelerators: one flat buffer per bucket, sent once per device: by the collectives
-  // engine (NCCL) when it serves these devices, else by a device copy each.
+  // Accelerators: one flat buffer per bucket, sent once per device: by the comm backend
+  // (NCCL) when it serves these devices, else by a device copy each.
   std::vector<size_t> pending;  // devices still without copies
   std::vector<Device> group = {source};
   for (size_t d = 0; d < devices.size(); ++d) {
@@ -210,8 +210,8 @@ std::vector<std::vector<Tensor>> broadcast_coalesced(const std::vector<Tensor>& 
   if (pending.empty()) return out;
   std::vector<Tensor> contiguous;  // only where a flat buffer is packed
   for (const Tensor& t : tensors) contiguous.push_back(t.contiguous());
-  internal::Collectives* engine = internal::GetCollectives();
-  const bool collective = engine != nullptr && engine->Supports(group);
+  internal::CommBackend* backend = internal::GetCommBackend();
+  const bool collective = backend != nullptr && backend->Supports(group);
   for (const std::vector<size_t>& bucket : Buckets(contiguous, buffer_bytes)) {
     Tensor flat = Flatten(contiguous, bucket);
     std::map<Device, Tensor> received;
@@ -222,7 +222,7 @@ std::vector<std::vector<Tensor>> broadcast_coalesced(const std::vector<Tensor>& 
             empty(flat.shape(), TensorOptions().dtype(flat.dtype()).device(group[g])));
         received[group[g]] = buffers.back();
       }
-      engine->Broadcast(buffers, /*root=*/0);
+      backend->Broadcast(buffers, /*root=*/0);
     }
     for (size_t d : pending) {
       auto it = received.find(devices[d]);
@@ -320,7 +320,7 @@ std::vector<Tensor> reduce_add_coalesced(std::vector<std::vector<Tensor>> per_de
     return out;
   }
   // Accelerators: per bucket, one flat buffer per device, summed onto the destination by
-  // the collectives engine (NCCL) when it serves these devices, else by copies and adds.
+  // the comm backend (NCCL) when it serves these devices, else by copies and adds.
   std::vector<Device> group;
   int root = -1;
   for (size_t d = 0; d < per_device.size(); ++d) {
@@ -328,8 +328,8 @@ std::vector<Tensor> reduce_add_coalesced(std::vector<std::vector<Tensor>> per_de
     if (device == destination) root = static_cast<int>(d);
     group.push_back(device);
   }
-  internal::Collectives* engine = internal::GetCollectives();
-  const bool collective = root >= 0 && engine != nullptr && engine->Supports(group);
+  internal::CommBackend* backend = internal::GetCommBackend();
+  const bool collective = root >= 0 && backend != nullptr && backend->Supports(group);
   for (const std::vector<size_t>& bucket : Buckets(per_device[0], buffer_bytes)) {
     std::vector<Tensor> flats;
     for (const auto& tensors : per_device) {
@@ -341,7 +341,7 @@ std::vector<Tensor> reduce_add_coalesced(std::vector<std::vector<Tensor>> per_de
     if (collective) {
       sum = empty(flats[root].shape(),
                   TensorOptions().dtype(flats[root].dtype()).device(destination));
-      engine->Reduce(flats, sum, root);
+      backend->Reduce(flats, sum, root);
     } else {
       sum = reduce_add(flats, destination);
     }

@@ -11,8 +11,8 @@
 #include "parallel/scatter_gather.h"
 #include "tensor/core/autograd.h"
 #include "tensor/runtime/backend.h"
-#include "tensor/runtime/profiler.h"
 #include "tensor/runtime/devices.h"
+#include "tensor/runtime/profiler.h"
 
 namespace tandem::parallel {
 namespace {
@@ -119,6 +119,21 @@ std::vector<int64_t> DataParallel::ChunksFor(const std::vector<Tensor>& inputs) 
   return ChunkSizes(inputs[0].size(axis), static_cast<int64_t>(device_ids_.size()));
 }
 
+DataParallel::Scattered DataParallel::ScatterAndReplicate(const std::vector<Tensor>& inputs) {
+  Scattered scattered;
+  {
+    TANDEM_PROFILE_SCOPE("parallel", "scatter");
+    scattered.per_replica = scatter_inputs(inputs, device_ids_, dim_);
+  }
+  const size_t n = scattered.per_replica.size();
+  scattered.devices.assign(device_ids_.begin(), device_ids_.begin() + n);
+  {
+    TANDEM_PROFILE_SCOPE("parallel", "replicate");
+    scattered.replicas = replicator_->Replicate(static_cast<int>(n));
+  }
+  return scattered;
+}
+
 std::vector<Tensor> DataParallel::forward_tensors(const std::vector<Tensor>& inputs) {
   CheckModuleDevice();
   const std::vector<int64_t> chunks = ChunksFor(inputs);
@@ -133,19 +148,10 @@ std::vector<Tensor> DataParallel::forward_tensors(const std::vector<Tensor>& inp
     }
     return outputs;
   }
-  std::vector<std::vector<Tensor>> per_replica;
-  {
-    TANDEM_PROFILE_SCOPE("parallel", "scatter");
-    per_replica = scatter_inputs(inputs, device_ids_, dim_);
-  }
-  const size_t n = per_replica.size();
-  std::vector<Device> devices(device_ids_.begin(), device_ids_.begin() + n);
-  std::vector<std::shared_ptr<nn::Module>> replicas;
-  {
-    TANDEM_PROFILE_SCOPE("parallel", "replicate");
-    replicas = replicator_->Replicate(static_cast<int>(n));
-  }
-  std::vector<std::vector<Tensor>> outputs = parallel_apply(replicas, per_replica, devices);
+  const Scattered scattered = ScatterAndReplicate(inputs);
+  const size_t n = scattered.per_replica.size();
+  std::vector<std::vector<Tensor>> outputs =
+      parallel_apply(scattered.replicas, scattered.per_replica, scattered.devices);
   const size_t count = outputs[0].size();
   for (size_t i = 1; i < n; ++i) {
     TANDEM_CHECK(outputs[i].size() == count, "DataParallel: replica 0 returned ", count,
@@ -217,18 +223,9 @@ Tensor DataParallel::forward_loss(nn::Module& criterion, const std::vector<Tenso
     auto [output, target] = output_of(*module_, moved);
     return local.forward_tensors({output, target}).at(0).to(output_device_);
   }
-  std::vector<std::vector<Tensor>> per_replica;
-  {
-    TANDEM_PROFILE_SCOPE("parallel", "scatter");
-    per_replica = scatter_inputs(all, device_ids_, dim_);
-  }
-  const size_t n = per_replica.size();
-  std::vector<Device> devices(device_ids_.begin(), device_ids_.begin() + n);
-  std::vector<std::shared_ptr<nn::Module>> replicas;
-  {
-    TANDEM_PROFILE_SCOPE("parallel", "replicate");
-    replicas = replicator_->Replicate(static_cast<int>(n));
-  }
+  const Scattered scattered = ScatterAndReplicate(all);
+  const std::vector<Device>& devices = scattered.devices;
+  const size_t n = devices.size();
   // The criterion on each replica's device (the original where its tensors already are).
   std::vector<std::shared_ptr<nn::Module>> copies;
   std::vector<nn::Module*> criteria;
@@ -239,7 +236,7 @@ Tensor DataParallel::forward_loss(nn::Module& criterion, const std::vector<Tenso
   const bool chunkable = dynamic_cast<const nn::ChunkableLoss*>(&criterion) != nullptr;
   std::vector<nn::Reduction> reductions(n, nn::Reduction::kMean);
   std::vector<std::vector<Tensor>> results = ParallelRun(devices, [&](size_t i) {
-    auto [output, target] = output_of(*replicas[i], per_replica[i]);
+    auto [output, target] = output_of(*scattered.replicas[i], scattered.per_replica[i]);
     if (chunkable) {
       const auto* loss = dynamic_cast<const nn::ChunkableLoss*>(criteria[i]);
       TANDEM_CHECK(loss != nullptr, "DataParallel::forward_loss: the criterion's copy on ",

@@ -97,6 +97,14 @@ class DataParallel : public nn::Module {
   void CheckModuleDevice() const;
   // Chunk sizes for a batch of `batch` rows over the devices (maybe fewer than devices).
   std::vector<int64_t> ChunksFor(const std::vector<Tensor>& inputs) const;
+  // Replica i's inputs, device and module copy: one per chunk, so there may be fewer than
+  // devices. Both forwards scatter and replicate alike; only what runs on the replicas differs.
+  struct Scattered {
+    std::vector<std::vector<Tensor>> per_replica;
+    std::vector<Device> devices;
+    std::vector<std::shared_ptr<nn::Module>> replicas;
+  };
+  Scattered ScatterAndReplicate(const std::vector<Tensor>& inputs);
 
   std::shared_ptr<nn::Module> module_;
   std::vector<Device> device_ids_;

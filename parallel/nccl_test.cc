@@ -4,7 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "parallel/comm.h"
-#include "parallel/internal/collectives.h"
+#include "parallel/internal/comm_backend.h"
 #include "tensor/cuda/cuda.h"
 #include "tensor/testing.h"
 
@@ -26,18 +26,18 @@ class GpuCommTest : public ::testing::Test {
   std::vector<Device> devices_;
 };
 
-TEST_F(GpuCommTest, TheEngineServesDistinctGpusOnly) {
-  internal::Collectives* engine = internal::GetCollectives();
+TEST_F(GpuCommTest, TheBackendServesDistinctGpusOnly) {
+  internal::CommBackend* backend = internal::GetCommBackend();
 #if !TANDEM_WITH_NCCL
   // A build without NCCL (--config=cudasim): comm's device copies serve every device set.
-  EXPECT_EQ(engine, nullptr) << "no NCCL is linked, yet an engine registered itself";
+  EXPECT_EQ(backend, nullptr) << "no NCCL is linked, yet an backend registered itself";
   return;
 #endif
-  ASSERT_NE(engine, nullptr) << "the NCCL engine registers itself in CUDA builds";
+  ASSERT_NE(backend, nullptr) << "the NCCL backend registers itself in CUDA builds";
   const bool distinct = cuda::PhysicalDevice(0) != cuda::PhysicalDevice(1);
-  EXPECT_EQ(engine->Supports(devices_), distinct);
-  EXPECT_FALSE(engine->Supports({Device::Cuda(0)}));
-  EXPECT_FALSE(engine->Supports({Device::Cuda(0), Device::Cpu(0)}));
+  EXPECT_EQ(backend->Supports(devices_), distinct);
+  EXPECT_FALSE(backend->Supports({Device::Cuda(0)}));
+  EXPECT_FALSE(backend->Supports({Device::Cuda(0), Device::Cpu(0)}));
 }
 
 TEST_F(GpuCommTest, BroadcastAndReduceMatchTheHost) {

@@ -41,9 +41,9 @@
 
 #include "nn/nn.h"
 #include "parallel/parallel.h"
-#include "tensor/tensor.h"
+#include "parallel/reference_loop.h"
 #include "tensor/runtime/threads.h"
-#include "tools/bench/reference_loop.h"
+#include "tensor/tensor.h"
 
 namespace tandem::parallel {
 namespace {
@@ -235,8 +235,8 @@ constexpr double kLoopSeconds = 0.01;
 void BM_ParallelLoop(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
   UseCpuDevices(state, 2);
-  const int64_t reps = bench::CalibratedReps(kLoopSeconds);
-  for (auto _ : state) benchmark::DoNotOptimize(bench::ReferenceLoop(CpuDevices(threads), reps));
+  const int64_t reps = CalibratedReps(kLoopSeconds);
+  for (auto _ : state) benchmark::DoNotOptimize(ReferenceLoop(CpuDevices(threads), reps));
 }
 BENCHMARK(BM_ParallelLoop)
     ->ArgName("threads")
@@ -253,7 +253,7 @@ void BM_Speedup(benchmark::State& state, Buckets buckets) {
   Mlp mlp;
   DataParallel dp(mlp.model, CpuDevices(2));
   SetBuckets(dp, buckets);
-  const int64_t reps = bench::CalibratedReps(kLoopSeconds);
+  const int64_t reps = CalibratedReps(kLoopSeconds);
   const std::vector<Device> one = CpuDevices(1), two = CpuDevices(2);
   for (int i = 0; i < 2; ++i) {
     mlp.SingleStep();
@@ -270,8 +270,8 @@ void BM_Speedup(benchmark::State& state, Buckets buckets) {
     time(single, [&] { mlp.SingleStep(); });
     time(gathered, [&] { mlp.ParallelStep(dp, false); });
     time(forward_loss, [&] { mlp.ParallelStep(dp, true); });
-    time(loop1, [&] { benchmark::DoNotOptimize(bench::ReferenceLoop(one, reps)); });
-    time(loop2, [&] { benchmark::DoNotOptimize(bench::ReferenceLoop(two, reps)); });
+    time(loop1, [&] { benchmark::DoNotOptimize(ReferenceLoop(one, reps)); });
+    time(loop2, [&] { benchmark::DoNotOptimize(ReferenceLoop(two, reps)); });
   }
   const double n = static_cast<double>(state.iterations());
   const double loop_speedup = loop1 / loop2;

@@ -35,10 +35,10 @@
 #include "nn/nn.h"
 #include "parallel/distributed/distributed_data_parallel.h"
 #include "parallel/distributed/process_group_mpi.h"
+#include "parallel/reference_loop.h"
 #include "tensor/tensor.h"
-#include "tools/bench/reference_loop.h"
 
-namespace tandem::distributed {
+namespace tandem::parallel::distributed {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -226,13 +226,13 @@ void TrainingStep(const std::shared_ptr<ProcessGroupMpi>& group_ptr, const std::
   MPI_Allreduce(&my_alone, &alone, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 
   // The perfectly parallel reference: the same work on rank 0 alone, then on every rank.
-  const int64_t reps = bench::CalibratedReps(0.05);
+  const int64_t reps = parallel::CalibratedReps(0.05);
   double ref_single = 0;
   if (group.rank() == 0) {
     std::vector<double> t;
     for (int i = 0; i < 5; ++i) {
       const Clock::time_point start = Clock::now();
-      bench::ReferenceKernel(reps, 1.0f);
+      parallel::ReferenceKernel(reps, 1.0f);
       t.push_back(Seconds(start));
     }
     ref_single = Median(t);
@@ -242,7 +242,7 @@ void TrainingStep(const std::shared_ptr<ProcessGroupMpi>& group_ptr, const std::
   for (int i = 0; i < 5; ++i) {
     MPI_Barrier(MPI_COMM_WORLD);
     const Clock::time_point start = Clock::now();
-    bench::ReferenceKernel(reps, 1.0f);
+    parallel::ReferenceKernel(reps, 1.0f);
     double mine = Seconds(start);
     double worst = 0;
     MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -316,6 +316,6 @@ int Main(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace tandem::distributed
+}  // namespace tandem::parallel::distributed
 
-int main(int argc, char** argv) { return tandem::distributed::Main(argc, argv); }
+int main(int argc, char** argv) { return tandem::parallel::distributed::Main(argc, argv); }

@@ -7,10 +7,10 @@
 #include <unordered_set>
 #include <utility>
 
-#include "tensor/core/autograd.h"
 #include "tensor/base/error.h"
+#include "tensor/core/autograd.h"
 
-namespace tandem::distributed {
+namespace tandem::parallel::distributed {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -18,8 +18,8 @@ using Clock = std::chrono::steady_clock;
 constexpr double kFirstBucketBytes = 1024 * 1024;
 
 std::string Prefix(const ProcessGroup& group) {
-  return internal::Concat("DistributedDataParallel (rank ", group.rank(), " of ", group.size(),
-                          "): ");
+  return tandem::internal::Concat("DistributedDataParallel (rank ", group.rank(), " of ",
+                                  group.size(), "): ");
 }
 
 // Every rank's `text`, rank 0's first (collective).
@@ -292,8 +292,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   TANDEM_CHECK(process_group_ != nullptr, "DistributedDataParallel: the process group is null");
   const std::string prefix = Prefix(*process_group_);
   TANDEM_CHECK(module_ != nullptr, prefix, "the module is null");
-  TANDEM_CHECK(options_.bucket_cap_mb_ > 0, prefix, "bucket_cap_mb must be positive but is ",
-               options_.bucket_cap_mb_);
+  TANDEM_CHECK(options_.bucket_cap_mb() > 0, prefix, "bucket_cap_mb must be positive but is ",
+               options_.bucket_cap_mb());
   register_module("module", module_);
 
   std::vector<nn::NamedTensor> named = module_->named_parameters();
@@ -310,7 +310,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   reducer_ = std::make_shared<Reducer>();
   Reducer& r = *reducer_;
   r.group = process_group_;
-  r.find_unused = options_.find_unused_parameters_;
+  r.find_unused = options_.find_unused_parameters();
   r.prefix = prefix;
   for (const nn::NamedTensor& p : named) {
     if (!p.value.requires_grad()) continue;
@@ -324,7 +324,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   r.locally_used.assign(n, 0);
   // Buckets in reverse registration order, each closed once it holds bucket_cap_mb; the first
   // closes at 1 MiB already (as in PyTorch), so that reduction starts early in backward.
-  const double cap_bytes = options_.bucket_cap_mb_ * 1024 * 1024;
+  const double cap_bytes = options_.bucket_cap_mb() * 1024 * 1024;
   const double first_cap_bytes = std::min(cap_bytes, kFirstBucketBytes);
   int64_t elements = 0;
   for (int i = n - 1; i >= 0; --i) {
@@ -363,7 +363,7 @@ void DistributedDataParallel::SyncBuffers() {
 std::vector<Tensor> DistributedDataParallel::forward_tensors(const std::vector<Tensor>& inputs) {
   // Collectives only in training with grad mode on, so that one rank may evaluate alone.
   const bool training_step = is_training() && GradMode::IsEnabled();
-  if (training_step && options_.broadcast_buffers_) SyncBuffers();
+  if (training_step && options_.broadcast_buffers()) SyncBuffers();
   std::vector<Tensor> outputs = module_->forward_tensors(inputs);
   if (training_step && require_sync_ && !reducer_->params.empty()) reducer_->Prepare(outputs);
   return outputs;
@@ -397,4 +397,4 @@ DistributedDataParallel::NoSyncGuard::~NoSyncGuard() {
   if (ddp_ != nullptr) ddp_->require_sync_ = previous_;
 }
 
-}  // namespace tandem::distributed
+}  // namespace tandem::parallel::distributed

@@ -3,10 +3,10 @@
 // on its own share of the data (data::DistributedSampler); after backward every rank holds
 // the average of all ranks' gradients, so the optimizers take the same step everywhere.
 //
-//   auto group = std::make_shared<distributed::ProcessGroupMpi>();
+//   auto group = std::make_shared<parallel::distributed::ProcessGroupMpi>();
 //   auto model = std::make_shared<nn::Sequential>(nn::Linear(784, 256), nn::ReLU(),
 //                                                 nn::Linear(256, 10));
-//   auto ddp = std::make_shared<distributed::DistributedDataParallel>(model, group);
+//   auto ddp = std::make_shared<parallel::distributed::DistributedDataParallel>(model, group);
 //   nn::SGD optimizer(model->parameters(), nn::SGDOptions(0.1));
 //   Tensor loss = cross_entropy(ddp->forward(x), y);   // x, y: this rank's batch
 //   optimizer.zero_grad();
@@ -47,27 +47,16 @@
 
 #include "nn/module.h"
 #include "parallel/distributed/process_group.h"
+#include "tensor/base/arg.h"
 #include "tensor/tensor.h"
 
-namespace tandem::distributed {
+namespace tandem::parallel::distributed {
 
 struct DistributedDataParallelOptions {
-  double bucket_cap_mb_ = 25.0;  // MiB of gradients per all-reduce bucket (the first: 1 MiB)
-  bool find_unused_parameters_ = false;
-  bool broadcast_buffers_ = true;
-
-  DistributedDataParallelOptions& bucket_cap_mb(double v) {
-    bucket_cap_mb_ = v;
-    return *this;
-  }
-  DistributedDataParallelOptions& find_unused_parameters(bool v) {
-    find_unused_parameters_ = v;
-    return *this;
-  }
-  DistributedDataParallelOptions& broadcast_buffers(bool v) {
-    broadcast_buffers_ = v;
-    return *this;
-  }
+  // MiB of gradients per all-reduce bucket (the first: 1 MiB).
+  TANDEM_ARG(double, bucket_cap_mb) = 25.0;
+  TANDEM_ARG(bool, find_unused_parameters) = false;
+  TANDEM_ARG(bool, broadcast_buffers) = true;
 };
 
 // What the last reduced backward pass spent on communication (for benchmarks).
@@ -141,6 +130,6 @@ class DistributedDataParallel : public nn::Module {
   bool require_sync_ = true;
 };
 
-}  // namespace tandem::distributed
+}  // namespace tandem::parallel::distributed
 
 #endif  // TANDEM_PARALLEL_DISTRIBUTED_DISTRIBUTED_DATA_PARALLEL_H_

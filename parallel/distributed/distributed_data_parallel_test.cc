@@ -16,7 +16,7 @@
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
 
-namespace tandem::distributed {
+namespace tandem::parallel::distributed {
 namespace {
 
 using ::testing::HasSubstr;
@@ -401,4 +401,4 @@ TEST_F(DistributedDataParallelTest, ARankThatThrowsMakesTheOthersFailWithinTheTi
 }
 
 }  // namespace
-}  // namespace tandem::distributed
+}  // namespace tandem::parallel::distributed

@@ -3,8 +3,8 @@
 // ProcessGroupMpi a test binary shares (groups are collective to create, so every rank must
 // make the same ones in the same order).
 //
-//   class ProcessGroupMpiTest : public distributed::MpiTest {};
-//   TEST_F(ProcessGroupMpiTest, Sums) { distributed::TestGroup()->allreduce(...); }
+//   class ProcessGroupMpiTest : public parallel::distributed::MpiTest {};
+//   TEST_F(ProcessGroupMpiTest, Sums) { parallel::distributed::TestGroup()->allreduce(...); }
 #ifndef TANDEM_PARALLEL_DISTRIBUTED_MPI_TESTING_H_
 #define TANDEM_PARALLEL_DISTRIBUTED_MPI_TESTING_H_
 
@@ -15,7 +15,7 @@
 
 #include "parallel/distributed/process_group_mpi.h"
 
-namespace tandem::distributed {
+namespace tandem::parallel::distributed {
 
 // Skips every test of the fixture unless the binary was started by mpirun.
 class MpiTest : public ::testing::Test {
@@ -35,6 +35,6 @@ inline std::shared_ptr<ProcessGroupMpi> TestGroup() {
   return group;
 }
 
-}  // namespace tandem::distributed
+}  // namespace tandem::parallel::distributed
 
 #endif  // TANDEM_PARALLEL_DISTRIBUTED_MPI_TESTING_H_

@@ -5,7 +5,7 @@
 
 #include "tensor/runtime/threads.h"
 
-namespace tandem::distributed {
+namespace tandem::parallel::distributed {
 
 const char* ReduceOpName(ReduceOp op) { return op == ReduceOp::kSum ? "sum" : "average"; }
 
@@ -67,4 +67,4 @@ void Work::Finish(std::exception_ptr error) {
   }
 }
 
-}  // namespace tandem::distributed
+}  // namespace tandem::parallel::distributed

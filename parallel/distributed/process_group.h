@@ -9,9 +9,9 @@
 // or directly for your own collectives. The concrete group is ProcessGroupMpi (CPU tensors,
 // parallel/distributed/process_group_mpi.h); run the program under mpirun:
 //
-//   auto group = std::make_shared<distributed::ProcessGroupMpi>();
+//   auto group = std::make_shared<parallel::distributed::ProcessGroupMpi>();
 //   Tensor t = full({4}, group->rank());
-//   group->allreduce(t, distributed::ReduceOp::kSum)->wait();   // 0 + 1 + ... on every rank
+//   group->allreduce(t, parallel::distributed::ReduceOp::kSum)->wait();  // 0 + 1 + ... everywhere
 //
 //   $ mpirun -np 2 ./my_program
 #ifndef TANDEM_PARALLEL_DISTRIBUTED_PROCESS_GROUP_H_
@@ -28,7 +28,7 @@
 
 #include "tensor/tensor.h"
 
-namespace tandem::distributed {
+namespace tandem::parallel::distributed {
 
 enum class ReduceOp {
   kSum,
@@ -123,6 +123,6 @@ class ProcessGroup {
   const int size_;
 };
 
-}  // namespace tandem::distributed
+}  // namespace tandem::parallel::distributed
 
 #endif  // TANDEM_PARALLEL_DISTRIBUTED_PROCESS_GROUP_H_

@@ -17,10 +17,10 @@
 #include <utility>
 
 #include "tensor/base/error.h"
-#include "tensor/runtime/profiler.h"
 #include "tensor/kernels/vectorized.h"
+#include "tensor/runtime/profiler.h"
 
-namespace tandem::distributed {
+namespace tandem::parallel::distributed {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -123,7 +123,7 @@ void Scale(T* data, T factor, int64_t n) {
 }
 
 std::string Elements(int64_t numel, DType dtype) {
-  return internal::Concat(numel, " ", DTypeName(dtype), " elements");
+  return tandem::internal::Concat(numel, " ", DTypeName(dtype), " elements");
 }
 std::string Elements(const Tensor& t) { return Elements(t.numel(), t.dtype()); }
 
@@ -267,8 +267,8 @@ struct ProcessGroupMpi::Impl {
   }
 
   std::string DescribeAllreduceTag(int tag) const {
-    return internal::Concat(tag / 4, " ", (tag & 1) ? "int64" : "float32", " elements (",
-                            (tag & 2) ? "average" : "sum", ")");
+    return tandem::internal::Concat(tag / 4, " ", (tag & 1) ? "int64" : "float32", " elements (",
+                                    (tag & 2) ? "average" : "sum", ")");
   }
 
   // Throws the error for a message of a different all-reduce (its tag, `received`, is not
@@ -377,7 +377,7 @@ struct ProcessGroupMpi::Impl {
       }
     }
     const Clock::time_point give_up =
-        Clock::now() + std::min<Clock::duration>(kAnswerWait, options.timeout_);
+        Clock::now() + std::min<Clock::duration>(kAnswerWait, options.timeout());
     std::vector<bool> answered(size, false);
     answered[rank] = true;
     while (true) {
@@ -414,8 +414,8 @@ struct ProcessGroupMpi::Impl {
       if (sequence == started_count && description == own) {
         alongside.push_back(r);
       } else {
-        elsewhere.push_back(internal::Concat("rank ", r, " waits in its collective number ",
-                                             sequence, " (", description, ")"));
+        elsewhere.push_back(tandem::internal::Concat("rank ", r, " waits in its collective number ",
+                                                     sequence, " (", description, ")"));
       }
     }
     if (!silent.empty()) {
@@ -507,11 +507,11 @@ struct ProcessGroupMpi::Impl {
           Abandon(requests, count, receives >= 0);
           std::ostringstream seconds;
           seconds << std::fixed << std::setprecision(1)
-                  << std::chrono::duration<double>(options.timeout_).count();
+                  << std::chrono::duration<double>(options.timeout()).count();
           TANDEM_FAIL(prefix, work.description(), " did not finish within ", seconds.str(),
                       " s: ", AskWhoWaits(work),
                       ". Every rank must issue the same collectives in the same order; raise ",
-                      options.timeout_name_, " if a rank is only slow");
+                      options.timeout_name(), " if a rank is only slow");
         }
       }
       if (waited > std::chrono::milliseconds(200)) {
@@ -675,7 +675,7 @@ struct ProcessGroupMpi::Impl {
     }
     try {
       TANDEM_PROFILE_SCOPE("distributed", work.description());
-      work.Run(work.Start() + options.timeout_);
+      work.Run(work.Start() + options.timeout());
       work.Release();
       work.Finish();
     } catch (const std::exception& e) {
@@ -808,13 +808,13 @@ struct ProcessGroupMpi::Impl {
 
 ProcessGroupMpi::ProcessGroupMpi(ProcessGroupMpiOptions options)
     : ProcessGroupMpi(options, [&options] {
-        TANDEM_CHECK(options.timeout_.count() > 0,
+        TANDEM_CHECK(options.timeout().count() > 0,
                      "ProcessGroupMpi: the timeout must be positive but is ",
-                     options.timeout_.count(), " ms");
+                     options.timeout().count(), " ms");
         TANDEM_CHECK(
-            options.max_elements_per_call_ >= 1 && options.max_elements_per_call_ <= INT_MAX,
+            options.max_elements_per_call() >= 1 && options.max_elements_per_call() <= INT_MAX,
             "ProcessGroupMpi: max_elements_per_call must be in [1, ", INT_MAX, "] but is ",
-            options.max_elements_per_call_);
+            options.max_elements_per_call());
         EnsureMpiInitialized();
         auto impl = std::make_unique<Impl>();
         impl->options = options;
@@ -840,7 +840,7 @@ ProcessGroupMpi::ProcessGroupMpi(ProcessGroupMpiOptions options)
         const int64_t largest_tag = has_tag_ub && tag_ub != nullptr ? *tag_ub : 32767;
         impl->tag_count_modulus = std::max<int64_t>(1, (largest_tag - 3) / 4 + 1);
         impl->prefix =
-            internal::Concat("ProcessGroupMpi rank ", impl->rank, " of ", impl->size, ": ");
+            tandem::internal::Concat("ProcessGroupMpi rank ", impl->rank, " of ", impl->size, ": ");
         return impl;
       }()) {}
 
@@ -887,11 +887,12 @@ std::shared_ptr<Work> ProcessGroupMpi::allreduce(Tensor tensor, ReduceOp op) {
                "; use ReduceOp::kSum and divide yourself");
   // Small enough for std::function to hold without allocating (unlike the tensor).
   auto describe = [numel = tensor.numel(), dtype = tensor.dtype(), op] {
-    return internal::Concat("allreduce (", ReduceOpName(op), ") of ", Elements(numel, dtype));
+    return tandem::internal::Concat("allreduce (", ReduceOpName(op), ") of ",
+                                    Elements(numel, dtype));
   };
   return impl.Enqueue(describe, [&impl, tensor, op](const Work& work, Clock::time_point deadline) {
     const int64_t n = tensor.numel();
-    const int64_t step = impl.options.max_elements_per_call_;
+    const int64_t step = impl.options.max_elements_per_call();
     // An average is the sum scaled by the rank that finishes each block's sum, in the pass
     // that has it in cache (a separate pass over the whole result took 0.4 ms at 0.94 MB).
     const float factor = op == ReduceOp::kAverage ? 1.0f / static_cast<float>(impl.size) : 1.0f;
@@ -913,14 +914,14 @@ std::shared_ptr<Work> ProcessGroupMpi::broadcast(Tensor tensor, int root) {
   TANDEM_CHECK(root >= 0 && root < impl.size, impl.prefix, "broadcast: root must be a rank in [0, ",
                impl.size, ") but is ", root);
   auto describe = [tensor, root] {
-    return internal::Concat("broadcast from rank ", root, " of ", Elements(tensor));
+    return tandem::internal::Concat("broadcast from rank ", root, " of ", Elements(tensor));
   };
   return impl.Enqueue(
       describe, [&impl, tensor, root](const Work& work, Clock::time_point deadline) {
         const int64_t n = tensor.numel();
         char* data = static_cast<char*>(tensor.raw_data());
         const size_t element = ElementSize(tensor.dtype());
-        const int64_t step = impl.options.max_elements_per_call_;
+        const int64_t step = impl.options.max_elements_per_call();
         for (int64_t offset = 0; offset < n; offset += step) {
           const int count = static_cast<int>(std::min(step, n - offset));
           MPI_Request request;
@@ -945,7 +946,7 @@ std::shared_ptr<Work> ProcessGroupMpi::allgather(Tensor output, Tensor input) {
                output.dtype(), " elements");
   TANDEM_CHECK(!output.shares_storage_with(input), impl.prefix,
                "allgather: the output must not share storage with the input");
-  auto describe = [input] { return internal::Concat("allgather of ", Elements(input)); };
+  auto describe = [input] { return tandem::internal::Concat("allgather of ", Elements(input)); };
   return impl.Enqueue(describe, [&impl, output, input](const Work& work,
                                                        Clock::time_point deadline) {
     const int64_t n = input.numel();
@@ -953,7 +954,7 @@ std::shared_ptr<Work> ProcessGroupMpi::allgather(Tensor output, Tensor input) {
     char* out = static_cast<char*>(output.raw_data());
     const size_t element = ElementSize(input.dtype());
     const MPI_Datatype type = MpiType(input.dtype());
-    const int64_t step = impl.options.max_elements_per_call_;
+    const int64_t step = impl.options.max_elements_per_call();
     for (int64_t offset = 0; offset < n; offset += step) {
       const int count = static_cast<int>(std::min(step, n - offset));
       MPI_Request request;
@@ -1013,4 +1014,4 @@ void AbortJob(int code) {
   std::exit(code);
 }
 
-}  // namespace tandem::distributed
+}  // namespace tandem::parallel::distributed

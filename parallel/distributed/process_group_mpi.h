@@ -1,11 +1,11 @@
 // ProcessGroupMpi: a ProcessGroup over Open MPI for CPU tensors (float32, int64). Start the
 // program with mpirun; each process is one rank of MPI_COMM_WORLD.
 //
-//   auto group = std::make_shared<distributed::ProcessGroupMpi>();   // collective: all ranks
-//   Tensor grad = ...;                                               // contiguous, on the CPU
-//   std::shared_ptr<distributed::Work> work =
-//       group->allreduce(grad, distributed::ReduceOp::kAverage);
-//   ...                                                              // overlap other work
+//   auto group = std::make_shared<parallel::distributed::ProcessGroupMpi>();  // collective
+//   Tensor grad = ...;                                        // contiguous, on the CPU
+//   std::shared_ptr<parallel::distributed::Work> work =
+//       group->allreduce(grad, parallel::distributed::ReduceOp::kAverage);
+//   ...                                                       // overlap other work
 //   work->wait();
 //
 //   $ mpirun -np 2 ./my_program                  # two ranks on this machine
@@ -45,30 +45,18 @@
 #include <utility>
 
 #include "parallel/distributed/process_group.h"
+#include "tensor/base/arg.h"
 
-namespace tandem::distributed {
+namespace tandem::parallel::distributed {
 
 struct ProcessGroupMpiOptions {
   // How long one collective may run once started before it fails (PyTorch's default: 30 min).
-  std::chrono::milliseconds timeout_ = std::chrono::minutes(30);
+  TANDEM_ARG(std::chrono::milliseconds, timeout) = std::chrono::minutes(30);
   // What raises the timeout, for the timeout's error message: a program that reads it from a
   // flag names the flag ("--collective_timeout").
-  std::string timeout_name_ = "ProcessGroupMpiOptions::timeout";
+  TANDEM_ARG(std::string, timeout_name) = "ProcessGroupMpiOptions::timeout";
   // The most elements one MPI call moves (MPI counts are ints); lower it to test chunking.
-  int64_t max_elements_per_call_ = INT_MAX;
-
-  ProcessGroupMpiOptions& timeout(std::chrono::milliseconds v) {
-    timeout_ = v;
-    return *this;
-  }
-  ProcessGroupMpiOptions& timeout_name(std::string v) {
-    timeout_name_ = std::move(v);
-    return *this;
-  }
-  ProcessGroupMpiOptions& max_elements_per_call(int64_t v) {
-    max_elements_per_call_ = v;
-    return *this;
-  }
+  TANDEM_ARG(int64_t, max_elements_per_call) = INT_MAX;
 };
 
 class ProcessGroupMpi final : public ProcessGroup {
@@ -107,6 +95,6 @@ bool LaunchedByMpirun();
 // MPI_Finalize for the others, which wait for it). Without MPI initialised: std::exit(code).
 [[noreturn]] void AbortJob(int code);
 
-}  // namespace tandem::distributed
+}  // namespace tandem::parallel::distributed
 
 #endif  // TANDEM_PARALLEL_DISTRIBUTED_PROCESS_GROUP_MPI_H_

@@ -19,7 +19,7 @@
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
 
-namespace tandem::distributed {
+namespace tandem::parallel::distributed {
 namespace {
 
 using ::tandem::testing::ErrorOf;
@@ -417,4 +417,4 @@ TEST_F(ProcessGroupMpiTest, RanksInDifferentCollectivesAreNamedWithTheirs) {
 }
 
 }  // namespace
-}  // namespace tandem::distributed
+}  // namespace tandem::parallel::distributed

@@ -7,12 +7,12 @@
 #include <utility>
 #include <vector>
 
-#include "tensor/cuda/cuda.h"
 #include "tensor/base/error.h"
+#include "tensor/cuda/cuda.h"
 #include "tensor/runtime/stream.h"
 #include "tensor/tensor.h"
 
-namespace tandem::distributed {
+namespace tandem::parallel::distributed {
 namespace {
 
 ncclDataType_t NcclType(DType dtype) { return dtype == kFloat32 ? ncclFloat32 : ncclInt64; }
@@ -55,8 +55,8 @@ ProcessGroupNccl::ProcessGroupNccl(Device device, std::shared_ptr<ProcessGroup> 
         auto impl = std::make_unique<Impl>();
         impl->rank = bootstrap ? bootstrap->rank() : 0;
         impl->size = bootstrap ? bootstrap->size() : 1;
-        impl->prefix = internal::Concat("ProcessGroupNccl rank ", impl->rank, " of ", impl->size,
-                                        " on ", device, ": ");
+        impl->prefix = tandem::internal::Concat("ProcessGroupNccl rank ", impl->rank, " of ",
+                                                impl->size, " on ", device, ": ");
         // Rank 0's unique id reaches every rank through the bootstrap group (as int64s).
         ncclUniqueId id;
         std::memset(&id, 0, sizeof(id));
@@ -112,8 +112,8 @@ std::shared_ptr<Work> Completed(std::string description) {
 
 std::shared_ptr<Work> ProcessGroupNccl::allreduce(Tensor tensor, ReduceOp op) {
   impl_->CheckTensor(tensor, device_, "allreduce", "");
-  const std::string what = internal::Concat("allreduce (", ReduceOpName(op), ") of ",
-                                            tensor.numel(), " ", tensor.dtype(), " elements");
+  const std::string what = tandem::internal::Concat(
+      "allreduce (", ReduceOpName(op), ") of ", tensor.numel(), " ", tensor.dtype(), " elements");
   TANDEM_CHECK(op != ReduceOp::kAverage || tensor.dtype() == kFloat32, impl_->prefix,
                "allreduce: average is defined for float32 tensors but this one is ", tensor.dtype(),
                "; use ReduceOp::kSum");
@@ -133,8 +133,8 @@ std::shared_ptr<Work> ProcessGroupNccl::broadcast(Tensor tensor, int root) {
   impl_->CheckTensor(tensor, device_, "broadcast", "");
   TANDEM_CHECK(root >= 0 && root < size(), impl_->prefix, "broadcast: root must be a rank in [0, ",
                size(), ") but is ", root);
-  const std::string what = internal::Concat("broadcast from rank ", root, " of ", tensor.numel(),
-                                            " ", tensor.dtype(), " elements");
+  const std::string what = tandem::internal::Concat(
+      "broadcast from rank ", root, " of ", tensor.numel(), " ", tensor.dtype(), " elements");
   if (tensor.numel() > 0) {
     OnSideStream(device_, [&](cudaStream_t stream, Stream side) {
       impl_->Check(
@@ -155,7 +155,7 @@ std::shared_ptr<Work> ProcessGroupNccl::allgather(Tensor output, Tensor input) {
                input.dtype(), " elements (world size x input) but holds ", output.numel(), " ",
                output.dtype(), " elements");
   const std::string what =
-      internal::Concat("allgather of ", input.numel(), " ", input.dtype(), " elements");
+      tandem::internal::Concat("allgather of ", input.numel(), " ", input.dtype(), " elements");
   if (input.numel() > 0) {
     OnSideStream(device_, [&](cudaStream_t stream, Stream side) {
       impl_->Check(
@@ -176,4 +176,4 @@ std::shared_ptr<Work> ProcessGroupNccl::barrier() {
   return Completed("barrier");
 }
 
-}  // namespace tandem::distributed
+}  // namespace tandem::parallel::distributed

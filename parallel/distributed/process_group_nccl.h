@@ -3,10 +3,10 @@
 // created from a unique id that rank 0 makes and sends to the others over a bootstrap group
 // (ProcessGroupMpi under mpirun; none for a single process).
 //
-//   auto mpi = std::make_shared<distributed::ProcessGroupMpi>();
-//   Device gpu = Device::Cuda(distributed::LocalRank());
-//   auto nccl = std::make_shared<distributed::ProcessGroupNccl>(gpu, mpi);
-//   nccl->allreduce(grad_on_gpu, distributed::ReduceOp::kAverage)->wait();
+//   auto mpi = std::make_shared<parallel::distributed::ProcessGroupMpi>();
+//   Device gpu = Device::Cuda(parallel::distributed::LocalRank());
+//   auto nccl = std::make_shared<parallel::distributed::ProcessGroupNccl>(gpu, mpi);
+//   nccl->allreduce(grad_on_gpu, parallel::distributed::ReduceOp::kAverage)->wait();
 //
 // Each collective runs on the device's communication side stream, after the work already
 // queued on the calling thread's current stream (an event), and work queued there later waits
@@ -23,7 +23,7 @@
 #include "parallel/distributed/process_group.h"
 #include "tensor/base/device.h"
 
-namespace tandem::distributed {
+namespace tandem::parallel::distributed {
 
 class ProcessGroupNccl final : public ProcessGroup {
  public:
@@ -49,6 +49,6 @@ class ProcessGroupNccl final : public ProcessGroup {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace tandem::distributed
+}  // namespace tandem::parallel::distributed
 
 #endif  // TANDEM_PARALLEL_DISTRIBUTED_PROCESS_GROUP_NCCL_H_

@@ -10,7 +10,7 @@
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
 
-namespace tandem::distributed {
+namespace tandem::parallel::distributed {
 namespace {
 
 using ::testing::HasSubstr;
@@ -80,4 +80,4 @@ TEST_F(ProcessGroupNcclTest, DistributedDataParallelOnOneGpuEqualsThePlainModule
 }
 
 }  // namespace
-}  // namespace tandem::distributed
+}  // namespace tandem::parallel::distributed

@@ -13,7 +13,7 @@
 
 #include "tensor/base/error.h"
 
-namespace tandem::distributed {
+namespace tandem::parallel::distributed {
 namespace {
 
 using ::testing::HasSubstr;
@@ -95,4 +95,4 @@ TEST(WorkTest, TheDescriptionIsMadeOnlyWhenAskedForAndOnlyOnce) {
 }
 
 }  // namespace
-}  // namespace tandem::distributed
+}  // namespace tandem::parallel::distributed

@@ -8,7 +8,7 @@
 #include <sstream>
 #include <utility>
 
-namespace tandem::distributed {
+namespace tandem::parallel::distributed {
 namespace {
 
 // "rank 1", "ranks 0, 2", "ranks 0-3, 5".
@@ -133,4 +133,4 @@ void RequireSameConfiguration(ProcessGroup& group, const std::vector<Setting>& s
   throw ConfigurationMismatch(message.str());
 }
 
-}  // namespace tandem::distributed
+}  // namespace tandem::parallel::distributed

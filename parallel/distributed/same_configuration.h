@@ -6,7 +6,7 @@
 // collective whose sequence depends on those settings: ranks that disagree would otherwise
 // wait for each other in different collectives, or train on silently without a word.
 //
-//   distributed::RequireSameConfiguration(
+//   parallel::distributed::RequireSameConfiguration(
 //       *group, {{"--epochs", "3"}, {"--seed", "1"}, {"steps per epoch", "235", true}},
 //       "start every rank with the same flags");
 //   // on rank 1 of 2, started with --epochs=2, every rank throws:
@@ -20,7 +20,7 @@
 #include "parallel/distributed/process_group.h"
 #include "tensor/base/error.h"
 
-namespace tandem::distributed {
+namespace tandem::parallel::distributed {
 
 struct Setting {
   std::string name;   // "--epochs", "steps per epoch"
@@ -43,6 +43,6 @@ class ConfigurationMismatch : public Error {
 void RequireSameConfiguration(ProcessGroup& group, const std::vector<Setting>& settings,
                               const std::string& how_to_fix);
 
-}  // namespace tandem::distributed
+}  // namespace tandem::parallel::distributed
 
 #endif  // TANDEM_PARALLEL_DISTRIBUTED_SAME_CONFIGURATION_H_

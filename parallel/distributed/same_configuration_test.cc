@@ -12,7 +12,7 @@
 #include "parallel/distributed/mpi_testing.h"
 #include "parallel/distributed/process_group_mpi.h"
 
-namespace tandem::distributed {
+namespace tandem::parallel::distributed {
 namespace {
 
 using ::testing::HasSubstr;
@@ -82,4 +82,4 @@ TEST_F(SameConfigurationTest, BadSettingsAreAClearErrorBeforeAnyCollective) {
 }
 
 }  // namespace
-}  // namespace tandem::distributed
+}  // namespace tandem::parallel::distributed

@@ -34,11 +34,11 @@
 #include "examples/progress.h"
 #include "nn/nn.h"
 #include "parallel/data_parallel.h"
+#include "parallel/reference_loop.h"
 #include "tensor/runtime/allocator.h"
 #include "tensor/runtime/profiler.h"
-#include "tensor/tensor.h"
 #include "tensor/runtime/threads.h"
-#include "tools/bench/reference_loop.h"
+#include "tensor/tensor.h"
 
 ABSL_FLAG(std::string, model, "mlp", "mlp (784-256-128-10) or cnn (two conv+pool blocks)");
 ABSL_FLAG(int, batch_size, 256, "Images per step (split across the devices)");
@@ -260,7 +260,7 @@ int Run() {
     single.ClearPhases();
     trainer->ClearPhases();
     const int workers = static_cast<int>(devices.size());
-    const int64_t reps = bench::CalibratedReps(median / 1e3);
+    const int64_t reps = parallel::CalibratedReps(median / 1e3);
     std::vector<double> one, many, loop_one, loop_many;
     examples::ProgressBar compare_bar(stdout, "scaling", steps);
     const auto compare_start = Clock::now();
@@ -274,10 +274,10 @@ int Run() {
       }
       trainer->Step(/*record=*/false);
       many.push_back(TimeIt([&] { trainer->Step(); }));
-      bench::ReferenceLoop({devices[0]}, reps);
-      loop_one.push_back(TimeIt([&] { bench::ReferenceLoop({devices[0]}, reps); }));
-      bench::ReferenceLoop(devices, reps);
-      loop_many.push_back(TimeIt([&] { bench::ReferenceLoop(devices, reps); }));
+      parallel::ReferenceLoop({devices[0]}, reps);
+      loop_one.push_back(TimeIt([&] { parallel::ReferenceLoop({devices[0]}, reps); }));
+      parallel::ReferenceLoop(devices, reps);
+      loop_many.push_back(TimeIt([&] { parallel::ReferenceLoop(devices, reps); }));
       compare_bar.Update(i + 1, static_cast<int64_t>(i + 1) * batch, kNoLoss,
                          SecondsSince(compare_start));
     }

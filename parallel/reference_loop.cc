@@ -1,4 +1,4 @@
-#include "tools/bench/reference_loop.h"
+#include "parallel/reference_loop.h"
 
 #include <algorithm>
 #include <chrono>
@@ -6,7 +6,7 @@
 
 #include "tensor/runtime/threads.h"
 
-namespace tandem::bench {
+namespace tandem::parallel {
 namespace {
 volatile float sink = 0;
 }  // namespace
@@ -52,4 +52,4 @@ int64_t CalibratedReps(double seconds) {
   return std::max<int64_t>(16, static_cast<int64_t>(best * seconds));
 }
 
-}  // namespace tandem::bench
+}  // namespace tandem::parallel

@@ -1,4 +1,4 @@
-// NCCL for broadcast and reduce between distinct physical GPUs, in one process: one
+// comm's NCCL backend: broadcast and reduce between distinct physical GPUs, in one process: one
 // communicator per device set (ncclCommInitAll), created on first use and cached. Each
 // collective runs on the devices' communication side streams, ordered after the work
 // already queued on their current streams and before work queued on them later (events),
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "parallel/internal/collectives.h"
+#include "parallel/internal/comm_backend.h"
 #include "tensor/cuda/cuda.h"
 #include "tensor/runtime/stream.h"
 
@@ -30,7 +30,7 @@ namespace {
 
 ncclDataType_t NcclType(DType dtype) { return dtype == kFloat32 ? ncclFloat32 : ncclInt64; }
 
-class NcclCollectives final : public Collectives {
+class NcclCommBackend final : public CommBackend {
  public:
   bool Supports(const std::vector<Device>& devices) const override {
     if (devices.size() < 2) return false;
@@ -119,7 +119,7 @@ class NcclCollectives final : public Collectives {
 };
 
 struct Registration {
-  Registration() { RegisterCollectives(new NcclCollectives); }
+  Registration() { RegisterCommBackend(new NcclCommBackend); }
 } registration;
 
 }  // namespace
