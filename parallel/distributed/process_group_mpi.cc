@@ -171,10 +171,11 @@ struct ProcessGroupMpi::Impl {
   // ranks: one exchange of the whole buffer per doubling, sent as pieces that each fit the
   // transport's eager limit (eager_piece_bytes), all in flight at once. An eager message is
   // copied through shared memory at once, where a larger one costs a rendezvous (a handshake,
-  // then a single copy): on 2 ranks of one machine 4 KB took 3.5 us against 4.1 us for the
-  // ring's two 2 KB steps, and 16 KB 6 us against 15 us for MPI_Allreduce. From 128 KB on the
-  // copies cost more than the handshakes, and the ring (reduce-scatter, then all-gather),
-  // where every rank sends and adds only 1/size of the buffer per step, is as fast or faster.
+  // then a single copy), so for small buffers doubling beats both the ring's steps and
+  // MPI_Allreduce. From about 128 KB on the copies cost more than the handshakes, and the ring
+  // (reduce-scatter, then all-gather), where every rank sends and adds only 1/size of the
+  // buffer per step, is as fast or faster. The crossover is measured by
+  // parallel/distributed/distributed_benchmark (figures in README.md's benchmark table).
   static constexpr int64_t kRingMinBytes = 128 << 10;
   // The ring's reduce-scatter moves a block in pieces of at most this many bytes, the next
   // one in flight while the last is added, so that its receive buffer (two pieces) stays

@@ -131,9 +131,10 @@ bool SpinWait(const std::function<bool()>& ready, std::chrono::microseconds budg
 
 // How long a thread that hands work to another (or has just finished its own) polls for the
 // next event before sleeping: an idle device worker for its next task, parallel_apply's and
-// the engine's caller for the other devices. Measured on a 2-core VM, train_step's MLP step on
-// cpu:0,cpu:1, two runs each: 2.58 and 2.24 ms at 400 us, 2.81 and 2.70 ms at 100 us, 2.68 and
-// 2.31 ms at 1000 us.
+// the engine's caller for the other devices. Long enough to cover the gap between the hand-offs
+// of one DataParallel step, short enough that an idle worker soon gives its core back; chosen
+// with train_step's MLP step on cpu:0,cpu:1 (bazel run -c opt //tools/bench:train_step), where
+// a shorter or a longer spin was slower.
 inline constexpr std::chrono::microseconds kHandOffSpin{400};
 
 // Drops the CPU pools so that they are recreated with the current share of cores. Called by
