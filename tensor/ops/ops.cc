@@ -7,6 +7,8 @@
 //
 // Conventions inside this file: functions named *Raw never record autograd; saved tensors
 // are detached so that a node never keeps its inputs' graphs alive through saved values.
+#include "tensor/ops/ops.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -17,13 +19,12 @@
 #include <utility>
 #include <vector>
 
-#include "tensor/core/autograd.h"
-#include "tensor/runtime/backend.h"
 #include "tensor/base/error.h"
-#include "tensor/kernels/internal/elementwise_math.h"
+#include "tensor/core/autograd.h"
 #include "tensor/core/internal/tensor_impl.h"
 #include "tensor/core/tensor.h"
-#include "tensor/ops/ops.h"
+#include "tensor/kernels/internal/elementwise_math.h"
+#include "tensor/runtime/backend.h"
 
 namespace tandem {
 namespace {
@@ -701,6 +702,12 @@ Tensor gelu(const Tensor& a, const std::string& approximate) {
                       [](const Tensor& grad, const Tensor& x, const Tensor&) {
                         return mul(grad, UnaryRaw(UnaryOp::kGeluDerivative, x, 0.0));
                       });
+}
+
+Tensor silu(const Tensor& a) {
+  // From differentiable ops: the gradient, every dtype and every device come with them.
+  const Tensor x = FloatInput(a, "silu");
+  return mul(x, sigmoid(x));
 }
 
 Tensor square(const Tensor& a) {
@@ -1704,9 +1711,8 @@ Tensor Tensor::expand(const Shape& target) const {
   Tensor out = MakeView(*this, s, st, storage_offset());
   const Shape original = shape();
   if (NeedsGrad({*this})) {
-    Record("ExpandBackward", {*this}, out, [original](const Tensor& g) {
-      return std::vector<Tensor>{sum_to(g, original)};
-    });
+    Record("ExpandBackward", {*this}, out,
+           [original](const Tensor& g) { return std::vector<Tensor>{sum_to(g, original)}; });
   }
   return out;
 }

@@ -51,6 +51,8 @@ Tensor relu(const Tensor& a);
 // x * Phi(x) (Phi: the standard normal CDF), exactly with erf; approximate = "tanh" gives
 // 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), as torch.nn.functional.gelu.
 Tensor gelu(const Tensor& a, const std::string& approximate = "none");
+// x * sigmoid(x), PyTorch's silu (swish), the gate of SwiGLU feed-forward blocks.
+Tensor silu(const Tensor& a);
 
 // Comparisons (not differentiable): 1 where true, 0 elsewhere, in the inputs' dtype.
 Tensor eq(const Tensor& a, const Tensor& b);

@@ -331,6 +331,8 @@ std::vector<UnaryCase> UnaryCases() {
        3},
       {"sigmoid", [](const Tensor& x) { return sigmoid(x); },
        [](float x) { return 1.0f / (1.0f + std::exp(-x)); }, -6, 6},
+      {"silu", [](const Tensor& x) { return silu(x); },
+       [](float x) { return x / (1.0f + std::exp(-x)); }, -6, 6},
       {"square", [](const Tensor& x) { return square(x); }, [](float x) { return x * x; }, -3, 3},
       {"relu", [](const Tensor& x) { return relu(x); }, [](float x) { return x > 0 ? x : 0.0f; },
        -3, 3},
@@ -1219,6 +1221,7 @@ TEST_F(OpsTest, GradientsOfUnaryOps) {
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return abs(in[0]); }, {nonzero}, kLinearEps);
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return tanh(in[0]); }, {any});
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return sigmoid(in[0]); }, {any});
+  EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return silu(in[0]); }, {any});
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return square(in[0]); }, {any});
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return relu(in[0]); }, {nonzero}, kLinearEps);
   EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return in[0].relu(); }, {nonzero}, kLinearEps);
