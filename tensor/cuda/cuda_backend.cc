@@ -12,7 +12,9 @@
 #include <atomic>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "tensor/runtime/allocator.h"
 #include "tensor/runtime/backend.h"
@@ -163,39 +165,41 @@ class CudaBackend final : public Backend {
               const KernelTensor& b) override;
   void Reduce(int index, ReduceKind op, const KernelTensor& dst, const KernelTensor& src,
               int64_t outer, int64_t reduce, int64_t inner) override;
-  void Softmax(int index, bool log, float* dst, const float* src, int64_t outer, int64_t dim,
-               int64_t inner) override;
-  void Gemm(int index, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-            const float* a, int64_t lda, int64_t stride_a, const float* b, int64_t ldb,
-            int64_t stride_b, float beta, float* c, int64_t ldc, int64_t stride_c,
+  void Softmax(int index, DType dtype, bool log, void* dst, const void* src, int64_t outer,
+               int64_t dim, int64_t inner) override;
+  void Gemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+            double alpha, const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb,
+            int64_t stride_b, double beta, void* c, int64_t ldc, int64_t stride_c,
             int64_t batch) override;
-  void Im2Col(int index, const Conv2dGeometry& g, const float* image, float* columns) override;
-  void Col2Im(int index, const Conv2dGeometry& g, const float* columns, float* image) override;
-  void MaxPool2d(int index, const Conv2dGeometry& g, const float* input, float* output,
+  void Im2Col(int index, DType dtype, const Conv2dGeometry& g, const void* image,
+              void* columns) override;
+  void Col2Im(int index, DType dtype, const Conv2dGeometry& g, const void* columns,
+              void* image) override;
+  void MaxPool2d(int index, DType dtype, const Conv2dGeometry& g, const void* input, void* output,
                  int64_t* argmax) override;
-  void MaxPool2dBackward(int index, const Conv2dGeometry& g, const float* grad_output,
-                         const int64_t* argmax, float* grad_input) override;
-  void AvgPool2d(int index, const Conv2dGeometry& g, bool count_include_pad, const float* input,
-                 float* output) override;
-  void AvgPool2dBackward(int index, const Conv2dGeometry& g, bool count_include_pad,
-                         const float* grad_output, float* grad_input) override;
-  void AdaptiveAvgPool2d(int index, int64_t planes, int64_t height, int64_t width, int64_t out_h,
-                         int64_t out_w, const float* input, float* output) override;
-  void AdaptiveAvgPool2dBackward(int index, int64_t planes, int64_t height, int64_t width,
-                                 int64_t out_h, int64_t out_w, const float* grad_output,
-                                 float* grad_input) override;
-  void GatherColumns(int index, float* dst, const float* src, const int64_t* idx, int64_t rows,
-                     int64_t cols) override;
-  void ScatterAddColumns(int index, float* dst, const float* src, const int64_t* idx, int64_t rows,
-                         int64_t cols) override;
-  void Gather(int index, float* dst, const float* src, const int64_t* idx, int64_t outer,
+  void MaxPool2dBackward(int index, DType dtype, const Conv2dGeometry& g, const void* grad_output,
+                         const int64_t* argmax, void* grad_input) override;
+  void AvgPool2d(int index, DType dtype, const Conv2dGeometry& g, bool count_include_pad,
+                 const void* input, void* output) override;
+  void AvgPool2dBackward(int index, DType dtype, const Conv2dGeometry& g, bool count_include_pad,
+                         const void* grad_output, void* grad_input) override;
+  void AdaptiveAvgPool2d(int index, DType dtype, int64_t planes, int64_t height, int64_t width,
+                         int64_t out_h, int64_t out_w, const void* input, void* output) override;
+  void AdaptiveAvgPool2dBackward(int index, DType dtype, int64_t planes, int64_t height,
+                                 int64_t width, int64_t out_h, int64_t out_w,
+                                 const void* grad_output, void* grad_input) override;
+  void GatherColumns(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
+                     int64_t rows, int64_t cols) override;
+  void ScatterAddColumns(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
+                         int64_t rows, int64_t cols) override;
+  void Gather(int index, DType dtype, void* dst, const void* src, const int64_t* idx, int64_t outer,
               int64_t src_dim, int64_t idx_dim, int64_t inner) override;
-  void ScatterAdd(int index, float* dst, const float* src, const int64_t* idx, int64_t outer,
-                  int64_t dst_dim, int64_t idx_dim, int64_t inner) override;
-  void RandomUniform(int index, float* dst, int64_t n, uint64_t seed, uint64_t offset, float low,
-                     float high) override;
-  void RandomNormal(int index, float* dst, int64_t n, uint64_t seed, uint64_t offset, float mean,
-                    float stddev) override;
+  void ScatterAdd(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
+                  int64_t outer, int64_t dst_dim, int64_t idx_dim, int64_t inner) override;
+  void RandomUniform(int index, DType dtype, void* dst, int64_t n, uint64_t seed, uint64_t offset,
+                     double low, double high) override;
+  void RandomNormal(int index, DType dtype, void* dst, int64_t n, uint64_t seed, uint64_t offset,
+                    double mean, double stddev) override;
 
  private:
   CudaBackend() = default;
@@ -332,9 +336,9 @@ void CudaBackend::Unary(int index, UnaryOp op, const KernelTensor& dst, const Ke
   CheckSameShape(dst, src, "Unary", "an input");
   TANDEM_CHECK(dst.dtype == src.dtype, "CUDA Unary expects the output's dtype (", dst.dtype,
                ") to match the input's (", src.dtype, "); convert with Copy first");
-  TANDEM_CHECK(src.dtype == kFloat32 || UnarySupportsInt64(op), "CUDA Unary: op ",
-               static_cast<int>(op), " is defined for float32 only but got ", src.dtype,
-               "; convert the tensor to float32 first");
+  TANDEM_CHECK(IsFloatingPoint(src.dtype) || UnarySupportsInt64(op), "CUDA Unary: op ",
+               static_cast<int>(op), " is defined for floating types only but got ", src.dtype,
+               "; convert the tensor to float32 or float64 first");
   DeviceGuard guard(device.physical());
   LaunchUnary(device.Launch(), op, dst, src, scalar);
 }
@@ -380,94 +384,119 @@ void CudaBackend::Reduce(int index, ReduceKind op, const KernelTensor& dst, cons
   LaunchReduce(device.Launch(), op, dst, src, outer, reduce, inner);
 }
 
-void CudaBackend::Softmax(int index, bool log, float* dst, const float* src, int64_t outer,
-                          int64_t dim, int64_t inner) {
+void CudaBackend::Softmax(int index, DType dtype, bool log, void* dst, const void* src,
+                          int64_t outer, int64_t dim, int64_t inner) {
   CudaDevice& device = Device(index);
   TANDEM_CHECK(outer >= 0 && dim >= 0 && inner >= 0,
                "CUDA Softmax expects non-negative [outer, dim, inner] but got [", outer, ", ", dim,
                ", ", inner, "]");
   DeviceGuard guard(device.physical());
-  LaunchSoftmax(device.Launch(), log, dst, src, outer, dim, inner);
+  LaunchSoftmax(device.Launch(), dtype, log, dst, src, outer, dim, inner);
 }
 
 // ---- GEMM --------------------------------------------------------------------------------------
 
-void CudaBackend::Gemm(int index, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                       float alpha, const float* a, int64_t lda, int64_t stride_a, const float* b,
-                       int64_t ldb, int64_t stride_b, float beta, float* c, int64_t ldc,
-                       int64_t stride_c, int64_t batch) {
-  CudaDevice& device = Device(index);
-  TANDEM_CHECK(m >= 0 && n >= 0 && k >= 0 && batch >= 0,
-               "CUDA Gemm expects non-negative sizes but got m=", m, " n=", n, " k=", k,
-               " batch=", batch);
-  if (m == 0 || n == 0 || batch == 0) return;
-  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
-  TANDEM_CHECK(m <= kIntMax && n <= kIntMax && k <= kIntMax && batch <= kIntMax, "CUDA Gemm: m=", m,
-               " n=", n, " k=", k, " batch=", batch,
-               " exceed cuBLAS's 32-bit sizes; split the product");
-  TANDEM_CHECK(batch == 1 || stride_c != 0, "CUDA Gemm: a batch of ", batch,
-               " products cannot write one C (stride_c = 0); give each product its own C");
-  lda = LeadingDimension(trans_a ? k : m, trans_a ? m : k, lda, "lda");
-  ldb = LeadingDimension(trans_b ? n : k, trans_b ? k : n, ldb, "ldb");
-  ldc = LeadingDimension(m, n, ldc, "ldc");
-  DeviceGuard guard(device.physical());
-  if (k == 0 || alpha == 0.0f) {
-    // C = beta * C, as BLAS defines it; cuBLAS would reject k == 0's leading dimensions.
-    LaunchScaleMatrices(device.Launch(), beta, c, m, n, ldc, stride_c, batch);
-    return;
-  }
-  TANDEM_CHECK(lda <= kIntMax && ldb <= kIntMax && ldc <= kIntMax,
-               "CUDA Gemm: row strides lda=", lda, " ldb=", ldb, " ldc=", ldc,
-               " exceed cuBLAS's 32-bit sizes");
-  cudaStream_t stream = device.current_stream();
-  cublasHandle_t handle = device.blas();
-  std::lock_guard<std::mutex> lock(device.blas_mutex());
-  device.BindBlas(stream);
-  const cublasMath_t mode = allow_tf32.load() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
-  if (device.blas_math_mode() != mode) {
-    TANDEM_CUBLAS_CHECK(cublasSetMathMode(handle, mode), index);
-    device.blas_math_mode() = mode;
-  }
-  // cuBLAS is column-major, and a row-major matrix is its transpose in column-major
-  // terms. So the row-major C = op(A) op(B) is computed as the column-major
-  // C^T = op(B)^T op(A)^T: swap the operands and m with n; the transposition flags and
-  // leading dimensions stay as they are.
-  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  if (batch == 1) {
-    TANDEM_CUBLAS_CHECK(cublasSgemm(handle, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
-                                    static_cast<int>(k), &alpha, b, static_cast<int>(ldb), a,
-                                    static_cast<int>(lda), &beta, c, static_cast<int>(ldc)),
-                        index);
-  } else {
-    TANDEM_CUBLAS_CHECK(
-        cublasSgemmStridedBatched(handle, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
-                                  static_cast<int>(k), &alpha, b, static_cast<int>(ldb), stride_b,
-                                  a, static_cast<int>(lda), stride_a, &beta, c,
-                                  static_cast<int>(ldc), stride_c, static_cast<int>(batch)),
-        index);
-  }
+// cuBLAS's GEMM entry points for T: the one place the backend names a precision.
+cublasStatus_t CublasGemm(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb, int m,
+                          int n, int k, const float* alpha, const float* a, int lda,
+                          long long stride_a, const float* b, int ldb, long long stride_b,
+                          const float* beta, float* c, int ldc, long long stride_c, int batch) {
+  if (batch == 1) return cublasSgemm(handle, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  return cublasSgemmStridedBatched(handle, ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb,
+                                   stride_b, beta, c, ldc, stride_c, batch);
+}
+cublasStatus_t CublasGemm(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb, int m,
+                          int n, int k, const double* alpha, const double* a, int lda,
+                          long long stride_a, const double* b, int ldb, long long stride_b,
+                          const double* beta, double* c, int ldc, long long stride_c, int batch) {
+  if (batch == 1) return cublasDgemm(handle, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  return cublasDgemmStridedBatched(handle, ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb,
+                                   stride_b, beta, c, ldc, stride_c, batch);
 }
 
-// ---- Convolution, pooling, gather/scatter
-// --------------------------------------------------------
+void CudaBackend::Gemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                       int64_t k, double alpha_value, const void* a_data, int64_t lda,
+                       int64_t stride_a, const void* b_data, int64_t ldb, int64_t stride_b,
+                       double beta_value, void* c_data, int64_t ldc, int64_t stride_c,
+                       int64_t batch) {
+  CudaDevice& device = Device(index);
+  DispatchFloatingTypes(dtype, "CUDA Gemm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    // Rounded to T first, as on the CPU: a float32 alpha that rounds to 0 skips the product.
+    const T alpha = static_cast<T>(alpha_value), beta = static_cast<T>(beta_value);
+    const T* a = static_cast<const T*>(a_data);
+    const T* b = static_cast<const T*>(b_data);
+    T* c = static_cast<T*>(c_data);
+    TANDEM_CHECK(m >= 0 && n >= 0 && k >= 0 && batch >= 0,
+                 "CUDA Gemm expects non-negative sizes but got m=", m, " n=", n, " k=", k,
+                 " batch=", batch);
+    if (m == 0 || n == 0 || batch == 0) return;
+    constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+    TANDEM_CHECK(m <= kIntMax && n <= kIntMax && k <= kIntMax && batch <= kIntMax,
+                 "CUDA Gemm: m=", m, " n=", n, " k=", k, " batch=", batch,
+                 " exceed cuBLAS's 32-bit sizes; split the product");
+    TANDEM_CHECK(batch == 1 || stride_c != 0, "CUDA Gemm: a batch of ", batch,
+                 " products cannot write one C (stride_c = 0); give each product its own C");
+    lda = LeadingDimension(trans_a ? k : m, trans_a ? m : k, lda, "lda");
+    ldb = LeadingDimension(trans_b ? n : k, trans_b ? k : n, ldb, "ldb");
+    ldc = LeadingDimension(m, n, ldc, "ldc");
+    DeviceGuard guard(device.physical());
+    if (k == 0 || alpha == T(0)) {
+      // C = beta * C, as BLAS defines it; cuBLAS would reject k == 0's leading dimensions.
+      LaunchScaleMatrices(device.Launch(), dtype, beta, c, m, n, ldc, stride_c, batch);
+      return;
+    }
+    TANDEM_CHECK(lda <= kIntMax && ldb <= kIntMax && ldc <= kIntMax,
+                 "CUDA Gemm: row strides lda=", lda, " ldb=", ldb, " ldc=", ldc,
+                 " exceed cuBLAS's 32-bit sizes");
+    cudaStream_t stream = device.current_stream();
+    cublasHandle_t handle = device.blas();
+    std::lock_guard<std::mutex> lock(device.blas_mutex());
+    device.BindBlas(stream);
+    if constexpr (std::is_same_v<T, float>) {
+      // TF32 only ever applies to float32 (DGEMM ignores the mode), so float64 leaves the
+      // handle's mode as it is rather than switching it back and forth.
+      const cublasMath_t mode =
+          allow_tf32.load() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
+      if (device.blas_math_mode() != mode) {
+        TANDEM_CUBLAS_CHECK(cublasSetMathMode(handle, mode), index);
+        device.blas_math_mode() = mode;
+      }
+    }
+    // cuBLAS is column-major, and a row-major matrix is its transpose in column-major
+    // terms. So the row-major C = op(A) op(B) is computed as the column-major
+    // C^T = op(B)^T op(A)^T: swap the operands and m with n; the transposition flags and
+    // leading dimensions stay as they are.
+    const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    TANDEM_CUBLAS_CHECK(CublasGemm(handle, op_b, op_a, static_cast<int>(n), static_cast<int>(m),
+                                   static_cast<int>(k), &alpha, b, static_cast<int>(ldb), stride_b,
+                                   a, static_cast<int>(lda), stride_a, &beta, c,
+                                   static_cast<int>(ldc), stride_c, static_cast<int>(batch)),
+                        index);
+  });
+}
 
-void CudaBackend::Im2Col(int index, const Conv2dGeometry& g, const float* image, float* columns) {
+// ---- Convolution, pooling, gather/scatter --------------------------------------------------
+
+void CudaBackend::Im2Col(int index, DType dtype, const Conv2dGeometry& g, const void* image,
+                         void* columns) {
   CudaDevice& device = Device(index);
   CheckGeometry(g, "Im2Col");
   DeviceGuard guard(device.physical());
-  LaunchIm2Col(device.Launch(), g, image, columns);
+  LaunchIm2Col(device.Launch(), dtype, g, image, columns);
 }
 
-void CudaBackend::Col2Im(int index, const Conv2dGeometry& g, const float* columns, float* image) {
+void CudaBackend::Col2Im(int index, DType dtype, const Conv2dGeometry& g, const void* columns,
+                         void* image) {
   CudaDevice& device = Device(index);
   CheckGeometry(g, "Col2Im");
   DeviceGuard guard(device.physical());
-  LaunchCol2Im(device.Launch(), g, columns, image);
+  LaunchCol2Im(device.Launch(), dtype, g, columns, image);
 }
 
-void CudaBackend::MaxPool2d(int index, const Conv2dGeometry& g, const float* input, float* output,
-                            int64_t* argmax) {
+void CudaBackend::MaxPool2d(int index, DType dtype, const Conv2dGeometry& g, const void* input,
+                            void* output, int64_t* argmax) {
   CudaDevice& device = Device(index);
   CheckGeometry(g, "MaxPool2d");
   TANDEM_CHECK(g.pad_h * 2 <= g.kernel_h && g.pad_w * 2 <= g.kernel_w, "CUDA MaxPool2d: padding ",
@@ -478,93 +507,95 @@ void CudaBackend::MaxPool2d(int index, const Conv2dGeometry& g, const float* inp
                g.width,
                " images: every window would lie in the padding; give images at least one pixel");
   DeviceGuard guard(device.physical());
-  LaunchMaxPool2d(device.Launch(), g, input, output, argmax);
+  LaunchMaxPool2d(device.Launch(), dtype, g, input, output, argmax);
 }
 
-void CudaBackend::MaxPool2dBackward(int index, const Conv2dGeometry& g, const float* grad_output,
-                                    const int64_t* argmax, float* grad_input) {
+void CudaBackend::MaxPool2dBackward(int index, DType dtype, const Conv2dGeometry& g,
+                                    const void* grad_output, const int64_t* argmax,
+                                    void* grad_input) {
   CudaDevice& device = Device(index);
   CheckGeometry(g, "MaxPool2dBackward");
   DeviceGuard guard(device.physical());
-  LaunchMaxPool2dBackward(device.Launch(), g, grad_output, argmax, grad_input);
+  LaunchMaxPool2dBackward(device.Launch(), dtype, g, grad_output, argmax, grad_input);
 }
 
-void CudaBackend::AvgPool2d(int index, const Conv2dGeometry& g, bool count_include_pad,
-                            const float* input, float* output) {
+void CudaBackend::AvgPool2d(int index, DType dtype, const Conv2dGeometry& g, bool count_include_pad,
+                            const void* input, void* output) {
   CudaDevice& device = Device(index);
   CheckGeometry(g, "AvgPool2d");
   DeviceGuard guard(device.physical());
-  LaunchAvgPool2d(device.Launch(), g, count_include_pad, input, output);
+  LaunchAvgPool2d(device.Launch(), dtype, g, count_include_pad, input, output);
 }
 
-void CudaBackend::AvgPool2dBackward(int index, const Conv2dGeometry& g, bool count_include_pad,
-                                    const float* grad_output, float* grad_input) {
+void CudaBackend::AvgPool2dBackward(int index, DType dtype, const Conv2dGeometry& g,
+                                    bool count_include_pad, const void* grad_output,
+                                    void* grad_input) {
   CudaDevice& device = Device(index);
   CheckGeometry(g, "AvgPool2dBackward");
   DeviceGuard guard(device.physical());
-  LaunchAvgPool2dBackward(device.Launch(), g, count_include_pad, grad_output, grad_input);
+  LaunchAvgPool2dBackward(device.Launch(), dtype, g, count_include_pad, grad_output, grad_input);
 }
 
-void CudaBackend::AdaptiveAvgPool2d(int index, int64_t planes, int64_t height, int64_t width,
-                                    int64_t out_h, int64_t out_w, const float* input,
-                                    float* output) {
+void CudaBackend::AdaptiveAvgPool2d(int index, DType dtype, int64_t planes, int64_t height,
+                                    int64_t width, int64_t out_h, int64_t out_w, const void* input,
+                                    void* output) {
   CudaDevice& device = Device(index);
   DeviceGuard guard(device.physical());
-  LaunchAdaptiveAvgPool2d(device.Launch(), planes, height, width, out_h, out_w, input, output);
+  LaunchAdaptiveAvgPool2d(device.Launch(), dtype, planes, height, width, out_h, out_w, input,
+                          output);
 }
 
-void CudaBackend::AdaptiveAvgPool2dBackward(int index, int64_t planes, int64_t height,
+void CudaBackend::AdaptiveAvgPool2dBackward(int index, DType dtype, int64_t planes, int64_t height,
                                             int64_t width, int64_t out_h, int64_t out_w,
-                                            const float* grad_output, float* grad_input) {
+                                            const void* grad_output, void* grad_input) {
   CudaDevice& device = Device(index);
   DeviceGuard guard(device.physical());
-  LaunchAdaptiveAvgPool2dBackward(device.Launch(), planes, height, width, out_h, out_w, grad_output,
-                                  grad_input);
+  LaunchAdaptiveAvgPool2dBackward(device.Launch(), dtype, planes, height, width, out_h, out_w,
+                                  grad_output, grad_input);
 }
 
-void CudaBackend::GatherColumns(int index, float* dst, const float* src, const int64_t* idx,
-                                int64_t rows, int64_t cols) {
+void CudaBackend::GatherColumns(int index, DType dtype, void* dst, const void* src,
+                                const int64_t* idx, int64_t rows, int64_t cols) {
   CudaDevice& device = Device(index);
   DeviceGuard guard(device.physical());
-  LaunchGatherColumns(device.Launch(), dst, src, idx, rows, cols);
+  LaunchGatherColumns(device.Launch(), dtype, dst, src, idx, rows, cols);
 }
 
-void CudaBackend::ScatterAddColumns(int index, float* dst, const float* src, const int64_t* idx,
-                                    int64_t rows, int64_t cols) {
+void CudaBackend::ScatterAddColumns(int index, DType dtype, void* dst, const void* src,
+                                    const int64_t* idx, int64_t rows, int64_t cols) {
   CudaDevice& device = Device(index);
   DeviceGuard guard(device.physical());
-  LaunchScatterAddColumns(device.Launch(), dst, src, idx, rows, cols);
+  LaunchScatterAddColumns(device.Launch(), dtype, dst, src, idx, rows, cols);
 }
 
-void CudaBackend::Gather(int index, float* dst, const float* src, const int64_t* idx, int64_t outer,
-                         int64_t src_dim, int64_t idx_dim, int64_t inner) {
+void CudaBackend::Gather(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
+                         int64_t outer, int64_t src_dim, int64_t idx_dim, int64_t inner) {
   CudaDevice& device = Device(index);
   DeviceGuard guard(device.physical());
-  LaunchGather(device.Launch(), dst, src, idx, outer, src_dim, idx_dim, inner);
+  LaunchGather(device.Launch(), dtype, dst, src, idx, outer, src_dim, idx_dim, inner);
 }
 
-void CudaBackend::ScatterAdd(int index, float* dst, const float* src, const int64_t* idx,
+void CudaBackend::ScatterAdd(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
                              int64_t outer, int64_t dst_dim, int64_t idx_dim, int64_t inner) {
   CudaDevice& device = Device(index);
   DeviceGuard guard(device.physical());
-  LaunchScatterAdd(device.Launch(), dst, src, idx, outer, dst_dim, idx_dim, inner);
+  LaunchScatterAdd(device.Launch(), dtype, dst, src, idx, outer, dst_dim, idx_dim, inner);
 }
 
-// ---- Random numbers
-// -------------------------------------------------------------------------------
+// ---- Random numbers --------------------------------------------------------------------------
 
-void CudaBackend::RandomUniform(int index, float* dst, int64_t n, uint64_t seed, uint64_t offset,
-                                float low, float high) {
+void CudaBackend::RandomUniform(int index, DType dtype, void* dst, int64_t n, uint64_t seed,
+                                uint64_t offset, double low, double high) {
   CudaDevice& device = Device(index);
   DeviceGuard guard(device.physical());
-  LaunchRandomUniform(device.Launch(), dst, n, seed, offset, low, high);
+  LaunchRandomUniform(device.Launch(), dtype, dst, n, seed, offset, low, high);
 }
 
-void CudaBackend::RandomNormal(int index, float* dst, int64_t n, uint64_t seed, uint64_t offset,
-                               float mean, float stddev) {
+void CudaBackend::RandomNormal(int index, DType dtype, void* dst, int64_t n, uint64_t seed,
+                               uint64_t offset, double mean, double stddev) {
   CudaDevice& device = Device(index);
   DeviceGuard guard(device.physical());
-  LaunchRandomNormal(device.Launch(), dst, n, seed, offset, mean, stddev);
+  LaunchRandomNormal(device.Launch(), dtype, dst, n, seed, offset, mean, stddev);
 }
 
 BackendRegistration registration(DeviceType::kCUDA, &CudaBackend::Instance);

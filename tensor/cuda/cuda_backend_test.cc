@@ -20,6 +20,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -38,7 +39,7 @@ constexpr int64_t kPoisonInt = -7777777777;
 
 template <typename T>
 T Poison() {
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (std::is_floating_point_v<T>) {
     return std::numeric_limits<float>::quiet_NaN();
   } else {
     return kPoisonInt;
@@ -107,13 +108,14 @@ class Buffer {
 };
 
 // Elementwise comparison; NaN matches NaN (so poison left alone on both sides matches).
-void ExpectNear(const std::vector<float>& expected, const std::vector<float>& actual, double rtol,
+template <typename T>
+void ExpectNear(const std::vector<T>& expected, const std::vector<T>& actual, double rtol,
                 double atol, const std::string& what) {
   ASSERT_EQ(expected.size(), actual.size()) << what;
   int reported = 0;
   int64_t mismatches = 0;
   for (size_t i = 0; i < expected.size(); ++i) {
-    const float e = expected[i], a = actual[i];
+    const T e = expected[i], a = actual[i];
     bool ok;
     if (std::isnan(e) || std::isnan(a)) {
       ok = std::isnan(e) && std::isnan(a);
@@ -134,12 +136,13 @@ void ExpectNear(const std::vector<float>& expected, const std::vector<float>& ac
                            << " elements differ";
 }
 
-void ExpectBitwiseEqual(const std::vector<float>& expected, const std::vector<float>& actual,
+template <typename T>
+void ExpectBitwiseEqual(const std::vector<T>& expected, const std::vector<T>& actual,
                         const std::string& what) {
   ASSERT_EQ(expected.size(), actual.size()) << what;
   int64_t mismatches = 0;
   for (size_t i = 0; i < expected.size(); ++i) {
-    if (std::memcmp(&expected[i], &actual[i], sizeof(float)) != 0 &&
+    if (std::memcmp(&expected[i], &actual[i], sizeof(T)) != 0 &&
         !(std::isnan(expected[i]) && std::isnan(actual[i]))) {
       if (mismatches++ < 5) {
         ADD_FAILURE() << what << ": element " << i << " is " << actual[i] << " on cuda but "
@@ -417,8 +420,8 @@ const ReduceShape kReduceShapes[] = {
 };
 
 TEST_F(CudaBackendTest, ReduceFloat) {
-  for (ReduceKind op :
-       {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kMin, ReduceKind::kArgMax, ReduceKind::kArgMin}) {
+  for (ReduceKind op : {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kMin, ReduceKind::kArgMax,
+                        ReduceKind::kArgMin}) {
     const bool arg = op == ReduceKind::kArgMax || op == ReduceKind::kArgMin;
     for (const ReduceShape& s : kReduceShapes) {
       const std::string what =
@@ -486,8 +489,8 @@ TEST_F(CudaBackendTest, ReduceNanAndInt64AndEmptySum) {
   Buffer<float> nothing(1);
   gpu_.Reduce(0, ReduceKind::kSum, empty_sum.GpuView({2, 3}), nothing.GpuView({2, 0, 3}), 2, 0, 3);
   EXPECT_EQ(empty_sum.Gpu(), std::vector<float>(6, 0.0f));
-  EXPECT_THROW(gpu_.Reduce(0, ReduceKind::kMax, empty_sum.GpuView({2, 3}), nothing.GpuView({2, 0, 3}),
-                           2, 0, 3),
+  EXPECT_THROW(gpu_.Reduce(0, ReduceKind::kMax, empty_sum.GpuView({2, 3}),
+                           nothing.GpuView({2, 0, 3}), 2, 0, 3),
                Error);
 }
 
@@ -505,16 +508,16 @@ TEST_F(CudaBackendTest, SoftmaxAndLogSoftmax) {
       const int64_t n = s.outer * s.reduce * s.inner;
       Buffer<float> src(RandomFloats(n, -10.0f, 10.0f));
       Buffer<float> dst(n);
-      cpu_.Softmax(0, log, dst.cpu(), src.cpu(), s.outer, s.reduce, s.inner);
-      gpu_.Softmax(0, log, dst.gpu(), src.gpu(), s.outer, s.reduce, s.inner);
+      cpu_.Softmax(0, kFloat32, log, dst.cpu(), src.cpu(), s.outer, s.reduce, s.inner);
+      gpu_.Softmax(0, kFloat32, log, dst.gpu(), src.gpu(), s.outer, s.reduce, s.inner);
       ExpectNear(dst.Cpu(), dst.Gpu(), 1e-5, 1e-7, what);
     }
   }
   // A row with -inf (a masked logit) and a row with NaN.
   Buffer<float> special(std::vector<float>{-INFINITY, 1.0f, 2.0f, NAN, 0.0f, 1.0f});
   Buffer<float> out(6);
-  cpu_.Softmax(0, false, out.cpu(), special.cpu(), 2, 3, 1);
-  gpu_.Softmax(0, false, out.gpu(), special.gpu(), 2, 3, 1);
+  cpu_.Softmax(0, kFloat32, false, out.cpu(), special.cpu(), 2, 3, 1);
+  gpu_.Softmax(0, kFloat32, false, out.gpu(), special.gpu(), 2, 3, 1);
   ExpectNear(out.Cpu(), out.Gpu(), 1e-6, 0.0, Note("softmax of -inf and NaN"));
 }
 
@@ -547,10 +550,10 @@ TEST_F(CudaBackendTest, GemmAllTranspositionsAndBatches) {
           Buffer<float> c(RandomFloats(g.batch * stride_c, -1.0f, 1.0f));
           for (float beta : {0.0f, 0.5f}) {
             Buffer<float> out(c.Cpu());  // the same initial C on both devices
-            cpu_.Gemm(0, trans_a, trans_b, g.m, g.n, g.k, 1.25f, a.cpu(), lda, stride_a, b.cpu(),
-                      ldb, stride_b, beta, out.cpu(), ldc, stride_c, g.batch);
-            gpu_.Gemm(0, trans_a, trans_b, g.m, g.n, g.k, 1.25f, a.gpu(), lda, stride_a, b.gpu(),
-                      ldb, stride_b, beta, out.gpu(), ldc, stride_c, g.batch);
+            cpu_.Gemm(0, kFloat32, trans_a, trans_b, g.m, g.n, g.k, 1.25f, a.cpu(), lda, stride_a,
+                      b.cpu(), ldb, stride_b, beta, out.cpu(), ldc, stride_c, g.batch);
+            gpu_.Gemm(0, kFloat32, trans_a, trans_b, g.m, g.n, g.k, 1.25f, a.gpu(), lda, stride_a,
+                      b.gpu(), ldb, stride_b, beta, out.gpu(), ldc, stride_c, g.batch);
             // Float32 products summed in different orders: error grows like sqrt(k).
             ExpectNear(out.Cpu(), out.Gpu(), 1e-5, 2e-6 * std::sqrt(static_cast<double>(g.k)),
                        what + " beta=" + std::to_string(beta));
@@ -574,17 +577,18 @@ TEST_F(CudaBackendTest, GemmDegenerateSizes) {
     Buffer<float> b(RandomFloats(5 * n));
     Buffer<float> c(c_values);
     const int64_t lda = std::max<int64_t>(k, 1);  // BLAS wants a row stride of at least 1
-    cpu_.Gemm(0, false, false, m, n, k, alpha, a.cpu(), lda, 0, b.cpu(), n, 0, beta, c.cpu(), n, 0,
-              1);
-    gpu_.Gemm(0, false, false, m, n, k, alpha, a.gpu(), lda, 0, b.gpu(), n, 0, beta, c.gpu(), n, 0,
-              1);
+    cpu_.Gemm(0, kFloat32, false, false, m, n, k, alpha, a.cpu(), lda, 0, b.cpu(), n, 0, beta,
+              c.cpu(), n, 0, 1);
+    gpu_.Gemm(0, kFloat32, false, false, m, n, k, alpha, a.gpu(), lda, 0, b.gpu(), n, 0, beta,
+              c.gpu(), n, 0, 1);
     ExpectBitwiseEqual(c.Cpu(), c.Gpu(), Note("degenerate gemm k=" + std::to_string(k)));
   }
   Buffer<float> c(c_values);
-  gpu_.Gemm(0, false, false, 0, n, 5, 1.0f, nullptr, 5, 0, nullptr, n, 0, 0.0f, c.gpu(), n, 0, 1);
+  gpu_.Gemm(0, kFloat32, false, false, 0, n, 5, 1.0f, nullptr, 5, 0, nullptr, n, 0, 0.0f, c.gpu(),
+            n, 0, 1);
   ExpectBitwiseEqual(c.Cpu(), c.Gpu(), Note("gemm with m = 0 writes nothing"));
-  EXPECT_THROW(gpu_.Gemm(0, false, false, m, n, 5, 1.0f, c.gpu(), 2, 0, c.gpu(), n, 0, 0.0f,
-                         c.gpu(), n, 0, 1),
+  EXPECT_THROW(gpu_.Gemm(0, kFloat32, false, false, m, n, 5, 1.0f, c.gpu(), 2, 0, c.gpu(), n, 0,
+                         0.0f, c.gpu(), n, 0, 1),
                Error);  // lda = 2 < k = 5
 }
 
@@ -593,13 +597,16 @@ TEST_F(CudaBackendTest, GemmTf32SwitchTradesPrecisionForSpeed) {
   Buffer<float> a(RandomFloats(m * k, -1.0f, 1.0f));
   Buffer<float> b(RandomFloats(k * n, -1.0f, 1.0f));
   Buffer<float> c(m * n);
-  cpu_.Gemm(0, false, false, m, n, k, 1.0f, a.cpu(), k, 0, b.cpu(), n, 0, 0.0f, c.cpu(), n, 0, 1);
+  cpu_.Gemm(0, kFloat32, false, false, m, n, k, 1.0f, a.cpu(), k, 0, b.cpu(), n, 0, 0.0f, c.cpu(),
+            n, 0, 1);
   ASSERT_FALSE(cuda::AllowTf32());
   cuda::SetAllowTf32(true);
-  gpu_.Gemm(0, false, false, m, n, k, 1.0f, a.gpu(), k, 0, b.gpu(), n, 0, 0.0f, c.gpu(), n, 0, 1);
+  gpu_.Gemm(0, kFloat32, false, false, m, n, k, 1.0f, a.gpu(), k, 0, b.gpu(), n, 0, 0.0f, c.gpu(),
+            n, 0, 1);
   const std::vector<float> tf32 = c.Gpu();
   cuda::SetAllowTf32(false);
-  gpu_.Gemm(0, false, false, m, n, k, 1.0f, a.gpu(), k, 0, b.gpu(), n, 0, 0.0f, c.gpu(), n, 0, 1);
+  gpu_.Gemm(0, kFloat32, false, false, m, n, k, 1.0f, a.gpu(), k, 0, b.gpu(), n, 0, 0.0f, c.gpu(),
+            n, 0, 1);
   const std::vector<float> fp32 = c.Gpu();
   double tf32_error = 0.0, fp32_error = 0.0;
   for (int64_t i = 0; i < m * n; ++i) {
@@ -640,14 +647,14 @@ TEST_F(CudaBackendTest, Im2ColAndCol2Im) {
         g.batch * g.channels * g.kernel_h * g.kernel_w * g.out_h() * g.out_w();
     Buffer<float> image(RandomFloats(image_size));
     Buffer<float> columns(column_size);
-    cpu_.Im2Col(0, g, image.cpu(), columns.cpu());
-    gpu_.Im2Col(0, g, image.gpu(), columns.gpu());
+    cpu_.Im2Col(0, kFloat32, g, image.cpu(), columns.cpu());
+    gpu_.Im2Col(0, kFloat32, g, image.gpu(), columns.gpu());
     ExpectBitwiseEqual(columns.Cpu(), columns.Gpu(), Note("im2col " + Describe(g)));
     // Col2Im adds in the CPU's order: bitwise equal too.
     Buffer<float> grad_columns(RandomFloats(column_size));
     Buffer<float> grad_image(image_size);
-    cpu_.Col2Im(0, g, grad_columns.cpu(), grad_image.cpu());
-    gpu_.Col2Im(0, g, grad_columns.gpu(), grad_image.gpu());
+    cpu_.Col2Im(0, kFloat32, g, grad_columns.cpu(), grad_image.cpu());
+    gpu_.Col2Im(0, kFloat32, g, grad_columns.gpu(), grad_image.gpu());
     ExpectBitwiseEqual(grad_image.Cpu(), grad_image.Gpu(), Note("col2im " + Describe(g)));
   }
 }
@@ -661,14 +668,14 @@ TEST_F(CudaBackendTest, MaxPoolForwardAndBackward) {
     Buffer<float> input(RandomIntegerFloats(input_size, -3, 3));
     Buffer<float> output(output_size);
     Buffer<int64_t> argmax(output_size);
-    cpu_.MaxPool2d(0, g, input.cpu(), output.cpu(), argmax.cpu());
-    gpu_.MaxPool2d(0, g, input.gpu(), output.gpu(), argmax.gpu());
+    cpu_.MaxPool2d(0, kFloat32, g, input.cpu(), output.cpu(), argmax.cpu());
+    gpu_.MaxPool2d(0, kFloat32, g, input.gpu(), output.gpu(), argmax.gpu());
     ExpectBitwiseEqual(output.Cpu(), output.Gpu(), Note("max_pool2d " + Describe(g)));
     ExpectEqual(argmax.Cpu(), argmax.Gpu(), Note("max_pool2d argmax " + Describe(g)));
     Buffer<float> grad_output(RandomFloats(output_size));
     Buffer<float> grad_input(input_size);
-    cpu_.MaxPool2dBackward(0, g, grad_output.cpu(), argmax.cpu(), grad_input.cpu());
-    gpu_.MaxPool2dBackward(0, g, grad_output.gpu(), argmax.gpu(), grad_input.gpu());
+    cpu_.MaxPool2dBackward(0, kFloat32, g, grad_output.cpu(), argmax.cpu(), grad_input.cpu());
+    gpu_.MaxPool2dBackward(0, kFloat32, g, grad_output.gpu(), argmax.gpu(), grad_input.gpu());
     ExpectBitwiseEqual(grad_input.Cpu(), grad_input.Gpu(),
                        Note("max_pool2d backward " + Describe(g)));
   }
@@ -683,12 +690,12 @@ TEST_F(CudaBackendTest, GatherAndScatterAddColumns) {
     Buffer<float> src(RandomFloats(rows * cols));
     Buffer<int64_t> idx(RandomInts(rows, 0, cols - 1));
     Buffer<float> gathered(rows);
-    cpu_.GatherColumns(0, gathered.cpu(), src.cpu(), idx.cpu(), rows, cols);
-    gpu_.GatherColumns(0, gathered.gpu(), src.gpu(), idx.gpu(), rows, cols);
+    cpu_.GatherColumns(0, kFloat32, gathered.cpu(), src.cpu(), idx.cpu(), rows, cols);
+    gpu_.GatherColumns(0, kFloat32, gathered.gpu(), src.gpu(), idx.gpu(), rows, cols);
     ExpectBitwiseEqual(gathered.Cpu(), gathered.Gpu(), Note("gather " + std::to_string(rows)));
     Buffer<float> grad(RandomFloats(rows));
-    cpu_.ScatterAddColumns(0, src.cpu(), grad.cpu(), idx.cpu(), rows, cols);
-    gpu_.ScatterAddColumns(0, src.gpu(), grad.gpu(), idx.gpu(), rows, cols);
+    cpu_.ScatterAddColumns(0, kFloat32, src.cpu(), grad.cpu(), idx.cpu(), rows, cols);
+    gpu_.ScatterAddColumns(0, kFloat32, src.gpu(), grad.gpu(), idx.gpu(), rows, cols);
     ExpectBitwiseEqual(src.Cpu(), src.Gpu(), Note("scatter-add " + std::to_string(rows)));
   }
 }
@@ -702,8 +709,8 @@ TEST_F(CudaBackendTest, RandomUniformIsBitwiseTheCpus) {
     for (uint64_t offset : {0, 1, 2, 3, 7, 1 << 20}) {
       for (auto [low, high] : {std::pair<float, float>{0.0f, 1.0f}, {-3.0f, 5.0f}}) {
         Buffer<float> dst(n);
-        cpu_.RandomUniform(0, dst.cpu(), n, seed, offset, low, high);
-        gpu_.RandomUniform(0, dst.gpu(), n, seed, offset, low, high);
+        cpu_.RandomUniform(0, kFloat32, dst.cpu(), n, seed, offset, low, high);
+        gpu_.RandomUniform(0, kFloat32, dst.gpu(), n, seed, offset, low, high);
         ExpectBitwiseEqual(
             dst.Cpu(), dst.Gpu(),
             Note("uniform n=" + std::to_string(n) + " offset=" + std::to_string(offset)));
@@ -717,10 +724,377 @@ TEST_F(CudaBackendTest, RandomNormalMatchesTheCpuToAFewUlps) {
   for (int64_t n : {0, 1, 5, 1000003}) {
     for (uint64_t offset : {0, 1, 3}) {
       Buffer<float> dst(n);
-      cpu_.RandomNormal(0, dst.cpu(), n, seed, offset, 0.5f, 2.0f);
-      gpu_.RandomNormal(0, dst.gpu(), n, seed, offset, 0.5f, 2.0f);
+      cpu_.RandomNormal(0, kFloat32, dst.cpu(), n, seed, offset, 0.5f, 2.0f);
+      gpu_.RandomNormal(0, kFloat32, dst.gpu(), n, seed, offset, 0.5f, 2.0f);
       ExpectNear(dst.Cpu(), dst.Gpu(), 2e-6, 2e-6,
                  Note("normal n=" + std::to_string(n) + " offset=" + std::to_string(offset)));
+    }
+  }
+}
+
+// ---- float64 ------------------------------------------------------------------------------------
+// Every kernel in float64 against the CPU's float64. Kernels whose arithmetic is the same
+// expression on both devices (copies, elementwise arithmetic, pooling, gathers, Col2Im's
+// ordered sums) must agree bitwise; transcendental functions and reordered sums to a few ulps
+// of double.
+
+class CudaBackendFloat64Test : public CudaBackendTest {
+ protected:
+  std::vector<double> RandomDoubles(size_t n, double low = -2.0, double high = 2.0) {
+    std::uniform_real_distribution<double> dist(low, high);
+    std::vector<double> values(n);
+    for (double& v : values) v = dist(rng_);
+    return values;
+  }
+  std::vector<double> RandomIntegerDoubles(size_t n, int low, int high) {
+    std::uniform_int_distribution<int> dist(low, high);
+    std::vector<double> values(n);
+    for (double& v : values) v = dist(rng_);
+    return values;
+  }
+};
+
+TEST_F(CudaBackendFloat64Test, CopyConvertsBetweenEveryPairOfDTypes) {
+  const int64_t rows = 37, cols = 129, n = rows * cols;
+  // Values with more precision than float32 and a range past int32, so that every
+  // conversion rounds or truncates somewhere.
+  Buffer<double> doubles(RandomDoubles(n, -3e9, 3e9));
+  Buffer<float> floats(n);
+  Buffer<int64_t> ints(n);
+  cpu_.Copy(0, floats.CpuView({n}), doubles.CpuView({n}));
+  gpu_.Copy(0, floats.GpuView({n}), doubles.GpuView({n}));
+  ExpectBitwiseEqual(floats.Cpu(), floats.Gpu(), Note("float64 -> float32"));
+  cpu_.Copy(0, ints.CpuView({n}), doubles.CpuView({n}));
+  gpu_.Copy(0, ints.GpuView({n}), doubles.GpuView({n}));
+  ExpectEqual(ints.Cpu(), ints.Gpu(), Note("float64 -> int64"));
+  // Every target from every source, contiguous and transposed (the strided path).
+  for (bool transposed : {false, true}) {
+    const std::vector<int64_t> shape = {rows, cols};
+    const std::vector<int64_t> strides =
+        transposed ? std::vector<int64_t>{1, rows} : std::vector<int64_t>{};
+    const std::string how = transposed ? " (transposed)" : "";
+    Buffer<double> from_float(n), from_int(n), from_double(n);
+    cpu_.Copy(0, from_float.CpuView(shape, strides), floats.CpuView(shape));
+    gpu_.Copy(0, from_float.GpuView(shape, strides), floats.GpuView(shape));
+    ExpectBitwiseEqual(from_float.Cpu(), from_float.Gpu(), Note("float32 -> float64" + how));
+    cpu_.Copy(0, from_int.CpuView(shape, strides), ints.CpuView(shape));
+    gpu_.Copy(0, from_int.GpuView(shape, strides), ints.GpuView(shape));
+    ExpectBitwiseEqual(from_int.Cpu(), from_int.Gpu(), Note("int64 -> float64" + how));
+    cpu_.Copy(0, from_double.CpuView(shape, strides), doubles.CpuView(shape));
+    gpu_.Copy(0, from_double.GpuView(shape, strides), doubles.GpuView(shape));
+    ExpectBitwiseEqual(from_double.Cpu(), from_double.Gpu(), Note("float64 -> float64" + how));
+    Buffer<float> to_float(n);
+    Buffer<int64_t> to_int(n);
+    cpu_.Copy(0, to_float.CpuView(shape, strides), doubles.CpuView(shape));
+    gpu_.Copy(0, to_float.GpuView(shape, strides), doubles.GpuView(shape));
+    ExpectBitwiseEqual(to_float.Cpu(), to_float.Gpu(), Note("float64 -> float32" + how));
+    cpu_.Copy(0, to_int.CpuView(shape, strides), doubles.CpuView(shape));
+    gpu_.Copy(0, to_int.GpuView(shape, strides), doubles.GpuView(shape));
+    ExpectEqual(to_int.Cpu(), to_int.Gpu(), Note("float64 -> int64" + how));
+  }
+  for (double value : {0.0, -0.0, 0.1, -1e300}) {
+    Buffer<double> filled(n + 1);
+    cpu_.Fill(0, filled.CpuView({n}, {}, 1), value);
+    gpu_.Fill(0, filled.GpuView({n}, {}, 1), value);
+    ExpectBitwiseEqual(filled.Cpu(), filled.Gpu(), Note("float64 fill"));
+  }
+}
+
+TEST_F(CudaBackendFloat64Test, UnaryAndBinary) {
+  for (UnaryOp op : kAllUnary) {
+    const bool positive_only =
+        op == UnaryOp::kLog || op == UnaryOp::kSqrt || op == UnaryOp::kPowScalar;
+    for (int64_t n : {0, 1, 7, 4099}) {
+      const std::string what = Note("float64 unary op " + std::to_string(static_cast<int>(op)) +
+                                    " on " + std::to_string(n) + " elements");
+      Buffer<double> src(positive_only ? RandomDoubles(n + 1, 0.01, 5.0) : RandomDoubles(n + 1));
+      Buffer<double> dst(n + 1);
+      cpu_.Unary(0, op, dst.CpuView({n}, {}, 1), src.CpuView({n}, {}, 1), 1.5);
+      gpu_.Unary(0, op, dst.GpuView({n}, {}, 1), src.GpuView({n}, {}, 1), 1.5);
+      // CUDA's double exp/log/tanh/erf/pow and glibc's are both within an ulp or two.
+      ExpectNear(dst.Cpu(), dst.Gpu(), 1e-14, 1e-300, what);
+      const int64_t rows = n / 7, cols = 7;
+      Buffer<double> strided(n + 1);
+      cpu_.Unary(0, op, strided.CpuView({cols, rows}, {1, cols}),
+                 src.CpuView({cols, rows}, {1, cols}), -0.5);
+      gpu_.Unary(0, op, strided.GpuView({cols, rows}, {1, cols}),
+                 src.GpuView({cols, rows}, {1, cols}), -0.5);
+      ExpectNear(strided.Cpu(), strided.Gpu(), 1e-14, 1e-300, what + " (strided)");
+    }
+  }
+  // A scalar that float32 cannot hold: float64 must not round it through float.
+  Buffer<double> x(std::vector<double>{1.0, 2.0});
+  Buffer<double> y(2);
+  gpu_.Unary(0, UnaryOp::kAddScalar, y.GpuView({2}), x.GpuView({2}), 0.1);
+  EXPECT_EQ(y.Gpu(), (std::vector<double>{1.0 + 0.1, 2.0 + 0.1}));
+
+  for (BinaryOp op : kAllBinary) {
+    for (const Broadcast& broadcast : kBroadcasts) {
+      const int64_t rows = 33, cols = 65, n = rows * cols;
+      const std::string what = Note("float64 binary op " + std::to_string(static_cast<int>(op)) +
+                                    ", " + broadcast.name + " b");
+      Buffer<double> a(RandomIntegerDoubles(n, -4, 4));
+      Buffer<double> b(op == BinaryOp::kDiv ? RandomDoubles(n, 0.5, 3.0)
+                                            : RandomIntegerDoubles(n, -4, 4));
+      const std::vector<int64_t> b_strides = {broadcast.column ? 0 : cols, broadcast.row ? 0 : 1};
+      Buffer<double> dst(n);
+      cpu_.Binary(0, op, dst.CpuView({rows, cols}), a.CpuView({rows, cols}),
+                  b.CpuView({rows, cols}, b_strides));
+      gpu_.Binary(0, op, dst.GpuView({rows, cols}), a.GpuView({rows, cols}),
+                  b.GpuView({rows, cols}, b_strides));
+      ExpectBitwiseEqual(dst.Cpu(), dst.Gpu(), what);
+    }
+  }
+}
+
+TEST_F(CudaBackendFloat64Test, Reduce) {
+  const ReduceShape shapes[] = {{1, 1, 1},    {64, 10, 1},  {7, 1000, 1},
+                                {5, 7, 33},   {2, 300, 30}, {1, 300001, 1},  // one row, split
+                                {3, 5000, 5}, {0, 5, 3}};
+  for (ReduceKind op : {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kMin, ReduceKind::kArgMax,
+                        ReduceKind::kArgMin}) {
+    const bool arg = op == ReduceKind::kArgMax || op == ReduceKind::kArgMin;
+    for (const ReduceShape& s : shapes) {
+      const std::string what =
+          Note("float64 reduce op " + std::to_string(static_cast<int>(op)) + " over [" +
+               std::to_string(s.outer) + ", " + std::to_string(s.reduce) + ", " +
+               std::to_string(s.inner) + "]");
+      const int64_t n = s.outer * s.reduce * s.inner, outputs = s.outer * s.inner;
+      Buffer<double> src(op == ReduceKind::kSum ? RandomDoubles(n)
+                                                : RandomIntegerDoubles(n, -20, 20));
+      const std::vector<int64_t> in_shape = {s.outer, s.reduce, s.inner};
+      const std::vector<int64_t> out_shape = {s.outer, s.inner};
+      if (arg) {
+        Buffer<int64_t> dst(outputs);
+        cpu_.Reduce(0, op, dst.CpuView(out_shape), src.CpuView(in_shape), s.outer, s.reduce,
+                    s.inner);
+        gpu_.Reduce(0, op, dst.GpuView(out_shape), src.GpuView(in_shape), s.outer, s.reduce,
+                    s.inner);
+        ExpectEqual(dst.Cpu(), dst.Gpu(), what);
+      } else {
+        Buffer<double> dst(outputs);
+        cpu_.Reduce(0, op, dst.CpuView(out_shape), src.CpuView(in_shape), s.outer, s.reduce,
+                    s.inner);
+        gpu_.Reduce(0, op, dst.GpuView(out_shape), src.GpuView(in_shape), s.outer, s.reduce,
+                    s.inner);
+        // Double sums in different orders: rounding errors of order n * 1e-16.
+        ExpectNear(dst.Cpu(), dst.Gpu(), 1e-12, 1e-12, what);
+      }
+    }
+  }
+  // NaN wins max and argmax in float64 too.
+  std::vector<double> values = RandomDoubles(2 * 3001);
+  values[3001 + 2000] = NAN;
+  values[3001 + 2500] = NAN;
+  Buffer<double> src(values);
+  Buffer<int64_t> argmax(2);
+  cpu_.Reduce(0, ReduceKind::kArgMax, argmax.CpuView({2}), src.CpuView({2, 3001}), 2, 3001, 1);
+  gpu_.Reduce(0, ReduceKind::kArgMax, argmax.GpuView({2}), src.GpuView({2, 3001}), 2, 3001, 1);
+  ExpectEqual(argmax.Cpu(), argmax.Gpu(), Note("float64 argmax with NaN"));
+  EXPECT_EQ(argmax.Gpu()[1], 2000);
+}
+
+TEST_F(CudaBackendFloat64Test, SoftmaxAndLogSoftmax) {
+  const ReduceShape shapes[] = {{1, 1, 1}, {257, 10, 1}, {3, 2000, 1},
+                                {4, 7, 9}, {2, 100, 65}, {0, 3, 1}};
+  for (bool log : {false, true}) {
+    for (const ReduceShape& s : shapes) {
+      const std::string what =
+          Note(std::string(log ? "float64 log_softmax" : "float64 softmax") + " over [" +
+               std::to_string(s.outer) + ", " + std::to_string(s.reduce) + ", " +
+               std::to_string(s.inner) + "]");
+      const int64_t n = s.outer * s.reduce * s.inner;
+      Buffer<double> src(RandomDoubles(n, -10.0, 10.0));
+      Buffer<double> dst(n);
+      cpu_.Softmax(0, kFloat64, log, dst.cpu(), src.cpu(), s.outer, s.reduce, s.inner);
+      gpu_.Softmax(0, kFloat64, log, dst.gpu(), src.gpu(), s.outer, s.reduce, s.inner);
+      // The sums of exp() add in another order: log_sum differs by an ulp, which log_softmax's
+      // (x - max) - log_sum keeps as an absolute error where the two nearly cancel.
+      ExpectNear(dst.Cpu(), dst.Gpu(), 1e-13, 1e-14, what);
+    }
+  }
+  Buffer<int64_t> ints(4);
+  EXPECT_THROW(gpu_.Softmax(0, kInt64, false, ints.gpu(), ints.gpu(), 1, 4, 1), Error);
+}
+
+TEST_F(CudaBackendFloat64Test, GemmBatchedAndTransposed) {
+  const GemmCase cases[] = {{1, 1, 1, 1}, {33, 17, 65, 1}, {7, 9, 11, 4}, {64, 10, 300, 3}};
+  for (const GemmCase& g : cases) {
+    for (bool trans_a : {false, true}) {
+      for (bool trans_b : {false, true}) {
+        for (bool shared_a : {false, true}) {
+          const std::string what = Note(
+              "float64 gemm m=" + std::to_string(g.m) + " n=" + std::to_string(g.n) +
+              " k=" + std::to_string(g.k) + " batch=" + std::to_string(g.batch) +
+              (trans_a ? " A^T" : "") + (trans_b ? " B^T" : "") + (shared_a ? " shared A" : ""));
+          const int64_t lda = (trans_a ? g.m : g.k) + 3, ldb = (trans_b ? g.k : g.n) + 1,
+                        ldc = g.n + 2;
+          const int64_t a_rows = trans_a ? g.k : g.m, b_rows = trans_b ? g.n : g.k;
+          const int64_t stride_a = shared_a ? 0 : a_rows * lda, stride_b = b_rows * ldb,
+                        stride_c = g.m * ldc;
+          Buffer<double> a(RandomDoubles((shared_a ? 1 : g.batch) * a_rows * lda, -1.0, 1.0));
+          Buffer<double> b(RandomDoubles(g.batch * b_rows * ldb, -1.0, 1.0));
+          Buffer<double> c(RandomDoubles(g.batch * stride_c, -1.0, 1.0));
+          for (double beta : {0.0, 0.5}) {
+            Buffer<double> out(c.Cpu());
+            cpu_.Gemm(0, kFloat64, trans_a, trans_b, g.m, g.n, g.k, 1.25, a.cpu(), lda, stride_a,
+                      b.cpu(), ldb, stride_b, beta, out.cpu(), ldc, stride_c, g.batch);
+            gpu_.Gemm(0, kFloat64, trans_a, trans_b, g.m, g.n, g.k, 1.25, a.gpu(), lda, stride_a,
+                      b.gpu(), ldb, stride_b, beta, out.gpu(), ldc, stride_c, g.batch);
+            ExpectNear(out.Cpu(), out.Gpu(), 1e-13, 1e-14 * std::sqrt(static_cast<double>(g.k)),
+                       what + " beta=" + std::to_string(beta));
+          }
+        }
+      }
+    }
+  }
+  // k = 0: C = beta * C (beta = 0 clears NaN), in double.
+  std::vector<double> c_values = RandomDoubles(12);
+  c_values[5] = NAN;
+  for (double beta : {0.0, 0.1}) {
+    Buffer<double> c(c_values);
+    cpu_.Gemm(0, kFloat64, false, false, 3, 4, 0, 1.0, nullptr, 1, 0, nullptr, 4, 0, beta, c.cpu(),
+              4, 0, 1);
+    gpu_.Gemm(0, kFloat64, false, false, 3, 4, 0, 1.0, nullptr, 1, 0, nullptr, 4, 0, beta, c.gpu(),
+              4, 0, 1);
+    ExpectBitwiseEqual(c.Cpu(), c.Gpu(), Note("float64 gemm with k = 0"));
+  }
+}
+
+TEST_F(CudaBackendFloat64Test, GemmIgnoresTheTf32Switch) {
+  const int64_t m = 31, n = 29, k = 257;
+  Buffer<double> a(RandomDoubles(m * k, -1.0, 1.0));
+  Buffer<double> b(RandomDoubles(k * n, -1.0, 1.0));
+  Buffer<double> c(m * n);
+  ASSERT_FALSE(cuda::AllowTf32());
+  gpu_.Gemm(0, kFloat64, false, false, m, n, k, 1.0, a.gpu(), k, 0, b.gpu(), n, 0, 0.0, c.gpu(), n,
+            0, 1);
+  const std::vector<double> full = c.Gpu();
+  cuda::SetAllowTf32(true);
+  gpu_.Gemm(0, kFloat64, false, false, m, n, k, 1.0, a.gpu(), k, 0, b.gpu(), n, 0, 0.0, c.gpu(), n,
+            0, 1);
+  cuda::SetAllowTf32(false);
+  ExpectBitwiseEqual(full, c.Gpu(), Note("float64 gemm with TF32 allowed"));
+}
+
+TEST_F(CudaBackendFloat64Test, ConvolutionAndPooling) {
+  for (const Conv2dGeometry& g : kGeometries) {
+    const int64_t image_size = g.batch * g.channels * g.height * g.width;
+    const int64_t out_plane = g.out_h() * g.out_w();
+    const int64_t column_size = g.batch * g.channels * g.kernel_h * g.kernel_w * out_plane;
+    const int64_t output_size = g.batch * g.channels * out_plane;
+    Buffer<double> image(RandomDoubles(image_size));
+    Buffer<double> columns(column_size);
+    cpu_.Im2Col(0, kFloat64, g, image.cpu(), columns.cpu());
+    gpu_.Im2Col(0, kFloat64, g, image.gpu(), columns.gpu());
+    ExpectBitwiseEqual(columns.Cpu(), columns.Gpu(), Note("float64 im2col " + Describe(g)));
+    Buffer<double> grad_columns(RandomDoubles(column_size));
+    Buffer<double> grad_image(image_size);
+    cpu_.Col2Im(0, kFloat64, g, grad_columns.cpu(), grad_image.cpu());
+    gpu_.Col2Im(0, kFloat64, g, grad_columns.gpu(), grad_image.gpu());
+    ExpectBitwiseEqual(grad_image.Cpu(), grad_image.Gpu(), Note("float64 col2im " + Describe(g)));
+
+    if (2 * g.pad_h > g.kernel_h || 2 * g.pad_w > g.kernel_w) continue;
+    Buffer<double> input(RandomIntegerDoubles(image_size, -3, 3));  // ties
+    Buffer<double> output(output_size);
+    Buffer<int64_t> argmax(output_size);
+    cpu_.MaxPool2d(0, kFloat64, g, input.cpu(), output.cpu(), argmax.cpu());
+    gpu_.MaxPool2d(0, kFloat64, g, input.gpu(), output.gpu(), argmax.gpu());
+    ExpectBitwiseEqual(output.Cpu(), output.Gpu(), Note("float64 max_pool2d " + Describe(g)));
+    ExpectEqual(argmax.Cpu(), argmax.Gpu(), Note("float64 max_pool2d argmax " + Describe(g)));
+    Buffer<double> grad_output(RandomDoubles(output_size));
+    Buffer<double> grad_input(image_size);
+    cpu_.MaxPool2dBackward(0, kFloat64, g, grad_output.cpu(), argmax.cpu(), grad_input.cpu());
+    gpu_.MaxPool2dBackward(0, kFloat64, g, grad_output.gpu(), argmax.gpu(), grad_input.gpu());
+    ExpectBitwiseEqual(grad_input.Cpu(), grad_input.Gpu(),
+                       Note("float64 max_pool2d backward " + Describe(g)));
+
+    for (bool count_include_pad : {false, true}) {
+      const std::string how = count_include_pad ? " counting padding" : "";
+      Buffer<double> averaged(output_size);
+      cpu_.AvgPool2d(0, kFloat64, g, count_include_pad, image.cpu(), averaged.cpu());
+      gpu_.AvgPool2d(0, kFloat64, g, count_include_pad, image.gpu(), averaged.gpu());
+      ExpectBitwiseEqual(averaged.Cpu(), averaged.Gpu(),
+                         Note("float64 avg_pool2d " + Describe(g) + how));
+      Buffer<double> avg_grad(image_size);
+      cpu_.AvgPool2dBackward(0, kFloat64, g, count_include_pad, grad_output.cpu(), avg_grad.cpu());
+      gpu_.AvgPool2dBackward(0, kFloat64, g, count_include_pad, grad_output.gpu(), avg_grad.gpu());
+      ExpectBitwiseEqual(avg_grad.Cpu(), avg_grad.Gpu(),
+                         Note("float64 avg_pool2d backward " + Describe(g) + how));
+    }
+  }
+  // Adaptive pooling, windows that overlap (7 -> 3) and that do not (8 -> 4), and upsampling.
+  for (auto [in, out] : {std::pair<int64_t, int64_t>{7, 3}, {8, 4}, {3, 5}}) {
+    const int64_t planes = 6;
+    Buffer<double> input(RandomDoubles(planes * in * in));
+    Buffer<double> output(planes * out * out);
+    cpu_.AdaptiveAvgPool2d(0, kFloat64, planes, in, in, out, out, input.cpu(), output.cpu());
+    gpu_.AdaptiveAvgPool2d(0, kFloat64, planes, in, in, out, out, input.gpu(), output.gpu());
+    const std::string what = std::to_string(in) + " -> " + std::to_string(out);
+    ExpectBitwiseEqual(output.Cpu(), output.Gpu(), Note("float64 adaptive_avg_pool2d " + what));
+    Buffer<double> grad_output(RandomDoubles(planes * out * out));
+    Buffer<double> grad_input(planes * in * in);
+    cpu_.AdaptiveAvgPool2dBackward(0, kFloat64, planes, in, in, out, out, grad_output.cpu(),
+                                   grad_input.cpu());
+    gpu_.AdaptiveAvgPool2dBackward(0, kFloat64, planes, in, in, out, out, grad_output.gpu(),
+                                   grad_input.gpu());
+    ExpectBitwiseEqual(grad_input.Cpu(), grad_input.Gpu(),
+                       Note("float64 adaptive_avg_pool2d backward " + what));
+  }
+}
+
+TEST_F(CudaBackendFloat64Test, GatherAndScatterAdd) {
+  for (int64_t rows : {0, 1, 1001}) {
+    const int64_t cols = 17;
+    Buffer<double> src(RandomDoubles(rows * cols));
+    Buffer<int64_t> idx(RandomInts(rows, 0, cols - 1));
+    Buffer<double> gathered(rows);
+    cpu_.GatherColumns(0, kFloat64, gathered.cpu(), src.cpu(), idx.cpu(), rows, cols);
+    gpu_.GatherColumns(0, kFloat64, gathered.gpu(), src.gpu(), idx.gpu(), rows, cols);
+    ExpectBitwiseEqual(gathered.Cpu(), gathered.Gpu(), Note("float64 gather columns"));
+    Buffer<double> grad(RandomDoubles(rows));
+    cpu_.ScatterAddColumns(0, kFloat64, src.cpu(), grad.cpu(), idx.cpu(), rows, cols);
+    gpu_.ScatterAddColumns(0, kFloat64, src.gpu(), grad.gpu(), idx.gpu(), rows, cols);
+    ExpectBitwiseEqual(src.Cpu(), src.Gpu(), Note("float64 scatter-add columns"));
+  }
+  // torch.gather over the middle axis with repeated indices (they accumulate on scatter).
+  const int64_t outer = 3, src_dim = 5, idx_dim = 7, inner = 11;
+  Buffer<double> src(RandomDoubles(outer * src_dim * inner));
+  Buffer<int64_t> idx(RandomInts(outer * idx_dim * inner, 0, src_dim - 1));
+  Buffer<double> gathered(outer * idx_dim * inner);
+  cpu_.Gather(0, kFloat64, gathered.cpu(), src.cpu(), idx.cpu(), outer, src_dim, idx_dim, inner);
+  gpu_.Gather(0, kFloat64, gathered.gpu(), src.gpu(), idx.gpu(), outer, src_dim, idx_dim, inner);
+  ExpectBitwiseEqual(gathered.Cpu(), gathered.Gpu(), Note("float64 gather"));
+  Buffer<double> grad(RandomDoubles(outer * idx_dim * inner));
+  cpu_.ScatterAdd(0, kFloat64, src.cpu(), grad.cpu(), idx.cpu(), outer, src_dim, idx_dim, inner);
+  gpu_.ScatterAdd(0, kFloat64, src.gpu(), grad.gpu(), idx.gpu(), outer, src_dim, idx_dim, inner);
+  ExpectBitwiseEqual(src.Cpu(), src.Gpu(), Note("float64 scatter-add"));
+}
+
+// Note [Random float64]: the float32 numbers, widened.
+TEST_F(CudaBackendFloat64Test, RandomNumbersAreTheFloat32OnesWidened) {
+  const uint64_t seed = rng_();
+  for (int64_t n : {0, 1, 5, 10007}) {
+    for (uint64_t offset : {0, 1, 3}) {
+      const std::string what = " n=" + std::to_string(n) + " offset=" + std::to_string(offset);
+      Buffer<float> narrow(n);
+      Buffer<double> wide(n);
+      gpu_.RandomUniform(0, kFloat32, narrow.gpu(), n, seed, offset, -3.0, 5.0);
+      gpu_.RandomUniform(0, kFloat64, wide.gpu(), n, seed, offset, -3.0, 5.0);
+      cpu_.RandomUniform(0, kFloat64, wide.cpu(), n, seed, offset, -3.0, 5.0);
+      const std::vector<float> narrow_values = narrow.Gpu();
+      const std::vector<double> widened(narrow_values.begin(), narrow_values.end());
+      ExpectBitwiseEqual(widened, wide.Gpu(), Note("float64 uniform vs float32" + what));
+      ExpectBitwiseEqual(wide.Cpu(), wide.Gpu(), Note("float64 uniform vs the cpu" + what));
+
+      gpu_.RandomNormal(0, kFloat32, narrow.gpu(), n, seed, offset, 0.5, 2.0);
+      gpu_.RandomNormal(0, kFloat64, wide.gpu(), n, seed, offset, 0.5, 2.0);
+      cpu_.RandomNormal(0, kFloat64, wide.cpu(), n, seed, offset, 0.5, 2.0);
+      const std::vector<float> normal_values = narrow.Gpu();
+      const std::vector<double> widened_normal(normal_values.begin(), normal_values.end());
+      ExpectBitwiseEqual(widened_normal, wide.Gpu(), Note("float64 normal vs float32" + what));
+      // logf/cosf of CUDA and glibc differ in the last bits of the float32 result.
+      ExpectNear(wide.Cpu(), wide.Gpu(), 2e-6, 2e-6, Note("float64 normal vs the cpu" + what));
     }
   }
 }

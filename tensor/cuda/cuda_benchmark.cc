@@ -94,8 +94,8 @@ struct GemmOperands {
     a = DeviceBuffer(bytes);
     b = DeviceBuffer(bytes);
     c = DeviceBuffer(bytes);
-    backend.RandomUniform(kDevice, static_cast<float*>(a.get()), n * n, 1, 0, -1.0f, 1.0f);
-    backend.RandomUniform(kDevice, static_cast<float*>(b.get()), n * n, 2, 0, -1.0f, 1.0f);
+    backend.RandomUniform(kDevice, kFloat32, a.get(), n * n, 1, 0, -1.0, 1.0);
+    backend.RandomUniform(kDevice, kFloat32, b.get(), n * n, 2, 0, -1.0, 1.0);
   }
   const float* A() const { return static_cast<const float*>(a.get()); }
   const float* B() const { return static_cast<const float*>(b.get()); }
@@ -111,8 +111,8 @@ void BM_CudaSgemmBackend(benchmark::State& state) {
   Backend& backend = GetBackend(DeviceType::kCUDA);
   GemmOperands operands(n);
   auto gemm = [&] {
-    backend.Gemm(kDevice, false, false, n, n, n, 1.0f, operands.A(), n, 0, operands.B(), n, 0, 0.0f,
-                 operands.C(), n, 0, 1);
+    backend.Gemm(kDevice, kFloat32, false, false, n, n, n, 1.0, operands.A(), n, 0, operands.B(), n,
+                 0, 0.0, operands.C(), n, 0, 1);
   };
   TimeOnStream(state, gemm);
   SetRate(state, "TFLOP/s", 2.0 * n * n * n * 1e-12);

@@ -169,5 +169,75 @@ TEST_F(CudaTensorTest, MemoryStatisticsFollowTensors) {
   EXPECT_EQ(GetMemoryStats(kCuda).in_use_bytes, before);
 }
 
+// ---- float64 ------------------------------------------------------------------------------------
+
+// Float64 leaves of float32 `t` on `device`: the float32 values widened, so that the two runs
+// start from the same numbers.
+Tensor Leaf64(const Tensor& t, Device device) { return Leaf(t.to(kFloat64), device); }
+
+TEST_F(CudaTensorTest, Float64MlpForwardAndBackwardMatchTheCpu) {
+  Generator gen(17);
+  const Tensor x = randn({37, 20}, {}, &gen).to(kFloat64);
+  const Tensor targets = from_vector(std::vector<int64_t>(37, 2), {37}, kInt64);
+  const Tensor w1 = randn({16, 20}, {}, &gen) * 0.3, b1 = randn({16}, {}, &gen) * 0.1;
+  const Tensor w2 = randn({5, 16}, {}, &gen) * 0.3, b2 = randn({5}, {}, &gen) * 0.1;
+
+  std::vector<Tensor> grads[2];
+  Tensor losses[2];
+  for (int run = 0; run < 2; ++run) {
+    const Device device = run == 0 ? kCpu : kCuda;
+    std::vector<Tensor> params = {Leaf64(w1, device), Leaf64(b1, device), Leaf64(w2, device),
+                                  Leaf64(b2, device)};
+    const Tensor hidden = tanh(linear(x.to(device), params[0], params[1]));
+    const Tensor logits = linear(relu(hidden) + sigmoid(hidden), params[2], params[3]);
+    losses[run] = cross_entropy(logits, targets.to(device));
+    EXPECT_EQ(losses[run].dtype(), kFloat64);
+    EXPECT_EQ(losses[run].device(), device);
+    losses[run].backward();
+    for (const Tensor& p : params) grads[run].push_back(p.grad());
+  }
+  // Both devices compute in double: only the order of sums (GEMM, reductions) differs.
+  ExpectClose(losses[0], losses[1], 1e-10, 1e-10, "float64 loss");
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    EXPECT_EQ(grads[1][i].device(), kCuda);
+    EXPECT_EQ(grads[1][i].dtype(), kFloat64);
+    ExpectClose(grads[0][i], grads[1][i], 1e-10, 1e-10, "float64 gradient " + std::to_string(i));
+  }
+}
+
+TEST_F(CudaTensorTest, Float64ConvNetForwardAndBackwardMatchTheCpu) {
+  Generator gen(23);
+  const Tensor images = randn({3, 2, 12, 12}, {}, &gen).to(kFloat64);
+  const Tensor targets = from_vector(std::vector<int64_t>{1, 4, 0}, {3}, kInt64);
+  const Tensor conv_w = randn({4, 2, 3, 3}, {}, &gen) * 0.3, conv_b = randn({4}, {}, &gen) * 0.1;
+  const Tensor fc_w = randn({5, 4 * 3 * 3}, {}, &gen) * 0.1, fc_b = randn({5}, {}, &gen) * 0.1;
+
+  std::vector<Tensor> grads[2];
+  Tensor losses[2];
+  for (int run = 0; run < 2; ++run) {
+    const Device device = run == 0 ? kCpu : kCuda;
+    std::vector<Tensor> params = {Leaf64(conv_w, device), Leaf64(conv_b, device),
+                                  Leaf64(fc_w, device), Leaf64(fc_b, device)};
+    const Tensor conv = relu(conv2d(images.to(device), params[0], params[1], {1, 1}, {1, 1}));
+    const Tensor pooled = adaptive_avg_pool2d(max_pool2d(conv, {2, 2}), {3, 3});
+    const Tensor logits = linear(pooled.flatten(1), params[2], params[3]);
+    losses[run] = cross_entropy(logits, targets.to(device));
+    losses[run].backward();
+    for (const Tensor& p : params) grads[run].push_back(p.grad());
+  }
+  ExpectClose(losses[0], losses[1], 1e-10, 1e-10, "float64 loss");
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    ExpectClose(grads[0][i], grads[1][i], 1e-10, 1e-10, "float64 gradient " + std::to_string(i));
+  }
+}
+
+TEST_F(CudaTensorTest, Float64RandomNumbersAreTheFloat32OnesWidened) {
+  Generator float_gen(99), double_gen(99);
+  const Tensor narrow = rand({1001}, kCuda, &float_gen);
+  const Tensor wide = rand({1001}, TensorOptions(kFloat64).device(kCuda), &double_gen);
+  EXPECT_EQ(wide.dtype(), kFloat64);
+  EXPECT_EQ(narrow.to(kFloat64).to_vector<double>(), wide.to_vector<double>());  // bitwise
+}
+
 }  // namespace
 }  // namespace tandem

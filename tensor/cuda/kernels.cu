@@ -25,9 +25,9 @@
 #include "tensor/cuda/kernels.h"
 #include "tensor/base/error.h"
 #include "tensor/kernels/internal/elementwise_math.h"
-#include "tensor/base/philox.h"
 #include "tensor/kernels/internal/pooling_math.h"
 #include "tensor/kernels/internal/strided_layout.h"
+#include "tensor/base/philox.h"
 
 namespace tandem {
 namespace cuda {
@@ -345,7 +345,8 @@ __device__ __forceinline__ Partial<Acc> Identity(ReduceKind op) {
 // (min) value wins, and among equals (or NaNs) the smaller index wins. The result is the
 // same however the elements are split between lanes, warps and passes.
 template <typename Acc>
-__device__ __forceinline__ void Combine(ReduceKind op, Partial<Acc>& best, Acc value, int64_t index) {
+__device__ __forceinline__ void Combine(ReduceKind op, Partial<Acc>& best, Acc value,
+                                        int64_t index) {
   if (op == ReduceKind::kSum) {
     best.value += value;
     return;
@@ -378,9 +379,9 @@ __device__ __forceinline__ void WarpCombine(ReduceKind op, Partial<Acc>& partial
 
 // One warp per (row, split) of a [rows, reduce] input (inner == 1).
 template <typename In, typename Acc, typename Out>
-__global__ void ReduceRowsKernel(ReduceKind op, const In* src, const int64_t* src_index, int64_t rows,
-                                 int64_t reduce, int64_t splits, int64_t chunk, Out* dst_value,
-                                 int64_t* dst_index) {
+__global__ void ReduceRowsKernel(ReduceKind op, const In* src, const int64_t* src_index,
+                                 int64_t rows, int64_t reduce, int64_t splits, int64_t chunk,
+                                 Out* dst_value, int64_t* dst_index) {
   const int lane = threadIdx.x % kWarpSize;
   const int64_t warps = GridThreads() / kWarpSize;
   for (int64_t item = GlobalThread() / kWarpSize; item < rows * splits; item += warps) {
@@ -431,9 +432,9 @@ bool UseWarpPerOutput(int64_t reduce, int64_t inner) { return inner == 1 && redu
 // splits, inner] values and/or indices. With src_index, the index of element r is
 // src_index[...] (the second pass of a split reduction), else r itself.
 template <typename In, typename Acc, typename Out>
-void ReducePass(const LaunchContext& context, ReduceKind op, const In* src, const int64_t* src_index,
-                int64_t outer, int64_t reduce, int64_t inner, int64_t splits, int64_t chunk,
-                Out* dst_value, int64_t* dst_index) {
+void ReducePass(const LaunchContext& context, ReduceKind op, const In* src,
+                const int64_t* src_index, int64_t outer, int64_t reduce, int64_t inner,
+                int64_t splits, int64_t chunk, Out* dst_value, int64_t* dst_index) {
   if (UseWarpPerOutput(reduce, inner)) {
     const int64_t threads = outer * splits * kWarpSize;
     ReduceRowsKernel<In, Acc, Out><<<GridFor(context, threads), kThreads, 0, context.stream>>>(
@@ -458,8 +459,8 @@ int64_t ChooseSplits(const LaunchContext& context, int64_t outputs, int64_t redu
 }
 
 template <typename In, typename Acc>
-void ReduceTyped(const LaunchContext& context, ReduceKind op, void* dst, const In* src, int64_t outer,
-                 int64_t reduce, int64_t inner) {
+void ReduceTyped(const LaunchContext& context, ReduceKind op, void* dst, const In* src,
+                 int64_t outer, int64_t reduce, int64_t inner) {
   const bool arg = op == ReduceKind::kArgMax || op == ReduceKind::kArgMin;
   In* dst_value = arg ? nullptr : static_cast<In*>(dst);
   int64_t* dst_index = arg ? static_cast<int64_t*>(dst) : nullptr;
@@ -491,14 +492,16 @@ void ReduceTyped(const LaunchContext& context, ReduceKind op, void* dst, const I
 // both compute the same expression. A row is read three times, but from L1/L2 after the
 // first, so the kernel stays close to one read and one write of the tensor.
 
-__device__ __forceinline__ float MaxPropagatingNan(float a, float b) {
+template <typename T>
+__device__ __forceinline__ T MaxPropagatingNan(T a, T b) {
   return (isnan(a) || a > b) ? a : b;
 }
 
 // Block-wide reductions through one shared slot per warp. Every thread gets the result.
-__device__ float BlockMax(float value) {
-  __shared__ float warp_results[kWarpSize];
-  __shared__ float result;
+template <typename T>
+__device__ T BlockMax(T value) {
+  __shared__ T warp_results[kWarpSize];
+  __shared__ T result;
   for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
     value = MaxPropagatingNan(value, __shfl_down_sync(kFullMask, value, offset));
   }
@@ -507,7 +510,7 @@ __device__ float BlockMax(float value) {
   __syncthreads();
   if (warp == 0) {
     const int warps = blockDim.x / kWarpSize;
-    value = lane < warps ? warp_results[lane] : -INFINITY;
+    value = lane < warps ? warp_results[lane] : T(-INFINITY);
     for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
       value = MaxPropagatingNan(value, __shfl_down_sync(kFullMask, value, offset));
     }
@@ -540,47 +543,50 @@ __device__ double BlockSum(double value) {
 
 // One block per row of a [rows, dim] input (inner == 1); the block's threads stride along
 // the row so that their reads coalesce. blockDim.x is a multiple of 32.
-__global__ void SoftmaxRowsKernel(bool log, float* dst, const float* src, int64_t rows,
-                                  int64_t dim) {
+template <typename T>
+__global__ void SoftmaxRowsKernel(bool log, T* dst, const T* src, int64_t rows, int64_t dim) {
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const float* x = src + row * dim;
-    float* y = dst + row * dim;
-    float max_value = -INFINITY;
+    const T* x = src + row * dim;
+    T* y = dst + row * dim;
+    T max_value = -INFINITY;
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
       max_value = MaxPropagatingNan(x[j], max_value);
     }
     max_value = BlockMax(max_value);
     double sum = 0.0;
-    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) sum += expf(x[j] - max_value);
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) sum += math::Exp(x[j] - max_value);
     sum = BlockSum(sum);
     if (log) {
-      const float log_sum = static_cast<float>(::log(sum));
+      const T log_sum = static_cast<T>(::log(sum));
       for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) y[j] = (x[j] - max_value) - log_sum;
     } else {
-      const float scale = static_cast<float>(1.0 / sum);
-      for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) y[j] = expf(x[j] - max_value) * scale;
+      const T scale = static_cast<T>(1.0 / sum);
+      for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
+        y[j] = math::Exp(x[j] - max_value) * scale;
+      }
     }
   }
 }
 
 // One thread per (outer, inner) column of an [outer, dim, inner] input: neighbouring
 // threads read neighbouring columns, so every step along `dim` is one coalesced load.
-__global__ void SoftmaxColumnsKernel(bool log, float* dst, const float* src, int64_t outer,
-                                     int64_t dim, int64_t inner) {
+template <typename T>
+__global__ void SoftmaxColumnsKernel(bool log, T* dst, const T* src, int64_t outer, int64_t dim,
+                                     int64_t inner) {
   for (int64_t item = GlobalThread(); item < outer * inner; item += GridThreads()) {
     const int64_t start = (item / inner) * dim * inner + item % inner;
-    const float* x = src + start;
-    float* y = dst + start;
-    float max_value = -INFINITY;
+    const T* x = src + start;
+    T* y = dst + start;
+    T max_value = -INFINITY;
     for (int64_t j = 0; j < dim; ++j) max_value = MaxPropagatingNan(x[j * inner], max_value);
     double sum = 0.0;
-    for (int64_t j = 0; j < dim; ++j) sum += expf(x[j * inner] - max_value);
+    for (int64_t j = 0; j < dim; ++j) sum += math::Exp(x[j * inner] - max_value);
     if (log) {
-      const float log_sum = static_cast<float>(::log(sum));
+      const T log_sum = static_cast<T>(::log(sum));
       for (int64_t j = 0; j < dim; ++j) y[j * inner] = (x[j * inner] - max_value) - log_sum;
     } else {
-      const float scale = static_cast<float>(1.0 / sum);
-      for (int64_t j = 0; j < dim; ++j) y[j * inner] = expf(x[j * inner] - max_value) * scale;
+      const T scale = static_cast<T>(1.0 / sum);
+      for (int64_t j = 0; j < dim; ++j) y[j * inner] = math::Exp(x[j * inner] - max_value) * scale;
     }
   }
 }
@@ -589,12 +595,13 @@ __global__ void SoftmaxColumnsKernel(bool log, float* dst, const float* src, int
 
 // C = beta * C over `batch` strided m x n matrices; beta == 0 writes zeros (BLAS semantics:
 // C is not read, so NaN in C does not survive).
-__global__ void ScaleMatricesKernel(float beta, float* c, int64_t m, int64_t n, int64_t ldc,
+template <typename T>
+__global__ void ScaleMatricesKernel(T beta, T* c, int64_t m, int64_t n, int64_t ldc,
                                     int64_t stride_c, int64_t batch) {
   for (int64_t i = GlobalThread(); i < batch * m * n; i += GridThreads()) {
     const int64_t column = i % n, row = (i / n) % m, matrix = i / (m * n);
-    float& element = c[matrix * stride_c + row * ldc + column];
-    element = beta == 0.0f ? 0.0f : element * beta;
+    T& element = c[matrix * stride_c + row * ldc + column];
+    element = beta == T(0) ? T(0) : element * beta;
   }
 }
 
@@ -603,23 +610,24 @@ __global__ void ScaleMatricesKernel(float beta, float* c, int64_t m, int64_t n, 
 // One thread per (image plane, output position), looping over the kernel window: the
 // index arithmetic is paid once per window, and for each (ky, kx) neighbouring threads write
 // neighbouring column elements.
-__global__ void Im2ColKernel(Conv2dGeometry g, int64_t out_h, int64_t out_w, const float* image,
-                             float* columns) {
+template <typename T>
+__global__ void Im2ColKernel(Conv2dGeometry g, int64_t out_h, int64_t out_w, const T* image,
+                             T* columns) {
   const int64_t out_plane = out_h * out_w;
   const int64_t total = g.batch * g.channels * out_plane;
   for (int64_t i = GlobalThread(); i < total; i += GridThreads()) {
     const int64_t plane = i / out_plane;  // b * channels + c
     const int64_t oy = (i % out_plane) / out_w, ox = i % out_w;
-    const float* in = image + plane * g.height * g.width;
-    float* out = columns + g.columns_start(plane / g.channels, plane % g.channels, out_plane) +
-                 oy * out_w + ox;
+    const T* in = image + plane * g.height * g.width;
+    T* out = columns + g.columns_start(plane / g.channels, plane % g.channels, out_plane) +
+             oy * out_w + ox;
     const int64_t tap_stride = g.columns_tap_stride(out_plane);
     for (int64_t ky = 0; ky < g.kernel_h; ++ky) {
       const int64_t y = oy * g.stride_h - g.pad_h + ky * g.dilation_h;
       for (int64_t kx = 0; kx < g.kernel_w; ++kx) {
         const int64_t x = ox * g.stride_w - g.pad_w + kx * g.dilation_w;
         const bool inside = y >= 0 && y < g.height && x >= 0 && x < g.width;
-        out[(ky * g.kernel_w + kx) * tap_stride] = inside ? in[y * g.width + x] : 0.0f;
+        out[(ky * g.kernel_w + kx) * tap_stride] = inside ? in[y * g.width + x] : T(0);
       }
     }
   }
@@ -627,17 +635,18 @@ __global__ void Im2ColKernel(Conv2dGeometry g, int64_t out_h, int64_t out_w, con
 
 // One thread per image element, gathering the column entries that came from it, in the
 // order the CPU adds them (ky, then kx): no atomics, and the result is bitwise the CPU's.
-__global__ void Col2ImKernel(Conv2dGeometry g, int64_t out_h, int64_t out_w, const float* columns,
-                             float* image) {
+template <typename T>
+__global__ void Col2ImKernel(Conv2dGeometry g, int64_t out_h, int64_t out_w, const T* columns,
+                             T* image) {
   const int64_t plane_size = g.height * g.width;
   const int64_t out_plane = out_h * out_w;
   const int64_t total = g.batch * g.channels * plane_size;
   for (int64_t i = GlobalThread(); i < total; i += GridThreads()) {
     const int64_t plane = i / plane_size;
     const int64_t y = (i % plane_size) / g.width, x = i % g.width;
-    const float* in = columns + g.columns_start(plane / g.channels, plane % g.channels, out_plane);
+    const T* in = columns + g.columns_start(plane / g.channels, plane % g.channels, out_plane);
     const int64_t tap_stride = g.columns_tap_stride(out_plane);
-    float sum = 0.0f;
+    T sum = T(0);
     for (int64_t ky = 0; ky < g.kernel_h; ++ky) {
       const int64_t oy_scaled = y + g.pad_h - ky * g.dilation_h;  // oy * stride_h when paired
       if (oy_scaled < 0 || oy_scaled % g.stride_h != 0 || oy_scaled / g.stride_h >= out_h) {
@@ -657,26 +666,28 @@ __global__ void Col2ImKernel(Conv2dGeometry g, int64_t out_h, int64_t out_w, con
   }
 }
 
-__device__ __forceinline__ bool ReplacesMax(float candidate, float best) {
+template <typename T>
+__device__ __forceinline__ bool ReplacesMax(T candidate, T best) {
   if (isnan(candidate)) return !isnan(best);
   return candidate > best;
 }
 
 // One thread per output element; the window scan is the CPU's, element for element.
-__global__ void MaxPool2dKernel(Conv2dGeometry g, int64_t out_h, int64_t out_w, const float* input,
-                                float* output, int64_t* argmax) {
+template <typename T>
+__global__ void MaxPool2dKernel(Conv2dGeometry g, int64_t out_h, int64_t out_w, const T* input,
+                                T* output, int64_t* argmax) {
   const int64_t out_plane = out_h * out_w;
   const int64_t total = g.batch * g.channels * out_plane;
   for (int64_t i = GlobalThread(); i < total; i += GridThreads()) {
     const int64_t plane = i / out_plane;
     const int64_t oy = (i % out_plane) / out_w, ox = i % out_w;
-    const float* in = input + plane * g.height * g.width;
+    const T* in = input + plane * g.height * g.width;
     const int64_t y0 = max(oy * g.stride_h - g.pad_h, int64_t{0});
     const int64_t y1 = min(oy * g.stride_h - g.pad_h + g.kernel_h, g.height);
     const int64_t x0 = max(ox * g.stride_w - g.pad_w, int64_t{0});
     const int64_t x1 = min(ox * g.stride_w - g.pad_w + g.kernel_w, g.width);
     int64_t best_at = y0 * g.width + x0;
-    float best = in[best_at];
+    T best = in[best_at];
     for (int64_t y = y0; y < y1; ++y) {
       for (int64_t x = x0; x < x1; ++x) {
         const int64_t at = y * g.width + x;
@@ -695,9 +706,10 @@ __global__ void MaxPool2dKernel(Conv2dGeometry g, int64_t out_h, int64_t out_w, 
 // it and chose it. A gather rather than atomicAdd scatters: deterministic, no separate
 // zeroing pass, and it adds in the CPU's order (ascending output index), so the result is
 // bitwise the CPU's even where windows overlap.
+template <typename T>
 __global__ void MaxPool2dBackwardKernel(Conv2dGeometry g, int64_t out_h, int64_t out_w,
-                                        const float* grad_output, const int64_t* argmax,
-                                        float* grad_input) {
+                                        const T* grad_output, const int64_t* argmax,
+                                        T* grad_input) {
   const int64_t plane_size = g.height * g.width;
   const int64_t out_plane = out_h * out_w;
   const int64_t total = g.batch * g.channels * plane_size;
@@ -713,8 +725,8 @@ __global__ void MaxPool2dBackwardKernel(Conv2dGeometry g, int64_t out_h, int64_t
         x + g.pad_w < g.kernel_w ? 0 : (x + g.pad_w - g.kernel_w) / g.stride_w + 1;
     const int64_t ox_end = min((x + g.pad_w) / g.stride_w + 1, out_w);
     const int64_t* chosen = argmax + plane * out_plane;
-    const float* grad = grad_output + plane * out_plane;
-    float sum = 0.0f;
+    const T* grad = grad_output + plane * out_plane;
+    T sum = T(0);
     for (int64_t oy = oy_begin; oy < oy_end; ++oy) {
       for (int64_t ox = ox_begin; ox < ox_end; ++ox) {
         const int64_t o = oy * out_w + ox;
@@ -727,8 +739,9 @@ __global__ void MaxPool2dBackwardKernel(Conv2dGeometry g, int64_t out_h, int64_t
 
 // Average pooling: one thread per output element (forward) or input element (backward, a
 // gather), computing exactly what the CPU computes (tensor/kernels/internal/pooling_math.h).
+template <typename T>
 __global__ void AvgPool2dKernel(Conv2dGeometry g, bool count_include_pad, int64_t out_h,
-                                int64_t out_w, const float* input, float* output) {
+                                int64_t out_w, const T* input, T* output) {
   const int64_t out_plane = out_h * out_w;
   const int64_t total = g.batch * g.channels * out_plane;
   for (int64_t i = GlobalThread(); i < total; i += GridThreads()) {
@@ -738,9 +751,9 @@ __global__ void AvgPool2dKernel(Conv2dGeometry g, bool count_include_pad, int64_
   }
 }
 
+template <typename T>
 __global__ void AvgPool2dBackwardKernel(Conv2dGeometry g, bool count_include_pad, int64_t out_h,
-                                        int64_t out_w, const float* grad_output,
-                                        float* grad_input) {
+                                        int64_t out_w, const T* grad_output, T* grad_input) {
   const int64_t plane_size = g.height * g.width;
   const int64_t total = g.batch * g.channels * plane_size;
   for (int64_t i = GlobalThread(); i < total; i += GridThreads()) {
@@ -751,9 +764,9 @@ __global__ void AvgPool2dBackwardKernel(Conv2dGeometry g, bool count_include_pad
   }
 }
 
+template <typename T>
 __global__ void AdaptiveAvgPool2dKernel(int64_t planes, int64_t height, int64_t width,
-                                        int64_t out_h, int64_t out_w, const float* input,
-                                        float* output) {
+                                        int64_t out_h, int64_t out_w, const T* input, T* output) {
   const int64_t out_plane = out_h * out_w;
   const int64_t total = planes * out_plane;
   for (int64_t i = GlobalThread(); i < total; i += GridThreads()) {
@@ -764,9 +777,10 @@ __global__ void AdaptiveAvgPool2dKernel(int64_t planes, int64_t height, int64_t 
   }
 }
 
+template <typename T>
 __global__ void AdaptiveAvgPool2dBackwardKernel(int64_t planes, int64_t height, int64_t width,
-                                                int64_t out_h, int64_t out_w,
-                                                const float* grad_output, float* grad_input) {
+                                                int64_t out_h, int64_t out_w, const T* grad_output,
+                                                T* grad_input) {
   const int64_t plane_size = height * width;
   const int64_t total = planes * plane_size;
   for (int64_t i = GlobalThread(); i < total; i += GridThreads()) {
@@ -779,20 +793,23 @@ __global__ void AdaptiveAvgPool2dBackwardKernel(int64_t planes, int64_t height, 
 
 // ---- Gather / scatter of one column per row -------------------------------------------------
 
-__global__ void GatherColumnsKernel(float* dst, const float* src, const int64_t* idx, int64_t rows,
+template <typename T>
+__global__ void GatherColumnsKernel(T* dst, const T* src, const int64_t* idx, int64_t rows,
                                     int64_t cols) {
   for (int64_t r = GlobalThread(); r < rows; r += GridThreads()) dst[r] = src[r * cols + idx[r]];
 }
 
 // Row r only ever touches row r of dst, so threads never collide: a plain read-modify-write
 // is race-free and, unlike atomicAdd, deterministic.
-__global__ void ScatterAddColumnsKernel(float* dst, const float* src, const int64_t* idx,
-                                        int64_t rows, int64_t cols) {
+template <typename T>
+__global__ void ScatterAddColumnsKernel(T* dst, const T* src, const int64_t* idx, int64_t rows,
+                                        int64_t cols) {
   for (int64_t r = GlobalThread(); r < rows; r += GridThreads()) dst[r * cols + idx[r]] += src[r];
 }
 
 // torch.gather over the middle axis: one thread per output element.
-__global__ void GatherKernel(float* dst, const float* src, const int64_t* idx, int64_t outer,
+template <typename T>
+__global__ void GatherKernel(T* dst, const T* src, const int64_t* idx, int64_t outer,
                              int64_t src_dim, int64_t idx_dim, int64_t inner) {
   const int64_t n = outer * idx_dim * inner;
   for (int64_t e = GlobalThread(); e < n; e += GridThreads()) {
@@ -803,7 +820,8 @@ __global__ void GatherKernel(float* dst, const float* src, const int64_t* idx, i
 
 // One thread per column (o, i) of dst, adding in j order like the CPU: no collisions, no
 // atomics, the same result.
-__global__ void ScatterAddKernel(float* dst, const float* src, const int64_t* idx, int64_t outer,
+template <typename T>
+__global__ void ScatterAddKernel(T* dst, const T* src, const int64_t* idx, int64_t outer,
                                  int64_t dst_dim, int64_t idx_dim, int64_t inner) {
   const int64_t columns = outer * inner;
   for (int64_t column = GlobalThread(); column < columns; column += GridThreads()) {
@@ -820,9 +838,11 @@ __global__ void ScatterAddKernel(float* dst, const float* src, const int64_t* id
 // one Philox block — 4 counters for uniforms, 2 for normals — and writes the elements of
 // the request that fall in it, so a block is generated once and the output is the same
 // whatever the grid. __fmul_rn/__fadd_rn keep nvcc from fusing a * b + c into an FMA,
-// whose single rounding would differ from the CPU's two.
+// whose single rounding would differ from the CPU's two. T is only the stored type: float64
+// requests compute in float32 too and widen (Note [Random float64] in tensor/runtime/backend.h).
 
-__global__ void RandomUniformKernel(float* dst, int64_t n, uint64_t key, uint64_t offset, float low,
+template <typename T>
+__global__ void RandomUniformKernel(T* dst, int64_t n, uint64_t key, uint64_t offset, float low,
                                     float range, float high, float below_high) {
   const uint64_t first_block = offset / 4;
   const uint64_t blocks = (offset + n + 3) / 4 - first_block;
@@ -834,12 +854,13 @@ __global__ void RandomUniformKernel(float* dst, int64_t n, uint64_t key, uint64_
       const uint64_t counter = block_index * 4 + lane;
       if (counter < offset || counter >= offset + n) continue;
       const float value = __fadd_rn(low, __fmul_rn(range, philox::ToUnit(block.x[lane])));
-      dst[counter - offset] = value >= high && high > low ? below_high : value;
+      dst[counter - offset] = static_cast<T>(value >= high && high > low ? below_high : value);
     }
   }
 }
 
-__global__ void RandomNormalKernel(float* dst, int64_t n, uint64_t key, uint64_t offset, float mean,
+template <typename T>
+__global__ void RandomNormalKernel(T* dst, int64_t n, uint64_t key, uint64_t offset, float mean,
                                    float stddev) {
   const uint64_t first_block = offset / 2;
   const uint64_t blocks = (offset + n + 1) / 2 - first_block;
@@ -855,7 +876,7 @@ __global__ void RandomNormalKernel(float* dst, int64_t n, uint64_t key, uint64_t
       const float u2 = philox::ToUnit(block.x[2 * lane + 1]);
       const float radius = sqrtf(-2.0f * logf(u1));
       const float z = __fmul_rn(radius, cosf(__fmul_rn(6.2831853071795864769f, u2)));
-      dst[counter - offset] = __fadd_rn(mean, __fmul_rn(stddev, z));
+      dst[counter - offset] = static_cast<T>(__fadd_rn(mean, __fmul_rn(stddev, z)));
     }
   }
 }
@@ -882,6 +903,8 @@ __global__ void SpinKernel(uint64_t nanoseconds) {
 }  // namespace
 
 // ---- Launchers ----------------------------------------------------------------------------
+// The floating-point launchers dispatch on the dtype before anything else, so that an
+// unsupported dtype throws (naming the kernel) even for an empty tensor, as on the CPU.
 
 void LaunchCopy(const LaunchContext& context, const KernelTensor& dst, const KernelTensor& src) {
   const int64_t n = dst.numel();
@@ -903,211 +926,273 @@ void LaunchCopy(const LaunchContext& context, const KernelTensor& dst, const Ker
       return;
     }
   }
-  if (dst.dtype == kFloat32) {
-    if (src.dtype == kFloat32)
-      return RunMap1<float, float>(context, dst, src, ConvertFn<float, float>{});
-    return RunMap1<float, int64_t>(context, dst, src, ConvertFn<float, int64_t>{});
-  }
-  if (src.dtype == kFloat32) {
-    return RunMap1<int64_t, float>(context, dst, src, ConvertFn<int64_t, float>{});
-  }
-  RunMap1<int64_t, int64_t>(context, dst, src, ConvertFn<int64_t, int64_t>{});
+  DispatchDType(dst.dtype, "CUDA Copy", [&](auto to) {
+    DispatchDType(src.dtype, "CUDA Copy", [&](auto from) {
+      using To = typename decltype(to)::type;
+      using From = typename decltype(from)::type;
+      RunMap1<To, From>(context, dst, src, ConvertFn<To, From>{});
+    });
+  });
 }
 
 void LaunchFill(const LaunchContext& context, const KernelTensor& dst, double value) {
-  if (dst.numel() == 0) return;
-  if (dst.dtype == kFloat32) return RunFill(context, dst, static_cast<float>(value));
-  RunFill(context, dst, static_cast<int64_t>(value));
+  DispatchDType(dst.dtype, "CUDA Fill", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (dst.numel() == 0) return;
+    RunFill(context, dst, static_cast<T>(value));
+  });
 }
 
 void LaunchUnary(const LaunchContext& context, UnaryOp op, const KernelTensor& dst,
                  const KernelTensor& src, double scalar) {
-  if (dst.numel() == 0) return;
-  if (src.dtype == kFloat32) {
-    // The CPU hands ApplyUnary a float scalar too.
-    return RunMap1<float, float>(context, dst, src,
-                                 UnaryFn<float, float>{op, static_cast<float>(scalar)});
-  }
-  RunMap1<int64_t, int64_t>(context, dst, src, UnaryFn<int64_t, double>{op, scalar});
+  DispatchDType(src.dtype, "CUDA Unary", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (dst.numel() == 0) return;
+    // Floating types get the scalar in their own type, as on the CPU; int64 takes a double
+    // (ApplyUnary's int64 overload).
+    using Scalar = std::conditional_t<std::is_floating_point_v<T>, T, double>;
+    RunMap1<T, T>(context, dst, src, UnaryFn<T, Scalar>{op, static_cast<Scalar>(scalar)});
+  });
 }
 
 void LaunchBinary(const LaunchContext& context, BinaryOp op, const KernelTensor& dst,
                   const KernelTensor& a, const KernelTensor& b) {
-  if (dst.numel() == 0) return;
-  if (dst.dtype == kFloat32) return RunMap2<float>(context, dst, a, b, BinaryFn<float>{op});
-  RunMap2<int64_t>(context, dst, a, b, BinaryFn<int64_t>{op});
+  DispatchDType(dst.dtype, "CUDA Binary", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (dst.numel() == 0) return;
+    RunMap2<T>(context, dst, a, b, BinaryFn<T>{op});
+  });
 }
 
 void LaunchReduce(const LaunchContext& context, ReduceKind op, const KernelTensor& dst,
                   const KernelTensor& src, int64_t outer, int64_t reduce, int64_t inner) {
   if (outer * inner == 0) return;
   if (reduce == 0) return LaunchFill(context, dst, 0.0);  // an empty sum
-  const bool sum = op == ReduceKind::kSum;
-  if (src.dtype == kFloat32) {
-    if (sum) {
-      return ReduceTyped<float, double>(context, op, dst.data, src.ptr<const float>(), outer,
-                                        reduce, inner);
+  DispatchDType(src.dtype, "CUDA Reduce", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (std::is_same_v<T, float>) {
+      // float32 sums accumulate in double (as on the CPU); extrema are exact in float.
+      if (op == ReduceKind::kSum) {
+        return ReduceTyped<float, double>(context, op, dst.data, src.ptr<const float>(), outer,
+                                          reduce, inner);
+      }
     }
-    return ReduceTyped<float, float>(context, op, dst.data, src.ptr<const float>(), outer, reduce,
-                                     inner);
-  }
-  ReduceTyped<int64_t, int64_t>(context, op, dst.data, src.ptr<const int64_t>(), outer, reduce,
-                                inner);
+    ReduceTyped<T, T>(context, op, dst.data, src.ptr<const T>(), outer, reduce, inner);
+  });
 }
 
-void LaunchSoftmax(const LaunchContext& context, bool log, float* dst, const float* src,
+void LaunchSoftmax(const LaunchContext& context, DType dtype, bool log, void* dst, const void* src,
                    int64_t outer, int64_t dim, int64_t inner) {
-  if (outer * dim * inner == 0) return;
-  if (inner == 1) {
-    // A warp per short row (10 classes), up to 512 threads for long ones.
-    const int threads =
-        static_cast<int>(std::min<int64_t>(512, (dim + kWarpSize - 1) / kWarpSize * kWarpSize));
-    const int64_t grid = std::min<int64_t>(outer, static_cast<int64_t>(context.num_sms) * 32);
-    SoftmaxRowsKernel<<<static_cast<int>(grid), threads, 0, context.stream>>>(log, dst, src, outer,
-                                                                              dim);
-  } else {
-    SoftmaxColumnsKernel<<<GridFor(context, outer * inner), kThreads, 0, context.stream>>>(
-        log, dst, src, outer, dim, inner);
-  }
-  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  DispatchFloatingTypes(dtype, "CUDA Softmax", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (outer * dim * inner == 0) return;
+    T* out = static_cast<T*>(dst);
+    const T* in = static_cast<const T*>(src);
+    if (inner == 1) {
+      // A warp per short row (10 classes), up to 512 threads for long ones.
+      const int threads =
+          static_cast<int>(std::min<int64_t>(512, (dim + kWarpSize - 1) / kWarpSize * kWarpSize));
+      const int64_t grid = std::min<int64_t>(outer, static_cast<int64_t>(context.num_sms) * 32);
+      SoftmaxRowsKernel<T>
+          <<<static_cast<int>(grid), threads, 0, context.stream>>>(log, out, in, outer, dim);
+    } else {
+      SoftmaxColumnsKernel<T><<<GridFor(context, outer * inner), kThreads, 0, context.stream>>>(
+          log, out, in, outer, dim, inner);
+    }
+    TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  });
 }
 
-void LaunchScaleMatrices(const LaunchContext& context, float beta, float* c, int64_t m, int64_t n,
-                         int64_t ldc, int64_t stride_c, int64_t batch) {
-  if (m * n * batch == 0 || beta == 1.0f) return;
-  ScaleMatricesKernel<<<GridFor(context, batch * m * n), kThreads, 0, context.stream>>>(
-      beta, c, m, n, ldc, stride_c, batch);
-  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+void LaunchScaleMatrices(const LaunchContext& context, DType dtype, double beta, void* c, int64_t m,
+                         int64_t n, int64_t ldc, int64_t stride_c, int64_t batch) {
+  DispatchFloatingTypes(dtype, "CUDA Gemm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T typed_beta = static_cast<T>(beta);
+    if (m * n * batch == 0 || typed_beta == T(1)) return;
+    ScaleMatricesKernel<T><<<GridFor(context, batch * m * n), kThreads, 0, context.stream>>>(
+        typed_beta, static_cast<T*>(c), m, n, ldc, stride_c, batch);
+    TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  });
 }
 
-void LaunchIm2Col(const LaunchContext& context, const Conv2dGeometry& g, const float* image,
-                  float* columns) {
-  const int64_t total = g.batch * g.channels * g.out_h() * g.out_w();
-  if (total == 0) return;
-  Im2ColKernel<<<GridFor(context, total), kThreads, 0, context.stream>>>(g, g.out_h(), g.out_w(),
-                                                                         image, columns);
-  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+void LaunchIm2Col(const LaunchContext& context, DType dtype, const Conv2dGeometry& g,
+                  const void* image, void* columns) {
+  DispatchFloatingTypes(dtype, "CUDA Im2Col", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const int64_t total = g.batch * g.channels * g.out_h() * g.out_w();
+    if (total == 0) return;
+    Im2ColKernel<T><<<GridFor(context, total), kThreads, 0, context.stream>>>(
+        g, g.out_h(), g.out_w(), static_cast<const T*>(image), static_cast<T*>(columns));
+    TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  });
 }
 
-void LaunchCol2Im(const LaunchContext& context, const Conv2dGeometry& g, const float* columns,
-                  float* image) {
-  const int64_t total = g.batch * g.channels * g.height * g.width;
-  if (total == 0) return;
-  Col2ImKernel<<<GridFor(context, total), kThreads, 0, context.stream>>>(g, g.out_h(), g.out_w(),
-                                                                         columns, image);
-  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+void LaunchCol2Im(const LaunchContext& context, DType dtype, const Conv2dGeometry& g,
+                  const void* columns, void* image) {
+  DispatchFloatingTypes(dtype, "CUDA Col2Im", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const int64_t total = g.batch * g.channels * g.height * g.width;
+    if (total == 0) return;
+    Col2ImKernel<T><<<GridFor(context, total), kThreads, 0, context.stream>>>(
+        g, g.out_h(), g.out_w(), static_cast<const T*>(columns), static_cast<T*>(image));
+    TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  });
 }
 
-void LaunchMaxPool2d(const LaunchContext& context, const Conv2dGeometry& g, const float* input,
-                     float* output, int64_t* argmax) {
-  const int64_t total = g.batch * g.channels * g.out_h() * g.out_w();
-  if (total == 0) return;
-  MaxPool2dKernel<<<GridFor(context, total), kThreads, 0, context.stream>>>(g, g.out_h(), g.out_w(),
-                                                                            input, output, argmax);
-  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+void LaunchMaxPool2d(const LaunchContext& context, DType dtype, const Conv2dGeometry& g,
+                     const void* input, void* output, int64_t* argmax) {
+  DispatchFloatingTypes(dtype, "CUDA MaxPool2d", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const int64_t total = g.batch * g.channels * g.out_h() * g.out_w();
+    if (total == 0) return;
+    MaxPool2dKernel<T><<<GridFor(context, total), kThreads, 0, context.stream>>>(
+        g, g.out_h(), g.out_w(), static_cast<const T*>(input), static_cast<T*>(output), argmax);
+    TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  });
 }
 
-void LaunchMaxPool2dBackward(const LaunchContext& context, const Conv2dGeometry& g,
-                             const float* grad_output, const int64_t* argmax, float* grad_input) {
-  const int64_t total = g.batch * g.channels * g.height * g.width;
-  if (total == 0) return;
-  MaxPool2dBackwardKernel<<<GridFor(context, total), kThreads, 0, context.stream>>>(
-      g, g.out_h(), g.out_w(), grad_output, argmax, grad_input);
-  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+void LaunchMaxPool2dBackward(const LaunchContext& context, DType dtype, const Conv2dGeometry& g,
+                             const void* grad_output, const int64_t* argmax, void* grad_input) {
+  DispatchFloatingTypes(dtype, "CUDA MaxPool2dBackward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const int64_t total = g.batch * g.channels * g.height * g.width;
+    if (total == 0) return;
+    MaxPool2dBackwardKernel<T><<<GridFor(context, total), kThreads, 0, context.stream>>>(
+        g, g.out_h(), g.out_w(), static_cast<const T*>(grad_output), argmax,
+        static_cast<T*>(grad_input));
+    TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  });
 }
 
-void LaunchAvgPool2d(const LaunchContext& context, const Conv2dGeometry& g, bool count_include_pad,
-                     const float* input, float* output) {
-  const int64_t total = g.batch * g.channels * g.out_h() * g.out_w();
-  if (total == 0) return;
-  AvgPool2dKernel<<<GridFor(context, total), kThreads, 0, context.stream>>>(
-      g, count_include_pad, g.out_h(), g.out_w(), input, output);
-  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+void LaunchAvgPool2d(const LaunchContext& context, DType dtype, const Conv2dGeometry& g,
+                     bool count_include_pad, const void* input, void* output) {
+  DispatchFloatingTypes(dtype, "CUDA AvgPool2d", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const int64_t total = g.batch * g.channels * g.out_h() * g.out_w();
+    if (total == 0) return;
+    AvgPool2dKernel<T><<<GridFor(context, total), kThreads, 0, context.stream>>>(
+        g, count_include_pad, g.out_h(), g.out_w(), static_cast<const T*>(input),
+        static_cast<T*>(output));
+    TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  });
 }
 
-void LaunchAvgPool2dBackward(const LaunchContext& context, const Conv2dGeometry& g,
-                             bool count_include_pad, const float* grad_output, float* grad_input) {
-  const int64_t total = g.batch * g.channels * g.height * g.width;
-  if (total == 0) return;
-  AvgPool2dBackwardKernel<<<GridFor(context, total), kThreads, 0, context.stream>>>(
-      g, count_include_pad, g.out_h(), g.out_w(), grad_output, grad_input);
-  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+void LaunchAvgPool2dBackward(const LaunchContext& context, DType dtype, const Conv2dGeometry& g,
+                             bool count_include_pad, const void* grad_output, void* grad_input) {
+  DispatchFloatingTypes(dtype, "CUDA AvgPool2dBackward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const int64_t total = g.batch * g.channels * g.height * g.width;
+    if (total == 0) return;
+    AvgPool2dBackwardKernel<T><<<GridFor(context, total), kThreads, 0, context.stream>>>(
+        g, count_include_pad, g.out_h(), g.out_w(), static_cast<const T*>(grad_output),
+        static_cast<T*>(grad_input));
+    TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  });
 }
 
-void LaunchAdaptiveAvgPool2d(const LaunchContext& context, int64_t planes, int64_t height,
-                             int64_t width, int64_t out_h, int64_t out_w, const float* input,
-                             float* output) {
-  const int64_t total = planes * out_h * out_w;
-  if (total == 0) return;
-  AdaptiveAvgPool2dKernel<<<GridFor(context, total), kThreads, 0, context.stream>>>(
-      planes, height, width, out_h, out_w, input, output);
-  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+void LaunchAdaptiveAvgPool2d(const LaunchContext& context, DType dtype, int64_t planes,
+                             int64_t height, int64_t width, int64_t out_h, int64_t out_w,
+                             const void* input, void* output) {
+  DispatchFloatingTypes(dtype, "CUDA AdaptiveAvgPool2d", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const int64_t total = planes * out_h * out_w;
+    if (total == 0) return;
+    AdaptiveAvgPool2dKernel<T><<<GridFor(context, total), kThreads, 0, context.stream>>>(
+        planes, height, width, out_h, out_w, static_cast<const T*>(input), static_cast<T*>(output));
+    TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  });
 }
 
-void LaunchAdaptiveAvgPool2dBackward(const LaunchContext& context, int64_t planes, int64_t height,
-                                     int64_t width, int64_t out_h, int64_t out_w,
-                                     const float* grad_output, float* grad_input) {
-  const int64_t total = planes * height * width;
-  if (total == 0) return;
-  AdaptiveAvgPool2dBackwardKernel<<<GridFor(context, total), kThreads, 0, context.stream>>>(
-      planes, height, width, out_h, out_w, grad_output, grad_input);
-  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+void LaunchAdaptiveAvgPool2dBackward(const LaunchContext& context, DType dtype, int64_t planes,
+                                     int64_t height, int64_t width, int64_t out_h, int64_t out_w,
+                                     const void* grad_output, void* grad_input) {
+  DispatchFloatingTypes(dtype, "CUDA AdaptiveAvgPool2dBackward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const int64_t total = planes * height * width;
+    if (total == 0) return;
+    AdaptiveAvgPool2dBackwardKernel<T><<<GridFor(context, total), kThreads, 0, context.stream>>>(
+        planes, height, width, out_h, out_w, static_cast<const T*>(grad_output),
+        static_cast<T*>(grad_input));
+    TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  });
 }
 
-void LaunchGatherColumns(const LaunchContext& context, float* dst, const float* src,
+void LaunchGatherColumns(const LaunchContext& context, DType dtype, void* dst, const void* src,
                          const int64_t* idx, int64_t rows, int64_t cols) {
-  if (rows <= 0) return;
-  GatherColumnsKernel<<<GridFor(context, rows), kThreads, 0, context.stream>>>(dst, src, idx, rows,
-                                                                               cols);
-  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  DispatchFloatingTypes(dtype, "CUDA GatherColumns", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (rows <= 0) return;
+    GatherColumnsKernel<T><<<GridFor(context, rows), kThreads, 0, context.stream>>>(
+        static_cast<T*>(dst), static_cast<const T*>(src), idx, rows, cols);
+    TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  });
 }
 
-void LaunchScatterAddColumns(const LaunchContext& context, float* dst, const float* src,
+void LaunchScatterAddColumns(const LaunchContext& context, DType dtype, void* dst, const void* src,
                              const int64_t* idx, int64_t rows, int64_t cols) {
-  if (rows <= 0) return;
-  ScatterAddColumnsKernel<<<GridFor(context, rows), kThreads, 0, context.stream>>>(dst, src, idx,
-                                                                                   rows, cols);
-  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  DispatchFloatingTypes(dtype, "CUDA ScatterAddColumns", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (rows <= 0) return;
+    ScatterAddColumnsKernel<T><<<GridFor(context, rows), kThreads, 0, context.stream>>>(
+        static_cast<T*>(dst), static_cast<const T*>(src), idx, rows, cols);
+    TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  });
 }
 
-void LaunchGather(const LaunchContext& context, float* dst, const float* src, const int64_t* idx,
-                  int64_t outer, int64_t src_dim, int64_t idx_dim, int64_t inner) {
-  const int64_t n = outer * idx_dim * inner;
-  if (n <= 0) return;
-  GatherKernel<<<GridFor(context, n), kThreads, 0, context.stream>>>(dst, src, idx, outer, src_dim,
-                                                                     idx_dim, inner);
-  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+void LaunchGather(const LaunchContext& context, DType dtype, void* dst, const void* src,
+                  const int64_t* idx, int64_t outer, int64_t src_dim, int64_t idx_dim,
+                  int64_t inner) {
+  DispatchFloatingTypes(dtype, "CUDA Gather", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const int64_t n = outer * idx_dim * inner;
+    if (n <= 0) return;
+    GatherKernel<T><<<GridFor(context, n), kThreads, 0, context.stream>>>(
+        static_cast<T*>(dst), static_cast<const T*>(src), idx, outer, src_dim, idx_dim, inner);
+    TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  });
 }
 
-void LaunchScatterAdd(const LaunchContext& context, float* dst, const float* src,
+void LaunchScatterAdd(const LaunchContext& context, DType dtype, void* dst, const void* src,
                       const int64_t* idx, int64_t outer, int64_t dst_dim, int64_t idx_dim,
                       int64_t inner) {
-  if (outer * idx_dim * inner <= 0) return;
-  ScatterAddKernel<<<GridFor(context, outer * inner), kThreads, 0, context.stream>>>(
-      dst, src, idx, outer, dst_dim, idx_dim, inner);
-  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  DispatchFloatingTypes(dtype, "CUDA ScatterAdd", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (outer * idx_dim * inner <= 0) return;
+    ScatterAddKernel<T><<<GridFor(context, outer * inner), kThreads, 0, context.stream>>>(
+        static_cast<T*>(dst), static_cast<const T*>(src), idx, outer, dst_dim, idx_dim, inner);
+    TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  });
 }
 
-void LaunchRandomUniform(const LaunchContext& context, float* dst, int64_t n, uint64_t seed,
-                         uint64_t offset, float low, float high) {
-  if (n <= 0) return;
-  // As in the CPU backend: low + range * u can round up to `high`; the largest float below
-  // it keeps the interval half-open.
-  const float range = high - low;
-  const float below_high = std::nextafter(high, low);
-  const int64_t blocks = static_cast<int64_t>((offset + n + 3) / 4 - offset / 4);
-  RandomUniformKernel<<<GridFor(context, blocks), kThreads, 0, context.stream>>>(
-      dst, n, seed ^ philox::kUniformStream, offset, low, range, high, below_high);
-  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+void LaunchRandomUniform(const LaunchContext& context, DType dtype, void* dst, int64_t n,
+                         uint64_t seed, uint64_t offset, double low_value, double high_value) {
+  DispatchFloatingTypes(dtype, "CUDA RandomUniform", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (n <= 0) return;
+    // In float32 whatever T is (Note [Random float64]). As in the CPU backend: low + range * u
+    // can round up to `high`; the largest float below it keeps the interval half-open.
+    const float low = static_cast<float>(low_value), high = static_cast<float>(high_value);
+    const float range = high - low;
+    const float below_high = std::nextafter(high, low);
+    const int64_t blocks = static_cast<int64_t>((offset + n + 3) / 4 - offset / 4);
+    RandomUniformKernel<T><<<GridFor(context, blocks), kThreads, 0, context.stream>>>(
+        static_cast<T*>(dst), n, seed ^ philox::kUniformStream, offset, low, range, high,
+        below_high);
+    TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  });
 }
 
-void LaunchRandomNormal(const LaunchContext& context, float* dst, int64_t n, uint64_t seed,
-                        uint64_t offset, float mean, float stddev) {
-  if (n <= 0) return;
-  const int64_t blocks = static_cast<int64_t>((offset + n + 1) / 2 - offset / 2);
-  RandomNormalKernel<<<GridFor(context, blocks), kThreads, 0, context.stream>>>(
-      dst, n, seed ^ philox::kNormalStream, offset, mean, stddev);
-  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+void LaunchRandomNormal(const LaunchContext& context, DType dtype, void* dst, int64_t n,
+                        uint64_t seed, uint64_t offset, double mean, double stddev) {
+  DispatchFloatingTypes(dtype, "CUDA RandomNormal", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (n <= 0) return;
+    const int64_t blocks = static_cast<int64_t>((offset + n + 1) / 2 - offset / 2);
+    RandomNormalKernel<T><<<GridFor(context, blocks), kThreads, 0, context.stream>>>(
+        static_cast<T*>(dst), n, seed ^ philox::kNormalStream, offset, static_cast<float>(mean),
+        static_cast<float>(stddev));
+    TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  });
 }
 
 void LaunchSpin(const LaunchContext& context, int64_t nanoseconds) {

@@ -5,8 +5,9 @@
 // by CudaBackend before it calls them.
 //
 // Numerics follow the CPU backend exactly where the hardware allows: the same scalar math
-// (tensor/elementwise_math.h), the same Philox streams (bitwise-equal uniforms), the same
-// NaN and tie rules for max/argmax, sums accumulated in double for float32.
+// (tensor/kernels/internal/elementwise_math.h), the same Philox streams (bitwise-equal uniforms), the same
+// NaN and tie rules for max/argmax, sums accumulated in double for float32 (float64 computes
+// in double throughout).
 //
 //   LaunchContext context{stream, /*device=*/0, /*num_sms=*/132, &allocator};
 //   LaunchUnary(context, UnaryOp::kRelu, dst, src, 0.0);
@@ -19,6 +20,7 @@
 
 #include "tensor/runtime/allocator.h"
 #include "tensor/runtime/backend.h"
+#include "tensor/base/dtype.h"
 
 namespace tandem {
 namespace cuda {
@@ -38,43 +40,47 @@ void LaunchBinary(const LaunchContext& context, BinaryOp op, const KernelTensor&
                   const KernelTensor& a, const KernelTensor& b);
 void LaunchReduce(const LaunchContext& context, ReduceKind op, const KernelTensor& dst,
                   const KernelTensor& src, int64_t outer, int64_t reduce, int64_t inner);
-void LaunchSoftmax(const LaunchContext& context, bool log, float* dst, const float* src,
+// The kernels below take the dtype of their floating-point operands (float32 or float64; any
+// other throws, naming the kernel) and untyped pointers to them, as Backend's do.
+void LaunchSoftmax(const LaunchContext& context, DType dtype, bool log, void* dst, const void* src,
                    int64_t outer, int64_t dim, int64_t inner);
 // C = beta * C for `batch` m x n matrices (row stride ldc, batch stride stride_c): the
 // k == 0 / alpha == 0 case of GEMM, which cuBLAS rejects or would read A and B for.
-void LaunchScaleMatrices(const LaunchContext& context, float beta, float* c, int64_t m, int64_t n,
-                         int64_t ldc, int64_t stride_c, int64_t batch);
-void LaunchIm2Col(const LaunchContext& context, const Conv2dGeometry& g, const float* image,
-                  float* columns);
-void LaunchCol2Im(const LaunchContext& context, const Conv2dGeometry& g, const float* columns,
-                  float* image);
-void LaunchMaxPool2d(const LaunchContext& context, const Conv2dGeometry& g, const float* input,
-                     float* output, int64_t* argmax);
-void LaunchMaxPool2dBackward(const LaunchContext& context, const Conv2dGeometry& g,
-                             const float* grad_output, const int64_t* argmax, float* grad_input);
-void LaunchAvgPool2d(const LaunchContext& context, const Conv2dGeometry& g, bool count_include_pad,
-                     const float* input, float* output);
-void LaunchAvgPool2dBackward(const LaunchContext& context, const Conv2dGeometry& g,
-                             bool count_include_pad, const float* grad_output, float* grad_input);
-void LaunchAdaptiveAvgPool2d(const LaunchContext& context, int64_t planes, int64_t height,
-                             int64_t width, int64_t out_h, int64_t out_w, const float* input,
-                             float* output);
-void LaunchAdaptiveAvgPool2dBackward(const LaunchContext& context, int64_t planes, int64_t height,
-                                     int64_t width, int64_t out_h, int64_t out_w,
-                                     const float* grad_output, float* grad_input);
-void LaunchGatherColumns(const LaunchContext& context, float* dst, const float* src,
+void LaunchScaleMatrices(const LaunchContext& context, DType dtype, double beta, void* c, int64_t m,
+                         int64_t n, int64_t ldc, int64_t stride_c, int64_t batch);
+void LaunchIm2Col(const LaunchContext& context, DType dtype, const Conv2dGeometry& g,
+                  const void* image, void* columns);
+void LaunchCol2Im(const LaunchContext& context, DType dtype, const Conv2dGeometry& g,
+                  const void* columns, void* image);
+void LaunchMaxPool2d(const LaunchContext& context, DType dtype, const Conv2dGeometry& g,
+                     const void* input, void* output, int64_t* argmax);
+void LaunchMaxPool2dBackward(const LaunchContext& context, DType dtype, const Conv2dGeometry& g,
+                             const void* grad_output, const int64_t* argmax, void* grad_input);
+void LaunchAvgPool2d(const LaunchContext& context, DType dtype, const Conv2dGeometry& g,
+                     bool count_include_pad, const void* input, void* output);
+void LaunchAvgPool2dBackward(const LaunchContext& context, DType dtype, const Conv2dGeometry& g,
+                             bool count_include_pad, const void* grad_output, void* grad_input);
+void LaunchAdaptiveAvgPool2d(const LaunchContext& context, DType dtype, int64_t planes,
+                             int64_t height, int64_t width, int64_t out_h, int64_t out_w,
+                             const void* input, void* output);
+void LaunchAdaptiveAvgPool2dBackward(const LaunchContext& context, DType dtype, int64_t planes,
+                                     int64_t height, int64_t width, int64_t out_h, int64_t out_w,
+                                     const void* grad_output, void* grad_input);
+void LaunchGatherColumns(const LaunchContext& context, DType dtype, void* dst, const void* src,
                          const int64_t* idx, int64_t rows, int64_t cols);
-void LaunchScatterAddColumns(const LaunchContext& context, float* dst, const float* src,
+void LaunchScatterAddColumns(const LaunchContext& context, DType dtype, void* dst, const void* src,
                              const int64_t* idx, int64_t rows, int64_t cols);
-void LaunchGather(const LaunchContext& context, float* dst, const float* src, const int64_t* idx,
-                  int64_t outer, int64_t src_dim, int64_t idx_dim, int64_t inner);
-void LaunchScatterAdd(const LaunchContext& context, float* dst, const float* src,
+void LaunchGather(const LaunchContext& context, DType dtype, void* dst, const void* src,
+                  const int64_t* idx, int64_t outer, int64_t src_dim, int64_t idx_dim,
+                  int64_t inner);
+void LaunchScatterAdd(const LaunchContext& context, DType dtype, void* dst, const void* src,
                       const int64_t* idx, int64_t outer, int64_t dst_dim, int64_t idx_dim,
                       int64_t inner);
-void LaunchRandomUniform(const LaunchContext& context, float* dst, int64_t n, uint64_t seed,
-                         uint64_t offset, float low, float high);
-void LaunchRandomNormal(const LaunchContext& context, float* dst, int64_t n, uint64_t seed,
-                        uint64_t offset, float mean, float stddev);
+// Computed in float32 whatever the dtype (Note [Random float64] in tensor/runtime/backend.h).
+void LaunchRandomUniform(const LaunchContext& context, DType dtype, void* dst, int64_t n,
+                         uint64_t seed, uint64_t offset, double low, double high);
+void LaunchRandomNormal(const LaunchContext& context, DType dtype, void* dst, int64_t n,
+                        uint64_t seed, uint64_t offset, double mean, double stddev);
 
 // Test only (cuda_testing.h): one thread that spins on the GPU's nanosecond timer for
 // `nanoseconds`, to keep a stream busy for a known time.

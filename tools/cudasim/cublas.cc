@@ -1,4 +1,5 @@
-// cudasim's cuBLAS: SGEMM on OpenBLAS, queued on the handle's stream like cuBLAS's kernels.
+// cudasim's cuBLAS: SGEMM and DGEMM on OpenBLAS, queued on the handle's stream like cuBLAS's
+// kernels.
 #include <cblas.h>
 #include <cublas_v2.h>
 
@@ -11,6 +12,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tools/cudasim/runtime_internal.h"
@@ -96,10 +98,24 @@ CBLAS_TRANSPOSE Trans(cublasOperation_t op) {
   return op == CUBLAS_OP_N ? CblasNoTrans : CblasTrans;
 }
 
+// OpenBLAS's GEMM for T.
+void ColumnMajorGemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, float alpha,
+                     const float* a, int lda, const float* b, int ldb, float beta, float* c,
+                     int ldc) {
+  cblas_sgemm(CblasColMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+void ColumnMajorGemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k, double alpha,
+                     const double* a, int lda, const double* b, int ldb, double beta, double* c,
+                     int ldc) {
+  cblas_dgemm(CblasColMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// T is float (SGEMM) or double (DGEMM).
+template <typename T>
 cublasStatus_t Queue(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb, int m,
-                     int n, int k, float alpha, const float* a, int lda, long long stride_a,
-                     const float* b, int ldb, long long stride_b, float beta, float* c, int ldc,
-                     long long stride_c, int batch) {
+                     int n, int k, T alpha, const T* a, int lda, long long stride_a, const T* b,
+                     int ldb, long long stride_b, T beta, T* c, int ldc, long long stride_c,
+                     int batch) {
   const int previous = cudasim::internal::CurrentDevice();
   cudaSetDevice(handle->device);
   cudasim::internal::Stream* stream = cudasim::internal::ResolveStream(handle->stream);
@@ -109,31 +125,35 @@ cublasStatus_t Queue(cublasHandle_t handle, cublasOperation_t ta, cublasOperatio
     return CUBLAS_STATUS_EXECUTION_FAILED;
   }
   if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
-  const bool tf32 = handle->mode == CUBLAS_TF32_TENSOR_OP_MATH;
+  // The TF32 mode changes single-precision GEMMs only; DGEMM ignores it, as on a GPU.
+  const bool tf32 = std::is_same_v<T, float> && handle->mode == CUBLAS_TF32_TENSOR_OP_MATH;
   stream->Enqueue([=] {
     for (int i = 0; i < batch; ++i) {
-      float* ci = c + i * stride_c;
-      if (k == 0 || alpha == 0.0f) {
+      T* ci = c + i * stride_c;
+      if (k == 0 || alpha == T(0)) {
         // BLAS: C = beta C, and with beta == 0 C is not read (NaN in it does not survive).
         for (int col = 0; col < n; ++col) {
           for (int row = 0; row < m; ++row) {
-            float& x = ci[static_cast<long long>(col) * ldc + row];
-            x = beta == 0.0f ? 0.0f : beta * x;
+            T& x = ci[static_cast<long long>(col) * ldc + row];
+            x = beta == T(0) ? T(0) : beta * x;
           }
         }
         continue;
       }
-      const float* ai = a + i * stride_a;
-      const float* bi = b + i * stride_b;
-      std::vector<float> a32, b32;
-      if (tf32) {
-        a32 = Tf32Copy(ai, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, lda);
-        b32 = Tf32Copy(bi, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, ldb);
-        ai = a32.data();
-        bi = b32.data();
+      const T* ai = a + i * stride_a;
+      const T* bi = b + i * stride_b;
+      if constexpr (std::is_same_v<T, float>) {
+        std::vector<float> a32, b32;
+        if (tf32) {
+          a32 = Tf32Copy(ai, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, lda);
+          b32 = Tf32Copy(bi, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, ldb);
+          ai = a32.data();
+          bi = b32.data();
+        }
+        ColumnMajorGemm(Trans(ta), Trans(tb), m, n, k, alpha, ai, lda, bi, ldb, beta, ci, ldc);
+      } else {
+        ColumnMajorGemm(Trans(ta), Trans(tb), m, n, k, alpha, ai, lda, bi, ldb, beta, ci, ldc);
       }
-      cblas_sgemm(CblasColMajor, Trans(ta), Trans(tb), m, n, k, alpha, ai, lda, bi, ldb, beta, ci,
-                  ldc);
     }
   });
   return CUBLAS_STATUS_SUCCESS;
@@ -260,6 +280,31 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
       CheckGemm("cublasSgemmStridedBatched", transa, transb, m, n, k, lda, ldb, ldc);
   if (status != CUBLAS_STATUS_SUCCESS) return status;
   if (batch_count < 0) return Invalid("cublasSgemmStridedBatched: batch_count < 0");
+  return Queue(handle, transa, transb, m, n, k, *alpha, a, lda, stride_a, b, ldb, stride_b, *beta,
+               c, ldc, stride_c, batch_count);
+}
+
+cublasStatus_t cublasDgemm(cublasHandle_t handle, cublasOperation_t transa,
+                           cublasOperation_t transb, int m, int n, int k, const double* alpha,
+                           const double* a, int lda, const double* b, int ldb, const double* beta,
+                           double* c, int ldc) {
+  if (!Live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  const cublasStatus_t status = CheckGemm("cublasDgemm", transa, transb, m, n, k, lda, ldb, ldc);
+  if (status != CUBLAS_STATUS_SUCCESS) return status;
+  return Queue(handle, transa, transb, m, n, k, *alpha, a, lda, 0, b, ldb, 0, *beta, c, ldc, 0, 1);
+}
+
+cublasStatus_t cublasDgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
+                                         cublasOperation_t transb, int m, int n, int k,
+                                         const double* alpha, const double* a, int lda,
+                                         long long stride_a, const double* b, int ldb,
+                                         long long stride_b, const double* beta, double* c, int ldc,
+                                         long long stride_c, int batch_count) {
+  if (!Live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  const cublasStatus_t status =
+      CheckGemm("cublasDgemmStridedBatched", transa, transb, m, n, k, lda, ldb, ldc);
+  if (status != CUBLAS_STATUS_SUCCESS) return status;
+  if (batch_count < 0) return Invalid("cublasDgemmStridedBatched: batch_count < 0");
   return Queue(handle, transa, transb, m, n, k, *alpha, a, lda, stride_a, b, ldb, stride_b, *beta,
                c, ldc, stride_c, batch_count);
 }

@@ -1,6 +1,6 @@
 // cudasim's stand-in for cuBLAS: the calls Tandem makes (handles, streams, math modes, SGEMM and
-// strided batched SGEMM), with cuBLAS's column-major semantics, computed by OpenBLAS on the
-// handle's stream (tools/cudasim/cublas.cc). Under --config=cudasim, `@local_cuda//:cublas`
+// DGEMM, plain and strided batched), with cuBLAS's column-major semantics, computed by OpenBLAS
+// on the handle's stream (tools/cudasim/cublas.cc). Under --config=cudasim, `@local_cuda//:cublas`
 // resolves to //tools/cudasim:cublas.
 //
 //   cublasHandle_t handle;
@@ -65,6 +65,16 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
                                          const float* alpha, const float* a, int lda,
                                          long long stride_a, const float* b, int ldb,
                                          long long stride_b, const float* beta, float* c, int ldc,
+                                         long long stride_c, int batch_count);
+cublasStatus_t cublasDgemm(cublasHandle_t handle, cublasOperation_t transa,
+                           cublasOperation_t transb, int m, int n, int k, const double* alpha,
+                           const double* a, int lda, const double* b, int ldb, const double* beta,
+                           double* c, int ldc);
+cublasStatus_t cublasDgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
+                                         cublasOperation_t transb, int m, int n, int k,
+                                         const double* alpha, const double* a, int lda,
+                                         long long stride_a, const double* b, int ldb,
+                                         long long stride_b, const double* beta, double* c, int ldc,
                                          long long stride_c, int batch_count);
 }  // extern "C"
 
