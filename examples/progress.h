@@ -47,8 +47,8 @@ class ProgressBar {
 };
 
 // The trainers' --trace: the run's first `steps` training steps recorded by the profiler
-// (tensor/runtime/profiler.h) and written to `path` as a Chrome trace once they are done, or at the end
-// of the first epoch if it is shorter. An empty path records nothing.
+// (tensor/runtime/profiler.h) and written to `path` as a Chrome trace once they are done, or at the
+// end of the first epoch if it is shorter. An empty path records nothing.
 //
 //   examples::StepTrace trace(absl::GetFlag(FLAGS_trace), 50);
 //   for (...) { TrainStep(); trace.StepDone(); }

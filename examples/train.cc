@@ -44,8 +44,8 @@
 #include "nn/nn.h"
 #include "parallel/comm.h"
 #include "parallel/data_parallel.h"
-#include "tensor/runtime/allocator.h"
 #include "tensor/core/anomaly_mode.h"
+#include "tensor/runtime/allocator.h"
 #include "tensor/runtime/profiler.h"
 #include "tensor/tensor.h"
 

@@ -15,9 +15,9 @@
 
 #include "nn/sequential.h"
 #include "nn/test_util.h"
+#include "tensor/base/philox.h"
 #include "tensor/core/autograd.h"
 #include "tensor/gradcheck.h"
-#include "tensor/base/philox.h"
 #include "tensor/runtime/devices.h"
 #include "tensor/runtime/threads.h"
 

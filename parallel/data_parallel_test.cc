@@ -14,8 +14,8 @@
 #include <string>
 
 #include "nn/nn.h"
-#include "tensor/testing.h"
 #include "tensor/runtime/threads.h"
+#include "tensor/testing.h"
 
 namespace tandem::parallel {
 namespace {

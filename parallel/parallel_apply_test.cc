@@ -16,8 +16,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tensor/base/grad_mode.h"
-#include "tensor/testing.h"
 #include "tensor/runtime/threads.h"
+#include "tensor/testing.h"
 
 namespace tandem::parallel {
 namespace {

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "tensor/core/autograd.h"
 #include "tensor/base/error.h"
+#include "tensor/core/autograd.h"
 #include "tensor/tensor.h"
 
 namespace tandem {

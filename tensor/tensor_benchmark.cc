@@ -20,11 +20,11 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
-#include "tensor/runtime/backend.h"
 #include "tensor/base/device.h"
+#include "tensor/runtime/backend.h"
 #include "tensor/runtime/devices.h"
-#include "tensor/tensor.h"
 #include "tensor/runtime/threads.h"
+#include "tensor/tensor.h"
 
 namespace tandem {
 namespace {

@@ -26,9 +26,9 @@
 #include "nn/nn.h"
 #include "parallel/parallel.h"
 #include "tensor/core/anomaly_mode.h"
+#include "tensor/runtime/threads.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
-#include "tensor/runtime/threads.h"
 
 namespace tandem {
 namespace {

@@ -39,8 +39,8 @@
 #include "data/data.h"
 #include "nn/nn.h"
 #include "parallel/parallel.h"
-#include "tensor/tensor.h"
 #include "tensor/runtime/threads.h"
+#include "tensor/tensor.h"
 
 namespace tandem {
 namespace {

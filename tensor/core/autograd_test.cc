@@ -9,8 +9,8 @@
 #include <thread>
 
 #include "tensor/runtime/devices.h"
-#include "tensor/tensor.h"
 #include "tensor/runtime/threads.h"
+#include "tensor/tensor.h"
 
 namespace tandem {
 namespace {

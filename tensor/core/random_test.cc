@@ -9,9 +9,9 @@
 
 #include "tensor/base/philox.h"
 #include "tensor/runtime/devices.h"
+#include "tensor/runtime/threads.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
-#include "tensor/runtime/threads.h"
 
 namespace tandem {
 namespace {

@@ -11,11 +11,11 @@
 #include <string>
 #include <type_traits>
 
+#include "tensor/base/philox.h"
 #include "tensor/core/autograd.h"
+#include "tensor/core/internal/tensor_impl.h"
 #include "tensor/runtime/allocator.h"
 #include "tensor/runtime/backend.h"
-#include "tensor/core/internal/tensor_impl.h"
-#include "tensor/base/philox.h"
 #include "tensor/runtime/devices.h"
 
 namespace tandem {
@@ -651,8 +651,8 @@ Tensor& Tensor::add_(const Tensor& other, double alpha) {
   TANDEM_CHECK(other.defined(), "add_: the other tensor is undefined");
   // alpha * other first, in floating point unless both are integral (as mul would compute it).
   const bool integral = !IsFloatingPoint(other.dtype()) && alpha == std::floor(alpha);
-  const Tensor source = integral || IsFloatingPoint(other.dtype()) ? other.detach()
-                                                                   : other.detach().to(kFloat32);
+  const Tensor source =
+      integral || IsFloatingPoint(other.dtype()) ? other.detach() : other.detach().to(kFloat32);
   Tensor scaled = NewTensor(source.shape(), source.dtype(), source.device());
   if (scaled.numel() > 0) {
     GetBackend(source.device())

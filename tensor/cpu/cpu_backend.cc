@@ -30,16 +30,16 @@
 #include <utility>
 #include <vector>
 
-#include "tensor/runtime/allocator.h"
-#include "tensor/runtime/backend.h"
 #include "tensor/base/error.h"
-#include "tensor/runtime/internal/caching_allocator.h"
+#include "tensor/base/philox.h"
 #include "tensor/kernels/internal/elementwise_math.h"
 #include "tensor/kernels/internal/pooling_math.h"
 #include "tensor/kernels/internal/strided_layout.h"
-#include "tensor/base/philox.h"
-#include "tensor/runtime/devices.h"
 #include "tensor/kernels/vectorized.h"
+#include "tensor/runtime/allocator.h"
+#include "tensor/runtime/backend.h"
+#include "tensor/runtime/devices.h"
+#include "tensor/runtime/internal/caching_allocator.h"
 #include "tensor/runtime/threads.h"
 
 namespace tandem {

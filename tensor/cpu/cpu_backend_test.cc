@@ -13,13 +13,13 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tensor/runtime/backend.h"
 #include "tensor/base/device.h"
 #include "tensor/base/error.h"
-#include "tensor/kernels/internal/elementwise_math.h"
 #include "tensor/base/philox.h"
-#include "tensor/runtime/devices.h"
+#include "tensor/kernels/internal/elementwise_math.h"
 #include "tensor/kernels/vectorized.h"
+#include "tensor/runtime/backend.h"
+#include "tensor/runtime/devices.h"
 
 namespace tandem {
 namespace {

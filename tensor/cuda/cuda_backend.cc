@@ -16,18 +16,18 @@
 #include <string>
 #include <type_traits>
 
-#include "tensor/runtime/allocator.h"
-#include "tensor/runtime/backend.h"
+#include "tensor/base/dtype.h"
+#include "tensor/base/error.h"
 #include "tensor/cuda/cuda.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/cuda_device.h"
 #include "tensor/cuda/cuda_testing.h"
 #include "tensor/cuda/kernels.h"
-#include "tensor/base/dtype.h"
-#include "tensor/base/error.h"
-#include "tensor/runtime/internal/caching_allocator.h"
 #include "tensor/kernels/internal/elementwise_math.h"
+#include "tensor/runtime/allocator.h"
+#include "tensor/runtime/backend.h"
 #include "tensor/runtime/devices.h"
+#include "tensor/runtime/internal/caching_allocator.h"
 #include "tensor/runtime/stream.h"
 
 namespace tandem {

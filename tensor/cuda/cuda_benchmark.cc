@@ -18,11 +18,11 @@
 #include <string>
 #include <vector>
 
-#include "tensor/runtime/allocator.h"
-#include "tensor/runtime/backend.h"
+#include "tensor/base/device.h"
 #include "tensor/cuda/cuda.h"
 #include "tensor/cuda/cuda_check.h"
-#include "tensor/base/device.h"
+#include "tensor/runtime/allocator.h"
+#include "tensor/runtime/backend.h"
 
 namespace tandem {
 namespace cuda {

@@ -7,9 +7,9 @@
 #include <string>
 #include <utility>
 
-#include "tensor/cuda/cuda_check.h"
 #include "tensor/base/device.h"
 #include "tensor/base/error.h"
+#include "tensor/cuda/cuda_check.h"
 #include "tensor/runtime/devices.h"
 
 namespace tandem {

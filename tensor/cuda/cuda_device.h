@@ -24,9 +24,9 @@
 #include <string>
 #include <vector>
 
-#include "tensor/runtime/backend.h"
 #include "tensor/cuda/kernels.h"
 #include "tensor/cuda/pinned_host_allocator.h"
+#include "tensor/runtime/backend.h"
 #include "tensor/runtime/internal/caching_allocator.h"
 
 namespace tandem {

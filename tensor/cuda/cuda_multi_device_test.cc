@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "tensor/runtime/allocator.h"
-#include "tensor/runtime/backend.h"
-#include "tensor/cuda/cuda.h"
 #include "tensor/base/device.h"
 #include "tensor/base/error.h"
+#include "tensor/cuda/cuda.h"
+#include "tensor/runtime/allocator.h"
+#include "tensor/runtime/backend.h"
 #include "tensor/runtime/devices.h"
 
 namespace tandem {

@@ -14,14 +14,14 @@
 #include <numeric>
 #include <vector>
 
-#include "tensor/runtime/allocator.h"
-#include "tensor/runtime/backend.h"
-#include "tensor/cuda/cuda.h"
-#include "tensor/cuda/cuda_testing.h"
 #include "tensor/base/device.h"
 #include "tensor/base/error.h"
-#include "tensor/runtime/internal/caching_allocator.h"
+#include "tensor/cuda/cuda.h"
+#include "tensor/cuda/cuda_testing.h"
+#include "tensor/runtime/allocator.h"
+#include "tensor/runtime/backend.h"
 #include "tensor/runtime/devices.h"
+#include "tensor/runtime/internal/caching_allocator.h"
 #include "tensor/runtime/stream.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "tensor/runtime/allocator.h"
 #include "tensor/cuda/cuda.h"
 #include "tensor/gradcheck.h"
+#include "tensor/runtime/allocator.h"
 #include "tensor/runtime/devices.h"
 #include "tensor/tensor.h"
 

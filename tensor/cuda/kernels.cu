@@ -21,13 +21,13 @@
 #include <memory>
 #include <type_traits>
 
+#include "tensor/base/error.h"
+#include "tensor/base/philox.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/kernels.h"
-#include "tensor/base/error.h"
 #include "tensor/kernels/internal/elementwise_math.h"
 #include "tensor/kernels/internal/pooling_math.h"
 #include "tensor/kernels/internal/strided_layout.h"
-#include "tensor/base/philox.h"
 
 namespace tandem {
 namespace cuda {

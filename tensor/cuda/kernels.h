@@ -5,9 +5,9 @@
 // by CudaBackend before it calls them.
 //
 // Numerics follow the CPU backend exactly where the hardware allows: the same scalar math
-// (tensor/kernels/internal/elementwise_math.h), the same Philox streams (bitwise-equal uniforms), the same
-// NaN and tie rules for max/argmax, sums accumulated in double for float32 (float64 computes
-// in double throughout).
+// (tensor/kernels/internal/elementwise_math.h), the same Philox streams (bitwise-equal uniforms),
+// the same NaN and tie rules for max/argmax, sums accumulated in double for float32 (float64
+// computes in double throughout).
 //
 //   LaunchContext context{stream, /*device=*/0, /*num_sms=*/132, &allocator};
 //   LaunchUnary(context, UnaryOp::kRelu, dst, src, 0.0);
@@ -18,9 +18,9 @@
 
 #include <cstdint>
 
+#include "tensor/base/dtype.h"
 #include "tensor/runtime/allocator.h"
 #include "tensor/runtime/backend.h"
-#include "tensor/base/dtype.h"
 
 namespace tandem {
 namespace cuda {

@@ -4,8 +4,8 @@
 
 #include <string>
 
-#include "tensor/cuda/cuda_check.h"
 #include "tensor/base/error.h"
+#include "tensor/cuda/cuda_check.h"
 
 namespace tandem {
 namespace cuda {

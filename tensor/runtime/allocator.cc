@@ -3,8 +3,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "tensor/runtime/backend.h"
 #include "tensor/base/error.h"
+#include "tensor/runtime/backend.h"
 #include "tensor/runtime/devices.h"
 
 namespace tandem {

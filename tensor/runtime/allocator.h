@@ -42,8 +42,8 @@ class Allocator {
   virtual void EmptyCache() {}
   // Tells the allocator that the block holding `ptr` (a pointer into memory this allocator
   // handed out) is also used by work queued on `stream`, so that once freed it is not reused
-  // before that work has finished (PyTorch's record_stream; see tensor/runtime/stream.h). No-op where
-  // device work is synchronous.
+  // before that work has finished (PyTorch's record_stream; see tensor/runtime/stream.h). No-op
+  // where device work is synchronous.
   virtual void RecordStream(const void* /*ptr*/, Stream /*stream*/) {}
 };
 

@@ -22,9 +22,9 @@
 #include <memory>
 #include <string>
 
-#include "tensor/runtime/allocator.h"
 #include "tensor/base/device.h"
 #include "tensor/base/dtype.h"
+#include "tensor/runtime/allocator.h"
 #include "tensor/runtime/stream.h"
 
 namespace tandem {

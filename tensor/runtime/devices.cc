@@ -7,8 +7,8 @@
 #include <thread>
 #include <utility>
 
-#include "tensor/runtime/backend.h"
 #include "tensor/base/error.h"
+#include "tensor/runtime/backend.h"
 #include "tensor/runtime/threads.h"
 
 namespace tandem {

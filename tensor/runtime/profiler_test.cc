@@ -11,9 +11,9 @@
 
 #include "tensor/ops/ops.h"
 #include "tensor/runtime/devices.h"
+#include "tensor/runtime/threads.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
-#include "tensor/runtime/threads.h"
 
 namespace tandem::profiler {
 namespace {

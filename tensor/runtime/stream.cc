@@ -5,9 +5,9 @@
 #include <utility>
 #include <vector>
 
+#include "tensor/base/error.h"
 #include "tensor/runtime/allocator.h"
 #include "tensor/runtime/backend.h"
-#include "tensor/base/error.h"
 #include "tensor/runtime/devices.h"
 
 namespace tandem {
@@ -141,6 +141,5 @@ void Event::Synchronize() const {
 }
 
 void Event::Block(Stream stream) const { stream.Wait(*this); }
-
 
 }  // namespace tandem

@@ -164,7 +164,6 @@ class Event {
   std::unique_ptr<EventImpl> impl_;
 };
 
-
 }  // namespace tandem
 
 #endif  // TANDEM_TENSOR_RUNTIME_STREAM_H_

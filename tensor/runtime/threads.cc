@@ -11,8 +11,8 @@
 
 #include "tensor/base/error.h"
 #include "tensor/base/grad_mode.h"
-#include "tensor/runtime/profiler.h"
 #include "tensor/runtime/devices.h"
+#include "tensor/runtime/profiler.h"
 #include "tensor/runtime/stream.h"
 
 namespace tandem {

@@ -10,8 +10,8 @@
 #include <mutex>
 #include <vector>
 
-#include "tensor/runtime/backend.h"
 #include "tensor/core/tensor.h"
+#include "tensor/runtime/backend.h"
 
 namespace tandem {
 

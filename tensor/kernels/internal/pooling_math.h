@@ -10,8 +10,8 @@
 
 #include <cstdint>
 
-#include "tensor/runtime/backend.h"
 #include "tensor/base/philox.h"  // TANDEM_HOST_DEVICE
+#include "tensor/runtime/backend.h"
 
 namespace tandem {
 

@@ -41,9 +41,9 @@
 #include <string>
 #include <vector>
 
+#include "tensor/base/device.h"
 #include "tensor/runtime/allocator.h"
 #include "tensor/runtime/backend.h"
-#include "tensor/base/device.h"
 #include "tensor/runtime/stream.h"
 
 namespace tandem {

@@ -16,8 +16,8 @@
 #include <thread>
 #include <vector>
 
-#include "tensor/runtime/backend.h"
 #include "tensor/base/error.h"
+#include "tensor/runtime/backend.h"
 #include "tensor/runtime/stream.h"
 
 namespace tandem {
