@@ -37,11 +37,14 @@ class LayersTest : public ::testing::Test {
 };
 
 // Checks the gradients of layer.forward with respect to its input and to every parameter
-// (routed in with replace_parameter, which is also how DataParallel feeds replicas).
+// (routed in with replace_parameter, which is also how DataParallel feeds replicas), in
+// float64: the layer is converted for the check and back to float32 after (exactly: every
+// float32 is a float64).
 void ExpectLayerGradients(Module& layer, const std::function<Tensor(const Tensor&)>& forward,
                           const Tensor& input) {
+  layer.to(kFloat64);
   const std::vector<NamedTensor> params = layer.named_parameters();
-  std::vector<Tensor> inputs = {input.detach().clone()};
+  std::vector<Tensor> inputs = {input.detach().to(kFloat64).clone()};
   for (const NamedTensor& p : params) inputs.push_back(p.value.detach().clone());
   for (Tensor& t : inputs) t.set_requires_grad(true);
   EXPECT_GRADIENTS_MATCH(
@@ -52,6 +55,7 @@ void ExpectLayerGradients(Module& layer, const std::function<Tensor(const Tensor
       },
       inputs);
   for (const NamedTensor& p : params) layer.replace_parameter(p.name, p.value);
+  layer.to(kFloat32);
 }
 
 // Values at least `gap` from zero, so that relu's kink is not inside a finite difference.

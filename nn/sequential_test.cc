@@ -66,8 +66,9 @@ TEST_F(SequentialTest, ForwardComposesTheModules) {
 
 TEST_F(SequentialTest, Gradients) {
   Sequential mlp(Linear(3, 4), ReLU(), Linear(4, 2));
+  mlp.to(kFloat64);  // a float64 gradient check
   const std::vector<NamedTensor> params = mlp.named_parameters();
-  std::vector<Tensor> inputs = {randn({5, 3})};
+  std::vector<Tensor> inputs = {randn({5, 3}, kFloat64)};
   for (const NamedTensor& p : params) inputs.push_back(p.value.detach().clone());
   for (Tensor& t : inputs) t.set_requires_grad(true);
   EXPECT_GRADIENTS_MATCH(

@@ -29,11 +29,14 @@ Tensor F(const std::vector<float>& values, const Shape& shape, Device device = D
 Tensor I(const std::vector<int64_t>& values, const Shape& shape, Device device = Device::Cpu(0)) {
   return from_vector(values, shape, TensorOptions(kInt64).device(device));
 }
-std::vector<float> V(const Tensor& t) { return t.to(Device::Cpu()).to_vector<float>(); }
+std::vector<float> V(const Tensor& t) {
+  return t.to(Device::Cpu()).to(kFloat32).to_vector<float>();
+}
 std::vector<int64_t> L(const Tensor& t) { return t.to(Device::Cpu()).to_vector<int64_t>(); }
+// A float64 leaf, for gradient checks in float64.
 Tensor Param(const Shape& shape, uint64_t seed) {
   Generator gen(seed);
-  Tensor t = randn(shape, {}, &gen);
+  Tensor t = randn(shape, kFloat64, &gen);
   t.set_requires_grad(true);
   return t;
 }

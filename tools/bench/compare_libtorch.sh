@@ -7,6 +7,10 @@
 # Tandem's step time as a fraction of libtorch's (below 1: Tandem is faster).
 #
 #   bash tools/bench/compare_libtorch.sh                 # ROUNDS=5 BATCH=256 THREADS=2 STEPS=50
+#   BASELINE=/tmp/old/train_step bash tools/bench/compare_libtorch.sh
+#
+# BASELINE names another build of train_step (say, main's before a change): each round then
+# runs it too, alternated with the rest, and the summary adds this tree's step over its step.
 #
 # libtorch's OpenMP threads spin after each parallel region while OpenBLAS's own threads
 # run its matrix products; on a machine with few cores that costs it 10x. So libtorch runs
@@ -50,15 +54,25 @@ tandem=$(bazel info -c opt bazel-bin 2>/dev/null)/tools/bench/train_step
 median() { sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 field() { grep -o "\"step_ms_median\":[0-9.]*" | tail -1 | cut -d: -f2; }
 
-printf '%-6s %14s %22s %22s\n' round "Tandem (ms)" "libtorch default (ms)" "libtorch passive (ms)"
-t_all=() d_all=() p_all=()
+baseline=${BASELINE:-}
+tandem_step() { # binary
+  "$1" --model=mlp --batch_size="$BATCH" --devices=cpu:0 --threads="$THREADS" --steps="$STEPS" \
+    --warmup="$WARMUP" | field
+}
+
+printf '%-6s %14s %22s %22s' round "Tandem (ms)" "libtorch default (ms)" "libtorch passive (ms)"
+if [[ -n $baseline ]]; then printf ' %14s' "baseline (ms)"; fi
+printf '\n'
+t_all=() d_all=() p_all=() b_all=()
 for ((r = 1; r <= ROUNDS; ++r)); do
-  t=$("$tandem" --model=mlp --batch_size="$BATCH" --devices=cpu:0 --threads="$THREADS" \
-    --steps="$STEPS" --warmup="$WARMUP" | field)
+  if [[ -n $baseline ]]; then b=$(tandem_step "$baseline"); b_all+=("$b"); fi
+  t=$(tandem_step "$tandem")
   d=$(OPENBLAS_NUM_THREADS=$THREADS "$program" "$BATCH" "$THREADS" "$STEPS" "$WARMUP" | field)
   p=$(OPENBLAS_NUM_THREADS=$THREADS OMP_WAIT_POLICY=PASSIVE "$program" "$BATCH" "$THREADS" \
     "$STEPS" "$WARMUP" | field)
-  printf '%-6s %14s %22s %22s\n' "$r" "$t" "$d" "$p"
+  printf '%-6s %14s %22s %22s' "$r" "$t" "$d" "$p"
+  if [[ -n $baseline ]]; then printf ' %14s' "$b"; fi
+  printf '\n'
   t_all+=("$t") d_all+=("$d") p_all+=("$p")
 done
 tm=$(printf '%s\n' "${t_all[@]}" | median)
@@ -69,6 +83,13 @@ ratio=$(awk -v a="$tm" -v b="$best" 'BEGIN {printf "%.2f", a / b}')
 printf '%-6s %14s %22s %22s\n' median "$tm" "$dm" "$pm"
 echo "mlp, batch $BATCH, SGD momentum 0.9, $THREADS threads, one CPU device, $(nproc) cores:"
 echo "  Tandem step / libtorch step (the faster libtorch) = $tm / $best = $ratio"
+if [[ -n $baseline ]]; then
+  bm=$(printf '%s\n' "${b_all[@]}" | median)
+  per_round=$(for ((i = 0; i < ROUNDS; ++i)); do
+    awk -v a="${t_all[$i]}" -v b="${b_all[$i]}" 'BEGIN {printf "%.3f\n", a / b}'
+  done | sort -g | tr '\n' ' ')
+  echo "  this tree's step / the baseline's ($baseline) = $tm / $bm; per round, sorted: $per_round"
+fi
 printf '{"benchmark":"compare_libtorch","batch_size":%s,"threads":%s,"rounds":%s,' \
   "$BATCH" "$THREADS" "$ROUNDS"
 printf '"tandem_ms":%s,"libtorch_default_ms":%s,"libtorch_passive_ms":%s,"ratio":%s}\n' \
