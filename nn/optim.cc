@@ -8,204 +8,83 @@
 #include <utility>
 
 #include "tensor/core/autograd.h"
-#include "tensor/kernels/vectorized.h"
-#include "tensor/runtime/devices.h"
+#include "tensor/runtime/backend.h"
 #include "tensor/runtime/profiler.h"
-#include "tensor/runtime/run_across_devices.h"
-#include "tensor/runtime/threads.h"
 
 namespace tandem::nn {
 namespace {
 
-// The gradient of `param` with L2 weight decay folded in (a new tensor when decaying, so
-// the stored gradient is left as backward() made it). For the tensor-op path (CUDA, or
-// strided CPU tensors).
-Tensor DecayedGradient(const Tensor& param, const Tensor& grad, double weight_decay) {
-  if (weight_decay == 0.0) return grad;
-  return add(grad, mul(param, weight_decay));
-}
-
-// Whether the fused CPU loops can update `tensors` (all defined ones on the CPU, float32 and
-// contiguous); the rest take the tensor-op path.
-bool FusedOnCpu(std::initializer_list<const Tensor*> tensors) {
-  for (const Tensor* t : tensors) {
-    if (!t->defined()) continue;
-    if (!t->device().is_cpu() || t->dtype() != kFloat32 || !t->is_contiguous()) return false;
-  }
-  return true;
-}
-
-float* Floats(const Tensor& t) { return t.defined() ? t.data<float>() : nullptr; }
-
-// About 64 KiB of floats: enough work per piece to be worth a thread's wake-up, small enough
-// to balance a model's few large weights over the threads.
-constexpr int64_t kPieceElements = int64_t{1} << 14;
-
-// Calls update(item, begin, end) over [0, sizes[item]) for every item, in pieces of at most
-// kPieceElements, spread over the workers of the logical CPU devices (they share host
-// memory; CpuWorkDevices: every configured one unless narrowed) or, with one, over its
-// threads. The pieces are disjoint, and each
-// element's arithmetic does not depend on the split, so the result is the same bit for bit
-// however the pieces fall.
-void RunPieces(const std::vector<int64_t>& sizes,
-               const std::function<void(size_t, int64_t, int64_t)>& update) {
-  struct Piece {
-    size_t item;
-    int64_t begin, end;
-  };
-  std::vector<Piece> pieces;
-  for (size_t item = 0; item < sizes.size(); ++item) {
-    for (int64_t begin = 0; begin < sizes[item]; begin += kPieceElements) {
-      pieces.push_back({item, begin, std::min(sizes[item], begin + kPieceElements)});
+// Note [Fused optimizer updates] (tensor/runtime/backend.h): every optimizer here hands its
+// whole step to the parameters' backends, one FusedOptimizerUpdate per device and dtype, so
+// the update rule is written once per backend (the CPU's and CUDA's loops share
+// tensor/kernels/internal/optimizer_math.h) instead of once in fused CPU loops and again in
+// tensor ops for the other devices.
+//
+// Collects one step's updates and runs them. A parameter or gradient that is not contiguous
+// (a strided view) is updated through a contiguous copy, written back after.
+class FusedStep {
+ public:
+  // The update of `param`; the caller fills in the kind's scalars. States must be contiguous
+  // tensors of the parameter's dtype and device (the optimizers make them so).
+  FusedUpdate& Add(OptimizerKind kind, const Tensor& param, const Tensor& grad,
+                   const Tensor& state0 = Tensor(), const Tensor& state1 = Tensor(),
+                   const Tensor& state2 = Tensor()) {
+    Tensor target = param;
+    if (!param.is_contiguous()) {
+      target = param.contiguous();
+      write_back_.push_back({param, target});
     }
+    const Tensor g = grad.dtype() == param.dtype() ? grad.contiguous() : grad.to(param.dtype());
+    keep_alive_.push_back(g);
+    FusedUpdate update;
+    update.kind = kind;
+    update.numel = param.numel();
+    update.param = target.data_ptr();
+    update.grad = g.data_ptr();
+    update.state0 = state0.defined() ? state0.data_ptr() : nullptr;
+    update.state1 = state1.defined() ? state1.data_ptr() : nullptr;
+    update.state2 = state2.defined() ? state2.data_ptr() : nullptr;
+    Group& group = GroupOf(param.device(), param.dtype());
+    group.updates.push_back(update);
+    return group.updates.back();
   }
-  const auto run = [&](int64_t k) {
-    const Piece& piece = pieces[static_cast<size_t>(k)];
-    update(piece.item, piece.begin, piece.end);
+
+  void Run() {
+    for (Group& group : groups_) {
+      GetBackend(group.device)
+          .FusedOptimizerUpdate(group.device.index(), group.dtype, group.updates);
+    }
+    for (auto& [param, copy] : write_back_) param.copy_(copy);
+  }
+
+ private:
+  struct Group {
+    Device device;
+    DType dtype;
+    std::vector<FusedUpdate> updates;
   };
-  const int64_t n = static_cast<int64_t>(pieces.size());
-  if (n <= 1) {
-    for (int64_t k = 0; k < n; ++k) run(k);
-    return;
+  Group& GroupOf(Device device, DType dtype) {
+    for (Group& g : groups_) {
+      if (g.device == device && g.dtype == dtype) return g;
+    }
+    groups_.push_back({device, dtype, {}});
+    return groups_.back();
   }
-  const std::vector<Device> devices = CpuWorkDevices();
-  if (devices.size() > 1) {
-    ::tandem::RunAcrossDevices(devices, static_cast<int>(n), [&](int k) { run(k); });
-  } else {
-    ParallelFor(devices[0], n, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t k = begin; k < end; ++k) run(k);
-    });
-  }
-}
-
-// ---- SGD's fused CPU update --------------------------------------------------------------
-
-struct SgdItem {
-  float* p;
-  const float* g;
-  float* buffer;  // null without momentum
-  bool first;     // the buffer starts as the gradient
-  float lr, momentum, dampening, weight_decay;
-  bool nesterov;
+  std::vector<Group> groups_;
+  std::vector<Tensor> keep_alive_;  // contiguous or converted gradients
+  std::vector<std::pair<Tensor, Tensor>> write_back_;
 };
-
-template <bool kDecay, bool kMomentum, bool kNesterov, bool kFirst>
-TANDEM_VECTORIZE void SgdKernel(const SgdItem& it, int64_t begin, int64_t end) {
-  float* __restrict p = it.p;
-  const float* __restrict g = it.g;
-  float* __restrict b = it.buffer;
-  const float lr = it.lr, momentum = it.momentum, keep = 1.0f - it.dampening;
-  const float decay = it.weight_decay;
-  for (int64_t j = begin; j < end; ++j) {
-    float d = g[j];
-    if (kDecay) d += decay * p[j];
-    if (kMomentum) {
-      const float bj = kFirst ? d : momentum * b[j] + keep * d;
-      b[j] = bj;
-      d = kNesterov ? d + momentum * bj : bj;
-    }
-    p[j] -= lr * d;
-  }
-}
-
-// The kernel compiled for this CPU's vector unit (tensor/kernels/vectorized.h).
-template <bool kDecay, bool kMomentum, bool kNesterov, bool kFirst>
-void SgdUpdate(const SgdItem& it, int64_t begin, int64_t end) {
-  ::tandem::vec::Vectorized(
-      [&] { SgdKernel<kDecay, kMomentum, kNesterov, kFirst>(it, begin, end); });
-}
-
-using SgdKernelFn = void (*)(const SgdItem&, int64_t, int64_t);
-
-SgdKernelFn PickSgdKernel(const SgdItem& it) {
-  static constexpr SgdKernelFn kTable[16] = {
-      SgdUpdate<false, false, false, false>, SgdUpdate<false, false, false, true>,
-      SgdUpdate<false, false, true, false>,  SgdUpdate<false, false, true, true>,
-      SgdUpdate<false, true, false, false>,  SgdUpdate<false, true, false, true>,
-      SgdUpdate<false, true, true, false>,   SgdUpdate<false, true, true, true>,
-      SgdUpdate<true, false, false, false>,  SgdUpdate<true, false, false, true>,
-      SgdUpdate<true, false, true, false>,   SgdUpdate<true, false, true, true>,
-      SgdUpdate<true, true, false, false>,   SgdUpdate<true, true, false, true>,
-      SgdUpdate<true, true, true, false>,    SgdUpdate<true, true, true, true>,
-  };
-  const bool momentum = it.buffer != nullptr;
-  return kTable[(it.weight_decay != 0.0f) * 8 + momentum * 4 + (momentum && it.nesterov) * 2 +
-                (momentum && it.first)];
-}
-
-// ---- Adam's and AdamW's fused CPU update -------------------------------------------------
 
 struct AdamHyper {
   double lr, beta1, beta2, eps, weight_decay;
 };
 
-struct AdamItem {
-  float* p;
-  const float* g;
-  float* m;
-  float* v;
-  float beta1, beta2, eps, weight_decay, step_size, inv_bc2_sqrt, decay_factor;
-  bool l2;  // weight decay folded into the gradient (Adam); AdamW scales p by decay_factor
-};
-
-TANDEM_VECTORIZE void AdamKernel(const AdamItem& it, int64_t begin, int64_t end) {
-  float* __restrict p = it.p;
-  const float* __restrict g = it.g;
-  float* __restrict m = it.m;
-  float* __restrict v = it.v;
-  const float b1 = it.beta1, b2 = it.beta2, c1 = 1.0f - it.beta1, c2 = 1.0f - it.beta2;
-  const float eps = it.eps, step_size = it.step_size, inv_bc2 = it.inv_bc2_sqrt;
-  const float l2 = it.l2 ? it.weight_decay : 0.0f, scale = it.decay_factor;
-  for (int64_t j = begin; j < end; ++j) {
-    const float pj = p[j] * scale;
-    const float d = g[j] + l2 * pj;
-    const float mj = b1 * m[j] + c1 * d;
-    const float vj = b2 * v[j] + c2 * (d * d);
-    m[j] = mj;
-    v[j] = vj;
-    p[j] = pj - step_size * (mj / (std::sqrt(vj) * inv_bc2 + eps));
-  }
-}
-
-// ---- RMSprop's fused CPU update ----------------------------------------------------------
-
-struct RmsItem {
-  float* p;
-  const float* g;
-  float* square_avg;
-  float* buffer;    // null without momentum
-  float* grad_avg;  // null unless centered
-  float lr, alpha, eps, weight_decay, momentum;
-};
-
-template <bool kMomentum, bool kCentered>
-TANDEM_VECTORIZE void RmsKernel(const RmsItem& it, int64_t begin, int64_t end) {
-  float* __restrict p = it.p;
-  const float* __restrict g = it.g;
-  float* __restrict v = it.square_avg;
-  float* __restrict b = it.buffer;
-  float* __restrict a = it.grad_avg;
-  const float alpha = it.alpha, rest = 1.0f - it.alpha, eps = it.eps, lr = it.lr;
-  const float decay = it.weight_decay, momentum = it.momentum;
-  for (int64_t j = begin; j < end; ++j) {
-    const float d = g[j] + decay * p[j];
-    const float vj = alpha * v[j] + rest * (d * d);
-    v[j] = vj;
-    float denom;
-    if (kCentered) {
-      const float aj = alpha * a[j] + rest * d;
-      a[j] = aj;
-      denom = std::sqrt(vj - aj * aj) + eps;
-    } else {
-      denom = std::sqrt(vj) + eps;
-    }
-    if (kMomentum) {
-      const float bj = momentum * b[j] + d / denom;
-      b[j] = bj;
-      p[j] -= lr * bj;
-    } else {
-      p[j] -= lr * (d / denom);
-    }
+// A state tensor for `param`: zeros, or `state` made contiguous (a loaded state may not be).
+void EnsureState(Tensor& state, const Tensor& param) {
+  if (!state.defined()) {
+    state = zeros_like(param);
+  } else if (!state.is_contiguous()) {
+    state = state.contiguous();
   }
 }
 
@@ -363,8 +242,7 @@ void SGD::CheckOptions(const OptimizerOptions& options) const {
 void SGD::step() {
   NoGradGuard no_grad;
   TANDEM_PROFILE_SCOPE("optim", name_ + ".step");
-  std::vector<SgdItem> items;
-  std::vector<int64_t> sizes;
+  FusedStep fused;
   ForEachParameter<SGDOptions>([&](const SGDOptions& o, size_t i) {
     Tensor& p = parameters_[i];
     const Tensor grad = p.grad();
@@ -372,29 +250,20 @@ void SGD::step() {
     Tensor& buffer = momentum_buffers_[i];
     const bool momentum = o.momentum() != 0.0;
     const bool first = momentum && !buffer.defined();
-    if (FusedOnCpu({&p, &grad, &buffer})) {
-      if (first) buffer = empty(p.shape(), TensorOptions().device(p.device()));
-      items.push_back({p.data<float>(), grad.data<float>(), momentum ? Floats(buffer) : nullptr,
-                       first, static_cast<float>(o.lr()), static_cast<float>(o.momentum()),
-                       static_cast<float>(o.dampening()), static_cast<float>(o.weight_decay()),
-                       o.nesterov()});
-      sizes.push_back(p.numel());
-      return;
+    if (first) {
+      buffer = empty(p.shape(), TensorOptions().dtype(p.dtype()).device(p.device()));
+    } else if (momentum) {
+      EnsureState(buffer, p);
     }
-    Tensor g = DecayedGradient(p, grad, o.weight_decay());
-    if (momentum) {
-      if (first) {
-        buffer = g.clone();
-      } else {
-        buffer.mul_(o.momentum()).add_(g, 1.0 - o.dampening());
-      }
-      g = o.nesterov() ? add(g, mul(buffer, o.momentum())) : buffer;
-    }
-    p.add_(g, -o.lr());
+    FusedUpdate& u = fused.Add(OptimizerKind::kSgd, p, grad, momentum ? buffer : Tensor());
+    u.lr = o.lr();
+    u.momentum = o.momentum();
+    u.dampening = o.dampening();
+    u.weight_decay = o.weight_decay();
+    u.nesterov = o.nesterov();
+    u.first = first;
   });
-  RunPieces(sizes, [&](size_t k, int64_t begin, int64_t end) {
-    PickSgdKernel(items[k])(items[k], begin, end);
-  });
+  fused.Run();
 }
 
 OptimizerState SGD::state_dict() const {
@@ -453,45 +322,28 @@ void AdamBase::ResizeState(size_t n) {
 void AdamBase::step() {
   NoGradGuard no_grad;
   TANDEM_PROFILE_SCOPE("optim", name_ + ".step");
-  std::vector<AdamItem> items;
-  std::vector<int64_t> sizes;
+  FusedStep fused;
   ForEachParameter<OptimizerOptions>([&](const OptimizerOptions& options, size_t i) {
     const AdamHyper o = HyperOf(options);
     Tensor& p = parameters_[i];
     const Tensor grad = p.grad();
     if (!grad.defined()) return;
-    Tensor& m = exp_avg_[i];
-    Tensor& v = exp_avg_sq_[i];
-    if (!m.defined()) {
-      m = zeros_like(p);
-      v = zeros_like(p);
-    }
+    EnsureState(exp_avg_[i], p);
+    EnsureState(exp_avg_sq_[i], p);
     const int64_t t = ++steps_[i];
     const double bias_correction1 = 1.0 - std::pow(o.beta1, static_cast<double>(t));
     const double bias_correction2 = 1.0 - std::pow(o.beta2, static_cast<double>(t));
-    const double decay_factor = decoupled_ ? 1.0 - o.lr * o.weight_decay : 1.0;
-    if (FusedOnCpu({&p, &grad, &m, &v})) {
-      items.push_back({p.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(),
-                       static_cast<float>(o.beta1), static_cast<float>(o.beta2),
-                       static_cast<float>(o.eps), static_cast<float>(o.weight_decay),
-                       static_cast<float>(o.lr / bias_correction1),
-                       static_cast<float>(1.0 / std::sqrt(bias_correction2)),
-                       static_cast<float>(decay_factor), !decoupled_});
-      sizes.push_back(p.numel());
-      return;
-    }
-    if (decoupled_ && o.weight_decay != 0.0) p.mul_(decay_factor);
-    const Tensor g = decoupled_ ? grad : DecayedGradient(p, grad, o.weight_decay);
-    m.mul_(o.beta1).add_(g, 1.0 - o.beta1);
-    v.mul_(o.beta2).add_(square(g), 1.0 - o.beta2);
-    // denom = sqrt(v) / sqrt(bias_correction2) + eps, built in one temporary.
-    Tensor denom = sqrt(v);
-    denom.mul_(1.0 / std::sqrt(bias_correction2)).add_(o.eps);
-    p.add_(div(m, denom), -o.lr / bias_correction1);
+    FusedUpdate& u = fused.Add(OptimizerKind::kAdam, p, grad, exp_avg_[i], exp_avg_sq_[i]);
+    u.beta1 = o.beta1;
+    u.beta2 = o.beta2;
+    u.eps = o.eps;
+    u.weight_decay = o.weight_decay;
+    u.step_size = o.lr / bias_correction1;
+    u.inv_bc2_sqrt = 1.0 / std::sqrt(bias_correction2);
+    u.decay_factor = decoupled_ ? 1.0 - o.lr * o.weight_decay : 1.0;
+    u.l2 = !decoupled_;
   });
-  RunPieces(sizes, [&](size_t k, int64_t begin, int64_t end) {
-    ::tandem::vec::Vectorized([&] { AdamKernel(items[k], begin, end); });
-  });
+  fused.Run();
 }
 
 OptimizerState AdamBase::state_dict() const {
@@ -584,60 +436,26 @@ void RMSprop::ResizeState(size_t n) {
 void RMSprop::step() {
   NoGradGuard no_grad;
   TANDEM_PROFILE_SCOPE("optim", name_ + ".step");
-  std::vector<RmsItem> items;
-  std::vector<int64_t> sizes;
+  FusedStep fused;
   ForEachParameter<RMSpropOptions>([&](const RMSpropOptions& o, size_t i) {
     Tensor& p = parameters_[i];
     const Tensor grad = p.grad();
     if (!grad.defined()) return;
-    Tensor& v = square_avg_[i];
-    Tensor& b = momentum_buffers_[i];
-    Tensor& a = grad_avg_[i];
-    if (!v.defined()) v = zeros_like(p);
     // Options may change between steps (a group's momentum set later): buffers start at 0.
-    if (o.momentum() > 0.0 && !b.defined()) b = zeros_like(p);
-    if (o.centered() && !a.defined()) a = zeros_like(p);
+    EnsureState(square_avg_[i], p);
+    if (o.momentum() > 0.0) EnsureState(momentum_buffers_[i], p);
+    if (o.centered()) EnsureState(grad_avg_[i], p);
     ++steps_[i];
-    if (FusedOnCpu({&p, &grad, &v, &b, &a})) {
-      items.push_back({p.data<float>(), grad.data<float>(), v.data<float>(),
-                       o.momentum() > 0.0 ? b.data<float>() : nullptr,
-                       o.centered() ? a.data<float>() : nullptr, static_cast<float>(o.lr()),
-                       static_cast<float>(o.alpha()), static_cast<float>(o.eps()),
-                       static_cast<float>(o.weight_decay()), static_cast<float>(o.momentum())});
-      sizes.push_back(p.numel());
-      return;
-    }
-    const Tensor g = DecayedGradient(p, grad, o.weight_decay());
-    v.mul_(o.alpha()).add_(square(g), 1.0 - o.alpha());
-    Tensor denom;
-    if (o.centered()) {
-      a.mul_(o.alpha()).add_(g, 1.0 - o.alpha());
-      denom = sqrt(sub(v, square(a)));
-    } else {
-      denom = sqrt(v);
-    }
-    denom.add_(o.eps());
-    if (o.momentum() > 0.0) {
-      b.mul_(o.momentum()).add_(div(g, denom));
-      p.add_(b, -o.lr());
-    } else {
-      p.add_(div(g, denom), -o.lr());
-    }
+    FusedUpdate& u = fused.Add(OptimizerKind::kRmsprop, p, grad, square_avg_[i],
+                               o.momentum() > 0.0 ? momentum_buffers_[i] : Tensor(),
+                               o.centered() ? grad_avg_[i] : Tensor());
+    u.lr = o.lr();
+    u.alpha = o.alpha();
+    u.eps = o.eps();
+    u.weight_decay = o.weight_decay();
+    u.momentum = o.momentum();
   });
-  RunPieces(sizes, [&](size_t k, int64_t begin, int64_t end) {
-    const RmsItem& it = items[k];
-    ::tandem::vec::Vectorized([&] {
-      if (it.buffer && it.grad_avg) {
-        RmsKernel<true, true>(it, begin, end);
-      } else if (it.buffer) {
-        RmsKernel<true, false>(it, begin, end);
-      } else if (it.grad_avg) {
-        RmsKernel<false, true>(it, begin, end);
-      } else {
-        RmsKernel<false, false>(it, begin, end);
-      }
-    });
-  });
+  fused.Run();
 }
 
 OptimizerState RMSprop::state_dict() const {
