@@ -1590,55 +1590,64 @@ void RunUpdatePieces(const std::vector<int64_t>& sizes, F&& update) {
 }
 
 // The loops over [begin, end) of one tensor, compiled for each combination of flags (so that
-// they vectorise) and for this CPU's vector unit (tensor/kernels/vectorized.h).
+// they vectorise) and for this CPU's vector unit (tensor/kernels/vectorized.h). The pointers
+// are __restrict here, in the loop's own scope: GCC does not carry the element functions'
+// qualifiers into the loop after inlining them, and would keep it scalar.
 template <bool kDecay, bool kMomentum, bool kNesterov, bool kFirst, typename T>
 TANDEM_VECTORIZE void SgdLoop(const TypedUpdate<T>& u, const FusedUpdate& t, int64_t begin,
                               int64_t end) {
-  T* p = static_cast<T*>(t.param);
-  const T* g = static_cast<const T*>(t.grad);
-  T* b = static_cast<T*>(t.state0);
+  T* __restrict p = static_cast<T*>(t.param);
+  const T* __restrict g = static_cast<const T*>(t.grad);
+  T* __restrict b = static_cast<T*>(t.state0);
   for (int64_t j = begin; j < end; ++j) {
     SgdElement<kDecay, kMomentum, kNesterov, kFirst>(u, p, g, b, j);
   }
+}
+
+// SgdLoop for this CPU's vector unit. Vectorized is inside each entry of SgdPiece's table:
+// it inlines what its callable calls, which a call through a pointer is not.
+template <bool kDecay, bool kMomentum, bool kNesterov, bool kFirst, typename T>
+void SgdRun(const TypedUpdate<T>& u, const FusedUpdate& t, int64_t begin, int64_t end) {
+  vec::Vectorized([&] { SgdLoop<kDecay, kMomentum, kNesterov, kFirst>(u, t, begin, end); });
 }
 
 template <typename T>
 void SgdPiece(const TypedUpdate<T>& u, const FusedUpdate& t, int64_t begin, int64_t end) {
   using Loop = void (*)(const TypedUpdate<T>&, const FusedUpdate&, int64_t, int64_t);
   static constexpr Loop kLoops[16] = {
-      SgdLoop<false, false, false, false, T>, SgdLoop<false, false, false, true, T>,
-      SgdLoop<false, false, true, false, T>,  SgdLoop<false, false, true, true, T>,
-      SgdLoop<false, true, false, false, T>,  SgdLoop<false, true, false, true, T>,
-      SgdLoop<false, true, true, false, T>,   SgdLoop<false, true, true, true, T>,
-      SgdLoop<true, false, false, false, T>,  SgdLoop<true, false, false, true, T>,
-      SgdLoop<true, false, true, false, T>,   SgdLoop<true, false, true, true, T>,
-      SgdLoop<true, true, false, false, T>,   SgdLoop<true, true, false, true, T>,
-      SgdLoop<true, true, true, false, T>,    SgdLoop<true, true, true, true, T>,
+      SgdRun<false, false, false, false, T>, SgdRun<false, false, false, true, T>,
+      SgdRun<false, false, true, false, T>,  SgdRun<false, false, true, true, T>,
+      SgdRun<false, true, false, false, T>,  SgdRun<false, true, false, true, T>,
+      SgdRun<false, true, true, false, T>,   SgdRun<false, true, true, true, T>,
+      SgdRun<true, false, false, false, T>,  SgdRun<true, false, false, true, T>,
+      SgdRun<true, false, true, false, T>,   SgdRun<true, false, true, true, T>,
+      SgdRun<true, true, false, false, T>,   SgdRun<true, true, false, true, T>,
+      SgdRun<true, true, true, false, T>,    SgdRun<true, true, true, true, T>,
   };
   const bool momentum = t.state0 != nullptr;
   const Loop loop = kLoops[(t.weight_decay != 0.0) * 8 + momentum * 4 +
                            (momentum && t.nesterov) * 2 + (momentum && t.first)];
-  vec::Vectorized([&] { loop(u, t, begin, end); });
+  loop(u, t, begin, end);
 }
 
 template <bool kL2, typename T>
 TANDEM_VECTORIZE void AdamLoop(const TypedUpdate<T>& u, const FusedUpdate& t, int64_t begin,
                                int64_t end) {
-  T* p = static_cast<T*>(t.param);
-  const T* g = static_cast<const T*>(t.grad);
-  T* m = static_cast<T*>(t.state0);
-  T* v = static_cast<T*>(t.state1);
+  T* __restrict p = static_cast<T*>(t.param);
+  const T* __restrict g = static_cast<const T*>(t.grad);
+  T* __restrict m = static_cast<T*>(t.state0);
+  T* __restrict v = static_cast<T*>(t.state1);
   for (int64_t j = begin; j < end; ++j) AdamElement<kL2>(u, p, g, m, v, j);
 }
 
 template <bool kMomentum, bool kCentered, typename T>
 TANDEM_VECTORIZE void RmspropLoop(const TypedUpdate<T>& u, const FusedUpdate& t, int64_t begin,
                                   int64_t end) {
-  T* p = static_cast<T*>(t.param);
-  const T* g = static_cast<const T*>(t.grad);
-  T* v = static_cast<T*>(t.state0);
-  T* b = static_cast<T*>(t.state1);
-  T* a = static_cast<T*>(t.state2);
+  T* __restrict p = static_cast<T*>(t.param);
+  const T* __restrict g = static_cast<const T*>(t.grad);
+  T* __restrict v = static_cast<T*>(t.state0);
+  T* __restrict b = static_cast<T*>(t.state1);
+  T* __restrict a = static_cast<T*>(t.state2);
   for (int64_t j = begin; j < end; ++j) {
     RmspropElement<kMomentum, kCentered>(u, p, g, v, b, a, j);
   }
