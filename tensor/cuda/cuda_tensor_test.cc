@@ -44,57 +44,104 @@ Tensor Leaf(const Tensor& t, Device device) {
   return t.detach().to(device).set_requires_grad(true);
 }
 
-TEST_F(CudaTensorTest, MlpForwardAndBackwardMatchTheCpu) {
-  Generator gen(11);
-  const Tensor x = randn({37, 20}, {}, &gen);
-  const Tensor targets = from_vector(std::vector<int64_t>(37, 3), {37}, kInt64);
-  const Tensor w1 = randn({16, 20}, {}, &gen) * 0.3, b1 = randn({16}, {}, &gen) * 0.1;
-  const Tensor w2 = randn({5, 16}, {}, &gen) * 0.3, b2 = randn({5}, {}, &gen) * 0.1;
+// How close a network's loss and gradients on cuda:0 must be to the CPU's, per dtype.
+template <typename T>
+struct NetTolerance;
 
+template <>
+struct NetTolerance<float> {
+  static constexpr DType kDType = kFloat32;
+  static constexpr double kLossRtol = 1e-5, kLossAtol = 1e-6, kGradRtol = 1e-4, kGradAtol = 1e-6;
+};
+
+template <>
+struct NetTolerance<double> {
+  static constexpr DType kDType = kFloat64;
+  // Both devices compute in double: only the order of sums (GEMM, reductions) differs.
+  static constexpr double kLossRtol = 1e-10, kLossAtol = 1e-10, kGradRtol = 1e-10,
+                          kGradAtol = 1e-10;
+};
+
+// The loss and the parameter gradients of `forward` (inputs on the run's device, parameters)
+// on cuda:0 against the CPU, in T. The parameters are drawn in float32 and widened for
+// float64, so that both runs start from the same numbers.
+template <typename T>
+void ExpectNetMatchesTheCpu(
+    const std::vector<Tensor>& float_params, const Tensor& inputs, const Tensor& targets,
+    const std::function<Tensor(const Tensor&, const std::vector<Tensor>&)>& forward) {
+  using Tolerance = NetTolerance<T>;
+  const DType dtype = Tolerance::kDType;
+  const std::string prefix = std::string(DTypeName(dtype)) + " ";
   std::vector<Tensor> grads[2];
   Tensor losses[2];
   for (int run = 0; run < 2; ++run) {
     const Device device = run == 0 ? kCpu : kCuda;
-    std::vector<Tensor> params = {Leaf(w1, device), Leaf(b1, device), Leaf(w2, device),
-                                  Leaf(b2, device)};
-    const Tensor hidden = relu(linear(x.to(device), params[0], params[1]));
-    const Tensor logits = linear(hidden, params[2], params[3]);
-    losses[run] = cross_entropy(logits, targets.to(device));
+    std::vector<Tensor> params;
+    for (const Tensor& p : float_params) params.push_back(Leaf(p.to(dtype), device));
+    losses[run] = cross_entropy(forward(inputs.to(dtype).to(device), params), targets.to(device));
+    EXPECT_EQ(losses[run].dtype(), dtype);
     EXPECT_EQ(losses[run].device(), device);
     losses[run].backward();
     for (const Tensor& p : params) grads[run].push_back(p.grad());
   }
-  ExpectClose(losses[0], losses[1], 1e-5, 1e-6, "loss");
+  ExpectClose(losses[0], losses[1], Tolerance::kLossRtol, Tolerance::kLossAtol, prefix + "loss");
   for (size_t i = 0; i < grads[0].size(); ++i) {
     EXPECT_EQ(grads[1][i].device(), kCuda);
-    ExpectClose(grads[0][i], grads[1][i], 1e-4, 1e-6, "gradient " + std::to_string(i));
+    EXPECT_EQ(grads[1][i].dtype(), dtype);
+    ExpectClose(grads[0][i], grads[1][i], Tolerance::kGradRtol, Tolerance::kGradAtol,
+                prefix + "gradient " + std::to_string(i));
   }
 }
 
-TEST_F(CudaTensorTest, ConvNetForwardAndBackwardMatchTheCpu) {
-  Generator gen(5);
-  const Tensor images = randn({3, 2, 12, 12}, {}, &gen);
-  const Tensor targets = from_vector(std::vector<int64_t>{0, 4, 2}, {3}, kInt64);
-  const Tensor conv_w = randn({4, 2, 3, 3}, {}, &gen) * 0.3, conv_b = randn({4}, {}, &gen) * 0.1;
-  const Tensor fc_w = randn({5, 4 * 6 * 6}, {}, &gen) * 0.1, fc_b = randn({5}, {}, &gen) * 0.1;
+// A two-layer MLP from `seed`, every row of the batch labelled `target`; `activation` maps
+// the first layer's output to the second's input.
+template <typename T>
+void ExpectMlpMatchesTheCpu(uint64_t seed, int64_t target,
+                            const std::function<Tensor(const Tensor&)>& activation) {
+  Generator gen(seed);
+  const Tensor x = randn({37, 20}, {}, &gen);
+  const Tensor targets = from_vector(std::vector<int64_t>(37, target), {37}, kInt64);
+  const Tensor w1 = randn({16, 20}, {}, &gen) * 0.3, b1 = randn({16}, {}, &gen) * 0.1;
+  const Tensor w2 = randn({5, 16}, {}, &gen) * 0.3, b2 = randn({5}, {}, &gen) * 0.1;
+  ExpectNetMatchesTheCpu<T>({w1, b1, w2, b2}, x, targets,
+                            [&](const Tensor& in, const std::vector<Tensor>& p) {
+                              const Tensor hidden = activation(linear(in, p[0], p[1]));
+                              return linear(hidden, p[2], p[3]);
+                            });
+}
 
-  std::vector<Tensor> grads[2];
-  Tensor losses[2];
-  for (int run = 0; run < 2; ++run) {
-    const Device device = run == 0 ? kCpu : kCuda;
-    std::vector<Tensor> params = {Leaf(conv_w, device), Leaf(conv_b, device), Leaf(fc_w, device),
-                                  Leaf(fc_b, device)};
-    const Tensor conv = relu(conv2d(images.to(device), params[0], params[1], {1, 1}, {1, 1}));
-    const Tensor pooled = max_pool2d(conv, {2, 2});
-    const Tensor logits = linear(pooled.flatten(1), params[2], params[3]);
-    losses[run] = cross_entropy(logits, targets.to(device));
-    losses[run].backward();
-    for (const Tensor& p : params) grads[run].push_back(p.grad());
-  }
-  ExpectClose(losses[0], losses[1], 1e-5, 1e-6, "loss");
-  for (size_t i = 0; i < grads[0].size(); ++i) {
-    ExpectClose(grads[0][i], grads[1][i], 1e-4, 1e-6, "gradient " + std::to_string(i));
-  }
+TEST_F(CudaTensorTest, MlpForwardAndBackwardMatchTheCpu) {
+  ExpectMlpMatchesTheCpu<float>(11, 3, [](const Tensor& h) { return relu(h); });
+  ExpectMlpMatchesTheCpu<double>(17, 2, [](const Tensor& h) {
+    const Tensor t = tanh(h);
+    return relu(t) + sigmoid(t);
+  });
+}
+
+// A convolution, ReLU and `pool` (to `features` values per image), then a linear layer, on
+// three 2x12x12 images from `seed`.
+template <typename T>
+void ExpectConvNetMatchesTheCpu(uint64_t seed, const std::vector<int64_t>& labels, int64_t features,
+                                const std::function<Tensor(const Tensor&)>& pool) {
+  Generator gen(seed);
+  const Tensor images = randn({3, 2, 12, 12}, {}, &gen);
+  const Tensor targets = from_vector(labels, {3}, kInt64);
+  const Tensor conv_w = randn({4, 2, 3, 3}, {}, &gen) * 0.3, conv_b = randn({4}, {}, &gen) * 0.1;
+  const Tensor fc_w = randn({5, features}, {}, &gen) * 0.1, fc_b = randn({5}, {}, &gen) * 0.1;
+  ExpectNetMatchesTheCpu<T>({conv_w, conv_b, fc_w, fc_b}, images, targets,
+                            [&](const Tensor& in, const std::vector<Tensor>& p) {
+                              const Tensor conv = relu(conv2d(in, p[0], p[1], {1, 1}, {1, 1}));
+                              return linear(pool(conv).flatten(1), p[2], p[3]);
+                            });
+}
+
+TEST_F(CudaTensorTest, ConvNetForwardAndBackwardMatchTheCpu) {
+  ExpectConvNetMatchesTheCpu<float>(5, {0, 4, 2}, 4 * 6 * 6, [](const Tensor& conv) {
+    return max_pool2d(conv, {2, 2});
+  });
+  ExpectConvNetMatchesTheCpu<double>(23, {1, 4, 0}, 4 * 3 * 3, [](const Tensor& conv) {
+    return adaptive_avg_pool2d(max_pool2d(conv, {2, 2}), {3, 3});
+  });
 }
 
 TEST_F(CudaTensorTest, GradientsFlowBackAcrossDevices) {
@@ -170,66 +217,6 @@ TEST_F(CudaTensorTest, MemoryStatisticsFollowTensors) {
 }
 
 // ---- float64 ------------------------------------------------------------------------------------
-
-// Float64 leaves of float32 `t` on `device`: the float32 values widened, so that the two runs
-// start from the same numbers.
-Tensor Leaf64(const Tensor& t, Device device) { return Leaf(t.to(kFloat64), device); }
-
-TEST_F(CudaTensorTest, Float64MlpForwardAndBackwardMatchTheCpu) {
-  Generator gen(17);
-  const Tensor x = randn({37, 20}, {}, &gen).to(kFloat64);
-  const Tensor targets = from_vector(std::vector<int64_t>(37, 2), {37}, kInt64);
-  const Tensor w1 = randn({16, 20}, {}, &gen) * 0.3, b1 = randn({16}, {}, &gen) * 0.1;
-  const Tensor w2 = randn({5, 16}, {}, &gen) * 0.3, b2 = randn({5}, {}, &gen) * 0.1;
-
-  std::vector<Tensor> grads[2];
-  Tensor losses[2];
-  for (int run = 0; run < 2; ++run) {
-    const Device device = run == 0 ? kCpu : kCuda;
-    std::vector<Tensor> params = {Leaf64(w1, device), Leaf64(b1, device), Leaf64(w2, device),
-                                  Leaf64(b2, device)};
-    const Tensor hidden = tanh(linear(x.to(device), params[0], params[1]));
-    const Tensor logits = linear(relu(hidden) + sigmoid(hidden), params[2], params[3]);
-    losses[run] = cross_entropy(logits, targets.to(device));
-    EXPECT_EQ(losses[run].dtype(), kFloat64);
-    EXPECT_EQ(losses[run].device(), device);
-    losses[run].backward();
-    for (const Tensor& p : params) grads[run].push_back(p.grad());
-  }
-  // Both devices compute in double: only the order of sums (GEMM, reductions) differs.
-  ExpectClose(losses[0], losses[1], 1e-10, 1e-10, "float64 loss");
-  for (size_t i = 0; i < grads[0].size(); ++i) {
-    EXPECT_EQ(grads[1][i].device(), kCuda);
-    EXPECT_EQ(grads[1][i].dtype(), kFloat64);
-    ExpectClose(grads[0][i], grads[1][i], 1e-10, 1e-10, "float64 gradient " + std::to_string(i));
-  }
-}
-
-TEST_F(CudaTensorTest, Float64ConvNetForwardAndBackwardMatchTheCpu) {
-  Generator gen(23);
-  const Tensor images = randn({3, 2, 12, 12}, {}, &gen).to(kFloat64);
-  const Tensor targets = from_vector(std::vector<int64_t>{1, 4, 0}, {3}, kInt64);
-  const Tensor conv_w = randn({4, 2, 3, 3}, {}, &gen) * 0.3, conv_b = randn({4}, {}, &gen) * 0.1;
-  const Tensor fc_w = randn({5, 4 * 3 * 3}, {}, &gen) * 0.1, fc_b = randn({5}, {}, &gen) * 0.1;
-
-  std::vector<Tensor> grads[2];
-  Tensor losses[2];
-  for (int run = 0; run < 2; ++run) {
-    const Device device = run == 0 ? kCpu : kCuda;
-    std::vector<Tensor> params = {Leaf64(conv_w, device), Leaf64(conv_b, device),
-                                  Leaf64(fc_w, device), Leaf64(fc_b, device)};
-    const Tensor conv = relu(conv2d(images.to(device), params[0], params[1], {1, 1}, {1, 1}));
-    const Tensor pooled = adaptive_avg_pool2d(max_pool2d(conv, {2, 2}), {3, 3});
-    const Tensor logits = linear(pooled.flatten(1), params[2], params[3]);
-    losses[run] = cross_entropy(logits, targets.to(device));
-    losses[run].backward();
-    for (const Tensor& p : params) grads[run].push_back(p.grad());
-  }
-  ExpectClose(losses[0], losses[1], 1e-10, 1e-10, "float64 loss");
-  for (size_t i = 0; i < grads[0].size(); ++i) {
-    ExpectClose(grads[0][i], grads[1][i], 1e-10, 1e-10, "float64 gradient " + std::to_string(i));
-  }
-}
 
 TEST_F(CudaTensorTest, Float64RandomNumbersAreTheFloat32OnesWidened) {
   Generator float_gen(99), double_gen(99);
