@@ -142,21 +142,34 @@ cublasStatus_t Queue(cublasHandle_t handle, cublasOperation_t ta, cublasOperatio
       }
       const T* ai = a + i * stride_a;
       const T* bi = b + i * stride_b;
+      std::vector<float> a32, b32;  // TF32-rounded operands (float only)
       if constexpr (std::is_same_v<T, float>) {
-        std::vector<float> a32, b32;
         if (tf32) {
           a32 = Tf32Copy(ai, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, lda);
           b32 = Tf32Copy(bi, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, ldb);
           ai = a32.data();
           bi = b32.data();
         }
-        ColumnMajorGemm(Trans(ta), Trans(tb), m, n, k, alpha, ai, lda, bi, ldb, beta, ci, ldc);
-      } else {
-        ColumnMajorGemm(Trans(ta), Trans(tb), m, n, k, alpha, ai, lda, bi, ldb, beta, ci, ldc);
       }
+      ColumnMajorGemm(Trans(ta), Trans(tb), m, n, k, alpha, ai, lda, bi, ldb, beta, ci, ldc);
     }
   });
   return CUBLAS_STATUS_SUCCESS;
+}
+
+// The four GEMM entry points: cuBLAS's argument checks (the handle, then the sizes and leading
+// dimensions, then the batch count), then Queue.
+template <typename T>
+cublasStatus_t CheckedGemm(const char* name, cublasHandle_t handle, cublasOperation_t ta,
+                           cublasOperation_t tb, int m, int n, int k, const T* alpha, const T* a,
+                           int lda, long long stride_a, const T* b, int ldb, long long stride_b,
+                           const T* beta, T* c, int ldc, long long stride_c, int batch) {
+  if (!Live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  const cublasStatus_t status = CheckGemm(name, ta, tb, m, n, k, lda, ldb, ldc);
+  if (status != CUBLAS_STATUS_SUCCESS) return status;
+  if (batch < 0) return Invalid(std::string(name) + ": batch_count < 0");
+  return Queue(handle, ta, tb, m, n, k, *alpha, a, lda, stride_a, b, ldb, stride_b, *beta, c, ldc,
+               stride_c, batch);
 }
 
 }  // namespace
@@ -263,10 +276,8 @@ cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa,
                            cublasOperation_t transb, int m, int n, int k, const float* alpha,
                            const float* a, int lda, const float* b, int ldb, const float* beta,
                            float* c, int ldc) {
-  if (!Live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
-  const cublasStatus_t status = CheckGemm("cublasSgemm", transa, transb, m, n, k, lda, ldb, ldc);
-  if (status != CUBLAS_STATUS_SUCCESS) return status;
-  return Queue(handle, transa, transb, m, n, k, *alpha, a, lda, 0, b, ldb, 0, *beta, c, ldc, 0, 1);
+  return CheckedGemm("cublasSgemm", handle, transa, transb, m, n, k, alpha, a, lda, 0, b, ldb, 0,
+                     beta, c, ldc, 0, 1);
 }
 
 cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
@@ -275,23 +286,16 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
                                          long long stride_a, const float* b, int ldb,
                                          long long stride_b, const float* beta, float* c, int ldc,
                                          long long stride_c, int batch_count) {
-  if (!Live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
-  const cublasStatus_t status =
-      CheckGemm("cublasSgemmStridedBatched", transa, transb, m, n, k, lda, ldb, ldc);
-  if (status != CUBLAS_STATUS_SUCCESS) return status;
-  if (batch_count < 0) return Invalid("cublasSgemmStridedBatched: batch_count < 0");
-  return Queue(handle, transa, transb, m, n, k, *alpha, a, lda, stride_a, b, ldb, stride_b, *beta,
-               c, ldc, stride_c, batch_count);
+  return CheckedGemm("cublasSgemmStridedBatched", handle, transa, transb, m, n, k, alpha, a, lda,
+                     stride_a, b, ldb, stride_b, beta, c, ldc, stride_c, batch_count);
 }
 
 cublasStatus_t cublasDgemm(cublasHandle_t handle, cublasOperation_t transa,
                            cublasOperation_t transb, int m, int n, int k, const double* alpha,
                            const double* a, int lda, const double* b, int ldb, const double* beta,
                            double* c, int ldc) {
-  if (!Live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
-  const cublasStatus_t status = CheckGemm("cublasDgemm", transa, transb, m, n, k, lda, ldb, ldc);
-  if (status != CUBLAS_STATUS_SUCCESS) return status;
-  return Queue(handle, transa, transb, m, n, k, *alpha, a, lda, 0, b, ldb, 0, *beta, c, ldc, 0, 1);
+  return CheckedGemm("cublasDgemm", handle, transa, transb, m, n, k, alpha, a, lda, 0, b, ldb, 0,
+                     beta, c, ldc, 0, 1);
 }
 
 cublasStatus_t cublasDgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
@@ -300,13 +304,8 @@ cublasStatus_t cublasDgemmStridedBatched(cublasHandle_t handle, cublasOperation_
                                          long long stride_a, const double* b, int ldb,
                                          long long stride_b, const double* beta, double* c, int ldc,
                                          long long stride_c, int batch_count) {
-  if (!Live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
-  const cublasStatus_t status =
-      CheckGemm("cublasDgemmStridedBatched", transa, transb, m, n, k, lda, ldb, ldc);
-  if (status != CUBLAS_STATUS_SUCCESS) return status;
-  if (batch_count < 0) return Invalid("cublasDgemmStridedBatched: batch_count < 0");
-  return Queue(handle, transa, transb, m, n, k, *alpha, a, lda, stride_a, b, ldb, stride_b, *beta,
-               c, ldc, stride_c, batch_count);
+  return CheckedGemm("cublasDgemmStridedBatched", handle, transa, transb, m, n, k, alpha, a, lda,
+                     stride_a, b, ldb, stride_b, beta, c, ldc, stride_c, batch_count);
 }
 
 }  // extern "C"
