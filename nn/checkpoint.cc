@@ -75,10 +75,8 @@ std::vector<uint8_t> Serialize(const std::vector<CheckpointEntry>& entries) {
     for (int64_t size : value.shape()) body.Int<int64_t>(size);
     const uint64_t data_bytes = static_cast<uint64_t>(value.numel()) * ElementSize(value.dtype());
     body.Int<uint64_t>(data_bytes);
-    DispatchDType(value.dtype(), "checkpoint", [&](auto tag) {
-      const auto values = value.to_vector<typename decltype(tag)::type>();
-      body.Bytes(values.data(), data_bytes);
-    });
+    const Tensor host = value.detach().to(Device::Cpu(0)).contiguous();
+    body.Bytes(host.raw_data(), data_bytes);
     TANDEM_CHECK(body.bytes().size() <= UINT32_MAX, "checkpoint: tensor '", entry.name, "' (",
                  ShapeToString(value.shape()), ") is too large for format version ", kVersion,
                  " (records hold at most 4 GiB)");

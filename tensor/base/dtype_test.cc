@@ -31,8 +31,26 @@ TEST(DTypeTest, TheTableGivesSizesNamesAndCodes) {
   EXPECT_EQ(static_cast<int>(kFloat32), 0);
   EXPECT_EQ(static_cast<int>(kInt64), 1);
   EXPECT_EQ(static_cast<int>(kFloat64), 2);
-  EXPECT_TRUE(IsValidDTypeCode(2));
-  EXPECT_FALSE(IsValidDTypeCode(3));
+  EXPECT_EQ(static_cast<int>(kBFloat16), 3);
+  EXPECT_EQ(static_cast<int>(kFloat16), 4);
+  EXPECT_EQ(static_cast<int>(kBool), 5);
+  EXPECT_EQ(static_cast<int>(kInt32), 6);
+  EXPECT_EQ(static_cast<int>(kUInt8), 7);
+  EXPECT_EQ(ElementSize(kBFloat16), 2u);
+  EXPECT_EQ(ElementSize(kFloat16), 2u);
+  EXPECT_EQ(ElementSize(kBool), 1u);
+  EXPECT_EQ(ElementSize(kInt32), 4u);
+  EXPECT_EQ(ElementSize(kUInt8), 1u);
+  EXPECT_STREQ(DTypeName(kBFloat16), "bfloat16");
+  EXPECT_STREQ(DTypeName(kHalf), "float16");
+  EXPECT_TRUE(IsValidDTypeCode(7));
+  EXPECT_FALSE(IsValidDTypeCode(8));
+  EXPECT_TRUE(IsFloatingPoint(kBFloat16));
+  EXPECT_TRUE(IsReducedFloatingPoint(kFloat16));
+  EXPECT_FALSE(IsReducedFloatingPoint(kFloat32));
+  EXPECT_TRUE(IsIntegral(kUInt8));
+  EXPECT_FALSE(IsIntegral(kBool));
+  EXPECT_TRUE(IsIntegral(kBool, /*include_bool=*/true));
   EXPECT_FALSE(IsValidDTypeCode(-1));
   EXPECT_TRUE(IsFloatingPoint(kFloat64));
   EXPECT_FALSE(IsFloatingPoint(kInt64));
@@ -50,6 +68,18 @@ TEST(DTypeTest, DispatchCallsTheBodyWithTheCppTypeOrSaysWhatTheOpTakes) {
 }
 
 TEST(DTypeTest, PromotionFollowsPyTorch) {
+  // torch.promote_types over the lattice bool < uint8 < int32 < int64 < 16-bit floats <
+  // float32 < float64.
+  EXPECT_EQ(PromoteTypes(kBool, kUInt8), kUInt8);
+  EXPECT_EQ(PromoteTypes(kUInt8, kInt32), kInt32);
+  EXPECT_EQ(PromoteTypes(kInt32, kInt64), kInt64);
+  EXPECT_EQ(PromoteTypes(kInt64, kBFloat16), kBFloat16);
+  EXPECT_EQ(PromoteTypes(kFloat16, kUInt8), kFloat16);
+  EXPECT_EQ(PromoteTypes(kBFloat16, kFloat16), kFloat32);
+  EXPECT_EQ(PromoteTypes(kFloat16, kBFloat16), kFloat32);
+  EXPECT_EQ(PromoteTypes(kBFloat16, kFloat32), kFloat32);
+  EXPECT_EQ(PromoteTypes(kFloat16, kFloat64), kFloat64);
+  EXPECT_EQ(PromoteTypes(kBool, kBool), kBool);
   EXPECT_EQ(PromoteTypes(kInt64, kFloat32), kFloat32);
   EXPECT_EQ(PromoteTypes(kFloat32, kFloat64), kFloat64);
   EXPECT_EQ(PromoteTypes(kInt64, kFloat64), kFloat64);
