@@ -31,7 +31,9 @@
 #include <vector>
 
 #include "tensor/base/error.h"
+#include "tensor/base/half.h"
 #include "tensor/base/philox.h"
+#include "tensor/kernels/float_conversions.h"
 #include "tensor/kernels/internal/elementwise_math.h"
 #include "tensor/kernels/internal/optimizer_math.h"
 #include "tensor/kernels/internal/pooling_math.h"
@@ -274,6 +276,126 @@ void BinaryRun(T* dst, const T* a, const T* b, int64_t n, const int64_t* strides
   }
 }
 
+// ---- 16-bit floats ----------------------------------------------------------------------
+// Elementwise kernels on BFloat16/Half work through float chunks: load a chunk as float
+// (vectorised conversion), run the float loop, round the chunk into the output. Each element
+// is still the float function of its inputs, rounded once (ApplyUnary's BFloat16 overload).
+
+// Elements per chunk: the float buffers stay in L1.
+constexpr int64_t kFloatChunk = 512;
+
+// out[i] = float(in[i * stride]) for i < n.
+template <typename T>
+inline void LoadAsFloat(const T* in, int64_t stride, int64_t n, float* __restrict out) {
+  if (stride == 1) {
+    vec::ToFloatLoop(in, out, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = vec::conversions_internal::ToFloatElement(in[i * stride]);
+  }
+}
+
+// out[i * stride] = T(in[i]) for i < n, rounded to nearest even.
+template <typename T>
+inline void StoreRounded(const float* __restrict in, int64_t n, T* out, int64_t stride) {
+  if (stride == 1) {
+    vec::FromFloatLoop(in, out, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      out[i * stride] = vec::conversions_internal::FromFloatElement<T>(in[i]);
+    }
+  }
+}
+
+template <UnaryOp kOp>
+TANDEM_VECTORIZE inline void UnaryFloatLoop(float* __restrict out, const float* __restrict in,
+                                            int64_t n, float s) {
+  for (int64_t i = 0; i < n; ++i) out[i] = ApplyUnary(kOp, in[i], s);
+}
+
+template <BinaryOp kOp>
+TANDEM_VECTORIZE inline void BinaryFloatLoop(float* __restrict out, const float* __restrict a,
+                                             int64_t sa, const float* __restrict b, int64_t sb,
+                                             int64_t n) {
+  if (sa == 1 && sb == 1) {
+    for (int64_t i = 0; i < n; ++i) out[i] = ApplyBinary(kOp, a[i], b[i]);
+  } else if (sa == 1) {
+    const float bv = *b;
+    for (int64_t i = 0; i < n; ++i) out[i] = ApplyBinary(kOp, a[i], bv);
+  } else if (sb == 1) {
+    const float av = *a;
+    for (int64_t i = 0; i < n; ++i) out[i] = ApplyBinary(kOp, av, b[i]);
+  } else {
+    const float value = ApplyBinary(kOp, *a, *b);
+    for (int64_t i = 0; i < n; ++i) out[i] = value;
+  }
+}
+
+template <UnaryOp kOp, typename T>
+void UnaryRunReduced(T* dst, const T* src, int64_t n, int64_t dst_stride, int64_t src_stride,
+                     float s) {
+  float in[kFloatChunk], out[kFloatChunk];
+  for (int64_t c = 0; c < n; c += kFloatChunk) {
+    const int64_t m = std::min(kFloatChunk, n - c);
+    vec::Vectorized([&] {
+      if (src_stride == 0) {  // a broadcast input: one value
+        std::fill(out, out + m, ApplyUnary(kOp, static_cast<float>(*src), s));
+      } else {
+        LoadAsFloat(src + c * src_stride, src_stride, m, in);
+        UnaryFloatLoop<kOp>(out, in, m, s);
+      }
+      StoreRounded(out, m, dst + c * dst_stride, dst_stride);
+    });
+  }
+}
+
+template <BinaryOp kOp, typename T>
+void BinaryRunReduced(T* dst, const T* a, const T* b, int64_t n, const int64_t* strides) {
+  const int64_t sd = strides[0], sa = strides[1], sb = strides[2];
+  float fa[kFloatChunk], fb[kFloatChunk], out[kFloatChunk];
+  // A broadcast operand (stride 0) is loaded once, as a single float.
+  if (sa == 0) fa[0] = static_cast<float>(*a);
+  if (sb == 0) fb[0] = static_cast<float>(*b);
+  for (int64_t c = 0; c < n; c += kFloatChunk) {
+    const int64_t m = std::min(kFloatChunk, n - c);
+    vec::Vectorized([&] {
+      if (sa != 0) LoadAsFloat(a + c * sa, sa, m, fa);
+      if (sb != 0) LoadAsFloat(b + c * sb, sb, m, fb);
+      BinaryFloatLoop<kOp>(out, fa, sa == 0 ? 0 : 1, fb, sb == 0 ? 0 : 1, m);
+      StoreRounded(out, m, dst + c * sd, sd);
+    });
+  }
+}
+
+// dst[i] = op(a[i], b[i]) as a bool, for the comparisons into a kBool output.
+template <BinaryOp kOp, typename T>
+void CompareRun(bool* dst, const T* a, const T* b, int64_t n, const int64_t* strides) {
+  const int64_t sd = strides[0], sa = strides[1], sb = strides[2];
+  if (sd == 1 && sa == 1 && sb == 1) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = ApplyComparison(kOp, a[i], b[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i * sd] = ApplyComparison(kOp, a[i * sa], b[i * sb]);
+  }
+}
+
+// One element converted as Copy converts: bool is "nonzero" (NaN included); a floating value
+// goes to uint8 through int64, so that negative values wrap as they do in PyTorch on x86
+// (a direct float-to-uint8 conversion of them is undefined in C++).
+template <typename To, typename From>
+inline To ConvertElement(From x) {
+  if constexpr (std::is_same_v<To, From>) {
+    return x;
+  } else if constexpr (std::is_same_v<To, bool>) {
+    return static_cast<OpMath<From>>(x) != OpMath<From>(0);
+  } else if constexpr (std::is_same_v<To, uint8_t> && !std::is_integral_v<From>) {
+    return static_cast<uint8_t>(static_cast<int64_t>(static_cast<OpMath<From>>(x)));
+  } else if constexpr (kIsReducedFloat<To>) {
+    return To(static_cast<float>(static_cast<OpMath<From>>(x)));
+  } else {
+    return static_cast<To>(static_cast<OpMath<From>>(x));
+  }
+}
+
 template <typename T>
 TANDEM_VECTORIZE inline void FillLoop(T* __restrict dst, int64_t n, T value) {
   for (int64_t i = 0; i < n; ++i) dst[i] = value;
@@ -284,12 +406,22 @@ void ConvertRun(To* dst, const From* src, int64_t n, int64_t dst_stride, int64_t
   if (dst_stride == 1 && src_stride == 0) {
     // A broadcast (conv2d's bias over each output plane): GCC's -O2 leaves a plain fill of a
     // non-zero value scalar.
-    const To value = static_cast<To>(*src);
+    const To value = ConvertElement<To>(*src);
     vec::Vectorized([&] { FillLoop(dst, n, value); });
   } else if (dst_stride == 1 && src_stride == 1) {
-    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<To>(src[i]);
+    // float <-> 16-bit float: the vectorised conversions (autocast and mixed-precision
+    // training convert whole tensors every step).
+    if constexpr (std::is_same_v<To, float> && kIsReducedFloat<From>) {
+      vec::ToFloat(src, dst, n);
+    } else if constexpr (kIsReducedFloat<To> && std::is_same_v<From, float>) {
+      vec::FromFloat(src, dst, n);
+    } else {
+      for (int64_t i = 0; i < n; ++i) dst[i] = ConvertElement<To>(src[i]);
+    }
   } else {
-    for (int64_t i = 0; i < n; ++i) dst[i * dst_stride] = static_cast<To>(src[i * src_stride]);
+    for (int64_t i = 0; i < n; ++i) {
+      dst[i * dst_stride] = ConvertElement<To>(src[i * src_stride]);
+    }
   }
 }
 
@@ -304,9 +436,11 @@ void FillRun(T* dst, int64_t n, int64_t stride, T value) {
 
 // ---- Reductions -------------------------------------------------------------------------
 
-// Wider accumulators for sums: double for float32 (see kSumBlock), int64 for int64.
+// Wider accumulators for sums: double for every floating type (see kSumBlock; the 16-bit
+// floats round once, from the double sum, as float32 does), int64 for the integers and bool
+// (converted back to their own dtype: the ops layer widens first where PyTorch does).
 template <typename T>
-using SumAccumulator = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
+using SumAccumulator = std::conditional_t<std::is_integral_v<T>, int64_t, double>;
 
 // Sum of n contiguous elements, with eight independent accumulators so that the loop
 // vectorises without reassociating a single chain (which the compiler may not do).
@@ -324,15 +458,59 @@ SumAccumulator<T> SumContiguous(const T* x, int64_t n) {
          ((partial[4] + partial[5]) + (partial[6] + partial[7])) + tail;
 }
 
+// SumContiguous for the 16-bit floats: the same sum, in the same order, of the values
+// converted to float a chunk at a time (vectorised), so it equals the float32 kernel's sum of
+// the same values.
+template <typename T>
+double SumContiguousReduced(const T* x, int64_t n) {
+  static_assert(kFloatChunk % 8 == 0, "chunks must keep the eight accumulators' lanes");
+  double partial[8] = {};
+  double tail = 0;
+  float buffer[kFloatChunk];
+  for (int64_t c = 0; c < n; c += kFloatChunk) {
+    const int64_t m = std::min(kFloatChunk, n - c);
+    vec::Vectorized([&] { vec::ToFloatLoop(x + c, buffer, m); });
+    int64_t i = 0;
+    for (; i + 8 <= m; i += 8) {
+      for (int j = 0; j < 8; ++j) partial[j] += static_cast<double>(buffer[i + j]);
+    }
+    for (; i < m; ++i) tail += static_cast<double>(buffer[i]);
+  }
+  return ((partial[0] + partial[1]) + (partial[2] + partial[3])) +
+         ((partial[4] + partial[5]) + (partial[6] + partial[7])) + tail;
+}
+
+template <typename T>
+SumAccumulator<T> SumRow(const T* x, int64_t n) {
+  if constexpr (kIsReducedFloat<T>) {
+    return SumContiguousReduced(x, n);
+  } else {
+    return SumContiguous(x, n);
+  }
+}
+
+// An element as its sum accumulator.
+template <typename Acc, typename T>
+inline Acc Widen(T x) {
+  if constexpr (kIsReducedFloat<T>) {
+    return static_cast<Acc>(vec::conversions_internal::ToFloatElement(x));
+  } else {
+    return static_cast<Acc>(x);
+  }
+}
+
 // Whether `candidate` replaces `best` in a max (kMax) or min reduction. NaN wins over any
 // number (PyTorch propagates NaN through max/min and its argmax picks the NaN); among equal
 // values the earlier one stays.
 template <bool kMax, typename T>
 inline bool Replaces(T candidate, T best) {
-  if constexpr (std::is_floating_point_v<T>) {
-    if (std::isnan(candidate)) return !std::isnan(best);
+  if constexpr (!std::is_integral_v<T>) {
+    const OpMath<T> c = static_cast<OpMath<T>>(candidate), b = static_cast<OpMath<T>>(best);
+    if (c != c) return b == b;  // NaN
+    return kMax ? c > b : c < b;
+  } else {
+    return kMax ? candidate > best : candidate < best;
   }
-  return kMax ? candidate > best : candidate < best;
 }
 
 template <typename T>
@@ -345,7 +523,7 @@ void ReduceSum(int index, T* dst, const T* src, int64_t outer, int64_t reduce, i
       ParallelFor(Cpu(index), outer, std::max<int64_t>(1, kElementwiseGrain / (reduce + 1)),
                   [&](int64_t begin, int64_t end) {
                     for (int64_t o = begin; o < end; ++o) {
-                      dst[o] = static_cast<T>(SumContiguous(src + o * reduce, reduce));
+                      dst[o] = static_cast<T>(SumRow(src + o * reduce, reduce));
                     }
                   });
       return;
@@ -356,7 +534,7 @@ void ReduceSum(int index, T* dst, const T* src, int64_t outer, int64_t reduce, i
         const int64_t o = item / blocks, block = item % blocks;
         const int64_t start = block * kSumBlock;
         const int64_t length = std::min(kSumBlock, reduce - start);
-        partial[item] = SumContiguous(src + o * reduce + start, length);
+        partial[item] = SumRow(src + o * reduce + start, length);
       }
     });
     for (int64_t o = 0; o < outer; ++o) {
@@ -382,7 +560,7 @@ void ReduceSum(int index, T* dst, const T* src, int64_t outer, int64_t reduce, i
                   const T* base = src + o * reduce * inner + j0;
                   for (int64_t r = 0; r < reduce; ++r) {
                     const T* row = base + r * inner;
-                    for (int64_t j = 0; j < width; ++j) acc[j] += static_cast<Acc>(row[j]);
+                    for (int64_t j = 0; j < width; ++j) acc[j] += Widen<Acc>(row[j]);
                   }
                   T* out = dst + o * inner + j0;
                   for (int64_t j = 0; j < width; ++j) out[j] = static_cast<T>(acc[j]);
@@ -486,18 +664,28 @@ const char* ReduceKindName(ReduceKind op) {
 // ---- Softmax ----------------------------------------------------------------------------
 
 // Softmax of one row of `dim` elements, `stride` apart.
+// Softmax of one row of `dim` elements, `stride` apart, computed in M = OpMath<T> (the 16-bit
+// floats load as float and round once, when the result is stored).
 template <typename T>
 void SoftmaxRow(bool log, T* dst, const T* src, int64_t dim, int64_t stride) {
-  T max_value = -std::numeric_limits<T>::infinity();
+  using M = OpMath<T>;
+  const auto at = [&](int64_t i) { return static_cast<M>(src[i * stride]); };
+  M max_value = -std::numeric_limits<M>::infinity();
   for (int64_t i = 0; i < dim; ++i) {
-    const T x = src[i * stride];
+    const M x = at(i);
     if (Replaces<true>(x, max_value)) max_value = x;
   }
   double sum = 0.0;
   if (log) {
-    for (int64_t i = 0; i < dim; ++i) sum += std::exp(src[i * stride] - max_value);
-    const T log_sum = static_cast<T>(std::log(sum));
-    for (int64_t i = 0; i < dim; ++i) dst[i * stride] = (src[i * stride] - max_value) - log_sum;
+    for (int64_t i = 0; i < dim; ++i) sum += std::exp(at(i) - max_value);
+    const M log_sum = static_cast<M>(std::log(sum));
+    for (int64_t i = 0; i < dim; ++i)
+      dst[i * stride] = static_cast<T>((at(i) - max_value) - log_sum);
+  } else if constexpr (kIsReducedFloat<T>) {
+    // The exponentials are computed twice rather than stored (rounded) and scaled.
+    for (int64_t i = 0; i < dim; ++i) sum += std::exp(at(i) - max_value);
+    const M scale = static_cast<M>(1.0 / sum);
+    for (int64_t i = 0; i < dim; ++i) dst[i * stride] = T(std::exp(at(i) - max_value) * scale);
   } else {
     for (int64_t i = 0; i < dim; ++i) {
       const T e = std::exp(src[i * stride] - max_value);
@@ -554,6 +742,26 @@ void BlasGemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alp
 }
 
 // ---- Random numbers --------------------------------------------------------------------
+
+// The largest T (a 16-bit float) below `high` (finite): the value `high` rounds to, stepped
+// down one unit while it is not below.
+template <typename T>
+T LargestBelow(float high) {
+  T value(high);
+  while (static_cast<float>(value) >= high) {
+    const float f = static_cast<float>(value);
+    // One unit in the last place down: the bit pattern minus one for a positive value, plus
+    // one for a negative one (and -0 or +0 steps to the smallest negative subnormal).
+    if (f > 0.0f) {
+      value = T::FromBits(static_cast<uint16_t>(value.bits - 1));
+    } else if (f == 0.0f) {
+      value = T::FromBits(0x8001);
+    } else {
+      value = T::FromBits(static_cast<uint16_t>(value.bits + 1));
+    }
+  }
+  return value;
+}
 
 // Writes f(block, lane) for counters [offset + begin, offset + end), generating each Philox
 // block once for its `kPerBlock` lanes. Element i depends only on offset + i.
@@ -672,6 +880,13 @@ class CpuBackend final : public Backend {
     openblas_set_num_threads(1);
   }
 
+  // Gemm for BFloat16/Half: see its definition.
+  void ReducedPrecisionGemmViaFloat(int index, DType dtype, bool trans_a, bool trans_b, int64_t m,
+                                    int64_t n, int64_t k, double alpha, const void* a, int64_t lda,
+                                    int64_t stride_a, const void* b, int64_t ldb, int64_t stride_b,
+                                    double beta, void* c, int64_t ldc, int64_t stride_c,
+                                    int64_t batch);
+
   static void CheckIndex(int index) {
     TANDEM_CHECK(index >= 0, "CPU backend: device index must be >= 0 but got ", index);
   }
@@ -741,7 +956,7 @@ void CpuBackend::Fill(int index, const KernelTensor& dst, double value) {
   };
   DispatchDType(dst.dtype, "CPU Fill", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    run(dst.ptr<T>(), static_cast<T>(value));
+    run(dst.ptr<T>(), ConvertElement<T>(value));
   });
 }
 
@@ -753,9 +968,14 @@ void CpuBackend::Unary(int index, UnaryOp op, const KernelTensor& dst, const Ker
   CheckSameShape(dst, src, "Unary", "an input");
   TANDEM_CHECK(dst.dtype == src.dtype, "CPU Unary expects the output's dtype (", dst.dtype,
                ") to match the input's (", src.dtype, "); convert with Copy first");
-  TANDEM_CHECK(IsFloatingPoint(src.dtype) || UnarySupportsInt64(op), "CPU Unary: op ",
-               static_cast<int>(op), " is defined for floating types only but got ", src.dtype,
-               "; convert the tensor to float32 or float64 first");
+  TANDEM_CHECK(IsFloatingPoint(src.dtype) || UnarySupportsIntegers(op), "CPU Unary: op ",
+               static_cast<int>(op),
+               " is defined for floating types only (integer and bool tensors take neg, abs, "
+               "add and mul by a scalar) but got ",
+               src.dtype, "; convert the tensor to a floating dtype first");
+  TANDEM_CHECK(!(src.dtype == kBool && op == UnaryOp::kNeg),
+               "CPU Unary: negation of a bool tensor is not supported (as in PyTorch); use "
+               "logical not (x == false) or convert to an integer dtype first");
   const int64_t n = dst.numel();
   if (n == 0) return;
   const KernelTensor* operands[2] = {&dst, &src};
@@ -778,9 +998,26 @@ void CpuBackend::Unary(int index, UnaryOp op, const KernelTensor& dst, const Ker
   };
   DispatchDType(src.dtype, "CPU Unary", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    // Integral types take the scalar as a double (ApplyUnary's int64 overload).
-    using Scalar = std::conditional_t<std::is_floating_point_v<T>, T, double>;
-    run(dst.ptr<T>(), src.ptr<const T>(), static_cast<Scalar>(scalar));
+    if constexpr (kIsReducedFloat<T>) {
+      // In float, a chunk at a time (UnaryRunReduced), the scalar as float.
+      T* out = dst.ptr<T>();
+      const T* in = src.ptr<const T>();
+      const float s = static_cast<float>(scalar);
+      DispatchUnary(op, [&](auto op_constant) {
+        constexpr UnaryOp kOp = decltype(op_constant)::value;
+        ParallelFor(Cpu(index), n, grain, [&](int64_t begin, int64_t end) {
+          ForEachRun(layout, begin, end,
+                     [&](const int64_t* offsets, int64_t count, const int64_t* strides) {
+                       UnaryRunReduced<kOp>(out + offsets[0], in + offsets[1], count, strides[0],
+                                            strides[1], s);
+                     });
+        });
+      });
+    } else {
+      // Integral types take the scalar as a double (ApplyUnary's integer overload).
+      using Scalar = std::conditional_t<std::is_floating_point_v<T>, T, double>;
+      run(dst.ptr<T>(), src.ptr<const T>(), static_cast<Scalar>(scalar));
+    }
   });
 }
 
@@ -792,13 +1029,47 @@ void CpuBackend::Binary(int index, BinaryOp op, const KernelTensor& dst, const K
   CheckLayout(b, "Binary");
   CheckSameShape(dst, a, "Binary", "a first input (already broadcast)");
   CheckSameShape(dst, b, "Binary", "a second input (already broadcast)");
-  TANDEM_CHECK(a.dtype == b.dtype && dst.dtype == a.dtype,
-               "CPU Binary expects inputs and output of one dtype but got ", a.dtype, " and ",
-               b.dtype, " into ", dst.dtype, "; convert them to a common dtype first");
+  const bool to_bool = IsComparison(op) && dst.dtype == kBool;
+  TANDEM_CHECK(a.dtype == b.dtype && (dst.dtype == a.dtype || to_bool),
+               "CPU Binary expects inputs and output of one dtype (comparisons may also write "
+               "bool) but got ",
+               a.dtype, " and ", b.dtype, " into ", dst.dtype,
+               "; convert them to a common dtype first");
+  if (a.dtype == kBool && !to_bool) {
+    TANDEM_CHECK(op != BinaryOp::kSub,
+                 "CPU Binary: subtraction of bool tensors is not supported (as in PyTorch); use "
+                 "logical xor (a != b) instead");
+    TANDEM_CHECK(op != BinaryOp::kDiv && op != BinaryOp::kReluBackward, "CPU Binary: op ",
+                 static_cast<int>(op),
+                 " is not defined for bool tensors; convert them to a floating dtype first");
+  }
   const int64_t n = dst.numel();
   if (n == 0) return;
   const KernelTensor* operands[3] = {&dst, &a, &b};
   const StridedLayout<3> layout = MakeStridedLayout(operands);
+  // Runs `body(out + offsets[0], x + offsets[1], y + offsets[2], count, strides)` over the
+  // elements, split over the device's threads.
+  auto for_each_run = [&](auto* out, const auto* x, const auto* y, auto&& body) {
+    ParallelFor(Cpu(index), n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
+      ForEachRun(layout, begin, end, [&](const int64_t* offsets, int64_t count, const int64_t* s) {
+        body(out + offsets[0], x + offsets[1], y + offsets[2], count, s);
+      });
+    });
+  };
+  if (to_bool) {
+    return DispatchDType(a.dtype, "CPU Binary", [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      DispatchBinary(op, [&](auto op_constant) {
+        constexpr BinaryOp kOp = decltype(op_constant)::value;
+        if constexpr (IsComparison(kOp)) {
+          for_each_run(dst.ptr<bool>(), a.ptr<const T>(), b.ptr<const T>(),
+                       [&](bool* out, const T* x, const T* y, int64_t count, const int64_t* s) {
+                         CompareRun<kOp>(out, x, y, count, s);
+                       });
+        }
+      });
+    });
+  }
   auto run = [&](auto* out, const auto* x, const auto* y) {
     DispatchBinary(op, [&](auto op_constant) {
       constexpr BinaryOp kOp = decltype(op_constant)::value;
@@ -817,7 +1088,17 @@ void CpuBackend::Binary(int index, BinaryOp op, const KernelTensor& dst, const K
   };
   DispatchDType(dst.dtype, "CPU Binary", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    run(dst.ptr<T>(), a.ptr<const T>(), b.ptr<const T>());
+    if constexpr (kIsReducedFloat<T>) {
+      DispatchBinary(op, [&](auto op_constant) {
+        constexpr BinaryOp kOp = decltype(op_constant)::value;
+        for_each_run(dst.ptr<T>(), a.ptr<const T>(), b.ptr<const T>(),
+                     [&](T* out, const T* x, const T* y, int64_t count, const int64_t* s) {
+                       BinaryRunReduced<kOp>(out, x, y, count, s);
+                     });
+      });
+    } else {
+      run(dst.ptr<T>(), a.ptr<const T>(), b.ptr<const T>());
+    }
   });
 }
 
@@ -854,7 +1135,7 @@ void CpuBackend::Reduce(int index, ReduceKind op, const KernelTensor& dst, const
 void CpuBackend::Softmax(int index, DType dtype, bool log, void* dst_data, const void* src_data,
                          int64_t outer, int64_t dim, int64_t inner) {
   CheckIndex(index);
-  DispatchFloatingTypes(dtype, "CPU Softmax", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CPU Softmax", [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* dst = static_cast<T*>(dst_data);
     const T* src = static_cast<const T*>(src_data);
@@ -882,6 +1163,11 @@ void CpuBackend::Gemm(int index, DType dtype, bool trans_a, bool trans_b, int64_
                       double beta_value, void* c_data, int64_t ldc, int64_t stride_c,
                       int64_t batch) {
   CheckIndex(index);
+  if (IsReducedFloatingPoint(dtype)) {
+    return ReducedPrecisionGemmViaFloat(index, dtype, trans_a, trans_b, m, n, k, alpha_value,
+                                        a_data, lda, stride_a, b_data, ldb, stride_b, beta_value,
+                                        c_data, ldc, stride_c, batch);
+  }
   DispatchFloatingTypes(dtype, "CPU Gemm", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T alpha = static_cast<T>(alpha_value), beta = static_cast<T>(beta_value);
@@ -944,6 +1230,74 @@ void CpuBackend::Gemm(int index, DType dtype, bool trans_a, bool trans_b, int64_
   });
 }
 
+// `count` matrices of rows x cols (row stride ld, `stride` apart) converted between T and a
+// contiguous float array (`to_float`: T -> float, else float -> T, rounded), split over the
+// device's threads by rows.
+template <typename T>
+void ConvertMatrices(int index, bool to_float, T* matrices, int64_t stride, int64_t ld,
+                     int64_t count, int64_t rows, int64_t cols, float* floats) {
+  if (count * rows * cols == 0) return;
+  ParallelFor(Cpu(index), count * rows, std::max<int64_t>(1, kElementwiseGrain / cols),
+              [&](int64_t begin, int64_t end) {
+                vec::Vectorized([&] {
+                  for (int64_t item = begin; item < end; ++item) {
+                    T* row = matrices + (item / rows) * stride + (item % rows) * ld;
+                    float* float_row = floats + item * cols;
+                    if (to_float) {
+                      vec::ToFloatLoop(row, float_row, cols);
+                    } else {
+                      vec::FromFloatLoop(float_row, row, cols);
+                    }
+                  }
+                });
+              });
+}
+
+// Note [Reduced precision GEMM]: a BFloat16/Half GEMM converts A and B to float (exact), runs
+// the float32 GEMM (float accumulation; alpha and beta applied in float, to C converted to float
+// when beta != 0) and rounds C once. It costs the conversions and scratch memory of three float
+// matrices; a library with native 16-bit kernels (oneDNN) replaces it where it applies.
+void CpuBackend::ReducedPrecisionGemmViaFloat(int index, DType dtype, bool trans_a, bool trans_b,
+                                              int64_t m, int64_t n, int64_t k, double alpha,
+                                              const void* a_data, int64_t lda, int64_t stride_a,
+                                              const void* b_data, int64_t ldb, int64_t stride_b,
+                                              double beta, void* c_data, int64_t ldc,
+                                              int64_t stride_c, int64_t batch) {
+  DispatchAllFloatingTypes(dtype, "CPU Gemm", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (kIsReducedFloat<T>) {
+      TANDEM_CHECK(m >= 0 && n >= 0 && k >= 0 && batch >= 0,
+                   "CPU Gemm expects non-negative sizes but got m=", m, " n=", n, " k=", k,
+                   " batch=", batch);
+      if (m == 0 || n == 0 || batch == 0) return;
+      TANDEM_CHECK(batch == 1 || stride_c != 0, "CPU Gemm: a batch of ", batch,
+                   " products cannot write one C (stride_c = 0); give each product its own C");
+      // Stored shapes: op(A) is m x k, so A is m x k or (transposed) k x m; likewise B.
+      const int64_t rows_a = trans_a ? k : m, cols_a = trans_a ? m : k;
+      const int64_t rows_b = trans_b ? n : k, cols_b = trans_b ? k : n;
+      lda = LeadingDimension(rows_a, cols_a, lda, "lda");
+      ldb = LeadingDimension(rows_b, cols_b, ldb, "ldb");
+      ldc = LeadingDimension(m, n, ldc, "ldc");
+      // A matrix shared by the whole batch (stride 0) is converted once.
+      const int64_t count_a = stride_a == 0 ? 1 : batch, count_b = stride_b == 0 ? 1 : batch;
+      std::vector<float> a(static_cast<size_t>(count_a * rows_a * cols_a));
+      std::vector<float> b(static_cast<size_t>(count_b * rows_b * cols_b));
+      std::vector<float> c(static_cast<size_t>(batch * m * n));
+      T* a_typed = const_cast<T*>(static_cast<const T*>(a_data));  // only read
+      T* b_typed = const_cast<T*>(static_cast<const T*>(b_data));
+      T* c_typed = static_cast<T*>(c_data);
+      ConvertMatrices(index, true, a_typed, stride_a, lda, count_a, rows_a, cols_a, a.data());
+      ConvertMatrices(index, true, b_typed, stride_b, ldb, count_b, rows_b, cols_b, b.data());
+      if (beta != 0.0) ConvertMatrices(index, true, c_typed, stride_c, ldc, batch, m, n, c.data());
+      Gemm(index, kFloat32, trans_a, trans_b, m, n, k, alpha, a.data(),
+           std::max<int64_t>(cols_a, 1), count_a == 1 ? 0 : rows_a * cols_a, b.data(),
+           std::max<int64_t>(cols_b, 1), count_b == 1 ? 0 : rows_b * cols_b, beta, c.data(), n,
+           m * n, batch);
+      ConvertMatrices(index, false, c_typed, stride_c, ldc, batch, m, n, c.data());
+    }
+  });
+}
+
 void CheckGeometry(const Conv2dGeometry& g, const char* kernel) {
   TANDEM_CHECK(g.batch >= 0 && g.channels >= 0 && g.height >= 0 && g.width >= 0, "CPU ", kernel,
                " expects non-negative image sizes but got batch=", g.batch,
@@ -988,7 +1342,7 @@ TANDEM_VECTORIZE inline void CopyInside(const T* __restrict src, int32_t lo, int
 void CpuBackend::Im2Col(int index, DType dtype, const Conv2dGeometry& g, const void* image_data,
                         void* columns_data) {
   CheckIndex(index);
-  DispatchFloatingTypes(dtype, "CPU Im2Col", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CPU Im2Col", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* image = static_cast<const T*>(image_data);
     T* columns = static_cast<T*>(columns_data);
@@ -1049,17 +1403,31 @@ void CpuBackend::Im2Col(int index, DType dtype, const Conv2dGeometry& g, const v
 }
 
 // out[i * stride] += in[i] for i < n.
-template <typename T>
-TANDEM_VECTORIZE inline void AddIntoStrided(T* __restrict out, int64_t stride,
+template <typename Acc, typename T>
+TANDEM_VECTORIZE inline void AddIntoStrided(Acc* __restrict out, int64_t stride,
                                             const T* __restrict in, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i * stride] += in[i];
+  for (int64_t i = 0; i < n; ++i) out[i * stride] += static_cast<Acc>(in[i]);
+}
+
+// out[i] += in[i] for i < n, into an accumulator of the same type or, for the 16-bit floats,
+// into float.
+template <typename Acc, typename T>
+inline void AddIntoAccumulator(Acc* __restrict out, const T* __restrict in, int64_t n) {
+  if constexpr (std::is_same_v<Acc, T>) {
+    vec::AddIntoLoop(out, in, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) out[i] += vec::conversions_internal::ToFloatElement(in[i]);
+  }
 }
 
 void CpuBackend::Col2Im(int index, DType dtype, const Conv2dGeometry& g, const void* columns_data,
                         void* image_data) {
   CheckIndex(index);
-  DispatchFloatingTypes(dtype, "CPU Col2Im", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CPU Col2Im", [&](auto tag) {
     using T = typename decltype(tag)::type;
+    // The 16-bit floats sum each plane in a float buffer and round it once.
+    using Acc = OpMath<T>;
+    constexpr bool kScratch = !std::is_same_v<Acc, T>;
     const T* columns = static_cast<const T*>(columns_data);
     T* image = static_cast<T*>(image_data);
     CheckGeometry(g, "Col2Im");
@@ -1074,10 +1442,16 @@ void CpuBackend::Col2Im(int index, DType dtype, const Conv2dGeometry& g, const v
     ParallelFor(Cpu(index), planes,
                 std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, window * out_plane)),
                 [&](int64_t begin, int64_t end) {
+                  std::vector<Acc> scratch(kScratch ? plane : 0);
                   vec::Vectorized([&] {
                     for (int64_t p = begin; p < end; ++p) {
-                      T* out = image + p * plane;
-                      std::fill(out, out + plane, T(0));
+                      Acc* out;
+                      if constexpr (kScratch) {
+                        out = scratch.data();
+                      } else {
+                        out = image + p * plane;
+                      }
+                      std::fill(out, out + plane, Acc(0));
                       for (int64_t w = 0; w < window; ++w) {
                         const int64_t ky = w / g.kernel_w, kx = w % g.kernel_w;
                         const T* in = columns +
@@ -1088,16 +1462,17 @@ void CpuBackend::Col2Im(int index, DType dtype, const Conv2dGeometry& g, const v
                         for (int64_t oy = 0; oy < out_h; ++oy) {
                           const int64_t y = oy * g.stride_h - g.pad_h + ky * g.dilation_h;
                           if (y < 0 || y >= g.height) continue;
-                          T* out_row = out + y * g.width;
+                          Acc* out_row = out + y * g.width;
                           const T* in_row = in + oy * out_w;
                           if (g.stride_w == 1) {
-                            vec::AddIntoLoop(out_row + shift + lo, in_row + lo, hi - lo);
+                            AddIntoAccumulator(out_row + shift + lo, in_row + lo, hi - lo);
                           } else {
                             AddIntoStrided(out_row + lo * g.stride_w + shift, g.stride_w,
                                            in_row + lo, hi - lo);
                           }
                         }
                       }
+                      if constexpr (kScratch) vec::FromFloatLoop(out, image + p * plane, plane);
                     }
                   });
                 });
@@ -1251,7 +1626,7 @@ void CpuBackend::MaxPool2d(int index, DType dtype, const Conv2dGeometry& g, cons
   // The vectorised loop counts in 32 bits; larger planes take pool_one everywhere.
   if (plane > std::numeric_limits<int32_t>::max()) hi = lo;
   if (dtype != kFloat32) {
-    return DispatchFloatingTypes(dtype, "CPU MaxPool2d", [&](auto tag) {
+    return DispatchAllFloatingTypes(dtype, "CPU MaxPool2d", [&](auto tag) {
       using T = typename decltype(tag)::type;
       MaxPool2dScalar(index, g, static_cast<const T*>(input_data), static_cast<T*>(output_data),
                       argmax);
@@ -1340,7 +1715,7 @@ void CpuBackend::MaxPool2dBackward(int index, DType dtype, const Conv2dGeometry&
                                    const void* grad_output_data, const int64_t* argmax,
                                    void* grad_input_data) {
   CheckIndex(index);
-  DispatchFloatingTypes(dtype, "CPU MaxPool2dBackward", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CPU MaxPool2dBackward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* grad_output = static_cast<const T*>(grad_output_data);
     T* grad_input = static_cast<T*>(grad_input_data);
@@ -1352,12 +1727,24 @@ void CpuBackend::MaxPool2dBackward(int index, DType dtype, const Conv2dGeometry&
     ParallelFor(Cpu(index), planes,
                 std::max<int64_t>(1, kElementwiseGrain / std::max(plane, out_plane)),
                 [&](int64_t begin, int64_t end) {
+                  // The 16-bit floats sum overlapping windows' gradients in float.
+                  using Acc = OpMath<T>;
+                  constexpr bool kScratch = !std::is_same_v<Acc, T>;
+                  std::vector<Acc> scratch(kScratch ? plane : 0);
                   for (int64_t p = begin; p < end; ++p) {
-                    T* out = grad_input + p * plane;
-                    std::fill(out, out + plane, T(0));
+                    Acc* out;
+                    if constexpr (kScratch) {
+                      out = scratch.data();
+                    } else {
+                      out = grad_input + p * plane;
+                    }
+                    std::fill(out, out + plane, Acc(0));
                     const T* grad = grad_output + p * out_plane;
                     const int64_t* at = argmax + p * out_plane;
-                    for (int64_t o = 0; o < out_plane; ++o) out[at[o]] += grad[o];
+                    for (int64_t o = 0; o < out_plane; ++o) out[at[o]] += static_cast<Acc>(grad[o]);
+                    if constexpr (kScratch) {
+                      vec::FromFloat(out, grad_input + p * plane, plane);
+                    }
                   }
                 });
   });
@@ -1366,7 +1753,7 @@ void CpuBackend::MaxPool2dBackward(int index, DType dtype, const Conv2dGeometry&
 void CpuBackend::AvgPool2d(int index, DType dtype, const Conv2dGeometry& g, bool count_include_pad,
                            const void* input_data, void* output_data) {
   CheckIndex(index);
-  DispatchFloatingTypes(dtype, "CPU AvgPool2d", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CPU AvgPool2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* input = static_cast<const T*>(input_data);
     T* output = static_cast<T*>(output_data);
@@ -1384,7 +1771,7 @@ void CpuBackend::AvgPool2dBackward(int index, DType dtype, const Conv2dGeometry&
                                    bool count_include_pad, const void* grad_output_data,
                                    void* grad_input_data) {
   CheckIndex(index);
-  DispatchFloatingTypes(dtype, "CPU AvgPool2dBackward", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CPU AvgPool2dBackward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* grad_output = static_cast<const T*>(grad_output_data);
     T* grad_input = static_cast<T*>(grad_input_data);
@@ -1403,7 +1790,7 @@ void CpuBackend::AdaptiveAvgPool2d(int index, DType dtype, int64_t planes, int64
                                    int64_t width, int64_t out_h, int64_t out_w,
                                    const void* input_data, void* output_data) {
   CheckIndex(index);
-  DispatchFloatingTypes(dtype, "CPU AdaptiveAvgPool2d", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CPU AdaptiveAvgPool2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* input = static_cast<const T*>(input_data);
     T* output = static_cast<T*>(output_data);
@@ -1420,7 +1807,7 @@ void CpuBackend::AdaptiveAvgPool2dBackward(int index, DType dtype, int64_t plane
                                            int64_t width, int64_t out_h, int64_t out_w,
                                            const void* grad_output_data, void* grad_input_data) {
   CheckIndex(index);
-  DispatchFloatingTypes(dtype, "CPU AdaptiveAvgPool2dBackward", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CPU AdaptiveAvgPool2dBackward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* grad_output = static_cast<const T*>(grad_output_data);
     T* grad_input = static_cast<T*>(grad_input_data);
@@ -1434,7 +1821,7 @@ void CpuBackend::AdaptiveAvgPool2dBackward(int index, DType dtype, int64_t plane
 void CpuBackend::GatherColumns(int index, DType dtype, void* dst_data, const void* src_data,
                                const int64_t* idx, int64_t rows, int64_t cols) {
   CheckIndex(index);
-  DispatchFloatingTypes(dtype, "CPU GatherColumns", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CPU GatherColumns", [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* dst = static_cast<T*>(dst_data);
     const T* src = static_cast<const T*>(src_data);
@@ -1448,7 +1835,7 @@ void CpuBackend::GatherColumns(int index, DType dtype, void* dst_data, const voi
 void CpuBackend::ScatterAddColumns(int index, DType dtype, void* dst_data, const void* src_data,
                                    const int64_t* idx, int64_t rows, int64_t cols) {
   CheckIndex(index);
-  DispatchFloatingTypes(dtype, "CPU ScatterAddColumns", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CPU ScatterAddColumns", [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* dst = static_cast<T*>(dst_data);
     const T* src = static_cast<const T*>(src_data);
@@ -1464,7 +1851,7 @@ void CpuBackend::Gather(int index, DType dtype, void* dst_data, const void* src_
                         const int64_t* idx, int64_t outer, int64_t src_dim, int64_t idx_dim,
                         int64_t inner) {
   CheckIndex(index);
-  DispatchFloatingTypes(dtype, "CPU Gather", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CPU Gather", [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* dst = static_cast<T*>(dst_data);
     const T* src = static_cast<const T*>(src_data);
@@ -1483,7 +1870,7 @@ void CpuBackend::ScatterAdd(int index, DType dtype, void* dst_data, const void* 
                             const int64_t* idx, int64_t outer, int64_t dst_dim, int64_t idx_dim,
                             int64_t inner) {
   CheckIndex(index);
-  DispatchFloatingTypes(dtype, "CPU ScatterAdd", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CPU ScatterAdd", [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* dst = static_cast<T*>(dst_data);
     const T* src = static_cast<const T*>(src_data);
@@ -1506,7 +1893,7 @@ void CpuBackend::ScatterAdd(int index, DType dtype, void* dst_data, const void* 
 void CpuBackend::RandomUniform(int index, DType dtype, void* dst_data, int64_t n, uint64_t seed,
                                uint64_t offset, double low_value, double high_value) {
   CheckIndex(index);
-  DispatchFloatingTypes(dtype, "CPU RandomUniform", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CPU RandomUniform", [&](auto tag) {
     using T = typename decltype(tag)::type;
     // Computed in float32 for every dtype (Note [Random float64] in tensor/runtime/backend.h).
     T* dst = static_cast<T*>(dst_data);
@@ -1522,6 +1909,14 @@ void CpuBackend::RandomUniform(int index, DType dtype, void* dst_data, int64_t n
                       const float value = low + range * philox::ToUnit(block.x[lane]);
                       return value >= high && high > low ? below_high : value;
                     });
+      if constexpr (kIsReducedFloat<T>) {
+        // A draw can round up to `high` in 16 bits: it takes the largest value below instead
+        // (Note [Random float64]).
+        const T top = LargestBelow<T>(high);
+        for (int64_t i = begin; i < end; ++i) {
+          if (static_cast<float>(dst[i]) >= high && high > low) dst[i] = top;
+        }
+      }
     });
   });
 }
@@ -1529,7 +1924,7 @@ void CpuBackend::RandomUniform(int index, DType dtype, void* dst_data, int64_t n
 void CpuBackend::RandomNormal(int index, DType dtype, void* dst_data, int64_t n, uint64_t seed,
                               uint64_t offset, double mean_value, double stddev_value) {
   CheckIndex(index);
-  DispatchFloatingTypes(dtype, "CPU RandomNormal", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CPU RandomNormal", [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* dst = static_cast<T*>(dst_data);
     const float mean = static_cast<float>(mean_value), stddev = static_cast<float>(stddev_value);
@@ -1594,7 +1989,7 @@ void RunUpdatePieces(const std::vector<int64_t>& sizes, F&& update) {
 // are __restrict here, in the loop's own scope: GCC does not carry the element functions'
 // qualifiers into the loop after inlining them, and would keep it scalar.
 template <bool kDecay, bool kMomentum, bool kNesterov, bool kFirst, typename T>
-TANDEM_VECTORIZE void SgdLoop(const TypedUpdate<T>& u, const FusedUpdate& t, int64_t begin,
+TANDEM_VECTORIZE void SgdLoop(const TypedUpdate<OpMath<T>>& u, const FusedUpdate& t, int64_t begin,
                               int64_t end) {
   T* __restrict p = static_cast<T*>(t.param);
   const T* __restrict g = static_cast<const T*>(t.grad);
@@ -1607,13 +2002,13 @@ TANDEM_VECTORIZE void SgdLoop(const TypedUpdate<T>& u, const FusedUpdate& t, int
 // SgdLoop for this CPU's vector unit. Vectorized is inside each entry of SgdPiece's table:
 // it inlines what its callable calls, which a call through a pointer is not.
 template <bool kDecay, bool kMomentum, bool kNesterov, bool kFirst, typename T>
-void SgdRun(const TypedUpdate<T>& u, const FusedUpdate& t, int64_t begin, int64_t end) {
-  vec::Vectorized([&] { SgdLoop<kDecay, kMomentum, kNesterov, kFirst>(u, t, begin, end); });
+void SgdRun(const TypedUpdate<OpMath<T>>& u, const FusedUpdate& t, int64_t begin, int64_t end) {
+  vec::Vectorized([&] { SgdLoop<kDecay, kMomentum, kNesterov, kFirst, T>(u, t, begin, end); });
 }
 
 template <typename T>
-void SgdPiece(const TypedUpdate<T>& u, const FusedUpdate& t, int64_t begin, int64_t end) {
-  using Loop = void (*)(const TypedUpdate<T>&, const FusedUpdate&, int64_t, int64_t);
+void SgdPiece(const TypedUpdate<OpMath<T>>& u, const FusedUpdate& t, int64_t begin, int64_t end) {
+  using Loop = void (*)(const TypedUpdate<OpMath<T>>&, const FusedUpdate&, int64_t, int64_t);
   static constexpr Loop kLoops[16] = {
       SgdRun<false, false, false, false, T>, SgdRun<false, false, false, true, T>,
       SgdRun<false, false, true, false, T>,  SgdRun<false, false, true, true, T>,
@@ -1631,7 +2026,7 @@ void SgdPiece(const TypedUpdate<T>& u, const FusedUpdate& t, int64_t begin, int6
 }
 
 template <bool kL2, typename T>
-TANDEM_VECTORIZE void AdamLoop(const TypedUpdate<T>& u, const FusedUpdate& t, int64_t begin,
+TANDEM_VECTORIZE void AdamLoop(const TypedUpdate<OpMath<T>>& u, const FusedUpdate& t, int64_t begin,
                                int64_t end) {
   T* __restrict p = static_cast<T*>(t.param);
   const T* __restrict g = static_cast<const T*>(t.grad);
@@ -1641,8 +2036,8 @@ TANDEM_VECTORIZE void AdamLoop(const TypedUpdate<T>& u, const FusedUpdate& t, in
 }
 
 template <bool kMomentum, bool kCentered, typename T>
-TANDEM_VECTORIZE void RmspropLoop(const TypedUpdate<T>& u, const FusedUpdate& t, int64_t begin,
-                                  int64_t end) {
+TANDEM_VECTORIZE void RmspropLoop(const TypedUpdate<OpMath<T>>& u, const FusedUpdate& t,
+                                  int64_t begin, int64_t end) {
   T* __restrict p = static_cast<T*>(t.param);
   const T* __restrict g = static_cast<const T*>(t.grad);
   T* __restrict v = static_cast<T*>(t.state0);
@@ -1654,29 +2049,30 @@ TANDEM_VECTORIZE void RmspropLoop(const TypedUpdate<T>& u, const FusedUpdate& t,
 }
 
 template <typename T>
-void UpdatePiece(const TypedUpdate<T>& u, const FusedUpdate& t, int64_t begin, int64_t end) {
+void UpdatePiece(const TypedUpdate<OpMath<T>>& u, const FusedUpdate& t, int64_t begin,
+                 int64_t end) {
   switch (t.kind) {
     case OptimizerKind::kSgd:
-      return SgdPiece(u, t, begin, end);
+      return SgdPiece<T>(u, t, begin, end);
     case OptimizerKind::kAdam:
       return vec::Vectorized([&] {
         if (t.l2) {
-          AdamLoop<true>(u, t, begin, end);
+          AdamLoop<true, T>(u, t, begin, end);
         } else {
-          AdamLoop<false>(u, t, begin, end);
+          AdamLoop<false, T>(u, t, begin, end);
         }
       });
     case OptimizerKind::kRmsprop:
       return vec::Vectorized([&] {
         const bool momentum = t.state1 != nullptr, centered = t.state2 != nullptr;
         if (momentum && centered) {
-          RmspropLoop<true, true>(u, t, begin, end);
+          RmspropLoop<true, true, T>(u, t, begin, end);
         } else if (momentum) {
-          RmspropLoop<true, false>(u, t, begin, end);
+          RmspropLoop<true, false, T>(u, t, begin, end);
         } else if (centered) {
-          RmspropLoop<false, true>(u, t, begin, end);
+          RmspropLoop<false, true, T>(u, t, begin, end);
         } else {
-          RmspropLoop<false, false>(u, t, begin, end);
+          RmspropLoop<false, false, T>(u, t, begin, end);
         }
       });
   }
@@ -1685,9 +2081,10 @@ void UpdatePiece(const TypedUpdate<T>& u, const FusedUpdate& t, int64_t begin, i
 void CpuBackend::FusedOptimizerUpdate(int index, DType dtype,
                                       const std::vector<FusedUpdate>& updates) {
   CheckIndex(index);
-  DispatchFloatingTypes(dtype, "CPU FusedOptimizerUpdate", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CPU FusedOptimizerUpdate", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    std::vector<TypedUpdate<T>> typed;
+    // The 16-bit floats compute in float and round each stored value (optimizer_math.h).
+    std::vector<TypedUpdate<OpMath<T>>> typed;
     std::vector<int64_t> sizes;
     typed.reserve(updates.size());
     for (const FusedUpdate& u : updates) {
@@ -1695,7 +2092,7 @@ void CpuBackend::FusedOptimizerUpdate(int index, DType dtype,
       sizes.push_back(u.numel);
     }
     RunUpdatePieces(sizes, [&](size_t k, int64_t begin, int64_t end) {
-      UpdatePiece(typed[k], updates[k], begin, end);
+      UpdatePiece<T>(typed[k], updates[k], begin, end);
     });
   });
 }

@@ -2,12 +2,16 @@
 // both compute exactly the same function (the CPU is the oracle for the GPU).
 //
 //   float y = tandem::ApplyUnary(tandem::UnaryOp::kRelu, x, 0.0f);   // float or double
+//   tandem::BFloat16 h = tandem::ApplyUnary(tandem::UnaryOp::kGelu, b, 0.0f);  // in float
+//   bool lt = tandem::ApplyComparison(tandem::BinaryOp::kLt, a, b);   // into a kBool output
 #ifndef TANDEM_TENSOR_KERNELS_INTERNAL_ELEMENTWISE_MATH_H_
 #define TANDEM_TENSOR_KERNELS_INTERNAL_ELEMENTWISE_MATH_H_
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
+#include "tensor/base/half.h"
 #include "tensor/base/philox.h"  // TANDEM_HOST_DEVICE
 #include "tensor/runtime/backend.h"
 
@@ -75,26 +79,34 @@ TANDEM_HOST_DEVICE T ApplyUnary(UnaryOp op, T x, T s) {
   return T(0);
 }
 
-// The int64 subset (kNeg, kAbs, kAddScalar, kMulScalar); callers reject the others.
-TANDEM_HOST_DEVICE int64_t ApplyUnary(UnaryOp op, int64_t x, double s) {
+// The integer subset (kNeg, kAbs, kAddScalar, kMulScalar) for any integer type I (int64,
+// int32, uint8, bool); callers reject the others (UnarySupportsIntegers) and reject kNeg on
+// bool, as PyTorch does. The arithmetic is done in int64 and converted back to I, so uint8
+// wraps modulo 256 as in PyTorch and bool gets "nonzero".
+template <typename I, typename S,
+          typename = std::enable_if_t<std::is_integral_v<I> && std::is_arithmetic_v<S>>>
+TANDEM_HOST_DEVICE I ApplyUnary(UnaryOp op, I x, S s) {
+  const int64_t v = static_cast<int64_t>(x);
   switch (op) {
     case UnaryOp::kNeg:
-      return -x;
+      return static_cast<I>(-v);
     case UnaryOp::kAbs:
-      return x < 0 ? -x : x;
+      return static_cast<I>(v < 0 ? -v : v);
     case UnaryOp::kAddScalar:
-      return x + static_cast<int64_t>(s);
+      return static_cast<I>(v + static_cast<int64_t>(s));
     case UnaryOp::kMulScalar:
-      return x * static_cast<int64_t>(s);
+      return static_cast<I>(v * static_cast<int64_t>(s));
     default:
-      return 0;
+      return I(0);
   }
 }
 
-inline constexpr bool UnarySupportsInt64(UnaryOp op) {
+inline constexpr bool UnarySupportsIntegers(UnaryOp op) {
   return op == UnaryOp::kNeg || op == UnaryOp::kAbs || op == UnaryOp::kAddScalar ||
          op == UnaryOp::kMulScalar;
 }
+// The older name, for int64 (the same subset).
+inline constexpr bool UnarySupportsInt64(UnaryOp op) { return UnarySupportsIntegers(op); }
 
 template <typename T>
 TANDEM_HOST_DEVICE T ApplyBinary(BinaryOp op, T a, T b) {
@@ -130,6 +142,52 @@ TANDEM_HOST_DEVICE T ApplyBinary(BinaryOp op, T a, T b) {
       return b <= T(0) ? T(0) : a;
   }
   return T(0);
+}
+
+// The 16-bit floats: the float function of the values loaded as float, rounded once when
+// stored (PyTorch's opmath). Not ApplyUnary<BFloat16>, which would round the constants
+// (1/sqrt(2), ...) and every intermediate to 16 bits. Non-templates, so that they win over the
+// templates above for BFloat16 and Half arguments.
+TANDEM_HOST_DEVICE BFloat16 ApplyUnary(UnaryOp op, BFloat16 x, float s) {
+  return BFloat16(ApplyUnary<float>(op, static_cast<float>(x), s));
+}
+TANDEM_HOST_DEVICE Half ApplyUnary(UnaryOp op, Half x, float s) {
+  return Half(ApplyUnary<float>(op, static_cast<float>(x), s));
+}
+TANDEM_HOST_DEVICE BFloat16 ApplyBinary(BinaryOp op, BFloat16 a, BFloat16 b) {
+  return BFloat16(ApplyBinary<float>(op, static_cast<float>(a), static_cast<float>(b)));
+}
+TANDEM_HOST_DEVICE Half ApplyBinary(BinaryOp op, Half a, Half b) {
+  return Half(ApplyBinary<float>(op, static_cast<float>(a), static_cast<float>(b)));
+}
+
+inline constexpr bool IsComparison(BinaryOp op) {
+  return op == BinaryOp::kEq || op == BinaryOp::kNe || op == BinaryOp::kLt || op == BinaryOp::kLe ||
+         op == BinaryOp::kGt || op == BinaryOp::kGe;
+}
+
+// A comparison op (IsComparison) as a bool, for a kBool output. T is any element type; the
+// 16-bit floats compare as float (exact). Other ops give false.
+template <typename T>
+TANDEM_HOST_DEVICE bool ApplyComparison(BinaryOp op, T a, T b) {
+  using M = OpMath<T>;
+  const M x = static_cast<M>(a), y = static_cast<M>(b);
+  switch (op) {
+    case BinaryOp::kEq:
+      return x == y;
+    case BinaryOp::kNe:
+      return x != y;
+    case BinaryOp::kLt:
+      return x < y;
+    case BinaryOp::kLe:
+      return x <= y;
+    case BinaryOp::kGt:
+      return x > y;
+    case BinaryOp::kGe:
+      return x >= y;
+    default:
+      return false;
+  }
 }
 
 }  // namespace tandem

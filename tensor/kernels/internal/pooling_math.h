@@ -2,7 +2,8 @@
 // backward), shared by the CPU and CUDA backends so that both compute exactly the same
 // function, in the same order (the CPU is the oracle for the GPU). Each function computes one
 // output element (forward) or one input element's gradient (backward, a gather: no atomics),
-// in the element type T (float or double) it reads and writes.
+// reading and writing element type T (float, double, BFloat16 or Half) and summing in
+// OpMath<T> (float for the 16-bit types), rounded once when returned.
 //
 //   float y = tandem::AvgPoolOutput(g, /*count_include_pad=*/true, plane_ptr, oy, ox);
 #ifndef TANDEM_TENSOR_KERNELS_INTERNAL_POOLING_MATH_H_
@@ -10,6 +11,7 @@
 
 #include <cstdint>
 
+#include "tensor/base/half.h"
 #include "tensor/base/philox.h"  // TANDEM_HOST_DEVICE
 #include "tensor/runtime/backend.h"
 
@@ -42,12 +44,13 @@ TANDEM_HOST_DEVICE T AvgPoolOutput(const Conv2dGeometry& g, bool count_include_p
   int64_t y0, y1, py, x0, x1, px;
   AvgPoolWindow(oy, g.stride_h, g.pad_h, g.kernel_h, g.height, &y0, &y1, &py);
   AvgPoolWindow(ox, g.stride_w, g.pad_w, g.kernel_w, g.width, &x0, &x1, &px);
-  T sum = T(0);
+  using M = OpMath<T>;
+  M sum = M(0);
   for (int64_t y = y0; y < y1; ++y) {
-    for (int64_t x = x0; x < x1; ++x) sum += plane[y * g.width + x];
+    for (int64_t x = x0; x < x1; ++x) sum += static_cast<M>(plane[y * g.width + x]);
   }
   const int64_t divisor = count_include_pad ? py * px : (y1 - y0) * (x1 - x0);
-  return sum / static_cast<T>(divisor);
+  return static_cast<T>(sum / static_cast<M>(divisor));
 }
 
 // The gradient of input pixel (y, x) from one out_h x out_w plane of output gradients: the
@@ -64,13 +67,15 @@ TANDEM_HOST_DEVICE T AvgPoolInputGrad(const Conv2dGeometry& g, bool count_includ
       x + g.pad_w < g.kernel_w ? 0 : (x + g.pad_w - g.kernel_w) / g.stride_w + 1;
   const int64_t ox_stop = (x + g.pad_w) / g.stride_w + 1;
   const int64_t ox_end = ox_stop < out_w ? ox_stop : out_w;
-  T sum = T(0);
+  using M = OpMath<T>;
+  M sum = M(0);
   for (int64_t oy = oy_begin; oy < oy_end; ++oy) {
     for (int64_t ox = ox_begin; ox < ox_end; ++ox) {
-      sum += grad_plane[oy * out_w + ox] / AvgPoolDivisor<T>(g, count_include_pad, oy, ox);
+      sum += static_cast<M>(grad_plane[oy * out_w + ox]) /
+             AvgPoolDivisor<M>(g, count_include_pad, oy, ox);
     }
   }
-  return sum;
+  return static_cast<T>(sum);
 }
 
 // adaptive_avg_pool2d's window of output `o` along one axis: [floor(o * in / out),
@@ -87,31 +92,33 @@ TANDEM_HOST_DEVICE T AdaptiveAvgPoolOutput(int64_t height, int64_t width, int64_
                                            int64_t out_w, const T* plane, int64_t oy, int64_t ox) {
   const int64_t y0 = AdaptiveStart(oy, height, out_h), y1 = AdaptiveEnd(oy, height, out_h);
   const int64_t x0 = AdaptiveStart(ox, width, out_w), x1 = AdaptiveEnd(ox, width, out_w);
-  T sum = T(0);
+  using M = OpMath<T>;
+  M sum = M(0);
   for (int64_t y = y0; y < y1; ++y) {
-    for (int64_t x = x0; x < x1; ++x) sum += plane[y * width + x];
+    for (int64_t x = x0; x < x1; ++x) sum += static_cast<M>(plane[y * width + x]);
   }
-  return sum / static_cast<T>((y1 - y0) * (x1 - x0));
+  return static_cast<T>(sum / static_cast<M>((y1 - y0) * (x1 - x0)));
 }
 
 template <typename T>
 TANDEM_HOST_DEVICE T AdaptiveAvgPoolInputGrad(int64_t height, int64_t width, int64_t out_h,
                                               int64_t out_w, const T* grad_plane, int64_t y,
                                               int64_t x) {
-  T sum = T(0);
+  using M = OpMath<T>;
+  M sum = M(0);
   // Window starts never decrease with o, so the scan stops at the first that lies past y.
   for (int64_t oy = 0; oy < out_h && AdaptiveStart(oy, height, out_h) <= y; ++oy) {
     if (AdaptiveEnd(oy, height, out_h) <= y) continue;
-    const T rows =
-        static_cast<T>(AdaptiveEnd(oy, height, out_h) - AdaptiveStart(oy, height, out_h));
+    const M rows =
+        static_cast<M>(AdaptiveEnd(oy, height, out_h) - AdaptiveStart(oy, height, out_h));
     for (int64_t ox = 0; ox < out_w && AdaptiveStart(ox, width, out_w) <= x; ++ox) {
       if (AdaptiveEnd(ox, width, out_w) <= x) continue;
-      const T cols =
-          static_cast<T>(AdaptiveEnd(ox, width, out_w) - AdaptiveStart(ox, width, out_w));
-      sum += grad_plane[oy * out_w + ox] / (rows * cols);
+      const M cols =
+          static_cast<M>(AdaptiveEnd(ox, width, out_w) - AdaptiveStart(ox, width, out_w));
+      sum += static_cast<M>(grad_plane[oy * out_w + ox]) / (rows * cols);
     }
   }
-  return sum;
+  return static_cast<T>(sum);
 }
 
 }  // namespace tandem
