@@ -3,10 +3,14 @@
 // transposed and broadcast views, dtype conversion, empty and 0-dim tensors, and loops long
 // enough to be split over the device's threads.
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -15,7 +19,9 @@
 #include "gtest/gtest.h"
 #include "tensor/base/device.h"
 #include "tensor/base/error.h"
+#include "tensor/base/half.h"
 #include "tensor/base/philox.h"
+#include "tensor/kernels/float_conversions.h"
 #include "tensor/kernels/internal/elementwise_math.h"
 #include "tensor/kernels/vectorized.h"
 #include "tensor/runtime/backend.h"
@@ -1085,6 +1091,684 @@ TEST(CpuBackendTest, RandomUniformStaysBelowHigh) {
   std::vector<float> values(1000);
   Cpu().RandomUniform(0, kFloat32, values.data(), 1000, 8, 0, low, high);
   for (float v : values) ASSERT_EQ(v, low);
+}
+
+// ---- 16-bit floats, integers and bool ----------------------------------------------------
+// Each kernel in BFloat16 and Half against the float32 kernel run on the same (rounded)
+// inputs: where the 16-bit kernel computes exactly the float32 function and rounds once, the
+// results must be the float32 results rounded, bit for bit; elsewhere (accumulations whose
+// order or precision differ) within PyTorch's tolerance.
+
+template <typename T>
+class ReducedFloatTest : public ::testing::Test {};
+using ReducedFloatTypes = ::testing::Types<BFloat16, Half>;
+TYPED_TEST_SUITE(ReducedFloatTest, ReducedFloatTypes);
+
+template <typename T>
+std::vector<T> Rounded(const std::vector<float>& values) {
+  std::vector<T> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) out[i] = T(values[i]);
+  return out;
+}
+
+template <typename T>
+std::vector<float> Widened(const std::vector<T>& values) {
+  return std::vector<float>(values.begin(), values.end());
+}
+
+// PyTorch's tolerance for T (torch.testing.assert_close), rtol scaled by `scale` for long
+// accumulations.
+template <typename T>
+::testing::AssertionResult CloseFor(float expected, float actual, float scale = 1.0f) {
+  const float rtol = (std::is_same_v<T, BFloat16> ? 1.6e-2f : 1e-3f) * scale;
+  const float atol = 1e-5f * scale;
+  if (std::isnan(expected) && std::isnan(actual)) return ::testing::AssertionSuccess();
+  if (std::fabs(expected - actual) <= atol + rtol * std::fabs(expected)) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure() << "expected " << expected << " but got " << actual;
+}
+
+// Whether the 16-bit value `actual` has the bits of `expected` rounded to T.
+template <typename T>
+::testing::AssertionResult IsRounded(float expected, T actual) {
+  const T want(expected);
+  if (want.bits == actual.bits) return ::testing::AssertionSuccess();
+  // NaN payloads may differ only where the float NaNs did.
+  if (std::isnan(expected) && std::isnan(static_cast<float>(actual))) {
+    return ::testing::AssertionSuccess();
+  }
+  return ::testing::AssertionFailure()
+         << "expected " << expected << " rounded (" << static_cast<float>(want) << ", bits "
+         << want.bits << ") but got " << static_cast<float>(actual) << " (bits " << actual.bits
+         << ")";
+}
+
+// Float values that exercise every rounding case of both conversions: specials, the limits of
+// both formats, subnormals of both, exact ties and their neighbours, and random bit patterns.
+std::vector<float> ConversionProbes() {
+  std::vector<float> v = {0.0f,   -0.0f,   kInf,     -kInf,    kNaN,      -kNaN,
+                          1.0f,   -1.0f,   65504.0f, 65519.0f, 65520.0f,  65536.0f,
+                          1e-8f,  -1e-8f,  6.1e-5f,  5.96e-8f, 2.98e-8f,  2.99e-8f,
+                          1e-45f, 3.4e38f, -3.4e38f, 1.1f,     1.0039062f};
+  const auto add_bits = [&](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, sizeof(f));
+    v.push_back(f);
+  };
+  for (uint32_t sign : {0u, 0x80000000u}) {
+    // NaNs with payloads in the bits each format keeps and drops; the smallest NaN.
+    for (uint32_t u : {0x7f800001u, 0x7fc00000u, 0x7fbfffffu, 0x7f802000u, 0x7fffffffu}) {
+      add_bits(sign | u);
+    }
+    for (uint32_t h = 0; h < 0x7c00u; h += 7) {
+      // Every 7th float16 value (normal and subnormal), the ties halfway to the next, and
+      // one float ulp on either side of the ties.
+      const uint32_t base = vec::conversions_internal::Bits(
+          vec::conversions_internal::HalfToFloat(static_cast<uint16_t>(h)));
+      const float next = vec::conversions_internal::HalfToFloat(static_cast<uint16_t>(h + 1));
+      const float tie = (vec::conversions_internal::FromBits(base) + next) / 2;
+      const uint32_t t = vec::conversions_internal::Bits(tie);
+      add_bits(sign | base);
+      for (uint32_t u : {t - 1, t, t + 1}) add_bits(sign | u);
+    }
+    // bfloat16 ties (low 16 bits 0x8000) over the whole exponent range, and their neighbours.
+    for (uint32_t e = 0; e < 255; ++e) {
+      for (uint32_t low : {0x7fffu, 0x8000u, 0x8001u, 0x18000u}) {
+        add_bits(sign | (e << 23) | low);
+      }
+    }
+  }
+  std::mt19937 rng(2024);
+  for (int i = 0; i < 200000; ++i) add_bits(rng());
+  return v;
+}
+
+template <typename T>
+void CheckConversions() {
+  // To float: all 65536 bit patterns.
+  std::vector<T> all(65536);
+  for (uint32_t b = 0; b < 65536; ++b) all[b] = T::FromBits(static_cast<uint16_t>(b));
+  std::vector<float> widened(all.size());
+  vec::ToFloat(all.data(), widened.data(), static_cast<int64_t>(all.size()));
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const float expected = all[b];
+    ASSERT_EQ(vec::conversions_internal::Bits(expected),
+              vec::conversions_internal::Bits(widened[b]))
+        << "bits " << b;
+  }
+  // From float: the probes, bit for bit against half.h's scalar constructor.
+  const std::vector<float> probes = ConversionProbes();
+  std::vector<T> narrowed(probes.size());
+  vec::FromFloat(probes.data(), narrowed.data(), static_cast<int64_t>(probes.size()));
+  for (size_t i = 0; i < probes.size(); ++i) {
+    ASSERT_EQ(T(probes[i]).bits, narrowed[i].bits)
+        << "float bits " << vec::conversions_internal::Bits(probes[i]);
+  }
+  // Through the backend's Copy, contiguous (the vectorised loops) and strided (per element).
+  std::vector<T> copied(probes.size());
+  const int64_t n = static_cast<int64_t>(probes.size());
+  Cpu().Copy(0, View(copied.data(), {n}), View(probes.data(), {n}));
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(T(probes[i]).bits, copied[i].bits);
+  std::vector<float> back(all.size(), 0.0f);
+  Cpu().Copy(0, View(back.data(), {65536}), View(all.data(), {65536}));
+  for (uint32_t b = 0; b < 65536; ++b) {
+    ASSERT_EQ(vec::conversions_internal::Bits(all[b]), vec::conversions_internal::Bits(back[b]));
+  }
+  std::vector<T> strided(2 * 1000);
+  Cpu().Copy(0, View(strided.data(), {1000}, {2}), View(probes.data(), {1000}));
+  for (int64_t i = 0; i < 1000; ++i) ASSERT_EQ(T(probes[i]).bits, strided[2 * i].bits);
+}
+
+TYPED_TEST(ReducedFloatTest, ConversionsAreBitExactOnEveryVectorUnit) {
+  for (bool baseline : {false, true}) {
+    SCOPED_TRACE(baseline ? "baseline vectors" : "best vectors");
+    vec::BaselineVectorsForTesting force(baseline);
+    CheckConversions<TypeParam>();
+  }
+}
+
+TYPED_TEST(ReducedFloatTest, UnaryIsTheFloatFunctionRoundedOnce) {
+  using T = TypeParam;
+  const int64_t rows = 37, cols = 1001;  // crosses the float chunks, splits over threads
+  std::vector<T> input = Rounded<T>(RandomFloats(rows * cols, -3, 3, 31));
+  input[5] = T(kNaN);
+  input[6] = T(kInf);
+  const std::vector<float> input32 = Widened(input);
+  for (UnaryOp op : {UnaryOp::kNeg, UnaryOp::kExp, UnaryOp::kLog, UnaryOp::kRelu, UnaryOp::kSqrt,
+                     UnaryOp::kAbs, UnaryOp::kTanh, UnaryOp::kSigmoid, UnaryOp::kSquare,
+                     UnaryOp::kAddScalar, UnaryOp::kMulScalar, UnaryOp::kPowScalar,
+                     UnaryOp::kGeScalar, UnaryOp::kGelu, UnaryOp::kGeluDerivative}) {
+    SCOPED_TRACE("op " + std::to_string(static_cast<int>(op)));
+    const float scalar = 0.7f;
+    std::vector<float> expected(input32.size());
+    Cpu().Unary(0, op, View(expected.data(), {rows, cols}), View(input32.data(), {rows, cols}),
+                scalar);
+    for (bool baseline : {false, true}) {
+      vec::BaselineVectorsForTesting force(baseline);
+      std::vector<T> out(input.size());
+      Cpu().Unary(0, op, View(out.data(), {rows, cols}), View(input.data(), {rows, cols}), scalar);
+      for (size_t i = 0; i < out.size(); ++i) ASSERT_TRUE(IsRounded(expected[i], out[i])) << i;
+    }
+    // Transposed (strided) and broadcast (stride 0) inputs.
+    std::vector<T> transposed(input.size());
+    Cpu().Unary(0, op, View(transposed.data(), {cols, rows}),
+                View(input.data(), {cols, rows}, {1, cols}), scalar);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) {
+        ASSERT_TRUE(IsRounded(expected[r * cols + c], transposed[c * rows + r]));
+      }
+    }
+    std::vector<T> broadcast(cols);
+    Cpu().Unary(0, op, View(broadcast.data(), {cols}), View(input.data() + 7, {cols}, {0}), scalar);
+    for (int64_t c = 0; c < cols; ++c) ASSERT_TRUE(IsRounded(expected[7], broadcast[c]));
+  }
+  // The constants are float's: gelu(1) is 0.8413447 in float, which ApplyUnary<BFloat16>
+  // would compute from 1/sqrt(2) rounded to 0.70703125.
+  std::vector<T> one = {T(1.0f)}, gelu(1);
+  Cpu().Unary(0, UnaryOp::kGelu, View(gelu.data(), {1}), View(one.data(), {1}), 0.0);
+  EXPECT_TRUE(IsRounded(ApplyUnary<float>(UnaryOp::kGelu, 1.0f, 0.0f), gelu[0]));
+}
+
+TYPED_TEST(ReducedFloatTest, BinaryIsTheFloatFunctionRoundedOnceAndComparesIntoBool) {
+  using T = TypeParam;
+  const int64_t rows = 29, cols = 700;
+  std::vector<T> a = Rounded<T>(RandomFloats(rows * cols, -4, 4, 41));
+  std::vector<T> row = Rounded<T>(RandomFloats(cols, -4, 4, 42));
+  a[3] = T(kNaN);
+  row[9] = a[9];  // an equal pair for the comparisons
+  const std::vector<float> a32 = Widened(a), row32 = Widened(row);
+  for (int op_index = 0; op_index <= static_cast<int>(BinaryOp::kReluBackward); ++op_index) {
+    const BinaryOp op = static_cast<BinaryOp>(op_index);
+    SCOPED_TRACE("op " + std::to_string(op_index));
+    // a [rows, cols] with row broadcast over the rows, both ways round.
+    for (bool row_first : {false, true}) {
+      const KernelTensor a16 = View(a.data(), {rows, cols});
+      const KernelTensor r16 = View(row.data(), {rows, cols}, {0, 1});
+      const KernelTensor a_f = View(a32.data(), {rows, cols});
+      const KernelTensor r_f = View(row32.data(), {rows, cols}, {0, 1});
+      std::vector<float> expected(a.size());
+      std::vector<T> out(a.size());
+      Cpu().Binary(0, op, View(expected.data(), {rows, cols}), row_first ? r_f : a_f,
+                   row_first ? a_f : r_f);
+      Cpu().Binary(0, op, View(out.data(), {rows, cols}), row_first ? r16 : a16,
+                   row_first ? a16 : r16);
+      for (size_t i = 0; i < out.size(); ++i) ASSERT_TRUE(IsRounded(expected[i], out[i])) << i;
+      if (IsComparison(op)) {
+        std::unique_ptr<bool[]> flags(new bool[a.size()]);
+        Cpu().Binary(0, op, View(flags.get(), {rows, cols}), row_first ? r16 : a16,
+                     row_first ? a16 : r16);
+        for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(flags[i], expected[i] == 1.0f) << i;
+      }
+    }
+    // A scalar (both operands broadcast) and a transposed output.
+    std::vector<T> out(a.size());
+    Cpu().Binary(0, op, View(out.data(), {cols, rows}, {1, cols}),
+                 View(a.data(), {cols, rows}, {1, cols}),
+                 View(row.data() + 1, {cols, rows}, {0, 0}));
+    for (size_t i = 0; i < out.size(); ++i) {
+      ASSERT_TRUE(IsRounded(ApplyBinary<float>(op, a32[i], row32[1]), out[i])) << i;
+    }
+  }
+}
+
+TYPED_TEST(ReducedFloatTest, SumsAccumulateWideAndMaxMinPropagateNaN) {
+  using T = TypeParam;
+  WithEachThreadCount([] {
+    // Rows (one of them long enough to be split into blocks) and columns.
+    for (auto [outer, reduce, inner] :
+         {std::array<int64_t, 3>{3, 100003, 1}, std::array<int64_t, 3>{5, 77, 300},
+          std::array<int64_t, 3>{1000, 13, 1}}) {
+      std::vector<T> x = Rounded<T>(RandomFloats(outer * reduce * inner, -1, 2, 51));
+      x[2 * inner] = T(kNaN);  // row/column 0 has a NaN
+      const std::vector<float> x32 = Widened(x);
+      for (ReduceKind op : {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kMin,
+                            ReduceKind::kArgMax, ReduceKind::kArgMin}) {
+        const bool arg = op == ReduceKind::kArgMax || op == ReduceKind::kArgMin;
+        std::vector<float> expected(outer * inner);
+        std::vector<int64_t> expected_at(outer * inner), at(outer * inner);
+        std::vector<T> out(outer * inner);
+        const KernelTensor src32 = View(x32.data(), {outer * reduce * inner});
+        const KernelTensor src16 = View(x.data(), {outer * reduce * inner});
+        if (arg) {
+          Cpu().Reduce(0, op, View(expected_at.data(), {outer * inner}), src32, outer, reduce,
+                       inner);
+          Cpu().Reduce(0, op, View(at.data(), {outer * inner}), src16, outer, reduce, inner);
+          ASSERT_EQ(at, expected_at);
+          continue;
+        }
+        Cpu().Reduce(0, op, View(expected.data(), {outer * inner}), src32, outer, reduce, inner);
+        Cpu().Reduce(0, op, View(out.data(), {outer * inner}), src16, outer, reduce, inner);
+        // The sum of the same values in the same order, in double: the float32 result
+        // rounded (both round the double sum to float first).
+        for (size_t i = 0; i < out.size(); ++i) ASSERT_TRUE(IsRounded(expected[i], out[i])) << i;
+        ASSERT_TRUE(std::isnan(static_cast<float>(out[0])));
+      }
+    }
+  });
+}
+
+TYPED_TEST(ReducedFloatTest, SoftmaxMatchesFloat32WithinTolerance) {
+  using T = TypeParam;
+  for (bool log : {false, true}) {
+    const int64_t outer = 6, dim = 257, inner = 3;
+    std::vector<T> x = Rounded<T>(RandomFloats(outer * dim * inner, -8, 8, 61));
+    const std::vector<float> x32 = Widened(x);
+    std::vector<float> expected(x.size());
+    std::vector<T> out(x.size());
+    Cpu().Softmax(0, kFloat32, log, expected.data(), x32.data(), outer, dim, inner);
+    Cpu().Softmax(0, DTypeOf<T>::value, log, out.data(), x.data(), outer, dim, inner);
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_TRUE(CloseFor<T>(expected[i], out[i])) << i;
+  }
+}
+
+TYPED_TEST(ReducedFloatTest, GemmMatchesFloat32WithinTolerance) {
+  using T = TypeParam;
+  const DType dtype = DTypeOf<T>::value;
+  for (bool trans_a : {false, true}) {
+    for (bool trans_b : {false, true}) {
+      const int64_t m = 33, n = 47, k = 129, batch = 3;
+      std::vector<T> a = Rounded<T>(RandomFloats(batch * m * k, -1, 1, 71));
+      std::vector<T> b = Rounded<T>(RandomFloats(k * n, -1, 1, 72));  // shared (stride 0)
+      std::vector<T> c = Rounded<T>(RandomFloats(batch * m * n, -1, 1, 73));
+      std::vector<float> a32 = Widened(a), b32 = Widened(b), c32 = Widened(c);
+      const int64_t lda = trans_a ? m : k, ldb = trans_b ? k : n;
+      for (double beta : {0.0, 0.5}) {
+        std::vector<float> expected = c32;
+        std::vector<T> out = c;
+        Cpu().Gemm(0, kFloat32, trans_a, trans_b, m, n, k, 1.5, a32.data(), lda, m * k, b32.data(),
+                   ldb, 0, beta, expected.data(), n, m * n, batch);
+        Cpu().Gemm(0, dtype, trans_a, trans_b, m, n, k, 1.5, a.data(), lda, m * k, b.data(), ldb, 0,
+                   beta, out.data(), n, m * n, batch);
+        // The float GEMM of the same values, rounded once: only the rounding differs.
+        for (size_t i = 0; i < out.size(); ++i) ASSERT_TRUE(IsRounded(expected[i], out[i])) << i;
+      }
+    }
+  }
+  // A C with a row stride wider than n keeps the elements between rows.
+  std::vector<T> a = {T(1.0f), T(2.0f)}, b = {T(3.0f), T(4.0f)}, c(6, T(9.0f));
+  Cpu().Gemm(0, dtype, false, false, 2, 1, 1, 1.0, a.data(), 1, 0, b.data(), 1, 0, 0.0, c.data(), 3,
+             0, 1);
+  EXPECT_EQ(static_cast<float>(c[0]), 3.0f);
+  EXPECT_EQ(static_cast<float>(c[1]), 9.0f);
+  EXPECT_EQ(static_cast<float>(c[3]), 6.0f);
+}
+
+TYPED_TEST(ReducedFloatTest, ConvolutionAndPoolingKernelsMatchFloat32) {
+  using T = TypeParam;
+  const DType dtype = DTypeOf<T>::value;
+  Conv2dGeometry g = Conv2dGeometry::Make(2, 3, 9, 11, 3, 3, 2, 1, 1, 1);
+  const int64_t image_size = g.batch * g.channels * g.height * g.width;
+  const int64_t columns_size =
+      g.batch * g.channels * g.kernel_h * g.kernel_w * g.out_h() * g.out_w();
+  std::vector<T> image = Rounded<T>(RandomFloats(image_size, -2, 2, 81));
+  image[4] = T(kNaN);
+  const std::vector<float> image32 = Widened(image);
+  // Im2Col moves values: exact.
+  std::vector<float> columns32(columns_size);
+  std::vector<T> columns(columns_size);
+  Cpu().Im2Col(0, kFloat32, g, image32.data(), columns32.data());
+  Cpu().Im2Col(0, dtype, g, image.data(), columns.data());
+  for (int64_t i = 0; i < columns_size; ++i) ASSERT_TRUE(IsRounded(columns32[i], columns[i]));
+  // Col2Im sums each pixel's taps in float, in the float32 kernel's order: rounded once.
+  std::vector<T> grad_columns = Rounded<T>(RandomFloats(columns_size, -2, 2, 82));
+  const std::vector<float> grad_columns32 = Widened(grad_columns);
+  std::vector<float> summed32(image_size);
+  std::vector<T> summed(image_size);
+  Cpu().Col2Im(0, kFloat32, g, grad_columns32.data(), summed32.data());
+  Cpu().Col2Im(0, dtype, g, grad_columns.data(), summed.data());
+  for (int64_t i = 0; i < image_size; ++i) ASSERT_TRUE(IsRounded(summed32[i], summed[i]));
+
+  // Max pooling (overlapping windows) and its backward, average pooling and adaptive average
+  // pooling and their backwards: computed in float, rounded once.
+  Conv2dGeometry pool = Conv2dGeometry::Make(2, 3, 9, 11, 3, 3, 2, 2, 1, 1);
+  const int64_t out_size = pool.batch * pool.channels * pool.out_h() * pool.out_w();
+  std::vector<float> pooled32(out_size);
+  std::vector<T> pooled(out_size);
+  std::vector<int64_t> at32(out_size), at(out_size);
+  Cpu().MaxPool2d(0, kFloat32, pool, image32.data(), pooled32.data(), at32.data());
+  Cpu().MaxPool2d(0, dtype, pool, image.data(), pooled.data(), at.data());
+  ASSERT_EQ(at, at32);
+  for (int64_t i = 0; i < out_size; ++i) ASSERT_TRUE(IsRounded(pooled32[i], pooled[i]));
+  std::vector<T> grad_out = Rounded<T>(RandomFloats(out_size, -2, 2, 83));
+  const std::vector<float> grad_out32 = Widened(grad_out);
+  std::vector<float> grad_in32(image_size);
+  std::vector<T> grad_in(image_size);
+  Cpu().MaxPool2dBackward(0, kFloat32, pool, grad_out32.data(), at.data(), grad_in32.data());
+  Cpu().MaxPool2dBackward(0, dtype, pool, grad_out.data(), at.data(), grad_in.data());
+  for (int64_t i = 0; i < image_size; ++i) ASSERT_TRUE(IsRounded(grad_in32[i], grad_in[i]));
+  for (bool include_pad : {false, true}) {
+    Cpu().AvgPool2d(0, kFloat32, pool, include_pad, image32.data(), pooled32.data());
+    Cpu().AvgPool2d(0, dtype, pool, include_pad, image.data(), pooled.data());
+    for (int64_t i = 0; i < out_size; ++i) ASSERT_TRUE(IsRounded(pooled32[i], pooled[i]));
+    Cpu().AvgPool2dBackward(0, kFloat32, pool, include_pad, grad_out32.data(), grad_in32.data());
+    Cpu().AvgPool2dBackward(0, dtype, pool, include_pad, grad_out.data(), grad_in.data());
+    for (int64_t i = 0; i < image_size; ++i) ASSERT_TRUE(IsRounded(grad_in32[i], grad_in[i]));
+  }
+  const int64_t planes = g.batch * g.channels, out_h = 4, out_w = 3;
+  std::vector<float> adaptive32(planes * out_h * out_w);
+  std::vector<T> adaptive(planes * out_h * out_w);
+  Cpu().AdaptiveAvgPool2d(0, kFloat32, planes, g.height, g.width, out_h, out_w, image32.data(),
+                          adaptive32.data());
+  Cpu().AdaptiveAvgPool2d(0, dtype, planes, g.height, g.width, out_h, out_w, image.data(),
+                          adaptive.data());
+  for (size_t i = 0; i < adaptive.size(); ++i) ASSERT_TRUE(IsRounded(adaptive32[i], adaptive[i]));
+  const std::vector<float> adaptive_grad32 = Widened(adaptive);
+  Cpu().AdaptiveAvgPool2dBackward(0, kFloat32, planes, g.height, g.width, out_h, out_w,
+                                  adaptive_grad32.data(), grad_in32.data());
+  Cpu().AdaptiveAvgPool2dBackward(0, dtype, planes, g.height, g.width, out_h, out_w,
+                                  adaptive.data(), grad_in.data());
+  for (int64_t i = 0; i < image_size; ++i) ASSERT_TRUE(IsRounded(grad_in32[i], grad_in[i]));
+}
+
+TYPED_TEST(ReducedFloatTest, GathersAndScatterAdds) {
+  using T = TypeParam;
+  const DType dtype = DTypeOf<T>::value;
+  const int64_t outer = 7, dim = 13, idx_dim = 40, inner = 5;
+  std::vector<T> src = Rounded<T>(RandomFloats(outer * dim * inner, -1, 1, 91));
+  const std::vector<float> src32 = Widened(src);
+  std::vector<int64_t> idx = RandomInts(outer * idx_dim * inner, 0, dim - 1, 92);
+  std::vector<T> gathered(idx.size());
+  Cpu().Gather(0, dtype, gathered.data(), src.data(), idx.data(), outer, dim, idx_dim, inner);
+  for (size_t e = 0; e < idx.size(); ++e) {
+    const int64_t o = e / (idx_dim * inner), i = e % inner;
+    ASSERT_EQ(gathered[e].bits, src[(o * dim + idx[e]) * inner + i].bits);
+  }
+  // ScatterAdd with repeated indices: PyTorch rounds after each add, so the result is within
+  // the tolerance of the float32 sums, scaled by the adds per element (idx_dim / dim ~ 3).
+  std::vector<T> dst = src;
+  std::vector<float> dst32 = src32;
+  const std::vector<float> gathered32 = Widened(gathered);
+  Cpu().ScatterAdd(0, kFloat32, dst32.data(), gathered32.data(), idx.data(), outer, dim, idx_dim,
+                   inner);
+  Cpu().ScatterAdd(0, dtype, dst.data(), gathered.data(), idx.data(), outer, dim, idx_dim, inner);
+  for (size_t i = 0; i < dst.size(); ++i) ASSERT_TRUE(CloseFor<T>(dst32[i], dst[i], 8.0f)) << i;
+  // Columns: one add per element, rounded once.
+  const int64_t rows = 1000, cols = 9;
+  std::vector<T> table = Rounded<T>(RandomFloats(rows * cols, -1, 1, 93));
+  std::vector<float> table32 = Widened(table);
+  std::vector<int64_t> column = RandomInts(rows, 0, cols - 1, 94);
+  std::vector<T> picked(rows);
+  Cpu().GatherColumns(0, dtype, picked.data(), table.data(), column.data(), rows, cols);
+  for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(picked[r].bits, table[r * cols + column[r]].bits);
+  const std::vector<float> picked32 = Widened(picked);
+  Cpu().ScatterAddColumns(0, kFloat32, table32.data(), picked32.data(), column.data(), rows, cols);
+  Cpu().ScatterAddColumns(0, dtype, table.data(), picked.data(), column.data(), rows, cols);
+  for (size_t i = 0; i < table.size(); ++i) ASSERT_TRUE(IsRounded(table32[i], table[i]));
+}
+
+TYPED_TEST(ReducedFloatTest, RandomDrawsAreTheFloat32DrawsRounded) {
+  using T = TypeParam;
+  const DType dtype = DTypeOf<T>::value;
+  const int64_t n = 100001;
+  std::vector<float> uniform32(n), normal32(n);
+  std::vector<T> uniform(n), normal(n);
+  // [0, 1): many float32 draws round up to 1 in 16 bits; they take the value below 1.
+  Cpu().RandomUniform(0, kFloat32, uniform32.data(), n, 5, 3, 0.0, 1.0);
+  Cpu().RandomUniform(0, dtype, uniform.data(), n, 5, 3, 0.0, 1.0);
+  const float below_one = std::is_same_v<T, BFloat16> ? 1.0f - 1.0f / 256 : 1.0f - 1.0f / 2048;
+  int64_t clamped = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (static_cast<float>(T(uniform32[i])) >= 1.0f) {
+      ++clamped;
+      ASSERT_EQ(static_cast<float>(uniform[i]), below_one);
+    } else {
+      ASSERT_TRUE(IsRounded(uniform32[i], uniform[i])) << i;
+    }
+  }
+  EXPECT_GT(clamped, 0);
+  Cpu().RandomNormal(0, kFloat32, normal32.data(), n, 5, 3, 1.0, 2.0);
+  Cpu().RandomNormal(0, dtype, normal.data(), n, 5, 3, 1.0, 2.0);
+  for (int64_t i = 0; i < n; ++i) ASSERT_TRUE(IsRounded(normal32[i], normal[i])) << i;
+}
+
+TYPED_TEST(ReducedFloatTest, FusedOptimizerStepsComputeInFloatAndRoundOnStore) {
+  using T = TypeParam;
+  const DType dtype = DTypeOf<T>::value;
+  const int64_t n = 40000;  // several pieces
+  for (OptimizerKind kind : {OptimizerKind::kSgd, OptimizerKind::kAdam, OptimizerKind::kRmsprop}) {
+    SCOPED_TRACE("kind " + std::to_string(static_cast<int>(kind)));
+    std::vector<T> p = Rounded<T>(RandomFloats(n, -1, 1, 101));
+    std::vector<T> g = Rounded<T>(RandomFloats(n, -1, 1, 102));
+    std::vector<T> s0 = Rounded<T>(RandomFloats(n, 0, 1, 103));
+    std::vector<T> s1 = Rounded<T>(RandomFloats(n, 0, 1, 104));
+    std::vector<T> s2 = Rounded<T>(RandomFloats(n, -0.1f, 0.1f, 105));
+    std::vector<float> p32 = Widened(p), g32 = Widened(g), s0_32 = Widened(s0), s1_32 = Widened(s1),
+                       s2_32 = Widened(s2);
+    FusedUpdate u;
+    u.kind = kind;
+    u.numel = n;
+    u.lr = 0.01;
+    u.momentum = 0.9;
+    u.dampening = 0.1;
+    u.weight_decay = 0.01;
+    u.nesterov = true;
+    u.beta1 = 0.9;
+    u.beta2 = 0.999;
+    u.eps = 1e-8;
+    u.alpha = 0.99;
+    u.step_size = 0.01 / 0.1;
+    u.inv_bc2_sqrt = 1 / std::sqrt(0.001);
+    u.decay_factor = 0.999;
+    FusedUpdate u32 = u;
+    const bool two_states = kind != OptimizerKind::kSgd, three = kind == OptimizerKind::kRmsprop;
+    u.param = p.data(), u.grad = g.data(), u.state0 = s0.data();
+    u.state1 = two_states ? s1.data() : nullptr;
+    u.state2 = three ? s2.data() : nullptr;
+    u32.param = p32.data(), u32.grad = g32.data(), u32.state0 = s0_32.data();
+    u32.state1 = two_states ? s1_32.data() : nullptr;
+    u32.state2 = three ? s2_32.data() : nullptr;
+    Cpu().FusedOptimizerUpdate(0, kFloat32, {u32});
+    Cpu().FusedOptimizerUpdate(0, dtype, {u});
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_TRUE(IsRounded(p32[i], p[i])) << i;
+      ASSERT_TRUE(IsRounded(s0_32[i], s0[i])) << i;
+      if (two_states) ASSERT_TRUE(IsRounded(s1_32[i], s1[i])) << i;
+      if (three) ASSERT_TRUE(IsRounded(s2_32[i], s2[i])) << i;
+    }
+  }
+}
+
+TEST(CpuBackendTest, CopyConvertsBetweenAllDtypes) {
+  // Values every dtype holds exactly (uint8 and bool aside), through every pair.
+  const std::vector<double> values = {0, 1, 2, 3, 5, 100, 7, 0, 1, 42};
+  std::vector<std::vector<char>> buffers;
+  for (int from = 0; from < kNumDTypes; ++from) {
+    for (int to = 0; to < kNumDTypes; ++to) {
+      const DType from_dtype = static_cast<DType>(from), to_dtype = static_cast<DType>(to);
+      SCOPED_TRACE(std::string(DTypeName(from_dtype)) + " -> " + DTypeName(to_dtype));
+      const int64_t n = static_cast<int64_t>(values.size());
+      std::vector<char> src(n * ElementSize(from_dtype)), dst(n * ElementSize(to_dtype));
+      KernelTensor s = KernelTensor::Vector(src.data(), n, from_dtype);
+      KernelTensor d = KernelTensor::Vector(dst.data(), n, to_dtype);
+      for (int64_t i = 0; i < n; ++i) {
+        Cpu().Fill(0, KernelTensor::Vector(src.data() + i * ElementSize(from_dtype), 1, from_dtype),
+                   values[i]);
+      }
+      Cpu().Copy(0, d, s);
+      DispatchDType(to_dtype, "test", [&](auto tag) {
+        using To = typename decltype(tag)::type;
+        const To* out = reinterpret_cast<const To*>(dst.data());
+        for (int64_t i = 0; i < n; ++i) {
+          double expected = values[i];
+          if (from_dtype == kBool || to_dtype == kBool) expected = values[i] != 0;
+          ASSERT_EQ(static_cast<double>(static_cast<OpMath<To>>(out[i])), expected) << i;
+        }
+      });
+    }
+  }
+  // Into bool: nonzero (NaN too) is true; floats into uint8 wrap through int64.
+  std::vector<float> floats = {0.0f, -0.0f, 0.5f, kNaN, -3.0f, 300.0f};
+  bool flags[6];
+  Cpu().Copy(0, View(flags, {6}), View(floats.data(), {6}));
+  EXPECT_EQ(std::vector<bool>(flags, flags + 6),
+            std::vector<bool>({false, false, true, true, true, true}));
+  uint8_t bytes[2];
+  Cpu().Copy(0, View(bytes, {2}), View(floats.data() + 4, {2}));
+  EXPECT_EQ(bytes[0], 253);
+  EXPECT_EQ(bytes[1], 44);
+}
+
+template <typename T>
+void CheckIntegerKernels() {
+  SCOPED_TRACE(DTypeName(DTypeOf<T>::value));
+  const int64_t n = 1000;
+  std::vector<T> a(n), b(n);
+  std::vector<int64_t> ints_a = RandomInts(n, 0, 100, 111), ints_b = RandomInts(n, 1, 100, 112);
+  for (int64_t i = 0; i < n; ++i) {
+    a[i] = static_cast<T>(ints_a[i]);
+    b[i] = static_cast<T>(ints_b[i]);
+  }
+  for (UnaryOp op : {UnaryOp::kNeg, UnaryOp::kAbs, UnaryOp::kAddScalar, UnaryOp::kMulScalar}) {
+    std::vector<T> out(n);
+    Cpu().Unary(0, op, View(out.data(), {n}), View(a.data(), {n}), 3.0);
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t expected = ints_a[i];
+      if (op == UnaryOp::kNeg) expected = -expected;
+      if (op == UnaryOp::kAddScalar) expected += 3;
+      if (op == UnaryOp::kMulScalar) expected *= 3;
+      ASSERT_EQ(out[i], static_cast<T>(expected)) << i;  // uint8 wraps
+    }
+  }
+  EXPECT_THROW(Cpu().Unary(0, UnaryOp::kExp, View(a.data(), {n}), View(a.data(), {n}), 0.0), Error);
+  for (BinaryOp op : {BinaryOp::kAdd, BinaryOp::kSub, BinaryOp::kMul, BinaryOp::kMaximum,
+                      BinaryOp::kMinimum, BinaryOp::kLt, BinaryOp::kEq}) {
+    std::vector<T> out(n);
+    std::unique_ptr<bool[]> flags(new bool[n]);
+    Cpu().Binary(0, op, View(out.data(), {n}), View(a.data(), {n}), View(b.data(), {n}));
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t x = ints_a[i], y = ints_b[i];
+      int64_t expected = 0;
+      switch (op) {
+        case BinaryOp::kAdd:
+          expected = x + y;
+          break;
+        case BinaryOp::kSub:
+          expected = x - y;
+          break;
+        case BinaryOp::kMul:
+          expected = x * y;
+          break;
+        case BinaryOp::kMaximum:
+          expected = std::max(x, y);
+          break;
+        case BinaryOp::kMinimum:
+          expected = std::min(x, y);
+          break;
+        case BinaryOp::kLt:
+          expected = x < y;
+          break;
+        default:
+          expected = x == y;
+          break;
+      }
+      ASSERT_EQ(out[i], static_cast<T>(expected)) << i;
+    }
+    if (IsComparison(op)) {
+      Cpu().Binary(0, op, View(flags.get(), {n}), View(a.data(), {n}), View(b.data(), {n}));
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(flags[i], static_cast<bool>(out[i]));
+    }
+  }
+  // Sums keep the dtype (wrapping); max and argmax as for any ordered type.
+  T sum;
+  Cpu().Reduce(0, ReduceKind::kSum, View(&sum, {}), View(a.data(), {n}), 1, n, 1);
+  EXPECT_EQ(sum, static_cast<T>(std::accumulate(ints_a.begin(), ints_a.end(), int64_t{0})));
+  int64_t at;
+  Cpu().Reduce(0, ReduceKind::kArgMax, View(&at, {}), View(a.data(), {n}), 1, n, 1);
+  EXPECT_EQ(at, std::max_element(ints_a.begin(), ints_a.end()) - ints_a.begin());
+}
+
+TEST(CpuBackendTest, IntegerKernels) {
+  CheckIntegerKernels<int32_t>();
+  CheckIntegerKernels<uint8_t>();
+  CheckIntegerKernels<int64_t>();
+}
+
+TEST(CpuBackendTest, BoolKernelsFollowPyTorch) {
+  bool a[4] = {false, false, true, true}, b[4] = {false, true, false, true}, out[4];
+  const auto run = [&](BinaryOp op) {
+    Cpu().Binary(0, op, View(out, {4}), View(a, {4}), View(b, {4}));
+    return std::vector<bool>(out, out + 4);
+  };
+  EXPECT_EQ(run(BinaryOp::kAdd), std::vector<bool>({false, true, true, true}));    // or
+  EXPECT_EQ(run(BinaryOp::kMul), std::vector<bool>({false, false, false, true}));  // and
+  EXPECT_EQ(run(BinaryOp::kMaximum), std::vector<bool>({false, true, true, true}));
+  EXPECT_EQ(run(BinaryOp::kMinimum), std::vector<bool>({false, false, false, true}));
+  EXPECT_EQ(run(BinaryOp::kNe), std::vector<bool>({false, true, true, false}));
+  EXPECT_EQ(run(BinaryOp::kLt), std::vector<bool>({false, true, false, false}));
+  EXPECT_THROW(run(BinaryOp::kSub), Error);
+  EXPECT_THROW(run(BinaryOp::kDiv), Error);
+  EXPECT_THROW(Cpu().Unary(0, UnaryOp::kNeg, View(out, {4}), View(a, {4}), 0.0), Error);
+  Cpu().Unary(0, UnaryOp::kMulScalar, View(out, {4}), View(b, {4}), 2.0);
+  EXPECT_EQ(std::vector<bool>(out, out + 4), std::vector<bool>({false, true, false, true}));
+  // sum of bool in bool is "any"; max is "any", min "all".
+  bool any, all;
+  Cpu().Reduce(0, ReduceKind::kSum, View(&any, {}), View(b, {4}), 1, 4, 1);
+  Cpu().Reduce(0, ReduceKind::kMin, View(&all, {}), View(b, {4}), 1, 4, 1);
+  EXPECT_TRUE(any);
+  EXPECT_FALSE(all);
+  // Comparisons of float32 into bool, and mismatched dtypes rejected.
+  float x[3] = {1.0f, kNaN, 3.0f}, y[3] = {1.0f, kNaN, 2.0f};
+  bool eq[3];
+  Cpu().Binary(0, BinaryOp::kEq, View(eq, {3}), View(x, {3}), View(y, {3}));
+  EXPECT_EQ(std::vector<bool>(eq, eq + 3), std::vector<bool>({true, false, false}));
+  EXPECT_THROW(Cpu().Binary(0, BinaryOp::kAdd, View(eq, {3}), View(x, {3}), View(y, {3})), Error);
+}
+
+// Not an assertion: the figures the CPU engineer reports (bf16 against f32 elementwise add,
+// float <-> bf16/fp16 conversion throughput on 4M elements). Run with
+//   bazel test --config=cpu //tensor/cpu:cpu_backend_test
+//   --test_arg=--gtest_also_run_disabled_tests
+//   --test_filter='*DISABLED_Measure*' --test_output=all
+TEST(CpuBackendTest, DISABLED_MeasureReducedPrecisionThroughput) {
+  const int64_t n = int64_t{4} << 20;
+  std::vector<float> a32 = RandomFloats(n, -1, 1, 1), b32 = RandomFloats(n, -1, 1, 2), c32(n);
+  std::vector<BFloat16> a16 = Rounded<BFloat16>(a32), b16 = Rounded<BFloat16>(b32), c16(n);
+  std::vector<Half> h16(n);
+  const auto time = [](const char* what, auto&& body) {
+    body();  // warm up (page faults, caches)
+    constexpr int kRounds = 20;
+    double best = 1e30;
+    for (int r = 0; r < kRounds; ++r) {
+      const auto start = std::chrono::steady_clock::now();
+      body();
+      best = std::min(
+          best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                    .count());
+    }
+    std::printf("%-44s %8.3f ms (best of %d), %.2f Gelem/s\n", what, best, kRounds,
+                4.0 * (1 << 20) / best / 1e6);
+  };
+  const int original = CpuDeviceCount();
+  for (int devices : {HardwareCores(), 1}) {
+    SetCpuDeviceCount(devices);
+    std::printf("threads per device: %d\n", CpuThreadsPerDevice());
+    time("add f32 (4M)", [&] {
+      Cpu().Binary(0, BinaryOp::kAdd, View(c32.data(), {n}), View(a32.data(), {n}),
+                   View(b32.data(), {n}));
+    });
+    time("add bf16 (4M)", [&] {
+      Cpu().Binary(0, BinaryOp::kAdd, View(c16.data(), {n}), View(a16.data(), {n}),
+                   View(b16.data(), {n}));
+    });
+    time("copy f32 -> bf16 (4M)",
+         [&] { Cpu().Copy(0, View(c16.data(), {n}), View(a32.data(), {n})); });
+    time("copy bf16 -> f32 (4M)",
+         [&] { Cpu().Copy(0, View(c32.data(), {n}), View(a16.data(), {n})); });
+    time("copy f32 -> f16 (4M)",
+         [&] { Cpu().Copy(0, View(h16.data(), {n}), View(a32.data(), {n})); });
+    time("copy f16 -> f32 (4M)",
+         [&] { Cpu().Copy(0, View(c32.data(), {n}), View(h16.data(), {n})); });
+    {
+      vec::BaselineVectorsForTesting baseline;
+      time("copy f32 -> f16 (4M, baseline SSE2)",
+           [&] { Cpu().Copy(0, View(h16.data(), {n}), View(a32.data(), {n})); });
+    }
+    time("scalar half.h f32 -> f16, one thread (4M)", [&] {
+      for (int64_t i = 0; i < n; ++i) h16[i] = Half(a32[i]);
+    });
+  }
+  SetCpuDeviceCount(original);
 }
 
 }  // namespace
