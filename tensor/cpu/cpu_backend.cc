@@ -9,6 +9,11 @@
 //
 // Every loop computes each output element in one place, independently of how the range is
 // split, so results are bitwise the same whatever the number of threads.
+//
+// bfloat16 and float16 are loaded as float (the vectorised conversions of
+// tensor/kernels/float_conversions.h), computed in float and rounded once when stored; sums
+// accumulate in float or double. GEMM converts to float around the float32 GEMM
+// (ReducedPrecisionGemmViaFloat, Note [Reduced precision GEMM]).
 #include <cblas.h>
 #include <unistd.h>
 #if defined(__SSE2__)

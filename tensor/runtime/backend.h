@@ -72,7 +72,10 @@ struct KernelTensor {
 };
 
 // Elementwise functions of one input and an optional scalar parameter `s`.
-// Floating types only, except kNeg, kAbs, kAddScalar, kMulScalar which also accept int64.
+// Floating types (float32, float64, bfloat16, float16: the 16-bit ones are loaded as float,
+// computed in float with `s` as float, and rounded once when stored); kNeg, kAbs, kAddScalar,
+// kMulScalar also accept int64, int32, uint8 and bool (computed in int64, converted back:
+// uint8 wraps, bool is "nonzero"), except kNeg on bool, which PyTorch rejects.
 enum class UnaryOp : int8_t {
   kNeg,             // -x
   kExp,             // e^x
@@ -91,8 +94,10 @@ enum class UnaryOp : int8_t {
   kGeluDerivative,  // Phi(x) + x * phi(x), the derivative of kGelu
 };
 
-// Elementwise functions of two inputs of the same dtype (any dtype). Comparisons
-// give 1 or 0 in that dtype.
+// Elementwise functions of two inputs of the same dtype (any dtype), written to a dst of that
+// dtype; the 16-bit floats compute in float and round once. The comparisons (kEq .. kGe) give
+// 1 or 0 in that dtype, or true/false into a kBool dst. On bool, as in PyTorch: kAdd is or,
+// kMul and, kMaximum/kMinimum or/and; kSub, kDiv and kReluBackward are rejected.
 enum class BinaryOp : int8_t {
   kAdd,
   kSub,
@@ -112,7 +117,11 @@ enum class BinaryOp : int8_t {
 // Reductions over the middle axis (named Kind, not Op: ReduceOp is the collectives' enum,
 // parallel/distributed/process_group.h) of a contiguous [outer, reduce, inner] input into a
 // contiguous [outer, inner] output. kArgMax/kArgMin write int64 indices; the others keep
-// the input's dtype. Ties in arg reductions pick the first index, as PyTorch does.
+// the input's dtype. Ties in arg reductions pick the first index, as PyTorch does; NaN wins
+// max/min/argmax/argmin in every floating type. Sums accumulate in double for every floating
+// type (the 16-bit floats round once, from it) and in int64 for the integers and bool, then
+// convert to the input's dtype (uint8 wraps, bool is "any"): the ops layer widens integer
+// sums to int64 first, as PyTorch's sum does.
 enum class ReduceKind : int8_t { kSum, kMax, kMin, kArgMax, kArgMin };
 
 // Describes a 2-D convolution or pooling window over NCHW images. A window's taps are
@@ -272,7 +281,10 @@ class Backend {
   virtual std::shared_ptr<void> AllocatePinnedHost(size_t /*bytes*/) { return nullptr; }
 
   // ---- Kernels (all tensors on device `index`) ----------------------------------------
-  // dst[i] = src[i] for strided views of the same shape; converts dtype if they differ.
+  // dst[i] = src[i] for strided views of the same shape; converts between any two of the
+  // 8 dtypes if they differ: to bool, nonzero (NaN too) is true; floats to integers truncate
+  // (to uint8 through int64, so negative values wrap); to the 16-bit floats, round to nearest
+  // even (float64 through float32, as PyTorch).
   virtual void Copy(int index, const KernelTensor& dst, const KernelTensor& src) = 0;
   virtual void Fill(int index, const KernelTensor& dst, double value) = 0;
   // dst = op(src, scalar); shapes equal (strides may differ; dst may alias src exactly).
@@ -285,12 +297,17 @@ class Backend {
   virtual void Reduce(int index, ReduceKind op, const KernelTensor& dst, const KernelTensor& src,
                       int64_t outer, int64_t reduce, int64_t inner) = 0;
   // The kernels below take `dtype`, the element type of their floating-point operands
-  // (float32 or float64; int64 index operands stay int64_t), and untyped pointers to them.
+  // (float32, float64, bfloat16 or float16; int64 index operands stay int64_t), and untyped
+  // pointers to them. The 16-bit floats are loaded as float, computed in float and rounded
+  // once when stored; sums inside a kernel (softmax's, pooling windows, Col2Im's taps, a GEMM's
+  // dot products, max pooling's backward) accumulate in float or wider. Scatter-adds into a
+  // 16-bit dst round after each add, as PyTorch does.
   //
   // Softmax or log-softmax over the middle axis of contiguous [outer, dim, inner].
   virtual void Softmax(int index, DType dtype, bool log, void* dst, const void* src, int64_t outer,
                        int64_t dim, int64_t inner) = 0;
-  // Row-major batched GEMM: for b in [0, batch):
+  // Row-major batched GEMM (16-bit floats: float accumulation, alpha and beta in float, C
+  // rounded once): for b in [0, batch):
   //   C_b = alpha * op(A_b) * op(B_b) + beta * C_b,  op(X) = X or X^T,
   // with A_b = a + b * stride_a (stride 0 reuses one matrix), likewise B and C.
   // op(A) is m x k, op(B) is k x n, C is m x n; lda/ldb/ldc are row strides (in elements).
@@ -347,8 +364,9 @@ class Backend {
   // inner] (not cleared). Repeated indices accumulate.
   virtual void ScatterAdd(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
                           int64_t outer, int64_t dst_dim, int64_t idx_dim, int64_t inner) = 0;
-  // Applies every update of `updates` (tensors of one dtype, float32 or float64, all on
-  // device `index`); see Note [Fused optimizer updates]. The updates' tensors are distinct.
+  // Applies every update of `updates` (tensors of one floating dtype, all on device
+  // `index`; 16-bit parameters and states are updated in float and rounded when stored); see
+  // Note [Fused optimizer updates]. The updates' tensors are distinct.
   virtual void FusedOptimizerUpdate(int index, DType dtype,
                                     const std::vector<FusedUpdate>& updates) = 0;
   // Counter-based random numbers (see tensor/base/philox.h): element i is a pure function of
@@ -356,6 +374,9 @@ class Backend {
   // Uniform in [low, high), or normal(mean, stddev) by Box-Muller. Note [Random float64]:
   // a float64 request draws the float32 request's numbers, widened (computed in float32), so
   // rand(shape, kFloat64) equals rand(shape).to(kFloat64) for the same generator state.
+  // Likewise a bfloat16/float16 request draws the float32 numbers rounded to nearest, except
+  // that a uniform draw that rounds up to `high` takes the largest 16-bit value below it, so
+  // that the interval stays half-open.
   virtual void RandomUniform(int index, DType dtype, void* dst, int64_t n, uint64_t seed,
                              uint64_t offset, double low, double high) = 0;
   virtual void RandomNormal(int index, DType dtype, void* dst, int64_t n, uint64_t seed,

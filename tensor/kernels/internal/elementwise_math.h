@@ -116,7 +116,11 @@ TANDEM_HOST_DEVICE T ApplyBinary(BinaryOp op, T a, T b) {
     case BinaryOp::kSub:
       return a - b;
     case BinaryOp::kMul:
-      return a * b;
+      if constexpr (std::is_same_v<T, bool>) {
+        return a && b;  // PyTorch's bool multiplication
+      } else {
+        return a * b;
+      }
     case BinaryOp::kDiv:
       return a / b;
     // NaN in either operand propagates, as in PyTorch (a != a only for NaN).
