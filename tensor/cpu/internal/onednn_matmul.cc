@@ -3,12 +3,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <dnnl.hpp>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
-
-#include <dnnl.hpp>
 
 #include "tensor/base/error.h"
 #include "tensor/base/half.h"
@@ -169,8 +168,7 @@ std::shared_ptr<const Primitive> Create(const Key& key) {
 // their entry through a shared_ptr meanwhile.
 std::shared_ptr<const Primitive> Lookup(const Key& key) {
   static std::mutex mutex;
-  static auto* cache =
-      new std::unordered_map<Key, std::shared_ptr<const Primitive>, KeyHash>();
+  static auto* cache = new std::unordered_map<Key, std::shared_ptr<const Primitive>, KeyHash>();
   constexpr size_t kMaxEntries = 4096;
   {
     std::lock_guard<std::mutex> lock(mutex);
@@ -191,8 +189,8 @@ void Execute(const Primitive& primitive, const void* a, const void* b, void* c) 
   constexpr size_t kAlign = 64;
   const size_t scratch_bytes = primitive.scratchpad.get_size();
   if (scratch.size() < scratch_bytes + kAlign) scratch.resize(scratch_bytes + kAlign);
-  void* scratch_data = scratch.data() + (kAlign - reinterpret_cast<uintptr_t>(scratch.data()) %
-                                                      kAlign) % kAlign;
+  void* scratch_data =
+      scratch.data() + (kAlign - reinterpret_cast<uintptr_t>(scratch.data()) % kAlign) % kAlign;
   const dnnl::engine& engine = Engine();
   try {
     OneThreadOpenMp one_thread;
@@ -284,10 +282,10 @@ std::string OneDnnMatmulImplementation(DType dtype, bool trans_a, bool trans_b, 
   return primitive->supported ? primitive->implementation : "";
 }
 
-bool OneDnnGemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
-                int64_t k, double alpha_value, const void* a_data, int64_t lda, int64_t stride_a,
-                const void* b_data, int64_t ldb, int64_t stride_b, double beta_value,
-                void* c_data, int64_t ldc, int64_t stride_c, int64_t batch) {
+bool OneDnnGemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                double alpha_value, const void* a_data, int64_t lda, int64_t stride_a,
+                const void* b_data, int64_t ldb, int64_t stride_b, double beta_value, void* c_data,
+                int64_t ldc, int64_t stride_c, int64_t batch) {
   // Arguments the caller must reject (or has nothing to do for) go back to it.
   if (index < 0 || m < 0 || n < 0 || k < 0 || batch < 0) return false;
   if (!OneDnnSupports(dtype)) return false;
@@ -295,8 +293,7 @@ bool OneDnnGemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, i
   if (batch > 1 && stride_c == 0) return false;
   // op(A) is m x k: A is stored m x k, or k x m when transposed; likewise B.
   if (!LeadingDimension(trans_a ? k : m, trans_a ? m : k, &lda) ||
-      !LeadingDimension(trans_b ? n : k, trans_b ? k : n, &ldb) ||
-      !LeadingDimension(m, n, &ldc)) {
+      !LeadingDimension(trans_b ? n : k, trans_b ? k : n, &ldb) || !LeadingDimension(m, n, &ldc)) {
     return false;
   }
   const float alpha = static_cast<float>(alpha_value), beta = static_cast<float>(beta_value);

@@ -35,10 +35,10 @@ bool OneDnnSupports(DType dtype);
 // oneDNN cannot do it (dtype or CPU unsupported, a layout oneDNN only has reference code
 // for) and for arguments the caller must reject (negative sizes, overlapping rows,
 // several products into one C): the caller's own path then computes or reports the error.
-bool OneDnnGemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
-                int64_t k, double alpha, const void* a, int64_t lda, int64_t stride_a,
-                const void* b, int64_t ldb, int64_t stride_b, double beta, void* c, int64_t ldc,
-                int64_t stride_c, int64_t batch);
+bool OneDnnGemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                double alpha, const void* a, int64_t lda, int64_t stride_a, const void* b,
+                int64_t ldb, int64_t stride_b, double beta, void* c, int64_t ldc, int64_t stride_c,
+                int64_t batch);
 
 // One product on the calling thread, unsplit: C = alpha * op(A) * op(B) + beta * C with
 // m, n, k >= 1 and valid leading dimensions (at least the row length). Returns false where
@@ -50,8 +50,7 @@ bool OneDnnMatmul(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
 // The oneDNN implementation OneDnnMatmul would use for that product ("brg:avx512_core_bf16",
 // "gemm:jit", ...), or "" where it has none that is not reference code. For benchmarks.
 std::string OneDnnMatmulImplementation(DType dtype, bool trans_a, bool trans_b, int64_t m,
-                                       int64_t n, int64_t k, int64_t lda, int64_t ldb,
-                                       int64_t ldc);
+                                       int64_t n, int64_t k, int64_t lda, int64_t ldb, int64_t ldc);
 
 // Which float32 GEMMs CpuBackend::Gemm sends to oneDNN rather than OpenBLAS. kMeasured (the
 // default) is the choice made from onednn_benchmark's figures (see onednn_matmul.cc);
