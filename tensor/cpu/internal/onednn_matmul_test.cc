@@ -211,6 +211,16 @@ TEST(OneDnnMatmulTest, Float32MatchesOpenBlas) {
   for (const Case& c : Cases()) CheckCase<float>(c, ViaOneDnnGemm<float>);
 }
 
+// The float32 products the backend sends to oneDNN (OneDnnPreferredForFloat32: the CNN's wide
+// im2col GEMMs) give OpenBLAS's results within float rounding.
+TEST(OneDnnMatmulTest, BackendFloat32WideProductsMatchOpenBlas) {
+  for (bool ta : {false, true}) {
+    const Case c{ta, false, 64, 16384, 40, 1, 1.0, 0.5};
+    ASSERT_TRUE(OneDnnPreferredForFloat32(c.trans_a, c.trans_b, c.m, c.n, c.k, c.batch));
+    CheckCase<float>(c, ViaBackend<float>);
+  }
+}
+
 // oneDNN 2.6 has no float16 matmul for CPUs (it needs AVX512-FP16 kernels that came later):
 // OneDnnGemm declines without writing, and the backend's fallback computes in float.
 TEST(OneDnnMatmulTest, Float16IsComputedOrDeclinedWithoutWriting) {
