@@ -21,6 +21,7 @@ PACKAGES=(
   libbenchmark-dev
   libabsl-dev
   libopenblas-dev
+  libdnnl-dev            # oneDNN 2.6: bf16 GEMM on AVX512-BF16 CPUs (tensor/cpu/internal/onednn_matmul.h)
   zlib1g-dev
   libopenmpi-dev         # Open MPI: //parallel/distributed (processes, CPU collectives)
   openmpi-bin            # mpirun

@@ -10,7 +10,7 @@ Tandem. A dependent repository's WORKSPACE is:
 Each repository below is declared only if the WORKSPACE has not declared one of
 that name before the call, so a dependent repository can bring its own (say its
 own @gtest); it must then offer the targets Tandem uses (@gtest//:gtest and
-:gtest_main, @absl//:absl, @openblas//:openblas, @zlib//:zlib, ...).
+:gtest_main, @absl//:absl, @openblas//:openblas, @onednn//:onednn, @zlib//:zlib, ...).
 
 Every label and path here is relative to the repository this file lives in
 (Label("//...") in a .bzl file means Tandem, whatever name the dependent
@@ -23,7 +23,7 @@ Repositories declared:
       Offline stand-ins from third_party/bazel/ (Bazel 4.2.3 would otherwise try
       to download the first three on every C++ build or test; see
       third_party/README.md).
-  gtest, benchmark, absl, openblas, zlib, mpi
+  gtest, benchmark, absl, openblas, onednn, zlib, mpi
       System libraries from Debian packages (tools/setup.sh), exposed by the
       third_party/*.BUILD files.
   local_cuda
@@ -84,7 +84,7 @@ def tandem_dependencies():
         _maybe(_stand_in_repository, name, dir = name)
 
     # System libraries from Debian packages (installed by tools/setup.sh).
-    for name in ["gtest", "benchmark", "absl", "openblas", "zlib", "mpi"]:
+    for name in ["gtest", "benchmark", "absl", "openblas", "onednn", "zlib", "mpi"]:
         _maybe(_system_library, name, build_file = name + ".BUILD")
 
     # The CUDA toolkit, or stubs without one. //tools/cuda:enabled defaults to
