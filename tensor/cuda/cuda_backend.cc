@@ -354,9 +354,13 @@ void CudaBackend::Binary(int index, BinaryOp op, const KernelTensor& dst, const 
   CheckLayout(b, "Binary");
   CheckSameShape(dst, a, "Binary", "a first input (already broadcast)");
   CheckSameShape(dst, b, "Binary", "a second input (already broadcast)");
-  TANDEM_CHECK(a.dtype == b.dtype && dst.dtype == a.dtype,
-               "CUDA Binary expects inputs and output of one dtype but got ", a.dtype, " and ",
-               b.dtype, " into ", dst.dtype, "; convert them to a common dtype first");
+  const bool comparison = op == BinaryOp::kEq || op == BinaryOp::kNe || op == BinaryOp::kLt ||
+                          op == BinaryOp::kLe || op == BinaryOp::kGt || op == BinaryOp::kGe;
+  TANDEM_CHECK(a.dtype == b.dtype && (dst.dtype == a.dtype || (comparison && dst.dtype == kBool)),
+               "CUDA Binary expects inputs and output of one dtype (or a bool output for a "
+               "comparison) but got ",
+               a.dtype, " and ", b.dtype, " into ", dst.dtype,
+               "; convert them to a common dtype first");
   DeviceGuard guard(device.physical());
   LaunchBinary(device.Launch(), op, dst, a, b);
 }
@@ -399,7 +403,9 @@ void CudaBackend::Softmax(int index, DType dtype, bool log, void* dst, const voi
 
 // ---- GEMM --------------------------------------------------------------------------------------
 
-// cuBLAS's GEMM entry points for T: the one place the backend names a precision.
+// cuBLAS's GEMM entry points for T: the one place the backend names a precision. float32 and
+// float64 are SGEMM and DGEMM; bfloat16 and float16 are GemmEx with float compute (tensor
+// cores, float accumulation, float alpha and beta, C rounded once), as PyTorch calls them.
 cublasStatus_t CublasGemm(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb, int m,
                           int n, int k, const float* alpha, const float* a, int lda,
                           long long stride_a, const float* b, int ldb, long long stride_b,
@@ -416,6 +422,20 @@ cublasStatus_t CublasGemm(cublasHandle_t handle, cublasOperation_t ta, cublasOpe
   return cublasDgemmStridedBatched(handle, ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb,
                                    stride_b, beta, c, ldc, stride_c, batch);
 }
+template <typename T, typename = std::enable_if_t<kIsReducedFloat<T>>>
+cublasStatus_t CublasGemm(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb, int m,
+                          int n, int k, const float* alpha, const T* a, int lda, long long stride_a,
+                          const T* b, int ldb, long long stride_b, const float* beta, T* c, int ldc,
+                          long long stride_c, int batch) {
+  const cudaDataType type = std::is_same_v<T, BFloat16> ? CUDA_R_16BF : CUDA_R_16F;
+  if (batch == 1) {
+    return cublasGemmEx(handle, ta, tb, m, n, k, alpha, a, type, lda, b, type, ldb, beta, c, type,
+                        ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  }
+  return cublasGemmStridedBatchedEx(handle, ta, tb, m, n, k, alpha, a, type, lda, stride_a, b, type,
+                                    ldb, stride_b, beta, c, type, ldc, stride_c, batch,
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
 
 void CudaBackend::Gemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
                        int64_t k, double alpha_value, const void* a_data, int64_t lda,
@@ -423,10 +443,12 @@ void CudaBackend::Gemm(int index, DType dtype, bool trans_a, bool trans_b, int64
                        double beta_value, void* c_data, int64_t ldc, int64_t stride_c,
                        int64_t batch) {
   CudaDevice& device = Device(index);
-  DispatchFloatingTypes(dtype, "CUDA Gemm", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CUDA Gemm", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    // Rounded to T first, as on the CPU: a float32 alpha that rounds to 0 skips the product.
-    const T alpha = static_cast<T>(alpha_value), beta = static_cast<T>(beta_value);
+    // Rounded to the compute type first, as on the CPU: a float32 alpha that rounds to 0 skips
+    // the product. 16-bit GEMMs compute in float (OpMath), so their alpha and beta are floats.
+    using M = OpMath<T>;
+    const M alpha = static_cast<M>(alpha_value), beta = static_cast<M>(beta_value);
     const T* a = static_cast<const T*>(a_data);
     const T* b = static_cast<const T*>(b_data);
     T* c = static_cast<T*>(c_data);
@@ -444,7 +466,7 @@ void CudaBackend::Gemm(int index, DType dtype, bool trans_a, bool trans_b, int64
     ldb = LeadingDimension(trans_b ? n : k, trans_b ? k : n, ldb, "ldb");
     ldc = LeadingDimension(m, n, ldc, "ldc");
     DeviceGuard guard(device.physical());
-    if (k == 0 || alpha == T(0)) {
+    if (k == 0 || alpha == M(0)) {
       // C = beta * C, as BLAS defines it; cuBLAS would reject k == 0's leading dimensions.
       LaunchScaleMatrices(device.Launch(), dtype, beta, c, m, n, ldc, stride_c, batch);
       return;
@@ -457,10 +479,13 @@ void CudaBackend::Gemm(int index, DType dtype, bool trans_a, bool trans_b, int64
     std::lock_guard<std::mutex> lock(device.blas_mutex());
     device.BindBlas(stream);
     if constexpr (std::is_same_v<T, float>) {
-      // TF32 only ever applies to float32 (DGEMM ignores the mode), so float64 leaves the
-      // handle's mode as it is rather than switching it back and forth.
-      const cublasMath_t mode =
-          allow_tf32.load() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
+      // TF32 only ever applies to float32 (DGEMM and the 16-bit GEMMs ignore the mode), so the
+      // other types leave the handle's mode as it is rather than switching it back and forth.
+      // Every mode keeps split-K reductions of 16-bit GEMMs in float (the contract: GEMMs
+      // accumulate in float), which cuBLAS otherwise may do in the 16-bit output type.
+      const cublasMath_t mode = static_cast<cublasMath_t>(
+          (allow_tf32.load() ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH) |
+          CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
       if (device.blas_math_mode() != mode) {
         TANDEM_CUBLAS_CHECK(cublasSetMathMode(handle, mode), index);
         device.blas_math_mode() = mode;

@@ -37,24 +37,37 @@ namespace {
 
 constexpr int64_t kPoisonInt = -7777777777;
 
+// NaN for the floating types; for the integral ones a sentinel (its low bits for int32 and
+// uint8: 0x8f, neither 0 nor 1, so a kBool view of a uint8 buffer is poisoned too).
 template <typename T>
 T Poison() {
-  if constexpr (std::is_floating_point_v<T>) {
-    return std::numeric_limits<float>::quiet_NaN();
+  if constexpr (std::is_floating_point_v<T> || kIsReducedFloat<T>) {
+    return T(std::numeric_limits<float>::quiet_NaN());
   } else {
-    return kPoisonInt;
+    return static_cast<T>(kPoisonInt);
   }
 }
 
+template <typename T>
+double AsDouble(T x) {
+  return static_cast<double>(static_cast<OpMath<T>>(x));
+}
+
 // The same logical buffer on the CPU (a host vector) and on cuda:0, both poisoned.
+// `dtype` is T's, or kBool for a Buffer<uint8_t> that holds bools (std::vector<bool> has no
+// data()).
 template <typename T>
 class Buffer {
  public:
-  explicit Buffer(size_t n) : host_(n, Poison<T>()) {
+  explicit Buffer(size_t n, DType dtype = DTypeOf<T>::value)
+      : host_(n, Poison<T>()), dtype_(dtype) {
     device_ = GetAllocator(Device::Cuda(0)).Allocate(n * sizeof(T));
     Upload();
   }
-  explicit Buffer(const std::vector<T>& values) : Buffer(values.size()) { Set(values); }
+  explicit Buffer(const std::vector<T>& values, DType dtype = DTypeOf<T>::value)
+      : Buffer(values.size(), dtype) {
+    Set(values);
+  }
 
   void Set(const std::vector<T>& values) {
     host_ = values;
@@ -74,11 +87,11 @@ class Buffer {
   // The same view of both buffers (offset, sizes and strides in elements).
   KernelTensor CpuView(const std::vector<int64_t>& sizes, std::vector<int64_t> strides = {},
                        int64_t offset = 0) {
-    return View(cpu() + offset, sizes, strides);
+    return View(cpu() + offset, sizes, strides, dtype_);
   }
   KernelTensor GpuView(const std::vector<int64_t>& sizes, std::vector<int64_t> strides = {},
                        int64_t offset = 0) {
-    return View(gpu() + offset, sizes, strides);
+    return View(gpu() + offset, sizes, strides, dtype_);
   }
 
  private:
@@ -86,11 +99,11 @@ class Buffer {
   void Upload() {
     GetBackend(DeviceType::kCUDA).CopyFromHost(0, device_.get(), host_.data(), Bytes());
   }
-  static KernelTensor View(T* data, const std::vector<int64_t>& sizes,
-                           std::vector<int64_t> strides) {
+  static KernelTensor View(T* data, const std::vector<int64_t>& sizes, std::vector<int64_t> strides,
+                           DType dtype) {
     KernelTensor t;
     t.data = data;
-    t.dtype = DTypeOf<T>::value;
+    t.dtype = dtype;
     t.ndim = static_cast<int>(sizes.size());
     if (strides.empty()) {
       strides.assign(sizes.size(), 1);
@@ -104,6 +117,7 @@ class Buffer {
   }
 
   std::vector<T> host_;
+  DType dtype_;
   std::shared_ptr<void> device_;
 };
 
@@ -115,7 +129,7 @@ void ExpectNear(const std::vector<T>& expected, const std::vector<T>& actual, do
   int reported = 0;
   int64_t mismatches = 0;
   for (size_t i = 0; i < expected.size(); ++i) {
-    const T e = expected[i], a = actual[i];
+    const double e = AsDouble(expected[i]), a = AsDouble(actual[i]);
     bool ok;
     if (std::isnan(e) || std::isnan(a)) {
       ok = std::isnan(e) && std::isnan(a);
@@ -143,10 +157,11 @@ void ExpectBitwiseEqual(const std::vector<T>& expected, const std::vector<T>& ac
   int64_t mismatches = 0;
   for (size_t i = 0; i < expected.size(); ++i) {
     if (std::memcmp(&expected[i], &actual[i], sizeof(T)) != 0 &&
-        !(std::isnan(expected[i]) && std::isnan(actual[i]))) {
+        !(std::isnan(AsDouble(expected[i])) && std::isnan(AsDouble(actual[i])))) {
       if (mismatches++ < 5) {
-        ADD_FAILURE() << what << ": element " << i << " is " << actual[i] << " on cuda but "
-                      << expected[i] << " on cpu (bitwise equality expected)";
+        ADD_FAILURE() << what << ": element " << i << " is " << AsDouble(actual[i])
+                      << " on cuda but " << AsDouble(expected[i])
+                      << " on cpu (bitwise equality expected)";
       }
     }
   }
@@ -1261,6 +1276,623 @@ TEST_F(CudaBackendTest, FusedOptimizerUpdateEdgeCases) {
     EXPECT_NE(std::string(error.what()).find("exp_avg_sq"), std::string::npos) << error.what();
   }
   EXPECT_EQ(p.Gpu(), p.Cpu());  // nothing ran
+}
+
+// ---- bfloat16 and float16 ----------------------------------------------------------------
+// Note [16-bit oracle]: the contract of a 16-bit kernel is the float32 kernel on the widened
+// inputs, each output rounded once (16-bit values load as float, compute in float and round
+// on store). So the expected result is the CPU backend's float32 kernel on the widened values,
+// rounded to T: bitwise where the GPU computes the same float expression in the same order
+// (and under cudasim, where expf and friends are glibc's, everywhere but the sums that add in
+// another order), within one unit in the last place of T where CUDA's expf/logf/tanhf may
+// differ from glibc's in the last float bits, and within a tolerance for sums and GEMMs.
+
+template <typename T>
+std::vector<float> Widened(const std::vector<T>& values) {
+  return std::vector<float>(values.begin(), values.end());
+}
+template <typename T>
+std::vector<T> Rounded(const std::vector<float>& values) {
+  std::vector<T> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) out[i] = T(values[i]);
+  return out;
+}
+
+// One unit in the last place, relative: T's epsilon (2^-7 for bfloat16, 2^-10 for float16).
+template <typename T>
+double Ulp() {
+  return static_cast<double>(static_cast<float>(std::numeric_limits<T>::epsilon()));
+}
+
+// Transcendental ops, whose float results CUDA and glibc may round differently.
+bool IsTranscendentalOp(UnaryOp op) {
+  return op == UnaryOp::kExp || op == UnaryOp::kLog || op == UnaryOp::kTanh ||
+         op == UnaryOp::kSigmoid || op == UnaryOp::kPowScalar || op == UnaryOp::kGelu ||
+         op == UnaryOp::kGeluDerivative || op == UnaryOp::kSqrt;
+}
+
+class CudaBackendReducedTest : public CudaBackendTest {
+ protected:
+  // Uniform values in [low, high), rounded to T.
+  template <typename T>
+  std::vector<T> RandomReduced(size_t n, double low = -2.0, double high = 2.0) {
+    return Rounded<T>(Random<float>(n, low, high));
+  }
+  // The oracle's inputs: a float32 buffer holding `values` widened.
+  template <typename T>
+  static Buffer<float> Wide(const Buffer<T>& values) {
+    return Buffer<float>(Widened(values.Cpu()));
+  }
+  template <typename T>
+  void ExpectElementwiseMatches();
+  template <typename T>
+  void ExpectReductionsAndSoftmaxMatch();
+  template <typename T>
+  void ExpectGemmMatches16();
+  template <typename T>
+  void ExpectConvolutionAndPoolingMatch();
+  template <typename T>
+  void ExpectGathersScattersAndRandomMatch();
+  template <typename T>
+  void ExpectFusedUpdatesMatch16();
+};
+
+template <typename T>
+void CudaBackendReducedTest::ExpectElementwiseMatches() {
+  const std::string dtype = DTypePrefix<T>();
+  for (UnaryOp op : kAllUnary) {
+    const bool positive_only =
+        op == UnaryOp::kLog || op == UnaryOp::kSqrt || op == UnaryOp::kPowScalar;
+    const double rtol = IsTranscendentalOp(op) ? Ulp<T>() : 0.0;
+    for (int64_t n : {0, 1, 7, 1029}) {
+      const std::string what = Note(dtype + "unary op " + std::to_string(static_cast<int>(op)) +
+                                    " on " + std::to_string(n) + " elements");
+      Buffer<T> src(positive_only ? RandomReduced<T>(n, 0.01, 5.0) : RandomReduced<T>(n));
+      Buffer<float> wide = Wide(src);
+      // Contiguous, then a transposed view into a transposed view (the strided path).
+      for (bool strided : {false, true}) {
+        const int64_t rows = strided ? n / 7 : n, cols = strided ? 7 : 1;
+        const std::vector<int64_t> sizes = {cols, rows};
+        const std::vector<int64_t> strides = {1, cols};
+        Buffer<float> expected(n);
+        Buffer<T> dst(n);
+        cpu_.Unary(0, op, expected.CpuView(sizes, strides), wide.CpuView(sizes, strides), 1.5);
+        gpu_.Unary(0, op, dst.GpuView(sizes, strides), src.GpuView(sizes, strides), 1.5);
+        const std::vector<T> rounded = Rounded<T>(expected.Cpu());
+        if (rtol == 0.0) {
+          ExpectBitwiseEqual(rounded, dst.Gpu(), what);
+        } else {
+          ExpectNear(rounded, dst.Gpu(), rtol, 1e-30, what);
+        }
+      }
+    }
+  }
+  // Every binary op with each broadcast of b; comparisons also into a bool output.
+  const int64_t rows = 33, cols = 65, n = rows * cols;
+  for (BinaryOp op : kAllBinary) {
+    for (const Broadcast& broadcast : kBroadcasts) {
+      const std::string what = Note(dtype + "binary op " + std::to_string(static_cast<int>(op)) +
+                                    ", " + broadcast.name + " b");
+      Buffer<T> a(Rounded<T>(Widened(RandomIntegers<float>(n, -4, 4))));
+      Buffer<T> b(op == BinaryOp::kDiv ? RandomReduced<T>(n, 0.5, 3.0)
+                                       : Rounded<T>(Widened(RandomIntegers<float>(n, -4, 4))));
+      // Non-integers too, so that sums and products round.
+      if (op != BinaryOp::kDiv) a.Set(RandomReduced<T>(n, -4.0, 4.0));
+      Buffer<float> wide_a = Wide(a), wide_b = Wide(b);
+      const std::vector<int64_t> shape = {rows, cols};
+      const std::vector<int64_t> b_strides = {broadcast.column ? 0 : cols, broadcast.row ? 0 : 1};
+      Buffer<float> expected(n);
+      Buffer<T> dst(n);
+      cpu_.Binary(0, op, expected.CpuView(shape), wide_a.CpuView(shape),
+                  wide_b.CpuView(shape, b_strides));
+      gpu_.Binary(0, op, dst.GpuView(shape), a.GpuView(shape), b.GpuView(shape, b_strides));
+      ExpectBitwiseEqual(Rounded<T>(expected.Cpu()), dst.Gpu(), what);
+      if (op >= BinaryOp::kEq && op <= BinaryOp::kGe) {
+        Buffer<uint8_t> mask(n, kBool), expected_mask(n, kBool);
+        cpu_.Copy(0, expected_mask.CpuView(shape), expected.CpuView(shape));
+        gpu_.Binary(0, op, mask.GpuView(shape), a.GpuView(shape), b.GpuView(shape, b_strides));
+        ExpectBitwiseEqual(expected_mask.Cpu(), mask.Gpu(), what + " into bool");
+      }
+    }
+  }
+}
+
+template <typename T>
+void CudaBackendReducedTest::ExpectReductionsAndSoftmaxMatch() {
+  const std::string dtype = DTypePrefix<T>();
+  const ReduceShape shapes[] = {{1, 1, 1},     {64, 10, 1},  {7, 1000, 1}, {5, 7, 33},
+                                {1, 30001, 1}, {3, 5000, 5}, {1, 1, 1003}, {0, 5, 3}};
+  for (ReduceKind op : {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kMin, ReduceKind::kArgMax,
+                        ReduceKind::kArgMin}) {
+    const bool arg = op == ReduceKind::kArgMax || op == ReduceKind::kArgMin;
+    for (const ReduceShape& s : shapes) {
+      const std::string what =
+          Note(dtype + "reduce op " + std::to_string(static_cast<int>(op)) + " over [" +
+               std::to_string(s.outer) + ", " + std::to_string(s.reduce) + ", " +
+               std::to_string(s.inner) + "]");
+      const int64_t n = s.outer * s.reduce * s.inner, outputs = s.outer * s.inner;
+      Buffer<T> src(op == ReduceKind::kSum
+                        ? RandomReduced<T>(n)
+                        : Rounded<T>(Widened(RandomIntegers<float>(n, -20, 20))));
+      Buffer<float> wide = Wide(src);
+      const std::vector<int64_t> in_shape = {s.outer, s.reduce, s.inner};
+      const std::vector<int64_t> out_shape = {s.outer, s.inner};
+      if (arg) {
+        Buffer<int64_t> dst(outputs);
+        cpu_.Reduce(0, op, dst.CpuView(out_shape), wide.CpuView(in_shape), s.outer, s.reduce,
+                    s.inner);
+        gpu_.Reduce(0, op, dst.GpuView(out_shape), src.GpuView(in_shape), s.outer, s.reduce,
+                    s.inner);
+        ExpectEqual(dst.Cpu(), dst.Gpu(), what);
+        continue;
+      }
+      Buffer<float> expected(outputs);
+      Buffer<T> dst(outputs);
+      cpu_.Reduce(0, op, expected.CpuView(out_shape), wide.CpuView(in_shape), s.outer, s.reduce,
+                  s.inner);
+      gpu_.Reduce(0, op, dst.GpuView(out_shape), src.GpuView(in_shape), s.outer, s.reduce, s.inner);
+      if (op == ReduceKind::kSum) {
+        // Float accumulation in another order than the CPU's double one: float rounding
+        // (relative 6e-8 per addition) of terms up to 2, then one rounding to T either way.
+        ExpectNear(Rounded<T>(expected.Cpu()), dst.Gpu(), Ulp<T>(),
+                   2e-7 * static_cast<double>(s.reduce), what);
+      } else {
+        ExpectBitwiseEqual(Rounded<T>(expected.Cpu()), dst.Gpu(), what);
+      }
+    }
+  }
+  // Softmax and log_softmax over rows and columns, summing in double on both devices.
+  for (bool log : {false, true}) {
+    for (const ReduceShape& s : {ReduceShape{257, 10, 1}, ReduceShape{3, 2000, 1},
+                                 ReduceShape{4, 7, 9}, ReduceShape{2, 100, 65}}) {
+      const std::string what =
+          Note(dtype + (log ? "log_softmax" : "softmax") + " over [" + std::to_string(s.outer) +
+               ", " + std::to_string(s.reduce) + ", " + std::to_string(s.inner) + "]");
+      const int64_t n = s.outer * s.reduce * s.inner;
+      Buffer<T> src(RandomReduced<T>(n, -10.0, 10.0));
+      Buffer<float> wide = Wide(src), expected(n);
+      Buffer<T> dst(n);
+      cpu_.Softmax(0, kFloat32, log, expected.cpu(), wide.cpu(), s.outer, s.reduce, s.inner);
+      gpu_.Softmax(0, DTypeOf<T>::value, log, dst.gpu(), src.gpu(), s.outer, s.reduce, s.inner);
+      ExpectNear(Rounded<T>(expected.Cpu()), dst.Gpu(), Ulp<T>(), 1e-5, what);
+    }
+  }
+}
+
+// GemmEx against the CPU's SGEMM of the widened operands, rounded: both multiply exactly and
+// add in float, in different orders (Note [cudasim GemmEx] in tools/cudasim/cublas.cc), so
+// they agree to one unit of T plus float rounding growing like sqrt(k).
+template <typename T>
+void CudaBackendReducedTest::ExpectGemmMatches16() {
+  const DType dtype = DTypeOf<T>::value;
+  for (const GemmCase& g : {GemmCase{1, 1, 1, 1}, GemmCase{7, 5, 3, 1}, GemmCase{33, 17, 65, 3},
+                            GemmCase{64, 48, 256, 1}, GemmCase{5, 6, 0, 2}}) {
+    for (bool trans_a : {false, true}) {
+      for (bool trans_b : {false, true}) {
+        const int64_t lda = (trans_a ? g.m : g.k) + 3, ldb = (trans_b ? g.k : g.n) + 1,
+                      ldc = g.n + 2;
+        const int64_t a_rows = trans_a ? g.k : g.m, b_rows = trans_b ? g.n : g.k;
+        const int64_t stride_a = a_rows * lda, stride_b = b_rows * ldb, stride_c = g.m * ldc;
+        Buffer<T> a(RandomReduced<T>(g.batch * stride_a, -1.0, 1.0));
+        Buffer<T> b(RandomReduced<T>(g.batch * stride_b, -1.0, 1.0));
+        const std::vector<T> c = RandomReduced<T>(g.batch * stride_c, -1.0, 1.0);
+        Buffer<float> wide_a = Wide(a), wide_b = Wide(b);
+        for (double beta : {0.0, 0.5}) {
+          const std::string what = Note(
+              DTypePrefix<T>() + "gemm m=" + std::to_string(g.m) + " n=" + std::to_string(g.n) +
+              " k=" + std::to_string(g.k) + " batch=" + std::to_string(g.batch) +
+              (trans_a ? " A^T" : "") + (trans_b ? " B^T" : "") + " beta=" + std::to_string(beta));
+          Buffer<T> out(c);
+          Buffer<float> expected(Widened(c));
+          cpu_.Gemm(0, kFloat32, trans_a, trans_b, g.m, g.n, g.k, 1.25, wide_a.cpu(), lda, stride_a,
+                    wide_b.cpu(), ldb, stride_b, beta, expected.cpu(), ldc, stride_c, g.batch);
+          gpu_.Gemm(0, dtype, trans_a, trans_b, g.m, g.n, g.k, 1.25, a.gpu(), lda, stride_a,
+                    b.gpu(), ldb, stride_b, beta, out.gpu(), ldc, stride_c, g.batch);
+          // Padding between rows of C is not written: it must stay as it was.
+          ExpectNear(Rounded<T>(expected.Cpu()), out.Gpu(), Ulp<T>(),
+                     Ulp<T>() * std::sqrt(static_cast<double>(g.k)), what);
+        }
+      }
+    }
+  }
+}
+
+template <typename T>
+void CudaBackendReducedTest::ExpectConvolutionAndPoolingMatch() {
+  const DType dtype = DTypeOf<T>::value;
+  const std::string prefix = DTypePrefix<T>();
+  for (const Conv2dGeometry& g : kGeometries) {
+    const int64_t image_size = g.batch * g.channels * g.height * g.width;
+    const int64_t output_size = g.batch * g.channels * g.out_h() * g.out_w();
+    const int64_t columns_size =
+        g.batch * g.channels * g.kernel_h * g.kernel_w * g.out_h() * g.out_w();
+    const std::string where = " " + Describe(g);
+    Buffer<T> image(RandomReduced<T>(image_size));
+    Buffer<float> wide_image = Wide(image);
+    // im2col copies; col2im sums in float in the CPU's order: both bitwise.
+    Buffer<T> columns(columns_size);
+    Buffer<float> expected_columns(columns_size);
+    cpu_.Im2Col(0, kFloat32, g, wide_image.cpu(), expected_columns.cpu());
+    gpu_.Im2Col(0, dtype, g, image.gpu(), columns.gpu());
+    ExpectBitwiseEqual(Rounded<T>(expected_columns.Cpu()), columns.Gpu(),
+                       Note(prefix + "im2col" + where));
+    Buffer<T> grad_columns(RandomReduced<T>(columns_size));
+    Buffer<float> wide_grad_columns = Wide(grad_columns);
+    Buffer<T> col2im(image_size);
+    Buffer<float> expected_col2im(image_size);
+    cpu_.Col2Im(0, kFloat32, g, wide_grad_columns.cpu(), expected_col2im.cpu());
+    gpu_.Col2Im(0, dtype, g, grad_columns.gpu(), col2im.gpu());
+    ExpectBitwiseEqual(Rounded<T>(expected_col2im.Cpu()), col2im.Gpu(),
+                       Note(prefix + "col2im" + where));
+    // Max pooling over small integers (ties), forward and backward.
+    if (2 * g.pad_h > g.kernel_h || 2 * g.pad_w > g.kernel_w) continue;
+    Buffer<T> ties(Rounded<T>(Widened(RandomIntegers<float>(image_size, -3, 3))));
+    Buffer<float> wide_ties = Wide(ties);
+    Buffer<T> pooled(output_size);
+    Buffer<float> expected_pooled(output_size);
+    Buffer<int64_t> argmax(output_size);
+    Buffer<int64_t> expected_argmax(output_size);
+    cpu_.MaxPool2d(0, kFloat32, g, wide_ties.cpu(), expected_pooled.cpu(), expected_argmax.cpu());
+    gpu_.MaxPool2d(0, dtype, g, ties.gpu(), pooled.gpu(), argmax.gpu());
+    ExpectBitwiseEqual(Rounded<T>(expected_pooled.Cpu()), pooled.Gpu(),
+                       Note(prefix + "max_pool2d" + where));
+    ExpectEqual(expected_argmax.Cpu(), argmax.Gpu(), Note(prefix + "max_pool2d argmax" + where));
+    Buffer<T> grad_output(RandomReduced<T>(output_size));
+    Buffer<float> wide_grad_output = Wide(grad_output);
+    Buffer<T> grad_input(image_size);
+    Buffer<float> expected_grad_input(image_size);
+    cpu_.MaxPool2dBackward(0, kFloat32, g, wide_grad_output.cpu(), expected_argmax.cpu(),
+                           expected_grad_input.cpu());
+    gpu_.MaxPool2dBackward(0, dtype, g, grad_output.gpu(), argmax.gpu(), grad_input.gpu());
+    ExpectBitwiseEqual(Rounded<T>(expected_grad_input.Cpu()), grad_input.Gpu(),
+                       Note(prefix + "max_pool2d backward" + where));
+    for (bool count_include_pad : {false, true}) {
+      const std::string how = count_include_pad ? " counting padding" : "";
+      Buffer<T> averaged(output_size);
+      Buffer<float> expected_averaged(output_size);
+      cpu_.AvgPool2d(0, kFloat32, g, count_include_pad, wide_image.cpu(), expected_averaged.cpu());
+      gpu_.AvgPool2d(0, dtype, g, count_include_pad, image.gpu(), averaged.gpu());
+      ExpectBitwiseEqual(Rounded<T>(expected_averaged.Cpu()), averaged.Gpu(),
+                         Note(prefix + "avg_pool2d" + where + how));
+      Buffer<T> avg_grad(image_size);
+      Buffer<float> expected_avg_grad(image_size);
+      cpu_.AvgPool2dBackward(0, kFloat32, g, count_include_pad, wide_grad_output.cpu(),
+                             expected_avg_grad.cpu());
+      gpu_.AvgPool2dBackward(0, dtype, g, count_include_pad, grad_output.gpu(), avg_grad.gpu());
+      ExpectBitwiseEqual(Rounded<T>(expected_avg_grad.Cpu()), avg_grad.Gpu(),
+                         Note(prefix + "avg_pool2d backward" + where + how));
+    }
+  }
+  for (auto [in, out] : {std::pair<int64_t, int64_t>{7, 3}, {8, 4}, {3, 5}}) {
+    const int64_t planes = 6;
+    const std::string what = " " + std::to_string(in) + " -> " + std::to_string(out);
+    Buffer<T> input(RandomReduced<T>(planes * in * in));
+    Buffer<float> wide_input = Wide(input), expected(planes * out * out);
+    Buffer<T> output(planes * out * out);
+    cpu_.AdaptiveAvgPool2d(0, kFloat32, planes, in, in, out, out, wide_input.cpu(), expected.cpu());
+    gpu_.AdaptiveAvgPool2d(0, dtype, planes, in, in, out, out, input.gpu(), output.gpu());
+    ExpectBitwiseEqual(Rounded<T>(expected.Cpu()), output.Gpu(),
+                       Note(prefix + "adaptive_avg_pool2d" + what));
+    Buffer<T> grad_output(RandomReduced<T>(planes * out * out));
+    Buffer<float> wide_grad = Wide(grad_output), expected_grad(planes * in * in);
+    Buffer<T> grad_input(planes * in * in);
+    cpu_.AdaptiveAvgPool2dBackward(0, kFloat32, planes, in, in, out, out, wide_grad.cpu(),
+                                   expected_grad.cpu());
+    gpu_.AdaptiveAvgPool2dBackward(0, dtype, planes, in, in, out, out, grad_output.gpu(),
+                                   grad_input.gpu());
+    ExpectBitwiseEqual(Rounded<T>(expected_grad.Cpu()), grad_input.Gpu(),
+                       Note(prefix + "adaptive_avg_pool2d backward" + what));
+  }
+}
+
+template <typename T>
+void CudaBackendReducedTest::ExpectGathersScattersAndRandomMatch() {
+  const DType dtype = DTypeOf<T>::value;
+  const std::string prefix = DTypePrefix<T>();
+  // One column per row (cross-entropy's gather and its gradient).
+  const int64_t rows = 1000, cols = 10;
+  Buffer<T> matrix(RandomReduced<T>(rows * cols));
+  Buffer<float> wide_matrix = Wide(matrix);
+  Buffer<int64_t> columns(RandomInts(rows, 0, cols - 1));
+  Buffer<T> picked(rows);
+  Buffer<float> expected_picked(rows);
+  cpu_.GatherColumns(0, kFloat32, expected_picked.cpu(), wide_matrix.cpu(), columns.cpu(), rows,
+                     cols);
+  gpu_.GatherColumns(0, dtype, picked.gpu(), matrix.gpu(), columns.gpu(), rows, cols);
+  ExpectBitwiseEqual(Rounded<T>(expected_picked.Cpu()), picked.Gpu(),
+                     Note(prefix + "gather columns"));
+  Buffer<T> values(RandomReduced<T>(rows));
+  Buffer<float> wide_values = Wide(values);
+  cpu_.ScatterAddColumns(0, kFloat32, wide_matrix.cpu(), wide_values.cpu(), columns.cpu(), rows,
+                         cols);
+  gpu_.ScatterAddColumns(0, dtype, matrix.gpu(), values.gpu(), columns.gpu(), rows, cols);
+  ExpectBitwiseEqual(Rounded<T>(wide_matrix.Cpu()), matrix.Gpu(),
+                     Note(prefix + "scatter-add columns"));
+  // torch.gather over the middle axis, and scatter-add with repeated indices: they add in
+  // float, in index order, and round once.
+  const int64_t outer = 3, src_dim = 5, idx_dim = 17, inner = 11;
+  Buffer<T> src(RandomReduced<T>(outer * src_dim * inner));
+  Buffer<float> wide_src = Wide(src);
+  Buffer<int64_t> idx(RandomInts(outer * idx_dim * inner, 0, src_dim - 1));
+  Buffer<T> gathered(outer * idx_dim * inner);
+  Buffer<float> expected_gathered(outer * idx_dim * inner);
+  cpu_.Gather(0, kFloat32, expected_gathered.cpu(), wide_src.cpu(), idx.cpu(), outer, src_dim,
+              idx_dim, inner);
+  gpu_.Gather(0, dtype, gathered.gpu(), src.gpu(), idx.gpu(), outer, src_dim, idx_dim, inner);
+  ExpectBitwiseEqual(Rounded<T>(expected_gathered.Cpu()), gathered.Gpu(), Note(prefix + "gather"));
+  Buffer<T> grad(RandomReduced<T>(outer * idx_dim * inner));
+  Buffer<float> wide_grad = Wide(grad);
+  cpu_.ScatterAdd(0, kFloat32, wide_src.cpu(), wide_grad.cpu(), idx.cpu(), outer, src_dim, idx_dim,
+                  inner);
+  gpu_.ScatterAdd(0, dtype, src.gpu(), grad.gpu(), idx.gpu(), outer, src_dim, idx_dim, inner);
+  ExpectBitwiseEqual(Rounded<T>(wide_src.Cpu()), src.Gpu(), Note(prefix + "scatter-add"));
+  // Random numbers: the float32 draws, rounded (on one device: bitwise; the CPU's normal
+  // draws differ from CUDA's in the last float bits, so within one unit of T).
+  const uint64_t seed = rng_();
+  for (int64_t n : {0, 1, 5, 10007}) {
+    for (uint64_t offset : {0, 3}) {
+      const std::string what =
+          prefix + "random n=" + std::to_string(n) + " offset=" + std::to_string(offset);
+      Buffer<float> narrow(n);
+      Buffer<T> reduced(n);
+      gpu_.RandomUniform(0, kFloat32, narrow.gpu(), n, seed, offset, -3.0, 5.0);
+      gpu_.RandomUniform(0, dtype, reduced.gpu(), n, seed, offset, -3.0, 5.0);
+      cpu_.RandomUniform(0, kFloat32, narrow.cpu(), n, seed, offset, -3.0, 5.0);
+      ExpectBitwiseEqual(Rounded<T>(narrow.Gpu()), reduced.Gpu(), Note(what + " uniform"));
+      ExpectBitwiseEqual(Rounded<T>(narrow.Cpu()), reduced.Gpu(), Note(what + " uniform cpu"));
+      gpu_.RandomNormal(0, kFloat32, narrow.gpu(), n, seed, offset, 0.5, 2.0);
+      gpu_.RandomNormal(0, dtype, reduced.gpu(), n, seed, offset, 0.5, 2.0);
+      cpu_.RandomNormal(0, kFloat32, narrow.cpu(), n, seed, offset, 0.5, 2.0);
+      ExpectBitwiseEqual(Rounded<T>(narrow.Gpu()), reduced.Gpu(), Note(what + " normal"));
+      ExpectNear(Rounded<T>(narrow.Cpu()), reduced.Gpu(), Ulp<T>(), 1e-5,
+                 Note(what + " normal cpu"));
+    }
+  }
+}
+
+// Every optimizer case on 16-bit tensors against the CPU's float32 update of the widened
+// tensors, each param and state rounded: bitwise (optimizer_kernels.cu has no FMA contraction).
+template <typename T>
+void CudaBackendReducedTest::ExpectFusedUpdatesMatch16() {
+  const std::vector<OptimizerCase> cases = AllOptimizerCases();
+  for (const OptimizerCase& c : cases) {
+    for (int64_t n : {1, 255, 1000}) {
+      std::unique_ptr<Buffer<T>> tensors[5];  // param, grad, three states
+      std::unique_ptr<Buffer<float>> wide[5];
+      FusedUpdate on_cpu = c.update, on_gpu = c.update;
+      on_cpu.numel = on_gpu.numel = n;
+      void** cpu_slots[5] = {&on_cpu.param, const_cast<void**>(&on_cpu.grad), &on_cpu.state0,
+                             &on_cpu.state1, &on_cpu.state2};
+      void** gpu_slots[5] = {&on_gpu.param, const_cast<void**>(&on_gpu.grad), &on_gpu.state0,
+                             &on_gpu.state1, &on_gpu.state2};
+      for (int s = 0; s < 5; ++s) {
+        if (s >= 2 && (c.states >> (s - 2) & 1) == 0) continue;
+        const auto [low, high] =
+            s >= 2 ? StateRange(c.update.kind, s - 2) : std::pair<double, double>{-2.0, 2.0};
+        tensors[s] = std::make_unique<Buffer<T>>(RandomReduced<T>(n, low, high));
+        wide[s] = std::make_unique<Buffer<float>>(Widened(tensors[s]->Cpu()));
+        *cpu_slots[s] = wide[s]->cpu();
+        *gpu_slots[s] = tensors[s]->gpu();
+      }
+      cpu_.FusedOptimizerUpdate(0, kFloat32, {on_cpu});
+      gpu_.FusedOptimizerUpdate(0, DTypeOf<T>::value, {on_gpu});
+      for (int s = 0; s < 5; ++s) {
+        if (tensors[s] == nullptr || s == 1) continue;
+        ExpectBitwiseEqual(Rounded<T>(wide[s]->Cpu()), tensors[s]->Gpu(),
+                           Note(DTypePrefix<T>() + c.name + " on " + std::to_string(n) +
+                                " elements: tensor " + std::to_string(s)));
+      }
+    }
+  }
+}
+
+TEST_F(CudaBackendReducedTest, ElementwiseBFloat16) { ExpectElementwiseMatches<BFloat16>(); }
+TEST_F(CudaBackendReducedTest, ElementwiseFloat16) { ExpectElementwiseMatches<Half>(); }
+TEST_F(CudaBackendReducedTest, ReductionsAndSoftmaxBFloat16) {
+  ExpectReductionsAndSoftmaxMatch<BFloat16>();
+}
+TEST_F(CudaBackendReducedTest, ReductionsAndSoftmaxFloat16) {
+  ExpectReductionsAndSoftmaxMatch<Half>();
+}
+TEST_F(CudaBackendReducedTest, GemmExBFloat16) { ExpectGemmMatches16<BFloat16>(); }
+TEST_F(CudaBackendReducedTest, GemmExFloat16) { ExpectGemmMatches16<Half>(); }
+TEST_F(CudaBackendReducedTest, ConvolutionAndPoolingBFloat16) {
+  ExpectConvolutionAndPoolingMatch<BFloat16>();
+}
+TEST_F(CudaBackendReducedTest, ConvolutionAndPoolingFloat16) {
+  ExpectConvolutionAndPoolingMatch<Half>();
+}
+TEST_F(CudaBackendReducedTest, GathersScattersAndRandomBFloat16) {
+  ExpectGathersScattersAndRandomMatch<BFloat16>();
+}
+TEST_F(CudaBackendReducedTest, GathersScattersAndRandomFloat16) {
+  ExpectGathersScattersAndRandomMatch<Half>();
+}
+TEST_F(CudaBackendReducedTest, FusedOptimizerUpdatesBFloat16) {
+  ExpectFusedUpdatesMatch16<BFloat16>();
+}
+TEST_F(CudaBackendReducedTest, FusedOptimizerUpdatesFloat16) { ExpectFusedUpdatesMatch16<Half>(); }
+
+// ---- Every dtype: Copy, Fill; integer and bool kernels -------------------------------------
+
+// Values of every dtype from one list of small non-negative numbers (exact in each, so that
+// every conversion is defined: uint8 has no negatives), as T.
+template <typename T>
+std::vector<T> FromDoubles(const std::vector<double>& values) {
+  std::vector<T> out(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    if constexpr (kIsReducedFloat<T>) {
+      out[i] = T(static_cast<float>(values[i]));
+    } else {
+      out[i] = static_cast<T>(values[i]);
+    }
+  }
+  return out;
+}
+
+// Calls f(DTypeTag<Storage>{}, dtype) for each of the 8 dtypes, with bool stored as uint8_t.
+template <typename F>
+void ForEveryDType(F&& f) {
+  for (DType dtype : {kFloat32, kInt64, kFloat64, kBFloat16, kFloat16, kBool, kInt32, kUInt8}) {
+    DispatchDType(dtype, "test", [&](auto tag) {
+      if constexpr (std::is_same_v<typename decltype(tag)::type, bool>) {
+        f(DTypeTag<uint8_t>{}, dtype);
+      } else {
+        f(tag, dtype);
+      }
+    });
+  }
+}
+
+TEST_F(CudaBackendTest, CopyBetweenEveryPairOfDTypesAndFillEveryDType) {
+  const int64_t rows = 37, cols = 29, n = rows * cols;
+  std::vector<double> values(n);
+  std::uniform_int_distribution<int> quarters(0, 400);
+  for (double& v : values) v = quarters(rng_) / 4.0;  // 0 .. 100, zeros included
+  ForEveryDType([&](auto from_tag, DType from) {
+    using From = typename decltype(from_tag)::type;
+    std::vector<From> from_values = FromDoubles<From>(values);
+    if (from == kBool) {
+      for (From& v : from_values) v = v != 0;
+    }
+    Buffer<From> src(from_values, from);
+    ForEveryDType([&](auto to_tag, DType to) {
+      using To = typename decltype(to_tag)::type;
+      const std::string what =
+          Note(std::string("copy ") + DTypeName(from) + " -> " + DTypeName(to));
+      Buffer<To> dst(n, to);
+      // Contiguous (a plain copy when the dtypes match) and transposed (the strided kernel).
+      cpu_.Copy(0, dst.CpuView({rows, cols}), src.CpuView({rows, cols}));
+      gpu_.Copy(0, dst.GpuView({rows, cols}), src.GpuView({rows, cols}));
+      ExpectBitwiseEqual(dst.Cpu(), dst.Gpu(), what);
+      Buffer<To> transposed(n, to);
+      cpu_.Copy(0, transposed.CpuView({rows, cols}, {1, rows}), src.CpuView({rows, cols}));
+      gpu_.Copy(0, transposed.GpuView({rows, cols}, {1, rows}), src.GpuView({rows, cols}));
+      ExpectBitwiseEqual(transposed.Cpu(), transposed.Gpu(), what + " (transposing)");
+    });
+  });
+  ForEveryDType([&](auto tag, DType dtype) {
+    using T = typename decltype(tag)::type;
+    for (double value : {0.0, -0.0, 1.0, 2.5, 100.0}) {
+      for (int64_t offset : {0, 1}) {
+        Buffer<T> dst(n + 1, dtype);
+        cpu_.Fill(0, dst.CpuView({n}, {}, offset), value);
+        gpu_.Fill(0, dst.GpuView({n}, {}, offset), value);
+        ExpectBitwiseEqual(
+            dst.Cpu(), dst.Gpu(),
+            Note(std::string("fill ") + DTypeName(dtype) + " with " + std::to_string(value)));
+      }
+      Buffer<T> every_third(3 * n, dtype);
+      cpu_.Fill(0, every_third.CpuView({n}, {3}), value);
+      gpu_.Fill(0, every_third.GpuView({n}, {3}), value);
+      ExpectBitwiseEqual(every_third.Cpu(), every_third.Gpu(),
+                         Note(std::string("strided fill ") + DTypeName(dtype)));
+    }
+  });
+}
+
+// int32, uint8 and bool: the integer Unary ops, every Binary op (comparisons also into bool),
+// every reduction, against the CPU on the same inputs. uint8 wraps around as PyTorch's does.
+template <typename T>
+void ExpectIntegralKernelsMatch(Backend& cpu, Backend& gpu, std::mt19937_64& rng,
+                                const std::string& seed_note) {
+  const DType dtype = std::is_same_v<T, bool> ? kBool : DTypeOf<T>::value;
+  using Storage = std::conditional_t<std::is_same_v<T, bool>, uint8_t, T>;
+  const bool is_bool = dtype == kBool;
+  const int low = dtype == kInt32 ? -50 : 0, high = is_bool ? 1 : 50;
+  std::uniform_int_distribution<int> dist(low, high), positive(1, is_bool ? 1 : 9);
+  const int64_t rows = 37, cols = 41, n = rows * cols;
+  auto random = [&](bool nonzero) {
+    std::vector<Storage> v(n);
+    for (Storage& x : v) x = static_cast<Storage>(nonzero ? positive(rng) : dist(rng));
+    return v;
+  };
+  const std::string name = std::string(DTypeName(dtype)) + " ";
+  for (UnaryOp op : {UnaryOp::kNeg, UnaryOp::kAbs, UnaryOp::kAddScalar, UnaryOp::kMulScalar}) {
+    Buffer<Storage> src(random(false), dtype), dst(n, dtype);
+    cpu.Unary(0, op, dst.CpuView({rows, cols}), src.CpuView({rows, cols}), -3.0);
+    gpu.Unary(0, op, dst.GpuView({rows, cols}), src.GpuView({rows, cols}), -3.0);
+    ExpectBitwiseEqual(dst.Cpu(), dst.Gpu(),
+                       name + "unary op " + std::to_string(static_cast<int>(op)) + seed_note);
+  }
+  for (BinaryOp op : kAllBinary) {
+    Buffer<Storage> a(random(false), dtype);
+    Buffer<Storage> b(random(op == BinaryOp::kDiv), dtype);  // no division by zero
+    Buffer<Storage> dst(n, dtype);
+    const std::string what = name + "binary op " + std::to_string(static_cast<int>(op)) + seed_note;
+    // The output written transposed.
+    cpu.Binary(0, op, dst.CpuView({rows, cols}, {1, rows}), a.CpuView({rows, cols}),
+               b.CpuView({rows, cols}));
+    gpu.Binary(0, op, dst.GpuView({rows, cols}, {1, rows}), a.GpuView({rows, cols}),
+               b.GpuView({rows, cols}));
+    ExpectBitwiseEqual(dst.Cpu(), dst.Gpu(), what);
+    if (op >= BinaryOp::kEq && op <= BinaryOp::kGe && !is_bool) {
+      // Into bool: the CPU's 1 or 0 in T, converted.
+      Buffer<uint8_t> mask(n, kBool), expected(n, kBool);
+      cpu.Copy(0, expected.CpuView({rows, cols}, {1, rows}), dst.CpuView({rows, cols}, {1, rows}));
+      gpu.Binary(0, op, mask.GpuView({rows, cols}, {1, rows}), a.GpuView({rows, cols}),
+                 b.GpuView({rows, cols}));
+      ExpectBitwiseEqual(expected.Cpu(), mask.Gpu(), what + " into bool");
+    }
+  }
+  for (ReduceKind op : {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kMin, ReduceKind::kArgMax,
+                        ReduceKind::kArgMin}) {
+    const bool arg = op == ReduceKind::kArgMax || op == ReduceKind::kArgMin;
+    for (const ReduceShape& s : {ReduceShape{7, 3, 59}, ReduceShape{1, n, 1}}) {
+      const std::string what = name + "reduce op " + std::to_string(static_cast<int>(op)) +
+                               " over " + std::to_string(s.reduce) + seed_note;
+      Buffer<Storage> src(random(false), dtype);
+      const std::vector<int64_t> in_shape = {s.outer, s.reduce, s.inner};
+      const std::vector<int64_t> out_shape = {s.outer, s.inner};
+      if (arg) {
+        Buffer<int64_t> dst(s.outer * s.inner);
+        cpu.Reduce(0, op, dst.CpuView(out_shape), src.CpuView(in_shape), s.outer, s.reduce,
+                   s.inner);
+        gpu.Reduce(0, op, dst.GpuView(out_shape), src.GpuView(in_shape), s.outer, s.reduce,
+                   s.inner);
+        ExpectEqual(dst.Cpu(), dst.Gpu(), what);
+      } else {
+        Buffer<Storage> dst(s.outer * s.inner, dtype);
+        cpu.Reduce(0, op, dst.CpuView(out_shape), src.CpuView(in_shape), s.outer, s.reduce,
+                   s.inner);
+        gpu.Reduce(0, op, dst.GpuView(out_shape), src.GpuView(in_shape), s.outer, s.reduce,
+                   s.inner);
+        ExpectBitwiseEqual(dst.Cpu(), dst.Gpu(), what);
+      }
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, Int32KernelsMatchTheCpu) {
+  ExpectIntegralKernelsMatch<int32_t>(cpu_, gpu_, rng_, Note(""));
+}
+TEST_F(CudaBackendTest, UInt8KernelsMatchTheCpu) {
+  ExpectIntegralKernelsMatch<uint8_t>(cpu_, gpu_, rng_, Note(""));
+}
+TEST_F(CudaBackendTest, BoolKernelsMatchTheCpu) {
+  ExpectIntegralKernelsMatch<bool>(cpu_, gpu_, rng_, Note(""));
+}
+
+TEST_F(CudaBackendTest, FloatComparisonsIntoBool) {
+  const int64_t n = 1001;
+  Buffer<float> a(RandomIntegers<float>(n, -3, 3)), b(RandomIntegers<float>(n, -3, 3));
+  std::vector<float> with_nan = a.Cpu();
+  with_nan[5] = NAN;  // NaN compares unequal to everything, itself included
+  a.Set(with_nan);
+  for (BinaryOp op :
+       {BinaryOp::kEq, BinaryOp::kNe, BinaryOp::kLt, BinaryOp::kLe, BinaryOp::kGt, BinaryOp::kGe}) {
+    Buffer<float> as_float(n);
+    Buffer<uint8_t> expected(n, kBool), mask(n, kBool);
+    cpu_.Binary(0, op, as_float.CpuView({n}), a.CpuView({n}), b.CpuView({n}));
+    cpu_.Copy(0, expected.CpuView({n}), as_float.CpuView({n}));
+    gpu_.Binary(0, op, mask.GpuView({n}), a.GpuView({n}), b.GpuView({n}));
+    ExpectBitwiseEqual(expected.Cpu(), mask.Gpu(),
+                       Note("float32 comparison " + std::to_string(static_cast<int>(op))));
+  }
+  // Only comparisons may write bool.
+  Buffer<uint8_t> mask(n, kBool);
+  EXPECT_THROW(gpu_.Binary(0, BinaryOp::kAdd, mask.GpuView({n}), a.GpuView({n}), b.GpuView({n})),
+               Error);
 }
 
 // ---- Errors

@@ -172,9 +172,12 @@ cublasHandle_t CudaDevice::blas() {
     TANDEM_CUBLAS_CHECK(cublasCreate(&blas_), index_);
     TANDEM_CUBLAS_CHECK(cublasSetStream(blas_, s), index_);
     blas_stream_ = s;
-    // Full float32 products unless TF32 is allowed (see cuda.h); set per call by Gemm.
-    TANDEM_CUBLAS_CHECK(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH), index_);
-    blas_math_mode_ = CUBLAS_DEFAULT_MATH;
+    // Full float32 products unless TF32 is allowed (see cuda.h); set per call by Gemm. 16-bit
+    // GEMMs reduce split-K partial sums in float, never in their 16-bit output type.
+    const cublasMath_t mode = static_cast<cublasMath_t>(
+        CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
+    TANDEM_CUBLAS_CHECK(cublasSetMathMode(blas_, mode), index_);
+    blas_math_mode_ = mode;
   });
   return blas_;
 }

@@ -94,23 +94,54 @@ DeviceLayout<kArity, Index> ToDevice(const StridedLayout<kArity>& host) {
 }
 
 // ---- Elementwise functors ---------------------------------------------------------------
+// Note [16-bit elementwise]: bfloat16 and float16 load as float, compute the float function
+// (OpMath<T>) and round once on store, so each result is bitwise the float32 kernel's on the
+// widened inputs, rounded: what the CPU backend computes. Integer and bool types go through
+// ApplyUnary's integer overload in int64 and narrow on store (two's complement wrap-around,
+// nonzero -> true for bool), as PyTorch's integer arithmetic does.
 
-template <typename T, typename Scalar>
-struct UnaryFn {
-  UnaryOp op;
-  Scalar scalar;
-  __device__ __forceinline__ T operator()(T x) const { return ApplyUnary(op, x, scalar); }
-};
-
-template <typename To, typename From>
-struct ConvertFn {
-  __device__ __forceinline__ To operator()(From x) const { return static_cast<To>(x); }
-};
+// The scalar a Unary op takes for T: OpMath<T> for floating types (float for the 16-bit ones,
+// as PyTorch keeps a Python scalar in opmath), double for the integral types.
+template <typename T>
+using UnaryScalar = std::conditional_t<std::is_integral_v<T>, double, OpMath<T>>;
 
 template <typename T>
+struct UnaryFn {
+  UnaryOp op;
+  UnaryScalar<T> scalar;
+  __device__ __forceinline__ T operator()(T x) const {
+    if constexpr (std::is_integral_v<T>) {
+      return static_cast<T>(ApplyUnary(op, static_cast<int64_t>(x), scalar));
+    } else {
+      return static_cast<T>(ApplyUnary(op, static_cast<OpMath<T>>(x), scalar));
+    }
+  }
+};
+
+// Copy's conversions: to bool, nonzero (NaN included) is true; to or from a 16-bit float,
+// through float (its constructor from float rounds to nearest even; from double or int64 it
+// rounds to float first, as PyTorch's c10::BFloat16 and c10::Half do); otherwise C++'s own.
+template <typename To, typename From>
+struct ConvertFn {
+  __device__ __forceinline__ To operator()(From x) const {
+    if constexpr (std::is_same_v<To, bool>) {
+      return static_cast<OpMath<From>>(x) != OpMath<From>(0);
+    } else if constexpr (kIsReducedFloat<To> || kIsReducedFloat<From>) {
+      return static_cast<To>(static_cast<float>(x));
+    } else {
+      return static_cast<To>(x);
+    }
+  }
+};
+
+// Out is T, or bool for a comparison into a kBool output (ApplyBinary's 1 or 0 as bool).
+template <typename T, typename Out>
 struct BinaryFn {
   BinaryOp op;
-  __device__ __forceinline__ T operator()(T a, T b) const { return ApplyBinary(op, a, b); }
+  __device__ __forceinline__ Out operator()(T a, T b) const {
+    using M = OpMath<T>;
+    return static_cast<Out>(ApplyBinary(op, static_cast<M>(a), static_cast<M>(b)));
+  }
 };
 
 // ---- Elementwise kernels ----------------------------------------------------------------
@@ -166,8 +197,8 @@ __global__ void Map1StridedKernel(Out* dst, const In* src, DeviceLayout<2, Index
   }
 }
 
-template <typename T, typename Fn>
-__global__ void Map2ContiguousKernel(T* dst, const T* a, const T* b, int64_t n, Fn fn) {
+template <typename Out, typename T, typename Fn>
+__global__ void Map2ContiguousKernel(Out* dst, const T* a, const T* b, int64_t n, Fn fn) {
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) dst[i] = fn(a[i], b[i]);
 }
 
@@ -185,8 +216,8 @@ __global__ void Map2Vec4Kernel(float* dst, const float* a, const float* b, int64
   for (int64_t i = 4 * n4 + GlobalThread(); i < n; i += GridThreads()) dst[i] = fn(a[i], b[i]);
 }
 
-template <typename T, typename Fn, typename Index>
-__global__ void Map2StridedKernel(T* dst, const T* a, const T* b, DeviceLayout<3, Index> layout,
+template <typename Out, typename T, typename Fn, typename Index>
+__global__ void Map2StridedKernel(Out* dst, const T* a, const T* b, DeviceLayout<3, Index> layout,
                                   Index n, Fn fn) {
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
     Index offsets[3];
@@ -204,7 +235,7 @@ void RunFill(const LaunchContext& context, const KernelTensor& dst, T value) {
   const StridedLayout<1> layout = MakeStridedLayout(operands);
   T* out = dst.ptr<T>();
   if (layout.IsContiguous()) {
-    if (value == T(0) && !std::signbit(static_cast<double>(value))) {
+    if (static_cast<double>(value) == 0.0 && !std::signbit(static_cast<double>(value))) {
       // All-zero bytes: the copy engine's memset is the fastest fill there is.
       TANDEM_CUDA_CHECK(cudaMemsetAsync(out, 0, n * sizeof(T), context.stream), context.device);
       return;
@@ -256,17 +287,17 @@ void RunMap1(const LaunchContext& context, const KernelTensor& dst, const Kernel
   TANDEM_CUDA_CHECK_LAUNCH(context.device);
 }
 
-template <typename T, typename Fn>
+template <typename Out, typename T, typename Fn>
 void RunMap2(const LaunchContext& context, const KernelTensor& dst, const KernelTensor& a,
              const KernelTensor& b, Fn fn) {
   const int64_t n = dst.numel();
   const KernelTensor* operands[3] = {&dst, &a, &b};
   const StridedLayout<3> layout = MakeStridedLayout(operands);
-  T* out = dst.ptr<T>();
+  Out* out = dst.ptr<Out>();
   const T* x = a.ptr<const T>();
   const T* y = b.ptr<const T>();
   if (layout.IsContiguous()) {
-    if constexpr (std::is_same_v<T, float>) {
+    if constexpr (std::is_same_v<T, float> && std::is_same_v<Out, float>) {
       if (Aligned16(out) && Aligned16(x) && Aligned16(y)) {
         Map2Vec4Kernel<<<GridFor(context, (n + 3) / 4), kThreads, 0, context.stream>>>(out, x, y, n,
                                                                                        fn);
@@ -542,27 +573,33 @@ __device__ double BlockSum(double value) {
 }
 
 // One block per row of a [rows, dim] input (inner == 1); the block's threads stride along
-// the row so that their reads coalesce. blockDim.x is a multiple of 32.
+// the row so that their reads coalesce. blockDim.x is a multiple of 32. M = OpMath<T>: 16-bit
+// inputs are computed in float and each output rounded once.
 template <typename T>
 __global__ void SoftmaxRowsKernel(bool log, T* dst, const T* src, int64_t rows, int64_t dim) {
+  using M = OpMath<T>;
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* x = src + row * dim;
     T* y = dst + row * dim;
-    T max_value = -INFINITY;
+    M max_value = -INFINITY;
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
-      max_value = MaxPropagatingNan(x[j], max_value);
+      max_value = MaxPropagatingNan(static_cast<M>(x[j]), max_value);
     }
     max_value = BlockMax(max_value);
     double sum = 0.0;
-    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) sum += math::Exp(x[j] - max_value);
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
+      sum += math::Exp(static_cast<M>(x[j]) - max_value);
+    }
     sum = BlockSum(sum);
     if (log) {
-      const T log_sum = static_cast<T>(::log(sum));
-      for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) y[j] = (x[j] - max_value) - log_sum;
-    } else {
-      const T scale = static_cast<T>(1.0 / sum);
+      const M log_sum = static_cast<M>(::log(sum));
       for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
-        y[j] = math::Exp(x[j] - max_value) * scale;
+        y[j] = static_cast<T>((static_cast<M>(x[j]) - max_value) - log_sum);
+      }
+    } else {
+      const M scale = static_cast<M>(1.0 / sum);
+      for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
+        y[j] = static_cast<T>(math::Exp(static_cast<M>(x[j]) - max_value) * scale);
       }
     }
   }
@@ -573,20 +610,27 @@ __global__ void SoftmaxRowsKernel(bool log, T* dst, const T* src, int64_t rows, 
 template <typename T>
 __global__ void SoftmaxColumnsKernel(bool log, T* dst, const T* src, int64_t outer, int64_t dim,
                                      int64_t inner) {
+  using M = OpMath<T>;
   for (int64_t item = GlobalThread(); item < outer * inner; item += GridThreads()) {
     const int64_t start = (item / inner) * dim * inner + item % inner;
     const T* x = src + start;
     T* y = dst + start;
-    T max_value = -INFINITY;
-    for (int64_t j = 0; j < dim; ++j) max_value = MaxPropagatingNan(x[j * inner], max_value);
+    M max_value = -INFINITY;
+    for (int64_t j = 0; j < dim; ++j) {
+      max_value = MaxPropagatingNan(static_cast<M>(x[j * inner]), max_value);
+    }
     double sum = 0.0;
-    for (int64_t j = 0; j < dim; ++j) sum += math::Exp(x[j * inner] - max_value);
+    for (int64_t j = 0; j < dim; ++j) sum += math::Exp(static_cast<M>(x[j * inner]) - max_value);
     if (log) {
-      const T log_sum = static_cast<T>(::log(sum));
-      for (int64_t j = 0; j < dim; ++j) y[j * inner] = (x[j * inner] - max_value) - log_sum;
+      const M log_sum = static_cast<M>(::log(sum));
+      for (int64_t j = 0; j < dim; ++j) {
+        y[j * inner] = static_cast<T>((static_cast<M>(x[j * inner]) - max_value) - log_sum);
+      }
     } else {
-      const T scale = static_cast<T>(1.0 / sum);
-      for (int64_t j = 0; j < dim; ++j) y[j * inner] = math::Exp(x[j * inner] - max_value) * scale;
+      const M scale = static_cast<M>(1.0 / sum);
+      for (int64_t j = 0; j < dim; ++j) {
+        y[j * inner] = static_cast<T>(math::Exp(static_cast<M>(x[j * inner]) - max_value) * scale);
+      }
     }
   }
 }
@@ -596,12 +640,13 @@ __global__ void SoftmaxColumnsKernel(bool log, T* dst, const T* src, int64_t out
 // C = beta * C over `batch` strided m x n matrices; beta == 0 writes zeros (BLAS semantics:
 // C is not read, so NaN in C does not survive).
 template <typename T>
-__global__ void ScaleMatricesKernel(T beta, T* c, int64_t m, int64_t n, int64_t ldc,
+__global__ void ScaleMatricesKernel(OpMath<T> beta, T* c, int64_t m, int64_t n, int64_t ldc,
                                     int64_t stride_c, int64_t batch) {
+  using M = OpMath<T>;
   for (int64_t i = GlobalThread(); i < batch * m * n; i += GridThreads()) {
     const int64_t column = i % n, row = (i / n) % m, matrix = i / (m * n);
     T& element = c[matrix * stride_c + row * ldc + column];
-    element = beta == T(0) ? T(0) : element * beta;
+    element = beta == M(0) ? T(0) : static_cast<T>(static_cast<M>(element) * beta);
   }
 }
 
@@ -646,7 +691,7 @@ __global__ void Col2ImKernel(Conv2dGeometry g, int64_t out_h, int64_t out_w, con
     const int64_t y = (i % plane_size) / g.width, x = i % g.width;
     const T* in = columns + g.columns_start(plane / g.channels, plane % g.channels, out_plane);
     const int64_t tap_stride = g.columns_tap_stride(out_plane);
-    T sum = T(0);
+    OpMath<T> sum = 0;  // 16-bit: summed in float, rounded once
     for (int64_t ky = 0; ky < g.kernel_h; ++ky) {
       const int64_t oy_scaled = y + g.pad_h - ky * g.dilation_h;  // oy * stride_h when paired
       if (oy_scaled < 0 || oy_scaled % g.stride_h != 0 || oy_scaled / g.stride_h >= out_h) {
@@ -659,10 +704,10 @@ __global__ void Col2ImKernel(Conv2dGeometry g, int64_t out_h, int64_t out_w, con
           continue;
         }
         const int64_t ox = ox_scaled / g.stride_w;
-        sum += in[(ky * g.kernel_w + kx) * tap_stride + oy * out_w + ox];
+        sum += static_cast<OpMath<T>>(in[(ky * g.kernel_w + kx) * tap_stride + oy * out_w + ox]);
       }
     }
-    image[i] = sum;
+    image[i] = static_cast<T>(sum);
   }
 }
 
@@ -687,17 +732,18 @@ __global__ void MaxPool2dKernel(Conv2dGeometry g, int64_t out_h, int64_t out_w, 
     const int64_t x0 = max(ox * g.stride_w - g.pad_w, int64_t{0});
     const int64_t x1 = min(ox * g.stride_w - g.pad_w + g.kernel_w, g.width);
     int64_t best_at = y0 * g.width + x0;
-    T best = in[best_at];
+    OpMath<T> best = static_cast<OpMath<T>>(in[best_at]);
     for (int64_t y = y0; y < y1; ++y) {
       for (int64_t x = x0; x < x1; ++x) {
         const int64_t at = y * g.width + x;
-        if (ReplacesMax(in[at], best)) {
-          best = in[at];
+        const OpMath<T> value = static_cast<OpMath<T>>(in[at]);
+        if (ReplacesMax(value, best)) {
+          best = value;
           best_at = at;
         }
       }
     }
-    output[i] = best;
+    output[i] = in[best_at];  // the element itself: its bits, NaN payloads included
     argmax[i] = best_at;
   }
 }
@@ -726,14 +772,14 @@ __global__ void MaxPool2dBackwardKernel(Conv2dGeometry g, int64_t out_h, int64_t
     const int64_t ox_end = min((x + g.pad_w) / g.stride_w + 1, out_w);
     const int64_t* chosen = argmax + plane * out_plane;
     const T* grad = grad_output + plane * out_plane;
-    T sum = T(0);
+    OpMath<T> sum = 0;  // 16-bit: summed in float, rounded once
     for (int64_t oy = oy_begin; oy < oy_end; ++oy) {
       for (int64_t ox = ox_begin; ox < ox_end; ++ox) {
         const int64_t o = oy * out_w + ox;
-        if (chosen[o] == at) sum += grad[o];
+        if (chosen[o] == at) sum += static_cast<OpMath<T>>(grad[o]);
       }
     }
-    grad_input[i] = sum;
+    grad_input[i] = static_cast<T>(sum);
   }
 }
 
@@ -804,7 +850,11 @@ __global__ void GatherColumnsKernel(T* dst, const T* src, const int64_t* idx, in
 template <typename T>
 __global__ void ScatterAddColumnsKernel(T* dst, const T* src, const int64_t* idx, int64_t rows,
                                         int64_t cols) {
-  for (int64_t r = GlobalThread(); r < rows; r += GridThreads()) dst[r * cols + idx[r]] += src[r];
+  using M = OpMath<T>;
+  for (int64_t r = GlobalThread(); r < rows; r += GridThreads()) {
+    T& element = dst[r * cols + idx[r]];
+    element = static_cast<T>(static_cast<M>(element) + static_cast<M>(src[r]));
+  }
 }
 
 // torch.gather over the middle axis: one thread per output element.
@@ -819,16 +869,18 @@ __global__ void GatherKernel(T* dst, const T* src, const int64_t* idx, int64_t o
 }
 
 // One thread per column (o, i) of dst, adding in j order like the CPU: no collisions, no
-// atomics, the same result.
-template <typename T>
-__global__ void ScatterAddKernel(T* dst, const T* src, const int64_t* idx, int64_t outer,
+// atomics, the same result. Acc is T, or float for 16-bit T: then dst is a float copy of the
+// destination (LaunchScatterAdd), so that repeated indices accumulate in float and each
+// element is rounded once, when the copy is narrowed back.
+template <typename Acc, typename T>
+__global__ void ScatterAddKernel(Acc* dst, const T* src, const int64_t* idx, int64_t outer,
                                  int64_t dst_dim, int64_t idx_dim, int64_t inner) {
   const int64_t columns = outer * inner;
   for (int64_t column = GlobalThread(); column < columns; column += GridThreads()) {
     const int64_t o = column / inner, i = column % inner;
     for (int64_t j = 0; j < idx_dim; ++j) {
       const int64_t at = (o * idx_dim + j) * inner + i;
-      dst[(o * dst_dim + idx[at]) * inner + i] += src[at];
+      dst[(o * dst_dim + idx[at]) * inner + i] += static_cast<Acc>(src[at]);
     }
   }
 }
@@ -900,6 +952,50 @@ __global__ void SpinKernel(uint64_t nanoseconds) {
   while (GlobalTimerNanoseconds() - start < nanoseconds) __nanosleep(1000);
 }
 
+// ---- 16-bit kernels through float copies ------------------------------------------------
+// Note [16-bit via float]: kernels whose shared math (pooling_math.h) reads and sums in its
+// element type run for bfloat16/float16 on float copies in workspace memory: the input
+// widened (exact), the float32 kernel, the output rounded once per element. The result is by
+// construction the float32 kernel's on the widened input, rounded (the contract of 16-bit
+// kernels), for two extra passes over memory; only average pooling and scatter-add take this
+// path. Workspace blocks go back to the allocator when the launcher returns, while the kernels
+// may still be queued: safe, because it hands them out again only to work on this same stream.
+
+template <typename T>
+std::shared_ptr<void> WidenedCopy(const LaunchContext& context, const T* src, int64_t n) {
+  std::shared_ptr<void> copy = context.workspace->Allocate(n * sizeof(float));
+  Map1ContiguousKernel<<<GridFor(context, n), kThreads, 0, context.stream>>>(
+      static_cast<float*>(copy.get()), src, n, ConvertFn<float, T>{});
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  return copy;
+}
+
+template <typename T>
+void NarrowInto(const LaunchContext& context, T* dst, const void* src, int64_t n) {
+  Map1ContiguousKernel<<<GridFor(context, n), kThreads, 0, context.stream>>>(
+      dst, static_cast<const float*>(src), n, ConvertFn<T, float>{});
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+}
+
+// Calls run(in, out) with T's pointers, or for a 16-bit T with float copies (in_n and out_n
+// elements) as above. `run` launches one kernel for the pointers' element type.
+template <typename T, typename Run>
+void RunInFloat(const LaunchContext& context, const void* in, int64_t in_n, void* out,
+                int64_t out_n, Run run) {
+  if constexpr (kIsReducedFloat<T>) {
+    const std::shared_ptr<void> wide_in = WidenedCopy(context, static_cast<const T*>(in), in_n);
+    const std::shared_ptr<void> wide_out = context.workspace->Allocate(out_n * sizeof(float));
+    run(static_cast<const float*>(wide_in.get()), static_cast<float*>(wide_out.get()));
+    NarrowInto(context, static_cast<T*>(out), wide_out.get(), out_n);
+  } else {
+    run(static_cast<const T*>(in), static_cast<T*>(out));
+  }
+}
+
+// The element type U of a pointer `U*` or `const U*`.
+template <typename Pointer>
+using Element = std::remove_const_t<std::remove_pointer_t<Pointer>>;
+
 }  // namespace
 
 // ---- Launchers ----------------------------------------------------------------------------
@@ -948,19 +1044,20 @@ void LaunchUnary(const LaunchContext& context, UnaryOp op, const KernelTensor& d
   DispatchDType(src.dtype, "CUDA Unary", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (dst.numel() == 0) return;
-    // Floating types get the scalar in their own type, as on the CPU; int64 takes a double
-    // (ApplyUnary's int64 overload).
-    using Scalar = std::conditional_t<std::is_floating_point_v<T>, T, double>;
-    RunMap1<T, T>(context, dst, src, UnaryFn<T, Scalar>{op, static_cast<Scalar>(scalar)});
+    RunMap1<T, T>(context, dst, src, UnaryFn<T>{op, static_cast<UnaryScalar<T>>(scalar)});
   });
 }
 
 void LaunchBinary(const LaunchContext& context, BinaryOp op, const KernelTensor& dst,
                   const KernelTensor& a, const KernelTensor& b) {
-  DispatchDType(dst.dtype, "CUDA Binary", [&](auto tag) {
+  DispatchDType(a.dtype, "CUDA Binary", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (dst.numel() == 0) return;
-    RunMap2<T>(context, dst, a, b, BinaryFn<T>{op});
+    if (dst.dtype == kBool && a.dtype != kBool) {
+      RunMap2<bool, T>(context, dst, a, b, BinaryFn<T, bool>{op});  // a comparison
+    } else {
+      RunMap2<T, T>(context, dst, a, b, BinaryFn<T, T>{op});
+    }
   });
 }
 
@@ -970,20 +1067,29 @@ void LaunchReduce(const LaunchContext& context, ReduceKind op, const KernelTenso
   if (reduce == 0) return LaunchFill(context, dst, 0.0);  // an empty sum
   DispatchDType(src.dtype, "CUDA Reduce", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    if constexpr (std::is_same_v<T, float>) {
-      // float32 sums accumulate in double (as on the CPU); extrema are exact in float.
-      if (op == ReduceKind::kSum) {
-        return ReduceTyped<float, double>(context, op, dst.data, src.ptr<const float>(), outer,
-                                          reduce, inner);
+    if constexpr (std::is_integral_v<T>) {
+      // Integers and bool in int64: exact extrema, and sums that wrap around in T's width
+      // when narrowed (bool: any nonzero is true) without signed overflow along the way.
+      return ReduceTyped<T, int64_t>(context, op, dst.data, src.ptr<const T>(), outer, reduce,
+                                     inner);
+    } else {
+      if constexpr (std::is_same_v<T, float>) {
+        // float32 sums accumulate in double (as on the CPU); extrema are exact in float.
+        if (op == ReduceKind::kSum) {
+          return ReduceTyped<float, double>(context, op, dst.data, src.ptr<const float>(), outer,
+                                            reduce, inner);
+        }
       }
+      // 16-bit floats in float (sums and extrema; an extremum is exact and narrows to the
+      // element it came from), float64 in double.
+      ReduceTyped<T, OpMath<T>>(context, op, dst.data, src.ptr<const T>(), outer, reduce, inner);
     }
-    ReduceTyped<T, T>(context, op, dst.data, src.ptr<const T>(), outer, reduce, inner);
   });
 }
 
 void LaunchSoftmax(const LaunchContext& context, DType dtype, bool log, void* dst, const void* src,
                    int64_t outer, int64_t dim, int64_t inner) {
-  DispatchFloatingTypes(dtype, "CUDA Softmax", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CUDA Softmax", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (outer * dim * inner == 0) return;
     T* out = static_cast<T*>(dst);
@@ -1005,10 +1111,10 @@ void LaunchSoftmax(const LaunchContext& context, DType dtype, bool log, void* ds
 
 void LaunchScaleMatrices(const LaunchContext& context, DType dtype, double beta, void* c, int64_t m,
                          int64_t n, int64_t ldc, int64_t stride_c, int64_t batch) {
-  DispatchFloatingTypes(dtype, "CUDA Gemm", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CUDA Gemm", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    const T typed_beta = static_cast<T>(beta);
-    if (m * n * batch == 0 || typed_beta == T(1)) return;
+    const OpMath<T> typed_beta = static_cast<OpMath<T>>(beta);
+    if (m * n * batch == 0 || typed_beta == OpMath<T>(1)) return;
     ScaleMatricesKernel<T><<<GridFor(context, batch * m * n), kThreads, 0, context.stream>>>(
         typed_beta, static_cast<T*>(c), m, n, ldc, stride_c, batch);
     TANDEM_CUDA_CHECK_LAUNCH(context.device);
@@ -1017,7 +1123,7 @@ void LaunchScaleMatrices(const LaunchContext& context, DType dtype, double beta,
 
 void LaunchIm2Col(const LaunchContext& context, DType dtype, const Conv2dGeometry& g,
                   const void* image, void* columns) {
-  DispatchFloatingTypes(dtype, "CUDA Im2Col", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CUDA Im2Col", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int64_t total = g.batch * g.channels * g.out_h() * g.out_w();
     if (total == 0) return;
@@ -1029,7 +1135,7 @@ void LaunchIm2Col(const LaunchContext& context, DType dtype, const Conv2dGeometr
 
 void LaunchCol2Im(const LaunchContext& context, DType dtype, const Conv2dGeometry& g,
                   const void* columns, void* image) {
-  DispatchFloatingTypes(dtype, "CUDA Col2Im", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CUDA Col2Im", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int64_t total = g.batch * g.channels * g.height * g.width;
     if (total == 0) return;
@@ -1041,7 +1147,7 @@ void LaunchCol2Im(const LaunchContext& context, DType dtype, const Conv2dGeometr
 
 void LaunchMaxPool2d(const LaunchContext& context, DType dtype, const Conv2dGeometry& g,
                      const void* input, void* output, int64_t* argmax) {
-  DispatchFloatingTypes(dtype, "CUDA MaxPool2d", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CUDA MaxPool2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int64_t total = g.batch * g.channels * g.out_h() * g.out_w();
     if (total == 0) return;
@@ -1053,7 +1159,7 @@ void LaunchMaxPool2d(const LaunchContext& context, DType dtype, const Conv2dGeom
 
 void LaunchMaxPool2dBackward(const LaunchContext& context, DType dtype, const Conv2dGeometry& g,
                              const void* grad_output, const int64_t* argmax, void* grad_input) {
-  DispatchFloatingTypes(dtype, "CUDA MaxPool2dBackward", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CUDA MaxPool2dBackward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int64_t total = g.batch * g.channels * g.height * g.width;
     if (total == 0) return;
@@ -1066,60 +1172,72 @@ void LaunchMaxPool2dBackward(const LaunchContext& context, DType dtype, const Co
 
 void LaunchAvgPool2d(const LaunchContext& context, DType dtype, const Conv2dGeometry& g,
                      bool count_include_pad, const void* input, void* output) {
-  DispatchFloatingTypes(dtype, "CUDA AvgPool2d", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CUDA AvgPool2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int64_t total = g.batch * g.channels * g.out_h() * g.out_w();
     if (total == 0) return;
-    AvgPool2dKernel<T><<<GridFor(context, total), kThreads, 0, context.stream>>>(
-        g, count_include_pad, g.out_h(), g.out_w(), static_cast<const T*>(input),
-        static_cast<T*>(output));
-    TANDEM_CUDA_CHECK_LAUNCH(context.device);
+    const int64_t image = g.batch * g.channels * g.height * g.width;
+    RunInFloat<T>(context, input, image, output, total, [&](auto in, auto out) {
+      AvgPool2dKernel<Element<decltype(out)>>
+          <<<GridFor(context, total), kThreads, 0, context.stream>>>(g, count_include_pad,
+                                                                     g.out_h(), g.out_w(), in, out);
+      TANDEM_CUDA_CHECK_LAUNCH(context.device);
+    });
   });
 }
 
 void LaunchAvgPool2dBackward(const LaunchContext& context, DType dtype, const Conv2dGeometry& g,
                              bool count_include_pad, const void* grad_output, void* grad_input) {
-  DispatchFloatingTypes(dtype, "CUDA AvgPool2dBackward", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CUDA AvgPool2dBackward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int64_t total = g.batch * g.channels * g.height * g.width;
     if (total == 0) return;
-    AvgPool2dBackwardKernel<T><<<GridFor(context, total), kThreads, 0, context.stream>>>(
-        g, count_include_pad, g.out_h(), g.out_w(), static_cast<const T*>(grad_output),
-        static_cast<T*>(grad_input));
-    TANDEM_CUDA_CHECK_LAUNCH(context.device);
+    const int64_t outputs = g.batch * g.channels * g.out_h() * g.out_w();
+    RunInFloat<T>(context, grad_output, outputs, grad_input, total, [&](auto in, auto out) {
+      AvgPool2dBackwardKernel<Element<decltype(out)>>
+          <<<GridFor(context, total), kThreads, 0, context.stream>>>(g, count_include_pad,
+                                                                     g.out_h(), g.out_w(), in, out);
+      TANDEM_CUDA_CHECK_LAUNCH(context.device);
+    });
   });
 }
 
 void LaunchAdaptiveAvgPool2d(const LaunchContext& context, DType dtype, int64_t planes,
                              int64_t height, int64_t width, int64_t out_h, int64_t out_w,
                              const void* input, void* output) {
-  DispatchFloatingTypes(dtype, "CUDA AdaptiveAvgPool2d", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CUDA AdaptiveAvgPool2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int64_t total = planes * out_h * out_w;
     if (total == 0) return;
-    AdaptiveAvgPool2dKernel<T><<<GridFor(context, total), kThreads, 0, context.stream>>>(
-        planes, height, width, out_h, out_w, static_cast<const T*>(input), static_cast<T*>(output));
-    TANDEM_CUDA_CHECK_LAUNCH(context.device);
+    RunInFloat<T>(context, input, planes * height * width, output, total, [&](auto in, auto out) {
+      AdaptiveAvgPool2dKernel<Element<decltype(out)>>
+          <<<GridFor(context, total), kThreads, 0, context.stream>>>(planes, height, width, out_h,
+                                                                     out_w, in, out);
+      TANDEM_CUDA_CHECK_LAUNCH(context.device);
+    });
   });
 }
 
 void LaunchAdaptiveAvgPool2dBackward(const LaunchContext& context, DType dtype, int64_t planes,
                                      int64_t height, int64_t width, int64_t out_h, int64_t out_w,
                                      const void* grad_output, void* grad_input) {
-  DispatchFloatingTypes(dtype, "CUDA AdaptiveAvgPool2dBackward", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CUDA AdaptiveAvgPool2dBackward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int64_t total = planes * height * width;
     if (total == 0) return;
-    AdaptiveAvgPool2dBackwardKernel<T><<<GridFor(context, total), kThreads, 0, context.stream>>>(
-        planes, height, width, out_h, out_w, static_cast<const T*>(grad_output),
-        static_cast<T*>(grad_input));
-    TANDEM_CUDA_CHECK_LAUNCH(context.device);
+    RunInFloat<T>(context, grad_output, planes * out_h * out_w, grad_input, total,
+                  [&](auto in, auto out) {
+                    AdaptiveAvgPool2dBackwardKernel<Element<decltype(out)>>
+                        <<<GridFor(context, total), kThreads, 0, context.stream>>>(
+                            planes, height, width, out_h, out_w, in, out);
+                    TANDEM_CUDA_CHECK_LAUNCH(context.device);
+                  });
   });
 }
 
 void LaunchGatherColumns(const LaunchContext& context, DType dtype, void* dst, const void* src,
                          const int64_t* idx, int64_t rows, int64_t cols) {
-  DispatchFloatingTypes(dtype, "CUDA GatherColumns", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CUDA GatherColumns", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (rows <= 0) return;
     GatherColumnsKernel<T><<<GridFor(context, rows), kThreads, 0, context.stream>>>(
@@ -1130,7 +1248,7 @@ void LaunchGatherColumns(const LaunchContext& context, DType dtype, void* dst, c
 
 void LaunchScatterAddColumns(const LaunchContext& context, DType dtype, void* dst, const void* src,
                              const int64_t* idx, int64_t rows, int64_t cols) {
-  DispatchFloatingTypes(dtype, "CUDA ScatterAddColumns", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CUDA ScatterAddColumns", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (rows <= 0) return;
     ScatterAddColumnsKernel<T><<<GridFor(context, rows), kThreads, 0, context.stream>>>(
@@ -1142,7 +1260,7 @@ void LaunchScatterAddColumns(const LaunchContext& context, DType dtype, void* ds
 void LaunchGather(const LaunchContext& context, DType dtype, void* dst, const void* src,
                   const int64_t* idx, int64_t outer, int64_t src_dim, int64_t idx_dim,
                   int64_t inner) {
-  DispatchFloatingTypes(dtype, "CUDA Gather", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CUDA Gather", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const int64_t n = outer * idx_dim * inner;
     if (n <= 0) return;
@@ -1155,18 +1273,29 @@ void LaunchGather(const LaunchContext& context, DType dtype, void* dst, const vo
 void LaunchScatterAdd(const LaunchContext& context, DType dtype, void* dst, const void* src,
                       const int64_t* idx, int64_t outer, int64_t dst_dim, int64_t idx_dim,
                       int64_t inner) {
-  DispatchFloatingTypes(dtype, "CUDA ScatterAdd", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CUDA ScatterAdd", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (outer * idx_dim * inner <= 0) return;
-    ScatterAddKernel<T><<<GridFor(context, outer * inner), kThreads, 0, context.stream>>>(
-        static_cast<T*>(dst), static_cast<const T*>(src), idx, outer, dst_dim, idx_dim, inner);
-    TANDEM_CUDA_CHECK_LAUNCH(context.device);
+    const T* values = static_cast<const T*>(src);
+    if constexpr (kIsReducedFloat<T>) {
+      // Into a float copy of dst (Note [16-bit via float]): repeated indices add in float.
+      const int64_t n = outer * dst_dim * inner;
+      const std::shared_ptr<void> wide = WidenedCopy(context, static_cast<const T*>(dst), n);
+      ScatterAddKernel<float, T><<<GridFor(context, outer * inner), kThreads, 0, context.stream>>>(
+          static_cast<float*>(wide.get()), values, idx, outer, dst_dim, idx_dim, inner);
+      TANDEM_CUDA_CHECK_LAUNCH(context.device);
+      NarrowInto(context, static_cast<T*>(dst), wide.get(), n);
+    } else {
+      ScatterAddKernel<T, T><<<GridFor(context, outer * inner), kThreads, 0, context.stream>>>(
+          static_cast<T*>(dst), values, idx, outer, dst_dim, idx_dim, inner);
+      TANDEM_CUDA_CHECK_LAUNCH(context.device);
+    }
   });
 }
 
 void LaunchRandomUniform(const LaunchContext& context, DType dtype, void* dst, int64_t n,
                          uint64_t seed, uint64_t offset, double low_value, double high_value) {
-  DispatchFloatingTypes(dtype, "CUDA RandomUniform", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CUDA RandomUniform", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (n <= 0) return;
     // In float32 whatever T is (Note [Random float64]). As in the CPU backend: low + range * u
@@ -1184,7 +1313,7 @@ void LaunchRandomUniform(const LaunchContext& context, DType dtype, void* dst, i
 
 void LaunchRandomNormal(const LaunchContext& context, DType dtype, void* dst, int64_t n,
                         uint64_t seed, uint64_t offset, double mean, double stddev) {
-  DispatchFloatingTypes(dtype, "CUDA RandomNormal", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CUDA RandomNormal", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (n <= 0) return;
     const int64_t blocks = static_cast<int64_t>((offset + n + 1) / 2 - offset / 2);

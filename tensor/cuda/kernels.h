@@ -7,7 +7,10 @@
 // Numerics follow the CPU backend exactly where the hardware allows: the same scalar math
 // (tensor/kernels/internal/elementwise_math.h), the same Philox streams (bitwise-equal uniforms),
 // the same NaN and tie rules for max/argmax, sums accumulated in double for float32 (float64
-// computes in double throughout).
+// computes in double throughout). bfloat16 and float16 load as float, compute in float (OpMath)
+// and round once on store; their sums accumulate in float. Copy, Fill, Unary, Binary and Reduce
+// also take int32, uint8 and bool (computed in int64 and narrowed), and comparisons may write a
+// bool output.
 //
 //   LaunchContext context{stream, /*device=*/0, /*num_sms=*/132, &allocator};
 //   LaunchUnary(context, UnaryOp::kRelu, dst, src, 0.0);
@@ -41,8 +44,9 @@ void LaunchBinary(const LaunchContext& context, BinaryOp op, const KernelTensor&
                   const KernelTensor& a, const KernelTensor& b);
 void LaunchReduce(const LaunchContext& context, ReduceKind op, const KernelTensor& dst,
                   const KernelTensor& src, int64_t outer, int64_t reduce, int64_t inner);
-// The kernels below take the dtype of their floating-point operands (float32 or float64; any
-// other throws, naming the kernel) and untyped pointers to them, as Backend's do.
+// The kernels below take the dtype of their floating-point operands (float32, float64,
+// bfloat16 or float16; any other throws, naming the kernel) and untyped pointers to them, as
+// Backend's do.
 void LaunchSoftmax(const LaunchContext& context, DType dtype, bool log, void* dst, const void* src,
                    int64_t outer, int64_t dim, int64_t inner);
 // C = beta * C for `batch` m x n matrices (row stride ldc, batch stride stride_c): the
@@ -82,7 +86,8 @@ void LaunchScatterAdd(const LaunchContext& context, DType dtype, void* dst, cons
 // each step of the update as the CPU backend does.
 void LaunchFusedOptimizerUpdate(const LaunchContext& context, DType dtype,
                                 const std::vector<FusedUpdate>& updates);
-// Computed in float32 whatever the dtype (Note [Random float64] in tensor/runtime/backend.h).
+// Computed in float32 whatever the dtype (Note [Random float64] in tensor/runtime/backend.h):
+// float64 widens the float32 draws, bfloat16/float16 round them (so they may reach `high`).
 void LaunchRandomUniform(const LaunchContext& context, DType dtype, void* dst, int64_t n,
                          uint64_t seed, uint64_t offset, double low, double high);
 void LaunchRandomNormal(const LaunchContext& context, DType dtype, void* dst, int64_t n,

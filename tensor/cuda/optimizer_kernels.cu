@@ -10,6 +10,11 @@
 // one, and nvcc would otherwise fuse them into FMAs and give different bits. Division and
 // sqrt are IEEE-rounded under nvcc's defaults, so with contraction off the GPU's result is
 // the CPU's, bit for bit. The update is bound by memory bandwidth, so the FMAs cost nothing.
+//
+// bfloat16 and float16 tensors run the same element functions in float (OpMath): each thread
+// loads its element of the param, grad and states into float locals, updates them with float
+// hyper-parameters, and stores each rounded once; that is the float32 update of the widened
+// values, rounded, which is what the CPU backend computes for them.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -43,33 +48,70 @@ __device__ __forceinline__ int64_t GridThreads() {
   return static_cast<int64_t>(gridDim.x) * blockDim.x;
 }
 
+// A 16-bit element widened into a float local (zero for a state the update does not read:
+// SGD's buffer on its first step), and stored back rounded.
+template <typename T>
+__device__ __forceinline__ float Load(const T* x, int64_t j, bool read = true) {
+  return read ? static_cast<float>(x[j]) : 0.0f;
+}
+
 template <bool kDecay, bool kMomentum, bool kNesterov, bool kFirst, typename T>
-__global__ void SgdKernel(TypedUpdate<T> u, T* __restrict__ p, const T* __restrict__ g,
+__global__ void SgdKernel(TypedUpdate<OpMath<T>> u, T* __restrict__ p, const T* __restrict__ g,
                           T* __restrict__ b, int64_t n) {
   for (int64_t j = GlobalThread(); j < n; j += GridThreads()) {
-    SgdElement<kDecay, kMomentum, kNesterov, kFirst>(u, p, g, b, j);
+    if constexpr (kIsReducedFloat<T>) {
+      float pj = Load(p, j), gj = Load(g, j), bj = kMomentum ? Load(b, j, !kFirst) : 0.0f;
+      SgdElement<kDecay, kMomentum, kNesterov, kFirst>(u, &pj, &gj, &bj, 0);
+      p[j] = T(pj);
+      if (kMomentum) b[j] = T(bj);
+    } else {
+      SgdElement<kDecay, kMomentum, kNesterov, kFirst>(u, p, g, b, j);
+    }
   }
 }
 
 template <bool kL2, typename T>
-__global__ void AdamKernel(TypedUpdate<T> u, T* __restrict__ p, const T* __restrict__ g,
+__global__ void AdamKernel(TypedUpdate<OpMath<T>> u, T* __restrict__ p, const T* __restrict__ g,
                            T* __restrict__ m, T* __restrict__ v, int64_t n) {
-  for (int64_t j = GlobalThread(); j < n; j += GridThreads()) AdamElement<kL2>(u, p, g, m, v, j);
-}
-
-template <bool kMomentum, bool kCentered, typename T>
-__global__ void RmspropKernel(TypedUpdate<T> u, T* __restrict__ p, const T* __restrict__ g,
-                              T* __restrict__ v, T* __restrict__ b, T* __restrict__ a, int64_t n) {
   for (int64_t j = GlobalThread(); j < n; j += GridThreads()) {
-    RmspropElement<kMomentum, kCentered>(u, p, g, v, b, a, j);
+    if constexpr (kIsReducedFloat<T>) {
+      float pj = Load(p, j), gj = Load(g, j), mj = Load(m, j), vj = Load(v, j);
+      AdamElement<kL2>(u, &pj, &gj, &mj, &vj, 0);
+      p[j] = T(pj);
+      m[j] = T(mj);
+      v[j] = T(vj);
+    } else {
+      AdamElement<kL2>(u, p, g, m, v, j);
+    }
   }
 }
 
+template <bool kMomentum, bool kCentered, typename T>
+__global__ void RmspropKernel(TypedUpdate<OpMath<T>> u, T* __restrict__ p, const T* __restrict__ g,
+                              T* __restrict__ v, T* __restrict__ b, T* __restrict__ a, int64_t n) {
+  for (int64_t j = GlobalThread(); j < n; j += GridThreads()) {
+    if constexpr (kIsReducedFloat<T>) {
+      float pj = Load(p, j), gj = Load(g, j), vj = Load(v, j);
+      float bj = kMomentum ? Load(b, j) : 0.0f, aj = kCentered ? Load(a, j) : 0.0f;
+      RmspropElement<kMomentum, kCentered>(u, &pj, &gj, &vj, &bj, &aj, 0);
+      p[j] = T(pj);
+      v[j] = T(vj);
+      if (kMomentum) b[j] = T(bj);
+      if (kCentered) a[j] = T(aj);
+    } else {
+      RmspropElement<kMomentum, kCentered>(u, p, g, v, b, a, j);
+    }
+  }
+}
+
+// Hyper-parameters in OpMath<T>: float for the 16-bit types.
 template <typename T>
-using UpdateLauncher = void (*)(const LaunchContext&, const TypedUpdate<T>&, const FusedUpdate&);
+using UpdateLauncher = void (*)(const LaunchContext&, const TypedUpdate<OpMath<T>>&,
+                                const FusedUpdate&);
 
 template <bool kDecay, bool kMomentum, bool kNesterov, bool kFirst, typename T>
-void LaunchSgd(const LaunchContext& context, const TypedUpdate<T>& u, const FusedUpdate& t) {
+void LaunchSgd(const LaunchContext& context, const TypedUpdate<OpMath<T>>& u,
+               const FusedUpdate& t) {
   SgdKernel<kDecay, kMomentum, kNesterov, kFirst, T>
       <<<GridFor(context, t.numel), kThreads, 0, context.stream>>>(
           u, static_cast<T*>(t.param), static_cast<const T*>(t.grad), static_cast<T*>(t.state0),
@@ -77,14 +119,16 @@ void LaunchSgd(const LaunchContext& context, const TypedUpdate<T>& u, const Fuse
 }
 
 template <bool kL2, typename T>
-void LaunchAdam(const LaunchContext& context, const TypedUpdate<T>& u, const FusedUpdate& t) {
+void LaunchAdam(const LaunchContext& context, const TypedUpdate<OpMath<T>>& u,
+                const FusedUpdate& t) {
   AdamKernel<kL2, T><<<GridFor(context, t.numel), kThreads, 0, context.stream>>>(
       u, static_cast<T*>(t.param), static_cast<const T*>(t.grad), static_cast<T*>(t.state0),
       static_cast<T*>(t.state1), t.numel);
 }
 
 template <bool kMomentum, bool kCentered, typename T>
-void LaunchRmsprop(const LaunchContext& context, const TypedUpdate<T>& u, const FusedUpdate& t) {
+void LaunchRmsprop(const LaunchContext& context, const TypedUpdate<OpMath<T>>& u,
+                   const FusedUpdate& t) {
   RmspropKernel<kMomentum, kCentered, T>
       <<<GridFor(context, t.numel), kThreads, 0, context.stream>>>(
           u, static_cast<T*>(t.param), static_cast<const T*>(t.grad), static_cast<T*>(t.state0),
@@ -128,11 +172,11 @@ UpdateLauncher<T> PickLauncher(const FusedUpdate& t) {
 
 void LaunchFusedOptimizerUpdate(const LaunchContext& context, DType dtype,
                                 const std::vector<FusedUpdate>& updates) {
-  DispatchFloatingTypes(dtype, "CUDA FusedOptimizerUpdate", [&](auto tag) {
+  DispatchAllFloatingTypes(dtype, "CUDA FusedOptimizerUpdate", [&](auto tag) {
     using T = typename decltype(tag)::type;
     for (const FusedUpdate& t : updates) {
       if (t.numel == 0) continue;
-      PickLauncher<T>(t)(context, TypedUpdate<T>(t), t);
+      PickLauncher<T>(t)(context, TypedUpdate<OpMath<T>>(t), t);
       TANDEM_CUDA_CHECK_LAUNCH(context.device);
     }
   });

@@ -1,5 +1,5 @@
 // cudasim's cuBLAS: SGEMM and DGEMM on OpenBLAS, queued on the handle's stream like cuBLAS's
-// kernels.
+// kernels; GemmEx on bfloat16/float16 as OpenBLAS's SGEMM of the widened operands, rounded once.
 #include <cblas.h>
 #include <cublas_v2.h>
 
@@ -126,7 +126,9 @@ cublasStatus_t Queue(cublasHandle_t handle, cublasOperation_t ta, cublasOperatio
   }
   if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
   // The TF32 mode changes single-precision GEMMs only; DGEMM ignores it, as on a GPU.
-  const bool tf32 = std::is_same_v<T, float> && handle->mode == CUBLAS_TF32_TENSOR_OP_MATH;
+  const bool tf32 = std::is_same_v<T, float> &&
+                    (handle->mode & ~CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) ==
+                        CUBLAS_TF32_TENSOR_OP_MATH;
   stream->Enqueue([=] {
     for (int i = 0; i < batch; ++i) {
       T* ci = c + i * stride_c;
@@ -170,6 +172,148 @@ cublasStatus_t CheckedGemm(const char* name, cublasHandle_t handle, cublasOperat
   if (batch < 0) return Invalid(std::string(name) + ": batch_count < 0");
   return Queue(handle, ta, tb, m, n, k, *alpha, a, lda, stride_a, b, ldb, stride_b, *beta, c, ldc,
                stride_c, batch);
+}
+
+// ---- GemmEx: 16-bit operands, float compute ----
+// Note [cudasim GemmEx]: the simulator's definition of a 16-bit GEMM, which the backend's tests
+// hold the GPU to: A and B widened to float (exact), OpenBLAS's SGEMM with float alpha and beta
+// on them and on C widened (every product of two bfloat16 or float16 values is exact in float,
+// so only the float additions round), and each element of C rounded to its 16-bit type once,
+// to nearest even. Tensor cores also multiply exactly and accumulate in float, but in their
+// own order (tiles, split-K) and with their own internal alignment of the addends, so a GPU's
+// result may differ from this one by a few float roundings before the final one: within a
+// 16-bit ulp or so, and a tolerance, never bitwise, compares them.
+
+// Round-to-nearest-even conversions (IEEE binary16, and bfloat16 as float's top half), written
+// here rather than taken from Tandem's tensor/base/half.h so that the simulator checks that
+// header's conversions instead of sharing them.
+float BFloat16ToFloat(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+uint16_t FloatToBFloat16(float f) {
+  if (std::isnan(f)) return 0x7fc0;
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+}
+float HalfToFloat(uint16_t h) {
+  const int exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
+  const float sign = (h & 0x8000) ? -1.0f : 1.0f;
+  if (exponent == 0x1f) return mantissa ? NAN : sign * INFINITY;
+  if (exponent == 0) return sign * std::ldexp(static_cast<float>(mantissa), -24);
+  return sign * std::ldexp(static_cast<float>(mantissa | 0x400), exponent - 25);
+}
+// Through double, with the exact arithmetic of ldexp and nearbyint (the default rounding mode
+// is to nearest, ties to even).
+uint16_t FloatToHalf(float f) {
+  if (std::isnan(f)) return 0x7e00;
+  const uint16_t sign = std::signbit(f) ? 0x8000 : 0;
+  double a = std::fabs(static_cast<double>(f));
+  if (a >= 65520.0) return sign | 0x7c00;  // rounds to infinity
+  int exponent;
+  std::frexp(a, &exponent);                // a = m * 2^exponent, m in [0.5, 1)
+  exponent = std::max(exponent - 1, -14);  // float16's exponent of a (subnormals: -14)
+  const double mantissa = std::nearbyint(std::ldexp(a, 10 - exponent));  // 11 significant bits
+  // mantissa may round up to 2048 (the next binade), which the encoding below carries into the
+  // exponent; below 1024 it is a subnormal (stored exponent 0).
+  const uint32_t m = static_cast<uint32_t>(mantissa);
+  if (m < 1024) return sign | static_cast<uint16_t>(m);
+  return sign | static_cast<uint16_t>(((exponent + 15) << 10) + (m - 1024));
+}
+
+float Widen(cudaDataType type, const void* data, size_t at) {
+  const uint16_t bits = static_cast<const uint16_t*>(data)[at];
+  return type == CUDA_R_16BF ? BFloat16ToFloat(bits) : HalfToFloat(bits);
+}
+
+// A widened copy of a column-major rows x cols 16-bit operand with leading dimension ld.
+std::vector<float> WidenCopy(cudaDataType type, const void* x, int rows, int cols, int ld) {
+  std::vector<float> copy(cols == 0 ? 0 : static_cast<size_t>(ld) * (cols - 1) + rows);
+  for (int c = 0; c < cols; ++c) {
+    for (int r = 0; r < rows; ++r) {
+      const size_t at = static_cast<size_t>(c) * ld + r;
+      copy[at] = Widen(type, x, at);
+    }
+  }
+  return copy;
+}
+
+cublasStatus_t NotSupported(const std::string& message) {
+  std::fprintf(stderr, "cudasim: cuBLAS: CUBLAS_STATUS_NOT_SUPPORTED: %s\n", message.c_str());
+  return CUBLAS_STATUS_NOT_SUPPORTED;
+}
+
+cublasStatus_t CheckedGemmEx(const char* name, cublasHandle_t handle, cublasOperation_t ta,
+                             cublasOperation_t tb, int m, int n, int k, const void* alpha_ptr,
+                             const void* a, cudaDataType a_type, int lda, long long stride_a,
+                             const void* b, cudaDataType b_type, int ldb, long long stride_b,
+                             const void* beta_ptr, void* c, cudaDataType c_type, int ldc,
+                             long long stride_c, int batch, cublasComputeType_t compute) {
+  if (!Live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  const cublasStatus_t status = CheckGemm(name, ta, tb, m, n, k, lda, ldb, ldc);
+  if (status != CUBLAS_STATUS_SUCCESS) return status;
+  if (batch < 0) return Invalid(std::string(name) + ": batch_count < 0");
+  if (a_type != b_type || a_type != c_type || (a_type != CUDA_R_16BF && a_type != CUDA_R_16F)) {
+    return NotSupported(std::string(name) + ": A, B, C types " + std::to_string(a_type) + ", " +
+                        std::to_string(b_type) + ", " + std::to_string(c_type) +
+                        ": cudasim takes one type for all three, CUDA_R_16BF (14) or "
+                        "CUDA_R_16F (2); use cublasSgemm/cublasDgemm for float and double");
+  }
+  if (compute != CUBLAS_COMPUTE_32F && compute != CUBLAS_COMPUTE_32F_PEDANTIC) {
+    return NotSupported(std::string(name) + ": compute type " + std::to_string(compute) +
+                        ": cudasim takes CUBLAS_COMPUTE_32F (68) with 16-bit operands");
+  }
+  const float alpha = *static_cast<const float*>(alpha_ptr);
+  const float beta = *static_cast<const float*>(beta_ptr);
+  const int previous = cudasim::internal::CurrentDevice();
+  cudaSetDevice(handle->device);
+  cudasim::internal::Stream* stream = cudasim::internal::ResolveStream(handle->stream);
+  cudaSetDevice(previous);
+  if (stream == nullptr) return CUBLAS_STATUS_EXECUTION_FAILED;
+  if (cudasim::internal::StickyError(stream->device()) != cudaSuccess) {
+    return CUBLAS_STATUS_EXECUTION_FAILED;
+  }
+  if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
+  const cudaDataType type = a_type;
+  stream->Enqueue([=] {
+    uint16_t* c16 = static_cast<uint16_t*>(c);
+    const uint16_t* a16 = static_cast<const uint16_t*>(a);
+    const uint16_t* b16 = static_cast<const uint16_t*>(b);
+    for (int i = 0; i < batch; ++i) {
+      uint16_t* ci = c16 + i * stride_c;
+      // C widened (read only where beta != 0: BLAS does not read C then, so NaN in it does not
+      // survive), the product added in float, then each element rounded once.
+      std::vector<float> c32(static_cast<size_t>(ldc) * (n - 1) + m, 0.0f);
+      if (beta != 0.0f) {
+        for (int col = 0; col < n; ++col) {
+          for (int row = 0; row < m; ++row) {
+            const size_t at = static_cast<size_t>(col) * ldc + row;
+            c32[at] = Widen(type, ci, at);
+          }
+        }
+      }
+      if (k > 0 && alpha != 0.0f) {
+        const std::vector<float> a32 = WidenCopy(
+            type, a16 + i * stride_a, ta == CUBLAS_OP_N ? m : k, ta == CUBLAS_OP_N ? k : m, lda);
+        const std::vector<float> b32 = WidenCopy(
+            type, b16 + i * stride_b, tb == CUBLAS_OP_N ? k : n, tb == CUBLAS_OP_N ? n : k, ldb);
+        cblas_sgemm(CblasColMajor, Trans(ta), Trans(tb), m, n, k, alpha, a32.data(), lda,
+                    b32.data(), ldb, beta, c32.data(), ldc);
+      } else {
+        for (float& x : c32) x *= beta;  // C = beta C (zeros when beta == 0: C was not read)
+      }
+      for (int col = 0; col < n; ++col) {
+        for (int row = 0; row < m; ++row) {
+          const size_t at = static_cast<size_t>(col) * ldc + row;
+          ci[at] = type == CUDA_R_16BF ? FloatToBFloat16(c32[at]) : FloatToHalf(c32[at]);
+        }
+      }
+    }
+  });
+  return CUBLAS_STATUS_SUCCESS;
 }
 
 }  // namespace
@@ -219,8 +363,9 @@ cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t* stream) {
 
 cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
   if (!Live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
-  if (mode != CUBLAS_DEFAULT_MATH && mode != CUBLAS_TENSOR_OP_MATH &&
-      mode != CUBLAS_PEDANTIC_MATH && mode != CUBLAS_TF32_TENSOR_OP_MATH) {
+  const int base = mode & ~CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION;
+  if (base != CUBLAS_DEFAULT_MATH && base != CUBLAS_TENSOR_OP_MATH &&
+      base != CUBLAS_PEDANTIC_MATH && base != CUBLAS_TF32_TENSOR_OP_MATH) {
     return Invalid("cublasSetMathMode: unknown mode " + std::to_string(mode));
   }
   handle->mode = mode;
@@ -306,6 +451,29 @@ cublasStatus_t cublasDgemmStridedBatched(cublasHandle_t handle, cublasOperation_
                                          long long stride_c, int batch_count) {
   return CheckedGemm("cublasDgemmStridedBatched", handle, transa, transb, m, n, k, alpha, a, lda,
                      stride_a, b, ldb, stride_b, beta, c, ldc, stride_c, batch_count);
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
+                            cublasOperation_t transb, int m, int n, int k, const void* alpha,
+                            const void* a, cudaDataType a_type, int lda, const void* b,
+                            cudaDataType b_type, int ldb, const void* beta, void* c,
+                            cudaDataType c_type, int ldc, cublasComputeType_t compute_type,
+                            cublasGemmAlgo_t algo) {
+  return CheckedGemmEx("cublasGemmEx", handle, transa, transb, m, n, k, alpha, a, a_type, lda, 0, b,
+                       b_type, ldb, 0, beta, c, c_type, ldc, 0, 1, compute_type);
+}
+
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa,
+                                          cublasOperation_t transb, int m, int n, int k,
+                                          const void* alpha, const void* a, cudaDataType a_type,
+                                          int lda, long long stride_a, const void* b,
+                                          cudaDataType b_type, int ldb, long long stride_b,
+                                          const void* beta, void* c, cudaDataType c_type, int ldc,
+                                          long long stride_c, int batch_count,
+                                          cublasComputeType_t compute_type, cublasGemmAlgo_t algo) {
+  return CheckedGemmEx("cublasGemmStridedBatchedEx", handle, transa, transb, m, n, k, alpha, a,
+                       a_type, lda, stride_a, b, b_type, ldb, stride_b, beta, c, c_type, ldc,
+                       stride_c, batch_count, compute_type);
 }
 
 }  // extern "C"

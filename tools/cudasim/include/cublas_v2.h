@@ -1,6 +1,7 @@
 // cudasim's stand-in for cuBLAS: the calls Tandem makes (handles, streams, math modes, SGEMM and
-// DGEMM, plain and strided batched), with cuBLAS's column-major semantics, computed by OpenBLAS
-// on the handle's stream (tools/cudasim/cublas.cc). Under --config=cudasim, `@local_cuda//:cublas`
+// DGEMM, plain and strided batched, and GemmEx / GemmStridedBatchedEx on bfloat16 or float16
+// with float compute), with cuBLAS's column-major semantics, computed by OpenBLAS on the
+// handle's stream (tools/cudasim/cublas.cc). Under --config=cudasim, `@local_cuda//:cublas`
 // resolves to //tools/cudasim:cublas.
 //
 //   cublasHandle_t handle;
@@ -44,7 +45,30 @@ enum cublasMath_t {
   CUBLAS_TENSOR_OP_MATH = 1,
   CUBLAS_PEDANTIC_MATH = 2,
   CUBLAS_TF32_TENSOR_OP_MATH = 3,
+  // A flag ORed into one of the modes above: split-K reductions of 16-bit GEMMs stay in the
+  // compute type (float) instead of the output type.
+  CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION = 16,
 };
+
+// library_types.h's element types (the real values), those cudasim's GemmEx takes and more.
+typedef enum cudaDataType_t {
+  CUDA_R_16F = 2,
+  CUDA_R_16BF = 14,
+  CUDA_R_32F = 0,
+  CUDA_R_64F = 1,
+} cudaDataType;
+
+typedef enum {
+  CUBLAS_COMPUTE_16F = 64,
+  CUBLAS_COMPUTE_32F = 68,
+  CUBLAS_COMPUTE_32F_PEDANTIC = 69,
+  CUBLAS_COMPUTE_64F = 70,
+} cublasComputeType_t;
+
+typedef enum {
+  CUBLAS_GEMM_DEFAULT = -1,
+  CUBLAS_GEMM_DEFAULT_TENSOR_OP = 99,
+} cublasGemmAlgo_t;
 
 extern "C" {
 cublasStatus_t cublasCreate(cublasHandle_t* handle);
@@ -76,6 +100,22 @@ cublasStatus_t cublasDgemmStridedBatched(cublasHandle_t handle, cublasOperation_
                                          long long stride_a, const double* b, int ldb,
                                          long long stride_b, const double* beta, double* c, int ldc,
                                          long long stride_c, int batch_count);
+// Only A, B and C of one type, CUDA_R_16BF or CUDA_R_16F, with CUBLAS_COMPUTE_32F (or its
+// _PEDANTIC form) and float alpha and beta; anything else is CUBLAS_STATUS_NOT_SUPPORTED.
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
+                            cublasOperation_t transb, int m, int n, int k, const void* alpha,
+                            const void* a, cudaDataType a_type, int lda, const void* b,
+                            cudaDataType b_type, int ldb, const void* beta, void* c,
+                            cudaDataType c_type, int ldc, cublasComputeType_t compute_type,
+                            cublasGemmAlgo_t algo);
+cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t handle, cublasOperation_t transa,
+                                          cublasOperation_t transb, int m, int n, int k,
+                                          const void* alpha, const void* a, cudaDataType a_type,
+                                          int lda, long long stride_a, const void* b,
+                                          cudaDataType b_type, int ldb, long long stride_b,
+                                          const void* beta, void* c, cudaDataType c_type, int ldc,
+                                          long long stride_c, int batch_count,
+                                          cublasComputeType_t compute_type, cublasGemmAlgo_t algo);
 }  // extern "C"
 
 #endif  // TANDEM_TOOLS_CUDASIM_INCLUDE_CUBLAS_V2_H_
