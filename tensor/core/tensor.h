@@ -1,8 +1,9 @@
 // Tensor: a dense, strided, n-dimensional array of any dtype of tensor/base/dtype.h (float32,
-// float64, bfloat16, float16, int64, int32, uint8, bool) on a CPU or CUDA device, with define-by-run autograd. A Tensor is a cheap handle to a shared
-// implementation (storage + offset + shape + strides); copying a Tensor shares the data.
-// Views (view/reshape, narrow, chunk, split, transpose, expand, ...) share storage with
-// their source; `to(device)` returns a new tensor and never changes the source.
+// float64, bfloat16, float16, int64, int32, uint8, bool) on a CPU or CUDA device, with
+// define-by-run autograd. A Tensor is a cheap handle to a shared implementation (storage + offset +
+// shape + strides); copying a Tensor shares the data. Views (view/reshape, narrow, chunk, split,
+// transpose, expand, ...) share storage with their source; `to(device)` returns a new tensor and
+// never changes the source.
 //
 //   using namespace tandem;
 //   Tensor w = randn({784, 10}, TensorOptions().requires_grad(true));
@@ -109,8 +110,8 @@ class Tensor {
   T* data() const;  // checks dtype
   // libtorch's names: the address of the first element (storage offset included; host
   // memory for CPU tensors, device memory else). The typed form checks that T is the
-  // tensor's dtype (float, double, int64_t, BFloat16, Half, bool, int32_t, uint8_t) and throws saying
-  // which it is.
+  // tensor's dtype (float, double, int64_t, BFloat16, Half, bool, int32_t, uint8_t) and throws
+  // saying which it is.
   //   float* p = x.data_ptr<float>();   // x.dtype() == kFloat32
   void* data_ptr() const { return raw_data(); }
   template <typename T>

@@ -272,7 +272,6 @@ Promoted PromoteBinary(const Tensor& a, const Tensor& b, const char* op) {
   return {CastRaw(a, dtype), CastRaw(b, dtype)};
 }
 
-
 // A floating version of `a`: integral and bool inputs become float32, the default dtype, as
 // PyTorch promotes them for exp, log, ...; floating inputs (16-bit ones too) stay as they are.
 Tensor FloatInput(const Tensor& a, const char* op) {
@@ -1453,8 +1452,8 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* gen) {
     backend.Unary(index, UnaryOp::kGeScalar, ToKernel(mask), ToKernel(mask), p);
     backend.Unary(index, UnaryOp::kMulScalar, ToKernel(mask), ToKernel(mask), 1.0 / (1.0 - p));
   }
-  Tensor out =
-      CastRaw(BinaryRaw(BinaryOp::kMul, CastRaw(input, mask_dtype), mask, "dropout"), input.dtype());
+  Tensor out = CastRaw(BinaryRaw(BinaryOp::kMul, CastRaw(input, mask_dtype), mask, "dropout"),
+                       input.dtype());
   if (NeedsGrad({input})) {
     Record("DropoutBackward", {input}, out, [mask](const Tensor& grad) {
       return std::vector<Tensor>{mul(grad, mask).to(grad.dtype())};
@@ -1581,7 +1580,9 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
   const DType work = result == kBool ? kUInt8 : result;
   // 1 where the condition holds, in the working dtype.
   const Tensor take_a = CastRaw(condition, work);
-  const Tensor take_b = CastRaw(CompareRaw(BinaryOp::kEq, take_a, FilledRaw({}, work, condition.device(), 0.0), "where"), work);
+  const Tensor take_b = CastRaw(
+      CompareRaw(BinaryOp::kEq, take_a, FilledRaw({}, work, condition.device(), 0.0), "where"),
+      work);
   const Tensor from_a = KeepWhereRaw(BroadcastCopyRaw(p.a, shape, work), take_a, "where");
   const Tensor from_b = KeepWhereRaw(BroadcastCopyRaw(p.b, shape, work), take_b, "where");
   Tensor out = CastRaw(BinaryRaw(BinaryOp::kAdd, from_a, from_b, "where"), result);
@@ -1773,7 +1774,8 @@ Tensor LogicalBinary(const Tensor& a, const Tensor& b, BinaryOp op, const char* 
 // cannot wrap) compared with zero. Empty reductions give false, as in PyTorch.
 Tensor AnyRaw(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim, const char* name) {
   const std::vector<int64_t> reduced = NormalizeDims(dims, a.dim(), name);
-  const Tensor count = ReduceRaw(CastRaw(CastRaw(a, kBool), kInt64), reduced, ReduceKind::kSum, name);
+  const Tensor count =
+      ReduceRaw(CastRaw(CastRaw(a, kBool), kInt64), reduced, ReduceKind::kSum, name);
   const Tensor kept = keepdim ? count : ViewRaw(count, ReducedShape(a.shape(), reduced, false));
   return CompareRaw(BinaryOp::kNe, kept, FilledRaw({}, kInt64, a.device(), 0.0), name);
 }
