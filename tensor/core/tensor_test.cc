@@ -311,7 +311,9 @@ TEST_F(TensorTest, ToConvertsBetweenEveryPairOfDtypes) {
       const std::vector<double> got = y.to(kFloat64).to_vector<double>();
       const bool boolean = from == kBool || to == kBool;
       EXPECT_THAT(got, boolean ? ElementsAre(0, 1, 1, 1) : ElementsAre(0, 1, 2, 100));
-      if (from == to) EXPECT_TRUE(y.shares_storage_with(x));
+      if (from == to) {
+        EXPECT_TRUE(y.shares_storage_with(x));
+      }
     }
   }
   // Floating to integral truncates toward zero; anything nonzero (NaN too) is true.
