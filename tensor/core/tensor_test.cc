@@ -351,6 +351,17 @@ TEST_F(TensorTest, ToDtypeSendsTheGradientBackConverted) {
     (leaf2 * 2.0).sum().backward();
     EXPECT_EQ(leaf2.grad().dtype(), low);
   }
+  // Mixed operands promote (bfloat16 * float32 is float32), but each input's gradient comes
+  // back in its own dtype, as PyTorch's engine converts it.
+  Tensor h = ones({2}, TensorOptions(kBFloat16).requires_grad(true));
+  Tensor f = full({2}, 3.0, TensorOptions().requires_grad(true));
+  Tensor product = h * f;
+  EXPECT_EQ(product.dtype(), kFloat32);
+  product.sum().backward();
+  EXPECT_EQ(h.grad().dtype(), kBFloat16);
+  EXPECT_THAT(h.grad().to(kFloat32).to_vector<float>(), ElementsAre(3.0f, 3.0f));
+  EXPECT_EQ(f.grad().dtype(), kFloat32);
+  EXPECT_THAT(f.grad().to_vector<float>(), ElementsAre(1.0f, 1.0f));
   // To an integral dtype, nothing is recorded (no gradient flows through integers).
   Tensor w = ones({2}, TensorOptions().requires_grad(true));
   EXPECT_FALSE(w.to(kInt32).requires_grad());

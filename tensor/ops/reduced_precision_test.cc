@@ -329,6 +329,22 @@ INSTANTIATE_TEST_SUITE_P(BFloat16AndFloat16, ReducedPrecisionTest, ::testing::Va
                                                                             : "Float16");
                          });
 
+// Random factories make 16-bit tensors from the float32 stream: the same seed gives the
+// float32 numbers rounded (within half an ulp of the dtype).
+TEST_P(ReducedPrecisionTest, RandomNumbersAreTheFloat32NumbersRounded) {
+  const Precision p = GetParam();
+  for (const bool normal : {false, true}) {
+    SCOPED_TRACE(normal ? "randn" : "rand");
+    Generator low_gen(17), ref_gen(17);
+    const Tensor low = normal ? randn({256}, p.dtype, &low_gen) : rand({256}, p.dtype, &low_gen);
+    const Tensor ref = normal ? randn({256}, {}, &ref_gen) : rand({256}, {}, &ref_gen);
+    EXPECT_EQ(low.dtype(), p.dtype);
+    // Half an ulp: 2^-9 relative for bfloat16, 2^-12 for float16.
+    const double half_ulp = p.dtype == kBFloat16 ? 1.0 / 512 : 1.0 / 4096;
+    ExpectClose(low, ref, half_ulp, 1.0, 0.0, "draws");
+  }
+}
+
 // PyTorch's promotion with 16-bit floats and the new integral dtypes, through every binary op.
 TEST(ReducedPrecisionPromotionTest, BinaryOpsPromoteAsPyTorch) {
   const Tensor h = ones({2}, kFloat16), bf = ones({2}, kBFloat16);
