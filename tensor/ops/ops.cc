@@ -525,7 +525,7 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   const Promoted p = PromoteBinary(a, b, "sub");
   TANDEM_CHECK(p.a.dtype() != kBool,
                "sub: subtracting two bool tensors is not supported (as in PyTorch); use "
-               "logical_xor-style logic (ne(a, b)) or convert them with .to(kInt64) first");
+               "logical_xor(a, b) or convert them with .to(kInt64) first");
   Tensor out = BinaryRaw(BinaryOp::kSub, p.a, p.b, "sub");
   if (NeedsGrad({a, b})) {
     const bool grad_a = NeedsGrad({a}), grad_b = NeedsGrad({b});
