@@ -53,6 +53,10 @@ FashionMnist::FashionMnist(const std::string& root, Split split, Options options
                "FashionMnist: normalize needs a finite mean and a positive finite std but got "
                "mean ",
                options.mean_, ", std ", options.std_);
+  TANDEM_CHECK(options.dtype_ == kUInt8 || IsFloatingPoint(options.dtype_),
+               "FashionMnist: images are uint8 (the raw bytes) or floating-point (float32, "
+               "float64, bfloat16, float16) but dtype is ",
+               options.dtype_, "; pick one of those");
   const std::string prefix = SplitPrefix(split);
   const std::string images_path = FindFile(root, prefix + "-images-idx3-ubyte");
   const std::string labels_path = FindFile(root, prefix + "-labels-idx1-ubyte");
@@ -105,10 +109,28 @@ void FashionMnist::ConvertImage(int64_t index, float* out) const {
   for (int64_t p = 0; p < kImageBytes; ++p) out[p] = pixel_to_float_[in[p]];
 }
 
+Tensor FashionMnist::ImagesInDType(const std::vector<int64_t>& indices, const Shape& shape,
+                                   bool pinned) const {
+  const bool bytes = options_.dtype_ == kUInt8;
+  // float32 is converted into place; other floating dtypes round the float32 values once.
+  const bool direct = bytes || options_.dtype_ == kFloat32;
+  Tensor images = empty(shape, TensorOptions(bytes ? kUInt8 : kFloat32).pinned(pinned && direct));
+  for (size_t b = 0; b < indices.size(); ++b) {
+    if (bytes) {
+      std::memcpy(images.data<uint8_t>() + b * kImageBytes,
+                  pixels_.data() + indices[b] * kImageBytes, kImageBytes);
+    } else {
+      ConvertImage(indices[b], images.data<float>() + b * kImageBytes);
+    }
+  }
+  if (direct) return images;
+  Tensor converted = images.to(options_.dtype_);
+  return pinned ? converted.pin_memory() : converted;
+}
+
 Example FashionMnist::get(int64_t index) const {
   CheckIndex(index, "FashionMnist::get");
-  Tensor image = empty({1, kRows, kCols});
-  ConvertImage(index, image.data<float>());
+  Tensor image = ImagesInDType({index}, {1, kRows, kCols}, false);
   Tensor label = scalar_tensor(static_cast<double>(labels_[index]), kInt64);
   return {image, label};
 }
@@ -117,14 +139,10 @@ Batch FashionMnist::get_batch(const std::vector<int64_t>& indices, bool pinned) 
   TANDEM_CHECK(!indices.empty(), "FashionMnist::get_batch needs at least one index but got none");
   for (const int64_t index : indices) CheckIndex(index, "FashionMnist::get_batch");
   const auto batch_size = static_cast<int64_t>(indices.size());
-  Tensor images = empty({batch_size, 1, kRows, kCols}, TensorOptions().pinned(pinned));
+  Tensor images = ImagesInDType(indices, {batch_size, 1, kRows, kCols}, pinned);
   Tensor labels = empty({batch_size}, TensorOptions().dtype(kInt64).pinned(pinned));
-  float* image_data = images.data<float>();
   int64_t* label_data = labels.data<int64_t>();
-  for (int64_t b = 0; b < batch_size; ++b) {
-    ConvertImage(indices[b], image_data + b * kImageBytes);
-    label_data[b] = labels_[indices[b]];
-  }
+  for (int64_t b = 0; b < batch_size; ++b) label_data[b] = labels_[indices[b]];
   Batch batch;
   batch.fields = {images, labels};
   batch.indices = indices;
@@ -132,14 +150,28 @@ Batch FashionMnist::get_batch(const std::vector<int64_t>& indices, bool pinned) 
 }
 
 Tensor FashionMnist::images() const {
-  Tensor all = empty({size(), 1, kRows, kCols});
-  float* out = all.data<float>();
-  for (int64_t i = 0; i < size(); ++i) ConvertImage(i, out + i * kImageBytes);
-  return all;
+  std::vector<int64_t> all(static_cast<size_t>(size()));
+  for (int64_t i = 0; i < size(); ++i) all[i] = i;
+  return ImagesInDType(all, {size(), 1, kRows, kCols}, false);
 }
 
 Tensor FashionMnist::labels() const {
   return from_vector(std::vector<int64_t>(labels_.begin(), labels_.end()), {size()}, kInt64);
+}
+
+Tensor PixelsToFloat(const Tensor& pixels, const FashionMnistOptions& options, DType dtype) {
+  TANDEM_CHECK(pixels.defined() && pixels.dtype() == kUInt8,
+               "PixelsToFloat: expected uint8 pixels (a FashionMnist with dtype(kUInt8)) but got ",
+               pixels.defined() ? DTypeName(pixels.dtype()) : "an undefined tensor",
+               "; float images are already converted");
+  TANDEM_CHECK(IsFloatingPoint(dtype), "PixelsToFloat: dtype must be floating-point (float32, ",
+               "float64, bfloat16 or float16) but is ", dtype);
+  // In float32 (exact for bytes), one multiply-add, then rounded once to dtype.
+  const double scale = options.normalize_ ? 1.0 / (255.0 * options.std_) : 1.0 / 255.0;
+  const double shift = options.normalize_ ? -options.mean_ / options.std_ : 0.0;
+  Tensor x = mul(pixels.to(kFloat32), scale);
+  if (shift != 0.0) x = add(x, shift);
+  return x.to(dtype);
 }
 
 }  // namespace data

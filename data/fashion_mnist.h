@@ -4,7 +4,15 @@
 // construction (magic numbers, dimensions, lengths, labels in 0..9, gzip integrity), and
 // kept in memory as bytes (47 MB for the training split); examples are converted on the fly.
 //
-// Example i is {image float32 [1, 28, 28] in [0, 1] (or normalised), label int64 []}.
+// Example i is {image float32 [1, 28, 28] in [0, 1] (or normalised), label int64 []}. With
+// Options().dtype(kUInt8) the images stay the raw bytes 0..255 through get(), collation and
+// the DataLoader (a quarter of the memory and copying, and of a host-to-device transfer),
+// and become floats when the model asks: PixelsToFloat, on whatever device they are then.
+//
+//   FashionMnist bytes(FashionMnist::kDefaultRoot, FashionMnist::Split::kTrain,
+//                      FashionMnist::Options().normalize().dtype(kUInt8));
+//   Batch batch = bytes.get_batch({0, 1});                     // uint8 [2, 1, 28, 28]
+//   Tensor x = PixelsToFloat(batch.fields[0].to(device), bytes.options());   // normalised
 //
 //   using tandem::data::FashionMnist;
 //   FashionMnist train(FashionMnist::kDefaultRoot, FashionMnist::Split::kTrain,
@@ -36,6 +44,14 @@ struct FashionMnistOptions {
   bool normalize_ = false;
   float mean_ = kFashionMnistMean;
   float std_ = kFashionMnistStd;
+  // The images' dtype: kFloat32 (the default), another floating dtype (the float32 values
+  // rounded once), or kUInt8 for the raw bytes, which normalize() does not change: it then
+  // says what PixelsToFloat(pixels, options) does.
+  DType dtype_ = kFloat32;
+  FashionMnistOptions& dtype(DType dtype) {
+    dtype_ = dtype;
+    return *this;
+  }
   // Images become (pixel / 255 - mean) / std instead of pixel / 255.
   FashionMnistOptions& normalize(float mean = kFashionMnistMean, float std = kFashionMnistStd) {
     normalize_ = true;
@@ -68,13 +84,14 @@ class FashionMnist : public Dataset {
                         Options options = Options());
 
   int64_t size() const override { return static_cast<int64_t>(labels_.size()); }
-  // {image float32 [1, 28, 28], label int64 []}.
+  // {image [1, 28, 28] in options' dtype (float32 by default), label int64 []}.
   Example get(int64_t index) const override;
-  // {images float32 [B, 1, 28, 28], labels int64 [B]}, converted straight into the batch.
+  // {images [B, 1, 28, 28] in options' dtype, labels int64 [B]}, converted (or, for uint8,
+  // copied) straight into the batch.
   Batch get_batch(const std::vector<int64_t>& indices, bool pinned = false) const override;
 
-  // The whole split at once: float32 [N, 1, 28, 28] (4 bytes per pixel: 188 MB for the
-  // training split) and int64 [N].
+  // The whole split at once: [N, 1, 28, 28] in options' dtype (float32: 4 bytes per pixel,
+  // 188 MB for the training split; uint8: 47 MB) and int64 [N].
   Tensor images() const;
   Tensor labels() const;
 
@@ -92,6 +109,8 @@ class FashionMnist : public Dataset {
 
  private:
   void ConvertImage(int64_t index, float* out) const;
+  // Images `indices`, one after another in a new tensor of `shape` in options' dtype.
+  Tensor ImagesInDType(const std::vector<int64_t>& indices, const Shape& shape, bool pinned) const;
 
   Split split_;
   Options options_;
@@ -99,6 +118,14 @@ class FashionMnist : public Dataset {
   std::vector<uint8_t> labels_;
   std::array<float, 256> pixel_to_float_{};  // byte value -> scaled/normalised float
 };
+
+// uint8 pixels (any shape, on any device) as the floats a float dataset gives: pixel / 255,
+// then (x - mean) / std when options.normalize_ is set; computed on the pixels' device and
+// returned in `dtype` (any floating dtype). Matches the float32 dataset's images to within
+// an ulp of float32 (the scale and shift are folded into one multiply-add).
+//   Tensor x = PixelsToFloat(batch.fields[0].to(Device::Cuda(0)), train.options());
+Tensor PixelsToFloat(const Tensor& pixels, const FashionMnistOptions& options = {},
+                     DType dtype = kFloat32);
 
 }  // namespace data
 }  // namespace tandem

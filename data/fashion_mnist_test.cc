@@ -1,14 +1,18 @@
 #include "data/fashion_mnist.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "data/dataloader.h"
 #include "data/idx.h"
 #include "data/test_util.h"
 #include "tensor/tensor.h"
@@ -69,6 +73,60 @@ TEST(FashionMnistFilesTest, ReadsASmallSplit) {
       ASSERT_EQ(dataset.pixels(i)[p], fake.pixels[i * kPixels + p]);
     }
   }
+}
+
+// Options().dtype(kUInt8): the raw bytes through get, get_batch, images() and a DataLoader
+// (collation keeps uint8), and PixelsToFloat gives the float dataset's images afterwards.
+TEST(FashionMnistFilesTest, Uint8ImagesStayBytesUntilConvertedToFloat) {
+  const FakeSplit fake = WriteFakeSplit("train", {1, 2, 3, 4, 5});
+  for (const bool normalize : {false, true}) {
+    SCOPED_TRACE(normalize ? "normalised" : "scaled to [0, 1]");
+    FashionMnist::Options float_options, byte_options;
+    if (normalize) {
+      float_options.normalize();
+      byte_options.normalize();
+    }
+    byte_options.dtype(kUInt8);
+    const auto floats =
+        std::make_shared<FashionMnist>(fake.root, FashionMnist::Split::kTrain, float_options);
+    const auto bytes =
+        std::make_shared<FashionMnist>(fake.root, FashionMnist::Split::kTrain, byte_options);
+    const Example example = bytes->get(3);
+    EXPECT_EQ(example[0].dtype(), kUInt8);
+    EXPECT_EQ(example[0].shape(), (Shape{1, 28, 28}));
+    const std::vector<uint8_t> got = example[0].to_vector<uint8_t>();
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), fake.pixels.begin() + 3 * kPixels));
+    EXPECT_EQ(bytes->images().dtype(), kUInt8);
+    EXPECT_EQ(bytes->images().to_vector<uint8_t>(), fake.pixels);
+    // A DataLoader's collation (and its workers) keep the bytes.
+    DataLoader loader(bytes, DataLoaderOptions().batch_size(2).num_workers(1));
+    std::vector<uint8_t> collated;
+    for (Batch& batch : loader) {
+      ASSERT_EQ(batch.data().dtype(), kUInt8);
+      const std::vector<uint8_t> part = batch.data().to_vector<uint8_t>();
+      collated.insert(collated.end(), part.begin(), part.end());
+      // Converted when the model asks, they are the float dataset's images.
+      const Tensor x = PixelsToFloat(batch.data(), bytes->options());
+      EXPECT_EQ(x.dtype(), kFloat32);
+      EXPECT_TRUE(allclose(x, floats->get_batch(batch.indices).data(), 0, 2e-6));
+      EXPECT_EQ(PixelsToFloat(batch.data(), bytes->options(), kBFloat16).dtype(), kBFloat16);
+    }
+    EXPECT_EQ(collated, fake.pixels);
+  }
+  // A floating dtype other than float32: the float32 images rounded once.
+  const FashionMnist halves(fake.root, FashionMnist::Split::kTrain,
+                            FashionMnist::Options().dtype(kBFloat16));
+  const FashionMnist singles(fake.root);
+  EXPECT_EQ(halves.get_batch({2, 0}).data().dtype(), kBFloat16);
+  EXPECT_TRUE(allclose(halves.get_batch({2, 0}).data().to(kFloat32),
+                       singles.get_batch({2, 0}).data().to(kBFloat16).to(kFloat32), 0, 0));
+  EXPECT_THAT(ErrorOf([&] {
+                FashionMnist(fake.root, FashionMnist::Split::kTrain,
+                             FashionMnist::Options().dtype(kInt32));
+              }),
+              ::testing::HasSubstr("images are uint8 (the raw bytes) or floating-point"));
+  EXPECT_THAT(ErrorOf([&] { PixelsToFloat(singles.get(0)[0]); }),
+              ::testing::HasSubstr("PixelsToFloat: expected uint8 pixels"));
 }
 
 TEST(FashionMnistFilesTest, GetBatchImagesAndLabelsAgreeWithGet) {

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <thread>
 
@@ -45,6 +46,13 @@ class Net : public Cloneable<Net> {
   std::shared_ptr<Sequential> body_;
   Buffer counts_;
 };
+
+// Whether two tensors of one dtype and shape hold the same bytes (NaN payloads included).
+bool EqualBits(const Tensor& a, const Tensor& b) {
+  const Tensor x = a.to(Device::Cpu(0)).contiguous(), y = b.to(Device::Cpu(0)).contiguous();
+  return x.dtype() == y.dtype() && x.shape() == y.shape() &&
+         std::memcmp(x.raw_data(), y.raw_data(), x.numel() * ElementSize(x.dtype())) == 0;
+}
 
 // Every parameter and buffer, by name, as host values (float buffers as doubles).
 std::map<std::string, std::vector<double>> StateOf(const Module& module) {
@@ -125,6 +133,71 @@ TEST_F(CheckpointTest, RoundTripRestoresEveryTensor) {
   EXPECT_TRUE(entries[4].is_buffer);
   EXPECT_EQ(entries[4].value.dtype(), kInt64);
   EXPECT_EQ(Files(), std::vector<std::string>{"net.ckpt"});  // no temporary left behind
+}
+
+// Every dtype's bytes come back exactly (NaN payloads, the 16-bit extremes, int32's minimum,
+// uint8's 255, bool), through the file level and through a module's parameters and buffers.
+TEST_F(CheckpointTest, EveryDtypeRoundTripsBitForBit) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> floats = {1.5f, -0.1f, 65504.0f, nan, -0.0f, 3e-8f};
+  std::vector<CheckpointEntry> entries = {
+      {"f32", false, from_vector(floats, {2, 3})},
+      {"i64", true, from_vector(std::vector<int64_t>{int64_t{1} << 62, -7}, {2})},
+      {"f64", false, from_vector(std::vector<double>{0.1, -1e300}, {2})},
+      {"bf16", false, from_vector(floats, {6}, kBFloat16)},
+      {"f16", false, from_vector(floats, {3, 2}, kFloat16)},
+      {"bool", true, from_vector(std::vector<bool>{true, false, true}, {3})},
+      {"i32", true, from_vector(std::vector<int32_t>{std::numeric_limits<int32_t>::min(), 5}, {2})},
+      {"u8", true, from_vector(std::vector<uint8_t>{0, 255, 128}, {1, 3})},
+      {"bf16 scalar", true, scalar_tensor(-2.5, kBFloat16)},
+  };
+  const std::string path = PathOf("dtypes.ckpt");
+  WriteCheckpoint(entries, path);
+  const std::vector<CheckpointEntry> loaded = ReadCheckpoint(path);
+  ASSERT_EQ(loaded.size(), entries.size());
+  for (size_t i = 0; i < entries.size(); ++i) {
+    SCOPED_TRACE(entries[i].name);
+    const Tensor& a = entries[i].value;
+    const Tensor& b = loaded[i].value;
+    EXPECT_EQ(loaded[i].name, entries[i].name);
+    EXPECT_EQ(loaded[i].is_buffer, entries[i].is_buffer);
+    ASSERT_EQ(b.dtype(), a.dtype());
+    ASSERT_EQ(b.shape(), a.shape());
+    const size_t bytes = static_cast<size_t>(a.numel()) * ElementSize(a.dtype());
+    EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), bytes), 0);
+  }
+
+  // A bfloat16 model with a bool and a uint8 buffer, loaded into another on cpu:1.
+  struct Mixed : Cloneable<Mixed> {
+    Mixed() { reset(); }
+    void reset() override {
+      register_parameter("w", randn({3, 2}).to(kBFloat16));
+      register_parameter("v", randn({4}).to(kFloat16));
+      register_buffer("mask", zeros({2}, kBool));
+      register_buffer("pixels", zeros({3}, kUInt8));
+    }
+  };
+  Mixed saved;
+  {
+    NoGradGuard no_grad;
+    saved.buffer("mask").copy_(from_vector(std::vector<bool>{false, true}, {2}));
+    saved.buffer("pixels").copy_(from_vector(std::vector<uint8_t>{7, 0, 255}, {3}));
+  }
+  SaveCheckpoint(saved, PathOf("mixed.ckpt"));
+  Mixed restored;
+  restored.to(Device::Cpu(1));
+  LoadCheckpoint(restored, PathOf("mixed.ckpt"));
+  for (const std::string name : {"w", "v"}) {
+    const Tensor p = restored.parameter(name);
+    EXPECT_EQ(p.device(), Device::Cpu(1));
+    EXPECT_EQ(p.dtype(), saved.parameter(name).dtype());
+    EXPECT_TRUE(p.requires_grad());
+    EXPECT_TRUE(EqualBits(p, saved.parameter(name)));
+  }
+  EXPECT_EQ(restored.buffer("mask").to(Device::Cpu(0)).to_vector<bool>(),
+            (std::vector<bool>{false, true}));
+  EXPECT_EQ(restored.buffer("pixels").to(Device::Cpu(0)).to_vector<uint8_t>(),
+            (std::vector<uint8_t>{7, 0, 255}));
 }
 
 // A zero-element tensor (here a buffer registered as zeros({0})) saves and loads: reading

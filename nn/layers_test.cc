@@ -61,7 +61,7 @@ void ExpectLayerGradients(Module& layer, const std::function<Tensor(const Tensor
 // Values at least `gap` from zero, so that relu's kink is not inside a finite difference.
 Tensor AwayFromZero(const Shape& shape, double gap = 0.1) {
   Tensor x = randn(shape);
-  return x + (gt(x, zeros_like(x)) * 2.0 - 1.0) * gap;
+  return x + (gt(x, zeros_like(x)).to(x.dtype()) * 2.0 - 1.0) * gap;
 }
 
 // ---- Linear ----------------------------------------------------------------------------

@@ -174,8 +174,8 @@ int64_t CheckClassTargets(const Tensor& targets, int64_t classes, int64_t ignore
   const TensorOptions int64_on(TensorOptions(kInt64).device(targets.device()));
   const Tensor ignored = eq(targets, full({}, static_cast<double>(ignore_index), int64_on));
   const Tensor in_range =
-      mul(ge(targets, zeros({}, int64_on)), lt(targets, full({}, classes, int64_on)));
-  const Tensor invalid = mul(1.0 - in_range, 1.0 - ignored);
+      logical_and(ge(targets, zeros({}, int64_on)), lt(targets, full({}, classes, int64_on)));
+  const Tensor invalid = logical_and(logical_not(in_range), logical_not(ignored));
   const std::vector<int64_t> counts = stack({sum(ignored), sum(invalid)}).to_vector<int64_t>();
   if (counts[1] > 0) {
     const std::vector<int64_t> values = targets.to_vector<int64_t>();
@@ -330,7 +330,8 @@ LossParts ProbabilityParts(const Tensor& input, const Tensor& target, const Tens
 // only (no where), so it costs a few passes over the input.
 Tensor SoftplusOfNegative(const Tensor& x) {
   const Tensor minus_x = neg(x);
-  const Tensor s = 1.0 - 2.0 * gt(x, zeros({}, x.device()));  // not differentiated
+  // Not differentiated; in x's dtype (a bool mask times 2.0 would be int64).
+  const Tensor s = 1.0 - 2.0 * gt(x, zeros({}, x.device())).to(x.dtype());
   return add(clamp(minus_x, 0.0, std::nullopt), log(add(exp(mul(x, s)), 1.0)));
 }
 

@@ -92,8 +92,8 @@ bool NeedsGrad(const std::vector<Tensor>& inputs) {
 
 Edge GradientEdge(const Tensor& tensor) {
   if (!tensor.defined() || !tensor.requires_grad()) return Edge{};
-  if (tensor.grad_fn()) return Edge{tensor.grad_fn(), tensor.impl()->output_nr};
-  return Edge{AccumulatorFor(tensor), 0};
+  if (tensor.grad_fn()) return Edge{tensor.grad_fn(), tensor.impl()->output_nr, tensor.dtype()};
+  return Edge{AccumulatorFor(tensor), 0, tensor.dtype()};
 }
 
 void RecordOp(std::shared_ptr<Node> node, const std::vector<Tensor>& inputs, Tensor& output) {

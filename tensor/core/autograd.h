@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,10 @@ class Node;
 struct Edge {
   std::shared_ptr<Node> node;  // nullptr: this input needs no gradient
   uint32_t input_nr = 0;
+  // The input's dtype: a floating gradient of another floating dtype is converted to it on
+  // delivery, as PyTorch's engine does, so a bfloat16 input used in a float32 op (mixed
+  // operands promote) still gets a bfloat16 gradient. Unset: delivered as it is.
+  std::optional<DType> dtype;
 };
 
 // One recorded operation.

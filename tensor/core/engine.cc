@@ -253,6 +253,10 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
           if (g.defined()) {
             const Device target = edge.node->output_device(static_cast<int>(edge.input_nr));
             if (g.device() != target) g = g.to(target);
+            if (edge.dtype && *edge.dtype != g.dtype() && IsFloatingPoint(*edge.dtype) &&
+                IsFloatingPoint(g.dtype())) {
+              g = g.to(*edge.dtype);
+            }
             Deposit(StateOf(edge.node.get()), edge.input_nr, std::move(g));
           }
           Release(edge.node);

@@ -320,13 +320,7 @@ std::vector<T> Tensor::to_vector() const {
 TANDEM_FORALL_DTYPES(TANDEM_INSTANTIATE_TO_VECTOR)
 #undef TANDEM_INSTANTIATE_TO_VECTOR
 
-double Tensor::item() const {
-  TANDEM_CHECK(numel() == 1, "item() needs a tensor with exactly one element but got shape ",
-               ShapeToString(shape()));
-  return DispatchDType(dtype(), "item", [&](auto tag) {
-    return static_cast<double>(to_vector<typename decltype(tag)::type>()[0]);
-  });
-}
+double Tensor::item() const { return item<double>(); }
 
 // ---- Views -----------------------------------------------------------------------------
 
@@ -683,8 +677,8 @@ Tensor& Tensor::set_requires_grad(bool requires_grad) {
   TANDEM_CHECK(is_leaf(), "set_requires_grad: only leaf tensors (not results of recorded ops) can ",
                "be marked; use detach() to make a new leaf");
   TANDEM_CHECK(!requires_grad || IsFloatingPoint(dtype()),
-               "set_requires_grad: only floating-point tensors (float32, float64) can require ",
-               "gradients, not ", dtype());
+               "set_requires_grad: only floating-point tensors (float32, float64, bfloat16, ",
+               "float16) can require gradients, not ", dtype(), "; convert it with .to(kFloat32)");
   impl_->requires_grad = requires_grad;
   return *this;
 }
@@ -717,7 +711,7 @@ void Tensor::backward(const Tensor& gradient) const {
   if (!grad.defined()) {
     TANDEM_CHECK(numel() == 1, "backward: a gradient must be given for a tensor of shape ",
                  ShapeToString(shape()), " (only one-element tensors get an implicit 1)");
-    grad = ones(shape(), TensorOptions().device(device()));
+    grad = ones(shape(), TensorOptions().device(device()).dtype(dtype()));
   }
   TANDEM_CHECK(grad.shape() == shape(), "backward: the gradient has shape ",
                ShapeToString(grad.shape()), " but the tensor has shape ", ShapeToString(shape()));
@@ -736,15 +730,19 @@ namespace {
 constexpr int64_t kSummaryThreshold = 1000;
 constexpr int64_t kEdgeItems = 3;
 
-// One element as PyTorch prints it: floating types with 4 decimals, integers as they are.
+// One element as PyTorch prints it: floating types with 4 decimals (16-bit floats by their
+// exact value, widened to float), bool as True/False, integers as they are (uint8 as a
+// number, not a character).
 void FormatElement(std::ostream& out, const Tensor& host, int64_t at) {
   DispatchDType(host.dtype(), "print", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T value = host.data<T>()[at];
-    if constexpr (std::is_floating_point_v<T>) {
-      out << std::fixed << std::setprecision(4) << value;
+    if constexpr (std::is_same_v<T, bool>) {
+      out << (value ? "True" : "False");
+    } else if constexpr (std::is_floating_point_v<T> || kIsReducedFloat<T>) {
+      out << std::fixed << std::setprecision(4) << static_cast<OpMath<T>>(value);
     } else {
-      out << value;
+      out << static_cast<int64_t>(value);
     }
   });
 }
@@ -801,8 +799,11 @@ std::string Tensor::ToString() const {
   Tensor host = detach().to(Device::Cpu(0)).contiguous();
   std::string text = "tensor(" + FormatElements(host);
   if (device() != Device::Cpu(0)) text += ", device='" + device().ToString() + "'";
-  // PyTorch names the dtype unless it is the default float32 (or int64, implied by integers).
-  if (dtype() != kFloat32) text += std::string(", dtype=") + DTypeName(dtype());
+  // PyTorch names the dtype unless the printed values imply it: float32 (the default),
+  // int64 (integers) and bool (True/False).
+  if (dtype() != kFloat32 && dtype() != kInt64 && dtype() != kBool) {
+    text += std::string(", dtype=") + DTypeName(dtype());
+  }
   if (grad_fn()) {
     text += ", grad_fn=<" + grad_fn()->name() + ">";
   } else if (requires_grad()) {
@@ -890,6 +891,35 @@ Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape,
 Tensor from_vector(const std::vector<double>& values, const Shape& shape,
                    const TensorOptions& options) {
   return FromHost(values, shape, options);
+}
+Tensor from_vector(const std::vector<BFloat16>& values, const Shape& shape,
+                   const TensorOptions& options) {
+  return FromHost(values, shape, options);
+}
+Tensor from_vector(const std::vector<Half>& values, const Shape& shape,
+                   const TensorOptions& options) {
+  return FromHost(values, shape, options);
+}
+Tensor from_vector(const std::vector<int32_t>& values, const Shape& shape,
+                   const TensorOptions& options) {
+  return FromHost(values, shape, options);
+}
+Tensor from_vector(const std::vector<uint8_t>& values, const Shape& shape,
+                   const TensorOptions& options) {
+  return FromHost(values, shape, options);
+}
+Tensor from_vector(const std::vector<bool>& values, const Shape& shape,
+                   const TensorOptions& options) {
+  // std::vector<bool> holds bits, not bools: unpack into a bool tensor element by element.
+  TANDEM_CHECK(static_cast<int64_t>(values.size()) == NumElements(shape),
+               "from_vector: ", values.size(), " values cannot fill shape ", ShapeToString(shape),
+               " (", NumElements(shape), " elements)");
+  Tensor host = NewTensor(shape, kBool, Device::Cpu(0));
+  bool* data = host.data<bool>();
+  for (size_t i = 0; i < values.size(); ++i) data[i] = values[i];
+  Tensor out = host.to(options.dtype_.value_or(kBool)).to(options.device_);
+  if (options.pinned_) out = out.pin_memory();
+  return Finish(out, options);
 }
 
 Tensor from_blob(void* data, const Shape& shape, const std::vector<int64_t>& strides,
@@ -1082,7 +1112,8 @@ namespace {
 Tensor RandomTensor(const Shape& shape, const TensorOptions& options, Generator* gen, bool normal,
                     double a, double b) {
   const DType dtype = options.dtype_.value_or(kFloat32);
-  TANDEM_CHECK(IsFloatingPoint(dtype), "random tensors are floating-point (float32 or float64); ",
+  TANDEM_CHECK(IsFloatingPoint(dtype),
+               "random tensors are floating-point (float32, float64, bfloat16 or float16); ",
                "got dtype ", dtype, ": draw floats and convert with .to(", dtype, ")");
   Tensor t = NewTensor(shape, dtype, options.device_, options.pinned_);
   Generator& g = gen != nullptr ? *gen : default_generator(t.device());

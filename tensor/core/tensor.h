@@ -1,8 +1,9 @@
-// Tensor: a dense, strided, n-dimensional array (float32, float64 or int64) on a CPU or CUDA
-// device, with define-by-run autograd. A Tensor is a cheap handle to a shared
-// implementation (storage + offset + shape + strides); copying a Tensor shares the data.
-// Views (view/reshape, narrow, chunk, split, transpose, expand, ...) share storage with
-// their source; `to(device)` returns a new tensor and never changes the source.
+// Tensor: a dense, strided, n-dimensional array of any dtype of tensor/base/dtype.h (float32,
+// float64, bfloat16, float16, int64, int32, uint8, bool) on a CPU or CUDA device, with
+// define-by-run autograd. A Tensor is a cheap handle to a shared implementation (storage + offset +
+// shape + strides); copying a Tensor shares the data. Views (view/reshape, narrow, chunk, split,
+// transpose, expand, ...) share storage with their source; `to(device)` returns a new tensor and
+// never changes the source.
 //
 //   using namespace tandem;
 //   Tensor w = randn({784, 10}, TensorOptions().requires_grad(true));
@@ -92,22 +93,25 @@ class Tensor {
   bool shares_storage_with(const Tensor& other) const;
 
   // ---- Data access (copies to the host when needed; waits for the device) -------------
+  // T must be dtype()'s C++ type: float, double, int64_t, BFloat16, Half, bool, int32_t,
+  // uint8_t (tensor/base/dtype.h's table).
   template <typename T>
-  std::vector<T> to_vector() const;  // T must match dtype(): float, double or int64_t
-  // The single value of a one-element tensor, as a double.
+  std::vector<T> to_vector() const;
+  // The single value of a one-element tensor of any dtype, as a double (exact for every
+  // dtype but int64 beyond 2^53; bool gives 0 or 1).
   double item() const;
+  // The value converted to T as C++ converts the stored element (int64 stays exact).
+  //   bool flag = any(mask).item<bool>();
   template <typename T>
-  T item() const {
-    return static_cast<T>(item());
-  }
+  T item() const;
   // Raw pointer to the first element (host memory for CPU tensors, device memory else).
   void* raw_data() const;
   template <typename T>
   T* data() const;  // checks dtype
   // libtorch's names: the address of the first element (storage offset included; host
   // memory for CPU tensors, device memory else). The typed form checks that T is the
-  // tensor's dtype (float, double, int64_t for float32, float64, int64) and throws saying
-  // which it is.
+  // tensor's dtype (float, double, int64_t, BFloat16, Half, bool, int32_t, uint8_t) and throws
+  // saying which it is.
   //   float* p = x.data_ptr<float>();   // x.dtype() == kFloat32
   void* data_ptr() const { return raw_data(); }
   template <typename T>
@@ -141,6 +145,11 @@ class Tensor {
   // A new tensor on `device` (this tensor if it is already there, as in PyTorch).
   // Differentiable: the gradient flows back to this tensor's device.
   Tensor to(Device device) const;
+  // A copy converted to `dtype` (this tensor if it already has it), between any two dtypes as
+  // PyTorch converts: floating to integral truncates toward zero, anything to bool is
+  // `!= 0` (NaN is true), bool to a number is 0 or 1, to a 16-bit float rounds to nearest even.
+  // Differentiable between floating dtypes: the gradient comes back converted to this
+  // tensor's dtype (a bfloat16 model's float32 loss sends bfloat16 gradients).
   Tensor to(DType dtype) const;
   // A copy in pinned host memory (CPU tensors; needs a CUDA build with a GPU).
   Tensor pin_memory() const;
@@ -185,7 +194,9 @@ class Tensor {
   Tensor argmax(int64_t dim, bool keepdim = false) const;
   Tensor matmul(const Tensor& other) const;
 
-  // "tensor([[1.0000, 2.0000], ...], device='cpu:1')", PyTorch's format.
+  // "tensor([[1.0000, 2.0000], ...], device='cpu:1')", PyTorch's format: floating values with
+  // 4 decimals, bool as True/False; the dtype is named unless the values imply it (float32,
+  // int64, bool): "tensor([1.0000, 2.5000], dtype=bfloat16)", "tensor([1, 2], dtype=uint8)".
   std::string ToString() const;
 
   TensorImpl* impl() const { return impl_.get(); }
@@ -198,6 +209,17 @@ class Tensor {
 
 std::ostream& operator<<(std::ostream& out, const Tensor& tensor);
 
+template <typename T>
+T Tensor::item() const {
+  TANDEM_CHECK(numel() == 1, "item() needs a tensor with exactly one element but got shape ",
+               ShapeToString(shape()));
+  return DispatchDType(dtype(), "item", [&](auto tag) {
+    using Stored = typename decltype(tag)::type;
+    const Stored value = to_vector<Stored>()[0];
+    return static_cast<T>(value);
+  });
+}
+
 // ---- Factories -----------------------------------------------------------------------
 Tensor empty(const Shape& shape, const TensorOptions& options = {});
 Tensor zeros(const Shape& shape, const TensorOptions& options = {});
@@ -205,16 +227,32 @@ Tensor ones(const Shape& shape, const TensorOptions& options = {});
 Tensor full(const Shape& shape, double value, const TensorOptions& options = {});
 Tensor zeros_like(const Tensor& like);
 Tensor ones_like(const Tensor& like);
-// 0, 1, ..., n-1.
+// 0, 1, ..., n-1 (int64 unless options name a dtype; n must fit the dtype for integers).
 Tensor arange(int64_t n, const TensorOptions& options = {});
-// From host values (row-major); values.size() must equal the shape's element count.
+// From host values (row-major); values.size() must equal the shape's element count. The
+// tensor has the values' dtype unless options name another, to which they are converted as
+// to(dtype) converts.
+//   Tensor pixels = from_vector(std::vector<uint8_t>{0, 255}, {2});          // uint8
+//   Tensor mask = from_vector(std::vector<bool>{true, false}, {2});          // bool
+//   Tensor h = from_vector(std::vector<float>{0.1f}, {1}, kBFloat16);        // rounded once
 Tensor from_vector(const std::vector<float>& values, const Shape& shape,
                    const TensorOptions& options = {});
 Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape,
                    const TensorOptions& options = {});
 Tensor from_vector(const std::vector<double>& values, const Shape& shape,
                    const TensorOptions& options = {});
-// A zero-dimensional tensor holding `value`.
+Tensor from_vector(const std::vector<BFloat16>& values, const Shape& shape,
+                   const TensorOptions& options = {});
+Tensor from_vector(const std::vector<Half>& values, const Shape& shape,
+                   const TensorOptions& options = {});
+Tensor from_vector(const std::vector<int32_t>& values, const Shape& shape,
+                   const TensorOptions& options = {});
+Tensor from_vector(const std::vector<uint8_t>& values, const Shape& shape,
+                   const TensorOptions& options = {});
+// std::vector<bool> packs bits, so it has an overload of its own (a bool tensor).
+Tensor from_vector(const std::vector<bool>& values, const Shape& shape,
+                   const TensorOptions& options = {});
+// A zero-dimensional tensor holding `value` (converted to options' dtype, float32 by default).
 Tensor scalar_tensor(double value, const TensorOptions& options = {});
 
 // libtorch's from_blob: a tensor over memory the caller owns, without copying it. `data`

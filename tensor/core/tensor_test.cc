@@ -192,7 +192,8 @@ TEST_F(TensorTest, PrintsLikePyTorch) {
             "tensor([ 1.0000, -2.5000,  3.0000])");
   EXPECT_EQ(Iota({2, 2}).ToString(), "tensor([[0.0000, 1.0000],\n        [2.0000, 3.0000]])");
   EXPECT_EQ(Iota({2, 1, 1}).ToString(), "tensor([[[0.0000]],\n\n        [[1.0000]]])");
-  EXPECT_EQ(arange(3, Device::Cpu(1)).ToString(), "tensor([0, 1, 2], device='cpu:1', dtype=int64)");
+  // int64 is implied by integers, as in PyTorch.
+  EXPECT_EQ(arange(3, Device::Cpu(1)).ToString(), "tensor([0, 1, 2], device='cpu:1')");
   EXPECT_EQ(scalar_tensor(2.0).ToString(), "tensor(2.0000)");
   EXPECT_THAT(ones({2}, TensorOptions().requires_grad(true)).ToString(),
               HasSubstr("requires_grad=True"));
@@ -201,14 +202,181 @@ TEST_F(TensorTest, PrintsLikePyTorch) {
   EXPECT_LT(big.size(), 200u);
 }
 
+TEST_F(TensorTest, PrintsEveryDtypeLikePyTorch) {
+  // 16-bit floats print their exact (widened) value with 4 decimals and name the dtype.
+  EXPECT_EQ(from_vector(std::vector<float>{1, 2.5f}, {2}, kBFloat16).ToString(),
+            "tensor([1.0000, 2.5000], dtype=bfloat16)");
+  EXPECT_EQ(from_vector(std::vector<float>{0.1f}, {1}, kFloat16).ToString(),
+            "tensor([0.1000], dtype=float16)");
+  EXPECT_EQ(from_vector(std::vector<float>{0.1f}, {1}, kBFloat16).ToString(),
+            "tensor([0.1001], dtype=bfloat16)");  // bfloat16(0.1) is 0.10009765625
+  EXPECT_EQ(from_vector(std::vector<double>{1.5, 2}, {2}).ToString(),
+            "tensor([1.5000, 2.0000], dtype=float64)");
+  // bool prints True/False, right-aligned as PyTorch pads them, and needs no dtype.
+  EXPECT_EQ(from_vector(std::vector<bool>{true, false, true}, {3}).ToString(),
+            "tensor([ True, False,  True])");
+  EXPECT_EQ(scalar_tensor(1, kBool).ToString(), "tensor(True)");
+  // uint8 prints numbers (not characters), int32 names its dtype.
+  EXPECT_EQ(from_vector(std::vector<uint8_t>{0, 255}, {2}).ToString(),
+            "tensor([  0, 255], dtype=uint8)");
+  EXPECT_EQ(from_vector(std::vector<int32_t>{1, -2}, {2}).ToString(),
+            "tensor([ 1, -2], dtype=int32)");
+  EXPECT_EQ(ones({2}, TensorOptions(kBFloat16).requires_grad(true)).ToString(),
+            "tensor([1.0000, 1.0000], dtype=bfloat16, requires_grad=True)");
+}
+
+// Every factory makes every dtype, holding the values the float64 factory holds converted.
+TEST_F(TensorTest, FactoriesMakeEveryDtype) {
+  const DType all[] = {kFloat32, kInt64, kFloat64, kBFloat16, kFloat16, kBool, kInt32, kUInt8};
+  for (const DType dtype : all) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const auto values = [](const Tensor& t) { return t.to(kFloat64).to_vector<double>(); };
+    EXPECT_EQ(empty({2, 3}, dtype).dtype(), dtype);
+    EXPECT_EQ(empty({2, 3}, dtype).numel(), 6);
+    EXPECT_THAT(values(zeros({2}, dtype)), ElementsAre(0, 0));
+    EXPECT_THAT(values(ones({2}, dtype)), ElementsAre(1, 1));
+    EXPECT_THAT(values(full({2}, 3, dtype)),
+                ElementsAre(dtype == kBool ? 1 : 3, dtype == kBool ? 1 : 3));
+    EXPECT_EQ(zeros_like(ones({2}, dtype)).dtype(), dtype);
+    EXPECT_EQ(ones_like(zeros({2}, dtype)).dtype(), dtype);
+    const Tensor s = scalar_tensor(5, dtype);
+    EXPECT_EQ(s.dtype(), dtype);
+    EXPECT_EQ(s.dim(), 0);
+    EXPECT_DOUBLE_EQ(s.item(), dtype == kBool ? 1.0 : 5.0);
+    if (dtype != kBool) {
+      EXPECT_EQ(arange(4, dtype).dtype(), dtype);
+      EXPECT_THAT(values(arange(4, dtype)), ElementsAre(0, 1, 2, 3));
+    }
+    // On another logical device too.
+    EXPECT_EQ(ones({1}, TensorOptions(dtype).device(Device::Cpu(2))).device(), Device::Cpu(2));
+    EXPECT_THAT(values(ones({1}, TensorOptions(dtype).device(Device::Cpu(2))).to(Device::Cpu())),
+                ElementsAre(1));
+  }
+}
+
+TEST_F(TensorTest, FromVectorTakesEveryElementType) {
+  const Tensor b = from_vector(std::vector<BFloat16>{BFloat16(1.5f), BFloat16(-2.0f)}, {2});
+  EXPECT_EQ(b.dtype(), kBFloat16);
+  EXPECT_EQ(static_cast<float>(b.to_vector<BFloat16>()[0]), 1.5f);
+  const Tensor h = from_vector(std::vector<Half>{Half(0.25f)}, {1});
+  EXPECT_EQ(h.dtype(), kFloat16);
+  EXPECT_EQ(h.item<float>(), 0.25f);
+  const Tensor i = from_vector(std::vector<int32_t>{-7, 2147483647}, {2});
+  EXPECT_EQ(i.dtype(), kInt32);
+  EXPECT_THAT(i.to_vector<int32_t>(), ElementsAre(-7, 2147483647));
+  const Tensor u = from_vector(std::vector<uint8_t>{0, 128, 255}, {3});
+  EXPECT_EQ(u.dtype(), kUInt8);
+  EXPECT_THAT(u.to_vector<uint8_t>(), ElementsAre(0, 128, 255));
+  const Tensor m = from_vector(std::vector<bool>{true, false, true, true}, {2, 2});
+  EXPECT_EQ(m.dtype(), kBool);
+  EXPECT_THAT(m.to_vector<bool>(), ElementsAre(true, false, true, true));
+  EXPECT_THAT(ErrorOf([] { from_vector(std::vector<bool>{true}, {2}); }),
+              HasSubstr("1 values cannot fill shape [2]"));
+  // Options convert: float values rounded once to bfloat16, uint8 pixels widened to float.
+  const Tensor rounded = from_vector(std::vector<float>{0.1f}, {1}, kBFloat16);
+  EXPECT_EQ(rounded.item<float>(), 0.10009765625f);
+  EXPECT_THAT(from_vector(std::vector<uint8_t>{3, 250}, {2}, kFloat32).to_vector<float>(),
+              ElementsAre(3.0f, 250.0f));
+  EXPECT_EQ(from_vector(std::vector<bool>{true}, {1}, TensorOptions(kInt32).device(Device::Cpu(1)))
+                .to(Device::Cpu())
+                .to_vector<int32_t>(),
+            std::vector<int32_t>{1});
+}
+
+TEST_F(TensorTest, ItemReadsEveryDtype) {
+  EXPECT_EQ(scalar_tensor(2.5, kBFloat16).item(), 2.5);
+  EXPECT_EQ(scalar_tensor(2.5, kFloat16).item<float>(), 2.5f);
+  EXPECT_EQ(scalar_tensor(-3, kInt32).item<int32_t>(), -3);
+  EXPECT_EQ(scalar_tensor(200, kUInt8).item<int>(), 200);
+  EXPECT_TRUE(scalar_tensor(1, kBool).item<bool>());
+  EXPECT_FALSE(scalar_tensor(0, kBool).item<bool>());
+  EXPECT_EQ(scalar_tensor(0.1, kFloat16).item<Half>().bits, Half(0.1f).bits);
+  // int64 beyond 2^53 stays exact through item<int64_t>().
+  const int64_t big = (int64_t{1} << 60) + 1;
+  EXPECT_EQ(from_vector(std::vector<int64_t>{big}, {1}).item<int64_t>(), big);
+  EXPECT_THAT(ErrorOf([] { zeros({2}, kBool).item<bool>(); }), HasSubstr("exactly one element"));
+}
+
+// to(dtype) between every pair, as PyTorch converts.
+TEST_F(TensorTest, ToConvertsBetweenEveryPairOfDtypes) {
+  const DType all[] = {kFloat32, kInt64, kFloat64, kBFloat16, kFloat16, kBool, kInt32, kUInt8};
+  // Values every dtype holds exactly (bool: 0 stays false, the rest become true).
+  const Tensor source = from_vector(std::vector<double>{0, 1, 2, 100}, {4});
+  for (const DType from : all) {
+    for (const DType to : all) {
+      SCOPED_TRACE(std::string(DTypeName(from)) + " -> " + DTypeName(to));
+      const Tensor x = source.to(from);
+      const Tensor y = x.to(to);
+      EXPECT_EQ(y.dtype(), to);
+      const std::vector<double> got = y.to(kFloat64).to_vector<double>();
+      const bool boolean = from == kBool || to == kBool;
+      EXPECT_THAT(got, boolean ? ElementsAre(0, 1, 1, 1) : ElementsAre(0, 1, 2, 100));
+      if (from == to) {
+        EXPECT_TRUE(y.shares_storage_with(x));
+      }
+    }
+  }
+  // Floating to integral truncates toward zero; anything nonzero (NaN too) is true.
+  const Tensor f = from_vector(std::vector<float>{2.7f, -2.7f, 0.0f, std::nanf("")}, {4});
+  EXPECT_THAT(f.narrow(0, 0, 3).to(kInt32).to_vector<int32_t>(), ElementsAre(2, -2, 0));
+  EXPECT_THAT(f.to(kBool).to_vector<bool>(), ElementsAre(true, true, false, true));
+  // To 16-bit floats rounds to nearest even.
+  EXPECT_EQ(from_vector(std::vector<float>{0.1f}, {1}).to(kFloat16).item<float>(),
+            static_cast<float>(Half(0.1f)));
+  // Strided sources convert too.
+  const Tensor t = arange(6).reshape({2, 3}).transpose(0, 1);
+  EXPECT_THAT(t.to(kBFloat16).to(kFloat32).to_vector<float>(), ElementsAre(0, 3, 1, 4, 2, 5));
+}
+
+// to(dtype) between floating dtypes is differentiable; the gradient comes back in the
+// source's dtype (a float32 master weight used in bfloat16 gets a float32 gradient).
+TEST_F(TensorTest, ToDtypeSendsTheGradientBackConverted) {
+  for (const DType low : {kBFloat16, kFloat16}) {
+    SCOPED_TRACE(DTypeName(low));
+    Tensor master = from_vector(std::vector<float>{1.0f, 2.0f, 3.0f}, {3});
+    master.set_requires_grad(true);
+    Tensor y = master.to(low);
+    ASSERT_TRUE(y.requires_grad());
+    y.backward(from_vector(std::vector<float>{0.5f, 0.25f, 3.0f}, {3}, low));
+    EXPECT_EQ(master.grad().dtype(), kFloat32);
+    EXPECT_THAT(master.grad().to_vector<float>(), ElementsAre(0.5f, 0.25f, 3.0f));
+
+    Tensor leaf = ones({2}, TensorOptions(low).requires_grad(true));
+    Tensor loss = (leaf.to(kFloat32) * 3.0).sum();
+    loss.backward();
+    EXPECT_EQ(leaf.grad().dtype(), low);
+    EXPECT_THAT(leaf.grad().to(kFloat32).to_vector<float>(), ElementsAre(3.0f, 3.0f));
+    // A 16-bit loss seeds its own backward with 16-bit ones.
+    Tensor leaf2 = ones({2}, TensorOptions(low).requires_grad(true));
+    (leaf2 * 2.0).sum().backward();
+    EXPECT_EQ(leaf2.grad().dtype(), low);
+  }
+  // Mixed operands promote (bfloat16 * float32 is float32), but each input's gradient comes
+  // back in its own dtype, as PyTorch's engine converts it.
+  Tensor h = ones({2}, TensorOptions(kBFloat16).requires_grad(true));
+  Tensor f = full({2}, 3.0, TensorOptions().requires_grad(true));
+  Tensor product = h * f;
+  EXPECT_EQ(product.dtype(), kFloat32);
+  product.sum().backward();
+  EXPECT_EQ(h.grad().dtype(), kBFloat16);
+  EXPECT_THAT(h.grad().to(kFloat32).to_vector<float>(), ElementsAre(3.0f, 3.0f));
+  EXPECT_EQ(f.grad().dtype(), kFloat32);
+  EXPECT_THAT(f.grad().to_vector<float>(), ElementsAre(1.0f, 1.0f));
+  // To an integral dtype, nothing is recorded (no gradient flows through integers).
+  Tensor w = ones({2}, TensorOptions().requires_grad(true));
+  EXPECT_FALSE(w.to(kInt32).requires_grad());
+  EXPECT_FALSE(w.to(kBool).requires_grad());
+}
+
 TEST_F(TensorTest, DetachSharesDataButLeavesTheGraph) {
   Tensor w = ones({2}, TensorOptions().requires_grad(true));
   Tensor d = w.detach();
   EXPECT_FALSE(d.requires_grad());
   EXPECT_TRUE(d.shares_storage_with(w));
   EXPECT_TRUE(w.is_leaf());
-  EXPECT_THAT(ErrorOf([] { arange(2).set_requires_grad(true); }),
-              HasSubstr("only floating-point tensors (float32, float64) can require"));
+  EXPECT_THAT(
+      ErrorOf([] { arange(2).set_requires_grad(true); }),
+      HasSubstr("only floating-point tensors (float32, float64, bfloat16, float16) can require"));
 }
 
 TEST_F(TensorTest, AliasOnCpuDeviceSharesMemoryAndChangesOnlyTheDevice) {

@@ -29,6 +29,10 @@ Tensor F(const std::vector<float>& values, const Shape& shape, Device device = D
 Tensor I(const std::vector<int64_t>& values, const Shape& shape, Device device = Device::Cpu(0)) {
   return from_vector(values, shape, TensorOptions(kInt64).device(device));
 }
+// A bool tensor: true where `values` is nonzero.
+Tensor B(const std::vector<float>& values, const Shape& shape, Device device = Device::Cpu(0)) {
+  return from_vector(values, shape, device).to(kBool);
+}
 std::vector<float> V(const Tensor& t) {
   return t.to(Device::Cpu()).to(kFloat32).to_vector<float>();
 }
@@ -42,44 +46,64 @@ Tensor Param(const Shape& shape, uint64_t seed) {
 }
 
 TEST(WhereTest, PicksBroadcastsAndIgnoresTheOtherSide) {
-  const Tensor cond = F({1, 0, 1, 0}, {4});
+  const Tensor cond = B({1, 0, 1, 0}, {4});
   const Tensor a = F({1, 2, 3, 4}, {4});
   const Tensor b = F({kNan, -1, kInf, -3}, {4});
   EXPECT_THAT(V(where(cond, a, b)), ElementsAre(1, -1, 3, -3));
-  // A condition of any nonzero value counts as true; a [2, 1] condition broadcasts.
-  const Tensor rows = I({0, -2}, {2, 1});
+  // A [2, 1] condition broadcasts; converting to bool makes any nonzero value true.
+  const Tensor rows = I({0, -2}, {2, 1}).to(kBool);
   EXPECT_THAT(V(where(rows, a, F({0}, {1}))), ElementsAre(0, 0, 0, 0, 1, 2, 3, 4));
   EXPECT_EQ(where(rows, a, F({0}, {1})).shape(), (Shape{2, 4}));
   // int64 stays int64; mixing promotes.
   EXPECT_EQ(where(cond, I({1, 2, 3, 4}, {4}), I({0}, {1})).dtype(), kInt64);
   EXPECT_EQ(where(cond, I({1, 2, 3, 4}, {4}), F({0.5}, {1})).dtype(), kFloat32);
-  EXPECT_THAT(ErrorOf([&] { where(F({1, 0, 1}, {3}), a, b); }), HasSubstr("cannot be broadcast"));
+  // bool values are selected as bool; 16-bit floats stay 16-bit.
+  EXPECT_THAT(where(cond, B({1, 1, 1, 1}, {4}), B({0}, {1})).to_vector<bool>(),
+              ElementsAre(true, false, true, false));
+  EXPECT_EQ(where(cond, a.to(kBFloat16), b.to(kBFloat16)).dtype(), kBFloat16);
+  EXPECT_THAT(V(where(cond, a.to(kFloat16), b.to(kFloat16)).to(kFloat32)),
+              ElementsAre(1, -1, 3, -3));
+  EXPECT_THAT(ErrorOf([&] { where(B({1, 0, 1}, {3}), a, b); }), HasSubstr("cannot be broadcast"));
+  // PyTorch requires a bool condition.
+  EXPECT_THAT(ErrorOf([&] {
+                where(F({1, 0, 1, 0}, {4}), a, b);
+              }),
+              HasSubstr("where: the condition must be a bool tensor (as in PyTorch) but is "
+                        "float32"));
 }
 
 TEST(WhereTest, GradientsGoToTheChosenSide) {
-  const Tensor cond = F({1, 0, 0, 1, 1, 0}, {2, 3});
+  const Tensor cond = B({1, 0, 0, 1, 1, 0}, {2, 3});
   EXPECT_GRADIENTS_MATCH([&](const Inputs& in) { return where(cond, in[0], in[1]); },
                          {Param({2, 3}, 1), Param({3}, 2)});
   Tensor a = Param({3}, 3);
   Tensor b = F({kNan, kNan, kNan}, {3});
   b.set_requires_grad(true);
-  where(F({1, 1, 0}, {3}), a, b).sum().backward();
+  where(B({1, 1, 0}, {3}), a, b).sum().backward();
   EXPECT_THAT(V(a.grad()), ElementsAre(1, 1, 0));
   EXPECT_THAT(V(b.grad()), ElementsAre(0, 0, 1));
 }
 
 TEST(MaskedFillTest, FillsWhereTheMaskIsSet) {
   const Tensor x = F({1, 2, 3, 4, 5, 6}, {2, 3});
-  EXPECT_THAT(V(masked_fill(x, F({1, 0, 1}, {3}), -kInf)),
+  EXPECT_THAT(V(masked_fill(x, B({1, 0, 1}, {3}), -kInf)),
               ElementsAre(-kInf, 2, -kInf, -kInf, 5, -kInf));
-  EXPECT_THAT(L(masked_fill(I({1, 2}, {2}), I({0, 1}, {2}), 7)), ElementsAre(1, 7));
+  EXPECT_THAT(L(masked_fill(I({1, 2}, {2}), B({0, 1}, {2}), 7)), ElementsAre(1, 7));
+  // The value takes input's dtype, as in PyTorch (0.5 truncates to 0 in int64).
+  EXPECT_THAT(L(masked_fill(I({1, 2}, {2}), B({0, 1}, {2}), 0.5)), ElementsAre(1, 0));
+  EXPECT_EQ(masked_fill(x.to(kBFloat16), B({1, 0, 1}, {3}), 0.5).dtype(), kBFloat16);
   EXPECT_THAT(ErrorOf([&] {
-                masked_fill(F({1}, {1}), F({1, 0}, {2}), 0.0);
+                masked_fill(F({1}, {1}), B({1, 0}, {2}), 0.0);
               }),
               HasSubstr("without enlarging it"));
+  EXPECT_THAT(ErrorOf([&] {
+                masked_fill(x, F({1, 0, 1}, {3}), 0.0);
+              }),
+              HasSubstr("masked_fill: the mask must be a bool tensor (as in PyTorch) but is "
+                        "float32"));
   EXPECT_GRADIENTS_MATCH(
       [](const Inputs& in) {
-        return masked_fill(in[0], F({0, 1, 0, 0, 1, 1}, {2, 3}), 2.5);
+        return masked_fill(in[0], B({0, 1, 0, 0, 1, 1}, {2, 3}), 2.5);
       },
       {Param({2, 3}, 4)});
 }

@@ -72,11 +72,11 @@ void CheckSameDevice(const Tensor& a, const char* a_name, const Tensor& b, const
                "with .to(", a.device(), ")");
 }
 
-// A floating-point input (float32 or float64).
+// A floating-point input (float32, float64, bfloat16 or float16).
 void CheckFloat(const Tensor& t, const char* op, const char* name) {
   TANDEM_CHECK(IsFloatingPoint(t.dtype()), op, ": ", name,
-               " must be a floating-point tensor (float32 or float64) but is ", t.dtype(),
-               "; convert it with .to(kFloat32)");
+               " must be a floating-point tensor (float32, float64, bfloat16 or float16) but is ",
+               t.dtype(), "; convert it with .to(kFloat32)");
 }
 
 // Inputs that meet in one kernel (a matmul's operands, a layer's weight and input) must share
@@ -147,6 +147,26 @@ Tensor BinaryRaw(BinaryOp op, const Tensor& a, const Tensor& b, const char* name
                         ToKernelBroadcast(b, shape));
   }
   return out;
+}
+
+bool IsWholeNumber(double value) { return std::isfinite(value) && value == std::floor(value); }
+
+// A comparison of a and b (one dtype, broadcast) as a bool tensor, PyTorch's result dtype.
+// The kernel writes 1/0 in the inputs' dtype and Copy turns that into bool: every backend
+// does both today. Backend contract (2) lets a comparison write a kBool dst directly, which
+// saves the second pass once every backend on the branch implements it.
+Tensor CompareRaw(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
+  return CastRaw(BinaryRaw(op, a, b, name), kBool);
+}
+
+// The dtype of `t` op `scalar`, as PyTorch types a tensor with a Python number: a floating
+// tensor keeps its dtype (a bfloat16 tensor times 0.5 stays bfloat16), an integral one keeps
+// its dtype with an integral scalar and becomes float32 (the default dtype) with a
+// fractional one, and bool becomes int64 (or float32) since bool arithmetic has no numbers.
+DType ScalarResultType(DType t, double scalar) {
+  if (IsFloatingPoint(t)) return t;
+  if (!IsWholeNumber(scalar)) return kFloat32;
+  return t == kBool ? kInt64 : t;
 }
 
 // ---- Reductions --------------------------------------------------------------------------
@@ -252,10 +272,8 @@ Promoted PromoteBinary(const Tensor& a, const Tensor& b, const char* op) {
   return {CastRaw(a, dtype), CastRaw(b, dtype)};
 }
 
-bool IsIntegral(double value) { return std::isfinite(value) && value == std::floor(value); }
-
-// A floating version of `a`: integral inputs become float32, the default dtype, as PyTorch
-// promotes them for exp, log, ...; float32 and float64 stay as they are.
+// A floating version of `a`: integral and bool inputs become float32, the default dtype, as
+// PyTorch promotes them for exp, log, ...; floating inputs (16-bit ones too) stay as they are.
 Tensor FloatInput(const Tensor& a, const char* op) {
   CheckDefined(a, op, "input");
   return IsFloatingPoint(a.dtype()) ? a : CastRaw(a, kFloat32);
@@ -505,6 +523,9 @@ Tensor add(const Tensor& a, const Tensor& b) {
 
 Tensor sub(const Tensor& a, const Tensor& b) {
   const Promoted p = PromoteBinary(a, b, "sub");
+  TANDEM_CHECK(p.a.dtype() != kBool,
+               "sub: subtracting two bool tensors is not supported (as in PyTorch); use "
+               "logical_xor(a, b) or convert them with .to(kInt64) first");
   Tensor out = BinaryRaw(BinaryOp::kSub, p.a, p.b, "sub");
   if (NeedsGrad({a, b})) {
     const bool grad_a = NeedsGrad({a}), grad_b = NeedsGrad({b});
@@ -565,9 +586,11 @@ Tensor MaxMin(const Tensor& a, const Tensor& b, bool is_max) {
     const bool grad_a = NeedsGrad({a}), grad_b = NeedsGrad({b});
     Record(is_max ? "MaximumBackward" : "MinimumBackward", {a, b}, out,
            [grad_a, grad_b, is_max, sa = p.a.detach(), sb = p.b.detach()](const Tensor& grad) {
-             const Tensor half_ties = mul(eq(sa, sb), 0.5);
-             const Tensor a_loses = is_max ? lt(sa, sb) : gt(sa, sb);
-             const Tensor b_loses = is_max ? gt(sa, sb) : lt(sa, sb);
+             // 1/0 masks in the inputs' dtype (not bool: they are arithmetic here).
+             const auto compare = [&](BinaryOp op) { return BinaryRaw(op, sa, sb, "maximum"); };
+             const Tensor half_ties = mul(compare(BinaryOp::kEq), 0.5);
+             const Tensor a_loses = compare(is_max ? BinaryOp::kLt : BinaryOp::kGt);
+             const Tensor b_loses = compare(is_max ? BinaryOp::kGt : BinaryOp::kLt);
              const Tensor a_wins = 1.0 - add(a_loses, half_ties);
              const Tensor b_wins = 1.0 - add(b_loses, half_ties);
              return std::vector<Tensor>{grad_a ? sum_to(mul(grad, a_wins), sa.shape()) : Tensor(),
@@ -579,8 +602,11 @@ Tensor MaxMin(const Tensor& a, const Tensor& b, bool is_max) {
 
 Tensor Compare(const Tensor& a, const Tensor& b, BinaryOp op, const char* name) {
   const Promoted p = PromoteBinary(a, b, name);
-  return BinaryRaw(op, p.a, p.b, name);
+  return CompareRaw(op, p.a, p.b, name);
 }
+
+// PyTorch's categories for result_type: a zero-dimensional tensor wins only from a higher one.
+int Category(DType t) { return t == kBool ? 0 : IsFloatingPoint(t) ? 2 : 1; }
 
 }  // namespace
 
@@ -594,7 +620,7 @@ DType result_type(const Tensor& a, const Tensor& b) {
   if ((a.dim() == 0) == (b.dim() == 0)) return PromoteTypes(a.dtype(), b.dtype());
   const DType dimensioned = a.dim() > 0 ? a.dtype() : b.dtype();
   const DType zero_dim = a.dim() > 0 ? b.dtype() : a.dtype();
-  if (IsFloatingPoint(dimensioned) || !IsFloatingPoint(zero_dim)) return dimensioned;
+  if (Category(zero_dim) <= Category(dimensioned)) return dimensioned;
   return PromoteTypes(dimensioned, zero_dim);
 }
 
@@ -603,8 +629,8 @@ Tensor minimum(const Tensor& a, const Tensor& b) { return MaxMin(a, b, false); }
 
 Tensor add(const Tensor& a, double b) {
   CheckDefined(a, "add", "a");
-  // An int64 tensor stays int64 with an integral scalar and promotes otherwise.
-  Tensor x = a.dtype() == kInt64 && !IsIntegral(b) ? CastRaw(a, kFloat32) : a;
+  // An integral tensor keeps its dtype with an integral scalar and promotes otherwise.
+  Tensor x = CastRaw(a, ScalarResultType(a.dtype(), b));
   Tensor out = UnaryRaw(UnaryOp::kAddScalar, x, b);
   if (NeedsGrad({a})) {
     Record("AddScalarBackward", {a}, out,
@@ -615,7 +641,7 @@ Tensor add(const Tensor& a, double b) {
 
 Tensor mul(const Tensor& a, double b) {
   CheckDefined(a, "mul", "a");
-  Tensor x = a.dtype() == kInt64 && !IsIntegral(b) ? CastRaw(a, kFloat32) : a;
+  Tensor x = CastRaw(a, ScalarResultType(a.dtype(), b));
   Tensor out = UnaryRaw(UnaryOp::kMulScalar, x, b);
   if (NeedsGrad({a})) {
     Record("MulScalarBackward", {a}, out,
@@ -635,6 +661,9 @@ Tensor pow(const Tensor& a, double exponent) {
 
 Tensor neg(const Tensor& a) {
   CheckDefined(a, "neg", "input");
+  TANDEM_CHECK(a.dtype() != kBool,
+               "neg: negating a bool tensor is not supported (as in PyTorch); use "
+               "logical_not for a bool tensor or convert it with .to(kInt64) first");
   Tensor out = UnaryRaw(UnaryOp::kNeg, a, 0.0);
   if (NeedsGrad({a})) {
     Record("NegBackward", {a}, out,
@@ -666,9 +695,11 @@ Tensor abs(const Tensor& a) {
   Tensor out = UnaryRaw(UnaryOp::kAbs, a, 0.0);
   if (NeedsGrad({a})) {
     Record("AbsBackward", {a}, out, [x = a.detach()](const Tensor& grad) {
-      // sign(x), with sign(0) = 0 as in PyTorch.
+      // sign(x), with sign(0) = 0 as in PyTorch (1/0 masks in x's dtype).
       const Tensor zero = FilledRaw({}, x.dtype(), x.device(), 0.0);
-      return std::vector<Tensor>{mul(grad, sub(gt(x, zero), lt(x, zero)))};
+      const Tensor sign = sub(BinaryRaw(BinaryOp::kGt, x, zero, "abs backward"),
+                              BinaryRaw(BinaryOp::kLt, x, zero, "abs backward"));
+      return std::vector<Tensor>{mul(grad, sign)};
     });
   }
   return out;
@@ -712,8 +743,10 @@ Tensor silu(const Tensor& a) {
 
 Tensor square(const Tensor& a) {
   CheckDefined(a, "square", "input");
-  Tensor out = a.dtype() == kInt64 ? BinaryRaw(BinaryOp::kMul, a, a, "square")
-                                   : UnaryRaw(UnaryOp::kSquare, a, 0.0);
+  // Integers square exactly by multiplication; bool squares to int64, as in PyTorch.
+  const Tensor x = a.dtype() == kBool ? CastRaw(a, kInt64) : a;
+  Tensor out = IsIntegral(x.dtype()) ? BinaryRaw(BinaryOp::kMul, x, x, "square")
+                                     : UnaryRaw(UnaryOp::kSquare, x, 0.0);
   if (NeedsGrad({a})) {
     Record("SquareBackward", {a}, out, [x = a.detach()](const Tensor& grad) {
       return std::vector<Tensor>{mul(grad, mul(x, 2.0))};
@@ -724,8 +757,10 @@ Tensor square(const Tensor& a) {
 
 Tensor relu(const Tensor& a) {
   CheckDefined(a, "relu", "input");
-  if (a.dtype() == kInt64) {
-    return BinaryRaw(BinaryOp::kMaximum, a, FilledRaw({}, kInt64, a.device(), 0.0), "relu");
+  TANDEM_CHECK(a.dtype() != kBool, "relu: not defined for bool tensors (as in PyTorch); ",
+               "convert the input with .to(kFloat32) first");
+  if (IsIntegral(a.dtype())) {
+    return BinaryRaw(BinaryOp::kMaximum, a, FilledRaw({}, a.dtype(), a.device(), 0.0), "relu");
   }
   Tensor out = UnaryRaw(UnaryOp::kRelu, a, 0.0);
   if (NeedsGrad({a})) {
@@ -764,9 +799,24 @@ Tensor operator-(const Tensor& a) { return neg(a); }
 
 // ---- Reductions ----------------------------------------------------------------------------
 
+namespace {
+
+// What sum adds up: integral and bool inputs as int64, as PyTorch's sum (the backends keep
+// an integral dtype, so an int32 or uint8 sum would wrap, and a bool one would stay bool).
+Tensor SumInput(const Tensor& a) { return IsIntegral(a.dtype(), true) ? CastRaw(a, kInt64) : a; }
+
+void CheckMeanInput(const Tensor& a) {
+  TANDEM_CHECK(IsFloatingPoint(a.dtype()),
+               "mean: could not infer the output dtype; the input must be floating-point "
+               "(float32, float64, bfloat16 or float16) but is ",
+               a.dtype(), " (as in PyTorch): convert it with .to(kFloat32) first");
+}
+
+}  // namespace
+
 Tensor sum(const Tensor& a) {
   CheckDefined(a, "sum", "input");
-  Tensor out = SumAllRaw(a);
+  Tensor out = SumAllRaw(SumInput(a));
   if (NeedsGrad({a})) {
     Record("SumBackward", {a}, out, [shape = a.shape()](const Tensor& grad) {
       return std::vector<Tensor>{ExpandGradRaw(grad, {}, shape)};
@@ -779,7 +829,7 @@ Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   CheckDefined(a, "sum", "input");
   const std::vector<int64_t> reduced = NormalizeDims(dims, a.dim(), "sum");
   const Shape kept_shape = ReducedShape(a.shape(), reduced, true);
-  Tensor kept = ReduceRaw(a, reduced, ReduceKind::kSum, "sum");
+  Tensor kept = ReduceRaw(SumInput(a), reduced, ReduceKind::kSum, "sum");
   Tensor out = keepdim ? kept : ViewRaw(kept, ReducedShape(a.shape(), reduced, false));
   if (NeedsGrad({a})) {
     Record("SumBackward", {a}, out, [kept_shape, shape = a.shape()](const Tensor& grad) {
@@ -791,7 +841,7 @@ Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
 
 Tensor mean(const Tensor& a) {
   CheckDefined(a, "mean", "input");
-  CheckFloat(a, "mean", "input");
+  CheckMeanInput(a);
   // Mean of no elements is NaN, as in PyTorch.
   const double scale = a.numel() > 0 ? 1.0 / static_cast<double>(a.numel())
                                      : std::numeric_limits<double>::quiet_NaN();
@@ -800,7 +850,7 @@ Tensor mean(const Tensor& a) {
 
 Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   CheckDefined(a, "mean", "input");
-  CheckFloat(a, "mean", "input");
+  CheckMeanInput(a);
   const std::vector<int64_t> reduced = NormalizeDims(dims, a.dim(), "mean");
   int64_t count = 1;
   for (int64_t d : reduced) count *= a.dim() == 0 ? 1 : a.shape()[d];
@@ -818,8 +868,8 @@ Tensor amax(const Tensor& a, int64_t dim, bool keepdim) {
   if (NeedsGrad({a})) {
     Record("AmaxBackward", {a}, out,
            [kept_shape, reduced, x = a.detach(), m = kept.detach()](const Tensor& grad) {
-             // Ties share the gradient evenly, as PyTorch's amax does.
-             const Tensor is_max = eq(x, m);
+             // Ties share the gradient evenly, as PyTorch's amax does (1/0 in x's dtype).
+             const Tensor is_max = BinaryRaw(BinaryOp::kEq, x, m, "amax backward");
              const Tensor ties = sum(is_max, reduced, /*keepdim=*/true);
              const Tensor g = grad.shape() == kept_shape ? grad : grad.reshape(kept_shape);
              return std::vector<Tensor>{mul(is_max, div(g, ties))};
@@ -1389,7 +1439,11 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* gen) {
   const GeneratorState claimed = generator.Claim(static_cast<uint64_t>(n));
   const uint64_t seed = claimed.seed;
   const uint64_t offset = claimed.offset;
-  Tensor mask = NewTensor(input.shape(), input.dtype(), input.device());
+  // 16-bit inputs draw and scale their mask in float32, as PyTorch's fused dropout computes
+  // in float: the same seed keeps the same elements whatever the dtype (a uniform rounded to
+  // bfloat16 would move elements across p), and the kept values are rounded once.
+  const DType mask_dtype = IsReducedFloatingPoint(input.dtype()) ? kFloat32 : input.dtype();
+  Tensor mask = NewTensor(input.shape(), mask_dtype, input.device());
   if (n > 0) {
     Backend& backend = BackendOf(input);
     const int index = IndexOf(input);
@@ -1398,10 +1452,12 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* gen) {
     backend.Unary(index, UnaryOp::kGeScalar, ToKernel(mask), ToKernel(mask), p);
     backend.Unary(index, UnaryOp::kMulScalar, ToKernel(mask), ToKernel(mask), 1.0 / (1.0 - p));
   }
-  Tensor out = BinaryRaw(BinaryOp::kMul, input, mask, "dropout");
+  Tensor out = CastRaw(BinaryRaw(BinaryOp::kMul, CastRaw(input, mask_dtype), mask, "dropout"),
+                       input.dtype());
   if (NeedsGrad({input})) {
-    Record("DropoutBackward", {input}, out,
-           [mask](const Tensor& grad) { return std::vector<Tensor>{mul(grad, mask)}; });
+    Record("DropoutBackward", {input}, out, [mask](const Tensor& grad) {
+      return std::vector<Tensor>{mul(grad, mask).to(grad.dtype())};
+    });
   }
   return out;
 }
@@ -1423,8 +1479,6 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
     const Tensor& t = tensors[i];
     TANDEM_CHECK(t.device() == first.device(), "cat: tensor ", i, " is on ", t.device(),
                  " but tensor 0 is on ", first.device(), "; move them to one device with .to()");
-    TANDEM_CHECK(t.dtype() == first.dtype(), "cat: tensor ", i, " is ", t.dtype(),
-                 " but tensor 0 is ", first.dtype(), "; convert them to one dtype with .to()");
     bool same = t.dim() == first.dim();
     for (int64_t k = 0; same && k < t.dim(); ++k) {
       same = k == d || t.shape()[k] == first.shape()[k];
@@ -1433,7 +1487,10 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
                  ShapeToString(first.shape()), "; all sizes except dimension ", d, " must match");
     shape[d] += t.shape()[d];
   }
-  Tensor out = NewTensor(shape, first.dtype(), first.device());
+  // Mixed dtypes promote as binary ops do (PyTorch's cat); Copy converts into the slots.
+  DType dtype = first.dtype();
+  for (const Tensor& t : tensors) dtype = PromoteTypes(dtype, t.dtype());
+  Tensor out = NewTensor(shape, dtype, first.device());
   std::vector<int64_t> starts;
   int64_t start = 0;
   for (const Tensor& t : tensors) {
@@ -1448,17 +1505,21 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   if (NeedsGrad(tensors)) {
     std::vector<bool> needed;
     std::vector<Shape> shapes;
+    std::vector<DType> dtypes;
     for (const Tensor& t : tensors) {
       needed.push_back(NeedsGrad({t}));
       shapes.push_back(t.shape());
+      dtypes.push_back(t.dtype());
     }
-    Record("CatBackward", tensors, out, [d, needed, shapes, starts](const Tensor& grad) {
+    Record("CatBackward", tensors, out, [d, needed, shapes, dtypes, starts](const Tensor& grad) {
       std::vector<Tensor> grads(shapes.size());
       for (size_t i = 0; i < shapes.size(); ++i) {
         if (!needed[i]) continue;
-        // A view of the gradient's slice; the engine copies before it accumulates.
-        grads[i] = MakeView(grad, shapes[i], grad.strides(),
-                            grad.storage_offset() + starts[i] * grad.strides()[d]);
+        // A view of the gradient's slice (the engine copies before it accumulates), in the
+        // input's own dtype when cat promoted it.
+        grads[i] = CastRaw(MakeView(grad, shapes[i], grad.strides(),
+                                    grad.storage_offset() + starts[i] * grad.strides()[d]),
+                           dtypes[i]);
       }
       return grads;
     });
@@ -1507,16 +1568,24 @@ void CheckIndexRange(const Tensor& index, int64_t size, int64_t dim, const char*
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
   CheckDefined(condition, "where", "condition");
   CheckSameDevice(condition, "condition", a, "a", "where");
+  TANDEM_CHECK(condition.dtype() == kBool, "where: the condition must be a bool tensor (as in ",
+               "PyTorch) but is ", condition.dtype(),
+               "; comparisons (gt, eq, ...) give bool, or convert with .to(kBool) (nonzero is "
+               "true)");
   const Promoted p = PromoteBinary(a, b, "where");
   const Shape shape =
       BroadcastShapes(condition.shape(), BroadcastShapes(a.shape(), b.shape(), "where"), "where");
-  // 1 where the condition holds (any nonzero, NaN included), in the result's dtype.
-  const Tensor zero = FilledRaw({}, condition.dtype(), condition.device(), 0.0);
-  const Tensor take_a = CastRaw(BinaryRaw(BinaryOp::kNe, condition, zero, "where"), p.a.dtype());
-  const Tensor take_b = UnaryRaw(UnaryOp::kAddScalar, UnaryRaw(UnaryOp::kNeg, take_a, 0.0), 1.0);
-  const Tensor from_a = KeepWhereRaw(BroadcastCopyRaw(p.a, shape, p.a.dtype()), take_a, "where");
-  const Tensor from_b = KeepWhereRaw(BroadcastCopyRaw(p.b, shape, p.b.dtype()), take_b, "where");
-  Tensor out = BinaryRaw(BinaryOp::kAdd, from_a, from_b, "where");
+  // Bool values are selected as uint8 (0/1), which has arithmetic, and converted back.
+  const DType result = p.a.dtype();
+  const DType work = result == kBool ? kUInt8 : result;
+  // 1 where the condition holds, in the working dtype.
+  const Tensor take_a = CastRaw(condition, work);
+  const Tensor take_b = CastRaw(
+      CompareRaw(BinaryOp::kEq, take_a, FilledRaw({}, work, condition.device(), 0.0), "where"),
+      work);
+  const Tensor from_a = KeepWhereRaw(BroadcastCopyRaw(p.a, shape, work), take_a, "where");
+  const Tensor from_b = KeepWhereRaw(BroadcastCopyRaw(p.b, shape, work), take_b, "where");
+  Tensor out = CastRaw(BinaryRaw(BinaryOp::kAdd, from_a, from_b, "where"), result);
   if (NeedsGrad({a, b})) {
     const bool grad_a = NeedsGrad({a}), grad_b = NeedsGrad({b});
     Record("WhereBackward", {a, b}, out,
@@ -1532,20 +1601,24 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
 Tensor masked_fill(const Tensor& input, const Tensor& mask, double value) {
   CheckDefined(input, "masked_fill", "input");
   CheckDefined(mask, "masked_fill", "mask");
+  TANDEM_CHECK(mask.dtype() == kBool, "masked_fill: the mask must be a bool tensor (as in ",
+               "PyTorch) but is ", mask.dtype(),
+               "; comparisons (eq, gt, ...) give bool, or convert with .to(kBool) (nonzero is "
+               "true)");
   const Shape shape = BroadcastShapes(mask.shape(), input.shape(), "masked_fill");
   TANDEM_CHECK(shape == input.shape(), "masked_fill: mask ", ShapeToString(mask.shape()),
                " must broadcast to input's shape ", ShapeToString(input.shape()),
                " without enlarging it");
-  const DType dtype = input.dtype() == kInt64 && !IsIntegral(value) ? kFloat32 : input.dtype();
-  return where(mask, FilledRaw({}, dtype, input.device(), value), input);
+  // The result keeps input's dtype, the value converted to it (PyTorch's masked_fill).
+  return where(mask, FilledRaw({}, input.dtype(), input.device(), value), input);
 }
 
 Tensor clamp(const Tensor& input, std::optional<double> min, std::optional<double> max) {
   CheckDefined(input, "clamp", "input");
   TANDEM_CHECK(min.has_value() || max.has_value(),
                "clamp: at least one of min and max must be given (both are nullopt)");
-  const bool fractional = (min && !IsIntegral(*min)) || (max && !IsIntegral(*max));
-  const Tensor x = input.dtype() == kInt64 && fractional ? CastRaw(input, kFloat32) : input;
+  const bool fractional = (min && !IsWholeNumber(*min)) || (max && !IsWholeNumber(*max));
+  const Tensor x = IsIntegral(input.dtype(), true) && fractional ? CastRaw(input, kFloat32) : input;
   Tensor out = x;
   // maximum/minimum keep NaN; min > max gives max everywhere (min applied first).
   if (min)
@@ -1554,10 +1627,12 @@ Tensor clamp(const Tensor& input, std::optional<double> min, std::optional<doubl
     out = BinaryRaw(BinaryOp::kMinimum, out, FilledRaw({}, x.dtype(), x.device(), *max), "clamp");
   if (NeedsGrad({input})) {
     Record("ClampBackward", {input}, out, [min, max, sx = x.detach()](const Tensor& grad) {
-      // PyTorch: the gradient passes where min <= x <= max (NaN x: nowhere).
+      // PyTorch: the gradient passes where min <= x <= max (NaN x: nowhere); 1/0 masks in
+      // x's dtype.
       Tensor inside = ones_like(sx);
-      if (min) inside = mul(inside, ge(sx, FilledRaw({}, sx.dtype(), sx.device(), *min)));
-      if (max) inside = mul(inside, le(sx, FilledRaw({}, sx.dtype(), sx.device(), *max)));
+      const auto bound = [&](double v) { return FilledRaw({}, sx.dtype(), sx.device(), v); };
+      if (min) inside = mul(inside, BinaryRaw(BinaryOp::kGe, sx, bound(*min), "clamp backward"));
+      if (max) inside = mul(inside, BinaryRaw(BinaryOp::kLe, sx, bound(*max), "clamp backward"));
       return std::vector<Tensor>{KeepWhereRaw(grad, inside, "clamp backward")};
     });
   }
@@ -1673,6 +1748,66 @@ std::pair<Tensor, Tensor> topk(const Tensor& input, int64_t k, int64_t dim, bool
   out_shape[d] = k;
   Tensor indices = from_vector(chosen, out_shape, TensorOptions(kInt64).device(input.device()));
   return {gather(input, d, indices), indices};
+}
+
+// ---- Logical ---------------------------------------------------------------------------------
+
+Tensor logical_not(const Tensor& a) {
+  CheckDefined(a, "logical_not", "input");
+  return CompareRaw(BinaryOp::kEq, a, FilledRaw({}, a.dtype(), a.device(), 0.0), "logical_not");
+}
+
+namespace {
+
+// a and b as bool (nonzero is true), then combined as uint8 0/1 by `op` (kMinimum: and,
+// kMaximum: or, kNe: xor).
+Tensor LogicalBinary(const Tensor& a, const Tensor& b, BinaryOp op, const char* name) {
+  CheckDefined(a, name, "a");
+  CheckDefined(b, name, "b");
+  CheckSameDevice(a, "a", b, "b", name);
+  const Tensor x = CastRaw(CastRaw(a, kBool), kUInt8);
+  const Tensor y = CastRaw(CastRaw(b, kBool), kUInt8);
+  return CastRaw(BinaryRaw(op, x, y, name), kBool);
+}
+
+// Whether any element along `dims` is nonzero: the count of nonzero elements (int64, so it
+// cannot wrap) compared with zero. Empty reductions give false, as in PyTorch.
+Tensor AnyRaw(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim, const char* name) {
+  const std::vector<int64_t> reduced = NormalizeDims(dims, a.dim(), name);
+  const Tensor count =
+      ReduceRaw(CastRaw(CastRaw(a, kBool), kInt64), reduced, ReduceKind::kSum, name);
+  const Tensor kept = keepdim ? count : ViewRaw(count, ReducedShape(a.shape(), reduced, false));
+  return CompareRaw(BinaryOp::kNe, kept, FilledRaw({}, kInt64, a.device(), 0.0), name);
+}
+
+}  // namespace
+
+Tensor logical_and(const Tensor& a, const Tensor& b) {
+  return LogicalBinary(a, b, BinaryOp::kMinimum, "logical_and");
+}
+Tensor logical_or(const Tensor& a, const Tensor& b) {
+  return LogicalBinary(a, b, BinaryOp::kMaximum, "logical_or");
+}
+Tensor logical_xor(const Tensor& a, const Tensor& b) {
+  return LogicalBinary(a, b, BinaryOp::kNe, "logical_xor");
+}
+
+Tensor any(const Tensor& a) {
+  CheckDefined(a, "any", "input");
+  return ViewRaw(AnyRaw(a, {}, false, "any"), {});
+}
+Tensor any(const Tensor& a, int64_t dim, bool keepdim) {
+  CheckDefined(a, "any", "input");
+  return AnyRaw(a, {dim}, keepdim, "any");
+}
+// all(a) = not any(not a).
+Tensor all(const Tensor& a) {
+  CheckDefined(a, "all", "input");
+  return logical_not(any(logical_not(a)));
+}
+Tensor all(const Tensor& a, int64_t dim, bool keepdim) {
+  CheckDefined(a, "all", "input");
+  return logical_not(any(logical_not(a), dim, keepdim));
 }
 
 bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol) {

@@ -1,11 +1,14 @@
 // Operations on tensors, differentiable where it makes sense. All inputs of one op must be
 // on the same device (move them with to() first); the result is on that device.
-// Elementwise binary ops broadcast as NumPy and PyTorch do; mixing int64 with float32
-// promotes to float32.
+// Elementwise binary ops broadcast as NumPy and PyTorch do and compute in result_type (int64
+// with float32 gives float32, int32 with float16 gives float16, bool with anything gives the
+// other). Every floating op takes float32, float64, bfloat16 and float16; 16-bit inputs are
+// computed in float and rounded once per result (reductions and products accumulate in float).
 //
 //   Tensor logits = linear(x, weight, bias);             // x [B, in], weight [out, in]
 //   Tensor loss = cross_entropy(logits, labels);         // labels int64 [B]
-//   Tensor accuracy = eq(argmax(logits, 1), labels).to(kFloat32).mean();
+//   Tensor correct = eq(argmax(logits, 1), labels);      // bool [B]
+//   Tensor accuracy = correct.to(kFloat32).mean();       // or sum(correct): int64
 //
 // Included by tensor/tensor.h; include that instead.
 #ifndef TANDEM_TENSOR_OPS_OPS_H_
@@ -29,13 +32,16 @@ class Generator;
 // dtype (tensor/base/dtype.h's PromoteTypes), except that a zero-dimensional tensor only counts
 // when it is floating and the other is not (float32 [3] + float64 [] stays float32).
 DType result_type(const Tensor& a, const Tensor& b);
-// Binary ops compute in result_type(a, b), with broadcasting.
+// Binary ops compute in result_type(a, b), with broadcasting. As in PyTorch, sub and neg
+// refuse bool tensors, and add/mul of two bool tensors are bool (or, and).
 Tensor add(const Tensor& a, const Tensor& b);
 Tensor sub(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Tensor& b);
 Tensor div(const Tensor& a, const Tensor& b);  // integral inputs promote to float32
 Tensor maximum(const Tensor& a, const Tensor& b);
 Tensor minimum(const Tensor& a, const Tensor& b);
+// With a scalar: a floating tensor keeps its dtype; an integral one keeps it with a whole
+// number and becomes float32 otherwise; bool becomes int64 (float32 for a fraction).
 Tensor add(const Tensor& a, double b);
 Tensor mul(const Tensor& a, double b);
 Tensor pow(const Tensor& a, double exponent);
@@ -54,13 +60,29 @@ Tensor gelu(const Tensor& a, const std::string& approximate = "none");
 // x * sigmoid(x), PyTorch's silu (swish), the gate of SwiGLU feed-forward blocks.
 Tensor silu(const Tensor& a);
 
-// Comparisons (not differentiable): 1 where true, 0 elsewhere, in the inputs' dtype.
+// Comparisons (not differentiable), computed in result_type(a, b): bool tensors, true where
+// the relation holds (NaN compares false except for ne), as PyTorch's.
+//   Tensor positive = gt(x, zeros({}));                    // bool
+//   Tensor relu_like = mul(x, positive);                   // bool promotes to x's dtype
 Tensor eq(const Tensor& a, const Tensor& b);
 Tensor ne(const Tensor& a, const Tensor& b);
 Tensor lt(const Tensor& a, const Tensor& b);
 Tensor le(const Tensor& a, const Tensor& b);
 Tensor gt(const Tensor& a, const Tensor& b);
 Tensor ge(const Tensor& a, const Tensor& b);
+
+// Logical ops: any dtype, nonzero is true (NaN too); bool results.
+Tensor logical_not(const Tensor& a);
+Tensor logical_and(const Tensor& a, const Tensor& b);
+Tensor logical_or(const Tensor& a, const Tensor& b);
+Tensor logical_xor(const Tensor& a, const Tensor& b);
+// Whether any / every element (along `dim`) is nonzero, as a bool tensor; over no elements
+// any is false and all is true.
+//   if (any(isnan_mask).item<bool>()) ...
+Tensor any(const Tensor& a);
+Tensor any(const Tensor& a, int64_t dim, bool keepdim = false);
+Tensor all(const Tensor& a);
+Tensor all(const Tensor& a, int64_t dim, bool keepdim = false);
 
 Tensor operator+(const Tensor& a, const Tensor& b);
 Tensor operator-(const Tensor& a, const Tensor& b);
@@ -76,8 +98,10 @@ Tensor operator*(double a, const Tensor& b);
 Tensor operator-(const Tensor& a);
 
 // ---- Reductions ----------------------------------------------------------------------
+// Sums keep a floating dtype and give int64 for integral and bool inputs (PyTorch's sum).
 Tensor sum(const Tensor& a);  // all elements, 0-dim result
 Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim = false);
+// Floating inputs only (an integral input is an error, as in PyTorch: convert it first).
 Tensor mean(const Tensor& a);
 Tensor mean(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim = false);
 Tensor amax(const Tensor& a, int64_t dim, bool keepdim = false);    // differentiable
@@ -126,13 +150,14 @@ Tensor adaptive_avg_pool2d(const Tensor& input, std::vector<int64_t> output_size
 Tensor dropout(const Tensor& input, double p, bool training, Generator* gen = nullptr);
 
 // ---- Selection and indexing ------------------------------------------------------------
-// `condition` is nonzero where `a` is taken and zero where `b` is (any dtype: comparisons
-// give 1/0). All three broadcast together; a and b promote as binary ops do. The
+// `condition` (bool, as PyTorch requires: comparisons give it) is true where `a` is taken
+// and false where `b` is. All three broadcast together; a and b promote as binary ops do. The
 // unselected side never leaks in (a NaN or inf there does not matter). Differentiable in
 // a and b.
 //   Tensor y = where(gt(x, zeros({})), x, mul(x, 0.01));   // leaky relu
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);
-// `input` with `value` wherever `mask` (broadcast to input's shape) is nonzero.
+// `input` with `value` (converted to input's dtype) wherever the bool `mask` (broadcast to
+// input's shape) is true.
 Tensor masked_fill(const Tensor& input, const Tensor& mask, double value);
 // Limits every element to [min, max] (either bound optional; min > max gives max
 // everywhere, as PyTorch). NaN stays NaN. The gradient passes where min <= x <= max.
@@ -153,7 +178,8 @@ std::pair<Tensor, Tensor> topk(const Tensor& input, int64_t k, int64_t dim = -1,
                                bool largest = true, bool sorted = true);
 
 // ---- Joining -------------------------------------------------------------------------
-// Concatenates along an existing dimension; all on one device. Differentiable.
+// Concatenates along an existing dimension; all on one device; mixed dtypes promote (as
+// PyTorch's cat) and each input's gradient comes back in its own dtype. Differentiable.
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 // Joins along a new dimension. Differentiable.
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
