@@ -5,6 +5,8 @@
 #include <optional>
 #include <vector>
 
+#include "tensor/tensor.h"  // TANDEM_AUTOCAST (tensor/ops/autocast.h)
+
 namespace tandem::nn {
 
 const char* ReductionName(Reduction reduction) {
@@ -449,6 +451,7 @@ namespace functional {
 
 Tensor cross_entropy(const Tensor& input, const Tensor& target,
                      const CrossEntropyLossOptions& options) {
+  TANDEM_AUTOCAST(kFloat32, cross_entropy, input, target, options);
   const char* op = "cross_entropy";
   if (CheckCrossEntropy(input, target, options, op)) {
     return Finish(ProbabilityParts(input, target, options.weight(), options.ignore_index(),
@@ -459,6 +462,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target,
 }
 
 Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions& options) {
+  TANDEM_AUTOCAST(kFloat32, nll_loss, input, target, options);
   const char* op = "nll_loss";
   CheckNllLoss(input, target, options, op);
   return ClassIndexLoss(input, target, /*logits=*/false, options.weight(), options.ignore_index(),
@@ -467,19 +471,23 @@ Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions&
 
 Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
                                         const BCEWithLogitsLossOptions& options) {
+  TANDEM_AUTOCAST(kFloat32, binary_cross_entropy_with_logits, input, target, options);
   return Reduce(BceElements(input, target, options), options.reduction());
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, const MSELossOptions& options) {
+  TANDEM_AUTOCAST(kFloat32, mse_loss, input, target, options);
   return Reduce(MseElements(input, target, options), options.reduction());
 }
 
 Tensor l1_loss(const Tensor& input, const Tensor& target, const L1LossOptions& options) {
+  TANDEM_AUTOCAST(kFloat32, l1_loss, input, target, options);
   return Reduce(L1Elements(input, target, options), options.reduction());
 }
 
 Tensor smooth_l1_loss(const Tensor& input, const Tensor& target,
                       const SmoothL1LossOptions& options) {
+  TANDEM_AUTOCAST(kFloat32, smooth_l1_loss, input, target, options);
   return Reduce(SmoothL1Elements(input, target, options), options.reduction());
 }
 
@@ -521,6 +529,7 @@ Tensor CrossEntropyLoss::forward(const Tensor& input, const Tensor& target) {
 }
 
 LossParts CrossEntropyLoss::forward_parts(const Tensor& input, const Tensor& target) const {
+  TANDEM_AUTOCAST(kFloat32, forward_parts, input, target);
   CrossEntropyLossOptions options = options_;
   options.weight(weight());
   return CrossEntropyParts(input, target, options);
@@ -548,6 +557,7 @@ Tensor NLLLoss::forward(const Tensor& input, const Tensor& target) {
 }
 
 LossParts NLLLoss::forward_parts(const Tensor& input, const Tensor& target) const {
+  TANDEM_AUTOCAST(kFloat32, forward_parts, input, target);
   NLLLossOptions options = options_;
   options.weight(weight());
   return NllLossParts(input, target, options);
@@ -578,6 +588,7 @@ Tensor BCEWithLogitsLoss::forward(const Tensor& input, const Tensor& target) {
 }
 
 LossParts BCEWithLogitsLoss::forward_parts(const Tensor& input, const Tensor& target) const {
+  TANDEM_AUTOCAST(kFloat32, forward_parts, input, target);
   BCEWithLogitsLossOptions options = options_;
   options.weight(weight());
   options.pos_weight(pos_weight());
@@ -589,6 +600,7 @@ Tensor MSELoss::forward(const Tensor& input, const Tensor& target) {
 }
 
 LossParts MSELoss::forward_parts(const Tensor& input, const Tensor& target) const {
+  TANDEM_AUTOCAST(kFloat32, forward_parts, input, target);
   return ElementParts(MseElements(input, target, options_), options_.reduction());
 }
 
@@ -597,6 +609,7 @@ Tensor L1Loss::forward(const Tensor& input, const Tensor& target) {
 }
 
 LossParts L1Loss::forward_parts(const Tensor& input, const Tensor& target) const {
+  TANDEM_AUTOCAST(kFloat32, forward_parts, input, target);
   return ElementParts(L1Elements(input, target, options_), options_.reduction());
 }
 
@@ -610,6 +623,7 @@ Tensor SmoothL1Loss::forward(const Tensor& input, const Tensor& target) {
 }
 
 LossParts SmoothL1Loss::forward_parts(const Tensor& input, const Tensor& target) const {
+  TANDEM_AUTOCAST(kFloat32, forward_parts, input, target);
   return ElementParts(SmoothL1Elements(input, target, options_), options_.reduction());
 }
 

@@ -159,16 +159,17 @@ auto CallWithCasts(CastPolicy policy, const F& op, const Args&... args) {
 // The autocast hook of an op on one of the lists: the first line of the op, naming the op
 // and passing every argument. When autocast is on and an argument needs a cast, the op is
 // called again with the cast arguments (which need none, so that call runs the op itself).
+// Works in member functions too (a module's forward: the call goes through `this`).
 //   Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 //     TANDEM_AUTOCAST(kLowerPrecision, linear, x, weight, bias);
-#define TANDEM_AUTOCAST(policy, op, ...)                                                         \
-  do {                                                                                           \
-    constexpr auto tandem_autocast_policy = ::tandem::autocast::CastPolicy::policy;              \
-    if (::tandem::AutocastMode::IsAnyEnabled() &&                                                \
-        ::tandem::autocast::internal::AnyNeedsCast(tandem_autocast_policy, __VA_ARGS__)) {       \
-      return ::tandem::autocast::internal::CallWithCasts(                                        \
-          tandem_autocast_policy, [](const auto&... args) { return op(args...); }, __VA_ARGS__); \
-    }                                                                                            \
+#define TANDEM_AUTOCAST(policy, op, ...)                                                          \
+  do {                                                                                            \
+    constexpr auto tandem_autocast_policy = ::tandem::autocast::CastPolicy::policy;               \
+    if (::tandem::AutocastMode::IsAnyEnabled() &&                                                 \
+        ::tandem::autocast::internal::AnyNeedsCast(tandem_autocast_policy, __VA_ARGS__)) {        \
+      return ::tandem::autocast::internal::CallWithCasts(                                         \
+          tandem_autocast_policy, [&](const auto&... args) { return op(args...); }, __VA_ARGS__); \
+    }                                                                                             \
   } while (false)
 
 #endif  // TANDEM_TENSOR_OPS_AUTOCAST_H_
