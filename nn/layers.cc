@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tensor/core/autograd.h"
+#include "tensor/tensor.h"  // TANDEM_AUTOCAST (tensor/ops/autocast.h)
 
 namespace tandem::nn {
 namespace {
@@ -471,6 +472,7 @@ void BatchNormBase<Derived>::pretty_print(std::ostream& out) const {
 
 template <typename Derived>
 Tensor BatchNormBase<Derived>::Normalize(const Tensor& input) {
+  TANDEM_AUTOCAST(kFloat32, Normalize, input);  // norms stay in float32 under autocast
   const int64_t c = options_.num_features();
   TANDEM_CHECK(IsFloatingPoint(input.dtype()), this->ToString(),
                ": expected a floating-point input (float32 or float64) but got ", input.dtype(),
@@ -596,6 +598,7 @@ void LayerNorm::reset_parameters() {
 }
 
 Tensor LayerNorm::forward(const Tensor& input) {
+  TANDEM_AUTOCAST(kFloat32, forward, input);  // norms stay in float32 under autocast
   CheckDefinedInput(input, *this);
   const int64_t count = static_cast<int64_t>(normalized_shape_.size());
   const int64_t lead = input.dim() - count;

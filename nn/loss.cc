@@ -5,6 +5,8 @@
 #include <optional>
 #include <vector>
 
+#include "tensor/tensor.h"  // TANDEM_AUTOCAST (tensor/ops/autocast.h)
+
 namespace tandem::nn {
 
 const char* ReductionName(Reduction reduction) {
@@ -450,6 +452,7 @@ namespace functional {
 
 Tensor cross_entropy(const Tensor& input, const Tensor& target,
                      const CrossEntropyLossOptions& options) {
+  TANDEM_AUTOCAST(kFloat32, cross_entropy, input, target, options);
   const char* op = "cross_entropy";
   if (CheckCrossEntropy(input, target, options, op)) {
     return Finish(ProbabilityParts(input, target, options.weight(), options.ignore_index(),
@@ -460,6 +463,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target,
 }
 
 Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions& options) {
+  TANDEM_AUTOCAST(kFloat32, nll_loss, input, target, options);
   const char* op = "nll_loss";
   CheckNllLoss(input, target, options, op);
   return ClassIndexLoss(input, target, /*logits=*/false, options.weight(), options.ignore_index(),
@@ -468,19 +472,23 @@ Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions&
 
 Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
                                         const BCEWithLogitsLossOptions& options) {
+  TANDEM_AUTOCAST(kFloat32, binary_cross_entropy_with_logits, input, target, options);
   return Reduce(BceElements(input, target, options), options.reduction());
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, const MSELossOptions& options) {
+  TANDEM_AUTOCAST(kFloat32, mse_loss, input, target, options);
   return Reduce(MseElements(input, target, options), options.reduction());
 }
 
 Tensor l1_loss(const Tensor& input, const Tensor& target, const L1LossOptions& options) {
+  TANDEM_AUTOCAST(kFloat32, l1_loss, input, target, options);
   return Reduce(L1Elements(input, target, options), options.reduction());
 }
 
 Tensor smooth_l1_loss(const Tensor& input, const Tensor& target,
                       const SmoothL1LossOptions& options) {
+  TANDEM_AUTOCAST(kFloat32, smooth_l1_loss, input, target, options);
   return Reduce(SmoothL1Elements(input, target, options), options.reduction());
 }
 
@@ -522,6 +530,7 @@ Tensor CrossEntropyLoss::forward(const Tensor& input, const Tensor& target) {
 }
 
 LossParts CrossEntropyLoss::forward_parts(const Tensor& input, const Tensor& target) const {
+  TANDEM_AUTOCAST(kFloat32, forward_parts, input, target);
   CrossEntropyLossOptions options = options_;
   options.weight(weight());
   return CrossEntropyParts(input, target, options);
@@ -549,6 +558,7 @@ Tensor NLLLoss::forward(const Tensor& input, const Tensor& target) {
 }
 
 LossParts NLLLoss::forward_parts(const Tensor& input, const Tensor& target) const {
+  TANDEM_AUTOCAST(kFloat32, forward_parts, input, target);
   NLLLossOptions options = options_;
   options.weight(weight());
   return NllLossParts(input, target, options);
@@ -579,6 +589,7 @@ Tensor BCEWithLogitsLoss::forward(const Tensor& input, const Tensor& target) {
 }
 
 LossParts BCEWithLogitsLoss::forward_parts(const Tensor& input, const Tensor& target) const {
+  TANDEM_AUTOCAST(kFloat32, forward_parts, input, target);
   BCEWithLogitsLossOptions options = options_;
   options.weight(weight());
   options.pos_weight(pos_weight());
@@ -590,6 +601,7 @@ Tensor MSELoss::forward(const Tensor& input, const Tensor& target) {
 }
 
 LossParts MSELoss::forward_parts(const Tensor& input, const Tensor& target) const {
+  TANDEM_AUTOCAST(kFloat32, forward_parts, input, target);
   return ElementParts(MseElements(input, target, options_), options_.reduction());
 }
 
@@ -598,6 +610,7 @@ Tensor L1Loss::forward(const Tensor& input, const Tensor& target) {
 }
 
 LossParts L1Loss::forward_parts(const Tensor& input, const Tensor& target) const {
+  TANDEM_AUTOCAST(kFloat32, forward_parts, input, target);
   return ElementParts(L1Elements(input, target, options_), options_.reduction());
 }
 
@@ -611,6 +624,7 @@ Tensor SmoothL1Loss::forward(const Tensor& input, const Tensor& target) {
 }
 
 LossParts SmoothL1Loss::forward_parts(const Tensor& input, const Tensor& target) const {
+  TANDEM_AUTOCAST(kFloat32, forward_parts, input, target);
   return ElementParts(SmoothL1Elements(input, target, options_), options_.reduction());
 }
 

@@ -11,12 +11,14 @@
 #ifndef TANDEM_TENSOR_TENSOR_H_
 #define TANDEM_TENSOR_TENSOR_H_
 
-#include "tensor/base/device.h"      // IWYU pragma: export
-#include "tensor/base/dtype.h"       // IWYU pragma: export
-#include "tensor/base/error.h"       // IWYU pragma: export
-#include "tensor/base/grad_mode.h"   // IWYU pragma: export
-#include "tensor/core/tensor.h"      // IWYU pragma: export
-#include "tensor/ops/ops.h"          // IWYU pragma: export
-#include "tensor/runtime/devices.h"  // IWYU pragma: export
+#include "tensor/base/autocast_mode.h"  // IWYU pragma: export
+#include "tensor/base/device.h"         // IWYU pragma: export
+#include "tensor/base/dtype.h"          // IWYU pragma: export
+#include "tensor/base/error.h"          // IWYU pragma: export
+#include "tensor/base/grad_mode.h"      // IWYU pragma: export
+#include "tensor/core/tensor.h"         // IWYU pragma: export
+#include "tensor/ops/autocast.h"        // IWYU pragma: export
+#include "tensor/ops/ops.h"             // IWYU pragma: export
+#include "tensor/runtime/devices.h"     // IWYU pragma: export
 
 #endif  // TANDEM_TENSOR_TENSOR_H_

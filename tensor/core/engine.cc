@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "tensor/base/autocast_mode.h"
 #include "tensor/core/anomaly_mode.h"
 #include "tensor/core/autograd.h"
 #include "tensor/core/internal/anomaly.h"
@@ -234,6 +235,8 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
       try {
         CurrentTaskScope current(this);
         NoGradGuard no_grad;
+        // A backward computes in the dtypes its forward chose; autocast must not recast it.
+        AutocastSuspendGuard no_autocast;
         const bool detect_anomaly = AnomalyMode::IsEnabled();
         std::vector<Tensor> received;
         if (detect_anomaly) received = grads;

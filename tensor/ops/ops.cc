@@ -24,6 +24,7 @@
 #include "tensor/core/internal/tensor_impl.h"
 #include "tensor/core/tensor.h"
 #include "tensor/kernels/internal/elementwise_math.h"
+#include "tensor/ops/autocast.h"
 #include "tensor/runtime/backend.h"
 
 namespace tandem {
@@ -651,6 +652,7 @@ Tensor mul(const Tensor& a, double b) {
 }
 
 Tensor pow(const Tensor& a, double exponent) {
+  TANDEM_AUTOCAST(kFloat32, pow, a, exponent);
   return FloatUnaryOp(a, UnaryOp::kPowScalar, exponent, "pow", "PowBackward",
                       [exponent](const Tensor& grad, const Tensor& x, const Tensor&) {
                         if (exponent == 0.0) return zeros_like(grad);
@@ -673,12 +675,14 @@ Tensor neg(const Tensor& a) {
 }
 
 Tensor exp(const Tensor& a) {
+  TANDEM_AUTOCAST(kFloat32, exp, a);
   return FloatUnaryOp(
       a, UnaryOp::kExp, 0.0, "exp", "ExpBackward",
       [](const Tensor& grad, const Tensor&, const Tensor& y) { return mul(grad, y); });
 }
 
 Tensor log(const Tensor& a) {
+  TANDEM_AUTOCAST(kFloat32, log, a);
   return FloatUnaryOp(
       a, UnaryOp::kLog, 0.0, "log", "LogBackward",
       [](const Tensor& grad, const Tensor& x, const Tensor&) { return div(grad, x); });
@@ -815,6 +819,7 @@ void CheckMeanInput(const Tensor& a) {
 }  // namespace
 
 Tensor sum(const Tensor& a) {
+  TANDEM_AUTOCAST(kFloat32, sum, a);
   CheckDefined(a, "sum", "input");
   Tensor out = SumAllRaw(SumInput(a));
   if (NeedsGrad({a})) {
@@ -826,6 +831,7 @@ Tensor sum(const Tensor& a) {
 }
 
 Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
+  TANDEM_AUTOCAST(kFloat32, sum, a, dims, keepdim);
   CheckDefined(a, "sum", "input");
   const std::vector<int64_t> reduced = NormalizeDims(dims, a.dim(), "sum");
   const Shape kept_shape = ReducedShape(a.shape(), reduced, true);
@@ -932,10 +938,17 @@ Tensor SoftmaxImpl(const Tensor& a, int64_t dim, bool log) {
 
 }  // namespace
 
-Tensor softmax(const Tensor& a, int64_t dim) { return SoftmaxImpl(a, dim, false); }
-Tensor log_softmax(const Tensor& a, int64_t dim) { return SoftmaxImpl(a, dim, true); }
+Tensor softmax(const Tensor& a, int64_t dim) {
+  TANDEM_AUTOCAST(kFloat32, softmax, a, dim);
+  return SoftmaxImpl(a, dim, false);
+}
+Tensor log_softmax(const Tensor& a, int64_t dim) {
+  TANDEM_AUTOCAST(kFloat32, log_softmax, a, dim);
+  return SoftmaxImpl(a, dim, true);
+}
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  TANDEM_AUTOCAST(kLowerPrecision, matmul, a, b);
   CheckDefined(a, "matmul", "a");
   CheckDefined(b, "matmul", "b");
   CheckSameDevice(a, "a", b, "b", "matmul");
@@ -997,6 +1010,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  TANDEM_AUTOCAST(kLowerPrecision, linear, x, weight, bias);
   CheckDefined(x, "linear", "x");
   CheckDefined(weight, "linear", "weight");
   CheckSameDevice(x, "x", weight, "weight", "linear");
@@ -1044,16 +1058,19 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 }
 
 Tensor nll_loss(const Tensor& log_probs, const Tensor& targets) {
+  TANDEM_AUTOCAST(kFloat32, nll_loss, log_probs, targets);
   CheckClassification(log_probs, targets, "nll_loss", "log_probs");
   return NllLossCore(log_probs, targets);
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
+  TANDEM_AUTOCAST(kFloat32, cross_entropy, logits, targets);
   CheckClassification(logits, targets, "cross_entropy", "logits");
   return NllLossCore(log_softmax(logits, 1), targets);
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target) {
+  TANDEM_AUTOCAST(kFloat32, mse_loss, input, target);
   CheckDefined(input, "mse_loss", "input");
   CheckDefined(target, "mse_loss", "target");
   CheckSameDevice(input, "input", target, "target", "mse_loss");
@@ -1125,6 +1142,7 @@ std::vector<Tensor> PerImageConv2dBackward(const Conv2dGeometry& g, int64_t grou
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
               std::vector<int64_t> stride, std::vector<int64_t> padding,
               std::vector<int64_t> dilation, int64_t groups) {
+  TANDEM_AUTOCAST(kLowerPrecision, conv2d, input, weight, bias, stride, padding, dilation, groups);
   CheckImageInput(input, "conv2d");
   CheckDefined(weight, "conv2d", "weight");
   CheckSameDevice(input, "input", weight, "weight", "conv2d");
@@ -1465,6 +1483,7 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* gen) {
 // ---- Joining -------------------------------------------------------------------------------
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  TANDEM_AUTOCAST(kPromote, cat, tensors, dim);
   TANDEM_CHECK(!tensors.empty(), "cat: expected at least one tensor but got an empty list");
   for (size_t i = 0; i < tensors.size(); ++i) {
     TANDEM_CHECK(tensors[i].defined(), "cat: tensor ", i, " is an undefined Tensor");

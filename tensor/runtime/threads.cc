@@ -9,6 +9,7 @@
 #include <thread>
 #include <utility>
 
+#include "tensor/base/autocast_mode.h"
 #include "tensor/base/error.h"
 #include "tensor/base/grad_mode.h"
 #include "tensor/runtime/devices.h"
@@ -201,10 +202,14 @@ DeviceWorker::~DeviceWorker() {
 
 void DeviceWorker::Post(std::function<void()> task) {
   // The task runs with the grad mode and current streams its poster had, as if the poster
-  // ran it (PyTorch's engine carries both into its tasks).
-  task = [grad_mode = GradMode::IsEnabled(), streams = CurrentStreams(), task = std::move(task)] {
+  // ran it (PyTorch's engine carries both into its tasks), and with its autocast state too,
+  // which PyTorch does not carry into DataParallel's replica threads: here a replica's forward
+  // under the caller's AutocastGuard autocasts, sharing the guard's weight cache.
+  task = [grad_mode = GradMode::IsEnabled(), streams = CurrentStreams(),
+          autocast = AutocastMode::GetState(), task = std::move(task)]() mutable {
     AutoGradMode mode(grad_mode);
     MultiStreamGuard guard(streams);  // usually none: copies an empty vector
+    AutocastStateGuard autocast_guard(std::move(autocast));
     task();
   };
   {

@@ -45,7 +45,7 @@ class DeviceWorker {
   Device device() const { return device_; }
 
   // Queues `task`; exceptions it throws reach the future. Like Post, it runs with the
-  // caller's grad mode (tensor/base/grad_mode.h).
+  // caller's grad mode (tensor/base/grad_mode.h) and autocast state.
   template <typename F>
   auto Submit(F&& task) -> std::future<std::invoke_result_t<F>> {
     using R = std::invoke_result_t<F>;
@@ -55,7 +55,8 @@ class DeviceWorker {
     return result;
   }
   // Queues a task that must not throw (it is the caller's job to catch). The task runs with
-  // the grad mode and the current streams (tensor/runtime/stream.h) the calling thread has now.
+  // the grad mode, the autocast state (tensor/base/autocast_mode.h) and the current streams
+  // (tensor/runtime/stream.h) the calling thread has now.
   void Post(std::function<void()> task);
 
  private:

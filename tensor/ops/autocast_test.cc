@@ -1,0 +1,413 @@
+// Autocast: the cast policy of each listed op, the weight cache (once per guard, shared across
+// threads, differentiable), nesting, the dtypes left alone, and the state reaching device
+// workers while backward functions run without it.
+#include "tensor/ops/autocast.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <future>
+#include <string>
+#include <vector>
+
+#include "tensor/core/autograd.h"
+#include "tensor/runtime/threads.h"
+#include "tensor/tensor.h"
+#include "tensor/testing.h"
+
+namespace tandem {
+namespace {
+
+using ::tandem::testing::ErrorOf;
+using ::tandem::testing::MaxAbsDiff;
+using ::testing::HasSubstr;
+
+constexpr DeviceType kCPU = DeviceType::kCPU;
+constexpr DeviceType kCUDA = DeviceType::kCUDA;
+
+// max |a - b| <= atol + rtol * max |b| (b the float32 reference), PyTorch's tolerances scaled
+// by `scale`. Relative to the largest element rather than to each one: a sum of products that
+// cancels to near zero keeps the rounding errors of its large terms.
+void ExpectCloseTo(const Tensor& a, const Tensor& b, DType dtype, double scale = 1.0) {
+  ASSERT_EQ(a.shape(), b.shape());
+  EXPECT_NE(a.dtype(), kFloat64);
+  const double rtol = (dtype == kBFloat16 ? 1.6e-2 : 1e-3) * scale;
+  const double largest = MaxAbsDiff(b, zeros_like(b));
+  EXPECT_LE(MaxAbsDiff(a, b), 1e-5 * scale + rtol * largest) << "largest |b| = " << largest;
+}
+
+Tensor Param(const Shape& shape, uint64_t seed) {
+  manual_seed(seed);
+  Tensor p = mul(randn(shape), 0.5).detach();
+  p.set_requires_grad(true);
+  return p;
+}
+
+// The lower-precision ops need a 16-bit GEMM (and im2col for conv2d) from the backend: the
+// reason it has none, or "" when it has.
+std::string MissingReducedGemm(DType dtype) {
+  const std::string error = ErrorOf([&] {
+    matmul(ones({2, 2}).to(dtype), ones({2, 2}).to(dtype));
+    conv2d(ones({1, 1, 2, 2}).to(dtype), ones({1, 1, 1, 1}).to(dtype), Tensor());
+  });
+  return error == "<no error>" ? "" : error;
+}
+
+#define SKIP_WITHOUT_REDUCED_GEMM(dtype)                                         \
+  if (const std::string missing = MissingReducedGemm(dtype); !missing.empty()) { \
+    GTEST_SKIP() << "the CPU backend has no " << dtype << " GEMM: " << missing;  \
+  }
+
+TEST(AutocastModeTest, OffByDefaultWithPyTorchsDefaultDTypes) {
+  EXPECT_FALSE(AutocastMode::IsAnyEnabled());
+  EXPECT_FALSE(AutocastMode::IsEnabled(kCPU));
+  EXPECT_FALSE(AutocastMode::IsEnabled(kCUDA));
+  EXPECT_EQ(AutocastMode::DefaultDType(kCPU), kBFloat16);
+  EXPECT_EQ(AutocastMode::DefaultDType(kCUDA), kFloat16);
+  EXPECT_EQ(AutocastMode::GetDType(kCPU), kBFloat16);
+  EXPECT_EQ(AutocastMode::GetDType(kCUDA), kFloat16);
+  EXPECT_EQ(autocast::CachedCastCount(), 0u);
+}
+
+TEST(AutocastTest, GuardsNestAndRestore) {
+  {
+    AutocastGuard outer(kCPU);
+    EXPECT_TRUE(AutocastMode::IsEnabled(kCPU));
+    EXPECT_FALSE(AutocastMode::IsEnabled(kCUDA));
+    EXPECT_EQ(AutocastMode::GetDType(kCPU), kBFloat16);
+    {
+      AutocastGuard half(kCPU, kFloat16);
+      EXPECT_EQ(AutocastMode::GetDType(kCPU), kFloat16);
+      {
+        AutocastGuard inherits(kCPU);  // no dtype: the enclosing guard's
+        EXPECT_EQ(AutocastMode::GetDType(kCPU), kFloat16);
+        AutocastGuard off(kCPU, std::nullopt, /*enabled=*/false);
+        EXPECT_FALSE(AutocastMode::IsEnabled(kCPU));
+        EXPECT_FALSE(AutocastMode::IsAnyEnabled());
+        EXPECT_EQ(exp(ones({2}).to(kBFloat16)).dtype(), kBFloat16);  // off: no cast
+      }
+      EXPECT_TRUE(AutocastMode::IsEnabled(kCPU));
+      EXPECT_EQ(AutocastMode::GetDType(kCPU), kFloat16);
+      AutocastGuard cuda(kCUDA);
+      EXPECT_TRUE(AutocastMode::IsEnabled(kCUDA));
+      EXPECT_EQ(AutocastMode::GetDType(kCUDA), kFloat16);
+    }
+    EXPECT_FALSE(AutocastMode::IsEnabled(kCUDA));
+    EXPECT_EQ(AutocastMode::GetDType(kCPU), kBFloat16);
+  }
+  EXPECT_FALSE(AutocastMode::IsAnyEnabled());
+  EXPECT_EQ(AutocastMode::GetDType(kCPU), kBFloat16);
+}
+
+TEST(AutocastTest, RefusesANonReducedDType) {
+  EXPECT_THAT(ErrorOf([] { AutocastGuard guard(kCPU, kFloat32); }),
+              HasSubstr("expected a 16-bit floating dtype (bfloat16 or float16)"));
+  EXPECT_THAT(ErrorOf([] { AutocastGuard guard(kCPU, kInt64); }), HasSubstr("got int64"));
+  EXPECT_FALSE(AutocastMode::IsAnyEnabled());  // a refused guard leaves the state alone
+}
+
+TEST(AutocastTest, Float32ListRunsInFloat32) {
+  manual_seed(1);
+  const Tensor x32 = randn({4, 5});
+  const Tensor x = x32.to(kBFloat16);
+  const Tensor positive = add(abs(x32), 0.5).to(kBFloat16);
+  const Tensor labels = from_vector(std::vector<int64_t>{0, 4, 2, 1}, {4});
+  AutocastGuard autocast(kCPU);
+  EXPECT_EQ(softmax(x, 1).dtype(), kFloat32);
+  EXPECT_EQ(log_softmax(x, 1).dtype(), kFloat32);
+  EXPECT_EQ(exp(x).dtype(), kFloat32);
+  EXPECT_EQ(log(positive).dtype(), kFloat32);
+  EXPECT_EQ(pow(x, 2.0).dtype(), kFloat32);
+  EXPECT_EQ(sum(x).dtype(), kFloat32);
+  EXPECT_EQ(sum(x, {1}).dtype(), kFloat32);
+  EXPECT_EQ(mean(x).dtype(), kFloat32);
+  EXPECT_EQ(mean(x, {0}, true).dtype(), kFloat32);
+  EXPECT_EQ(cross_entropy(x, labels).dtype(), kFloat32);
+  EXPECT_EQ(nll_loss(log_softmax(x, 1).to(kBFloat16), labels).dtype(), kFloat32);
+  EXPECT_EQ(mse_loss(x, x32).dtype(), kFloat32);
+  // Computed from the bf16 values, in float32: the same as casting up first.
+  EXPECT_EQ(MaxAbsDiff(softmax(x, 1), softmax(x.to(kFloat32), 1)), 0.0);
+  EXPECT_EQ(MaxAbsDiff(cross_entropy(x, labels), cross_entropy(x.to(kFloat32), labels)), 0.0);
+  // float16 inputs are cast up too.
+  EXPECT_EQ(softmax(x32.to(kFloat16), 0).dtype(), kFloat32);
+}
+
+TEST(AutocastTest, OtherOpsRunInTheirInputsDType) {
+  const Tensor x = randn({3, 4}).to(kBFloat16);
+  AutocastGuard autocast(kCPU);
+  EXPECT_EQ(relu(x).dtype(), kBFloat16);
+  EXPECT_EQ(tanh(x).dtype(), kBFloat16);
+  EXPECT_EQ(mul(x, x).dtype(), kBFloat16);
+  EXPECT_EQ(add(x, randn({3, 4})).dtype(), kFloat32);  // type promotion, not autocast
+  EXPECT_EQ(relu(randn({3})).dtype(), kFloat32);       // float32 stays float32 outside the list
+}
+
+TEST(AutocastTest, CatPromotesToTheWidestFloatingDType) {
+  const Tensor a = ones({2, 3}).to(kBFloat16);
+  const Tensor b = ones({1, 3});
+  AutocastGuard autocast(kCPU);
+  const Tensor joined = cat({a, b}, 0);
+  EXPECT_EQ(joined.dtype(), kFloat32);
+  EXPECT_EQ(joined.size(0), 3);
+  EXPECT_EQ(stack({ones({3}).to(kFloat16), ones({3}).to(kBFloat16)}).dtype(), kFloat32);
+  EXPECT_EQ(cat({a, a}).dtype(), kBFloat16);
+}
+
+TEST(AutocastTest, Float64AndIntegersAreLeftAlone) {
+  manual_seed(2);
+  const Tensor x64 = randn({3, 4}, TensorOptions().dtype(kFloat64));
+  const Tensor w64 = randn({2, 4}, TensorOptions().dtype(kFloat64));
+  const Tensor ints = from_vector(std::vector<int64_t>{1, 2, 3}, {3});
+  AutocastGuard autocast(kCPU);
+  EXPECT_FALSE(autocast::IsEligible(x64));
+  EXPECT_FALSE(autocast::IsEligible(ints));
+  EXPECT_EQ(linear(x64, w64, Tensor()).dtype(), kFloat64);
+  EXPECT_EQ(matmul(x64, w64.t()).dtype(), kFloat64);
+  EXPECT_EQ(softmax(x64, 1).dtype(), kFloat64);
+  EXPECT_EQ(exp(x64).dtype(), kFloat64);
+  EXPECT_EQ(sum(ints).dtype(), kInt64);
+  EXPECT_EQ(autocast::CastToLowerPrecision(ints).dtype(), kInt64);
+  EXPECT_EQ(autocast::CastToFloat32(x64).dtype(), kFloat64);
+}
+
+TEST(AutocastTest, OnlyTheGuardedDeviceTypeIsCast) {
+  const Tensor x = ones({2, 3}).to(kBFloat16);
+  AutocastGuard autocast(kCUDA);  // CUDA only: CPU tensors are not touched
+  EXPECT_FALSE(autocast::IsEligible(x));
+  EXPECT_EQ(exp(x).dtype(), kBFloat16);
+  EXPECT_EQ(autocast::CastToLowerPrecision(ones({2})).dtype(), kFloat32);
+}
+
+TEST(AutocastTest, LowerPrecisionListRunsInBFloat16) {
+  SKIP_WITHOUT_REDUCED_GEMM(kBFloat16);
+  manual_seed(3);
+  const Tensor x = randn({6, 8}), w = randn({5, 8}), b = randn({5});
+  const Tensor image = randn({2, 3, 6, 6}), kernel = randn({4, 3, 3, 3}), kb = randn({4});
+  const Tensor linear32 = linear(x, w, b), matmul32 = matmul(x, w.t());
+  const Tensor conv32 = conv2d(image, kernel, kb, {1, 1}, {1, 1});
+  AutocastGuard autocast(kCPU);
+  const Tensor y = linear(x, w, b);
+  const Tensor m = matmul(x, w.t());
+  const Tensor c = conv2d(image, kernel, kb, {1, 1}, {1, 1});
+  EXPECT_EQ(y.dtype(), kBFloat16);
+  EXPECT_EQ(m.dtype(), kBFloat16);
+  EXPECT_EQ(c.dtype(), kBFloat16);
+  EXPECT_EQ(x.matmul(w.t()).dtype(), kBFloat16);
+  // The inputs round to bf16 (relative error 2^-9 each) and the result once more.
+  ExpectCloseTo(y, linear32, kBFloat16);
+  ExpectCloseTo(m, matmul32, kBFloat16);
+  ExpectCloseTo(c, conv32, kBFloat16);
+}
+
+TEST(AutocastTest, Float16OnTheCpu) {
+  SKIP_WITHOUT_REDUCED_GEMM(kFloat16);
+  manual_seed(4);
+  const Tensor x = randn({6, 8}), w = randn({5, 8}), b = randn({5});
+  const Tensor expected = linear(x, w, b);
+  AutocastGuard autocast(kCPU, kFloat16);
+  const Tensor y = linear(x, w, b);
+  EXPECT_EQ(y.dtype(), kFloat16);
+  ExpectCloseTo(y, expected, kFloat16);
+  EXPECT_EQ(log_softmax(y, 1).dtype(), kFloat32);
+}
+
+TEST(AutocastTest, AParameterIsCastOncePerGuard) {
+  const Tensor w = Param({4, 3}, 5);
+  const Tensor activation = randn({4, 3});  // requires no grad: not cached
+  const Tensor non_leaf = mul(w, 2.0);      // not a leaf: not cached
+  {
+    AutocastGuard autocast(kCPU);
+    const Tensor first = autocast::CastToLowerPrecision(w);
+    const Tensor second = autocast::CastToLowerPrecision(w);
+    EXPECT_EQ(first.dtype(), kBFloat16);
+    EXPECT_EQ(first.impl(), second.impl());
+    EXPECT_TRUE(first.requires_grad());
+    EXPECT_EQ(autocast::CachedCastCount(), 1u);
+    EXPECT_NE(autocast::CastToLowerPrecision(activation).impl(),
+              autocast::CastToLowerPrecision(activation).impl());
+    EXPECT_NE(autocast::CastToLowerPrecision(non_leaf).impl(),
+              autocast::CastToLowerPrecision(non_leaf).impl());
+    EXPECT_EQ(autocast::CachedCastCount(), 1u);
+    {
+      AutocastGuard nested(kCPU);  // shares the outer guard's cache
+      EXPECT_EQ(autocast::CastToLowerPrecision(w).impl(), first.impl());
+      AutocastGuard half(kCPU, kFloat16);  // another dtype: another entry
+      EXPECT_EQ(autocast::CastToLowerPrecision(w).dtype(), kFloat16);
+      EXPECT_EQ(autocast::CachedCastCount(), 2u);
+    }
+    EXPECT_EQ(autocast::CachedCastCount(), 2u);  // nested guards do not clear it
+    {
+      AutocastGuard uncached(kCPU, std::nullopt, true, /*cache_enabled=*/false);
+      EXPECT_NE(autocast::CastToLowerPrecision(w).impl(), first.impl());
+    }
+  }
+  EXPECT_EQ(autocast::CachedCastCount(), 0u);
+  AutocastGuard again(kCPU);  // a new outermost guard casts afresh
+  EXPECT_EQ(autocast::CachedCastCount(), 0u);
+  autocast::CastToLowerPrecision(w);
+  EXPECT_EQ(autocast::CachedCastCount(), 1u);
+}
+
+TEST(AutocastTest, ACastMadeWithoutGradIsNotReusedWithGrad) {
+  const Tensor w = Param({3}, 6);
+  AutocastGuard autocast(kCPU);
+  Tensor without;
+  {
+    NoGradGuard no_grad;
+    without = autocast::CastToLowerPrecision(w);
+  }
+  EXPECT_FALSE(without.requires_grad());
+  const Tensor with = autocast::CastToLowerPrecision(w);
+  EXPECT_TRUE(with.requires_grad());
+  EXPECT_NE(with.impl(), without.impl());
+  NoGradGuard no_grad;  // a recorded cast serves a caller that records nothing too
+  EXPECT_EQ(autocast::CastToLowerPrecision(w).impl(), with.impl());
+}
+
+TEST(AutocastTest, WeightUsedTwiceIsCastOnceAndGetsBothGradients) {
+  SKIP_WITHOUT_REDUCED_GEMM(kBFloat16);
+  Tensor w = Param({4, 4}, 7), b = Param({4}, 8);
+  manual_seed(9);
+  const Tensor x = randn({5, 4});
+  const auto forward = [&] { return sum(linear(relu(linear(x, w, b)), w, b)); };
+  forward().backward();
+  const Tensor w_grad32 = w.grad(), b_grad32 = b.grad();
+  w.set_grad(Tensor());
+  b.set_grad(Tensor());
+  Tensor loss;
+  {
+    AutocastGuard autocast(kCPU);
+    loss = forward();
+    EXPECT_EQ(autocast::CachedCastCount(), 2u);  // w and b, each once
+  }
+  EXPECT_EQ(loss.dtype(), kFloat32);
+  loss.backward();
+  ASSERT_TRUE(w.grad().defined());
+  EXPECT_EQ(w.grad().dtype(), kFloat32);
+  EXPECT_EQ(b.grad().dtype(), kFloat32);
+  ExpectCloseTo(w.grad(), w_grad32, kBFloat16, 2.0);  // two bf16 GEMMs deep
+  ExpectCloseTo(b.grad(), b_grad32, kBFloat16, 2.0);
+}
+
+TEST(AutocastTest, GradientsMatchTheFloat32Model) {
+  SKIP_WITHOUT_REDUCED_GEMM(kBFloat16);
+  const Tensor w1 = Param({16, 10}, 10), b1 = Param({16}, 11);
+  const Tensor w2 = Param({3, 16}, 12), b2 = Param({3}, 13);
+  manual_seed(14);
+  const Tensor x = randn({8, 10});
+  const Tensor labels = from_vector(std::vector<int64_t>{0, 1, 2, 0, 1, 2, 2, 1}, {8});
+  const auto forward = [&] {
+    return cross_entropy(linear(relu(linear(x, w1, b1)), w2, b2), labels);
+  };
+  const std::vector<Tensor> params = {w1, b1, w2, b2};
+  forward().backward();
+  std::vector<Tensor> grads32;
+  for (Tensor p : params) {
+    grads32.push_back(p.grad());
+    p.set_grad(Tensor());
+  }
+  {
+    AutocastGuard autocast(kCPU);
+    const Tensor loss = forward();
+    EXPECT_EQ(loss.dtype(), kFloat32);
+    loss.backward();  // inside the guard: backward still runs in the forward's dtypes
+  }
+  for (size_t i = 0; i < params.size(); ++i) {
+    SCOPED_TRACE(i);
+    ASSERT_TRUE(params[i].grad().defined());
+    EXPECT_EQ(params[i].grad().dtype(), kFloat32);
+    // Two bf16 GEMMs deep: a few bf16 roundings on every gradient.
+    ExpectCloseTo(params[i].grad(), grads32[i], kBFloat16, 2.0);
+  }
+}
+
+TEST(AutocastTest, BackwardFunctionsRunWithAutocastOff) {
+  SetCpuDeviceCount(2);
+  for (Device device : {Device::Cpu(0), Device::Cpu(1)}) {
+    SCOPED_TRACE(device.ToString());
+    Tensor x = ones({3}, TensorOptions().device(device));
+    x.set_requires_grad(true);
+    std::atomic<int> seen{-1};
+    Tensor out = mul(x.detach(), 1.0);
+    RecordOp("ProbeBackward", {x}, out, [&seen](const Tensor& grad) {
+      seen = AutocastMode::IsAnyEnabled() ? 1 : 0;
+      return std::vector<Tensor>{grad};
+    });
+    AutocastGuard autocast(kCPU);
+    out.backward(ones({3}, TensorOptions().device(device)));
+    EXPECT_EQ(seen.load(), 0);
+    EXPECT_TRUE(AutocastMode::IsEnabled(kCPU));  // restored after the pass
+  }
+}
+
+TEST(AutocastTest, ABackwardThatCallsListedOpsKeepsTheForwardsDType) {
+  // amax's backward sums a bf16 mask: under autocast that sum would come out float32 and the
+  // gradient of the bf16 input with it.
+  Tensor x = randn({3, 4}).to(kBFloat16);
+  x.set_requires_grad(true);
+  AutocastGuard autocast(kCPU);
+  sum(amax(x, 1)).backward();
+  ASSERT_TRUE(x.grad().defined());
+  EXPECT_EQ(x.grad().dtype(), kBFloat16);
+}
+
+TEST(AutocastTest, TasksOnDeviceWorkersSeeTheCallersState) {
+  SetCpuDeviceCount(2);
+  DeviceWorker& worker = DeviceWorker::For(Device::Cpu(1));
+  const auto probe = [] {
+    return std::make_pair(AutocastMode::IsEnabled(kCPU), AutocastMode::GetDType(kCPU));
+  };
+  {
+    AutocastGuard autocast(kCPU, kFloat16);
+    const auto seen = worker.Submit(probe).get();
+    EXPECT_TRUE(seen.first);
+    EXPECT_EQ(seen.second, kFloat16);
+    const Tensor x = ones({2, 3}, TensorOptions().device(Device::Cpu(1))).to(kFloat16);
+    EXPECT_EQ(worker.Submit([x] { return softmax(x, 1).dtype(); }).get(), kFloat32);
+  }
+  // The worker's own state was restored after each task, and nothing leaks into later ones.
+  const auto after = worker.Submit(probe).get();
+  EXPECT_FALSE(after.first);
+  EXPECT_EQ(after.second, kBFloat16);
+}
+
+TEST(AutocastTest, WorkersShareTheGuardsWeightCache) {
+  SetCpuDeviceCount(2);
+  const Tensor w = Param({8, 8}, 15);
+  AutocastGuard autocast(kCPU);
+  // Both workers cast the same parameter at about the same time: one cast wins, both use it.
+  std::vector<std::future<const void*>> casts;
+  for (int round = 0; round < 20; ++round) {
+    for (int d = 0; d < 2; ++d) {
+      casts.push_back(DeviceWorker::For(Device::Cpu(d)).Submit([w] {
+        return static_cast<const void*>(autocast::CastToLowerPrecision(w).impl());
+      }));
+    }
+  }
+  const void* first = autocast::CastToLowerPrecision(w).impl();
+  for (auto& cast : casts) EXPECT_EQ(cast.get(), first);
+  EXPECT_EQ(autocast::CachedCastCount(), 1u);
+}
+
+TEST(AutocastTest, ATaskThatOutlivesTheGuardCastsUncached) {
+  SetCpuDeviceCount(2);
+  const Tensor w = Param({4}, 16);
+  std::promise<void> closed;
+  std::future<std::pair<DType, size_t>> late;
+  {
+    AutocastGuard autocast(kCPU);
+    late = DeviceWorker::For(Device::Cpu(1)).Submit([&closed, w] {
+      closed.get_future().wait();
+      const Tensor cast = autocast::CastToLowerPrecision(w);
+      return std::make_pair(cast.dtype(), autocast::CachedCastCount());
+    });
+  }
+  closed.set_value();
+  const auto [dtype, cached] = late.get();
+  EXPECT_EQ(dtype, kBFloat16);  // the task still runs under the state it was posted with
+  EXPECT_EQ(cached, 0u);        // but the closed cache keeps nothing
+}
+
+}  // namespace
+}  // namespace tandem
