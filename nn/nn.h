@@ -1,6 +1,6 @@
 // Tandem's neural-network library in one include: Module and Cloneable, the layers,
-// Sequential, the losses, the optimizers, learning-rate schedulers, gradient clipping
-// and checkpoints. Depend on //nn.
+// Sequential, the losses, the optimizers, learning-rate schedulers, gradient clipping,
+// GradScaler and checkpoints. Depend on //nn.
 //
 //   #include "nn/nn.h"
 //   auto model = std::make_shared<tandem::nn::Sequential>(
@@ -11,6 +11,7 @@
 
 #include "nn/checkpoint.h"    // IWYU pragma: export
 #include "nn/clip_grad.h"     // IWYU pragma: export
+#include "nn/grad_scaler.h"   // IWYU pragma: export
 #include "nn/layers.h"        // IWYU pragma: export
 #include "nn/loss.h"          // IWYU pragma: export
 #include "nn/lr_scheduler.h"  // IWYU pragma: export

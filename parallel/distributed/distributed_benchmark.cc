@@ -8,6 +8,8 @@
 //    (allreduce(t)->wait()) against a bare blocking MPI_Allreduce on the same buffer, in
 //    alternating blocks in the same run, each side's median block. Bandwidth is bytes / time
 //    per all-reduce (nccl-tests' algbw).
+// 1b. DDP's bfloat16 gradient compression against the float32 all-reduce (--nocompression
+//    skips it).
 // 2. A training step (forward, cross-entropy, backward, SGD) of the MLP 784-256-128-10 at
 //    batch 256 per rank and of the CNN at batch 32 per rank, one thread per rank: rank 0
 //    alone on the plain module (the others sleep), every rank on its own plain module at once
@@ -102,6 +104,48 @@ void AllreduceBandwidth(ProcessGroupMpi& group) {
       std::printf("%10lld %14.1f %14.1f %12.2f %12.2f %7.1f%%\n", static_cast<long long>(bytes),
                   bare_time * 1e6, group_time * 1e6, bytes / bare_time / 1e9,
                   bytes / group_time / 1e9, 100.0 * bare_time / group_time);
+    }
+  }
+}
+
+// DistributedDataParallel's gradient_compression(kBFloat16) against float32: per all-reduce
+// (average) of n float32 gradients, the float32 all-reduce against the compressed path as DDP
+// runs it (round into a bfloat16 bucket, all-reduce it, convert back), alternating blocks.
+void CompressedAllreduce(ProcessGroupMpi& group) {
+  if (group.rank() == 0) {
+    std::printf(
+        "\nallreduce (average) of float32 gradients, %d ranks: float32 against bfloat16 "
+        "compression (cast, bfloat16 all-reduce summing in float32, cast back); median of %d\n",
+        group.size(), kBandwidthRounds);
+    std::printf("%10s %14s %14s %14s %8s\n", "f32 bytes", "float32 us", "bf16 us", "bf16 wire us",
+                "ratio");
+  }
+  for (int64_t bytes = 64 << 10; bytes <= (64 << 20); bytes *= 4) {
+    const int64_t n = bytes / 4;
+    Tensor grads = full({n}, 0.001 * (group.rank() + 1));
+    Tensor plain = grads.clone();
+    Tensor bucket = grads.to(kBFloat16);
+    const int iters = static_cast<int>(std::clamp<int64_t>((256 << 20) / bytes, 5, 2000));
+    auto float32 = [&] { group.allreduce(plain, ReduceOp::kAverage)->wait(); };
+    auto compressed = [&] {
+      bucket.copy_(grads);
+      group.allreduce(bucket, ReduceOp::kAverage)->wait();
+      grads.copy_(bucket);
+    };
+    auto wire_only = [&] { group.allreduce(bucket, ReduceOp::kAverage)->wait(); };
+    TimeBlock(group, 2, float32);
+    TimeBlock(group, 2, compressed);
+    std::vector<double> float_times, compressed_times, wire_times;
+    for (int round = 0; round < kBandwidthRounds; ++round) {
+      float_times.push_back(TimeBlock(group, iters, float32));
+      compressed_times.push_back(TimeBlock(group, iters, compressed));
+      wire_times.push_back(TimeBlock(group, iters, wire_only));
+    }
+    const double f = Median(float_times);
+    const double c = Median(compressed_times);
+    if (group.rank() == 0) {
+      std::printf("%10lld %14.1f %14.1f %14.1f %7.2fx\n", static_cast<long long>(bytes), f * 1e6,
+                  c * 1e6, Median(wire_times) * 1e6, c / f);
     }
   }
 }
@@ -283,6 +327,7 @@ void TrainingStep(const std::shared_ptr<ProcessGroupMpi>& group_ptr, const std::
 int Main(int argc, char** argv) {
   bool allreduce = true;
   bool train = true;
+  bool compression = true;
   int steps = 20;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -290,10 +335,13 @@ int Main(int argc, char** argv) {
       allreduce = false;
     } else if (arg == "--notrain") {
       train = false;
+    } else if (arg == "--nocompression") {
+      compression = false;
     } else if (arg.rfind("--steps=", 0) == 0) {
       steps = std::atoi(arg.c_str() + 8);
     } else {
-      std::fprintf(stderr, "usage: %s [--noallreduce] [--notrain] [--steps=N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--noallreduce] [--nocompression] [--notrain] [--steps=N]\n",
+                   argv[0]);
       return 1;
     }
   }
@@ -306,6 +354,7 @@ int Main(int argc, char** argv) {
                 group->size());
   }
   if (allreduce) AllreduceBandwidth(*group);
+  if (compression) CompressedAllreduce(*group);
   if (train) {
     if (group->rank() == 0) std::printf("\n");
     TrainingStep(group, "mlp", 256, steps);

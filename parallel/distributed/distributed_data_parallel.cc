@@ -7,6 +7,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "parallel/distributed/same_configuration.h"
 #include "tensor/base/error.h"
 #include "tensor/core/autograd.h"
 
@@ -84,10 +85,29 @@ void CheckSameModelEverywhere(ProcessGroup& group, const nn::Module& module) {
   }
 }
 
+// Throws, on every rank alike, when the ranks were given different options: they decide the
+// buckets and the collectives of every backward, so the ranks would otherwise mismatch later.
+void CheckSameOptionsEverywhere(ProcessGroup& group, const DistributedDataParallelOptions& o) {
+  std::ostringstream cap;
+  cap.precision(17);
+  cap << o.bucket_cap_mb();
+  const std::optional<DType> compression = o.gradient_compression();
+  RequireSameConfiguration(
+      group,
+      {{"gradient_compression", compression ? DTypeName(*compression) : std::string("none")},
+       {"bucket_cap_mb", cap.str()},
+       {"find_unused_parameters", o.find_unused_parameters() ? "true" : "false"},
+       {"broadcast_buffers", o.broadcast_buffers() ? "true" : "false"}},
+      Prefix(group) +
+          "construct DistributedDataParallel with the same "
+          "DistributedDataParallelOptions on every rank");
+}
+
 // Copies rank 0's `tensors` to every rank, one broadcast per dtype.
 void BroadcastCoalesced(ProcessGroup& group, const std::vector<Tensor>& tensors) {
   NoGradGuard no_grad;
-  for (DType dtype : {kFloat32, kInt64}) {
+  for (int code = 0; code < kNumDTypes; ++code) {
+    const DType dtype = static_cast<DType>(code);
     std::vector<Tensor> mine;
     int64_t total = 0;
     for (const Tensor& t : tensors) {
@@ -124,8 +144,8 @@ double ReductionStats::overlap_fraction() const {
 struct DistributedDataParallel::Reducer {
   struct Bucket {
     std::vector<int> params;  // indices into Reducer::params
-    Tensor flat;              // the bucket's gradients, concatenated
-    int pending = 0;          // parameters not ready yet in this pass
+    Tensor flat;      // the bucket's gradients, concatenated (in gradient_compression's dtype)
+    int pending = 0;  // parameters not ready yet in this pass
     std::shared_ptr<Work> work;
   };
 
@@ -274,9 +294,11 @@ struct DistributedDataParallel::Reducer {
                            .view(params[i].shape());
       Tensor grad = params[i].grad();
       if (grad.defined()) {
-        grad.copy_(average);
-      } else {
+        grad.copy_(average);  // from a compressed bucket: converted back
+      } else if (average.dtype() == params[i].dtype()) {
         params[i].set_grad(average.clone());
+      } else {
+        params[i].set_grad(average.to(params[i].dtype()));
       }
     }
   }
@@ -294,6 +316,12 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   TANDEM_CHECK(module_ != nullptr, prefix, "the module is null");
   TANDEM_CHECK(options_.bucket_cap_mb() > 0, prefix, "bucket_cap_mb must be positive but is ",
                options_.bucket_cap_mb());
+  const std::optional<DType> compression = options_.gradient_compression();
+  TANDEM_CHECK(!compression || *compression == kBFloat16 || *compression == kFloat16, prefix,
+               "gradient_compression must be bfloat16 or float16 (PyTorch's bf16_compress_hook "
+               "and fp16_compress_hook) but is ",
+               DTypeName(*compression),
+               "; leave it unset (std::nullopt) to all-reduce the gradients in float32");
   register_module("module", module_);
 
   std::vector<nn::NamedTensor> named = module_->named_parameters();
@@ -303,6 +331,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
                  named[0].name, " is on ", named[0].value.device(), " and ", named[i].name, " on ",
                  named[i].value.device(), "; move the module with to(device) before wrapping it");
   }
+  CheckSameOptionsEverywhere(*process_group_, options_);
   CheckSameModelEverywhere(*process_group_, *module_);
   BroadcastCoalesced(*process_group_, module_->parameters());
   BroadcastCoalesced(*process_group_, module_->buffers());
@@ -341,8 +370,9 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   for (Reducer::Bucket& bucket : r.buckets) {
     int64_t total = 0;
     for (int i : bucket.params) total += r.params[i].numel();
-    bucket.flat =
-        zeros({total}, TensorOptions(kFloat32).device(r.params[bucket.params[0]].device()));
+    bucket.flat = zeros(
+        {total},
+        TensorOptions(compression.value_or(kFloat32)).device(r.params[bucket.params[0]].device()));
   }
   std::weak_ptr<Reducer> weak = reducer_;
   for (int i = 0; i < n; ++i) {

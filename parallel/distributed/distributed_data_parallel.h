@@ -32,6 +32,16 @@
 //   pass, naming it, unless find_unused_parameters: then each forward finds the parameters
 //   its outputs do not depend on and marks them ready at once (a parameter unused on every
 //   rank keeps its .grad untouched).
+// - gradient_compression(kBFloat16) (PyTorch's bf16_compress_hook; kFloat16: fp16_compress_hook)
+//   keeps each bucket in that dtype: gradients are rounded to it as they are copied in, the
+//   all-reduce moves half the bytes of float32, and its average is written back into the
+//   float32 .grad. Over ProcessGroupMpi the sum is taken in float32 and rounded once (each
+//   rank adds its block of every rank's bucket); NCCL adds in float32 but rounds the partial
+//   sums of its ring at every hop. Expect bfloat16's precision: about 3 significant digits
+//   (float16: about 4, and gradients beyond 65504 become inf: use GradScaler's scale small
+//   enough, or bfloat16).
+// - Construction checks that every rank passed the same options (they decide the buckets
+//   and the collectives each backward runs): ranks that disagree all throw, naming them.
 // - In training mode each forward first broadcasts rank 0's buffers (broadcast_buffers,
 //   default on), e.g. BatchNorm's running statistics. In eval mode, or with grad mode off,
 //   forward is the module's alone (no collective): rank 0 may evaluate by itself.
@@ -41,6 +51,7 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -57,6 +68,10 @@ struct DistributedDataParallelOptions {
   TANDEM_ARG(double, bucket_cap_mb) = 25.0;
   TANDEM_ARG(bool, find_unused_parameters) = false;
   TANDEM_ARG(bool, broadcast_buffers) = true;
+  // All-reduce the gradient buckets in this dtype instead of float32: kBFloat16 or kFloat16
+  // (nullopt, the default: float32). .grad stays float32.
+  //   DistributedDataParallelOptions().gradient_compression(kBFloat16)
+  TANDEM_ARG(std::optional<DType>, gradient_compression) = std::nullopt;
 };
 
 // What the last reduced backward pass spent on communication (for benchmarks).

@@ -32,7 +32,7 @@ namespace tandem::parallel::distributed {
 
 enum class ReduceOp {
   kSum,
-  kAverage,  // the sum divided by the world size (float32 only)
+  kAverage,  // the sum divided by the world size (floating-point tensors only)
 };
 
 const char* ReduceOpName(ReduceOp op);  // "sum", "average"

@@ -110,7 +110,32 @@ void EnsureMpiInitialized() {
   });
 }
 
-MPI_Datatype MpiType(DType dtype) { return dtype == kFloat32 ? MPI_FLOAT : MPI_INT64_T; }
+// The MPI type that moves a dtype's elements. The 16-bit floats travel as their bits
+// (MPI has no bfloat16 or float16): the all-reduce adds them itself, in float32.
+MPI_Datatype MpiType(DType dtype) {
+  switch (dtype) {
+    case kFloat32:
+      return MPI_FLOAT;
+    case kFloat64:
+      return MPI_DOUBLE;
+    case kInt64:
+      return MPI_INT64_T;
+    case kInt32:
+      return MPI_INT32_T;
+    case kBFloat16:
+    case kFloat16:
+      return MPI_UINT16_T;
+    case kBool:
+    case kUInt8:
+      return MPI_UINT8_T;
+  }
+  TANDEM_FAIL("ProcessGroupMpi: no MPI type for dtype ", DTypeName(dtype));
+}
+
+bool AllreduceSupports(DType dtype) {
+  return dtype == kFloat32 || dtype == kFloat64 || dtype == kInt64 || dtype == kBFloat16 ||
+         dtype == kFloat16;
+}
 
 // data[i] *= factor, in AVX2 lanes where the CPU has them (the same bits either way).
 template <typename T>
@@ -259,17 +284,24 @@ struct ProcessGroupMpi::Impl {
     }
   }
 
-  // The tag of an all-reduce's messages: its element count (modulo tag_count_modulus, 2^29
-  // with Open MPI's tags: an error shows larger counts modulo that), op and dtype, so that a
-  // receiver can tell a message of an all-reduce that differs from its own.
+  // The tag of an all-reduce's messages: its element count (modulo tag_count_modulus, 2^27
+  // with Open MPI's tags: an error shows larger counts modulo that), op (bit 3) and dtype
+  // (bits 0-2: DType's value), so that a receiver can tell a message of an all-reduce that
+  // differs from its own.
+  static constexpr int kTagDTypeMask = 7;
+  static constexpr int kTagAverageBit = 8;
+  static constexpr int kTagCountFactor = 16;
   int AllreduceTag(int64_t numel, DType dtype, ReduceOp op) const {
-    return static_cast<int>((numel % tag_count_modulus) * 4 + (op == ReduceOp::kAverage ? 2 : 0) +
-                            (dtype == kInt64 ? 1 : 0));
+    static_assert(kNumDTypes <= kTagDTypeMask + 1, "the tag has 3 bits for the dtype");
+    return static_cast<int>((numel % tag_count_modulus) * kTagCountFactor +
+                            (op == ReduceOp::kAverage ? kTagAverageBit : 0) +
+                            static_cast<int>(dtype));
   }
 
   std::string DescribeAllreduceTag(int tag) const {
-    return tandem::internal::Concat(tag / 4, " ", (tag & 1) ? "int64" : "float32", " elements (",
-                                    (tag & 2) ? "average" : "sum", ")");
+    return tandem::internal::Concat(tag / kTagCountFactor, " ",
+                                    DTypeName(static_cast<DType>(tag & kTagDTypeMask)),
+                                    " elements (", (tag & kTagAverageBit) ? "average" : "sum", ")");
   }
 
   // Throws the error for a message of a different all-reduce (its tag, `received`, is not
@@ -278,8 +310,8 @@ struct ProcessGroupMpi::Impl {
                                  int count, const Work& work) {
     Abandon(requests, count, /*point_to_point=*/true);
     const int peer_tag = received.MPI_TAG;
-    const char* what = (peer_tag & 3) != (tag & 3) && peer_tag / 4 == tag / 4
-                           ? ((peer_tag & 1) != (tag & 1) ? "dtype" : "op")
+    const char* what = peer_tag / kTagCountFactor == tag / kTagCountFactor
+                           ? ((peer_tag & kTagDTypeMask) != (tag & kTagDTypeMask) ? "dtype" : "op")
                            : "size";
     TANDEM_FAIL(prefix, work.description(), " failed: the ranks disagree on the ", what,
                 " of the all-reduce: rank ", rank, " (this rank) has ", DescribeAllreduceTag(tag),
@@ -663,6 +695,78 @@ struct ProcessGroupMpi::Impl {
     }
   }
 
+  // The all-reduce of bfloat16 and float16 (DistributedDataParallel's gradient compression):
+  // 2-byte elements on the wire, sums in float32. The ring and recursive doubling above pass
+  // partial sums along, which in a 16-bit type would be rounded at every hop (as NCCL's
+  // bfloat16 ring does); here each rank owns one block of the buffer instead. Reduce-scatter as
+  // one all-to-all: every rank sends each peer the peer's block (the same bytes per rank as the
+  // ring's, (size - 1) / size of the buffer), and the owner adds the size contributions in
+  // float32, in rank order, times `factor`, and rounds once. Then all-gather: the owner sends
+  // its block to every peer. Every rank gets the same bits, round(factor * (x_0 + ... +
+  // x_{size-1})) with the sum in float32, for any world size.
+  template <typename T>
+  void AllreduceInFloat(T* data, int64_t count, float factor, int tag, Clock::time_point deadline,
+                        const Work& work) {
+    if (size == 1 || count == 0) return;  // factor is 1 / 1
+    auto begin = [&](int block) { return count * block / size; };
+    auto length = [&](int block) { return begin(block + 1) - begin(block); };
+    const int64_t mine = length(rank);
+    T* const own = data + begin(rank);
+    const int64_t piece = std::max<int64_t>(1, kRingPieceBytes / static_cast<int64_t>(sizeof(T)));
+    auto messages = [&](int64_t n) { return (n + piece - 1) / piece; };
+    // Peer r's contribution to this rank's block lands in slot r (this rank's slot is unused).
+    if (scratch.size() < static_cast<size_t>(size * mine) * sizeof(T))
+      scratch.resize(static_cast<size_t>(size * mine) * sizeof(T));
+    T* const slots = reinterpret_cast<T*>(scratch.data());
+
+    // Reduce-scatter: the receives first (Await checks their tags), then the sends.
+    int64_t total = 0;
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer != rank) total += messages(mine) + messages(length(peer));
+    }
+    requests.assign(static_cast<size_t>(total), MPI_REQUEST_NULL);
+    int posted = 0;
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == rank) continue;
+      posted += Post<T>(nullptr, 0, peer, slots + peer * mine, mine, peer, piece, tag,
+                        requests.data() + posted, work);
+    }
+    const int receives = posted;
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == rank) continue;
+      Post<T>(data + begin(peer), length(peer), peer, nullptr, 0, peer, piece, tag,
+              requests.data() + posted, work);
+      posted += static_cast<int>(messages(length(peer)));
+    }
+    Await(requests.data(), posted, deadline, work, receives, tag);
+    std::vector<float> sum(static_cast<size_t>(mine), 0.0f);
+    for (int r = 0; r < size; ++r) {
+      const T* in = r == rank ? own : slots + r * mine;
+      for (int64_t i = 0; i < mine; ++i) sum[i] += static_cast<float>(in[i]);
+    }
+    for (int64_t i = 0; i < mine; ++i) own[i] = T(sum[i] * factor);
+
+    // All-gather: every block from its owner.
+    total = 0;
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer != rank) total += messages(length(peer)) + messages(mine);
+    }
+    requests.assign(static_cast<size_t>(total), MPI_REQUEST_NULL);
+    posted = 0;
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == rank) continue;
+      posted += Post<T>(nullptr, 0, peer, data + begin(peer), length(peer), peer, piece, tag,
+                        requests.data() + posted, work);
+    }
+    const int gathers = posted;
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == rank) continue;
+      Post<T>(own, mine, peer, nullptr, 0, peer, piece, tag, requests.data() + posted, work);
+      posted += static_cast<int>(messages(mine));
+    }
+    Await(requests.data(), posted, deadline, work, gathers, tag);
+  }
+
   // Runs one collective that this thread has taken off the queue (with `earlier_failure`,
   // the group's failure when it did).
   void Execute(MpiWork& work, const std::string& earlier_failure) {
@@ -837,9 +941,10 @@ ProcessGroupMpi::ProcessGroupMpi(ProcessGroupMpiOptions options)
         int* tag_ub = nullptr;
         int has_tag_ub = 0;
         MPI_Comm_get_attr(impl->comm, MPI_TAG_UB, &tag_ub, &has_tag_ub);
-        // MPI guarantees tags up to 32767 at least; Open MPI allows 2^31 - 1 (counts mod 2^29).
+        // MPI guarantees tags up to 32767 at least; Open MPI allows 2^31 - 1 (counts mod 2^27).
         const int64_t largest_tag = has_tag_ub && tag_ub != nullptr ? *tag_ub : 32767;
-        impl->tag_count_modulus = std::max<int64_t>(1, (largest_tag - 3) / 4 + 1);
+        impl->tag_count_modulus = std::max<int64_t>(
+            1, (largest_tag - (Impl::kTagCountFactor - 1)) / Impl::kTagCountFactor + 1);
         impl->prefix =
             tandem::internal::Concat("ProcessGroupMpi rank ", impl->rank, " of ", impl->size, ": ");
         return impl;
@@ -883,9 +988,13 @@ ProcessGroupMpi::~ProcessGroupMpi() {
 std::shared_ptr<Work> ProcessGroupMpi::allreduce(Tensor tensor, ReduceOp op) {
   Impl& impl = *impl_;
   impl.CheckTensor(tensor, "allreduce", "");
-  TANDEM_CHECK(op != ReduceOp::kAverage || tensor.dtype() == kFloat32, impl.prefix,
-               "allreduce: average is defined for float32 tensors but this one is ", tensor.dtype(),
-               "; use ReduceOp::kSum and divide yourself");
+  TANDEM_CHECK(AllreduceSupports(tensor.dtype()), impl.prefix,
+               "allreduce takes float32, float64, int64, bfloat16 or float16 tensors but this one "
+               "is ",
+               tensor.dtype(), "; convert it with .to(dtype) (and back afterwards)");
+  TANDEM_CHECK(op != ReduceOp::kAverage || IsFloatingPoint(tensor.dtype()), impl.prefix,
+               "allreduce: average is defined for floating-point tensors but this one is ",
+               tensor.dtype(), "; use ReduceOp::kSum and divide yourself");
   // Small enough for std::function to hold without allocating (unlike the tensor).
   auto describe = [numel = tensor.numel(), dtype = tensor.dtype(), op] {
     return tandem::internal::Concat("allreduce (", ReduceOpName(op), ") of ",
@@ -900,10 +1009,24 @@ std::shared_ptr<Work> ProcessGroupMpi::allreduce(Tensor tensor, ReduceOp op) {
     const int tag = impl.AllreduceTag(n, tensor.dtype(), op);
     for (int64_t offset = 0; offset < n; offset += step) {
       const int64_t count = std::min(step, n - offset);
-      if (tensor.dtype() == kFloat32) {
-        impl.Allreduce(tensor.data<float>() + offset, count, factor, tag, deadline, work);
-      } else {
-        impl.Allreduce(tensor.data<int64_t>() + offset, count, int64_t{1}, tag, deadline, work);
+      switch (tensor.dtype()) {
+        case kFloat32:
+          impl.Allreduce(tensor.data<float>() + offset, count, factor, tag, deadline, work);
+          break;
+        case kFloat64:
+          impl.Allreduce(tensor.data<double>() + offset, count,
+                         op == ReduceOp::kAverage ? 1.0 / impl.size : 1.0, tag, deadline, work);
+          break;
+        case kBFloat16:
+          impl.AllreduceInFloat(tensor.data<BFloat16>() + offset, count, factor, tag, deadline,
+                                work);
+          break;
+        case kFloat16:
+          impl.AllreduceInFloat(tensor.data<Half>() + offset, count, factor, tag, deadline, work);
+          break;
+        default:
+          impl.Allreduce(tensor.data<int64_t>() + offset, count, int64_t{1}, tag, deadline, work);
+          break;
       }
     }
   });

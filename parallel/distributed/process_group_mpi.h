@@ -1,5 +1,7 @@
-// ProcessGroupMpi: a ProcessGroup over Open MPI for CPU tensors (float32, int64). Start the
-// program with mpirun; each process is one rank of MPI_COMM_WORLD.
+// ProcessGroupMpi: a ProcessGroup over Open MPI for CPU tensors. Start the program with mpirun;
+// each process is one rank of MPI_COMM_WORLD. Broadcast and all-gather move every dtype;
+// all-reduce takes float32, float64, int64, and bfloat16 and float16, which it sums in float32
+// (each rank adds one block of the buffer in float32 and rounds once; see below).
 //
 //   auto group = std::make_shared<parallel::distributed::ProcessGroupMpi>();  // collective
 //   Tensor grad = ...;                                        // contiguous, on the CPU
@@ -30,10 +32,12 @@
 // shared-memory transport's eager limit, all in flight at once) or ring over non-blocking
 // point-to-point messages, the algorithms of Open MPI's tuned blocking MPI_Allreduce, since Open
 // MPI's MPI_Iallreduce (libnbc) is several times slower on one machine; every rank gets
-// bit-identical sums. After a timeout the group is unusable: later collectives fail at once, naming
-// the first error. Tensors larger than MPI's int counts are sent in pieces of at most
-// max_elements_per_call. MPI's errors (MPI_ERRORS_RETURN) become tandem::Error naming the rank, the
-// collective and MPI's message.
+// bit-identical sums. bfloat16 and float16 go as 2-byte elements (half of float32's bytes) in
+// a reduce-scatter by all-to-all, where each rank adds its block's contributions in float32
+// and rounds once, then an all-gather: a ring would round each partial sum at every hop. After
+// a timeout the group is unusable: later collectives fail at once, naming the first error. Tensors
+// larger than MPI's int counts are sent in pieces of at most max_elements_per_call. MPI's errors
+// (MPI_ERRORS_RETURN) become tandem::Error naming the rank, the collective and MPI's message.
 #ifndef TANDEM_PARALLEL_DISTRIBUTED_PROCESS_GROUP_MPI_H_
 #define TANDEM_PARALLEL_DISTRIBUTED_PROCESS_GROUP_MPI_H_
 

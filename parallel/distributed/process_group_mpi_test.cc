@@ -251,7 +251,15 @@ TEST_F(ProcessGroupMpiTest, MisuseIsAClearErrorOnTheCallingRank) {
     group.allreduce(zeros({2}, kInt64), ReduceOp::kAverage);
     FAIL() << "an int64 average was accepted";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("average is defined for float32"));
+    EXPECT_THAT(e.what(), HasSubstr("average is defined for floating-point tensors but this one "
+                                    "is int64"));
+  }
+  try {
+    group.allreduce(zeros({2}, kInt32));
+    FAIL() << "an int32 all-reduce was accepted";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("allreduce takes float32, float64, int64, bfloat16 or float16 "
+                                    "tensors but this one is int32"));
   }
   try {
     group.allgather(zeros({3}), zeros({2}));
@@ -267,6 +275,94 @@ TEST_F(ProcessGroupMpiTest, MisuseIsAClearErrorOnTheCallingRank) {
   Tensor t = ones({2});
   group.allreduce(t)->wait();
   EXPECT_EQ(t.to_vector<float>()[0], group.size());
+}
+
+// bfloat16 and float16 all-reduces: each element is round(factor * sum), the sum of every
+// rank's value in float32 in rank order, rounded once, bit for bit on every rank; for sizes
+// that leave blocks empty (1 element on 3 ranks) and below and above the float32 all-reduce's
+// ring threshold.
+template <typename T>
+void CheckReducedFloatAllreduce(ProcessGroupMpi& group, DType dtype,
+                                const std::vector<int64_t>& sizes) {
+  const int world = group.size();
+  auto value = [](int rank, int64_t i) {
+    // Magnitudes from 2^-10 to 2^10 with 8 significant bits: their float32 sums need more bits
+    // than the 16-bit types keep, so rounding partial sums would show.
+    const float mantissa = 1.0f + static_cast<float>((i * 37 + rank * 11) % 128) / 128.0f;
+    return std::ldexp((i + rank) % 3 == 0 ? -mantissa : mantissa,
+                      static_cast<int>((i * 7 + rank * 5) % 21) - 10);
+  };
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+    for (int64_t n : sizes) {
+      SCOPED_TRACE(tandem::internal::Concat(DTypeName(dtype), " ", ReduceOpName(op), " of ", n));
+      std::vector<float> mine(n);
+      for (int64_t i = 0; i < n; ++i) mine[i] = value(group.rank(), i);
+      Tensor t = from_vector(mine, {n}).to(dtype);
+      group.allreduce(t, op)->wait();
+      EXPECT_EQ(t.dtype(), dtype);
+      const std::vector<float> got = t.to(kFloat32).to_vector<float>();
+      const float factor = op == ReduceOp::kAverage ? 1.0f / static_cast<float>(world) : 1.0f;
+      int64_t wrong = 0;
+      int64_t first_wrong = -1;
+      for (int64_t i = 0; i < n; ++i) {
+        float sum = 0.0f;
+        for (int r = 0; r < world; ++r) sum += static_cast<float>(T(value(r, i)));
+        const float want = static_cast<float>(T(sum * factor));
+        if (std::memcmp(&want, &got[i], sizeof(float)) != 0 && ++wrong == 1) first_wrong = i;
+      }
+      EXPECT_EQ(wrong, 0) << "first at " << first_wrong;
+    }
+  }
+}
+
+TEST_F(ProcessGroupMpiTest, AllreduceBFloat16AndFloat16SumInFloat32AndRoundOnce) {
+  const std::vector<int64_t> sizes = {1, 7, 1000, 300007};
+  CheckReducedFloatAllreduce<BFloat16>(Group(), kBFloat16, sizes);
+  CheckReducedFloatAllreduce<Half>(Group(), kFloat16, sizes);
+  // Chunked by a lowered max_elements_per_call: the same results.
+  ProcessGroupMpi chunked(ProcessGroupMpiOptions().max_elements_per_call(333));
+  CheckReducedFloatAllreduce<BFloat16>(chunked, kBFloat16, {1, 1000, 5000});
+}
+
+// 256 + 1 + 1 on 3 ranks: 258 is a bfloat16, but a ring's partial sum 256 + 1 would round to
+// 256 (257 is not one) and end at 256. On 2 ranks 257 rounds to 256 (to even) either way.
+TEST_F(ProcessGroupMpiTest, BFloat16AllreduceDoesNotRoundPartialSums) {
+  ProcessGroupMpi& group = Group();
+  Tensor t = full({5}, group.rank() == 0 ? 256.0 : 1.0, kBFloat16);
+  group.allreduce(t)->wait();
+  const float sum = 256.0f + static_cast<float>(group.size() - 1);
+  EXPECT_EQ(t.to(kFloat32).to_vector<float>(),
+            std::vector<float>(5, static_cast<float>(BFloat16(sum))));
+  if (group.size() == 3) EXPECT_EQ(t.to(kFloat32).to_vector<float>()[0], 258.0f);
+}
+
+TEST_F(ProcessGroupMpiTest, AllreduceFloat64SumsAndAverages) {
+  ProcessGroupMpi& group = Group();
+  const int world = group.size();
+  Tensor t = full({300}, 0.1 * (group.rank() + 1), kFloat64);
+  group.allreduce(t, ReduceOp::kAverage)->wait();
+  double want = 0;
+  for (int r = 0; r < world; ++r) want += 0.1 * (r + 1);
+  for (double v : t.to_vector<double>()) EXPECT_NEAR(v, want / world, 1e-15);
+}
+
+TEST_F(ProcessGroupMpiTest, BroadcastAndAllgatherMoveEveryDtype) {
+  ProcessGroupMpi& group = Group();
+  const int world = group.size();
+  for (DType dtype : {kFloat32, kFloat64, kInt64, kInt32, kBFloat16, kFloat16, kUInt8, kBool}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const double root_value = dtype == kBool ? 1.0 : 3.0;
+    Tensor t = full({9}, group.rank() == 0 ? root_value : 0.0, dtype);
+    group.broadcast(t, 0)->wait();
+    EXPECT_EQ(t.to(kFloat64).to_vector<double>(), std::vector<double>(9, root_value));
+    Tensor mine = full({3}, dtype == kBool ? group.rank() % 2 : group.rank() + 1, dtype);
+    Tensor all = zeros({3 * world}, dtype);
+    group.allgather(all, mine)->wait();
+    const std::vector<double> got = all.to(kFloat64).to_vector<double>();
+    for (int r = 0; r < world; ++r) {
+      for (int k = 0; k < 3; ++k) EXPECT_EQ(got[r * 3 + k], dtype == kBool ? r % 2 : r + 1);
+    }
+  }
 }
 
 // A rank that fails before a collective: the others get an error within the timeout instead
@@ -337,6 +433,11 @@ TEST_F(ProcessGroupMpiTest, RanksThatDisagreeOnAnAllreduceFailNamingBothSides) {
        "the ranks disagree on the dtype of the all-reduce: rank 0 (this rank) has 64 float32 "
        "elements (sum), rank " +
            std::to_string(last) + " sent 64 int64 elements (sum)"},
+      // A float32 all-reduce against a compressed (bfloat16) one: another algorithm too.
+      {64, 64, kBFloat16, ReduceOp::kSum,
+       "the ranks disagree on the dtype of the all-reduce: rank 0 (this rank) has 64 float32 "
+       "elements (sum), rank " +
+           std::to_string(last) + " sent 64 bfloat16 elements (sum)"},
   };
   for (const Case& c : cases) {
     ProcessGroupMpi fragile(ProcessGroupMpiOptions().timeout(std::chrono::milliseconds(500)));
@@ -353,6 +454,8 @@ TEST_F(ProcessGroupMpiTest, RanksThatDisagreeOnAnAllreduceFailNamingBothSides) {
     if (fragile.rank() == 0) EXPECT_THAT(error, HasSubstr(c.rank0_sees));
     if (size == 2 && fragile.rank() == last) {
       EXPECT_THAT(error, HasSubstr("rank 1 (this rank) has " + std::to_string(c.last_numel)));
+      EXPECT_THAT(error, HasSubstr("rank 1 (this rank) has " + std::to_string(c.last_numel) + " " +
+                                   DTypeName(c.last_dtype)));
       EXPECT_THAT(error, HasSubstr("rank 0 sent " + std::to_string(c.numel) + " float32"));
     }
     Group().barrier()->wait();

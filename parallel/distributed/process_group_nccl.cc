@@ -15,7 +15,31 @@
 namespace tandem::parallel::distributed {
 namespace {
 
-ncclDataType_t NcclType(DType dtype) { return dtype == kFloat32 ? ncclFloat32 : ncclInt64; }
+ncclDataType_t NcclType(DType dtype) {
+  switch (dtype) {
+    case kFloat32:
+      return ncclFloat32;
+    case kFloat64:
+      return ncclFloat64;
+    case kInt64:
+      return ncclInt64;
+    case kInt32:
+      return ncclInt32;
+    case kFloat16:
+      return ncclFloat16;
+    case kBFloat16:
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+      return ncclBfloat16;
+#else
+      TANDEM_FAIL("ProcessGroupNccl: this NCCL (", NCCL_MAJOR, ".", NCCL_MINOR,
+                  ") has no bfloat16; NCCL 2.10 or later does");
+#endif
+    case kBool:
+    case kUInt8:
+      return ncclUint8;
+  }
+  TANDEM_FAIL("ProcessGroupNccl: no NCCL type for dtype ", DTypeName(dtype));
+}
 
 std::string NcclMessage(ncclResult_t result) {
   const char* last = ncclGetLastError(nullptr);
@@ -114,9 +138,12 @@ std::shared_ptr<Work> ProcessGroupNccl::allreduce(Tensor tensor, ReduceOp op) {
   impl_->CheckTensor(tensor, device_, "allreduce", "");
   const std::string what = tandem::internal::Concat(
       "allreduce (", ReduceOpName(op), ") of ", tensor.numel(), " ", tensor.dtype(), " elements");
-  TANDEM_CHECK(op != ReduceOp::kAverage || tensor.dtype() == kFloat32, impl_->prefix,
-               "allreduce: average is defined for float32 tensors but this one is ", tensor.dtype(),
-               "; use ReduceOp::kSum");
+  TANDEM_CHECK(tensor.dtype() != kBool, impl_->prefix,
+               "allreduce of bool tensors is not defined; convert to uint8 or int32 first");
+  // NCCL's bfloat16 and float16 sums add in float32 but round each partial sum of its ring.
+  TANDEM_CHECK(op != ReduceOp::kAverage || IsFloatingPoint(tensor.dtype()), impl_->prefix,
+               "allreduce: average is defined for floating-point tensors but this one is ",
+               tensor.dtype(), "; use ReduceOp::kSum");
   if (tensor.numel() > 0) {
     OnSideStream(device_, [&](cudaStream_t stream, Stream side) {
       impl_->Check(ncclAllReduce(tensor.raw_data(), tensor.raw_data(),
