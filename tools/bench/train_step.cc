@@ -12,6 +12,10 @@
 // backward needs), and, with several CPU devices, the speed-up over the first device alone
 // next to the speed-up a perfectly parallel loop gets from the same number of workers,
 // measured interleaved in the same run (so both see the same machine) with their ratio.
+// With --autocast=bf16 (or fp16, with a GradScaler as PyTorch's AMP recipe) it times the same
+// step under tandem::AutocastGuard next to the float32 step, alternated step by step in one
+// run, and prints both steps' phases, the ratio of the medians with its spread over the
+// alternated pairs, and each step's peak memory above what it held before it.
 // The last line is one JSON object with the figures.
 #include <algorithm>
 #include <chrono>
@@ -54,6 +58,9 @@ ABSL_FLAG(bool, forward_loss, true,
 ABSL_FLAG(std::string, trace, "",
           "Write a Chrome trace of the timed steps to this path (open it in chrome://tracing or "
           "ui.perfetto.dev): one row per thread, with DataParallel's and autograd's work");
+ABSL_FLAG(std::string, autocast, "",
+          "bf16 or fp16: also time the step under autocast (fp16 with a GradScaler), alternated "
+          "with the float32 step, and print both; empty: float32 only");
 ABSL_FLAG(bool, compare, true,
           "With several CPU devices, also time the first device alone and a perfectly parallel "
           "loop, interleaved, and print the speed-ups and their ratio");
@@ -80,9 +87,14 @@ double Quantile(std::vector<double> values, double q) {
 // One model, its SGD optimizer and its DataParallel wrapper, on `devices`.
 class Trainer {
  public:
+  // `autocast`: kFloat32 for a plain float32 step, kBFloat16 or kFloat16 for the forward under
+  // AutocastGuard (float16 with a GradScaler).
   Trainer(const std::string& kind, const std::vector<Device>& devices, int64_t batch,
-          bool forward_loss)
-      : forward_loss_(forward_loss) {
+          bool forward_loss, DType autocast = kFloat32)
+      : forward_loss_(forward_loss),
+        autocast_(autocast),
+        device_type_(devices[0].type()),
+        scaler_(nn::GradScalerOptions().enabled(autocast == kFloat16)) {
     manual_seed(1);
     model_ = examples::MakeModel(kind);
     model_->to(devices[0]);
@@ -105,14 +117,20 @@ class Trainer {
   double Step(bool record = true) {
     Clock::time_point marks[kPhases + 1];
     marks[0] = Clock::now();
-    Tensor loss = forward_loss_ ? dp_->forward_loss(criterion_, x_, y_)
-                                : criterion_.forward(dp_->forward(x_), y_);
+    Tensor loss;
+    {
+      AutocastGuard autocast(device_type_, autocast_ == kFloat32 ? kBFloat16 : autocast_,
+                             /*enabled=*/autocast_ != kFloat32);
+      loss = forward_loss_ ? dp_->forward_loss(criterion_, x_, y_)
+                           : criterion_.forward(dp_->forward(x_), y_);
+    }
     marks[1] = Clock::now();
     optimizer_->zero_grad();
     marks[2] = Clock::now();
-    loss.backward();
+    scaler_.scale(loss).backward();
     marks[3] = Clock::now();
-    optimizer_->step();
+    scaler_.step(*optimizer_);
+    scaler_.update();
     const double value = loss.item();
     marks[4] = Clock::now();
     for (int k = 0; record && k < kPhases; ++k) {
@@ -136,6 +154,9 @@ class Trainer {
 
  private:
   bool forward_loss_;
+  DType autocast_;
+  DeviceType device_type_;
+  nn::GradScaler scaler_;  // a pass-through unless float16
   std::shared_ptr<nn::Sequential> model_;
   std::unique_ptr<nn::SGD> optimizer_;
   std::shared_ptr<parallel::DataParallel> dp_;
@@ -153,12 +174,95 @@ double TimeIt(const std::function<void()>& work) {
   return 1e3 * SecondsSince(start);
 }
 
+// The most a step held above what was in use before it (activations, gradients, temporaries),
+// summed over the devices.
+int64_t StepPeakAboveStart(Trainer& trainer, const std::vector<Device>& devices) {
+  std::vector<int64_t> before;
+  for (Device d : devices) {
+    ResetPeakMemory(d);
+    before.push_back(GetMemoryStats(d).in_use_bytes);
+  }
+  trainer.Step(/*record=*/false);
+  int64_t above = 0;
+  for (size_t i = 0; i < devices.size(); ++i) {
+    above += GetMemoryStats(devices[i]).peak_bytes - before[i];
+  }
+  return above;
+}
+
+struct AutocastComparison {
+  double ratio_median = 0, ratio_min = 0, ratio_max = 0;  // autocast step / float32 step
+  double autocast_ms = 0, float32_ms = 0;
+  int64_t autocast_peak = 0, float32_peak = 0;
+};
+
+// The autocast step (`amp`, already warmed up) against a float32 step of the same model,
+// alternated step by step so that both see the same machine.
+AutocastComparison CompareWithFloat32(Trainer& amp, const std::string& kind,
+                                      const std::vector<Device>& devices, int64_t batch,
+                                      bool forward_loss, int steps, int warmup,
+                                      const std::string& dtype_name) {
+  Trainer f32(kind, devices, batch, forward_loss);
+  for (int i = 0; i < std::max(warmup, 1); ++i) f32.Step(/*record=*/false);
+  AutocastComparison result;
+  result.autocast_peak = StepPeakAboveStart(amp, devices);
+  result.float32_peak = StepPeakAboveStart(f32, devices);
+  amp.ClearPhases();
+  std::vector<double> amp_ms, f32_ms, ratios;
+  examples::ProgressBar bar(stdout, "vs float32", steps);
+  const auto start = Clock::now();
+  for (int i = 0; i < steps; ++i) {
+    // Alternate which goes first, so that neither always runs right after the other's
+    // caches were filled.
+    const bool amp_first = i % 2 == 0;
+    double a = 0, f = 0;
+    if (amp_first) a = TimeIt([&] { amp.Step(); });
+    f = TimeIt([&] { f32.Step(); });
+    if (!amp_first) a = TimeIt([&] { amp.Step(); });
+    amp_ms.push_back(a);
+    f32_ms.push_back(f);
+    ratios.push_back(a / f);
+    bar.Update(i + 1, static_cast<int64_t>(i + 1) * batch, kNoLoss, SecondsSince(start));
+  }
+  bar.Finish();
+  result.autocast_ms = Quantile(amp_ms, 0.5);
+  result.float32_ms = Quantile(f32_ms, 0.5);
+  result.ratio_median = Quantile(ratios, 0.5);
+  result.ratio_min = Quantile(ratios, 0.1);
+  result.ratio_max = Quantile(ratios, 0.9);
+  std::printf("\nautocast %s against float32 (medians of %d alternated pairs):\n",
+              dtype_name.c_str(), steps);
+  std::printf("  %-28s %10s %10s %8s\n", "", dtype_name.c_str(), "float32", "ratio");
+  std::printf("  %-28s %7.2f ms %7.2f ms %7.2fx  (p10-p90 of the pairs' ratios %.2f-%.2f)\n",
+              "train step", result.autocast_ms, result.float32_ms, result.ratio_median,
+              result.ratio_min, result.ratio_max);
+  for (int k = 0; k < Trainer::kPhases; ++k) {
+    std::printf("  %-28s %7.2f ms %7.2f ms %7.2fx\n", Trainer::kPhaseNames[k], amp.PhaseMedian(k),
+                f32.PhaseMedian(k), amp.PhaseMedian(k) / f32.PhaseMedian(k));
+  }
+  std::printf("  %-28s %10s %10s %7.2fx\n", "peak memory above start",
+              MiB(result.autocast_peak).c_str(), MiB(result.float32_peak).c_str(),
+              static_cast<double>(result.autocast_peak) / result.float32_peak);
+  return result;
+}
+
+// --autocast: kFloat32 when empty.
+DType ParseAutocast(const std::string& text) {
+  if (text.empty()) return kFloat32;
+  if (text == "bf16" || text == "bfloat16") return kBFloat16;
+  if (text == "fp16" || text == "float16") return kFloat16;
+  throw examples::UsageError("--autocast must be bf16 or fp16 (or empty for float32 only) but is '" +
+                             text + "'");
+}
+
 int Run() {
   const std::string kind = absl::GetFlag(FLAGS_model);
   const int batch = absl::GetFlag(FLAGS_batch_size);
   const int steps = absl::GetFlag(FLAGS_steps);
   const int warmup = absl::GetFlag(FLAGS_warmup);
   const bool forward_loss = absl::GetFlag(FLAGS_forward_loss);
+  const std::string autocast_name = absl::GetFlag(FLAGS_autocast);
+  const DType autocast = ParseAutocast(autocast_name);
   Require(batch >= 1, "--batch_size must be at least 1 but is ", batch);
   Require(steps >= 1, "--steps must be at least 1 but is ", steps);
   Require(warmup >= 0, "--warmup must be at least 0 but is ", warmup);
@@ -172,7 +276,7 @@ int Run() {
 
   std::unique_ptr<Trainer> trainer;
   try {
-    trainer = std::make_unique<Trainer>(kind, devices, batch, forward_loss);
+    trainer = std::make_unique<Trainer>(kind, devices, batch, forward_loss, autocast);
   } catch (const Error& e) {
     throw examples::UsageError("--devices: " + examples::OneLine(e.what()));
   }
@@ -186,6 +290,10 @@ int Run() {
       "cores\n",
       forward_loss ? "inside the replicas" : "on the gathered output", warmup_text.c_str(), steps,
       HardwareCores());
+  if (autocast != kFloat32) {
+    std::printf("forward under autocast to %s%s\n", DTypeName(autocast),
+                autocast == kFloat16 ? " with a GradScaler" : "");
+  }
   std::fflush(stdout);
 
   // Warm-up lasts kMinWarmupSeconds at least: a new process's device workers start on the core of
@@ -245,6 +353,12 @@ int Run() {
       MiB(minimum).c_str(), MiB(params).c_str(), MiB(activations).c_str());
   std::printf("  peak / least               %.2fx\n", static_cast<double>(peak) / minimum);
 
+  AutocastComparison amp;
+  if (autocast != kFloat32) {
+    amp = CompareWithFloat32(*trainer, kind, devices, batch, forward_loss, steps, warmup,
+                             DTypeName(autocast));
+  }
+
   double speedup = 0, loop_speedup = 0;
   if (compare) {
     // The same step on the first device alone (same threads), the data-parallel step, and
@@ -252,7 +366,7 @@ int Run() {
     // untimed before its timed run in a round: switching lets the other configuration's
     // threads fall asleep and its model out of the caches, which a training run, stepping
     // one configuration over and over, does not pay every step.
-    Trainer single(kind, {devices[0]}, batch, forward_loss);
+    Trainer single(kind, {devices[0]}, batch, forward_loss, autocast);
     for (int i = 0; i < warmup; ++i) {
       CpuWorkDevicesScope one_device({devices[0]});
       single.Step();
@@ -314,6 +428,14 @@ int Run() {
   if (compare) {
     absl::StrAppendFormat(&json, ",\"speedup\":%.3f,\"loop_speedup\":%.3f,\"speedup_ratio\":%.3f",
                           speedup, loop_speedup, speedup / loop_speedup);
+  }
+  if (autocast != kFloat32) {
+    absl::StrAppendFormat(&json,
+                          ",\"autocast\":\"%s\",\"autocast_ratio\":%.3f,\"autocast_ratio_p10\":%.3f,"
+                          "\"autocast_ratio_p90\":%.3f,\"autocast_peak_above_start\":%d,"
+                          "\"float32_peak_above_start\":%d",
+                          DTypeName(autocast), amp.ratio_median, amp.ratio_min, amp.ratio_max,
+                          amp.autocast_peak, amp.float32_peak);
   }
   std::printf("\n%s}\n", json.c_str());
   return 0;
