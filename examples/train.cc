@@ -74,6 +74,9 @@ ABSL_FLAG(std::string, data_dir, tandem::data::FashionMnist::kDefaultRoot,
 ABSL_FLAG(bool, forward_loss, true,
           "Compute the loss inside the replicas (DataParallel::forward_loss); false gathers "
           "the outputs on the first device and computes the loss there, as PyTorch does");
+ABSL_FLAG(std::string, autocast, "",
+          "bf16 or fp16: run the forward under autocast (matmul, linear and convolution in that "
+          "precision, losses and norms in float32; fp16 with a GradScaler); empty: float32");
 ABSL_FLAG(bool, detect_anomaly, false,
           "Stop at the first NaN or inf in an op's output or a gradient, naming the op and "
           "the pass (forward or backward); slow, for finding where a NaN loss comes from "
@@ -131,9 +134,19 @@ struct EvalResult {
   double loss = 0, accuracy = 0;
 };
 
+// --autocast: kFloat32 when empty.
+DType ParseAutocast(const std::string& text) {
+  if (text.empty()) return kFloat32;
+  if (text == "bf16" || text == "bfloat16") return kBFloat16;
+  if (text == "fp16" || text == "float16") return kFloat16;
+  throw UsageError("--autocast must be bf16 or fp16 (or empty for float32) but is '" + text + "'");
+}
+
 // Loss and accuracy on the test set, data-parallel, in evaluation mode without a graph.
-EvalResult Evaluate(parallel::DataParallel& dp, data::DataLoader& test_loader) {
+EvalResult Evaluate(parallel::DataParallel& dp, data::DataLoader& test_loader, DType autocast) {
   NoGradGuard no_grad;
+  AutocastGuard guard(dp.device_ids()[0].type(), autocast == kFloat32 ? kBFloat16 : autocast,
+                      /*enabled=*/autocast != kFloat32);
   dp.eval();
   double loss_sum = 0;
   int64_t correct = 0, total = 0;
@@ -164,6 +177,7 @@ int Run() {
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   const bool use_forward_loss = absl::GetFlag(FLAGS_forward_loss);
   const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint);
+  const DType autocast = ParseAutocast(absl::GetFlag(FLAGS_autocast));
   Require(epochs >= 1, "--epochs must be at least 1 but is ", epochs);
   Require(batch_size >= 1, "--batch_size must be at least 1 but is ", batch_size);
   Require(std::isfinite(lr) && lr > 0, "--lr must be a positive finite number but is ", lr,
@@ -197,14 +211,17 @@ int Run() {
     throw UsageError("--devices: " + examples::OneLine(e.what()));
   }
   nn::CrossEntropyLoss criterion;
+  // Loss scaling for float16 (its gradients underflow otherwise); a pass-through otherwise.
+  nn::GradScaler scaler(nn::GradScalerOptions().enabled(autocast == kFloat16));
 
   examples::TrainerState state;
   state.config = "model=" + model_kind + " optimizer=" + optimizer_kind;
   state.settings = absl::StrFormat(
       "devices=%s threads=%d batch_size=%d seed=%d lr=%g lr_decay=%s "
-      "weight_decay=%g epochs=%d train_limit=%d",
+      "weight_decay=%g epochs=%d train_limit=%d autocast=%s",
       examples::DeviceNames(devices, ","), threads, batch_size, seed, lr, lr_decay, weight_decay,
-      epochs, absl::GetFlag(FLAGS_train_limit));
+      epochs, absl::GetFlag(FLAGS_train_limit),
+      autocast == kFloat32 ? "none" : DTypeName(autocast));
   const std::string settings = state.settings;
   bool resumed = false;
   std::string generator_note;
@@ -250,6 +267,10 @@ int Run() {
               use_forward_loss ? "inside the replicas (--forward_loss)"
                                : "on the gathered output (--noforward_loss)",
               static_cast<unsigned long long>(seed));
+  if (autocast != kFloat32) {
+    std::printf("Autocast to %s (--autocast)%s\n", DTypeName(autocast),
+                autocast == kFloat16 ? " with a GradScaler" : "");
+  }
   std::cout << *dp << "\n";
   if (resumed) {
     std::printf("Resuming from %s: %lld of %d epochs done\n", checkpoint.c_str(),
@@ -292,10 +313,14 @@ int Run() {
       TANDEM_PROFILE_SCOPE("step", absl::StrFormat("epoch %d step %d", epoch, step + 1));
       Tensor loss;
       try {
-        loss = use_forward_loss ? dp->forward_loss(criterion, batch.data(), batch.target())
-                                : criterion.forward(dp->forward(batch.data()), batch.target());
+        {
+          AutocastGuard guard(devices[0].type(), autocast == kFloat32 ? kBFloat16 : autocast,
+                              /*enabled=*/autocast != kFloat32);
+          loss = use_forward_loss ? dp->forward_loss(criterion, batch.data(), batch.target())
+                                  : criterion.forward(dp->forward(batch.data()), batch.target());
+        }
         optimizer.optimizer->zero_grad();
-        loss.backward();
+        scaler.scale(loss).backward();
       } catch (const Error& e) {
         if (!AnomalyMode::IsEnabled()) throw;
         bar.Finish();  // --detect_anomaly found a NaN or inf: say where in the run
@@ -303,7 +328,8 @@ int Run() {
             absl::StrFormat("stopped at epoch %d, step %d of %d (--detect_anomaly): %s", epoch,
                             step + 1, steps, examples::OneLine(e.what())));
       }
-      optimizer.optimizer->step();
+      scaler.step(*optimizer.optimizer);  // skipped on an inf/NaN gradient (float16)
+      scaler.update();
       ++splits[dp->last_chunk_sizes()];
       const int64_t n = batch.size();
       const double loss_value = loss.item();
@@ -328,7 +354,7 @@ int Run() {
     trace.EpochDone();
     const double seconds = SecondsSince(epoch_start);
     bar.Finish();
-    const EvalResult test = Evaluate(*dp, test_loader);
+    const EvalResult test = Evaluate(*dp, test_loader, autocast);
     state.history.push_back(
         {epoch, loss_sum / seen, test.loss, test.accuracy, seconds, seen / seconds});
     std::vector<std::string> split_text;

@@ -251,8 +251,8 @@ DType ParseAutocast(const std::string& text) {
   if (text.empty()) return kFloat32;
   if (text == "bf16" || text == "bfloat16") return kBFloat16;
   if (text == "fp16" || text == "float16") return kFloat16;
-  throw examples::UsageError("--autocast must be bf16 or fp16 (or empty for float32 only) but is '" +
-                             text + "'");
+  throw examples::UsageError(
+      "--autocast must be bf16 or fp16 (or empty for float32 only) but is '" + text + "'");
 }
 
 int Run() {
@@ -430,12 +430,13 @@ int Run() {
                           speedup, loop_speedup, speedup / loop_speedup);
   }
   if (autocast != kFloat32) {
-    absl::StrAppendFormat(&json,
-                          ",\"autocast\":\"%s\",\"autocast_ratio\":%.3f,\"autocast_ratio_p10\":%.3f,"
-                          "\"autocast_ratio_p90\":%.3f,\"autocast_peak_above_start\":%d,"
-                          "\"float32_peak_above_start\":%d",
-                          DTypeName(autocast), amp.ratio_median, amp.ratio_min, amp.ratio_max,
-                          amp.autocast_peak, amp.float32_peak);
+    absl::StrAppendFormat(
+        &json,
+        ",\"autocast\":\"%s\",\"autocast_ratio\":%.3f,\"autocast_ratio_p10\":%.3f,"
+        "\"autocast_ratio_p90\":%.3f,\"autocast_peak_above_start\":%d,"
+        "\"float32_peak_above_start\":%d",
+        DTypeName(autocast), amp.ratio_median, amp.ratio_min, amp.ratio_max, amp.autocast_peak,
+        amp.float32_peak);
   }
   std::printf("\n%s}\n", json.c_str());
   return 0;
