@@ -75,7 +75,9 @@ TEST(BFloat16Test, RoundsToTheTopSixteenBitsNearestEven) {
   for (uint32_t bits = 0; bits < 0x10000u; bits += 3) {
     const BFloat16 b = BFloat16::FromBits(static_cast<uint16_t>(bits));
     const float f = b;
-    if (!std::isnan(f)) EXPECT_EQ(BFloat16(f).bits, bits);
+    if (!std::isnan(f)) {
+      EXPECT_EQ(BFloat16(f).bits, bits);
+    }
   }
 }
 
