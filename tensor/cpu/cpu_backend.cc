@@ -979,7 +979,7 @@ void CpuBackend::Unary(int index, UnaryOp op, const KernelTensor& dst, const Ker
                " is defined for floating types only (integer and bool tensors take neg, abs, "
                "add and mul by a scalar) but got ",
                src.dtype, "; convert the tensor to a floating dtype first");
-  TANDEM_CHECK(!(src.dtype == kBool && op == UnaryOp::kNeg),
+  TANDEM_CHECK(!(src.dtype == kBool && RejectsBool(op)),
                "CPU Unary: negation of a bool tensor is not supported (as in PyTorch); use "
                "logical not (x == false) or convert to an integer dtype first");
   const int64_t n = dst.numel();
@@ -1045,8 +1045,7 @@ void CpuBackend::Binary(int index, BinaryOp op, const KernelTensor& dst, const K
     TANDEM_CHECK(op != BinaryOp::kSub,
                  "CPU Binary: subtraction of bool tensors is not supported (as in PyTorch); use "
                  "logical xor (a != b) instead");
-    TANDEM_CHECK(op != BinaryOp::kDiv && op != BinaryOp::kReluBackward, "CPU Binary: op ",
-                 static_cast<int>(op),
+    TANDEM_CHECK(!RejectsBool(op), "CPU Binary: op ", static_cast<int>(op),
                  " is not defined for bool tensors; convert them to a floating dtype first");
   }
   const int64_t n = dst.numel();
@@ -1173,8 +1172,7 @@ void CpuBackend::Gemm(int index, DType dtype, bool trans_a, bool trans_b, int64_
   // OpenBLAS (tensor/cpu/internal/onednn_matmul.h); where it cannot (returns false) the paths
   // below compute the product or report what is wrong with it.
   if ((IsReducedFloatingPoint(dtype) ||
-       (dtype == DType::kFloat32 &&
-        OneDnnPreferredForFloat32(trans_a, trans_b, m, n, k, batch))) &&
+       (dtype == DType::kFloat32 && OneDnnPreferredForFloat32(trans_a, trans_b, m, n, k, batch))) &&
       OneDnnGemm(index, dtype, trans_a, trans_b, m, n, k, alpha_value, a_data, lda, stride_a,
                  b_data, ldb, stride_b, beta_value, c_data, ldc, stride_c, batch)) {
     return;

@@ -342,6 +342,9 @@ void CudaBackend::Unary(int index, UnaryOp op, const KernelTensor& dst, const Ke
   TANDEM_CHECK(IsFloatingPoint(src.dtype) || UnarySupportsInt64(op), "CUDA Unary: op ",
                static_cast<int>(op), " is defined for floating types only but got ", src.dtype,
                "; convert the tensor to float32 or float64 first");
+  TANDEM_CHECK(!(src.dtype == kBool && RejectsBool(op)),
+               "CUDA Unary: negation of a bool tensor is not supported (as in PyTorch); use "
+               "logical not (x == false) or convert to an integer dtype first");
   DeviceGuard guard(device.physical());
   LaunchUnary(device.Launch(), op, dst, src, scalar);
 }
@@ -361,6 +364,10 @@ void CudaBackend::Binary(int index, BinaryOp op, const KernelTensor& dst, const 
                "comparison) but got ",
                a.dtype, " and ", b.dtype, " into ", dst.dtype,
                "; convert them to a common dtype first");
+  TANDEM_CHECK(!(a.dtype == kBool && !comparison && RejectsBool(op)), "CUDA Binary: op ",
+               static_cast<int>(op),
+               " is not defined for bool tensors (as in PyTorch: use logical xor for "
+               "subtraction); convert them to a floating dtype first");
   DeviceGuard guard(device.physical());
   LaunchBinary(device.Launch(), op, dst, a, b);
 }

@@ -108,6 +108,13 @@ inline constexpr bool UnarySupportsIntegers(UnaryOp op) {
 // The older name, for int64 (the same subset).
 inline constexpr bool UnarySupportsInt64(UnaryOp op) { return UnarySupportsIntegers(op); }
 
+// The ops PyTorch refuses on bool tensors (negation, subtraction, division; relu's backward has
+// no bool meaning): every backend checks these, so that both refuse the same calls.
+inline constexpr bool RejectsBool(UnaryOp op) { return op == UnaryOp::kNeg; }
+inline constexpr bool RejectsBool(BinaryOp op) {
+  return op == BinaryOp::kSub || op == BinaryOp::kDiv || op == BinaryOp::kReluBackward;
+}
+
 template <typename T>
 TANDEM_HOST_DEVICE T ApplyBinary(BinaryOp op, T a, T b) {
   switch (op) {
