@@ -16,17 +16,9 @@
 namespace tandem::parallel {
 namespace {
 
-using ::tandem::testing::ErrorOf;
 using ::tandem::testing::MaxAbsDiff;
 
 constexpr DeviceType kCPU = DeviceType::kCPU;
-
-bool HasReducedGemm() {
-  return ErrorOf([] {
-           matmul(ones({2, 2}).to(kBFloat16), ones({2, 2}).to(kBFloat16));
-           conv2d(ones({1, 1, 2, 2}).to(kBFloat16), ones({1, 1, 1, 1}).to(kBFloat16), Tensor());
-         }) == "<no error>";
-}
 
 // max |a - b| within bf16's rtol (1.6e-2, PyTorch's) of the largest |b|, times `scale`.
 void ExpectBf16Close(const Tensor& a, const Tensor& b, double scale = 1.0) {
@@ -73,9 +65,6 @@ class AutocastDataParallelTest : public ::testing::Test {
   void SetUp() override { SetCpuDeviceCount(2); }
 };
 
-#define SKIP_WITHOUT_REDUCED_GEMM() \
-  if (!HasReducedGemm()) GTEST_SKIP() << "the CPU backend has no bfloat16 GEMM yet"
-
 TEST_F(AutocastDataParallelTest, EveryReplicaRunsUnderTheCallersAutocast) {
   auto calls = std::make_shared<std::vector<Call>>();
   auto mutex = std::make_shared<std::mutex>();
@@ -116,7 +105,6 @@ std::vector<Tensor> Grads(const nn::Module& module) {
 }
 
 TEST_F(AutocastDataParallelTest, MatchesTheSingleDeviceAutocastForwardAndBackward) {
-  SKIP_WITHOUT_REDUCED_GEMM();
   auto model = Mlp();
   auto reference = Mlp();
   DataParallel dp(model, CpuDevices(2));
@@ -148,7 +136,6 @@ TEST_F(AutocastDataParallelTest, MatchesTheSingleDeviceAutocastForwardAndBackwar
 }
 
 TEST_F(AutocastDataParallelTest, ForwardLossInsideTheReplicasRunsTheLossInFloat32) {
-  SKIP_WITHOUT_REDUCED_GEMM();
   auto model = Mlp();
   auto reference = Mlp();
   DataParallel dp(model, CpuDevices(2));
@@ -198,7 +185,6 @@ class ConvNet : public nn::Cloneable<ConvNet> {
 };
 
 TEST_F(AutocastDataParallelTest, ConvBatchNormLinearKeepsThePolicyInEveryReplica) {
-  SKIP_WITHOUT_REDUCED_GEMM();
   manual_seed(6);
   auto model = std::make_shared<ConvNet>();
   auto reference = std::static_pointer_cast<ConvNet>(model->clone());

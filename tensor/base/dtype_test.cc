@@ -130,7 +130,8 @@ TEST(DTypeTest, Float64RandomNumbersAreTheFloat32NumbersWidened) {
   const Tensor n32 = randn({100}, {}, &b);
   EXPECT_TRUE(allclose(n64, n32.to(kFloat64), 0.0, 0.0));
   EXPECT_THAT(ErrorOf([] { rand({2}, kInt64); }),
-              HasSubstr("random tensors are floating-point (float32, float64, bfloat16 or float16); got dtype int64"));
+              HasSubstr("random tensors are floating-point (float32, float64, bfloat16 or "
+                        "float16); got dtype int64"));
 }
 
 // Every floating op computes in float64 when given float64, with the float32 result within
@@ -229,7 +230,8 @@ TEST(DTypeTest, OperandsThatMeetInOneKernelMustShareTheirDtype) {
   EXPECT_THAT(ErrorOf([&] { matmul(x, w64.t()); }),
               HasSubstr("matmul: a is float32 but b is float64"));
   EXPECT_THAT(ErrorOf([] { ones({2}, kInt64).set_requires_grad(true); }),
-              HasSubstr("only floating-point tensors (float32, float64, bfloat16, float16) can require gradients"));
+              HasSubstr("only floating-point tensors (float32, float64, bfloat16, float16) can "
+                        "require gradients"));
 }
 
 }  // namespace

@@ -1385,8 +1385,7 @@ TYPED_TEST(ReducedFloatTest, GemmMatchesFloat32WithinTolerance) {
         // float32's order-dependent error near a cancellation.
         const float ulp = std::is_same_v<T, BFloat16> ? 0x1p-7f : 0x1p-10f;
         for (size_t i = 0; i < out.size(); ++i) {
-          ASSERT_NEAR(static_cast<float>(out[i]), expected[i],
-                      ulp * std::fabs(expected[i]) + 1e-5f)
+          ASSERT_NEAR(static_cast<float>(out[i]), expected[i], ulp * std::fabs(expected[i]) + 1e-5f)
               << i;
         }
       }

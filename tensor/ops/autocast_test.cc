@@ -44,21 +44,6 @@ Tensor Param(const Shape& shape, uint64_t seed) {
   return p;
 }
 
-// The lower-precision ops need a 16-bit GEMM (and im2col for conv2d) from the backend: the
-// reason it has none, or "" when it has.
-std::string MissingReducedGemm(DType dtype) {
-  const std::string error = ErrorOf([&] {
-    matmul(ones({2, 2}).to(dtype), ones({2, 2}).to(dtype));
-    conv2d(ones({1, 1, 2, 2}).to(dtype), ones({1, 1, 1, 1}).to(dtype), Tensor());
-  });
-  return error == "<no error>" ? "" : error;
-}
-
-#define SKIP_WITHOUT_REDUCED_GEMM(dtype)                                         \
-  if (const std::string missing = MissingReducedGemm(dtype); !missing.empty()) { \
-    GTEST_SKIP() << "the CPU backend has no " << dtype << " GEMM: " << missing;  \
-  }
-
 TEST(AutocastModeTest, OffByDefaultWithPyTorchsDefaultDTypes) {
   EXPECT_FALSE(AutocastMode::IsAnyEnabled());
   EXPECT_FALSE(AutocastMode::IsEnabled(kCPU));
@@ -180,7 +165,6 @@ TEST(AutocastTest, OnlyTheGuardedDeviceTypeIsCast) {
 }
 
 TEST(AutocastTest, LowerPrecisionListRunsInBFloat16) {
-  SKIP_WITHOUT_REDUCED_GEMM(kBFloat16);
   manual_seed(3);
   const Tensor x = randn({6, 8}), w = randn({5, 8}), b = randn({5});
   const Tensor image = randn({2, 3, 6, 6}), kernel = randn({4, 3, 3, 3}), kb = randn({4});
@@ -201,7 +185,6 @@ TEST(AutocastTest, LowerPrecisionListRunsInBFloat16) {
 }
 
 TEST(AutocastTest, Float16OnTheCpu) {
-  SKIP_WITHOUT_REDUCED_GEMM(kFloat16);
   manual_seed(4);
   const Tensor x = randn({6, 8}), w = randn({5, 8}), b = randn({5});
   const Tensor expected = linear(x, w, b);
@@ -266,7 +249,6 @@ TEST(AutocastTest, ACastMadeWithoutGradIsNotReusedWithGrad) {
 }
 
 TEST(AutocastTest, WeightUsedTwiceIsCastOnceAndGetsBothGradients) {
-  SKIP_WITHOUT_REDUCED_GEMM(kBFloat16);
   Tensor w = Param({4, 4}, 7), b = Param({4}, 8);
   manual_seed(9);
   const Tensor x = randn({5, 4});
@@ -291,7 +273,6 @@ TEST(AutocastTest, WeightUsedTwiceIsCastOnceAndGetsBothGradients) {
 }
 
 TEST(AutocastTest, GradientsMatchTheFloat32Model) {
-  SKIP_WITHOUT_REDUCED_GEMM(kBFloat16);
   const Tensor w1 = Param({16, 10}, 10), b1 = Param({16}, 11);
   const Tensor w2 = Param({3, 16}, 12), b2 = Param({3}, 13);
   manual_seed(14);
