@@ -17,6 +17,7 @@
 #include "tensor/base/error.h"          // IWYU pragma: export
 #include "tensor/base/grad_mode.h"      // IWYU pragma: export
 #include "tensor/core/tensor.h"         // IWYU pragma: export
+#include "tensor/ops/attention.h"       // IWYU pragma: export
 #include "tensor/ops/autocast.h"        // IWYU pragma: export
 #include "tensor/ops/ops.h"             // IWYU pragma: export
 #include "tensor/runtime/devices.h"     // IWYU pragma: export
