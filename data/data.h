@@ -16,5 +16,6 @@
 #include "data/sampler.h"         // IWYU pragma: export
 #include "data/subset.h"          // IWYU pragma: export
 #include "data/tensor_dataset.h"  // IWYU pragma: export
+#include "data/text_corpus.h"     // IWYU pragma: export
 
 #endif  // TANDEM_DATA_DATA_H_

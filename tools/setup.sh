@@ -28,6 +28,7 @@ PACKAGES=(
   clang-14               # libFuzzer targets in fuzz/ (bash fuzz/run.sh)
   libclang-rt-14-dev     # libFuzzer and the sanitizer runtimes for clang-14
   dataset-fashion-mnist
+  fortunes               # English text for the GPT example (data/text_corpus.h)
 )
 
 missing=()
