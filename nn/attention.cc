@@ -166,20 +166,20 @@ std::tuple<Tensor, Tensor> MultiheadAttention::forward(const Tensor& query, cons
                ShapeToString(query.shape()), ", ", ShapeToString(key.shape()), " and ",
                ShapeToString(value.shape()));
   const bool batched = query.dim() == 3;
-  // Work in PyTorch's internal layout: [length, batch, features].
+  // Inputs stay in their layout, [length, batch, E] or [batch, length, E] (an unbatched
+  // input gets a batch dimension of 1): no transposed copies on either side.
+  const bool batch_major = batched && bf;
+  const int64_t seq_dim = batch_major ? 1 : 0;
+  const int64_t batch_dim = batch_major ? 0 : 1;
   Tensor q = query, k = key, v = value;
   if (!batched) {
     q = q.unsqueeze(1);
     k = k.unsqueeze(1);
     v = v.unsqueeze(1);
-  } else if (bf) {
-    q = q.transpose(0, 1);
-    k = k.transpose(0, 1);
-    v = v.transpose(0, 1);
   }
-  const int64_t l = q.size(0);
-  const int64_t b = q.size(1);
-  int64_t s = k.size(0);
+  const int64_t l = q.size(seq_dim);
+  const int64_t b = q.size(batch_dim);
+  int64_t s = k.size(seq_dim);
   const auto shapes = [&] {
     return "query " + ShapeToString(query.shape()) + ", key " + ShapeToString(key.shape()) +
            ", value " + ShapeToString(value.shape()) + (bf ? " (batch_first)" : "");
@@ -187,7 +187,8 @@ std::tuple<Tensor, Tensor> MultiheadAttention::forward(const Tensor& query, cons
   TANDEM_CHECK(q.size(2) == e && k.size(2) == kdim() && v.size(2) == vdim(), Describe(options_),
                ": expected features (last dimension) query ", e, ", key ", kdim(), ", value ",
                vdim(), " but got ", shapes());
-  TANDEM_CHECK(k.size(1) == b && v.size(1) == b && v.size(0) == s, Describe(options_),
+  TANDEM_CHECK(k.size(batch_dim) == b && v.size(batch_dim) == b && v.size(seq_dim) == s,
+               Describe(options_),
                ": query, key and value must have the same batch size and key and value the ",
                "same length but got ", shapes());
   const Tensor& any_weight = in_proj_weight_ ? *in_proj_weight_ : *q_proj_weight_;
@@ -257,15 +258,20 @@ std::tuple<Tensor, Tensor> MultiheadAttention::forward(const Tensor& query, cons
     mask = mask.defined() ? mask + padding : padding;
   }
   if (options_.add_bias_kv()) {
-    kp = cat({kp, bias_k().to(dtype).expand({1, b, e})}, 0);
-    vp = cat({vp, bias_v().to(dtype).expand({1, b, e})}, 0);
+    const Shape one_key = batch_major ? Shape{b, 1, e} : Shape{1, b, e};
+    kp = cat({kp, bias_k().to(dtype).expand(one_key)}, seq_dim);
+    vp = cat({vp, bias_v().to(dtype).expand(one_key)}, seq_dim);
     if (mask.defined()) mask = AppendKeyColumn(mask);
     ++s;
   }
-  // [length, batch, E] -> [batch, heads, length, head_dim].
-  Tensor qh = qp.reshape({l, b, h, hd}).permute({1, 2, 0, 3});
-  Tensor kh = kp.reshape({s, b, h, hd}).permute({1, 2, 0, 3});
-  Tensor vh = vp.reshape({s, b, h, hd}).permute({1, 2, 0, 3});
+  // -> [batch, heads, length, head_dim].
+  const auto to_heads = [&](const Tensor& t, int64_t length) {
+    return batch_major ? t.reshape({b, length, h, hd}).permute({0, 2, 1, 3})
+                       : t.reshape({length, b, h, hd}).permute({1, 2, 0, 3});
+  };
+  Tensor qh = to_heads(qp, l);
+  Tensor kh = to_heads(kp, s);
+  Tensor vh = to_heads(vp, s);
   if (options_.add_zero_attn()) {
     const Tensor zero = zeros({b, h, 1, hd}, TensorOptions().dtype(dtype).device(qh.device()));
     kh = cat({kh, zero}, 2);
@@ -285,12 +291,9 @@ std::tuple<Tensor, Tensor> MultiheadAttention::forward(const Tensor& query, cons
     weights = dropout(softmax(scores, -1), p, /*training=*/p > 0.0);
     attended = matmul(weights, vh);
   }
-  Tensor out = out_proj_->forward(attended.permute({2, 0, 1, 3}).reshape({l, b, e}));
-  if (!batched) {
-    out = out.squeeze(1);
-  } else if (bf) {
-    out = out.transpose(0, 1);
-  }
+  Tensor out = out_proj_->forward(batch_major ? attended.permute({0, 2, 1, 3}).reshape({b, l, e})
+                                              : attended.permute({2, 0, 1, 3}).reshape({l, b, e}));
+  if (!batched) out = out.squeeze(1);
   if (need_weights) {
     if (average_attn_weights) weights = weights.mean({1});
     if (!batched) weights = weights.squeeze(0);

@@ -367,6 +367,15 @@ TEST_F(AttentionTest, AddBiasKvAndAddZeroAttnAppendKeys) {
   EXPECT_LT(MaxDiff(out, expected), 1e-12);
   EXPECT_LT(MaxDiff(weights, expected_weights), 1e-12);
   EXPECT_LT(MaxDiff(std::get<0>(m.forward(q, k, k, padding, false)), expected), 1e-12);
+  // batch_first appends the extra keys along its own sequence dimension.
+  MultiheadAttention bf(
+      MultiheadAttentionOptions(8, 2).add_bias_kv(true).add_zero_attn(true).batch_first(true));
+  bf.to(kFloat64);
+  bf.load_state_dict(m.state_dict());
+  auto [out_bf, weights_bf] = bf.forward(q.transpose(0, 1), k.transpose(0, 1), k.transpose(0, 1),
+                                         padding, true, Tensor(), false);
+  EXPECT_LT(MaxDiff(out_bf, expected.transpose(0, 1)), 1e-12);
+  EXPECT_LT(MaxDiff(weights_bf, expected_weights), 1e-12);
 }
 
 // ---- Gradients -------------------------------------------------------------------------
