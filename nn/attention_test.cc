@@ -427,6 +427,33 @@ TEST_F(AttentionTest, GradientsMatchFiniteDifferences) {
       {Randn64({2, 3, 4}), Randn64({2, 3, 3}), Randn64({2, 3, 2})});
 }
 
+TEST_F(AttentionTest, RunsUnderAutocastInBFloat16) {
+  MultiheadAttention m(MultiheadAttentionOptions(16, 4).batch_first(true));
+  RandomiseBiases(m);
+  const Tensor x = randn({2, 6, 16});
+  const Tensor padding = from_vector(std::vector<bool>{false, false, false, false, false, true,
+                                                       false, false, true, false, false, false},
+                                     {2, 6});
+  for (bool need_weights : {true, false}) {
+    SCOPED_TRACE(need_weights);
+    const Tensor expected = std::get<0>(m.forward(x, x, x, padding, need_weights));
+    Tensor out;
+    {
+      AutocastGuard autocast(DeviceType::kCPU);
+      out = std::get<0>(m.forward(x, x, x, padding, need_weights, Tensor(), true, true));
+    }
+    EXPECT_EQ(out.dtype(), kBFloat16);
+    // bfloat16 keeps 8 bits: a few parts in a hundred of values of order 1.
+    const Tensor causal_expected =
+        std::get<0>(m.forward(x, x, x, padding, need_weights, Tensor(), true, true));
+    EXPECT_LT(MaxDiff(out, causal_expected), 0.1);
+    EXPECT_GT(MaxDiff(out, expected), 0.1);  // the causal mask was applied under autocast too
+    out.to(kFloat32).sum().backward();
+    for (const Tensor& p : m.parameters()) EXPECT_EQ(p.grad().dtype(), kFloat32);
+    m.zero_grad();
+  }
+}
+
 // ---- Modes, devices, replicas ----------------------------------------------------------
 
 TEST_F(AttentionTest, DropoutActsOnlyInTraining) {
