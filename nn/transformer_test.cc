@@ -408,5 +408,26 @@ TEST_F(TransformerTest, ClonesOntoAnotherDevice) {
   for (const Tensor& p : encoder.parameters()) ASSERT_TRUE(p.grad().defined());
 }
 
+TEST_F(TransformerTest, RunsOnCudaAsOnTheCpu) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  TransformerEncoderLayer layer(
+      TransformerEncoderLayerOptions(16, 4).dim_feedforward(32).batch_first(true).norm_first(true));
+  TransformerEncoder encoder(layer, 2, std::make_shared<LayerNorm>(std::vector<int64_t>{16}));
+  Randomise(encoder);
+  encoder.eval();
+  const Tensor x = randn({3, 7, 16});
+  const Tensor padding = from_vector(std::vector<bool>(21, false), {3, 7});
+  std::shared_ptr<Module> on_gpu = encoder.clone(Device::Cuda(0));
+  auto typed = std::dynamic_pointer_cast<TransformerEncoder>(on_gpu);
+  for (bool causal : {false, true}) {
+    SCOPED_TRACE(causal);
+    const Tensor expected = encoder.forward(x, Tensor(), padding, causal);
+    const Tensor out =
+        typed->forward(x.to(Device::Cuda(0)), Tensor(), padding.to(Device::Cuda(0)), causal);
+    EXPECT_EQ(out.device(), Device::Cuda(0));
+    EXPECT_LT(MaxDiff(out.to(Device::Cpu(0)), expected), 1e-4);
+  }
+}
+
 }  // namespace
 }  // namespace tandem::nn
