@@ -1,6 +1,6 @@
 // Tandem's neural-network library in one include: Module and Cloneable, the layers,
 // Sequential, the losses, the optimizers, learning-rate schedulers, gradient clipping,
-// GradScaler and checkpoints. Depend on //nn.
+// GradScaler, checkpoints, MultiheadAttention and the transformer layers. Depend on //nn.
 //
 //   #include "nn/nn.h"
 //   auto model = std::make_shared<tandem::nn::Sequential>(
@@ -18,5 +18,7 @@
 #include "nn/module.h"        // IWYU pragma: export
 #include "nn/optim.h"         // IWYU pragma: export
 #include "nn/sequential.h"    // IWYU pragma: export
+#include "nn/attention.h"     // IWYU pragma: export
+#include "nn/transformer.h"   // IWYU pragma: export
 
 #endif  // TANDEM_NN_NN_H_
