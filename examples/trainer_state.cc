@@ -282,10 +282,11 @@ bool LoadTrainerCheckpoint(const std::string& path, nn::Module& model, nn::Optim
   const bool has_scaler = scaler != nullptr && scaler->is_enabled();
   if (!scaler_state.empty() && !has_scaler) {
     const auto scale = scaler_state.find("scale");
-    TANDEM_FAIL("checkpoint '", path, "' holds a GradScaler's state (scale ",
-                scale == scaler_state.end() ? std::string("?")
-                                            : std::to_string(scale->second.to(kFloat64).item()),
-                ") of a float16 run but this run has no GradScaler; resume it with "
+    const bool one_value = scale != scaler_state.end() && scale->second.numel() == 1;
+    TANDEM_FAIL("checkpoint '", path, "' holds a GradScaler's state",
+                one_value ? " (scale " + std::to_string(scale->second.to(kFloat64).item()) + ")"
+                          : std::string(),
+                " of a float16 run but this run has no GradScaler; resume it with "
                 "--autocast=fp16, or pass another --checkpoint path to start afresh");
   }
   TANDEM_CHECK(!scaler_state.empty() || !has_scaler, "checkpoint '", path,
