@@ -57,6 +57,9 @@ std::map<std::string, std::string> Contents(const std::string& path) {
     if (v.dtype() == kFloat32) {
       const std::vector<float> values = v.reshape({v.numel()}).to_vector<float>();
       bytes.assign(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+    } else if (v.dtype() == kFloat64) {  // a GradScaler's scale and factors
+      const std::vector<double> values = v.reshape({v.numel()}).to_vector<double>();
+      bytes.assign(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(double));
     } else {
       const std::vector<int64_t> values = v.reshape({v.numel()}).to_vector<int64_t>();
       bytes.assign(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(int64_t));
@@ -118,6 +121,39 @@ TEST_F(TrainResumeTest, RunKilledInEpochThreeResumesToExactlyTheSameParameters) 
   const std::string json_a = LastLine(full.out), json_b = LastLine(restarted.out);
   EXPECT_EQ(json_a.substr(0, json_a.find("\"train_seconds\"")),
             json_b.substr(0, json_b.find("\"train_seconds\"")));
+}
+
+// --autocast=fp16: the GradScaler's scale and growth tracker are in the checkpoint, so the
+// resumed run ends with the uninterrupted run's model, optimizer and scaler, bit for bit.
+TEST_F(TrainResumeTest, AFloat16RunKilledInEpochThreeResumesWithItsGradScaler) {
+  const std::string flags = std::string(kCommon) + " --autocast=fp16 --checkpoint=";
+  const std::string straight = TestTempDir() + "/fp16_straight.ckpt";
+  const std::string resumed = TestTempDir() + "/fp16_resumed.ckpt";
+  std::remove(straight.c_str());
+  std::remove(resumed.c_str());
+  const ProgramResult full = Train("fp16_straight", flags + straight);
+  ASSERT_EQ(full.exit_code, 0) << full.err;
+  EXPECT_THAT(full.out, HasSubstr("Autocast to float16 (--autocast) with a GradScaler"));
+  const ProgramResult killed = Train("fp16_killed", flags + resumed + " --kill_in_epoch=3");
+  ASSERT_EQ(killed.exit_code, 128 + SIGKILL) << killed.out << killed.err;
+  const ProgramResult restarted = Train("fp16_restarted", flags + resumed);
+  ASSERT_EQ(restarted.exit_code, 0) << restarted.err;
+  EXPECT_THAT(restarted.out, HasSubstr("Resuming from " + resumed + ": 2 of 4 epochs done"));
+  std::map<std::string, std::string> a = Contents(straight), b = Contents(resumed);
+  ASSERT_EQ(a.size(), b.size());
+  int scaler_entries = 0;
+  for (const auto& [name, bytes] : a) {
+    if (name == "trainer.history") continue;
+    ASSERT_TRUE(b.count(name)) << name;
+    EXPECT_TRUE(bytes == b[name]) << name << " differs";
+    scaler_entries += name.rfind("scaler.", 0) == 0;
+  }
+  EXPECT_EQ(scaler_entries, 5);  // scale, growth and backoff factors, interval, tracker
+  // A float32 run refuses the float16 checkpoint, naming the precision.
+  const ProgramResult f32 = Train("fp16_as_f32", std::string(kCommon) + " --checkpoint=" + resumed);
+  EXPECT_EQ(f32.exit_code, 1);
+  EXPECT_THAT(f32.err, HasSubstr("was saved by a run with model=mlp optimizer=sgd "
+                                 "autocast=float16 but this run has model=mlp optimizer=sgd;"));
 }
 
 TEST_F(TrainResumeTest, WritesCsvPlotSummaryAndAFinalJsonLine) {
