@@ -38,6 +38,7 @@
 #include "tensor/base/error.h"
 #include "tensor/base/half.h"
 #include "tensor/base/philox.h"
+#include "tensor/cpu/internal/onednn_conv.h"
 #include "tensor/cpu/internal/onednn_matmul.h"
 #include "tensor/kernels/float_conversions.h"
 #include "tensor/kernels/internal/elementwise_math.h"
@@ -337,9 +338,43 @@ TANDEM_VECTORIZE inline void BinaryFloatLoop(float* __restrict out, const float*
   }
 }
 
+// ReLU and its backward select a value or zero, so in bfloat16 they work on the bits: no
+// float chunks, the same results (ApplyUnary's `0 > x ? 0 : x` and ApplyBinary's
+// `b <= 0 ? 0 : a`). A bfloat16 is below zero when its bits lie in (0x8000, 0xFF80] (above
+// -0, up to -inf; higher patterns are NaNs), at most zero when also 0 or 0x8000.
+// Branch-free (a compare per element on random signs mispredicts half the time), in 16-bit
+// lanes so that GCC vectorises: y - 0x8000 wraps [0x8000, 0xFF80] onto [0, 0x7F80].
+TANDEM_VECTORIZE inline void ReluBFloat16Bits(uint16_t* __restrict dst,
+                                              const uint16_t* __restrict src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t v = src[i];
+    const uint16_t below_zero = static_cast<uint16_t>(static_cast<uint16_t>(v - 0x8001) <= 0x7F7F);
+    dst[i] = static_cast<uint16_t>(v & static_cast<uint16_t>(below_zero - 1));
+  }
+}
+
+TANDEM_VECTORIZE inline void ReluBackwardBFloat16Bits(uint16_t* __restrict dst,
+                                                      const uint16_t* __restrict grad,
+                                                      const uint16_t* __restrict out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t y = out[i];
+    const uint16_t at_most_zero =
+        static_cast<uint16_t>((static_cast<uint16_t>(y - 0x8000) <= 0x7F80) | (y == 0));
+    dst[i] = static_cast<uint16_t>(grad[i] & static_cast<uint16_t>(at_most_zero - 1));
+  }
+}
+
 template <UnaryOp kOp, typename T>
 void UnaryRunReduced(T* dst, const T* src, int64_t n, int64_t dst_stride, int64_t src_stride,
                      float s) {
+  if constexpr (kOp == UnaryOp::kRelu && std::is_same_v<T, BFloat16>) {
+    if (dst_stride == 1 && src_stride == 1) {
+      return vec::Vectorized([&] {
+        ReluBFloat16Bits(reinterpret_cast<uint16_t*>(dst), reinterpret_cast<const uint16_t*>(src),
+                         n);
+      });
+    }
+  }
   float in[kFloatChunk], out[kFloatChunk];
   for (int64_t c = 0; c < n; c += kFloatChunk) {
     const int64_t m = std::min(kFloatChunk, n - c);
@@ -358,6 +393,15 @@ void UnaryRunReduced(T* dst, const T* src, int64_t n, int64_t dst_stride, int64_
 template <BinaryOp kOp, typename T>
 void BinaryRunReduced(T* dst, const T* a, const T* b, int64_t n, const int64_t* strides) {
   const int64_t sd = strides[0], sa = strides[1], sb = strides[2];
+  if constexpr (kOp == BinaryOp::kReluBackward && std::is_same_v<T, BFloat16>) {
+    if (sd == 1 && sa == 1 && sb == 1) {
+      return vec::Vectorized([&] {
+        ReluBackwardBFloat16Bits(reinterpret_cast<uint16_t*>(dst),
+                                 reinterpret_cast<const uint16_t*>(a),
+                                 reinterpret_cast<const uint16_t*>(b), n);
+      });
+    }
+  }
   float fa[kFloatChunk], fb[kFloatChunk], out[kFloatChunk];
   // A broadcast operand (stride 0) is loaded once, as a single float.
   if (sa == 0) fa[0] = static_cast<float>(*a);
@@ -852,6 +896,33 @@ class CpuBackend final : public Backend {
               void* columns) override;
   void Col2Im(int index, DType dtype, const Conv2dGeometry& g, const void* columns,
               void* image) override;
+  // oneDNN's direct convolution for bfloat16 (and float32 where it measured faster than
+  // im2col + GEMM: OneDnnConvPreferredForFloat32); false sends conv2d to im2col + GEMM.
+  bool Conv2dForward(int index, DType dtype, const Conv2dGeometry& g, int64_t out_channels,
+                     const void* input, const void* weight, const void* bias,
+                     void* output) override {
+    CheckIndex(index);
+    return UseOneDnnConv(dtype, g, out_channels) &&
+           OneDnnConv2dForward(index, dtype, g, out_channels, input, weight, bias, output);
+  }
+  bool Conv2dBackwardData(int index, DType dtype, const Conv2dGeometry& g, int64_t out_channels,
+                          const void* grad_output, const void* weight, void* grad_input) override {
+    CheckIndex(index);
+    return UseOneDnnConv(dtype, g, out_channels) &&
+           OneDnnConv2dBackwardData(index, dtype, g, out_channels, grad_output, weight, grad_input);
+  }
+  bool Conv2dBackwardWeights(int index, DType dtype, const Conv2dGeometry& g, int64_t out_channels,
+                             const void* input, const void* grad_output, void* grad_weight,
+                             void* grad_bias) override {
+    CheckIndex(index);
+    return UseOneDnnConv(dtype, g, out_channels) &&
+           OneDnnConv2dBackwardWeights(index, dtype, g, out_channels, input, grad_output,
+                                       grad_weight, grad_bias);
+  }
+  static bool UseOneDnnConv(DType dtype, const Conv2dGeometry& g, int64_t out_channels) {
+    return dtype == DType::kBFloat16 ||
+           (dtype == DType::kFloat32 && OneDnnConvPreferredForFloat32(g, out_channels));
+  }
   void MaxPool2d(int index, DType dtype, const Conv2dGeometry& g, const void* input, void* output,
                  int64_t* argmax) override;
   void MaxPool2dBackward(int index, DType dtype, const Conv2dGeometry& g, const void* grad_output,
@@ -1620,6 +1691,87 @@ void MaxPool2dScalar(int index, const Conv2dGeometry& g, const T* input, T* outp
                });
 }
 
+// A bfloat16 as the float it holds (exact): its bits are a float's upper half.
+inline float BFloat16BitsToFloat(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float f;
+  std::memcpy(&f, &wide, sizeof(f));
+  return f;
+}
+
+// Max pooling in bfloat16: a selection, so each plane is converted to float once (exact), the
+// windows are compared there with the float32 loop's rule and scan order (so the same argmax),
+// and the winners are converted back (exact again: they are bfloat16 values).
+void MaxPool2dBFloat16(int index, const Conv2dGeometry& g, const BFloat16* input, BFloat16* output,
+                       int64_t* argmax) {
+  const int64_t out_h = g.out_h(), out_w = g.out_w();
+  const int64_t plane = g.height * g.width, out_plane = out_h * out_w;
+  // The common 2x2 window with stride 2 and no padding, on rows of even width: the pairs of
+  // every row are contiguous over the whole plane, so one long vectorised pass takes each
+  // pair's maximum (pooling rows are short, 14 and 7 outputs in a small CNN, and a vector
+  // loop over one row would run mostly in its scalar tail); then each output row merges its
+  // two rows of pair maxima, selecting on the bits (no branch to mispredict).
+  const bool pairs = g.kernel_h == 2 && g.kernel_w == 2 && g.stride_h == 2 && g.stride_w == 2 &&
+                     g.pad_h == 0 && g.pad_w == 0 && g.width % 2 == 0 &&
+                     plane <= std::numeric_limits<int32_t>::max();
+  const auto pool = [&](int64_t begin, int64_t end) {
+    std::vector<float> image(plane), pair_best(pairs ? plane / 2 : 0), best(out_plane);
+    std::vector<int32_t> pair_at(pairs ? plane / 2 : 0), at(out_plane);
+    vec::Vectorized([&] {
+      for (int64_t p = begin; p < end; ++p) {
+        const float* in = image.data();
+        vec::ToFloatLoop(input + p * plane, image.data(), plane);
+        BFloat16* out = output + p * out_plane;
+        int64_t* out_at = argmax + p * out_plane;
+        if (pairs) {
+          MaxPoolPairs(in, 0, plane / 2, pair_best.data(), pair_at.data());
+          for (int64_t oy = 0; oy < out_h; ++oy) {
+            // Rows 2 oy and 2 oy + 1 of pair maxima, out_w = width / 2 each.
+            const float* upper = pair_best.data() + 2 * oy * out_w;
+            const int32_t* upper_at = pair_at.data() + 2 * oy * out_w;
+            for (int64_t ox = 0; ox < out_w; ++ox) {
+              const float u = upper[ox], l = upper[ox + out_w];
+              const uint32_t mask = 0u - static_cast<uint32_t>(Takes(l, u));
+              uint32_t u_bits, l_bits;
+              std::memcpy(&u_bits, &u, sizeof(u));
+              std::memcpy(&l_bits, &l, sizeof(l));
+              const uint32_t bits = (l_bits & mask) | (u_bits & ~mask);
+              std::memcpy(&best[oy * out_w + ox], &bits, sizeof(bits));
+              at[oy * out_w + ox] =
+                  static_cast<int32_t>((static_cast<uint32_t>(upper_at[ox + out_w]) & mask) |
+                                       (static_cast<uint32_t>(upper_at[ox]) & ~mask));
+            }
+          }
+          Widen(at.data(), out_plane, out_at);
+          vec::FromFloatLoop(best.data(), out, out_plane);
+          continue;
+        }
+        for (int64_t oy = 0; oy < out_h; ++oy) {
+          const int64_t y0 = std::max<int64_t>(oy * g.stride_h - g.pad_h, 0);
+          const int64_t y1 = std::min(oy * g.stride_h - g.pad_h + g.kernel_h, g.height);
+          for (int64_t ox = 0; ox < out_w; ++ox) {
+            const int64_t x0 = std::max<int64_t>(ox * g.stride_w - g.pad_w, 0);
+            const int64_t x1 = std::min(ox * g.stride_w - g.pad_w + g.kernel_w, g.width);
+            int64_t best_at = y0 * g.width + x0;
+            float value = in[best_at];
+            for (int64_t y = y0; y < y1; ++y) {
+              for (int64_t x = x0; x < x1; ++x) {
+                TakeIfGreater(in[y * g.width + x], y * g.width + x, &value, &best_at);
+              }
+            }
+            out[oy * out_w + ox] = input[p * plane + best_at];
+            out_at[oy * out_w + ox] = best_at;
+          }
+        }
+      }
+    });
+  };
+  ParallelFor(Cpu(index), g.batch * g.channels,
+              std::max<int64_t>(
+                  1, kElementwiseGrain / std::max<int64_t>(1, out_plane * g.kernel_h * g.kernel_w)),
+              pool);
+}
+
 void CpuBackend::MaxPool2d(int index, DType dtype, const Conv2dGeometry& g, const void* input_data,
                            void* output_data, int64_t* argmax) {
   CheckIndex(index);
@@ -1639,6 +1791,10 @@ void CpuBackend::MaxPool2d(int index, DType dtype, const Conv2dGeometry& g, cons
   int64_t hi = room < 0 ? lo : std::clamp(room / g.stride_w + 1, lo, out_w);
   // The vectorised loop counts in 32 bits; larger planes take pool_one everywhere.
   if (plane > std::numeric_limits<int32_t>::max()) hi = lo;
+  if (dtype == kBFloat16) {
+    return MaxPool2dBFloat16(index, g, static_cast<const BFloat16*>(input_data),
+                             static_cast<BFloat16*>(output_data), argmax);
+  }
   if (dtype != kFloat32) {
     return DispatchAllFloatingTypes(dtype, "CPU MaxPool2d", [&](auto tag) {
       using T = typename decltype(tag)::type;

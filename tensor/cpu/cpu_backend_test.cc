@@ -1777,5 +1777,55 @@ TEST(CpuBackendTest, DISABLED_MeasureReducedPrecisionThroughput) {
   SetCpuDeviceCount(original);
 }
 
+// ReLU, its backward and 2x2 max pooling select values, so bfloat16 takes them on the bits;
+// every bfloat16 pattern (zeros of both signs, subnormals, infinities, NaNs) must give the
+// float32 kernel's result exactly, and pooling the same argmax.
+TEST(BFloat16SelectionTest, ReluAndItsBackwardMatchFloat32OnEveryBitPattern) {
+  const int64_t n = 1 << 16;
+  std::vector<BFloat16> x(n), grad(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t bits = static_cast<uint16_t>(i);
+    std::memcpy(&x[i], &bits, sizeof(bits));
+    grad[i] = BFloat16(static_cast<float>(i % 7) - 3.0f);
+  }
+  const std::vector<float> x32 = Widened(x), grad32 = Widened(grad);
+  std::vector<float> relu32(n), back32(n);
+  std::vector<BFloat16> relu(n), back(n);
+  Cpu().Unary(0, UnaryOp::kRelu, View(relu32.data(), {n}), View(x32.data(), {n}), 0.0);
+  Cpu().Unary(0, UnaryOp::kRelu, View(relu.data(), {n}), View(x.data(), {n}), 0.0);
+  Cpu().Binary(0, BinaryOp::kReluBackward, View(back32.data(), {n}), View(grad32.data(), {n}),
+               View(x32.data(), {n}));
+  Cpu().Binary(0, BinaryOp::kReluBackward, View(back.data(), {n}), View(grad.data(), {n}),
+               View(x.data(), {n}));
+  for (int64_t i = 0; i < n; ++i) {
+    // Bitwise (-0 stays -0), NaN payloads aside.
+    ASSERT_TRUE(IsRounded(relu32[i], relu[i])) << "relu of pattern " << i;
+    ASSERT_TRUE(IsRounded(back32[i], back[i])) << "relu backward at pattern " << i;
+  }
+}
+
+TEST(BFloat16SelectionTest, TwoByTwoMaxPoolMatchesFloat32) {
+  // Even widths (the whole-plane pair pass) and an odd one (the window loop), with NaNs,
+  // ties and zeros of both signs among random values.
+  for (int64_t width : {28, 14, 6, 7}) {
+    SCOPED_TRACE("width " + std::to_string(width));
+    const Conv2dGeometry g = Conv2dGeometry::Make(3, 5, 6, width, 2, 2, 2, 2, 0, 0);
+    const int64_t size = g.batch * g.channels * g.height * g.width;
+    std::vector<BFloat16> image = Rounded<BFloat16>(RandomFloats(size, -2, 2, 91));
+    for (int64_t i = 0; i < size; i += 17) image[i] = BFloat16(kNaN);
+    for (int64_t i = 3; i < size; i += 13) image[i] = image[i - 1];
+    for (int64_t i = 5; i < size; i += 29) image[i] = BFloat16(i % 2 == 0 ? 0.0f : -0.0f);
+    const std::vector<float> image32 = Widened(image);
+    const int64_t out_size = g.batch * g.channels * g.out_h() * g.out_w();
+    std::vector<float> pooled32(out_size);
+    std::vector<BFloat16> pooled(out_size);
+    std::vector<int64_t> at32(out_size), at(out_size);
+    Cpu().MaxPool2d(0, kFloat32, g, image32.data(), pooled32.data(), at32.data());
+    Cpu().MaxPool2d(0, kBFloat16, g, image.data(), pooled.data(), at.data());
+    ASSERT_EQ(at, at32);
+    for (int64_t i = 0; i < out_size; ++i) ASSERT_TRUE(IsRounded(pooled32[i], pooled[i])) << i;
+  }
+}
+
 }  // namespace
 }  // namespace tandem

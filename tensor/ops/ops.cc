@@ -1042,8 +1042,10 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     const bool grad_x = NeedsGrad({x2}), grad_w = NeedsGrad({weight});
     const bool has_bias = bias.defined(), grad_b = has_bias && NeedsGrad({bias});
     Record("LinearBackward", inputs, y,
-           [grad_x, grad_w, has_bias, grad_b, sx = x2.detach(),
-            sw = weight.detach()](const Tensor& grad) {
+           // Only what the gradients need stays alive until backward: a first layer's input
+           // needs no gradient, so its (autocast) weight is not kept.
+           [grad_x, grad_w, has_bias, grad_b, sx = grad_w ? x2.detach() : Tensor(),
+            sw = grad_x ? weight.detach() : Tensor()](const Tensor& grad) {
              std::vector<Tensor> grads = {grad_x ? MatmulRaw(grad, sw) : Tensor(),
                                           grad_w ? MatmulRaw(TransposedRaw(grad), sx) : Tensor()};
              if (has_bias) {
@@ -1104,7 +1106,7 @@ std::vector<Tensor> PerImageConv2dBackward(const Conv2dGeometry& g, int64_t grou
   if (grad_x) {
     // columns_n[group] [K_g, L] = W_g^T [K_g, O_g] · grad_n[group] [O_g, L], then folded back
     // (Col2Im overwrites every element).
-    Tensor grad_columns = NewTensor({batch, patch, plane}, sx.dtype(), sx.device());
+    Tensor grad_columns = NewTensor({batch, patch, plane}, dtype, grad_output.device());
     for (int64_t group = 0; group < groups; ++group) {
       backend.Gemm(index, dtype, true, false, group_patch, plane, group_out, 1.0f,
                    DataPtr(sw) + group * group_out * group_patch, group_patch, 0,
@@ -1112,14 +1114,15 @@ std::vector<Tensor> PerImageConv2dBackward(const Conv2dGeometry& g, int64_t grou
                    DataPtr(grad_columns) + group * group_patch * plane, plane, patch * plane,
                    batch);
     }
-    grad_input = NewTensor(sx.shape(), sx.dtype(), sx.device());
+    grad_input =
+        NewTensor(Shape{g.batch, g.channels, g.height, g.width}, dtype, grad_output.device());
     backend.Col2Im(index, dtype, g, DataPtr(grad_columns), DataPtr(grad_input));
   }
   if (grad_w) {
     // Per image: grad_n[group] [O_g, L] · columns_n[group]^T [L, K_g]; summed over images.
-    Tensor columns = NewTensor({batch, patch, plane}, sx.dtype(), sx.device());
+    Tensor columns = NewTensor({batch, patch, plane}, dtype, grad_output.device());
     backend.Im2Col(index, dtype, g, DataPtr(sx), DataPtr(columns));
-    Tensor per_image = NewTensor({batch, out_channels, group_patch}, sx.dtype(), sx.device());
+    Tensor per_image = NewTensor({batch, out_channels, group_patch}, dtype, grad_output.device());
     for (int64_t group = 0; group < groups; ++group) {
       backend.Gemm(index, dtype, false, true, group_out, group_patch, plane, 1.0f,
                    DataPtr(grad) + group * group_out * plane, plane, out_channels * plane,
@@ -1207,7 +1210,20 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
   const int index = IndexOf(x);
 
   Tensor out;
-  if (work && !g.batch_in_columns) {
+  // The backend's own convolution first (oneDNN's on the CPU for bfloat16): im2col's columns
+  // are K times the image, and in bfloat16 building them costs more than the GEMM saves.
+  bool direct = false;
+  if (work && groups == 1) {
+    const Tensor b = bias.defined() ? ContiguousRaw(bias) : Tensor();
+    out = NewTensor({batch, out_channels, oh, ow}, dtype, x.device());
+    direct =
+        backend.Conv2dForward(index, dtype, g, out_channels, DataPtr(x), DataPtr(w),
+                              b.defined() ? static_cast<void*>(DataPtr(b)) : nullptr, DataPtr(out));
+    if (!direct) out = Tensor();  // not held while the im2col path below runs
+  }
+  if (direct) {
+    // Computed above.
+  } else if (work && !g.batch_in_columns) {
     Tensor columns = NewTensor({batch, patch, plane}, x.dtype(), x.device());
     backend.Im2Col(index, dtype, g, DataPtr(x), DataPtr(columns));
     if (bias.defined()) {
@@ -1258,67 +1274,98 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
   if (NeedsGrad(inputs)) {
     const bool grad_x = NeedsGrad({input}), grad_w = NeedsGrad({weight});
     const bool has_bias = bias.defined(), grad_b = has_bias && NeedsGrad({bias});
-    Record("Conv2dBackward", inputs, out,
-           [g, groups, work, grad_x, grad_w, has_bias, grad_b, out_channels, sx = x.detach(),
-            sw = w.detach(), weight_shape = weight.shape()](const Tensor& grad_output) {
-             const int64_t batch = g.batch, plane = g.out_h() * g.out_w();
-             const int64_t patch = g.channels * g.kernel_h * g.kernel_w;
-             const int64_t group_out = out_channels / groups, group_patch = patch / groups;
-             const int64_t cols = batch * plane;
-             Backend& backend = BackendOf(grad_output);
-             const DType dtype = grad_output.dtype();
-             const int index = IndexOf(grad_output);
-             if (work && !g.batch_in_columns) {
-               return PerImageConv2dBackward(g, groups, grad_x, grad_w, has_bias, grad_b,
-                                             out_channels, sx, sw, weight_shape, grad_output);
-             }
-             // The gradient as [O, N*L], the layout of the forward's product.
-             Tensor grad;
-             if (work) {
-               const Tensor g3 = ContiguousRaw(grad_output);
-               grad =
-                   ContiguousRaw(MakeView(g3, {out_channels, batch, plane},
+    // Only what the gradients need stays alive until backward: x for the weight's, w for
+    // the input's (an image model's first layer needs no input gradient).
+    Record(
+        "Conv2dBackward", inputs, out,
+        [g, groups, work, grad_x, grad_w, has_bias, grad_b, out_channels,
+         sx = grad_w ? x.detach() : Tensor(), sw = grad_x ? w.detach() : Tensor(),
+         input_shape = input.shape(), input_device = input.device(),
+         weight_shape = weight.shape()](const Tensor& grad_output) {
+          const int64_t batch = g.batch, plane = g.out_h() * g.out_w();
+          const int64_t patch = g.channels * g.kernel_h * g.kernel_w;
+          const int64_t group_out = out_channels / groups, group_patch = patch / groups;
+          const int64_t cols = batch * plane;
+          Backend& backend = BackendOf(grad_output);
+          const DType dtype = grad_output.dtype();
+          const int index = IndexOf(grad_output);
+          if (work && groups == 1) {
+            // The backend's own kernels where it has them, as in the forward.
+            const Tensor grad = ContiguousRaw(grad_output);
+            Tensor grad_input, grad_weight, grad_bias;
+            bool done = true;
+            if (grad_x) {
+              grad_input = NewTensor(input_shape, dtype, input_device);
+              done = backend.Conv2dBackwardData(index, dtype, g, out_channels, DataPtr(grad),
+                                                DataPtr(sw), DataPtr(grad_input));
+            }
+            if (done && grad_w) {
+              grad_weight = NewTensor(weight_shape, dtype, input_device);
+              if (grad_b) grad_bias = NewTensor({out_channels}, dtype, input_device);
+              done = backend.Conv2dBackwardWeights(
+                  index, dtype, g, out_channels, DataPtr(sx), DataPtr(grad), DataPtr(grad_weight),
+                  grad_b ? static_cast<void*>(DataPtr(grad_bias)) : nullptr);
+            }
+            if (done) {
+              if (grad_b && !grad_bias.defined()) {
+                grad_bias =
+                    ViewRaw(ReduceRaw(grad, {0, 2, 3}, ReduceKind::kSum, "conv2d"), {out_channels});
+              }
+              std::vector<Tensor> grads = {grad_input, grad_weight};
+              if (has_bias) grads.push_back(grad_bias);
+              return grads;
+            }
+          }
+          if (work && !g.batch_in_columns) {
+            return PerImageConv2dBackward(g, groups, grad_x, grad_w, has_bias, grad_b, out_channels,
+                                          sx, sw, weight_shape, grad_output);
+          }
+          // The gradient as [O, N*L], the layout of the forward's product.
+          Tensor grad;
+          if (work) {
+            const Tensor g3 = ContiguousRaw(grad_output);
+            grad = ContiguousRaw(MakeView(g3, {out_channels, batch, plane},
                                           {plane, out_channels * plane, 1}, g3.storage_offset()));
-             }
-             Tensor grad_input, grad_weight, grad_bias;
-             if (grad_x) {
-               // Col2Im overwrites every element, so only an empty problem needs a fill.
-               grad_input = work ? NewTensor(sx.shape(), sx.dtype(), sx.device())
-                                 : FilledRaw(sx.shape(), sx.dtype(), sx.device(), 0.0);
-               if (work) {
-                 // columns_g [K_g, N*L] = W_g^T [K_g, O_g] · grad_g [O_g, N*L], then folded back.
-                 Tensor grad_columns = NewTensor({patch, batch, plane}, sx.dtype(), sx.device());
-                 backend.Gemm(index, dtype, true, false, group_patch, cols, group_out, 1.0f,
-                              DataPtr(sw), group_patch, group_out * group_patch, DataPtr(grad),
-                              cols, group_out * cols, 0.0f, DataPtr(grad_columns), cols,
-                              group_patch * cols, groups);
-                 backend.Col2Im(index, dtype, g, DataPtr(grad_columns), DataPtr(grad_input));
-               }
-             }
-             if (grad_w) {
-               if (work) {
-                 // W_g [O_g, K_g] = grad_g [O_g, N*L] · columns_g^T [N*L, K_g]: the sum over
-                 // images is the GEMM's inner dimension.
-                 Tensor columns = NewTensor({patch, batch, plane}, sx.dtype(), sx.device());
-                 backend.Im2Col(index, dtype, g, DataPtr(sx), DataPtr(columns));
-                 grad_weight = NewTensor(weight_shape, sx.dtype(), sx.device());
-                 backend.Gemm(index, dtype, false, true, group_out, group_patch, cols, 1.0f,
-                              DataPtr(grad), cols, group_out * cols, DataPtr(columns), cols,
-                              group_patch * cols, 0.0f, DataPtr(grad_weight), group_patch,
-                              group_out * group_patch, groups);
-               } else {
-                 grad_weight = FilledRaw(weight_shape, sx.dtype(), sx.device(), 0.0);
-               }
-             }
-             if (grad_b) {
-               grad_bias = work ? ViewRaw(ReduceRaw(grad, {1, 2}, ReduceKind::kSum, "conv2d"),
-                                          {out_channels})
-                                : FilledRaw({out_channels}, sx.dtype(), sx.device(), 0.0);
-             }
-             std::vector<Tensor> grads = {grad_input, grad_weight};
-             if (has_bias) grads.push_back(grad_bias);
-             return grads;
-           });
+          }
+          Tensor grad_input, grad_weight, grad_bias;
+          if (grad_x) {
+            // Col2Im overwrites every element, so only an empty problem needs a fill.
+            grad_input = work ? NewTensor(input_shape, dtype, input_device)
+                              : FilledRaw(input_shape, dtype, input_device, 0.0);
+            if (work) {
+              // columns_g [K_g, N*L] = W_g^T [K_g, O_g] · grad_g [O_g, N*L], then folded back.
+              Tensor grad_columns = NewTensor({patch, batch, plane}, dtype, input_device);
+              backend.Gemm(index, dtype, true, false, group_patch, cols, group_out, 1.0f,
+                           DataPtr(sw), group_patch, group_out * group_patch, DataPtr(grad), cols,
+                           group_out * cols, 0.0f, DataPtr(grad_columns), cols, group_patch * cols,
+                           groups);
+              backend.Col2Im(index, dtype, g, DataPtr(grad_columns), DataPtr(grad_input));
+            }
+          }
+          if (grad_w) {
+            if (work) {
+              // W_g [O_g, K_g] = grad_g [O_g, N*L] · columns_g^T [N*L, K_g]: the sum over
+              // images is the GEMM's inner dimension.
+              Tensor columns = NewTensor({patch, batch, plane}, dtype, input_device);
+              backend.Im2Col(index, dtype, g, DataPtr(sx), DataPtr(columns));
+              grad_weight = NewTensor(weight_shape, dtype, input_device);
+              backend.Gemm(index, dtype, false, true, group_out, group_patch, cols, 1.0f,
+                           DataPtr(grad), cols, group_out * cols, DataPtr(columns), cols,
+                           group_patch * cols, 0.0f, DataPtr(grad_weight), group_patch,
+                           group_out * group_patch, groups);
+            } else {
+              grad_weight = FilledRaw(weight_shape, dtype, input_device, 0.0);
+            }
+          }
+          if (grad_b) {
+            grad_bias =
+                work ? ViewRaw(ReduceRaw(grad, {1, 2}, ReduceKind::kSum, "conv2d"), {out_channels})
+                     : FilledRaw({out_channels}, dtype, input_device, 0.0);
+          }
+          std::vector<Tensor> grads = {grad_input, grad_weight};
+          if (has_bias) grads.push_back(grad_bias);
+          return grads;
+        });
   }
   return out;
 }

@@ -382,6 +382,28 @@ class Backend {
   virtual void RandomNormal(int index, DType dtype, void* dst, int64_t n, uint64_t seed,
                             uint64_t offset, double mean, double stddev) = 0;
 
+  // A convolution (groups = 1, contiguous NCHW operands, the geometry's stride, padding and
+  // dilation) by a kernel of the backend's own rather than conv2d's Im2Col + Gemm + Col2Im:
+  // forward (bias nullable), the input's gradient, and the weight's (and bias's, when
+  // grad_bias is not null) summed over the batch. Each returns false, having written nothing,
+  // where the backend has no such kernel for the dtype or geometry; the default has none.
+  virtual bool Conv2dForward(int /*index*/, DType /*dtype*/, const Conv2dGeometry& /*g*/,
+                             int64_t /*out_channels*/, const void* /*input*/,
+                             const void* /*weight*/, const void* /*bias*/, void* /*output*/) {
+    return false;
+  }
+  virtual bool Conv2dBackwardData(int /*index*/, DType /*dtype*/, const Conv2dGeometry& /*g*/,
+                                  int64_t /*out_channels*/, const void* /*grad_output*/,
+                                  const void* /*weight*/, void* /*grad_input*/) {
+    return false;
+  }
+  virtual bool Conv2dBackwardWeights(int /*index*/, DType /*dtype*/, const Conv2dGeometry& /*g*/,
+                                     int64_t /*out_channels*/, const void* /*input*/,
+                                     const void* /*grad_output*/, void* /*grad_weight*/,
+                                     void* /*grad_bias*/) {
+    return false;
+  }
+
  protected:
   // Throws tandem::Error unless `index` is one of this backend's devices.
   void CheckDevice(int index) const;

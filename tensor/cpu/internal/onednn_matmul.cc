@@ -11,14 +11,8 @@
 
 #include "tensor/base/error.h"
 #include "tensor/base/half.h"
+#include "tensor/cpu/internal/onednn_common.h"
 #include "tensor/runtime/threads.h"
-
-// libgomp's, declared here rather than through <omp.h>: that header belongs to the compiler
-// (clang without libomp-dev has none), and these two calls are all we need.
-extern "C" {
-int omp_get_max_threads(void);
-void omp_set_num_threads(int);
-}
 
 namespace tandem {
 namespace {
@@ -39,20 +33,6 @@ using dnnl::memory;
 // OneThreadOpenMp sets it to one on the calling thread for the call (primitive creation
 // included: oneDNN picks its blocking for the thread count it sees then) and restores it, and
 // user code that uses OpenMP elsewhere keeps its own setting.
-class OneThreadOpenMp {
- public:
-  OneThreadOpenMp() : previous_(omp_get_max_threads()) {
-    if (previous_ != 1) omp_set_num_threads(1);
-  }
-  ~OneThreadOpenMp() {
-    if (previous_ != 1) omp_set_num_threads(previous_);
-  }
-  OneThreadOpenMp(const OneThreadOpenMp&) = delete;
-  OneThreadOpenMp& operator=(const OneThreadOpenMp&) = delete;
-
- private:
-  int previous_;
-};
 
 // Blocks are at least this many rows (or columns) and floating-point operations: a oneDNN
 // call costs a few microseconds on top of its arithmetic (memory objects, argument checks),
@@ -78,10 +58,7 @@ memory::data_type DnnlType(DType dtype) {
   }
 }
 
-const dnnl::engine& Engine() {
-  static const dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
-  return *engine;
-}
+const dnnl::engine& Engine() { return OneDnnEngine(); }
 
 // Everything a primitive depends on. Pointers are not part of it (memory objects bind them
 // at each call), nor is the thread count (always one, see Note [oneDNN threads]).
