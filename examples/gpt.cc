@@ -39,6 +39,16 @@ std::shared_ptr<nn::LayerNorm> MakeLayerNorm(const GptConfig& c) {
                                          /*elementwise_affine=*/true);
 }
 
+// Mean cross-entropy of logits [B, T, V] against targets [B, T].
+Tensor TokenCrossEntropy(const Tensor& logits, const Tensor& targets) {
+  TANDEM_CHECK(logits.defined() && targets.defined() && logits.dim() == 3 && targets.dim() == 2 &&
+                   logits.size(0) == targets.size(0) && logits.size(1) == targets.size(1),
+               "Gpt loss: expected logits [B, T, V] and targets [B, T] but got ",
+               logits.defined() ? ShapeToString(logits.shape()) : std::string("undefined"), " and ",
+               targets.defined() ? ShapeToString(targets.shape()) : std::string("undefined"));
+  return cross_entropy(logits.reshape({-1, logits.size(2)}), targets.reshape({-1}));
+}
+
 }  // namespace
 
 GptConfig GptConfig::Gpt2() {
@@ -199,12 +209,11 @@ Tensor Gpt::forward(const Tensor& tokens) {
 }
 
 Tensor Gpt::loss(const Tensor& logits, const Tensor& targets) const {
-  TANDEM_CHECK(logits.defined() && targets.defined() && logits.dim() == 3 && targets.dim() == 2 &&
-                   logits.size(0) == targets.size(0) && logits.size(1) == targets.size(1),
-               "Gpt::loss: expected logits [B, T, V] and targets [B, T] but got ",
-               logits.defined() ? ShapeToString(logits.shape()) : std::string("undefined"), " and ",
-               targets.defined() ? ShapeToString(targets.shape()) : std::string("undefined"));
-  return cross_entropy(logits.reshape({-1, logits.size(2)}), targets.reshape({-1}));
+  return TokenCrossEntropy(logits, targets);
+}
+
+Tensor GptLoss::forward(const Tensor& logits, const Tensor& targets) {
+  return TokenCrossEntropy(logits, targets);
 }
 
 Tensor Gpt::Generate(const Tensor& prompt, int64_t max_new_tokens, double temperature,

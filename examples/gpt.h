@@ -123,6 +123,16 @@ class Gpt : public nn::Cloneable<Gpt> {
   std::shared_ptr<nn::LayerNorm> ln_f_;
 };
 
+// Mean cross-entropy of logits [B, T, V] against int64 targets [B, T] (Gpt::loss), as a
+// module for DataParallel::forward_loss: each replica's chunk holds whole sequences, so the
+// chunks' means weighted by their rows are the whole batch's mean.
+//   Tensor loss = dp->forward_loss(criterion, tokens, next_tokens);   // examples::GptLoss
+class GptLoss : public nn::Cloneable<GptLoss> {
+ public:
+  void reset() override {}
+  Tensor forward(const Tensor& logits, const Tensor& targets);
+};
+
 // Floats a training step of `config` at batch [batch, tokens] must keep from forward for
 // backward, at least (what PyTorch's autograd saves for these layers, with attention that
 // keeps q, k, v, its output and log-sum-exp, as a fused kernel does): per block and token
