@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "parallel/data_parallel.h"
 #include "tensor/gradcheck.h"
 #include "tensor/testing.h"
 
@@ -126,6 +127,29 @@ TEST(GptTest, CloneOnAnotherDeviceGivesTheSameLogits) {
   const Tensor there = copy->forward(tokens.to(Device::Cpu(1)));
   EXPECT_EQ(there.device(), Device::Cpu(1));
   EXPECT_TRUE(allclose(there.to(Device::Cpu(0)), model->forward(tokens), 1e-6, 1e-6));
+}
+
+// DataParallel replicas (clones whose wte lookups and tied heads send their gradients back
+// through the broadcast) give the single-device loss and gradients.
+TEST(GptTest, DataParallelOverTwoDevicesMatchesOneDevice) {
+  manual_seed(12);
+  auto model = std::make_shared<Gpt>(Tiny());
+  const Tensor tokens = Tokens({3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8}, 4);
+  const Tensor targets = Tokens({1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9}, 4);
+  const Tensor single = model->loss(model->forward(tokens), targets);
+  single.backward();
+  std::vector<Tensor> expected;
+  for (const Tensor& p : model->parameters()) expected.push_back(p.grad().clone());
+  model->zero_grad();
+  parallel::DataParallel dp(model, {Device::Cpu(0), Device::Cpu(1)});
+  GptLoss criterion;
+  const Tensor loss = dp.forward_loss(criterion, tokens, targets);
+  EXPECT_NEAR(loss.item<float>(), single.item<float>(), 1e-5);
+  loss.backward();
+  const std::vector<Tensor> params = model->parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(allclose(params[i].grad(), expected[i], 1e-4, 1e-6)) << i;
+  }
 }
 
 TEST(GptTest, GenerationIsSeededAndCropsTheContext) {
