@@ -81,8 +81,9 @@ class Node {
   virtual std::vector<Tensor> Apply(std::vector<Tensor> grad_outputs) = 0;
   virtual std::string name() const = 0;
   // What the engine calls: Apply, for a node that may give an input's gradient as scattered
-  // slices (ScatterGradient) instead of a dense tensor. `scattered` has one entry per input;
-  // where the node sets one, the gradient it returns for that input must be undefined.
+  // slices (ScatterGradient) instead of a dense tensor. `scattered` comes empty; such a node
+  // resizes it to one entry per input, and where it sets one, the gradient it returns for
+  // that input must be undefined.
   // Apply itself must still return dense gradients (for callers other than the engine).
   virtual std::vector<Tensor> ApplyScattered(
       std::vector<Tensor> grad_outputs,

@@ -294,7 +294,7 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
         std::vector<Tensor> received;
         if (detect_anomaly) received = grads;
         std::vector<Tensor> input_grads;
-        std::vector<std::optional<ScatterGradient>> scattered(node->next_edges().size());
+        std::vector<std::optional<ScatterGradient>> scattered;  // a scattering node sizes it
         {
           TANDEM_PROFILE_SCOPE("autograd", node->name());
           input_grads = node->ApplyScattered(std::move(grads), scattered);
@@ -314,7 +314,7 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
           const Edge& edge = edges[i];
           if (!edge.node) continue;
           Tensor g = std::move(input_grads[i]);
-          if (!g.defined() && scattered[i]) {
+          if (!g.defined() && i < scattered.size() && scattered[i]) {
             const ScatterGradient& part = *scattered[i];
             const Device target = edge.node->output_device(static_cast<int>(edge.input_nr));
             if (part.values.device() == target &&

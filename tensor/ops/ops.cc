@@ -1770,6 +1770,7 @@ class IndexSelectBackward final : public Node {
   std::vector<Tensor> ApplyScattered(
       std::vector<Tensor> grad_outputs,
       std::vector<std::optional<ScatterGradient>>& scattered) override {
+    scattered.resize(1);
     scattered[0] = Part(grad_outputs[0]);
     return {Tensor()};
   }
