@@ -50,6 +50,20 @@ struct Edge {
   std::optional<DType> dtype;
 };
 
+// A gradient that adds `values` into a few slices of an input along one axis (the adjoint
+// of a gather, e.g. an embedding's lookup, which touches a few rows of a large table):
+//   dense[o, index[o, j, i], i] += values[o, j, i]
+// for the input's dense gradient, of `shape` = [outer, dim_size, inner] once folded. A node
+// hands it to the engine through Node::ApplyScattered: the engine adds the slices into
+// the gradient already waiting for that input (a tied head's, say) in place, and builds the
+// dense gradient (zeros, then the slices) only when there is none to add into.
+struct ScatterGradient {
+  Tensor index;   // int64, contiguous, [outer, idx_dim, inner] elements
+  Tensor values;  // contiguous, as many elements as index, in the input's dtype
+  Shape shape;    // the input's shape
+  int64_t outer = 1, dim_size = 0, idx_dim = 0, inner = 1;
+};
+
 // One recorded operation.
 class Node {
  public:
@@ -66,6 +80,16 @@ class Node {
   // of next_edges(); an undefined Tensor where an input gets no gradient.
   virtual std::vector<Tensor> Apply(std::vector<Tensor> grad_outputs) = 0;
   virtual std::string name() const = 0;
+  // What the engine calls: Apply, for a node that may give an input's gradient as scattered
+  // slices (ScatterGradient) instead of a dense tensor. `scattered` comes empty; such a node
+  // resizes it to one entry per input, and where it sets one, the gradient it returns for
+  // that input must be undefined.
+  // Apply itself must still return dense gradients (for callers other than the engine).
+  virtual std::vector<Tensor> ApplyScattered(
+      std::vector<Tensor> grad_outputs,
+      std::vector<std::optional<ScatterGradient>>& /*scattered*/) {
+    return Apply(std::move(grad_outputs));
+  }
 
   // The device whose worker runs Apply.
   Device device() const { return device_; }

@@ -150,12 +150,65 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
     }
   }
 
+  // Adds scattered slices into slot `slot`: in place into the gradient waiting there when
+  // nothing else holds it (a kernel's fresh output), so neither a zero-filled dense buffer
+  // nor a full-size sum is made; otherwise as a dense gradient.
+  void DepositScatter(NodeState* state, uint32_t slot, const ScatterGradient& scattered) {
+    Tensor existing;
+    {
+      std::lock_guard<std::mutex> lock(state->mutex);
+      Tensor& target = state->slots[slot];
+      if (target.defined() && target.dtype() == scattered.values.dtype() &&
+          target.shape() == scattered.shape && target.device() == scattered.values.device() &&
+          IsSoleOwner(target)) {
+        existing = std::move(target);
+        target = Tensor();
+      }
+    }
+    if (existing.defined()) {
+      ScatterInto(existing, scattered);
+      Deposit(state, slot, std::move(existing));  // sums with whatever arrived meanwhile
+    } else {
+      Deposit(state, slot, Densify(scattered));
+    }
+  }
+
+  static void ScatterInto(const Tensor& dense, const ScatterGradient& s) {
+    const Device device = dense.device();
+    if (s.values.numel() == 0) return;
+    GetBackend(device).ScatterAdd(device.index(), dense.dtype(), ToKernel(dense).data,
+                                  ToKernel(s.values).data,
+                                  static_cast<const int64_t*>(ToKernel(s.index).data), s.outer,
+                                  s.dim_size, s.idx_dim, s.inner);
+  }
+
+  // The dense gradient of scattered slices: zeros, then the slices added.
+  static Tensor Densify(const ScatterGradient& s) {
+    const Device device = s.values.device();
+    Tensor dense = NewTensor(s.shape, s.values.dtype(), device);
+    GetBackend(device).Fill(device.index(), ToKernel(dense), 0.0);
+    ScatterInto(dense, s);
+    return dense;
+  }
+
   // a + b for two gradients of one slot (one shape; either may be a broadcast view), with
-  // the backend's kernel: the engine sits below the ops layer.
+  // the backend's kernel: the engine sits below the ops layer. Into `a` or `b` when one is
+  // a full-size buffer nothing else holds (as AccumulateGrad steals one), which saves a
+  // buffer the size of the gradient wherever gradients fan in (residual streams, tied
+  // weights).
   static Tensor SumOfGradients(const Tensor& a, const Tensor& b) {
     const Device device = a.device();
     Backend& backend = GetBackend(device);
     const DType dtype = PromoteTypes(a.dtype(), b.dtype());
+    for (const Tensor* into : {&a, &b}) {
+      const Tensor& other = into == &a ? b : a;
+      if (into->dtype() == dtype && other.dtype() == dtype && into->shape() == other.shape() &&
+          IsSoleOwner(*into)) {
+        backend.Binary(device.index(), BinaryOp::kAdd, ToKernel(*into), ToKernel(*into),
+                       ToKernel(other));
+        return *into;
+      }
+    }
     const auto in_dtype = [&](const Tensor& t) {
       if (t.dtype() == dtype) return t;
       Tensor converted = NewTensor(t.shape(), dtype, device);
@@ -241,18 +294,37 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
         std::vector<Tensor> received;
         if (detect_anomaly) received = grads;
         std::vector<Tensor> input_grads;
+        std::vector<std::optional<ScatterGradient>> scattered;  // a scattering node sizes it
         {
           TANDEM_PROFILE_SCOPE("autograd", node->name());
-          input_grads = node->Apply(std::move(grads));
+          input_grads = node->ApplyScattered(std::move(grads), scattered);
         }
         const auto& edges = node->next_edges();
         TANDEM_CHECK(input_grads.size() == edges.size(), "internal error: ", node->name(),
                      " returned ", input_grads.size(), " gradients for ", edges.size(), " inputs");
-        if (detect_anomaly) internal::CheckBackwardAnomaly(*node, received, input_grads);
+        if (detect_anomaly) {
+          // The check reads every gradient: scattered ones are made dense first.
+          for (size_t i = 0; i < scattered.size(); ++i) {
+            if (scattered[i] && !input_grads[i].defined()) input_grads[i] = Densify(*scattered[i]);
+            scattered[i].reset();
+          }
+          internal::CheckBackwardAnomaly(*node, received, input_grads);
+        }
         for (size_t i = 0; i < input_grads.size(); ++i) {
           const Edge& edge = edges[i];
           if (!edge.node) continue;
           Tensor g = std::move(input_grads[i]);
+          if (!g.defined() && i < scattered.size() && scattered[i]) {
+            const ScatterGradient& part = *scattered[i];
+            const Device target = edge.node->output_device(static_cast<int>(edge.input_nr));
+            if (part.values.device() == target &&
+                (!edge.dtype || *edge.dtype == part.values.dtype())) {
+              DepositScatter(StateOf(edge.node.get()), edge.input_nr, part);
+              Release(edge.node);
+              continue;
+            }
+            g = Densify(part);  // then delivered as any gradient: copied, converted
+          }
           if (g.defined()) {
             const Device target = edge.node->output_device(static_cast<int>(edge.input_nr));
             if (g.device() != target) g = g.to(target);

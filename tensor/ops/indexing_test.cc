@@ -178,6 +178,44 @@ TEST(IndexSelectTest, SelectsAlongADimWithRepeats) {
       {Param({2, 4, 2}, 7)});
 }
 
+// index_select's gradient reaches the engine as scattered rows, added in place into a
+// gradient already waiting for the same input (a tied head's) or made dense when it comes
+// first; either order must sum both contributions.
+TEST(IndexSelectTest, GradientsOfATiedWeightSumInEitherOrder) {
+  const Tensor index = I({2, 5, 2, 0}, {4});
+  // The lookup first: its gradient arrives last, into the head's (linear's weight gradient
+  // is a fresh buffer, added into in place; matmul's reaches the leaf through a transpose).
+  EXPECT_GRADIENTS_MATCH(
+      [&](const Inputs& in) { return linear(index_select(in[0], 0, index), in[0], Tensor()); },
+      {Param({7, 3}, 10)});
+  EXPECT_GRADIENTS_MATCH(
+      [&](const Inputs& in) { return matmul(index_select(in[0], 0, index), in[0].t()); },
+      {Param({7, 3}, 11)});
+  // The lookup last: its gradient arrives first, alone; the dense one is added to it.
+  EXPECT_GRADIENTS_MATCH(
+      [&](const Inputs& in) {
+        return index_select(mul(in[0], in[0]), 0, index) + index_select(in[0], 0, index);
+      },
+      {Param({7, 3}, 12)});
+  // Along a middle dimension, with a second backward adding into .grad.
+  Tensor w = Param({2, 5, 3}, 13);
+  const auto loss = [&] {
+    return (index_select(w, 1, I({4, 4, 1}, {3})) * 3.0).sum() + (w * w).sum();
+  };
+  loss().backward();
+  const std::vector<float> once = V(w.grad());
+  loss().backward();
+  const std::vector<float> twice = V(w.grad());
+  const std::vector<float> values = V(w);
+  ASSERT_EQ(once.size(), 30u);
+  for (int64_t i = 0; i < 30; ++i) {
+    const int64_t column = (i / 3) % 5;  // [2, 5, 3]
+    const double expected = 2 * values[i] + (column == 4 ? 6.0 : column == 1 ? 3.0 : 0.0);
+    EXPECT_NEAR(once[i], expected, 1e-5) << i;
+    EXPECT_NEAR(twice[i], 2 * expected, 1e-5) << i;
+  }
+}
+
 TEST(TopkTest, LargestSmallestNanAndGradients) {
   const Tensor x = F({1, 5, 3, 5, -kInf, 2, kNan, 0}, {2, 4});
   auto [values, indices] = topk(x, 2);

@@ -1068,7 +1068,37 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& targets) {
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   TANDEM_AUTOCAST(kFloat32, cross_entropy, logits, targets);
   CheckClassification(logits, targets, "cross_entropy", "logits");
-  return NllLossCore(log_softmax(logits, 1), targets);
+  Tensor out, log_probs;
+  {
+    NoGradGuard no_grad;  // one node for the whole loss, recorded below
+    log_probs = log_softmax(logits, 1);
+    out = NllLossCore(log_probs, targets);
+  }
+  if (NeedsGrad({logits})) {
+    // d loss / d logits = (softmax(logits) - onehot(targets)) * grad / rows, written in two
+    // streaming passes over [rows, cols] (exp, then the scale in place) and a scatter of one
+    // element per row, where log_softmax's and nll_loss's backwards took six passes and four
+    // [rows, cols] buffers.
+    const int64_t rows = logits.size(0), cols = logits.size(1);
+    Record("CrossEntropyBackward", {logits}, out,
+           [lp = log_probs.detach(), idx = ContiguousRaw(targets), rows, cols](const Tensor& grad) {
+             Tensor grad_logits = NewTensor({rows, cols}, lp.dtype(), lp.device());
+             if (grad_logits.numel() == 0) return std::vector<Tensor>{grad_logits};
+             Backend& backend = BackendOf(lp);
+             const int device = IndexOf(lp);
+             const Tensor per_row = UnaryRaw(UnaryOp::kMulScalar, CastRaw(grad, lp.dtype()),
+                                             1.0 / static_cast<double>(rows));
+             backend.Unary(device, UnaryOp::kExp, ToKernel(grad_logits), ToKernel(lp), 0.0);
+             backend.Binary(device, BinaryOp::kMul, ToKernel(grad_logits), ToKernel(grad_logits),
+                            ToKernelBroadcast(per_row, {rows, cols}));
+             const Tensor minus =
+                 BroadcastCopyRaw(UnaryRaw(UnaryOp::kNeg, per_row, 0.0), {rows}, lp.dtype());
+             backend.ScatterAddColumns(device, lp.dtype(), DataPtr(grad_logits), DataPtr(minus),
+                                       Int64Ptr(idx), rows, cols);
+             return std::vector<Tensor>{grad_logits};
+           });
+  }
+  return out;
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target) {
@@ -1756,6 +1786,63 @@ Tensor gather(const Tensor& input, int64_t dim, const Tensor& index) {
   return out;
 }
 
+namespace {
+
+// index_select's backward: the gradient adds the selected slices back into the input's
+// positions. To the engine it gives them as a ScatterGradient, which it adds in place into
+// a gradient already waiting for the input (a tied head's [V, C] product) instead of
+// zero-filling a [V, C] buffer, scattering into it and summing the two.
+class IndexSelectBackward final : public Node {
+ public:
+  IndexSelectBackward(Device device, Tensor index, Shape shape, int64_t outer, int64_t dim_size,
+                      int64_t idx_dim, int64_t inner)
+      : Node(device),
+        index_(std::move(index)),
+        shape_(std::move(shape)),
+        outer_(outer),
+        dim_size_(dim_size),
+        idx_dim_(idx_dim),
+        inner_(inner) {}
+
+  std::vector<Tensor> Apply(std::vector<Tensor> grad_outputs) override {
+    const ScatterGradient part = Part(grad_outputs[0]);
+    Tensor dense = FilledRaw(shape_, part.values.dtype(), part.values.device(), 0.0);
+    if (part.values.numel() > 0) {
+      BackendOf(dense).ScatterAdd(IndexOf(dense), dense.dtype(), DataPtr(dense),
+                                  DataPtr(part.values), Int64Ptr(part.index), outer_, dim_size_,
+                                  idx_dim_, inner_);
+    }
+    return {dense};
+  }
+  std::vector<Tensor> ApplyScattered(
+      std::vector<Tensor> grad_outputs,
+      std::vector<std::optional<ScatterGradient>>& scattered) override {
+    scattered.resize(1);
+    scattered[0] = Part(grad_outputs[0]);
+    return {Tensor()};
+  }
+  std::string name() const override { return "IndexSelectBackward"; }
+
+ private:
+  ScatterGradient Part(const Tensor& grad_output) const {
+    ScatterGradient part;
+    part.index = index_;
+    part.values = ContiguousRaw(grad_output);
+    part.shape = shape_;
+    part.outer = outer_;
+    part.dim_size = dim_size_;
+    part.idx_dim = idx_dim_;
+    part.inner = inner_;
+    return part;
+  }
+
+  Tensor index_;  // int64 [outer, idx_dim, inner], contiguous
+  Shape shape_;
+  int64_t outer_, dim_size_, idx_dim_, inner_;
+};
+
+}  // namespace
+
 Tensor index_select(const Tensor& input, int64_t dim, const Tensor& index) {
   CheckDefined(input, "index_select", "input");
   CheckDefined(index, "index_select", "index");
@@ -1770,7 +1857,20 @@ Tensor index_select(const Tensor& input, int64_t dim, const Tensor& index) {
   shape[d] = index.numel();
   // Every position along the other dimensions picks the same entries: gather with the index
   // broadcast over them.
-  Tensor out = gather(input, d, index.reshape(line).expand(shape));
+  const Tensor expanded = index.reshape(line).expand(shape);
+  Tensor out;
+  {
+    NoGradGuard no_grad;  // recorded below, as a node whose gradient scatters
+    out = gather(input, d, expanded);
+  }
+  if (NeedsGrad({input})) {
+    const int64_t outer = Product(shape, 0, d), inner = Product(shape, d + 1, shape.size());
+    const int64_t dim_size = input.dim() == 0 ? 1 : input.size(d);
+    RecordOp(
+        std::make_shared<IndexSelectBackward>(input.device(), ContiguousRaw(expanded),
+                                              input.shape(), outer, dim_size, index.numel(), inner),
+        {input}, out);
+  }
   return input.dim() == 0 ? out.reshape({index.numel()}) : out;
 }
 

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Times the same training step in Tandem and in libtorch (PyTorch's C++ API, Debian's
 # libtorch-dev 1.13) side by side on this machine: the MLP 784-256-128-10 at batch 256,
-# cross-entropy, SGD with momentum 0.9, on the CPU with 2 threads (Tandem: one CPU device,
+# cross-entropy, SGD with momentum 0.9 (MODEL=mlp), or GPT-2 124M at batch 4 x 64 tokens,
+# cross-entropy, AdamW lr 6e-4 weight decay 0.1 (MODEL=gpt2; examples/gpt.h and its libtorch
+# twin in libtorch_train_step.cc), on the CPU with 2 threads (Tandem: one CPU device,
 # --threads=2; libtorch: torch::set_num_threads(2)). Rounds alternate the programs so both
 # see the same machine; it prints each round's medians, the median over rounds and
 # Tandem's step time as a fraction of libtorch's (below 1: Tandem is faster).
 #
 #   bash tools/bench/compare_libtorch.sh                 # ROUNDS=5 BATCH=256 THREADS=2 STEPS=50
+#   MODEL=gpt2 bash tools/bench/compare_libtorch.sh      # BATCH=4 TOKENS=64 STEPS=10 WARMUP=2
 #   BASELINE=/tmp/old/train_step bash tools/bench/compare_libtorch.sh
 #
 # BASELINE names another build of train_step (say, main's before a change): each round then
@@ -25,10 +28,17 @@ set -euo pipefail
 
 cd "$(dirname "$0")/../.."
 ROUNDS=${ROUNDS:-5}
-BATCH=${BATCH:-256}
+MODEL=${MODEL:-mlp}
+case $MODEL in
+  mlp) BATCH=${BATCH:-256} STEPS=${STEPS:-50} WARMUP=${WARMUP:-5} ;;
+  gpt2) BATCH=${BATCH:-4} STEPS=${STEPS:-10} WARMUP=${WARMUP:-2} ;;
+  *)
+    echo "compare_libtorch: MODEL must be mlp or gpt2 but is '$MODEL'" >&2
+    exit 2
+    ;;
+esac
+TOKENS=${TOKENS:-64}
 THREADS=${THREADS:-2}
-STEPS=${STEPS:-50}
-WARMUP=${WARMUP:-5}
 TORCH_INCLUDE=/usr/include/torch/csrc/api/include
 
 if [[ ! -e $TORCH_INCLUDE/torch/torch.h ]]; then
@@ -56,8 +66,14 @@ field() { grep -o "\"step_ms_median\":[0-9.]*" | tail -1 | cut -d: -f2; }
 
 baseline=${BASELINE:-}
 tandem_step() { # binary
-  "$1" --model=mlp --batch_size="$BATCH" --devices=cpu:0 --threads="$THREADS" --steps="$STEPS" \
-    --warmup="$WARMUP" | field
+  local gpt_flags=()  # a BASELINE from before the GPT models knows no --tokens
+  if [[ $MODEL == gpt2 ]]; then gpt_flags=(--tokens="$TOKENS"); fi
+  "$1" --model="$MODEL" --batch_size="$BATCH" "${gpt_flags[@]}" --devices=cpu:0 \
+    --threads="$THREADS" --steps="$STEPS" --warmup="$WARMUP" | field
+}
+libtorch_step() { # extra environment assignments
+  env OPENBLAS_NUM_THREADS="$THREADS" "$@" "$program" "$BATCH" "$THREADS" "$STEPS" "$WARMUP" \
+    "$MODEL" "$TOKENS" | field
 }
 
 printf '%-6s %14s %22s %22s' round "Tandem (ms)" "libtorch default (ms)" "libtorch passive (ms)"
@@ -67,9 +83,8 @@ t_all=() d_all=() p_all=() b_all=()
 for ((r = 1; r <= ROUNDS; ++r)); do
   if [[ -n $baseline ]]; then b=$(tandem_step "$baseline"); b_all+=("$b"); fi
   t=$(tandem_step "$tandem")
-  d=$(OPENBLAS_NUM_THREADS=$THREADS "$program" "$BATCH" "$THREADS" "$STEPS" "$WARMUP" | field)
-  p=$(OPENBLAS_NUM_THREADS=$THREADS OMP_WAIT_POLICY=PASSIVE "$program" "$BATCH" "$THREADS" \
-    "$STEPS" "$WARMUP" | field)
+  d=$(libtorch_step)
+  p=$(libtorch_step OMP_WAIT_POLICY=PASSIVE)
   printf '%-6s %14s %22s %22s' "$r" "$t" "$d" "$p"
   if [[ -n $baseline ]]; then printf ' %14s' "$b"; fi
   printf '\n'
@@ -81,7 +96,12 @@ pm=$(printf '%s\n' "${p_all[@]}" | median)
 best=$(printf '%s\n%s\n' "$dm" "$pm" | sort -g | head -1)
 ratio=$(awk -v a="$tm" -v b="$best" 'BEGIN {printf "%.2f", a / b}')
 printf '%-6s %14s %22s %22s\n' median "$tm" "$dm" "$pm"
-echo "mlp, batch $BATCH, SGD momentum 0.9, $THREADS threads, one CPU device, $(nproc) cores:"
+if [[ $MODEL == gpt2 ]]; then
+  echo "gpt2 (124M), batch $BATCH x $TOKENS tokens, AdamW, $THREADS threads, one CPU device," \
+    "$(nproc) cores:"
+else
+  echo "mlp, batch $BATCH, SGD momentum 0.9, $THREADS threads, one CPU device, $(nproc) cores:"
+fi
 echo "  Tandem step / libtorch step (the faster libtorch) = $tm / $best = $ratio"
 if [[ -n $baseline ]]; then
   bm=$(printf '%s\n' "${b_all[@]}" | median)
@@ -90,7 +110,7 @@ if [[ -n $baseline ]]; then
   done | sort -g | tr '\n' ' ')
   echo "  this tree's step / the baseline's ($baseline) = $tm / $bm; per round, sorted: $per_round"
 fi
-printf '{"benchmark":"compare_libtorch","batch_size":%s,"threads":%s,"rounds":%s,' \
-  "$BATCH" "$THREADS" "$ROUNDS"
+printf '{"benchmark":"compare_libtorch","model":"%s","batch_size":%s,"threads":%s,"rounds":%s,' \
+  "$MODEL" "$BATCH" "$THREADS" "$ROUNDS"
 printf '"tandem_ms":%s,"libtorch_default_ms":%s,"libtorch_passive_ms":%s,"ratio":%s}\n' \
   "$tm" "$dm" "$pm" "$ratio"

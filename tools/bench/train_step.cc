@@ -1,20 +1,23 @@
-// train_step: times whole training steps — forward, cross-entropy, backward, SGD with
-// momentum 0.9 — of the trainer's models on synthetic data (a fixed random batch of 28x28
-// images), on one device or data-parallel on several.
+// train_step: times whole training steps — forward, cross-entropy, backward, optimizer — of
+// the trainer's models on synthetic data, on one device or data-parallel on several: mlp,
+// cnn, resnet (a fixed random batch of 28x28 images, SGD with momentum 0.9), gpt2 (GPT-2
+// 124M, examples/gpt.h) and gpt (the small byte-level GPT) on fixed pseudo-random token
+// sequences of --tokens tokens, with AdamW (lr 6e-4, weight decay 0.1, as nanoGPT).
 //
 //   bazel run -c opt //tools/bench:train_step -- --model=mlp --batch_size=256
 //       --devices=cpu:0 --threads=2 --steps=50 --warmup=5      (one command line)
 //   bazel run -c opt //tools/bench:train_step -- --devices=cpu:0,cpu:1 --threads=1
+//   bazel run -c opt //tools/bench:train_step -- --model=gpt2 --threads=2 --steps=5
 //
 // It prints a table (step time median, p10, p90, samples/s, and the median time of each
 // phase: forward and loss, zero_grad, backward, optimizer step), the peak memory of a step next
-// to the least a step must hold (parameters, gradients, momentum and the activations that
-// backward needs), and, with several CPU devices, the speed-up over the first device alone
-// next to the speed-up a perfectly parallel loop gets from the same number of workers,
-// measured interleaved in the same run (so both see the same machine) with their ratio.
-// With --autocast=bf16 (or fp16, with a GradScaler as PyTorch's AMP recipe) it times the same
-// step under tandem::AutocastGuard next to the float32 step, alternated step by step in one
-// run, and prints both steps' phases, the ratio of the medians with its spread over the
+// to the least a step must hold (parameters, gradients, the optimizer's state (momentum, or
+// AdamW's two moments) and the activations that backward needs), and, with several CPU devices, the
+// speed-up over the first device alone next to the speed-up a perfectly parallel loop gets from the
+// same number of workers, measured interleaved in the same run (so both see the same machine) with
+// their ratio. With --autocast=bf16 (or fp16, with a GradScaler as PyTorch's AMP recipe) it times
+// the same step under tandem::AutocastGuard next to the float32 step, alternated step by step in
+// one run, and prints both steps' phases, the ratio of the medians with its spread over the
 // alternated pairs, and each step's peak memory above what it held before it.
 // The last line is one JSON object with the figures.
 #include <algorithm>
@@ -34,6 +37,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "examples/cli.h"
+#include "examples/gpt.h"
 #include "examples/models.h"
 #include "examples/progress.h"
 #include "nn/nn.h"
@@ -44,8 +48,13 @@
 #include "tensor/runtime/threads.h"
 #include "tensor/tensor.h"
 
-ABSL_FLAG(std::string, model, "mlp", "mlp (784-256-128-10) or cnn (two conv+pool blocks)");
-ABSL_FLAG(int, batch_size, 256, "Images per step (split across the devices)");
+ABSL_FLAG(std::string, model, "mlp",
+          "mlp (784-256-128-10), cnn (two conv+pool blocks), resnet, gpt2 (GPT-2 124M) or gpt "
+          "(the small byte-level GPT)");
+ABSL_FLAG(int, batch_size, 0,
+          "Images or sequences per step (split across the devices); 0: 256 images, or 4 "
+          "sequences for gpt2 and 16 for gpt");
+ABSL_FLAG(int, tokens, 64, "gpt2 and gpt: tokens per sequence (at most the context)");
 ABSL_FLAG(std::string, devices, "cpu:0",
           "Devices, comma-separated (cpu:0,cpu:1 or cuda:0); empty: every GPU, or a CPU device "
           "per core");
@@ -71,6 +80,27 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using examples::Require;
 
+bool IsGpt(const std::string& kind) { return kind == "gpt2" || kind == "gpt"; }
+
+examples::GptConfig GptConfigOf(const std::string& kind) {
+  return kind == "gpt2" ? examples::GptConfig::Gpt2() : examples::GptConfig::Small();
+}
+
+// Checks --model; the batch size that 0 stands for.
+int DefaultBatch(const std::string& kind) {
+  if (kind == "gpt2") return 4;
+  if (kind == "gpt") return 16;
+  if (kind == "mlp" || kind == "cnn" || kind == "resnet") return 256;
+  throw examples::UsageError("--model must be 'mlp', 'cnn', 'resnet', 'gpt2' or 'gpt' but is '" +
+                             kind + "'");
+}
+
+// Floats that a step must keep from forward for backward.
+int64_t SavedActivationFloats(const std::string& kind, int64_t batch, int64_t tokens) {
+  if (IsGpt(kind)) return examples::GptSavedActivations(GptConfigOf(kind), batch, tokens);
+  return examples::SavedActivationsPerSample(kind) * batch;
+}
+
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
@@ -84,7 +114,8 @@ double Quantile(std::vector<double> values, double q) {
   return values.at(std::min(rank, values.size() - 1));
 }
 
-// One model, its SGD optimizer and its DataParallel wrapper, on `devices`.
+// One model, its optimizer (SGD, or AdamW for the GPTs) and its DataParallel wrapper, on
+// `devices`.
 class Trainer {
  public:
   // `autocast`: kFloat32 for a plain float32 step, kBFloat16 or kFloat16 for the forward under
@@ -96,15 +127,42 @@ class Trainer {
         device_type_(devices[0].type()),
         scaler_(nn::GradScalerOptions().enabled(autocast == kFloat16)) {
     manual_seed(1);
-    model_ = examples::MakeModel(kind);
+    if (IsGpt(kind)) {
+      const examples::GptConfig config = GptConfigOf(kind);
+      const int64_t tokens = absl::GetFlag(FLAGS_tokens);
+      Require(tokens >= 1 && tokens <= config.block_size(), "--tokens must be in [1, ",
+              config.block_size(), "] (the context of --model=", kind, ") but is ", tokens);
+      model_ = std::make_shared<examples::Gpt>(config);
+      criterion_ = std::make_shared<examples::GptLoss>();
+      // A fixed pseudo-random sequence per row; the targets are the next tokens.
+      std::vector<int64_t> ids(batch * (tokens + 1));
+      uint64_t state = 12345;
+      for (int64_t& id : ids) {
+        state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+        id = static_cast<int64_t>((state >> 33) % static_cast<uint64_t>(config.vocab_size()));
+      }
+      const Tensor all = from_vector(ids, {batch, tokens + 1}, TensorOptions().device(devices[0]));
+      x_ = all.narrow(1, 0, tokens).contiguous();
+      y_ = all.narrow(1, 1, tokens).contiguous();
+    } else {
+      model_ = examples::MakeModel(kind);
+      criterion_ = std::make_shared<nn::CrossEntropyLoss>();
+      x_ = randn({batch, 1, 28, 28}, TensorOptions().device(devices[0]));
+      std::vector<int64_t> labels(batch);
+      for (int64_t i = 0; i < batch; ++i) labels[i] = (i * 7) % 10;
+      y_ = from_vector(labels, {batch}, TensorOptions().device(devices[0]));
+    }
     model_->to(devices[0]);
-    optimizer_ =
-        std::make_unique<nn::SGD>(model_->parameters(), nn::SGDOptions(0.01).momentum(0.9));
+    if (IsGpt(kind)) {
+      optimizer_ = std::make_unique<nn::AdamW>(model_->parameters(),
+                                               nn::AdamWOptions(6e-4).weight_decay(0.1));
+      optimizer_state_copies_ = 2;  // exp_avg and exp_avg_sq
+    } else {
+      optimizer_ =
+          std::make_unique<nn::SGD>(model_->parameters(), nn::SGDOptions(0.01).momentum(0.9));
+      optimizer_state_copies_ = 1;  // the momentum
+    }
     dp_ = std::make_shared<parallel::DataParallel>(model_, devices);
-    x_ = randn({batch, 1, 28, 28}, TensorOptions().device(devices[0]));
-    std::vector<int64_t> labels(batch);
-    for (int64_t i = 0; i < batch; ++i) labels[i] = (i * 7) % 10;
-    y_ = from_vector(labels, {batch}, TensorOptions().device(devices[0]));
   }
 
   // The phases of a step that Step() times, in order.
@@ -121,8 +179,8 @@ class Trainer {
     {
       AutocastGuard autocast(device_type_, autocast_ == kFloat32 ? kBFloat16 : autocast_,
                              /*enabled=*/autocast_ != kFloat32);
-      loss = forward_loss_ ? dp_->forward_loss(criterion_, x_, y_)
-                           : criterion_.forward(dp_->forward(x_), y_);
+      loss = forward_loss_ ? dp_->forward_loss(*criterion_, x_, y_)
+                           : criterion_->forward_tensors({dp_->forward(x_), y_}).at(0);
     }
     marks[1] = Clock::now();
     optimizer_->zero_grad();
@@ -150,6 +208,8 @@ class Trainer {
     for (const Tensor& p : model_->parameters()) n += p.numel();
     return n * static_cast<int64_t>(sizeof(float));
   }
+  // Copies of the parameters that the optimizer keeps (SGD's momentum: 1, AdamW's: 2).
+  int optimizer_state_copies() const { return optimizer_state_copies_; }
   const std::vector<int64_t>& last_split() const { return dp_->last_chunk_sizes(); }
 
  private:
@@ -157,10 +217,11 @@ class Trainer {
   DType autocast_;
   DeviceType device_type_;
   nn::GradScaler scaler_;  // a pass-through unless float16
-  std::shared_ptr<nn::Sequential> model_;
-  std::unique_ptr<nn::SGD> optimizer_;
+  std::shared_ptr<nn::Module> model_;
+  std::unique_ptr<nn::Optimizer> optimizer_;
+  int optimizer_state_copies_ = 1;
   std::shared_ptr<parallel::DataParallel> dp_;
-  nn::CrossEntropyLoss criterion_;
+  std::shared_ptr<nn::Module> criterion_;
   Tensor x_, y_;
   std::vector<double> phase_ms_[kPhases];
 };
@@ -257,16 +318,18 @@ DType ParseAutocast(const std::string& text) {
 
 int Run() {
   const std::string kind = absl::GetFlag(FLAGS_model);
-  const int batch = absl::GetFlag(FLAGS_batch_size);
+  const int batch =
+      absl::GetFlag(FLAGS_batch_size) > 0 ? absl::GetFlag(FLAGS_batch_size) : DefaultBatch(kind);
   const int steps = absl::GetFlag(FLAGS_steps);
   const int warmup = absl::GetFlag(FLAGS_warmup);
   const bool forward_loss = absl::GetFlag(FLAGS_forward_loss);
   const std::string autocast_name = absl::GetFlag(FLAGS_autocast);
   const DType autocast = ParseAutocast(autocast_name);
-  Require(batch >= 1, "--batch_size must be at least 1 but is ", batch);
+  DefaultBatch(kind);  // checks --model
+  Require(absl::GetFlag(FLAGS_batch_size) >= 0, "--batch_size must be at least 1 (or 0 for the ",
+          "model's default) but is ", absl::GetFlag(FLAGS_batch_size));
   Require(steps >= 1, "--steps must be at least 1 but is ", steps);
   Require(warmup >= 0, "--warmup must be at least 0 but is ", warmup);
-  examples::SavedActivationsPerSample(kind);  // checks --model
   examples::RequireWritableFile("--trace", absl::GetFlag(FLAGS_trace));
   const std::vector<Device> devices = examples::ParseDevices(absl::GetFlag(FLAGS_devices));
   const int threads = examples::ConfigureCpuDevices(devices, absl::GetFlag(FLAGS_threads));
@@ -280,16 +343,17 @@ int Run() {
   } catch (const Error& e) {
     throw examples::UsageError("--devices: " + examples::OneLine(e.what()));
   }
-  std::printf("train_step: %s, batch %d on %s", kind.c_str(), batch,
+  const int tokens = absl::GetFlag(FLAGS_tokens);
+  std::printf("train_step: %s, batch %d%s on %s", kind.c_str(), batch,
+              IsGpt(kind) ? absl::StrCat(" x ", tokens, " tokens").c_str() : "",
               examples::DeviceNames(devices, ", ").c_str());
   if (threads > 0) std::printf(" (%d thread%s per CPU device)", threads, threads == 1 ? "" : "s");
   const std::string warmup_text =
       warmup > 0 ? absl::StrCat(warmup, " warm-up steps (0.2 s at least)") : "no warm-up";
-  std::printf(
-      "\nforward, cross-entropy (%s), backward, SGD momentum 0.9; %s + %d timed steps; %d "
-      "cores\n",
-      forward_loss ? "inside the replicas" : "on the gathered output", warmup_text.c_str(), steps,
-      HardwareCores());
+  std::printf("\nforward, cross-entropy (%s), backward, %s; %s + %d timed steps; %d cores\n",
+              forward_loss ? "inside the replicas" : "on the gathered output",
+              IsGpt(kind) ? "AdamW lr 6e-4 weight decay 0.1" : "SGD momentum 0.9",
+              warmup_text.c_str(), steps, HardwareCores());
   if (autocast != kFloat32) {
     std::printf("forward under autocast to %s%s\n", DTypeName(autocast),
                 autocast == kFloat16 ? " with a GradScaler" : "");
@@ -343,14 +407,16 @@ int Run() {
   std::printf("\n");
 
   const int64_t params = trainer->parameter_bytes();
-  const int64_t activations = examples::SavedActivationsPerSample(kind) * batch * 4;
-  const int64_t minimum = 3 * params + activations;
+  const int64_t activations = SavedActivationFloats(kind, batch, tokens) * 4;
+  const int copies = 2 + trainer->optimizer_state_copies();
+  const int64_t minimum = copies * params + activations;
   std::printf("\nMemory of a step (allocator statistics, summed over the devices):\n");
   std::printf("  peak while stepping        %s\n", MiB(peak).c_str());
   std::printf(
-      "  least it must hold         %s  (parameters, gradients, momentum 3 x %s + "
+      "  least it must hold         %s  (parameters, gradients, %s %d x %s + "
       "activations for backward %s)\n",
-      MiB(minimum).c_str(), MiB(params).c_str(), MiB(activations).c_str());
+      MiB(minimum).c_str(), copies == 3 ? "momentum" : "AdamW's two moments", copies,
+      MiB(params).c_str(), MiB(activations).c_str());
   std::printf("  peak / least               %.2fx\n", static_cast<double>(peak) / minimum);
 
   AutocastComparison amp;
@@ -425,6 +491,7 @@ int Run() {
       "\"samples_per_s\":%.1f,\"peak_bytes\":%d,\"min_bytes\":%d",
       kind, batch, absl::StrJoin(quoted, ","), threads, steps, median, p90, samples_per_s, peak,
       minimum);
+  if (IsGpt(kind)) absl::StrAppendFormat(&json, ",\"tokens\":%d", tokens);
   if (compare) {
     absl::StrAppendFormat(&json, ",\"speedup\":%.3f,\"loop_speedup\":%.3f,\"speedup_ratio\":%.3f",
                           speedup, loop_speedup, speedup / loop_speedup);
