@@ -75,6 +75,19 @@ TANDEM_HOST_DEVICE T ApplyUnary(UnaryOp op, T x, T s) {
       // Phi(x) + x * phi(x): the normal distribution's CDF and density.
       return T(0.5) * (T(1) + math::Erf(x * T(0.70710678118654752))) +
              x * T(0.39894228040143268) * math::Exp(T(-0.5) * x * x);
+    case UnaryOp::kGeluTanh: {
+      // x * x * x rather than pow(x, 3): pow is a libm call per element (and x^3 is exact
+      // enough: PyTorch's kernel multiplies too).
+      const T u = T(0.79788456080286536) * (x + T(0.044715) * x * x * x);
+      return T(0.5) * x * (T(1) + math::Tanh(u));
+    }
+    case UnaryOp::kGeluTanhDerivative: {
+      // d/dx 0.5 x (1 + tanh u) = 0.5 (1 + t) + 0.5 x (1 - t^2) du/dx, t = tanh u.
+      const T x2 = x * x;
+      const T t = math::Tanh(T(0.79788456080286536) * (x + T(0.044715) * x2 * x));
+      const T du = T(0.79788456080286536) * (T(1) + T(3 * 0.044715) * x2);
+      return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du;
+    }
   }
   return T(0);
 }
