@@ -2328,11 +2328,10 @@ void RowNormBackwardTyped(int index, bool rms, int64_t rows, int64_t cols, const
 
 void CheckRowNormShape(const char* kernel, DType dtype, int64_t rows, int64_t cols) {
   TANDEM_CHECK(IsFloatingPoint(dtype), "CPU ", kernel,
-               " expects a floating dtype (float32, float64, bfloat16 or float16) but got ",
-               dtype, "; convert the input with .to(kFloat32)");
-  TANDEM_CHECK(rows >= 0 && cols > 0, "CPU ", kernel,
-               " expects rows >= 0 and cols > 0 but got [", rows, ", ", cols,
-               "]; a norm needs at least one element per row");
+               " expects a floating dtype (float32, float64, bfloat16 or float16) but got ", dtype,
+               "; convert the input with .to(kFloat32)");
+  TANDEM_CHECK(rows >= 0 && cols > 0, "CPU ", kernel, " expects rows >= 0 and cols > 0 but got [",
+               rows, ", ", cols, "]; a norm needs at least one element per row");
 }
 
 void CpuBackend::RowNorm(int index, DType dtype, bool rms, int64_t rows, int64_t cols, double eps,
@@ -2354,9 +2353,8 @@ void CpuBackend::RowNormBackward(int index, DType dtype, bool rms, int64_t rows,
   CheckIndex(index);
   CheckRowNormShape("RowNormBackward", dtype, rows, cols);
   DispatchAllFloatingTypes(dtype, "CPU RowNormBackward", [&](auto tag) {
-    RowNormBackwardTyped<typename decltype(tag)::type>(index, rms, rows, cols, grad_y, x, mean,
-                                                       rstd, weight, grad_x, grad_weight,
-                                                       grad_bias);
+    RowNormBackwardTyped<typename decltype(tag)::type>(
+        index, rms, rows, cols, grad_y, x, mean, rstd, weight, grad_x, grad_weight, grad_bias);
   });
 }
 
@@ -2364,8 +2362,8 @@ void CpuBackend::Triangle(int index, DType dtype, bool lower, int64_t diagonal, 
                           int64_t rows, int64_t cols, const void* src, void* dst) {
   CheckIndex(index);
   TANDEM_CHECK(batch >= 0 && rows >= 0 && cols >= 0,
-               "CPU Triangle expects non-negative [batch, rows, cols] but got [", batch, ", ",
-               rows, ", ", cols, "]");
+               "CPU Triangle expects non-negative [batch, rows, cols] but got [", batch, ", ", rows,
+               ", ", cols, "]");
   const int64_t element = static_cast<int64_t>(ElementSize(dtype));
   const char* in = static_cast<const char*>(src);
   char* out = static_cast<char*>(dst);

@@ -675,11 +675,11 @@ void CudaBackend::RandomNormal(int index, DType dtype, void* dst, int64_t n, uin
 // ---- Fused row norms and triangles ---------------------------------------------------------
 
 void CudaBackend::RowNorm(int index, DType dtype, bool rms, int64_t rows, int64_t cols, double eps,
-                          const void* x, const void* weight, const void* bias, void* y,
-                          void* mean, void* rstd) {
+                          const void* x, const void* weight, const void* bias, void* y, void* mean,
+                          void* rstd) {
   CudaDevice& device = Device(index);
-  TANDEM_CHECK(rows >= 0 && cols > 0, "CUDA RowNorm expects rows >= 0 and cols > 0 but got [",
-               rows, ", ", cols, "]; a norm needs at least one element per row");
+  TANDEM_CHECK(rows >= 0 && cols > 0, "CUDA RowNorm expects rows >= 0 and cols > 0 but got [", rows,
+               ", ", cols, "]; a norm needs at least one element per row");
   DeviceGuard guard(device.physical());
   LaunchRowNorm(device.Launch(), dtype, rms, rows, cols, eps, x, weight, bias, y, mean, rstd);
 }

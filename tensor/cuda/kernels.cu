@@ -1506,18 +1506,18 @@ void LaunchRowNormBackward(const LaunchContext& context, DType dtype, bool rms, 
     const M* rstd_in = static_cast<const M*>(rstd);
     if (grad_x != nullptr && rows > 0) {
       const int64_t grid = std::min<int64_t>(rows, static_cast<int64_t>(context.num_sms) * 32);
-      RowNormBackwardInputKernel<T><<<static_cast<int>(grid), RowThreads(cols), 0,
-                                      context.stream>>>(rms, rows, cols, dy, in, mean_in, rstd_in,
-                                                        static_cast<const T*>(weight),
-                                                        static_cast<T*>(grad_x));
+      RowNormBackwardInputKernel<T>
+          <<<static_cast<int>(grid), RowThreads(cols), 0, context.stream>>>(
+              rms, rows, cols, dy, in, mean_in, rstd_in, static_cast<const T*>(weight),
+              static_cast<T*>(grad_x));
       TANDEM_CUDA_CHECK_LAUNCH(context.device);
     }
     if (grad_weight != nullptr || grad_bias != nullptr) {
       const int64_t grid = (cols + kNormColumnTile - 1) / kNormColumnTile;
-      RowNormBackwardParamsKernel<T><<<static_cast<int>(grid), kNormColumnTile * kNormRowLanes, 0,
-                                       context.stream>>>(
-          rms, rows, cols, dy, in, mean_in, rstd_in, static_cast<T*>(grad_weight),
-          static_cast<T*>(grad_bias));
+      RowNormBackwardParamsKernel<T>
+          <<<static_cast<int>(grid), kNormColumnTile * kNormRowLanes, 0, context.stream>>>(
+              rms, rows, cols, dy, in, mean_in, rstd_in, static_cast<T*>(grad_weight),
+              static_cast<T*>(grad_bias));
       TANDEM_CUDA_CHECK_LAUNCH(context.device);
     }
   });

@@ -102,7 +102,10 @@ TEST(NormTest, LayerNormGradientsMatchFiniteDifferences) {
   const Tensor x = Param64(Randn({3, 2, 4}, 8)), w = Param64(Randn({2, 4}, 9)),
                b = Param64(Randn({2, 4}, 10));
   EXPECT_GRADIENTS_MATCH(
-      [](const Inputs& in) { return layer_norm(in[0], {2, 4}, in[1], in[2], 1e-5); }, {x, w, b});
+      [](const Inputs& in) {
+        return layer_norm(in[0], {2, 4}, in[1], in[2], 1e-5);
+      },
+      {x, w, b});
   EXPECT_GRADIENTS_MATCH(
       [](const Inputs& in) { return layer_norm(in[0], {4}, Tensor(), Tensor(), 1e-3); }, {x});
   const Tensor w4 = Param64(Randn({4}, 11));
@@ -112,8 +115,7 @@ TEST(NormTest, LayerNormGradientsMatchFiniteDifferences) {
   const Tensor many = Param64(Randn({70, 3}, 12)), w3 = Param64(Randn({3}, 13)),
                b3 = Param64(Randn({3}, 14));
   EXPECT_GRADIENTS_MATCH(
-      [](const Inputs& in) { return layer_norm(in[0], {3}, in[1], in[2], 1e-5); },
-      {many, w3, b3});
+      [](const Inputs& in) { return layer_norm(in[0], {3}, in[1], in[2], 1e-5); }, {many, w3, b3});
 }
 
 TEST(NormTest, LayerNormGradientOnlyWhereNeeded) {
@@ -137,10 +139,14 @@ TEST(NormTest, LayerNormGradientOnlyWhereNeeded) {
 
 TEST(NormTest, LayerNormSaysWhatWasExpected) {
   const Tensor x = Randn({2, 4, 3}, 17);
-  EXPECT_THAT(ErrorOf([&] { layer_norm(x, {3, 4}, Tensor(), Tensor()); }),
+  EXPECT_THAT(ErrorOf([&] {
+                layer_norm(x, {3, 4}, Tensor(), Tensor());
+              }),
               HasSubstr("normalized_shape [3, 4] must equal the last 2 dimension(s) of the "
                         "input, but the input is [2, 4, 3]"));
-  EXPECT_THAT(ErrorOf([&] { layer_norm(Randn({4}, 1), {2, 4}, Tensor(), Tensor()); }),
+  EXPECT_THAT(ErrorOf([&] {
+                layer_norm(Randn({4}, 1), {2, 4}, Tensor(), Tensor());
+              }),
               HasSubstr("but the input is [4]"));
   EXPECT_THAT(ErrorOf([&] { layer_norm(x, {}, Tensor(), Tensor()); }),
               HasSubstr("at least one dimension"));
@@ -176,8 +182,7 @@ TEST(NormTest, RmsNormMatchesTheHost) {
   // y = x / sqrt(eps) would otherwise divide by zero, and on tiny rows.
   const Tensor tiny = mul(ones({1, 4}), 1e-4);
   ExpectNear(rms_norm(tiny, {4}, Tensor()),
-             HostNorm(true, Doubles(tiny), 4, std::numeric_limits<float>::epsilon(), {}, {}),
-             1e-6);
+             HostNorm(true, Doubles(tiny), 4, std::numeric_limits<float>::epsilon(), {}, {}), 1e-6);
   const Tensor tiny64 = tiny.to(kFloat64);
   ExpectNear(rms_norm(tiny64, {4}, Tensor()),
              HostNorm(true, Doubles(tiny64), 4, std::numeric_limits<double>::epsilon(), {}, {}),
@@ -193,9 +198,13 @@ TEST(NormTest, RmsNormGradientsMatchFiniteDifferences) {
 }
 
 TEST(NormTest, RmsNormSaysWhatWasExpected) {
-  EXPECT_THAT(ErrorOf([] { rms_norm(zeros({2, 3}), {2}, Tensor()); }),
+  EXPECT_THAT(ErrorOf([] {
+                rms_norm(zeros({2, 3}), {2}, Tensor());
+              }),
               HasSubstr("rms_norm: normalized_shape [2] must equal the last 1 dimension(s)"));
-  EXPECT_THAT(ErrorOf([] { rms_norm(zeros({2, 3}), {3}, ones({2, 3})); }),
+  EXPECT_THAT(ErrorOf([] {
+                rms_norm(zeros({2, 3}), {3}, ones({2, 3}));
+              }),
               HasSubstr("weight must have normalized_shape [3]"));
 }
 

@@ -1909,9 +1909,8 @@ int64_t NormalizedCols(const Tensor& input, const std::vector<int64_t>& normaliz
   }
   const int64_t count = static_cast<int64_t>(normalized_shape.size());
   const int64_t lead = input.dim() - count;
-  const bool matches =
-      lead >= 0 && std::equal(normalized_shape.begin(), normalized_shape.end(),
-                              input.shape().begin() + std::max<int64_t>(lead, 0));
+  const bool matches = lead >= 0 && std::equal(normalized_shape.begin(), normalized_shape.end(),
+                                               input.shape().begin() + std::max<int64_t>(lead, 0));
   TANDEM_CHECK(matches, op, ": normalized_shape ", ShapeToString(normalized_shape),
                " must equal the last ", count, " dimension(s) of the input, but the input is ",
                ShapeToString(input.shape()),
@@ -1922,17 +1921,18 @@ int64_t NormalizedCols(const Tensor& input, const std::vector<int64_t>& normaliz
     if (!param.defined()) continue;
     CheckSameDevice(input, "input", param, name, op);
     CheckSameFloat(input, "input", param, name, op);
-    TANDEM_CHECK(param.shape() == Shape(normalized_shape.begin(), normalized_shape.end()), op,
-                 ": ", name, " must have normalized_shape ", ShapeToString(normalized_shape),
-                 " but has ", ShapeToString(param.shape()),
-                 "; pass an undefined Tensor() for none");
+    TANDEM_CHECK(param.shape() == Shape(normalized_shape.begin(), normalized_shape.end()), op, ": ",
+                 name, " must have normalized_shape ", ShapeToString(normalized_shape), " but has ",
+                 ShapeToString(param.shape()), "; pass an undefined Tensor() for none");
   }
   return Product(Shape(normalized_shape.begin(), normalized_shape.end()), 0,
                  normalized_shape.size());
 }
 
 // Data pointer of a defined tensor (made contiguous), null for an undefined one.
-void* OptionalData(const Tensor& t) { return t.defined() ? static_cast<void*>(DataPtr(t)) : nullptr; }
+void* OptionalData(const Tensor& t) {
+  return t.defined() ? static_cast<void*>(DataPtr(t)) : nullptr;
+}
 
 Tensor RowNormImpl(bool rms, const Tensor& input, const std::vector<int64_t>& normalized_shape,
                    const Tensor& weight, const Tensor& bias, double eps, const char* op,
@@ -1991,9 +1991,10 @@ Tensor RowNormImpl(bool rms, const Tensor& input, const std::vector<int64_t>& no
 
 Tensor TriangleImpl(bool lower, const Tensor& input, int64_t diagonal, const char* op) {
   CheckDefined(input, op, "input");
-  TANDEM_CHECK(input.dim() >= 2, op, ": expected a tensor with at least 2 dimensions (its last two "
-               "are the matrix) but got ", ShapeToString(input.shape()), " (", input.dim(),
-               "-D); unsqueeze a vector first");
+  TANDEM_CHECK(input.dim() >= 2, op,
+               ": expected a tensor with at least 2 dimensions (its last two "
+               "are the matrix) but got ",
+               ShapeToString(input.shape()), " (", input.dim(), "-D); unsqueeze a vector first");
   const Tensor x = ContiguousRaw(input);
   const Shape& shape = x.shape();
   const int64_t rows = shape[shape.size() - 2], cols = shape.back();

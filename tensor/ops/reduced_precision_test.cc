@@ -200,18 +200,10 @@ std::vector<Case> Cases() {
       // The fused norms: statistics in float, each output rounded once.
       {"layer_norm",
        {a, row, Normal({6}, 22)},
-       [](I x) {
-         return layer_norm(x[0], {6}, x[1], x[2], 1e-5);
-       },
+       [](I x) { return layer_norm(x[0], {6}, x[1], x[2], 1e-5); },
        1,
        0.5},
-      {"rms_norm",
-       {a, row},
-       [](I x) {
-         return rms_norm(x[0], {6}, x[1], 1e-6);
-       },
-       1,
-       0.5},
+      {"rms_norm", {a, row}, [](I x) { return rms_norm(x[0], {6}, x[1], 1e-6); }, 1, 0.5},
       {"tril", {batch_a}, [](I x) { return tril(x[0], 1); }},
       {"triu", {batch_a}, [](I x) { return triu(x[0], -1); }},
       // Not differentiable: exact results.
