@@ -2134,7 +2134,7 @@ constexpr int64_t kNormRowBlock = 32;
 // Sum of n values with eight independent accumulators, so that the loop vectorises without
 // reassociating one chain (which the compiler may not do).
 template <typename M>
-inline M SumLanes(const M* __restrict x, int64_t n) {
+TANDEM_VECTORIZE inline M SumLanes(const M* __restrict x, int64_t n) {
   M partial[8] = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -2148,7 +2148,7 @@ inline M SumLanes(const M* __restrict x, int64_t n) {
 
 // sum((x - shift)^2) with the same lanes.
 template <typename M>
-inline M SumSquaredLanes(const M* __restrict x, M shift, int64_t n) {
+TANDEM_VECTORIZE inline M SumSquaredLanes(const M* __restrict x, M shift, int64_t n) {
   M partial[8] = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
@@ -2168,7 +2168,7 @@ inline M SumSquaredLanes(const M* __restrict x, M shift, int64_t n) {
 template <typename T>
 inline const OpMath<T>* RowAsMath(const T* row, int64_t n, OpMath<T>* buffer) {
   if constexpr (kIsReducedFloat<T>) {
-    vec::Vectorized([&] { vec::ToFloatLoop(row, buffer, n); });
+    vec::ToFloatLoop(row, buffer, n);  // the caller runs inside vec::Vectorized
     return buffer;
   } else {
     return row;
@@ -2190,10 +2190,62 @@ std::vector<OpMath<T>> VectorAsMath(const void* data, int64_t n) {
 template <typename T>
 inline void StoreRow(const OpMath<T>* in, int64_t n, T* out) {
   if constexpr (kIsReducedFloat<T>) {
-    vec::Vectorized([&] { vec::FromFloatLoop(in, out, n); });
+    vec::FromFloatLoop(in, out, n);  // the caller runs inside vec::Vectorized
   } else {
     std::copy(in, in + n, out);
   }
+}
+
+// y = (x - mean) * rstd [* w] [+ b] over one row.
+template <typename M>
+TANDEM_VECTORIZE inline void NormalizeRow(const M* __restrict x, M mean, M rstd,
+                                          const M* __restrict w, const M* __restrict b, int64_t n,
+                                          M* __restrict out) {
+  if (w != nullptr && b != nullptr) {
+    for (int64_t j = 0; j < n; ++j) out[j] = (x[j] - mean) * rstd * w[j] + b[j];
+  } else if (w != nullptr) {
+    for (int64_t j = 0; j < n; ++j) out[j] = (x[j] - mean) * rstd * w[j];
+  } else if (b != nullptr) {
+    for (int64_t j = 0; j < n; ++j) out[j] = (x[j] - mean) * rstd + b[j];
+  } else {
+    for (int64_t j = 0; j < n; ++j) out[j] = (x[j] - mean) * rstd;
+  }
+}
+
+// One row of RowNormBackward: xhat; the weight and bias partial sums (dw, db: null when not
+// wanted); and, into `g` when dx is wanted, grad_x = rstd * (g - mean(g) - xhat * mean(g xhat))
+// with g = gy * w (rms: without the mean(g) term).
+template <typename M>
+TANDEM_VECTORIZE inline void NormBackwardRow(bool rms, const M* __restrict x,
+                                             const M* __restrict gy, const M* __restrict w, M mean,
+                                             M rstd, int64_t n, bool want_dx, M* __restrict xhat,
+                                             M* __restrict g, M* __restrict dw, M* __restrict db) {
+  for (int64_t j = 0; j < n; ++j) xhat[j] = (x[j] - mean) * rstd;
+  if (dw != nullptr) {
+    for (int64_t j = 0; j < n; ++j) dw[j] += gy[j] * xhat[j];
+  }
+  if (db != nullptr) {
+    for (int64_t j = 0; j < n; ++j) db[j] += gy[j];
+  }
+  if (!want_dx) return;
+  if (w != nullptr) {
+    for (int64_t j = 0; j < n; ++j) g[j] = gy[j] * w[j];
+  } else {
+    for (int64_t j = 0; j < n; ++j) g[j] = gy[j];
+  }
+  const M inv_n = M(1) / static_cast<M>(n);
+  const M mean_g = rms ? M(0) : SumLanes(g, n) * inv_n;
+  M dot[8] = {};
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    for (int k = 0; k < 8; ++k) dot[k] += g[j + k] * xhat[j + k];
+  }
+  M tail = 0;
+  for (; j < n; ++j) tail += g[j] * xhat[j];
+  const M mean_gx =
+      (((dot[0] + dot[1]) + (dot[2] + dot[3])) + ((dot[4] + dot[5]) + (dot[6] + dot[7])) + tail) *
+      inv_n;
+  for (int64_t k = 0; k < n; ++k) g[k] = rstd * (g[k] - mean_g - xhat[k] * mean_gx);
 }
 
 template <typename T>
@@ -2214,25 +2266,18 @@ void RowNormTyped(int index, bool rms, int64_t rows, int64_t cols, double eps, c
               [&](int64_t begin, int64_t end) {
                 std::vector<M> in_buffer(kIsReducedFloat<T> ? cols : 0);
                 std::vector<M> out(cols);
-                for (int64_t r = begin; r < end; ++r) {
-                  const M* xs = RowAsMath(x + r * cols, cols, in_buffer.data());
-                  const M mean = rms ? M(0) : SumLanes(xs, cols) * inv_cols;
-                  const M var = SumSquaredLanes(xs, mean, cols) * inv_cols;
-                  const M rstd = M(1) / std::sqrt(var + static_cast<M>(eps));
-                  if (mean_out != nullptr) mean_out[r] = mean;
-                  rstd_out[r] = rstd;
-                  M* o = out.data();
-                  if (w != nullptr && b != nullptr) {
-                    for (int64_t j = 0; j < cols; ++j) o[j] = (xs[j] - mean) * rstd * w[j] + b[j];
-                  } else if (w != nullptr) {
-                    for (int64_t j = 0; j < cols; ++j) o[j] = (xs[j] - mean) * rstd * w[j];
-                  } else if (b != nullptr) {
-                    for (int64_t j = 0; j < cols; ++j) o[j] = (xs[j] - mean) * rstd + b[j];
-                  } else {
-                    for (int64_t j = 0; j < cols; ++j) o[j] = (xs[j] - mean) * rstd;
+                vec::Vectorized([&] {
+                  for (int64_t r = begin; r < end; ++r) {
+                    const M* xs = RowAsMath(x + r * cols, cols, in_buffer.data());
+                    const M mean = rms ? M(0) : SumLanes(xs, cols) * inv_cols;
+                    const M var = SumSquaredLanes(xs, mean, cols) * inv_cols;
+                    const M rstd = M(1) / std::sqrt(var + static_cast<M>(eps));
+                    if (mean_out != nullptr) mean_out[r] = mean;
+                    rstd_out[r] = rstd;
+                    NormalizeRow(xs, mean, rstd, w, b, cols, out.data());
+                    StoreRow<T>(out.data(), cols, y + r * cols);
                   }
-                  StoreRow<T>(o, cols, y + r * cols);
-                }
+                });
               });
 }
 
@@ -2253,7 +2298,6 @@ void RowNormBackwardTyped(int index, bool rms, int64_t rows, int64_t cols, const
   const int64_t blocks = (rows + kNormRowBlock - 1) / kNormRowBlock;
   // Per block of rows: its partial sums of grad_y * xhat (dw) and grad_y (db).
   std::vector<M> partial_dw(want_dw ? blocks * cols : 0), partial_db(want_db ? blocks * cols : 0);
-  const M inv_cols = M(1) / static_cast<M>(cols);
   ParallelFor(Cpu(index), blocks,
               std::max<int64_t>(1, kElementwiseGrain / (8 * kNormRowBlock * cols)),
               [&](int64_t block_begin, int64_t block_end) {
@@ -2266,41 +2310,15 @@ void RowNormBackwardTyped(int index, bool rms, int64_t rows, int64_t cols, const
                   if (dw != nullptr) std::fill(dw, dw + cols, M(0));
                   if (db != nullptr) std::fill(db, db + cols, M(0));
                   const int64_t row_end = std::min(rows, (block + 1) * kNormRowBlock);
-                  for (int64_t r = block * kNormRowBlock; r < row_end; ++r) {
-                    const M* xs = RowAsMath(x + r * cols, cols, x_buffer.data());
-                    const M* gy = RowAsMath(dy + r * cols, cols, dy_buffer.data());
-                    const M mean = rms ? M(0) : mean_in[r];
-                    const M rstd = rstd_in[r];
-                    for (int64_t j = 0; j < cols; ++j) xhat[j] = (xs[j] - mean) * rstd;
-                    if (dw != nullptr) {
-                      for (int64_t j = 0; j < cols; ++j) dw[j] += gy[j] * xhat[j];
+                  vec::Vectorized([&] {
+                    for (int64_t r = block * kNormRowBlock; r < row_end; ++r) {
+                      const M* xs = RowAsMath(x + r * cols, cols, x_buffer.data());
+                      const M* gy = RowAsMath(dy + r * cols, cols, dy_buffer.data());
+                      NormBackwardRow(rms, xs, gy, w, rms ? M(0) : mean_in[r], rstd_in[r], cols,
+                                      dx != nullptr, xhat.data(), g.data(), dw, db);
+                      if (dx != nullptr) StoreRow<T>(g.data(), cols, dx + r * cols);
                     }
-                    if (db != nullptr) {
-                      for (int64_t j = 0; j < cols; ++j) db[j] += gy[j];
-                    }
-                    if (dx == nullptr) continue;
-                    if (w != nullptr) {
-                      for (int64_t j = 0; j < cols; ++j) g[j] = gy[j] * w[j];
-                    } else {
-                      std::copy(gy, gy + cols, g.data());
-                    }
-                    const M mean_g = rms ? M(0) : SumLanes(g.data(), cols) * inv_cols;
-                    M dot[8] = {};
-                    int64_t j = 0;
-                    for (; j + 8 <= cols; j += 8) {
-                      for (int k = 0; k < 8; ++k) dot[k] += g[j + k] * xhat[j + k];
-                    }
-                    M tail = 0;
-                    for (; j < cols; ++j) tail += g[j] * xhat[j];
-                    const M mean_gx = (((dot[0] + dot[1]) + (dot[2] + dot[3])) +
-                                       ((dot[4] + dot[5]) + (dot[6] + dot[7])) + tail) *
-                                      inv_cols;
-                    // g is overwritten with grad_x.
-                    for (int64_t k = 0; k < cols; ++k) {
-                      g[k] = rstd * (g[k] - mean_g - xhat[k] * mean_gx);
-                    }
-                    StoreRow<T>(g.data(), cols, dx + r * cols);
-                  }
+                  });
                 }
               });
   // The blocks' partial sums, added in block order, a tile of columns per task.
@@ -2308,7 +2326,8 @@ void RowNormBackwardTyped(int index, bool rms, int64_t rows, int64_t cols, const
     T* out = static_cast<T*>(out_data);
     constexpr int64_t kTile = 256;
     const int64_t tiles = (cols + kTile - 1) / kTile;
-    ParallelFor(Cpu(index), tiles, std::max<int64_t>(1, kElementwiseGrain / (kTile * blocks)),
+    ParallelFor(Cpu(index), tiles,
+                std::max<int64_t>(1, kElementwiseGrain / (kTile * std::max<int64_t>(1, blocks))),
                 [&](int64_t begin, int64_t end) {
                   M acc[kTile];
                   for (int64_t tile = begin; tile < end; ++tile) {

@@ -1998,7 +1998,7 @@ class CudaFusedNormTest : public CudaBackendReducedTest {
         const std::string what = Note(std::string(DTypeName(dtype)) +
                                       (lower ? " tril " : " triu ") + std::to_string(diagonal));
         std::vector<T> values(n);
-        for (size_t i = 0; i < n; ++i) values[i] = static_cast<T>(1 + i % 100);
+        for (size_t i = 0; i < n; ++i) values[i] = static_cast<T>(static_cast<float>(1 + i % 100));
         Buffer<T> src(values, dtype), dst(n, dtype);
         cpu_.Triangle(0, dtype, lower, diagonal, batch, rows, cols, src.cpu(), dst.cpu());
         gpu_.Triangle(0, dtype, lower, diagonal, batch, rows, cols, src.gpu(), dst.gpu());
