@@ -350,8 +350,9 @@ class BatchNorm2d : public BatchNormBase<BatchNorm2d> {
 
 // Normalises over the last dimensions of the input (normalized_shape, e.g. {C} or {C, H, W}),
 // as torch.nn.LayerNorm: y = (x - mean) / sqrt(var + eps) * weight + bias, with the mean and
-// biased variance of each sample over those dimensions, in training and evaluation alike.
-// With elementwise_affine: weight (ones) and bias (zeros) of shape normalized_shape.
+// biased variance of each sample over those dimensions, in training and evaluation alike, by
+// the fused layer_norm op (one kernel forward, one backward). With elementwise_affine: weight
+// (ones) and bias (zeros) of shape normalized_shape.
 //
 //   nn::LayerNorm norm({64});
 //   Tensor y = norm.forward(x);   // x [*, 64]
