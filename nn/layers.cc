@@ -610,14 +610,8 @@ Tensor LayerNorm::forward(const Tensor& input) {
                ": expected a floating-point input (float32 or float64) but got ", input.dtype(),
                "; convert it with .to(kFloat32)");
   if (weight_) CheckSameDevice(input, *weight_, *this);
-  std::vector<int64_t> dims;
-  for (int64_t d = lead; d < input.dim(); ++d) dims.push_back(d);
-  const Tensor mean = input.mean(dims, /*keepdim=*/true);
-  const Tensor centered = input - mean;
-  const Tensor var = square(centered).mean(dims, /*keepdim=*/true);  // biased, as PyTorch
-  const Tensor normalized = centered / sqrt(var + eps_);
-  if (!elementwise_affine_) return normalized;
-  return normalized * *weight_ + *bias_;
+  // One fused kernel each way (Note [Fused row norms]), instead of nine ops and nodes.
+  return layer_norm(input, normalized_shape_, weight(), bias(), eps_);
 }
 
 void LayerNorm::pretty_print(std::ostream& out) const {
@@ -628,6 +622,67 @@ void LayerNorm::pretty_print(std::ostream& out) const {
   }
   out << (normalized_shape_.size() == 1 ? ",)" : ")") << ", eps=" << PythonFloat(eps_)
       << ", elementwise_affine=" << PythonBool(elementwise_affine_);
+}
+
+// ---- RMSNorm ---------------------------------------------------------------------------
+
+RMSNorm::RMSNorm(const RMSNormOptions& options) : options_(options) {
+  const std::vector<int64_t>& shape = options_.normalized_shape();
+  TANDEM_CHECK(!shape.empty(), "RMSNorm: normalized_shape must name at least one dimension ",
+               "(e.g. {features}) but is empty");
+  for (int64_t size : shape) {
+    TANDEM_CHECK(size > 0, "RMSNorm: normalized_shape must have positive sizes but is ",
+                 ShapeToString(shape));
+  }
+  if (options_.eps()) {
+    TANDEM_CHECK(*options_.eps() >= 0.0 && std::isfinite(*options_.eps()),
+                 "RMSNorm: eps must be a finite value >= 0 (or nullopt for the input dtype's "
+                 "machine epsilon) but is ",
+                 *options_.eps());
+  }
+  reset();
+}
+
+RMSNorm::RMSNorm(std::vector<int64_t> normalized_shape, std::optional<double> eps,
+                 bool elementwise_affine)
+    : RMSNorm(RMSNormOptions(std::move(normalized_shape))
+                  .eps(eps)
+                  .elementwise_affine(elementwise_affine)) {}
+
+void RMSNorm::reset() {
+  if (!options_.elementwise_affine()) return;
+  weight_ = register_parameter("weight", ones(options_.normalized_shape()));
+}
+
+void RMSNorm::reset_parameters() {
+  if (!options_.elementwise_affine()) return;
+  NoGradGuard no_grad;
+  Tensor(*weight_).fill_(1.0);
+}
+
+Tensor RMSNorm::forward(const Tensor& input) {
+  CheckDefinedInput(input, *this);
+  const std::vector<int64_t>& shape = options_.normalized_shape();
+  const int64_t count = static_cast<int64_t>(shape.size());
+  const int64_t lead = input.dim() - count;
+  const bool matches = lead >= 0 && std::equal(shape.begin(), shape.end(),
+                                               input.shape().begin() + std::max<int64_t>(lead, 0));
+  TANDEM_CHECK(matches, ToString(), ": expected an input whose last ", count, " dimension(s) are ",
+               ShapeToString(shape), " but got ", ShapeToString(input.shape()));
+  TANDEM_CHECK(IsFloatingPoint(input.dtype()), ToString(),
+               ": expected a floating-point input but got ", input.dtype(),
+               "; convert it with .to(kFloat32)");
+  if (weight_) CheckSameDevice(input, *weight_, *this);
+  return rms_norm(input, shape, weight(), options_.eps());
+}
+
+void RMSNorm::pretty_print(std::ostream& out) const {
+  const std::vector<int64_t>& shape = options_.normalized_shape();
+  out << "(";
+  for (size_t i = 0; i < shape.size(); ++i) out << (i > 0 ? ", " : "") << shape[i];
+  out << (shape.size() == 1 ? ",)" : ")")
+      << ", eps=" << (options_.eps() ? PythonFloat(*options_.eps()) : std::string("None"))
+      << ", elementwise_affine=" << PythonBool(options_.elementwise_affine());
 }
 
 // ---- Embedding -------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 // Layers: Linear, Identity, ReLU, GELU, Tanh, Sigmoid, Flatten, Conv2d, MaxPool2d, AvgPool2d,
-// AdaptiveAvgPool2d, Dropout, BatchNorm1d and BatchNorm2d, LayerNorm, Embedding, as in
+// AdaptiveAvgPool2d, Dropout, BatchNorm1d and BatchNorm2d, LayerNorm, RMSNorm, Embedding, as in
 // PyTorch (same arguments, same default initialisation, same printed form). Each works on
 // any device its parameters are on (move a layer with to(device)) and checks its input,
 // naming itself, what it expected and what it got.
@@ -19,6 +19,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nn/module.h"
@@ -349,8 +350,9 @@ class BatchNorm2d : public BatchNormBase<BatchNorm2d> {
 
 // Normalises over the last dimensions of the input (normalized_shape, e.g. {C} or {C, H, W}),
 // as torch.nn.LayerNorm: y = (x - mean) / sqrt(var + eps) * weight + bias, with the mean and
-// biased variance of each sample over those dimensions, in training and evaluation alike.
-// With elementwise_affine: weight (ones) and bias (zeros) of shape normalized_shape.
+// biased variance of each sample over those dimensions, in training and evaluation alike, by
+// the fused layer_norm op (one kernel forward, one backward). With elementwise_affine: weight
+// (ones) and bias (zeros) of shape normalized_shape.
 //
 //   nn::LayerNorm norm({64});
 //   Tensor y = norm.forward(x);   // x [*, 64]
@@ -377,6 +379,44 @@ class LayerNorm : public Cloneable<LayerNorm> {
   bool elementwise_affine_;
   Parameter weight_;
   Parameter bias_;
+};
+
+// torch.nn.RMSNorm's arguments. eps nullopt: the machine epsilon of the input's dtype, as
+// PyTorch's default.
+struct RMSNormOptions {
+  explicit RMSNormOptions(std::vector<int64_t> normalized_shape)
+      : normalized_shape_(std::move(normalized_shape)) {}
+
+  TANDEM_ARG(std::vector<int64_t>, normalized_shape);
+  TANDEM_ARG(std::optional<double>, eps) = std::nullopt;
+  TANDEM_ARG(bool, elementwise_affine) = true;
+};
+
+// Root-mean-square normalisation over the last dimensions (normalized_shape), as
+// torch.nn.RMSNorm: y = x / sqrt(mean(x^2) + eps) * weight, one fused kernel each way. With
+// elementwise_affine: a weight (ones) of shape normalized_shape, no bias.
+//
+//   nn::RMSNorm norm(nn::RMSNormOptions({64}).eps(1e-6));
+//   Tensor y = norm.forward(x);   // x [*, 64]
+//   std::cout << norm;            // RMSNorm((64,), eps=1e-06, elementwise_affine=True)
+class RMSNorm : public Cloneable<RMSNorm> {
+ public:
+  explicit RMSNorm(const RMSNormOptions& options);
+  explicit RMSNorm(std::vector<int64_t> normalized_shape, std::optional<double> eps = std::nullopt,
+                   bool elementwise_affine = true);
+
+  void reset() override;
+  // Weight back to ones.
+  void reset_parameters();
+  Tensor forward(const Tensor& input);
+  void pretty_print(std::ostream& out) const override;
+
+  const RMSNormOptions& options() const { return options_; }
+  Tensor weight() const { return weight_ ? *weight_ : Tensor(); }  // undefined without affine
+
+ private:
+  RMSNormOptions options_;
+  Parameter weight_;
 };
 
 // A lookup table: int64 indices of any shape [*] in [0, num_embeddings) give rows of the

@@ -1084,6 +1084,52 @@ TEST_F(LayersTest, LayerNormPrintsAndNamesItselfOnBadInput) {
   EXPECT_THAT(ErrorOf([] { LayerNorm({0}); }), HasSubstr("must have positive sizes"));
 }
 
+// ---- RMSNorm -------------------------------------------------------------------------------
+
+TEST_F(LayersTest, RMSNormScalesByTheRootMeanSquare) {
+  RMSNorm norm(RMSNormOptions({3, 4}).eps(1e-6));
+  EXPECT_EQ(norm.weight().to_vector<float>(), std::vector<float>(12, 1.0f));  // PyTorch: ones
+  EXPECT_EQ(norm.named_parameters().size(), 1u);                              // no bias
+  {
+    NoGradGuard no_grad;
+    Tensor(norm.weight()).copy_(randn({3, 4}));
+  }
+  Tensor x = randn({2, 5, 3, 4}) * 3.0 + 1.0;
+  const std::vector<float> in = x.to_vector<float>(), out = norm.forward(x).to_vector<float>();
+  const std::vector<float> w = norm.weight().to_vector<float>();
+  for (int64_t row = 0; row < 10; ++row) {
+    double mean_square = 0;
+    for (int64_t i = 0; i < 12; ++i) mean_square += std::pow(in[row * 12 + i], 2) / 12.0;
+    for (int64_t i = 0; i < 12; ++i) {
+      const double expected = in[row * 12 + i] / std::sqrt(mean_square + 1e-6) * w[i];
+      EXPECT_NEAR(out[row * 12 + i], expected, 1e-4) << row << " " << i;
+    }
+  }
+  norm.reset_parameters();
+  EXPECT_EQ(norm.weight().to_vector<float>(), std::vector<float>(12, 1.0f));
+  RMSNorm plain({4}, std::nullopt, /*elementwise_affine=*/false);
+  EXPECT_TRUE(plain.parameters().empty());
+  EXPECT_FALSE(plain.weight().defined());
+  ExpectLayerGradients(
+      norm, [&](const Tensor& input) { return norm.forward(input); }, randn({2, 3, 4}));
+  ExpectLayerGradients(
+      plain, [&](const Tensor& input) { return plain.forward(input); }, randn({3, 4}));
+}
+
+TEST_F(LayersTest, RMSNormPrintsAndNamesItselfOnBadInput) {
+  EXPECT_EQ(RMSNorm({64}).ToString(), "RMSNorm((64,), eps=None, elementwise_affine=True)");
+  EXPECT_EQ(RMSNorm({3, 4}, 1e-6, false).ToString(),
+            "RMSNorm((3, 4), eps=1e-06, elementwise_affine=False)");
+  EXPECT_THAT(ErrorOf([] {
+                RMSNorm({3, 4}).forward(zeros({2, 4, 3}));
+              }),
+              HasSubstr("RMSNorm((3, 4), eps=None, elementwise_affine=True): expected an input "
+                        "whose last 2 dimension(s) are [3, 4] but got [2, 4, 3]"));
+  EXPECT_THAT(ErrorOf([] { RMSNorm({}); }), HasSubstr("normalized_shape must name at least"));
+  EXPECT_THAT(ErrorOf([] { RMSNorm({0}); }), HasSubstr("must have positive sizes"));
+  EXPECT_THAT(ErrorOf([] { RMSNorm({4}, -1.0); }), HasSubstr("eps must be a finite value >= 0"));
+}
+
 // ---- Embedding -----------------------------------------------------------------------------
 
 TEST_F(LayersTest, EmbeddingLooksUpRows) {
@@ -1232,6 +1278,8 @@ TEST_F(LayersTest, CudaMatchesCpu) {
   ExpectCudaMatchesCpu(sigmoid_layer, randn({16, 33}));
   LayerNorm norm({5, 6});
   ExpectCudaMatchesCpu(norm, randn({4, 5, 6}));
+  RMSNorm rms({6});
+  ExpectCudaMatchesCpu(rms, randn({4, 5, 6}));
   {  // Embedding: same rows and weight gradients (the indices are not differentiable).
     Embedding embed(20, 7, /*padding_idx=*/3);
     std::shared_ptr<Module> gpu_embed = embed.clone(Device::Cuda(0));

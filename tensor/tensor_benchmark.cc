@@ -2,7 +2,8 @@
 // on one thread, on two threads of one logical device, and on two logical devices working at
 // once; elementwise add bandwidth through Backend::Binary and through tandem::add; the round
 // trip of an empty task to another device's worker (what each hand-off of DataParallel and of
-// the autograd engine costs), right after the last one and after the worker sat idle.
+// the autograd engine costs), right after the last one and after the worker sat idle; the
+// fused layer_norm and gelu(x, "tanh") against the ops they replaced (forward + backward).
 //
 //   bazel run -c opt //tensor:tensor_benchmark
 //   bazel run -c opt //tensor:tensor_benchmark -- --benchmark_filter=Sgemm
@@ -211,6 +212,63 @@ BENCHMARK(BM_WorkerRoundTrip)
     ->Arg(500)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
+
+// ---- Fused ops against their composed forms (Note [Fused row norms]) -----------------------
+// Each iteration times the fused op's forward + backward, then the same computed from the ops
+// it replaced, back to back, so that both see the same machine load; the counters give each
+// one's mean and the ratio (fused / composed; below 1 is faster).
+
+template <typename Fused, typename Composed>
+void RunAlternated(benchmark::State& state, const Tensor& input, Fused fused, Composed composed) {
+  const Tensor upstream = randn(input.shape());
+  double fused_seconds = 0, composed_seconds = 0;
+  auto time = [&](auto&& f) {
+    Tensor x = input.detach();
+    x.set_requires_grad(true);
+    const auto start = std::chrono::steady_clock::now();
+    f(x).backward(upstream);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  for (auto _ : state) {
+    const double a = time(fused), b = time(composed);
+    fused_seconds += a;
+    composed_seconds += b;
+    state.SetIterationTime(a + b);
+  }
+  const double n = static_cast<double>(state.iterations());
+  state.counters["fused_us"] = fused_seconds / n * 1e6;
+  state.counters["composed_us"] = composed_seconds / n * 1e6;
+  state.counters["fused/composed"] = fused_seconds / composed_seconds;
+}
+
+// layer_norm forward + backward (weight and bias) on [256, 768], GPT-2's width.
+void BM_LayerNormFusedVsComposed(benchmark::State& state) {
+  const Tensor weight = randn({768}).set_requires_grad(true);
+  const Tensor bias = randn({768}).set_requires_grad(true);
+  RunAlternated(
+      state, randn({256, 768}),
+      [&](const Tensor& x) { return layer_norm(x, {768}, weight, bias, 1e-5); },
+      [&](const Tensor& x) {
+        // What nn::LayerNorm computed before the fused kernel.
+        const Tensor mean = x.mean({1}, true);
+        const Tensor centered = x - mean;
+        const Tensor var = square(centered).mean({1}, true);
+        return centered / sqrt(var + 1e-5) * weight + bias;
+      });
+}
+BENCHMARK(BM_LayerNormFusedVsComposed)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// gelu(x, "tanh") forward + backward on [256, 3072], GPT-2's MLP activation.
+void BM_GeluTanhFusedVsComposed(benchmark::State& state) {
+  RunAlternated(
+      state, randn({256, 3072}), [](const Tensor& x) { return gelu(x, "tanh"); },
+      [](const Tensor& x) {
+        // What gelu(x, "tanh") composed before its fused kernel.
+        const Tensor inner = mul(add(x, mul(pow(x, 3.0), 0.044715)), 0.7978845608028654);
+        return mul(mul(x, 0.5), add(tanh(inner), 1.0));
+      });
+}
+BENCHMARK(BM_GeluTanhFusedVsComposed)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace tandem

@@ -203,6 +203,16 @@ class CudaBackend final : public Backend {
                      double low, double high) override;
   void RandomNormal(int index, DType dtype, void* dst, int64_t n, uint64_t seed, uint64_t offset,
                     double mean, double stddev) override;
+  // Fused row norms and triangles (Note [Fused row norms]).
+  void RowNorm(int index, DType dtype, bool rms, int64_t rows, int64_t cols, double eps,
+               const void* x, const void* weight, const void* bias, void* y, void* mean,
+               void* rstd) override;
+  void RowNormBackward(int index, DType dtype, bool rms, int64_t rows, int64_t cols,
+                       const void* grad_y, const void* x, const void* mean, const void* rstd,
+                       const void* weight, void* grad_x, void* grad_weight,
+                       void* grad_bias) override;
+  void Triangle(int index, DType dtype, bool lower, int64_t diagonal, int64_t batch, int64_t rows,
+                int64_t cols, const void* src, void* dst) override;
 
  private:
   CudaBackend() = default;
@@ -660,6 +670,41 @@ void CudaBackend::RandomNormal(int index, DType dtype, void* dst, int64_t n, uin
   CudaDevice& device = Device(index);
   DeviceGuard guard(device.physical());
   LaunchRandomNormal(device.Launch(), dtype, dst, n, seed, offset, mean, stddev);
+}
+
+// ---- Fused row norms and triangles ---------------------------------------------------------
+
+void CudaBackend::RowNorm(int index, DType dtype, bool rms, int64_t rows, int64_t cols, double eps,
+                          const void* x, const void* weight, const void* bias, void* y, void* mean,
+                          void* rstd) {
+  CudaDevice& device = Device(index);
+  TANDEM_CHECK(rows >= 0 && cols > 0, "CUDA RowNorm expects rows >= 0 and cols > 0 but got [", rows,
+               ", ", cols, "]; a norm needs at least one element per row");
+  DeviceGuard guard(device.physical());
+  LaunchRowNorm(device.Launch(), dtype, rms, rows, cols, eps, x, weight, bias, y, mean, rstd);
+}
+
+void CudaBackend::RowNormBackward(int index, DType dtype, bool rms, int64_t rows, int64_t cols,
+                                  const void* grad_y, const void* x, const void* mean,
+                                  const void* rstd, const void* weight, void* grad_x,
+                                  void* grad_weight, void* grad_bias) {
+  CudaDevice& device = Device(index);
+  TANDEM_CHECK(rows >= 0 && cols > 0,
+               "CUDA RowNormBackward expects rows >= 0 and cols > 0 but got [", rows, ", ", cols,
+               "]; a norm needs at least one element per row");
+  DeviceGuard guard(device.physical());
+  LaunchRowNormBackward(device.Launch(), dtype, rms, rows, cols, grad_y, x, mean, rstd, weight,
+                        grad_x, grad_weight, grad_bias);
+}
+
+void CudaBackend::Triangle(int index, DType dtype, bool lower, int64_t diagonal, int64_t batch,
+                           int64_t rows, int64_t cols, const void* src, void* dst) {
+  CudaDevice& device = Device(index);
+  TANDEM_CHECK(batch >= 0 && rows >= 0 && cols >= 0,
+               "CUDA Triangle expects non-negative [batch, rows, cols] but got [", batch, ", ",
+               rows, ", ", cols, "]");
+  DeviceGuard guard(device.physical());
+  LaunchTriangle(device.Launch(), dtype, lower, diagonal, batch, rows, cols, src, dst);
 }
 
 BackendRegistration registration(DeviceType::kCUDA, &CudaBackend::Instance);

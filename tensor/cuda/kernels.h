@@ -93,6 +93,20 @@ void LaunchRandomUniform(const LaunchContext& context, DType dtype, void* dst, i
 void LaunchRandomNormal(const LaunchContext& context, DType dtype, void* dst, int64_t n,
                         uint64_t seed, uint64_t offset, double mean, double stddev);
 
+// Fused row norms and triangles (Note [Fused row norms] in tensor/runtime/backend.h). The
+// backward launches one kernel for grad_x (a block per row) and one for grad_weight/grad_bias
+// (a block per 32 columns), each only when its outputs are wanted.
+void LaunchRowNorm(const LaunchContext& context, DType dtype, bool rms, int64_t rows, int64_t cols,
+                   double eps, const void* x, const void* weight, const void* bias, void* y,
+                   void* mean, void* rstd);
+void LaunchRowNormBackward(const LaunchContext& context, DType dtype, bool rms, int64_t rows,
+                           int64_t cols, const void* grad_y, const void* x, const void* mean,
+                           const void* rstd, const void* weight, void* grad_x, void* grad_weight,
+                           void* grad_bias);
+// Any dtype (the kernel moves bits of the element's size).
+void LaunchTriangle(const LaunchContext& context, DType dtype, bool lower, int64_t diagonal,
+                    int64_t batch, int64_t rows, int64_t cols, const void* src, void* dst);
+
 // Test only (cuda_testing.h): one thread that spins on the GPU's nanosecond timer for
 // `nanoseconds`, to keep a stream busy for a known time.
 void LaunchSpin(const LaunchContext& context, int64_t nanoseconds);

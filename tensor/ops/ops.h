@@ -149,6 +149,26 @@ Tensor adaptive_avg_pool2d(const Tensor& input, std::vector<int64_t> output_size
 // the identity otherwise.
 Tensor dropout(const Tensor& input, double p, bool training, Generator* gen = nullptr);
 
+// ---- Normalisation and triangles (fused kernels) ----------------------------------------
+// torch.nn.functional.layer_norm: normalises over the last dimensions (normalized_shape must
+// equal them), y = (x - mean) / sqrt(var + eps) * weight + bias with the biased variance;
+// weight and bias (of shape normalized_shape) may be undefined Tensor()s. One kernel forward
+// and one backward (statistics in float for the 16-bit floats); float32 under autocast.
+//   Tensor y = layer_norm(x, {768}, gamma, beta, 1e-5);   // x [B, T, 768]
+Tensor layer_norm(const Tensor& input, const std::vector<int64_t>& normalized_shape,
+                  const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// torch.nn.functional.rms_norm: y = x / sqrt(mean(x^2) + eps) * weight over the last
+// dimensions; eps defaults to the machine epsilon of the input's dtype, as PyTorch's.
+//   Tensor y = rms_norm(x, {768}, gamma);
+Tensor rms_norm(const Tensor& input, const std::vector<int64_t>& normalized_shape,
+                const Tensor& weight, std::optional<double> eps = std::nullopt);
+// torch.tril / torch.triu over the last two dimensions (any dtype): element (i, j) is kept
+// where j - i <= diagonal (tril) or j - i >= diagonal (triu), zero elsewhere. The gradient is
+// tril/triu of the gradient.
+//   Tensor causal = tril(ones({T, T}, kBool));
+Tensor tril(const Tensor& input, int64_t diagonal = 0);
+Tensor triu(const Tensor& input, int64_t diagonal = 0);
+
 // ---- Selection and indexing ------------------------------------------------------------
 // `condition` (bool, as PyTorch requires: comparisons give it) is true where `a` is taken
 // and false where `b` is. All three broadcast together; a and b promote as binary ops do. The

@@ -92,6 +92,10 @@ enum class UnaryOp : int8_t {
   kGeScalar,        // x >= s ? 1 : 0
   kGelu,            // x * Phi(x) = x / 2 * (1 + erf(x / sqrt 2))
   kGeluDerivative,  // Phi(x) + x * phi(x), the derivative of kGelu
+  // GELU's tanh approximation (gelu(x, approximate="tanh")), with
+  // u = sqrt(2 / pi) * (x + 0.044715 x^3): 0.5 x (1 + tanh u), and its derivative.
+  kGeluTanh,
+  kGeluTanhDerivative,
 };
 
 // Elementwise functions of two inputs of the same dtype (any dtype), written to a dst of that
@@ -403,6 +407,34 @@ class Backend {
                                      void* /*grad_bias*/) {
     return false;
   }
+
+  // ---- Fused normalisation and triangles (layer_norm, rms_norm, tril, triu) -----------------
+  // Note [Fused row norms]: layer_norm and rms_norm normalise each row of a contiguous
+  // [rows, cols] input in one pass over it, instead of the mean, subtraction, square, mean,
+  // add, sqrt, division, product and sum that the formula composes (each a full pass and an
+  // autograd node). Statistics are computed in OpMath (float for the 16-bit floats, double for
+  // float64) by two passes over the row (mean, then the centred variance), and saved as
+  // `mean` and `rstd` (contiguous [rows], OpMath's dtype: float32, or float64 for float64
+  // inputs) for the backward. LayerNorm: y = (x - mean) * rstd * weight + bias with
+  // rstd = 1 / sqrt(biased variance + eps); rms (RMSNorm): mean is not subtracted (nor saved:
+  // `mean` may be null) and rstd = 1 / sqrt(mean(x^2) + eps). `weight` and `bias` ([cols],
+  // the input's dtype) may each be null (no scale, no shift; RMSNorm has no bias).
+  virtual void RowNorm(int index, DType dtype, bool rms, int64_t rows, int64_t cols, double eps,
+                       const void* x, const void* weight, const void* bias, void* y, void* mean,
+                       void* rstd) = 0;
+  // The backward of RowNorm from the saved statistics, with xhat = (x - mean) * rstd and
+  // g = grad_y * weight: grad_x = rstd * (g - mean(g) - xhat * mean(g * xhat)) (rms: without
+  // the mean(g) term); grad_weight = sum over rows of grad_y * xhat; grad_bias = sum over rows
+  // of grad_y. Each output may be null (not needed); the row sums accumulate in OpMath.
+  virtual void RowNormBackward(int index, DType dtype, bool rms, int64_t rows, int64_t cols,
+                               const void* grad_y, const void* x, const void* mean,
+                               const void* rstd, const void* weight, void* grad_x,
+                               void* grad_weight, void* grad_bias) = 0;
+  // torch.tril (lower) / torch.triu of `batch` contiguous rows x cols matrices, any dtype:
+  // dst keeps src's element (i, j) where j - i <= diagonal (lower) or j - i >= diagonal
+  // (upper), and is zero elsewhere. dst may be src (in place).
+  virtual void Triangle(int index, DType dtype, bool lower, int64_t diagonal, int64_t batch,
+                        int64_t rows, int64_t cols, const void* src, void* dst) = 0;
 
  protected:
   // Throws tandem::Error unless `index` is one of this backend's devices.
