@@ -38,6 +38,7 @@
 #include "tensor/base/error.h"
 #include "tensor/base/half.h"
 #include "tensor/base/philox.h"
+#include "tensor/cpu/internal/attention_kernels.h"
 #include "tensor/cpu/internal/onednn_conv.h"
 #include "tensor/cpu/internal/onednn_matmul.h"
 #include "tensor/kernels/float_conversions.h"
@@ -950,6 +951,21 @@ class CpuBackend final : public Backend {
                      double low, double high) override;
   void RandomNormal(int index, DType dtype, void* dst, int64_t n, uint64_t seed, uint64_t offset,
                     double mean, double stddev) override;
+
+  // ---- Fused attention (tensor/cpu/internal/attention_kernels.h) -------------------------
+  void AttentionForward(int index, DType dtype, const AttentionGeometry& g, const void* q,
+                        const void* k, const void* v, const void* mask, void* out,
+                        void* logsumexp) override {
+    CheckIndex(index);
+    CpuAttentionForward(index, dtype, g, q, k, v, mask, out, logsumexp);
+  }
+  void AttentionBackward(int index, DType dtype, const AttentionGeometry& g, const void* q,
+                         const void* k, const void* v, const void* mask, const void* out,
+                         const void* dout, const void* logsumexp, void* dq, void* dk,
+                         void* dv) override {
+    CheckIndex(index);
+    CpuAttentionBackward(index, dtype, g, q, k, v, mask, out, dout, logsumexp, dq, dk, dv);
+  }
 
  private:
   CpuBackend() {
