@@ -467,7 +467,9 @@ TEST_F(AttentionTest, DropoutActsOnlyInTraining) {
   auto [eval_out, eval_weights] = m.forward(x, x, x, Tensor(), true, Tensor(), false);
   EXPECT_GT(MaxDiff(train_out, eval_out), 1e-3);
   EXPECT_GT(MaxDiff(again, eval_out), 1e-3);
-  EXPECT_EQ(MaxDiff(std::get<0>(m.forward(x, x, x, Tensor(), false)), eval_out), 0.0);
+  // Without weights the output comes from the fused kernel, with them from the composed
+  // product: the same up to float rounding.
+  EXPECT_LT(MaxDiff(std::get<0>(m.forward(x, x, x, Tensor(), false)), eval_out), 1e-6);
   EXPECT_LT(MaxDiff(eval_weights.sum({-1}), ones({2, 2, 6})), 1e-6);
 }
 

@@ -38,6 +38,7 @@
 #include "tensor/base/error.h"
 #include "tensor/base/half.h"
 #include "tensor/base/philox.h"
+#include "tensor/cpu/internal/attention_kernels.h"
 #include "tensor/cpu/internal/onednn_conv.h"
 #include "tensor/cpu/internal/onednn_matmul.h"
 #include "tensor/kernels/float_conversions.h"
@@ -964,6 +965,21 @@ class CpuBackend final : public Backend {
                        void* grad_bias) override;
   void Triangle(int index, DType dtype, bool lower, int64_t diagonal, int64_t batch, int64_t rows,
                 int64_t cols, const void* src, void* dst) override;
+
+  // ---- Fused attention (tensor/cpu/internal/attention_kernels.h) -------------------------
+  void AttentionForward(int index, DType dtype, const AttentionGeometry& g, const void* q,
+                        const void* k, const void* v, const void* mask, void* out,
+                        void* logsumexp) override {
+    CheckIndex(index);
+    CpuAttentionForward(index, dtype, g, q, k, v, mask, out, logsumexp);
+  }
+  void AttentionBackward(int index, DType dtype, const AttentionGeometry& g, const void* q,
+                         const void* k, const void* v, const void* mask, const void* out,
+                         const void* dout, const void* logsumexp, void* dq, void* dk,
+                         void* dv) override {
+    CheckIndex(index);
+    CpuAttentionBackward(index, dtype, g, q, k, v, mask, out, dout, logsumexp, dq, dk, dv);
+  }
 
  private:
   CpuBackend() {

@@ -214,6 +214,15 @@ class CudaBackend final : public Backend {
   void Triangle(int index, DType dtype, bool lower, int64_t diagonal, int64_t batch, int64_t rows,
                 int64_t cols, const void* src, void* dst) override;
 
+  // ---- Fused attention (attention_kernels.cu) ---------------------------------------------
+  void AttentionForward(int index, DType dtype, const AttentionGeometry& g, const void* q,
+                        const void* k, const void* v, const void* mask, void* out,
+                        void* logsumexp) override;
+  void AttentionBackward(int index, DType dtype, const AttentionGeometry& g, const void* q,
+                         const void* k, const void* v, const void* mask, const void* out,
+                         const void* dout, const void* logsumexp, void* dq, void* dk,
+                         void* dv) override;
+
  private:
   CudaBackend() = default;
 
@@ -705,6 +714,36 @@ void CudaBackend::Triangle(int index, DType dtype, bool lower, int64_t diagonal,
                rows, ", ", cols, "]");
   DeviceGuard guard(device.physical());
   LaunchTriangle(device.Launch(), dtype, lower, diagonal, batch, rows, cols, src, dst);
+}
+
+// ---- Fused attention ------------------------------------------------------------------------
+
+void CudaBackend::AttentionForward(int index, DType dtype, const AttentionGeometry& g,
+                                   const void* q, const void* k, const void* v, const void* mask,
+                                   void* out, void* logsumexp) {
+  CudaDevice& device = Device(index);
+  TANDEM_CHECK(
+      g.batch >= 0 && g.query_len >= 0 && g.key_len >= 0 && g.head_dim >= 0 && g.value_dim >= 0,
+      "CUDA AttentionForward expects non-negative sizes but got batch=", g.batch,
+      " query_len=", g.query_len, " key_len=", g.key_len, " head_dim=", g.head_dim,
+      " value_dim=", g.value_dim);
+  DeviceGuard guard(device.physical());
+  LaunchAttentionForward(device.Launch(), dtype, g, q, k, v, mask, out, logsumexp);
+}
+
+void CudaBackend::AttentionBackward(int index, DType dtype, const AttentionGeometry& g,
+                                    const void* q, const void* k, const void* v, const void* mask,
+                                    const void* out, const void* dout, const void* logsumexp,
+                                    void* dq, void* dk, void* dv) {
+  CudaDevice& device = Device(index);
+  TANDEM_CHECK(
+      g.batch >= 0 && g.query_len >= 0 && g.key_len >= 0 && g.head_dim >= 0 && g.value_dim >= 0,
+      "CUDA AttentionBackward expects non-negative sizes but got batch=", g.batch,
+      " query_len=", g.query_len, " key_len=", g.key_len, " head_dim=", g.head_dim,
+      " value_dim=", g.value_dim);
+  DeviceGuard guard(device.physical());
+  LaunchAttentionBackward(device.Launch(), dtype, g, q, k, v, mask, out, dout, logsumexp, dq, dk,
+                          dv);
 }
 
 BackendRegistration registration(DeviceType::kCUDA, &CudaBackend::Instance);

@@ -2037,5 +2037,97 @@ TEST_F(CudaFusedNormTest, BadShapesThrow) {
                Error);
 }
 
+// ---- Fused attention (Note [Fused attention])
+// ---------------------------------------------------------------------------------------------
+
+struct AttentionCase {
+  int64_t batch, l, s, e, ev;
+  bool causal;
+  bool mask;               // an additive [batch / mask_heads, l, s] mask with -inf entries
+  int64_t mask_heads = 1;  // consecutive heads that share one mask
+};
+
+// Forward (out, logsumexp) and backward (dq, dk, dv) of the CUDA kernels against the CPU's,
+// in T; `rtol`/`atol` cover float accumulation in another order (and, for the 16-bit types,
+// a last-place difference of the rounded results).
+template <typename T>
+void ExpectAttentionMatches(Backend& cpu, Backend& gpu, std::mt19937_64& rng,
+                            const AttentionCase& c, double rtol, double atol,
+                            const std::string& note) {
+  using M = OpMath<T>;
+  const DType dtype = DTypeOf<T>::value;
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  const auto random = [&](int64_t n) {
+    std::vector<T> values(static_cast<size_t>(n));
+    for (T& v : values) v = static_cast<T>(dist(rng));
+    return values;
+  };
+  AttentionGeometry g;
+  g.batch = c.batch;
+  g.query_len = c.l;
+  g.key_len = c.s;
+  g.head_dim = c.e;
+  g.value_dim = c.ev;
+  g.scale = 1.0 / std::sqrt(static_cast<double>(c.e));
+  g.causal = c.causal;
+  g.mask_heads = c.mask_heads;
+  g.mask_batch_stride = c.l * c.s;
+  g.mask_head_stride = 0;
+  g.mask_row_stride = c.s;
+  const std::string what =
+      note + " " + DTypePrefix<T>() + "attention batch=" + std::to_string(c.batch) +
+      " L=" + std::to_string(c.l) + " S=" + std::to_string(c.s) + " E=" + std::to_string(c.e) +
+      " Ev=" + std::to_string(c.ev) + (c.causal ? " causal" : "") + (c.mask ? " mask" : "");
+  Buffer<T> q(random(c.batch * c.l * c.e)), k(random(c.batch * c.s * c.e)),
+      v(random(c.batch * c.s * c.ev)), dout(random(c.batch * c.l * c.ev));
+  const int64_t mask_size = c.batch / c.mask_heads * c.l * c.s;
+  std::vector<T> mask_values = random(mask_size);
+  for (int64_t i = 0; i < mask_size; ++i) {
+    // Every row keeps key 0; a third of the others are excluded.
+    if (i % c.s != 0 && i % 3 == 1) mask_values[i] = static_cast<T>(-INFINITY);
+  }
+  Buffer<T> mask(mask_values);
+  Buffer<T> out(c.batch * c.l * c.ev);
+  Buffer<M> lse(c.batch * c.l);
+  Buffer<T> dq(c.batch * c.l * c.e), dk(c.batch * c.s * c.e), dv(c.batch * c.s * c.ev);
+  cpu.AttentionForward(0, dtype, g, q.cpu(), k.cpu(), v.cpu(), c.mask ? mask.cpu() : nullptr,
+                       out.cpu(), lse.cpu());
+  gpu.AttentionForward(0, dtype, g, q.gpu(), k.gpu(), v.gpu(), c.mask ? mask.gpu() : nullptr,
+                       out.gpu(), lse.gpu());
+  ExpectNear(out.Cpu(), out.Gpu(), rtol, atol, what + " out");
+  ExpectNear(lse.Cpu(), lse.Gpu(), rtol, atol, what + " logsumexp");
+  // The backward of each device from its own forward: both read out and logsumexp.
+  cpu.AttentionBackward(0, dtype, g, q.cpu(), k.cpu(), v.cpu(), c.mask ? mask.cpu() : nullptr,
+                        out.cpu(), dout.cpu(), lse.cpu(), dq.cpu(), dk.cpu(), dv.cpu());
+  gpu.AttentionBackward(0, dtype, g, q.gpu(), k.gpu(), v.gpu(), c.mask ? mask.gpu() : nullptr,
+                        out.gpu(), dout.gpu(), lse.gpu(), dq.gpu(), dk.gpu(), dv.gpu());
+  ExpectNear(dq.Cpu(), dq.Gpu(), rtol, atol, what + " dq");
+  ExpectNear(dk.Cpu(), dk.Gpu(), rtol, atol, what + " dk");
+  ExpectNear(dv.Cpu(), dv.Gpu(), rtol, atol, what + " dv");
+}
+
+TEST_F(CudaBackendTest, FusedAttentionMatchesCpu) {
+  // Sizes past a block of rows (64), ragged key tiles (16), L > S and L < S under the causal
+  // mask, value and head sizes that differ, and a mask with excluded keys.
+  const std::vector<AttentionCase> cases = {
+      {2, 5, 7, 4, 3, false, false},    {3, 70, 40, 8, 8, true, false},
+      {2, 9, 20, 5, 6, false, true},    {2, 20, 9, 4, 4, true, false},
+      {1, 66, 66, 16, 16, true, true},  {2, 1, 33, 3, 5, false, false},
+      {6, 9, 20, 5, 6, false, true, 3},
+  };
+  for (const AttentionCase& c : cases) {
+    ExpectAttentionMatches<float>(cpu_, gpu_, rng_, c, 1e-5, 1e-5, Note(""));
+    ExpectAttentionMatches<double>(cpu_, gpu_, rng_, c, 1e-12, 1e-12, Note(""));
+    ExpectAttentionMatches<BFloat16>(cpu_, gpu_, rng_, c, 1.6e-2, 1e-2, Note(""));
+    ExpectAttentionMatches<Half>(cpu_, gpu_, rng_, c, 2e-3, 2e-3, Note(""));
+  }
+  Buffer<int64_t> ints(4);
+  AttentionGeometry g;
+  g.batch = g.query_len = g.key_len = g.head_dim = g.value_dim = 1;
+  EXPECT_THROW(gpu_.AttentionForward(0, kInt64, g, ints.gpu(), ints.gpu(), ints.gpu(), nullptr,
+                                     ints.gpu(), ints.gpu()),
+               Error);
+}
+
 }  // namespace
 }  // namespace tandem

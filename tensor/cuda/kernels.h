@@ -111,6 +111,15 @@ void LaunchTriangle(const LaunchContext& context, DType dtype, bool lower, int64
 // `nanoseconds`, to keep a stream busy for a known time.
 void LaunchSpin(const LaunchContext& context, int64_t nanoseconds);
 
+// ---- Fused attention (Note [Fused attention], tensor/runtime/backend.h; attention_kernels.cu)
+void LaunchAttentionForward(const LaunchContext& context, DType dtype, const AttentionGeometry& g,
+                            const void* q, const void* k, const void* v, const void* mask,
+                            void* out, void* logsumexp);
+void LaunchAttentionBackward(const LaunchContext& context, DType dtype, const AttentionGeometry& g,
+                             const void* q, const void* k, const void* v, const void* mask,
+                             const void* out, const void* dout, const void* logsumexp, void* dq,
+                             void* dk, void* dv);
+
 }  // namespace cuda
 }  // namespace tandem
 

@@ -1,11 +1,16 @@
 #include "tensor/ops/attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "tensor/base/error.h"
+#include "tensor/core/autograd.h"
+#include "tensor/core/internal/tensor_impl.h"
+#include "tensor/ops/autocast.h"
 #include "tensor/ops/ops.h"
+#include "tensor/runtime/backend.h"
 
 namespace tandem {
 namespace {
@@ -29,16 +34,13 @@ Tensor CausalMask(int64_t l, int64_t s, Device device) {
   return from_vector(keep, {l, s}).to(device);
 }
 
-}  // namespace
-
-Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
-                                    const Tensor& attn_mask, double dropout_p, bool is_causal,
-                                    std::optional<double> scale, Generator* gen) {
+// The checks both paths share.
+void CheckAttentionArguments(const Tensor& query, const Tensor& key, const Tensor& value,
+                             const Tensor& attn_mask, double dropout_p, bool is_causal) {
   CheckAttentionOperand(query, "query");
   CheckAttentionOperand(key, "key");
   CheckAttentionOperand(value, "value");
   const int64_t e = query.size(-1);
-  const int64_t l = query.size(-2);
   const int64_t s = key.size(-2);
   TANDEM_CHECK(key.size(-1) == e, "scaled_dot_product_attention: query and key must have the ",
                "same number of features (last dimension) but query is ",
@@ -51,7 +53,29 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
                "fold the causal mask into attn_mask if you need both");
   TANDEM_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, "scaled_dot_product_attention: dropout_p ",
                "must be in [0, 1) but is ", dropout_p);
-  const double factor = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(e));
+  if (attn_mask.defined() && attn_mask.dtype() != kBool) {
+    TANDEM_CHECK(IsFloatingPoint(attn_mask.dtype()), "scaled_dot_product_attention: ",
+                 "attn_mask must be bool (true = attend) or floating (added to the scores) ",
+                 "but is ", attn_mask.dtype());
+  }
+}
+
+double ScaleFactor(const Tensor& query, std::optional<double> scale) {
+  return scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(query.size(-1)));
+}
+
+}  // namespace
+
+namespace internal {
+
+Tensor ComposedScaledDotProductAttention(const Tensor& query, const Tensor& key,
+                                         const Tensor& value, const Tensor& attn_mask,
+                                         double dropout_p, bool is_causal,
+                                         std::optional<double> scale, Generator* gen) {
+  CheckAttentionArguments(query, key, value, attn_mask, dropout_p, is_causal);
+  const int64_t l = query.size(-2);
+  const int64_t s = key.size(-2);
+  const double factor = ScaleFactor(query, scale);
   Tensor scores = mul(matmul(query, key.transpose(-2, -1)), factor);
   if (is_causal) {
     scores = masked_fill(scores, logical_not(CausalMask(l, s, query.device())),
@@ -65,15 +89,145 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
                           TensorOptions().dtype(scores.dtype()).device(scores.device())),
                      scores);
     } else {
-      TANDEM_CHECK(IsFloatingPoint(attn_mask.dtype()), "scaled_dot_product_attention: ",
-                   "attn_mask must be bool (true = attend) or floating (added to the scores) ",
-                   "but is ", attn_mask.dtype());
       scores = add(scores, attn_mask);
     }
   }
   Tensor weights = softmax(scores, -1);
   if (dropout_p > 0.0) weights = dropout(weights, dropout_p, /*training=*/true, gen);
   return matmul(weights.to(value.dtype()), value);
+}
+
+}  // namespace internal
+
+namespace {
+
+// The mask as the kernel reads it (AttentionGeometry's mask_*): additive, in the operands'
+// dtype, strides for the batch, the heads (the last leading dimension) and the queries (0
+// where broadcast), contiguous keys.
+struct KernelMask {
+  Tensor values;
+  int64_t heads = 1, batch_stride = 0, head_stride = 0, row_stride = 0;
+};
+
+// attn_mask broadcast to [lead..., L, S] and made additive; false when it has more leading
+// dimensions than the query (the result would have more dimensions than the query's).
+bool MakeKernelMask(const Tensor& attn_mask, const Shape& lead, int64_t l, int64_t s, DType dtype,
+                    KernelMask* result) {
+  if (attn_mask.dim() > static_cast<int64_t>(lead.size()) + 2) return false;
+  Tensor mask = attn_mask.detach();
+  if (mask.dtype() == kBool) {
+    const TensorOptions options = TensorOptions().dtype(dtype).device(mask.device());
+    mask = where(mask, full({}, 0.0, options),
+                 full({}, -std::numeric_limits<double>::infinity(), options));
+  } else if (mask.dtype() != dtype) {
+    mask = mask.to(dtype);
+  }
+  Shape full_shape = lead;
+  full_shape.push_back(l);
+  full_shape.push_back(s);
+  mask = mask.expand(full_shape);
+  // The last leading dimension keeps a stride of its own (mask_head_stride); one stride must
+  // step over the others: they must nest (each stride the next one's times its size).
+  const size_t n = lead.size();
+  const auto fold = [&](const std::vector<int64_t>& st, KernelMask* folded) {
+    if (s > 1 && st[n + 1] != 1) return false;
+    int64_t previous = -1;  // the last non-trivial dimension before the heads
+    for (size_t d = 0; d + 1 < n; ++d) {
+      if (lead[d] == 1) continue;
+      if (previous >= 0 && st[previous] != st[d] * lead[d]) return false;
+      previous = static_cast<int64_t>(d);
+    }
+    folded->heads = n > 0 ? lead[n - 1] : 1;
+    folded->head_stride = n > 0 ? st[n - 1] : 0;
+    folded->batch_stride = previous >= 0 ? st[previous] : 0;
+    folded->row_stride = l <= 1 ? 0 : st[n];
+    return true;
+  };
+  if (!fold(mask.strides(), result)) {
+    mask = mask.contiguous();
+    fold(mask.strides(), result);
+  }
+  result->values = mask;
+  return true;
+}
+
+DType LogsumexpDType(DType dtype) { return dtype == kFloat64 ? kFloat64 : kFloat32; }
+
+void* Data(const Tensor& t) { return t.defined() ? ToKernel(t).data : nullptr; }
+
+// The fused kernels: one autograd node whose backward is AttentionBackward.
+Tensor FusedAttention(const Tensor& query, const Tensor& key, const Tensor& value,
+                      const KernelMask& mask, bool is_causal, double factor) {
+  const Shape lead(query.shape().begin(), query.shape().end() - 2);
+  AttentionGeometry g;
+  g.query_len = query.size(-2);
+  g.key_len = key.size(-2);
+  g.head_dim = query.size(-1);
+  g.value_dim = value.size(-1);
+  g.batch = 1;
+  for (int64_t d : lead) g.batch *= d;
+  g.scale = factor;
+  g.causal = is_causal;
+  g.mask_heads = mask.heads;
+  g.mask_batch_stride = mask.batch_stride;
+  g.mask_head_stride = mask.head_stride;
+  g.mask_row_stride = mask.row_stride;
+  const Tensor q = query.detach().contiguous(), k = key.detach().contiguous(),
+               v = value.detach().contiguous();
+  Shape out_shape = lead;
+  out_shape.push_back(g.query_len);
+  out_shape.push_back(g.value_dim);
+  const DType dtype = query.dtype();
+  const Device device = query.device();
+  Tensor out = NewTensor(out_shape, dtype, device);
+  const Tensor lse = NewTensor({g.batch, g.query_len}, LogsumexpDType(dtype), device);
+  Backend& backend = GetBackend(device);
+  const int index = device.index();
+  const Tensor mask_values = mask.values;
+  backend.AttentionForward(index, dtype, g, Data(q), Data(k), Data(v), Data(mask_values), Data(out),
+                           Data(lse));
+  if (NeedsGrad({query, key, value})) {
+    RecordOp("ScaledDotProductAttentionBackward", {query, key, value}, out,
+             [g, q, k, v, mask_values, lse, saved_out = out.detach()](const Tensor& grad) {
+               const Tensor dout = grad.detach().contiguous();
+               const Device dev = q.device();
+               Tensor dq = NewTensor(q.shape(), q.dtype(), dev);
+               Tensor dk = NewTensor(k.shape(), k.dtype(), dev);
+               Tensor dv = NewTensor(v.shape(), v.dtype(), dev);
+               GetBackend(dev).AttentionBackward(
+                   dev.index(), q.dtype(), g, Data(q), Data(k), Data(v), Data(mask_values),
+                   Data(saved_out), Data(dout), Data(lse), Data(dq), Data(dk), Data(dv));
+               return std::vector<Tensor>{dq, dk, dv};
+             });
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
+                                    const Tensor& attn_mask, double dropout_p, bool is_causal,
+                                    std::optional<double> scale, Generator* gen) {
+  TANDEM_AUTOCAST(kLowerPrecision, scaled_dot_product_attention, query, key, value, attn_mask,
+                  dropout_p, is_causal, scale, gen);
+  CheckAttentionArguments(query, key, value, attn_mask, dropout_p, is_causal);
+  // The fused kernels take heads that match one for one; the rest goes the composed way.
+  const Shape lead(query.shape().begin(), query.shape().end() - 2);
+  const bool fusable =
+      dropout_p == 0.0 && key.dtype() == query.dtype() && value.dtype() == query.dtype() &&
+      key.device() == query.device() && value.device() == query.device() &&
+      key.dim() == query.dim() && value.dim() == query.dim() &&
+      std::equal(lead.begin(), lead.end(), key.shape().begin()) &&
+      std::equal(lead.begin(), lead.end(), value.shape().begin()) && query.size(-1) > 0 &&
+      key.size(-2) > 0 && value.size(-1) > 0 && query.numel() > 0 &&
+      !(attn_mask.defined() && (attn_mask.device() != query.device() || NeedsGrad({attn_mask})));
+  KernelMask mask;
+  if (fusable && (!attn_mask.defined() || MakeKernelMask(attn_mask, lead, query.size(-2),
+                                                         key.size(-2), query.dtype(), &mask))) {
+    return FusedAttention(query, key, value, mask, is_causal, ScaleFactor(query, scale));
+  }
+  return internal::ComposedScaledDotProductAttention(query, key, value, attn_mask, dropout_p,
+                                                     is_causal, scale, gen);
 }
 
 }  // namespace tandem

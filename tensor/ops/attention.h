@@ -26,11 +26,32 @@ class Generator;
 // L != S the mask is the lower triangle of an L x S matrix) and excludes attn_mask. A query
 // row that may attend nothing gives NaN, as in PyTorch. dropout_p drops attention weights
 // when > 0 (pass 0 when evaluating). Differentiable in q, k, v (and a floating mask).
+//
+// Note [Fused attention] (tensor/runtime/backend.h): on CPU and CUDA the op runs fused
+// kernels that never hold the L x S scores (tiles of keys, online softmax, float
+// accumulation for 16-bit inputs; one autograd node whose backward recomputes the weights
+// from the saved log-sum-exp), when q, k and v share their dtype, device and leading
+// dimensions (no broadcasting between them). A bool or floating attn_mask is passed to the
+// kernel as an additive mask, without a copy per head unless its leading dimensions before the
+// last one do not nest into one stride. The composed path (matmul, softmax, matmul: the L x S
+// scores in memory) takes the rest: dropout_p > 0, broadcast heads, mixed dtypes, a mask that
+// requires grad, a mask with more dimensions than q, and empty keys or features. The fused backward
+// is not itself differentiable (no double backward), as PyTorch's flash attention.
 Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
                                     const Tensor& attn_mask = Tensor(), double dropout_p = 0.0,
                                     bool is_causal = false,
                                     std::optional<double> scale = std::nullopt,
                                     Generator* gen = nullptr);
+
+namespace internal {
+// The composed path alone (see above): the reference the fused kernels are tested and
+// benchmarked against.
+Tensor ComposedScaledDotProductAttention(const Tensor& query, const Tensor& key,
+                                         const Tensor& value, const Tensor& attn_mask = Tensor(),
+                                         double dropout_p = 0.0, bool is_causal = false,
+                                         std::optional<double> scale = std::nullopt,
+                                         Generator* gen = nullptr);
+}  // namespace internal
 
 }  // namespace tandem
 

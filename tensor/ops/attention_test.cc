@@ -1,6 +1,7 @@
 // scaled_dot_product_attention against attention computed on the host in double, with
 // causal, bool and additive masks, a custom scale, broadcast heads, float64 gradient checks
-// and the errors for bad input.
+// and the errors for bad input; the fused kernels against the composed path in every
+// floating dtype, across tile boundaries, forward and backward.
 #include "tensor/ops/attention.h"
 
 #include <gmock/gmock.h>
@@ -10,6 +11,7 @@
 #include <limits>
 #include <vector>
 
+#include "tensor/core/autograd.h"
 #include "tensor/gradcheck.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
@@ -138,6 +140,186 @@ TEST(AttentionTest, GradientsMatchFiniteDifferences) {
   EXPECT_GRADIENTS_MATCH(
       [](const Inputs& in) { return scaled_dot_product_attention(in[0], in[1], in[2], in[3]); },
       {q, k, v, bias});
+}
+
+// ---- The fused kernels against the composed path ----------------------------------------
+
+struct Case {
+  Shape q, k, v;
+  bool causal = false;
+  Shape mask = {};  // empty: no mask
+  bool bool_mask = false;
+};
+
+// A mask of `shape` whose every row keeps key 0 (so that no query attends nothing).
+Tensor MaskOf(const Shape& shape, bool as_bool, uint64_t seed) {
+  Generator gen(seed);
+  const Tensor r = rand(shape, {}, &gen);
+  const int64_t s = shape.back();
+  std::vector<float> first(static_cast<size_t>(s), 0.0f);
+  first[0] = 1.0f;
+  const Tensor key0 = from_vector(first, {s});
+  if (as_bool) return logical_or(gt(r, full({}, 0.3)), gt(key0, full({}, 0.5)));
+  return add(mul(r, 2.0), -1.0);
+}
+
+// Max |a - b| - rtol * |b| over the elements (<= atol passes).
+double Excess(const Tensor& a, const Tensor& b, double rtol) {
+  const std::vector<double> x = a.to(kFloat64).contiguous().to_vector<double>();
+  const std::vector<double> y = b.to(kFloat64).contiguous().to_vector<double>();
+  EXPECT_EQ(x.size(), y.size());
+  double worst = 0.0;
+  for (size_t i = 0; i < x.size() && i < y.size(); ++i) {
+    const double d = std::abs(x[i] - y[i]) - rtol * std::abs(y[i]);
+    if (!(d <= worst)) worst = d;  // NaN counts as a failure
+  }
+  return worst;
+}
+
+// Output and gradients of q, k, v through `attention`, for a fixed upstream gradient.
+template <typename F>
+std::vector<Tensor> Run(F attention, const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& upstream) {
+  Tensor lq = q.detach(), lk = k.detach(), lv = v.detach();
+  lq.set_requires_grad(true);
+  lk.set_requires_grad(true);
+  lv.set_requires_grad(true);
+  const Tensor y = attention(lq, lk, lv);
+  sum(mul(y, upstream.to(y.dtype()))).backward();
+  return {y.detach(), lq.grad(), lk.grad(), lv.grad()};
+}
+
+void ExpectFusedMatchesComposed(const Case& c, DType dtype, double atol, double rtol) {
+  SCOPED_TRACE("dtype " + std::string(DTypeName(dtype)) + " q " + ShapeToString(c.q) +
+               (c.causal ? " causal" : "") + (c.mask.empty() ? "" : " mask") +
+               (c.bool_mask ? " (bool)" : ""));
+  const Tensor q = Randn(c.q, 21).to(dtype), k = Randn(c.k, 22).to(dtype),
+               v = Randn(c.v, 23).to(dtype);
+  const Tensor mask = c.mask.empty() ? Tensor() : MaskOf(c.mask, c.bool_mask, 24);
+  Shape out_shape = c.q;
+  out_shape.back() = c.v.back();
+  const Tensor upstream = Randn(out_shape, 25);
+  const std::vector<Tensor> fused = Run(
+      [&](const Tensor& a, const Tensor& b, const Tensor& d) {
+        const Tensor y = scaled_dot_product_attention(a, b, d, mask, 0.0, c.causal);
+        EXPECT_EQ(y.grad_fn()->name(), "ScaledDotProductAttentionBackward");
+        return y;
+      },
+      q, k, v, upstream);
+  // The reference: the composed path in float64 on the same (rounded) inputs.
+  const std::vector<Tensor> reference = Run(
+      [&](const Tensor& a, const Tensor& b, const Tensor& d) {
+        return internal::ComposedScaledDotProductAttention(
+            a.to(kFloat64), b.to(kFloat64), d.to(kFloat64),
+            mask.defined() && mask.dtype() != kBool ? mask.to(dtype).to(kFloat64) : mask, 0.0,
+            c.causal);
+      },
+      q, k, v, upstream);
+  const char* names[] = {"output", "dq", "dk", "dv"};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(fused[i].dtype(), dtype) << names[i];
+    EXPECT_EQ(fused[i].shape(), reference[i].shape()) << names[i];
+    EXPECT_LE(Excess(fused[i], reference[i], rtol), atol) << names[i];
+  }
+}
+
+TEST(FusedAttentionTest, MatchesComposedPathInEveryFloatingType) {
+  const std::vector<Case> cases = {
+      {{2, 3, 5, 4}, {2, 3, 7, 4}, {2, 3, 7, 6}},
+      {{2, 3, 5, 4}, {2, 3, 7, 4}, {2, 3, 7, 6}, true},
+      {{3, 9, 4}, {3, 6, 4}, {3, 6, 5}, true},  // L > S: the last rows see every key
+      // Past one query block (64) and one key tile (128), with a ragged last tile.
+      {{2, 130, 8}, {2, 200, 8}, {2, 200, 8}},
+      {{2, 130, 8}, {2, 200, 8}, {2, 200, 8}, true},
+      {{2, 2, 70, 8}, {2, 2, 150, 8}, {2, 2, 150, 8}, false, {70, 150}, true},
+      {{2, 2, 5, 8}, {2, 2, 9, 8}, {2, 2, 9, 3}, false, {2, 1, 5, 9}, false},
+      {{2, 2, 5, 8}, {2, 2, 9, 8}, {2, 2, 9, 3}, false, {2, 1, 1, 9}, true},  // key padding
+      {{2, 3, 5, 8}, {2, 3, 9, 8}, {2, 3, 9, 3}, false, {3, 5, 9}, false},
+  };
+  for (const Case& c : cases) {
+    // PyTorch's default tolerances (torch.testing.assert_close) for float32 and float64; the
+    // 16-bit outputs are rounded once, so they are within a unit or two of their last place.
+    ExpectFusedMatchesComposed(c, kFloat64, 1e-7, 1e-7);
+    ExpectFusedMatchesComposed(c, kFloat32, 1e-5, 1.3e-6);
+    ExpectFusedMatchesComposed(c, kBFloat16, 1e-2, 1.6e-2);
+    ExpectFusedMatchesComposed(c, kFloat16, 1e-3, 1e-3);
+  }
+}
+
+TEST(FusedAttentionTest, MaskWhoseHeadsDoNotNestIsCopiedAndStillApplies) {
+  // Leading dimensions [2, 3, 2] whose first two strides do not nest (transposed): the op
+  // copies this mask rather than folding it into the kernel's strides.
+  const Tensor q = Randn({2, 3, 2, 5, 4}, 50), k = Randn({2, 3, 2, 6, 4}, 51),
+               v = Randn({2, 3, 2, 6, 3}, 52);
+  const Tensor mask = MaskOf({3, 2, 2, 5, 6}, false, 53).transpose(0, 1);
+  const Tensor y = scaled_dot_product_attention(q, k, v, mask);
+  const Tensor expected = internal::ComposedScaledDotProductAttention(
+      q.to(kFloat64), k.to(kFloat64), v.to(kFloat64), mask.to(kFloat64));
+  EXPECT_LE(Excess(y, expected, 1.3e-6), 1e-5);
+}
+
+TEST(FusedAttentionTest, GradientsMatchFiniteDifferencesWithMasks) {
+  const Tensor q = Param64(Randn({2, 2, 3, 4}, 30)), k = Param64(Randn({2, 2, 5, 4}, 31)),
+               v = Param64(Randn({2, 2, 5, 3}, 32));
+  const Tensor keep = MaskOf({2, 1, 3, 5}, true, 33);
+  const Tensor bias = MaskOf({3, 5}, false, 34).to(kFloat64);
+  for (const Tensor& mask : {keep, bias}) {
+    // The masks take the fused path (they do not require grad).
+    EXPECT_EQ(scaled_dot_product_attention(q, k, v, mask).grad_fn()->name(),
+              "ScaledDotProductAttentionBackward");
+    EXPECT_GRADIENTS_MATCH(
+        [&](const Inputs& in) { return scaled_dot_product_attention(in[0], in[1], in[2], mask); },
+        {q, k, v});
+  }
+  // Causal with more queries than keys and a custom scale.
+  const Tensor q_long = Param64(Randn({2, 7, 4}, 35));
+  const Tensor k_short = Param64(Randn({2, 4, 4}, 36)), v_short = Param64(Randn({2, 4, 2}, 37));
+  EXPECT_GRADIENTS_MATCH(
+      [](const Inputs& in) {
+        return scaled_dot_product_attention(in[0], in[1], in[2], Tensor(), 0.0, true, 0.3);
+      },
+      {q_long, k_short, v_short});
+}
+
+TEST(FusedAttentionTest, QueryThatAttendsNothingGivesNaNAsInPyTorch) {
+  const Tensor q = Randn({1, 2, 3}, 40), k = Randn({1, 4, 3}, 41), v = Randn({1, 4, 3}, 42);
+  std::vector<bool> keep(8, true);
+  for (int j = 0; j < 4; ++j) keep[4 + j] = false;  // query 1 attends nothing
+  const Tensor y = scaled_dot_product_attention(q, k, v, from_vector(keep, {2, 4}));
+  const std::vector<float> out = y.to_vector<float>();
+  for (int c = 0; c < 3; ++c) {
+    EXPECT_FALSE(std::isnan(out[c])) << c;
+    EXPECT_TRUE(std::isnan(out[3 + c])) << c;
+  }
+}
+
+TEST(FusedAttentionTest, AutocastRunsInTheLowerPrecision) {
+  const Tensor q = Randn({2, 5, 4}, 43), k = Randn({2, 6, 4}, 44), v = Randn({2, 6, 4}, 45);
+  Tensor y;
+  {
+    AutocastGuard guard(DeviceType::kCPU);
+    y = scaled_dot_product_attention(q, k, v, Tensor(), 0.0, true);
+  }
+  EXPECT_EQ(y.dtype(), kBFloat16);
+  const Tensor expected = scaled_dot_product_attention(q.to(kBFloat16), k.to(kBFloat16),
+                                                       v.to(kBFloat16), Tensor(), 0.0, true);
+  EXPECT_EQ(Excess(y, expected, 0.0), 0.0);
+}
+
+TEST(FusedAttentionTest, BroadcastHeadsAndDropoutTakeTheComposedPath) {
+  const Tensor q = Randn({2, 3, 5, 4}, 46), k = Randn({3, 7, 4}, 47), v = Randn({3, 7, 4}, 48);
+  const Tensor y = scaled_dot_product_attention(q, k, v);
+  const Tensor expected = scaled_dot_product_attention(q, k.unsqueeze(0).expand({2, 3, 7, 4}),
+                                                       v.unsqueeze(0).expand({2, 3, 7, 4}));
+  EXPECT_LE(Excess(y, expected, 1.3e-6), 1e-5);
+  Generator gen(49);
+  Tensor lq = q.detach();
+  lq.set_requires_grad(true);
+  EXPECT_NE(scaled_dot_product_attention(lq, k.expand({2, 3, 7, 4}), v.expand({2, 3, 7, 4}),
+                                         Tensor(), 0.5, false, std::nullopt, &gen)
+                .grad_fn()
+                ->name(),
+            "ScaledDotProductAttentionBackward");
 }
 
 TEST(AttentionTest, BadInputSaysWhatWasExpected) {

@@ -231,6 +231,32 @@ struct DeviceCapacity {
   int64_t cores = 0;         // threads (CPU) or multiprocessors (GPU)
 };
 
+// ---- Fused attention (scaled_dot_product_attention's kernels) ------------------------------
+// Note [Fused attention]: softmax(q k^T * scale + mask) v for `batch` independent heads,
+// computed a tile of keys at a time with an online softmax (running max and sum), so that
+// the query_len x key_len matrix never exists in memory; the backward recomputes the
+// probabilities from the saved log-sum-exp (FlashAttention-2). Operands are contiguous:
+// q [batch, query_len, head_dim], k [batch, key_len, head_dim], v [batch, key_len, value_dim],
+// out [batch, query_len, value_dim], all of one floating dtype; logsumexp [batch, query_len]
+// is float64 for float64 operands and float32 otherwise (the kernels' accumulation type:
+// 16-bit operands load as float, accumulate in float and round once when stored).
+struct AttentionGeometry {
+  int64_t batch = 0, query_len = 0, key_len = 0, head_dim = 0, value_dim = 0;
+  double scale = 1.0;
+  // Query i attends keys 0..i only (top-left aligned, as PyTorch's is_causal).
+  bool causal = false;
+  // An optional additive mask of the operands' dtype (-inf excludes a key): element (b, i, j)
+  // at mask[(b / mask_heads) * mask_batch_stride + (b % mask_heads) * mask_head_stride +
+  // i * mask_row_stride + j]; a stride of 0 broadcasts. Two strides for the heads, so that a
+  // [batch, heads] mask (a key-padding mask broadcast over the heads) needs no copy.
+  int64_t mask_heads = 1;
+  int64_t mask_batch_stride = 0, mask_head_stride = 0, mask_row_stride = 0;
+  constexpr int64_t mask_offset(int64_t b, int64_t i) const {
+    return (b / mask_heads) * mask_batch_stride + (b % mask_heads) * mask_head_stride +
+           i * mask_row_stride;
+  }
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -435,6 +461,18 @@ class Backend {
   // (upper), and is zero elsewhere. dst may be src (in place).
   virtual void Triangle(int index, DType dtype, bool lower, int64_t diagonal, int64_t batch,
                         int64_t rows, int64_t cols, const void* src, void* dst) = 0;
+
+  // ---- Fused attention (Note [Fused attention]) ------------------------------------------
+  // out and logsumexp from q, k, v and the optional `mask` (nullptr for none). A query that
+  // may attend no key gets NaN outputs (as PyTorch) and a logsumexp of -inf.
+  virtual void AttentionForward(int index, DType dtype, const AttentionGeometry& g, const void* q,
+                                const void* k, const void* v, const void* mask, void* out,
+                                void* logsumexp) = 0;
+  // dq, dk, dv (overwritten) from dout and the forward's out and logsumexp.
+  virtual void AttentionBackward(int index, DType dtype, const AttentionGeometry& g, const void* q,
+                                 const void* k, const void* v, const void* mask, const void* out,
+                                 const void* dout, const void* logsumexp, void* dq, void* dk,
+                                 void* dv) = 0;
 
  protected:
   // Throws tandem::Error unless `index` is one of this backend's devices.

@@ -1,0 +1,336 @@
+// Fused attention on CUDA (Note [Fused attention], tensor/runtime/backend.h): LaunchAttention*
+// of kernels.h. The CPU backend's tile loops are the oracle (cuda_backend_test.cc).
+//
+// Each thread owns one row: a query row in the forward and in the dq pass of the backward, a
+// key row in the dk/dv pass. A block's rows keep their own operand and accumulators in shared
+// memory, laid out [feature][row] so that the threads of a warp touch consecutive banks, and
+// the block walks the other side's rows a tile at a time through shared memory (loaded once,
+// read by every thread: a broadcast). Everything is computed in OpMath<T> (float for the
+// 16-bit types, double for float64) and rounded once on store. The backward is
+// FlashAttention-2's: probabilities recomputed from the saved log-sum-exp, D = rowsum(dout *
+// out); dq and dk/dv are two passes so that no output is accumulated by two blocks.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+
+#include "tensor/base/error.h"
+#include "tensor/base/half.h"
+#include "tensor/cuda/cuda_check.h"
+#include "tensor/cuda/kernels.h"
+#include "tensor/kernels/internal/elementwise_math.h"
+
+namespace tandem {
+namespace cuda {
+namespace {
+
+// Rows of the other side per shared-memory tile; a thread's scores of one tile live in
+// registers.
+constexpr int kTile = 16;
+constexpr int kMaxRowsPerBlock = 64;
+constexpr size_t kSharedBytes = 48 * 1024;  // available without opting in
+
+// Rows per block such that the block's rows and one tile fit in kSharedBytes.
+int RowsPerBlock(int64_t row_floats, int64_t tile_floats, size_t element) {
+  int rows = kMaxRowsPerBlock;
+  while (rows > 1 &&
+         static_cast<size_t>(rows * row_floats + kTile * tile_floats) * element > kSharedBytes) {
+    rows /= 2;
+  }
+  return rows;
+}
+
+template <typename M>
+__device__ __forceinline__ M Larger(M a, M b) {
+  return a > b ? a : b;
+}
+__device__ __forceinline__ int64_t Smaller(int64_t a, int64_t b) { return a < b ? a : b; }
+
+// The score of query i and key j before the softmax, or -inf where the key is excluded.
+template <typename T, typename M>
+__device__ __forceinline__ M MaskedScore(const AttentionGeometry& g, const T* mask, int64_t b,
+                                         int64_t i, int64_t j, M dot) {
+  if (g.causal && j > i) return -INFINITY;
+  M s = dot * static_cast<M>(g.scale);
+  if (mask != nullptr) s += static_cast<M>(mask[g.mask_offset(b, i) + j]);
+  return s;
+}
+
+// Copies `rows` rows of `width` elements starting at `src` into shared [row][width] as M,
+// zero past `valid` rows; every thread of the block takes part.
+template <typename T, typename M>
+__device__ void LoadTile(M* dst, const T* src, int rows, int valid, int64_t width) {
+  for (int64_t x = threadIdx.x; x < rows * width; x += blockDim.x) {
+    dst[x] = x / width < valid ? static_cast<M>(src[x]) : M(0);
+  }
+}
+
+// Forward: grid (query blocks, batch), one thread per query row.
+template <typename T>
+__global__ void AttentionForwardKernel(AttentionGeometry g, const T* q, const T* k, const T* v,
+                                       const T* mask, T* out, OpMath<T>* lse) {
+  using M = OpMath<T>;
+  extern __shared__ unsigned char shared_raw[];
+  M* shared = reinterpret_cast<M*>(shared_raw);
+  const int rows = blockDim.x, r = threadIdx.x;
+  const int64_t e = g.head_dim, ev = g.value_dim, l = g.query_len, s = g.key_len;
+  M* q_rows = shared;              // [e][rows]
+  M* acc = q_rows + e * rows;      // [ev][rows]
+  M* k_tile = acc + ev * rows;     // [kTile][e]
+  M* v_tile = k_tile + kTile * e;  // [kTile][ev]
+  const int64_t b = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * rows, i = i0 + r;
+  const bool active = i < l;
+  for (int64_t c = 0; c < e; ++c)
+    q_rows[c * rows + r] = active ? static_cast<M>(q[(b * l + i) * e + c]) : M(0);
+  for (int64_t c = 0; c < ev; ++c) acc[c * rows + r] = M(0);
+  M row_max = -INFINITY, row_sum = 0;
+  const int64_t key_end = g.causal ? Smaller(s, i0 + rows) : s;
+  for (int64_t j0 = 0; j0 < key_end; j0 += kTile) {
+    const int valid = static_cast<int>(Smaller(kTile, key_end - j0));
+    __syncthreads();  // the previous tile is no longer read
+    LoadTile(k_tile, k + (b * s + j0) * e, kTile, valid, e);
+    LoadTile(v_tile, v + (b * s + j0) * ev, kTile, valid, ev);
+    __syncthreads();
+    if (!active) continue;
+    M score[kTile];
+    M tile_max = -INFINITY;
+#pragma unroll
+    for (int t = 0; t < kTile; ++t) {
+      score[t] = -INFINITY;
+      if (t < valid) {
+        M dot = 0;
+        for (int64_t c = 0; c < e; ++c) dot += q_rows[c * rows + r] * k_tile[t * e + c];
+        score[t] = MaskedScore(g, mask, b, i, j0 + t, dot);
+        tile_max = Larger(tile_max, score[t]);
+      }
+    }
+    const M new_max = Larger(row_max, tile_max);
+    if (new_max == -INFINITY) continue;  // nothing attended yet
+    const M correction = math::Exp(row_max - new_max);
+    M sum = 0;
+#pragma unroll
+    for (int t = 0; t < kTile; ++t) {
+      score[t] = math::Exp(score[t] - new_max);
+      sum += score[t];
+    }
+    row_sum = row_sum * correction + sum;
+    row_max = new_max;
+    for (int64_t c = 0; c < ev; ++c) {
+      M a = acc[c * rows + r] * correction;
+#pragma unroll
+      for (int t = 0; t < kTile; ++t) a += score[t] * v_tile[t * ev + c];
+      acc[c * rows + r] = a;
+    }
+  }
+  if (!active) return;
+  // A row that attended nothing has sum 0: 0 * inf gives NaN outputs, as PyTorch's.
+  const M inv = M(1) / row_sum;
+  for (int64_t c = 0; c < ev; ++c)
+    out[(b * l + i) * ev + c] = static_cast<T>(acc[c * rows + r] * inv);
+  lse[b * l + i] = row_max + math::Log(row_sum);
+}
+
+// Backward pass 1: grid (query blocks, batch), one thread per query row: D_i = dout_i . out_i
+// (written to `delta` for pass 2) and dq_i = scale * sum_j p_ij (dout_i . v_j - D_i) k_j.
+template <typename T>
+__global__ void AttentionBackwardQueryKernel(AttentionGeometry g, const T* q, const T* k,
+                                             const T* v, const T* mask, const T* out, const T* dout,
+                                             const OpMath<T>* lse, OpMath<T>* delta, T* dq) {
+  using M = OpMath<T>;
+  extern __shared__ unsigned char shared_raw[];
+  M* shared = reinterpret_cast<M*>(shared_raw);
+  const int rows = blockDim.x, r = threadIdx.x;
+  const int64_t e = g.head_dim, ev = g.value_dim, l = g.query_len, s = g.key_len;
+  M* q_rows = shared;               // [e][rows]
+  M* do_rows = q_rows + e * rows;   // [ev][rows]
+  M* dq_acc = do_rows + ev * rows;  // [e][rows]
+  M* k_tile = dq_acc + e * rows;    // [kTile][e]
+  M* v_tile = k_tile + kTile * e;   // [kTile][ev]
+  const int64_t b = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * rows, i = i0 + r;
+  const bool active = i < l;
+  M d = 0;
+  for (int64_t c = 0; c < e; ++c) {
+    q_rows[c * rows + r] = active ? static_cast<M>(q[(b * l + i) * e + c]) : M(0);
+    dq_acc[c * rows + r] = M(0);
+  }
+  for (int64_t c = 0; c < ev; ++c) {
+    const M x = active ? static_cast<M>(dout[(b * l + i) * ev + c]) : M(0);
+    do_rows[c * rows + r] = x;
+    if (active) d += x * static_cast<M>(out[(b * l + i) * ev + c]);
+  }
+  const M row_lse = active ? lse[b * l + i] : M(0);
+  if (active) delta[b * l + i] = d;
+  const int64_t key_end = g.causal ? Smaller(s, i0 + rows) : s;
+  for (int64_t j0 = 0; j0 < key_end; j0 += kTile) {
+    const int valid = static_cast<int>(Smaller(kTile, key_end - j0));
+    __syncthreads();
+    LoadTile(k_tile, k + (b * s + j0) * e, kTile, valid, e);
+    LoadTile(v_tile, v + (b * s + j0) * ev, kTile, valid, ev);
+    __syncthreads();
+    if (!active) continue;
+    for (int t = 0; t < valid; ++t) {
+      M dot = 0, dp = 0;
+      for (int64_t c = 0; c < e; ++c) dot += q_rows[c * rows + r] * k_tile[t * e + c];
+      const M p = math::Exp(MaskedScore(g, mask, b, i, j0 + t, dot) - row_lse);
+      for (int64_t c = 0; c < ev; ++c) dp += do_rows[c * rows + r] * v_tile[t * ev + c];
+      const M ds = p * (dp - d) * static_cast<M>(g.scale);
+      for (int64_t c = 0; c < e; ++c) dq_acc[c * rows + r] += ds * k_tile[t * e + c];
+    }
+  }
+  if (!active) return;
+  for (int64_t c = 0; c < e; ++c) dq[(b * l + i) * e + c] = static_cast<T>(dq_acc[c * rows + r]);
+}
+
+// Backward pass 2: grid (key blocks, batch), one thread per key row: dv_j = sum_i p_ij dout_i,
+// dk_j = scale * sum_i p_ij (dout_i . v_j - D_i) q_i.
+template <typename T>
+__global__ void AttentionBackwardKeyKernel(AttentionGeometry g, const T* q, const T* k, const T* v,
+                                           const T* mask, const T* dout, const OpMath<T>* lse,
+                                           const OpMath<T>* delta, T* dk, T* dv) {
+  using M = OpMath<T>;
+  extern __shared__ unsigned char shared_raw[];
+  M* shared = reinterpret_cast<M*>(shared_raw);
+  const int rows = blockDim.x, r = threadIdx.x;
+  const int64_t e = g.head_dim, ev = g.value_dim, l = g.query_len, s = g.key_len;
+  M* k_rows = shared;                  // [e][rows]
+  M* v_rows = k_rows + e * rows;       // [ev][rows]
+  M* dk_acc = v_rows + ev * rows;      // [e][rows]
+  M* dv_acc = dk_acc + e * rows;       // [ev][rows]
+  M* q_tile = dv_acc + ev * rows;      // [kTile][e]
+  M* do_tile = q_tile + kTile * e;     // [kTile][ev]
+  M* lse_tile = do_tile + kTile * ev;  // [kTile]
+  M* delta_tile = lse_tile + kTile;    // [kTile]
+  const int64_t b = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * rows, j = j0 + r;
+  const bool active = j < s;
+  for (int64_t c = 0; c < e; ++c) {
+    k_rows[c * rows + r] = active ? static_cast<M>(k[(b * s + j) * e + c]) : M(0);
+    dk_acc[c * rows + r] = M(0);
+  }
+  for (int64_t c = 0; c < ev; ++c) {
+    v_rows[c * rows + r] = active ? static_cast<M>(v[(b * s + j) * ev + c]) : M(0);
+    dv_acc[c * rows + r] = M(0);
+  }
+  // Causal: queries before the block's first key attend none of its keys.
+  const int64_t query_begin = g.causal ? Smaller(j0, l) : 0;
+  for (int64_t t0 = query_begin; t0 < l; t0 += kTile) {
+    const int valid = static_cast<int>(Smaller(kTile, l - t0));
+    __syncthreads();
+    LoadTile(q_tile, q + (b * l + t0) * e, kTile, valid, e);
+    LoadTile(do_tile, dout + (b * l + t0) * ev, kTile, valid, ev);
+    if (threadIdx.x < kTile) {
+      lse_tile[threadIdx.x] = threadIdx.x < valid ? lse[b * l + t0 + threadIdx.x] : M(0);
+      delta_tile[threadIdx.x] = threadIdx.x < valid ? delta[b * l + t0 + threadIdx.x] : M(0);
+    }
+    __syncthreads();
+    if (!active) continue;
+    for (int t = 0; t < valid; ++t) {
+      const int64_t i = t0 + t;
+      if (g.causal && j > i) continue;
+      M dot = 0, dp = 0;
+      for (int64_t c = 0; c < e; ++c) dot += k_rows[c * rows + r] * q_tile[t * e + c];
+      const M p = math::Exp(MaskedScore(g, mask, b, i, j, dot) - lse_tile[t]);
+      for (int64_t c = 0; c < ev; ++c) {
+        const M o = do_tile[t * ev + c];
+        dp += o * v_rows[c * rows + r];
+        dv_acc[c * rows + r] += p * o;
+      }
+      const M ds = p * (dp - delta_tile[t]) * static_cast<M>(g.scale);
+      for (int64_t c = 0; c < e; ++c) dk_acc[c * rows + r] += ds * q_tile[t * e + c];
+    }
+  }
+  if (!active) return;
+  for (int64_t c = 0; c < e; ++c) dk[(b * s + j) * e + c] = static_cast<T>(dk_acc[c * rows + r]);
+  for (int64_t c = 0; c < ev; ++c) dv[(b * s + j) * ev + c] = static_cast<T>(dv_acc[c * rows + r]);
+}
+
+dim3 Grid(int64_t rows, int per_block, int64_t batch, int device) {
+  const int64_t blocks = (rows + per_block - 1) / per_block;
+  TANDEM_CHECK(batch <= 65535, "CUDA attention on logical device ", device, ": ", batch,
+               " heads exceed the grid's 65535; split the batch");
+  return dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(batch));
+}
+
+}  // namespace
+
+void LaunchAttentionForward(const LaunchContext& context, DType dtype, const AttentionGeometry& g,
+                            const void* q, const void* k, const void* v, const void* mask,
+                            void* out, void* logsumexp) {
+  DispatchAllFloatingTypes(dtype, "CUDA AttentionForward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using M = OpMath<T>;
+    if (g.batch == 0 || g.query_len == 0) return;
+    const int64_t width = g.head_dim + g.value_dim;
+    const int rows = RowsPerBlock(width, width, sizeof(M));
+    const size_t shared = static_cast<size_t>(rows * width + kTile * width) * sizeof(M);
+    TANDEM_CHECK(shared <= kSharedBytes, "CUDA AttentionForward: head sizes ", g.head_dim, " + ",
+                 g.value_dim, " need more shared memory than a block has; use smaller heads");
+    AttentionForwardKernel<T>
+        <<<Grid(g.query_len, rows, g.batch, context.device), rows, shared, context.stream>>>(
+            g, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+            static_cast<const T*>(mask), static_cast<T*>(out), static_cast<M*>(logsumexp));
+    TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  });
+}
+
+void LaunchAttentionBackward(const LaunchContext& context, DType dtype, const AttentionGeometry& g,
+                             const void* q, const void* k, const void* v, const void* mask,
+                             const void* out, const void* dout, const void* logsumexp, void* dq,
+                             void* dk, void* dv) {
+  DispatchAllFloatingTypes(dtype, "CUDA AttentionBackward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using M = OpMath<T>;
+    if (g.batch == 0) return;
+    const int64_t e = g.head_dim, ev = g.value_dim;
+    if (g.query_len == 0) {
+      // No query attends anything: dk and dv are zero (dq is empty).
+      TANDEM_CUDA_CHECK(cudaMemsetAsync(dk, 0, g.batch * g.key_len * e * sizeof(T), context.stream),
+                        context.device);
+      TANDEM_CUDA_CHECK(
+          cudaMemsetAsync(dv, 0, g.batch * g.key_len * ev * sizeof(T), context.stream),
+          context.device);
+      return;
+    }
+    // Pass 2 reads the D of every query; the workspace goes back to the allocator when this
+    // function returns, but only work queued later on this stream can reuse it.
+    std::shared_ptr<void> delta_memory =
+        context.workspace->Allocate(static_cast<size_t>(g.batch * g.query_len) * sizeof(M));
+    M* delta = static_cast<M*>(delta_memory.get());
+    const T* typed_q = static_cast<const T*>(q);
+    const T* typed_k = static_cast<const T*>(k);
+    const T* typed_v = static_cast<const T*>(v);
+    const T* typed_mask = static_cast<const T*>(mask);
+    const T* typed_dout = static_cast<const T*>(dout);
+    const M* lse = static_cast<const M*>(logsumexp);
+    {
+      const int rows = RowsPerBlock(2 * e + ev, e + ev, sizeof(M));
+      const size_t shared = static_cast<size_t>(rows * (2 * e + ev) + kTile * (e + ev)) * sizeof(M);
+      TANDEM_CHECK(shared <= kSharedBytes, "CUDA AttentionBackward: head sizes ", e, " + ", ev,
+                   " need more shared memory than a block has; use smaller heads");
+      AttentionBackwardQueryKernel<T>
+          <<<Grid(g.query_len, rows, g.batch, context.device), rows, shared, context.stream>>>(
+              g, typed_q, typed_k, typed_v, typed_mask, static_cast<const T*>(out), typed_dout, lse,
+              delta, static_cast<T*>(dq));
+      TANDEM_CUDA_CHECK_LAUNCH(context.device);
+    }
+    if (g.key_len == 0) return;
+    {
+      const int64_t tile = e + ev + 2;
+      int rows = RowsPerBlock(2 * (e + ev), tile, sizeof(M));
+      // Pass 2 loads lse and D with the first kTile threads.
+      rows = std::max(rows, kTile);
+      const size_t shared = static_cast<size_t>(rows * 2 * (e + ev) + kTile * tile) * sizeof(M);
+      TANDEM_CHECK(shared <= kSharedBytes, "CUDA AttentionBackward: head sizes ", e, " + ", ev,
+                   " need more shared memory than a block has; use smaller heads");
+      AttentionBackwardKeyKernel<T>
+          <<<Grid(g.key_len, rows, g.batch, context.device), rows, shared, context.stream>>>(
+              g, typed_q, typed_k, typed_v, typed_mask, typed_dout, lse, delta, static_cast<T*>(dk),
+              static_cast<T*>(dv));
+      TANDEM_CUDA_CHECK_LAUNCH(context.device);
+    }
+  });
+}
+
+}  // namespace cuda
+}  // namespace tandem
