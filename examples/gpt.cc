@@ -1,0 +1,299 @@
+#include "examples/gpt.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <utility>
+
+namespace tandem::examples {
+namespace {
+
+constexpr double kInitStd = 0.02;
+
+// Overwrites `weight` with normal(0, std) draws on its device (GPT-2's initialisation).
+void FillNormal(const Tensor& weight, double std) {
+  NoGradGuard no_grad;
+  Tensor target = weight;
+  target.copy_(randn(weight.shape(), TensorOptions().device(weight.device())) * std);
+}
+
+void CheckConfig(const GptConfig& c) {
+  TANDEM_CHECK(c.vocab_size() > 0 && c.block_size() > 0 && c.n_layer() > 0 && c.n_head() > 0 &&
+                   c.n_embd() > 0,
+               "GptConfig: vocab_size, block_size, n_layer, n_head and n_embd must be positive "
+               "but are ",
+               c.vocab_size(), ", ", c.block_size(), ", ", c.n_layer(), ", ", c.n_head(), ", ",
+               c.n_embd());
+  TANDEM_CHECK(c.n_embd() % c.n_head() == 0, "GptConfig: n_embd (", c.n_embd(),
+               ") must be divisible by n_head (", c.n_head(),
+               "); e.g. n_embd=", c.n_head() * std::max<int64_t>(1, c.n_embd() / c.n_head()));
+  TANDEM_CHECK(c.dropout() >= 0.0 && c.dropout() < 1.0, "GptConfig: dropout must be in [0, 1) ",
+               "but is ", c.dropout());
+}
+
+nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) { return nn::Linear(in, out, bias); }
+
+std::shared_ptr<nn::LayerNorm> MakeLayerNorm(const GptConfig& c) {
+  return std::make_shared<nn::LayerNorm>(std::vector<int64_t>{c.n_embd()}, 1e-5,
+                                         /*elementwise_affine=*/true);
+}
+
+}  // namespace
+
+GptConfig GptConfig::Gpt2() {
+  return GptConfig()
+      .vocab_size(50257)
+      .block_size(1024)
+      .n_layer(12)
+      .n_head(12)
+      .n_embd(768)
+      .dropout(0.0)
+      .bias(true);
+}
+
+GptConfig GptConfig::Small() {
+  return GptConfig().vocab_size(256).block_size(128).n_layer(4).n_head(4).n_embd(128).dropout(0.1);
+}
+
+// ---- CausalSelfAttention ---------------------------------------------------------------
+
+CausalSelfAttention::CausalSelfAttention(const GptConfig& config) : config_(config) {
+  CheckConfig(config_);
+  reset();
+}
+
+void CausalSelfAttention::reset() {
+  const int64_t c = config_.n_embd();
+  c_attn_ = register_module("c_attn", MakeLinear(c, 3 * c, config_.bias()));
+  c_proj_ = register_module("c_proj", MakeLinear(c, c, config_.bias()));
+  resid_dropout_ = register_module("resid_dropout", nn::Dropout(config_.dropout()));
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) {
+  TANDEM_CHECK(x.defined() && x.dim() == 3 && x.size(2) == config_.n_embd(), ToString(),
+               ": expected an input [B, T, ", config_.n_embd(), "] but got ",
+               x.defined() ? ShapeToString(x.shape()) : std::string("an undefined tensor"));
+  const int64_t b = x.size(0), t = x.size(1), c = config_.n_embd(), h = config_.n_head();
+  const Tensor qkv = c_attn_->forward(x);  // [B, T, 3C]
+  // [B, T, C] -> [B, H, T, C / H]: each head a strided view, no copy.
+  const auto heads = [&](int64_t index) {
+    return qkv.narrow(2, index * c, c).reshape({b, t, h, c / h}).transpose(1, 2);
+  };
+  const double p = is_training() ? config_.dropout() : 0.0;
+  const Tensor y = scaled_dot_product_attention(heads(0), heads(1), heads(2), Tensor(), p,
+                                                /*is_causal=*/true);
+  return resid_dropout_->forward(c_proj_->forward(y.transpose(1, 2).reshape({b, t, c})));
+}
+
+void CausalSelfAttention::pretty_print(std::ostream& out) const {
+  out << "n_head=" << config_.n_head() << ", n_embd=" << config_.n_embd()
+      << ", dropout=" << config_.dropout() << ", is_causal=True";
+}
+
+// ---- GptMlp ------------------------------------------------------------------------------
+
+GptMlp::GptMlp(const GptConfig& config) : config_(config) {
+  CheckConfig(config_);
+  reset();
+}
+
+void GptMlp::reset() {
+  const int64_t c = config_.n_embd();
+  c_fc_ = register_module("c_fc", MakeLinear(c, 4 * c, config_.bias()));
+  c_proj_ = register_module("c_proj", MakeLinear(4 * c, c, config_.bias()));
+  dropout_ = register_module("dropout", nn::Dropout(config_.dropout()));
+}
+
+Tensor GptMlp::forward(const Tensor& x) {
+  return dropout_->forward(c_proj_->forward(gelu(c_fc_->forward(x), "tanh")));
+}
+
+// ---- GptBlock ----------------------------------------------------------------------------
+
+GptBlock::GptBlock(const GptConfig& config) : config_(config) {
+  CheckConfig(config_);
+  reset();
+}
+
+void GptBlock::reset() {
+  ln_1_ = register_module("ln_1", MakeLayerNorm(config_));
+  attn_ = register_module("attn", CausalSelfAttention(config_));
+  ln_2_ = register_module("ln_2", MakeLayerNorm(config_));
+  mlp_ = register_module("mlp", GptMlp(config_));
+}
+
+Tensor GptBlock::forward(const Tensor& x) {
+  const Tensor y = x + attn_->forward(ln_1_->forward(x));
+  return y + mlp_->forward(ln_2_->forward(y));
+}
+
+// ---- Gpt ---------------------------------------------------------------------------------
+
+Gpt::Gpt(const GptConfig& config) : config_(config) {
+  CheckConfig(config_);
+  reset();
+}
+
+void Gpt::reset() {
+  const bool fresh = !cloning();
+  {
+    // The submodules skip their own (PyTorch-default) random draws, as in a clone:
+    // reset_parameters() below overwrites every weight with GPT-2's initialisation.
+    CloningScope skip_default_init;
+    const int64_t c = config_.n_embd();
+    wte_ = register_module("wte", nn::Embedding(config_.vocab_size(), c));
+    wpe_ = register_module("wpe", nn::Embedding(config_.block_size(), c));
+    drop_ = register_module("drop", nn::Dropout(config_.dropout()));
+    h_ = register_module("h", nn::ModuleList());
+    blocks_.clear();
+    for (int64_t i = 0; i < config_.n_layer(); ++i) {
+      blocks_.push_back(std::make_shared<GptBlock>(config_));
+      h_->push_back(blocks_.back());
+    }
+    ln_f_ = register_module("ln_f", MakeLayerNorm(config_));
+  }
+  if (fresh) reset_parameters();
+}
+
+void Gpt::reset_parameters() {
+  // Everything a Linear or Embedding holds: normal(0, 0.02) and zero biases; the projections
+  // that add into the residual stream (attn.c_proj, mlp.c_proj) get a std shrunk by
+  // sqrt(2 n_layer), since 2 n_layer of them add up along the stream.
+  const double residual_std = kInitStd / std::sqrt(2.0 * static_cast<double>(config_.n_layer()));
+  for (const auto& [name, param] : named_parameters()) {
+    const bool is_bias = name.size() >= 5 && name.compare(name.size() - 5, 5, ".bias") == 0;
+    const bool in_norm = name.find("ln_") != std::string::npos;
+    if (is_bias) {
+      NoGradGuard no_grad;
+      Tensor(param).zero_();
+    } else if (in_norm) {
+      NoGradGuard no_grad;
+      Tensor(param).fill_(1.0);
+    } else if (name.find("c_proj.weight") != std::string::npos) {
+      FillNormal(param, residual_std);
+    } else {
+      FillNormal(param, kInitStd);
+    }
+  }
+}
+
+Tensor Gpt::forward(const Tensor& tokens) {
+  TANDEM_CHECK(tokens.defined(), "Gpt: the tokens tensor is undefined");
+  TANDEM_CHECK(tokens.dim() == 2 && tokens.dtype() == kInt64,
+               "Gpt: expected int64 tokens [B, T] but got ", ShapeToString(tokens.shape()), " ",
+               tokens.dtype(),
+               "; add a batch dimension with unsqueeze(0) or convert with "
+               ".to(kInt64)");
+  const int64_t t = tokens.size(1);
+  TANDEM_CHECK(t >= 1 && t <= config_.block_size(), "Gpt: a sequence of ", t,
+               " tokens does not fit the context of ", config_.block_size(),
+               " (block_size); pass at most block_size tokens (crop the oldest) or build the "
+               "model with a larger block_size");
+  const Tensor positions = arange(t, TensorOptions(kInt64).device(tokens.device()));
+  Tensor x = drop_->forward(wte_->forward(tokens) + wpe_->forward(positions));
+  for (const auto& block : blocks_) x = block->forward(x);
+  // The tied head: logits = x wte^T, one product into [B * T, V] whose weight gradient
+  // adds into wte's.
+  return linear(ln_f_->forward(x), wte_->weight(), Tensor());
+}
+
+Tensor Gpt::loss(const Tensor& logits, const Tensor& targets) const {
+  TANDEM_CHECK(logits.defined() && targets.defined() && logits.dim() == 3 && targets.dim() == 2 &&
+                   logits.size(0) == targets.size(0) && logits.size(1) == targets.size(1),
+               "Gpt::loss: expected logits [B, T, V] and targets [B, T] but got ",
+               logits.defined() ? ShapeToString(logits.shape()) : std::string("undefined"), " and ",
+               targets.defined() ? ShapeToString(targets.shape()) : std::string("undefined"));
+  return cross_entropy(logits.reshape({-1, logits.size(2)}), targets.reshape({-1}));
+}
+
+Tensor Gpt::Generate(const Tensor& prompt, int64_t max_new_tokens, double temperature,
+                     std::optional<int64_t> top_k, Generator* gen) {
+  TANDEM_CHECK(prompt.defined() && (prompt.dim() == 1 || prompt.dim() == 2) &&
+                   prompt.dtype() == kInt64 && prompt.size(-1) >= 1,
+               "Gpt::Generate: expected a non-empty int64 prompt [T] or [B, T] but got ",
+               prompt.defined() ? ShapeToString(prompt.shape()) : std::string("undefined"));
+  TANDEM_CHECK(max_new_tokens >= 0, "Gpt::Generate: max_new_tokens must be >= 0 but is ",
+               max_new_tokens);
+  TANDEM_CHECK(temperature > 0.0 && std::isfinite(temperature),
+               "Gpt::Generate: temperature must be a finite number > 0 but is ", temperature,
+               "; use a small value such as 1e-3 for nearly greedy sampling");
+  const int64_t vocab = config_.vocab_size();
+  if (top_k) {
+    TANDEM_CHECK(*top_k >= 1, "Gpt::Generate: top_k must be >= 1 but is ", *top_k,
+                 "; omit it to sample from the whole vocabulary");
+  }
+  const int64_t k = top_k ? std::min(*top_k, vocab) : vocab;
+  // Evaluation mode (no dropout) while sampling; the caller's mode comes back on any exit.
+  struct ModeRestorer {
+    Gpt* model;
+    bool training;
+    ~ModeRestorer() { model->train(training); }
+  } restore{this, is_training()};
+  eval();
+  NoGradGuard no_grad;
+  const Device device = wte_->weight().device();
+  const Tensor prompt2 = prompt.dim() == 1 ? prompt.unsqueeze(0) : prompt;
+  const int64_t batch = prompt2.size(0);
+  std::vector<std::vector<int64_t>> sequences(batch);
+  {
+    const std::vector<int64_t> values = prompt2.contiguous().to_vector<int64_t>();
+    const int64_t t0 = prompt2.size(1);
+    for (int64_t i = 0; i < batch; ++i) {
+      sequences[i].assign(values.begin() + i * t0, values.begin() + (i + 1) * t0);
+    }
+  }
+  Generator& source = gen != nullptr ? *gen : default_generator();
+  for (int64_t step = 0; step < max_new_tokens; ++step) {
+    const int64_t length = static_cast<int64_t>(sequences[0].size());
+    const int64_t window = std::min(length, config_.block_size());
+    std::vector<int64_t> context;
+    context.reserve(batch * window);
+    for (const auto& sequence : sequences) {
+      context.insert(context.end(), sequence.end() - window, sequence.end());
+    }
+    const Tensor logits = forward(from_vector(context, {batch, window}).to(device));
+    Tensor last = logits.select(1, window - 1).to(kFloat32) / temperature;  // [B, V]
+    if (k < vocab) {
+      // Everything below the k-th largest logit is excluded (ties with it stay).
+      const Tensor kth = topk(last, k, -1).first.narrow(1, k - 1, 1);
+      last = masked_fill(last, lt(last, kth), -std::numeric_limits<double>::infinity());
+    }
+    const std::vector<float> probs = softmax(last, -1).to(Device::Cpu(0)).to_vector<float>();
+    const std::vector<float> draws = rand({batch}, TensorOptions(), &source).to_vector<float>();
+    for (int64_t i = 0; i < batch; ++i) {
+      // Inverse CDF; the last token with non-zero probability absorbs rounding.
+      const float* p = probs.data() + i * vocab;
+      double cumulative = 0.0;
+      int64_t chosen = -1;
+      for (int64_t v = 0; v < vocab; ++v) {
+        if (p[v] <= 0.0f) continue;
+        chosen = v;
+        cumulative += p[v];
+        if (draws[i] < cumulative) break;
+      }
+      TANDEM_CHECK(chosen >= 0, "Gpt::Generate: the next-token distribution is empty (NaN ",
+                   "logits?); check the model's weights");
+      sequences[i].push_back(chosen);
+    }
+  }
+  std::vector<int64_t> flat;
+  for (const auto& sequence : sequences) flat.insert(flat.end(), sequence.begin(), sequence.end());
+  const int64_t total = static_cast<int64_t>(sequences[0].size());
+  Tensor out = from_vector(flat, {batch, total}).to(device);
+  return prompt.dim() == 1 ? out.reshape({total}) : out;
+}
+
+int64_t Gpt::num_parameters() const {
+  int64_t total = 0;
+  for (const Tensor& p : parameters()) total += p.numel();
+  return total;
+}
+
+int64_t GptSavedActivations(const GptConfig& config, int64_t batch, int64_t tokens) {
+  const int64_t n = batch * tokens, c = config.n_embd();
+  const int64_t per_block = n * (16 * c + 4 + config.n_head());
+  return config.n_layer() * per_block + n * (2 * c + config.vocab_size());
+}
+
+}  // namespace tandem::examples
