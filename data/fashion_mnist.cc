@@ -31,6 +31,13 @@ std::string FindFile(const std::string& root, const std::string& name) {
               ".gz as the root");
 }
 
+// What byte `value` becomes in a float dataset: one definition for the dataset's table and for
+// PixelsToFloat, so that uint8 images converted later are the float images bit for bit.
+float PixelValue(int value, const FashionMnistOptions& options) {
+  const float scaled = static_cast<float>(value) / 255.0f;
+  return options.normalize_ ? (scaled - options.mean_) / options.std_ : scaled;
+}
+
 }  // namespace
 
 const char* FashionMnist::ClassName(int64_t label) {
@@ -88,10 +95,7 @@ FashionMnist::FashionMnist(const std::string& root, Split split, Options options
   pixels_ = std::move(images.bytes);
   labels_ = std::move(labels.bytes);
 
-  for (int value = 0; value < 256; ++value) {
-    const float scaled = static_cast<float>(value) / 255.0f;
-    pixel_to_float_[value] = options.normalize_ ? (scaled - options.mean_) / options.std_ : scaled;
-  }
+  for (int value = 0; value < 256; ++value) pixel_to_float_[value] = PixelValue(value, options);
 }
 
 int64_t FashionMnist::label(int64_t index) const {
@@ -166,12 +170,14 @@ Tensor PixelsToFloat(const Tensor& pixels, const FashionMnistOptions& options, D
                "; float images are already converted");
   TANDEM_CHECK(IsFloatingPoint(dtype), "PixelsToFloat: dtype must be floating-point (float32, ",
                "float64, bfloat16 or float16) but is ", dtype);
-  // In float32 (exact for bytes), one multiply-add, then rounded once to dtype.
-  const double scale = options.normalize_ ? 1.0 / (255.0 * options.std_) : 1.0 / 255.0;
-  const double shift = options.normalize_ ? -options.mean_ / options.std_ : 0.0;
-  Tensor x = mul(pixels.to(kFloat32), scale);
-  if (shift != 0.0) x = add(x, shift);
-  return x.to(dtype);
+  // A lookup in the float dataset's 256 values, on the pixels' device: the same float32 bits
+  // as the float dataset (a multiply-add in float32 differs from them by an ulp at times, and
+  // a trainer must train alike on either), then rounded once to dtype.
+  std::vector<float> table(256);
+  for (int value = 0; value < 256; ++value) table[value] = PixelValue(value, options);
+  const Tensor values = from_vector(table, {256}).to(pixels.device());
+  const Tensor x = index_select(values, 0, pixels.reshape({pixels.numel()}).to(kInt64));
+  return x.reshape(pixels.shape()).to(dtype);
 }
 
 }  // namespace data

@@ -121,8 +121,7 @@ class FashionMnist : public Dataset {
 
 // uint8 pixels (any shape, on any device) as the floats a float dataset gives: pixel / 255,
 // then (x - mean) / std when options.normalize_ is set; computed on the pixels' device and
-// returned in `dtype` (any floating dtype). Matches the float32 dataset's images to within
-// an ulp of float32 (the scale and shift are folded into one multiply-add).
+// returned in `dtype` (any floating dtype). In float32, exactly the float32 dataset's images.
 //   Tensor x = PixelsToFloat(batch.fields[0].to(Device::Cuda(0)), train.options());
 Tensor PixelsToFloat(const Tensor& pixels, const FashionMnistOptions& options = {},
                      DType dtype = kFloat32);

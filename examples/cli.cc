@@ -17,6 +17,21 @@
 
 namespace tandem::examples {
 
+DType ParseAutocast(const std::string& text) {
+  if (text.empty()) return kFloat32;
+  if (text == "bf16" || text == "bfloat16") return kBFloat16;
+  if (text == "fp16" || text == "float16") return kFloat16;
+  throw UsageError("--autocast must be bf16 or fp16 (or empty for float32) but is '" + text + "'");
+}
+
+std::optional<DType> ParseDdpCompression(const std::string& text) {
+  if (text == "none") return std::nullopt;
+  if (text == "bf16" || text == "bfloat16") return kBFloat16;
+  if (text == "fp16" || text == "float16") return kFloat16;
+  throw UsageError("--ddp_compression must be none, bf16 or fp16 but is '" + text +
+                   "'; bf16 all-reduces DDP's gradients in bfloat16 (half the bytes of float32)");
+}
+
 std::string OneLine(std::string message) {
   const size_t where = message.rfind(" [");
   if (where != std::string::npos && !message.empty() && message.back() == ']' &&

@@ -12,12 +12,14 @@
 #define TANDEM_EXAMPLES_CLI_H_
 
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "tensor/base/device.h"
+#include "tensor/base/dtype.h"
 
 namespace tandem::examples {
 
@@ -53,6 +55,14 @@ int ConfigureCpuDevices(const std::vector<Device>& devices, int threads);
 // folder. Checks by creating and removing a temporary file there, so call it before the
 // work whose result goes to `path`.
 void RequireWritableFile(const std::string& flag, const std::string& path);
+
+// The dtype of an --autocast value: "bf16" (or "bfloat16"), "fp16" (or "float16"), or
+// kFloat32 for "" (no autocast). Throws UsageError for anything else.
+DType ParseAutocast(const std::string& text);
+
+// The DDP gradient compression of a --ddp_compression value: "bf16"/"fp16" (as --autocast
+// spells them), or nullopt for "none" (float32 all-reduces). Throws UsageError otherwise.
+std::optional<DType> ParseDdpCompression(const std::string& text);
 
 // "cpu:0, cpu:1" (with `separator` between the names).
 std::string DeviceNames(const std::vector<Device>& devices, const std::string& separator);

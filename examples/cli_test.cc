@@ -47,5 +47,18 @@ TEST(CliTest, HugeThreadCountsAreRefusedWithoutOverflow) {
   EXPECT_EQ(CpuDeviceCount(), 2);
 }
 
+TEST(CliTest, AutocastAndDdpCompressionFlagsParseToDTypes) {
+  EXPECT_EQ(ParseAutocast(""), kFloat32);
+  EXPECT_EQ(ParseAutocast("bf16"), kBFloat16);
+  EXPECT_EQ(ParseAutocast("float16"), kFloat16);
+  EXPECT_THAT(UsageErrorOf([] { ParseAutocast("fp32"); }),
+              HasSubstr("--autocast must be bf16 or fp16 (or empty for float32) but is 'fp32'"));
+  EXPECT_EQ(ParseDdpCompression("none"), std::nullopt);
+  EXPECT_EQ(ParseDdpCompression("bf16"), kBFloat16);
+  EXPECT_EQ(ParseDdpCompression("fp16"), kFloat16);
+  EXPECT_THAT(UsageErrorOf([] { ParseDdpCompression(""); }),
+              HasSubstr("--ddp_compression must be none, bf16 or fp16 but is ''"));
+}
+
 }  // namespace
 }  // namespace tandem::examples

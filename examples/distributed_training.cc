@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -57,6 +58,8 @@ ABSL_DECLARE_FLAG(int, train_limit);
 ABSL_DECLARE_FLAG(int, test_limit);
 ABSL_DECLARE_FLAG(double, collective_timeout);
 ABSL_DECLARE_FLAG(int, kill_in_epoch);
+ABSL_DECLARE_FLAG(std::string, autocast);
+ABSL_DECLARE_FLAG(std::string, ddp_compression);
 
 namespace tandem::examples {
 namespace distributed = parallel::distributed;
@@ -128,14 +131,18 @@ struct EvalResult {
   double loss = 0, accuracy = 0;
 };
 
-// Loss and accuracy of `model` on the test set (rank 0 alone; no collective).
-EvalResult Evaluate(nn::Module& model, data::DataLoader& test_loader) {
+// Loss and accuracy of `model` on the test set (rank 0 alone; no collective), under the
+// training's autocast, its uint8 images made floats as `pixels` says.
+EvalResult Evaluate(nn::Module& model, data::DataLoader& test_loader, Device device, DType autocast,
+                    const data::FashionMnistOptions& pixels) {
   NoGradGuard no_grad;
+  AutocastGuard guard(device.type(), autocast == kFloat32 ? kBFloat16 : autocast,
+                      /*enabled=*/autocast != kFloat32);
   model.eval();
   double loss_sum = 0;
   int64_t correct = 0, total = 0;
   for (data::Batch& batch : test_loader) {
-    Tensor logits = model.forward_tensors({batch.data()})[0];
+    Tensor logits = model.forward_tensors({data::PixelsToFloat(batch.data(), pixels)})[0];
     const Tensor target = batch.target().to(logits.device());
     const int64_t n = target.size(0);
     loss_sum += cross_entropy(logits, target).item() * n;
@@ -221,6 +228,9 @@ int Train() {
   const std::string lr_decay = absl::GetFlag(FLAGS_lr_decay);
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint);
+  const DType autocast = ParseAutocast(absl::GetFlag(FLAGS_autocast));
+  const std::optional<DType> compression =
+      ParseDdpCompression(absl::GetFlag(FLAGS_ddp_compression));
   Require(epochs >= 1, "--epochs must be at least 1 but is ", epochs);
   Require(batch_size >= 1, "--batch_size must be at least 1 but is ", batch_size);
   Require(std::isfinite(lr) && lr > 0, "--lr must be a positive finite number but is ", lr);
@@ -262,16 +272,20 @@ int Train() {
       MakeOptimizer(optimizer_kind, *model, lr, absl::GetFlag(FLAGS_weight_decay));
   std::unique_ptr<nn::Optimizer> optimizer = std::move(trainer_optimizer.optimizer);
   const std::function<void(double)> set_lr = std::move(trainer_optimizer.set_lr);
+  // Loss scaling for float16. Every rank holds the same averaged gradients after backward, so
+  // every rank finds the same inf/NaN, skips the same steps and keeps the same scale.
+  nn::GradScaler scaler(nn::GradScalerOptions().enabled(autocast == kFloat16));
 
   // Every rank resumes from the checkpoint (a path all ranks can read): rank 0's model
   // reaches the others through DDP's broadcast; each rank needs the optimizer state.
   TrainerState state;
-  state.config = "model=" + model_kind + " optimizer=" + optimizer_kind;
+  state.config = TrainerConfig(model_kind, optimizer_kind, autocast);
   state.settings = absl::StrFormat(
       "distributed ranks=%d device=%s threads=%d batch_size=%d "
-      "seed=%d lr=%g lr_decay=%s epochs=%d train_limit=%d",
+      "seed=%d lr=%g lr_decay=%s epochs=%d train_limit=%d autocast=%s ddp_compression=%s",
       world, device.ToString(), threads, batch_size, seed, lr, lr_decay, epochs,
-      absl::GetFlag(FLAGS_train_limit));
+      absl::GetFlag(FLAGS_train_limit), autocast == kFloat32 ? "none" : DTypeName(autocast),
+      compression ? DTypeName(*compression) : "none");
   // The flags first: a rank given another --model or --optimizer would otherwise fail alone,
   // inside the checkpoint's load, instead of every rank naming the flag.
   const std::string advice =
@@ -281,11 +295,13 @@ int Train() {
   flags.push_back({"--checkpoint", checkpoint.empty() ? "not given" : "given"});
   distributed::RequireSameConfiguration(*group, flags, advice);
   const bool resumed =
-      !checkpoint.empty() && LoadTrainerCheckpoint(checkpoint, *model, *optimizer, &state);
+      !checkpoint.empty() && LoadTrainerCheckpoint(checkpoint, *model, *optimizer, &state, &scaler);
   const std::string generator_note = resumed ? RestoreRankGenerator(state, device, seed) : "";
 
   const std::string root = absl::GetFlag(FLAGS_data_dir);
-  const auto options = data::FashionMnistOptions().normalize();
+  // uint8 images onto the device (a quarter of float32's bytes), made the float dataset's
+  // values there (data::PixelsToFloat: the same bits).
+  const auto options = data::FashionMnistOptions().normalize().dtype(kUInt8);
   std::shared_ptr<const data::Dataset> train_set = data::FirstExamples(
       std::make_shared<data::FashionMnist>(root, data::FashionMnist::Split::kTrain, options),
       absl::GetFlag(FLAGS_train_limit));
@@ -322,7 +338,9 @@ int Train() {
        {"epochs done (from --checkpoint)", std::to_string(state.epochs_done), true},
        {"data order (from --checkpoint)", std::to_string(state.sampler_epoch), true}},
       advice);
-  auto ddp = std::make_shared<distributed::DistributedDataParallel>(model, group);
+  auto ddp = std::make_shared<distributed::DistributedDataParallel>(
+      model, group,
+      distributed::DistributedDataParallelOptions().gradient_compression(compression));
 
   // Every rank's device, for the report.
   Tensor mine = from_vector(std::vector<int64_t>{device.is_cuda() ? 1 : 0, device.index()}, {2});
@@ -347,6 +365,13 @@ int Train() {
                 batch_size * world, static_cast<long long>(shares->size()));
     std::printf("%s lr %g (%s decay), seed %llu\n", optimizer_kind.c_str(), lr, lr_decay.c_str(),
                 static_cast<unsigned long long>(seed));
+    if (autocast != kFloat32) {
+      std::printf("Autocast to %s (--autocast)%s\n", DTypeName(autocast),
+                  autocast == kFloat16 ? " with a GradScaler" : "");
+    }
+    if (compression) {
+      std::printf("Gradients all-reduced in %s (--ddp_compression)\n", DTypeName(*compression));
+    }
     std::cout << *ddp << "\n";
     if (resumed) {
       std::printf("Resuming from %s: %lld of %d epochs done\n", checkpoint.c_str(),
@@ -378,10 +403,17 @@ int Train() {
     int64_t seen = 0, step = 0;
     for (data::Batch& batch : train_loader) {
       TANDEM_PROFILE_SCOPE("step", absl::StrFormat("epoch %d step %d", epoch, step + 1));
-      Tensor loss = criterion.forward(ddp->forward(batch.data()), batch.target());
+      Tensor loss;
+      {
+        AutocastGuard guard(device.type(), autocast == kFloat32 ? kBFloat16 : autocast,
+                            /*enabled=*/autocast != kFloat32);
+        loss = criterion.forward(ddp->forward(data::PixelsToFloat(batch.data(), options)),
+                                 batch.target());
+      }
       optimizer->zero_grad();
-      loss.backward();
-      optimizer->step();
+      scaler.scale(loss).backward();
+      scaler.step(*optimizer);  // skipped on an inf/NaN gradient (float16), on every rank alike
+      scaler.update();
       const double loss_value = loss.item();
       ++step;
       if (!std::isfinite(loss_value)) {
@@ -428,7 +460,7 @@ int Train() {
           "resume will not repeat this run exactly\n",
           epoch, generators[0].seed, generators[0].offset, absl::StrJoin(differing, "; "));
     }
-    const EvalResult test = Evaluate(*model, *test_loader);
+    const EvalResult test = Evaluate(*model, *test_loader, device, autocast, options);
     state.history.push_back(
         {epoch, totals[0] / totals[1], test.loss, test.accuracy, seconds, totals[1] / seconds});
     std::printf(
@@ -437,7 +469,7 @@ int Train() {
         test.loss, 100.0 * test.accuracy, totals[1] / seconds, seconds);
     std::printf("%s", trace.TakeMessage().c_str());
     std::fflush(stdout);
-    if (!checkpoint.empty()) SaveTrainerCheckpoint(checkpoint, *model, *optimizer, state);
+    if (!checkpoint.empty()) SaveTrainerCheckpoint(checkpoint, *model, *optimizer, state, &scaler);
     WriteEpochLogs(state.history, absl::GetFlag(FLAGS_log_csv), absl::GetFlag(FLAGS_plot),
                    absl::StrFormat("Fashion-MNIST: %s, %d ranks on %s, batch %d per rank",
                                    model_kind, world, device.ToString(), batch_size));

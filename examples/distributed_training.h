@@ -26,6 +26,12 @@
 // own device's state; a rank whose device has none says that its generator starts afresh from
 // --seed. The summary warns when the final accuracy is at chance level, as the single-process
 // trainer does, and the JSON line has "at_chance_level".
+//
+// --autocast=bf16|fp16 runs each rank's forward (and rank 0's evaluation) under autocast, fp16
+// with a GradScaler whose state the checkpoint keeps; --ddp_compression=bf16|fp16 all-reduces
+// the gradient buckets in that dtype (DistributedDataParallelOptions::gradient_compression).
+//
+//   mpirun -np 2 bazel-bin/examples/train --distributed --autocast=bf16 --ddp_compression=bf16
 #ifndef TANDEM_EXAMPLES_DISTRIBUTED_TRAINING_H_
 #define TANDEM_EXAMPLES_DISTRIBUTED_TRAINING_H_
 

@@ -77,6 +77,9 @@ ABSL_FLAG(bool, forward_loss, true,
 ABSL_FLAG(std::string, autocast, "",
           "bf16 or fp16: run the forward under autocast (matmul, linear and convolution in that "
           "precision, losses and norms in float32; fp16 with a GradScaler); empty: float32");
+ABSL_FLAG(std::string, ddp_compression, "none",
+          "With --distributed: all-reduce the gradient buckets in bf16 or fp16 instead of float32 "
+          "(half the bytes; PyTorch's bf16_compress_hook), or none");
 ABSL_FLAG(bool, detect_anomaly, false,
           "Stop at the first NaN or inf in an op's output or a gradient, naming the op and "
           "the pass (forward or backward); slow, for finding where a NaN loss comes from "
@@ -109,6 +112,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using examples::EpochStats;
+using examples::ParseAutocast;
 using examples::Require;
 using examples::UsageError;
 
@@ -134,16 +138,10 @@ struct EvalResult {
   double loss = 0, accuracy = 0;
 };
 
-// --autocast: kFloat32 when empty.
-DType ParseAutocast(const std::string& text) {
-  if (text.empty()) return kFloat32;
-  if (text == "bf16" || text == "bfloat16") return kBFloat16;
-  if (text == "fp16" || text == "float16") return kFloat16;
-  throw UsageError("--autocast must be bf16 or fp16 (or empty for float32) but is '" + text + "'");
-}
-
-// Loss and accuracy on the test set, data-parallel, in evaluation mode without a graph.
-EvalResult Evaluate(parallel::DataParallel& dp, data::DataLoader& test_loader, DType autocast) {
+// Loss and accuracy on the test set (uint8 images, made floats as `pixels` says on the first
+// device), data-parallel, in evaluation mode without a graph.
+EvalResult Evaluate(parallel::DataParallel& dp, data::DataLoader& test_loader, DType autocast,
+                    const data::FashionMnistOptions& pixels) {
   NoGradGuard no_grad;
   AutocastGuard guard(dp.device_ids()[0].type(), autocast == kFloat32 ? kBFloat16 : autocast,
                       /*enabled=*/autocast != kFloat32);
@@ -151,7 +149,7 @@ EvalResult Evaluate(parallel::DataParallel& dp, data::DataLoader& test_loader, D
   double loss_sum = 0;
   int64_t correct = 0, total = 0;
   for (data::Batch& batch : test_loader) {
-    Tensor logits = dp.forward(batch.data());
+    Tensor logits = dp.forward(data::PixelsToFloat(batch.data(), pixels));
     const Tensor target = batch.target().to(logits.device());
     const int64_t n = target.size(0);
     loss_sum += cross_entropy(logits, target).item() * n;
@@ -178,6 +176,10 @@ int Run() {
   const bool use_forward_loss = absl::GetFlag(FLAGS_forward_loss);
   const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint);
   const DType autocast = ParseAutocast(absl::GetFlag(FLAGS_autocast));
+  Require(!examples::ParseDdpCompression(absl::GetFlag(FLAGS_ddp_compression)),
+          "--ddp_compression=", absl::GetFlag(FLAGS_ddp_compression),
+          " compresses DistributedDataParallel's all-reduce and needs --distributed; DataParallel "
+          "reduces its gradients without it: drop the flag or add --distributed");
   Require(epochs >= 1, "--epochs must be at least 1 but is ", epochs);
   Require(batch_size >= 1, "--batch_size must be at least 1 but is ", batch_size);
   Require(std::isfinite(lr) && lr > 0, "--lr must be a positive finite number but is ", lr,
@@ -215,7 +217,7 @@ int Run() {
   nn::GradScaler scaler(nn::GradScalerOptions().enabled(autocast == kFloat16));
 
   examples::TrainerState state;
-  state.config = "model=" + model_kind + " optimizer=" + optimizer_kind;
+  state.config = examples::TrainerConfig(model_kind, optimizer_kind, autocast);
   state.settings = absl::StrFormat(
       "devices=%s threads=%d batch_size=%d seed=%d lr=%g lr_decay=%s "
       "weight_decay=%g epochs=%d train_limit=%d autocast=%s",
@@ -226,12 +228,15 @@ int Run() {
   bool resumed = false;
   std::string generator_note;
   if (!checkpoint.empty()) {
-    resumed = examples::LoadTrainerCheckpoint(checkpoint, *model, *optimizer.optimizer, &state);
+    resumed =
+        examples::LoadTrainerCheckpoint(checkpoint, *model, *optimizer.optimizer, &state, &scaler);
     if (resumed) generator_note = examples::RestoreGenerators(state, devices, seed);
   }
 
   const std::string root = absl::GetFlag(FLAGS_data_dir);
-  const auto options = data::FashionMnistOptions().normalize();
+  // uint8 images through the loader and onto the first device (a quarter of float32's bytes),
+  // made the float dataset's values there (data::PixelsToFloat: the same bits).
+  const auto options = data::FashionMnistOptions().normalize().dtype(kUInt8);
   std::shared_ptr<const data::Dataset> train_set = data::FirstExamples(
       std::make_shared<data::FashionMnist>(root, data::FashionMnist::Split::kTrain, options),
       absl::GetFlag(FLAGS_train_limit));
@@ -316,8 +321,9 @@ int Run() {
         {
           AutocastGuard guard(devices[0].type(), autocast == kFloat32 ? kBFloat16 : autocast,
                               /*enabled=*/autocast != kFloat32);
-          loss = use_forward_loss ? dp->forward_loss(criterion, batch.data(), batch.target())
-                                  : criterion.forward(dp->forward(batch.data()), batch.target());
+          const Tensor images = data::PixelsToFloat(batch.data(), options);
+          loss = use_forward_loss ? dp->forward_loss(criterion, images, batch.target())
+                                  : criterion.forward(dp->forward(images), batch.target());
         }
         optimizer.optimizer->zero_grad();
         scaler.scale(loss).backward();
@@ -354,7 +360,7 @@ int Run() {
     trace.EpochDone();
     const double seconds = SecondsSince(epoch_start);
     bar.Finish();
-    const EvalResult test = Evaluate(*dp, test_loader, autocast);
+    const EvalResult test = Evaluate(*dp, test_loader, autocast, options);
     state.history.push_back(
         {epoch, loss_sum / seen, test.loss, test.accuracy, seconds, seen / seconds});
     std::vector<std::string> split_text;
@@ -377,7 +383,7 @@ int Run() {
     state.generators.clear();
     for (Device d : devices) state.generators.push_back({d, default_generator(d).state()});
     if (!checkpoint.empty()) {
-      examples::SaveTrainerCheckpoint(checkpoint, *model, *optimizer.optimizer, state);
+      examples::SaveTrainerCheckpoint(checkpoint, *model, *optimizer.optimizer, state, &scaler);
     }
     examples::WriteEpochLogs(state.history, absl::GetFlag(FLAGS_log_csv), absl::GetFlag(FLAGS_plot),
                              absl::StrFormat("Fashion-MNIST: %s on %s, batch %d", model_kind,

@@ -120,6 +120,36 @@ if grep -q '^\[1,1\]<stdout>:.*chance level' <<<"$chance"; then
   echo "FAIL: rank 1 warned too"; exit 1
 fi
 
+# --autocast: bf16 forwards with bf16 all-reduces (--ddp_compression) learn as float32 does;
+# fp16 (a GradScaler on every rank, fp16 all-reduces) killed in epoch 2 and resumed from its
+# checkpoint, which keeps the scale, ends with the uninterrupted job's model bit for bit; the
+# checkpoint is refused by a job without --autocast=fp16, naming the precision.
+amp="$(ranks2 "${base[@]}" --autocast=bf16 --ddp_compression=bf16 2>&1)" ||
+  { echo "$amp"; echo "FAIL: the --autocast=bf16 --ddp_compression=bf16 job failed"; exit 1; }
+grep -qx '\[1,0\]<stdout>:Autocast to bfloat16 (--autocast)' <<<"$amp" &&
+  grep -qx '\[1,0\]<stdout>:Gradients all-reduced in bfloat16 (--ddp_compression)' <<<"$amp" ||
+  { echo "$amp"; echo "FAIL: the bf16 job did not say it autocasts and compresses"; exit 1; }
+amp_accuracy="$(grep '^\[1,0\]<stdout>:{"model"' <<<"$amp" | sed 's/.*"test_accuracy":\([0-9.]*\).*/\1/')"
+awk -v a="$amp_accuracy" 'BEGIN { exit !(a > 0.4) }' ||
+  { echo "$amp"; echo "FAIL: bf16 test accuracy $amp_accuracy, expected above 0.4"; exit 1; }
+fp16=("${base[@]}" --autocast=fp16 --ddp_compression=fp16)
+ranks2 "${fp16[@]}" --checkpoint="$logs/fp16_straight.ckpt" --save="$logs/fp16_straight.model" \
+  >/dev/null 2>&1 || { echo "FAIL: the fp16 job failed"; exit 1; }
+rc=0
+ranks2 "${fp16[@]}" --checkpoint="$logs/fp16.ckpt" --kill_in_epoch=2 >/dev/null 2>&1 || rc=$?
+[[ $rc != 0 ]] || { echo "FAIL: the fp16 job killed in epoch 2 exited 0"; exit 1; }
+fp16_resumed="$(ranks2 "${fp16[@]}" --checkpoint="$logs/fp16.ckpt" \
+  --save="$logs/fp16_resumed.model" 2>&1)" ||
+  { echo "$fp16_resumed"; echo "FAIL: the resumed fp16 job failed"; exit 1; }
+grep -q 'Resuming from .*fp16.ckpt: 1 of 2 epochs done' <<<"$fp16_resumed" ||
+  { echo "$fp16_resumed"; echo "FAIL: the fp16 job did not resume after epoch 1"; exit 1; }
+cmp "$logs/fp16_straight.model" "$logs/fp16_resumed.model" ||
+  { echo "FAIL: the resumed fp16 job's model differs from the uninterrupted job's"; exit 1; }
+rc=0
+refused="$(ranks2 "${base[@]}" --checkpoint="$logs/fp16.ckpt" 2>&1)" || rc=$?
+[[ $rc == 1 ]] && grep -qF 'was saved by a run with model=mlp optimizer=sgd autocast=float16 but this run has model=mlp optimizer=sgd;' <<<"$refused" ||
+  { echo "$refused"; echo "FAIL: a float32 job resumed the fp16 checkpoint (exit $rc)"; exit 1; }
+
 # Ranks that disagree: started as MPMD (one mpirun, two command lines), every rank refuses at
 # start with the same one-line error naming what differs and each rank's value, exit status
 # 1, no hang (before: --epochs 3 against 2 waited forever, --batch_size failed with

@@ -22,6 +22,7 @@ namespace {
 
 constexpr char kModel[] = "model.";
 constexpr char kOptimizer[] = "optimizer.";
+constexpr char kScaler[] = "scaler.";
 constexpr char kConfig[] = "trainer.config";
 constexpr char kSettings[] = "trainer.settings";
 constexpr char kProgress[] = "trainer.progress";  // [epochs_done, sampler_epoch]
@@ -129,13 +130,19 @@ std::vector<Device> SettingsDevices(const std::string& settings, const std::stri
 }  // namespace
 
 void SaveTrainerCheckpoint(const std::string& path, const nn::Module& model,
-                           const nn::Optimizer& optimizer, const TrainerState& state) {
+                           const nn::Optimizer& optimizer, const TrainerState& state,
+                           const nn::GradScaler* scaler) {
   std::vector<nn::CheckpointEntry> entries;
   for (nn::CheckpointEntry& e : nn::ModuleCheckpointEntries(model)) {
     entries.push_back({kModel + e.name, e.is_buffer, std::move(e.value)});
   }
   for (auto& [name, value] : optimizer.state_dict()) {
     entries.push_back({kOptimizer + name, true, value});
+  }
+  if (scaler != nullptr && scaler->is_enabled()) {
+    for (auto& [name, value] : scaler->state_dict()) {
+      entries.push_back({kScaler + name, true, value});
+    }
   }
   entries.push_back({kConfig, true, TextTensor(state.config)});
   entries.push_back({kSettings, true, TextTensor(state.settings)});
@@ -162,17 +169,20 @@ void SaveTrainerCheckpoint(const std::string& path, const nn::Module& model,
 }
 
 bool LoadTrainerCheckpoint(const std::string& path, nn::Module& model, nn::Optimizer& optimizer,
-                           TrainerState* state) {
+                           TrainerState* state, nn::GradScaler* scaler) {
   struct stat info;
   if (stat(path.c_str(), &info) != 0) return false;
   std::vector<nn::CheckpointEntry> model_entries;
   nn::OptimizerState optimizer_state;
+  nn::GradScalerState scaler_state;
   std::map<std::string, Tensor> trainer;
   for (nn::CheckpointEntry& e : nn::ReadCheckpoint(path)) {
     if (StartsWith(e.name, kModel)) {
       model_entries.push_back({e.name.substr(sizeof kModel - 1), e.is_buffer, e.value});
     } else if (StartsWith(e.name, kOptimizer)) {
       optimizer_state[e.name.substr(sizeof kOptimizer - 1)] = e.value;
+    } else if (StartsWith(e.name, kScaler)) {
+      scaler_state[e.name.substr(sizeof kScaler - 1)] = e.value;
     } else {
       trainer[e.name] = e.value;
     }
@@ -187,9 +197,9 @@ bool LoadTrainerCheckpoint(const std::string& path, nn::Module& model, nn::Optim
     TANDEM_CHECK(name == kConfig || name == kSettings || name == kProgress || name == kHistory ||
                      StartsWith(name, kGenerator),
                  "checkpoint '", path, "' holds an entry '", name,
-                 "' that this trainer does not write; expected model.*, optimizer.*, ", kConfig,
-                 ", ", kSettings, ", ", kProgress, ", ", kHistory, " and ", kGenerator, "<device>",
-                 kFix);
+                 "' that this trainer does not write; expected model.*, optimizer.*, scaler.*, ",
+                 kConfig, ", ", kSettings, ", ", kProgress, ", ", kHistory, " and ", kGenerator,
+                 "<device>", kFix);
   }
   const TrainerEntries entries(path, std::move(trainer));
   const std::string config = entries.Text(kConfig);
@@ -269,8 +279,31 @@ bool LoadTrainerCheckpoint(const std::string& path, nn::Module& model, nn::Optim
                        ") and a resume needs its random state to repeat that run exactly");
     }
   }
-  // The optimizer and the model check their entries before changing anything; the optimizer
-  // goes first and is put back if the model refuses, so a mismatch leaves both as they were.
+  const bool has_scaler = scaler != nullptr && scaler->is_enabled();
+  if (!scaler_state.empty() && !has_scaler) {
+    const auto scale = scaler_state.find("scale");
+    TANDEM_FAIL("checkpoint '", path, "' holds a GradScaler's state (scale ",
+                scale == scaler_state.end() ? std::string("?")
+                                            : std::to_string(scale->second.to(kFloat64).item()),
+                ") of a float16 run but this run has no GradScaler; resume it with "
+                "--autocast=fp16, or pass another --checkpoint path to start afresh");
+  }
+  TANDEM_CHECK(!scaler_state.empty() || !has_scaler, "checkpoint '", path,
+               "' holds no GradScaler state (it was saved by a run without float16 autocast) "
+               "but this run has one (--autocast=fp16); resume it with that run's --autocast, or "
+               "pass another --checkpoint path to start afresh");
+  // The scaler, the optimizer and the model check their entries before changing anything; each
+  // is put back if a later one refuses, so a mismatch leaves all three as they were.
+  const nn::GradScalerState scaler_before =
+      has_scaler ? scaler->state_dict() : nn::GradScalerState();
+  if (has_scaler) {
+    try {
+      scaler->load_state_dict(scaler_state);
+    } catch (const Error& e) {
+      TANDEM_FAIL("checkpoint '", path, "': its scaler.* entries are not a GradScaler's state (",
+                  examples::OneLine(e.what()), ")", kFix);
+    }
+  }
   try {
     const nn::OptimizerState current = optimizer.state_dict();
     optimizer.load_state_dict(optimizer_state);
@@ -281,6 +314,7 @@ bool LoadTrainerCheckpoint(const std::string& path, nn::Module& model, nn::Optim
       throw;
     }
   } catch (const Error& e) {
+    if (has_scaler) scaler->load_state_dict(scaler_before);
     std::string message = e.what();
     for (char& c : message) c = c == '\n' ? ';' : c;
     TANDEM_FAIL("checkpoint '", path, "' does not fit this model and optimizer: ", message);
@@ -330,6 +364,12 @@ std::string RestoreGenerators(const TrainerState& state, const std::vector<Devic
         absl::StrJoin(unused, ", "));
   }
   return note;
+}
+
+std::string TrainerConfig(const std::string& model, const std::string& optimizer, DType autocast) {
+  std::string config = "model=" + model + " optimizer=" + optimizer;
+  if (autocast != kFloat32) config += std::string(" autocast=") + DTypeName(autocast);
+  return config;
 }
 
 double ChanceLevel(int64_t classes, double majority_share) {

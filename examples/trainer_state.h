@@ -1,14 +1,18 @@
 // The trainer's checkpoint: everything a run needs to continue exactly where it stopped —
 // the model's parameters and buffers, the optimizer's state (momentum buffers, Adam moments
 // and step counts), the epochs done, the shuffling sampler's epoch, every device's random
-// generator, and the per-epoch results so far (for the summary, the CSV and the plot).
+// generator, the per-epoch results so far (for the summary, the CSV and the plot), and for a
+// float16 run the GradScaler's scale and growth tracker (so that the resumed run skips and
+// grows exactly where the uninterrupted one would).
 //
 // One file in nn/checkpoint.h's format, written atomically (a temporary file renamed over
-// the old one), with entries named "model.<name>", "optimizer.<name>" and "trainer.<what>".
+// the old one), with entries named "model.<name>", "optimizer.<name>", "scaler.<name>" (an
+// enabled GradScaler's state_dict) and "trainer.<what>".
 //
 //   examples::TrainerState state{...};
-//   examples::SaveTrainerCheckpoint("/tmp/run.ckpt", *model, *optimizer, state);
-//   if (examples::LoadTrainerCheckpoint("/tmp/run.ckpt", *model, *optimizer, &state)) ...
+//   examples::SaveTrainerCheckpoint("/tmp/run.ckpt", *model, *optimizer, state, &scaler);
+//   if (examples::LoadTrainerCheckpoint("/tmp/run.ckpt", *model, *optimizer, &state,
+//                                       &scaler)) ...
 #ifndef TANDEM_EXAMPLES_TRAINER_STATE_H_
 #define TANDEM_EXAMPLES_TRAINER_STATE_H_
 
@@ -18,6 +22,7 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "nn/grad_scaler.h"
 #include "nn/module.h"
 #include "nn/optim.h"
 #include "tensor/tensor.h"
@@ -47,6 +52,13 @@ struct TrainerState {
   std::vector<EpochStats> history;
 };
 
+// TrainerState::config for a run of `model` with `optimizer` under `autocast` (kFloat32:
+// none): "model=mlp optimizer=sgd", plus " autocast=bfloat16" or " autocast=float16" under
+// autocast. The precision is part of what a resume must match (a float16 run's optimizer state
+// and scale belong to it); float32 runs keep the text earlier versions wrote, so their
+// checkpoints still resume.
+std::string TrainerConfig(const std::string& model, const std::string& optimizer, DType autocast);
+
 // The per-epoch results as CSV (a header, then one row per epoch), and as an SVG chart of
 // train and test loss and test accuracy per epoch under `title`.
 std::string EpochsCsv(const std::vector<EpochStats>& history);
@@ -75,9 +87,11 @@ bool AtChanceLevel(double accuracy, double chance, int64_t test_images);
 std::string ChanceLevelWarning(double accuracy, int64_t classes, double majority_share,
                                int64_t test_images, const std::string& optimizer, double lr);
 
-// Writes the checkpoint (atomically: the previous file stays whole if this fails).
+// Writes the checkpoint (atomically: the previous file stays whole if this fails), with
+// `scaler`'s state when it is given and enabled (a disabled scaler has none: nothing is written).
 void SaveTrainerCheckpoint(const std::string& path, const nn::Module& model,
-                           const nn::Optimizer& optimizer, const TrainerState& state);
+                           const nn::Optimizer& optimizer, const TrainerState& state,
+                           const nn::GradScaler* scaler = nullptr);
 
 // Returns false, changing nothing, when `path` does not exist. Otherwise loads it into
 // `model`, `optimizer` and `*state` — after checking all of it: a corrupted file, a
@@ -88,8 +102,15 @@ void SaveTrainerCheckpoint(const std::string& path, const nn::Module& model,
 // outside 0..1, an entry of the wrong dtype or shape, text that is not byte codes, an
 // unknown trainer.* entry) throws a one-line tandem::Error naming the file and the entry,
 // saying what was found and what to do; nothing is changed then.
+//
+// The GradScaler's state must be there exactly when this run has an enabled `scaler` (float16
+// autocast): a checkpoint with a scale loaded into a run without one, or one without a scale
+// into a run with one, is refused (a float16 run restarted at the initial scale would skip
+// steps the uninterrupted run took; a run that drops the scale changes precision silently).
+// The trainer also puts a non-float32 --autocast into `config`, so its own runs are refused
+// there first, naming the flag.
 bool LoadTrainerCheckpoint(const std::string& path, nn::Module& model, nn::Optimizer& optimizer,
-                           TrainerState* state);
+                           TrainerState* state, nn::GradScaler* scaler = nullptr);
 
 // After a load: sets the default generator of each of `devices` (this run's) to its saved
 // state. A resume on other devices than the saved run's is still right but not exact: the

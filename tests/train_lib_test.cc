@@ -502,6 +502,142 @@ TEST_F(TrainerStateTest, TextOutsideAsciiRoundTrips) {
 
 // A resume on other devices than the saved run's is still right but not exact: what is reset
 // is said.
+// A float16 run's GradScaler (--autocast=fp16) is saved as scaler.* entries and restored on
+// resume: the scale, the growth tracker and the options, so the resumed run skips and grows
+// the scale at the same steps as an uninterrupted one.
+TEST_F(TrainerStateTest, AFloat16RunsScaleAndGrowthTrackerRoundTrip) {
+  EXPECT_EQ(TrainerConfig("tiny", "sgd", kFloat32), "model=tiny optimizer=sgd");
+  EXPECT_EQ(TrainerConfig("tiny", "sgd", kFloat16), "model=tiny optimizer=sgd autocast=float16");
+  EXPECT_EQ(TrainerConfig("tiny", "sgd", kBFloat16), "model=tiny optimizer=sgd autocast=bfloat16");
+  manual_seed(3);
+  nn::Sequential model(nn::Linear(3, 4), nn::ReLU(), nn::Linear(4, 2));
+  nn::SGD sgd(model.parameters(), nn::SGDOptions(0.1).momentum(0.9));
+  nn::GradScaler scaler(nn::GradScalerOptions().init_scale(1024).growth_interval(7));
+  scaler.update(256.0);  // as after backoffs: not the initial scale
+  for (int step = 0; step < 3; ++step) {
+    sgd.zero_grad();
+    scaler
+        .scale(cross_entropy(model.forward(randn({4, 3})),
+                             from_vector(std::vector<int64_t>{0, 1, 1, 0}, {4})))
+        .backward();
+    ASSERT_TRUE(scaler.step(sgd));
+    scaler.update();
+  }
+  ASSERT_EQ(scaler.get_scale(), 256.0);
+  ASSERT_EQ(scaler.get_growth_tracker(), 3);
+  TrainerState state = SavedState();
+  state.config = TrainerConfig("tiny", "sgd", kFloat16);
+  const std::string path = TempPath("fp16.ckpt");
+  SaveTrainerCheckpoint(path, model, sgd, state, &scaler);
+  int scaler_entries = 0;
+  for (const nn::CheckpointEntry& e : nn::ReadCheckpoint(path)) {
+    scaler_entries += e.name.rfind("scaler.", 0) == 0;
+  }
+  EXPECT_EQ(scaler_entries, static_cast<int>(scaler.state_dict().size()));
+
+  manual_seed(4);
+  nn::Sequential other(nn::Linear(3, 4), nn::ReLU(), nn::Linear(4, 2));
+  nn::SGD other_sgd(other.parameters(), nn::SGDOptions(0.1).momentum(0.9));
+  nn::GradScaler resumed;  // the defaults: 65536, interval 2000
+  TrainerState loaded;
+  loaded.config = state.config;
+  ASSERT_TRUE(LoadTrainerCheckpoint(path, other, other_sgd, &loaded, &resumed));
+  EXPECT_EQ(resumed.get_scale(), 256.0);
+  EXPECT_EQ(resumed.get_growth_tracker(), 3);
+  EXPECT_EQ(resumed.get_growth_interval(), 7);
+  EXPECT_EQ(other.named_parameters()[0].value.to_vector<float>(),
+            model.named_parameters()[0].value.to_vector<float>());
+  // Four more clean steps reach the interval: both double at the same step.
+  for (nn::GradScaler* s : {&scaler, &resumed}) {
+    for (int step = 0; step < 4; ++step) {
+      nn::SGD& opt = s == &scaler ? sgd : other_sgd;
+      nn::Sequential& m = s == &scaler ? model : other;
+      opt.zero_grad();
+      s->scale(sum(m.forward(ones({2, 3})))).backward();
+      s->step(opt);
+      s->update();
+      EXPECT_EQ(s->get_scale(), step < 3 ? 256.0 : 512.0) << "step " << step;
+    }
+  }
+}
+
+// An f32 run writes no scaler.* entries and resumes as f32; a run that changes whether it has
+// a GradScaler (float16 or not) is refused with what to pass, and nothing is loaded.
+TEST_F(TrainerStateTest, ACheckpointResumesOnlyWithTheSameGradScalerPresence) {
+  manual_seed(3);
+  nn::Sequential model(nn::Linear(3, 4), nn::ReLU(), nn::Linear(4, 2));
+  nn::SGD sgd(model.parameters(), nn::SGDOptions(0.1).momentum(0.9));
+  Train(model, sgd);
+  nn::GradScaler disabled(nn::GradScalerOptions().enabled(false));
+  TrainerState state = SavedState();
+  const std::string f32_path = TempPath("f32.ckpt");
+  SaveTrainerCheckpoint(f32_path, model, sgd, state, &disabled);
+  for (const nn::CheckpointEntry& e : nn::ReadCheckpoint(f32_path)) {
+    EXPECT_NE(e.name.rfind("scaler.", 0), 0u) << e.name;
+  }
+  TrainerState loaded;
+  loaded.config = state.config;
+  ASSERT_TRUE(LoadTrainerCheckpoint(f32_path, model, sgd, &loaded, &disabled));
+  ASSERT_TRUE(LoadTrainerCheckpoint(f32_path, model, sgd, &loaded));  // no scaler at all
+
+  // The f32 checkpoint into a float16 run (the API without the trainer's config check).
+  manual_seed(5);
+  nn::Sequential other(nn::Linear(3, 4), nn::ReLU(), nn::Linear(4, 2));
+  nn::SGD other_sgd(other.parameters(), nn::SGDOptions(0.1).momentum(0.9));
+  const std::vector<float> before = other.named_parameters()[0].value.to_vector<float>();
+  nn::GradScaler enabled(nn::GradScalerOptions().init_scale(64));
+  TrainerState into;
+  into.config = state.config;
+  const std::string no_scale =
+      ErrorOf([&] { LoadTrainerCheckpoint(f32_path, other, other_sgd, &into, &enabled); });
+  EXPECT_THAT(no_scale, HasSubstr("holds no GradScaler state (it was saved by a run without "
+                                  "float16 autocast) but this run has one (--autocast=fp16)"));
+  EXPECT_EQ(other.named_parameters()[0].value.to_vector<float>(), before);
+  EXPECT_EQ(enabled.get_scale(), 64.0);
+  EXPECT_EQ(into.epochs_done, 0);
+
+  // A float16 checkpoint into a run without a scaler (disabled or none).
+  nn::GradScaler scaler(nn::GradScalerOptions().init_scale(128));
+  const std::string fp16_path = TempPath("fp16-refused.ckpt");
+  SaveTrainerCheckpoint(fp16_path, model, sgd, state, &scaler);
+  for (nn::GradScaler* none : {&disabled, static_cast<nn::GradScaler*>(nullptr)}) {
+    const std::string dropped =
+        ErrorOf([&] { LoadTrainerCheckpoint(fp16_path, other, other_sgd, &into, none); });
+    EXPECT_THAT(dropped, HasSubstr("holds a GradScaler's state (scale 128.000000) of a float16 "
+                                   "run but this run has no GradScaler; resume it with "
+                                   "--autocast=fp16"));
+    EXPECT_THAT(dropped, Not(HasSubstr("\n")));
+  }
+  EXPECT_EQ(other.named_parameters()[0].value.to_vector<float>(), before);
+
+  // The trainer's own runs differ in config first, naming the precision.
+  into.config = TrainerConfig("tiny", "sgd", kBFloat16);
+  state.config = TrainerConfig("tiny", "sgd", kFloat16);
+  SaveTrainerCheckpoint(fp16_path, model, sgd, state, &scaler);
+  EXPECT_THAT(ErrorOf([&] { LoadTrainerCheckpoint(fp16_path, other, other_sgd, &into, &enabled); }),
+              HasSubstr("was saved by a run with model=tiny optimizer=sgd autocast=float16 but "
+                        "this run has model=tiny optimizer=sgd autocast=bfloat16"));
+
+  // A model that does not fit: the scaler, loaded first, is put back.
+  nn::Sequential wider(nn::Linear(3, 8), nn::ReLU(), nn::Linear(8, 2));
+  nn::SGD wider_sgd(wider.parameters(), nn::SGDOptions(0.1).momentum(0.9));
+  into.config = state.config;
+  EXPECT_THAT(ErrorOf([&] { LoadTrainerCheckpoint(fp16_path, wider, wider_sgd, &into, &enabled); }),
+              HasSubstr("does not fit this model and optimizer"));
+  EXPECT_EQ(enabled.get_scale(), 64.0);
+
+  // A damaged scale is refused by name.
+  std::vector<nn::CheckpointEntry> entries = nn::ReadCheckpoint(fp16_path);
+  for (nn::CheckpointEntry& e : entries) {
+    if (e.name == "scaler.scale") e.value = full({}, -1.0, kFloat64);
+  }
+  nn::WriteCheckpoint(entries, fp16_path);
+  EXPECT_THAT(ErrorOf([&] { LoadTrainerCheckpoint(fp16_path, other, other_sgd, &into, &enabled); }),
+              HasSubstr("its scaler.* entries are not a GradScaler's state"));
+  EXPECT_EQ(enabled.get_scale(), 64.0);
+  EXPECT_EQ(other.named_parameters()[0].value.to_vector<float>(), before);
+}
+
 TEST_F(TrainerStateTest, RestoreGeneratorsSetsSavedStatesAndNamesWhatStartsAfresh) {
   TrainerState state = SavedState();
   SetCpuDeviceCount(3);
