@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -18,6 +19,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "data/dataloader.h"
@@ -138,14 +140,24 @@ const std::set<std::string>& FlagsThatMayDiffer() {
   return *flags;
 }
 
-// Every trainer flag that must agree, by name and current value ("--epochs", "10").
-std::vector<distributed::Setting> FlagsThatMustAgree() {
+// Every trainer flag that must agree, by name and current value ("--epochs", "10"); a flag
+// left to the task's default by its value (the task's --optimizer, --lr, --batch_size and limits,
+// ResolveTaskDefaults), so that ranks that differ are told the values they train with.
+std::vector<distributed::Setting> FlagsThatMustAgree(const TaskOptions& task) {
+  const std::map<std::string, std::string> resolved = {
+      {"optimizer", task.optimizer},
+      {"lr", absl::StrCat(task.lr)},
+      {"batch_size", absl::StrCat(task.batch_size)},
+      {"train_limit", absl::StrCat(task.train_limit)},
+      {"test_limit", absl::StrCat(task.test_limit)},
+  };
   std::vector<distributed::Setting> settings;
   for (const auto& [name, flag] : absl::GetAllFlags()) {
     if (!absl::EndsWith(flag->Filename(), "examples/train.cc")) continue;
     const std::string key(name);
     if (FlagsThatMayDiffer().count(key)) continue;
-    settings.push_back({"--" + key, flag->CurrentValue()});
+    const auto it = resolved.find(key);
+    settings.push_back({"--" + key, it != resolved.end() ? it->second : flag->CurrentValue()});
   }
   std::sort(settings.begin(), settings.end(),
             [](const auto& a, const auto& b) { return a.name < b.name; });
@@ -257,7 +269,7 @@ int Train(const TaskOptions& task_options) {
   const std::string advice =
       "start every rank with the same values of these flags (one mpirun command line for all "
       "of them), the same training data and the same checkpoint";
-  std::vector<distributed::Setting> flags = FlagsThatMustAgree();
+  std::vector<distributed::Setting> flags = FlagsThatMustAgree(task_options);
   flags.push_back({"--checkpoint", checkpoint.empty() ? "not given" : "given"});
   distributed::RequireSameConfiguration(*group, flags, advice);
   if (model_kind == "gpt") {

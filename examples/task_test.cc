@@ -80,12 +80,11 @@ TEST(EvaluateTest, SumsEveryBatchOfTheLoader) {
   data::DataLoader loader(
       std::make_shared<data::TensorDataset>(std::vector<Tensor>{inputs, targets}),
       data::DataLoaderOptions().batch_size(2));
+  // The text task's input is the batch's first field as it is (an image task's would be made
+  // floats as Fashion-MNIST's uint8 pixels); nothing is loaded.
   TaskOptions options;
-  ResolveTaskDefaults(&options);
-  std::unique_ptr<Task> task = MakeTask(options);
-  // An image task's input is made floats as Fashion-MNIST's uint8 pixels: use the text task's
-  // identity input instead, through a gpt task (nothing is loaded).
   options.model = "gpt";
+  ResolveTaskDefaults(&options);
   std::unique_ptr<Task> text = MakeTask(options);
   int calls = 0;
   const EvalTotals t = Evaluate(*text, loader, [&](const Tensor& x) {
