@@ -18,12 +18,13 @@ void ResolveTaskDefaults(TaskOptions* o) {
   const bool text = o->model == "gpt";
   if (o->optimizer.empty()) o->optimizer = text ? "adamw" : "sgd";
   if (o->lr == 0) o->lr = text ? 1e-3 : 0.05;
-  if (o->batch_size == 0) o->batch_size = text ? 16 : 128;
+  if (o->batch_size == 0) o->batch_size = text ? 8 : 128;
   if (o->data_dir.empty()) {
     o->data_dir = text ? data::TextCorpus::kFortunesRoot : data::FashionMnist::kDefaultRoot;
   }
-  // 1024 windows of 128 bytes a epoch: a few minutes for 5 epochs of the small GPT on 2 cores,
-  // spread over the whole text so that every epoch sees every file.
+  // Text: small batches, for many steps (a small GPT leaves the plateau of byte frequencies only
+  // after a hundred or so), and 1024 windows an epoch (128 steps) spread over the whole text,
+  // so that a few minutes' epochs each see every file.
   if (o->train_limit < 0) o->train_limit = text ? 1024 : 0;
   if (o->test_limit < 0) o->test_limit = text ? 256 : 0;
 }

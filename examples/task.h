@@ -38,7 +38,7 @@ struct TaskOptions {
   std::string model = "mlp";  // mlp, cnn, resnet (Fashion-MNIST) or gpt (fortunes)
   std::string optimizer;      // "": sgd for images, adamw for gpt
   double lr = 0;              // 0: 0.05 for images, 0.001 for gpt
-  int64_t batch_size = 0;     // 0: 128 images, 16 windows of text
+  int64_t batch_size = 0;     // 0: 128 images, 8 windows of text
   std::string data_dir;       // "": the task's corpus in its Debian package's folder
   int64_t train_limit = -1;   // -1: images all (0); gpt 1024 windows spread over the text
   int64_t test_limit = -1;    // -1: images all (0); gpt 256 windows spread over the text

@@ -112,7 +112,7 @@ TEST(TaskDefaultsTest, EachModelGetsItsOwnAndSetValuesStay) {
   ResolveTaskDefaults(&text);
   EXPECT_EQ(text.optimizer, "adamw");
   EXPECT_DOUBLE_EQ(text.lr, 1e-3);
-  EXPECT_EQ(text.batch_size, 16);
+  EXPECT_EQ(text.batch_size, 8);
   EXPECT_EQ(text.train_limit, 1024);
   EXPECT_EQ(text.test_limit, 256);
   EXPECT_EQ(text.data_dir, "/usr/share/games/fortunes");

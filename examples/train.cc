@@ -78,7 +78,7 @@ ABSL_FLAG(std::string, lr_decay, "cosine",
 ABSL_FLAG(int, epochs, 10,
           "Passes over the training set (60,000 images; for gpt --train_limit windows)");
 ABSL_FLAG(int, batch_size, 0,
-          "Images (or text windows) per step, split across the devices (0: 128 images, 16 "
+          "Images (or text windows) per step, split across the devices (0: 128 images, 8 "
           "windows)");
 ABSL_FLAG(int, workers, 1, "DataLoader threads that prefetch batches (0: load inline)");
 ABSL_FLAG(uint64_t, seed, 1, "Seed for initialisation and shuffling");
