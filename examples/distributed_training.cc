@@ -140,9 +140,10 @@ const std::set<std::string>& FlagsThatMayDiffer() {
   return *flags;
 }
 
-// Every trainer flag that must agree, by name and current value ("--epochs", "10"); a flag
-// left to the task's default by its value (the task's --optimizer, --lr, --batch_size and limits,
-// ResolveTaskDefaults), so that ranks that differ are told the values they train with.
+// Every trainer flag that must agree, by name and current value ("--epochs", "10"). Those
+// whose unset value stands for the task's default (--optimizer, --lr, --batch_size and the
+// limits: ResolveTaskDefaults) by the value the task resolved, so that ranks that differ are
+// told what each would train with, not an empty string.
 std::vector<distributed::Setting> FlagsThatMustAgree(const TaskOptions& task) {
   const std::map<std::string, std::string> resolved = {
       {"optimizer", task.optimizer},

@@ -10,13 +10,13 @@
 //   bazel run -c opt //examples:train -- --model=gpt --epochs=5 --prompt="Love is"
 //
 // While it runs: a progress bar per epoch (redrawn in place on a terminal, a few plain lines
-// in a file or pipe), then one line per epoch (losses, test accuracy, or for text validation
-// loss, perplexity and next-byte accuracy, samples/s, how the batches were split). For text,
-// after the summary: the trained model's continuation of --prompt. At the end: a summary table, the
-// peak memory of each device, and as the very last line one JSON object with the run's figures.
-// With --checkpoint the run saves everything after each epoch and resumes from the file when it
-// exists, finishing with exactly the parameters of an uninterrupted run (same seed, devices and
-// flags).
+// in a file or pipe), then one line per epoch (losses; test accuracy, or for text the
+// validation loss, perplexity and next-byte accuracy; samples/s; how the batches were split).
+// At the end: a summary table, for text the trained model's continuation of --prompt, the peak
+// memory of each device, and as the very last line one JSON object with the run's figures.
+// With --checkpoint the run saves everything after each epoch and resumes from the file when
+// it exists, finishing with exactly the parameters of an uninterrupted run (same seed, devices
+// and flags).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -113,7 +113,7 @@ ABSL_FLAG(std::string, trace, "",
 // spread evenly over the text, so that a short epoch sees every file.
 ABSL_FLAG(int, train_limit, -1,
           "Use only the first N training images (-1 or 0: all); for gpt, N windows spread over "
-          "the training text (-1: 1024; 0: every window, about 15,000 at context 128)");
+          "the training text (-1: 1024; 0: every window, about 18,000 at context 128)");
 ABSL_FLAG(int, test_limit, -1,
           "Use only the first N test images (-1 or 0: all); for gpt, N validation windows "
           "spread over the validation text (-1: 256; 0: all)");
