@@ -2,7 +2,8 @@
 // of the fortunes corpus and a tiny GPT: the validation loss falls, the run ends with a sample
 // of the prompt and the JSON line; a run killed in epoch 2 and restarted from its checkpoint
 // ends with exactly the parameters and AdamW state of a run never interrupted; the same
-// flags print the same sample; bad GPT flags are one-line errors.
+// flags print the same sample; bf16 autocast and --trace work, the loss inside the replicas
+// equals the one on the gathered logits; bad GPT flags are one-line errors.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -153,6 +154,35 @@ TEST_F(TrainGptTest, RunKilledInEpochTwoResumesToExactlyTheSameModelAndSample) {
   };
   EXPECT_EQ(strip(json_a), strip(json_b));
   EXPECT_THAT(json_a, HasSubstr("\"sample\":\"The meaning of life is"));
+}
+
+// The first epoch's training loss, from its epoch line.
+double FirstTrainLoss(const std::string& out) {
+  const std::string key = "epoch 1/1  train loss ";
+  const size_t at = out.find(key);
+  return at == std::string::npos ? -1 : std::stod(out.substr(at + key.size()));
+}
+
+TEST_F(TrainGptTest, AutocastTraceAndTheGatheredLossWork) {
+  const std::string trace = TestTempDir() + "/gpt_trace.json";
+  const ProgramResult bf16 =
+      Train("gpt_bf16", std::string(kCommon) + " --epochs=1 --autocast=bf16 --trace=" + trace);
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.out << bf16.err;
+  EXPECT_THAT(bf16.out, HasSubstr("Autocast to bfloat16 (--autocast)"));
+  EXPECT_THAT(bf16.out, HasSubstr("trace of 12 steps: " + trace));
+  EXPECT_THAT(ReadFile(trace), HasSubstr("\"name\":\"epoch 1 step 12\""));
+  EXPECT_THAT(LastLine(bf16.out), StartsWith("{\"model\":\"gpt\""));
+
+  // The loss inside the replicas (TokenCrossEntropy's means weighted by rows) and on the
+  // gathered logits are the same loss: the same run to rounding.
+  const ProgramResult inside = Train("gpt_inside", std::string(kCommon) + " --epochs=1");
+  const ProgramResult gathered =
+      Train("gpt_gathered", std::string(kCommon) + " --epochs=1 --noforward_loss");
+  ASSERT_EQ(inside.exit_code, 0) << inside.err;
+  ASSERT_EQ(gathered.exit_code, 0) << gathered.err;
+  EXPECT_THAT(gathered.out, HasSubstr("loss on the gathered output"));
+  EXPECT_GT(FirstTrainLoss(inside.out), 0);
+  EXPECT_NEAR(FirstTrainLoss(inside.out), FirstTrainLoss(gathered.out), 2e-3);
 }
 
 TEST_F(TrainGptTest, BadGptFlagsAreOneLineErrors) {
