@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -18,15 +19,15 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "data/dataloader.h"
 #include "data/distributed_sampler.h"
-#include "data/fashion_mnist.h"
-#include "data/subset.h"
 #include "examples/cli.h"
 #include "examples/models.h"
 #include "examples/progress.h"
+#include "examples/task.h"
 #include "examples/trainer_state.h"
 #include "nn/nn.h"
 #include "parallel/distributed/distributed_data_parallel.h"
@@ -40,22 +41,15 @@ ABSL_DECLARE_FLAG(std::string, devices);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(int, threads);
 ABSL_DECLARE_FLAG(std::string, trace);
-ABSL_DECLARE_FLAG(std::string, model);
-ABSL_DECLARE_FLAG(std::string, optimizer);
-ABSL_DECLARE_FLAG(double, lr);
 ABSL_DECLARE_FLAG(std::string, lr_decay);
 ABSL_DECLARE_FLAG(double, weight_decay);
 ABSL_DECLARE_FLAG(int, epochs);
-ABSL_DECLARE_FLAG(int, batch_size);
 ABSL_DECLARE_FLAG(int, workers);
 ABSL_DECLARE_FLAG(uint64_t, seed);
-ABSL_DECLARE_FLAG(std::string, data_dir);
 ABSL_DECLARE_FLAG(std::string, checkpoint);
 ABSL_DECLARE_FLAG(std::string, log_csv);
 ABSL_DECLARE_FLAG(std::string, plot);
 ABSL_DECLARE_FLAG(std::string, save);
-ABSL_DECLARE_FLAG(int, train_limit);
-ABSL_DECLARE_FLAG(int, test_limit);
 ABSL_DECLARE_FLAG(double, collective_timeout);
 ABSL_DECLARE_FLAG(int, kill_in_epoch);
 ABSL_DECLARE_FLAG(std::string, autocast);
@@ -127,33 +121,6 @@ std::string RestoreRankGenerator(const TrainerState& saved, Device device, uint6
   return RestoreGenerators(state, {device}, seed);
 }
 
-struct EvalResult {
-  double loss = 0, accuracy = 0;
-};
-
-// Loss and accuracy of `model` on the test set (rank 0 alone; no collective), under the
-// training's autocast, its uint8 images made floats as `pixels` says.
-EvalResult Evaluate(nn::Module& model, data::DataLoader& test_loader, Device device, DType autocast,
-                    const data::FashionMnistOptions& pixels) {
-  NoGradGuard no_grad;
-  AutocastGuard guard(device.type(), autocast == kFloat32 ? kBFloat16 : autocast,
-                      /*enabled=*/autocast != kFloat32);
-  model.eval();
-  double loss_sum = 0;
-  int64_t correct = 0, total = 0;
-  for (data::Batch& batch : test_loader) {
-    Tensor logits = model.forward_tensors({data::PixelsToFloat(batch.data(), pixels)})[0];
-    const Tensor target = batch.target().to(logits.device());
-    const int64_t n = target.size(0);
-    loss_sum += cross_entropy(logits, target).item() * n;
-    correct += static_cast<int64_t>(sum(eq(argmax(logits, 1), target)).item());
-    total += n;
-  }
-  model.train();
-  if (total == 0) return {};
-  return {loss_sum / total, static_cast<double>(correct) / total};
-}
-
 // The trainer's flags that may differ between ranks, and why; every other flag of the
 // trainer (examples/train.cc, a flag added there later included) must be the same on every
 // rank, since it changes the number of collectives the ranks run (--epochs, --batch_size,
@@ -173,14 +140,25 @@ const std::set<std::string>& FlagsThatMayDiffer() {
   return *flags;
 }
 
-// Every trainer flag that must agree, by name and current value ("--epochs", "10").
-std::vector<distributed::Setting> FlagsThatMustAgree() {
+// Every trainer flag that must agree, by name and current value ("--epochs", "10"). Those
+// whose unset value stands for the task's default (--optimizer, --lr, --batch_size and the
+// limits: ResolveTaskDefaults) by the value the task resolved, so that ranks that differ are
+// told what each would train with, not an empty string.
+std::vector<distributed::Setting> FlagsThatMustAgree(const TaskOptions& task) {
+  const std::map<std::string, std::string> resolved = {
+      {"optimizer", task.optimizer},
+      {"lr", absl::StrCat(task.lr)},
+      {"batch_size", absl::StrCat(task.batch_size)},
+      {"train_limit", absl::StrCat(task.train_limit)},
+      {"test_limit", absl::StrCat(task.test_limit)},
+  };
   std::vector<distributed::Setting> settings;
   for (const auto& [name, flag] : absl::GetAllFlags()) {
     if (!absl::EndsWith(flag->Filename(), "examples/train.cc")) continue;
     const std::string key(name);
     if (FlagsThatMayDiffer().count(key)) continue;
-    settings.push_back({"--" + key, flag->CurrentValue()});
+    const auto it = resolved.find(key);
+    settings.push_back({"--" + key, it != resolved.end() ? it->second : flag->CurrentValue()});
   }
   std::sort(settings.begin(), settings.end(),
             [](const auto& a, const auto& b) { return a.name < b.name; });
@@ -192,14 +170,14 @@ std::vector<distributed::Setting> FlagsThatMustAgree() {
   return settings;
 }
 
-int Train();
+int Train(const TaskOptions& task_options);
 
 }  // namespace
 
-int RunDistributedTraining() {
+int RunDistributedTraining(const TaskOptions& task_options) {
   const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
   try {
-    return Train();
+    return Train(task_options);
   } catch (const distributed::ConfigurationMismatch& e) {
     // Every rank found the same disagreement: each stops on its own, with the same message.
     std::fprintf(stderr, "train (rank %s): %s\n", rank == nullptr ? "?" : rank,
@@ -216,15 +194,15 @@ int RunDistributedTraining() {
 
 namespace {
 
-int Train() {
+int Train(const TaskOptions& task_options) {
   Require(distributed::LaunchedByMpirun(),
           "--distributed runs one process per device and needs mpirun: mpirun -np 2 ",
           "bazel-bin/examples/train --distributed");
   const int epochs = absl::GetFlag(FLAGS_epochs);
-  const int batch_size = absl::GetFlag(FLAGS_batch_size);
-  const double lr = absl::GetFlag(FLAGS_lr);
-  const std::string model_kind = absl::GetFlag(FLAGS_model);
-  const std::string optimizer_kind = absl::GetFlag(FLAGS_optimizer);
+  const int batch_size = static_cast<int>(task_options.batch_size);
+  const double lr = task_options.lr;
+  const std::string model_kind = task_options.model;
+  const std::string optimizer_kind = task_options.optimizer;
   const std::string lr_decay = absl::GetFlag(FLAGS_lr_decay);
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   const std::string checkpoint = absl::GetFlag(FLAGS_checkpoint);
@@ -236,8 +214,9 @@ int Train() {
   Require(std::isfinite(lr) && lr > 0, "--lr must be a positive finite number but is ", lr);
   Require(lr_decay == "cosine" || lr_decay == "none",
           "--lr_decay must be 'cosine' or 'none' but is '", lr_decay, "'");
-  Require(optimizer_kind == "sgd" || optimizer_kind == "adam",
-          "--optimizer must be 'sgd' or 'adam' but is '", optimizer_kind, "'");
+  Require(optimizer_kind == "sgd" || optimizer_kind == "adam" || optimizer_kind == "adamw",
+          "--optimizer must be 'sgd', 'adam' or 'adamw' but is '", optimizer_kind, "'");
+  std::unique_ptr<Task> task = MakeTask(task_options);
   const double timeout_s = absl::GetFlag(FLAGS_collective_timeout);
   Require(std::isfinite(timeout_s) && timeout_s >= 0.001 && timeout_s <= 1e6,
           "--collective_timeout must be a number of seconds in [0.001, 1000000] but is ",
@@ -266,7 +245,7 @@ int Train() {
   if (lead) RequireWritableFile("--trace", absl::GetFlag(FLAGS_trace));
 
   manual_seed(seed);
-  std::shared_ptr<nn::Sequential> model = MakeModel(model_kind);
+  std::shared_ptr<nn::Module> model = task->MakeModel();
   model->to(device);
   TrainerOptimizer trainer_optimizer =
       MakeOptimizer(optimizer_kind, *model, lr, absl::GetFlag(FLAGS_weight_decay));
@@ -284,27 +263,26 @@ int Train() {
       "distributed ranks=%d device=%s threads=%d batch_size=%d "
       "seed=%d lr=%g lr_decay=%s epochs=%d train_limit=%d autocast=%s ddp_compression=%s",
       world, device.ToString(), threads, batch_size, seed, lr, lr_decay, epochs,
-      absl::GetFlag(FLAGS_train_limit), autocast == kFloat32 ? "none" : DTypeName(autocast),
+      task_options.train_limit, autocast == kFloat32 ? "none" : DTypeName(autocast),
       compression ? DTypeName(*compression) : "none");
   // The flags first: a rank given another --model or --optimizer would otherwise fail alone,
   // inside the checkpoint's load, instead of every rank naming the flag.
   const std::string advice =
       "start every rank with the same values of these flags (one mpirun command line for all "
       "of them), the same training data and the same checkpoint";
-  std::vector<distributed::Setting> flags = FlagsThatMustAgree();
+  std::vector<distributed::Setting> flags = FlagsThatMustAgree(task_options);
   flags.push_back({"--checkpoint", checkpoint.empty() ? "not given" : "given"});
   distributed::RequireSameConfiguration(*group, flags, advice);
+  if (model_kind == "gpt") {
+    // The sizes are checked by the tensors' shapes on load; dropout is not.
+    state.settings += absl::StrFormat(" dropout=%g", task_options.gpt.dropout());
+  }
   const bool resumed =
       !checkpoint.empty() && LoadTrainerCheckpoint(checkpoint, *model, *optimizer, &state, &scaler);
   const std::string generator_note = resumed ? RestoreRankGenerator(state, device, seed) : "";
 
-  const std::string root = absl::GetFlag(FLAGS_data_dir);
-  // uint8 images onto the device (a quarter of float32's bytes), made the float dataset's
-  // values there (data::PixelsToFloat: the same bits).
-  const auto options = data::FashionMnistOptions().normalize().dtype(kUInt8);
-  std::shared_ptr<const data::Dataset> train_set = data::FirstExamples(
-      std::make_shared<data::FashionMnist>(root, data::FashionMnist::Split::kTrain, options),
-      absl::GetFlag(FLAGS_train_limit));
+  task->LoadData(/*with_test=*/lead);
+  const std::shared_ptr<const data::Dataset>& train_set = task->train_set();
   auto sampler =
       std::make_unique<data::DistributedSampler>(train_set->size(), rank, world, true, seed);
   sampler->set_epoch(state.sampler_epoch);
@@ -316,24 +294,18 @@ int Train() {
   data::DataLoader train_loader(train_set, std::move(sampler),
                                 data::DataLoaderOptions(loader_options).batch_size(batch_size));
   std::unique_ptr<data::DataLoader> test_loader;
-  int64_t test_size = 0;
-  double majority_share = 0;  // of the test set's most common class (rank 0)
   if (lead) {
-    std::shared_ptr<const data::Dataset> test_set = data::FirstExamples(
-        std::make_shared<data::FashionMnist>(root, data::FashionMnist::Split::kTest, options),
-        absl::GetFlag(FLAGS_test_limit));
-    test_size = test_set->size();
-    majority_share = MajorityShare(*test_set);
     test_loader = std::make_unique<data::DataLoader>(
-        test_set, data::DataLoaderOptions(loader_options).batch_size(1000));
+        task->test_set(),
+        data::DataLoaderOptions(loader_options).batch_size(task->eval_batch_size()));
   }
 
   // Before the first collective whose number depends on them: ranks with other flags, data or
   // checkpoints would wait for each other in different collectives, or drift apart silently.
   distributed::RequireSameConfiguration(
       *group,
-      {{"training images", std::to_string(train_set->size()), true},
-       {"images per rank per epoch", std::to_string(shares->size()), true},
+      {{"training examples", std::to_string(train_set->size()), true},
+       {"examples per rank per epoch", std::to_string(shares->size()), true},
        {"steps per epoch", std::to_string(train_loader.size()), true},
        {"epochs done (from --checkpoint)", std::to_string(state.epochs_done), true},
        {"data order (from --checkpoint)", std::to_string(state.sampler_epoch), true}},
@@ -355,13 +327,11 @@ int Train() {
   }
 
   if (lead) {
-    std::printf("Fashion-MNIST: %lld training and %lld test images from %s\n",
-                static_cast<long long>(train_set->size()), static_cast<long long>(test_size),
-                root.c_str());
+    std::printf("%s\n", task->DataLine().c_str());
     std::printf("DistributedDataParallel over %d processes (Open MPI) on %s", world,
                 absl::StrJoin(device_names, ", ").c_str());
     if (threads > 0) std::printf(" (%d thread%s per CPU device)", threads, threads == 1 ? "" : "s");
-    std::printf(", batch %d per rank (%d in all), %lld images per rank per epoch\n", batch_size,
+    std::printf(", batch %d per rank (%d in all), %lld examples per rank per epoch\n", batch_size,
                 batch_size * world, static_cast<long long>(shares->size()));
     std::printf("%s lr %g (%s decay), seed %llu\n", optimizer_kind.c_str(), lr, lr_decay.c_str(),
                 static_cast<unsigned long long>(seed));
@@ -372,6 +342,7 @@ int Train() {
     if (compression) {
       std::printf("Gradients all-reduced in %s (--ddp_compression)\n", DTypeName(*compression));
     }
+    std::printf("%s", task->ModelLines().c_str());
     std::cout << *ddp << "\n";
     if (resumed) {
       std::printf("Resuming from %s: %lld of %d epochs done\n", checkpoint.c_str(),
@@ -383,7 +354,7 @@ int Train() {
   if (lead) std::printf("\n");
   std::fflush(stdout);
 
-  nn::CrossEntropyLoss criterion;
+  nn::Module& criterion = task->criterion();
   const int64_t steps = train_loader.size();
   const int kill_in_epoch = absl::GetFlag(FLAGS_kill_in_epoch);
   bool said_generators_differ = false;  // once: they stay apart
@@ -407,8 +378,7 @@ int Train() {
       {
         AutocastGuard guard(device.type(), autocast == kFloat32 ? kBFloat16 : autocast,
                             /*enabled=*/autocast != kFloat32);
-        loss = criterion.forward(ddp->forward(data::PixelsToFloat(batch.data(), options)),
-                                 batch.target());
+        loss = criterion.forward_tensors({ddp->forward(task->Input(batch)), batch.target()})[0];
       }
       optimizer->zero_grad();
       scaler.scale(loss).backward();
@@ -455,23 +425,34 @@ int Train() {
     if (!differing.empty() && !said_generators_differ) {
       said_generators_differ = true;
       std::printf(
-          "note: the ranks' random generators differ after epoch %d (rank 0 seed %d offset %d; "
+          "note: the ranks' random generators differ after epoch %d (rank 0 seed %llu offset %llu; "
           "%s): the checkpoint holds rank 0's, which a resume restores on every rank, so a "
           "resume will not repeat this run exactly\n",
-          epoch, generators[0].seed, generators[0].offset, absl::StrJoin(differing, "; "));
+          epoch, static_cast<unsigned long long>(generators[0].seed),
+          static_cast<unsigned long long>(generators[0].offset),
+          absl::StrJoin(differing, "; ").c_str());
     }
-    const EvalResult test = Evaluate(*model, *test_loader, device, autocast, options);
+    EvalTotals test;
+    {
+      // Rank 0 alone (no collective), under the training's autocast.
+      AutocastGuard guard(device.type(), autocast == kFloat32 ? kBFloat16 : autocast,
+                          /*enabled=*/autocast != kFloat32);
+      model->eval();
+      test = Evaluate(*task, *test_loader,
+                      [&](const Tensor& input) { return model->forward_tensors({input})[0]; });
+      model->train();
+    }
     state.history.push_back(
-        {epoch, totals[0] / totals[1], test.loss, test.accuracy, seconds, totals[1] / seconds});
-    std::printf(
-        "epoch %*d/%d  train loss %.4f  test loss %.4f  test acc %.2f%%  %.0f samples/s  %.1f s\n",
-        static_cast<int>(std::to_string(epochs).size()), epoch, epochs, totals[0] / totals[1],
-        test.loss, 100.0 * test.accuracy, totals[1] / seconds, seconds);
+        {epoch, totals[0] / totals[1], test.loss(), test.accuracy(), seconds, totals[1] / seconds});
+    std::printf("epoch %*d/%d  train loss %.4f  %s  %.0f samples/s  %.1f s\n",
+                static_cast<int>(std::to_string(epochs).size()), epoch, epochs,
+                totals[0] / totals[1], task->EpochMetrics(state.history.back()).c_str(),
+                totals[1] / seconds, seconds);
     std::printf("%s", trace.TakeMessage().c_str());
     std::fflush(stdout);
     if (!checkpoint.empty()) SaveTrainerCheckpoint(checkpoint, *model, *optimizer, state, &scaler);
     WriteEpochLogs(state.history, absl::GetFlag(FLAGS_log_csv), absl::GetFlag(FLAGS_plot),
-                   absl::StrFormat("Fashion-MNIST: %s, %d ranks on %s, batch %d per rank",
+                   absl::StrFormat("%s: %s, %d ranks on %s, batch %d per rank", task->DataName(),
                                    model_kind, world, device.ToString(), batch_size));
   }
   group->barrier()->wait();
@@ -483,25 +464,13 @@ int Train() {
     train_seconds += e.seconds;
     samples += e.samples_per_s * e.seconds;
   }
-  const double final_accuracy = state.history.empty() ? 0.0 : state.history.back().test_accuracy;
   std::printf(
       "\nSummary: %s on %d ranks (%s), batch %d per rank, %zu epoch%s, %.1f s of training\n",
       model_kind.c_str(), world, absl::StrJoin(device_names, ", ").c_str(), batch_size,
       state.history.size(), state.history.size() == 1 ? "" : "s", train_seconds);
-  std::printf("  epoch   train loss   test loss   test acc   seconds   samples/s\n");
-  for (const EpochStats& e : state.history) {
-    std::printf("  %5lld   %10.4f   %9.4f   %7.2f%%   %7.1f   %9.0f\n",
-                static_cast<long long>(e.epoch), e.train_loss, e.test_loss, 100.0 * e.test_accuracy,
-                e.seconds, e.samples_per_s);
-  }
-  // A warning, not an error (exit status 0): the run did what it was asked; the flags did not
-  // let it learn.
-  const int64_t classes = data::FashionMnist::kNumClasses;
-  const std::string chance_warning =
-      ChanceLevelWarning(final_accuracy, classes, majority_share,
-                         state.history.empty() ? 0 : test_size, optimizer_kind, lr);
-  const bool at_chance = !chance_warning.empty();
-  std::printf("%s", chance_warning.c_str());
+  std::printf("%s\n", task->SummaryHeader().c_str());
+  for (const EpochStats& e : state.history) std::printf("%s\n", task->SummaryRow(e).c_str());
+  std::printf("%s", task->Report(state.history, optimizer_kind, lr).c_str());
   const std::string save = absl::GetFlag(FLAGS_save);
   if (!save.empty()) {
     nn::SaveCheckpoint(*model, save);
@@ -517,12 +486,11 @@ int Train() {
   std::vector<std::string> quoted;
   for (const std::string& name : device_names) quoted.push_back("\"" + name + "\"");
   std::printf(
-      "{\"model\":\"%s\",\"devices\":[%s],\"ranks\":%d,\"epochs\":%zu,\"batch_size\":%d,"
-      "\"test_accuracy\":%.4f,\"train_seconds\":%.1f,\"samples_per_s\":%.1f,"
-      "\"at_chance_level\":%s}\n",
+      "{\"model\":\"%s\",\"devices\":[%s],\"ranks\":%d,\"epochs\":%zu,\"batch_size\":%d,%s"
+      "\"train_seconds\":%.1f,\"samples_per_s\":%.1f,%s}\n",
       model_kind.c_str(), absl::StrJoin(quoted, ",").c_str(), world, state.history.size(),
-      batch_size, final_accuracy, train_seconds, train_seconds > 0 ? samples / train_seconds : 0.0,
-      at_chance ? "true" : "false");
+      batch_size, task->JsonMetrics(state.history).c_str(), train_seconds,
+      train_seconds > 0 ? samples / train_seconds : 0.0, task->JsonTail().c_str());
   return 0;
 }
 

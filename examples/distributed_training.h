@@ -1,9 +1,9 @@
 // The trainer's --distributed mode: one process per device, started by mpirun, training the
-// Fashion-MNIST classifier with parallel::distributed::DistributedDataParallel over Open MPI. Each
-// rank reads its share of every epoch (data::DistributedSampler) in batches of --batch_size (per
-// rank, as in PyTorch), the gradients are averaged across ranks in backward, and rank 0 alone
-// prints progress, evaluates on the test set, writes the checkpoint and prints the final
-// JSON line (with "ranks").
+// Fashion-MNIST classifier or the GPT on text (the trainer's Task, examples/task.h) with
+// parallel::distributed::DistributedDataParallel over Open MPI. Each rank reads its share of every
+// epoch (data::DistributedSampler) in batches of --batch_size (per rank, as in PyTorch), the
+// gradients are averaged across ranks in backward, and rank 0 alone prints progress, evaluates on
+// the test set, writes the checkpoint and prints the final JSON line (with "ranks").
 //
 //   mpirun -np 2 bazel-bin/examples/train --distributed --devices=cpu:0
 //   mpirun -H host1,host2 -np 2 /path/to/train --distributed      # one rank per machine
@@ -24,8 +24,9 @@
 // so a job resumed from it, on any devices, restores it on each rank's device and repeats the
 // uninterrupted job exactly. A checkpoint of the single-process trainer restores each rank's
 // own device's state; a rank whose device has none says that its generator starts afresh from
-// --seed. The summary warns when the final accuracy is at chance level, as the single-process
-// trainer does, and the JSON line has "at_chance_level".
+// --seed. The summary ends as the single-process trainer's does: a warning when the final
+// accuracy is at chance level (the JSON line has "at_chance_level"), or for --model=gpt the
+// sample of rank 0's trained model (the JSON line has "sample").
 //
 // --autocast=bf16|fp16 runs each rank's forward (and rank 0's evaluation) under autocast, fp16
 // with a GradScaler whose state the checkpoint keeps; --ddp_compression=bf16|fp16 all-reduces
@@ -35,10 +36,13 @@
 #ifndef TANDEM_EXAMPLES_DISTRIBUTED_TRAINING_H_
 #define TANDEM_EXAMPLES_DISTRIBUTED_TRAINING_H_
 
+#include "examples/task.h"
+
 namespace tandem::examples {
 
-// Runs the whole distributed training from the trainer's flags; returns the exit status.
-int RunDistributedTraining();
+// Runs the whole distributed training from the trainer's flags, the task's (`task`: resolved
+// by ResolveTaskDefaults) among them; returns the exit status.
+int RunDistributedTraining(const TaskOptions& task);
 
 }  // namespace tandem::examples
 

@@ -102,7 +102,13 @@ TrainerOptimizer MakeOptimizer(const std::string& kind, nn::Module& model, doubl
     nn::Adam* raw = adam.get();
     return {std::move(adam), [raw](double v) { raw->options().lr(v); }};
   }
-  throw UsageError("--optimizer must be 'sgd' or 'adam' but is '" + kind + "'");
+  if (kind == "adamw") {
+    auto adamw = std::make_unique<nn::AdamW>(model.parameters(),
+                                             nn::AdamWOptions(lr).weight_decay(weight_decay));
+    nn::AdamW* raw = adamw.get();
+    return {std::move(adamw), [raw](double v) { raw->options().lr(v); }};
+  }
+  throw UsageError("--optimizer must be 'sgd', 'adam' or 'adamw' but is '" + kind + "'");
 }
 
 double LearningRate(double peak, const std::string& decay, int epoch, int epochs) {

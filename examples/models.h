@@ -53,7 +53,8 @@ struct TrainerOptimizer {
 };
 
 // "sgd" (momentum 0.9) or "adam", with L2 `weight_decay` added to the gradients as PyTorch's
-// SGD and Adam do. Throws examples::UsageError for another kind or a negative weight decay.
+// SGD and Adam do, or "adamw" (the weights decayed by lr * weight_decay, as PyTorch's AdamW).
+// Throws examples::UsageError for another kind or a negative weight decay.
 TrainerOptimizer MakeOptimizer(const std::string& kind, nn::Module& model, double lr,
                                double weight_decay);
 

@@ -1,18 +1,22 @@
-// Trains a classifier on Fashion-MNIST with DataParallel: the model lives on the first
-// device, each batch is split across all of them, and the replicas run in parallel (on a
-// machine without a GPU, on logical CPU devices, one per core by default). Tandem's main job:
-// tensor, nn, data and parallel end to end.
+// Trains a classifier on Fashion-MNIST, or a GPT on English text (--model=gpt: Debian's
+// fortunes, byte by byte), with DataParallel: the model lives on the first device, each batch
+// is split across all of them, and the replicas run in parallel (on a machine without a GPU,
+// on logical CPU devices, one per core by default). Tandem's main job: tensor, nn, data and
+// parallel end to end. What differs between the two lives in examples/task.h.
 //
 //   bazel run -c opt //examples:train -- --devices=cpu:0,cpu:1 --epochs=10
 //   bazel run -c opt //examples:train -- --model=cnn --optimizer=adam --lr=0.001
 //   bazel run -c opt //examples:train -- --checkpoint=/tmp/mlp.ckpt --plot=/tmp/mlp.svg
+//   bazel run -c opt //examples:train -- --model=gpt --epochs=5 --prompt="Love is"
 //
 // While it runs: a progress bar per epoch (redrawn in place on a terminal, a few plain lines
-// in a file or pipe), then one line per epoch (losses, test accuracy, samples/s, how the
-// batches were split). At the end: a summary table, the peak memory of each device, and as
-// the very last line one JSON object with the run's figures. With --checkpoint the run saves
-// everything after each epoch and resumes from the file when it exists, finishing with
-// exactly the parameters of an uninterrupted run (same seed, devices and flags).
+// in a file or pipe), then one line per epoch (losses; test accuracy, or for text the
+// validation loss, perplexity and next-byte accuracy; samples/s; how the batches were split).
+// At the end: a summary table, for text the trained model's continuation of --prompt, the peak
+// memory of each device, and as the very last line one JSON object with the run's figures.
+// With --checkpoint the run saves everything after each epoch and resumes from the file when
+// it exists, finishing with exactly the parameters of an uninterrupted run (same seed, devices
+// and flags).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -40,6 +44,7 @@
 #include "examples/models.h"
 #include "examples/progress.h"
 #include "examples/svg_plot.h"
+#include "examples/task.h"
 #include "examples/trainer_state.h"
 #include "nn/nn.h"
 #include "parallel/comm.h"
@@ -58,19 +63,29 @@ ABSL_FLAG(int, threads, 0,
           "Cores each CPU device may use (0: the machine's cores / the number of CPU devices)");
 ABSL_FLAG(std::string, model, "mlp",
           "mlp (784-256-128-10), cnn (two conv+pool blocks) or resnet (conv+BN stem, three "
-          "residual stages of 16/32/64 channels, global average pooling)");
-ABSL_FLAG(std::string, optimizer, "sgd", "sgd (momentum 0.9) or adam");
-ABSL_FLAG(double, lr, 0.05, "Peak learning rate (0.05 suits sgd, 0.001 adam)");
+          "residual stages of 16/32/64 channels, global average pooling) on Fashion-MNIST; or "
+          "gpt (GPT-2's architecture, sized by --context, --n_layer, --n_head, --n_embd) on "
+          "the fortunes corpus, byte by byte");
+ABSL_FLAG(std::string, optimizer, "",
+          "sgd (momentum 0.9), adam or adamw (empty: sgd for images, adamw for gpt)");
+ABSL_FLAG(double, lr, 0,
+          "Peak learning rate (0: the model's default, 0.05 for images, 0.001 for gpt; 0.001 "
+          "suits adam on images)");
 ABSL_FLAG(double, weight_decay, 0.0,
           "L2 penalty added to every gradient, as PyTorch's SGD and Adam (5e-4 suits the resnet)");
 ABSL_FLAG(std::string, lr_decay, "cosine",
           "cosine (from --lr down to near 0 over the epochs, one value per epoch) or none");
-ABSL_FLAG(int, epochs, 10, "Passes over the 60,000 training images");
-ABSL_FLAG(int, batch_size, 128, "Images per step, split across the devices");
+ABSL_FLAG(int, epochs, 10,
+          "Passes over the training set (60,000 images; for gpt --train_limit windows)");
+ABSL_FLAG(int, batch_size, 0,
+          "Images (or text windows) per step, split across the devices (0: 128 images, 8 "
+          "windows)");
 ABSL_FLAG(int, workers, 1, "DataLoader threads that prefetch batches (0: load inline)");
 ABSL_FLAG(uint64_t, seed, 1, "Seed for initialisation and shuffling");
-ABSL_FLAG(std::string, data_dir, tandem::data::FashionMnist::kDefaultRoot,
-          "Folder with the gzipped IDX files (Debian package dataset-fashion-mnist)");
+ABSL_FLAG(std::string, data_dir, "",
+          "Folder with the gzipped IDX files (Debian package dataset-fashion-mnist; default "
+          "/usr/share/datasets/fashion-mnist), for gpt with the fortune files (package "
+          "fortunes; default /usr/share/games/fortunes)");
 ABSL_FLAG(bool, forward_loss, true,
           "Compute the loss inside the replicas (DataParallel::forward_loss); false gathers "
           "the outputs on the first device and computes the loss there, as PyTorch does");
@@ -94,9 +109,25 @@ ABSL_FLAG(std::string, trace, "",
           "Write a Chrome trace of the run's first 50 training steps to this path (open it in "
           "chrome://tracing or ui.perfetto.dev): one row per thread (with --distributed, rank "
           "0's process)");
-// For tests and quick looks: train and test on the first N images only (0: all).
-ABSL_FLAG(int, train_limit, 0, "(testing) use only the first N training images");
-ABSL_FLAG(int, test_limit, 0, "(testing) use only the first N test images");
+// Images: for tests and quick looks, the first N only. Text: the epoch's size, N windows
+// spread evenly over the text, so that a short epoch sees every file.
+ABSL_FLAG(int, train_limit, -1,
+          "Use only the first N training images (-1 or 0: all); for gpt, N windows spread over "
+          "the training text (-1: 1024; 0: every window, about 18,000 at context 128)");
+ABSL_FLAG(int, test_limit, -1,
+          "Use only the first N test images (-1 or 0: all); for gpt, N validation windows "
+          "spread over the validation text (-1: 256; 0: all)");
+// --model=gpt: the model's sizes (GptConfig::Small()'s by default) and the final sample.
+ABSL_FLAG(int, context, 128, "gpt: tokens (bytes) per window, the model's block size");
+ABSL_FLAG(int, n_layer, 4, "gpt: transformer blocks");
+ABSL_FLAG(int, n_head, 4, "gpt: attention heads per block (a divisor of --n_embd)");
+ABSL_FLAG(int, n_embd, 128, "gpt: channels");
+ABSL_FLAG(double, dropout, 0.1, "gpt: dropout on embeddings, attention weights and residuals");
+ABSL_FLAG(std::string, prompt, "The meaning of life is",
+          "gpt: the text the trained model continues at the end");
+ABSL_FLAG(int, max_new_tokens, 200, "gpt: bytes sampled after --prompt");
+ABSL_FLAG(double, temperature, 0.8, "gpt: the sample's temperature (lower: more predictable)");
+ABSL_FLAG(int, top_k, 40, "gpt: sample among the k most likely bytes only");
 // For the resume test: the process kills itself (SIGKILL) half-way through this epoch.
 ABSL_FLAG(int, kill_in_epoch, 0, "(testing) SIGKILL the process half-way through this epoch");
 ABSL_FLAG(bool, distributed, false,
@@ -134,42 +165,44 @@ std::vector<Device> ResolveDevices() {
   return examples::ParseDevices(devices_flag.empty() ? device_flag : devices_flag);
 }
 
-struct EvalResult {
-  double loss = 0, accuracy = 0;
-};
-
-// Loss and accuracy on the test set (uint8 images, made floats as `pixels` says on the first
-// device), data-parallel, in evaluation mode without a graph.
-EvalResult Evaluate(parallel::DataParallel& dp, data::DataLoader& test_loader, DType autocast,
-                    const data::FashionMnistOptions& pixels) {
-  NoGradGuard no_grad;
-  AutocastGuard guard(dp.device_ids()[0].type(), autocast == kFloat32 ? kBFloat16 : autocast,
-                      /*enabled=*/autocast != kFloat32);
-  dp.eval();
-  double loss_sum = 0;
-  int64_t correct = 0, total = 0;
-  for (data::Batch& batch : test_loader) {
-    Tensor logits = dp.forward(data::PixelsToFloat(batch.data(), pixels));
-    const Tensor target = batch.target().to(logits.device());
-    const int64_t n = target.size(0);
-    loss_sum += cross_entropy(logits, target).item() * n;
-    correct += static_cast<int64_t>(sum(eq(argmax(logits, 1), target)).item());
-    total += n;
-  }
-  dp.train();
-  if (total == 0) return {};
-  return {loss_sum / total, static_cast<double>(correct) / total};
+// The trainer's flags that a task reads, with the task's defaults for those left unset.
+examples::TaskOptions TaskOptionsFromFlags() {
+  examples::TaskOptions o;
+  o.model = absl::GetFlag(FLAGS_model);
+  o.optimizer = absl::GetFlag(FLAGS_optimizer);
+  o.lr = absl::GetFlag(FLAGS_lr);
+  o.batch_size = absl::GetFlag(FLAGS_batch_size);
+  o.data_dir = absl::GetFlag(FLAGS_data_dir);
+  o.train_limit = absl::GetFlag(FLAGS_train_limit);
+  o.test_limit = absl::GetFlag(FLAGS_test_limit);
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.gpt = examples::GptConfig::Small()
+              .block_size(absl::GetFlag(FLAGS_context))
+              .n_layer(absl::GetFlag(FLAGS_n_layer))
+              .n_head(absl::GetFlag(FLAGS_n_head))
+              .n_embd(absl::GetFlag(FLAGS_n_embd))
+              .dropout(absl::GetFlag(FLAGS_dropout));
+  o.prompt = absl::GetFlag(FLAGS_prompt);
+  o.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  o.temperature = absl::GetFlag(FLAGS_temperature);
+  o.top_k = absl::GetFlag(FLAGS_top_k);
+  examples::ResolveTaskDefaults(&o);
+  Require(o.train_limit >= -1 && o.test_limit >= -1,
+          "--train_limit and --test_limit must be at least -1 (the default) but are ",
+          o.train_limit, " and ", o.test_limit);
+  return o;
 }
 
 int Run() {
-  if (absl::GetFlag(FLAGS_distributed)) return examples::RunDistributedTraining();
+  const examples::TaskOptions task_options = TaskOptionsFromFlags();
+  if (absl::GetFlag(FLAGS_distributed)) return examples::RunDistributedTraining(task_options);
   const std::vector<Device> devices = ResolveDevices();
   const int threads = examples::ConfigureCpuDevices(devices, absl::GetFlag(FLAGS_threads));
   const int epochs = absl::GetFlag(FLAGS_epochs);
-  const int batch_size = absl::GetFlag(FLAGS_batch_size);
-  const double lr = absl::GetFlag(FLAGS_lr);
-  const std::string model_kind = absl::GetFlag(FLAGS_model);
-  const std::string optimizer_kind = absl::GetFlag(FLAGS_optimizer);
+  const int batch_size = static_cast<int>(task_options.batch_size);
+  const double lr = task_options.lr;
+  const std::string model_kind = task_options.model;
+  const std::string optimizer_kind = task_options.optimizer;
   const std::string lr_decay = absl::GetFlag(FLAGS_lr_decay);
   const double weight_decay = absl::GetFlag(FLAGS_weight_decay);
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
@@ -191,8 +224,7 @@ int Run() {
           "; try --weight_decay=5e-4");
   Require(absl::GetFlag(FLAGS_workers) >= 0, "--workers must be at least 0 but is ",
           absl::GetFlag(FLAGS_workers));
-  Require(absl::GetFlag(FLAGS_train_limit) >= 0 && absl::GetFlag(FLAGS_test_limit) >= 0,
-          "--train_limit and --test_limit must be at least 0");
+  std::unique_ptr<examples::Task> task = examples::MakeTask(task_options);
   // Every output's folder is checked now: a bad path must not cost a whole run.
   examples::RequireWritableFile("--checkpoint", checkpoint);
   examples::RequireWritableFile("--save", absl::GetFlag(FLAGS_save));
@@ -202,7 +234,7 @@ int Run() {
 
   // The model first: a bad device fails here, before the dataset is read.
   manual_seed(seed);
-  auto model = examples::MakeModel(model_kind);
+  std::shared_ptr<nn::Module> model = task->MakeModel();
   examples::TrainerOptimizer optimizer;
   std::shared_ptr<parallel::DataParallel> dp;
   try {
@@ -212,7 +244,7 @@ int Run() {
   } catch (const Error& e) {
     throw UsageError("--devices: " + examples::OneLine(e.what()));
   }
-  nn::CrossEntropyLoss criterion;
+  nn::Module& criterion = task->criterion();
   // Loss scaling for float16 (its gradients underflow otherwise); a pass-through otherwise.
   nn::GradScaler scaler(nn::GradScalerOptions().enabled(autocast == kFloat16));
 
@@ -222,8 +254,11 @@ int Run() {
       "devices=%s threads=%d batch_size=%d seed=%d lr=%g lr_decay=%s "
       "weight_decay=%g epochs=%d train_limit=%d autocast=%s",
       examples::DeviceNames(devices, ","), threads, batch_size, seed, lr, lr_decay, weight_decay,
-      epochs, absl::GetFlag(FLAGS_train_limit),
-      autocast == kFloat32 ? "none" : DTypeName(autocast));
+      epochs, task_options.train_limit, autocast == kFloat32 ? "none" : DTypeName(autocast));
+  if (model_kind == "gpt") {
+    // The sizes are checked by the tensors' shapes on load; dropout is not.
+    state.settings += absl::StrFormat(" dropout=%g", task_options.gpt.dropout());
+  }
   const std::string settings = state.settings;
   bool resumed = false;
   std::string generator_note;
@@ -233,16 +268,8 @@ int Run() {
     if (resumed) generator_note = examples::RestoreGenerators(state, devices, seed);
   }
 
-  const std::string root = absl::GetFlag(FLAGS_data_dir);
-  // uint8 images through the loader and onto the first device (a quarter of float32's bytes),
-  // made the float dataset's values there (data::PixelsToFloat: the same bits).
-  const auto options = data::FashionMnistOptions().normalize().dtype(kUInt8);
-  std::shared_ptr<const data::Dataset> train_set = data::FirstExamples(
-      std::make_shared<data::FashionMnist>(root, data::FashionMnist::Split::kTrain, options),
-      absl::GetFlag(FLAGS_train_limit));
-  std::shared_ptr<const data::Dataset> test_set = data::FirstExamples(
-      std::make_shared<data::FashionMnist>(root, data::FashionMnist::Split::kTest, options),
-      absl::GetFlag(FLAGS_test_limit));
+  task->LoadData(/*with_test=*/true);
+  const std::shared_ptr<const data::Dataset>& train_set = task->train_set();
   auto sampler = std::make_unique<data::RandomSampler>(train_set->size(), seed);
   sampler->set_epoch(state.sampler_epoch);
   data::RandomSampler* sampler_view = sampler.get();
@@ -252,13 +279,13 @@ int Run() {
                                   .device(devices[0]);
   data::DataLoader train_loader(train_set, std::move(sampler),
                                 data::DataLoaderOptions(loader_options).batch_size(batch_size));
-  data::DataLoader test_loader(test_set, data::DataLoaderOptions(loader_options).batch_size(1000));
+  data::DataLoader test_loader(
+      task->test_set(),
+      data::DataLoaderOptions(loader_options).batch_size(task->eval_batch_size()));
 
   const std::vector<int64_t> full_split =
       parallel::ChunkSizes(batch_size, static_cast<int64_t>(devices.size()));
-  std::printf("Fashion-MNIST: %lld training and %lld test images from %s\n",
-              static_cast<long long>(train_set->size()), static_cast<long long>(test_set->size()),
-              root.c_str());
+  std::printf("%s\n", task->DataLine().c_str());
   std::printf("DataParallel on %s", examples::DeviceNames(devices, ", ").c_str());
   if (threads > 0) std::printf(" (%d thread%s per CPU device)", threads, threads == 1 ? "" : "s");
   std::printf(", batch %d split %s", batch_size, Split(full_split).c_str());
@@ -276,6 +303,7 @@ int Run() {
     std::printf("Autocast to %s (--autocast)%s\n", DTypeName(autocast),
                 autocast == kFloat16 ? " with a GradScaler" : "");
   }
+  std::printf("%s", task->ModelLines().c_str());
   std::cout << *dp << "\n";
   if (resumed) {
     std::printf("Resuming from %s: %lld of %d epochs done\n", checkpoint.c_str(),
@@ -321,9 +349,10 @@ int Run() {
         {
           AutocastGuard guard(devices[0].type(), autocast == kFloat32 ? kBFloat16 : autocast,
                               /*enabled=*/autocast != kFloat32);
-          const Tensor images = data::PixelsToFloat(batch.data(), options);
-          loss = use_forward_loss ? dp->forward_loss(criterion, images, batch.target())
-                                  : criterion.forward(dp->forward(images), batch.target());
+          const Tensor input = task->Input(batch);
+          loss = use_forward_loss
+                     ? dp->forward_loss(criterion, input, batch.target())
+                     : criterion.forward_tensors({dp->forward(input), batch.target()})[0];
         }
         optimizer.optimizer->zero_grad();
         scaler.scale(loss).backward();
@@ -360,9 +389,18 @@ int Run() {
     trace.EpochDone();
     const double seconds = SecondsSince(epoch_start);
     bar.Finish();
-    const EvalResult test = Evaluate(*dp, test_loader, autocast, options);
+    examples::EvalTotals test;
+    {
+      // Data-parallel, in evaluation mode, under the training's autocast.
+      AutocastGuard guard(devices[0].type(), autocast == kFloat32 ? kBFloat16 : autocast,
+                          /*enabled=*/autocast != kFloat32);
+      dp->eval();
+      test = examples::Evaluate(*task, test_loader,
+                                [&](const Tensor& input) { return dp->forward(input); });
+      dp->train();
+    }
     state.history.push_back(
-        {epoch, loss_sum / seen, test.loss, test.accuracy, seconds, seen / seconds});
+        {epoch, loss_sum / seen, test.loss(), test.accuracy(), seconds, seen / seconds});
     std::vector<std::string> split_text;
     for (const auto& [chunks, count] : splits) {
       split_text.push_back(absl::StrFormat("%d x %s", count, Split(chunks)));
@@ -370,11 +408,10 @@ int Run() {
     std::sort(split_text.begin(), split_text.end(), [](const std::string& a, const std::string& b) {
       return std::stoll(a) > std::stoll(b);
     });
-    std::printf(
-        "epoch %*d/%d  train loss %.4f  test loss %.4f  test acc %.2f%%  %.0f samples/s  "
-        "%.1f s  split %s\n",
-        static_cast<int>(std::to_string(epochs).size()), epoch, epochs, loss_sum / seen, test.loss,
-        100.0 * test.accuracy, seen / seconds, seconds, absl::StrJoin(split_text, ", ").c_str());
+    std::printf("epoch %*d/%d  train loss %.4f  %s  %.0f samples/s  %.1f s  split %s\n",
+                static_cast<int>(std::to_string(epochs).size()), epoch, epochs, loss_sum / seen,
+                task->EpochMetrics(state.history.back()).c_str(), seen / seconds, seconds,
+                absl::StrJoin(split_text, ", ").c_str());
     std::printf("%s", trace.TakeMessage().c_str());
     std::fflush(stdout);
 
@@ -386,7 +423,7 @@ int Run() {
       examples::SaveTrainerCheckpoint(checkpoint, *model, *optimizer.optimizer, state, &scaler);
     }
     examples::WriteEpochLogs(state.history, absl::GetFlag(FLAGS_log_csv), absl::GetFlag(FLAGS_plot),
-                             absl::StrFormat("Fashion-MNIST: %s on %s, batch %d", model_kind,
+                             absl::StrFormat("%s: %s on %s, batch %d", task->DataName(), model_kind,
                                              examples::DeviceNames(devices, " + "), batch_size));
   }
 
@@ -394,24 +431,12 @@ int Run() {
   double train_seconds = 0;
   for (const EpochStats& e : state.history) train_seconds += e.seconds;
   const double total_samples = static_cast<double>(train_set->size()) * state.history.size();
-  const double final_accuracy = state.history.empty() ? 0.0 : state.history.back().test_accuracy;
   std::printf("\nSummary: %s on %s, batch %d, %zu epoch%s, %.1f s of training\n",
               model_kind.c_str(), examples::DeviceNames(devices, ", ").c_str(), batch_size,
               state.history.size(), state.history.size() == 1 ? "" : "s", train_seconds);
-  std::printf("  epoch   train loss   test loss   test acc   seconds   samples/s\n");
-  for (const EpochStats& e : state.history) {
-    std::printf("  %5lld   %10.4f   %9.4f   %7.2f%%   %7.1f   %9.0f\n",
-                static_cast<long long>(e.epoch), e.train_loss, e.test_loss, 100.0 * e.test_accuracy,
-                e.seconds, e.samples_per_s);
-  }
-  // A warning, not an error (exit status 0): the run did what it was asked; the flags did not
-  // let it learn.
-  const int64_t classes = data::FashionMnist::kNumClasses;
-  const std::string chance_warning =
-      examples::ChanceLevelWarning(final_accuracy, classes, examples::MajorityShare(*test_set),
-                                   test_set->size(), optimizer_kind, lr);
-  const bool at_chance = !chance_warning.empty();
-  std::printf("%s", chance_warning.c_str());
+  std::printf("%s\n", task->SummaryHeader().c_str());
+  for (const EpochStats& e : state.history) std::printf("%s\n", task->SummaryRow(e).c_str());
+  std::printf("%s", task->Report(state.history, optimizer_kind, lr).c_str());
   std::printf("Peak memory per device during this run's training (allocator statistics):\n");
   for (size_t i = 0; i < devices.size(); ++i) {
     const MemoryStats stats = GetMemoryStats(devices[i]);
@@ -434,12 +459,11 @@ int Run() {
   std::vector<std::string> quoted;
   for (Device d : devices) quoted.push_back("\"" + d.ToString() + "\"");
   std::printf(
-      "{\"model\":\"%s\",\"devices\":[%s],\"epochs\":%zu,\"batch_size\":%d,"
-      "\"test_accuracy\":%.4f,\"train_seconds\":%.1f,\"samples_per_s\":%.1f,"
-      "\"at_chance_level\":%s}\n",
+      "{\"model\":\"%s\",\"devices\":[%s],\"epochs\":%zu,\"batch_size\":%d,%s"
+      "\"train_seconds\":%.1f,\"samples_per_s\":%.1f,%s}\n",
       model_kind.c_str(), absl::StrJoin(quoted, ",").c_str(), state.history.size(), batch_size,
-      final_accuracy, train_seconds, train_seconds > 0 ? total_samples / train_seconds : 0.0,
-      at_chance ? "true" : "false");
+      task->JsonMetrics(state.history).c_str(), train_seconds,
+      train_seconds > 0 ? total_samples / train_seconds : 0.0, task->JsonTail().c_str());
   return 0;
 }
 
@@ -449,7 +473,8 @@ int Run() {
 int main(int argc, char** argv) {
   return tandem::examples::RunMain(
       argc, argv, "train",
-      "Trains a classifier on Fashion-MNIST with DataParallel.\n"
-      "  train --devices=cpu:0,cpu:1 --epochs=10 --model=mlp --checkpoint=/tmp/mlp.ckpt",
+      "Trains a classifier on Fashion-MNIST, or a GPT on text, with DataParallel.\n"
+      "  train --devices=cpu:0,cpu:1 --epochs=10 --model=mlp --checkpoint=/tmp/mlp.ckpt\n"
+      "  train --model=gpt --epochs=5 --prompt=\"The meaning of life is\"",
       [] { return tandem::Run(); });
 }

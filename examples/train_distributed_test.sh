@@ -186,7 +186,7 @@ set +o pipefail  # head ends the pipes early
   zcat "$data_dir/train-labels-idx1-ubyte.gz" | tail -c +9 | head -c 1000; } \
   >"$small/train-labels-idx1-ubyte"
 set -o pipefail
-mpmd "training images (2048 on rank 0, 1000 on rank 1); images per rank per epoch (1024 on rank 0, 500 on rank 1); steps per epoch (16 on rank 0, 8 on rank 1)" \
+mpmd "training examples (2048 on rank 0, 1000 on rank 1); examples per rank per epoch (1024 on rank 0, 500 on rank 1); steps per epoch (16 on rank 0, 8 on rank 1)" \
   --data_dir="$small"
 # Each rank's own checkpoint path (one per machine), but rank 1's file does not exist: rank 0
 # would resume after epoch 2, rank 1 start from epoch 1.

@@ -220,7 +220,7 @@ TEST_F(TrainResumeTest, BadFlagsAreOneLineErrorsWithExitStatusOne) {
       {"--devices=cpu:0, --epochs=1", "invalid device list"},
       {"--device=cpu:0 --devices=cpu:1", "are both set"},
       {"--epochs=0", "--epochs must be at least 1 but is 0"},
-      {"--model=vgg", "--model must be 'mlp', 'cnn' or 'resnet' but is 'vgg'"},
+      {"--model=vgg", "--model must be 'mlp', 'cnn', 'resnet' or 'gpt' but is 'vgg'"},
       {"--devices=cpu:0,cpu:1 --threads=64", "--threads=64 with 2 CPU device(s) needs 128 cores"},
       {"--model=cnn --checkpoint=" + mlp_checkpoint,
        "was saved by a run with model=mlp optimizer=sgd but this run has model=cnn"},
