@@ -131,6 +131,7 @@ class GptLoss : public nn::Cloneable<GptLoss> {
  public:
   void reset() override {}
   Tensor forward(const Tensor& logits, const Tensor& targets);
+  void pretty_print(std::ostream& out) const override { out << "GptLoss()"; }
 };
 
 // Floats a training step of `config` at batch [batch, tokens] must keep from forward for

@@ -66,13 +66,6 @@ EvalTotals Evaluate(const Task& task, data::DataLoader& loader,
   return totals;
 }
 
-Tensor TokenCrossEntropy::forward(const Tensor& logits, const Tensor& targets) {
-  TANDEM_CHECK(logits.dim() == 3 && targets.dim() == 2,
-               "TokenCrossEntropy: expected logits [B, T, V] and targets [B, T] but got ",
-               ShapeToString(logits.shape()), " and ", ShapeToString(targets.shape()));
-  return cross_entropy(logits.reshape({-1, logits.size(2)}), targets.reshape({-1}));
-}
-
 namespace {
 
 // A JSON string's contents: quotes, backslashes, control characters and bytes above 0x7f
@@ -259,7 +252,7 @@ class TextTask : public Task {
  private:
   TaskOptions options_;
   std::shared_ptr<Gpt> gpt_;
-  TokenCrossEntropy criterion_;
+  GptLoss criterion_;
   int64_t train_bytes_ = 0, validation_bytes_ = 0;
   std::string sample_;
 };

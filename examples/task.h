@@ -123,17 +123,6 @@ std::unique_ptr<Task> MakeTask(const TaskOptions& options);
 // a graph. The caller puts the model in evaluation mode (and autocast) around it.
 EvalTotals Evaluate(const Task& task, data::DataLoader& loader,
                     const std::function<Tensor(const Tensor&)>& forward);
-
-// Next-token cross-entropy as a criterion module: logits [B, T, V] against int64 targets
-// [B, T], the mean over all B * T positions. Each row has T positions, so DataParallel's
-// chunk-size weighting of the replicas' means is exact.
-class TokenCrossEntropy : public nn::Cloneable<TokenCrossEntropy> {
- public:
-  void reset() override {}
-  Tensor forward(const Tensor& logits, const Tensor& targets);
-  void pretty_print(std::ostream& out) const override { out << "TokenCrossEntropy()"; }
-};
-
 }  // namespace tandem::examples
 
 #endif  // TANDEM_EXAMPLES_TASK_H_

@@ -207,11 +207,11 @@ TEST(TextTaskTest, SpreadsWindowsOverTheTextAndSamplesThePromptRepeatably) {
   EXPECT_EQ(task->JsonTail().find('\n'), std::string::npos);  // escaped: one JSON line
 }
 
-TEST(TokenCrossEntropyTest, IsTheMeanOverEveryPosition) {
+TEST(GptLossTest, IsTheMeanOverEveryPosition) {
   manual_seed(5);
   const Tensor logits = randn({2, 3, 4});
   const Tensor targets = from_vector(std::vector<int64_t>{0, 1, 2, 3, 0, 1}, {2, 3});
-  TokenCrossEntropy criterion;
+  GptLoss criterion;
   const double loss = criterion.forward(logits, targets).item();
   EXPECT_NEAR(loss, ScoreBatch(logits, targets).loss(), 1e-6);
 }
