@@ -56,6 +56,17 @@ std::vector<Device> DefaultDevices() {
   return devices;
 }
 
+CpuLayout ChooseCpuLayout(int64_t batch, int cores) {
+  TANDEM_CHECK(batch >= 1, "ChooseCpuLayout: the batch must have at least 1 sample but has ",
+               batch);
+  TANDEM_CHECK(cores >= 1, "ChooseCpuLayout: expected at least 1 core but got ", cores);
+  const int count = static_cast<int>(std::min<int64_t>(cores, batch));
+  CpuLayout layout;
+  for (int i = 0; i < count; ++i) layout.devices.push_back(Device::Cpu(i));
+  layout.threads_per_device = cores / count;
+  return layout;
+}
+
 DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::vector<Device> device_ids,
                            std::optional<Device> output_device, int64_t dim)
     : nn::Module("DataParallel"),

@@ -40,12 +40,31 @@
 #include "nn/module.h"
 #include "parallel/replicate.h"
 #include "tensor/runtime/backend.h"
+#include "tensor/runtime/devices.h"
 #include "tensor/tensor.h"
 
 namespace tandem::parallel {
 
 // The default device list: every CUDA device, or every logical CPU device without one.
 std::vector<Device> DefaultDevices();
+
+// How a CPU-only machine's cores are laid out for data-parallel training: `devices` logical CPU
+// devices (cpu:0 ... cpu:n-1) of `threads_per_device` threads each.
+struct CpuLayout {
+  std::vector<Device> devices;
+  int threads_per_device = 1;
+};
+
+// The layout to train in with `batch` samples a step on `cores` cores: one logical device per
+// core (one thread each), unless the batch has fewer samples than cores, then one device per
+// sample with the cores shared out among them (a device without a chunk would idle). A rule,
+// not a measurement: with one thread per device a replica never waits for another device's
+// thread (DataParallel's caller runs a replica whose thread has no core yet), and then N
+// devices are at least as fast as one device with N threads for the trainer's MLP, CNN and
+// GPT (tools/bench/cpu_layouts.sh measures it). Apply it with SetCpuDeviceCount and
+// SetCpuThreadsPerDevice (examples::ConfigureCpuDevices does both):
+//   const parallel::CpuLayout layout = parallel::ChooseCpuLayout(batch_size);
+CpuLayout ChooseCpuLayout(int64_t batch, int cores = HardwareCores());
 
 class DataParallel : public nn::Module {
  public:

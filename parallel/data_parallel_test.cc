@@ -410,6 +410,21 @@ TEST_F(DataParallelTest, DefaultDevicesAreEveryCpuDeviceWithoutAGpu) {
   EXPECT_EQ(dp.output_device(), Device::Cpu(0));
 }
 
+TEST_F(DataParallelTest, ChooseCpuLayoutGivesEachCoreADeviceWithAChunk) {
+  CpuLayout two = ChooseCpuLayout(/*batch=*/256, /*cores=*/2);
+  EXPECT_EQ(two.devices, CpuDevices(2));
+  EXPECT_EQ(two.threads_per_device, 1);
+  // Fewer samples than cores: no device without a chunk; the cores are shared out.
+  CpuLayout one = ChooseCpuLayout(/*batch=*/1, /*cores=*/2);
+  EXPECT_EQ(one.devices, CpuDevices(1));
+  EXPECT_EQ(one.threads_per_device, 2);
+  CpuLayout three = ChooseCpuLayout(/*batch=*/3, /*cores=*/8);
+  EXPECT_EQ(three.devices, CpuDevices(3));
+  EXPECT_EQ(three.threads_per_device, 2);
+  EXPECT_THAT(ErrorOf([] { ChooseCpuLayout(0, 2); }), HasSubstr("at least 1 sample but has 0"));
+  EXPECT_THAT(ErrorOf([] { ChooseCpuLayout(4, 0); }), HasSubstr("at least 1 core but got 0"));
+}
+
 class Thrower : public nn::Cloneable<Thrower> {
  public:
   explicit Thrower(std::shared_ptr<std::atomic<bool>> armed) : armed_(std::move(armed)) { reset(); }
