@@ -57,13 +57,14 @@ struct CpuLayout {
 
 // The layout to train in with `batch` samples a step on `cores` cores: one logical device per
 // core (one thread each), unless the batch has fewer samples than cores, then one device per
-// sample with the cores shared out among them (a device without a chunk would idle). A rule,
-// not a measurement: with one thread per device a replica never waits for another device's
-// thread (DataParallel's caller runs a replica whose thread has no core yet), and then N
-// devices are at least as fast as one device with N threads for the trainer's MLP, CNN and
-// GPT (tools/bench/cpu_layouts.sh measures it). Apply it with SetCpuDeviceCount and
-// SetCpuThreadsPerDevice (examples::ConfigureCpuDevices does both):
-//   const parallel::CpuLayout layout = parallel::ChooseCpuLayout(batch_size);
+// sample with the cores shared out among them (a device without a chunk would idle). A rule
+// from the batch, not a measurement at start-up: replicas on one-thread devices meet twice a
+// step (the loss, the gradient sum) where one device with N threads splits and joins every
+// op, and the caller runs a replica whose device's thread has not started it once its own is
+// done (DeviceWorker::TryRunQueued). tools/bench/cpu_layouts.sh compares the two layouts on a
+// machine. Apply it with SetCpuDeviceCount and SetCpuThreadsPerDevice
+// (examples::ConfigureCpuDevices does both, with threads = cores / devices when given 0):
+//   const std::vector<Device> devices = parallel::ChooseCpuLayout(batch_size).devices;
 CpuLayout ChooseCpuLayout(int64_t batch, int cores = HardwareCores());
 
 class DataParallel : public nn::Module {
