@@ -55,17 +55,23 @@ struct CpuLayout {
   int threads_per_device = 1;
 };
 
-// The layout to train in with `batch` samples a step on `cores` cores: one logical device per
-// core (one thread each), unless the batch has fewer samples than cores, then one device per
-// sample with the cores shared out among them (a device without a chunk would idle). A rule
-// from the batch, not a measurement at start-up: replicas on one-thread devices meet twice a
-// step (the loss, the gradient sum) where one device with N threads splits and joins every
-// op, and the caller runs a replica whose device's thread has not started it once its own is
-// done (DeviceWorker::TryRunQueued). tools/bench/cpu_layouts.sh compares the two layouts on a
-// machine. Apply it with SetCpuDeviceCount and SetCpuThreadsPerDevice
-// (examples::ConfigureCpuDevices does both, with threads = cores / devices when given 0):
-//   const std::vector<Device> devices = parallel::ChooseCpuLayout(batch_size).devices;
-CpuLayout ChooseCpuLayout(int64_t batch, int cores = HardwareCores());
+// The layout to train a model of `parameters` parameters in, with `batch` samples a step of
+// `rows_per_sample` rows each (tokens for a sequence model, 1 for an image) on `cores` cores. A
+// rule from the model's size and the batch, not a measurement at start-up:
+//  - one logical device per core, one thread each (at most one per sample, so that none
+//    idles), while each replica's rows carry at most kMaxParametersPerReplicaRow parameters:
+//    the replicas meet twice a step (the loss, the gradient sum) where one device with N
+//    threads splits and joins every op;
+//  - else one device with every core: DataParallel's per-step cost grows with the parameters
+//    (one more full gradient per replica, and their sum read and written), the work with the
+//    rows, and a large model on a small batch (GPT-2 124M at 4 x 64 tokens: ~970,000
+//    parameters per row) pays more for the sum than the devices save.
+// `parameters` 0 (unknown) applies the first case. Apply the layout with SetCpuDeviceCount and
+// SetCpuThreadsPerDevice (examples::ConfigureCpuDevices(layout.devices, 0) does both):
+//   const CpuLayout layout = parallel::ChooseCpuLayout(batch_size, parameter_count, tokens);
+inline constexpr int64_t kMaxParametersPerReplicaRow = 65536;
+CpuLayout ChooseCpuLayout(int64_t batch, int64_t parameters = 0, int64_t rows_per_sample = 1,
+                          int cores = HardwareCores());
 
 class DataParallel : public nn::Module {
  public:
