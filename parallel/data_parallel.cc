@@ -56,6 +56,24 @@ std::vector<Device> DefaultDevices() {
   return devices;
 }
 
+CpuLayout ChooseCpuLayout(int64_t batch, int64_t parameters, int64_t rows_per_sample, int cores) {
+  TANDEM_CHECK(batch >= 1, "ChooseCpuLayout: the batch must have at least 1 sample but has ",
+               batch);
+  TANDEM_CHECK(parameters >= 0,
+               "ChooseCpuLayout: the parameter count must be at least 0 (0: ", "unknown) but is ",
+               parameters);
+  TANDEM_CHECK(rows_per_sample >= 1, "ChooseCpuLayout: a sample must have at least 1 row but ",
+               "has ", rows_per_sample);
+  TANDEM_CHECK(cores >= 1, "ChooseCpuLayout: expected at least 1 core but got ", cores);
+  int count = static_cast<int>(std::min<int64_t>(cores, batch));
+  const int64_t rows_per_replica = batch / count * rows_per_sample;
+  if (parameters > kMaxParametersPerReplicaRow * rows_per_replica) count = 1;
+  CpuLayout layout;
+  for (int i = 0; i < count; ++i) layout.devices.push_back(Device::Cpu(i));
+  layout.threads_per_device = cores / count;
+  return layout;
+}
+
 DataParallel::DataParallel(std::shared_ptr<nn::Module> module, std::vector<Device> device_ids,
                            std::optional<Device> output_device, int64_t dim)
     : nn::Module("DataParallel"),

@@ -40,12 +40,38 @@
 #include "nn/module.h"
 #include "parallel/replicate.h"
 #include "tensor/runtime/backend.h"
+#include "tensor/runtime/devices.h"
 #include "tensor/tensor.h"
 
 namespace tandem::parallel {
 
 // The default device list: every CUDA device, or every logical CPU device without one.
 std::vector<Device> DefaultDevices();
+
+// How a CPU-only machine's cores are laid out for data-parallel training: `devices` logical CPU
+// devices (cpu:0 ... cpu:n-1) of `threads_per_device` threads each.
+struct CpuLayout {
+  std::vector<Device> devices;
+  int threads_per_device = 1;
+};
+
+// The layout to train a model of `parameters` parameters in, with `batch` samples a step of
+// `rows_per_sample` rows each (tokens for a sequence model, 1 for an image) on `cores` cores. A
+// rule from the model's size and the batch, not a measurement at start-up:
+//  - one logical device per core, one thread each (at most one per sample, so that none
+//    idles), while each replica's rows carry at most kMaxParametersPerReplicaRow parameters:
+//    the replicas meet twice a step (the loss, the gradient sum) where one device with N
+//    threads splits and joins every op;
+//  - else one device with every core: DataParallel's per-step cost grows with the parameters
+//    (one more full gradient per replica, and their sum read and written), the work with the
+//    rows, and a large model on a small batch (GPT-2 124M at 4 x 64 tokens: ~970,000
+//    parameters per row) pays more for the sum than the devices save.
+// `parameters` 0 (unknown) applies the first case. Apply the layout with SetCpuDeviceCount and
+// SetCpuThreadsPerDevice (examples::ConfigureCpuDevices(layout.devices, 0) does both):
+//   const CpuLayout layout = parallel::ChooseCpuLayout(batch_size, parameter_count, tokens);
+inline constexpr int64_t kMaxParametersPerReplicaRow = 65536;
+CpuLayout ChooseCpuLayout(int64_t batch, int64_t parameters = 0, int64_t rows_per_sample = 1,
+                          int cores = HardwareCores());
 
 class DataParallel : public nn::Module {
  public:

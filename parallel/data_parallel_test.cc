@@ -410,6 +410,42 @@ TEST_F(DataParallelTest, DefaultDevicesAreEveryCpuDeviceWithoutAGpu) {
   EXPECT_EQ(dp.output_device(), Device::Cpu(0));
 }
 
+TEST_F(DataParallelTest, ChooseCpuLayoutGivesEachCoreADeviceWithAChunk) {
+  CpuLayout two = ChooseCpuLayout(/*batch=*/256, /*parameters=*/0, 1, /*cores=*/2);
+  EXPECT_EQ(two.devices, CpuDevices(2));
+  EXPECT_EQ(two.threads_per_device, 1);
+  // Fewer samples than cores: no device without a chunk; the cores are shared out.
+  CpuLayout one = ChooseCpuLayout(/*batch=*/1, 0, 1, /*cores=*/2);
+  EXPECT_EQ(one.devices, CpuDevices(1));
+  EXPECT_EQ(one.threads_per_device, 2);
+  CpuLayout three = ChooseCpuLayout(/*batch=*/3, 0, 1, /*cores=*/8);
+  EXPECT_EQ(three.devices, CpuDevices(3));
+  EXPECT_EQ(three.threads_per_device, 2);
+}
+
+TEST_F(DataParallelTest, ChooseCpuLayoutKeepsALargeModelOnASmallBatchOnOneDevice) {
+  // The trainer's MLP (235,146 parameters) at batch 256 and the small GPT (~0.84M) at 16 x 64
+  // tokens: a device per core. GPT-2 (124,439,808) at 4 x 64 tokens: one device, 2 threads;
+  // at 4096 sequences, devices again.
+  EXPECT_EQ(ChooseCpuLayout(256, 235146, 1, 2).devices, CpuDevices(2));
+  EXPECT_EQ(ChooseCpuLayout(16, 840000, 64, 2).devices, CpuDevices(2));
+  const CpuLayout gpt2 = ChooseCpuLayout(4, 124439808, 64, 2);
+  EXPECT_EQ(gpt2.devices, CpuDevices(1));
+  EXPECT_EQ(gpt2.threads_per_device, 2);
+  EXPECT_EQ(ChooseCpuLayout(4096, 124439808, 64, 2).devices, CpuDevices(2));
+  // The boundary: exactly kMaxParametersPerReplicaRow per row still gets devices.
+  EXPECT_EQ(ChooseCpuLayout(4, 2 * 10 * kMaxParametersPerReplicaRow, 10, 2).devices, CpuDevices(2));
+  EXPECT_EQ(ChooseCpuLayout(4, 2 * 10 * kMaxParametersPerReplicaRow + 1, 10, 2).devices,
+            CpuDevices(1));
+}
+
+TEST_F(DataParallelTest, ChooseCpuLayoutRejectsImpossibleInputs) {
+  EXPECT_THAT(ErrorOf([] { ChooseCpuLayout(0); }), HasSubstr("at least 1 sample but has 0"));
+  EXPECT_THAT(ErrorOf([] { ChooseCpuLayout(4, -1); }), HasSubstr("at least 0 (0: unknown)"));
+  EXPECT_THAT(ErrorOf([] { ChooseCpuLayout(4, 0, 0); }), HasSubstr("at least 1 row but has 0"));
+  EXPECT_THAT(ErrorOf([] { ChooseCpuLayout(4, 0, 1, 0); }), HasSubstr("at least 1 core but got 0"));
+}
+
 class Thrower : public nn::Cloneable<Thrower> {
  public:
   explicit Thrower(std::shared_ptr<std::atomic<bool>> armed) : armed_(std::move(armed)) { reset(); }
