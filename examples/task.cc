@@ -177,6 +177,7 @@ class TextTask : public Task {
   explicit TextTask(TaskOptions options) : options_(std::move(options)) {}
 
   std::string DataName() const override { return "fortunes"; }
+  int64_t rows_per_sample() const override { return options_.gpt.block_size(); }
   std::shared_ptr<nn::Module> MakeModel() override {
     gpt_ = std::make_shared<Gpt>(options_.gpt);
     return gpt_;

@@ -95,6 +95,9 @@ class Task {
   // passed to DataParallel::forward_loss.
   virtual nn::Module& criterion() = 0;
   virtual int64_t eval_batch_size() const = 0;
+  // Rows each sample puts through the model's layers (tokens for text, 1 for an image): the
+  // work per sample that parallel::ChooseCpuLayout weighs against the parameters.
+  virtual int64_t rows_per_sample() const { return 1; }
 
   // After evaluating an epoch: its test metrics for the epoch line, e.g. "test loss 0.4 ...".
   virtual std::string EpochMetrics(const EpochStats& epoch) const = 0;

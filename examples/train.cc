@@ -57,7 +57,8 @@
 ABSL_FLAG(std::string, devices, "",
           "Devices to train on, comma-separated (cpu:0,cpu:1 or cuda:0,cuda:1); the model lives "
           "on the first, each batch is split across all. Default: every CUDA GPU, or without "
-          "one a logical CPU device per core");
+          "one the CPU layout the model's size suits (parallel::ChooseCpuLayout: a logical "
+          "device per core, or one device with every core for large models)");
 ABSL_FLAG(std::string, device, "", "One device to train on: an alias of --devices=DEVICE");
 ABSL_FLAG(int, threads, 0,
           "Cores each CPU device may use (0: the machine's cores / the number of CPU devices)");
@@ -196,7 +197,26 @@ examples::TaskOptions TaskOptionsFromFlags() {
 int Run() {
   const examples::TaskOptions task_options = TaskOptionsFromFlags();
   if (absl::GetFlag(FLAGS_distributed)) return examples::RunDistributedTraining(task_options);
-  const std::vector<Device> devices = ResolveDevices();
+  std::unique_ptr<examples::Task> task = examples::MakeTask(task_options);
+  std::vector<Device> devices = ResolveDevices();
+  // Without --devices, --device and --threads on a machine without a GPU, the layout follows
+  // the model's size (parallel::ChooseCpuLayout): a logical device per core for models whose
+  // replicas meet cheaply, one device with every core when the per-step gradient sum over
+  // the parameters would outweigh the split.
+  std::string layout_note;
+  if (absl::GetFlag(FLAGS_devices).empty() && absl::GetFlag(FLAGS_device).empty() &&
+      absl::GetFlag(FLAGS_threads) == 0 && !devices.empty() && devices[0].is_cpu()) {
+    manual_seed(absl::GetFlag(FLAGS_seed));
+    int64_t parameters = 0;
+    for (const Tensor& p : task->MakeModel()->parameters()) parameters += p.numel();
+    devices =
+        parallel::ChooseCpuLayout(task_options.batch_size, parameters, task->rows_per_sample())
+            .devices;
+    layout_note = absl::StrFormat(
+        "Layout: %d logical CPU device%s, chosen for %d parameters at batch %d "
+        "(parallel::ChooseCpuLayout; --devices and --threads choose another)\n",
+        devices.size(), devices.size() == 1 ? "" : "s", parameters, task_options.batch_size);
+  }
   const int threads = examples::ConfigureCpuDevices(devices, absl::GetFlag(FLAGS_threads));
   const int epochs = absl::GetFlag(FLAGS_epochs);
   const int batch_size = static_cast<int>(task_options.batch_size);
@@ -224,7 +244,6 @@ int Run() {
           "; try --weight_decay=5e-4");
   Require(absl::GetFlag(FLAGS_workers) >= 0, "--workers must be at least 0 but is ",
           absl::GetFlag(FLAGS_workers));
-  std::unique_ptr<examples::Task> task = examples::MakeTask(task_options);
   // Every output's folder is checked now: a bad path must not cost a whole run.
   examples::RequireWritableFile("--checkpoint", checkpoint);
   examples::RequireWritableFile("--save", absl::GetFlag(FLAGS_save));
@@ -286,6 +305,7 @@ int Run() {
   const std::vector<int64_t> full_split =
       parallel::ChunkSizes(batch_size, static_cast<int64_t>(devices.size()));
   std::printf("%s\n", task->DataLine().c_str());
+  std::printf("%s", layout_note.c_str());
   std::printf("DataParallel on %s", examples::DeviceNames(devices, ", ").c_str());
   if (threads > 0) std::printf(" (%d thread%s per CPU device)", threads, threads == 1 ? "" : "s");
   std::printf(", batch %d split %s", batch_size, Split(full_split).c_str());
