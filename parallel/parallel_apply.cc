@@ -92,11 +92,8 @@ std::vector<std::vector<Tensor>> ParallelRun(
       errors[i] = std::current_exception();
     }
   }
-  // Replicas of equal chunks finish close together: look for the others before sleeping, and
-  // run any replica whose device's thread has not started it yet (on a busy machine that
-  // thread may wait milliseconds for a core).
-  SpinWaitHelping([&] { return finished.load(std::memory_order_acquire) == submitted; },
-                  kHandOffSpin);
+  // Replicas of equal chunks finish close together: look for the others before sleeping.
+  SpinWait([&] { return finished.load(std::memory_order_acquire) == submitted; }, kHandOffSpin);
   for (auto& f : pending) {
     if (f.valid()) f.wait();  // every replica stops before anything is rethrown
   }

@@ -362,12 +362,11 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
     while (true) {
       if (outstanding_ != 0 && local_tasks_.empty()) {
         // Another device's nodes are running; the next event (a node for this thread, or the
-        // end) often follows within microseconds, sooner than a sleeping thread wakes. A CPU
-        // device's nodes still queued for its thread are run here meanwhile.
+        // end) often follows within microseconds, sooner than a sleeping thread wakes.
         const int seen = wake_signals_.load(std::memory_order_acquire);
         lock.unlock();
-        SpinWaitHelping([&] { return wake_signals_.load(std::memory_order_acquire) != seen; },
-                        kHandOffSpin);
+        SpinWait([&] { return wake_signals_.load(std::memory_order_acquire) != seen; },
+                 kHandOffSpin);
         lock.lock();
       }
       wake_.wait(lock, [this] { return outstanding_ == 0 || !local_tasks_.empty(); });

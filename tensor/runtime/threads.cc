@@ -238,82 +238,17 @@ void DeviceWorker::Loop() {
       SpinWait([this] { return queued_.load(std::memory_order_acquire) > 0; }, kHandOffSpin);
       lock.lock();
     }
-    // A task that another thread took over (TryRunQueued) ends before the next one starts.
-    ready_.wait(lock, [this] { return !running_ && (stopping_ || !tasks_.empty()); });
+    ready_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
     if (tasks_.empty()) break;  // stopping, and the queue is drained
     std::function<void()> task = std::move(tasks_.front());
     tasks_.pop_front();
     queued_.store(tasks_.size(), std::memory_order_release);
-    running_ = true;
     lock.unlock();
     task();
     task = nullptr;  // release captured state outside the lock, before waiting again
     lock.lock();
-    running_ = false;
   }
   t_current_worker = nullptr;
-}
-
-bool DeviceWorker::TryRunQueued() {
-  if (!device_.is_cpu() || t_current_worker == this ||
-      queued_.load(std::memory_order_acquire) == 0) {
-    return false;
-  }
-  std::function<void()> task;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (running_ || tasks_.empty()) return false;
-    task = std::move(tasks_.front());
-    tasks_.pop_front();
-    queued_.store(tasks_.size(), std::memory_order_release);
-    running_ = true;
-  }
-  {
-    WorkerScope as_worker(this);
-    task();  // Post's tasks do not throw
-    task = nullptr;
-  }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    running_ = false;
-  }
-  // The worker may be asleep until running_ clears, with tasks queued behind this one.
-  ready_.notify_all();
-  return true;
-}
-
-namespace {
-
-// Runs one task queued for a CPU device's worker that is between tasks, if there is one.
-bool RunQueuedCpuTask() {
-  Registry& registry = GetRegistry();
-  const int type = static_cast<int>(DeviceType::kCPU);
-  for (int i = 0; i < kFastSlots; ++i) {
-    DeviceWorker* worker = registry.fast_workers[type][i].load(std::memory_order_acquire);
-    if (worker != nullptr && worker->TryRunQueued()) return true;
-  }
-  return false;
-}
-
-}  // namespace
-
-bool SpinWaitHelping(const std::function<bool()>& ready, std::chrono::microseconds budget) {
-  if (t_in_parallel_region) return SpinWait(ready, budget);
-  using Clock = std::chrono::steady_clock;
-  Clock::time_point start = Clock::now();
-  while (true) {
-    for (int i = 0; i < 32; ++i) {
-      if (ready()) return true;
-      PauseCore();
-    }
-    if (RunQueuedCpuTask()) {
-      start = Clock::now();  // more hand-offs are likely to follow the task it ran
-      continue;
-    }
-    const Clock::time_point now = Clock::now();
-    if (now >= start + budget) return ready();
-    if (now >= start + std::chrono::microseconds(20)) std::this_thread::yield();
-  }
 }
 
 // ---- ThreadPool -------------------------------------------------------------------------

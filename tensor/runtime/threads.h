@@ -59,14 +59,6 @@ class DeviceWorker {
   // (tensor/runtime/stream.h) the calling thread has now.
   void Post(std::function<void()> task);
 
-  // Runs the oldest queued task on the calling thread, acting as this worker (Current() is
-  // this worker while it runs), if the worker is between tasks; returns whether it ran one.
-  // The worker's tasks still run one at a time and in order, only not always on its thread:
-  // a thread that waits for a CPU device's work takes it over rather than waiting for that
-  // device's thread to be scheduled (on a busy machine, milliseconds). CPU devices only (their
-  // kernels run on whichever thread calls them); false for others.
-  bool TryRunQueued();
-
  private:
   void Loop();
 
@@ -77,8 +69,6 @@ class DeviceWorker {
   // tasks_.size(), readable without the lock: a worker that has just finished a task polls it
   // for a moment before sleeping (see Loop).
   std::atomic<size_t> queued_{0};
-  // A task of this worker is running (on its thread or on one that took it over).
-  bool running_ = false;
   bool stopping_ = false;
   std::thread thread_;
 };
@@ -139,16 +129,6 @@ class ThreadPool {
 // thread costs tens of microseconds (more in a virtual machine), a step of DataParallel hands
 // work between threads several times, and a thread that yields costs the others little.
 bool SpinWait(const std::function<bool()>& ready, std::chrono::microseconds budget);
-
-// SpinWait that, between polls, runs tasks queued for CPU devices' workers that are between
-// tasks (DeviceWorker::TryRunQueued), and polls again for `budget` after each. For a thread
-// that waits for other CPU devices' work to finish and blocks nothing they need (holds no
-// lock they take): DataParallel's caller waiting for the replicas, the autograd engine's
-// caller waiting for other devices' nodes. With one thread per device, a replica otherwise
-// waits for its device's thread to get a core; a device with N threads never waits so, since
-// its caller takes the chunks that no helper has started. Inside a ParallelFor chunk it only
-// spins.
-bool SpinWaitHelping(const std::function<bool()>& ready, std::chrono::microseconds budget);
 
 // How long a thread that hands work to another (or has just finished its own) polls for the
 // next event before sleeping: an idle device worker for its next task, parallel_apply's and

@@ -3,9 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstdio>
-#include <future>
-#include <mutex>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -110,81 +107,6 @@ TEST(DeviceWorkerTest, WorkersOfDifferentDevicesRunConcurrently) {
   std::future<int> b = DeviceWorker::For(Device::Cpu(1)).Submit(task);
   EXPECT_EQ(a.get(), 2);
   EXPECT_EQ(b.get(), 2);
-}
-
-TEST(DeviceWorkerTest, TasksTakenOverByAnotherThreadStillRunOneAtATimeInOrder) {
-  DeviceWorker& worker = DeviceWorker::For(Device::Cpu(3));
-  constexpr int kTasks = 2000;
-  std::mutex mutex;  // the order is checked, not assumed
-  std::vector<int> order;
-  std::atomic<int> running{0}, most_at_once{0}, wrong_worker{0}, taken_over{0}, done{0};
-  const std::thread::id main_thread = std::this_thread::get_id();
-  for (int i = 0; i < kTasks; ++i) {
-    worker.Post([&, i] {
-      const int now = ++running;
-      int seen = most_at_once.load();
-      while (now > seen && !most_at_once.compare_exchange_weak(seen, now)) {
-      }
-      if (DeviceWorker::Current() != &worker) ++wrong_worker;
-      if (std::this_thread::get_id() == main_thread) ++taken_over;
-      {
-        std::lock_guard<std::mutex> lock(mutex);
-        order.push_back(i);
-      }
-      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(5);
-      while (std::chrono::steady_clock::now() < until) {
-      }
-      --running;
-      ++done;
-    });
-  }
-  while (done.load() < kTasks) worker.TryRunQueued();
-  EXPECT_EQ(DeviceWorker::Current(), nullptr);  // the scope ended with each task
-  EXPECT_EQ(most_at_once.load(), 1);
-  EXPECT_EQ(wrong_worker.load(), 0);
-  ASSERT_EQ(order.size(), static_cast<size_t>(kTasks));
-  for (int i = 0; i < kTasks; ++i) ASSERT_EQ(order[i], i);
-  std::printf("%d of %d tasks ran on the thread that took them over\n", taken_over.load(), kTasks);
-}
-
-TEST(DeviceWorkerTest, NoTaskIsTakenOverWhileTheWorkerRunsOne) {
-  DeviceWorker& worker = DeviceWorker::For(Device::Cpu(3));
-  std::promise<void> release;
-  std::shared_future<void> released = release.get_future().share();
-  std::promise<void> started;
-  std::future<void> first = worker.Submit([&] {
-    started.set_value();
-    released.wait();
-  });
-  started.get_future().wait();
-  std::atomic<bool> second_ran{false};
-  std::future<void> second = worker.Submit([&] { second_ran = true; });
-  EXPECT_FALSE(worker.TryRunQueued());
-  EXPECT_FALSE(second_ran.load());
-  release.set_value();
-  first.get();
-  second.get();
-  EXPECT_TRUE(second_ran.load());
-}
-
-TEST(DeviceWorkerTest, OnlyCpuWorkersAreTakenOver) {
-  DeviceWorker& worker = DeviceWorker::For(Device::Cuda(0));
-  std::promise<void> release;
-  std::shared_future<void> released = release.get_future().share();
-  std::future<void> first = worker.Submit([released] { released.wait(); });
-  std::future<std::thread::id> second = worker.Submit([] { return std::this_thread::get_id(); });
-  EXPECT_FALSE(worker.TryRunQueued());
-  release.set_value();
-  first.get();
-  EXPECT_NE(second.get(), std::this_thread::get_id());
-}
-
-TEST(SpinWaitHelpingTest, RunsQueuedCpuWorkUntilReady) {
-  DeviceWorker& worker = DeviceWorker::For(Device::Cpu(3));
-  std::atomic<int> done{0};
-  for (int i = 0; i < 100; ++i) worker.Post([&] { ++done; });
-  EXPECT_TRUE(SpinWaitHelping([&] { return done.load() == 100; }, std::chrono::seconds(10)));
-  EXPECT_FALSE(SpinWaitHelping([] { return false; }, std::chrono::microseconds(50)));
 }
 
 TEST(DeviceWorkerTest, DestructorFinishesQueuedTasksThenJoins) {
