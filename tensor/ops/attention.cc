@@ -157,7 +157,8 @@ void* Data(const Tensor& t) { return t.defined() ? ToKernel(t).data : nullptr; }
 
 // The fused kernels: one autograd node whose backward is AttentionBackward.
 Tensor FusedAttention(const Tensor& query, const Tensor& key, const Tensor& value,
-                      const KernelMask& mask, bool is_causal, double factor) {
+                      const KernelMask& mask, bool is_causal, double factor, double dropout_p,
+                      Generator* gen) {
   const Shape lead(query.shape().begin(), query.shape().end() - 2);
   AttentionGeometry g;
   g.query_len = query.size(-2);
@@ -172,6 +173,16 @@ Tensor FusedAttention(const Tensor& query, const Tensor& key, const Tensor& valu
   g.mask_batch_stride = mask.batch_stride;
   g.mask_head_stride = mask.head_stride;
   g.mask_row_stride = mask.row_stride;
+  if (dropout_p > 0.0) {
+    // The counters `dropout` of the [batch, L, S] weights would take, from the same generator
+    // (the device's own unless one is given), so that the mask does not depend on the path.
+    Generator& generator = gen != nullptr ? *gen : default_generator(query.device());
+    const GeneratorState claimed =
+        generator.Claim(static_cast<uint64_t>(g.batch * g.query_len * g.key_len));
+    g.dropout_p = dropout_p;
+    g.dropout_seed = claimed.seed;
+    g.dropout_offset = claimed.offset;
+  }
   const Tensor q = query.detach().contiguous(), k = key.detach().contiguous(),
                v = value.detach().contiguous();
   Shape out_shape = lead;
@@ -214,7 +225,7 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
   // The fused kernels take heads that match one for one; the rest goes the composed way.
   const Shape lead(query.shape().begin(), query.shape().end() - 2);
   const bool fusable =
-      dropout_p == 0.0 && key.dtype() == query.dtype() && value.dtype() == query.dtype() &&
+      key.dtype() == query.dtype() && value.dtype() == query.dtype() &&
       key.device() == query.device() && value.device() == query.device() &&
       key.dim() == query.dim() && value.dim() == query.dim() &&
       std::equal(lead.begin(), lead.end(), key.shape().begin()) &&
@@ -224,7 +235,8 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
   KernelMask mask;
   if (fusable && (!attn_mask.defined() || MakeKernelMask(attn_mask, lead, query.size(-2),
                                                          key.size(-2), query.dtype(), &mask))) {
-    return FusedAttention(query, key, value, mask, is_causal, ScaleFactor(query, scale));
+    return FusedAttention(query, key, value, mask, is_causal, ScaleFactor(query, scale), dropout_p,
+                          gen);
   }
   return internal::ComposedScaledDotProductAttention(query, key, value, attn_mask, dropout_p,
                                                      is_causal, scale, gen);

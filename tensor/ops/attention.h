@@ -34,9 +34,15 @@ class Generator;
 // dimensions (no broadcasting between them). A bool or floating attn_mask is passed to the
 // kernel as an additive mask, without a copy per head unless its leading dimensions before the
 // last one do not nest into one stride. The composed path (matmul, softmax, matmul: the L x S
-// scores in memory) takes the rest: dropout_p > 0, broadcast heads, mixed dtypes, a mask that
-// requires grad, a mask with more dimensions than q, and empty keys or features. The fused backward
-// is not itself differentiable (no double backward), as PyTorch's flash attention.
+// scores in memory) takes the rest: broadcast heads, mixed dtypes, a mask that requires grad, a
+// mask with more dimensions than q, and empty keys or features. The fused backward is not
+// itself differentiable (no double backward), as PyTorch's flash attention.
+//
+// Dropout (dropout_p > 0) draws from `gen`, or the query's device's default generator, as
+// `dropout` does: both paths reserve batch * L * S Philox counters and drop weight (b, i, j)
+// where philox::Uniform(seed, offset + (b * L + i) * S + j) < dropout_p (b the flattened
+// leading dimensions), so one generator state gives one mask on every backend and path. The
+// fused kernels drop the normalised weights and regenerate the mask in the backward.
 Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
                                     const Tensor& attn_mask = Tensor(), double dropout_p = 0.0,
                                     bool is_causal = false,

@@ -11,6 +11,7 @@
 #include <limits>
 #include <vector>
 
+#include "tensor/base/philox.h"
 #include "tensor/core/autograd.h"
 #include "tensor/gradcheck.h"
 #include "tensor/tensor.h"
@@ -306,7 +307,7 @@ TEST(FusedAttentionTest, AutocastRunsInTheLowerPrecision) {
   EXPECT_EQ(Excess(y, expected, 0.0), 0.0);
 }
 
-TEST(FusedAttentionTest, BroadcastHeadsAndDropoutTakeTheComposedPath) {
+TEST(FusedAttentionTest, BroadcastHeadsTakeTheComposedPathAndDropoutTheFusedOne) {
   const Tensor q = Randn({2, 3, 5, 4}, 46), k = Randn({3, 7, 4}, 47), v = Randn({3, 7, 4}, 48);
   const Tensor y = scaled_dot_product_attention(q, k, v);
   const Tensor expected = scaled_dot_product_attention(q, k.unsqueeze(0).expand({2, 3, 7, 4}),
@@ -315,11 +316,189 @@ TEST(FusedAttentionTest, BroadcastHeadsAndDropoutTakeTheComposedPath) {
   Generator gen(49);
   Tensor lq = q.detach();
   lq.set_requires_grad(true);
-  EXPECT_NE(scaled_dot_product_attention(lq, k.expand({2, 3, 7, 4}), v.expand({2, 3, 7, 4}),
+  EXPECT_NE(scaled_dot_product_attention(lq, k, v, Tensor(), 0.5, false, std::nullopt, &gen)
+                .grad_fn()
+                ->name(),
+            "ScaledDotProductAttentionBackward");
+  EXPECT_EQ(scaled_dot_product_attention(lq, k.expand({2, 3, 7, 4}), v.expand({2, 3, 7, 4}),
                                          Tensor(), 0.5, false, std::nullopt, &gen)
                 .grad_fn()
                 ->name(),
             "ScaledDotProductAttentionBackward");
+}
+
+// ---- Dropout inside the fused kernels -----------------------------------------------------
+
+// The keep mask as Geometry's dropout_* define it, recomputed on the host: weight (b, i, j) of
+// the flattened [batch, L, S] weights is kept where its Philox uniform is at least p.
+bool HostKeeps(uint64_t seed, uint64_t offset, int64_t index, double p) {
+  return static_cast<double>(philox::Uniform(seed, offset + static_cast<uint64_t>(index))) >= p;
+}
+
+struct HostDropoutResult {
+  std::vector<double> out, dq, dk, dv;
+};
+
+// Attention with dropout on the weights, forward and backward, in double on the host, written
+// from the definition out = (P * Z) v with Z = keep / (1 - p) (no log-sum-exp tricks).
+HostDropoutResult HostDropoutAttention(const std::vector<double>& q, const std::vector<double>& k,
+                                       const std::vector<double>& v,
+                                       const std::vector<double>& dout, int64_t batch, int64_t l,
+                                       int64_t s, int64_t e, int64_t ev, bool causal, double p,
+                                       uint64_t seed, uint64_t offset) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(e));
+  HostDropoutResult r;
+  r.out.assign(static_cast<size_t>(batch * l * ev), 0.0);
+  r.dq.assign(static_cast<size_t>(batch * l * e), 0.0);
+  r.dk.assign(static_cast<size_t>(batch * s * e), 0.0);
+  r.dv.assign(static_cast<size_t>(batch * s * ev), 0.0);
+  std::vector<double> w(static_cast<size_t>(s)), z(static_cast<size_t>(s)),
+      dw(static_cast<size_t>(s));
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t i = 0; i < l; ++i) {
+      const double* qi = &q[(b * l + i) * e];
+      const double* doi = &dout[(b * l + i) * ev];
+      double max_score = -std::numeric_limits<double>::infinity();
+      for (int64_t j = 0; j < s; ++j) {
+        w[j] = -std::numeric_limits<double>::infinity();
+        if (causal && j > i) continue;
+        double dot = 0.0;
+        for (int64_t c = 0; c < e; ++c) dot += qi[c] * k[(b * s + j) * e + c];
+        w[j] = dot * scale;
+        max_score = std::max(max_score, w[j]);
+      }
+      double total = 0.0;
+      for (int64_t j = 0; j < s; ++j) total += std::exp(w[j] - max_score);
+      for (int64_t j = 0; j < s; ++j) {
+        w[j] = std::exp(w[j] - max_score) / total;
+        z[j] = HostKeeps(seed, offset, (b * l + i) * s + j, p) ? 1.0 / (1.0 - p) : 0.0;
+      }
+      // out_i = sum_j w z v_j; d(w z)_j = dout_i . v_j; dw_j = z_j dout_i . v_j.
+      double wdw = 0.0;
+      for (int64_t j = 0; j < s; ++j) {
+        double dot = 0.0;
+        for (int64_t c = 0; c < ev; ++c) {
+          r.out[(b * l + i) * ev + c] += w[j] * z[j] * v[(b * s + j) * ev + c];
+          r.dv[(b * s + j) * ev + c] += w[j] * z[j] * doi[c];
+          dot += doi[c] * v[(b * s + j) * ev + c];
+        }
+        dw[j] = z[j] * dot;
+        wdw += w[j] * dw[j];
+      }
+      for (int64_t j = 0; j < s; ++j) {
+        const double ds = w[j] * (dw[j] - wdw) * scale;  // softmax's backward, then the scale
+        for (int64_t c = 0; c < e; ++c) {
+          r.dq[(b * l + i) * e + c] += ds * k[(b * s + j) * e + c];
+          r.dk[(b * s + j) * e + c] += ds * qi[c];
+        }
+      }
+    }
+  }
+  return r;
+}
+
+std::vector<double> AsDoubles(const Tensor& t) {
+  return t.to(kFloat64).contiguous().to_vector<double>();
+}
+
+void ExpectAllNear(const Tensor& actual, const std::vector<double>& expected, double tol,
+                   const char* what) {
+  const std::vector<double> got = AsDoubles(actual);
+  ASSERT_EQ(got.size(), expected.size()) << what;
+  int bad = 0;
+  for (size_t i = 0; i < got.size() && bad < 5; ++i) {
+    if (!(std::abs(got[i] - expected[i]) <= tol)) {
+      ++bad;
+      ADD_FAILURE() << what << " at " << i << ": " << got[i] << " vs " << expected[i];
+    }
+  }
+}
+
+TEST(FusedAttentionDropoutTest, MatchesHostOracleWithTheSameMask) {
+  // L and S past a query block (64) and a key tile (128) with ragged ends.
+  const int64_t b = 2, h = 3, l = 70, s = 150, e = 8, ev = 5;
+  const double p = 0.3;
+  for (DType dtype : {kFloat32, kFloat64}) {
+    for (bool causal : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << dtype << (causal ? " causal" : ""));
+      Tensor q = Randn({b, h, l, e}, 60).to(dtype), k = Randn({b, h, s, e}, 61).to(dtype),
+             v = Randn({b, h, s, ev}, 62).to(dtype);
+      const Tensor dout = Randn({b, h, l, ev}, 63).to(dtype);
+      for (Tensor* t : {&q, &k, &v}) t->set_requires_grad(true);
+      Generator gen(64);
+      const GeneratorState before = gen.state();
+      const Tensor y =
+          scaled_dot_product_attention(q, k, v, Tensor(), p, causal, std::nullopt, &gen);
+      ASSERT_EQ(y.grad_fn()->name(), "ScaledDotProductAttentionBackward");
+      EXPECT_GE(gen.state().offset - before.offset, static_cast<uint64_t>(b * h * l * s));
+      y.backward(dout);
+      const HostDropoutResult expected =
+          HostDropoutAttention(AsDoubles(q), AsDoubles(k), AsDoubles(v), AsDoubles(dout), b * h, l,
+                               s, e, ev, causal, p, before.seed, before.offset);
+      const double tol = dtype == kFloat64 ? 1e-12 : 2e-5;
+      ExpectAllNear(y, expected.out, tol, "out");
+      ExpectAllNear(q.grad(), expected.dq, tol, "dq");
+      ExpectAllNear(k.grad(), expected.dk, tol, "dk");
+      ExpectAllNear(v.grad(), expected.dv, tol, "dv");
+    }
+  }
+}
+
+TEST(FusedAttentionDropoutTest, DrawsTheComposedPathsMaskFromTheSameGeneratorState) {
+  const Tensor q = Randn({2, 2, 9, 4}, 70).to(kFloat64), k = Randn({2, 2, 11, 4}, 71).to(kFloat64),
+               v = Randn({2, 2, 11, 3}, 72).to(kFloat64);
+  Generator fused_gen(73), composed_gen(73);
+  const Tensor fused =
+      scaled_dot_product_attention(q, k, v, Tensor(), 0.4, true, std::nullopt, &fused_gen);
+  const Tensor composed = internal::ComposedScaledDotProductAttention(q, k, v, Tensor(), 0.4, true,
+                                                                      std::nullopt, &composed_gen);
+  ExpectAllNear(fused, AsDoubles(composed), 1e-12, "out");
+  EXPECT_EQ(fused_gen.state(), composed_gen.state());
+  // The next call draws the next mask.
+  const Tensor again =
+      scaled_dot_product_attention(q, k, v, Tensor(), 0.4, true, std::nullopt, &fused_gen);
+  EXPECT_GT(amax(abs(sub(again, fused)).reshape({-1}), 0).item<double>(), 1e-3);
+}
+
+TEST(FusedAttentionDropoutTest, GradientsMatchFiniteDifferences) {
+  const Tensor q = Param64(Randn({2, 2, 5, 4}, 80)), k = Param64(Randn({2, 2, 7, 4}, 81)),
+               v = Param64(Randn({2, 2, 7, 3}, 82));
+  for (bool causal : {false, true}) {
+    // A fresh generator per evaluation: every one drops the same weights.
+    EXPECT_GRADIENTS_MATCH(
+        [causal](const Inputs& in) {
+          Generator gen(83);
+          return scaled_dot_product_attention(in[0], in[1], in[2], Tensor(), 0.35, causal,
+                                              std::nullopt, &gen);
+        },
+        {q, k, v});
+  }
+  const Tensor bias = Randn({7}, 84).to(kFloat64);
+  EXPECT_GRADIENTS_MATCH(
+      [bias](const Inputs& in) {
+        Generator gen(85);
+        return scaled_dot_product_attention(in[0], in[1], in[2], bias, 0.2, false, std::nullopt,
+                                            &gen);
+      },
+      {q, k, v});
+}
+
+TEST(FusedAttentionDropoutTest, DropsAboutAFractionPOfTheWeights) {
+  // With v the identity, out[i, j] is weight (i, j) after dropout: zero exactly where dropped.
+  const int64_t batch = 4, n = 128;
+  const Tensor q = Randn({batch, n, 16}, 90), k = Randn({batch, n, 16}, 91);
+  std::vector<float> identity(static_cast<size_t>(n * n), 0.0f);
+  for (int64_t j = 0; j < n; ++j) identity[static_cast<size_t>(j * n + j)] = 1.0f;
+  const Tensor v = from_vector(identity, {n, n}).unsqueeze(0).expand({batch, n, n}).contiguous();
+  for (double p : {0.1, 0.5}) {
+    Generator gen(92);
+    const Tensor y = scaled_dot_product_attention(q, k, v, Tensor(), p, false, std::nullopt, &gen);
+    const double dropped = mean(eq(y, zeros_like(y)).to(kFloat64)).item<double>();
+    // 65536 weights: the standard deviation of the fraction is at most 0.002.
+    EXPECT_NEAR(dropped, p, 0.01);
+    // The kept weights are scaled so that each row's expected sum stays 1.
+    EXPECT_NEAR(mean(sum(y, {-1})).item<double>(), 1.0, 0.02);
+  }
 }
 
 TEST(AttentionTest, BadInputSaysWhatWasExpected) {

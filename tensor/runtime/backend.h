@@ -255,6 +255,17 @@ struct AttentionGeometry {
     return (b / mask_heads) * mask_batch_stride + (b % mask_heads) * mask_head_stride +
            i * mask_row_stride;
   }
+  // Dropout on the normalised weights (FlashAttention's): weight (b, i, j) is kept, scaled by
+  // 1 / (1 - dropout_p), where philox::Uniform(dropout_seed, dropout_counter(b, i, j)) >=
+  // dropout_p, and zeroed elsewhere; the log-sum-exp is that of the undropped weights. The
+  // mask is a pure function of these three fields, so the backward regenerates it and every
+  // backend draws the same one: the counters are those `dropout` of the [batch, query_len,
+  // key_len] weights would use (the caller reserves batch * query_len * key_len of them).
+  double dropout_p = 0.0;
+  uint64_t dropout_seed = 0, dropout_offset = 0;
+  constexpr uint64_t dropout_counter(int64_t b, int64_t i, int64_t j) const {
+    return dropout_offset + static_cast<uint64_t>((b * query_len + i) * key_len + j);
+  }
 };
 
 class Backend {

@@ -16,6 +16,7 @@
 
 #include "tensor/base/error.h"
 #include "tensor/base/half.h"
+#include "tensor/base/philox.h"
 #include "tensor/kernels/float_conversions.h"
 #include "tensor/kernels/vectorized.h"
 #include "tensor/runtime/threads.h"
@@ -174,6 +175,38 @@ TANDEM_VECTORIZE int64_t MaskScores(const AttentionGeometry& g, const T* mask, i
   return allowed;
 }
 
+// The dropout factors of row i's keys j0..j0+cols (Geometry's dropout_*): 1 / (1 - p) where
+// kept, 0 where dropped. Each Philox block gives four consecutive counters' uniforms.
+template <typename C>
+void DropoutFactors(const AttentionGeometry& g, int64_t b, int64_t i, int64_t j0, int64_t cols,
+                    C* z) {
+  const C kept = static_cast<C>(1.0 / (1.0 - g.dropout_p));
+  const uint64_t key = g.dropout_seed ^ philox::kUniformStream;
+  const uint64_t first = g.dropout_counter(b, i, j0);
+  int64_t c = 0;
+  while (c < cols) {
+    const uint64_t counter = first + static_cast<uint64_t>(c);
+    const philox::Block block = philox::Generate(key, counter >> 2);
+    for (int lane = static_cast<int>(counter & 3); lane < 4 && c < cols; ++lane, ++c) {
+      const float u = philox::ToUnit(block.x[lane]);
+      z[c] = static_cast<double>(u) >= g.dropout_p ? kept : C(0);
+    }
+  }
+}
+
+template <typename C>
+TANDEM_VECTORIZE inline void MulRow(C* __restrict a, const C* __restrict b, int64_t n) {
+  for (int64_t c = 0; c < n; ++c) a[c] *= b[c];
+}
+
+// ds = p * (z * dp - delta): the softmax backward of one row whose weights were dropped out
+// with factors z (dout v^T is the gradient of the dropped weights p * z).
+template <typename C>
+TANDEM_VECTORIZE inline void DropoutSoftmaxGradRow(const C* __restrict p, const C* __restrict z,
+                                                   C* __restrict d, int64_t n, C delta) {
+  for (int64_t c = 0; c < n; ++c) d[c] = p[c] * (z[c] * d[c] - delta);
+}
+
 template <typename T>
 void ForwardTyped(int index, const AttentionGeometry& g, const T* q, const T* k, const T* v,
                   const T* mask, T* out, OpMath<T>* lse) {
@@ -182,6 +215,7 @@ void ForwardTyped(int index, const AttentionGeometry& g, const T* q, const T* k,
   const int64_t l = g.query_len, s = g.key_len, e = g.head_dim, ev = g.value_dim;
   const int64_t blocks = (l + kQueryBlock - 1) / kQueryBlock;
   const C scale = static_cast<C>(g.scale);
+  const bool dropout = g.dropout_p > 0.0;
   const double flops_per_item =
       2.0 * static_cast<double>(std::min(l, kQueryBlock) * s * (e + ev)) / (g.causal ? 2 : 1);
   const int64_t grain = std::max<int64_t>(1, static_cast<int64_t>(kFlopsPerChunk / flops_per_item));
@@ -189,6 +223,7 @@ void ForwardTyped(int index, const AttentionGeometry& g, const T* q, const T* k,
     std::vector<C> q_scratch, k_scratch, v_scratch;
     std::vector<C> scores(static_cast<size_t>(kQueryBlock * kKeyTile));
     std::vector<C> acc(static_cast<size_t>(kQueryBlock * ev));
+    std::vector<C> factors(dropout ? static_cast<size_t>(kKeyTile) : 0);
     C row_max[kQueryBlock], row_sum[kQueryBlock];
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / blocks, i0 = (item % blocks) * kQueryBlock;
@@ -220,6 +255,14 @@ void ForwardTyped(int index, const AttentionGeometry& g, const T* q, const T* k,
             if (correction != C(1)) ScaleRow(acc.data() + r * ev, ev, correction);
           }
         });
+        if (dropout) {
+          // After the running sum took the undropped weights: only the product with v sees
+          // the dropout (out = dropout(P) v, the log-sum-exp unchanged).
+          for (int64_t r = 0; r < rows; ++r) {
+            DropoutFactors(g, b, i0 + r, j0, cols, factors.data());
+            vec::Vectorized([&] { MulRow(scores.data() + r * kKeyTile, factors.data(), cols); });
+          }
+        }
         Gemm(false, false, rows, ev, cols, C(1), scores.data(), kKeyTile, vt, ev, C(1), acc.data(),
              ev);
       }
@@ -243,6 +286,7 @@ void BackwardTyped(int index, const AttentionGeometry& g, const T* q, const T* k
   constexpr bool kDirect = std::is_same_v<T, C>;  // accumulate straight into dq, dk, dv
   const int64_t l = g.query_len, s = g.key_len, e = g.head_dim, ev = g.value_dim;
   const C scale = static_cast<C>(g.scale);
+  const bool dropout = g.dropout_p > 0.0;
   const double flops_per_item = 4.0 * static_cast<double>(l * s * (e + ev)) / (g.causal ? 2 : 1);
   const int64_t grain = std::max<int64_t>(1, static_cast<int64_t>(kFlopsPerChunk / flops_per_item));
   ParallelFor(Device::Cpu(index), g.batch, grain, [&](int64_t begin, int64_t end) {
@@ -250,6 +294,9 @@ void BackwardTyped(int index, const AttentionGeometry& g, const T* q, const T* k
     std::vector<C> dq_scratch, dk_scratch, dv_scratch;
     std::vector<C> p(static_cast<size_t>(kQueryBlock * kKeyTile));
     std::vector<C> dp(static_cast<size_t>(kQueryBlock * kKeyTile));
+    // With dropout: the factors z, then the dropped weights p * z that dv takes.
+    std::vector<C> z(dropout ? static_cast<size_t>(kQueryBlock * kKeyTile) : 0);
+    std::vector<C> pz(dropout ? static_cast<size_t>(kQueryBlock * kKeyTile) : 0);
     std::vector<C> delta(static_cast<size_t>(l));
     for (int64_t b = begin; b < end; ++b) {
       const C* qh = AsCompute<C>(q + b * l * e, l * e, q_scratch);
@@ -296,14 +343,34 @@ void BackwardTyped(int index, const AttentionGeometry& g, const T* q, const T* k
             }
           });
           // dv += p^T dout; dp = dout v^T; ds = p * (dp - D); dq += scale ds k; dk += scale ds^T q.
-          Gemm(true, false, cols, ev, rows, C(1), p.data(), kKeyTile, doh + i0 * ev, ev, C(1),
+          // With dropout p becomes p * z in dv's product and dp becomes z * dp; D = dout . out
+          // already is the sum of p * z * (dout v^T) (FlashAttention-2's dropout backward).
+          const C* dropped = p.data();
+          if (dropout) {
+            for (int64_t r = 0; r < rows; ++r) {
+              C* zr = z.data() + r * kKeyTile;
+              DropoutFactors(g, b, i0 + r, j0, cols, zr);
+              vec::Vectorized([&] {
+                const C* pr = p.data() + r * kKeyTile;
+                C* pzr = pz.data() + r * kKeyTile;
+                for (int64_t c = 0; c < cols; ++c) pzr[c] = pr[c] * zr[c];
+              });
+            }
+            dropped = pz.data();
+          }
+          Gemm(true, false, cols, ev, rows, C(1), dropped, kKeyTile, doh + i0 * ev, ev, C(1),
                dvh + j0 * ev, ev);
           Gemm(false, true, rows, cols, ev, C(1), doh + i0 * ev, ev, vh + j0 * ev, ev, C(0),
                dp.data(), kKeyTile);
           vec::Vectorized([&] {
             for (int64_t r = 0; r < rows; ++r) {
-              SoftmaxGradRow(p.data() + r * kKeyTile, dp.data() + r * kKeyTile, cols,
-                             delta[static_cast<size_t>(i0 + r)]);
+              const C d = delta[static_cast<size_t>(i0 + r)];
+              if (dropout) {
+                DropoutSoftmaxGradRow(p.data() + r * kKeyTile, z.data() + r * kKeyTile,
+                                      dp.data() + r * kKeyTile, cols, d);
+              } else {
+                SoftmaxGradRow(p.data() + r * kKeyTile, dp.data() + r * kKeyTile, cols, d);
+              }
             }
           });
           Gemm(false, false, rows, e, cols, scale, dp.data(), kKeyTile, kh + j0 * e, e, C(1),
@@ -333,6 +400,8 @@ void CheckGeometry(const AttentionGeometry& g, const char* kernel) {
                "CPU ", kernel, ": lengths and head sizes must fit BLAS's 32-bit sizes but got ",
                "query_len=", g.query_len, " key_len=", g.key_len, " head_dim=", g.head_dim,
                " value_dim=", g.value_dim);
+  TANDEM_CHECK(g.dropout_p >= 0.0 && g.dropout_p < 1.0, "CPU ", kernel,
+               ": dropout_p must be in [0, 1) but is ", g.dropout_p);
 }
 
 }  // namespace
