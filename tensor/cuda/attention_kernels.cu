@@ -18,6 +18,7 @@
 
 #include "tensor/base/error.h"
 #include "tensor/base/half.h"
+#include "tensor/base/philox.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/kernels.h"
 #include "tensor/kernels/internal/elementwise_math.h"
@@ -56,6 +57,15 @@ __device__ __forceinline__ M MaskedScore(const AttentionGeometry& g, const T* ma
   M s = dot * static_cast<M>(g.scale);
   if (mask != nullptr) s += static_cast<M>(mask[g.mask_offset(b, i) + j]);
   return s;
+}
+
+// Weight (b, i, j)'s dropout factor (Geometry's dropout_*): 1 / (1 - p) where kept, else 0;
+// the same counter and comparison as the CPU kernels, so the same mask bit for bit.
+template <typename M>
+__device__ __forceinline__ M DropoutFactor(const AttentionGeometry& g, int64_t b, int64_t i,
+                                           int64_t j) {
+  const float u = philox::Uniform(g.dropout_seed, g.dropout_counter(b, i, j));
+  return static_cast<double>(u) >= g.dropout_p ? static_cast<M>(1.0 / (1.0 - g.dropout_p)) : M(0);
 }
 
 // Copies `rows` rows of `width` elements starting at `src` into shared [row][width] as M,
@@ -117,6 +127,10 @@ __global__ void AttentionForwardKernel(AttentionGeometry g, const T* q, const T*
     }
     row_sum = row_sum * correction + sum;
     row_max = new_max;
+    if (g.dropout_p > 0) {
+      // After the running sum took the undropped weights: only v's product sees the dropout.
+      for (int t = 0; t < valid; ++t) score[t] *= DropoutFactor<M>(g, b, i, j0 + t);
+    }
     for (int64_t c = 0; c < ev; ++c) {
       M a = acc[c * rows + r] * correction;
 #pragma unroll
@@ -175,6 +189,9 @@ __global__ void AttentionBackwardQueryKernel(AttentionGeometry g, const T* q, co
       for (int64_t c = 0; c < e; ++c) dot += q_rows[c * rows + r] * k_tile[t * e + c];
       const M p = math::Exp(MaskedScore(g, mask, b, i, j0 + t, dot) - row_lse);
       for (int64_t c = 0; c < ev; ++c) dp += do_rows[c * rows + r] * v_tile[t * ev + c];
+      // With dropout, dout . v_j is the gradient of the dropped weight p z: z (dout . v_j) is
+      // p's, and D = dout . out already sums p z (dout . v_j) (FlashAttention-2's backward).
+      if (g.dropout_p > 0) dp *= DropoutFactor<M>(g, b, i, j0 + t);
       const M ds = p * (dp - d) * static_cast<M>(g.scale);
       for (int64_t c = 0; c < e; ++c) dq_acc[c * rows + r] += ds * k_tile[t * e + c];
     }
@@ -231,12 +248,14 @@ __global__ void AttentionBackwardKeyKernel(AttentionGeometry g, const T* q, cons
       M dot = 0, dp = 0;
       for (int64_t c = 0; c < e; ++c) dot += k_rows[c * rows + r] * q_tile[t * e + c];
       const M p = math::Exp(MaskedScore(g, mask, b, i, j, dot) - lse_tile[t]);
+      const M z = g.dropout_p > 0 ? DropoutFactor<M>(g, b, i, j) : M(1);
+      const M pz = p * z;
       for (int64_t c = 0; c < ev; ++c) {
         const M o = do_tile[t * ev + c];
         dp += o * v_rows[c * rows + r];
-        dv_acc[c * rows + r] += p * o;
+        dv_acc[c * rows + r] += pz * o;
       }
-      const M ds = p * (dp - delta_tile[t]) * static_cast<M>(g.scale);
+      const M ds = p * (z * dp - delta_tile[t]) * static_cast<M>(g.scale);
       for (int64_t c = 0; c < e; ++c) dk_acc[c * rows + r] += ds * q_tile[t * e + c];
     }
   }

@@ -2045,6 +2045,7 @@ struct AttentionCase {
   bool causal;
   bool mask;               // an additive [batch / mask_heads, l, s] mask with -inf entries
   int64_t mask_heads = 1;  // consecutive heads that share one mask
+  double dropout_p = 0.0;  // with Philox seed 1234 and offset 40 (not a block's first counter)
 };
 
 // Forward (out, logsumexp) and backward (dq, dk, dv) of the CUDA kernels against the CPU's,
@@ -2074,10 +2075,14 @@ void ExpectAttentionMatches(Backend& cpu, Backend& gpu, std::mt19937_64& rng,
   g.mask_batch_stride = c.l * c.s;
   g.mask_head_stride = 0;
   g.mask_row_stride = c.s;
+  g.dropout_p = c.dropout_p;
+  g.dropout_seed = 1234;
+  g.dropout_offset = 40 + 1;
   const std::string what =
       note + " " + DTypePrefix<T>() + "attention batch=" + std::to_string(c.batch) +
       " L=" + std::to_string(c.l) + " S=" + std::to_string(c.s) + " E=" + std::to_string(c.e) +
-      " Ev=" + std::to_string(c.ev) + (c.causal ? " causal" : "") + (c.mask ? " mask" : "");
+      " Ev=" + std::to_string(c.ev) + (c.causal ? " causal" : "") + (c.mask ? " mask" : "") +
+      (c.dropout_p > 0 ? " dropout=" + std::to_string(c.dropout_p) : "");
   Buffer<T> q(random(c.batch * c.l * c.e)), k(random(c.batch * c.s * c.e)),
       v(random(c.batch * c.s * c.ev)), dout(random(c.batch * c.l * c.ev));
   const int64_t mask_size = c.batch / c.mask_heads * c.l * c.s;
@@ -2127,6 +2132,22 @@ TEST_F(CudaBackendTest, FusedAttentionMatchesCpu) {
   EXPECT_THROW(gpu_.AttentionForward(0, kInt64, g, ints.gpu(), ints.gpu(), ints.gpu(), nullptr,
                                      ints.gpu(), ints.gpu()),
                Error);
+}
+
+TEST_F(CudaBackendTest, FusedAttentionWithDropoutMatchesCpu) {
+  // The same Philox mask on both devices: a dropped weight that one kept would move out and
+  // the gradients by far more than the tolerances.
+  const std::vector<AttentionCase> cases = {
+      {2, 5, 7, 4, 3, false, false, 1, 0.3},
+      {3, 70, 40, 8, 8, true, false, 1, 0.5},
+      {2, 9, 20, 5, 6, false, true, 1, 0.1},
+      {1, 66, 66, 16, 16, true, true, 1, 0.2},
+  };
+  for (const AttentionCase& c : cases) {
+    ExpectAttentionMatches<float>(cpu_, gpu_, rng_, c, 1e-5, 1e-5, Note(""));
+    ExpectAttentionMatches<double>(cpu_, gpu_, rng_, c, 1e-12, 1e-12, Note(""));
+    ExpectAttentionMatches<BFloat16>(cpu_, gpu_, rng_, c, 1.6e-2, 1e-2, Note(""));
+  }
 }
 
 }  // namespace
