@@ -258,9 +258,11 @@ void ForwardTyped(int index, const AttentionGeometry& g, const T* q, const T* k,
         if (dropout) {
           // After the running sum took the undropped weights: only the product with v sees
           // the dropout (out = dropout(P) v, the log-sum-exp unchanged).
+          // Past the causal limit the weights are already 0: no random numbers for them.
           for (int64_t r = 0; r < rows; ++r) {
-            DropoutFactors(g, b, i0 + r, j0, cols, factors.data());
-            vec::Vectorized([&] { MulRow(scores.data() + r * kKeyTile, factors.data(), cols); });
+            const int64_t allowed = AllowedKeys(g, i0 + r, j0, cols);
+            DropoutFactors(g, b, i0 + r, j0, allowed, factors.data());
+            vec::Vectorized([&] { MulRow(scores.data() + r * kKeyTile, factors.data(), allowed); });
           }
         }
         Gemm(false, false, rows, ev, cols, C(1), scores.data(), kKeyTile, vt, ev, C(1), acc.data(),
@@ -349,7 +351,9 @@ void BackwardTyped(int index, const AttentionGeometry& g, const T* q, const T* k
           if (dropout) {
             for (int64_t r = 0; r < rows; ++r) {
               C* zr = z.data() + r * kKeyTile;
-              DropoutFactors(g, b, i0 + r, j0, cols, zr);
+              const int64_t allowed = AllowedKeys(g, i0 + r, j0, cols);
+              DropoutFactors(g, b, i0 + r, j0, allowed, zr);
+              std::fill(zr + allowed, zr + cols, C(0));
               vec::Vectorized([&] {
                 const C* pr = p.data() + r * kKeyTile;
                 C* pzr = pz.data() + r * kKeyTile;
