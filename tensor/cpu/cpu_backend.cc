@@ -1721,14 +1721,6 @@ void MaxPool2dScalar(int index, const Conv2dGeometry& g, const T* input, T* outp
                });
 }
 
-// A bfloat16 as the float it holds (exact): its bits are a float's upper half.
-inline float BFloat16BitsToFloat(uint16_t bits) {
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &wide, sizeof(f));
-  return f;
-}
-
 // Max pooling in bfloat16: a selection, so each plane is converted to float once (exact), the
 // windows are compared there with the float32 loop's rule and scan order (so the same argmax),
 // and the winners are converted back (exact again: they are bfloat16 values).
