@@ -15,6 +15,7 @@
 #include "tensor/core/autograd.h"
 #include "tensor/gradcheck.h"
 #include "tensor/runtime/devices.h"
+#include "tensor/testing.h"
 
 namespace tandem::nn {
 namespace {
@@ -31,12 +32,6 @@ class AttentionTest : public ::testing::Test {
     manual_seed(0);
   }
 };
-
-// Largest |a - b| computed in float64 (testing::MaxAbsDiff works in float32).
-double MaxDiff(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.shape(), b.shape());
-  return amax(abs(a.to(kFloat64) - b.to(kFloat64)).flatten(), 0).item();
-}
 
 // Largest |t|.
 double MaxAbs(const Tensor& t) { return amax(abs(t.to(kFloat64)).flatten(), 0).item(); }
@@ -222,16 +217,17 @@ TEST_F(AttentionTest, MatchesTheReferenceWithAndWithoutWeights) {
   Tensor expected_weights;
   const Tensor expected = Reference(m, q, k, v, nullptr, &expected_weights);
   auto [out, weights] = m.forward(q, k, v);
-  EXPECT_LT(MaxDiff(out, expected), 1e-12);
-  EXPECT_LT(MaxDiff(weights, expected_weights.mean({1})), 1e-12);  // averaged over heads
+  EXPECT_LT(testing::MaxAbsDiff(out, expected), 1e-12);
+  EXPECT_LT(testing::MaxAbsDiff(weights, expected_weights.mean({1})),
+            1e-12);  // averaged over heads
   auto [out_heads, per_head] = m.forward(q, k, v, Tensor(), true, Tensor(), false);
-  EXPECT_LT(MaxDiff(per_head, expected_weights), 1e-12);  // [B, H, L, S]
+  EXPECT_LT(testing::MaxAbsDiff(per_head, expected_weights), 1e-12);  // [B, H, L, S]
   auto [fused, none] = m.forward(q, k, v, Tensor(), /*need_weights=*/false);
   EXPECT_FALSE(none.defined());
-  EXPECT_LT(MaxDiff(fused, expected), 1e-12);
+  EXPECT_LT(testing::MaxAbsDiff(fused, expected), 1e-12);
   // Self-attention (one tensor for all three) takes the packed projection.
   const std::vector<Tensor> self = m.forward_tensors({q});
-  EXPECT_LT(MaxDiff(self[0], Reference(m, q, q, q, nullptr, nullptr)), 1e-12);
+  EXPECT_LT(testing::MaxAbsDiff(self[0], Reference(m, q, q, q, nullptr, nullptr)), 1e-12);
 }
 
 TEST_F(AttentionTest, BatchFirstAndUnbatchedMatchSeqFirst) {
@@ -248,14 +244,14 @@ TEST_F(AttentionTest, BatchFirstAndUnbatchedMatchSeqFirst) {
   auto [out_bf, weights_bf] =
       batch_first.forward(q.transpose(0, 1), k.transpose(0, 1), k.transpose(0, 1), padding);
   EXPECT_EQ(out_bf.shape(), (Shape{2, 3, 8}));
-  EXPECT_LT(MaxDiff(out_bf, out.transpose(0, 1)), 1e-12);
-  EXPECT_LT(MaxDiff(weights_bf, weights), 1e-12);
+  EXPECT_LT(testing::MaxAbsDiff(out_bf, out.transpose(0, 1)), 1e-12);
+  EXPECT_LT(testing::MaxAbsDiff(weights_bf, weights), 1e-12);
   // Unbatched [L, E] is batch element 1 alone, with its [S] padding mask.
   auto [single, single_weights] =
       seq_first.forward(q.select(1, 1), k.select(1, 1), k.select(1, 1), padding.select(0, 1));
   EXPECT_EQ(single.shape(), (Shape{3, 8}));
-  EXPECT_LT(MaxDiff(single, out.select(1, 1)), 1e-12);
-  EXPECT_LT(MaxDiff(single_weights, weights.select(0, 1)), 1e-12);
+  EXPECT_LT(testing::MaxAbsDiff(single, out.select(1, 1)), 1e-12);
+  EXPECT_LT(testing::MaxAbsDiff(single_weights, weights.select(0, 1)), 1e-12);
 }
 
 TEST_F(AttentionTest, SeparateProjectionsForKdimAndVdim) {
@@ -266,9 +262,9 @@ TEST_F(AttentionTest, SeparateProjectionsForKdimAndVdim) {
   Tensor expected_weights;
   const Tensor expected = Reference(m, q, k, v, nullptr, &expected_weights);
   auto [out, weights] = m.forward(q, k, v, Tensor(), true, Tensor(), false);
-  EXPECT_LT(MaxDiff(out, expected), 1e-12);
-  EXPECT_LT(MaxDiff(weights, expected_weights), 1e-12);
-  EXPECT_LT(MaxDiff(std::get<0>(m.forward(q, k, v, Tensor(), false)), expected), 1e-12);
+  EXPECT_LT(testing::MaxAbsDiff(out, expected), 1e-12);
+  EXPECT_LT(testing::MaxAbsDiff(weights, expected_weights), 1e-12);
+  EXPECT_LT(testing::MaxAbsDiff(std::get<0>(m.forward(q, k, v, Tensor(), false)), expected), 1e-12);
 }
 
 TEST_F(AttentionTest, BoolMasksAreTrueWhereNotAllowedAndFloatMasksAdd) {
@@ -296,9 +292,9 @@ TEST_F(AttentionTest, BoolMasksAreTrueWhereNotAllowedAndFloatMasksAdd) {
   for (bool need_weights : {true, false}) {
     SCOPED_TRACE(need_weights);
     auto [out, weights] = m.forward(q, k, k, padding, need_weights, attn_mask, false);
-    EXPECT_LT(MaxDiff(out, expected), 1e-12);
+    EXPECT_LT(testing::MaxAbsDiff(out, expected), 1e-12);
     if (need_weights) {
-      EXPECT_LT(MaxDiff(weights, expected_weights), 1e-12);
+      EXPECT_LT(testing::MaxAbsDiff(weights, expected_weights), 1e-12);
       EXPECT_EQ(MaxAbs(weights.select(0, 1).select(2, 0)), 0.0);  // padded key
     }
   }
@@ -309,17 +305,20 @@ TEST_F(AttentionTest, BoolMasksAreTrueWhereNotAllowedAndFloatMasksAdd) {
     return values[((bi * h + hi) * l + i) * s + j];
   };
   const Tensor expected_added = Reference(m, q, k, k, additive, nullptr);
-  EXPECT_LT(MaxDiff(std::get<0>(m.forward(q, k, k, Tensor(), true, added)), expected_added), 1e-12);
-  EXPECT_LT(MaxDiff(std::get<0>(m.forward(q, k, k, Tensor(), false, added)), expected_added),
-            1e-12);
+  EXPECT_LT(
+      testing::MaxAbsDiff(std::get<0>(m.forward(q, k, k, Tensor(), true, added)), expected_added),
+      1e-12);
+  EXPECT_LT(
+      testing::MaxAbsDiff(std::get<0>(m.forward(q, k, k, Tensor(), false, added)), expected_added),
+      1e-12);
   // A float key_padding_mask is added too (here: the bool one as -inf / 0 plus the float mask).
   const Tensor float_padding =
       masked_fill(zeros({b, s}, TensorOptions().dtype(kFloat64)), padding, -kInf);
   const MaskFn combined = [&](int64_t bi, int64_t hi, int64_t i, int64_t j) {
     return padded(bi, j) ? -kInf : additive(bi, hi, i, j);
   };
-  EXPECT_LT(MaxDiff(std::get<0>(m.forward(q, k, k, float_padding, true, added)),
-                    Reference(m, q, k, k, combined, nullptr)),
+  EXPECT_LT(testing::MaxAbsDiff(std::get<0>(m.forward(q, k, k, float_padding, true, added)),
+                                Reference(m, q, k, k, combined, nullptr)),
             1e-12);
 }
 
@@ -333,17 +332,17 @@ TEST_F(AttentionTest, IsCausalWithoutAMaskAppliesTheCausalMask) {
       Reference(m, x.transpose(0, 1), x.transpose(0, 1), x.transpose(0, 1), causal, nullptr)
           .transpose(0, 1);
   // Both the fused path (no weights, no padding) and the explicit one.
-  EXPECT_LT(
-      MaxDiff(std::get<0>(m.forward(x, x, x, Tensor(), false, Tensor(), true, true)), expected),
-      1e-12);
+  EXPECT_LT(testing::MaxAbsDiff(
+                std::get<0>(m.forward(x, x, x, Tensor(), false, Tensor(), true, true)), expected),
+            1e-12);
   auto [out, weights] = m.forward(x, x, x, Tensor(), true, Tensor(), true, true);
-  EXPECT_LT(MaxDiff(out, expected), 1e-12);
+  EXPECT_LT(testing::MaxAbsDiff(out, expected), 1e-12);
   EXPECT_EQ(MaxAbs(weights.select(1, 0).select(1, 1)), 0.0);  // query 0 never sees key 1
   // With padding the causal mask is merged into it.
   const Tensor padding = from_vector(std::vector<bool>(10, false), {2, 5});
-  EXPECT_LT(
-      MaxDiff(std::get<0>(m.forward(x, x, x, padding, false, Tensor(), true, true)), expected),
-      1e-12);
+  EXPECT_LT(testing::MaxAbsDiff(
+                std::get<0>(m.forward(x, x, x, padding, false, Tensor(), true, true)), expected),
+            1e-12);
 }
 
 TEST_F(AttentionTest, AddBiasKvAndAddZeroAttnAppendKeys) {
@@ -364,9 +363,9 @@ TEST_F(AttentionTest, AddBiasKvAndAddZeroAttnAppendKeys) {
   auto [out, weights] =
       m.forward(q, k, k, padding, true, zeros({3, 4}, TensorOptions().dtype(kBool)), false);
   EXPECT_EQ(weights.shape(), (Shape{2, 2, 3, 6}));
-  EXPECT_LT(MaxDiff(out, expected), 1e-12);
-  EXPECT_LT(MaxDiff(weights, expected_weights), 1e-12);
-  EXPECT_LT(MaxDiff(std::get<0>(m.forward(q, k, k, padding, false)), expected), 1e-12);
+  EXPECT_LT(testing::MaxAbsDiff(out, expected), 1e-12);
+  EXPECT_LT(testing::MaxAbsDiff(weights, expected_weights), 1e-12);
+  EXPECT_LT(testing::MaxAbsDiff(std::get<0>(m.forward(q, k, k, padding, false)), expected), 1e-12);
   // batch_first appends the extra keys along its own sequence dimension.
   MultiheadAttention bf(
       MultiheadAttentionOptions(8, 2).add_bias_kv(true).add_zero_attn(true).batch_first(true));
@@ -374,8 +373,8 @@ TEST_F(AttentionTest, AddBiasKvAndAddZeroAttnAppendKeys) {
   bf.load_state_dict(m.state_dict());
   auto [out_bf, weights_bf] = bf.forward(q.transpose(0, 1), k.transpose(0, 1), k.transpose(0, 1),
                                          padding, true, Tensor(), false);
-  EXPECT_LT(MaxDiff(out_bf, expected.transpose(0, 1)), 1e-12);
-  EXPECT_LT(MaxDiff(weights_bf, expected_weights), 1e-12);
+  EXPECT_LT(testing::MaxAbsDiff(out_bf, expected.transpose(0, 1)), 1e-12);
+  EXPECT_LT(testing::MaxAbsDiff(weights_bf, expected_weights), 1e-12);
 }
 
 // ---- Gradients -------------------------------------------------------------------------
@@ -446,8 +445,9 @@ TEST_F(AttentionTest, RunsUnderAutocastInBFloat16) {
     // bfloat16 keeps 8 bits: a few parts in a hundred of values of order 1.
     const Tensor causal_expected =
         std::get<0>(m.forward(x, x, x, padding, need_weights, Tensor(), true, true));
-    EXPECT_LT(MaxDiff(out, causal_expected), 0.1);
-    EXPECT_GT(MaxDiff(out, expected), 0.1);  // the causal mask was applied under autocast too
+    EXPECT_LT(testing::MaxAbsDiff(out, causal_expected), 0.1);
+    EXPECT_GT(testing::MaxAbsDiff(out, expected),
+              0.1);  // the causal mask was applied under autocast too
     out.to(kFloat32).sum().backward();
     for (const Tensor& p : m.parameters()) EXPECT_EQ(p.grad().dtype(), kFloat32);
     m.zero_grad();
@@ -465,12 +465,12 @@ TEST_F(AttentionTest, DropoutActsOnlyInTraining) {
   const Tensor again = std::get<0>(m.forward(x, x, x, Tensor(), false));
   m.eval();
   auto [eval_out, eval_weights] = m.forward(x, x, x, Tensor(), true, Tensor(), false);
-  EXPECT_GT(MaxDiff(train_out, eval_out), 1e-3);
-  EXPECT_GT(MaxDiff(again, eval_out), 1e-3);
+  EXPECT_GT(testing::MaxAbsDiff(train_out, eval_out), 1e-3);
+  EXPECT_GT(testing::MaxAbsDiff(again, eval_out), 1e-3);
   // Without weights the output comes from the fused kernel, with them from the composed
   // product: the same up to float rounding.
-  EXPECT_LT(MaxDiff(std::get<0>(m.forward(x, x, x, Tensor(), false)), eval_out), 1e-6);
-  EXPECT_LT(MaxDiff(eval_weights.sum({-1}), ones({2, 2, 6})), 1e-6);
+  EXPECT_LT(testing::MaxAbsDiff(std::get<0>(m.forward(x, x, x, Tensor(), false)), eval_out), 1e-6);
+  EXPECT_LT(testing::MaxAbsDiff(eval_weights.sum({-1}), ones({2, 2, 6})), 1e-6);
 }
 
 TEST_F(AttentionTest, ClonesOntoAnotherDeviceAndReplicatesForDataParallel) {
@@ -488,7 +488,7 @@ TEST_F(AttentionTest, ClonesOntoAnotherDeviceAndReplicatesForDataParallel) {
   const Tensor on_1 =
       std::get<0>(typed->forward(q.to(Device::Cpu(1)), k.to(Device::Cpu(1)), v.to(Device::Cpu(1))));
   EXPECT_EQ(on_1.device(), Device::Cpu(1));
-  EXPECT_LT(MaxDiff(on_1.to(Device::Cpu(0)), expected), 1e-6);
+  EXPECT_LT(testing::MaxAbsDiff(on_1.to(Device::Cpu(0)), expected), 1e-6);
   EXPECT_THAT(ErrorOf([&] { typed->forward(q, k, v); }), HasSubstr("the parameters are on cpu:1"));
 
   // What DataParallel's replicate does: the structure cloned, every parameter bound to its
@@ -498,7 +498,7 @@ TEST_F(AttentionTest, ClonesOntoAnotherDeviceAndReplicatesForDataParallel) {
   std::shared_ptr<Module> replica = m.replicate_structure(bindings);
   const std::vector<Tensor> out =
       replica->forward_tensors({q.to(Device::Cpu(1)), k.to(Device::Cpu(1)), v.to(Device::Cpu(1))});
-  EXPECT_LT(MaxDiff(out[0].to(Device::Cpu(0)), expected), 1e-6);
+  EXPECT_LT(testing::MaxAbsDiff(out[0].to(Device::Cpu(0)), expected), 1e-6);
   out[0].sum().backward();
   for (const NamedTensor& p : m.named_parameters()) {
     SCOPED_TRACE(p.name);

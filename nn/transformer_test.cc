@@ -13,6 +13,7 @@
 #include "nn/test_util.h"
 #include "tensor/gradcheck.h"
 #include "tensor/runtime/devices.h"
+#include "tensor/testing.h"
 
 namespace tandem::nn {
 namespace {
@@ -28,11 +29,6 @@ class TransformerTest : public ::testing::Test {
     manual_seed(0);
   }
 };
-
-double MaxDiff(const Tensor& a, const Tensor& b) {
-  EXPECT_EQ(a.shape(), b.shape());
-  return amax(abs(a.to(kFloat64) - b.to(kFloat64)).flatten(), 0).item();
-}
 
 Tensor Randn64(const Shape& shape) { return randn(shape, TensorOptions().dtype(kFloat64)); }
 
@@ -218,12 +214,12 @@ TEST_F(TransformerTest, EncoderLayerMatchesTheReference) {
         const Tensor padding = from_vector(
             std::vector<bool>{false, false, false, false, true, false, false, true, false, false},
             {2, 5});
-        EXPECT_LT(
-            MaxDiff(layer.forward(src, mask, padding), EncoderLayerRef(layer, src, mask, padding)),
-            1e-12);
+        EXPECT_LT(testing::MaxAbsDiff(layer.forward(src, mask, padding),
+                                      EncoderLayerRef(layer, src, mask, padding)),
+                  1e-12);
         // is_causal alone is the causal mask.
-        EXPECT_LT(MaxDiff(layer.forward(src, Tensor(), Tensor(), /*is_causal=*/true),
-                          EncoderLayerRef(layer, src, mask, Tensor())),
+        EXPECT_LT(testing::MaxAbsDiff(layer.forward(src, Tensor(), Tensor(), /*is_causal=*/true),
+                                      EncoderLayerRef(layer, src, mask, Tensor())),
                   1e-12);
       }
     }
@@ -243,17 +239,18 @@ TEST_F(TransformerTest, DecoderLayerMatchesTheReference) {
                                                          true, false, false, false, false, false},
                                        {2, 6});
     const Tensor expected = DecoderLayerRef(layer, tgt, memory, CausalBoolMask(4), padding);
-    EXPECT_LT(MaxDiff(layer.forward(tgt, memory, CausalBoolMask(4), Tensor(), Tensor(), padding),
-                      expected),
-              1e-12);
-    EXPECT_LT(MaxDiff(layer.forward(tgt, memory, Tensor(), Tensor(), Tensor(), padding,
-                                    /*tgt_is_causal=*/true),
-                      expected),
+    EXPECT_LT(
+        testing::MaxAbsDiff(
+            layer.forward(tgt, memory, CausalBoolMask(4), Tensor(), Tensor(), padding), expected),
+        1e-12);
+    EXPECT_LT(testing::MaxAbsDiff(layer.forward(tgt, memory, Tensor(), Tensor(), Tensor(), padding,
+                                                /*tgt_is_causal=*/true),
+                                  expected),
               1e-12);
     // The generic entry point (DataParallel's) takes the tensors in the same order.
-    EXPECT_LT(MaxDiff(layer.forward_tensors(
-                          {tgt, memory, CausalBoolMask(4), Tensor(), Tensor(), padding})[0],
-                      expected),
+    EXPECT_LT(testing::MaxAbsDiff(layer.forward_tensors({tgt, memory, CausalBoolMask(4), Tensor(),
+                                                         Tensor(), padding})[0],
+                                  expected),
               1e-12);
   }
 }
@@ -270,7 +267,7 @@ TEST_F(TransformerTest, StacksStartFromCopiesAndRunTheLayersInTurn) {
   // Every layer starts as a copy of `layer`: equal values, own storage.
   for (size_t i = 0; i < 3; ++i) {
     const Tensor w = encoder.layer(i)->linear1()->weight();
-    EXPECT_EQ(MaxDiff(w, layer.linear1()->weight()), 0.0);
+    EXPECT_EQ(testing::MaxAbsDiff(w, layer.linear1()->weight()), 0.0);
     EXPECT_FALSE(w.shares_storage_with(layer.linear1()->weight()));
   }
   const std::string printed = encoder.ToString();
@@ -291,8 +288,10 @@ TEST_F(TransformerTest, StacksStartFromCopiesAndRunTheLayersInTurn) {
     expected = EncoderLayerRef(*encoder.layer(i), expected, CausalBoolMask(5), padding);
   }
   expected = LayerNormRef(encoder, "norm", expected);
-  EXPECT_LT(MaxDiff(encoder.forward(src, CausalBoolMask(5), padding), expected), 1e-12);
-  EXPECT_LT(MaxDiff(encoder.forward(src, Tensor(), padding, /*is_causal=*/true), expected), 1e-12);
+  EXPECT_LT(testing::MaxAbsDiff(encoder.forward(src, CausalBoolMask(5), padding), expected), 1e-12);
+  EXPECT_LT(
+      testing::MaxAbsDiff(encoder.forward(src, Tensor(), padding, /*is_causal=*/true), expected),
+      1e-12);
 
   TransformerDecoderLayer dec_layer(TransformerDecoderLayerOptions(8, 2).dim_feedforward(16));
   TransformerDecoder decoder(dec_layer, 2);
@@ -306,7 +305,7 @@ TEST_F(TransformerTest, StacksStartFromCopiesAndRunTheLayersInTurn) {
     expected_tgt =
         DecoderLayerRef(*decoder.layer(i), expected_tgt, src, CausalBoolMask(3), Tensor());
   }
-  EXPECT_LT(MaxDiff(decoder.forward(tgt, src, CausalBoolMask(3)), expected_tgt), 1e-12);
+  EXPECT_LT(testing::MaxAbsDiff(decoder.forward(tgt, src, CausalBoolMask(3)), expected_tgt), 1e-12);
 }
 
 // ---- Gradients -------------------------------------------------------------------------
@@ -367,14 +366,14 @@ TEST_F(TransformerTest, EvalDisablesDropout) {
   TransformerEncoder encoder(layer, 2);
   const Tensor src = randn({4, 2, 8});
   const Tensor first = encoder.forward(src);
-  EXPECT_GT(MaxDiff(first, encoder.forward(src)), 1e-3);  // new masks each time
+  EXPECT_GT(testing::MaxAbsDiff(first, encoder.forward(src)), 1e-3);  // new masks each time
   encoder.eval();
   for (const Module* m : static_cast<const Module&>(encoder).modules()) {
     EXPECT_FALSE(m->is_training());
   }
   const Tensor evaluated = encoder.forward(src);
-  EXPECT_EQ(MaxDiff(evaluated, encoder.forward(src)), 0.0);
-  EXPECT_GT(MaxDiff(first, evaluated), 1e-3);
+  EXPECT_EQ(testing::MaxAbsDiff(evaluated, encoder.forward(src)), 0.0);
+  EXPECT_GT(testing::MaxAbsDiff(first, evaluated), 1e-3);
 }
 
 TEST_F(TransformerTest, ClonesOntoAnotherDevice) {
@@ -395,7 +394,7 @@ TEST_F(TransformerTest, ClonesOntoAnotherDevice) {
   const Tensor out = typed->forward(tgt.to(Device::Cpu(1)), memory.to(Device::Cpu(1)), Tensor(),
                                     Tensor(), Tensor(), Tensor(), true);
   EXPECT_EQ(out.device(), Device::Cpu(1));
-  EXPECT_LT(MaxDiff(out.to(Device::Cpu(0)), expected), 1e-5);
+  EXPECT_LT(testing::MaxAbsDiff(out.to(Device::Cpu(0)), expected), 1e-5);
   // The generic entry point of an encoder stack (DataParallel's), on a replica.
   TransformerEncoder encoder(TransformerEncoderLayer(8, 2), 2);
   encoder.eval();
@@ -403,7 +402,7 @@ TEST_F(TransformerTest, ClonesOntoAnotherDevice) {
   for (const Tensor& p : encoder.parameters()) bindings.emplace(p.impl(), p.to(Device::Cpu(1)));
   std::shared_ptr<Module> replica = encoder.replicate_structure(bindings);
   const Tensor y = replica->forward_tensors({tgt.to(Device::Cpu(1))})[0];
-  EXPECT_LT(MaxDiff(y.to(Device::Cpu(0)), encoder.forward(tgt)), 1e-5);
+  EXPECT_LT(testing::MaxAbsDiff(y.to(Device::Cpu(0)), encoder.forward(tgt)), 1e-5);
   y.sum().backward();
   for (const Tensor& p : encoder.parameters()) ASSERT_TRUE(p.grad().defined());
 }
@@ -425,7 +424,7 @@ TEST_F(TransformerTest, RunsOnCudaAsOnTheCpu) {
     const Tensor out =
         typed->forward(x.to(Device::Cuda(0)), Tensor(), padding.to(Device::Cuda(0)), causal);
     EXPECT_EQ(out.device(), Device::Cuda(0));
-    EXPECT_LT(MaxDiff(out.to(Device::Cpu(0)), expected), 1e-4);
+    EXPECT_LT(testing::MaxAbsDiff(out.to(Device::Cpu(0)), expected), 1e-4);
   }
 }
 

@@ -34,11 +34,12 @@ std::string NoCudaReason() {
 double MaxAbsDiff(const Tensor& a, const Tensor& b) {
   TANDEM_CHECK(a.shape() == b.shape(), "MaxAbsDiff: shapes ", ShapeToString(a.shape()), " and ",
                ShapeToString(b.shape()), " differ");
-  const std::vector<float> x = a.detach().to(Device::Cpu(0)).to(kFloat32).to_vector<float>();
-  const std::vector<float> y = b.detach().to(Device::Cpu(0)).to(kFloat32).to_vector<float>();
+  // In float64: exact for every floating dtype, so float64 results are compared to their last bit.
+  const std::vector<double> x = a.detach().to(Device::Cpu(0)).to(kFloat64).to_vector<double>();
+  const std::vector<double> y = b.detach().to(Device::Cpu(0)).to(kFloat64).to_vector<double>();
   double worst = 0.0;
   for (size_t i = 0; i < x.size(); ++i) {
-    const double diff = std::abs(static_cast<double>(x[i]) - y[i]);
+    const double diff = std::abs(x[i] - y[i]);
     // NaN on one side only is as far apart as it gets.
     if (std::isnan(diff) && !(std::isnan(x[i]) && std::isnan(y[i]))) return INFINITY;
     if (!std::isnan(diff)) worst = std::max(worst, diff);

@@ -27,7 +27,7 @@ std::string ErrorOf(const std::function<void()>& fn);
 bool HasCuda();
 std::string NoCudaReason();
 
-// The largest |a - b| over two tensors of the same shape, on any devices (float32).
+// The largest |a - b| over two tensors of the same shape, on any devices, computed in float64.
 double MaxAbsDiff(const Tensor& a, const Tensor& b);
 
 // While alive, no file of this process may grow past `bytes` (RLIMIT_FSIZE) and SIGXFSZ is
