@@ -1,5 +1,6 @@
 // Streaming conversions between float and the 16-bit floats (BFloat16, Half) over contiguous
-// arrays, vectorised with AVX2 where the CPU has it (tensor/kernels/vectorized.h). Use them
+// arrays, vectorised with AVX2 where the CPU has it (tensor/kernels/vectorized.h), and rounding
+// float to bfloat16 with AVX512-BF16's conversion instruction where the CPU has that. Use them
 // wherever a CPU loop loads 16-bit values as float or rounds floats into 16-bit storage in
 // bulk (kernels, copies, GEMM scratch buffers); a single value converts with the types' own
 // constructor and operator float.
@@ -19,6 +20,10 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
 
 #include "tensor/base/half.h"
 #include "tensor/kernels/vectorized.h"
@@ -118,6 +123,44 @@ inline T FromFloatElement(float f) {
   }
 }
 
+// Note [bfloat16 rounding in hardware]: AVX512-BF16's VCVTNEPS2BF16 rounds 16 floats to
+// nearest even in one instruction, where the branch-free integer rounding above takes about
+// ten AVX2 instructions per 8 (measured 2.7x the throughput on 200,704 floats in cache). Its
+// results equal BFloat16BitsOf's bits for every input except subnormal floats, which it
+// flushes to zero (whatever MXCSR says); a block of 16 with a subnormal in it takes the
+// integer rounding instead, so the bits never depend on the CPU.
+inline bool CpuHasAvx512Bf16() {
+#if defined(__x86_64__) && defined(__GNUC__)
+  static const bool has = __builtin_cpu_supports("avx512bf16") &&
+                          __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
+  return has && !g_force_baseline_vectors.load(std::memory_order_relaxed);
+#else
+  return false;
+#endif
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f,avx512bf16,avx512vl"))) inline void FromFloatAvx512Bf16(
+    const float* in, BFloat16* out, int64_t n) {
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff);
+  const __m512i one = _mm512_set1_epi32(1);
+  const __m512i below_normal = _mm512_set1_epi32(0x007fffff);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(in + i);
+    // Subnormal lanes: 0 < |bits| < 0x00800000, i.e. |bits| - 1 below 0x007fffff unsigned.
+    const __m512i magnitude = _mm512_and_si512(_mm512_castps_si512(v), abs_mask);
+    if (_mm512_cmplt_epu32_mask(_mm512_sub_epi32(magnitude, one), below_normal) != 0) {
+      for (int64_t j = i; j < i + 16; ++j) out[j] = BFloat16::FromBits(BFloat16BitsOf(in[j]));
+      continue;
+    }
+    const __m256bh rounded = _mm512_cvtneps_pbh(v);
+    std::memcpy(out + i, &rounded, sizeof(rounded));
+  }
+  for (; i < n; ++i) out[i] = BFloat16::FromBits(BFloat16BitsOf(in[i]));
+}
+#endif
+
 }  // namespace conversions_internal
 
 // The loops, for use inside a caller's own vec::Vectorized (which inlines them); `in` and
@@ -142,6 +185,14 @@ void ToFloat(const T* in, float* out, int64_t n) {
 // out[i] = T(in[i]), rounded to nearest even, as T's constructor from float.
 template <typename T>
 void FromFloat(const float* in, T* out, int64_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    if (conversions_internal::CpuHasAvx512Bf16()) {
+      conversions_internal::FromFloatAvx512Bf16(in, out, n);
+      return;
+    }
+  }
+#endif
   if (std::is_same_v<T, Half> && !CpuHasAvx2()) {
     // Without AVX2's variable shifts the branch-free rounding runs about 5x slower than
     // half.h's scalar conversion, whose branches predict well on typical data (same bits).
