@@ -16,11 +16,12 @@ class WeightCastCache final : public AutocastCache {
  public:
   // The cached cast of `weight` to `dtype`, or an undefined Tensor. A cast made with grad mode
   // off carries no graph, so it does not serve a caller that records one.
-  Tensor Find(const Tensor& weight, DType dtype) {
+  // `outside_graph`: the caller detaches the cast, so a recorded one serves it as well.
+  Tensor Find(const Tensor& weight, DType dtype, bool outside_graph = false) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = entries_.find(Key{weight.impl(), dtype});
     if (it == entries_.end()) return Tensor();
-    if (GradMode::IsEnabled() && !it->second.recorded) return Tensor();
+    if (!outside_graph && GradMode::IsEnabled() && !it->second.recorded) return Tensor();
     return it->second.cast;
   }
 
@@ -121,6 +122,22 @@ Tensor CastToLowerPrecision(const Tensor& t) {
   Tensor cached = cache->Find(t, target);
   if (cached.defined()) return cached;
   return cache->Insert(t, target, t.to(target));
+}
+
+Tensor CastWeightOutsideGraph(const Tensor& weight, bool keep) {
+  const DType target = AutocastMode::GetDType(weight.device().type());
+  if (!IsEligible(weight) || weight.dtype() == target) return weight.detach();
+  WeightCastCache* cache = weight.dtype() == kFloat32 && weight.is_leaf() && weight.requires_grad()
+                               ? LiveCache()
+                               : nullptr;
+  if (cache != nullptr) {
+    Tensor cached = cache->Find(weight, target, /*outside_graph=*/true);
+    if (cached.defined()) return cached.detach();
+  }
+  NoGradGuard no_grad;  // made, and cached, as a cast without a graph
+  Tensor cast = weight.to(target);
+  if (keep && cache != nullptr) cast = cache->Insert(weight, target, std::move(cast));
+  return cast.detach();
 }
 
 Tensor CastToFloat32(const Tensor& t) {

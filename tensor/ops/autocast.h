@@ -77,6 +77,13 @@ bool IsEligible(const Tensor& t);
 // device type when eligible, from the weight cache when `t` is a parameter; `t` itself when
 // nothing applies.
 Tensor CastToLowerPrecision(const Tensor& t);
+// `weight` cast to the autocast dtype of its device type without a graph (no grad_fn), for an op
+// that routes the gradient to the uncast weight itself (linear: Note [Autocast linear] in
+// tensor/ops/ops.cc). A cast the weight cache holds is used; a new one is stored there only when
+// `keep` (the op holds it until backward anyway), so a cast that the op drops after its forward
+// is freed then rather than when the guard closes. `weight` itself (detached) when nothing
+// applies.
+Tensor CastWeightOutsideGraph(const Tensor& weight, bool keep);
 // `t` as an op of the float32 list computes with it: 16-bit floats cast up when eligible.
 Tensor CastToFloat32(const Tensor& t);
 // The eligible tensors of `tensors` cast to the widest floating dtype among them.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tensor/core/autograd.h"
+#include "tensor/runtime/allocator.h"
 #include "tensor/runtime/threads.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
@@ -251,7 +252,8 @@ TEST(AutocastTest, ACastMadeWithoutGradIsNotReusedWithGrad) {
 TEST(AutocastTest, WeightUsedTwiceIsCastOnceAndGetsBothGradients) {
   Tensor w = Param({4, 4}, 7), b = Param({4}, 8);
   manual_seed(9);
-  const Tensor x = randn({5, 4});
+  Tensor x = randn({5, 4});
+  x.set_requires_grad(true);  // each linear keeps w's cast for x's gradient: one cast serves both
   const auto forward = [&] { return sum(linear(relu(linear(x, w, b)), w, b)); };
   forward().backward();
   const Tensor w_grad32 = w.grad(), b_grad32 = b.grad();
@@ -270,6 +272,76 @@ TEST(AutocastTest, WeightUsedTwiceIsCastOnceAndGetsBothGradients) {
   EXPECT_EQ(b.grad().dtype(), kFloat32);
   ExpectCloseTo(w.grad(), w_grad32, kBFloat16, 2.0);  // two bf16 GEMMs deep
   ExpectCloseTo(b.grad(), b_grad32, kBFloat16, 2.0);
+}
+
+// Note [Autocast linear]: the weight's gradient comes out of the GEMM in float32. With
+// sum(y) the output's gradient is all ones, so dW[o, i] = sum over rows of x's bfloat16 value:
+// exact products summed in float (float32's rounding), where a bfloat16 gradient would be off
+// by up to 2^-9 of it.
+TEST(AutocastTest, LinearWeightGradientIsNotRoundedTo16Bits) {
+  const Tensor w = Param({3, 40}, 17);
+  manual_seed(18);
+  const Tensor x = randn({64, 40});
+  {
+    AutocastGuard autocast(kCPU);
+    sum(linear(x, w, Tensor())).backward();
+  }
+  ASSERT_TRUE(w.grad().defined());
+  EXPECT_EQ(w.grad().dtype(), kFloat32);
+  const Tensor column_sums = sum(x.to(kBFloat16).to(kFloat64), {0});
+  for (int64_t o = 0; o < 3; ++o) {
+    const Tensor row = w.grad().select(0, o).to(kFloat64);
+    EXPECT_LE(MaxAbsDiff(row, column_sums), 1e-5 * (1.0 + MaxAbsDiff(column_sums, zeros({40}))))
+        << "row " << o;
+  }
+}
+
+// The batch (an input that needs no gradient) is kept as the caller holds it, not as a second,
+// 16-bit copy, and the first layer's weight cast is not cached: it is freed after the product.
+TEST(AutocastTest, LinearKeepsNoCopyOfTheBatch) {
+  const Tensor w = Param({8, 2048}, 19);
+  manual_seed(20);
+  const Tensor x = randn({256, 2048});  // 2 MiB as float32, 1 MiB as bfloat16
+  const Device cpu = Device::Cpu(0);
+  const int64_t before = GetMemoryStats(cpu).in_use_bytes;
+  Tensor y;
+  {
+    AutocastGuard autocast(kCPU);
+    y = linear(x, w, Tensor());
+    EXPECT_EQ(autocast::CachedCastCount(), 0u);
+  }
+  EXPECT_EQ(y.dtype(), kBFloat16);
+  // y and the graph hold a few KiB; a bfloat16 copy of x or of w would be 1 MiB or 32 KiB.
+  EXPECT_LT(GetMemoryStats(cpu).in_use_bytes - before, 16 * 1024);
+  sum(y).backward();
+  ASSERT_TRUE(w.grad().defined());
+  Tensor w32 = w.detach();
+  w32.set_requires_grad(true);
+  sum(linear(x, w32, Tensor())).backward();
+  ExpectCloseTo(w.grad(), w32.grad(), kBFloat16);
+}
+
+TEST(AutocastTest, LinearInputGradientsKeepTheInputsDType) {
+  const Tensor w = Param({5, 6}, 21), b = Param({5}, 22);
+  for (DType dtype : {kFloat32, kBFloat16, kFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    manual_seed(23);
+    Tensor x = randn({2, 3, 6}).to(dtype).detach();
+    x.set_requires_grad(true);
+    {
+      AutocastGuard autocast(kCPU);
+      const Tensor y = linear(x, w, b);
+      EXPECT_EQ(y.dtype(), kBFloat16);
+      EXPECT_EQ(y.shape(), (Shape{2, 3, 5}));
+      sum(y).backward();
+    }
+    ASSERT_TRUE(x.grad().defined());
+    EXPECT_EQ(x.grad().dtype(), dtype);
+    EXPECT_EQ(x.grad().shape(), x.shape());
+    // d sum(y) / dx = column sums of w, rounded through bfloat16.
+    const Tensor expected = sum(w.detach(), {0}).reshape({1, 1, 6}).expand({2, 3, 6});
+    ExpectCloseTo(x.grad().to(kFloat32), expected, kBFloat16, 2.0);
+  }
 }
 
 TEST(AutocastTest, GradientsMatchTheFloat32Model) {

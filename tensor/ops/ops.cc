@@ -1010,7 +1010,91 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return MatmulCore(a, b);
 }
 
+namespace {
+
+// a · b (2-D, one 16-bit dtype) as a new float32 [m, n] tensor: the backend's GEMM into float
+// where it has one, else the product in the inputs' dtype, converted.
+Tensor MatmulIntoFloatRaw(const Tensor& a, const Tensor& b) {
+  const int64_t m = a.shape()[0], k = a.shape()[1], n = b.shape()[1];
+  Tensor out = NewTensor({m, n}, kFloat32, a.device());
+  if (out.numel() == 0) return out;
+  if (k > 0) {
+    const GemmOperand lhs = MakeGemmOperand(a);
+    const GemmOperand rhs = MakeGemmOperand(b);
+    if (BackendOf(out).GemmFloatOutput(IndexOf(out), a.dtype(), lhs.trans, rhs.trans, m, n, k,
+                                       lhs.data, lhs.ld, rhs.data, rhs.ld,
+                                       static_cast<float*>(static_cast<void*>(DataPtr(out))), n)) {
+      return out;
+    }
+  }
+  return CastRaw(MatmulRaw(a, b), kFloat32);
+}
+
+// Note [Autocast linear]: under autocast, linear with a float32 weight is one node whose edges go
+// to the uncast x, weight and bias, where PyTorch records a cast node per operand and a 16-bit
+// linear:
+//   - The weight (and bias) are cast outside the graph (CastWeightOutsideGraph), so the weight's
+//     gradient comes out of the GEMM in float32 (Backend::GemmFloatOutput: 16-bit products
+//     summed in float, never rounded to 16 bits) rather than as a 16-bit gradient converted
+//     in another pass over a 16-bit copy of every weight's gradient (GPT-2: 248 MB).
+//   - A float32 input that needs no gradient (the batch) is kept as the caller passed it and
+//     cast again in backward: the caller holds it through backward anyway, so keeping its
+//     16-bit copy held a second copy of the batch (the MLP's step peaked at 1.7x float32's). An
+//     input that needs a gradient (an activation) keeps its 16-bit copy, half its size.
+//   - The input's gradient is computed in 16 bits and converted to the input's dtype in the
+//     node, as the cast node's backward would.
+Tensor AutocastLinear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const DType low = AutocastMode::GetDType(weight.device().type());
+  const bool grad_x = NeedsGrad({x}), grad_w = NeedsGrad({weight});
+  const bool has_bias = bias.defined(), grad_b = has_bias && NeedsGrad({bias});
+  const Tensor w_low = autocast::CastWeightOutsideGraph(weight, /*keep=*/grad_x);
+  const Tensor b_low = has_bias ? autocast::CastWeightOutsideGraph(bias, /*keep=*/true) : bias;
+  Tensor x_low, y;
+  {
+    NoGradGuard no_grad;  // the node is recorded below
+    x_low = x.to(low);
+    y = linear(x_low, w_low, b_low);
+  }
+  const std::vector<Tensor> inputs = has_bias ? std::vector<Tensor>{x, weight, bias}
+                                              : std::vector<Tensor>{x, weight};
+  if (!NeedsGrad(inputs)) return y;
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  const int64_t rows = NumElements(Shape(x.shape().begin(), x.shape().end() - 1));
+  const bool recast = grad_w && !grad_x && x.dtype() != low;
+  Record("AutocastLinearBackward", inputs, y,
+         [grad_x, grad_w, has_bias, grad_b, low, in, out_features, rows, x_dtype = x.dtype(),
+          x_shape = x.shape(),
+          sx = !grad_w ? Tensor() : recast ? x.detach() : x_low.reshape({rows, in}).detach(),
+          sw = grad_x ? w_low : Tensor()](const Tensor& grad_y) {
+           const Tensor grad = grad_y.reshape({rows, out_features});
+           std::vector<Tensor> grads(2);
+           if (grad_x) grads[0] = CastRaw(MatmulRaw(grad, sw), x_dtype).reshape(x_shape);
+           if (grad_w) {
+             const Tensor xs = sx.dtype() == low ? sx : CastRaw(sx.reshape({rows, in}), low);
+             grads[1] = MatmulIntoFloatRaw(TransposedRaw(grad), xs);
+           }
+           if (has_bias) {
+             grads.push_back(
+                 grad_b ? CastRaw(ViewRaw(ReduceRaw(grad, {0}, ReduceKind::kSum, "linear"),
+                                          {out_features}),
+                                  kFloat32)
+                        : Tensor());
+           }
+           return grads;
+         });
+  return y;
+}
+
+}  // namespace
+
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (AutocastMode::IsAnyEnabled() && autocast::IsEligible(x) && autocast::IsEligible(weight) &&
+      weight.dtype() == kFloat32 && (!bias.defined() || bias.dtype() == kFloat32) &&
+      x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1) &&
+      (!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0))) &&
+      x.device() == weight.device() && (!bias.defined() || bias.device() == weight.device())) {
+    return AutocastLinear(x, weight, bias);  // shapes checked: the node reshapes with them
+  }
   TANDEM_AUTOCAST(kLowerPrecision, linear, x, weight, bias);
   CheckDefined(x, "linear", "x");
   CheckDefined(weight, "linear", "weight");

@@ -356,6 +356,17 @@ class Backend {
                     int64_t k, double alpha, const void* a, int64_t lda, int64_t stride_a,
                     const void* b, int64_t ldb, int64_t stride_b, double beta, void* c, int64_t ldc,
                     int64_t stride_c, int64_t batch) = 0;
+  // C = op(A) * op(B) for one product of 16-bit A and B (`dtype`) into a float32 C (row-major,
+  // leading dimensions as Gemm's): float accumulation with C never rounded to 16 bits, for the
+  // float32 weight gradients of autocast's linear (Note [Autocast linear], tensor/ops/ops.cc).
+  // Returns false, having written nothing, where the backend has no such kernel (the default):
+  // the caller then computes the product in `dtype` and converts it.
+  virtual bool GemmFloatOutput(int /*index*/, DType /*dtype*/, bool /*trans_a*/, bool /*trans_b*/,
+                               int64_t /*m*/, int64_t /*n*/, int64_t /*k*/, const void* /*a*/,
+                               int64_t /*lda*/, const void* /*b*/, int64_t /*ldb*/, float* /*c*/,
+                               int64_t /*ldc*/) {
+    return false;
+  }
   // Unfolds NCHW images into columns [batch, channels*kh*kw, out_h*out_w] (zero padding).
   virtual void Im2Col(int index, DType dtype, const Conv2dGeometry& g, const void* image,
                       void* columns) = 0;

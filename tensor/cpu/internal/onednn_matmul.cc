@@ -63,12 +63,13 @@ const dnnl::engine& Engine() { return OneDnnEngine(); }
 // Everything a primitive depends on. Pointers are not part of it (memory objects bind them
 // at each call), nor is the thread count (always one, see Note [oneDNN threads]).
 struct Key {
-  DType dtype;
+  DType dtype;    // A's and B's
+  DType c_dtype;  // C's: `dtype`, or float32 for 16-bit products kept in float
   bool trans_a, trans_b;
   int64_t m, n, k, lda, ldb, ldc;
   float alpha, beta;
   bool operator==(const Key& o) const {
-    return dtype == o.dtype && trans_a == o.trans_a && trans_b == o.trans_b && m == o.m &&
+    return dtype == o.dtype && c_dtype == o.c_dtype && trans_a == o.trans_a && trans_b == o.trans_b && m == o.m &&
            n == o.n && k == o.k && lda == o.lda && ldb == o.ldb && ldc == o.ldc &&
            std::memcmp(&alpha, &o.alpha, sizeof(alpha)) == 0 &&
            std::memcmp(&beta, &o.beta, sizeof(beta)) == 0;
@@ -80,7 +81,8 @@ struct KeyHash {
     uint32_t alpha_bits, beta_bits;
     std::memcpy(&alpha_bits, &key.alpha, sizeof(alpha_bits));
     std::memcpy(&beta_bits, &key.beta, sizeof(beta_bits));
-    size_t h = static_cast<size_t>(key.dtype) * 4 + key.trans_a * 2 + key.trans_b;
+    size_t h = (static_cast<size_t>(key.dtype) * 16 + static_cast<size_t>(key.c_dtype)) * 4 +
+               key.trans_a * 2 + key.trans_b;
     for (uint64_t v : {static_cast<uint64_t>(key.m), static_cast<uint64_t>(key.n),
                        static_cast<uint64_t>(key.k), static_cast<uint64_t>(key.lda),
                        static_cast<uint64_t>(key.ldb), static_cast<uint64_t>(key.ldc),
@@ -109,7 +111,7 @@ std::shared_ptr<const Primitive> Create(const Key& key) {
                            key.trans_a ? memory::dims{1, key.lda} : memory::dims{key.lda, 1});
   result->b = memory::desc({key.k, key.n}, type,
                            key.trans_b ? memory::dims{1, key.ldb} : memory::dims{key.ldb, 1});
-  result->c = memory::desc({key.m, key.n}, type, memory::dims{key.ldc, 1});
+  result->c = memory::desc({key.m, key.n}, DnnlType(key.c_dtype), memory::dims{key.ldc, 1});
   dnnl::primitive_attr attr;
   // Our scratchpad, not the library's: a thread-local buffer per calling thread, so that
   // concurrent calls of one primitive never share one.
@@ -234,7 +236,7 @@ bool OneDnnSupports(DType dtype) {
   const int slot = dtype == DType::kFloat32 ? 0 : dtype == DType::kBFloat16 ? 1 : 2;
   std::call_once(once[slot], [&] {
     supported[slot] =
-        Lookup(Key{dtype, false, false, 32, 32, 32, 32, 32, 32, 1.0f, 0.0f})->supported;
+        Lookup(Key{dtype, dtype, false, false, 32, 32, 32, 32, 32, 32, 1.0f, 0.0f})->supported;
   });
   return supported[slot];
 }
@@ -244,7 +246,7 @@ bool OneDnnMatmul(DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
                   void* c, int64_t ldc) {
   if (!OneDnnSupports(dtype)) return false;
   const std::shared_ptr<const Primitive> primitive =
-      Lookup(Key{dtype, trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta});
+      Lookup(Key{dtype, dtype, trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta});
   if (!primitive->supported) return false;
   Execute(*primitive, a, b, c);
   return true;
@@ -255,14 +257,18 @@ std::string OneDnnMatmulImplementation(DType dtype, bool trans_a, bool trans_b, 
                                        int64_t ldc) {
   if (!SupportedDType(dtype)) return "";
   const std::shared_ptr<const Primitive> primitive =
-      Lookup(Key{dtype, trans_a, trans_b, m, n, k, lda, ldb, ldc, 1.0f, 0.0f});
+      Lookup(Key{dtype, dtype, trans_a, trans_b, m, n, k, lda, ldb, ldc, 1.0f, 0.0f});
   return primitive->supported ? primitive->implementation : "";
 }
 
-bool OneDnnGemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-                double alpha_value, const void* a_data, int64_t lda, int64_t stride_a,
-                const void* b_data, int64_t ldb, int64_t stride_b, double beta_value, void* c_data,
-                int64_t ldc, int64_t stride_c, int64_t batch) {
+namespace {
+
+// OneDnnGemm with C of `c_dtype` (`dtype`, or float32 under 16-bit A and B).
+bool GemmInto(int index, DType dtype, DType c_dtype, bool trans_a, bool trans_b, int64_t m,
+              int64_t n, int64_t k, double alpha_value, const void* a_data, int64_t lda,
+              int64_t stride_a, const void* b_data, int64_t ldb, int64_t stride_b,
+              double beta_value, void* c_data, int64_t ldc, int64_t stride_c, int64_t batch) {
+
   // Arguments the caller must reject (or has nothing to do for) go back to it.
   if (index < 0 || m < 0 || n < 0 || k < 0 || batch < 0) return false;
   if (!OneDnnSupports(dtype)) return false;
@@ -274,7 +280,7 @@ bool OneDnnGemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, i
     return false;
   }
   const float alpha = static_cast<float>(alpha_value), beta = static_cast<float>(beta_value);
-  const size_t element = ElementSize(dtype);
+  const size_t element = ElementSize(dtype), c_element = ElementSize(c_dtype);
   const char* a = static_cast<const char*>(a_data);
   const char* b = static_cast<const char*>(b_data);
   char* c = static_cast<char*>(c_data);
@@ -301,7 +307,7 @@ bool OneDnnGemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, i
   if (k > 0 && alpha != 0.0f) {
     for (int64_t i = 0; i < (extent % pieces == 0 ? 1 : 2); ++i) {
       const int64_t size = small + i;
-      primitives[i] = Lookup(Key{dtype, trans_a, trans_b, split_rows ? size : m,
+      primitives[i] = Lookup(Key{dtype, c_dtype, trans_a, trans_b, split_rows ? size : m,
                                  split_rows ? n : size, k, lda, ldb, ldc, alpha, beta});
       if (!primitives[i]->supported) return false;
     }
@@ -313,7 +319,7 @@ bool OneDnnGemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, i
       const int64_t lo = extent * piece / pieces, hi = extent * (piece + 1) / pieces;
       const char* a_product = a + product * stride_a * element;
       const char* b_product = b + product * stride_b * element;
-      char* c_product = c + product * stride_c * element;
+      char* c_product = c + product * stride_c * c_element;
       const char* a_block = a_product;
       const char* b_block = b_product;
       char* c_block;
@@ -321,22 +327,40 @@ bool OneDnnGemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, i
       if (split_rows) {
         // Rows [lo, hi) of op(A): rows of A, or columns of A when transposed.
         a_block += (trans_a ? lo : lo * lda) * element;
-        c_block = c_product + lo * ldc * element;
+        c_block = c_product + lo * ldc * c_element;
         rows = hi - lo;
       } else {
         // Columns [lo, hi) of op(B): columns of B, or rows of B when transposed.
         b_block += (trans_b ? lo * ldb : lo) * element;
-        c_block = c_product + lo * element;
+        c_block = c_product + lo * c_element;
         cols = hi - lo;
       }
       if (k == 0 || alpha == 0.0f) {
-        ScaleC(dtype, rows, cols, beta, c_block, ldc);
+        ScaleC(c_dtype, rows, cols, beta, c_block, ldc);
       } else {
         Execute(*primitives[hi - lo - small], a_block, b_block, c_block);
       }
     }
   });
   return true;
+}
+
+}  // namespace
+
+bool OneDnnGemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                double alpha, const void* a, int64_t lda, int64_t stride_a, const void* b,
+                int64_t ldb, int64_t stride_b, double beta, void* c, int64_t ldc, int64_t stride_c,
+                int64_t batch) {
+  return GemmInto(index, dtype, dtype, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb,
+                  stride_b, beta, c, ldc, stride_c, batch);
+}
+
+bool OneDnnGemmFloatOutput(int index, DType dtype, bool trans_a, bool trans_b, int64_t m,
+                           int64_t n, int64_t k, const void* a, int64_t lda, const void* b,
+                           int64_t ldb, float* c, int64_t ldc) {
+  if (dtype != DType::kBFloat16 && dtype != DType::kFloat16) return false;
+  return GemmInto(index, dtype, DType::kFloat32, trans_a, trans_b, m, n, k, 1.0, a, lda, 0, b, ldb,
+                  0, 0.0, c, ldc, 0, 1);
 }
 
 void SetOneDnnFloat32Policy(OneDnnFloat32Policy policy) { float32_policy.store(policy); }

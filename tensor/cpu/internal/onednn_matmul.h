@@ -40,6 +40,14 @@ bool OneDnnGemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, i
                 int64_t ldb, int64_t stride_b, double beta, void* c, int64_t ldc, int64_t stride_c,
                 int64_t batch);
 
+// C = op(A) * op(B) for 16-bit A and B (`dtype` bfloat16 or float16) into a float32 C, one
+// product, split over cpu:`index`'s pool as OneDnnGemm: the dot products accumulate in float and
+// C is never rounded to 16 bits. Returns false, having written nothing, where oneDNN has no
+// kernel for it (float16 in oneDNN 2.6) or for arguments the caller must reject.
+bool OneDnnGemmFloatOutput(int index, DType dtype, bool trans_a, bool trans_b, int64_t m,
+                           int64_t n, int64_t k, const void* a, int64_t lda, const void* b,
+                           int64_t ldb, float* c, int64_t ldc);
+
 // One product on the calling thread, unsplit: C = alpha * op(A) * op(B) + beta * C with
 // m, n, k >= 1 and valid leading dimensions (at least the row length). Returns false where
 // oneDNN has no non-reference kernel. For tests and benchmarks that choose their own split.
