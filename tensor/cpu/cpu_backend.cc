@@ -554,6 +554,13 @@ inline Acc Widen(T x) {
   }
 }
 
+// acc[j] += row[j] for j < width, widened to the accumulator.
+template <typename Acc, typename T>
+TANDEM_VECTORIZE inline void AccumulateColumns(Acc* __restrict acc, const T* __restrict row,
+                                               int64_t width) {
+  for (int64_t j = 0; j < width; ++j) acc[j] += Widen<Acc>(row[j]);
+}
+
 // Whether `candidate` replaces `best` in a max (kMax) or min reduction. NaN wins over any
 // number (PyTorch propagates NaN through max/min and its argmax picks the NaN); among equal
 // values the earlier one stays.
@@ -600,23 +607,29 @@ void ReduceSum(int index, T* dst, const T* src, int64_t outer, int64_t reduce, i
     return;
   }
   // Columns: accumulate a tile of the inner axis across the reduced axis (contiguous, so
-  // the loop over the tile vectorises).
-  constexpr int64_t kTile = 256;
+  // the loop over the tile vectorises). Each column sums its rows in order whatever the tile,
+  // so tiles narrow until there are enough to share out (a bias gradient, [batch, features]
+  // summed over the batch, is a single product of `outer`).
+  constexpr int64_t kMaxTile = 256, kMinTile = 32, kTilesWanted = 8;
+  const int64_t kTile = std::clamp<int64_t>(
+      (inner / std::max<int64_t>(1, kTilesWanted / std::max<int64_t>(1, outer)) + 15) / 16 * 16,
+      kMinTile, kMaxTile);
   const int64_t tiles = (inner + kTile - 1) / kTile;
   const int64_t work_per_tile = reduce * std::min(inner, kTile);
   ParallelFor(Cpu(index), outer * tiles,
               std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, work_per_tile)),
               [&](int64_t begin, int64_t end) {
-                Acc acc[kTile];
+                Acc acc[kMaxTile];
                 for (int64_t item = begin; item < end; ++item) {
                   const int64_t o = item / tiles, j0 = (item % tiles) * kTile;
                   const int64_t width = std::min(kTile, inner - j0);
                   std::fill(acc, acc + width, Acc{0});
                   const T* base = src + o * reduce * inner + j0;
-                  for (int64_t r = 0; r < reduce; ++r) {
-                    const T* row = base + r * inner;
-                    for (int64_t j = 0; j < width; ++j) acc[j] += Widen<Acc>(row[j]);
-                  }
+                  vec::Vectorized([&] {
+                    for (int64_t r = 0; r < reduce; ++r) {
+                      AccumulateColumns(acc, base + r * inner, width);
+                    }
+                  });
                   T* out = dst + o * inner + j0;
                   for (int64_t j = 0; j < width; ++j) out[j] = static_cast<T>(acc[j]);
                 }

@@ -1055,8 +1055,8 @@ Tensor AutocastLinear(const Tensor& x, const Tensor& weight, const Tensor& bias)
     x_low = x.to(low);
     y = linear(x_low, w_low, b_low);
   }
-  const std::vector<Tensor> inputs = has_bias ? std::vector<Tensor>{x, weight, bias}
-                                              : std::vector<Tensor>{x, weight};
+  const std::vector<Tensor> inputs =
+      has_bias ? std::vector<Tensor>{x, weight, bias} : std::vector<Tensor>{x, weight};
   if (!NeedsGrad(inputs)) return y;
   const int64_t in = weight.size(1), out_features = weight.size(0);
   const int64_t rows = NumElements(Shape(x.shape().begin(), x.shape().end() - 1));
@@ -1064,7 +1064,9 @@ Tensor AutocastLinear(const Tensor& x, const Tensor& weight, const Tensor& bias)
   Record("AutocastLinearBackward", inputs, y,
          [grad_x, grad_w, has_bias, grad_b, low, in, out_features, rows, x_dtype = x.dtype(),
           x_shape = x.shape(),
-          sx = !grad_w ? Tensor() : recast ? x.detach() : x_low.reshape({rows, in}).detach(),
+          sx = !grad_w  ? Tensor()
+               : recast ? x.detach()
+                        : x_low.reshape({rows, in}).detach(),
           sw = grad_x ? w_low : Tensor()](const Tensor& grad_y) {
            const Tensor grad = grad_y.reshape({rows, out_features});
            std::vector<Tensor> grads(2);
@@ -1074,11 +1076,11 @@ Tensor AutocastLinear(const Tensor& x, const Tensor& weight, const Tensor& bias)
              grads[1] = MatmulIntoFloatRaw(TransposedRaw(grad), xs);
            }
            if (has_bias) {
-             grads.push_back(
-                 grad_b ? CastRaw(ViewRaw(ReduceRaw(grad, {0}, ReduceKind::kSum, "linear"),
-                                          {out_features}),
-                                  kFloat32)
-                        : Tensor());
+             grads.push_back(grad_b
+                                 ? CastRaw(ViewRaw(ReduceRaw(grad, {0}, ReduceKind::kSum, "linear"),
+                                                   {out_features}),
+                                           kFloat32)
+                                 : Tensor());
            }
            return grads;
          });
@@ -1089,8 +1091,8 @@ Tensor AutocastLinear(const Tensor& x, const Tensor& weight, const Tensor& bias)
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (AutocastMode::IsAnyEnabled() && autocast::IsEligible(x) && autocast::IsEligible(weight) &&
-      weight.dtype() == kFloat32 && (!bias.defined() || bias.dtype() == kFloat32) &&
-      x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(1) &&
+      weight.dtype() == kFloat32 && (!bias.defined() || bias.dtype() == kFloat32) && x.dim() >= 1 &&
+      weight.dim() == 2 && x.size(-1) == weight.size(1) &&
       (!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0))) &&
       x.device() == weight.device() && (!bias.defined() || bias.device() == weight.device())) {
     return AutocastLinear(x, weight, bias);  // shapes checked: the node reshapes with them

@@ -36,12 +36,16 @@ using dnnl::memory;
 
 // Blocks are at least this many rows (or columns) and floating-point operations: a oneDNN
 // call costs a few microseconds on top of its arithmetic (memory objects, argument checks),
-// and 2^22 flops is ~20 us of bfloat16 work at ~200 GFLOP/s on one core.
-constexpr int64_t kMinBlock = 64;
+// and 2^22 flops is ~20 us of bfloat16 work at ~200 GFLOP/s on one core. Narrower blocks also
+// re-read the other operand once each: with 64 rows the MLP's bfloat16 step (train_step
+// --autocast=bf16, 2 threads) took 1.01-1.07 ms, with 128 0.93-0.94 ms, alternated with float32.
+constexpr int64_t kMinBlock = 128;
 constexpr double kMinFlopsPerBlock = 1 << 22;
 // At most this many blocks per GEMM (all products together): enough for every thread of a
 // device's pool on today's machines, few enough that per-call costs stay small.
 constexpr int64_t kMaxBlocks = 32;
+// Block edges are multiples of this many rows or columns where blocks are wide enough.
+constexpr int64_t kBlockAlign = 16;
 
 bool SupportedDType(DType dtype) {
   return dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16;
@@ -69,9 +73,9 @@ struct Key {
   int64_t m, n, k, lda, ldb, ldc;
   float alpha, beta;
   bool operator==(const Key& o) const {
-    return dtype == o.dtype && c_dtype == o.c_dtype && trans_a == o.trans_a && trans_b == o.trans_b && m == o.m &&
-           n == o.n && k == o.k && lda == o.lda && ldb == o.ldb && ldc == o.ldc &&
-           std::memcmp(&alpha, &o.alpha, sizeof(alpha)) == 0 &&
+    return dtype == o.dtype && c_dtype == o.c_dtype && trans_a == o.trans_a &&
+           trans_b == o.trans_b && m == o.m && n == o.n && k == o.k && lda == o.lda &&
+           ldb == o.ldb && ldc == o.ldc && std::memcmp(&alpha, &o.alpha, sizeof(alpha)) == 0 &&
            std::memcmp(&beta, &o.beta, sizeof(beta)) == 0;
   }
 };
@@ -268,7 +272,6 @@ bool GemmInto(int index, DType dtype, DType c_dtype, bool trans_a, bool trans_b,
               int64_t n, int64_t k, double alpha_value, const void* a_data, int64_t lda,
               int64_t stride_a, const void* b_data, int64_t ldb, int64_t stride_b,
               double beta_value, void* c_data, int64_t ldc, int64_t stride_c, int64_t batch) {
-
   // Arguments the caller must reject (or has nothing to do for) go back to it.
   if (index < 0 || m < 0 || n < 0 || k < 0 || batch < 0) return false;
   if (!OneDnnSupports(dtype)) return false;
@@ -299,24 +302,43 @@ bool GemmInto(int index, DType dtype, DType c_dtype, bool trans_a, bool trans_b,
          batch * pieces * 2 <= kMaxBlocks) {
     pieces *= 2;
   }
-  // Blocks are `small` or `small + 1` wide. Everything that can fail (oneDNN having only
-  // reference code for a block's layout) is settled before any block is written, so that
-  // false means nothing was written.
-  const int64_t small = extent / pieces;
-  std::shared_ptr<const Primitive> primitives[2];
+  // Block edges fall on multiples of kBlockAlign (the last block takes the remainder): oneDNN's
+  // kernels work in register blocks of 16 (or more) columns, and a block of 98 columns spent a
+  // whole vector pass on its last 2. Everything that can fail (oneDNN having only reference
+  // code for a block's layout) is settled before any block is written, so that false means
+  // nothing was written.
+  const auto edge = [&](int64_t piece) -> int64_t {
+    if (piece >= pieces) return extent;
+    const int64_t even = extent * piece / pieces;
+    return extent / pieces >= 2 * kBlockAlign
+               ? std::min(extent, (even + kBlockAlign / 2) / kBlockAlign * kBlockAlign)
+               : even;
+  };
+  std::vector<std::pair<int64_t, std::shared_ptr<const Primitive>>> primitives;  // by width
+  const auto primitive_for = [&](int64_t width) -> const Primitive& {
+    for (const auto& [w, primitive] : primitives) {
+      if (w == width) return *primitive;
+    }
+    TANDEM_FAIL("OneDnnGemm: no primitive for a block of width ", width,
+                "; this is a bug in Tandem: please report it with the GEMM's shape");
+  };
   if (k > 0 && alpha != 0.0f) {
-    for (int64_t i = 0; i < (extent % pieces == 0 ? 1 : 2); ++i) {
-      const int64_t size = small + i;
-      primitives[i] = Lookup(Key{dtype, c_dtype, trans_a, trans_b, split_rows ? size : m,
-                                 split_rows ? n : size, k, lda, ldb, ldc, alpha, beta});
-      if (!primitives[i]->supported) return false;
+    for (int64_t piece = 0; piece < pieces; ++piece) {
+      const int64_t size = edge(piece + 1) - edge(piece);
+      bool known = false;
+      for (const auto& entry : primitives) known = known || entry.first == size;
+      if (known) continue;
+      primitives.emplace_back(size,
+                              Lookup(Key{dtype, c_dtype, trans_a, trans_b, split_rows ? size : m,
+                                         split_rows ? n : size, k, lda, ldb, ldc, alpha, beta}));
+      if (!primitives.back().second->supported) return false;
     }
   }
 
   ParallelFor(Device::Cpu(index), batch * pieces, 1, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t product = item / pieces, piece = item % pieces;
-      const int64_t lo = extent * piece / pieces, hi = extent * (piece + 1) / pieces;
+      const int64_t lo = edge(piece), hi = edge(piece + 1);
       const char* a_product = a + product * stride_a * element;
       const char* b_product = b + product * stride_b * element;
       char* c_product = c + product * stride_c * c_element;
@@ -338,7 +360,7 @@ bool GemmInto(int index, DType dtype, DType c_dtype, bool trans_a, bool trans_b,
       if (k == 0 || alpha == 0.0f) {
         ScaleC(c_dtype, rows, cols, beta, c_block, ldc);
       } else {
-        Execute(*primitives[hi - lo - small], a_block, b_block, c_block);
+        Execute(primitive_for(hi - lo), a_block, b_block, c_block);
       }
     }
   });
@@ -355,9 +377,9 @@ bool OneDnnGemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, i
                   stride_b, beta, c, ldc, stride_c, batch);
 }
 
-bool OneDnnGemmFloatOutput(int index, DType dtype, bool trans_a, bool trans_b, int64_t m,
-                           int64_t n, int64_t k, const void* a, int64_t lda, const void* b,
-                           int64_t ldb, float* c, int64_t ldc) {
+bool OneDnnGemmFloatOutput(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                           int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb,
+                           float* c, int64_t ldc) {
   if (dtype != DType::kBFloat16 && dtype != DType::kFloat16) return false;
   return GemmInto(index, dtype, DType::kFloat32, trans_a, trans_b, m, n, k, 1.0, a, lda, 0, b, ldb,
                   0, 0.0, c, ldc, 0, 1);

@@ -251,6 +251,44 @@ TEST(OneDnnMatmulTest, BetaZeroOverwritesNaN) {
   for (BFloat16 x : c) EXPECT_EQ(static_cast<float>(x), 0.0f);
 }
 
+// Backend::GemmFloatOutput (autocast's weight gradients): bfloat16 A and B into a float32 C,
+// checked at float32's tolerance, which a C rounded through bfloat16 (relative error up to
+// 2^-9) would miss.
+TEST(OneDnnMatmulTest, BFloat16IntoFloatOutputIsNotRoundedTo16Bits) {
+  if (!OneDnnSupports(kBFloat16)) GTEST_SKIP() << "oneDNN has no bfloat16 matmul on this CPU";
+  for (const Case& shape : Cases()) {
+    if (shape.batch != 1 || shape.shared_a || shape.m == 0 || shape.n == 0) continue;
+    const Case c{shape.trans_a, shape.trans_b, shape.m, shape.n, shape.k, 1, 1.0, 0.0, shape.pad};
+    SCOPED_TRACE(Describe(c));
+    Operands<BFloat16> o = MakeOperands<BFloat16>(c, 4321);
+    Operands<float> of;
+    of.lda = o.lda, of.ldb = o.ldb, of.ldc = o.ldc;
+    of.stride_a = o.stride_a, of.stride_b = o.stride_b, of.stride_c = o.stride_c;
+    of.af = o.af, of.bf = o.bf, of.cf = o.cf;
+    std::vector<float> expected, magnitude;
+    Reference(c, of, &expected, &magnitude);
+    std::vector<float> got = o.cf;  // the padding must keep its values
+    ASSERT_TRUE(GetBackend(DeviceType::kCPU)
+                    .GemmFloatOutput(0, kBFloat16, c.trans_a, c.trans_b, c.m, c.n, c.k, o.a.data(),
+                                     o.lda, o.b.data(), o.ldb, got.data(), o.ldc));
+    for (int64_t i = 0; i < c.m; ++i) {
+      for (int64_t j = 0; j < o.ldc; ++j) {
+        const int64_t at = i * o.ldc + j;
+        const double tolerance =
+            j < c.n ? 1e-6 + 1.3e-6 * std::abs(expected[at]) +
+                          4 * c.k * std::numeric_limits<float>::epsilon() * magnitude[at]
+                    : 0.0;
+        ASSERT_LE(std::abs(got[at] - expected[at]), tolerance) << "row " << i << ", column " << j;
+      }
+    }
+  }
+  // Float16 is declined (oneDNN 2.6) or computed; float32 inputs are not this method's.
+  float c = 0;
+  const float one = 1.0f;
+  EXPECT_FALSE(GetBackend(DeviceType::kCPU)
+                   .GemmFloatOutput(0, kFloat32, false, false, 1, 1, 1, &one, 1, &one, 1, &c, 1));
+}
+
 // What the caller must reject goes back to it, with nothing written.
 TEST(OneDnnMatmulTest, DeclinesInvalidArguments) {
   std::vector<float> a(16, 1.0f), b(16, 1.0f), c(16, 5.0f);
