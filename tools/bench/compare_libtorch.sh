@@ -8,12 +8,21 @@
 # see the same machine; it prints each round's medians, the median over rounds and
 # Tandem's step time as a fraction of libtorch's (below 1: Tandem is faster).
 #
+# AUTOCAST=bf16 runs both forwards and losses under their CPU autocast to bfloat16, backward
+# and the optimizer outside (Tandem: train_step --autocast=bf16; libtorch: its at::autocast,
+# as torch.autocast("cpu", dtype=torch.bfloat16)); empty (the default) runs both in float32.
+# With it, train_step also times a float32 step alternated with the bf16 one after its own
+# timed steps (it has no flag to skip that), so a Tandem run takes about three times as many
+# steps; the figure compared is its JSON's step_ms_median, the bf16 step timed alone.
+#
 #   bash tools/bench/compare_libtorch.sh                 # ROUNDS=5 BATCH=256 THREADS=2 STEPS=50
 #   MODEL=gpt2 bash tools/bench/compare_libtorch.sh      # BATCH=4 TOKENS=64 STEPS=10 WARMUP=2
+#   MODEL=gpt2 AUTOCAST=bf16 bash tools/bench/compare_libtorch.sh
 #   BASELINE=/tmp/old/train_step bash tools/bench/compare_libtorch.sh
 #
 # BASELINE names another build of train_step (say, main's before a change): each round then
-# runs it too, alternated with the rest, and the summary adds this tree's step over its step.
+# runs it too, alternated with the rest, and the summary adds this tree's step over its step
+# (with AUTOCAST, the baseline must know --autocast too).
 #
 # libtorch's OpenMP threads spin after each parallel region while OpenBLAS's own threads
 # run its matrix products; on a machine with few cores that costs it 10x. So libtorch runs
@@ -38,6 +47,15 @@ case $MODEL in
     ;;
 esac
 TOKENS=${TOKENS:-64}
+AUTOCAST=${AUTOCAST:-}
+case $AUTOCAST in
+  '') precision=f32 ;;
+  bf16) precision=bf16 ;;
+  *)
+    echo "compare_libtorch: AUTOCAST must be bf16 (or empty for float32) but is '$AUTOCAST'" >&2
+    exit 2
+    ;;
+esac
 THREADS=${THREADS:-2}
 TORCH_INCLUDE=/usr/include/torch/csrc/api/include
 
@@ -68,12 +86,14 @@ baseline=${BASELINE:-}
 tandem_step() { # binary
   local gpt_flags=()  # a BASELINE from before the GPT models knows no --tokens
   if [[ $MODEL == gpt2 ]]; then gpt_flags=(--tokens="$TOKENS"); fi
-  "$1" --model="$MODEL" --batch_size="$BATCH" "${gpt_flags[@]}" --devices=cpu:0 \
-    --threads="$THREADS" --steps="$STEPS" --warmup="$WARMUP" | field
+  local autocast_flags=()
+  if [[ -n $AUTOCAST ]]; then autocast_flags=(--autocast="$AUTOCAST"); fi
+  "$1" --model="$MODEL" --batch_size="$BATCH" "${gpt_flags[@]}" "${autocast_flags[@]}" \
+    --devices=cpu:0 --threads="$THREADS" --steps="$STEPS" --warmup="$WARMUP" | field
 }
 libtorch_step() { # extra environment assignments
   env OPENBLAS_NUM_THREADS="$THREADS" "$@" "$program" "$BATCH" "$THREADS" "$STEPS" "$WARMUP" \
-    "$MODEL" "$TOKENS" | field
+    "$MODEL" "$TOKENS" "$precision" | field
 }
 
 printf '%-6s %14s %22s %22s' round "Tandem (ms)" "libtorch default (ms)" "libtorch passive (ms)"
@@ -97,10 +117,11 @@ best=$(printf '%s\n%s\n' "$dm" "$pm" | sort -g | head -1)
 ratio=$(awk -v a="$tm" -v b="$best" 'BEGIN {printf "%.2f", a / b}')
 printf '%-6s %14s %22s %22s\n' median "$tm" "$dm" "$pm"
 if [[ $MODEL == gpt2 ]]; then
-  echo "gpt2 (124M), batch $BATCH x $TOKENS tokens, AdamW, $THREADS threads, one CPU device," \
-    "$(nproc) cores:"
+  echo "gpt2 (124M), batch $BATCH x $TOKENS tokens, AdamW, $precision, $THREADS threads," \
+    "one CPU device, $(nproc) cores:"
 else
-  echo "mlp, batch $BATCH, SGD momentum 0.9, $THREADS threads, one CPU device, $(nproc) cores:"
+  echo "mlp, batch $BATCH, SGD momentum 0.9, $precision, $THREADS threads, one CPU device," \
+    "$(nproc) cores:"
 fi
 echo "  Tandem step / libtorch step (the faster libtorch) = $tm / $best = $ratio"
 if [[ -n $baseline ]]; then
@@ -110,7 +131,8 @@ if [[ -n $baseline ]]; then
   done | sort -g | tr '\n' ' ')
   echo "  this tree's step / the baseline's ($baseline) = $tm / $bm; per round, sorted: $per_round"
 fi
-printf '{"benchmark":"compare_libtorch","model":"%s","batch_size":%s,"threads":%s,"rounds":%s,' \
-  "$MODEL" "$BATCH" "$THREADS" "$ROUNDS"
+printf '{"benchmark":"compare_libtorch","model":"%s","precision":"%s","batch_size":%s,' \
+  "$MODEL" "$precision" "$BATCH"
+printf '"threads":%s,"rounds":%s,' "$THREADS" "$ROUNDS"
 printf '"tandem_ms":%s,"libtorch_default_ms":%s,"libtorch_passive_ms":%s,"ratio":%s}\n' \
   "$tm" "$dm" "$pm" "$ratio"

@@ -6,6 +6,7 @@
 //       -ltorch -ltorch_cpu -lc10 -o libtorch_train_step
 //   ./libtorch_train_step 256 2 50 5          (batch, threads, timed steps, warm-up steps)
 //   ./libtorch_train_step 4 2 10 2 gpt2 64    (... model, tokens per sequence)
+//   ./libtorch_train_step 4 2 10 2 gpt2 64 bf16   (... precision: f32 or bf16)
 //
 // A step is what train_step times: forward, cross-entropy, zero_grad, backward, the
 // optimizer, and reading the loss back. mlp: 784-256-128-10 with ReLU, SGD (lr 0.01,
@@ -13,8 +14,12 @@
 // blocks, fused qkv, causal attention, tanh GELU, head tied to wte, GPT-2's initialisation)
 // on the same pseudo-random tokens as train_step, AdamW (lr 6e-4, weight decay 0.1). libtorch
 // 1.13 has no scaled_dot_product_attention: attention is matmul, causal mask, softmax, matmul,
-// as PyTorch's nanoGPT wrote it before 2.0. It prints the median, p10 and p90 of the step
-// times and a JSON line.
+// as PyTorch's nanoGPT wrote it before 2.0. bf16 runs the forward and the loss under
+// libtorch's CPU autocast to bfloat16, as torch.autocast("cpu", dtype=torch.bfloat16) does in
+// Python, with backward and the optimizer outside, as PyTorch's AMP recipe: the counterpart
+// of train_step --autocast=bf16. It prints the median, p10 and p90 of the step times and a
+// JSON line.
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -106,6 +111,34 @@ struct Gpt2Impl : torch::nn::Module {
 };
 TORCH_MODULE(Gpt2);
 
+// torch.autocast("cpu", dtype=torch.bfloat16) in C++: libtorch 1.13 has no guard for it.
+// Disabled, it leaves the step in float32. Leaving the outermost scope drops the casts it
+// cached (each weight's bfloat16 copy), so the next step casts the updated weights again.
+class CpuAutocastScope {
+ public:
+  explicit CpuAutocastScope(bool enabled) : enabled_(enabled) {
+    if (!enabled_) return;
+    was_enabled_ = at::autocast::is_cpu_enabled();
+    previous_dtype_ = at::autocast::get_autocast_cpu_dtype();
+    at::autocast::set_cpu_enabled(true);
+    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    at::autocast::increment_nesting();
+  }
+  ~CpuAutocastScope() {
+    if (!enabled_) return;
+    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+    at::autocast::set_cpu_enabled(was_enabled_);
+    at::autocast::set_autocast_cpu_dtype(previous_dtype_);
+  }
+  CpuAutocastScope(const CpuAutocastScope&) = delete;
+  CpuAutocastScope& operator=(const CpuAutocastScope&) = delete;
+
+ private:
+  bool enabled_;
+  bool was_enabled_ = false;
+  at::ScalarType previous_dtype_ = at::kBFloat16;
+};
+
 double Quantile(std::vector<double> values, double q) {
   std::sort(values.begin(), values.end());
   const size_t rank = static_cast<size_t>(q * (values.size() - 1) + 0.5);
@@ -113,8 +146,8 @@ double Quantile(std::vector<double> values, double q) {
 }
 
 // Times `step` and prints the figures (a line, then JSON).
-int Report(const std::function<double()>& step, const char* model, int64_t batch, int threads,
-           int steps, int warmup) {
+int Report(const std::function<double()>& step, const char* model, const std::string& precision,
+           int64_t batch, int threads, int steps, int warmup) {
   for (int i = 0; i < warmup; ++i) step();
   std::vector<double> ms;
   double loss = 0;
@@ -126,18 +159,21 @@ int Report(const std::function<double()>& step, const char* model, int64_t batch
   }
   const double median = Quantile(ms, 0.5);
   std::printf(
-      "libtorch %s: %s, batch %lld, %d thread%s: median %.2f ms  p10 %.2f ms  "
+      "libtorch %s: %s, %s, batch %lld, %d thread%s: median %.2f ms  p10 %.2f ms  "
       "p90 %.2f ms  (last loss %.4f)\n",
-      TORCH_VERSION, model, static_cast<long long>(batch), threads, threads == 1 ? "" : "s", median,
-      Quantile(ms, 0.1), Quantile(ms, 0.9), loss);
+      TORCH_VERSION, model, precision.c_str(), static_cast<long long>(batch), threads,
+      threads == 1 ? "" : "s", median, Quantile(ms, 0.1), Quantile(ms, 0.9), loss);
   std::printf(
-      "{\"benchmark\":\"libtorch_train_step\",\"model\":\"%s\",\"batch_size\":%lld,"
-      "\"threads\":%d,\"steps\":%d,\"step_ms_median\":%.3f,\"step_ms_p90\":%.3f}\n",
-      model, static_cast<long long>(batch), threads, steps, median, Quantile(ms, 0.9));
+      "{\"benchmark\":\"libtorch_train_step\",\"model\":\"%s\",\"precision\":\"%s\","
+      "\"batch_size\":%lld,\"threads\":%d,\"steps\":%d,\"step_ms_median\":%.3f,"
+      "\"step_ms_p90\":%.3f}\n",
+      model, precision.c_str(), static_cast<long long>(batch), threads, steps, median,
+      Quantile(ms, 0.9));
   return 0;
 }
 
-int RunGpt2(int64_t batch, int threads, int steps, int warmup, int64_t tokens) {
+int RunGpt2(int64_t batch, int threads, int steps, int warmup, int64_t tokens,
+            const std::string& precision) {
   Gpt2 model;
   torch::optim::AdamW optimizer(model->parameters(),
                                 torch::optim::AdamWOptions(6e-4).weight_decay(0.1));
@@ -152,14 +188,18 @@ int RunGpt2(int64_t batch, int threads, int steps, int warmup, int64_t tokens) {
   const torch::Tensor x = all.narrow(1, 0, tokens).contiguous();
   const torch::Tensor y = all.narrow(1, 1, tokens).contiguous();
   auto step = [&] {
-    torch::Tensor loss =
-        torch::nn::functional::cross_entropy(model->forward(x).view({-1, kVocab}), y.reshape({-1}));
+    torch::Tensor loss;
+    {
+      CpuAutocastScope autocast(precision == "bf16");
+      loss = torch::nn::functional::cross_entropy(model->forward(x).view({-1, kVocab}),
+                                                  y.reshape({-1}));
+    }
     optimizer.zero_grad();
     loss.backward();
     optimizer.step();
     return loss.item<double>();
   };
-  return Report(step, "gpt2", batch, threads, steps, warmup);
+  return Report(step, "gpt2", precision, batch, threads, steps, warmup);
 }
 
 }  // namespace
@@ -171,16 +211,18 @@ int main(int argc, char** argv) {
   const int warmup = argc > 4 ? std::atoi(argv[4]) : 5;
   const std::string model_name = argc > 5 ? argv[5] : "mlp";
   const int64_t tokens = argc > 6 ? std::atoll(argv[6]) : 64;
+  const std::string precision = argc > 7 ? argv[7] : "f32";
   if (batch < 1 || threads < 1 || steps < 1 || warmup < 0 ||
-      (model_name != "mlp" && model_name != "gpt2") || tokens < 1 || tokens > kContext) {
+      (model_name != "mlp" && model_name != "gpt2") || tokens < 1 || tokens > kContext ||
+      (precision != "f32" && precision != "bf16")) {
     std::fprintf(stderr,
                  "usage: libtorch_train_step [batch >= 1] [threads >= 1] [steps >= 1] "
-                 "[warmup >= 0] [mlp|gpt2] [tokens in 1..1024]\n");
+                 "[warmup >= 0] [mlp|gpt2] [tokens in 1..1024] [f32|bf16]\n");
     return 1;
   }
   torch::set_num_threads(threads);
   torch::manual_seed(1);
-  if (model_name == "gpt2") return RunGpt2(batch, threads, steps, warmup, tokens);
+  if (model_name == "gpt2") return RunGpt2(batch, threads, steps, warmup, tokens, precision);
   torch::nn::Sequential model(torch::nn::Flatten(), torch::nn::Linear(784, 256), torch::nn::ReLU(),
                               torch::nn::Linear(256, 128), torch::nn::ReLU(),
                               torch::nn::Linear(128, 10));
@@ -191,11 +233,15 @@ int main(int argc, char** argv) {
   const torch::Tensor y = torch::tensor(labels, torch::kInt64);
 
   auto step = [&] {
-    torch::Tensor loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+    torch::Tensor loss;
+    {
+      CpuAutocastScope autocast(precision == "bf16");
+      loss = torch::nn::functional::cross_entropy(model->forward(x), y);
+    }
     optimizer.zero_grad();
     loss.backward();
     optimizer.step();
     return loss.item<double>();
   };
-  return Report(step, "mlp", batch, threads, steps, warmup);
+  return Report(step, "mlp", precision, batch, threads, steps, warmup);
 }
