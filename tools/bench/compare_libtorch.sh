@@ -76,8 +76,9 @@ if [[ ! -x $program || tools/bench/libtorch_train_step.cc -nt $program ]]; then
   g++ -O2 -std=c++17 tools/bench/libtorch_train_step.cc -I"$TORCH_INCLUDE" \
     -ltorch -ltorch_cpu -lc10 -o "$program"
 fi
-bazel build -c opt //tools/bench:train_step >&2
-tandem=$(bazel info -c opt bazel-bin 2>/dev/null)/tools/bench/train_step
+# A CPU comparison: --config=cpu leaves out the CUDA backend (and nvcc's long build).
+bazel build -c opt --config=cpu //tools/bench:train_step >&2
+tandem=$(bazel info -c opt --config=cpu bazel-bin 2>/dev/null)/tools/bench/train_step
 
 median() { sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 field() { grep -o "\"step_ms_median\":[0-9.]*" | tail -1 | cut -d: -f2; }
