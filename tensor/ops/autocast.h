@@ -19,10 +19,14 @@
 //   every other op runs in the dtype of its inputs (binary ops promote as always).
 // Only floating tensors on the guarded device type are cast; float64 and integer tensors are
 // left alone. Casts are differentiable: the gradient flows back converted to the input dtype.
+// linear with a float32 weight is one node instead (Note [Autocast linear], tensor/ops/ops.cc):
+// its weight gradient comes out of the 16-bit GEMM in float32, and it keeps no 16-bit copy of
+// an input that needs no gradient.
 //
 // Weights are cast once per guard: a float32 leaf that requires grad (a parameter) cast to the
 // lower dtype is cached until the outermost guard on the thread that opened it closes, so a
-// weight used twice in a forward is cast once. The state, cache included, travels with every
+// weight used twice in a forward is cast once (linear caches its weight's cast only where it
+// keeps it for backward anyway, so a first layer's cast is freed after its product). The state, cache included, travels with every
 // task posted to a device worker (tensor/runtime/threads.h): DataParallel's replicas and the
 // autograd engine's workers see the caller's autocast, unlike PyTorch, whose thread-local
 // autocast does not reach DataParallel's replica threads.
