@@ -172,6 +172,10 @@ class CudaBackend final : public Backend {
             double alpha, const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb,
             int64_t stride_b, double beta, void* c, int64_t ldc, int64_t stride_c,
             int64_t batch) override;
+  // cuBLAS's GemmEx with 16-bit A and B and a float32 C (CUBLAS_COMPUTE_32F).
+  bool GemmFloatOutput(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                       int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb, float* c,
+                       int64_t ldc) override;
   void Im2Col(int index, DType dtype, const Conv2dGeometry& g, const void* image,
               void* columns) override;
   void Col2Im(int index, DType dtype, const Conv2dGeometry& g, const void* columns,
@@ -529,6 +533,48 @@ void CudaBackend::Gemm(int index, DType dtype, bool trans_a, bool trans_b, int64
                                    static_cast<int>(ldc), stride_c, static_cast<int>(batch)),
                         index);
   });
+}
+
+bool CudaBackend::GemmFloatOutput(int index, DType dtype, bool trans_a, bool trans_b, int64_t m,
+                                  int64_t n, int64_t k, const void* a, int64_t lda, const void* b,
+                                  int64_t ldb, float* c, int64_t ldc) {
+  CudaDevice& device = Device(index);
+  if (dtype != DType::kBFloat16 && dtype != DType::kFloat16) return false;
+  TANDEM_CHECK(m >= 0 && n >= 0 && k >= 0, "CUDA Gemm expects non-negative sizes but got m=", m,
+               " n=", n, " k=", k);
+  if (m == 0 || n == 0) return true;
+  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+  TANDEM_CHECK(m <= kIntMax && n <= kIntMax && k <= kIntMax, "CUDA Gemm: m=", m, " n=", n, " k=", k,
+               " exceed cuBLAS's 32-bit sizes; split the product");
+  lda = LeadingDimension(trans_a ? k : m, trans_a ? m : k, lda, "lda");
+  ldb = LeadingDimension(trans_b ? n : k, trans_b ? k : n, ldb, "ldb");
+  ldc = LeadingDimension(m, n, ldc, "ldc");
+  DeviceGuard guard(device.physical());
+  if (k == 0) {
+    // An empty sum: C = 0 (beta = 0 writes zeros without reading C). cuBLAS would reject
+    // k == 0's leading dimensions.
+    LaunchScaleMatrices(device.Launch(), DType::kFloat32, 0.0, c, m, n, ldc, 0, 1);
+    return true;
+  }
+  TANDEM_CHECK(lda <= kIntMax && ldb <= kIntMax && ldc <= kIntMax,
+               "CUDA Gemm: row strides lda=", lda, " ldb=", ldb, " ldc=", ldc,
+               " exceed cuBLAS's 32-bit sizes");
+  cudaStream_t stream = device.current_stream();
+  cublasHandle_t handle = device.blas();
+  std::lock_guard<std::mutex> lock(device.blas_mutex());
+  device.BindBlas(stream);
+  // The operands swapped, m with n, as in Gemm: the row-major C = op(A) op(B) is the
+  // column-major C^T = op(B)^T op(A)^T. The handle's math mode only matters for float32
+  // operands (TF32), so it is left as it is.
+  const cudaDataType type = dtype == DType::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F;
+  const float alpha = 1.0f, beta = 0.0f;
+  TANDEM_CUBLAS_CHECK(
+      cublasGemmEx(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                   static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, type,
+                   static_cast<int>(ldb), a, type, static_cast<int>(lda), &beta, c, CUDA_R_32F,
+                   static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      index);
+  return true;
 }
 
 // ---- Convolution, pooling, gather/scatter --------------------------------------------------

@@ -1334,6 +1334,8 @@ class CudaBackendReducedTest : public CudaBackendTest {
   template <typename T>
   void ExpectGemmMatches16();
   template <typename T>
+  void ExpectGemmFloatOutputMatches();
+  template <typename T>
   void ExpectConvolutionAndPoolingMatch();
   template <typename T>
   void ExpectGathersScattersAndRandomMatch();
@@ -1499,6 +1501,83 @@ void CudaBackendReducedTest::ExpectGemmMatches16() {
       }
     }
   }
+}
+
+// GemmFloatOutput (16-bit A and B, float32 C) against the CPU's SGEMM of the widened operands:
+// both multiply exactly and add in float in their own orders, and neither rounds C to 16 bits,
+// so they agree to float32 rounding: per element within k * FLT_EPSILON * sum |a_ip b_pj| (a
+// bound on both summation errors together) plus a little. A C rounded to T would miss this by
+// orders of magnitude. C starts as NaN: every element must be written, the row padding not.
+template <typename T>
+void CudaBackendReducedTest::ExpectGemmFloatOutputMatches() {
+  const DType dtype = DTypeOf<T>::value;
+  const double eps = std::numeric_limits<float>::epsilon();
+  for (const GemmCase& g : {GemmCase{1, 1, 1, 1}, GemmCase{7, 5, 3, 1}, GemmCase{33, 17, 65, 1},
+                            GemmCase{128, 96, 200, 1}, GemmCase{5, 6, 0, 1}}) {
+    for (bool trans_a : {false, true}) {
+      for (bool trans_b : {false, true}) {
+        for (bool padded : {false, true}) {
+          const std::string what =
+              Note(DTypePrefix<T>() + "gemm float output m=" + std::to_string(g.m) +
+                   " n=" + std::to_string(g.n) + " k=" + std::to_string(g.k) +
+                   (trans_a ? " A^T" : "") + (trans_b ? " B^T" : "") + (padded ? " padded" : ""));
+          const int64_t a_rows = trans_a ? g.k : g.m, a_cols = trans_a ? g.m : g.k;
+          const int64_t b_rows = trans_b ? g.n : g.k, b_cols = trans_b ? g.k : g.n;
+          const int64_t lda = std::max<int64_t>(a_cols, 1) + (padded ? 3 : 0),
+                        ldb = std::max<int64_t>(b_cols, 1) + (padded ? 1 : 0),
+                        ldc = g.n + (padded ? 2 : 0);
+          Buffer<T> a(RandomReduced<T>(std::max<int64_t>(a_rows * lda, 1), -1.0, 1.0));
+          Buffer<T> b(RandomReduced<T>(std::max<int64_t>(b_rows * ldb, 1), -1.0, 1.0));
+          Buffer<float> wide_a = Wide(a), wide_b = Wide(b);
+          Buffer<float> expected(g.m * ldc), out(g.m * ldc);  // both NaN
+          cpu_.Gemm(0, kFloat32, trans_a, trans_b, g.m, g.n, g.k, 1.0, wide_a.cpu(), lda, 0,
+                    wide_b.cpu(), ldb, 0, 0.0, expected.cpu(), ldc, 0, 1);
+          ASSERT_TRUE(gpu_.GemmFloatOutput(0, dtype, trans_a, trans_b, g.m, g.n, g.k, a.gpu(), lda,
+                                           b.gpu(), ldb, out.gpu(), ldc))
+              << what;
+          const std::vector<float> got = out.Gpu();
+          int64_t mismatches = 0;
+          for (int64_t i = 0; i < g.m; ++i) {
+            for (int64_t j = 0; j < ldc; ++j) {
+              const float e = expected.Cpu()[i * ldc + j], x = got[i * ldc + j];
+              bool ok;
+              double bound = 0.0;
+              if (j >= g.n) {
+                ok = std::isnan(x);  // padding: not written
+              } else {
+                double abs_sum = 0.0;  // sum over p of |A(i, p) B(p, j)|
+                for (int64_t p = 0; p < g.k; ++p) {
+                  const float ai = wide_a.Cpu()[trans_a ? p * lda + i : i * lda + p];
+                  const float bj = wide_b.Cpu()[trans_b ? j * ldb + p : p * ldb + j];
+                  abs_sum += std::fabs(static_cast<double>(ai) * bj);
+                }
+                // k = 0: exactly zero.
+                bound = (g.k == 0 ? 0.0 : 1e-5) + 1.3e-6 * std::fabs(e) + g.k * eps * abs_sum;
+                ok = std::fabs(static_cast<double>(x) - e) <= bound;
+              }
+              if (!ok && mismatches++ < 5) {
+                ADD_FAILURE() << what << ": C(" << i << ", " << j << ") is " << x << " on cuda but "
+                              << e << " on cpu (bound " << bound << ")";
+              }
+            }
+          }
+          EXPECT_EQ(mismatches, 0) << what;
+        }
+      }
+    }
+  }
+  // m = 0 and n = 0: nothing to do, nothing written.
+  Buffer<T> a(RandomReduced<T>(12)), b(RandomReduced<T>(12));
+  Buffer<float> c(12);
+  EXPECT_TRUE(
+      gpu_.GemmFloatOutput(0, dtype, false, false, 0, 3, 4, a.gpu(), 4, b.gpu(), 3, c.gpu(), 3));
+  EXPECT_TRUE(
+      gpu_.GemmFloatOutput(0, dtype, false, false, 3, 0, 4, a.gpu(), 4, b.gpu(), 1, c.gpu(), 1));
+  for (float x : c.Gpu()) EXPECT_TRUE(std::isnan(x)) << DTypePrefix<T>() << "empty C written";
+  // A row stride shorter than the row: the CPU's error.
+  EXPECT_THROW(
+      gpu_.GemmFloatOutput(0, dtype, false, false, 3, 3, 4, a.gpu(), 2, b.gpu(), 3, c.gpu(), 3),
+      Error);
 }
 
 template <typename T>
@@ -1700,6 +1779,22 @@ TEST_F(CudaBackendReducedTest, ReductionsAndSoftmaxFloat16) {
 }
 TEST_F(CudaBackendReducedTest, GemmExBFloat16) { ExpectGemmMatches16<BFloat16>(); }
 TEST_F(CudaBackendReducedTest, GemmExFloat16) { ExpectGemmMatches16<Half>(); }
+TEST_F(CudaBackendReducedTest, GemmFloatOutputBFloat16) {
+  ExpectGemmFloatOutputMatches<BFloat16>();
+}
+TEST_F(CudaBackendReducedTest, GemmFloatOutputFloat16) { ExpectGemmFloatOutputMatches<Half>(); }
+// Only 16-bit operands have a float32-output GEMM: other dtypes report false and write nothing,
+// so the caller takes its fallback.
+TEST_F(CudaBackendReducedTest, GemmFloatOutputDeclinesOtherDTypes) {
+  Buffer<float> a(std::vector<float>{1.0f, 2.0f}), b(std::vector<float>{3.0f, 4.0f});
+  Buffer<float> c(1);
+  EXPECT_FALSE(
+      gpu_.GemmFloatOutput(0, kFloat32, false, false, 1, 1, 2, a.gpu(), 2, b.gpu(), 1, c.gpu(), 1));
+  Buffer<double> ad(std::vector<double>{1.0, 2.0}), bd(std::vector<double>{3.0, 4.0});
+  EXPECT_FALSE(gpu_.GemmFloatOutput(0, kFloat64, false, false, 1, 1, 2, ad.gpu(), 2, bd.gpu(), 1,
+                                    c.gpu(), 1));
+  EXPECT_TRUE(std::isnan(c.Gpu()[0])) << "a declined GemmFloatOutput wrote C";
+}
 TEST_F(CudaBackendReducedTest, ConvolutionAndPoolingBFloat16) {
   ExpectConvolutionAndPoolingMatch<BFloat16>();
 }

@@ -1,5 +1,6 @@
 // cudasim's cuBLAS: SGEMM and DGEMM on OpenBLAS, queued on the handle's stream like cuBLAS's
-// kernels; GemmEx on bfloat16/float16 as OpenBLAS's SGEMM of the widened operands, rounded once.
+// kernels; GemmEx on bfloat16/float16 as OpenBLAS's SGEMM of the widened operands, rounded once
+// (a float C, not at all).
 #include <cblas.h>
 #include <cublas_v2.h>
 
@@ -179,10 +180,11 @@ cublasStatus_t CheckedGemm(const char* name, cublasHandle_t handle, cublasOperat
 // hold the GPU to: A and B widened to float (exact), OpenBLAS's SGEMM with float alpha and beta
 // on them and on C widened (every product of two bfloat16 or float16 values is exact in float,
 // so only the float additions round), and each element of C rounded to its 16-bit type once,
-// to nearest even. Tensor cores also multiply exactly and accumulate in float, but in their
-// own order (tiles, split-K) and with their own internal alignment of the addends, so a GPU's
-// result may differ from this one by a few float roundings before the final one: within a
-// 16-bit ulp or so, and a tolerance, never bitwise, compares them.
+// to nearest even, or, for a float32 C (CUDA_R_32F), stored as computed. Tensor cores also multiply
+// exactly and accumulate in float, but in their own order (tiles, split-K) and with their own
+// internal alignment of the addends, so a GPU's result may differ from this one by a few float
+// roundings before the final one: within a 16-bit ulp or so, and a tolerance, never bitwise,
+// compares them.
 
 // Round-to-nearest-even conversions (IEEE binary16, and bfloat16 as float's top half), written
 // here rather than taken from Tandem's tensor/base/half.h so that the simulator checks that
@@ -256,11 +258,15 @@ cublasStatus_t CheckedGemmEx(const char* name, cublasHandle_t handle, cublasOper
   const cublasStatus_t status = CheckGemm(name, ta, tb, m, n, k, lda, ldb, ldc);
   if (status != CUBLAS_STATUS_SUCCESS) return status;
   if (batch < 0) return Invalid(std::string(name) + ": batch_count < 0");
-  if (a_type != b_type || a_type != c_type || (a_type != CUDA_R_16BF && a_type != CUDA_R_16F)) {
+  // The 16-bit rows of cuBLAS's table for CUBLAS_COMPUTE_32F: A and B of one 16-bit type, C of
+  // that type or float (a float C is never rounded to 16 bits).
+  if (a_type != b_type || (a_type != CUDA_R_16BF && a_type != CUDA_R_16F) ||
+      (c_type != a_type && c_type != CUDA_R_32F)) {
     return NotSupported(std::string(name) + ": A, B, C types " + std::to_string(a_type) + ", " +
                         std::to_string(b_type) + ", " + std::to_string(c_type) +
-                        ": cudasim takes one type for all three, CUDA_R_16BF (14) or "
-                        "CUDA_R_16F (2); use cublasSgemm/cublasDgemm for float and double");
+                        ": cudasim takes A and B both CUDA_R_16BF (14) or both CUDA_R_16F (2), "
+                        "with C of the same type or CUDA_R_32F (0); use cublasSgemm/cublasDgemm "
+                        "for float and double operands");
   }
   if (compute != CUBLAS_COMPUTE_32F && compute != CUBLAS_COMPUTE_32F_PEDANTIC) {
     return NotSupported(std::string(name) + ": compute type " + std::to_string(compute) +
@@ -278,20 +284,22 @@ cublasStatus_t CheckedGemmEx(const char* name, cublasHandle_t handle, cublasOper
   }
   if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
   const cudaDataType type = a_type;
+  const bool float_c = c_type == CUDA_R_32F;
   stream->Enqueue([=] {
-    uint16_t* c16 = static_cast<uint16_t*>(c);
     const uint16_t* a16 = static_cast<const uint16_t*>(a);
     const uint16_t* b16 = static_cast<const uint16_t*>(b);
     for (int i = 0; i < batch; ++i) {
-      uint16_t* ci = c16 + i * stride_c;
+      uint16_t* ci = float_c ? nullptr : static_cast<uint16_t*>(c) + i * stride_c;
+      float* cf = float_c ? static_cast<float*>(c) + i * stride_c : nullptr;
       // C widened (read only where beta != 0: BLAS does not read C then, so NaN in it does not
-      // survive), the product added in float, then each element rounded once.
+      // survive), the product added in float, then each element rounded once (a float C: not
+      // at all).
       std::vector<float> c32(static_cast<size_t>(ldc) * (n - 1) + m, 0.0f);
       if (beta != 0.0f) {
         for (int col = 0; col < n; ++col) {
           for (int row = 0; row < m; ++row) {
             const size_t at = static_cast<size_t>(col) * ldc + row;
-            c32[at] = Widen(type, ci, at);
+            c32[at] = float_c ? cf[at] : Widen(type, ci, at);
           }
         }
       }
@@ -308,7 +316,11 @@ cublasStatus_t CheckedGemmEx(const char* name, cublasHandle_t handle, cublasOper
       for (int col = 0; col < n; ++col) {
         for (int row = 0; row < m; ++row) {
           const size_t at = static_cast<size_t>(col) * ldc + row;
-          ci[at] = type == CUDA_R_16BF ? FloatToBFloat16(c32[at]) : FloatToHalf(c32[at]);
+          if (float_c) {
+            cf[at] = c32[at];
+          } else {
+            ci[at] = type == CUDA_R_16BF ? FloatToBFloat16(c32[at]) : FloatToHalf(c32[at]);
+          }
         }
       }
     }
