@@ -180,11 +180,11 @@ cublasStatus_t CheckedGemm(const char* name, cublasHandle_t handle, cublasOperat
 // hold the GPU to: A and B widened to float (exact), OpenBLAS's SGEMM with float alpha and beta
 // on them and on C widened (every product of two bfloat16 or float16 values is exact in float,
 // so only the float additions round), and each element of C rounded to its 16-bit type once,
-// to nearest even, or, for a float32 C (CUDA_R_32F), stored as computed. Tensor cores also multiply
+// to nearest even; a float32 C (CUDA_R_32F) is stored as computed. Tensor cores also multiply
 // exactly and accumulate in float, but in their own order (tiles, split-K) and with their own
 // internal alignment of the addends, so a GPU's result may differ from this one by a few float
-// roundings before the final one: within a 16-bit ulp or so, and a tolerance, never bitwise,
-// compares them.
+// roundings: within a 16-bit ulp or so for a 16-bit C, within float32 summation error for a
+// float32 C, and a tolerance, never bitwise, compares them.
 
 // Round-to-nearest-even conversions (IEEE binary16, and bfloat16 as float's top half), written
 // here rather than taken from Tandem's tensor/base/half.h so that the simulator checks that
