@@ -48,6 +48,10 @@ std::vector<Shape> Shapes() {
   shapes.push_back({"conv2 fwd", false, false, 64, batch * 196, 288, 1, false});
   shapes.push_back({"conv2 dx", true, false, 288, batch * 196, 64, 1, false});
   shapes.push_back({"conv2 dW", false, true, 64, 288, batch * 196, 1, false});
+  // The same at 64 images: a quarter of the batch, each logical CPU device's share of 256 over
+  // four devices (or of 128 over two).
+  shapes.push_back({"conv2 fwd, 64 images", false, false, 64, 64 * 196, 288, 1, false});
+  shapes.push_back({"conv2 dx, 64 images", true, false, 288, 64 * 196, 64, 1, false});
   shapes.push_back({"2048x768 -> 2304", false, false, 2048, 2304, 768, 1, false});
   return shapes;
 }

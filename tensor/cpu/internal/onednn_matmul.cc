@@ -403,8 +403,12 @@ bool OneDnnPreferredForFloat32(bool trans_a, bool trans_b, int64_t m, int64_t n,
   // (64x50176x288: 1.23-1.79x; 288x50176x64 with A transposed: 1.07-1.42x). Elsewhere it was
   // even (the MLP's Linear layers, 0.87-1.17x), or slower (the per-image GEMMs of the first
   // convolution, 0.66-0.92x; 10-row products, 0.59-0.77x; the weight gradient with a 50176
-  // inner dimension and B transposed, 0.49-0.56x; 2048x2304x768, 0.73-0.86x).
-  return batch == 1 && !trans_b && n >= 16384 && m <= 512 && k <= 512;
+  // inner dimension and B transposed, 0.49-0.56x; 2048x2304x768, 0.73-0.86x). At 64 images
+  // (12544 columns: a logical CPU device's share of the CNN's batch) oneDNN won too (forward
+  // 1.58x on 1 thread, 1.29x on 2; dx 1.35x and 1.22x, 7 rounds), and below 16384 columns
+  // DataParallel over two 1-thread devices had sent those products to OpenBLAS: its CNN step
+  // was 0.92x one 2-thread device's, 1.00x with this threshold (cpu_layouts.sh, 9 rounds).
+  return batch == 1 && !trans_b && n >= 8192 && m <= 512 && k <= 512;
 }
 
 }  // namespace tandem
