@@ -8,6 +8,7 @@
 #define TANDEM_TENSOR_CPU_INTERNAL_ONEDNN_COMMON_H_
 
 #include <dnnl.hpp>
+#include <mutex>
 
 // libgomp's, declared here rather than through <omp.h>: that header belongs to the compiler
 // (clang without libomp-dev has none), and these two calls are all we need.
@@ -22,6 +23,15 @@ namespace tandem {
 inline const dnnl::engine& OneDnnEngine() {
   static const dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
   return *engine;
+}
+
+// Held while a primitive is created (matmul's and convolution's alike). Creation is rare (once
+// per shape) and slow anyway, and oneDNN's own caches, which creation fills and reads, are
+// synchronised in library code that ThreadSanitizer does not see: two devices' workers creating
+// primitives at once were reported as a race inside oneDNN. Executing primitives needs no lock.
+inline std::mutex& OneDnnCreationMutex() {
+  static std::mutex* mutex = new std::mutex;
+  return *mutex;
 }
 
 // Sets OpenMP's thread count to one on the calling thread while it lives (Note [oneDNN

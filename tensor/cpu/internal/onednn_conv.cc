@@ -210,7 +210,12 @@ std::shared_ptr<const ConvPrimitive> Lookup(const Key& key) {
     auto it = cache->find(key);
     if (it != cache->end()) return it->second;
   }
-  std::shared_ptr<const ConvPrimitive> made = Create(key);  // outside the lock: it is slow
+  std::shared_ptr<const ConvPrimitive> made;
+  {
+    // Not under the map's lock (creation is slow), but one creation at a time.
+    std::lock_guard<std::mutex> creating(OneDnnCreationMutex());
+    made = Create(key);
+  }
   std::lock_guard<std::mutex> lock(mutex);
   if (cache->size() >= kMaxEntries) cache->clear();
   return cache->emplace(key, std::move(made)).first->second;
