@@ -26,10 +26,10 @@
 // Weights are cast once per guard: a float32 leaf that requires grad (a parameter) cast to the
 // lower dtype is cached until the outermost guard on the thread that opened it closes, so a
 // weight used twice in a forward is cast once (linear caches its weight's cast only where it
-// keeps it for backward anyway, so a first layer's cast is freed after its product). The state, cache included, travels with every
-// task posted to a device worker (tensor/runtime/threads.h): DataParallel's replicas and the
-// autograd engine's workers see the caller's autocast, unlike PyTorch, whose thread-local
-// autocast does not reach DataParallel's replica threads.
+// keeps it for backward anyway, so a first layer's cast is freed after its product). The state,
+// cache included, travels with every task posted to a device worker (tensor/runtime/threads.h):
+// DataParallel's replicas and the autograd engine's workers see the caller's autocast, unlike
+// PyTorch, whose thread-local autocast does not reach DataParallel's replica threads.
 #ifndef TANDEM_TENSOR_OPS_AUTOCAST_H_
 #define TANDEM_TENSOR_OPS_AUTOCAST_H_
 

@@ -44,9 +44,9 @@ bool OneDnnGemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, i
 // product, split over cpu:`index`'s pool as OneDnnGemm: the dot products accumulate in float and
 // C is never rounded to 16 bits. Returns false, having written nothing, where oneDNN has no
 // kernel for it (float16 in oneDNN 2.6) or for arguments the caller must reject.
-bool OneDnnGemmFloatOutput(int index, DType dtype, bool trans_a, bool trans_b, int64_t m,
-                           int64_t n, int64_t k, const void* a, int64_t lda, const void* b,
-                           int64_t ldb, float* c, int64_t ldc);
+bool OneDnnGemmFloatOutput(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
+                           int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb,
+                           float* c, int64_t ldc);
 
 // One product on the calling thread, unsplit: C = alpha * op(A) * op(B) + beta * C with
 // m, n, k >= 1 and valid leading dimensions (at least the row length). Returns false where
