@@ -321,6 +321,20 @@ TEST(AutocastTest, LinearKeepsNoCopyOfTheBatch) {
   ExpectCloseTo(w.grad(), w32.grad(), kBFloat16);
 }
 
+// Without grad (evaluation, sampling) one guard may span many forwards: the weight is cast once.
+TEST(AutocastTest, LinearCachesItsWeightCastWithoutGrad) {
+  const Tensor w = Param({4, 6}, 24);
+  manual_seed(25);
+  const Tensor x = randn({3, 6});
+  AutocastGuard autocast(kCPU);
+  NoGradGuard no_grad;
+  const Tensor first = linear(x, w, Tensor());
+  EXPECT_EQ(autocast::CachedCastCount(), 1u);
+  const Tensor second = linear(x, w, Tensor());
+  EXPECT_EQ(autocast::CachedCastCount(), 1u);
+  EXPECT_EQ(MaxAbsDiff(first, second), 0.0);
+}
+
 TEST(AutocastTest, LinearInputGradientsKeepTheInputsDType) {
   const Tensor w = Param({5, 6}, 21), b = Param({5}, 22);
   for (DType dtype : {kFloat32, kBFloat16, kFloat16}) {

@@ -1039,15 +1039,19 @@ Tensor MatmulIntoFloatRaw(const Tensor& a, const Tensor& b) {
 //     in another pass over a 16-bit copy of every weight's gradient (GPT-2: 248 MB).
 //   - A float32 input that needs no gradient (the batch) is kept as the caller passed it and
 //     cast again in backward: the caller holds it through backward anyway, so keeping its
-//     16-bit copy held a second copy of the batch (the MLP's step peaked at 1.7x float32's). An
-//     input that needs a gradient (an activation) keeps its 16-bit copy, half its size.
+//     16-bit copy held a second copy of the batch through the step. An input that needs a
+//     gradient (an activation) keeps its 16-bit copy, half its size. The first layer's weight
+//     cast, which its gradient does not need, is then freed after the product, not cached.
 //   - The input's gradient is computed in 16 bits and converted to the input's dtype in the
 //     node, as the cast node's backward would.
 Tensor AutocastLinear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const DType low = AutocastMode::GetDType(weight.device().type());
   const bool grad_x = NeedsGrad({x}), grad_w = NeedsGrad({weight});
   const bool has_bias = bias.defined(), grad_b = has_bias && NeedsGrad({bias});
-  const Tensor w_low = autocast::CastWeightOutsideGraph(weight, /*keep=*/grad_x);
+  // Cached where the node keeps the cast for x's gradient anyway, and without grad (evaluation,
+  // sampling), where nothing is kept and a guard may span many forwards.
+  const Tensor w_low =
+      autocast::CastWeightOutsideGraph(weight, /*keep=*/grad_x || !GradMode::IsEnabled());
   const Tensor b_low = has_bias ? autocast::CastWeightOutsideGraph(bias, /*keep=*/true) : bias;
   Tensor x_low, y;
   {
