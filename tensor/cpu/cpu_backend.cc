@@ -611,18 +611,19 @@ void ReduceSum(int index, T* dst, const T* src, int64_t outer, int64_t reduce, i
   // so tiles narrow until there are enough to share out (a bias gradient, [batch, features]
   // summed over the batch, is a single product of `outer`).
   constexpr int64_t kMaxTile = 256, kMinTile = 32, kTilesWanted = 8;
-  const int64_t kTile = std::clamp<int64_t>(
-      (inner / std::max<int64_t>(1, kTilesWanted / std::max<int64_t>(1, outer)) + 15) / 16 * 16,
-      kMinTile, kMaxTile);
-  const int64_t tiles = (inner + kTile - 1) / kTile;
-  const int64_t work_per_tile = reduce * std::min(inner, kTile);
+  const int64_t tiles_per_product =
+      std::max<int64_t>(1, kTilesWanted / std::max<int64_t>(1, outer));
+  const int64_t tile =
+      std::clamp<int64_t>((inner / tiles_per_product + 15) / 16 * 16, kMinTile, kMaxTile);
+  const int64_t tiles = (inner + tile - 1) / tile;
+  const int64_t work_per_tile = reduce * std::min(inner, tile);
   ParallelFor(Cpu(index), outer * tiles,
               std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, work_per_tile)),
               [&](int64_t begin, int64_t end) {
                 Acc acc[kMaxTile];
                 for (int64_t item = begin; item < end; ++item) {
-                  const int64_t o = item / tiles, j0 = (item % tiles) * kTile;
-                  const int64_t width = std::min(kTile, inner - j0);
+                  const int64_t o = item / tiles, j0 = (item % tiles) * tile;
+                  const int64_t width = std::min(tile, inner - j0);
                   std::fill(acc, acc + width, Acc{0});
                   const T* base = src + o * reduce * inner + j0;
                   vec::Vectorized([&] {

@@ -106,6 +106,24 @@ int64_t LeadingDimension(int64_t rows, int64_t cols, int64_t ld, const char* nam
   return ld;
 }
 
+// The device's cuBLAS handle bound to its current stream for one call, locked until the
+// returned object goes; the row strides (already checked by LeadingDimension) must fit
+// cuBLAS's ints.
+struct BoundBlas {
+  std::unique_lock<std::mutex> lock;
+  cublasHandle_t handle;
+};
+BoundBlas BindBlasForCall(CudaDevice& device, int64_t lda, int64_t ldb, int64_t ldc) {
+  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+  TANDEM_CHECK(lda <= kIntMax && ldb <= kIntMax && ldc <= kIntMax,
+               "CUDA Gemm: row strides lda=", lda, " ldb=", ldb, " ldc=", ldc,
+               " exceed cuBLAS's 32-bit sizes");
+  cudaStream_t stream = device.current_stream();
+  BoundBlas bound{std::unique_lock<std::mutex>(device.blas_mutex()), device.blas()};
+  device.BindBlas(stream);
+  return bound;
+}
+
 // ---- The backend -------------------------------------------------------------------------
 
 class CudaBackend final : public Backend {
@@ -501,13 +519,8 @@ void CudaBackend::Gemm(int index, DType dtype, bool trans_a, bool trans_b, int64
       LaunchScaleMatrices(device.Launch(), dtype, beta, c, m, n, ldc, stride_c, batch);
       return;
     }
-    TANDEM_CHECK(lda <= kIntMax && ldb <= kIntMax && ldc <= kIntMax,
-                 "CUDA Gemm: row strides lda=", lda, " ldb=", ldb, " ldc=", ldc,
-                 " exceed cuBLAS's 32-bit sizes");
-    cudaStream_t stream = device.current_stream();
-    cublasHandle_t handle = device.blas();
-    std::lock_guard<std::mutex> lock(device.blas_mutex());
-    device.BindBlas(stream);
+    const BoundBlas blas = BindBlasForCall(device, lda, ldb, ldc);
+    cublasHandle_t handle = blas.handle;
     if constexpr (std::is_same_v<T, float>) {
       // TF32 only ever applies to float32 (DGEMM and the 16-bit GEMMs ignore the mode), so the
       // other types leave the handle's mode as it is rather than switching it back and forth.
@@ -556,13 +569,8 @@ bool CudaBackend::GemmFloatOutput(int index, DType dtype, bool trans_a, bool tra
     LaunchScaleMatrices(device.Launch(), DType::kFloat32, 0.0, c, m, n, ldc, 0, 1);
     return true;
   }
-  TANDEM_CHECK(lda <= kIntMax && ldb <= kIntMax && ldc <= kIntMax,
-               "CUDA Gemm: row strides lda=", lda, " ldb=", ldb, " ldc=", ldc,
-               " exceed cuBLAS's 32-bit sizes");
-  cudaStream_t stream = device.current_stream();
-  cublasHandle_t handle = device.blas();
-  std::lock_guard<std::mutex> lock(device.blas_mutex());
-  device.BindBlas(stream);
+  const BoundBlas blas = BindBlasForCall(device, lda, ldb, ldc);
+  cublasHandle_t handle = blas.handle;
   // The operands swapped, m with n, as in Gemm: the row-major C = op(A) op(B) is the
   // column-major C^T = op(B)^T op(A)^T. The handle's math mode only matters for float32
   // operands (TF32), so it is left as it is.

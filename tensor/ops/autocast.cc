@@ -70,6 +70,13 @@ WeightCastCache* LiveCache() {
   return dynamic_cast<WeightCastCache*>(AutocastMode::GetState().cache.get());
 }
 
+// The live cache where `t` may be cached, else null. PyTorch's rule: only float32 parameters
+// (leaves that require grad) are cached; an activation is cast where it is used and is not kept
+// alive past its use.
+WeightCastCache* CacheFor(const Tensor& t) {
+  return t.dtype() == kFloat32 && t.is_leaf() && t.requires_grad() ? LiveCache() : nullptr;
+}
+
 }  // namespace
 
 AutocastGuard::AutocastGuard(DeviceType device_type, std::optional<DType> dtype, bool enabled,
@@ -114,10 +121,7 @@ Tensor CastToLowerPrecision(const Tensor& t) {
   if (!IsEligible(t)) return t;
   const DType target = AutocastMode::GetDType(t.device().type());
   if (t.dtype() == target) return t;
-  // PyTorch's rule: only float32 parameters (leaves that require grad) are cached; an
-  // activation is cast where it is used and is not kept alive past its use.
-  WeightCastCache* cache =
-      t.dtype() == kFloat32 && t.is_leaf() && t.requires_grad() ? LiveCache() : nullptr;
+  WeightCastCache* cache = CacheFor(t);
   if (cache == nullptr) return t.to(target);
   Tensor cached = cache->Find(t, target);
   if (cached.defined()) return cached;
@@ -127,9 +131,7 @@ Tensor CastToLowerPrecision(const Tensor& t) {
 Tensor CastWeightOutsideGraph(const Tensor& weight, bool keep) {
   const DType target = AutocastMode::GetDType(weight.device().type());
   if (!IsEligible(weight) || weight.dtype() == target) return weight.detach();
-  WeightCastCache* cache = weight.dtype() == kFloat32 && weight.is_leaf() && weight.requires_grad()
-                               ? LiveCache()
-                               : nullptr;
+  WeightCastCache* cache = CacheFor(weight);
   if (cache != nullptr) {
     Tensor cached = cache->Find(weight, target, /*outside_graph=*/true);
     if (cached.defined()) return cached.detach();

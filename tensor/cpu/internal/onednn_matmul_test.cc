@@ -74,6 +74,16 @@ Operands<T> MakeOperands(const Case& c, uint32_t seed) {
   return o;
 }
 
+// The float copies of `o`'s values, in its layout: what Reference reads.
+template <typename T>
+Operands<float> FloatCopy(const Operands<T>& o) {
+  Operands<float> of;
+  of.lda = o.lda, of.ldb = o.ldb, of.ldc = o.ldc;
+  of.stride_a = o.stride_a, of.stride_b = o.stride_b, of.stride_c = o.stride_c;
+  of.af = o.af, of.bf = o.bf, of.cf = o.cf;
+  return of;
+}
+
 // The reference: OpenBLAS in float on the same values, and per element the sum of the
 // magnitudes of its terms (what float accumulation errors scale with).
 void Reference(const Case& c, const Operands<float>& o, std::vector<float>* expected,
@@ -125,12 +135,8 @@ template <typename T, typename Gemm>
 void CheckCase(const Case& c, Gemm gemm) {
   SCOPED_TRACE(Describe(c));
   Operands<T> o = MakeOperands<T>(c, 1234);
-  Operands<float> of;
-  of.lda = o.lda, of.ldb = o.ldb, of.ldc = o.ldc;
-  of.stride_a = o.stride_a, of.stride_b = o.stride_b, of.stride_c = o.stride_c;
-  of.af = o.af, of.bf = o.bf, of.cf = o.cf;
   std::vector<float> expected, magnitude;
-  Reference(c, of, &expected, &magnitude);
+  Reference(c, FloatCopy(o), &expected, &magnitude);
   ASSERT_TRUE(gemm(c, o));
   const double rtol = RelativeTolerance<T>();
   int reported = 0;
@@ -261,12 +267,8 @@ TEST(OneDnnMatmulTest, BFloat16IntoFloatOutputIsNotRoundedTo16Bits) {
     const Case c{shape.trans_a, shape.trans_b, shape.m, shape.n, shape.k, 1, 1.0, 0.0, shape.pad};
     SCOPED_TRACE(Describe(c));
     Operands<BFloat16> o = MakeOperands<BFloat16>(c, 4321);
-    Operands<float> of;
-    of.lda = o.lda, of.ldb = o.ldb, of.ldc = o.ldc;
-    of.stride_a = o.stride_a, of.stride_b = o.stride_b, of.stride_c = o.stride_c;
-    of.af = o.af, of.bf = o.bf, of.cf = o.cf;
     std::vector<float> expected, magnitude;
-    Reference(c, of, &expected, &magnitude);
+    Reference(c, FloatCopy(o), &expected, &magnitude);
     std::vector<float> got = o.cf;  // the padding must keep its values
     ASSERT_TRUE(GetBackend(DeviceType::kCPU)
                     .GemmFloatOutput(0, kBFloat16, c.trans_a, c.trans_b, c.m, c.n, c.k, o.a.data(),
