@@ -911,12 +911,14 @@ class CpuBackend final : public Backend {
             double alpha, const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb,
             int64_t stride_b, double beta, void* c, int64_t ldc, int64_t stride_c,
             int64_t batch) override;
-  // oneDNN's bfloat16 matmul with a float32 destination.
+  // oneDNN's bfloat16 matmul with a float32 destination; a float32 B is rounded block by
+  // block into buffers of this device's allocator.
   bool GemmFloatOutput(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
-                       int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb, float* c,
-                       int64_t ldc) override {
+                       int64_t k, const void* a, int64_t lda, DType b_dtype, const void* b,
+                       int64_t ldb, float* c, int64_t ldc) override {
     CheckIndex(index);
-    return OneDnnGemmFloatOutput(index, dtype, trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc);
+    return OneDnnGemmFloatOutput(index, dtype, trans_a, trans_b, m, n, k, a, lda, b_dtype, b, ldb,
+                                 c, ldc, GetAllocator(index));
   }
   void Im2Col(int index, DType dtype, const Conv2dGeometry& g, const void* image,
               void* columns) override;

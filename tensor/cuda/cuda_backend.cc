@@ -190,10 +190,11 @@ class CudaBackend final : public Backend {
             double alpha, const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb,
             int64_t stride_b, double beta, void* c, int64_t ldc, int64_t stride_c,
             int64_t batch) override;
-  // cuBLAS's GemmEx with 16-bit A and B and a float32 C (CUBLAS_COMPUTE_32F).
+  // cuBLAS's GemmEx with 16-bit A and B and a float32 C (CUBLAS_COMPUTE_32F); a float32 B
+  // is declined (the caller casts it: on a GPU the batch's copy is small next to its memory).
   bool GemmFloatOutput(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
-                       int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb, float* c,
-                       int64_t ldc) override;
+                       int64_t k, const void* a, int64_t lda, DType b_dtype, const void* b,
+                       int64_t ldb, float* c, int64_t ldc) override;
   void Im2Col(int index, DType dtype, const Conv2dGeometry& g, const void* image,
               void* columns) override;
   void Col2Im(int index, DType dtype, const Conv2dGeometry& g, const void* columns,
@@ -549,10 +550,10 @@ void CudaBackend::Gemm(int index, DType dtype, bool trans_a, bool trans_b, int64
 }
 
 bool CudaBackend::GemmFloatOutput(int index, DType dtype, bool trans_a, bool trans_b, int64_t m,
-                                  int64_t n, int64_t k, const void* a, int64_t lda, const void* b,
-                                  int64_t ldb, float* c, int64_t ldc) {
+                                  int64_t n, int64_t k, const void* a, int64_t lda, DType b_dtype,
+                                  const void* b, int64_t ldb, float* c, int64_t ldc) {
   CudaDevice& device = Device(index);
-  if (dtype != DType::kBFloat16 && dtype != DType::kFloat16) return false;
+  if ((dtype != DType::kBFloat16 && dtype != DType::kFloat16) || b_dtype != dtype) return false;
   TANDEM_CHECK(m >= 0 && n >= 0 && k >= 0, "CUDA Gemm expects non-negative sizes but got m=", m,
                " n=", n, " k=", k);
   if (m == 0 || n == 0) return true;

@@ -1533,7 +1533,7 @@ void CudaBackendReducedTest::ExpectGemmFloatOutputMatches() {
           cpu_.Gemm(0, kFloat32, trans_a, trans_b, g.m, g.n, g.k, 1.0, wide_a.cpu(), lda, 0,
                     wide_b.cpu(), ldb, 0, 0.0, expected.cpu(), ldc, 0, 1);
           ASSERT_TRUE(gpu_.GemmFloatOutput(0, dtype, trans_a, trans_b, g.m, g.n, g.k, a.gpu(), lda,
-                                           b.gpu(), ldb, out.gpu(), ldc))
+                                           dtype, b.gpu(), ldb, out.gpu(), ldc))
               << what;
           const std::vector<float> got = out.Gpu();
           int64_t mismatches = 0;
@@ -1569,15 +1569,15 @@ void CudaBackendReducedTest::ExpectGemmFloatOutputMatches() {
   // m = 0 and n = 0: nothing to do, nothing written.
   Buffer<T> a(RandomReduced<T>(12)), b(RandomReduced<T>(12));
   Buffer<float> c(12);
-  EXPECT_TRUE(
-      gpu_.GemmFloatOutput(0, dtype, false, false, 0, 3, 4, a.gpu(), 4, b.gpu(), 3, c.gpu(), 3));
-  EXPECT_TRUE(
-      gpu_.GemmFloatOutput(0, dtype, false, false, 3, 0, 4, a.gpu(), 4, b.gpu(), 1, c.gpu(), 1));
+  EXPECT_TRUE(gpu_.GemmFloatOutput(0, dtype, false, false, 0, 3, 4, a.gpu(), 4, dtype, b.gpu(), 3,
+                                   c.gpu(), 3));
+  EXPECT_TRUE(gpu_.GemmFloatOutput(0, dtype, false, false, 3, 0, 4, a.gpu(), 4, dtype, b.gpu(), 1,
+                                   c.gpu(), 1));
   for (float x : c.Gpu()) EXPECT_TRUE(std::isnan(x)) << DTypePrefix<T>() << "empty C written";
   // A row stride shorter than the row: the CPU's error.
-  EXPECT_THROW(
-      gpu_.GemmFloatOutput(0, dtype, false, false, 3, 3, 4, a.gpu(), 2, b.gpu(), 3, c.gpu(), 3),
-      Error);
+  EXPECT_THROW(gpu_.GemmFloatOutput(0, dtype, false, false, 3, 3, 4, a.gpu(), 2, dtype, b.gpu(), 3,
+                                    c.gpu(), 3),
+               Error);
 }
 
 template <typename T>
@@ -1788,11 +1788,15 @@ TEST_F(CudaBackendReducedTest, GemmFloatOutputFloat16) { ExpectGemmFloatOutputMa
 TEST_F(CudaBackendReducedTest, GemmFloatOutputDeclinesOtherDTypes) {
   Buffer<float> a(std::vector<float>{1.0f, 2.0f}), b(std::vector<float>{3.0f, 4.0f});
   Buffer<float> c(1);
-  EXPECT_FALSE(
-      gpu_.GemmFloatOutput(0, kFloat32, false, false, 1, 1, 2, a.gpu(), 2, b.gpu(), 1, c.gpu(), 1));
+  EXPECT_FALSE(gpu_.GemmFloatOutput(0, kFloat32, false, false, 1, 1, 2, a.gpu(), 2, kFloat32,
+                                    b.gpu(), 1, c.gpu(), 1));
   Buffer<double> ad(std::vector<double>{1.0, 2.0}), bd(std::vector<double>{3.0, 4.0});
-  EXPECT_FALSE(gpu_.GemmFloatOutput(0, kFloat64, false, false, 1, 1, 2, ad.gpu(), 2, bd.gpu(), 1,
-                                    c.gpu(), 1));
+  EXPECT_FALSE(gpu_.GemmFloatOutput(0, kFloat64, false, false, 1, 1, 2, ad.gpu(), 2, kFloat64,
+                                    bd.gpu(), 1, c.gpu(), 1));
+  // A float32 B under 16-bit A is the caller's to cast on a GPU.
+  Buffer<BFloat16> a16(RandomReduced<BFloat16>(2, -1.0, 1.0));
+  EXPECT_FALSE(gpu_.GemmFloatOutput(0, kBFloat16, false, false, 1, 1, 2, a16.gpu(), 2, kFloat32,
+                                    b.gpu(), 1, c.gpu(), 1));
   EXPECT_TRUE(std::isnan(c.Gpu()[0])) << "a declined GemmFloatOutput wrote C";
 }
 TEST_F(CudaBackendReducedTest, ConvolutionAndPoolingBFloat16) {

@@ -321,6 +321,39 @@ TEST(AutocastTest, LinearKeepsNoCopyOfTheBatch) {
   ExpectCloseTo(w.grad(), w32.grad(), kBFloat16);
 }
 
+// A batch is rounded to bfloat16 64 rows at a time in forward, and in backward each block of
+// the weight gradient rounds only its own columns of it: no whole 16-bit copy of the batch is
+// held at once, and y is bit for bit the product of the batch cast first.
+TEST(AutocastTest, LinearRoundsTheBatchABlockAtATime) {
+  const Tensor w = Param({64, 2048}, 26), b = Param({64}, 27);
+  manual_seed(28);
+  const Tensor x = randn({2, 100, 2048});  // 1.6 MiB as float32, 0.8 MiB as bfloat16
+  const int64_t copy = x.numel() * 2;
+  const Device cpu = Device::Cpu(0);
+  int64_t before = GetMemoryStats(cpu).in_use_bytes;
+  ResetPeakMemory(cpu);
+  Tensor y;
+  {
+    AutocastGuard autocast(kCPU);
+    y = linear(x, w, b);
+  }
+  // The weight's cast (256 KiB), y (25 KiB) and one block of 64 rows (256 KiB).
+  EXPECT_LT(GetMemoryStats(cpu).peak_bytes - before, w.numel() * 2 + copy / 2);
+  ASSERT_EQ(y.shape(), (Shape{2, 100, 64}));
+  const Tensor expected = linear(x.to(kBFloat16), w.to(kBFloat16), b.to(kBFloat16));
+  EXPECT_EQ(MaxAbsDiff(y, expected), 0.0);
+
+  before = GetMemoryStats(cpu).in_use_bytes;
+  ResetPeakMemory(cpu);
+  sum(y).backward();
+  // The float32 gradients (512 KiB) and the blocks of the pool's threads (64 KiB each).
+  EXPECT_LT(GetMemoryStats(cpu).peak_bytes - before, (w.numel() + b.numel()) * 4 + copy * 3 / 4);
+  Tensor w32 = w.detach();
+  w32.set_requires_grad(true);
+  sum(linear(x.to(kBFloat16).to(kFloat32), w32, Tensor())).backward();
+  ExpectCloseTo(w.grad(), w32.grad(), kFloat32);
+}
+
 // Without grad (evaluation, sampling) one guard may span many forwards: the weight is cast once.
 TEST(AutocastTest, LinearCachesItsWeightCastWithoutGrad) {
   const Tensor w = Param({4, 6}, 24);

@@ -356,15 +356,19 @@ class Backend {
                     int64_t k, double alpha, const void* a, int64_t lda, int64_t stride_a,
                     const void* b, int64_t ldb, int64_t stride_b, double beta, void* c, int64_t ldc,
                     int64_t stride_c, int64_t batch) = 0;
-  // C = op(A) * op(B) for one product of 16-bit A and B (`dtype`) into a float32 C (row-major,
+  // C = op(A) * op(B) for one product of 16-bit A (`dtype`) and B into a float32 C (row-major,
   // leading dimensions as Gemm's): float accumulation with C never rounded to 16 bits, for the
   // float32 weight gradients of autocast's linear (Note [Autocast linear], tensor/ops/ops.cc).
-  // Returns false, having written nothing, where the backend has no such kernel (the default):
-  // the caller then computes the product in `dtype` and converts it.
+  // B is stored as `b_dtype`: `dtype`, or float32, which the backend rounds to `dtype` (as a
+  // cast does) a block at a time where it can, so that no whole 16-bit copy of B is held (the
+  // first layer's weight gradient, whose B is the float32 batch).
+  // Returns false, having written nothing, where the backend has no such kernel (the default)
+  // or cannot take this `b_dtype`: the caller then casts B itself, or computes the product in
+  // `dtype` and converts it.
   virtual bool GemmFloatOutput(int /*index*/, DType /*dtype*/, bool /*trans_a*/, bool /*trans_b*/,
                                int64_t /*m*/, int64_t /*n*/, int64_t /*k*/, const void* /*a*/,
-                               int64_t /*lda*/, const void* /*b*/, int64_t /*ldb*/, float* /*c*/,
-                               int64_t /*ldc*/) {
+                               int64_t /*lda*/, DType /*b_dtype*/, const void* /*b*/,
+                               int64_t /*ldb*/, float* /*c*/, int64_t /*ldc*/) {
     return false;
   }
   // Unfolds NCHW images into columns [batch, channels*kh*kw, out_h*out_w] (zero padding).

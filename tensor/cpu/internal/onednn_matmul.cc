@@ -12,6 +12,7 @@
 #include "tensor/base/error.h"
 #include "tensor/base/half.h"
 #include "tensor/cpu/internal/onednn_common.h"
+#include "tensor/kernels/float_conversions.h"
 #include "tensor/runtime/threads.h"
 
 namespace tandem {
@@ -272,16 +273,41 @@ std::string OneDnnMatmulImplementation(DType dtype, bool trans_a, bool trans_b, 
 
 namespace {
 
+// Rows [0, rows) x columns [0, cols) of the float32 matrix `from` (row stride `ld`) rounded to T
+// into the packed `to` (row stride `cols`), as a cast rounds.
+template <typename T>
+void RoundBlock(const float* from, int64_t ld, int64_t rows, int64_t cols, void* to) {
+  T* out = static_cast<T*>(to);
+  for (int64_t r = 0; r < rows; ++r) vec::FromFloat(from + r * ld, out + r * cols, cols);
+}
+
+// B as GemmInto reads it: `dtype` itself, or float32 that each block rounds to `dtype` into a
+// buffer of `allocator` (OneDnnGemmFloatOutput).
+struct OperandB {
+  const void* data;
+  int64_t ld;
+  int64_t stride;
+  DType stored;
+  Allocator* allocator;  // where `stored` is float32 and the GEMM's dtype is not
+};
+
 // OneDnnGemm with C of `c_dtype` (`dtype`, or float32 under 16-bit A and B).
 bool GemmInto(int index, DType dtype, DType c_dtype, bool trans_a, bool trans_b, int64_t m,
               int64_t n, int64_t k, double alpha_value, const void* a_data, int64_t lda,
-              int64_t stride_a, const void* b_data, int64_t ldb, int64_t stride_b,
-              double beta_value, void* c_data, int64_t ldc, int64_t stride_c, int64_t batch) {
+              int64_t stride_a, OperandB b_operand, double beta_value, void* c_data, int64_t ldc,
+              int64_t stride_c, int64_t batch) {
+  int64_t ldb = b_operand.ld;
+  const int64_t stride_b = b_operand.stride;
+  const bool round_b = b_operand.stored != dtype;
   // Arguments the caller must reject (or has nothing to do for) go back to it.
   if (index < 0 || m < 0 || n < 0 || k < 0 || batch < 0) return false;
   if (!OneDnnSupports(dtype)) return false;
   if (m == 0 || n == 0 || batch == 0) return true;
   if (batch > 1 && stride_c == 0) return false;
+  if (round_b && (b_operand.stored != DType::kFloat32 || b_operand.allocator == nullptr ||
+                  batch != 1 || dtype == DType::kFloat32)) {
+    return false;
+  }
   // op(A) is m x k: A is stored m x k, or k x m when transposed; likewise B.
   if (!LeadingDimension(trans_a ? k : m, trans_a ? m : k, &lda) ||
       !LeadingDimension(trans_b ? n : k, trans_b ? k : n, &ldb) || !LeadingDimension(m, n, &ldc)) {
@@ -290,7 +316,8 @@ bool GemmInto(int index, DType dtype, DType c_dtype, bool trans_a, bool trans_b,
   const float alpha = static_cast<float>(alpha_value), beta = static_cast<float>(beta_value);
   const size_t element = ElementSize(dtype), c_element = ElementSize(c_dtype);
   const char* a = static_cast<const char*>(a_data);
-  const char* b = static_cast<const char*>(b_data);
+  const char* b = static_cast<const char*>(b_operand.data);
+  const size_t b_element = ElementSize(b_operand.stored);
   char* c = static_cast<char*>(c_data);
 
   // Blocks: each product's C cut along its longer side into `pieces` blocks of rows (or
@@ -299,6 +326,8 @@ bool GemmInto(int index, DType dtype, DType c_dtype, bool trans_a, bool trans_b,
   // oneDNN 2.6) cutting C's columns differently changes the rounding of some elements. With
   // a fixed cut each element comes from the same call whatever the number of threads.
   const bool split_rows = m >= n;
+  // Blocks of rows each read all of B: rounding it per block would repeat the work.
+  if (round_b && split_rows) return false;
   const int64_t extent = split_rows ? m : n;
   const double flops = 2.0 * static_cast<double>(m) * static_cast<double>(n) *
                        static_cast<double>(std::max<int64_t>(k, 1));
@@ -319,6 +348,8 @@ bool GemmInto(int index, DType dtype, DType c_dtype, bool trans_a, bool trans_b,
                ? std::min(extent, (even + kBlockAlign / 2) / kBlockAlign * kBlockAlign)
                : even;
   };
+  // A block's columns of op(B), rounded: k x width (or width x k for B transposed), packed.
+  const auto rounded_ldb = [&](int64_t width) { return trans_b ? k : width; };
   std::vector<std::pair<int64_t, std::shared_ptr<const Primitive>>> primitives;  // by width
   const auto primitive_for = [&](int64_t width) -> const Primitive& {
     for (const auto& [w, primitive] : primitives) {
@@ -333,9 +364,10 @@ bool GemmInto(int index, DType dtype, DType c_dtype, bool trans_a, bool trans_b,
       bool known = false;
       for (const auto& entry : primitives) known = known || entry.first == size;
       if (known) continue;
-      primitives.emplace_back(size,
-                              Lookup(Key{dtype, c_dtype, trans_a, trans_b, split_rows ? size : m,
-                                         split_rows ? n : size, k, lda, ldb, ldc, alpha, beta}));
+      primitives.emplace_back(
+          size,
+          Lookup(Key{dtype, c_dtype, trans_a, trans_b, split_rows ? size : m, split_rows ? n : size,
+                     k, lda, round_b ? rounded_ldb(size) : ldb, ldc, alpha, beta}));
       if (!primitives.back().second->supported) return false;
     }
   }
@@ -345,7 +377,7 @@ bool GemmInto(int index, DType dtype, DType c_dtype, bool trans_a, bool trans_b,
       const int64_t product = item / pieces, piece = item % pieces;
       const int64_t lo = edge(piece), hi = edge(piece + 1);
       const char* a_product = a + product * stride_a * element;
-      const char* b_product = b + product * stride_b * element;
+      const char* b_product = b + product * stride_b * b_element;
       char* c_product = c + product * stride_c * c_element;
       const char* a_block = a_product;
       const char* b_block = b_product;
@@ -358,12 +390,23 @@ bool GemmInto(int index, DType dtype, DType c_dtype, bool trans_a, bool trans_b,
         rows = hi - lo;
       } else {
         // Columns [lo, hi) of op(B): columns of B, or rows of B when transposed.
-        b_block += (trans_b ? lo * ldb : lo) * element;
+        b_block += (trans_b ? lo * ldb : lo) * b_element;
         c_block = c_product + lo * c_element;
         cols = hi - lo;
       }
       if (k == 0 || alpha == 0.0f) {
         ScaleC(c_dtype, rows, cols, beta, c_block, ldc);
+      } else if (round_b) {
+        const int64_t width = hi - lo;
+        const std::shared_ptr<void> rounded =
+            b_operand.allocator->Allocate(static_cast<size_t>(width * k) * element);
+        const float* from = reinterpret_cast<const float*>(b_block);
+        if (dtype == DType::kBFloat16) {
+          RoundBlock<BFloat16>(from, ldb, trans_b ? width : k, trans_b ? k : width, rounded.get());
+        } else {
+          RoundBlock<Half>(from, ldb, trans_b ? width : k, trans_b ? k : width, rounded.get());
+        }
+        Execute(primitive_for(width), a_block, rounded.get(), c_block);
       } else {
         Execute(primitive_for(hi - lo), a_block, b_block, c_block);
       }
@@ -378,16 +421,16 @@ bool OneDnnGemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, i
                 double alpha, const void* a, int64_t lda, int64_t stride_a, const void* b,
                 int64_t ldb, int64_t stride_b, double beta, void* c, int64_t ldc, int64_t stride_c,
                 int64_t batch) {
-  return GemmInto(index, dtype, dtype, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb,
-                  stride_b, beta, c, ldc, stride_c, batch);
+  return GemmInto(index, dtype, dtype, trans_a, trans_b, m, n, k, alpha, a, lda, stride_a,
+                  OperandB{b, ldb, stride_b, dtype, nullptr}, beta, c, ldc, stride_c, batch);
 }
 
 bool OneDnnGemmFloatOutput(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
-                           int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb,
-                           float* c, int64_t ldc) {
+                           int64_t k, const void* a, int64_t lda, DType b_dtype, const void* b,
+                           int64_t ldb, float* c, int64_t ldc, Allocator& allocator) {
   if (dtype != DType::kBFloat16 && dtype != DType::kFloat16) return false;
-  return GemmInto(index, dtype, DType::kFloat32, trans_a, trans_b, m, n, k, 1.0, a, lda, 0, b, ldb,
-                  0, 0.0, c, ldc, 0, 1);
+  return GemmInto(index, dtype, DType::kFloat32, trans_a, trans_b, m, n, k, 1.0, a, lda, 0,
+                  OperandB{b, ldb, 0, b_dtype, &allocator}, 0.0, c, ldc, 0, 1);
 }
 
 void SetOneDnnFloat32Policy(OneDnnFloat32Policy policy) { float32_policy.store(policy); }

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "tensor/base/dtype.h"
+#include "tensor/runtime/allocator.h"
 
 namespace tandem {
 
@@ -40,13 +41,18 @@ bool OneDnnGemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, i
                 int64_t ldb, int64_t stride_b, double beta, void* c, int64_t ldc, int64_t stride_c,
                 int64_t batch);
 
-// C = op(A) * op(B) for 16-bit A and B (`dtype` bfloat16 or float16) into a float32 C, one
+// C = op(A) * op(B) for 16-bit A (`dtype` bfloat16 or float16) and B into a float32 C, one
 // product, split over cpu:`index`'s pool as OneDnnGemm: the dot products accumulate in float and
-// C is never rounded to 16 bits. Returns false, having written nothing, where oneDNN has no
-// kernel for it (float16 in oneDNN 2.6) or for arguments the caller must reject.
+// C is never rounded to 16 bits. B is stored as `b_dtype`: `dtype`, or float32, which each block
+// of C rounds to `dtype` (exactly as a cast) into a buffer from `allocator` for its own columns
+// of op(B) just before its product: the buffers in use at once hold the pool's blocks, not a
+// whole 16-bit copy of B. Returns false, having written nothing, where oneDNN has no kernel for
+// it (float16 in oneDNN 2.6), for a float32 B where C is cut into blocks of rows (every block
+// would need all of B: the caller's own cast does better), and for arguments the caller must
+// reject.
 bool OneDnnGemmFloatOutput(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
-                           int64_t k, const void* a, int64_t lda, const void* b, int64_t ldb,
-                           float* c, int64_t ldc);
+                           int64_t k, const void* a, int64_t lda, DType b_dtype, const void* b,
+                           int64_t ldb, float* c, int64_t ldc, Allocator& allocator);
 
 // One product on the calling thread, unsplit: C = alpha * op(A) * op(B) + beta * C with
 // m, n, k >= 1 and valid leading dimensions (at least the row length). Returns false where

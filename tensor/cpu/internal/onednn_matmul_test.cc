@@ -16,6 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "tensor/base/half.h"
+#include "tensor/runtime/allocator.h"
 #include "tensor/runtime/backend.h"
 #include "tensor/runtime/devices.h"
 
@@ -272,7 +273,7 @@ TEST(OneDnnMatmulTest, BFloat16IntoFloatOutputIsNotRoundedTo16Bits) {
     std::vector<float> got = o.cf;  // the padding must keep its values
     ASSERT_TRUE(GetBackend(DeviceType::kCPU)
                     .GemmFloatOutput(0, kBFloat16, c.trans_a, c.trans_b, c.m, c.n, c.k, o.a.data(),
-                                     o.lda, o.b.data(), o.ldb, got.data(), o.ldc));
+                                     o.lda, kBFloat16, o.b.data(), o.ldb, got.data(), o.ldc));
     for (int64_t i = 0; i < c.m; ++i) {
       for (int64_t j = 0; j < o.ldc; ++j) {
         const int64_t at = i * o.ldc + j;
@@ -287,8 +288,72 @@ TEST(OneDnnMatmulTest, BFloat16IntoFloatOutputIsNotRoundedTo16Bits) {
   // Float16 is declined (oneDNN 2.6) or computed; float32 inputs are not this method's.
   float c = 0;
   const float one = 1.0f;
-  EXPECT_FALSE(GetBackend(DeviceType::kCPU)
-                   .GemmFloatOutput(0, kFloat32, false, false, 1, 1, 1, &one, 1, &one, 1, &c, 1));
+  EXPECT_FALSE(
+      GetBackend(DeviceType::kCPU)
+          .GemmFloatOutput(0, kFloat32, false, false, 1, 1, 1, &one, 1, kFloat32, &one, 1, &c, 1));
+}
+
+// A float32 B rounded block by block (the first layer's weight gradient under autocast) gives
+// C bit for bit as B cast to bfloat16 first; where C is cut into blocks of rows (every block
+// would need all of B), the caller's cast is left to it, with nothing written.
+TEST(OneDnnMatmulTest, FloatBRoundedPerBlockEqualsBCastFirst) {
+  if (!OneDnnSupports(kBFloat16)) GTEST_SKIP() << "oneDNN has no bfloat16 matmul on this CPU";
+  Backend& cpu = GetBackend(DeviceType::kCPU);
+  std::vector<Case> cases = Cases();
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) cases.push_back({ta, tb, 256, 784, 256, 1, 1.0, 0.0, 1});
+  }
+  int rounded_here = 0;
+  for (const Case& shape : cases) {
+    if (shape.batch != 1 || shape.shared_a || shape.m == 0 || shape.n == 0) continue;
+    const Case c{shape.trans_a, shape.trans_b, shape.m, shape.n, shape.k, 1, 1.0, 0.0, shape.pad};
+    SCOPED_TRACE(Describe(c));
+    Operands<BFloat16> o = MakeOperands<BFloat16>(c, 977);
+    // B's float32 values lie between bfloat16 numbers, so rounding matters.
+    std::vector<float> b_float(o.b.size());
+    std::mt19937 rng(31);
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    for (size_t i = 0; i < b_float.size(); ++i) {
+      b_float[i] = uniform(rng);
+      o.b[i] = BFloat16(b_float[i]);
+    }
+    std::vector<float> expected = o.cf, got = o.cf;
+    ASSERT_TRUE(cpu.GemmFloatOutput(0, kBFloat16, c.trans_a, c.trans_b, c.m, c.n, c.k, o.a.data(),
+                                    o.lda, kBFloat16, o.b.data(), o.ldb, expected.data(), o.ldc));
+    if (cpu.GemmFloatOutput(0, kBFloat16, c.trans_a, c.trans_b, c.m, c.n, c.k, o.a.data(), o.lda,
+                            kFloat32, b_float.data(), o.ldb, got.data(), o.ldc)) {
+      ++rounded_here;
+      ASSERT_EQ(0, std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)));
+    } else {
+      EXPECT_GE(c.m, c.n) << "declined a product cut into blocks of columns";
+      ASSERT_EQ(0, std::memcmp(got.data(), o.cf.data(), got.size() * sizeof(float)))
+          << "a declined product wrote C";
+    }
+  }
+  EXPECT_GT(rounded_here, 8);
+}
+
+// The rounding buffers come from the device's allocator (counted in its statistics) and only
+// the blocks running at once hold one: with 2 threads, about half of a whole 16-bit copy of B.
+TEST(OneDnnMatmulTest, FloatBRoundedPerBlockHoldsLessThanACopy) {
+  if (!OneDnnSupports(kBFloat16)) GTEST_SKIP() << "oneDNN has no bfloat16 matmul on this CPU";
+  SetCpuThreadsPerDevice(2);
+  const int64_t m = 256, n = 784, k = 256;  // the MLP's first weight gradient: grad^T x
+  std::vector<BFloat16> a(k * m, BFloat16(0.5f));
+  std::vector<float> b(k * n, 0.25f), c(m * n, -1.0f);
+  const Device cpu0 = Device::Cpu(0);
+  const int64_t before = GetMemoryStats(cpu0).in_use_bytes;
+  ResetPeakMemory(cpu0);
+  ASSERT_TRUE(GetBackend(DeviceType::kCPU)
+                  .GemmFloatOutput(0, kBFloat16, true, false, m, n, k, a.data(), m, kFloat32,
+                                   b.data(), n, c.data(), n));
+  const int64_t held = GetMemoryStats(cpu0).peak_bytes - before;
+  const int64_t copy = k * n * static_cast<int64_t>(sizeof(BFloat16));
+  EXPECT_GT(held, 0) << "the rounded blocks bypassed the device's allocator";
+  EXPECT_LE(held, copy * 6 / 10) << "a whole copy of B is " << copy << " bytes";
+  EXPECT_EQ(GetMemoryStats(cpu0).in_use_bytes, before) << "a rounding buffer was kept";
+  for (float x : c) ASSERT_EQ(x, 0.5f * 0.25f * k);
+  SetCpuThreadsPerDevice(0);
 }
 
 // What the caller must reject goes back to it, with nothing written.
