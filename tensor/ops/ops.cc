@@ -1043,10 +1043,10 @@ Tensor MatmulIntoFloatRaw(const Tensor& a, const Tensor& b) {
 //     in another pass over a 16-bit copy of every weight's gradient (GPT-2: 248 MB).
 //   - A float32 input that needs no gradient (the batch) is kept as the caller passed it: the
 //     caller holds it through backward anyway, so keeping its 16-bit copy held a second copy
-//     of the batch through the step. It is never cast whole: forward rounds kRoundedRowsAtOnce
-//     rows at a time, each block multiplied into its rows of y, and backward's weight gradient
-//     has the backend round each block's own columns of it (GemmFloatOutput with a float32
-//     B). A whole 16-bit copy beside the weight's cast made the MLP's bfloat16 step peak at
+//     of the batch through the step. On the CPU it is never cast whole: forward rounds
+//     kRoundedRowsAtOnce rows at a time, each block multiplied into its rows of y, and
+//     backward's weight gradient has the backend round each block's own columns of it
+//     (GemmFloatOutput with a float32 B). A whole 16-bit copy beside the weight's cast made the MLP's bfloat16 step peak at
 //     1.4x float32's (train_step --autocast=bf16). An input that needs a gradient (an
 //     activation) keeps its 16-bit copy, half its size. The first layer's weight cast, which
 //     its gradient does not need, is then freed after the product, not cached.
@@ -1069,9 +1069,11 @@ Tensor AutocastLinear(const Tensor& x, const Tensor& weight, const Tensor& bias)
   Tensor x_low, y;
   const int64_t in = weight.size(1), out_features = weight.size(0);
   const int64_t rows = NumElements(Shape(x.shape().begin(), x.shape().end() - 1));
-  if (!grad_x && x.dtype() != low && rows > kRoundedRowsAtOnce) {
+  if (!grad_x && x.dtype() != low && rows > kRoundedRowsAtOnce &&
+      x.device().type() == DeviceType::kCPU) {
     // A batch is rounded kRoundedRowsAtOnce rows at a time, each block multiplied into its
-    // rows of y as soon as it is rounded.
+    // rows of y as soon as it is rounded. Not on a GPU: there one GEMM over the whole batch
+    // beats many narrow ones, and the copy is small next to the device's memory.
     NoGradGuard no_grad;
     Shape out_shape(x.shape().begin(), x.shape().end() - 1);
     out_shape.push_back(out_features);

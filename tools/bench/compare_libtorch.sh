@@ -24,14 +24,22 @@
 # runs it too, alternated with the rest, and the summary adds this tree's step over its step
 # (with AUTOCAST, the baseline must know --autocast too).
 #
-# libtorch's OpenMP threads spin after each parallel region while OpenBLAS's own threads
-# run its matrix products; on a machine with few cores that costs it 10x. So libtorch runs
-# twice a round, with the default OpenMP wait policy and with OMP_WAIT_POLICY=PASSIVE, and
-# Tandem is compared with the faster of the two. OpenBLAS, under both, gets THREADS threads.
-# THREADS=1 compares the two on one core, where libtorch's threading plays no part.
+# libtorch at its best: PyTorch's CPU tuning guide has it run with tcmalloc (or jemalloc) in
+# place of glibc's malloc, which returns each large tensor's pages to the kernel, so that every
+# step faults them in again (on a paravirtualised VM GPT-2's step took 3.3 s with glibc's
+# malloc, 1.56 s with its mmap and trim thresholds raised, 1.46 s with tcmalloc and 5.7 s with
+# jemalloc's defaults). Its OpenMP threads spin after each parallel region while OpenBLAS's own
+# threads run its matrix products; on a machine with few cores that costs it 10x. So each
+# round runs libtorch with tcmalloc under the default OpenMP wait policy, under
+# OMP_WAIT_POLICY=PASSIVE and, with THREADS above 1, on one thread (on some hosts its
+# one-thread step beat its two-thread one: 2.8 against 7.1 ms for the MLP), then once more
+# with glibc's malloc (PASSIVE), and Tandem is compared with the fastest. OpenBLAS gets as
+# many threads as libtorch. THREADS=1 compares the two on one core, where libtorch's threading
+# plays no part. Each round's ratio is taken against that round's fastest libtorch; the
+# summary gives their range next to the ratio of the medians.
 #
-# Installs libtorch-dev when it is missing (as root or through sudo; about 1 GB with its
-# dependencies) and builds the libtorch program with g++ outside Bazel: libtorch is not a
+# Installs libtorch-dev and libtcmalloc-minimal4 when they are missing (as root or through
+# sudo; about 1 GB with their dependencies) and builds the libtorch program with g++ outside Bazel: libtorch is not a
 # dependency of Tandem, of its CI or of tools/setup.sh.
 set -euo pipefail
 
@@ -59,12 +67,17 @@ esac
 THREADS=${THREADS:-2}
 TORCH_INCLUDE=/usr/include/torch/csrc/api/include
 
-if [[ ! -e $TORCH_INCLUDE/torch/torch.h ]]; then
-  echo "compare_libtorch: installing libtorch-dev (Debian's libtorch 1.13)" >&2
+TCMALLOC=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
+
+missing=()
+if [[ ! -e $TORCH_INCLUDE/torch/torch.h ]]; then missing+=(libtorch-dev); fi
+if [[ ! -e $TCMALLOC ]]; then missing+=(libtcmalloc-minimal4); fi
+if ((${#missing[@]})); then
+  echo "compare_libtorch: installing ${missing[*]} (libtorch 1.13 and tcmalloc from Debian)" >&2
   if [[ $(id -u) -eq 0 ]]; then
-    apt-get install -y libtorch-dev
+    apt-get install -y "${missing[@]}"
   else
-    sudo apt-get install -y libtorch-dev
+    sudo apt-get install -y "${missing[@]}"
   fi
 fi
 
@@ -92,31 +105,48 @@ tandem_step() { # binary
   "$1" --model="$MODEL" --batch_size="$BATCH" "${gpt_flags[@]}" "${autocast_flags[@]}" \
     --devices=cpu:0 --threads="$THREADS" --steps="$STEPS" --warmup="$WARMUP" | field
 }
-libtorch_step() { # extra environment assignments
-  env OPENBLAS_NUM_THREADS="$THREADS" "$@" "$program" "$BATCH" "$THREADS" "$STEPS" "$WARMUP" \
+libtorch_step() { # threads, extra environment assignments
+  local threads=$1
+  shift
+  env OPENBLAS_NUM_THREADS="$threads" "$@" "$program" "$BATCH" "$threads" "$STEPS" "$WARMUP" \
     "$MODEL" "$TOKENS" "$precision" | field
 }
+one_thread=$((THREADS > 1))
 
 printf '%-6s %14s %22s %22s' round "Tandem (ms)" "libtorch default (ms)" "libtorch passive (ms)"
+if ((one_thread)); then printf ' %22s' "libtorch 1 thread (ms)"; fi
+printf ' %22s' "glibc malloc (ms)"
 if [[ -n $baseline ]]; then printf ' %14s' "baseline (ms)"; fi
 printf '\n'
-t_all=() d_all=() p_all=() b_all=()
+t_all=() d_all=() p_all=() o_all=() g_all=() b_all=() r_all=()
 for ((r = 1; r <= ROUNDS; ++r)); do
   if [[ -n $baseline ]]; then b=$(tandem_step "$baseline"); b_all+=("$b"); fi
   t=$(tandem_step "$tandem")
-  d=$(libtorch_step)
-  p=$(libtorch_step OMP_WAIT_POLICY=PASSIVE)
+  d=$(libtorch_step "$THREADS" LD_PRELOAD="$TCMALLOC")
+  p=$(libtorch_step "$THREADS" LD_PRELOAD="$TCMALLOC" OMP_WAIT_POLICY=PASSIVE)
+  o=$p
+  if ((one_thread)); then o=$(libtorch_step 1 LD_PRELOAD="$TCMALLOC"); fi
+  g=$(libtorch_step "$THREADS" OMP_WAIT_POLICY=PASSIVE)
   printf '%-6s %14s %22s %22s' "$r" "$t" "$d" "$p"
+  if ((one_thread)); then printf ' %22s' "$o"; fi
+  printf ' %22s' "$g"
   if [[ -n $baseline ]]; then printf ' %14s' "$b"; fi
   printf '\n'
-  t_all+=("$t") d_all+=("$d") p_all+=("$p")
+  t_all+=("$t") d_all+=("$d") p_all+=("$p") o_all+=("$o") g_all+=("$g")
+  r_all+=("$(printf '%s\n%s\n%s\n%s\n' "$d" "$p" "$o" "$g" | sort -g | head -1 |
+    awk -v a="$t" '{printf "%.3f", a / $1}')")
 done
 tm=$(printf '%s\n' "${t_all[@]}" | median)
 dm=$(printf '%s\n' "${d_all[@]}" | median)
 pm=$(printf '%s\n' "${p_all[@]}" | median)
-best=$(printf '%s\n%s\n' "$dm" "$pm" | sort -g | head -1)
+om=$(printf '%s\n' "${o_all[@]}" | median)
+gm=$(printf '%s\n' "${g_all[@]}" | median)
+best=$(printf '%s\n%s\n%s\n%s\n' "$dm" "$pm" "$om" "$gm" | sort -g | head -1)
+rounds_sorted=$(printf '%s\n' "${r_all[@]}" | sort -g | tr '\n' ' ')
 ratio=$(awk -v a="$tm" -v b="$best" 'BEGIN {printf "%.2f", a / b}')
-printf '%-6s %14s %22s %22s\n' median "$tm" "$dm" "$pm"
+printf '%-6s %14s %22s %22s' median "$tm" "$dm" "$pm"
+if ((one_thread)); then printf ' %22s' "$om"; fi
+printf ' %22s\n' "$gm"
 if [[ $MODEL == gpt2 ]]; then
   echo "gpt2 (124M), batch $BATCH x $TOKENS tokens, AdamW, $precision, $THREADS threads," \
     "one CPU device, $(nproc) cores:"
@@ -124,7 +154,8 @@ else
   echo "mlp, batch $BATCH, SGD momentum 0.9, $precision, $THREADS threads, one CPU device," \
     "$(nproc) cores:"
 fi
-echo "  Tandem step / libtorch step (the faster libtorch) = $tm / $best = $ratio"
+echo "  Tandem step / libtorch step (the fastest libtorch) = $tm / $best = $ratio;" \
+  "per round, sorted: $rounds_sorted"
 if [[ -n $baseline ]]; then
   bm=$(printf '%s\n' "${b_all[@]}" | median)
   per_round=$(for ((i = 0; i < ROUNDS; ++i)); do
@@ -135,5 +166,8 @@ fi
 printf '{"benchmark":"compare_libtorch","model":"%s","precision":"%s","batch_size":%s,' \
   "$MODEL" "$precision" "$BATCH"
 printf '"threads":%s,"rounds":%s,' "$THREADS" "$ROUNDS"
-printf '"tandem_ms":%s,"libtorch_default_ms":%s,"libtorch_passive_ms":%s,"ratio":%s}\n' \
-  "$tm" "$dm" "$pm" "$ratio"
+printf '"tandem_ms":%s,"libtorch_default_ms":%s,"libtorch_passive_ms":%s,' "$tm" "$dm" "$pm"
+if ((one_thread)); then printf '"libtorch_one_thread_ms":%s,' "$om"; fi
+printf '"libtorch_glibc_malloc_ms":%s,' "$gm"
+printf '"ratio":%s,"ratio_rounds_min":%s,"ratio_rounds_max":%s}\n' "$ratio" \
+  "$(printf '%s\n' "${r_all[@]}" | sort -g | head -1)" "$(printf '%s\n' "${r_all[@]}" | sort -g | tail -1)"
