@@ -1046,12 +1046,14 @@ Tensor MatmulIntoFloatRaw(const Tensor& a, const Tensor& b) {
 //     of the batch through the step. On the CPU it is never cast whole: forward rounds
 //     kRoundedRowsAtOnce rows at a time, each block multiplied into its rows of y, and
 //     backward's weight gradient has the backend round each block's own columns of it
-//     (GemmFloatOutput with a float32 B). A whole 16-bit copy beside the weight's cast made the MLP's bfloat16 step peak at
-//     1.4x float32's (train_step --autocast=bf16). An input that needs a gradient (an
-//     activation) keeps its 16-bit copy, half its size. The first layer's weight cast, which
-//     its gradient does not need, is then freed after the product, not cached.
+//     (GemmFloatOutput with a float32 B): a whole 16-bit copy beside the first weight's cast
+//     was what made a small model's 16-bit step hold more than its float32 step. An input that
+//     needs a gradient (an activation) keeps its 16-bit copy, half its size. The first layer's
+//     weight cast, which its gradient does not need, is then freed after the product, not
+//     cached.
 //   - The input's gradient is computed in 16 bits and converted to the input's dtype in the
 //     node, as the cast node's backward would.
+
 // Rows of a float32 batch rounded to 16 bits at once in AutocastLinear's forward: enough for a
 // GEMM that still splits over a device's threads by columns, few enough that the block is
 // small next to the weight's cast.
