@@ -338,6 +338,9 @@ TEST(OneDnnMatmulTest, FloatBRoundedPerBlockEqualsBCastFirst) {
 TEST(OneDnnMatmulTest, FloatBRoundedPerBlockHoldsLessThanACopy) {
   if (!OneDnnSupports(kBFloat16)) GTEST_SKIP() << "oneDNN has no bfloat16 matmul on this CPU";
   SetCpuThreadsPerDevice(2);
+  struct AutomaticThreads {  // back to the automatic share, however the test ends
+    ~AutomaticThreads() { SetCpuThreadsPerDevice(0); }
+  } automatic_threads;
   const int64_t m = 256, n = 784, k = 256;  // the MLP's first weight gradient: grad^T x
   std::vector<BFloat16> a(k * m, BFloat16(0.5f));
   std::vector<float> b(k * n, 0.25f), c(m * n, -1.0f);
@@ -353,7 +356,6 @@ TEST(OneDnnMatmulTest, FloatBRoundedPerBlockHoldsLessThanACopy) {
   EXPECT_LE(held, copy * 6 / 10) << "a whole copy of B is " << copy << " bytes";
   EXPECT_EQ(GetMemoryStats(cpu0).in_use_bytes, before) << "a rounding buffer was kept";
   for (float x : c) ASSERT_EQ(x, 0.5f * 0.25f * k);
-  SetCpuThreadsPerDevice(0);
 }
 
 // What the caller must reject goes back to it, with nothing written.
