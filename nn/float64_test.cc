@@ -41,8 +41,9 @@ TEST(Float64Test, ToDTypeConvertsFloatingParametersAndBuffersOnly) {
         << name;
   }
   EXPECT_TRUE(allclose(model->parameters()[0], weight_before.to(kFloat64), 0.0, 0.0));
-  EXPECT_THAT(testing::ErrorOf([&] { model->to(kInt64); }),
-              HasSubstr("the dtype must be floating-point (float32 or float64)"));
+  EXPECT_THAT(
+      testing::ErrorOf([&] { model->to(kInt64); }),
+      HasSubstr("the dtype must be floating-point (float32, float64, bfloat16 or float16)"));
   // A float32 input into a float64 model is refused, naming both dtypes.
   EXPECT_THAT(testing::ErrorOf([&] {
                 model->forward(randn({1, 1, 4, 4}));

@@ -381,8 +381,8 @@ class LayerNorm : public Cloneable<LayerNorm> {
   Parameter bias_;
 };
 
-// torch.nn.RMSNorm's arguments. eps nullopt: the machine epsilon of the input's dtype, as
-// PyTorch's default.
+// torch.nn.RMSNorm's arguments. eps nullopt: rms_norm's default, as PyTorch's (float32's
+// machine epsilon, float64's for float64 inputs).
 struct RMSNormOptions {
   explicit RMSNormOptions(std::vector<int64_t> normalized_shape)
       : normalized_shape_(std::move(normalized_shape)) {}

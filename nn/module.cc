@@ -346,7 +346,7 @@ void Module::to(Device device) {
 void Module::to(DType dtype) {
   TANDEM_CHECK(IsFloatingPoint(dtype), name(), ".to(", dtype,
                "): a module converts its floating-point parameters and buffers, so the dtype ",
-               "must be floating-point (float32 or float64)");
+               "must be floating-point (float32, float64, bfloat16 or float16)");
   // As PyTorch's Module.to(dtype): integral buffers (BatchNorm's num_batches_tracked) stay.
   Convert([dtype](const Tensor& t) { return IsFloatingPoint(t.dtype()) ? t.to(dtype) : t; });
 }
@@ -445,11 +445,16 @@ void Module::CopyStateRecursive(const Module& original, std::optional<Device> de
         if (e.name == source_entry.name) target = &e;
       }
       const Tensor& rebuilt = *target->slot;
-      TANDEM_CHECK(rebuilt.shape() == source.shape() && rebuilt.dtype() == source.dtype(),
-                   problem(), what, " '", path + source_entry.name, "' is ",
-                   ShapeToString(source.shape()), " ", source.dtype(),
-                   " in the original but reset() made it ", ShapeToString(rebuilt.shape()), " ",
-                   rebuilt.dtype(), " (was a configuration member changed after construction?)");
+      // reset() builds floating tensors in the default dtype; a module converted with
+      // to(dtype) holds another floating dtype, which the copy takes from the original (as
+      // PyTorch replicates a model.half()). Integral tensors must match: to(dtype) keeps them.
+      const bool same_dtype = rebuilt.dtype() == source.dtype() ||
+                              (IsFloatingPoint(rebuilt.dtype()) && IsFloatingPoint(source.dtype()));
+      TANDEM_CHECK(rebuilt.shape() == source.shape() && same_dtype, problem(), what, " '",
+                   path + source_entry.name, "' is ", ShapeToString(source.shape()), " ",
+                   source.dtype(), " in the original but reset() made it ",
+                   ShapeToString(rebuilt.shape()), " ", rebuilt.dtype(),
+                   " (was a configuration member changed after construction?)");
       if (clone_shares_tensors) {
         *target->slot = source;
         continue;

@@ -361,6 +361,33 @@ TEST_F(ModuleTest, CloneWithoutDeviceKeepsDevicesAndDoesNotDrawRandomNumbers) {
             seq.parameter("2.bias").to_vector<float>());
 }
 
+// A module converted with to(dtype) clones in that dtype, on its device and onto another
+// (reset() builds float32; PyTorch's replicate of a model.half() keeps half), and replicates.
+TEST_F(ModuleTest, CloneAndReplicateKeepAConvertedFloatingDType) {
+  for (DType dtype : {kFloat64, kBFloat16, kFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    Sequential seq(Linear(3, 4), BatchNorm1d(4), Linear(4, 2));
+    seq.to(dtype);
+    for (std::optional<Device> where : {std::optional<Device>(), std::optional(Device::Cpu(1))}) {
+      std::shared_ptr<Module> copy = seq.clone(where);
+      for (const auto& [name, p] : seq.named_parameters()) {
+        const Tensor q = copy->parameter(name);
+        EXPECT_EQ(q.dtype(), dtype) << name;
+        EXPECT_EQ(q.to(Device::Cpu(0)).to(kFloat64).to_vector<double>(),
+                  p.to(kFloat64).to_vector<double>())
+            << name;
+      }
+      EXPECT_EQ(copy->buffer("1.running_mean").dtype(), dtype);
+      EXPECT_EQ(copy->buffer("1.num_batches_tracked").dtype(), kInt64);
+    }
+    Module::TensorBindings bindings;
+    for (const Tensor& t : seq.parameters()) bindings.emplace(t.impl(), t.detach());
+    for (const Tensor& t : seq.buffers()) bindings.emplace(t.impl(), t);
+    std::shared_ptr<Module> replica = seq.replicate_structure(bindings);
+    EXPECT_EQ(replica->parameter("0.weight").dtype(), dtype);
+  }
+}
+
 // Ties: one tensor registered in two places stays one tensor in the clone.
 class Tied : public Cloneable<Tied> {
  public:

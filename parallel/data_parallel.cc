@@ -137,6 +137,17 @@ std::vector<int64_t> DataParallel::ChunksFor(const std::vector<Tensor>& inputs) 
   return ChunkSizes(inputs[0].size(axis), static_cast<int64_t>(device_ids_.size()));
 }
 
+namespace {
+
+// Replica 0's in-place writes reach the module once every replica has run (Replicator's
+// defer_source_writes), also when one threw.
+struct CommitSourceWritesOnExit {
+  Replicator& replicator;
+  ~CommitSourceWritesOnExit() { replicator.CommitSourceWrites(); }
+};
+
+}  // namespace
+
 DataParallel::Scattered DataParallel::ScatterAndReplicate(const std::vector<Tensor>& inputs) {
   Scattered scattered;
   {
@@ -147,7 +158,8 @@ DataParallel::Scattered DataParallel::ScatterAndReplicate(const std::vector<Tens
   scattered.devices.assign(device_ids_.begin(), device_ids_.begin() + n);
   {
     TANDEM_PROFILE_SCOPE("parallel", "replicate");
-    scattered.replicas = replicator_->Replicate(static_cast<int>(n));
+    scattered.replicas =
+        replicator_->Replicate(static_cast<int>(n), /*detach=*/false, /*defer_source_writes=*/true);
   }
   return scattered;
 }
@@ -167,6 +179,7 @@ std::vector<Tensor> DataParallel::forward_tensors(const std::vector<Tensor>& inp
     return outputs;
   }
   const Scattered scattered = ScatterAndReplicate(inputs);
+  const CommitSourceWritesOnExit commit{*replicator_};
   const size_t n = scattered.per_replica.size();
   std::vector<std::vector<Tensor>> outputs =
       parallel_apply(scattered.replicas, scattered.per_replica, scattered.devices);
@@ -242,6 +255,7 @@ Tensor DataParallel::forward_loss(nn::Module& criterion, const std::vector<Tenso
     return local.forward_tensors({output, target}).at(0).to(output_device_);
   }
   const Scattered scattered = ScatterAndReplicate(all);
+  const CommitSourceWritesOnExit commit{*replicator_};
   const std::vector<Device>& devices = scattered.devices;
   const size_t n = devices.size();
   // The criterion on each replica's device (the original where its tensors already are).

@@ -798,5 +798,88 @@ TEST_F(DataParallelTest, CudaDevicesMatchOneDevice) {
       1e-4);
 }
 
+// Doubles its own scale in place at every forward (as weight-normalising code may write a
+// parameter under no_grad).
+class ScalesItself : public nn::Cloneable<ScalesItself> {
+ public:
+  ScalesItself() { reset(); }
+  void reset() override { scale_ = register_parameter("scale", ones({1})); }
+  Tensor forward(const Tensor& x) {
+    {
+      NoGradGuard no_grad;
+      Tensor scale = *scale_;
+      scale.mul_(2.0);
+    }
+    return x * *scale_;
+  }
+  const Tensor& scale() const { return *scale_; }
+
+ private:
+  nn::Parameter scale_;
+};
+
+// PyTorch's replicas on devices other than device_ids[0] hold copies of the parameters, so an
+// in-place write inside them stays theirs and only replica 0's reaches the module. Between
+// logical CPU devices the replicas alias the module's memory: copy-on-write keeps the same
+// semantics (and no replica writes memory another reads).
+TEST_F(DataParallelTest, InPlaceWritesInsideReplicasStayTheirsExceptReplicaZeros) {
+  auto model = std::make_shared<ScalesItself>();
+  DataParallel dp(model, CpuDevices(3));
+  for (float expected : {2.0f, 4.0f, 8.0f}) {
+    Tensor out = dp.forward(ones({6, 2}));
+    EXPECT_EQ(out.to_vector<float>(), std::vector<float>(12, expected));
+    EXPECT_EQ(model->scale().to_vector<float>(), std::vector<float>{expected});
+    out.sum().backward();
+    // d(sum)/d(scale): every replica's rows, each multiplied by its own (written) scale's 1.
+    EXPECT_EQ(model->scale().grad().to_vector<float>(), std::vector<float>{12.0f});
+    model->zero_grad();
+  }
+}
+
+// A module converted to another floating dtype (model->to(kBFloat16), as PyTorch users wrap a
+// model.half()) replicates in that dtype and matches one device: outputs and the gradients
+// reduced onto the module, on logical CPU devices and on two GPUs where there are.
+TEST_F(DataParallelTest, ModulesInEveryFloatingDTypeMatchOneDevice) {
+  std::vector<std::vector<Device>> device_sets = {CpuDevices(2)};
+  if (HasCuda() && DeviceCount(DeviceType::kCUDA) >= 2) {
+    device_sets.push_back({Device::Cuda(0), Device::Cuda(1)});
+  }
+  for (const std::vector<Device>& devices : device_sets) {
+    for (DType dtype : {kFloat32, kFloat64, kBFloat16, kFloat16}) {
+      SCOPED_TRACE(devices[0].ToString() + " " + DTypeName(dtype));
+      // Each row of a 16-bit result is rounded once; the replicas' gradients are summed in
+      // the dtype, one more rounding than one device's.
+      const double tolerance = dtype == kFloat64               ? 1e-12
+                               : IsReducedFloatingPoint(dtype) ? 3e-2
+                                                               : 1e-5;
+      auto reference = Mlp();
+      auto model = Mlp();
+      for (auto& m : {reference, model}) {
+        m->to(devices[0]);
+        m->to(dtype);
+      }
+      DataParallel dp(model, devices);
+      const Tensor x = randn({7, 10}).to(dtype).to(devices[0]);
+      const Tensor weights = randn({7, 4}).to(dtype).to(devices[0]);
+      Tensor out = dp.forward(x);
+      Tensor expected = reference->forward(x);
+      EXPECT_EQ(out.dtype(), dtype);
+      ExpectClose(out.to(Device::Cpu(0)).to(kFloat64), expected.to(Device::Cpu(0)).to(kFloat64),
+                  tolerance);
+      (out * weights).sum().backward();
+      (expected * weights).sum().backward();
+      const std::vector<Tensor> want = Grads(*reference);
+      const std::vector<Tensor> got = Grads(*model);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_EQ(got[i].dtype(), dtype);
+        EXPECT_EQ(got[i].device(), devices[0]);
+        ExpectClose(got[i].to(Device::Cpu(0)).to(kFloat64), want[i].to(Device::Cpu(0)).to(kFloat64),
+                    tolerance);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tandem::parallel

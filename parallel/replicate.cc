@@ -1,5 +1,6 @@
 #include "parallel/replicate.h"
 
+#include <algorithm>
 #include <iterator>
 #include <set>
 #include <string>
@@ -63,11 +64,18 @@ void CheckDistinct(const std::vector<Device>& devices, const char* op) {
 }  // namespace
 
 std::vector<std::vector<Tensor>> Broadcast(const std::vector<Tensor>& tensors,
-                                           const std::vector<Device>& devices,
-                                           size_t bucket_bytes) {
+                                           const std::vector<Device>& devices, size_t bucket_bytes,
+                                           bool alias_source) {
   std::vector<Tensor> detached;
   for (const Tensor& t : tensors) detached.push_back(t.detach());
   std::vector<std::vector<Tensor>> copies = broadcast_coalesced(detached, devices);
+  const bool all_cpu =
+      std::all_of(devices.begin(), devices.end(), [](Device d) { return d.is_cpu(); });
+  if (alias_source && all_cpu && !tensors.empty() && tensors[0].device() == devices[0]) {
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      copies[0][k] = alias_on_cpu_device(detached[k], devices[0]);
+    }
+  }
   if (!GradMode::IsEnabled()) return copies;
   // Buckets in reverse order: backward produces the last parameters' gradients first.
   std::vector<std::vector<size_t>> buckets;
@@ -112,7 +120,8 @@ Replicator::Replicator(std::shared_ptr<nn::Module> module, std::vector<Device> d
   CheckDistinct(devices_, "replicate");
 }
 
-std::vector<std::shared_ptr<nn::Module>> Replicator::Replicate(int count, bool detach) {
+std::vector<std::shared_ptr<nn::Module>> Replicator::Replicate(int count, bool detach,
+                                                               bool defer_source_writes) {
   if (count < 0) count = static_cast<int>(devices_.size());
   TANDEM_CHECK(count >= 1 && count <= static_cast<int>(devices_.size()), "replicate: asked for ",
                count, " replicas but there are ", devices_.size(), " devices");
@@ -142,9 +151,16 @@ std::vector<std::shared_ptr<nn::Module>> Replicator::Replicate(int count, bool d
     (differentiable && b.value.requires_grad() ? with_grad : without_grad).push_back(b.value);
   }
   std::vector<std::vector<Tensor>> with_grad_copies;
+  const bool alias_source = defer_source_writes && count > 1;
   {
     AutoGradMode mode(differentiable);
-    with_grad_copies = Broadcast(with_grad, targets, bucket_bytes_);
+    with_grad_copies = Broadcast(with_grad, targets, bucket_bytes_, alias_source);
+  }
+  source_aliases_.clear();
+  if (alias_source) {
+    for (size_t i = 0; i < with_grad.size(); ++i) {
+      source_aliases_.emplace_back(with_grad[i], with_grad_copies[0][i]);
+    }
   }
   NoGradGuard no_grad;
   std::vector<std::shared_ptr<nn::Module>> replicas;
@@ -164,6 +180,11 @@ std::vector<std::shared_ptr<nn::Module>> Replicator::Replicate(int count, bool d
     replicas.push_back(module_->replicate_structure(bindings));
   }
   return replicas;
+}
+
+void Replicator::CommitSourceWrites() {
+  for (const auto& [original, alias] : source_aliases_) commit_alias_writes(original, alias);
+  source_aliases_.clear();
 }
 
 std::vector<std::shared_ptr<nn::Module>> replicate(const std::shared_ptr<nn::Module>& module,

@@ -10,6 +10,13 @@
 // module's own device) shares the original's, so that its in-place updates (BatchNorm's
 // running statistics) reach the original, as in PyTorch.
 //
+// Between logical CPU devices the copies are copy-on-write aliases of the original's memory
+// (Note [Copy-on-write aliases] in tensor/core/tensor.cc): an in-place write inside replica 1,
+// 2, ... stays its own, as in PyTorch, where those replicas hold copies. With
+// `defer_source_writes` (DataParallel) replica 0 is such an alias too, so that nothing writes
+// the memory the other replicas read while they run, and CommitSourceWrites() afterwards hands
+// its writes to the original, where PyTorch's replica 0 would have made them.
+//
 // Every call clones the module's structure afresh (Module::replicate_structure: no tensor
 // is copied, each is bound to its broadcast copy), as PyTorch's replicate does: a replica
 // is never stale, whatever changed in the module since the last call (its submodules, its
@@ -24,6 +31,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "nn/module.h"
@@ -36,10 +44,13 @@ inline constexpr size_t kDefaultBucketBytes = size_t{1} << 20;
 
 // The differentiable broadcast of `tensors` (all on one device) to `devices`: result[d][i].
 // Backward sums the copies' gradients onto the source device (reduce_add_coalesced), one
-// autograd node per bucket of `bucket_bytes`, filled in reverse order of `tensors`.
+// autograd node per bucket of `bucket_bytes`, filled in reverse order of `tensors`. With
+// `alias_source`, result[0] is a copy-on-write alias of `tensors` (alias_on_cpu_device) where
+// every device is a CPU device, instead of `tensors`' own memory.
 std::vector<std::vector<Tensor>> Broadcast(const std::vector<Tensor>& tensors,
                                            const std::vector<Device>& devices,
-                                           size_t bucket_bytes = kDefaultBucketBytes);
+                                           size_t bucket_bytes = kDefaultBucketBytes,
+                                           bool alias_source = false);
 
 class Replicator {
  public:
@@ -50,7 +61,12 @@ class Replicator {
   // One replica per device, for the first `count` devices (all when -1). With `detach` (or
   // under NoGradGuard) no graph is built: the replicas' parameters are plain copies. Each
   // call makes new replicas of the module as it is now.
-  std::vector<std::shared_ptr<nn::Module>> Replicate(int count = -1, bool detach = false);
+  // With `defer_source_writes`, replica 0's parameters between CPU devices are copy-on-write
+  // aliases whose writes reach the module at CommitSourceWrites(), which the caller must call
+  // once the replicas ran (DataParallel does, even when a replica threw).
+  std::vector<std::shared_ptr<nn::Module>> Replicate(int count = -1, bool detach = false,
+                                                     bool defer_source_writes = false);
+  void CommitSourceWrites();
 
   const std::vector<Device>& devices() const { return devices_; }
 
@@ -58,6 +74,8 @@ class Replicator {
   std::shared_ptr<nn::Module> module_;
   std::vector<Device> devices_;
   size_t bucket_bytes_;
+  // (original, replica 0's alias) pairs of the last Replicate with defer_source_writes.
+  std::vector<std::pair<Tensor, Tensor>> source_aliases_;
 };
 
 // One replica per device (Replicator(module, devices).Replicate(-1, detach)).

@@ -14,6 +14,7 @@
 #include "tensor/base/philox.h"
 #include "tensor/core/autograd.h"
 #include "tensor/core/internal/tensor_impl.h"
+#include "tensor/core/mem_overlap.h"
 #include "tensor/runtime/allocator.h"
 #include "tensor/runtime/backend.h"
 #include "tensor/runtime/devices.h"
@@ -198,11 +199,29 @@ void CopyContiguousAcrossDevices(const Tensor& dst, const Tensor& src) {
   }
 }
 
+// Note [Copy-on-write aliases]: logical CPU devices share host memory, so data moves between
+// them as aliases (alias_on_cpu_device) instead of copies. An alias behaves as the copy it
+// stands for: its first in-place write (through it or any view of it: they share its
+// Storage) gives it memory of its own, so the source never sees the write (PyTorch's
+// replicas on devices other than device_ids[0] hold copies). The copy is taken on the writing
+// thread; CPU work is synchronous, so no queued kernel is still writing the source.
+void MaterializeCopyOnWrite(const Tensor& t) {
+  Storage& storage = *t.impl()->storage;
+  if (!storage.copy_on_write) return;
+  std::shared_ptr<void> own =
+      GetBackend(storage.device).GetAllocator(storage.device.index()).Allocate(storage.bytes);
+  if (storage.bytes > 0) std::memcpy(own.get(), storage.data.get(), storage.bytes);
+  storage.data = std::move(own);
+  storage.copy_on_write = false;
+}
+
+// Every in-place write of a Tensor method comes through here.
 void CheckInPlaceAllowed(const Tensor& t, const char* op) {
   TANDEM_CHECK(!(t.requires_grad() && GradMode::IsEnabled()), op,
                ": a tensor that requires grad cannot be modified in place while autograd is "
                "recording (it would corrupt the graph); do it under tandem::NoGradGuard or on "
                "a detach()ed tensor");
+  MaterializeCopyOnWrite(t);
 }
 
 std::string FormatElements(const Tensor& host);
@@ -600,6 +619,10 @@ Tensor& Tensor::copy_(const Tensor& src) {
   TANDEM_CHECK(src.defined(), "copy_: the source tensor is undefined");
   BroadcastShapes(shape(), src.shape(), "copy_");  // validates with a clear message
   if (numel() == 0) return *this;
+  CheckNoInternalOverlap(*this, "copy_");
+  const MemOverlap overlap = OverlapOf(*this, src);
+  if (overlap == MemOverlap::kFull && src.dtype() == dtype()) return *this;  // x.copy_(x)
+  CheckNoPartialOverlap(*this, src, "copy_");
   Tensor source = src.detach();
   if (source.device() != device() && source.shape() == shape() && source.dtype() == dtype() &&
       source.is_contiguous() && is_contiguous()) {
@@ -621,6 +644,8 @@ Tensor& BinaryInPlace(Tensor& self, BinaryOp op, const Tensor& other, const char
   const Shape result = BroadcastShapes(self.shape(), other.shape(), name);
   TANDEM_CHECK(result == self.shape(), name, ": the result shape ", ShapeToString(result),
                " would not fit in this tensor of shape ", ShapeToString(self.shape()));
+  CheckNoInternalOverlap(self, name);
+  CheckNoPartialOverlap(self, other, name);
   Tensor rhs = other.detach();
   if (rhs.dtype() != self.dtype()) rhs = rhs.to(self.dtype());
   if (self.numel() == 0) return self;
@@ -632,6 +657,7 @@ Tensor& BinaryInPlace(Tensor& self, BinaryOp op, const Tensor& other, const char
 
 Tensor& UnaryInPlace(Tensor& self, UnaryOp op, double scalar, const char* name) {
   CheckInPlaceAllowed(self, name);
+  CheckNoInternalOverlap(self, name);
   if (self.numel() == 0) return self;
   GetBackend(self.device())
       .Unary(self.device().index(), op, ToKernel(self), ToKernel(self), scalar);
@@ -643,6 +669,8 @@ Tensor& UnaryInPlace(Tensor& self, UnaryOp op, double scalar, const char* name) 
 Tensor& Tensor::add_(const Tensor& other, double alpha) {
   if (alpha == 1.0) return BinaryInPlace(*this, BinaryOp::kAdd, other, "add_");
   TANDEM_CHECK(other.defined(), "add_: the other tensor is undefined");
+  // Refused as PyTorch's one kernel refuses it, though the scaled copy below would not race.
+  CheckNoPartialOverlap(*this, other, "add_");
   // alpha * other first, in floating point unless both are integral (as mul would compute it).
   const bool integral = !IsFloatingPoint(other.dtype()) && alpha == std::floor(alpha);
   const Tensor source =
@@ -975,6 +1003,7 @@ Tensor alias_on_cpu_device(const Tensor& tensor, Device device) {
   const TensorImpl& source = *tensor.impl();
   auto storage = std::make_shared<Storage>(*source.storage);
   storage->device = device;
+  storage->copy_on_write = true;
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::move(storage);
   impl->offset = source.offset;
@@ -982,6 +1011,18 @@ Tensor alias_on_cpu_device(const Tensor& tensor, Device device) {
   impl->strides = source.strides;
   impl->dtype = source.dtype;
   return Tensor(std::move(impl));
+}
+
+void commit_alias_writes(const Tensor& original, const Tensor& alias) {
+  TANDEM_CHECK(original.defined() && alias.defined(),
+               "commit_alias_writes: expected two defined tensors");
+  Storage& mine = *alias.impl()->storage;
+  Storage& theirs = *original.impl()->storage;
+  if (mine.copy_on_write || mine.data == theirs.data) return;  // never written
+  TANDEM_CHECK(mine.bytes == theirs.bytes && original.storage_offset() == alias.storage_offset() &&
+                   original.shape() == alias.shape() && original.dtype() == alias.dtype(),
+               "commit_alias_writes: the alias was not made by alias_on_cpu_device(original, ...)");
+  theirs.data = mine.data;
 }
 
 Tensor from_blob(void* data, const Shape& shape, std::function<void(void*)> deleter,

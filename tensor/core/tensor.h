@@ -299,10 +299,20 @@ int64_t WrapDim(int64_t dim, int64_t ndim, const char* op);
 
 // The same memory as `tensor` (no copy), owned by the logical CPU device `device`: how data
 // moves between logical CPU devices, which share host memory (comm's broadcast and scatter
-// between cpu:i and cpu:j). Records no autograd history. Both devices must be CPU devices.
+// between cpu:i and cpu:j). Records no autograd history. Both devices must be CPU devices
+// (the same one too). Copy-on-write: the alias stands for a copy, so its first in-place write
+// gives it memory of its own and `tensor` never sees the write (the source's own writes, by
+// contrast, are seen by an alias not yet written).
 //
-//   Tensor on_cpu1 = alias_on_cpu_device(randn({4}), Device::Cpu(1));   // same bytes
+//   Tensor on_cpu1 = alias_on_cpu_device(x, Device::Cpu(1));   // same bytes as x
+//   on_cpu1.add_(1.0);                                          // copies first: x unchanged
 Tensor alias_on_cpu_device(const Tensor& tensor, Device device);
+// Makes the in-place writes made through `alias` (an alias_on_cpu_device of `original`) reach
+// `original`, as if made on it: `original` takes the alias's copy (no data is copied; other
+// aliases keep the memory they saw). Nothing happens if the alias was never written.
+// DataParallel's replica on device_ids[0] is such an alias between CPU devices, committed after
+// the replicas ran, so that the other replicas read the parameters unchanged meanwhile.
+void commit_alias_writes(const Tensor& original, const Tensor& alias);
 
 // ---- Random numbers ------------------------------------------------------------------
 // Counter-based (Philox) random numbers: a generator is a seed and an offset (the next

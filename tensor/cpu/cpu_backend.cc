@@ -195,6 +195,10 @@ void DispatchBinary(BinaryOp op, F&& f) {
     TANDEM_BINARY_CASE(kGt);
     TANDEM_BINARY_CASE(kGe);
     TANDEM_BINARY_CASE(kReluBackward);
+    TANDEM_BINARY_CASE(kTanhBackward);
+    TANDEM_BINARY_CASE(kSigmoidBackward);
+    TANDEM_BINARY_CASE(kGeluBackward);
+    TANDEM_BINARY_CASE(kGeluTanhBackward);
   }
 #undef TANDEM_BINARY_CASE
   TANDEM_FAIL("unknown BinaryOp ", static_cast<int>(op));
@@ -1165,6 +1169,11 @@ void CpuBackend::Binary(int index, BinaryOp op, const KernelTensor& dst, const K
                "bool) but got ",
                a.dtype, " and ", b.dtype, " into ", dst.dtype,
                "; convert them to a common dtype first");
+  TANDEM_CHECK(!BinaryIsFloatingOnly(op) || IsFloatingPoint(a.dtype), "CPU Binary: op ",
+               static_cast<int>(op),
+               " (an activation's backward) is defined for floating dtypes "
+               "only but got ",
+               a.dtype, "; convert the tensors to a floating dtype first");
   if (a.dtype == kBool && !to_bool) {
     TANDEM_CHECK(op != BinaryOp::kSub,
                  "CPU Binary: subtraction of bool tensors is not supported (as in PyTorch); use "

@@ -263,10 +263,7 @@ const UnaryOp kAllUnaryOps[] = {UnaryOp::kNeg,       UnaryOp::kExp,       UnaryO
                                 UnaryOp::kAddScalar, UnaryOp::kMulScalar, UnaryOp::kPowScalar,
                                 UnaryOp::kGeScalar,  UnaryOp::kGelu,      UnaryOp::kGeluDerivative};
 
-const BinaryOp kAllBinaryOps[] = {
-    BinaryOp::kAdd,     BinaryOp::kSub, BinaryOp::kMul,         BinaryOp::kDiv, BinaryOp::kMaximum,
-    BinaryOp::kMinimum, BinaryOp::kEq,  BinaryOp::kNe,          BinaryOp::kLt,  BinaryOp::kLe,
-    BinaryOp::kGt,      BinaryOp::kGe,  BinaryOp::kReluBackward};
+const std::vector<BinaryOp> kAllBinaryOps = AllBinaryOps();
 
 TEST(CpuBackendTest, UnaryMatchesTheSharedScalarMath) {
   WithEachThreadCount([] {
@@ -382,6 +379,13 @@ TEST(CpuBackendTest, BinaryMatchesTheSharedScalarMathWithBroadcasting) {
       // 3-D with a broadcast middle dimension and odd sizes.
       CheckBinary<float>(op, View(a.data(), {7, 5, 13}, {65, 0, 5}), View(b.data(), {7, 5, 13}),
                          {7, 5, 13});
+      if (BinaryIsFloatingOnly(op)) {
+        std::vector<int64_t> out(rows * cols);
+        EXPECT_THROW(Cpu().Binary(0, op, View(out.data(), {rows, cols}),
+                                  View(ai.data(), {rows, cols}), View(bi.data(), {rows, cols})),
+                     Error);
+        continue;
+      }
       // int64.
       CheckBinary<int64_t>(op, View(ai.data(), {rows, cols}), View(bi.data(), {rows, cols}, {0, 1}),
                            {rows, cols});
@@ -1278,7 +1282,7 @@ TYPED_TEST(ReducedFloatTest, BinaryIsTheFloatFunctionRoundedOnceAndComparesIntoB
   a[3] = T(kNaN);
   row[9] = a[9];  // an equal pair for the comparisons
   const std::vector<float> a32 = Widened(a), row32 = Widened(row);
-  for (int op_index = 0; op_index <= static_cast<int>(BinaryOp::kReluBackward); ++op_index) {
+  for (int op_index = 0; op_index < kNumBinaryOps; ++op_index) {
     const BinaryOp op = static_cast<BinaryOp>(op_index);
     SCOPED_TRACE("op " + std::to_string(op_index));
     // a [rows, cols] with row broadcast over the rows, both ways round.

@@ -406,6 +406,11 @@ void CudaBackend::Binary(int index, BinaryOp op, const KernelTensor& dst, const 
                "comparison) but got ",
                a.dtype, " and ", b.dtype, " into ", dst.dtype,
                "; convert them to a common dtype first");
+  TANDEM_CHECK(!BinaryIsFloatingOnly(op) || IsFloatingPoint(a.dtype), "CUDA Binary: op ",
+               static_cast<int>(op),
+               " (an activation's backward) is defined for floating dtypes "
+               "only but got ",
+               a.dtype, "; convert the tensors to a floating dtype first");
   TANDEM_CHECK(!(a.dtype == kBool && !comparison && RejectsBool(op)), "CUDA Binary: op ",
                static_cast<int>(op),
                " is not defined for bool tensors (as in PyTorch: use logical xor for "

@@ -165,12 +165,24 @@ void CudaDevice::ReleaseEvent(cudaEvent_t event) {
   free_events_.push_back(event);
 }
 
+// Note [cuBLAS workspace per stream]: one handle serves every stream of the device, bound to
+// the stream of each call. cuBLAS's default workspace pool is not its own per stream, so
+// results are not repeatable across streams and a CUDA Graph capture on one stream could use
+// memory another stream uses (the cuBLAS documentation's "Results reproducibility" and "CUDA
+// Graphs support" sections). So each stream gets a workspace of its own, set after every
+// cublasSetStream (which resets the handle to the default pool). Sizes as PyTorch's defaults:
+// 32 MiB on Hopper and later (sm_90+), 8 MiB + 128 KiB before.
 cublasHandle_t CudaDevice::blas() {
   std::call_once(blas_once_, [this] {
     cudaStream_t s = stream();
     DeviceGuard guard(physical_);
+    int major = 0;
+    TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, physical_),
+                      index_);
+    blas_workspace_bytes_ = major >= 9 ? (size_t{32} << 20) : (size_t{8} << 20) + (128 << 10);
     TANDEM_CUBLAS_CHECK(cublasCreate(&blas_), index_);
     TANDEM_CUBLAS_CHECK(cublasSetStream(blas_, s), index_);
+    TANDEM_CUBLAS_CHECK(cublasSetWorkspace(blas_, BlasWorkspace(s), blas_workspace_bytes_), index_);
     blas_stream_ = s;
     // Full float32 products unless TF32 is allowed (see cuda.h); set per call by Gemm. 16-bit
     // GEMMs reduce split-K partial sums in float, never in their 16-bit output type.
@@ -185,7 +197,18 @@ cublasHandle_t CudaDevice::blas() {
 void CudaDevice::BindBlas(cudaStream_t stream) {
   if (blas_stream_ == stream) return;
   TANDEM_CUBLAS_CHECK(cublasSetStream(blas(), stream), index_);
+  TANDEM_CUBLAS_CHECK(cublasSetWorkspace(blas(), BlasWorkspace(stream), blas_workspace_bytes_),
+                      index_);
   blas_stream_ = stream;
+}
+
+void* CudaDevice::BlasWorkspace(cudaStream_t stream) {
+  void*& workspace = blas_workspaces_[stream];
+  if (workspace == nullptr) {
+    DeviceGuard guard(physical_);
+    TANDEM_CUDA_CHECK(cudaMalloc(&workspace, blas_workspace_bytes_), index_);
+  }
+  return workspace;
 }
 
 LaunchContext CudaDevice::Launch() {

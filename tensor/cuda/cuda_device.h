@@ -19,6 +19,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -80,8 +81,13 @@ class CudaDevice {
   // of the work with BindBlas first.
   cublasHandle_t blas();
   std::mutex& blas_mutex() { return blas_mutex_; }
-  // Sets the handle's stream to `stream` if it is bound to another. Needs blas_mutex().
+  // Sets the handle's stream to `stream` if it is bound to another, with that stream's own
+  // cuBLAS workspace (Note [cuBLAS workspace per stream]). Needs blas_mutex().
   void BindBlas(cudaStream_t stream);
+  // The workspace BindBlas gives cuBLAS on `stream` (allocated on first use). Needs
+  // blas_mutex().
+  void* BlasWorkspace(cudaStream_t stream);
+  size_t blas_workspace_bytes() const { return blas_workspace_bytes_; }
   // The cuBLAS math mode last set on blas() (kept here to set it only when it changes).
   cublasMath_t& blas_math_mode() { return blas_math_mode_; }
 
@@ -105,6 +111,8 @@ class CudaDevice {
   std::once_flag blas_once_;
   cublasHandle_t blas_ = nullptr;
   cudaStream_t blas_stream_ = nullptr;
+  size_t blas_workspace_bytes_ = 0;                // set with the handle
+  std::map<cudaStream_t, void*> blas_workspaces_;  // never freed: live as the device
   cublasMath_t blas_math_mode_ = CUBLAS_DEFAULT_MATH;
   std::mutex blas_mutex_;
   std::unique_ptr<CachingAllocator> allocator_;

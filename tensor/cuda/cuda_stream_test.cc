@@ -129,6 +129,26 @@ TEST_F(CudaStreamTest, KernelsUnderAGuardGoToItsStream) {
   EXPECT_LT(tandem::testing::MaxAbsDiff(c, expected), 1e-4);
 }
 
+// Note [cuBLAS workspace per stream]: GEMMs on the compute stream and a side stream each use
+// a workspace of their own, and give the same bits (cudasim refuses a handle that runs on two
+// streams through cuBLAS's default pool).
+TEST_F(CudaStreamTest, GemmsOnTwoStreamsEachHaveTheirOwnCublasWorkspace) {
+  const Tensor a = rand({40, 24}, kCuda0);
+  const Tensor b = rand({24, 16}, kCuda0);
+  const Tensor first = matmul(a, b);
+  const Stream side = CreateStream(kCuda0);
+  Tensor on_side;
+  {
+    StreamGuard guard(side);
+    side.Wait(DefaultStream(kCuda0));
+    on_side = matmul(a, b);
+    side.Synchronize();
+  }
+  const Tensor again = matmul(a, b);
+  EXPECT_EQ(tandem::testing::MaxAbsDiff(first, on_side), 0.0);
+  EXPECT_EQ(tandem::testing::MaxAbsDiff(first, again), 0.0);
+}
+
 TEST_F(CudaStreamTest, EventsOrderWorkAcrossTwoStreams) {
   const int64_t n = 1 << 22;
   const Stream compute = DefaultStream(kCuda0);

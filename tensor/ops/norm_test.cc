@@ -188,6 +188,15 @@ TEST(NormTest, RmsNormMatchesTheHost) {
              HostNorm(true, Doubles(tiny64), 4, std::numeric_limits<double>::epsilon(), {}, {}),
              1e-12);
   EXPECT_EQ(Doubles(rms_norm(zeros({2, 3}), {3}, Tensor())), std::vector<double>(6, 0.0));
+  // The 16-bit floats compute in float and default to float's epsilon, as current PyTorch
+  // (not their own 2^-7 or 2^-10, which would halve these tiny rows).
+  for (DType dtype : {kBFloat16, kFloat16}) {
+    const Tensor tiny16 = tiny.to(dtype);
+    const std::vector<double> want =
+        HostNorm(true, Doubles(tiny16), 4, std::numeric_limits<float>::epsilon(), {}, {});
+    const std::vector<double> got = Doubles(rms_norm(tiny16, {4}, Tensor()));
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-2) << dtype;
+  }
 }
 
 TEST(NormTest, RmsNormGradientsMatchFiniteDifferences) {

@@ -712,14 +712,14 @@ Tensor abs(const Tensor& a) {
 Tensor tanh(const Tensor& a) {
   return FloatUnaryOp(a, UnaryOp::kTanh, 0.0, "tanh", "TanhBackward",
                       [](const Tensor& grad, const Tensor&, const Tensor& y) {
-                        return mul(grad, add(neg(square(y)), 1.0));
+                        return BinaryRaw(BinaryOp::kTanhBackward, grad, y, "tanh backward");
                       });
 }
 
 Tensor sigmoid(const Tensor& a) {
   return FloatUnaryOp(a, UnaryOp::kSigmoid, 0.0, "sigmoid", "SigmoidBackward",
                       [](const Tensor& grad, const Tensor&, const Tensor& y) {
-                        return mul(grad, mul(y, add(neg(y), 1.0)));
+                        return BinaryRaw(BinaryOp::kSigmoidBackward, grad, y, "sigmoid backward");
                       });
 }
 
@@ -731,12 +731,12 @@ Tensor gelu(const Tensor& a, const std::string& approximate) {
     // One fused elementwise kernel each way (the formula composed is 8 ops with a pow).
     return FloatUnaryOp(a, UnaryOp::kGeluTanh, 0.0, "gelu", "GeluTanhBackward",
                         [](const Tensor& grad, const Tensor& x, const Tensor&) {
-                          return mul(grad, UnaryRaw(UnaryOp::kGeluTanhDerivative, x, 0.0));
+                          return BinaryRaw(BinaryOp::kGeluTanhBackward, grad, x, "gelu backward");
                         });
   }
   return FloatUnaryOp(a, UnaryOp::kGelu, 0.0, "gelu", "GeluBackward",
                       [](const Tensor& grad, const Tensor& x, const Tensor&) {
-                        return mul(grad, UnaryRaw(UnaryOp::kGeluDerivative, x, 0.0));
+                        return BinaryRaw(BinaryOp::kGeluBackward, grad, x, "gelu backward");
                       });
 }
 
@@ -2291,25 +2291,11 @@ Tensor rms_norm(const Tensor& input, const std::vector<int64_t>& normalized_shap
                 const Tensor& weight, std::optional<double> eps) {
   TANDEM_AUTOCAST(kFloat32, rms_norm, input, normalized_shape, weight, eps);
   CheckDefined(input, "rms_norm", "input");
-  // PyTorch's default: the machine epsilon of the input's dtype.
-  double e = 0;
-  if (eps) {
-    e = *eps;
-  } else {
-    switch (input.dtype()) {
-      case kFloat64:
-        e = std::numeric_limits<double>::epsilon();
-        break;
-      case kBFloat16:
-        e = 0.0078125;  // 2^-7
-        break;
-      case kFloat16:
-        e = 0.0009765625;  // 2^-10
-        break;
-      default:
-        e = std::numeric_limits<float>::epsilon();
-    }
-  }
+  // PyTorch's default: the machine epsilon of the type the statistics are computed in
+  // (opmath): float64's for float64, float32's for float32 and the 16-bit floats.
+  const double e = eps                         ? *eps
+                   : input.dtype() == kFloat64 ? std::numeric_limits<double>::epsilon()
+                                               : std::numeric_limits<float>::epsilon();
   return RowNormImpl(true, input, normalized_shape, weight, Tensor(), e, "rms_norm",
                      "RmsNormBackward");
 }

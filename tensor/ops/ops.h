@@ -158,7 +158,8 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* gen = nu
 Tensor layer_norm(const Tensor& input, const std::vector<int64_t>& normalized_shape,
                   const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 // torch.nn.functional.rms_norm: y = x / sqrt(mean(x^2) + eps) * weight over the last
-// dimensions; eps defaults to the machine epsilon of the input's dtype, as PyTorch's.
+// dimensions; eps defaults, as PyTorch's, to the machine epsilon of the type it computes in:
+// float64's for float64, float32's otherwise (the 16-bit floats compute in float).
 //   Tensor y = rms_norm(x, {768}, gamma);
 Tensor rms_norm(const Tensor& input, const std::vector<int64_t>& normalized_shape,
                 const Tensor& weight, std::optional<double> eps = std::nullopt);

@@ -337,6 +337,60 @@ INSTANTIATE_TEST_SUITE_P(BFloat16AndFloat16, ReducedPrecisionTest, ::testing::Va
                                                                             : "Float16");
                          });
 
+// The activations' gradients in 16 bits are PyTorch's: the float formula of the 16-bit
+// values (the incoming gradient, the saved output or input), rounded once. Built from 16-bit
+// ops instead (tanh's grad * (1 - y^2) as four ops), each intermediate rounds too: up to ~5
+// ulps off.
+TEST_P(ReducedPrecisionTest, ActivationGradientsAreTheFloatFormulaRoundedOnce) {
+  const Precision p = GetParam();
+  const Tensor x = Normal({4096}, 7, 2.0).to(p.dtype);
+  const Tensor g = Normal({4096}, 8).to(p.dtype);
+  const Tensor g32 = g.to(kFloat32);
+  struct Activation {
+    const char* name;
+    std::function<Tensor(const Tensor&)> f;
+    // The float formula: of the widened 16-bit output for tanh and sigmoid (the saved
+    // tensor), of the input for gelu (float32 autograd on the same values).
+    std::function<Tensor(const Tensor& y32, const Tensor& x32)> formula;
+  };
+  const auto through_float_autograd = [&g32](const std::function<Tensor(const Tensor&)>& f) {
+    return [&g32, f](const Tensor&, const Tensor& x32) {
+      Tensor leaf = x32.detach();
+      leaf.set_requires_grad(true);
+      sum(mul(f(leaf), g32)).backward();
+      return leaf.grad();
+    };
+  };
+  const Activation activations[] = {
+      {"tanh", [](const Tensor& t) { return tanh(t); },
+       [&g32](const Tensor& y32, const Tensor&) {
+         return mul(g32, sub(ones_like(y32), mul(y32, y32)));
+       }},
+      {"sigmoid", [](const Tensor& t) { return sigmoid(t); },
+       [&g32](const Tensor& y32, const Tensor&) {
+         return mul(g32, mul(sub(ones_like(y32), y32), y32));
+       }},
+      {"gelu", [](const Tensor& t) { return gelu(t); },
+       through_float_autograd([](const Tensor& t) { return gelu(t); })},
+      {"gelu tanh", [](const Tensor& t) { return gelu(t, "tanh"); },
+       through_float_autograd([](const Tensor& t) { return gelu(t, "tanh"); })},
+  };
+  for (const Activation& a : activations) {
+    SCOPED_TRACE(std::string(a.name) + " in " + DTypeName(p.dtype));
+    Tensor leaf = x.detach();
+    leaf.set_requires_grad(true);
+    const Tensor y = a.f(leaf);
+    sum(mul(y, g)).backward();
+    const Tensor want = a.formula(y.detach().to(kFloat32), x.to(kFloat32)).to(p.dtype);
+    ASSERT_EQ(leaf.grad().dtype(), p.dtype);
+    const std::vector<double> got = Doubles(leaf.grad()), expected = Doubles(want);
+    int differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += got[i] != expected[i];
+    EXPECT_EQ(differ, 0) << "of " << got.size() << " gradients differ from the float formula "
+                         << "rounded once";
+  }
+}
+
 // Random factories make 16-bit tensors from the float32 stream: the same seed gives the
 // float32 numbers rounded (within half an ulp of the dtype).
 TEST_P(ReducedPrecisionTest, RandomNumbersAreTheFloat32NumbersRounded) {

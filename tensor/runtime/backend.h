@@ -116,7 +116,20 @@ enum class BinaryOp : int8_t {
   kGt,
   kGe,
   kReluBackward,  // 0 if b <= 0 else a (a: incoming gradient, b: relu output; NaN passes)
+  // The other activations' backward, a: incoming gradient; floating dtypes only. Fused so that
+  // a 16-bit gradient is the float formula rounded once, as PyTorch's *_backward kernels.
+  kTanhBackward,      // a * (1 - b^2), b: tanh output
+  kSigmoidBackward,   // a * (1 - b) * b, b: sigmoid output
+  kGeluBackward,      // a * gelu'(b), b: gelu input (exact erf form)
+  kGeluTanhBackward,  // a * gelu_tanh'(b), b: gelu input (tanh approximation)
 };
+// Every BinaryOp (their values are 0, 1, ...): for loops over all of them, as the tests do.
+inline constexpr int kNumBinaryOps = static_cast<int>(BinaryOp::kGeluTanhBackward) + 1;
+inline std::vector<BinaryOp> AllBinaryOps() {
+  std::vector<BinaryOp> ops;
+  for (int i = 0; i < kNumBinaryOps; ++i) ops.push_back(static_cast<BinaryOp>(i));
+  return ops;
+}
 
 // Reductions over the middle axis (named Kind, not Op: ReduceOp is the collectives' enum,
 // parallel/distributed/process_group.h) of a contiguous [outer, reduce, inner] input into a

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -22,6 +23,15 @@ struct cublasContext {
   int device = 0;
   cudaStream_t stream = nullptr;
   cublasMath_t mode = CUBLAS_DEFAULT_MATH;
+  // cublasSetWorkspace's buffer for the current stream; null: cuBLAS's default pool (which
+  // cublasSetStream restores, as on a GPU).
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  // Note [cudasim cuBLAS workspaces]: the streams that ran GEMMs on the default pool, and the
+  // stream each user workspace served. Guarded by the handle's users (cuBLAS handles are not
+  // thread-safe; Tandem locks each).
+  std::set<cudaStream_t> default_pool_streams;
+  std::map<void*, cudaStream_t> workspace_streams;
 };
 
 namespace {
@@ -43,6 +53,40 @@ bool Live(cublasHandle_t handle) {
 cublasStatus_t Invalid(const std::string& message) {
   std::fprintf(stderr, "cudasim: cuBLAS: CUBLAS_STATUS_INVALID_VALUE: %s\n", message.c_str());
   return CUBLAS_STATUS_INVALID_VALUE;
+}
+
+// Note [cudasim cuBLAS workspaces]: cuBLAS runs a handle on any stream, but with its default
+// workspace pool on more than one stream its results are not guaranteed repeatable, and CUDA
+// Graph capture needs each stream's workspace to be its own (cuBLAS documentation,
+// "Results reproducibility", "CUDA Graphs support"). A GPU runs such code and is silently
+// nondeterministic; cudasim refuses it, so that the mistake shows in CI: a GEMM on a second
+// stream through the default pool, or through a workspace another stream used, fails with
+// CUBLAS_STATUS_NOT_SUPPORTED and says why.
+cublasStatus_t CheckWorkspace(const char* call, cublasHandle_t handle) {
+  const cudaStream_t stream = handle->stream;
+  if (handle->workspace == nullptr) {
+    handle->default_pool_streams.insert(stream);
+    if (handle->default_pool_streams.size() > 1) {
+      std::fprintf(stderr,
+                   "cudasim: cuBLAS: CUBLAS_STATUS_NOT_SUPPORTED: %s on a second stream with the "
+                   "handle's default workspace pool: results across streams are not repeatable "
+                   "and CUDA Graph capture is unsafe; give each stream its own workspace with "
+                   "cublasSetWorkspace after cublasSetStream\n",
+                   call);
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  auto [it, inserted] = handle->workspace_streams.emplace(handle->workspace, stream);
+  if (!inserted && it->second != stream) {
+    std::fprintf(stderr,
+                 "cudasim: cuBLAS: CUBLAS_STATUS_NOT_SUPPORTED: %s with a workspace that another "
+                 "stream used: work on two streams would race on it; give each stream its own "
+                 "workspace\n",
+                 call);
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  return CUBLAS_STATUS_SUCCESS;
 }
 
 // cuBLAS's argument checks for C = alpha op(A) op(B) + beta C (column-major).
@@ -168,6 +212,10 @@ cublasStatus_t CheckedGemm(const char* name, cublasHandle_t handle, cublasOperat
                            int lda, long long stride_a, const T* b, int ldb, long long stride_b,
                            const T* beta, T* c, int ldc, long long stride_c, int batch) {
   if (!Live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (const cublasStatus_t workspace = CheckWorkspace(name, handle);
+      workspace != CUBLAS_STATUS_SUCCESS) {
+    return workspace;
+  }
   const cublasStatus_t status = CheckGemm(name, ta, tb, m, n, k, lda, ldb, ldc);
   if (status != CUBLAS_STATUS_SUCCESS) return status;
   if (batch < 0) return Invalid(std::string(name) + ": batch_count < 0");
@@ -255,6 +303,10 @@ cublasStatus_t CheckedGemmEx(const char* name, cublasHandle_t handle, cublasOper
                              const void* beta_ptr, void* c, cudaDataType c_type, int ldc,
                              long long stride_c, int batch, cublasComputeType_t compute) {
   if (!Live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (const cublasStatus_t workspace = CheckWorkspace(name, handle);
+      workspace != CUBLAS_STATUS_SUCCESS) {
+    return workspace;
+  }
   const cublasStatus_t status = CheckGemm(name, ta, tb, m, n, k, lda, ldb, ldc);
   if (status != CUBLAS_STATUS_SUCCESS) return status;
   if (batch < 0) return Invalid(std::string(name) + ": batch_count < 0");
@@ -364,6 +416,23 @@ cublasStatus_t cublasGetVersion(cublasHandle_t handle, int* version) {
 cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
   if (!Live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
   handle->stream = stream;
+  // As cuBLAS does: setting the stream puts the handle back on its default workspace pool.
+  handle->workspace = nullptr;
+  handle->workspace_bytes = 0;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void* workspace, size_t bytes) {
+  if (!Live(handle)) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (bytes > 0 && workspace == nullptr) {
+    return Invalid("cublasSetWorkspace: a null workspace of " + std::to_string(bytes) + " bytes");
+  }
+  // cuBLAS requires 256-byte alignment (cudaMalloc's is more).
+  if (reinterpret_cast<uintptr_t>(workspace) % 256 != 0) {
+    return Invalid("cublasSetWorkspace: the workspace is not 256-byte aligned");
+  }
+  handle->workspace = bytes == 0 ? nullptr : workspace;
+  handle->workspace_bytes = bytes;
   return CUBLAS_STATUS_SUCCESS;
 }
 

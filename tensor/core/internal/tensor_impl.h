@@ -18,6 +18,9 @@ namespace tandem {
 struct Storage {
   std::shared_ptr<void> data;
   size_t bytes = 0;
+  // An alias of another storage's memory (alias_on_cpu_device): the first in-place write
+  // through it copies the memory first (Note [Copy-on-write aliases], tensor.cc).
+  bool copy_on_write = false;
   Device device;
   bool pinned = false;
 };

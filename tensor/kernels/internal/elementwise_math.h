@@ -127,8 +127,14 @@ inline constexpr bool UnarySupportsInt64(UnaryOp op) { return UnarySupportsInteg
 // The ops PyTorch refuses on bool tensors (negation, subtraction, division; relu's backward has
 // no bool meaning): every backend checks these, so that both refuse the same calls.
 inline constexpr bool RejectsBool(UnaryOp op) { return op == UnaryOp::kNeg; }
+// The activations' backward ops other than relu's are defined on floating dtypes only.
+inline constexpr bool BinaryIsFloatingOnly(BinaryOp op) {
+  return op == BinaryOp::kTanhBackward || op == BinaryOp::kSigmoidBackward ||
+         op == BinaryOp::kGeluBackward || op == BinaryOp::kGeluTanhBackward;
+}
 inline constexpr bool RejectsBool(BinaryOp op) {
-  return op == BinaryOp::kSub || op == BinaryOp::kDiv || op == BinaryOp::kReluBackward;
+  return op == BinaryOp::kSub || op == BinaryOp::kDiv || op == BinaryOp::kReluBackward ||
+         BinaryIsFloatingOnly(op);
 }
 
 template <typename T>
@@ -167,6 +173,19 @@ TANDEM_HOST_DEVICE T ApplyBinary(BinaryOp op, T a, T b) {
       // PyTorch's threshold_backward: the gradient passes unless the output is <= 0, so a
       // NaN output passes it.
       return b <= T(0) ? T(0) : a;
+    case BinaryOp::kTanhBackward:
+    case BinaryOp::kSigmoidBackward:
+    case BinaryOp::kGeluBackward:
+    case BinaryOp::kGeluTanhBackward:
+      // Backends refuse these on integers and bool (BinaryIsFloatingOnly).
+      if constexpr (std::is_floating_point_v<T>) {
+        if (op == BinaryOp::kTanhBackward) return a * (T(1) - b * b);
+        if (op == BinaryOp::kSigmoidBackward) return a * ((T(1) - b) * b);
+        return a * ApplyUnary<T>(op == BinaryOp::kGeluBackward ? UnaryOp::kGeluDerivative
+                                                               : UnaryOp::kGeluTanhDerivative,
+                                 b, T(0));
+      }
+      break;
   }
   return T(0);
 }

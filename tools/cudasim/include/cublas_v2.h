@@ -76,6 +76,9 @@ cublasStatus_t cublasDestroy(cublasHandle_t handle);
 cublasStatus_t cublasGetVersion(cublasHandle_t handle, int* version);
 cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream);
 cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t* stream);
+// The handle's workspace on its current stream until the next cublasSetStream (which goes back
+// to the default pool); see Note [cudasim cuBLAS workspaces] in cublas.cc.
+cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void* workspace, size_t bytes);
 cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode);
 cublasStatus_t cublasGetMathMode(cublasHandle_t handle, cublasMath_t* mode);
 const char* cublasGetStatusName(cublasStatus_t status);

@@ -262,6 +262,59 @@ TEST(CudasimTest, SgemmIsColumnMajor) {
   cudaFree(dc);
 }
 
+// Note [cudasim cuBLAS workspaces]: one handle on two streams needs a workspace per stream.
+TEST(CudasimCublasTest, AHandleOnTwoStreamsNeedsAWorkspacePerStream) {
+  const int n = 4;
+  const std::vector<float> ones(n * n, 1.0f);
+  float* da = DeviceCopy(ones);
+  float* dc = DeviceCopy(ones);
+  cudaStream_t first = nullptr, second = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&first), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreate(&second), cudaSuccess);
+  void* workspaces[2] = {nullptr, nullptr};
+  ASSERT_EQ(cudaMalloc(&workspaces[0], 1 << 20), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&workspaces[1], 1 << 20), cudaSuccess);
+  const float alpha = 1.0f, beta = 0.0f;
+  auto gemm = [&](cublasHandle_t handle) {
+    return cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, da, n, da, n, &beta, dc,
+                       n);
+  };
+  // The default pool on two streams: refused on the second.
+  cublasHandle_t pooled;
+  ASSERT_EQ(cublasCreate(&pooled), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasSetStream(pooled, first), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(gemm(pooled), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasSetStream(pooled, second), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(gemm(pooled), CUBLAS_STATUS_NOT_SUPPORTED);
+  cublasDestroy(pooled);
+  // One workspace per stream, set after each cublasSetStream: fine.
+  cublasHandle_t handle;
+  ASSERT_EQ(cublasCreate(&handle), CUBLAS_STATUS_SUCCESS);
+  for (int round = 0; round < 2; ++round) {
+    for (int i = 0; i < 2; ++i) {
+      ASSERT_EQ(cublasSetStream(handle, i == 0 ? first : second), CUBLAS_STATUS_SUCCESS);
+      ASSERT_EQ(cublasSetWorkspace(handle, workspaces[i], 1 << 20), CUBLAS_STATUS_SUCCESS);
+      EXPECT_EQ(gemm(handle), CUBLAS_STATUS_SUCCESS);
+    }
+  }
+  // A workspace handed to the other stream: refused.
+  ASSERT_EQ(cublasSetStream(handle, first), CUBLAS_STATUS_SUCCESS);
+  ASSERT_EQ(cublasSetWorkspace(handle, workspaces[1], 1 << 20), CUBLAS_STATUS_SUCCESS);
+  EXPECT_EQ(gemm(handle), CUBLAS_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(cublasSetWorkspace(handle, nullptr, 64), CUBLAS_STATUS_INVALID_VALUE);
+  EXPECT_EQ(cublasSetWorkspace(handle, static_cast<char*>(workspaces[0]) + 8, 64),
+            CUBLAS_STATUS_INVALID_VALUE);
+  cudaDeviceSynchronize();
+  EXPECT_EQ(HostCopy(dc, n * n), std::vector<float>(n * n, static_cast<float>(n)));
+  cublasDestroy(handle);
+  cudaStreamDestroy(first);
+  cudaStreamDestroy(second);
+  cudaFree(workspaces[0]);
+  cudaFree(workspaces[1]);
+  cudaFree(da);
+  cudaFree(dc);
+}
+
 // cudasim's own report of a fault in device memory; under AddressSanitizer, ASan's.
 #if defined(__SANITIZE_ADDRESS__)
 #define CUDASIM_FAULT(message) "AddressSanitizer: SEGV"
