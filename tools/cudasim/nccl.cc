@@ -673,7 +673,17 @@ ncclResult_t Launch(ncclComm_t handle, Kind kind, const void* send, void* recv, 
     return Fail(ncclInvalidArgument, std::string(call) + ": count " + std::to_string(count) +
                                          " overflows the buffer size");
   }
-  internal::Stream* s = internal::ResolveStream(stream);
+  // NCCL runs on the communicator's device: a null stream is that device's default stream.
+  internal::Stream* s = nullptr;
+  if (stream == nullptr) {
+    int current = 0;
+    cudaGetDevice(&current);
+    cudaSetDevice(comm->device);
+    s = internal::ResolveStream(nullptr);
+    cudaSetDevice(current);
+  } else {
+    s = internal::ResolveStream(stream);
+  }
   if (s == nullptr) {
     return Fail(ncclInvalidArgument, std::string(call) + ": stream is not a live CUDA stream");
   }
