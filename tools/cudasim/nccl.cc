@@ -420,10 +420,6 @@ bool WaitForRanks(RankComm& comm, uint32_t target, bool joined, const std::strin
   const auto deadline = std::chrono::steady_clock::now() + Timeout();
   for (;;) {
     const uint32_t seen = h.bell.load(std::memory_order_acquire);
-    if (h.failed.load(std::memory_order_acquire) != 0) {
-      *error = comm.name + ": " + what + " stopped: " + FailureOf(h);
-      return false;
-    }
     {
       std::lock_guard<std::mutex> lock(comm.mutex);
       if (comm.aborted) {
@@ -440,7 +436,13 @@ bool WaitForRanks(RankComm& comm, uint32_t target, bool joined, const std::strin
         missing += (missing.empty() ? "" : ", ") + std::to_string(r);
       }
     }
+    // Once every rank has arrived, each goes on and finds a mismatch itself, in its own words;
+    // a peer's failure stops only ranks that would otherwise wait for it.
     if (missing.empty()) return true;
+    if (h.failed.load(std::memory_order_acquire) != 0) {
+      *error = comm.name + ": " + what + " stopped: " + FailureOf(h);
+      return false;
+    }
     if (std::chrono::steady_clock::now() > deadline) {
       *error = comm.name + ": " + what + ": rank(s) " + missing + " did not arrive within " +
                std::to_string(Timeout().count()) +
