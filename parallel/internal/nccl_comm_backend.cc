@@ -4,7 +4,8 @@
 // already queued on their current streams and before work queued on them later (events),
 // so that it can overlap compute that does not depend on it. Logical devices that share a
 // GPU (TANDEM_CUDA_LOGICAL_DEVICES) are declined: NCCL refuses two ranks on one GPU, and
-// comm.cc falls back to device copies.
+// comm.cc falls back to device copies. Each bucket goes as its dtype's NCCL type
+// (nccl_types.h); under --config=cudasim, NCCL is the simulator's (tools/cudasim/README.md).
 #include <nccl.h>
 
 #include <map>

@@ -538,6 +538,18 @@ bool RunCollective(RankComm& comm, const Call& call, std::string* error) {
   return true;
 }
 
+// ncclCommCount, ncclCommCuDevice, ncclCommUserRank: one field of the communicator.
+ncclResult_t Query(ncclComm_t comm, const char* call, const char* argument, int RankComm::*field,
+                   int* out) {
+  std::shared_ptr<RankComm> state;
+  if (ncclResult_t r = Resolve(comm, call, &state); r != ncclSuccess) return r;
+  if (out == nullptr) {
+    return Fail(ncclInvalidArgument, std::string(call) + ": " + argument + " is NULL");
+  }
+  *out = (*state).*field;
+  return ncclSuccess;
+}
+
 // ---- Group calls --------------------------------------------------------------------------------
 
 // Inside ncclGroupStart/End, NCCL defers what it launches to ncclGroupEnd; so does this, and
@@ -949,30 +961,18 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
 }
 
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
-  std::shared_ptr<cudasim::nccl::RankComm> state;
-  if (ncclResult_t r = cudasim::nccl::Resolve(comm, "ncclCommCount", &state); r != ncclSuccess)
-    return r;
-  if (count == nullptr) return Fail(ncclInvalidArgument, "ncclCommCount: count is NULL");
-  *count = state->nranks;
-  return ncclSuccess;
+  return cudasim::nccl::Query(comm, "ncclCommCount", "count", &cudasim::nccl::RankComm::nranks,
+                              count);
 }
 
 ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device) {
-  std::shared_ptr<cudasim::nccl::RankComm> state;
-  if (ncclResult_t r = cudasim::nccl::Resolve(comm, "ncclCommCuDevice", &state); r != ncclSuccess)
-    return r;
-  if (device == nullptr) return Fail(ncclInvalidArgument, "ncclCommCuDevice: device is NULL");
-  *device = state->device;
-  return ncclSuccess;
+  return cudasim::nccl::Query(comm, "ncclCommCuDevice", "device", &cudasim::nccl::RankComm::device,
+                              device);
 }
 
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank) {
-  std::shared_ptr<cudasim::nccl::RankComm> state;
-  if (ncclResult_t r = cudasim::nccl::Resolve(comm, "ncclCommUserRank", &state); r != ncclSuccess)
-    return r;
-  if (rank == nullptr) return Fail(ncclInvalidArgument, "ncclCommUserRank: rank is NULL");
-  *rank = state->rank;
-  return ncclSuccess;
+  return cudasim::nccl::Query(comm, "ncclCommUserRank", "rank", &cudasim::nccl::RankComm::rank,
+                              rank);
 }
 
 // NCCL's own texts.
