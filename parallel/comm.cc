@@ -211,11 +211,10 @@ std::vector<std::vector<Tensor>> broadcast_coalesced(const std::vector<Tensor>& 
   std::vector<Tensor> contiguous;  // only where a flat buffer is packed
   for (const Tensor& t : tensors) contiguous.push_back(t.contiguous());
   internal::CommBackend* backend = internal::GetCommBackend();
-  const bool collective = backend != nullptr && backend->Supports(group);
   for (const std::vector<size_t>& bucket : Buckets(contiguous, buffer_bytes)) {
     Tensor flat = Flatten(contiguous, bucket);
     std::map<Device, Tensor> received;
-    if (collective) {
+    if (backend != nullptr && backend->Supports(group, flat.dtype())) {
       std::vector<Tensor> buffers = {flat};
       for (size_t g = 1; g < group.size(); ++g) {
         buffers.push_back(
@@ -329,7 +328,6 @@ std::vector<Tensor> reduce_add_coalesced(std::vector<std::vector<Tensor>> per_de
     group.push_back(device);
   }
   internal::CommBackend* backend = internal::GetCommBackend();
-  const bool collective = root >= 0 && backend != nullptr && backend->Supports(group);
   for (const std::vector<size_t>& bucket : Buckets(per_device[0], buffer_bytes)) {
     std::vector<Tensor> flats;
     for (const auto& tensors : per_device) {
@@ -338,7 +336,7 @@ std::vector<Tensor> reduce_add_coalesced(std::vector<std::vector<Tensor>> per_de
       flats.push_back(Flatten(contiguous, bucket));
     }
     Tensor sum;
-    if (collective) {
+    if (root >= 0 && backend != nullptr && backend->Supports(group, flats[root].dtype())) {
       sum = empty(flats[root].shape(),
                   TensorOptions().dtype(flats[root].dtype()).device(destination));
       backend->Reduce(flats, sum, root);

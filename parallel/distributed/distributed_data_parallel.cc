@@ -26,16 +26,19 @@ std::string Prefix(const ProcessGroup& group) {
 // Every rank's `text`, rank 0's first (collective).
 std::vector<std::string> AllgatherStrings(ProcessGroup& group, const std::string& text) {
   const int world = group.size();
-  Tensor lengths = zeros({world}, kInt64);
+  const Device device = group.device();
+  Tensor lengths = zeros({world}, TensorOptions(kInt64).device(device));
   group
-      .allgather(lengths, from_vector(std::vector<int64_t>{static_cast<int64_t>(text.size())}, {1}))
+      .allgather(
+          lengths,
+          from_vector(std::vector<int64_t>{static_cast<int64_t>(text.size())}, {1}).to(device))
       ->wait();
   const std::vector<int64_t> sizes = lengths.to_vector<int64_t>();
   const int64_t longest = *std::max_element(sizes.begin(), sizes.end());
   std::vector<int64_t> mine(static_cast<size_t>(longest), 0);
   for (size_t i = 0; i < text.size(); ++i) mine[i] = static_cast<unsigned char>(text[i]);
-  Tensor all = zeros({world * longest}, kInt64);
-  group.allgather(all, from_vector(mine, {longest}))->wait();
+  Tensor all = zeros({world * longest}, TensorOptions(kInt64).device(device));
+  group.allgather(all, from_vector(mine, {longest}).to(device))->wait();
   const std::vector<int64_t> chars = all.to_vector<int64_t>();
   std::vector<std::string> texts(world);
   for (int r = 0; r < world; ++r) {
@@ -270,7 +273,7 @@ struct DistributedDataParallel::Reducer {
     std::shared_ptr<Work> used_work;
     if (find_unused) {
       std::vector<int64_t> flags(locally_used.begin(), locally_used.end());
-      used = from_vector(flags, {static_cast<int64_t>(flags.size())});
+      used = from_vector(flags, {static_cast<int64_t>(flags.size())}).to(group->device());
       used_work = group->allreduce(used, ReduceOp::kSum);
     }
     const Clock::time_point start = Clock::now();

@@ -1,13 +1,24 @@
 """mpi_test(): a C++ test that `bazel test` runs as an MPI job, once per number of ranks."""
 
-def mpi_test(name, srcs, deps, ranks = [2, 3], size = "small", tags = [], **kwargs):
+def mpi_test(
+        name,
+        srcs,
+        deps,
+        ranks = [2, 3],
+        size = "small",
+        tags = [],
+        env = {},
+        target_compatible_with = [],
+        **kwargs):
     """A cc_binary `<name>_bin` and one sh_test `<name>_<n>ranks` per n in `ranks`, running it
-    under mpirun (parallel/distributed/mpi_test.sh); `name` is a test_suite of them all."""
+    under mpirun (parallel/distributed/mpi_test.sh) with `env` set for every rank; `name` is a
+    test_suite of them all. Rank 0 writes gtest's XML report for Bazel."""
     native.cc_binary(
         name = name + "_bin",
         srcs = srcs,
         deps = deps,
         testonly = 1,
+        target_compatible_with = target_compatible_with,
         **kwargs
     )
     tests = []
@@ -19,6 +30,8 @@ def mpi_test(name, srcs, deps, ranks = [2, 3], size = "small", tags = [], **kwar
             args = [str(n), "$(rootpath :%s_bin)" % name],
             data = [":%s_bin" % name],
             size = size,
+            env = env,
+            target_compatible_with = target_compatible_with,
             # mpirun's daemons and shared-memory files do not fit Bazel's sandbox.
             tags = tags + ["no-sandbox"],
         )

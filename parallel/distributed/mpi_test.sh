@@ -8,7 +8,9 @@ ranks="$1"
 binary="$2"
 shift 2
 # Bazel's XML_OUTPUT_FILE and premature-exit file would have every rank write (and remove)
-# the same file.
+# the same file: rank 0 alone writes gtest's report there (so that Bazel's test.xml lists the
+# cases, and tools/cudasim/count_cases.sh counts them), the others none.
+report="${XML_OUTPUT_FILE:-}"
 unset XML_OUTPUT_FILE TEST_PREMATURE_EXIT_FILE
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # Shared memory and loopback only; no ssh; keep the session directory path short (the
@@ -17,4 +19,11 @@ export OMPI_MCA_btl=self,vader OMPI_MCA_plm_rsh_agent=false OMPI_MCA_btl_vader_s
 export TMPDIR=/tmp
 # One BLAS thread per rank: the ranks already share the cores.
 export OPENBLAS_NUM_THREADS=1
-exec mpirun --oversubscribe --bind-to none --tag-output -np "$ranks" "$binary" "$@"
+if [[ -z "$report" ]]; then
+  exec mpirun --oversubscribe --bind-to none --tag-output -np "$ranks" "$binary" "$@"
+fi
+export TANDEM_MPI_TEST_REPORT="$report"
+# shellcheck disable=SC2016
+exec mpirun --oversubscribe --bind-to none --tag-output -np "$ranks" bash -c \
+  'if [[ "$OMPI_COMM_WORLD_RANK" == 0 ]]; then export GTEST_OUTPUT="xml:$TANDEM_MPI_TEST_REPORT"; fi
+   exec "$@"' mpi_test "$binary" "$@"

@@ -103,6 +103,9 @@ class ProcessGroup {
   int size() const { return size_; }
   // "mpi" or "nccl".
   virtual std::string backend() const = 0;
+  // Where this group's collectives take their tensors: cpu:0 for MPI, the group's GPU for
+  // NCCL. Code that exchanges its own small tensors (sizes, flags, settings) makes them here.
+  virtual Device device() const { return Device::Cpu(0); }
 
   // Every collective takes tensors by handle and keeps them alive until it has finished; do
   // not read or write them before wait() returns. They must be contiguous, and each rank

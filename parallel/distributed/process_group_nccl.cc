@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "parallel/internal/nccl_types.h"
 #include "tensor/base/error.h"
 #include "tensor/cuda/cuda.h"
 #include "tensor/runtime/stream.h"
@@ -16,29 +17,7 @@ namespace tandem::parallel::distributed {
 namespace {
 
 ncclDataType_t NcclType(DType dtype) {
-  switch (dtype) {
-    case kFloat32:
-      return ncclFloat32;
-    case kFloat64:
-      return ncclFloat64;
-    case kInt64:
-      return ncclInt64;
-    case kInt32:
-      return ncclInt32;
-    case kFloat16:
-      return ncclFloat16;
-    case kBFloat16:
-#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
-      return ncclBfloat16;
-#else
-      TANDEM_FAIL("ProcessGroupNccl: this NCCL (", NCCL_MAJOR, ".", NCCL_MINOR,
-                  ") has no bfloat16; NCCL 2.10 or later does");
-#endif
-    case kBool:
-    case kUInt8:
-      return ncclUint8;
-  }
-  TANDEM_FAIL("ProcessGroupNccl: no NCCL type for dtype ", DTypeName(dtype));
+  return ::tandem::parallel::internal::NcclType(dtype, "ProcessGroupNccl");
 }
 
 std::string NcclMessage(ncclResult_t result) {

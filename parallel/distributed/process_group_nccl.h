@@ -34,7 +34,7 @@ class ProcessGroupNccl final : public ProcessGroup {
   ~ProcessGroupNccl() override;
 
   std::string backend() const override { return "nccl"; }
-  Device device() const { return device_; }
+  Device device() const override { return device_; }
 
   std::shared_ptr<Work> allreduce(Tensor tensor, ReduceOp op = ReduceOp::kSum) override;
   std::shared_ptr<Work> broadcast(Tensor tensor, int root = 0) override;

@@ -1,12 +1,24 @@
-// ProcessGroupNccl with one process (world size 1) on cuda:0; skips without a GPU. More ranks
-// need one GPU each (NCCL refuses two ranks on one GPU), which this test does not assume.
+// ProcessGroupNccl, run as an MPI job (mpi_test.sh, 2 and 3 ranks): every rank first checks a
+// group of its own (world size 1 on cuda:0), then all ranks share one group over the MPI
+// bootstrap, rank r on cuda:r: collectives of every dtype against the CPU, and
+// DistributedDataParallel on CUDA, plain and with bfloat16 gradient compression, against one
+// process. Needs a GPU per rank (NCCL refuses two ranks on one GPU): under --config=cudasim
+// each process has simulated GPUs of its own; on a machine with fewer GPUs than ranks the
+// shared-group tests skip.
 #include "parallel/distributed/process_group_nccl.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <memory>
+#include <string>
+#include <vector>
+
 #include "nn/nn.h"
 #include "parallel/distributed/distributed_data_parallel.h"
+#include "parallel/distributed/mpi_testing.h"
+#include "parallel/distributed/process_group_mpi.h"
+#include "tensor/cuda/cuda.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
 
@@ -76,6 +88,160 @@ TEST_F(ProcessGroupNcclTest, DistributedDataParallelOnOneGpuEqualsThePlainModule
   std::vector<Tensor> want = reference->parameters();
   for (size_t i = 0; i < got.size(); ++i) {
     EXPECT_LT(testing::MaxAbsDiff(got[i].grad(), want[i].grad()), 1e-6) << i;
+  }
+}
+
+// ---- Every rank in one group --------------------------------------------------------------
+
+class NcclRanksTest : public MpiTest {
+ protected:
+  void SetUp() override {
+    MpiTest::SetUp();
+    if (IsSkipped()) return;
+    if (!testing::HasCuda()) GTEST_SKIP() << testing::NoCudaReason();
+    // The same answer on every rank (one machine), so that all skip or none creates the group.
+    if (cuda::DeviceCount() < TestGroup()->size()) {
+      GTEST_SKIP() << "needs a GPU per rank: " << TestGroup()->size() << " ranks, "
+                   << cuda::DeviceCount() << " CUDA devices";
+    }
+  }
+  // The job's NCCL group, created once (collectively) over the MPI bootstrap.
+  static std::shared_ptr<ProcessGroupNccl> Group() {
+    static const auto group = std::make_shared<ProcessGroupNccl>(
+        Device::Cuda(TestGroup()->rank()), std::shared_ptr<ProcessGroup>(TestGroup()));
+    return group;
+  }
+  static Device Gpu() { return Group()->device(); }
+};
+
+// Rank r's values of every dtype: bool and uint8 small enough that sums of three stay exact.
+Tensor Sample(DType dtype, int64_t n, int rank) {
+  Generator gen(100 + rank);
+  Tensor x = randn({n}, {}, &gen);
+  if (dtype == kBool) return gt(x, zeros({}));
+  if (IsFloatingPoint(dtype)) return mul(x, 8.0).to(dtype);
+  if (dtype == kUInt8) return abs(mul(x, 20.0)).to(kInt64).to(dtype);
+  return mul(x, 1000.0).to(kInt64).to(dtype);
+}
+
+const std::vector<DType> kEveryDType = {kFloat32, kFloat64, kBFloat16, kFloat16,
+                                        kInt64,   kInt32,   kUInt8,    kBool};
+
+TEST_F(NcclRanksTest, AllreduceOfEveryDTypeEqualsTheCpuSumInRankOrder) {
+  const int world = Group()->size();
+  for (DType dtype : kEveryDType) {
+    if (dtype == kBool) continue;  // refused: AllreduceOfBoolIsAClearError
+    SCOPED_TRACE(DTypeName(dtype));
+    for (int64_t n : {1, 1000, 300000}) {  // 300,000 float64: several staging rounds
+      Tensor mine = Sample(dtype, n, Group()->rank()).to(Gpu());
+      Group()->allreduce(mine)->wait();
+      // The simulated NCCL adds in rank order, each step rounded to the dtype, as CPU add does.
+      Tensor want = Sample(dtype, n, 0);
+      for (int r = 1; r < world; ++r) want = add(want, Sample(dtype, n, r));
+      EXPECT_EQ(testing::MaxAbsDiff(mine.to(Device::Cpu(0)), want), 0.0) << n;
+      if (IsFloatingPoint(dtype)) {
+        Tensor average = Sample(dtype, n, Group()->rank()).to(Gpu());
+        Group()->allreduce(average, ReduceOp::kAverage)->wait();
+        // NCCL's average multiplies each rank's value by 1/world, rounded to the dtype, first.
+        const double tolerance = IsReducedFloatingPoint(dtype) ? 0.25 : 1e-5;
+        EXPECT_LE(
+            testing::MaxAbsDiff(average.to(Device::Cpu(0)), mul(want.to(kFloat64), 1.0 / world)),
+            tolerance)
+            << n;
+      }
+    }
+  }
+}
+
+TEST_F(NcclRanksTest, BroadcastAndAllgatherOfEveryDTypeMoveTheBits) {
+  const int world = Group()->size();
+  for (DType dtype : kEveryDType) {
+    SCOPED_TRACE(DTypeName(dtype));
+    for (int root = 0; root < world; ++root) {
+      Tensor mine = Sample(dtype, 777, Group()->rank()).to(Gpu());
+      Group()->broadcast(mine, root)->wait();
+      EXPECT_EQ(testing::MaxAbsDiff(mine.to(Device::Cpu(0)), Sample(dtype, 777, root)), 0.0)
+          << "root " << root;
+    }
+    Tensor gathered = empty({world * 513}, TensorOptions().dtype(dtype).device(Gpu()));
+    Group()->allgather(gathered, Sample(dtype, 513, Group()->rank()).to(Gpu()))->wait();
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(testing::MaxAbsDiff(gathered.narrow(0, r * 513, 513).to(Device::Cpu(0)),
+                                    Sample(dtype, 513, r)),
+                0.0)
+          << "rank " << r << "'s part";
+    }
+  }
+  Group()->barrier()->wait();
+}
+
+TEST_F(NcclRanksTest, AllreduceOfBoolIsAClearError) {
+  Tensor flags = ones({3}, TensorOptions().dtype(kBool).device(Gpu()));
+  EXPECT_THAT(testing::ErrorOf([&] { Group()->allreduce(flags); }),
+              HasSubstr("allreduce of bool tensors is not defined"));
+}
+
+constexpr int64_t kPerRank = 8;
+
+std::shared_ptr<nn::Sequential> MakeModel(uint64_t seed) {
+  manual_seed(seed);
+  return std::make_shared<nn::Sequential>(nn::Linear(6, 5), nn::ReLU(), nn::Linear(5, 3));
+}
+
+struct Batch {
+  Tensor x, y;
+};
+Batch MakeBatch(int world, uint64_t step) {
+  Generator gen(1000 + step);
+  const int64_t n = kPerRank * world;
+  Tensor x = randn({n, 6}, {}, &gen);
+  std::vector<int64_t> labels(n);
+  for (int64_t i = 0; i < n; ++i) labels[i] = (i * 7 + static_cast<int64_t>(step)) % 3;
+  return Batch{x, from_vector(labels, {n})};
+}
+
+// DDP over NCCL on every rank's GPU: the gradients of one process on every rank's samples, with
+// float32 buckets exactly (to float32 summation error), with bfloat16 compression within
+// bfloat16's precision, and every rank's gradients alike to the bit.
+TEST_F(NcclRanksTest, DistributedDataParallelOnCudaEqualsOneProcess) {
+  const int world = Group()->size();
+  const int rank = Group()->rank();
+  for (bool compressed : {false, true}) {
+    for (double cap_mb : {25.0, 0.00001}) {
+      SCOPED_TRACE(tandem::internal::Concat(compressed ? "bfloat16" : "float32",
+                                            " buckets, bucket_cap_mb ", cap_mb));
+      auto model = MakeModel(5 + rank);  // DDP copies rank 0's parameters
+      model->to(Gpu());
+      auto options = DistributedDataParallelOptions().bucket_cap_mb(cap_mb);
+      if (compressed) options.gradient_compression(kBFloat16);
+      DistributedDataParallel ddp(model, Group(), options);
+      auto reference = MakeModel(5);
+      const Batch all = MakeBatch(world, 3);
+      Tensor x = all.x.narrow(0, rank * kPerRank, kPerRank).contiguous().to(Gpu());
+      Tensor y = all.y.narrow(0, rank * kPerRank, kPerRank).contiguous().to(Gpu());
+      cross_entropy(ddp.forward(x), y).backward();
+      cross_entropy(reference->forward(all.x), all.y).backward();
+      std::vector<Tensor> got = model->parameters();
+      std::vector<Tensor> want = reference->parameters();
+      for (size_t i = 0; i < got.size(); ++i) {
+        const Tensor grad = got[i].grad();
+        ASSERT_TRUE(grad.defined()) << i;
+        EXPECT_EQ(grad.dtype(), kFloat32);
+        double largest = amax(abs(want[i].grad()).reshape({-1}), 0).item();
+        // bfloat16: each rank's gradient rounded (2^-8 relative), scaled and summed in
+        // bfloat16 steps: a few of its ulps of the largest gradient.
+        const double tolerance = compressed ? 4 * std::ldexp(1.0, -8) * largest + 1e-6 : 1e-5;
+        EXPECT_LE(testing::MaxAbsDiff(grad, want[i].grad()), tolerance) << i;
+        if (compressed) EXPECT_GT(testing::MaxAbsDiff(grad, want[i].grad()), 0.0) << i;
+        Tensor everyone = empty({world * grad.numel()}, TensorOptions().device(Gpu()));
+        Group()->allgather(everyone, grad.reshape({-1}).contiguous())->wait();
+        for (int r = 1; r < world; ++r) {
+          EXPECT_EQ(everyone.narrow(0, r * grad.numel(), grad.numel()).to_vector<float>(),
+                    everyone.narrow(0, 0, grad.numel()).to_vector<float>())
+              << "rank " << r << " parameter " << i;
+        }
+      }
+    }
   }
 }
 

@@ -57,8 +57,10 @@ void RequireSameConfiguration(ProcessGroup& group, const std::vector<Setting>& s
     text += '\0';
   }
   const int world = group.size();
-  Tensor length = from_vector(std::vector<int64_t>{static_cast<int64_t>(text.size())}, {1});
-  Tensor lengths = zeros({world}, kInt64);
+  const Device device = group.device();
+  Tensor length =
+      from_vector(std::vector<int64_t>{static_cast<int64_t>(text.size())}, {1}).to(device);
+  Tensor lengths = zeros({world}, TensorOptions(kInt64).device(device));
   group.allgather(lengths, length)->wait();
   const std::vector<int64_t> sizes = lengths.to_vector<int64_t>();
   const int64_t longest = *std::max_element(sizes.begin(), sizes.end());
@@ -66,8 +68,8 @@ void RequireSameConfiguration(ProcessGroup& group, const std::vector<Setting>& s
   const int64_t words = (longest + 7) / 8;
   std::vector<int64_t> mine(static_cast<size_t>(words), 0);
   if (!text.empty()) std::memcpy(mine.data(), text.data(), text.size());
-  Tensor all = zeros({world * words}, kInt64);
-  if (words > 0) group.allgather(all, from_vector(mine, {words}))->wait();
+  Tensor all = zeros({world * words}, TensorOptions(kInt64).device(device));
+  if (words > 0) group.allgather(all, from_vector(mine, {words}).to(device))->wait();
   const std::vector<int64_t> gathered = all.to_vector<int64_t>();
 
   // Every rank's settings, in the order of first appearance (this rank's first).

@@ -25,8 +25,9 @@ namespace tandem::parallel::internal {
 class CommBackend {
  public:
   virtual ~CommBackend() = default;
-  // Whether this backend serves exactly this set of devices (in this order).
-  virtual bool Supports(const std::vector<Device>& devices) const = 0;
+  // Whether this backend serves exactly this set of devices (in this order) for tensors of
+  // `dtype`; comm falls back to device copies where it does not.
+  virtual bool Supports(const std::vector<Device>& devices, DType dtype) const = 0;
   // buffers[i] (contiguous, same numel and dtype, on devices[i]) all receive buffers[root].
   virtual void Broadcast(const std::vector<Tensor>& buffers, int root) = 0;
   // output (on devices[root]) = the sum of inputs[i] (each on devices[i]).

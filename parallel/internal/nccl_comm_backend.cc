@@ -4,7 +4,8 @@
 // already queued on their current streams and before work queued on them later (events),
 // so that it can overlap compute that does not depend on it. Logical devices that share a
 // GPU (TANDEM_CUDA_LOGICAL_DEVICES) are declined: NCCL refuses two ranks on one GPU, and
-// comm.cc falls back to device copies.
+// comm.cc falls back to device copies. Each bucket goes as its dtype's NCCL type
+// (nccl_types.h); under --config=cudasim, NCCL is the simulator's (tools/cudasim/README.md).
 #include <nccl.h>
 
 #include <map>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "parallel/internal/comm_backend.h"
+#include "parallel/internal/nccl_types.h"
 #include "tensor/cuda/cuda.h"
 #include "tensor/runtime/stream.h"
 
@@ -28,12 +30,10 @@ namespace {
                  " (", ncclGetLastError(nullptr), ")");                                           \
   } while (false)
 
-ncclDataType_t NcclType(DType dtype) { return dtype == kFloat32 ? ncclFloat32 : ncclInt64; }
-
 class NcclCommBackend final : public CommBackend {
  public:
-  bool Supports(const std::vector<Device>& devices) const override {
-    if (devices.size() < 2) return false;
+  bool Supports(const std::vector<Device>& devices, DType dtype) const override {
+    if (devices.size() < 2 || !HasNcclType(dtype)) return false;
     std::set<int> physical;
     for (Device d : devices) {
       if (!d.is_cuda() || d.index() >= cuda::DeviceCount()) return false;
@@ -49,10 +49,10 @@ class NcclCommBackend final : public CommBackend {
       TANDEM_NCCL_CHECK(ncclGroupStart(), "group start");
       for (size_t i = 0; i < buffers.size(); ++i) {
         void* data = buffers[i].raw_data();
-        TANDEM_NCCL_CHECK(
-            ncclBroadcast(data, data, buffers[i].numel(), NcclType(buffers[i].dtype()), root,
-                          comms[i], static_cast<cudaStream_t>(streams[i])),
-            "broadcast");
+        TANDEM_NCCL_CHECK(ncclBroadcast(data, data, buffers[i].numel(),
+                                        NcclType(buffers[i].dtype(), "comm broadcast"), root,
+                                        comms[i], static_cast<cudaStream_t>(streams[i])),
+                          "broadcast");
       }
       TANDEM_NCCL_CHECK(ncclGroupEnd(), "broadcast (group end)");
     });
@@ -61,12 +61,14 @@ class NcclCommBackend final : public CommBackend {
   void Reduce(const std::vector<Tensor>& inputs, const Tensor& output, int root) override {
     const std::vector<Device> devices = DevicesOf(inputs);
     std::vector<ncclComm_t>& comms = CommsFor(devices);
+    // A sum of bools is their or (reduce_add's add), which is their max as bytes 0 and 1.
+    const ncclRedOp_t op = output.dtype() == kBool ? ncclMax : ncclSum;
     OnSideStreams(devices, [&](const std::vector<void*>& streams) {
       TANDEM_NCCL_CHECK(ncclGroupStart(), "group start");
       for (size_t i = 0; i < inputs.size(); ++i) {
         void* receive = static_cast<int>(i) == root ? output.raw_data() : nullptr;
         TANDEM_NCCL_CHECK(ncclReduce(inputs[i].raw_data(), receive, inputs[i].numel(),
-                                     NcclType(inputs[i].dtype()), ncclSum, root, comms[i],
+                                     NcclType(inputs[i].dtype(), "comm reduce"), op, root, comms[i],
                                      static_cast<cudaStream_t>(streams[i])),
                           "reduce");
       }

@@ -16,7 +16,8 @@ Public API (load("//tools/cuda:cuda.bzl", ...)):
       select() on //tools/cuda:cuda_enabled, for deps/defines/srcs of targets
       that build either way. True under --config=cudasim too.
   if_nccl(if_true, if_false = [])
-      Like if_cuda, but false under --config=cudasim (which has no NCCL).
+      Like if_cuda: true wherever CUDA is enabled, NCCL being the simulator's under
+      --config=cudasim.
   if_cudasim(if_true, if_false = [])
       select() on //tools/cuda:cudasim_enabled.
   cuda_target_compatible_with()
@@ -27,8 +28,8 @@ Public API (load("//tools/cuda:cuda.bzl", ...)):
 The //tools/cuda:enabled flag defaults to CUDA_FOUND; `--config=cpu` (in
 .bazelrc) sets it to false. `--config=cudasim` sets it and //tools/cuda:cudasim to true:
 cuda_library then compiles its .cu files with the C++ compiler against //tools/cudasim (see
-tools/cudasim/README.md), @local_cuda's cudart and cublas resolve to the simulator's, and
-targets that link NCCL directly are incompatible (skipped). A repository that depends on Tandem sets it as
+tools/cudasim/README.md) and @local_cuda's cudart, cublas and nccl resolve to the simulator's.
+A repository that depends on Tandem sets it as
 --@tandem//tools/cuda:enabled=false. Labels here are Label()s, resolved in
 Tandem's repository, so the macros work from other repositories too.
 """
@@ -54,7 +55,6 @@ DEFAULT_GPU_ARCHES = ["90"]
 _CUDA_ENABLED = str(Label("//tools/cuda:cuda_enabled"))
 _CUDASIM_ENABLED = str(Label("//tools/cuda:cudasim_enabled"))
 _INCOMPATIBLE = ["@platforms//:incompatible"]
-_NCCL = "@local_cuda//:nccl"
 
 def if_cuda(if_true, if_false = []):
     """Returns a select() that is `if_true` when CUDA is enabled, else `if_false`."""
@@ -71,9 +71,8 @@ def if_cudasim(if_true, if_false = []):
     })
 
 def if_nccl(if_true, if_false = []):
-    """`if_true` when CUDA is enabled with NCCL (not under --config=cudasim), else `if_false`."""
+    """`if_true` when CUDA is enabled (NCCL is the simulator's under --config=cudasim)."""
     return select({
-        _CUDASIM_ENABLED: if_false,
         _CUDA_ENABLED: if_true,
         "//conditions:default": if_false,
     })
@@ -316,12 +315,7 @@ def _with_cuda_compat(kwargs):
     if kwargs.pop("cudasim_only", False):
         kwargs["target_compatible_with"] = _cudasim_compatible_with() + extra
         return kwargs
-
-    # NCCL has no simulator: what links it directly is skipped under --config=cudasim.
-    deps = kwargs.get("deps", [])
-    uses_nccl = type(deps) == type([]) and _NCCL in deps
-    compat = _toolkit_compatible_with() if uses_nccl else cuda_target_compatible_with()
-    kwargs["target_compatible_with"] = compat + extra
+    kwargs["target_compatible_with"] = cuda_target_compatible_with() + extra
     return kwargs
 
 # Flags for the host compiler when cudasim compiles a .cu file: nvcc's `-Xcompiler X` become X,

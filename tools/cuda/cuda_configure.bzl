@@ -15,7 +15,7 @@ repository has these targets either way, so BUILD files never need to know:
                                 the include path
     @local_cuda//:cudart        -lcudart (+ headers)
     @local_cuda//:cublas        -lcublas -lcublasLt (+ cudart)
-    @local_cuda//:nccl          -lnccl (+ cudart)
+    @local_cuda//:nccl          -lnccl (+ cudart); the simulator's under --config=cudasim
     @local_cuda//:cudnn         -lcudnn (+ cudart), stub if cuDNN is absent
 
 and a defs.bzl with CUDA_FOUND, CUDA_PATH, CUDA_LIB_DIR, NVCC_PATH and
@@ -40,17 +40,16 @@ package(default_visibility = ["//visibility:public"])
     "cuda_headers",
     "cudart",
     "cublas",
+    "nccl",
 ]]
-
-cc_library(name = "nccl")
 
 cc_library(name = "cudnn")
 
 {sim}
 """
 
-# Under --config=cudasim the runtime and cuBLAS are the simulator's (//tools/cudasim), with or
-# without a toolkit; NCCL and cuDNN stay what they are (NCCL users are skipped there).
+# Under --config=cudasim the runtime, cuBLAS and NCCL are the simulator's (//tools/cudasim), with
+# or without a toolkit; cuDNN stays what it is.
 _SIM_ALIASES = """\
 [alias(
     name = n,
@@ -62,6 +61,7 @@ _SIM_ALIASES = """\
     ("cuda_headers", "cudart"),
     ("cudart", "cudart"),
     ("cublas", "cublas"),
+    ("nccl", "nccl"),
 ]]
 """
 
@@ -201,7 +201,7 @@ def _cuda_configure_impl(repository_ctx):
     repository_ctx.symlink(cuda_path + "/bin", "bin")
     repository_ctx.symlink(lib_dir, "lib")
 
-    nccl = _lib_target(repository_ctx, lib_dir, "nccl", "nccl", cuda_path + "/include/nccl.h")
+    nccl = _lib_target(repository_ctx, lib_dir, "nccl_toolkit", "nccl", cuda_path + "/include/nccl.h")
     cudnn = _lib_target(repository_ctx, lib_dir, "cudnn", "cudnn", cuda_path + "/include/cudnn.h")
     repository_ctx.file("BUILD.bazel", _FOUND_BUILD.format(
         path = cuda_path,

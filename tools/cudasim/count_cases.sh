@@ -10,8 +10,10 @@
 # of the same targets without a GPU (e.g. --config=cpu): the cases that did not run there but
 # ran here are the GPU cases, and the few that ran there but skip here are CPU-only cases
 # (they skip where CUDA is present) and allowed. Without it, every case is counted and no
-# skip is allowed. Prints, for example:
-#   cudasim: 300 GPU cases ran, 0 skipped (412 cases in 24 test targets; 3 CPU-only ...)
+# skip is allowed. The NCCL cases among the GPU cases are those of test targets named *nccl*
+# (parallel:nccl_test, tools/cudasim:nccl_test, process_group_nccl_test under mpirun) and cases
+# named *Nccl* elsewhere (cuda_libs_test's). Prints, for example:
+#   cudasim: 300 GPU cases ran (60 NCCL), 0 skipped (412 cases in 24 test targets; 3 CPU-only ...)
 set -euo pipefail
 
 sim_logs="${1:-bazel-out/k8-fastbuildcudasim/testlogs}"
@@ -68,7 +70,8 @@ if [[ -d "$cpu_logs" ]] && [[ -n "$(find -L "$cpu_logs" -name test.xml -print -q
   skipped="$(comm -23 <(echo "$skipped") <(echo "$cpu_ran") | sed '/^$/d')"
 fi
 
-echo "cudasim: $(count "$gpu") GPU cases ran, $(count "$skipped") skipped" \
+nccl="$(grep -i 'nccl' <<<"$gpu" || true)"
+echo "cudasim: $(count "$gpu") GPU cases ran ($(count "$nccl") NCCL), $(count "$skipped") skipped" \
   "($total cases in $targets test targets; $(count "$cpu_only") CPU-only cases skip where" \
   "CUDA is present)"
 if [[ -n "$skipped" ]]; then

@@ -17,6 +17,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "tools/cudasim/float16.h"
 #include "tools/cudasim/runtime_internal.h"
 
 struct cublasContext {
@@ -35,6 +36,11 @@ struct cublasContext {
 };
 
 namespace {
+
+using cudasim::internal::BFloat16ToFloat;
+using cudasim::internal::FloatToBFloat16;
+using cudasim::internal::FloatToHalf;
+using cudasim::internal::HalfToFloat;
 
 std::mutex& HandlesMutex() {
   static std::mutex* mutex = new std::mutex;
@@ -233,46 +239,6 @@ cublasStatus_t CheckedGemm(const char* name, cublasHandle_t handle, cublasOperat
 // internal alignment of the addends, so a GPU's result may differ from this one by a few float
 // roundings: within a 16-bit ulp or so for a 16-bit C, within float32 summation error for a
 // float32 C, and a tolerance, never bitwise, compares them.
-
-// Round-to-nearest-even conversions (IEEE binary16, and bfloat16 as float's top half), written
-// here rather than taken from Tandem's tensor/base/half.h so that the simulator checks that
-// header's conversions instead of sharing them.
-float BFloat16ToFloat(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-uint16_t FloatToBFloat16(float f) {
-  if (std::isnan(f)) return 0x7fc0;
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
-float HalfToFloat(uint16_t h) {
-  const int exponent = (h >> 10) & 0x1f, mantissa = h & 0x3ff;
-  const float sign = (h & 0x8000) ? -1.0f : 1.0f;
-  if (exponent == 0x1f) return mantissa ? NAN : sign * INFINITY;
-  if (exponent == 0) return sign * std::ldexp(static_cast<float>(mantissa), -24);
-  return sign * std::ldexp(static_cast<float>(mantissa | 0x400), exponent - 25);
-}
-// Through double, with the exact arithmetic of ldexp and nearbyint (the default rounding mode
-// is to nearest, ties to even).
-uint16_t FloatToHalf(float f) {
-  if (std::isnan(f)) return 0x7e00;
-  const uint16_t sign = std::signbit(f) ? 0x8000 : 0;
-  double a = std::fabs(static_cast<double>(f));
-  if (a >= 65520.0) return sign | 0x7c00;  // rounds to infinity
-  int exponent;
-  std::frexp(a, &exponent);                // a = m * 2^exponent, m in [0.5, 1)
-  exponent = std::max(exponent - 1, -14);  // float16's exponent of a (subnormals: -14)
-  const double mantissa = std::nearbyint(std::ldexp(a, 10 - exponent));  // 11 significant bits
-  // mantissa may round up to 2048 (the next binade), which the encoding below carries into the
-  // exponent; below 1024 it is a subnormal (stored exponent 0).
-  const uint32_t m = static_cast<uint32_t>(mantissa);
-  if (m < 1024) return sign | static_cast<uint16_t>(m);
-  return sign | static_cast<uint16_t>(((exponent + 15) << 10) + (m - 1024));
-}
 
 float Widen(cudaDataType type, const void* data, size_t at) {
   const uint16_t bits = static_cast<const uint16_t*>(data)[at];

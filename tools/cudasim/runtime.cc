@@ -1098,3 +1098,19 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
 }
 
 }  // extern "C"
+
+// ---- For the simulated NCCL (nccl.cc) -------------------------------------------------------
+// Kept apart from the launch and memory code above: NCCL needs only this lookup.
+
+namespace cudasim {
+namespace internal {
+
+bool FindDeviceMemory(const void* ptr, size_t bytes, int* device) {
+  Allocation found;
+  if (!Runtime::Get().FindDevice(ptr, bytes, &found)) return false;
+  if (device != nullptr) *device = found.device;
+  return true;
+}
+
+}  // namespace internal
+}  // namespace cudasim

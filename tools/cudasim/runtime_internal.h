@@ -65,6 +65,10 @@ void SetStickyError(int device, cudaError_t error, const std::string& message);
 int CurrentDevice();
 uint64_t Seed();
 
+// For the simulated NCCL (nccl.cc): whether [ptr, ptr + bytes) lies inside one cudaMalloc block,
+// and on which device.
+bool FindDeviceMemory(const void* ptr, size_t bytes, int* device);
+
 }  // namespace internal
 }  // namespace cudasim
 
