@@ -67,7 +67,7 @@ size_t SharedOptInBytes(int logical_device) {
   TANDEM_CUDA_CHECK(
       cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, physical),
       logical_device);
-  // Devices before Volta have no opt-in (and report 0): the default is all there is.
+  // The default is every block's, whatever the attribute says (older devices have no opt-in).
   const size_t limit = std::max(static_cast<size_t>(bytes), kSharedBytesWithoutOptIn);
   limits->emplace(physical, limit);
   return limit;

@@ -572,7 +572,7 @@ std::string SharedMemoryError(int device, const void* function, size_t bytes) {
   if (bytes > GetSettings().shared_optin[device]) {
     return why + "that is more than the device's opt-in limit of " +
            std::to_string(GetSettings().shared_optin[device]) +
-           " (cudaDevAttrMaxSharedMemoryPerBlockOptin); use fewer rows per block";
+           " (cudaDevAttrMaxSharedMemoryPerBlockOptin), which no kernel may pass; launch with less";
   }
   if (function == nullptr) {
     return why +
