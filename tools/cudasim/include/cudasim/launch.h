@@ -5,12 +5,12 @@
 //                     ::cudasim::KernelAddress([](auto p) -> decltype(
 //                         ::cudasim::internal::KernelPointer(p, Kernel)) { return Kernel; }),
 //                     [](auto... cudasim_args) { Kernel(cudasim_args...); }, a, b)
-// so template arguments are deduced from the call as nvcc deduces them. The kernel's address
+// so template arguments are deduced from the call as nvcc deduces them. The arguments are
+// copied at the launch (as CUDA copies kernel parameters); every simulated thread of the grid
+// then calls the kernel with its own copy, on the stream's worker thread. The kernel's address
 // is what cudaFuncSetAttribute keys its settings by; it is null where the launch does not name
 // one function (a template whose arguments are deduced), since C++ cannot take the address of
-// the specialization a call picks. The arguments are
-// copied at the launch (as CUDA copies kernel parameters); every simulated thread of the grid
-// then calls the kernel with its own copy, on the stream's worker thread.
+// the specialization a call picks.
 #ifndef TANDEM_TOOLS_CUDASIM_INCLUDE_CUDASIM_LAUNCH_H_
 #define TANDEM_TOOLS_CUDASIM_INCLUDE_CUDASIM_LAUNCH_H_
 
