@@ -64,7 +64,10 @@ TANDEM_HOST_DEVICE float ToUnit(uint32_t bits) { return (bits >> 8) * (1.0f / 16
 // The uniform [0, 1) value at `counter` for `seed`.
 TANDEM_HOST_DEVICE float Uniform(uint64_t seed, uint64_t counter) {
   const Block b = Generate(seed ^ kUniformStream, counter >> 2);
-  return ToUnit(b.x[counter & 3]);
+  // Selected, not indexed: nvcc keeps an array indexed at run time in local memory (a stack
+  // frame in every kernel that draws a uniform).
+  const uint32_t lane = static_cast<uint32_t>(counter & 3);
+  return ToUnit(lane == 0 ? b.x[0] : lane == 1 ? b.x[1] : lane == 2 ? b.x[2] : b.x[3]);
 }
 
 // The standard normal value at `counter` for `seed` (Box-Muller on two 24-bit uniforms).

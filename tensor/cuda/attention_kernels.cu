@@ -14,7 +14,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <utility>
 
 #include "tensor/base/error.h"
 #include "tensor/base/half.h"
@@ -30,16 +33,81 @@ namespace {
 // Rows of the other side per shared-memory tile; a thread's scores of one tile live in
 // registers.
 constexpr int kTile = 16;
+// The kernels' __launch_bounds__(kMaxRowsPerBlock, 1): shared memory, not registers, limits
+// how many blocks an SM holds, so ptxas may give each thread what it needs (the forward's
+// scores and Philox state spilled at the 64 or 128 registers ptxas picks by default).
 constexpr int kMaxRowsPerBlock = 64;
-constexpr size_t kSharedBytes = 48 * 1024;  // available without opting in
+// Dynamic shared memory every kernel may use; beyond it up to the device's opt-in limit
+// (cudaDevAttrMaxSharedMemoryPerBlockOptin, 227 KiB on sm_90) only after
+// cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes).
+constexpr size_t kSharedBytesWithoutOptIn = 48 * 1024;
 
-// Rows per block such that the block's rows and one tile fit in kSharedBytes.
-int RowsPerBlock(int64_t row_floats, int64_t tile_floats, size_t element) {
-  int rows = kMaxRowsPerBlock;
-  while (rows > 1 &&
-         static_cast<size_t>(rows * row_floats + kTile * tile_floats) * element > kSharedBytes) {
-    rows /= 2;
+// A block's dynamic shared memory: `rows` rows of `row_elements` and one tile of
+// `tile_elements` (the other side's kTile rows and what goes with them), in M.
+struct SharedLayout {
+  int64_t row_elements;
+  int64_t tile_elements;
+  size_t element_bytes;
+  size_t Bytes(int rows) const {
+    return static_cast<size_t>(rows * row_elements + tile_elements) * element_bytes;
   }
+};
+
+// The current device's opt-in limit, read once per device: cudaDeviceGetAttribute is a driver
+// call, and attention runs in every layer of every step.
+size_t SharedOptInBytes(int logical_device) {
+  static std::mutex mutex;
+  static std::map<int, size_t>* limits = new std::map<int, size_t>;
+  int physical = 0;
+  TANDEM_CUDA_CHECK(cudaGetDevice(&physical), logical_device);
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto it = limits->find(physical);
+  if (it != limits->end()) return it->second;
+  int bytes = 0;
+  TANDEM_CUDA_CHECK(
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, physical),
+      logical_device);
+  // The default is every block's, whatever the attribute says (older devices have no opt-in).
+  const size_t limit = std::max(static_cast<size_t>(bytes), kSharedBytesWithoutOptIn);
+  limits->emplace(physical, limit);
+  return limit;
+}
+
+// Lets `kernel` launch with `bytes` of dynamic shared memory on the current device. A GPU
+// refuses (cudaErrorInvalidValue) a launch past 48 KiB unless the kernel opted in to at least
+// that much on that device; the setting is remembered per device and kernel so that the driver
+// is asked once per larger size, not at every launch.
+void OptInSharedMemory(const void* kernel, size_t bytes, int logical_device) {
+  if (bytes <= kSharedBytesWithoutOptIn) return;
+  static std::mutex mutex;
+  static std::map<std::pair<int, const void*>, size_t>* opted =
+      new std::map<std::pair<int, const void*>, size_t>;
+  int physical = 0;
+  TANDEM_CUDA_CHECK(cudaGetDevice(&physical), logical_device);
+  std::lock_guard<std::mutex> lock(mutex);
+  size_t& current = (*opted)[{physical, kernel}];
+  if (current >= bytes) return;
+  TANDEM_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(bytes)),
+                    logical_device);
+  current = bytes;
+}
+
+// The most rows per block (a power of two up to kMaxRowsPerBlock: fewer rows, smaller blocks,
+// is the tiling that lets large heads fit a device) whose layout fits the device's opt-in limit,
+// after opting `kernel` in to its size. Throws when not even one row fits.
+int PlanRows(const char* what, const void* kernel, const SharedLayout& layout,
+             const AttentionGeometry& g, DType dtype, int logical_device) {
+  const size_t limit = SharedOptInBytes(logical_device);
+  int rows = kMaxRowsPerBlock;
+  while (rows > 1 && layout.Bytes(rows) > limit) rows /= 2;
+  TANDEM_CHECK(layout.Bytes(rows) <= limit, "CUDA ", what, ": head size ", g.head_dim, " (values ",
+               g.value_dim, ") in ", DTypeName(dtype), " needs ", layout.Bytes(1),
+               " bytes of shared memory per block even with one row per block, but cuda:",
+               logical_device, " allows at most ", limit,
+               " (cudaDevAttrMaxSharedMemoryPerBlockOptin); use smaller heads, a 16-bit or "
+               "float32 dtype, or a device with more shared memory per block");
+  OptInSharedMemory(kernel, layout.Bytes(rows), logical_device);
   return rows;
 }
 
@@ -79,8 +147,9 @@ __device__ void LoadTile(M* dst, const T* src, int rows, int valid, int64_t widt
 
 // Forward: grid (query blocks, batch), one thread per query row.
 template <typename T>
-__global__ void AttentionForwardKernel(AttentionGeometry g, const T* q, const T* k, const T* v,
-                                       const T* mask, T* out, OpMath<T>* lse) {
+__global__ void __launch_bounds__(kMaxRowsPerBlock, 1)
+    AttentionForwardKernel(AttentionGeometry g, const T* q, const T* k, const T* v, const T* mask,
+                           T* out, OpMath<T>* lse) {
   using M = OpMath<T>;
   extern __shared__ unsigned char shared_raw[];
   M* shared = reinterpret_cast<M*>(shared_raw);
@@ -104,6 +173,13 @@ __global__ void AttentionForwardKernel(AttentionGeometry g, const T* q, const T*
     LoadTile(v_tile, v + (b * s + j0) * ev, kTile, valid, ev);
     __syncthreads();
     if (!active) continue;
+    // The tile's dropout mask as bits, drawn before the scores fill the registers: Philox
+    // beside sixteen live scores made ptxas spill.
+    uint32_t kept = 0;
+    if (g.dropout_p > 0) {
+      for (int t = 0; t < valid; ++t)
+        kept |= uint32_t{DropoutFactor<M>(g, b, i, j0 + t) != M(0)} << t;
+    }
     M score[kTile];
     M tile_max = -INFINITY;
 #pragma unroll
@@ -129,7 +205,10 @@ __global__ void AttentionForwardKernel(AttentionGeometry g, const T* q, const T*
     row_max = new_max;
     if (g.dropout_p > 0) {
       // After the running sum took the undropped weights: only v's product sees the dropout.
-      for (int t = 0; t < valid; ++t) score[t] *= DropoutFactor<M>(g, b, i, j0 + t);
+      // Unrolled with a constant bound: a runtime index would put score[] in local memory.
+      const M keep_scale = static_cast<M>(1.0 / (1.0 - g.dropout_p));
+#pragma unroll
+      for (int t = 0; t < kTile; ++t) score[t] *= (kept >> t & 1u) != 0 ? keep_scale : M(0);
     }
     for (int64_t c = 0; c < ev; ++c) {
       M a = acc[c * rows + r] * correction;
@@ -149,9 +228,10 @@ __global__ void AttentionForwardKernel(AttentionGeometry g, const T* q, const T*
 // Backward pass 1: grid (query blocks, batch), one thread per query row: D_i = dout_i . out_i
 // (written to `delta` for pass 2) and dq_i = scale * sum_j p_ij (dout_i . v_j - D_i) k_j.
 template <typename T>
-__global__ void AttentionBackwardQueryKernel(AttentionGeometry g, const T* q, const T* k,
-                                             const T* v, const T* mask, const T* out, const T* dout,
-                                             const OpMath<T>* lse, OpMath<T>* delta, T* dq) {
+__global__ void __launch_bounds__(kMaxRowsPerBlock, 1)
+    AttentionBackwardQueryKernel(AttentionGeometry g, const T* q, const T* k, const T* v,
+                                 const T* mask, const T* out, const T* dout, const OpMath<T>* lse,
+                                 OpMath<T>* delta, T* dq) {
   using M = OpMath<T>;
   extern __shared__ unsigned char shared_raw[];
   M* shared = reinterpret_cast<M*>(shared_raw);
@@ -203,9 +283,10 @@ __global__ void AttentionBackwardQueryKernel(AttentionGeometry g, const T* q, co
 // Backward pass 2: grid (key blocks, batch), one thread per key row: dv_j = sum_i p_ij dout_i,
 // dk_j = scale * sum_i p_ij (dout_i . v_j - D_i) q_i.
 template <typename T>
-__global__ void AttentionBackwardKeyKernel(AttentionGeometry g, const T* q, const T* k, const T* v,
-                                           const T* mask, const T* dout, const OpMath<T>* lse,
-                                           const OpMath<T>* delta, T* dk, T* dv) {
+__global__ void __launch_bounds__(kMaxRowsPerBlock, 1)
+    AttentionBackwardKeyKernel(AttentionGeometry g, const T* q, const T* k, const T* v,
+                               const T* mask, const T* dout, const OpMath<T>* lse,
+                               const OpMath<T>* delta, T* dk, T* dv) {
   using M = OpMath<T>;
   extern __shared__ unsigned char shared_raw[];
   M* shared = reinterpret_cast<M*>(shared_raw);
@@ -236,9 +317,10 @@ __global__ void AttentionBackwardKeyKernel(AttentionGeometry g, const T* q, cons
     __syncthreads();
     LoadTile(q_tile, q + (b * l + t0) * e, kTile, valid, e);
     LoadTile(do_tile, dout + (b * l + t0) * ev, kTile, valid, ev);
-    if (threadIdx.x < kTile) {
-      lse_tile[threadIdx.x] = threadIdx.x < valid ? lse[b * l + t0 + threadIdx.x] : M(0);
-      delta_tile[threadIdx.x] = threadIdx.x < valid ? delta[b * l + t0 + threadIdx.x] : M(0);
+    // A loop, not the first kTile threads: a block of large heads may have fewer rows.
+    for (int x = threadIdx.x; x < kTile; x += blockDim.x) {
+      lse_tile[x] = x < valid ? lse[b * l + t0 + x] : M(0);
+      delta_tile[x] = x < valid ? delta[b * l + t0 + x] : M(0);
     }
     __syncthreads();
     if (!active) continue;
@@ -281,10 +363,11 @@ void LaunchAttentionForward(const LaunchContext& context, DType dtype, const Att
     using M = OpMath<T>;
     if (g.batch == 0 || g.query_len == 0) return;
     const int64_t width = g.head_dim + g.value_dim;
-    const int rows = RowsPerBlock(width, width, sizeof(M));
-    const size_t shared = static_cast<size_t>(rows * width + kTile * width) * sizeof(M);
-    TANDEM_CHECK(shared <= kSharedBytes, "CUDA AttentionForward: head sizes ", g.head_dim, " + ",
-                 g.value_dim, " need more shared memory than a block has; use smaller heads");
+    const SharedLayout layout{width, kTile * width, sizeof(M)};
+    const int rows =
+        PlanRows("AttentionForward", reinterpret_cast<const void*>(&AttentionForwardKernel<T>),
+                 layout, g, dtype, context.device);
+    const size_t shared = layout.Bytes(rows);
     AttentionForwardKernel<T>
         <<<Grid(g.query_len, rows, g.batch, context.device), rows, shared, context.stream>>>(
             g, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
@@ -323,10 +406,11 @@ void LaunchAttentionBackward(const LaunchContext& context, DType dtype, const At
     const T* typed_dout = static_cast<const T*>(dout);
     const M* lse = static_cast<const M*>(logsumexp);
     {
-      const int rows = RowsPerBlock(2 * e + ev, e + ev, sizeof(M));
-      const size_t shared = static_cast<size_t>(rows * (2 * e + ev) + kTile * (e + ev)) * sizeof(M);
-      TANDEM_CHECK(shared <= kSharedBytes, "CUDA AttentionBackward: head sizes ", e, " + ", ev,
-                   " need more shared memory than a block has; use smaller heads");
+      const SharedLayout layout{2 * e + ev, kTile * (e + ev), sizeof(M)};
+      const int rows = PlanRows("AttentionBackward (dq)",
+                                reinterpret_cast<const void*>(&AttentionBackwardQueryKernel<T>),
+                                layout, g, dtype, context.device);
+      const size_t shared = layout.Bytes(rows);
       AttentionBackwardQueryKernel<T>
           <<<Grid(g.query_len, rows, g.batch, context.device), rows, shared, context.stream>>>(
               g, typed_q, typed_k, typed_v, typed_mask, static_cast<const T*>(out), typed_dout, lse,
@@ -335,13 +419,11 @@ void LaunchAttentionBackward(const LaunchContext& context, DType dtype, const At
     }
     if (g.key_len == 0) return;
     {
-      const int64_t tile = e + ev + 2;
-      int rows = RowsPerBlock(2 * (e + ev), tile, sizeof(M));
-      // Pass 2 loads lse and D with the first kTile threads.
-      rows = std::max(rows, kTile);
-      const size_t shared = static_cast<size_t>(rows * 2 * (e + ev) + kTile * tile) * sizeof(M);
-      TANDEM_CHECK(shared <= kSharedBytes, "CUDA AttentionBackward: head sizes ", e, " + ", ev,
-                   " need more shared memory than a block has; use smaller heads");
+      const SharedLayout layout{2 * (e + ev), kTile * (e + ev + 2), sizeof(M)};
+      const int rows = PlanRows("AttentionBackward (dk, dv)",
+                                reinterpret_cast<const void*>(&AttentionBackwardKeyKernel<T>),
+                                layout, g, dtype, context.device);
+      const size_t shared = layout.Bytes(rows);
       AttentionBackwardKeyKernel<T>
           <<<Grid(g.key_len, rows, g.batch, context.device), rows, shared, context.stream>>>(
               g, typed_q, typed_k, typed_v, typed_mask, typed_dout, lse, delta, static_cast<T*>(dk),

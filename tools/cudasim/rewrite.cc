@@ -3,7 +3,8 @@
 //   rewrite <input.cu> <output.cc> <name shown in messages>
 //
 // - `Kernel<<<grid, block, shmem, stream>>>(args)` becomes a call of ::cudasim::Launch (see
-//   include/cudasim/launch.h) that names the kernel and the line in failure messages.
+//   include/cudasim/launch.h) that names the kernel and the line in failure messages, and
+//   passes the kernel's address where the callee names one function.
 // - `extern __shared__ T name[];` (dynamic shared memory) becomes a pointer to the running
 //   block's dynamic shared memory.
 // - `__shared__ T name[N];` in a function is followed by a call that poisons it at the start of
@@ -107,9 +108,15 @@ std::string RewriteLaunches(const std::string& text, const std::string& name) {
     while (!label.empty() && std::isspace(static_cast<unsigned char>(label.back()))) {
       label.pop_back();
     }
+    // The kernel's address for cudaFuncSetAttribute's per-kernel settings (see launch.h).
+    const std::string address =
+        "::cudasim::KernelAddress([](auto cudasim_probe) -> "
+        "decltype(::cudasim::internal::KernelPointer(cudasim_probe, " +
+        label + ")) { return " + label + "; })";
     std::string replacement = "::cudasim::Launch(::cudasim::LaunchConfig(" + config + "), \"" +
-                              label + " (" + where + ")\", [](auto... cudasim_args) { " + label +
-                              "(cudasim_args...); }" + (no_args ? "" : ", " + args) + ")";
+                              label + " (" + where + ")\", " + address +
+                              ", [](auto... cudasim_args) { " + label + "(cudasim_args...); }" +
+                              (no_args ? "" : ", " + args) + ")";
     // Keep the line count: the replacement holds the config's and args' newlines; the
     // original also had those between callee, <<<, >>> and (.
     const std::string original = text.substr(start, close + 1 - start);

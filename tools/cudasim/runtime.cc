@@ -28,6 +28,8 @@ namespace {
 
 constexpr int kMaxDevices = 16;
 constexpr size_t kSharedMemoryPerBlock = 48 << 10;
+// An H100's (sm_90) cudaDevAttrMaxSharedMemoryPerBlockOptin: 227 KiB of the SM's 228.
+constexpr size_t kSharedMemoryPerBlockOptin = 232448;
 constexpr int kMaxThreadsPerBlock = 1024;
 constexpr size_t kDeviceAlignment = 256;
 constexpr size_t kHugePage = size_t{2} << 20;
@@ -53,11 +55,41 @@ size_t PageSize() {
   return page;
 }
 
+// TANDEM_CUDASIM_SHARED_OPTIN_BYTES: each device's opt-in shared memory limit, one value for
+// every device or a comma-separated list (the last value repeats for the devices after it), so
+// that a test can model a smaller GPU, e.g. "232448,101376" makes cuda:1 an sm_86's.
+std::vector<size_t> SharedOptinBytes(int devices) {
+  const char* name = "TANDEM_CUDASIM_SHARED_OPTIN_BYTES";
+  const char* text = std::getenv(name);
+  std::vector<size_t> values;
+  if (text != nullptr && *text != '\0') {
+    for (const char* p = text;;) {
+      char* end = nullptr;
+      const long long value = std::strtoll(p, &end, 10);
+      if (end == p || (*end != ',' && *end != '\0') ||
+          value < static_cast<long long>(kSharedMemoryPerBlock) || value > (1 << 30)) {
+        std::fprintf(stderr,
+                     "cudasim: %s='%s' is not valid: expected integers from %zu (no opt-in beyond "
+                     "the default) to 1073741824, separated by commas\n",
+                     name, text, kSharedMemoryPerBlock);
+        std::exit(2);
+      }
+      values.push_back(static_cast<size_t>(value));
+      if (*end == '\0') break;
+      p = end + 1;
+    }
+  }
+  if (values.empty()) values.push_back(kSharedMemoryPerBlockOptin);
+  values.resize(std::max<size_t>(devices, values.size()), values.back());
+  return values;
+}
+
 struct Settings {
   int devices = EnvInt("TANDEM_CUDASIM_DEVICES", 2, 0, kMaxDevices);
   int sms = EnvInt("TANDEM_CUDASIM_SMS", 4, 1, 1024);
   size_t memory =
       size_t{static_cast<unsigned>(EnvInt("TANDEM_CUDASIM_MEMORY_MIB", 4096, 1, 1 << 20))} << 20;
+  std::vector<size_t> shared_optin = SharedOptinBytes(devices);
 };
 
 const Settings& GetSettings() {
@@ -507,7 +539,54 @@ uint64_t Seed() {
 
 // ---- Kernel launches ----------------------------------------------------------------------
 
-void EnqueueKernel(const LaunchConfig& config, const char* name,
+namespace internal {
+namespace {
+
+// What cudaFuncSetAttribute(func, cudaFuncAttributeMaxDynamicSharedMemorySize, n) allowed, per
+// device (a kernel's attributes belong to the device's context, as on a GPU) and kernel address.
+struct FunctionAttributes {
+  std::mutex mutex;
+  std::map<std::pair<int, const void*>, size_t> max_dynamic_shared;
+};
+
+FunctionAttributes& Functions() {
+  static FunctionAttributes* functions = new FunctionAttributes;
+  return *functions;
+}
+
+// Why a launch of `function` on `device` may not have `bytes` of dynamic shared memory, or ""
+// when it may: as on a GPU, up to the kernel's cudaFuncAttributeMaxDynamicSharedMemorySize,
+// 48 KiB unless it was set.
+std::string SharedMemoryError(int device, const void* function, size_t bytes) {
+  size_t allowed = kSharedMemoryPerBlock;
+  if (function != nullptr) {
+    FunctionAttributes& functions = Functions();
+    std::lock_guard<std::mutex> lock(functions.mutex);
+    const auto it = functions.max_dynamic_shared.find({device, function});
+    if (it != functions.max_dynamic_shared.end()) allowed = it->second;
+  }
+  if (bytes <= allowed) return "";
+  std::string why = " asks for " + std::to_string(bytes) +
+                    " bytes of dynamic shared memory, but the kernel may use " +
+                    std::to_string(allowed) + " on cuda:" + std::to_string(device) + ": ";
+  if (bytes > GetSettings().shared_optin[device]) {
+    return why + "that is more than the device's opt-in limit of " +
+           std::to_string(GetSettings().shared_optin[device]) +
+           " (cudaDevAttrMaxSharedMemoryPerBlockOptin), which no kernel may pass; launch with less";
+  }
+  if (function == nullptr) {
+    return why +
+           "cudasim cannot tell which kernel a launch of a template with deduced arguments is, "
+           "so its cudaFuncSetAttribute cannot apply; write the template arguments out";
+  }
+  return why + "call cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, " +
+         std::to_string(bytes) + ") on this device before the launch, as a GPU requires";
+}
+
+}  // namespace
+}  // namespace internal
+
+void EnqueueKernel(const LaunchConfig& config, const char* name, const void* function,
                    std::function<void()> thread_body) {
   using namespace internal;  // NOLINT
   Stream* stream = ResolveStream(config.stream);
@@ -532,10 +611,9 @@ void EnqueueKernel(const LaunchConfig& config, const char* name,
              "least one block");
     return;
   }
-  if (config.shared > kSharedMemoryPerBlock) {
-    Fail(cudaErrorInvalidValue, std::string("launch of ") + name + " asks for " +
-                                    std::to_string(config.shared) +
-                                    " bytes of dynamic shared memory: at most 49152 per block");
+  const std::string shared_error = SharedMemoryError(stream->device(), function, config.shared);
+  if (!shared_error.empty()) {
+    Fail(cudaErrorInvalidValue, std::string("launch of ") + name + shared_error);
     return;
   }
   const uint64_t seed = Seed() ^ (stream->NextLaunch() * 0xd1342543de82ef95ull);
@@ -586,6 +664,7 @@ constexpr ErrorInfo kErrors[] = {
      "invalid copy direction for memcpy"},
     {cudaErrorInsufficientDriver, "cudaErrorInsufficientDriver",
      "CUDA driver version is insufficient for CUDA runtime version"},
+    {cudaErrorInvalidDeviceFunction, "cudaErrorInvalidDeviceFunction", "invalid device function"},
     {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
     {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
     {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
@@ -767,6 +846,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
   prop->minor = 0;
   prop->multiProcessorCount = settings.sms;
   prop->maxThreadsPerMultiProcessor = 2048;
+  prop->sharedMemPerBlockOptin = settings.shared_optin[device];
   return cudaSuccess;
 }
 
@@ -793,9 +873,45 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
     case cudaDevAttrComputeCapabilityMinor:
       *value = prop.minor;
       return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = static_cast<int>(prop.sharedMemPerBlockOptin);
+      return cudaSuccess;
   }
   return Fail(cudaErrorInvalidValue,
               "cudaDeviceGetAttribute: attribute " + std::to_string(attr) + " is not simulated");
+}
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value) {
+  CUDASIM_ENTER();
+  if (func == nullptr) {
+    return Fail(cudaErrorInvalidDeviceFunction, "cudaFuncSetAttribute: the kernel is null");
+  }
+  switch (attr) {
+    case cudaFuncAttributeMaxDynamicSharedMemorySize: {
+      const size_t limit = cudasim::internal::GetSettings().shared_optin[tls_device];
+      if (value < 0 || static_cast<size_t>(value) > limit) {
+        return Fail(cudaErrorInvalidValue,
+                    "cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize, " +
+                        std::to_string(value) + ") on cuda:" + std::to_string(tls_device) +
+                        ": expected 0 to the device's opt-in limit of " + std::to_string(limit) +
+                        " bytes (cudaDevAttrMaxSharedMemoryPerBlockOptin)");
+      }
+      auto& functions = cudasim::internal::Functions();
+      std::lock_guard<std::mutex> lock(functions.mutex);
+      functions.max_dynamic_shared[{tls_device, func}] = static_cast<size_t>(value);
+      return cudaSuccess;
+    }
+    case cudaFuncAttributePreferredSharedMemoryCarveout:
+      // A hint for how the SM splits L1 and shared memory: nothing to simulate.
+      if (value < -1 || value > 100) {
+        return Fail(cudaErrorInvalidValue,
+                    "cudaFuncSetAttribute(cudaFuncAttributePreferredSharedMemoryCarveout, " +
+                        std::to_string(value) + "): expected -1 (default) or a percentage 0-100");
+      }
+      return cudaSuccess;
+  }
+  return Fail(cudaErrorInvalidValue,
+              "cudaFuncSetAttribute: attribute " + std::to_string(attr) + " is not simulated");
 }
 
 cudaError_t cudaDeviceSynchronize(void) {

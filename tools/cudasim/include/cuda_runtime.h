@@ -31,6 +31,7 @@ enum cudaError_t {
   cudaErrorInvalidDevicePointer = 17,
   cudaErrorInvalidMemcpyDirection = 21,
   cudaErrorInsufficientDriver = 35,
+  cudaErrorInvalidDeviceFunction = 98,
   cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
   cudaErrorInvalidResourceHandle = 400,
@@ -58,6 +59,12 @@ enum cudaDeviceAttr {
   cudaDevAttrMultiProcessorCount = 16,
   cudaDevAttrComputeCapabilityMajor = 75,
   cudaDevAttrComputeCapabilityMinor = 76,
+  cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
+};
+
+enum cudaFuncAttribute {
+  cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+  cudaFuncAttributePreferredSharedMemoryCarveout = 9,
 };
 
 struct CUstream_st;
@@ -88,6 +95,7 @@ struct cudaDeviceProp {
   int minor;
   int multiProcessorCount;
   int maxThreadsPerMultiProcessor;
+  size_t sharedMemPerBlockOptin;
 };
 
 struct uint3 {
@@ -185,6 +193,8 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
 cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+
+cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int value);
 }  // extern "C"
 
 // The C++ overloads cuda_runtime.h has for typed pointers.
@@ -199,6 +209,10 @@ cudaError_t cudaHostAlloc(T** ptr, size_t size, unsigned int flags) {
 template <typename T>
 cudaError_t cudaMallocHost(T** ptr, size_t size) {
   return cudaMallocHost(reinterpret_cast<void**>(ptr), size);
+}
+template <typename T>
+cudaError_t cudaFuncSetAttribute(T* entry, cudaFuncAttribute attr, int value) {
+  return cudaFuncSetAttribute(reinterpret_cast<const void*>(entry), attr, value);
 }
 
 #include "cudasim/launch.h"  // NOLINT: the launch machinery the rewritten <<<>>> calls

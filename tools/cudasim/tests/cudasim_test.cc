@@ -174,6 +174,58 @@ TEST(CudasimTest, DynamicSharedMemory) {
   cudaFree(out);
 }
 
+// Past 48 KiB of dynamic shared memory a GPU launches a kernel only after it opted in on that
+// device (cudaFuncSetAttribute), up to the device's opt-in limit. BUILD's
+// TANDEM_CUDASIM_SHARED_OPTIN_BYTES keeps cuda:0 an H100 (232448) and makes cuda:1 an sm_86
+// (101376).
+TEST(CudasimTest, SharedMemoryPast48KiBNeedsTheKernelToOptIn) {
+  constexpr int kH100 = 232448, kSm86 = 101376, kFloats = (100 << 10) / 4;
+  int value = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlock, 0), cudaSuccess);
+  EXPECT_EQ(value, 49152);
+  ASSERT_EQ(cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0),
+            cudaSuccess);
+  EXPECT_EQ(value, kH100);
+  const auto expect_round_trip = [](const float* out, int floats) {
+    const std::vector<float> y = HostCopy(out, floats);
+    int wrong = 0;
+    for (int i = 0; i < floats; ++i) wrong += y[i] != static_cast<float>(floats - 1 - i);
+    EXPECT_EQ(wrong, 0) << "of " << floats;
+  };
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  float* out = nullptr;
+  ASSERT_EQ(cudaMalloc(&out, kH100), cudaSuccess);
+  // Not opted in: refused at the launch, and the error is not sticky.
+  EXPECT_EQ(SharedRoundTrip(out, kFloats, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(cudaGetLastError(), cudaSuccess);
+  EXPECT_EQ(OptInSharedRoundTrip(kH100 + 4), cudaErrorInvalidValue);  // past the device's limit
+  ASSERT_EQ(OptInSharedRoundTrip(100 << 10), cudaSuccess);
+  ASSERT_EQ(SharedRoundTrip(out, kFloats, nullptr), cudaSuccess);
+  expect_round_trip(out, kFloats);
+  EXPECT_EQ(SharedRoundTrip(out, kFloats + 1, nullptr), cudaErrorInvalidValue);  // past the opt-in
+  ASSERT_EQ(OptInSharedRoundTrip(kH100), cudaSuccess);
+  ASSERT_EQ(SharedRoundTrip(out, kH100 / 4, nullptr), cudaSuccess);
+  expect_round_trip(out, kH100 / 4);
+  EXPECT_EQ(cudaFree(out), cudaSuccess);
+
+  int devices = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&devices), cudaSuccess);
+  if (devices < 2) GTEST_SKIP() << "cuda:1 is not simulated (TANDEM_CUDASIM_DEVICES)";
+  cudaDeviceProp prop;
+  ASSERT_EQ(cudaGetDeviceProperties(&prop, 1), cudaSuccess);
+  EXPECT_EQ(prop.sharedMemPerBlockOptin, static_cast<size_t>(kSm86));
+  // What cuda:0 allowed does not carry over: each device's context has its own setting.
+  ASSERT_EQ(cudaSetDevice(1), cudaSuccess);
+  ASSERT_EQ(cudaMalloc(&out, kSm86), cudaSuccess);
+  EXPECT_EQ(SharedRoundTrip(out, kFloats, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(OptInSharedRoundTrip(kH100), cudaErrorInvalidValue);
+  ASSERT_EQ(OptInSharedRoundTrip(kSm86), cudaSuccess);
+  ASSERT_EQ(SharedRoundTrip(out, kSm86 / 4, nullptr), cudaSuccess);
+  expect_round_trip(out, kSm86 / 4);
+  EXPECT_EQ(cudaFree(out), cudaSuccess);
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+}
+
 TEST(CudasimTest, BadLaunchConfigurationsAreErrors) {
   EXPECT_EQ(EmptyKernel(2048, 0, nullptr), cudaErrorInvalidConfiguration);
   EXPECT_EQ(EmptyKernel(0, 0, nullptr), cudaErrorInvalidConfiguration);

@@ -70,6 +70,14 @@ __global__ void ReverseKernel(const float* in, float* out) {
   out[blockIdx.x * blockDim.x + t] = staged[blockDim.x - 1 - t];
 }
 
+// Each of `floats` floats of dynamic shared memory written by one thread and read by another.
+__global__ void SharedRoundTripKernel(float* out, int floats) {
+  extern __shared__ float staged[];
+  for (int i = threadIdx.x; i < floats; i += blockDim.x) staged[i] = static_cast<float>(i);
+  __syncthreads();
+  for (int i = threadIdx.x; i < floats; i += blockDim.x) out[i] = staged[floats - 1 - i];
+}
+
 }  // namespace
 
 cudaError_t BlockSums(const float* in, float* out, int blocks, int threads, cudaStream_t stream) {
@@ -124,6 +132,18 @@ cudaError_t ReverseInBlocks(const float* in, float* out, int blocks, int threads
                             cudaStream_t stream) {
   ReverseKernel<<<blocks, threads, threads * sizeof(float), stream>>>(in, out);
   return cudaGetLastError();
+}
+
+cudaError_t SharedRoundTrip(float* out, int floats, cudaStream_t stream) {
+  SharedRoundTripKernel<<<1, 256, floats * sizeof(float), stream>>>(out, floats);
+  return cudaGetLastError();
+}
+
+cudaError_t OptInSharedRoundTrip(int bytes) {
+  const cudaError_t error = cudaFuncSetAttribute(
+      SharedRoundTripKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  cudaGetLastError();  // returned, not left for the next launch's check
+  return error;
 }
 
 }  // namespace cudasim_tests

@@ -35,6 +35,12 @@ cudaError_t SlowAddOne(const float* x, float* y, int n, long long ns, cudaStream
 // Dynamic shared memory: out[i] = in[blockDim.x - 1 - i] within each block.
 cudaError_t ReverseInBlocks(const float* in, float* out, int blocks, int threads,
                             cudaStream_t stream);
+// out[i] = floats - 1 - i, through `floats` floats of dynamic shared memory in one block of 256
+// threads: past 48 KiB only once OptInSharedRoundTrip allowed that much on the device.
+cudaError_t SharedRoundTrip(float* out, int floats, cudaStream_t stream);
+// cudaFuncSetAttribute(SharedRoundTrip's kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+// bytes) on the current device.
+cudaError_t OptInSharedRoundTrip(int bytes);
 
 }  // namespace cudasim_tests
 
