@@ -171,6 +171,7 @@ void DispatchUnary(UnaryOp op, F&& f) {
     TANDEM_UNARY_CASE(kGeluDerivative);
     TANDEM_UNARY_CASE(kGeluTanh);
     TANDEM_UNARY_CASE(kGeluTanhDerivative);
+    TANDEM_UNARY_CASE(kSilu);
   }
 #undef TANDEM_UNARY_CASE
   TANDEM_FAIL("unknown UnaryOp ", static_cast<int>(op));
@@ -199,6 +200,7 @@ void DispatchBinary(BinaryOp op, F&& f) {
     TANDEM_BINARY_CASE(kSigmoidBackward);
     TANDEM_BINARY_CASE(kGeluBackward);
     TANDEM_BINARY_CASE(kGeluTanhBackward);
+    TANDEM_BINARY_CASE(kSiluBackward);
   }
 #undef TANDEM_BINARY_CASE
   TANDEM_FAIL("unknown BinaryOp ", static_cast<int>(op));
@@ -216,6 +218,7 @@ bool IsTranscendental(UnaryOp op) {
     case UnaryOp::kGeluDerivative:
     case UnaryOp::kGeluTanh:
     case UnaryOp::kGeluTanhDerivative:
+    case UnaryOp::kSilu:
       return true;
     default:
       return false;

@@ -257,11 +257,7 @@ TEST(CpuBackendTest, FillsStridedViewsOfBothDtypes) {
 
 // ---- Unary and Binary ----------------------------------------------------------------------
 
-const UnaryOp kAllUnaryOps[] = {UnaryOp::kNeg,       UnaryOp::kExp,       UnaryOp::kLog,
-                                UnaryOp::kRelu,      UnaryOp::kSqrt,      UnaryOp::kAbs,
-                                UnaryOp::kTanh,      UnaryOp::kSigmoid,   UnaryOp::kSquare,
-                                UnaryOp::kAddScalar, UnaryOp::kMulScalar, UnaryOp::kPowScalar,
-                                UnaryOp::kGeScalar,  UnaryOp::kGelu,      UnaryOp::kGeluDerivative};
+const std::vector<UnaryOp> kAllUnaryOps = AllUnaryOps();
 
 const std::vector<BinaryOp> kAllBinaryOps = AllBinaryOps();
 

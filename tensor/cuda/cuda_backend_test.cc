@@ -364,14 +364,7 @@ TEST_F(CudaBackendTest, FillContiguousStridedAndInt64) {
 
 // ---- Unary and Binary ---------------------------------------------------------------------------
 
-// clang-format off
-const UnaryOp kAllUnary[] = {UnaryOp::kNeg,       UnaryOp::kExp,       UnaryOp::kLog,
-                             UnaryOp::kRelu,      UnaryOp::kSqrt,      UnaryOp::kAbs,
-                             UnaryOp::kTanh,      UnaryOp::kSigmoid,   UnaryOp::kSquare,
-                             UnaryOp::kAddScalar, UnaryOp::kMulScalar, UnaryOp::kPowScalar,
-                             UnaryOp::kGeScalar,  UnaryOp::kGelu,      UnaryOp::kGeluDerivative,
-                             UnaryOp::kGeluTanh,  UnaryOp::kGeluTanhDerivative};
-// clang-format on
+const std::vector<UnaryOp> kAllUnary = AllUnaryOps();
 
 // Every float op on `sizes` elements at each of `offsets` (0: aligned, the vectorised path;
 // 1: misaligned), and through a transposed view into a transposed view (the strided path).
@@ -437,7 +430,8 @@ const std::vector<BinaryOp> kAllBinary = AllBinaryOps();
 // Binary ops through erf or exp, whose float results CUDA and glibc may round differently (on
 // a GPU; under cudasim they are bitwise equal).
 bool IsTranscendentalOp(BinaryOp op) {
-  return op == BinaryOp::kGeluBackward || op == BinaryOp::kGeluTanhBackward;
+  return op == BinaryOp::kGeluBackward || op == BinaryOp::kGeluTanhBackward ||
+         op == BinaryOp::kSiluBackward;
 }
 
 // Shapes of b relative to a's [rows, cols] output: full, a row, a column, a scalar.
@@ -1324,7 +1318,7 @@ bool IsTranscendentalOp(UnaryOp op) {
   return op == UnaryOp::kExp || op == UnaryOp::kLog || op == UnaryOp::kTanh ||
          op == UnaryOp::kSigmoid || op == UnaryOp::kPowScalar || op == UnaryOp::kGelu ||
          op == UnaryOp::kGeluDerivative || op == UnaryOp::kSqrt || op == UnaryOp::kGeluTanh ||
-         op == UnaryOp::kGeluTanhDerivative;
+         op == UnaryOp::kGeluTanhDerivative || op == UnaryOp::kSilu;
 }
 
 class CudaBackendReducedTest : public CudaBackendTest {

@@ -96,7 +96,15 @@ enum class UnaryOp : int8_t {
   // u = sqrt(2 / pi) * (x + 0.044715 x^3): 0.5 x (1 + tanh u), and its derivative.
   kGeluTanh,
   kGeluTanhDerivative,
+  kSilu,  // x * sigmoid(x) = x / (1 + e^-x), one rounding (PyTorch's fused silu)
 };
+// Every UnaryOp (their values are 0, 1, ...): for loops over all of them, as the tests do.
+inline constexpr int kNumUnaryOps = static_cast<int>(UnaryOp::kSilu) + 1;
+inline std::vector<UnaryOp> AllUnaryOps() {
+  std::vector<UnaryOp> ops;
+  for (int i = 0; i < kNumUnaryOps; ++i) ops.push_back(static_cast<UnaryOp>(i));
+  return ops;
+}
 
 // Elementwise functions of two inputs of the same dtype (any dtype), written to a dst of that
 // dtype; the 16-bit floats compute in float and round once. The comparisons (kEq .. kGe) give
@@ -122,9 +130,10 @@ enum class BinaryOp : int8_t {
   kSigmoidBackward,   // a * (1 - b) * b, b: sigmoid output
   kGeluBackward,      // a * gelu'(b), b: gelu input (exact erf form)
   kGeluTanhBackward,  // a * gelu_tanh'(b), b: gelu input (tanh approximation)
+  kSiluBackward,      // a * s (1 + b (1 - s)), s = sigmoid(b), b: silu input
 };
 // Every BinaryOp (their values are 0, 1, ...): for loops over all of them, as the tests do.
-inline constexpr int kNumBinaryOps = static_cast<int>(BinaryOp::kGeluTanhBackward) + 1;
+inline constexpr int kNumBinaryOps = static_cast<int>(BinaryOp::kSiluBackward) + 1;
 inline std::vector<BinaryOp> AllBinaryOps() {
   std::vector<BinaryOp> ops;
   for (int i = 0; i < kNumBinaryOps; ++i) ops.push_back(static_cast<BinaryOp>(i));

@@ -91,6 +91,8 @@ TANDEM_HOST_DEVICE T ApplyUnary(UnaryOp op, T x, T s) {
       const T du = T(0.79788456080286536) * (T(1) + T(3 * 0.044715) * x2);
       return s + T(2) * x * s * (T(1) - s) * du;
     }
+    case UnaryOp::kSilu:
+      return x / (T(1) + math::Exp(-x));
   }
   return T(0);
 }
@@ -130,7 +132,8 @@ inline constexpr bool RejectsBool(UnaryOp op) { return op == UnaryOp::kNeg; }
 // The activations' backward ops other than relu's are defined on floating dtypes only.
 inline constexpr bool BinaryIsFloatingOnly(BinaryOp op) {
   return op == BinaryOp::kTanhBackward || op == BinaryOp::kSigmoidBackward ||
-         op == BinaryOp::kGeluBackward || op == BinaryOp::kGeluTanhBackward;
+         op == BinaryOp::kGeluBackward || op == BinaryOp::kGeluTanhBackward ||
+         op == BinaryOp::kSiluBackward;
 }
 inline constexpr bool RejectsBool(BinaryOp op) {
   return op == BinaryOp::kSub || op == BinaryOp::kDiv || op == BinaryOp::kReluBackward ||
@@ -177,10 +180,15 @@ TANDEM_HOST_DEVICE T ApplyBinary(BinaryOp op, T a, T b) {
     case BinaryOp::kSigmoidBackward:
     case BinaryOp::kGeluBackward:
     case BinaryOp::kGeluTanhBackward:
+    case BinaryOp::kSiluBackward:
       // Backends refuse these on integers and bool (BinaryIsFloatingOnly).
       if constexpr (std::is_floating_point_v<T>) {
         if (op == BinaryOp::kTanhBackward) return a * (T(1) - b * b);
         if (op == BinaryOp::kSigmoidBackward) return a * ((T(1) - b) * b);
+        if (op == BinaryOp::kSiluBackward) {
+          const T s = T(1) / (T(1) + math::Exp(-b));
+          return a * (s * (T(1) + b * (T(1) - s)));
+        }
         return a * ApplyUnary<T>(op == BinaryOp::kGeluBackward ? UnaryOp::kGeluDerivative
                                                                : UnaryOp::kGeluTanhDerivative,
                                  b, T(0));
