@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Builds every test and benchmark binary of //tensor, //nn, //data and //parallel (those
-# that exist) with -c opt and packs them, with the shared libraries they need that a GPU
-# machine without Bazel or Debian packages lacks, into .gpu_bundle/ (git-ignored), for
-# tools/gpu/run_bundle.sh to run there. See tools/gpu/README.md.
+# Builds every test and benchmark binary of //tensor, //nn, //data, //parallel and
+# //tools/cuda/tests (those that exist: NCCL's in-process tests among them) with -c opt and
+# packs them, with the shared libraries they need that a GPU machine without Bazel or Debian
+# packages lacks, into .gpu_bundle/ (git-ignored), for tools/gpu/run_bundle.sh to run there.
+# The tests that run ranks under mpirun (process_group_nccl_test) are not cc_tests and need
+# Open MPI, which the GPU machine lacks: they are left out. See tools/gpu/README.md.
 #
 #   tools/gpu/build_bundle.sh                 # all packages
 #   tools/gpu/build_bundle.sh //tensor/...    # only these patterns
@@ -29,7 +31,7 @@ log() { printf '[build_bundle] %s\n' "$*" >&2; }
 # ---- What to build ------------------------------------------------------------------
 patterns=("$@")
 if [[ ${#patterns[@]} -eq 0 ]]; then
-  for package in tensor nn data parallel; do
+  for package in tensor nn data parallel tools/cuda/tests; do
     [[ -f "$package/BUILD" || -f "$package/BUILD.bazel" ]] && patterns+=("//$package/...")
   done
 fi
