@@ -16,6 +16,8 @@
 #include <thread>
 #include <utility>
 
+#include "parallel/distributed/internal/hang_diagnosis.h"
+#include "parallel/distributed/internal/mpi_calls.h"
 #include "tensor/base/error.h"
 #include "tensor/kernels/vectorized.h"
 #include "tensor/runtime/profiler.h"
@@ -24,37 +26,12 @@ namespace tandem::parallel::distributed {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using internal::EnsureMpiInitialized;
+using internal::MpiCallLock;
+using internal::MpiErrorString;
 
 // True on a group's own thread (see Impl::Await).
 thread_local bool t_on_group_thread = false;
-
-// Whether MPI calls must be serialised by us (the library gave MPI_THREAD_SERIALIZED).
-bool g_lock_mpi_calls = false;
-std::mutex g_mpi_call_mutex;
-
-class MpiCallLock {
- public:
-  MpiCallLock() {
-    if (g_lock_mpi_calls) lock_ = std::unique_lock<std::mutex>(g_mpi_call_mutex);
-  }
-
- private:
-  std::unique_lock<std::mutex> lock_;
-};
-
-std::string MpiErrorString(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS)
-    return "MPI error " + std::to_string(code);
-  return std::string(text, static_cast<size_t>(length));
-}
-
-void FinalizeMpiAtExit() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
-}
 
 // The most bytes of data one eager message of Open MPI's shared-memory transport carries: its
 // eager limit less the headers it includes (4,032 of 4,096 bytes still went eagerly, 4,064
@@ -76,38 +53,6 @@ int64_t ReadEagerPieceBytes() {
     break;
   }
   return std::max<int64_t>(limit - kHeaderBytes, 256);
-}
-
-// Initialises MPI once per process (see the header); later calls only read the result.
-void EnsureMpiInitialized() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    TANDEM_CHECK(!finalized,
-                 "ProcessGroupMpi: MPI has already been finalised in this process; create every "
-                 "process group before MPI_Finalize");
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    int provided = MPI_THREAD_SINGLE;
-    if (initialized) {
-      MPI_Query_thread(&provided);
-    } else {
-      const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-      TANDEM_CHECK(rc == MPI_SUCCESS,
-                   "ProcessGroupMpi: MPI_Init_thread failed: ", MpiErrorString(rc),
-                   "; is the program started by mpirun, with Open MPI installed?");
-      std::atexit(FinalizeMpiAtExit);
-    }
-    TANDEM_CHECK(provided >= MPI_THREAD_SERIALIZED,
-                 "ProcessGroupMpi needs MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE but MPI "
-                 "provides thread level ",
-                 provided,
-                 (initialized ? "; initialise MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, "
-                                "...) or let ProcessGroupMpi do it"
-                              : "; use an MPI library built with thread support"));
-    g_lock_mpi_calls = provided < MPI_THREAD_MULTIPLE;
-  });
 }
 
 // The MPI type that moves a dtype's elements. The 16-bit floats travel as their bits
@@ -248,26 +193,13 @@ struct ProcessGroupMpi::Impl {
   std::vector<char> scratch;          // the running all-reduce's receive buffer
   std::vector<MPI_Request> requests;  // the running exchange's
 
-  // The failure-diagnosis state (see Await): a second communicator, so that a question about a
-  // stalled collective never matches one of its messages; a receive always posted for the
-  // question; the answers being sent; and how many collectives this rank has started.
-  MPI_Comm control = MPI_COMM_NULL;
-  MPI_Request question = MPI_REQUEST_NULL;
-  int64_t question_in = 0;   // the asker's collective number (not needed to answer)
-  int64_t question_out = 0;  // this rank's, when it asks (outlives the sends)
-  struct Answer {
-    MPI_Request request = MPI_REQUEST_NULL;
-    std::unique_ptr<char[]> bytes;
-  };
-  std::vector<Answer> answers_sent;
+  // Names the ranks that did not answer when a collective times out (see Await).
+  std::unique_ptr<internal::HangDiagnosis> diagnosis;
   int64_t started_count = 0;  // collectives started, the running one included
   // All-reduce messages carry a tag of the sender's element count (modulo this), dtype and op.
   int64_t tag_count_modulus = 1;
   std::vector<MPI_Status> statuses;  // the running exchange's
 
-  static constexpr int kQuestionTag = 1;
-  static constexpr int kAnswerTag = 2;
-  static constexpr int kAnswerBytes = 256;  // the collective number, then its description
   // A collective that has waited this long also looks, at every 16th poll, for other ranks'
   // questions and for wrongly tagged messages among its pending receives (one MPI_Test and
   // one MPI_Request_get_status per pending receive, beside the poll's own MPI_Testall); one
@@ -346,146 +278,6 @@ struct ProcessGroupMpi::Impl {
     TANDEM_FAIL(prefix, work.description(), " failed: MPI_Testall: ", MpiErrorString(rc));
   }
 
-  // What this rank sends to a rank that asks what it waits for: the number of the collective
-  // it is in and its description.
-  std::unique_ptr<char[]> AnswerBytes(const Work& work) const {
-    auto bytes = std::make_unique<char[]>(kAnswerBytes);
-    std::memset(bytes.get(), 0, kAnswerBytes);
-    std::memcpy(bytes.get(), &started_count, sizeof(started_count));
-    const std::string& description = work.description();
-    std::memcpy(bytes.get() + sizeof(started_count), description.data(),
-                std::min<size_t>(description.size(), kAnswerBytes - sizeof(started_count) - 1));
-    return bytes;
-  }
-
-  // Answers every question that has come (see AskWhoWaits) with what `work` is, and lets go of
-  // the answers already delivered.
-  void AnswerQuestions(const Work& work) {
-    MpiCallLock lock;
-    while (true) {
-      int arrived = 0;
-      MPI_Status status;
-      if (MPI_Test(&question, &arrived, &status) != MPI_SUCCESS || !arrived) break;
-      Answer answer{MPI_REQUEST_NULL, AnswerBytes(work)};
-      if (MPI_Isend(answer.bytes.get(), kAnswerBytes, MPI_CHAR, status.MPI_SOURCE, kAnswerTag,
-                    control, &answer.request) == MPI_SUCCESS) {
-        answers_sent.push_back(std::move(answer));
-      }
-      if (MPI_Irecv(&question_in, 1, MPI_INT64_T, MPI_ANY_SOURCE, kQuestionTag, control,
-                    &question) != MPI_SUCCESS) {
-        question = MPI_REQUEST_NULL;
-        break;
-      }
-    }
-    for (size_t i = 0; i < answers_sent.size();) {
-      int sent = 0;
-      MPI_Test(&answers_sent[i].request, &sent, MPI_STATUS_IGNORE);
-      if (sent) {
-        answers_sent.erase(answers_sent.begin() + static_cast<std::ptrdiff_t>(i));
-      } else {
-        ++i;
-      }
-    }
-  }
-
-  // After `work` timed out: asks every other rank which collective it waits in, and says who
-  // did not answer (a stopped, hung or dead rank, or one busy outside this group's
-  // collectives) and who waits in another collective than this rank.
-  std::string AskWhoWaits(const Work& work) {
-    question_out = started_count;
-    const size_t bytes = static_cast<size_t>(size) * kAnswerBytes;
-    char* answers = new char[bytes]();  // leaked below if a receive stays pending
-    std::vector<MPI_Request> receives(size, MPI_REQUEST_NULL);
-    {
-      MpiCallLock lock;
-      for (int r = 0; r < size; ++r) {
-        if (r == rank) continue;
-        MPI_Irecv(answers + r * kAnswerBytes, kAnswerBytes, MPI_CHAR, r, kAnswerTag, control,
-                  &receives[r]);
-        MPI_Request send = MPI_REQUEST_NULL;
-        if (MPI_Isend(&question_out, 1, MPI_INT64_T, r, kQuestionTag, control, &send) ==
-            MPI_SUCCESS) {
-          MPI_Request_free(&send);
-        }
-      }
-    }
-    const Clock::time_point give_up =
-        Clock::now() + std::min<Clock::duration>(kAnswerWait, options.timeout());
-    std::vector<bool> answered(size, false);
-    answered[rank] = true;
-    while (true) {
-      AnswerQuestions(work);  // another rank that timed out may be asking this one
-      bool all = true;
-      {
-        MpiCallLock lock;
-        for (int r = 0; r < size; ++r) {
-          if (answered[r]) continue;
-          int arrived = 0;
-          MPI_Test(&receives[r], &arrived, MPI_STATUS_IGNORE);
-          answered[r] = arrived != 0;
-          all = all && answered[r];
-        }
-      }
-      if (all || Clock::now() > give_up) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    // This rank's description as an answer carries it (cut to the same length).
-    const std::string own(AnswerBytes(work).get() + sizeof(started_count));
-    std::vector<int> silent;
-    std::vector<std::string> elsewhere;
-    std::vector<int> alongside;
-    for (int r = 0; r < size; ++r) {
-      if (r == rank) continue;
-      if (!answered[r]) {
-        silent.push_back(r);
-        continue;
-      }
-      int64_t sequence = 0;
-      std::memcpy(&sequence, answers + r * kAnswerBytes, sizeof(sequence));
-      answers[(r + 1) * kAnswerBytes - 1] = '\0';
-      const std::string description(answers + r * kAnswerBytes + sizeof(sequence));
-      if (sequence == started_count && description == own) {
-        alongside.push_back(r);
-      } else {
-        elsewhere.push_back(tandem::internal::Concat("rank ", r, " waits in its collective number ",
-                                                     sequence, " (", description, ")"));
-      }
-    }
-    if (!silent.empty()) {
-      MpiCallLock lock;
-      for (MPI_Request& request : receives) {
-        if (request == MPI_REQUEST_NULL) continue;
-        MPI_Cancel(&request);
-        MPI_Request_free(&request);
-      }
-    } else {
-      delete[] answers;
-    }
-    std::ostringstream text;
-    auto ranks = [](const std::vector<int>& list) {
-      std::ostringstream out;
-      out << (list.size() == 1 ? "rank " : "ranks ");
-      for (size_t i = 0; i < list.size(); ++i) out << (i == 0 ? "" : ", ") << list[i];
-      return out.str();
-    };
-    if (!silent.empty()) {
-      text << ranks(silent) << (silent.size() == 1 ? " did" : " do")
-           << " not answer (stopped, hung or dead, or busy outside this group's collectives)";
-    }
-    if (!elsewhere.empty()) {
-      if (!silent.empty()) text << "; ";
-      for (size_t i = 0; i < elsewhere.size(); ++i) text << (i == 0 ? "" : ", ") << elsewhere[i];
-      text << ", where this rank is in its collective number " << started_count
-           << ": the ranks issued different collectives";
-    }
-    if (!alongside.empty()) {
-      if (!silent.empty() || !elsewhere.empty()) text << "; ";
-      text << ranks(alongside) << (alongside.size() == 1 ? " waits" : " wait")
-           << " in this collective too";
-    }
-    return text.str();
-  }
-
   // Polls `requests` until all have completed or `deadline` passes: spins for kSpinFor, then
   // sleeps kPollSleep between polls, and 200 us once 200 ms have passed (a peer far behind
   // should not cost a core). `receives` is -1 for a non-blocking collective's requests; for
@@ -522,7 +314,7 @@ struct ProcessGroupMpi::Impl {
         if (polls == 16) start = now;
         waited = now - start;
         if (waited > kDiagnoseAfter) {
-          AnswerQuestions(work);
+          diagnosis->AnswerQuestions(started_count, work.description());
           for (int i = 0; i < receives; ++i) {
             if (requests[i] == MPI_REQUEST_NULL) continue;
             int arrived = 0;
@@ -538,13 +330,11 @@ struct ProcessGroupMpi::Impl {
         }
         if (now > deadline) {
           Abandon(requests, count, receives >= 0);
-          std::ostringstream seconds;
-          seconds << std::fixed << std::setprecision(1)
-                  << std::chrono::duration<double>(options.timeout()).count();
-          TANDEM_FAIL(prefix, work.description(), " did not finish within ", seconds.str(),
-                      " s: ", AskWhoWaits(work),
-                      ". Every rank must issue the same collectives in the same order; raise ",
-                      options.timeout_name(), " if a rank is only slow");
+          const std::string who_waits =
+              diagnosis->AskWhoWaits(started_count, work.description(),
+                                     std::min<Clock::duration>(kAnswerWait, options.timeout()));
+          TANDEM_FAIL(internal::TimeoutMessage(prefix, work.description(), options.timeout(),
+                                               options.timeout_name(), who_waits));
         }
       }
       if (waited > std::chrono::milliseconds(200)) {
@@ -924,20 +714,17 @@ ProcessGroupMpi::ProcessGroupMpi(ProcessGroupMpiOptions options)
         auto impl = std::make_unique<Impl>();
         impl->options = options;
         impl->eager_piece_bytes = ReadEagerPieceBytes();
+        {
+          MpiCallLock lock;
+          const int rc = MPI_Comm_dup(MPI_COMM_WORLD, &impl->comm);
+          TANDEM_CHECK(rc == MPI_SUCCESS, "ProcessGroupMpi: MPI_Comm_dup(MPI_COMM_WORLD) failed: ",
+                       MpiErrorString(rc));
+          MPI_Comm_set_errhandler(impl->comm, MPI_ERRORS_RETURN);
+          MPI_Comm_rank(impl->comm, &impl->rank);
+          MPI_Comm_size(impl->comm, &impl->size);
+        }
+        impl->diagnosis = std::make_unique<internal::HangDiagnosis>("ProcessGroupMpi");
         MpiCallLock lock;
-        int rc = MPI_Comm_dup(MPI_COMM_WORLD, &impl->comm);
-        TANDEM_CHECK(rc == MPI_SUCCESS,
-                     "ProcessGroupMpi: MPI_Comm_dup(MPI_COMM_WORLD) failed: ", MpiErrorString(rc));
-        MPI_Comm_set_errhandler(impl->comm, MPI_ERRORS_RETURN);
-        MPI_Comm_rank(impl->comm, &impl->rank);
-        MPI_Comm_size(impl->comm, &impl->size);
-        rc = MPI_Comm_dup(MPI_COMM_WORLD, &impl->control);
-        TANDEM_CHECK(rc == MPI_SUCCESS,
-                     "ProcessGroupMpi: MPI_Comm_dup(MPI_COMM_WORLD) failed: ", MpiErrorString(rc));
-        MPI_Comm_set_errhandler(impl->control, MPI_ERRORS_RETURN);
-        rc = MPI_Irecv(&impl->question_in, 1, MPI_INT64_T, MPI_ANY_SOURCE, Impl::kQuestionTag,
-                       impl->control, &impl->question);
-        TANDEM_CHECK(rc == MPI_SUCCESS, "ProcessGroupMpi: MPI_Irecv failed: ", MpiErrorString(rc));
         int* tag_ub = nullptr;
         int has_tag_ub = 0;
         MPI_Comm_get_attr(impl->comm, MPI_TAG_UB, &tag_ub, &has_tag_ub);
@@ -962,25 +749,16 @@ ProcessGroupMpi::~ProcessGroupMpi() {
   }
   impl_->cv.notify_all();
   impl_->thread.join();
-  // After a failure a request may still be pending on the communicator: leave it be.
+  // After a failure a request may still be pending on the communicators: leave them be.
+  if (!impl_->failure.empty()) {
+    impl_->diagnosis->Abandon();
+    return;
+  }
+  impl_->diagnosis.reset();
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (impl_->failure.empty() && !finalized) {
+  if (!finalized) {
     MpiCallLock lock;
-    if (impl_->question != MPI_REQUEST_NULL) {
-      MPI_Cancel(&impl_->question);
-      MPI_Wait(&impl_->question, MPI_STATUS_IGNORE);
-    }
-    // An answer still in flight goes to a rank that asked and then stopped listening: its
-    // buffer must outlive the send, which this group cannot wait for.
-    for (Impl::Answer& answer : impl_->answers_sent) {
-      int sent = 0;
-      MPI_Test(&answer.request, &sent, MPI_STATUS_IGNORE);
-      if (sent) continue;
-      MPI_Request_free(&answer.request);
-      static_cast<void>(answer.bytes.release());  // deliberately leaked, see above
-    }
-    MPI_Comm_free(&impl_->control);
     MPI_Comm_free(&impl_->comm);
   }
 }
