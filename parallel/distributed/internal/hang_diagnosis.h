@@ -12,7 +12,8 @@
 //     diagnosis.AnswerQuestions(number, description);
 //     if (Clock::now() > deadline) {
 //       TANDEM_FAIL(internal::TimeoutMessage(prefix, description, timeout, timeout_name,
-//                                            diagnosis.AskWhoWaits(number, description, 1s)));
+//                                            diagnosis.AskWhoWaits(number, description,
+//                                                                  std::chrono::seconds(1))));
 //     }
 //   }
 #ifndef TANDEM_PARALLEL_DISTRIBUTED_INTERNAL_HANG_DIAGNOSIS_H_
