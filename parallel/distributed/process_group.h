@@ -6,8 +6,9 @@
 // order.
 //
 // Use it through DistributedDataParallel (parallel/distributed/distributed_data_parallel.h),
-// or directly for your own collectives. The concrete group is ProcessGroupMpi (CPU tensors,
-// parallel/distributed/process_group_mpi.h); run the program under mpirun:
+// or directly for your own collectives. The concrete groups are ProcessGroupMpi (CPU tensors,
+// parallel/distributed/process_group_mpi.h) and ProcessGroupNccl (CUDA tensors, bootstrapped
+// over ProcessGroupMpi; its timeout is a watchdog); run the program under mpirun:
 //
 //   auto group = std::make_shared<parallel::distributed::ProcessGroupMpi>();
 //   Tensor t = full({4}, group->rank());

@@ -1,60 +1,31 @@
 #include "parallel/distributed/process_group_mpi.h"
 
 #include <mpi.h>
-#include <sys/prctl.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <functional>
 #include <iomanip>
-#include <optional>
 #include <sstream>
 #include <thread>
 #include <utility>
 
+#include "parallel/distributed/internal/hang_diagnosis.h"
+#include "parallel/distributed/internal/mpi_calls.h"
+#include "parallel/distributed/internal/work_queue.h"
 #include "tensor/base/error.h"
 #include "tensor/kernels/vectorized.h"
-#include "tensor/runtime/profiler.h"
 
 namespace tandem::parallel::distributed {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// True on a group's own thread (see Impl::Await).
-thread_local bool t_on_group_thread = false;
-
-// Whether MPI calls must be serialised by us (the library gave MPI_THREAD_SERIALIZED).
-bool g_lock_mpi_calls = false;
-std::mutex g_mpi_call_mutex;
-
-class MpiCallLock {
- public:
-  MpiCallLock() {
-    if (g_lock_mpi_calls) lock_ = std::unique_lock<std::mutex>(g_mpi_call_mutex);
-  }
-
- private:
-  std::unique_lock<std::mutex> lock_;
-};
-
-std::string MpiErrorString(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS)
-    return "MPI error " + std::to_string(code);
-  return std::string(text, static_cast<size_t>(length));
-}
-
-void FinalizeMpiAtExit() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (!finalized) MPI_Finalize();
-}
+using internal::EnsureMpiInitialized;
+using internal::MpiCallLock;
+using internal::MpiErrorString;
 
 // The most bytes of data one eager message of Open MPI's shared-memory transport carries: its
 // eager limit less the headers it includes (4,032 of 4,096 bytes still went eagerly, 4,064
@@ -76,38 +47,6 @@ int64_t ReadEagerPieceBytes() {
     break;
   }
   return std::max<int64_t>(limit - kHeaderBytes, 256);
-}
-
-// Initialises MPI once per process (see the header); later calls only read the result.
-void EnsureMpiInitialized() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    TANDEM_CHECK(!finalized,
-                 "ProcessGroupMpi: MPI has already been finalised in this process; create every "
-                 "process group before MPI_Finalize");
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    int provided = MPI_THREAD_SINGLE;
-    if (initialized) {
-      MPI_Query_thread(&provided);
-    } else {
-      const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-      TANDEM_CHECK(rc == MPI_SUCCESS,
-                   "ProcessGroupMpi: MPI_Init_thread failed: ", MpiErrorString(rc),
-                   "; is the program started by mpirun, with Open MPI installed?");
-      std::atexit(FinalizeMpiAtExit);
-    }
-    TANDEM_CHECK(provided >= MPI_THREAD_SERIALIZED,
-                 "ProcessGroupMpi needs MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE but MPI "
-                 "provides thread level ",
-                 provided,
-                 (initialized ? "; initialise MPI with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, "
-                                "...) or let ProcessGroupMpi do it"
-                              : "; use an MPI library built with thread support"));
-    g_lock_mpi_calls = provided < MPI_THREAD_MULTIPLE;
-  });
 }
 
 // The MPI type that moves a dtype's elements. The 16-bit floats travel as their bits
@@ -155,43 +94,6 @@ std::string Elements(const Tensor& t) { return Elements(t.numel(), t.dtype()); }
 }  // namespace
 
 struct ProcessGroupMpi::Impl {
-  // A Work that carries its collective, and whose wait() runs it on the waiting thread when
-  // it can (RunOnCaller).
-  class MpiWork : public Work {
-   public:
-    MpiWork(Impl* impl, std::function<std::string()> describe)
-        : Work(std::move(describe)), impl_(impl) {}
-    // Runs the collective; called once, by the thread that took it off the queue.
-    virtual void Run(Clock::time_point deadline) = 0;
-    // Lets go of the collective's tensors, before Finish: when wait() returns, the caller's
-    // tensors are its own again (AccumulateGrad, for one, steals a gradient only then).
-    virtual void Release() = 0;
-
-   private:
-    void RunIfNotStarted() override { impl_->RunOnCaller(this); }
-    Impl* const impl_;  // the group waits for its collectives before it goes
-  };
-
-  // The collective lives in the Work itself (one allocation per collective, no std::function
-  // holding the tensors): a small all-reduce costs a few microseconds, and allocations,
-  // locks and clock readings each cost a noticeable share of that.
-  template <typename Body>
-  class MpiWorkWith final : public MpiWork {
-   public:
-    MpiWorkWith(Impl* impl, std::function<std::string()> describe, Body body)
-        : MpiWork(impl, std::move(describe)), body_(std::move(body)) {}
-    void Run(Clock::time_point deadline) override { (*body_)(*this, deadline); }
-    void Release() override { body_.reset(); }
-
-   private:
-    std::optional<Body> body_;
-  };
-
-  struct Op {
-    std::shared_ptr<MpiWork> work;
-    uint64_t sequence = 0;  // issued_count when it was issued
-  };
-
   // All-reduces below this many bytes use recursive doubling for a power-of-two number of
   // ranks: one exchange of the whole buffer per doubling, sent as pieces that each fit the
   // transport's eager limit (eager_piece_bytes), all in flight at once. An eager message is
@@ -218,11 +120,8 @@ struct ProcessGroupMpi::Impl {
   // The group's own thread spins only this long: it shares a core with the compute thread
   // (DDP's backward), which a spin would take half of, so it polls every kPollSleep instead.
   // But while a caller waits for the collective it runs, that caller's core is free: it
-  // spins as a caller would (caller_waits).
+  // spins as a caller would (WorkQueue::MaySpin).
   static constexpr std::chrono::microseconds kGroupThreadSpinFor{50};
-  // See Run().
-  static constexpr std::chrono::microseconds kDeferredStart{500};
-  static constexpr std::chrono::milliseconds kIdleBeforeSleep{100};
 
   MPI_Comm comm = MPI_COMM_NULL;
   int rank = 0;
@@ -231,43 +130,17 @@ struct ProcessGroupMpi::Impl {
   std::string prefix;             // "ProcessGroupMpi rank 0 of 2: "
   int64_t eager_piece_bytes = 0;  // see ReadEagerPieceBytes()
 
-  std::mutex mutex;  // guards what follows, to `thread`
-  std::condition_variable cv;
-  std::deque<Op> queue;  // issued, not started
-  // A collective is running, on the group's thread or on a waiting caller's: the next one
-  // starts after it (issue order is the order every rank runs them in).
-  bool running = false;
-  bool stop = false;
-  // The last collective was run by the thread that waited for it: see Run().
-  bool callers_run_their_collectives = false;
-  uint64_t issued_count = 0;  // collectives issued so far
-  std::string failure;        // the first error; the group is unusable once set
-  std::thread thread;
-  // A caller is blocked in wait() on the collective that the group's thread runs now.
-  std::atomic<bool> caller_waits{false};
+  // Runs the collectives in issue order, on the group's thread or a waiting caller's.
+  std::unique_ptr<internal::WorkQueue> queue;
   std::vector<char> scratch;          // the running all-reduce's receive buffer
   std::vector<MPI_Request> requests;  // the running exchange's
 
-  // The failure-diagnosis state (see Await): a second communicator, so that a question about a
-  // stalled collective never matches one of its messages; a receive always posted for the
-  // question; the answers being sent; and how many collectives this rank has started.
-  MPI_Comm control = MPI_COMM_NULL;
-  MPI_Request question = MPI_REQUEST_NULL;
-  int64_t question_in = 0;   // the asker's collective number (not needed to answer)
-  int64_t question_out = 0;  // this rank's, when it asks (outlives the sends)
-  struct Answer {
-    MPI_Request request = MPI_REQUEST_NULL;
-    std::unique_ptr<char[]> bytes;
-  };
-  std::vector<Answer> answers_sent;
-  int64_t started_count = 0;  // collectives started, the running one included
+  // Names the ranks that did not answer when a collective times out (see Await).
+  std::unique_ptr<internal::HangDiagnosis> diagnosis;
   // All-reduce messages carry a tag of the sender's element count (modulo this), dtype and op.
   int64_t tag_count_modulus = 1;
   std::vector<MPI_Status> statuses;  // the running exchange's
 
-  static constexpr int kQuestionTag = 1;
-  static constexpr int kAnswerTag = 2;
-  static constexpr int kAnswerBytes = 256;  // the collective number, then its description
   // A collective that has waited this long also looks, at every 16th poll, for other ranks'
   // questions and for wrongly tagged messages among its pending receives (one MPI_Test and
   // one MPI_Request_get_status per pending receive, beside the poll's own MPI_Testall); one
@@ -346,146 +219,6 @@ struct ProcessGroupMpi::Impl {
     TANDEM_FAIL(prefix, work.description(), " failed: MPI_Testall: ", MpiErrorString(rc));
   }
 
-  // What this rank sends to a rank that asks what it waits for: the number of the collective
-  // it is in and its description.
-  std::unique_ptr<char[]> AnswerBytes(const Work& work) const {
-    auto bytes = std::make_unique<char[]>(kAnswerBytes);
-    std::memset(bytes.get(), 0, kAnswerBytes);
-    std::memcpy(bytes.get(), &started_count, sizeof(started_count));
-    const std::string& description = work.description();
-    std::memcpy(bytes.get() + sizeof(started_count), description.data(),
-                std::min<size_t>(description.size(), kAnswerBytes - sizeof(started_count) - 1));
-    return bytes;
-  }
-
-  // Answers every question that has come (see AskWhoWaits) with what `work` is, and lets go of
-  // the answers already delivered.
-  void AnswerQuestions(const Work& work) {
-    MpiCallLock lock;
-    while (true) {
-      int arrived = 0;
-      MPI_Status status;
-      if (MPI_Test(&question, &arrived, &status) != MPI_SUCCESS || !arrived) break;
-      Answer answer{MPI_REQUEST_NULL, AnswerBytes(work)};
-      if (MPI_Isend(answer.bytes.get(), kAnswerBytes, MPI_CHAR, status.MPI_SOURCE, kAnswerTag,
-                    control, &answer.request) == MPI_SUCCESS) {
-        answers_sent.push_back(std::move(answer));
-      }
-      if (MPI_Irecv(&question_in, 1, MPI_INT64_T, MPI_ANY_SOURCE, kQuestionTag, control,
-                    &question) != MPI_SUCCESS) {
-        question = MPI_REQUEST_NULL;
-        break;
-      }
-    }
-    for (size_t i = 0; i < answers_sent.size();) {
-      int sent = 0;
-      MPI_Test(&answers_sent[i].request, &sent, MPI_STATUS_IGNORE);
-      if (sent) {
-        answers_sent.erase(answers_sent.begin() + static_cast<std::ptrdiff_t>(i));
-      } else {
-        ++i;
-      }
-    }
-  }
-
-  // After `work` timed out: asks every other rank which collective it waits in, and says who
-  // did not answer (a stopped, hung or dead rank, or one busy outside this group's
-  // collectives) and who waits in another collective than this rank.
-  std::string AskWhoWaits(const Work& work) {
-    question_out = started_count;
-    const size_t bytes = static_cast<size_t>(size) * kAnswerBytes;
-    char* answers = new char[bytes]();  // leaked below if a receive stays pending
-    std::vector<MPI_Request> receives(size, MPI_REQUEST_NULL);
-    {
-      MpiCallLock lock;
-      for (int r = 0; r < size; ++r) {
-        if (r == rank) continue;
-        MPI_Irecv(answers + r * kAnswerBytes, kAnswerBytes, MPI_CHAR, r, kAnswerTag, control,
-                  &receives[r]);
-        MPI_Request send = MPI_REQUEST_NULL;
-        if (MPI_Isend(&question_out, 1, MPI_INT64_T, r, kQuestionTag, control, &send) ==
-            MPI_SUCCESS) {
-          MPI_Request_free(&send);
-        }
-      }
-    }
-    const Clock::time_point give_up =
-        Clock::now() + std::min<Clock::duration>(kAnswerWait, options.timeout());
-    std::vector<bool> answered(size, false);
-    answered[rank] = true;
-    while (true) {
-      AnswerQuestions(work);  // another rank that timed out may be asking this one
-      bool all = true;
-      {
-        MpiCallLock lock;
-        for (int r = 0; r < size; ++r) {
-          if (answered[r]) continue;
-          int arrived = 0;
-          MPI_Test(&receives[r], &arrived, MPI_STATUS_IGNORE);
-          answered[r] = arrived != 0;
-          all = all && answered[r];
-        }
-      }
-      if (all || Clock::now() > give_up) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    // This rank's description as an answer carries it (cut to the same length).
-    const std::string own(AnswerBytes(work).get() + sizeof(started_count));
-    std::vector<int> silent;
-    std::vector<std::string> elsewhere;
-    std::vector<int> alongside;
-    for (int r = 0; r < size; ++r) {
-      if (r == rank) continue;
-      if (!answered[r]) {
-        silent.push_back(r);
-        continue;
-      }
-      int64_t sequence = 0;
-      std::memcpy(&sequence, answers + r * kAnswerBytes, sizeof(sequence));
-      answers[(r + 1) * kAnswerBytes - 1] = '\0';
-      const std::string description(answers + r * kAnswerBytes + sizeof(sequence));
-      if (sequence == started_count && description == own) {
-        alongside.push_back(r);
-      } else {
-        elsewhere.push_back(tandem::internal::Concat("rank ", r, " waits in its collective number ",
-                                                     sequence, " (", description, ")"));
-      }
-    }
-    if (!silent.empty()) {
-      MpiCallLock lock;
-      for (MPI_Request& request : receives) {
-        if (request == MPI_REQUEST_NULL) continue;
-        MPI_Cancel(&request);
-        MPI_Request_free(&request);
-      }
-    } else {
-      delete[] answers;
-    }
-    std::ostringstream text;
-    auto ranks = [](const std::vector<int>& list) {
-      std::ostringstream out;
-      out << (list.size() == 1 ? "rank " : "ranks ");
-      for (size_t i = 0; i < list.size(); ++i) out << (i == 0 ? "" : ", ") << list[i];
-      return out.str();
-    };
-    if (!silent.empty()) {
-      text << ranks(silent) << (silent.size() == 1 ? " did" : " do")
-           << " not answer (stopped, hung or dead, or busy outside this group's collectives)";
-    }
-    if (!elsewhere.empty()) {
-      if (!silent.empty()) text << "; ";
-      for (size_t i = 0; i < elsewhere.size(); ++i) text << (i == 0 ? "" : ", ") << elsewhere[i];
-      text << ", where this rank is in its collective number " << started_count
-           << ": the ranks issued different collectives";
-    }
-    if (!alongside.empty()) {
-      if (!silent.empty() || !elsewhere.empty()) text << "; ";
-      text << ranks(alongside) << (alongside.size() == 1 ? " waits" : " wait")
-           << " in this collective too";
-    }
-    return text.str();
-  }
-
   // Polls `requests` until all have completed or `deadline` passes: spins for kSpinFor, then
   // sleeps kPollSleep between polls, and 200 us once 200 ms have passed (a peer far behind
   // should not cost a core). `receives` is -1 for a non-blocking collective's requests; for
@@ -522,7 +255,7 @@ struct ProcessGroupMpi::Impl {
         if (polls == 16) start = now;
         waited = now - start;
         if (waited > kDiagnoseAfter) {
-          AnswerQuestions(work);
+          diagnosis->AnswerQuestions(queue->started_count(), work.description());
           for (int i = 0; i < receives; ++i) {
             if (requests[i] == MPI_REQUEST_NULL) continue;
             int arrived = 0;
@@ -538,20 +271,17 @@ struct ProcessGroupMpi::Impl {
         }
         if (now > deadline) {
           Abandon(requests, count, receives >= 0);
-          std::ostringstream seconds;
-          seconds << std::fixed << std::setprecision(1)
-                  << std::chrono::duration<double>(options.timeout()).count();
-          TANDEM_FAIL(prefix, work.description(), " did not finish within ", seconds.str(),
-                      " s: ", AskWhoWaits(work),
-                      ". Every rank must issue the same collectives in the same order; raise ",
-                      options.timeout_name(), " if a rank is only slow");
+          const std::string who_waits =
+              diagnosis->AskWhoWaits(queue->started_count(), work.description(),
+                                     std::min<Clock::duration>(kAnswerWait, options.timeout()));
+          TANDEM_FAIL(internal::TimeoutMessage(prefix, work.description(), options.timeout(),
+                                               options.timeout_name(), who_waits));
         }
       }
       if (waited > std::chrono::milliseconds(200)) {
         std::this_thread::sleep_for(std::chrono::microseconds(200));
-      } else if (waited > (t_on_group_thread && !caller_waits.load(std::memory_order_relaxed)
-                               ? Clock::duration(kGroupThreadSpinFor)
-                               : Clock::duration(kSpinFor))) {
+      } else if (waited > (!queue->MaySpin() ? Clock::duration(kGroupThreadSpinFor)
+                                             : Clock::duration(kSpinFor))) {
         std::this_thread::sleep_for(kPollSleep);
       }
     }
@@ -767,140 +497,6 @@ struct ProcessGroupMpi::Impl {
     Await(requests.data(), posted, deadline, work, gathers, tag);
   }
 
-  // Runs one collective that this thread has taken off the queue (with `earlier_failure`,
-  // the group's failure when it did).
-  void Execute(MpiWork& work, const std::string& earlier_failure) {
-    ++started_count;
-    if (!earlier_failure.empty()) {
-      work.Release();
-      work.Finish(std::make_exception_ptr(
-          Error(prefix + work.description() +
-                " was not run: the group failed earlier: " + earlier_failure)));
-      return;
-    }
-    try {
-      TANDEM_PROFILE_SCOPE("distributed", work.description());
-      work.Run(work.Start() + options.timeout());
-      work.Release();
-      work.Finish();
-    } catch (const std::exception& e) {
-      {
-        std::lock_guard<std::mutex> lock(mutex);
-        if (failure.empty()) failure = e.what();
-      }
-      work.Release();
-      work.Finish(std::current_exception());
-    }
-  }
-
-  // The group's thread: runs the collectives in issue order whenever no waiting caller runs
-  // them itself.
-  //
-  // Waking it costs more than a small all-reduce: a futex call, and on a machine whose cores
-  // all run ranks, two context switches on a core that a rank (this one or a peer) needs
-  // (3-4 us against 1-5 us for 4 KB on 2 ranks). So while the issuing threads run their
-  // collectives themselves (the last one was run by its waiter), Enqueue does not wake it;
-  // instead it looks every kDeferredStart and starts a collective that nobody has started
-  // kDeferredStart after it first saw it, so that every collective still starts without a
-  // wait (DDP's first buckets start 0.5-1 ms late at most). Enqueue reads no clock for this:
-  // at 4 KB one reading is 1% of the all-reduce. Starting one itself ends that mode; after
-  // kIdleBeforeSleep without collectives it sleeps until woken. (Waking for collectives of
-  // 1 MiB and more at once was measured too: it cost the all-reduce up to half its bandwidth
-  // there, the thread racing the waiting caller.)
-  void Run() {
-    t_on_group_thread = true;
-    // Its polls sleep kPollSleep; Linux's default timer slack (50 us) would double that.
-    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-    profiler::SetThreadName("ProcessGroupMpi rank " + std::to_string(rank) + " thread");
-    uint64_t front_sequence = 0;   // the first queued collective when this thread first saw it,
-    Clock::time_point front_seen;  // and when
-    uint64_t idle_count = 0;       // issued_count since
-    Clock::time_point idle_since;
-    std::unique_lock<std::mutex> lock(mutex);
-    while (true) {
-      if (running || queue.empty()) {
-        if (stop && !running && queue.empty()) return;
-        if (callers_run_their_collectives) {
-          cv.wait_for(lock, kDeferredStart);
-          const Clock::time_point now = Clock::now();
-          if (issued_count != idle_count) {
-            idle_count = issued_count;
-            idle_since = now;
-          } else if (queue.empty() && now - idle_since > kIdleBeforeSleep) {
-            callers_run_their_collectives = false;
-          }
-        } else {
-          cv.wait(lock);
-        }
-        continue;
-      }
-      if (callers_run_their_collectives && !stop) {
-        const Clock::time_point now = Clock::now();
-        if (queue.front().sequence != front_sequence) {
-          front_sequence = queue.front().sequence;
-          front_seen = now;
-        }
-        if (now < front_seen + kDeferredStart) {
-          cv.wait_until(lock, front_seen + kDeferredStart);
-          continue;
-        }
-      }
-      callers_run_their_collectives = false;  // its issuer has not come for it
-      RunFront(lock);
-      caller_waits.store(false, std::memory_order_relaxed);
-    }
-  }
-
-  // Takes the first queued collective and runs it on this thread, unlocking `lock` meanwhile.
-  void RunFront(std::unique_lock<std::mutex>& lock) {
-    std::shared_ptr<MpiWork> work = std::move(queue.front().work);
-    queue.pop_front();
-    running = true;
-    const std::string earlier_failure = failure;
-    lock.unlock();
-    Execute(*work, earlier_failure);
-    work.reset();
-    lock.lock();
-    running = false;
-  }
-
-  // Called by wait() on `target`: when no collective is running, runs the queued ones up to
-  // and including `target` on the calling thread, in issue order. For the usual
-  // issue-then-wait this saves waking the group's thread and being woken by it; the result
-  // is the same, since one collective at a time runs either way, in the same order.
-  void RunOnCaller(const Work* target) {
-    std::unique_lock<std::mutex> lock(mutex);
-    // Another thread runs a collective (ours or one before it): if the group's, it may spin.
-    if (running) caller_waits.store(true, std::memory_order_relaxed);
-    while (!running && std::any_of(queue.begin(), queue.end(),
-                                   [target](const Op& op) { return op.work.get() == target; })) {
-      if (!callers_run_their_collectives) {
-        callers_run_their_collectives = true;
-        cv.notify_one();  // from an untimed sleep to looking every kDeferredStart
-      }
-      RunFront(lock);
-    }
-    // The group's thread waits while a collective runs: let it take the later ones.
-    if (!queue.empty()) cv.notify_one();
-  }
-
-  // Queues a collective: `body(work, deadline)` runs it.
-  template <typename Body>
-  std::shared_ptr<Work> Enqueue(std::function<std::string()> describe, Body body) {
-    std::shared_ptr<MpiWork> work =
-        std::make_shared<MpiWorkWith<Body>>(this, std::move(describe), std::move(body));
-    bool wake;
-    {
-      std::lock_guard<std::mutex> lock(mutex);
-      TANDEM_CHECK(failure.empty(), prefix, "cannot run ", work->description(),
-                   ": the group failed earlier: ", failure);
-      queue.push_back(Op{work, ++issued_count});
-      wake = !callers_run_their_collectives;
-    }
-    if (wake) cv.notify_one();
-    return work;
-  }
-
   void CheckTensor(const Tensor& t, const char* collective, const char* role) const {
     TANDEM_CHECK(t.defined(), prefix, collective, ": the ", role, " tensor is undefined");
     TANDEM_CHECK(t.device().type() == DeviceType::kCPU, prefix, collective,
@@ -924,20 +520,17 @@ ProcessGroupMpi::ProcessGroupMpi(ProcessGroupMpiOptions options)
         auto impl = std::make_unique<Impl>();
         impl->options = options;
         impl->eager_piece_bytes = ReadEagerPieceBytes();
+        {
+          MpiCallLock lock;
+          const int rc = MPI_Comm_dup(MPI_COMM_WORLD, &impl->comm);
+          TANDEM_CHECK(rc == MPI_SUCCESS, "ProcessGroupMpi: MPI_Comm_dup(MPI_COMM_WORLD) failed: ",
+                       MpiErrorString(rc));
+          MPI_Comm_set_errhandler(impl->comm, MPI_ERRORS_RETURN);
+          MPI_Comm_rank(impl->comm, &impl->rank);
+          MPI_Comm_size(impl->comm, &impl->size);
+        }
+        impl->diagnosis = std::make_unique<internal::HangDiagnosis>("ProcessGroupMpi");
         MpiCallLock lock;
-        int rc = MPI_Comm_dup(MPI_COMM_WORLD, &impl->comm);
-        TANDEM_CHECK(rc == MPI_SUCCESS,
-                     "ProcessGroupMpi: MPI_Comm_dup(MPI_COMM_WORLD) failed: ", MpiErrorString(rc));
-        MPI_Comm_set_errhandler(impl->comm, MPI_ERRORS_RETURN);
-        MPI_Comm_rank(impl->comm, &impl->rank);
-        MPI_Comm_size(impl->comm, &impl->size);
-        rc = MPI_Comm_dup(MPI_COMM_WORLD, &impl->control);
-        TANDEM_CHECK(rc == MPI_SUCCESS,
-                     "ProcessGroupMpi: MPI_Comm_dup(MPI_COMM_WORLD) failed: ", MpiErrorString(rc));
-        MPI_Comm_set_errhandler(impl->control, MPI_ERRORS_RETURN);
-        rc = MPI_Irecv(&impl->question_in, 1, MPI_INT64_T, MPI_ANY_SOURCE, Impl::kQuestionTag,
-                       impl->control, &impl->question);
-        TANDEM_CHECK(rc == MPI_SUCCESS, "ProcessGroupMpi: MPI_Irecv failed: ", MpiErrorString(rc));
         int* tag_ub = nullptr;
         int has_tag_ub = 0;
         MPI_Comm_get_attr(impl->comm, MPI_TAG_UB, &tag_ub, &has_tag_ub);
@@ -952,35 +545,23 @@ ProcessGroupMpi::ProcessGroupMpi(ProcessGroupMpiOptions options)
 
 ProcessGroupMpi::ProcessGroupMpi(ProcessGroupMpiOptions options, std::unique_ptr<Impl> impl)
     : ProcessGroup(impl->rank, impl->size), options_(options), impl_(std::move(impl)) {
-  impl_->thread = std::thread([impl = impl_.get()] { impl->Run(); });
+  impl_->queue = std::make_unique<internal::WorkQueue>(
+      "ProcessGroupMpi rank " + std::to_string(impl_->rank) + " thread", impl_->prefix,
+      options_.timeout());
 }
 
 ProcessGroupMpi::~ProcessGroupMpi() {
-  {
-    std::lock_guard<std::mutex> lock(impl_->mutex);
-    impl_->stop = true;
+  impl_->queue->Stop();
+  // After a failure a request may still be pending on the communicators: leave them be.
+  if (!impl_->queue->failure().empty()) {
+    impl_->diagnosis->Abandon();
+    return;
   }
-  impl_->cv.notify_all();
-  impl_->thread.join();
-  // After a failure a request may still be pending on the communicator: leave it be.
+  impl_->diagnosis.reset();
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (impl_->failure.empty() && !finalized) {
+  if (!finalized) {
     MpiCallLock lock;
-    if (impl_->question != MPI_REQUEST_NULL) {
-      MPI_Cancel(&impl_->question);
-      MPI_Wait(&impl_->question, MPI_STATUS_IGNORE);
-    }
-    // An answer still in flight goes to a rank that asked and then stopped listening: its
-    // buffer must outlive the send, which this group cannot wait for.
-    for (Impl::Answer& answer : impl_->answers_sent) {
-      int sent = 0;
-      MPI_Test(&answer.request, &sent, MPI_STATUS_IGNORE);
-      if (sent) continue;
-      MPI_Request_free(&answer.request);
-      static_cast<void>(answer.bytes.release());  // deliberately leaked, see above
-    }
-    MPI_Comm_free(&impl_->control);
     MPI_Comm_free(&impl_->comm);
   }
 }
@@ -1000,7 +581,8 @@ std::shared_ptr<Work> ProcessGroupMpi::allreduce(Tensor tensor, ReduceOp op) {
     return tandem::internal::Concat("allreduce (", ReduceOpName(op), ") of ",
                                     Elements(numel, dtype));
   };
-  return impl.Enqueue(describe, [&impl, tensor, op](const Work& work, Clock::time_point deadline) {
+  return impl.queue->Enqueue(describe, [&impl, tensor, op](const Work& work,
+                                                           Clock::time_point deadline) {
     const int64_t n = tensor.numel();
     const int64_t step = impl.options.max_elements_per_call();
     // An average is the sum scaled by the rank that finishes each block's sum, in the pass
@@ -1040,7 +622,7 @@ std::shared_ptr<Work> ProcessGroupMpi::broadcast(Tensor tensor, int root) {
   auto describe = [tensor, root] {
     return tandem::internal::Concat("broadcast from rank ", root, " of ", Elements(tensor));
   };
-  return impl.Enqueue(
+  return impl.queue->Enqueue(
       describe, [&impl, tensor, root](const Work& work, Clock::time_point deadline) {
         const int64_t n = tensor.numel();
         char* data = static_cast<char*>(tensor.raw_data());
@@ -1071,8 +653,8 @@ std::shared_ptr<Work> ProcessGroupMpi::allgather(Tensor output, Tensor input) {
   TANDEM_CHECK(!output.shares_storage_with(input), impl.prefix,
                "allgather: the output must not share storage with the input");
   auto describe = [input] { return tandem::internal::Concat("allgather of ", Elements(input)); };
-  return impl.Enqueue(describe, [&impl, output, input](const Work& work,
-                                                       Clock::time_point deadline) {
+  return impl.queue->Enqueue(describe, [&impl, output, input](const Work& work,
+                                                              Clock::time_point deadline) {
     const int64_t n = input.numel();
     const char* in = static_cast<const char*>(input.raw_data());
     char* out = static_cast<char*>(output.raw_data());
@@ -1109,15 +691,16 @@ std::shared_ptr<Work> ProcessGroupMpi::allgather(Tensor output, Tensor input) {
 
 std::shared_ptr<Work> ProcessGroupMpi::barrier() {
   Impl& impl = *impl_;
-  return impl.Enqueue([] { return std::string("barrier"); },
-                      [&impl](const Work& work, Clock::time_point deadline) {
-                        MPI_Request request;
-                        {
-                          MpiCallLock lock;
-                          impl.Check(MPI_Ibarrier(impl.comm, &request), "MPI_Ibarrier", work);
-                        }
-                        impl.Await(&request, 1, deadline, work);
-                      });
+  return impl.queue->Enqueue([] { return std::string("barrier"); },
+                             [&impl](const Work& work, Clock::time_point deadline) {
+                               MPI_Request request;
+                               {
+                                 MpiCallLock lock;
+                                 impl.Check(MPI_Ibarrier(impl.comm, &request), "MPI_Ibarrier",
+                                            work);
+                               }
+                               impl.Await(&request, 1, deadline, work);
+                             });
 }
 
 int LocalRank() {

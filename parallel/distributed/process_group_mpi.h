@@ -24,7 +24,8 @@
 // group's thread polls every 50 us (spinning only while a caller waits for it), so that it
 // keeps collectives moving beside a compute thread without taking half its core. Collectives
 // are MPI's non-blocking calls, polled, so that one that a peer never joins fails after
-// `timeout` instead of hanging; its error says which ranks did not answer (a stopped, hung
+// `timeout` instead of hanging; its error says (internal/hang_diagnosis.h, which
+// ProcessGroupNccl's watchdog shares) which ranks did not answer (a stopped, hung
 // or dead rank) and which wait in another collective (every rank that waits in a collective
 // answers such a question within milliseconds). An all-reduce's messages carry its size,
 // dtype and op, so that ranks that disagree on them fail at once, naming both sides. The all-reduce

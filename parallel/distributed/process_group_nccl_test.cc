@@ -2,7 +2,8 @@
 // group of its own (world size 1 on cuda:0), then all ranks share one group over the MPI
 // bootstrap, rank r on cuda:r: collectives of every dtype against the CPU, and
 // DistributedDataParallel on CUDA, plain and with bfloat16 gradient compression, against one
-// process. Needs a GPU per rank (NCCL refuses two ranks on one GPU): under --config=cudasim
+// process; a rank that skips a collective is named by the others' watchdog after the timeout.
+// Needs a GPU per rank (NCCL refuses two ranks on one GPU): under --config=cudasim
 // each process has simulated GPUs of its own; on a machine with fewer GPUs than ranks the
 // shared-group tests skip.
 #include "parallel/distributed/process_group_nccl.h"
@@ -10,6 +11,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,6 +28,7 @@
 namespace tandem::parallel::distributed {
 namespace {
 
+using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
 class ProcessGroupNcclTest : public ::testing::Test {
@@ -242,6 +246,57 @@ TEST_F(NcclRanksTest, DistributedDataParallelOnCudaEqualsOneProcess) {
         }
       }
     }
+  }
+}
+
+// A rank that skips a collective: the others' wait() throws after the timeout instead of
+// hanging, naming the collective and the rank that did not answer (on 3 ranks also the rank
+// that waits in it too), and their group refuses further collectives; the late rank's own
+// collective then fails too instead of waiting for the aborted peers. The fragile group runs
+// on another simulated GPU than Group(): an aborted NCCL collective leaves its device with a
+// sticky error, as a failed kernel does. Last in the file, as the one-rank tests use cuda:0.
+TEST_F(NcclRanksTest, ARankThatSkipsACollectiveIsNamedByTheOthersAfterTheTimeout) {
+  const int world = TestGroup()->size();
+  const int rank = TestGroup()->rank();
+  const Device gpu = Device::Cuda((rank + 1) % cuda::DeviceCount());
+  ProcessGroupNccl fragile(gpu, TestGroup(),
+                           ProcessGroupNcclOptions()
+                               .timeout(std::chrono::milliseconds(1500))
+                               .timeout_name("--collective_timeout"));
+  Tensor t = ones({1000}, TensorOptions().device(gpu));
+  fragile.allreduce(t)->wait();
+  EXPECT_EQ(t.to_vector<float>()[0], static_cast<float>(world));
+  if (rank != 1) {
+    const auto start = std::chrono::steady_clock::now();
+    const std::string error = testing::ErrorOf([&] { fragile.allreduce(t)->wait(); });
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("rank %d's error: %s\n", rank, error.c_str());
+    EXPECT_GE(seconds, 1.5);
+    EXPECT_LT(seconds, 10.0);
+    EXPECT_THAT(error, HasSubstr(tandem::internal::Concat(
+                           "ProcessGroupNccl rank ", rank, " of ", world, " on ", gpu,
+                           ": allreduce (sum) of 1000 float32 elements did not finish within "
+                           "1.5 s: rank 1 did not answer (stopped, hung or dead")));
+    EXPECT_THAT(error, HasSubstr("raise --collective_timeout if a rank is only slow"));
+    if (world == 3) {
+      EXPECT_THAT(error,
+                  HasSubstr("rank " + std::to_string(2 - rank) + " waits in this collective too"));
+    }
+    EXPECT_THAT(testing::ErrorOf([&] { fragile.barrier(); }),
+                HasSubstr("cannot run barrier: the group failed earlier and its NCCL "
+                          "communicator was aborted: "));
+  }
+  TestGroup()->barrier()->wait();  // rank 1 waits here, outside the NCCL group's collectives
+  if (rank == 1) {
+    // The simulated NCCL reports the peers' abort at once; a GPU's NCCL may only leave the
+    // collective waiting, for this rank's own watchdog to time out.
+    const std::string error = testing::ErrorOf([&] { fragile.allreduce(t)->wait(); });
+    EXPECT_THAT(
+        error, HasSubstr(tandem::internal::Concat("ProcessGroupNccl rank 1 of ", world, " on ", gpu,
+                                                  ": allreduce (sum) of 1000 float32 "
+                                                  "elements ")));
+    EXPECT_THAT(error, AnyOf(HasSubstr("ncclCommAbort"), HasSubstr("did not finish within 1.5 s")));
   }
 }
 
