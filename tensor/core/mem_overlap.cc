@@ -62,13 +62,15 @@ void CheckNoInternalOverlap(const Tensor& written, const char* op) {
   }
 }
 
-void CheckNoPartialOverlap(const Tensor& written, const Tensor& read, const char* op) {
-  TANDEM_CHECK(OverlapOf(written, read) != MemOverlap::kPartial, op,
+MemOverlap CheckNoPartialOverlap(const Tensor& written, const Tensor& read, const char* op) {
+  const MemOverlap overlap = OverlapOf(written, read);
+  TANDEM_CHECK(overlap != MemOverlap::kPartial, op,
                ": unsupported operation: some elements of the input tensor and the written-to "
                "tensor refer to a single memory location (they are overlapping views of one "
                "storage, at element offsets ",
                read.storage_offset(), " and ", written.storage_offset(),
                "); clone() the input first, as PyTorch requires");
+  return overlap;
 }
 
 }  // namespace tandem

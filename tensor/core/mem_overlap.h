@@ -31,8 +31,9 @@ MemOverlap OverlapOf(const Tensor& a, const Tensor& b);
 // a stride 0 over a dimension of size > 1). `op` names the caller in the message.
 void CheckNoInternalOverlap(const Tensor& written, const char* op);
 
-// Throws when `written` and `read` overlap partially (OverlapOf is kPartial).
-void CheckNoPartialOverlap(const Tensor& written, const Tensor& read, const char* op);
+// Throws when `written` and `read` overlap partially (OverlapOf is kPartial); returns their
+// overlap otherwise (kFull lets a copy skip itself).
+MemOverlap CheckNoPartialOverlap(const Tensor& written, const Tensor& read, const char* op);
 
 }  // namespace tandem
 

@@ -620,9 +620,8 @@ Tensor& Tensor::copy_(const Tensor& src) {
   BroadcastShapes(shape(), src.shape(), "copy_");  // validates with a clear message
   if (numel() == 0) return *this;
   CheckNoInternalOverlap(*this, "copy_");
-  const MemOverlap overlap = OverlapOf(*this, src);
+  const MemOverlap overlap = CheckNoPartialOverlap(*this, src, "copy_");
   if (overlap == MemOverlap::kFull && src.dtype() == dtype()) return *this;  // x.copy_(x)
-  CheckNoPartialOverlap(*this, src, "copy_");
   Tensor source = src.detach();
   if (source.device() != device() && source.shape() == shape() && source.dtype() == dtype() &&
       source.is_contiguous() && is_contiguous()) {
