@@ -1,19 +1,20 @@
-// The trainer's --distributed mode: one process per device, started by mpirun, training the
-// Fashion-MNIST classifier or the GPT on text (the trainer's Task, examples/task.h) with
-// parallel::distributed::DistributedDataParallel over Open MPI. Each rank reads its share of every
-// epoch (data::DistributedSampler) in batches of --batch_size (per rank, as in PyTorch), the
-// gradients are averaged across ranks in backward, and rank 0 alone prints progress, evaluates on
-// the test set, writes the checkpoint and prints the final JSON line (with "ranks").
+// The trainer's --distributed strategy (examples/train_strategy.h): one process per device, started
+// by mpirun, training the Fashion-MNIST classifier or the GPT on text (the trainer's Task,
+// examples/task.h) with parallel::distributed::DistributedDataParallel over Open MPI. Each rank
+// reads its share of every epoch (data::DistributedSampler) in batches of --batch_size (per rank,
+// as in PyTorch), the gradients are averaged across ranks in backward, and rank 0 alone prints
+// progress, evaluates on the test set, writes the checkpoint and prints the final JSON line (with
+// "ranks").
 //
 //   mpirun -np 2 bazel-bin/examples/train --distributed --devices=cpu:0
 //   mpirun -H host1,host2 -np 2 /path/to/train --distributed      # one rank per machine
 //
 // Device: the one --devices names, or cuda:<local rank> where GPUs exist, else cpu:0 with
-// --threads threads (default: the machine's cores shared among the ranks on it). Reads the
-// trainer's flags (examples/train.cc). Before the first step every rank checks that all agree
-// on every flag of the trainer except those that may differ per rank or machine (the device,
-// --threads, --workers, paths, and what rank 0 alone writes; see FlagsThatMayDiffer, where a
-// new per-machine flag belongs), on the training data's size and steps per epoch, and on the
+// --threads threads (default: the machine's cores shared among the ranks on it). Before the
+// first step every rank checks that all agree on every setting of the trainer except those
+// that may differ per rank or machine (the device, --threads, --workers, paths, and what rank
+// 0 alone writes; NamedSettings in examples/trainer.h marks them), on the training data's
+// size and steps per epoch, and on the
 // epoch a checkpoint resumes at; otherwise every rank prints the same error naming each
 // difference and every rank's value, and exits with status 1. A collective that waits longer
 // than --collective_timeout seconds fails, naming the ranks that did not answer, and ends the
@@ -36,13 +37,14 @@
 #ifndef TANDEM_EXAMPLES_DISTRIBUTED_TRAINING_H_
 #define TANDEM_EXAMPLES_DISTRIBUTED_TRAINING_H_
 
-#include "examples/task.h"
+#include <memory>
+
+#include "examples/train_strategy.h"
 
 namespace tandem::examples {
 
-// Runs the whole distributed training from the trainer's flags, the task's (`task`: resolved
-// by ResolveTaskDefaults) among them; returns the exit status.
-int RunDistributedTraining(const TaskOptions& task);
+// DistributedDataParallel over the ranks of an mpirun job, one device per process.
+std::unique_ptr<TrainStrategy> MakeDistributedStrategy();
 
 }  // namespace tandem::examples
 

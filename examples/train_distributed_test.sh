@@ -7,7 +7,7 @@
 # job killed in epoch 2 and resumed from its checkpoint ends with the same parameters and
 # random state as the uninterrupted one; a run that learns nothing says it is at chance level.
 set -euo pipefail
-train="$1"
+train="$1"  # //examples:train_with_test_hooks: the trainer with --kill_in_epoch
 data_dir=/usr/share/datasets/fashion-mnist
 if [[ ! -f "$data_dir/train-images-idx3-ubyte.gz" ]]; then
   echo "SKIPPED: Fashion-MNIST is not installed in $data_dir (bash tools/setup.sh installs it)"

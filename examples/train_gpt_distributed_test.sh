@@ -4,7 +4,7 @@
 # sample and the JSON line (with "ranks":2 and "sample"). A job killed in epoch 2 and resumed
 # from its checkpoint ends with the uninterrupted job's model, bit for bit, and its sample.
 set -euo pipefail
-train="$1"
+train="$1"  # //examples:train_with_test_hooks: the trainer with --kill_in_epoch
 if [[ ! -d /usr/share/games/fortunes ]]; then
   echo "SKIPPED: the fortunes corpus is not installed (bash tools/setup.sh installs it)"
   exit 0

@@ -41,8 +41,13 @@ constexpr char kCommon[] =
     " --test_limit=64 --context=32 --n_layer=1 --n_head=2 --n_embd=32 --lr=0.003 --workers=1"
     " --seed=5 --max_new_tokens=40";
 
+// Runs the trainer with `flags`; its output goes to files named after `name`. A run with
+// --kill_in_epoch (a test hook, not a flag of the shipped trainer) runs
+// //examples:train_with_test_hooks, the same trainer built with its hooks.
 ProgramResult Train(const std::string& name, const std::string& flags) {
-  return ::tandem::testing::RunProgram("examples/train", flags, name);
+  const bool hooked = flags.find("--kill_in_epoch") != std::string::npos;
+  return ::tandem::testing::RunProgram(hooked ? "examples/train_with_test_hooks" : "examples/train",
+                                       flags, name);
 }
 
 bool Exists(const std::string& path) {

@@ -43,9 +43,13 @@ bool Exists(const std::string& path) {
   return stat(path.c_str(), &info) == 0;
 }
 
-// Runs the trainer with `flags`; its output goes to files named after `name`.
+// Runs the trainer with `flags`; its output goes to files named after `name`. A run with
+// --kill_in_epoch (a test hook, not a flag of the shipped trainer) runs
+// //examples:train_with_test_hooks, the same trainer built with its hooks.
 ProgramResult Train(const std::string& name, const std::string& flags) {
-  return ::tandem::testing::RunProgram("examples/train", flags, name);
+  const bool hooked = flags.find("--kill_in_epoch") != std::string::npos;
+  return ::tandem::testing::RunProgram(hooked ? "examples/train_with_test_hooks" : "examples/train",
+                                       flags, name);
 }
 
 // Every tensor in a checkpoint, by name, as raw bytes.
@@ -206,6 +210,19 @@ TEST_F(TrainResumeTest, BatchSmallerThanTheDevicesTrainsAndSaysHowItSplit) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("batch 2 split 1+1 (2 chunks for 3 devices"));
   EXPECT_THAT(r.out, HasSubstr("split 4 x 1+1"));
+}
+
+// Test hooks live in //examples:train_with_test_hooks: the shipped trainer's help lists none,
+// and refuses --kill_in_epoch as an unknown flag.
+TEST(TrainHelpTest, TheShippedTrainerHasNoTestHook) {
+  const ProgramResult help = Train("helpfull", "--helpfull");
+  EXPECT_THAT(help.out + help.err, HasSubstr("--checkpoint"));
+  EXPECT_THAT(help.out + help.err, Not(HasSubstr("kill_in_epoch")));
+  EXPECT_THAT(help.out + help.err, Not(HasSubstr("(testing)")));
+  const ProgramResult refused =
+      ::tandem::testing::RunProgram("examples/train", "--kill_in_epoch=1", "refused_hook");
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_THAT(refused.err, HasSubstr("kill_in_epoch"));
 }
 
 TEST_F(TrainResumeTest, BadFlagsAreOneLineErrorsWithExitStatusOne) {
