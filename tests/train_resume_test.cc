@@ -11,9 +11,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "examples/trainer.h"
 #include "nn/checkpoint.h"
 #include "tensor/tensor.h"
 #include "tests/run_program.h"
@@ -223,6 +226,28 @@ TEST(TrainHelpTest, TheShippedTrainerHasNoTestHook) {
       ::tandem::testing::RunProgram("examples/train", "--kill_in_epoch=1", "refused_hook");
   EXPECT_EQ(refused.exit_code, 1);
   EXPECT_THAT(refused.err, HasSubstr("kill_in_epoch"));
+}
+
+// examples::NamedSettings (what --distributed ranks compare) names every flag of the trainer
+// but --device (an alias of --devices) and --distributed (the strategy itself): a flag added
+// to examples/train.cc without its line there would go uncompared.
+TEST(TrainHelpTest, EveryTrainerFlagIsANamedSetting) {
+  const ProgramResult help = Train("helpfull_flags", "--helpfull");
+  std::set<std::string> flags;
+  bool in_trainer = false;
+  std::istringstream lines(help.out + help.err);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("  Flags from ", 0) == 0)
+      in_trainer = line.find("examples/train.cc") != line.npos;
+    if (in_trainer && line.rfind("    --", 0) == 0) {
+      flags.insert(line.substr(4, line.find(' ', 6) - 4));
+    }
+  }
+  std::set<std::string> named = {"--device", "--distributed"};
+  for (const examples::NamedSetting& s : examples::NamedSettings(examples::TrainConfig())) {
+    named.insert(s.flag);
+  }
+  EXPECT_EQ(flags, named);
 }
 
 TEST_F(TrainResumeTest, BadFlagsAreOneLineErrorsWithExitStatusOne) {
