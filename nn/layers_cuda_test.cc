@@ -101,6 +101,25 @@ TEST_F(LayersTest, CudaMatchesCpu) {
                 }),
                 HasSubstr("index 20 (element 0 of the [1] input) is out of range"));
   }
+  for (int64_t stride : {1, 3}) {  // max_norm's row copies and its pass over the table
+    SCOPED_TRACE(stride);
+    Embedding embed(
+        EmbeddingOptions(80, 4).padding_idx(0).max_norm(1.5).norm_type(3.0).scale_grad_by_freq(
+            true));
+    std::shared_ptr<Module> gpu_embed = embed.clone(Device::Cuda(0));
+    std::vector<int64_t> values;
+    for (int64_t i = 0; i < 24; ++i) values.push_back(i * stride % 80);
+    values.push_back(stride);  // a repeat
+    Tensor ids = from_vector(values, {5, 5});
+    Tensor y_cpu = embed.forward(ids);
+    Tensor y_gpu = gpu_embed->forward_tensors({ids.to(Device::Cuda(0))})[0];
+    EXPECT_LT(MaxAbsDiff(y_cpu, y_gpu), 1e-5);
+    EXPECT_LT(MaxAbsDiff(embed.weight(), gpu_embed->parameter("weight")), 1e-5);
+    Tensor upstream = randn(y_cpu.shape());
+    y_cpu.backward(upstream);
+    y_gpu.backward(upstream.to(Device::Cuda(0)));
+    EXPECT_LT(MaxAbsDiff(embed.weight().grad(), gpu_embed->parameter("weight").grad()), 1e-5);
+  }
   // Dropout draws the same counter-based numbers on every device.
   BatchNorm1d bn1(64);
   ExpectCudaMatchesCpu(bn1, randn({16, 64, 3}));
