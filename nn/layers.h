@@ -446,7 +446,9 @@ struct EmbeddingOptions {
 //
 // max_norm writes the weight in place, as PyTorch does: the parameter itself, or under
 // DataParallel the replica's copy (replica 0's writes reach the module, the others' are
-// dropped, as any in-place write inside a replica). Its cost: one small copy per run of
+// dropped, as any in-place write inside a replica). So, as PyTorch warns, a graph recorded
+// before this forward that holds the weight (a tied output head's) must not be run backward
+// after it: give that graph weight().clone(). Its cost: one small copy per run of
 // consecutive renormalised rows, or one pass over the table when there are many.
 //
 //   nn::Embedding embed(1000, 64, /*padding_idx=*/0);
