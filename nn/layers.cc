@@ -687,31 +687,76 @@ void RMSNorm::pretty_print(std::ostream& out) const {
 
 // ---- Embedding -------------------------------------------------------------------------
 
-Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim,
-                     std::optional<int64_t> padding_idx)
-    : num_embeddings_(num_embeddings), embedding_dim_(embedding_dim) {
+namespace {
+
+// Renormalised rows are written back one run of consecutive indices at a time while there
+// are at most this many runs (a copy each: cheap for a few, a kernel launch each on a GPU);
+// beyond it, by one pass that scales the whole table (by 1 outside those rows, which leaves
+// them exactly as they are).
+constexpr size_t kMaxRenormRunCopies = 16;
+
+// The norm_type-norm of each row of `rows` [n, d], as [n, 1], in float32 at least (as
+// PyTorch's renorm accumulates reduced-precision rows).
+Tensor RowNorms(const Tensor& rows, double p) {
+  const Tensor x = rows.dtype() == kFloat64 ? rows : rows.to(kFloat32);
+  if (std::isinf(p)) return amax(abs(x), 1, /*keepdim=*/true);
+  if (p == 1.0) return sum(abs(x), {1}, /*keepdim=*/true);
+  if (p == 2.0) return sqrt(sum(square(x), {1}, /*keepdim=*/true));
+  return pow(sum(pow(abs(x), p), {1}, /*keepdim=*/true), 1.0 / p);
+}
+
+// `x` with the gradient reaching it multiplied by `factor` (broadcast to x's shape) on the
+// way back; the values are x's, untouched.
+Tensor ScaleGradient(const Tensor& x, const Tensor& factor) {
+  if (!NeedsGrad({x})) return x;
+  Tensor out = x.detach();
+  RecordOp("EmbeddingScaleGradByFreqBackward", {x}, out, [factor](const Tensor& grad) {
+    return std::vector<Tensor>{mul(grad, factor).to(grad.dtype())};
+  });
+  return out;
+}
+
+}  // namespace
+
+Embedding::Embedding(const EmbeddingOptions& options) : options_(options) {
+  const int64_t num_embeddings = options_.num_embeddings();
+  const int64_t embedding_dim = options_.embedding_dim();
   TANDEM_CHECK(num_embeddings > 0 && embedding_dim > 0,
                "Embedding: num_embeddings and embedding_dim must be positive but are ",
                num_embeddings, " and ", embedding_dim);
-  if (padding_idx) {
+  if (const std::optional<int64_t> padding_idx = options_.padding_idx()) {
     TANDEM_CHECK(*padding_idx >= -num_embeddings && *padding_idx < num_embeddings,
                  "Embedding: padding_idx must be within num_embeddings: in [", -num_embeddings,
                  ", ", num_embeddings, ") but is ", *padding_idx);
-    padding_idx_ = *padding_idx < 0 ? *padding_idx + num_embeddings : *padding_idx;
+    if (*padding_idx < 0) options_.padding_idx(*padding_idx + num_embeddings);
   }
+  if (const std::optional<double> max_norm = options_.max_norm()) {
+    TANDEM_CHECK(*max_norm >= 0.0,
+                 "Embedding: max_norm (the largest norm a looked-up row may keep) must be >= 0 "
+                 "but is ",
+                 *max_norm, "; pass a non-negative bound, or leave max_norm unset for none");
+  }
+  TANDEM_CHECK(options_.norm_type() > 0.0,
+               "Embedding: norm_type (the p of the p-norm that max_norm bounds) must be "
+               "positive but is ",
+               options_.norm_type(), "; 2 is the Euclidean norm, inf the largest magnitude");
   reset();
 }
 
+Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim,
+                     std::optional<int64_t> padding_idx)
+    : Embedding(EmbeddingOptions(num_embeddings, embedding_dim).padding_idx(padding_idx)) {}
+
 void Embedding::reset() {
-  const Shape shape = {num_embeddings_, embedding_dim_};
+  const Shape shape = {num_embeddings(), embedding_dim()};
   if (cloning()) {
     weight_ = register_parameter("weight", empty(shape));
     return;
   }
   weight_ = register_parameter("weight", randn(shape));
-  if (padding_idx_) {
+  if (const std::optional<int64_t> padding_idx = options_.padding_idx()) {
     NoGradGuard no_grad;
-    weight_->narrow(0, *padding_idx_, 1).zero_();
+    weight_->narrow(0, *padding_idx, 1).zero_();
   }
 }
 
@@ -719,7 +764,55 @@ void Embedding::reset_parameters() {
   NoGradGuard no_grad;
   Tensor target = *weight_;
   target.copy_(randn(target.shape(), TensorOptions().device(target.device())));
-  if (padding_idx_) target.narrow(0, *padding_idx_, 1).zero_();
+  if (const std::optional<int64_t> padding_idx = options_.padding_idx()) {
+    target.narrow(0, *padding_idx, 1).zero_();
+  }
+}
+
+void Embedding::Renormalize(const std::vector<int64_t>& ids) {
+  NoGradGuard no_grad;
+  Tensor table = *weight_;
+  const Device device = table.device();
+  const int64_t count = static_cast<int64_t>(ids.size());
+  const Tensor rows =
+      index_select(table, 0, from_vector(ids, {count}, TensorOptions().device(device)));
+  // PyTorch's arithmetic: the norm accumulated in float32 (float64 for float64 rows), then
+  // scale = max_norm / (norm + 1e-7) in double, by which the row is multiplied in float32 (or
+  // float64) and rounded to its dtype.
+  const std::vector<double> norms =
+      RowNorms(rows, options_.norm_type()).to(Device::Cpu(0)).to(kFloat64).to_vector<double>();
+  const double max_norm = *options_.max_norm();
+  const DType scale_dtype = table.dtype() == kFloat64 ? kFloat64 : kFloat32;
+  std::vector<double> scale(ids.size(), 1.0);
+  // Runs of consecutive rows to write: [first position in ids, length).
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (int64_t i = 0; i < count; ++i) {
+    if (!(norms[i] > max_norm)) continue;
+    scale[i] = max_norm / (norms[i] + 1e-7);
+    if (!runs.empty() && runs.back().first + runs.back().second == i && ids[i - 1] + 1 == ids[i]) {
+      ++runs.back().second;
+    } else {
+      runs.push_back({i, 1});
+    }
+  }
+  if (runs.empty()) return;
+  if (runs.size() <= kMaxRenormRunCopies) {
+    const Tensor scaled =
+        rows * from_vector(scale, {count, 1}, TensorOptions(scale_dtype).device(device));
+    for (const auto& [first, length] : runs) {
+      table.narrow(0, ids[first], length).copy_(scaled.narrow(0, first, length));
+    }
+    return;
+  }
+  std::vector<double> table_scale(num_embeddings(), 1.0);
+  for (int64_t i = 0; i < count; ++i) table_scale[ids[i]] = scale[i];
+  const Tensor factor =
+      from_vector(table_scale, {num_embeddings(), 1}, TensorOptions(scale_dtype).device(device));
+  if (table.dtype() == scale_dtype) {
+    table.mul_(factor);
+  } else {  // mul_ would round the factor to the table's reduced dtype first
+    table.copy_(table * factor);
+  }
 }
 
 Tensor Embedding::forward(const Tensor& indices) {
@@ -728,30 +821,55 @@ Tensor Embedding::forward(const Tensor& indices) {
                indices.dtype(), "; convert them with .to(kInt64)");
   CheckSameDevice(indices, *weight_, *this);
   const Tensor flat = indices.reshape({-1});
-  // The indices are read on the host once, to name a bad one.
+  // The indices are read on the host once, to name a bad one and to plan max_norm's and
+  // scale_grad_by_freq's work.
   const std::vector<int64_t> values = flat.to_vector<int64_t>();
   for (size_t i = 0; i < values.size(); ++i) {
-    TANDEM_CHECK(values[i] >= 0 && values[i] < num_embeddings_, ToString(), ": index ", values[i],
+    TANDEM_CHECK(values[i] >= 0 && values[i] < num_embeddings(), ToString(), ": index ", values[i],
                  " (element ", i, " of the ", ShapeToString(indices.shape()),
-                 " input) is out of range; indices must be in [0, ", num_embeddings_,
+                 " input) is out of range; indices must be in [0, ", num_embeddings(),
                  ") (num_embeddings)");
   }
+  std::vector<int64_t> ids;  // distinct, sorted
+  if (options_.max_norm() || options_.scale_grad_by_freq()) {
+    ids = values;
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  }
+  if (options_.max_norm() && !ids.empty()) Renormalize(ids);
   Tensor rows = index_select(*weight_, 0, flat);
-  if (padding_idx_) {
+  if (options_.scale_grad_by_freq() && NeedsGrad({rows})) {
+    // Each occurrence's gradient over its index's count in this input (position of each
+    // element's index in ids, then the counts).
+    std::vector<int64_t> slot(values.size()), counts(ids.size(), 0);
+    for (size_t i = 0; i < values.size(); ++i) {
+      slot[i] = std::lower_bound(ids.begin(), ids.end(), values[i]) - ids.begin();
+      ++counts[slot[i]];
+    }
+    std::vector<double> factor(values.size());
+    for (size_t i = 0; i < values.size(); ++i) factor[i] = 1.0 / counts[slot[i]];
+    const DType dtype = rows.dtype() == kFloat64 ? kFloat64 : kFloat32;
+    rows = ScaleGradient(rows, from_vector(factor, {static_cast<int64_t>(factor.size()), 1},
+                                           TensorOptions(dtype).device(rows.device())));
+  }
+  if (const std::optional<int64_t> padding_idx = options_.padding_idx()) {
     // The padding row's value, without a path for its gradient.
-    const Tensor is_padding = eq(flat, full({}, static_cast<double>(*padding_idx_),
+    const Tensor is_padding = eq(flat, full({}, static_cast<double>(*padding_idx),
                                             TensorOptions(kInt64).device(flat.device())))
                                   .unsqueeze(1);
     rows = where(is_padding, rows.detach(), rows);
   }
   Shape out_shape = indices.shape();
-  out_shape.push_back(embedding_dim_);
+  out_shape.push_back(embedding_dim());
   return rows.reshape(out_shape);
 }
 
 void Embedding::pretty_print(std::ostream& out) const {
-  out << num_embeddings_ << ", " << embedding_dim_;
-  if (padding_idx_) out << ", padding_idx=" << *padding_idx_;
+  out << num_embeddings() << ", " << embedding_dim();
+  if (options_.padding_idx()) out << ", padding_idx=" << *options_.padding_idx();
+  if (options_.max_norm()) out << ", max_norm=" << PythonFloat(*options_.max_norm());
+  if (options_.norm_type() != 2.0) out << ", norm_type=" << PythonFloat(options_.norm_type());
+  if (options_.scale_grad_by_freq()) out << ", scale_grad_by_freq=True";
 }
 
 }  // namespace tandem::nn

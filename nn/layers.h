@@ -419,16 +419,46 @@ class RMSNorm : public Cloneable<RMSNorm> {
   Parameter weight_;
 };
 
+// torch.nn.Embedding's arguments, with its defaults.
+struct EmbeddingOptions {
+  EmbeddingOptions(int64_t num_embeddings, int64_t embedding_dim)
+      : num_embeddings_(num_embeddings), embedding_dim_(embedding_dim) {}
+
+  TANDEM_ARG(int64_t, num_embeddings);
+  TANDEM_ARG(int64_t, embedding_dim);
+  // This row starts at zeros and gets no gradient; negative counts from the end.
+  TANDEM_ARG(std::optional<int64_t>, padding_idx) = std::nullopt;
+  // Each forward first scales down, in place and without gradient, every row it looks up
+  // whose norm_type-norm exceeds max_norm (>= 0): row *= max_norm / (norm + 1e-7).
+  TANDEM_ARG(std::optional<double>, max_norm) = std::nullopt;
+  // The p of that norm: positive, inf allowed.
+  TANDEM_ARG(double, norm_type) = 2.0;
+  // Each row's gradient is divided by how often its index occurs in the forward's input.
+  TANDEM_ARG(bool, scale_grad_by_freq) = false;
+};
+
 // A lookup table: int64 indices of any shape [*] in [0, num_embeddings) give rows of the
-// weight [num_embeddings, embedding_dim], as [*, embedding_dim] (torch.nn.Embedding). The
-// weight starts normal(0, 1). With padding_idx (negative counts from the end), that row
-// starts at zeros and gets no gradient. An index out of range is an error naming it.
+// weight [num_embeddings, embedding_dim], as [*, embedding_dim], with torch.nn.Embedding's
+// options and semantics (see EmbeddingOptions). The weight starts normal(0, 1). An index out
+// of range is an error naming it. Every option works on every device: the lookup is an
+// index_select, max_norm's renormalisation and scale_grad_by_freq's counts are tensor ops
+// planned from the indices, which the forward reads on the host anyway to check them.
+//
+// max_norm writes the weight in place, as PyTorch does: the parameter itself, or under
+// DataParallel the replica's copy (replica 0's writes reach the module, the others' are
+// dropped, as any in-place write inside a replica). So, as PyTorch warns, a graph recorded
+// before this forward that holds the weight (a tied output head's) must not be run backward
+// after it: give that graph weight().clone(). Its cost: one small copy per run of
+// consecutive renormalised rows, or one pass over the table when there are many.
 //
 //   nn::Embedding embed(1000, 64, /*padding_idx=*/0);
 //   Tensor vectors = embed.forward(token_ids);   // int64 [B, T] -> [B, T, 64]
 //   std::cout << embed;   // Embedding(1000, 64, padding_idx=0)
+//   nn::Embedding bounded(nn::EmbeddingOptions(1000, 64).max_norm(1.0).scale_grad_by_freq(true));
+//   std::cout << bounded;   // Embedding(1000, 64, max_norm=1.0, scale_grad_by_freq=True)
 class Embedding : public Cloneable<Embedding> {
  public:
+  explicit Embedding(const EmbeddingOptions& options);
   Embedding(int64_t num_embeddings, int64_t embedding_dim,
             std::optional<int64_t> padding_idx = std::nullopt);
 
@@ -439,15 +469,17 @@ class Embedding : public Cloneable<Embedding> {
   void pretty_print(std::ostream& out) const override;
 
   Tensor weight() const { return *weight_; }
-  int64_t num_embeddings() const { return num_embeddings_; }
-  int64_t embedding_dim() const { return embedding_dim_; }
-  // Always in [0, num_embeddings) when set.
-  std::optional<int64_t> padding_idx() const { return padding_idx_; }
+  // padding_idx, when set, is in [0, num_embeddings).
+  const EmbeddingOptions& options() const { return options_; }
+  int64_t num_embeddings() const { return options_.num_embeddings(); }
+  int64_t embedding_dim() const { return options_.embedding_dim(); }
+  std::optional<int64_t> padding_idx() const { return options_.padding_idx(); }
 
  private:
-  int64_t num_embeddings_;
-  int64_t embedding_dim_;
-  std::optional<int64_t> padding_idx_;
+  // max_norm: scales down the rows of the weight at `ids` (sorted, distinct) in place.
+  void Renormalize(const std::vector<int64_t>& ids);
+
+  EmbeddingOptions options_;
   Parameter weight_;
 };
 
