@@ -108,14 +108,14 @@ struct KernelRegistration {
   extern ::tandem::KernelStub<signature> name
 
 // In one .cc file, in the namespace of the declaration.
-#define TANDEM_DEFINE_KERNEL(name)                                 \
-  ::tandem::KernelStub<name##_Signature::type> name(#name);        \
-  static const ::tandem::internal::KernelStubListing               \
-      TANDEM_KERNEL_STUB_CONCAT(tandem_kernel_stub_listing_, name)(&name)
+#define TANDEM_DEFINE_KERNEL(name)                                              \
+  ::tandem::KernelStub<name##_Signature::type> name(#name);                     \
+  static const ::tandem::internal::KernelStubListing TANDEM_KERNEL_STUB_CONCAT( \
+      tandem_kernel_stub_listing_, name)(&name)
 
 // Beside a backend's kernel, at namespace scope: `fn` is `stub`'s kernel for `device_type`.
-#define TANDEM_REGISTER_KERNEL(stub, device_type, fn)                                   \
-  static const ::tandem::internal::KernelRegistration TANDEM_KERNEL_STUB_CONCAT(        \
+#define TANDEM_REGISTER_KERNEL(stub, device_type, fn)                            \
+  static const ::tandem::internal::KernelRegistration TANDEM_KERNEL_STUB_CONCAT( \
       tandem_kernel_registration_, __COUNTER__)(stub, device_type, fn)
 
 #endif  // TANDEM_TENSOR_RUNTIME_KERNEL_STUB_H_
