@@ -7,7 +7,7 @@
 // Every differentiable op whose inputs require grad records a Node that turns the
 // gradients of its outputs into gradients of its inputs; leaves that require grad get an
 // AccumulateGrad node that adds into Tensor::grad(). Writing a new differentiable op (see
-// tensor/ops.cc for many):
+// tensor/ops/*.cc for many):
 //
 //   Tensor out = ...;  // computed without recording anything
 //   if (NeedsGrad({a})) {

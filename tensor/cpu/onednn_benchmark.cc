@@ -41,7 +41,7 @@ std::vector<Shape> Shapes() {
     shapes.push_back({"linear " + tag + " dx", false, false, batch, in, out, 1, false});
     shapes.push_back({"linear " + tag + " dW", true, false, out, in, batch, 1, false});
   }
-  // The CNN (tensor/ops/ops.cc's conv2d): conv1 (1->32, 28x28, 9 rows) one GEMM per image;
+  // The CNN (tensor/ops/convolution.cc's conv2d): conv1 (1->32, 28x28, 9 rows) one GEMM per image;
   // conv2 (32->64, 14x14, 288 rows) one GEMM with every image's columns side by side.
   shapes.push_back({"conv1 fwd (per image)", false, false, 32, 784, 9, batch, true});
   shapes.push_back({"conv1 dW (per image)", false, true, 32, 9, 784, batch, false});

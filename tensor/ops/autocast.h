@@ -19,7 +19,7 @@
 //   every other op runs in the dtype of its inputs (binary ops promote as always).
 // Only floating tensors on the guarded device type are cast; float64 and integer tensors are
 // left alone. Casts are differentiable: the gradient flows back converted to the input dtype.
-// linear with a float32 weight is one node instead (Note [Autocast linear], tensor/ops/ops.cc):
+// linear with a float32 weight is one node instead (Note [Autocast linear], tensor/ops/linalg.cc):
 // its weight gradient comes out of the 16-bit GEMM in float32, and it keeps no 16-bit copy of
 // an input that needs no gradient.
 //
@@ -83,7 +83,7 @@ bool IsEligible(const Tensor& t);
 Tensor CastToLowerPrecision(const Tensor& t);
 // `weight` cast to the autocast dtype of its device type without a graph (no grad_fn), for an op
 // that routes the gradient to the uncast weight itself (linear: Note [Autocast linear] in
-// tensor/ops/ops.cc). A cast the weight cache holds is used; a new one is stored there only when
+// tensor/ops/linalg.cc). A cast the weight cache holds is used; a new one is stored there only when
 // `keep` (the op holds it until backward anyway), so a cast that the op drops after its forward
 // is freed then rather than when the guard closes. `weight` itself (detached) when nothing
 // applies.

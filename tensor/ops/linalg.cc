@@ -1,0 +1,354 @@
+// Matrix products: matmul, linear and autocast's float32-weight linear (Note [Autocast linear]).
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "tensor/base/error.h"
+#include "tensor/core/autograd.h"
+#include "tensor/core/internal/tensor_impl.h"
+#include "tensor/core/tensor.h"
+#include "tensor/ops/autocast.h"
+#include "tensor/ops/internal/op_helpers.h"
+#include "tensor/ops/ops.h"
+#include "tensor/runtime/backend.h"
+
+namespace tandem {
+
+namespace {
+
+// How Gemm reads a 2-D [rows, cols] (or 3-D [batch, rows, cols]) float32 tensor without
+// copying: row-major (trans = false) or column-major (trans = true, e.g. a transposed view).
+struct GemmOperand {
+  Tensor holder;  // keeps a contiguous copy alive when the layout needed one
+  ElementPtr data;
+  bool trans = false;
+  int64_t ld = 1;
+  int64_t batch_stride = 0;
+};
+
+bool TryGemmLayout(const Tensor& t, GemmOperand* operand) {
+  const int64_t n = t.dim();
+  const int64_t rows = t.shape()[n - 2], cols = t.shape()[n - 1];
+  const int64_t row_stride = t.strides()[n - 2], col_stride = t.strides()[n - 1];
+  const bool row_major =
+      (cols <= 1 || col_stride == 1) && (rows <= 1 || row_stride >= std::max<int64_t>(cols, 1));
+  const bool col_major =
+      (rows <= 1 || row_stride == 1) && (cols <= 1 || col_stride >= std::max<int64_t>(rows, 1));
+  if (row_major) {
+    operand->trans = false;
+    operand->ld = rows <= 1 ? std::max<int64_t>(cols, 1) : row_stride;
+  } else if (col_major) {
+    operand->trans = true;
+    operand->ld = cols <= 1 ? std::max<int64_t>(rows, 1) : col_stride;
+  } else {
+    return false;
+  }
+  operand->batch_stride = (n == 3 && t.shape()[0] > 1) ? t.strides()[0] : 0;
+  operand->data = DataPtr(t);
+  return true;
+}
+
+GemmOperand MakeGemmOperand(const Tensor& t) {
+  GemmOperand operand;
+  if (TryGemmLayout(t, &operand)) return operand;
+  operand.holder = BroadcastCopyRaw(t, t.shape(), t.dtype());
+  TryGemmLayout(operand.holder, &operand);
+  return operand;
+}
+
+// out (contiguous [m, n] or [batch, m, n]) = a · b + beta · out, where a is [m, k] or
+// [batch, m, k] and b is [k, n] or [batch, k, n]; a 2-D operand is reused for every batch.
+void GemmIntoRaw(const Tensor& out, const Tensor& a, const Tensor& b, double beta) {
+  const int64_t batch = out.dim() == 3 ? out.shape()[0] : 1;
+  const int64_t m = a.shape()[a.dim() - 2], k = a.shape()[a.dim() - 1];
+  const int64_t n = b.shape()[b.dim() - 1];
+  if (out.numel() == 0) return;
+  if (k == 0) {
+    if (beta == 0.0) BackendOf(out).Fill(IndexOf(out), ToKernel(out), 0.0);
+    return;
+  }
+  const GemmOperand lhs = MakeGemmOperand(a);
+  const GemmOperand rhs = MakeGemmOperand(b);
+  BackendOf(out).Gemm(IndexOf(out), out.dtype(), lhs.trans, rhs.trans, m, n, k, 1.0f, lhs.data,
+                      lhs.ld, lhs.batch_stride, rhs.data, rhs.ld, rhs.batch_stride, beta,
+                      DataPtr(out), n, m * n, batch);
+}
+
+Tensor MatmulRaw(const Tensor& a, const Tensor& b) {
+  const int64_t m = a.shape()[a.dim() - 2], n = b.shape()[b.dim() - 1];
+  Shape shape = {m, n};
+  if (a.dim() == 3) {
+    shape.insert(shape.begin(), a.shape()[0]);
+  } else if (b.dim() == 3) {
+    shape.insert(shape.begin(), b.shape()[0]);
+  }
+  Tensor out = NewTensor(shape, a.dtype(), a.device());
+  GemmIntoRaw(out, a, b, 0.0f);
+  return out;
+}
+
+// 2-D x 2-D, 3-D x 3-D (equal batches), 3-D x 2-D or 2-D x 3-D, with autograd.
+Tensor MatmulCore(const Tensor& a, const Tensor& b) {
+  Tensor out = MatmulRaw(a, b);
+  if (NeedsGrad({a, b})) {
+    const bool grad_a = NeedsGrad({a}), grad_b = NeedsGrad({b});
+    Tensor sa = a.detach(), sb = b.detach();
+    Record("MatmulBackward", {a, b}, out, [sa, sb, grad_a, grad_b](const Tensor& grad) {
+      Tensor da, db;
+      if (grad_a) {
+        // dA = G · B^T, summed over the batch when A was shared by every batch.
+        da = MatmulRaw(grad, TransposedRaw(sb));
+        if (sa.dim() == 2 && da.dim() == 3)
+          da = ViewRaw(ReduceRaw(da, {0}, ReduceKind::kSum, "matmul"), sa.shape());
+      }
+      if (grad_b) {
+        if (sb.dim() == 2 && sa.dim() == 3) {
+          // dB = sum_b A_b^T · G_b = A'^T · G' with the batch folded into the rows.
+          const int64_t rows = sa.shape()[0] * sa.shape()[1];
+          Tensor folded_a = ViewRaw(ContiguousRaw(sa), {rows, sa.shape()[2]});
+          Tensor folded_g = ViewRaw(ContiguousRaw(grad), {rows, grad.shape()[2]});
+          db = MatmulRaw(TransposedRaw(folded_a), folded_g);
+        } else {
+          db = MatmulRaw(TransposedRaw(sa), grad);
+        }
+      }
+      return std::vector<Tensor>{da, db};
+    });
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  TANDEM_AUTOCAST(kLowerPrecision, matmul, a, b);
+  CheckDefined(a, "matmul", "a");
+  CheckDefined(b, "matmul", "b");
+  CheckSameDevice(a, "a", b, "b", "matmul");
+  CheckSameFloat(a, "a", b, "b", "matmul");
+  TANDEM_CHECK(a.dim() >= 1 && b.dim() >= 1,
+               "matmul: both operands must have at least one dimension but a is ",
+               ShapeToString(a.shape()), " and b is ", ShapeToString(b.shape()),
+               "; use mul for a zero-dimensional (scalar) operand");
+  if (a.dim() == 1 || b.dim() == 1) {
+    // Vectors become a 1-row / 1-column matrix and that dimension is dropped afterwards.
+    Tensor result = matmul(a.dim() == 1 ? a.unsqueeze(0) : a, b.dim() == 1 ? b.unsqueeze(1) : b);
+    if (b.dim() == 1) result = result.squeeze(-1);
+    if (a.dim() == 1) result = result.squeeze(b.dim() == 1 ? -1 : -2);
+    return result;
+  }
+  TANDEM_CHECK(a.size(-1) == b.size(-2), "matmul: a is ", ShapeToString(a.shape()), " and b is ",
+               ShapeToString(b.shape()), "; a.size(-1) (", a.size(-1), ") must equal b.size(-2) (",
+               b.size(-2), ")");
+  if (a.dim() > 3 || b.dim() > 3) {
+    // Any number of batch dimensions, broadcast as in PyTorch; folded into one.
+    const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
+    if (b.dim() == 2) {
+      // [..., m, k] x [k, n]: one big 2-D product over the folded rows.
+      Shape out_shape(a.shape().begin(), a.shape().end() - 1);
+      out_shape.push_back(n);
+      return MatmulCore(a.reshape({-1, k}), b).reshape(out_shape);
+    }
+    const Shape batch_a(a.shape().begin(), a.shape().end() - 2);
+    const Shape batch_b(b.shape().begin(), b.shape().end() - 2);
+    Shape batch;
+    try {
+      batch = BroadcastShapes(batch_a, batch_b, "matmul");
+    } catch (const Error&) {
+      TANDEM_FAIL("matmul: a is ", ShapeToString(a.shape()), " and b is ", ShapeToString(b.shape()),
+                  "; their batch dimensions ", ShapeToString(batch_a), " and ",
+                  ShapeToString(batch_b), " cannot be broadcast together");
+    }
+    const int64_t count = NumElements(batch);
+    const auto fold = [&](const Tensor& t, int64_t rows, int64_t cols) {
+      Shape full = batch;
+      full.push_back(rows);
+      full.push_back(cols);
+      return t.expand(full).reshape({count, rows, cols});
+    };
+    Shape out_shape = batch;
+    out_shape.push_back(m);
+    out_shape.push_back(n);
+    const Tensor a3 = a.dim() == 2 ? a : fold(a, m, k);
+    return MatmulCore(a3, fold(b, k, n)).reshape(out_shape);
+  }
+  if (a.dim() == 3 && b.dim() == 3 && a.size(0) != b.size(0)) {
+    TANDEM_CHECK(a.size(0) == 1 || b.size(0) == 1, "matmul: a is ", ShapeToString(a.shape()),
+                 " and b is ", ShapeToString(b.shape()), "; the batch sizes (", a.size(0), " and ",
+                 b.size(0), ") must be equal or one of them 1");
+    // A batch of one is shared by every batch of the other operand.
+    return a.size(0) == 1 ? MatmulCore(a.squeeze(0), b) : MatmulCore(a, b.squeeze(0));
+  }
+  return MatmulCore(a, b);
+}
+
+namespace {
+
+// a · b (2-D) computed in a's 16-bit dtype as a new float32 [m, n] tensor: the backend's GEMM
+// into float where it has one, else the product in a's dtype, converted. b is in a's dtype or
+// float32, rounded to a's dtype as CastRaw rounds: by the backend block by block where it can
+// (no whole 16-bit copy of b), else by CastRaw here.
+Tensor MatmulIntoFloatRaw(const Tensor& a, const Tensor& b) {
+  const int64_t m = a.shape()[0], k = a.shape()[1], n = b.shape()[1];
+  Tensor out = NewTensor({m, n}, kFloat32, a.device());
+  if (out.numel() == 0) return out;
+  const auto into_out = [&](const Tensor& rounded_or_not) {
+    const GemmOperand lhs = MakeGemmOperand(a);
+    const GemmOperand rhs = MakeGemmOperand(rounded_or_not);
+    return BackendOf(out).GemmFloatOutput(IndexOf(out), a.dtype(), lhs.trans, rhs.trans, m, n, k,
+                                          lhs.data, lhs.ld, rounded_or_not.dtype(), rhs.data,
+                                          rhs.ld,
+                                          static_cast<float*>(static_cast<void*>(DataPtr(out))), n);
+  };
+  if (k > 0 && b.dtype() != a.dtype() && into_out(b)) return out;
+  const Tensor b_low = b.dtype() == a.dtype() ? b : CastRaw(b, a.dtype());
+  if (k > 0 && into_out(b_low)) return out;
+  return CastRaw(MatmulRaw(a, b_low), kFloat32);
+}
+
+// Note [Autocast linear]: under autocast, linear with a float32 weight is one node whose edges go
+// to the uncast x, weight and bias, where PyTorch records a cast node per operand and a 16-bit
+// linear:
+//   - The weight (and bias) are cast outside the graph (CastWeightOutsideGraph), so the weight's
+//     gradient comes out of the GEMM in float32 (Backend::GemmFloatOutput: 16-bit products
+//     summed in float, never rounded to 16 bits) rather than as a 16-bit gradient converted
+//     in another pass over a 16-bit copy of every weight's gradient (GPT-2: 248 MB).
+//   - A float32 input that needs no gradient (the batch) is kept as the caller passed it: the
+//     caller holds it through backward anyway, so keeping its 16-bit copy held a second copy
+//     of the batch through the step. On the CPU it is never cast whole: forward rounds
+//     kRoundedRowsAtOnce rows at a time, each block multiplied into its rows of y, and
+//     backward's weight gradient has the backend round each block's own columns of it
+//     (GemmFloatOutput with a float32 B): a whole 16-bit copy beside the first weight's cast
+//     was what made a small model's 16-bit step hold more than its float32 step. An input that
+//     needs a gradient (an activation) keeps its 16-bit copy, half its size. The first layer's
+//     weight cast, which its gradient does not need, is then freed after the product, not
+//     cached.
+//   - The input's gradient is computed in 16 bits and converted to the input's dtype in the
+//     node, as the cast node's backward would.
+
+// Rows of a float32 batch rounded to 16 bits at once in AutocastLinear's forward: enough for a
+// GEMM that still splits over a device's threads by columns, few enough that the block is
+// small next to the weight's cast.
+constexpr int64_t kRoundedRowsAtOnce = 64;
+
+Tensor AutocastLinear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const DType low = AutocastMode::GetDType(weight.device().type());
+  const bool grad_x = NeedsGrad({x}), grad_w = NeedsGrad({weight});
+  const bool has_bias = bias.defined(), grad_b = has_bias && NeedsGrad({bias});
+  // Cached where the node keeps the cast for x's gradient anyway, and without grad (evaluation,
+  // sampling), where nothing is kept and a guard may span many forwards.
+  const Tensor w_low =
+      autocast::CastWeightOutsideGraph(weight, /*keep=*/grad_x || !GradMode::IsEnabled());
+  const Tensor b_low = has_bias ? autocast::CastWeightOutsideGraph(bias, /*keep=*/true) : bias;
+  Tensor x_low, y;
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  const int64_t rows = NumElements(Shape(x.shape().begin(), x.shape().end() - 1));
+  if (!grad_x && x.dtype() != low && rows > kRoundedRowsAtOnce &&
+      x.device().type() == DeviceType::kCPU) {
+    // A batch is rounded kRoundedRowsAtOnce rows at a time, each block multiplied into its
+    // rows of y as soon as it is rounded. Not on a GPU: there one GEMM over the whole batch
+    // beats many narrow ones, and the copy is small next to the device's memory.
+    NoGradGuard no_grad;
+    Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+    out_shape.push_back(out_features);
+    const Tensor x2 = x.reshape({rows, in}), w_t = TransposedRaw(w_low);
+    Tensor y2 = has_bias ? BroadcastCopyRaw(b_low, {rows, out_features}, low)
+                         : NewTensor({rows, out_features}, low, x.device());
+    for (int64_t r = 0; r < rows; r += kRoundedRowsAtOnce) {
+      const int64_t count = std::min(kRoundedRowsAtOnce, rows - r);
+      GemmIntoRaw(y2.narrow(0, r, count), CastRaw(x2.narrow(0, r, count), low), w_t,
+                  has_bias ? 1.0 : 0.0);
+    }
+    y = y2.reshape(out_shape);
+  } else {
+    NoGradGuard no_grad;  // the node is recorded below
+    x_low = x.to(low);
+    y = linear(x_low, w_low, b_low);
+  }
+  const std::vector<Tensor> inputs =
+      has_bias ? std::vector<Tensor>{x, weight, bias} : std::vector<Tensor>{x, weight};
+  if (!NeedsGrad(inputs)) return y;
+  const bool recast = grad_w && !grad_x && x.dtype() != low;
+  Record("AutocastLinearBackward", inputs, y,
+         [grad_x, grad_w, has_bias, grad_b, low, in, out_features, rows, x_dtype = x.dtype(),
+          x_shape = x.shape(),
+          sx = !grad_w  ? Tensor()
+               : recast ? x.detach()
+                        : x_low.reshape({rows, in}).detach(),
+          sw = grad_x ? w_low : Tensor()](const Tensor& grad_y) {
+           const Tensor grad = grad_y.reshape({rows, out_features});
+           std::vector<Tensor> grads(2);
+           if (grad_x) grads[0] = CastRaw(MatmulRaw(grad, sw), x_dtype).reshape(x_shape);
+           if (grad_w) grads[1] = MatmulIntoFloatRaw(TransposedRaw(grad), sx.reshape({rows, in}));
+           if (has_bias) {
+             grads.push_back(grad_b
+                                 ? CastRaw(ViewRaw(ReduceRaw(grad, {0}, ReduceKind::kSum, "linear"),
+                                                   {out_features}),
+                                           kFloat32)
+                                 : Tensor());
+           }
+           return grads;
+         });
+  return y;
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (AutocastMode::IsAnyEnabled() && autocast::IsEligible(x) && autocast::IsEligible(weight) &&
+      weight.dtype() == kFloat32 && (!bias.defined() || bias.dtype() == kFloat32) && x.dim() >= 1 &&
+      weight.dim() == 2 && x.size(-1) == weight.size(1) &&
+      (!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0))) &&
+      x.device() == weight.device() && (!bias.defined() || bias.device() == weight.device())) {
+    return AutocastLinear(x, weight, bias);  // shapes checked: the node reshapes with them
+  }
+  TANDEM_AUTOCAST(kLowerPrecision, linear, x, weight, bias);
+  CheckDefined(x, "linear", "x");
+  CheckDefined(weight, "linear", "weight");
+  CheckSameDevice(x, "x", weight, "weight", "linear");
+  CheckSameFloat(x, "x", weight, "weight", "linear");
+  TANDEM_CHECK(weight.dim() == 2, "linear: weight must be 2-D [out_features, in_features] but is ",
+               ShapeToString(weight.shape()));
+  TANDEM_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: x is ",
+               ShapeToString(x.shape()), " and weight is ", ShapeToString(weight.shape()),
+               "; x.size(-1) must equal weight.size(1) (in_features = ", weight.size(1), ")");
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  if (bias.defined()) {
+    CheckSameDevice(x, "x", bias, "bias", "linear");
+    CheckSameFloat(x, "x", bias, "bias", "linear");
+    TANDEM_CHECK(bias.dim() == 1 && bias.size(0) == out_features, "linear: bias must be [",
+                 out_features, "] (out_features) but is ", ShapeToString(bias.shape()));
+  }
+  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+  const int64_t rows = NumElements(out_shape);
+  out_shape.push_back(out_features);
+  const Tensor x2 = x.dim() == 2 ? x : x.reshape({rows, in});
+
+  // y = x2 · weight^T (+ bias): the bias is broadcast into y first and Gemm adds onto it.
+  Tensor y = bias.defined() ? BroadcastCopyRaw(bias, {rows, out_features}, x.dtype())
+                            : NewTensor({rows, out_features}, x.dtype(), x.device());
+  GemmIntoRaw(y, x2, TransposedRaw(weight), bias.defined() ? 1.0f : 0.0f);
+  std::vector<Tensor> inputs = {x2, weight};
+  if (bias.defined()) inputs.push_back(bias);
+  if (NeedsGrad(inputs)) {
+    const bool grad_x = NeedsGrad({x2}), grad_w = NeedsGrad({weight});
+    const bool has_bias = bias.defined(), grad_b = has_bias && NeedsGrad({bias});
+    Record("LinearBackward", inputs, y,
+           // Only what the gradients need stays alive until backward: a first layer's input
+           // needs no gradient, so its (autocast) weight is not kept.
+           [grad_x, grad_w, has_bias, grad_b, sx = grad_w ? x2.detach() : Tensor(),
+            sw = grad_x ? weight.detach() : Tensor()](const Tensor& grad) {
+             std::vector<Tensor> grads = {grad_x ? MatmulRaw(grad, sw) : Tensor(),
+                                          grad_w ? MatmulRaw(TransposedRaw(grad), sx) : Tensor()};
+             if (has_bias) {
+               grads.push_back(grad_b ? ViewRaw(ReduceRaw(grad, {0}, ReduceKind::kSum, "linear"),
+                                                {grad.shape()[1]})
+                                      : Tensor());
+             }
+             return grads;
+           });
+  }
+  return x.dim() == 2 ? y : y.reshape(out_shape);
+}
+
+}  // namespace tandem

@@ -1,0 +1,134 @@
+// Losses: nll_loss, cross_entropy and mse_loss.
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "tensor/base/error.h"
+#include "tensor/core/autograd.h"
+#include "tensor/core/internal/tensor_impl.h"
+#include "tensor/core/tensor.h"
+#include "tensor/ops/autocast.h"
+#include "tensor/ops/internal/op_helpers.h"
+#include "tensor/ops/ops.h"
+#include "tensor/runtime/backend.h"
+
+namespace tandem {
+
+namespace {
+
+// Checks that int64 `targets` [N] hold class indices in [0, classes), on any device: two
+// reductions and a single two-element read back, not a walk over host memory.
+void CheckTargets(const Tensor& targets, int64_t classes, const char* op) {
+  if (targets.numel() == 0) return;
+  const Tensor largest = ViewRaw(ReduceRaw(targets, {0}, ReduceKind::kMax, op), {1});
+  const Tensor smallest = ViewRaw(ReduceRaw(targets, {0}, ReduceKind::kMin, op), {1});
+  const std::vector<int64_t> range = cat({smallest, largest}).to_vector<int64_t>();
+  TANDEM_CHECK(range[0] >= 0 && range[1] < classes, op,
+               ": targets must be class indices in [0, C) = [0, ", classes, ") but range over [",
+               range[0], ", ", range[1], "]; check the labels and the number of classes ",
+               "(negative ignore_index values are not supported)");
+}
+
+// Mean NLL of `targets` under `log_probs` [N, C]; validated by the caller.
+Tensor NllLossCore(const Tensor& log_probs, const Tensor& targets) {
+  const int64_t rows = log_probs.shape()[0], cols = log_probs.shape()[1];
+  Tensor lp = ContiguousRaw(log_probs);
+  Tensor idx = ContiguousRaw(targets);
+  Tensor picked = NewTensor({rows}, lp.dtype(), lp.device());
+  if (rows > 0) {
+    BackendOf(lp).GatherColumns(IndexOf(lp), lp.dtype(), DataPtr(picked), DataPtr(lp),
+                                Int64Ptr(idx), rows, cols);
+  }
+  // Mean over zero rows is NaN, as in PyTorch.
+  const double scale =
+      rows > 0 ? -1.0 / static_cast<double>(rows) : std::numeric_limits<double>::quiet_NaN();
+  Tensor out = UnaryRaw(UnaryOp::kMulScalar, SumAllRaw(picked), scale);
+  if (NeedsGrad({log_probs})) {
+    Record("NllLossBackward", {log_probs}, out, [idx, rows, cols, scale](const Tensor& grad) {
+      Tensor grad_lp = FilledRaw({rows, cols}, grad.dtype(), grad.device(), 0.0);
+      if (rows > 0) {
+        Tensor per_row =
+            BroadcastCopyRaw(UnaryRaw(UnaryOp::kMulScalar, grad, scale), {rows}, grad_lp.dtype());
+        BackendOf(grad).ScatterAddColumns(IndexOf(grad), grad_lp.dtype(), DataPtr(grad_lp),
+                                          DataPtr(per_row), Int64Ptr(idx), rows, cols);
+      }
+      return std::vector<Tensor>{grad_lp};
+    });
+  }
+  return out;
+}
+
+void CheckClassification(const Tensor& scores, const Tensor& targets, const char* op,
+                         const char* scores_name) {
+  CheckDefined(scores, op, scores_name);
+  CheckDefined(targets, op, "targets");
+  CheckSameDevice(scores, scores_name, targets, "targets", op);
+  CheckFloat(scores, op, scores_name);
+  TANDEM_CHECK(scores.dim() == 2, op, ": ", scores_name, " must be 2-D [N, C] but is ",
+               ShapeToString(scores.shape()), "; flatten extra dimensions into N first");
+  TANDEM_CHECK(targets.dtype() == kInt64, op, ": targets must be int64 class indices but are ",
+               targets.dtype(), "; convert them with .to(kInt64)");
+  TANDEM_CHECK(targets.dim() == 1 && targets.shape()[0] == scores.shape()[0], op, ": ", scores_name,
+               " is ", ShapeToString(scores.shape()), " so targets must be [", scores.shape()[0],
+               "] but are ", ShapeToString(targets.shape()));
+  CheckTargets(targets, scores.shape()[1], op);
+}
+
+}  // namespace
+
+Tensor nll_loss(const Tensor& log_probs, const Tensor& targets) {
+  TANDEM_AUTOCAST(kFloat32, nll_loss, log_probs, targets);
+  CheckClassification(log_probs, targets, "nll_loss", "log_probs");
+  return NllLossCore(log_probs, targets);
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
+  TANDEM_AUTOCAST(kFloat32, cross_entropy, logits, targets);
+  CheckClassification(logits, targets, "cross_entropy", "logits");
+  Tensor out, log_probs;
+  {
+    NoGradGuard no_grad;  // one node for the whole loss, recorded below
+    log_probs = log_softmax(logits, 1);
+    out = NllLossCore(log_probs, targets);
+  }
+  if (NeedsGrad({logits})) {
+    // d loss / d logits = (softmax(logits) - onehot(targets)) * grad / rows, written in two
+    // streaming passes over [rows, cols] (exp, then the scale in place) and a scatter of one
+    // element per row, where log_softmax's and nll_loss's backwards took six passes and four
+    // [rows, cols] buffers.
+    const int64_t rows = logits.size(0), cols = logits.size(1);
+    Record("CrossEntropyBackward", {logits}, out,
+           [lp = log_probs.detach(), idx = ContiguousRaw(targets), rows, cols](const Tensor& grad) {
+             Tensor grad_logits = NewTensor({rows, cols}, lp.dtype(), lp.device());
+             if (grad_logits.numel() == 0) return std::vector<Tensor>{grad_logits};
+             Backend& backend = BackendOf(lp);
+             const int device = IndexOf(lp);
+             const Tensor per_row = UnaryRaw(UnaryOp::kMulScalar, CastRaw(grad, lp.dtype()),
+                                             1.0 / static_cast<double>(rows));
+             backend.Unary(device, UnaryOp::kExp, ToKernel(grad_logits), ToKernel(lp), 0.0);
+             backend.Binary(device, BinaryOp::kMul, ToKernel(grad_logits), ToKernel(grad_logits),
+                            ToKernelBroadcast(per_row, {rows, cols}));
+             const Tensor minus =
+                 BroadcastCopyRaw(UnaryRaw(UnaryOp::kNeg, per_row, 0.0), {rows}, lp.dtype());
+             backend.ScatterAddColumns(device, lp.dtype(), DataPtr(grad_logits), DataPtr(minus),
+                                       Int64Ptr(idx), rows, cols);
+             return std::vector<Tensor>{grad_logits};
+           });
+  }
+  return out;
+}
+
+Tensor mse_loss(const Tensor& input, const Tensor& target) {
+  TANDEM_AUTOCAST(kFloat32, mse_loss, input, target);
+  CheckDefined(input, "mse_loss", "input");
+  CheckDefined(target, "mse_loss", "target");
+  CheckSameDevice(input, "input", target, "target", "mse_loss");
+  CheckFloat(input, "mse_loss", "input");
+  TANDEM_CHECK(input.shape() == target.shape(), "mse_loss: input is ", ShapeToString(input.shape()),
+               " and target is ", ShapeToString(target.shape()),
+               "; they must have the same shape (broadcasting here usually hides a bug: ",
+               "reshape one of them)");
+  return mean(square(sub(input, target)));
+}
+
+}  // namespace tandem

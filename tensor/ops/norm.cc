@@ -1,0 +1,141 @@
+// Fused row normalisations: layer_norm and rms_norm (Note [Fused row norms] in
+// tensor/runtime/backend.h).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "tensor/base/error.h"
+#include "tensor/core/autograd.h"
+#include "tensor/core/internal/tensor_impl.h"
+#include "tensor/core/tensor.h"
+#include "tensor/ops/autocast.h"
+#include "tensor/ops/internal/op_helpers.h"
+#include "tensor/ops/ops.h"
+#include "tensor/runtime/backend.h"
+
+namespace tandem {
+
+namespace {
+
+// Checks layer_norm/rms_norm's arguments and returns the number of elements each row
+// normalises (the product of normalized_shape).
+int64_t NormalizedCols(const Tensor& input, const std::vector<int64_t>& normalized_shape,
+                       const Tensor& weight, const Tensor& bias, const char* op) {
+  CheckDefined(input, op, "input");
+  CheckFloat(input, op, "input");
+  TANDEM_CHECK(!normalized_shape.empty(), op,
+               ": normalized_shape must name at least one dimension (e.g. {features}) but is "
+               "empty");
+  for (int64_t size : normalized_shape) {
+    TANDEM_CHECK(size > 0, op, ": normalized_shape must have positive sizes but is ",
+                 ShapeToString(normalized_shape));
+  }
+  const int64_t count = static_cast<int64_t>(normalized_shape.size());
+  const int64_t lead = input.dim() - count;
+  const bool matches = lead >= 0 && std::equal(normalized_shape.begin(), normalized_shape.end(),
+                                               input.shape().begin() + std::max<int64_t>(lead, 0));
+  TANDEM_CHECK(matches, op, ": normalized_shape ", ShapeToString(normalized_shape),
+               " must equal the last ", count, " dimension(s) of the input, but the input is ",
+               ShapeToString(input.shape()),
+               "; pass the sizes of the dimensions to normalise over, e.g. {",
+               input.dim() > 0 ? input.shape().back() : 1, "} for the last one");
+  for (const auto& [param, name] : {std::pair<const Tensor&, const char*>{weight, "weight"},
+                                    std::pair<const Tensor&, const char*>{bias, "bias"}}) {
+    if (!param.defined()) continue;
+    CheckSameDevice(input, "input", param, name, op);
+    CheckSameFloat(input, "input", param, name, op);
+    TANDEM_CHECK(param.shape() == Shape(normalized_shape.begin(), normalized_shape.end()), op, ": ",
+                 name, " must have normalized_shape ", ShapeToString(normalized_shape), " but has ",
+                 ShapeToString(param.shape()), "; pass an undefined Tensor() for none");
+  }
+  return Product(Shape(normalized_shape.begin(), normalized_shape.end()), 0,
+                 normalized_shape.size());
+}
+
+// Data pointer of a defined tensor (made contiguous), null for an undefined one.
+void* OptionalData(const Tensor& t) {
+  return t.defined() ? static_cast<void*>(DataPtr(t)) : nullptr;
+}
+
+Tensor RowNormImpl(bool rms, const Tensor& input, const std::vector<int64_t>& normalized_shape,
+                   const Tensor& weight, const Tensor& bias, double eps, const char* op,
+                   const char* node_name) {
+  const int64_t cols = NormalizedCols(input, normalized_shape, weight, bias, op);
+  TANDEM_CHECK(eps >= 0.0 && std::isfinite(eps), op, ": eps must be a finite value >= 0 but is ",
+               eps);
+  const Tensor x = ContiguousRaw(input);
+  const Tensor w = weight.defined() ? ContiguousRaw(weight) : Tensor();
+  const Tensor b = bias.defined() ? ContiguousRaw(bias) : Tensor();
+  const int64_t rows = cols == 0 ? 0 : x.numel() / cols;
+  // Statistics in OpMath: float for float32 and the 16-bit floats, double for float64.
+  const DType stat_dtype = x.dtype() == kFloat64 ? kFloat64 : kFloat32;
+  Tensor out = NewTensor(x.shape(), x.dtype(), x.device());
+  Tensor mean = rms ? Tensor() : NewTensor({rows}, stat_dtype, x.device());
+  Tensor rstd = NewTensor({rows}, stat_dtype, x.device());
+  if (rows > 0) {
+    BackendOf(x).RowNorm(IndexOf(x), x.dtype(), rms, rows, cols, eps, DataPtr(x), OptionalData(w),
+                         OptionalData(b), DataPtr(out), OptionalData(mean), DataPtr(rstd));
+  }
+  std::vector<Tensor> inputs = {input};
+  if (weight.defined()) inputs.push_back(weight);
+  if (bias.defined()) inputs.push_back(bias);
+  if (NeedsGrad(inputs)) {
+    const bool grad_x = NeedsGrad({input});
+    const bool grad_w = weight.defined() && NeedsGrad({weight});
+    const bool grad_b = bias.defined() && NeedsGrad({bias});
+    Record(node_name, inputs, out,
+           [rms, rows, cols, grad_x, grad_w, grad_b, has_weight = weight.defined(),
+            has_bias = bias.defined(), sx = x.detach(), sw = w.defined() ? w.detach() : Tensor(),
+            param_shape = Shape(normalized_shape.begin(), normalized_shape.end()), mean,
+            rstd](const Tensor& grad_output) {
+             const Tensor dy = ContiguousRaw(CastRaw(grad_output, sx.dtype()));
+             Tensor dx, dw, db;
+             if (grad_x) dx = NewTensor(sx.shape(), sx.dtype(), sx.device());
+             if (grad_w) dw = NewTensor(param_shape, sx.dtype(), sx.device());
+             if (grad_b) db = NewTensor(param_shape, sx.dtype(), sx.device());
+             if (rows == 0) {
+               // No rows: the parameters' sums are over nothing.
+               if (grad_w) dw = FilledRaw(param_shape, sx.dtype(), sx.device(), 0.0);
+               if (grad_b) db = FilledRaw(param_shape, sx.dtype(), sx.device(), 0.0);
+             } else if (grad_x || grad_w || grad_b) {
+               BackendOf(sx).RowNormBackward(IndexOf(sx), sx.dtype(), rms, rows, cols, DataPtr(dy),
+                                             DataPtr(sx), OptionalData(mean), DataPtr(rstd),
+                                             OptionalData(sw), OptionalData(dx), OptionalData(dw),
+                                             OptionalData(db));
+             }
+             std::vector<Tensor> grads = {dx};
+             if (has_weight) grads.push_back(dw);
+             if (has_bias) grads.push_back(db);
+             return grads;
+           });
+  }
+  return out;
+}
+
+}  // namespace
+
+Tensor layer_norm(const Tensor& input, const std::vector<int64_t>& normalized_shape,
+                  const Tensor& weight, const Tensor& bias, double eps) {
+  TANDEM_AUTOCAST(kFloat32, layer_norm, input, normalized_shape, weight, bias, eps);
+  return RowNormImpl(false, input, normalized_shape, weight, bias, eps, "layer_norm",
+                     "LayerNormBackward");
+}
+
+Tensor rms_norm(const Tensor& input, const std::vector<int64_t>& normalized_shape,
+                const Tensor& weight, std::optional<double> eps) {
+  TANDEM_AUTOCAST(kFloat32, rms_norm, input, normalized_shape, weight, eps);
+  CheckDefined(input, "rms_norm", "input");
+  // PyTorch's default: the machine epsilon of the type the statistics are computed in
+  // (opmath): float64's for float64, float32's for float32 and the 16-bit floats.
+  const double e = eps                         ? *eps
+                   : input.dtype() == kFloat64 ? std::numeric_limits<double>::epsilon()
+                                               : std::numeric_limits<float>::epsilon();
+  return RowNormImpl(true, input, normalized_shape, weight, Tensor(), e, "rms_norm",
+                     "RmsNormBackward");
+}
+
+}  // namespace tandem
