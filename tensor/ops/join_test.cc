@@ -1,0 +1,119 @@
+// Tests of cat and stack (tensor/ops/join.cc).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "tensor/gradcheck.h"
+#include "tensor/ops/ops_testing.h"
+#include "tensor/tensor.h"
+#include "tensor/testing.h"
+
+namespace tandem {
+namespace ops_testing {
+namespace {
+
+// ---- Joining -------------------------------------------------------------------------------
+
+TEST_F(OpsTest, CatJoinsAlongAnyDimension) {
+  const Tensor a = Randn({2, 3}, 81), b = Randn({2, 1}, 82), c = Randn({2, 2}, 83);
+  const std::vector<float> av = Values(a), bv = Values(b), cv = Values(c);
+  std::vector<float> expected;
+  for (int r = 0; r < 2; ++r) {
+    expected.insert(expected.end(), av.begin() + r * 3, av.begin() + r * 3 + 3);
+    expected.push_back(bv[r]);
+    expected.insert(expected.end(), cv.begin() + r * 2, cv.begin() + r * 2 + 2);
+  }
+  ExpectValues(cat({a, b, c}, 1), {2, 6}, expected, 0);
+  ExpectValues(cat({a, b, c}, -1), {2, 6}, expected, 0);
+  std::vector<float> rows = av;
+  rows.insert(rows.end(), av.begin(), av.end());
+  ExpectValues(cat({a, a}), {4, 3}, rows, 0);
+  ExpectValues(cat({a, zeros({0, 3})}), {2, 3}, av, 0);
+  ExpectValues(cat({a.t().contiguous().t(), a}), {4, 3}, rows, 0);  // a strided input
+  const Tensor ints = cat({arange(3, kInt64), arange(2, kInt64)});
+  EXPECT_EQ(ints.dtype(), kInt64);
+  EXPECT_THAT(ints.to_vector<int64_t>(), ElementsAre(0, 1, 2, 0, 1));
+  ExpectValues(cat({a}, 0), {2, 3}, av, 0);
+  EXPECT_FALSE(cat({a}, 0).shares_storage_with(a));
+}
+
+TEST_F(OpsTest, CatAndStackErrorsNameTheOffendingTensor) {
+  EXPECT_THAT(ErrorOf([] { cat({}); }), HasSubstr("cat: expected at least one tensor"));
+  EXPECT_THAT(ErrorOf([] {
+                cat({zeros({2, 3}), zeros({3, 3})}, 1);
+              }),
+              HasSubstr("cat: tensor 1 is [3, 3] but tensor 0 is [2, 3]; all sizes except "
+                        "dimension 1 must match"));
+  EXPECT_THAT(ErrorOf([] {
+                cat({zeros({2, 3}), zeros({2, 3}), zeros({2})});
+              }),
+              HasSubstr("cat: tensor 2 is [2] but tensor 0 is [2, 3]"));
+  EXPECT_THAT(ErrorOf([] {
+                cat({zeros({2}), zeros({2}, Device::Cpu(1))});
+              }),
+              HasSubstr("cat: tensor 1 is on cpu:1 but tensor 0 is on cpu:0"));
+  EXPECT_THAT(ErrorOf([] { cat({zeros({2}), zeros({2})}, 1); }), HasSubstr("cat: dimension 1"));
+  EXPECT_THAT(ErrorOf([] { cat({scalar_tensor(1.0)}); }),
+              HasSubstr("cat: tensor 0 is zero-dimensional"));
+  EXPECT_THAT(ErrorOf([] {
+                cat({zeros({2}), Tensor()});
+              }),
+              HasSubstr("cat: tensor 1 is an undefined Tensor"));
+  EXPECT_THAT(ErrorOf([] { stack({}); }), HasSubstr("stack: expected at least one tensor"));
+  EXPECT_THAT(ErrorOf([] {
+                stack({zeros({2, 3}), zeros({2, 4})});
+              }),
+              HasSubstr("stack: tensor 1 is [2, 4] but tensor 0 is [2, 3]; all tensors must "
+                        "have the same shape"));
+  EXPECT_THAT(ErrorOf([] { stack({zeros({2, 3})}, 3); }), HasSubstr("stack: dimension 3"));
+}
+
+TEST_F(OpsTest, StackAddsANewDimension) {
+  const Tensor a = Randn({2, 3}, 91), b = Randn({2, 3}, 92);
+  const std::vector<float> av = Values(a), bv = Values(b);
+  std::vector<float> along0 = av;
+  along0.insert(along0.end(), bv.begin(), bv.end());
+  ExpectValues(stack({a, b}), {2, 2, 3}, along0, 0);
+  std::vector<float> along2;
+  for (size_t i = 0; i < av.size(); ++i) {
+    along2.push_back(av[i]);
+    along2.push_back(bv[i]);
+  }
+  ExpectValues(stack({a, b}, 2), {2, 3, 2}, along2, 0);
+  ExpectValues(stack({a, b}, -1), {2, 3, 2}, along2, 0);
+  EXPECT_EQ(stack({a, b}, 1).shape(), (Shape{2, 2, 3}));
+  ExpectValues(stack({scalar_tensor(1.0), scalar_tensor(2.0)}), {2}, {1, 2}, 0);
+}
+
+TEST_F(OpsTest, GradientsOfCatAndStack) {
+  const Tensor a = Param64(Randn({2, 3}, 341)), b = Param64(Randn({2, 1}, 342));
+  const Tensor c = Param64(Randn({2, 3}, 343));
+  EXPECT_GRADIENTS_MATCH(
+      [](const Inputs& in) {
+        return cat({in[0], in[1], in[2]}, 1);
+      },
+      {a, b, c}, kLinearEps);
+  EXPECT_GRADIENTS_MATCH(
+      [](const Inputs& in) {
+        return cat({in[0], in[1]}, 0);
+      },
+      {a, c}, kLinearEps);
+  EXPECT_GRADIENTS_MATCH(
+      [b](const Inputs& in) {
+        return cat({in[0], b.detach(), in[0]}, -1);
+      },
+      {a}, kLinearEps);
+  for (int64_t dim : {0, 1, 2, -1}) {
+    EXPECT_GRADIENTS_MATCH(
+        [dim](const Inputs& in) {
+          return stack({in[0], in[1]}, dim);
+        },
+        {a, c}, kLinearEps);
+  }
+}
+
+}  // namespace
+}  // namespace ops_testing
+}  // namespace tandem
