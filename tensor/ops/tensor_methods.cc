@@ -12,7 +12,7 @@
 
 namespace tandem {
 
-// Defined here rather than with the other views in tensor/core/tensor.cc: its backward
+// Defined here rather than with the other views in tensor/core/tensor_views.cc: its backward
 // is a reduction (sum_to), an op.
 Tensor Tensor::expand(const Shape& target) const {
   TANDEM_CHECK(static_cast<int64_t>(target.size()) >= dim(), "expand: cannot expand shape ",
