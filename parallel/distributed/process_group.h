@@ -72,7 +72,8 @@ class Work {
  protected:
   // Called by wait() before it blocks: a process group may run the collective on the waiting
   // thread here if no other thread has started it yet (ProcessGroupMpi does, which saves the
-  // two thread hand-offs of issue-then-wait). Returns once it has run it, or at once.
+  // two thread hand-offs of issue-then-wait), or watch it finish there (ProcessGroupNccl polls
+  // its CUDA event on the waiting thread). Returns once it has run it, or at once.
   virtual void RunIfNotStarted() {}
 
  private:

@@ -28,11 +28,12 @@ using internal::MpiCallLock;
 using internal::MpiErrorString;
 
 // The most bytes of data one eager message of Open MPI's shared-memory transport carries: its
-// eager limit less the headers it includes (4,032 of 4,096 bytes still went eagerly, 4,064
-// did not). The limit is Open MPI's default unless set for the job (`mpirun --mca
+// eager limit less the headers it includes (kHeaderBytes, found by probing message sizes around
+// the limit). The limit is Open MPI's default unless set for the job (`mpirun --mca
 // btl_vader_eager_limit N`, or btl_sm_eager_limit from Open MPI 5, which mpirun passes on
 // as OMPI_MCA_ variables). Read from the environment: asking MPI's tool interface (MPI_T)
-// instead cost 0.26-0.30 s a process, opening every component's parameters.
+// instead costs a noticeable fraction of a second per process, opening every component's
+// parameters.
 int64_t ReadEagerPieceBytes() {
   constexpr int64_t kHeaderBytes = 64;
   int64_t limit = 4096;
@@ -106,9 +107,9 @@ struct ProcessGroupMpi::Impl {
   static constexpr int64_t kRingMinBytes = 128 << 10;
   // The ring's reduce-scatter moves a block in pieces of at most this many bytes, the next
   // one in flight while the last is added, so that its receive buffer (two pieces) stays
-  // bounded. Each piece costs a rendezvous: on 2 ranks of one machine 512 KB pieces left the
-  // all-reduce 5-10% behind MPI_Allreduce at 4 and 16 MB (median of 9-21 alternating
-  // blocks), where whole blocks and 4 MB pieces kept up with it.
+  // bounded. Each piece costs a rendezvous, so pieces must be large: with 512 KB ones the
+  // all-reduce fell behind MPI_Allreduce on multi-megabyte buffers, where 4 MB pieces keep up
+  // with it (parallel/distributed/distributed_benchmark).
   static constexpr int64_t kRingPieceBytes = 4 << 20;
   // Await spins this long before it sleeps between polls. A transfer needs both sides' polls
   // (on one machine the receiver's poll does the copy), so a collective whose peers are both
@@ -586,7 +587,7 @@ std::shared_ptr<Work> ProcessGroupMpi::allreduce(Tensor tensor, ReduceOp op) {
     const int64_t n = tensor.numel();
     const int64_t step = impl.options.max_elements_per_call();
     // An average is the sum scaled by the rank that finishes each block's sum, in the pass
-    // that has it in cache (a separate pass over the whole result took 0.4 ms at 0.94 MB).
+    // that has it in cache, rather than in a separate pass over the whole result.
     const float factor = op == ReduceOp::kAverage ? 1.0f / static_cast<float>(impl.size) : 1.0f;
     const int tag = impl.AllreduceTag(n, tensor.dtype(), op);
     for (int64_t offset = 0; offset < n; offset += step) {

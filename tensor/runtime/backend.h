@@ -380,7 +380,7 @@ class Backend {
                     int64_t stride_c, int64_t batch) = 0;
   // C = op(A) * op(B) for one product of 16-bit A (`dtype`) and B into a float32 C (row-major,
   // leading dimensions as Gemm's): float accumulation with C never rounded to 16 bits, for the
-  // float32 weight gradients of autocast's linear (Note [Autocast linear], tensor/ops/ops.cc).
+  // float32 weight gradients of autocast's linear (Note [Autocast linear], tensor/ops/linalg.cc).
   // B is stored as `b_dtype`: `dtype`, or float32, which the backend rounds to `dtype` (as a
   // cast does) a block at a time where it can, so that no whole 16-bit copy of B is held (the
   // first layer's weight gradient, whose B is the float32 batch).

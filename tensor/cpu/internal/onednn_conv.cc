@@ -495,10 +495,9 @@ std::string OneDnnConv2dImplementation(OneDnnConvPass pass, DType dtype, const C
 void SetOneDnnConvFloat32Policy(OneDnnConvFloat32Policy policy) { float32_policy.store(policy); }
 
 bool OneDnnConvPreferredForFloat32(const Conv2dGeometry& /*g*/, int64_t /*out_channels*/) {
-  // Measured with train_step --model=cnn (batch 128, 2 threads, three runs each way on a
-  // machine loaded by other jobs): float32 steps of 257, 287 and 225 ms with oneDNN's
-  // convolution against 200, 297 and 209 ms with im2col + GEMM (whose wide products already
-  // go to oneDNN's matmul): no gain, so float32 keeps im2col.
+  // float32 keeps im2col + GEMM: its wide products already go to oneDNN's matmul, and oneDNN's
+  // own convolution did not make the CNN's float32 training step (train_step --model=cnn)
+  // faster. kAlways (SetOneDnnConvFloat32Policy) turns it on to re-measure.
   switch (float32_policy.load(std::memory_order_relaxed)) {
     case OneDnnConvFloat32Policy::kAlways:
       return true;

@@ -38,8 +38,8 @@ using dnnl::memory;
 // Blocks are at least this many rows (or columns) and floating-point operations: a oneDNN
 // call costs a few microseconds on top of its arithmetic (memory objects, argument checks),
 // and 2^22 flops is ~20 us of bfloat16 work at ~200 GFLOP/s on one core. Narrower blocks also
-// re-read the other operand once each: with 64 rows the MLP's bfloat16 step (train_step
-// --autocast=bf16, 2 threads) took 1.01-1.07 ms, with 128 0.93-0.94 ms, alternated with float32.
+// re-read the other operand once each, which made 64-row blocks slower than 128-row ones on the
+// MLP's bfloat16 step (train_step --autocast=bf16).
 constexpr int64_t kMinBlock = 128;
 constexpr double kMinFlopsPerBlock = 1 << 22;
 // At most this many blocks per GEMM (all products together): enough for every thread of a
@@ -445,17 +445,14 @@ bool OneDnnPreferredForFloat32(bool trans_a, bool trans_b, int64_t m, int64_t n,
     case OneDnnFloat32Policy::kMeasured:
       break;
   }
-  // From onednn_benchmark (OpenBLAS 0.3.21 against oneDNN 2.6.3, float32, 1 and 2 threads,
-  // alternated, two runs of 5 and 9 rounds on an AVX512 machine): oneDNN won consistently
-  // only on the CNN's wide products, the im2col GEMMs with every image's columns side by side
-  // (64x50176x288: 1.23-1.79x; 288x50176x64 with A transposed: 1.07-1.42x). Elsewhere it was
-  // even (the MLP's Linear layers, 0.87-1.17x), or slower (the per-image GEMMs of the first
-  // convolution, 0.66-0.92x; 10-row products, 0.59-0.77x; the weight gradient with a 50176
-  // inner dimension and B transposed, 0.49-0.56x; 2048x2304x768, 0.73-0.86x). At 64 images
-  // (12544 columns: a logical CPU device's share of the CNN's batch) oneDNN won too (forward
-  // 1.58x on 1 thread, 1.29x on 2; dx 1.35x and 1.22x, 7 rounds), and below 16384 columns
-  // DataParallel over two 1-thread devices had sent those products to OpenBLAS: its CNN step
-  // was 0.92x one 2-thread device's, 1.00x with this threshold (cpu_layouts.sh, 9 rounds).
+  // In float32 oneDNN (2.6) beats OpenBLAS (0.3.21) only on the CNN's wide products: the
+  // im2col GEMMs with every image's columns side by side, few rows and short inner dimensions.
+  // It is even on the MLP's Linear layers and slower on narrow products (the per-image GEMMs,
+  // 10-row products), on the weight gradient's long inner dimension with B transposed, and on
+  // large square-ish GEMMs, so those stay on OpenBLAS. The column threshold sits below a logical
+  // CPU device's share of the CNN's batch (12544 columns for 64 images), so that DataParallel
+  // over several devices keeps those products on oneDNN as one device does. Re-measure with
+  // `bazel run -c opt //tensor/cpu:onednn_benchmark` and tools/bench/cpu_layouts.sh.
   return batch == 1 && !trans_b && n >= 8192 && m <= 512 && k <= 512;
 }
 
