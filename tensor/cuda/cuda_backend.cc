@@ -3,7 +3,7 @@
 // Each call makes its device's physical GPU current, validates its arguments (with the
 // CPU backend's messages, so errors read the same on either device), and queues its work
 // on the calling thread's current stream of the device (tensor/runtime/stream.h,
-// tensor/cuda/cuda_device.h). Kernels are in kernels.cu; GEMM is cuBLAS. Nothing here waits
+// tensor/cuda/cuda_device.h). Kernels are in *_kernels.cu; GEMM is cuBLAS. Nothing here waits
 // for the GPU except CopyToHost, pageable CopyFromHost and the Synchronize calls.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>

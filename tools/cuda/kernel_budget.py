@@ -8,7 +8,7 @@ changing a kernel; .ci/run runs it as a step.
 
   python3 tools/cuda/kernel_budget.py                 # every .cu file, one nvcc per core
   python3 tools/cuda/kernel_budget.py tensor/cuda/attention_kernels.cu
-  python3 tools/cuda/kernel_budget.py --ptxas-log saved.txt tensor/cuda/kernels.cu  # no nvcc
+  python3 tools/cuda/kernel_budget.py --ptxas-log saved.txt tensor/cuda/reduce_kernels.cu  # no nvcc
 
 Exit status: 0 within budget, or skipped (no nvcc: it says so on its last line); 1 over
 budget; 2 a file did not compile or the allow-list is malformed.

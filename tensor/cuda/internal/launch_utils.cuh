@@ -1,0 +1,91 @@
+// Launch configuration shared by the CUDA kernel files of tensor/cuda (private to them):
+// block size, GridFor (the grid of a grid-stride loop), GlobalThread/GridThreads, alignment
+// checks, and DeviceLayout (a StridedLayout in the kernel's index type). Include it from a .cu
+// file only, e.g.
+//   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) dst[i] = value;
+//   Kernel<<<GridFor(context, n), kThreads, 0, context.stream>>>(...);
+//
+// Every file's floating-point launchers dispatch on the dtype before anything else, so that an
+// unsupported dtype throws (naming the kernel) even for an empty tensor, as on the CPU.
+#ifndef TANDEM_TENSOR_CUDA_INTERNAL_LAUNCH_UTILS_CUH_
+#define TANDEM_TENSOR_CUDA_INTERNAL_LAUNCH_UTILS_CUH_
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "tensor/cuda/kernels.h"
+#include "tensor/kernels/internal/strided_layout.h"
+
+namespace tandem {
+namespace cuda {
+// Unnamed: each .cu file that includes this gets its own copy of these kernels and helpers,
+// as when all kernels were in one file, so no kernel symbol is shared between files.
+namespace {
+
+constexpr int kThreads = 256;  // threads per block for grid-stride kernels
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+// Resident threads per SM on Hopper (and Ampere): 2048, i.e. 8 blocks of 256.
+constexpr int kThreadsPerSm = 2048;
+
+// Blocks for a grid-stride loop over `items`: enough to cover them, at most two waves of
+// fully occupied SMs (more blocks only add scheduling overhead).
+inline int GridFor(const LaunchContext& context, int64_t items, int threads = kThreads) {
+  const int64_t needed = (items + threads - 1) / threads;
+  const int64_t cap = static_cast<int64_t>(context.num_sms) * (kThreadsPerSm / threads) * 2;
+  return static_cast<int>(std::max<int64_t>(1, std::min(needed, cap)));
+}
+
+__device__ __forceinline__ int64_t GlobalThread() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t GridThreads() {
+  return static_cast<int64_t>(gridDim.x) * blockDim.x;
+}
+
+inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// ---- Strided layouts ------------------------------------------------------------------
+
+// StridedLayout in the kernel's index type; passed to kernels by value.
+template <int kArity, typename Index>
+struct DeviceLayout {
+  int ndim;
+  Index sizes[kMaxDims];
+  Index strides[kArity][kMaxDims];
+
+  // Offsets in each operand of the element with row-major linear index `i`. The loop is
+  // unrolled over kMaxDims so that every array index is a constant: indexing the kernel's
+  // parameters with a runtime value would make the compiler copy them to local memory.
+  __device__ __forceinline__ void Offsets(Index i, Index (&offsets)[kArity]) const {
+#pragma unroll
+    for (int a = 0; a < kArity; ++a) offsets[a] = 0;
+#pragma unroll
+    for (int d = kMaxDims - 1; d >= 0; --d) {
+      if (d >= ndim) continue;
+      const Index coordinate = i % sizes[d];
+      i /= sizes[d];
+#pragma unroll
+      for (int a = 0; a < kArity; ++a) offsets[a] += coordinate * strides[a][d];
+    }
+  }
+};
+
+template <typename Index, int kArity>
+DeviceLayout<kArity, Index> ToDevice(const StridedLayout<kArity>& host) {
+  DeviceLayout<kArity, Index> layout;
+  layout.ndim = host.ndim;
+  for (int d = 0; d < kMaxDims; ++d) {
+    layout.sizes[d] = static_cast<Index>(host.sizes[d]);
+    for (int a = 0; a < kArity; ++a) layout.strides[a][d] = static_cast<Index>(host.strides[a][d]);
+  }
+  return layout;
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace tandem
+
+#endif  // TANDEM_TENSOR_CUDA_INTERNAL_LAUNCH_UTILS_CUH_
