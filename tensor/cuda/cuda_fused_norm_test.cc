@@ -1,0 +1,127 @@
+// Fused row norm and triangle CUDA kernels against the CPU backend.
+//
+// Shared fixture and helpers: cuda_backend_testing.h. Skips (with the reason) where there is
+// no usable GPU; set TANDEM_TEST_SEED to replay a run.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tensor/base/error.h"
+#include "tensor/cuda/cuda_backend_testing.h"
+#include "tensor/kernels/internal/elementwise_math.h"
+#include "tensor/runtime/backend.h"
+
+namespace tandem {
+namespace cuda_test {
+
+// ---- Fused row norms and triangles (Note [Fused row norms])
+// ---------------------------------------------------------------------------------------
+
+class CudaFusedNormTest : public CudaBackendReducedTest {
+ protected:
+  // RowNorm and RowNormBackward of every flavour (layer/RMS norm; no affine, weight only,
+  // weight and bias) on the CPU and the GPU, the same T on both: outputs, saved statistics and
+  // gradients within `rtol`/`atol` (both sum in OpMath, in different orders).
+  template <typename T>
+  void ExpectRowNormsMatch(double rtol, double atol) {
+    using M = OpMath<T>;
+    const DType dtype = DTypeOf<T>::value;
+    const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},    {3, 7},   {70, 768},
+                                                             {5, 1500}, {33, 40}, {0, 4}};
+    for (const auto& [rows, cols] : shapes) {
+      for (bool rms : {false, true}) {
+        for (int affine = 0; affine < 3; ++affine) {
+          if (rms && affine == 2) continue;  // RMSNorm has no bias
+          const std::string what =
+              Note(DTypePrefix<T>() + (rms ? "rms" : "layer") + " norm [" + std::to_string(rows) +
+                   ", " + std::to_string(cols) + "] affine " + std::to_string(affine));
+          const size_t n = static_cast<size_t>(rows * cols), c = static_cast<size_t>(cols);
+          // Off-centre rows: the variance must be taken about the mean.
+          Buffer<T> x(RandomReduced<T>(n, 1.0, 5.0)), weight(RandomReduced<T>(c)),
+              bias(RandomReduced<T>(c)), dy(RandomReduced<T>(n));
+          Buffer<T> y(n), dx(n), dw(c), db(c);
+          Buffer<M> mean(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
+          const bool has_w = affine >= 1, has_b = affine == 2;
+          for (bool gpu : {false, true}) {
+            Backend& backend = gpu ? gpu_ : cpu_;
+            auto at = [&](auto& buffer, bool present) -> decltype(buffer.cpu()) {
+              return present ? (gpu ? buffer.gpu() : buffer.cpu()) : nullptr;
+            };
+            backend.RowNorm(0, dtype, rms, rows, cols, 1e-5, at(x, true), at(weight, has_w),
+                            at(bias, has_b), at(y, true), at(mean, !rms), at(rstd, true));
+            backend.RowNormBackward(0, dtype, rms, rows, cols, at(dy, true), at(x, true),
+                                    at(mean, !rms), at(rstd, true), at(weight, has_w), at(dx, true),
+                                    at(dw, has_w), at(db, has_b));
+          }
+          ExpectNear(y.Cpu(), y.Gpu(), rtol, atol, what + ": y");
+          ExpectNear(rstd.Cpu(), rstd.Gpu(), rtol, atol, what + ": rstd");
+          if (!rms) ExpectNear(mean.Cpu(), mean.Gpu(), rtol, atol, what + ": mean");
+          ExpectNear(dx.Cpu(), dx.Gpu(), rtol, atol, what + ": grad_x");
+          // Sums over the rows: their rounding grows with the row count.
+          const double sum_atol = atol * std::sqrt(static_cast<double>(rows) + 1.0);
+          if (has_w) ExpectNear(dw.Cpu(), dw.Gpu(), rtol, sum_atol, what + ": grad_weight");
+          if (has_b) ExpectNear(db.Cpu(), db.Gpu(), rtol, sum_atol, what + ": grad_bias");
+        }
+      }
+    }
+  }
+
+  // Triangle moves bits: exactly the CPU's, in place too, for each element size.
+  template <typename T>
+  void ExpectTrianglesMatch(DType dtype) {
+    const int64_t batch = 3, rows = 5, cols = 7;
+    const size_t n = static_cast<size_t>(batch * rows * cols);
+    for (bool lower : {true, false}) {
+      for (int64_t diagonal : {-7, -2, 0, 1, 3, 8}) {
+        const std::string what = Note(std::string(DTypeName(dtype)) +
+                                      (lower ? " tril " : " triu ") + std::to_string(diagonal));
+        std::vector<T> values(n);
+        for (size_t i = 0; i < n; ++i) values[i] = static_cast<T>(static_cast<float>(1 + i % 100));
+        Buffer<T> src(values, dtype), dst(n, dtype);
+        cpu_.Triangle(0, dtype, lower, diagonal, batch, rows, cols, src.cpu(), dst.cpu());
+        gpu_.Triangle(0, dtype, lower, diagonal, batch, rows, cols, src.gpu(), dst.gpu());
+        ExpectBitwiseEqual(dst.Cpu(), dst.Gpu(), what);
+        gpu_.Triangle(0, dtype, lower, diagonal, batch, rows, cols, src.gpu(), src.gpu());
+        ExpectBitwiseEqual(dst.Cpu(), src.Gpu(), what + " in place");
+      }
+    }
+  }
+};
+
+TEST_F(CudaFusedNormTest, RowNormsFloat32) { ExpectRowNormsMatch<float>(1e-4, 1e-5); }
+TEST_F(CudaFusedNormTest, RowNormsFloat64) { ExpectRowNormsMatch<double>(1e-10, 1e-12); }
+// The 16-bit outputs may round to neighbouring values: two units in the last place.
+TEST_F(CudaFusedNormTest, RowNormsBFloat16) {
+  ExpectRowNormsMatch<BFloat16>(2 * Ulp<BFloat16>(), 1e-3);
+}
+TEST_F(CudaFusedNormTest, RowNormsFloat16) { ExpectRowNormsMatch<Half>(2 * Ulp<Half>(), 1e-4); }
+
+TEST_F(CudaFusedNormTest, TrianglesOfEveryElementSize) {
+  ExpectTrianglesMatch<uint8_t>(kBool);
+  ExpectTrianglesMatch<uint8_t>(kUInt8);
+  ExpectTrianglesMatch<Half>(kFloat16);
+  ExpectTrianglesMatch<float>(kFloat32);
+  ExpectTrianglesMatch<int64_t>(kInt64);
+}
+
+TEST_F(CudaFusedNormTest, BadShapesThrow) {
+  Buffer<float> x(4), rstd(1);
+  EXPECT_THROW(gpu_.RowNorm(0, kFloat32, false, 1, 0, 1e-5, x.gpu(), nullptr, nullptr, x.gpu(),
+                            nullptr, rstd.gpu()),
+               Error);
+  Buffer<int64_t> ints(4);
+  EXPECT_THROW(gpu_.RowNorm(0, kInt64, true, 1, 4, 1e-5, ints.gpu(), nullptr, nullptr, ints.gpu(),
+                            nullptr, rstd.gpu()),
+               Error);
+}
+
+}  // namespace cuda_test
+}  // namespace tandem

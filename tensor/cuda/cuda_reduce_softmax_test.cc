@@ -1,0 +1,254 @@
+// Reduction and softmax CUDA kernels against the CPU backend.
+//
+// Shared fixture and helpers: cuda_backend_testing.h. Skips (with the reason) where there is
+// no usable GPU; set TANDEM_TEST_SEED to replay a run.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tensor/base/error.h"
+#include "tensor/cuda/cuda_backend_testing.h"
+#include "tensor/kernels/internal/elementwise_math.h"
+#include "tensor/runtime/backend.h"
+
+namespace tandem {
+namespace cuda_test {
+
+// ---- Reductions
+// ----------------------------------------------------------------------------------
+
+// Every reduction over each [outer, reduce, inner] of `shapes`: sums of continuous values,
+// max/min/argmax/argmin of small integers (ties everywhere).
+template <typename T>
+void CudaBackendTest::ExpectReductionsMatch(const std::vector<ReduceShape>& shapes) {
+  for (ReduceKind op : {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kMin, ReduceKind::kArgMax,
+                        ReduceKind::kArgMin}) {
+    const bool arg = op == ReduceKind::kArgMax || op == ReduceKind::kArgMin;
+    for (const ReduceShape& s : shapes) {
+      const std::string what =
+          Note(DTypePrefix<T>() + "reduce op " + std::to_string(static_cast<int>(op)) + " over [" +
+               std::to_string(s.outer) + ", " + std::to_string(s.reduce) + ", " +
+               std::to_string(s.inner) + "]");
+      const int64_t n = s.outer * s.reduce * s.inner, outputs = s.outer * s.inner;
+      Buffer<T> src(op == ReduceKind::kSum ? Random<T>(n) : RandomIntegers<T>(n, -20, 20));
+      const std::vector<int64_t> in_shape = {s.outer, s.reduce, s.inner};
+      const std::vector<int64_t> out_shape = {s.outer, s.inner};
+      if (arg) {
+        Buffer<int64_t> dst(outputs);
+        cpu_.Reduce(0, op, dst.CpuView(out_shape), src.CpuView(in_shape), s.outer, s.reduce,
+                    s.inner);
+        gpu_.Reduce(0, op, dst.GpuView(out_shape), src.GpuView(in_shape), s.outer, s.reduce,
+                    s.inner);
+        ExpectEqual(dst.Cpu(), dst.Gpu(), what);
+      } else {
+        Buffer<T> dst(outputs);
+        cpu_.Reduce(0, op, dst.CpuView(out_shape), src.CpuView(in_shape), s.outer, s.reduce,
+                    s.inner);
+        gpu_.Reduce(0, op, dst.GpuView(out_shape), src.GpuView(in_shape), s.outer, s.reduce,
+                    s.inner);
+        ExpectNear(dst.Cpu(), dst.Gpu(), Tolerance<T>::kReduceRtol, Tolerance<T>::kReduceAtol,
+                   what);
+      }
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, ReduceFloat) {
+  ExpectReductionsMatch<float>({
+      {1, 1, 1},
+      {1, 7, 1},
+      {64, 10, 1},
+      {7, 1000, 1},
+      {5, 7, 33},
+      {2, 3000, 300},
+      {1, 3000001, 1},  // one row, split over many blocks
+      {3, 50000, 5},    // few columns, split
+      {1, 1, 100003},   // nothing to reduce
+      {0, 5, 3},        // no output
+  });
+  ExpectReductionsMatch<double>({{1, 1, 1},
+                                 {64, 10, 1},
+                                 {7, 1000, 1},
+                                 {5, 7, 33},
+                                 {2, 300, 30},
+                                 {1, 300001, 1},  // one row, split
+                                 {3, 5000, 5},
+                                 {0, 5, 3}});
+}
+
+// NaN wins max and argmax (the first NaN), as on the CPU.
+template <typename T>
+void CudaBackendTest::ExpectNanWinsMaxAndArgmax() {
+  const int64_t rows = 4, cols = 3001;
+  std::vector<T> values = Random<T>(rows * cols);
+  values[1 * cols + 2000] = NAN;
+  values[1 * cols + 2500] = NAN;
+  values[3 * cols + 7] = NAN;
+  Buffer<T> src(values);
+  Buffer<int64_t> argmax(rows);
+  Buffer<T> max(rows);
+  cpu_.Reduce(0, ReduceKind::kMax, max.CpuView({rows}), src.CpuView({rows, cols}), rows, cols, 1);
+  gpu_.Reduce(0, ReduceKind::kMax, max.GpuView({rows}), src.GpuView({rows, cols}), rows, cols, 1);
+  ExpectBitwiseEqual(max.Cpu(), max.Gpu(), Note(DTypePrefix<T>() + "max with NaN"));
+  cpu_.Reduce(0, ReduceKind::kArgMax, argmax.CpuView({rows}), src.CpuView({rows, cols}), rows, cols,
+              1);
+  gpu_.Reduce(0, ReduceKind::kArgMax, argmax.GpuView({rows}), src.GpuView({rows, cols}), rows, cols,
+              1);
+  ExpectEqual(argmax.Cpu(), argmax.Gpu(), Note(DTypePrefix<T>() + "argmax with NaN"));
+  EXPECT_EQ(argmax.Gpu()[1], 2000);
+}
+
+TEST_F(CudaBackendTest, ReduceNanAndInt64AndEmptySum) {
+  ExpectNanWinsMaxAndArgmax<float>();
+  ExpectNanWinsMaxAndArgmax<double>();
+
+  for (ReduceKind op : {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kArgMin}) {
+    const int64_t outer = 3, reduce = 20001, inner = 2;
+    Buffer<int64_t> ints(RandomInts(outer * reduce * inner, -1000, 1000));
+    Buffer<int64_t> dst(outer * inner);
+    cpu_.Reduce(0, op, dst.CpuView({outer, inner}), ints.CpuView({outer, reduce, inner}), outer,
+                reduce, inner);
+    gpu_.Reduce(0, op, dst.GpuView({outer, inner}), ints.GpuView({outer, reduce, inner}), outer,
+                reduce, inner);
+    ExpectEqual(dst.Cpu(), dst.Gpu(),
+                Note("int64 reduce op " + std::to_string(static_cast<int>(op))));
+  }
+
+  Buffer<float> empty_sum(6);
+  Buffer<float> nothing(1);
+  gpu_.Reduce(0, ReduceKind::kSum, empty_sum.GpuView({2, 3}), nothing.GpuView({2, 0, 3}), 2, 0, 3);
+  EXPECT_EQ(empty_sum.Gpu(), std::vector<float>(6, 0.0f));
+  EXPECT_THROW(gpu_.Reduce(0, ReduceKind::kMax, empty_sum.GpuView({2, 3}),
+                           nothing.GpuView({2, 0, 3}), 2, 0, 3),
+               Error);
+}
+
+// ---- Softmax
+// ---------------------------------------------------------------------------------------
+
+template <typename T>
+void CudaBackendTest::ExpectSoftmaxMatches(const std::vector<ReduceShape>& shapes) {
+  for (bool log : {false, true}) {
+    for (const ReduceShape& s : shapes) {
+      const std::string what =
+          Note(DTypePrefix<T>() + (log ? "log_softmax" : "softmax") + " over [" +
+               std::to_string(s.outer) + ", " + std::to_string(s.reduce) + ", " +
+               std::to_string(s.inner) + "]");
+      const int64_t n = s.outer * s.reduce * s.inner;
+      Buffer<T> src(Random<T>(n, -10.0, 10.0));
+      Buffer<T> dst(n);
+      const DType dtype = DTypeOf<T>::value;
+      cpu_.Softmax(0, dtype, log, dst.cpu(), src.cpu(), s.outer, s.reduce, s.inner);
+      gpu_.Softmax(0, dtype, log, dst.gpu(), src.gpu(), s.outer, s.reduce, s.inner);
+      ExpectNear(dst.Cpu(), dst.Gpu(), Tolerance<T>::kSoftmaxRtol, Tolerance<T>::kSoftmaxAtol,
+                 what);
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, SoftmaxAndLogSoftmax) {
+  ExpectSoftmaxMatches<float>({{1, 1, 1},
+                               {257, 10, 1},
+                               {3, 5000, 1},
+                               {2, 1025, 1},
+                               {4, 7, 9},
+                               {2, 300, 65},
+                               {0, 3, 1},
+                               {3, 0, 2}});
+  ExpectSoftmaxMatches<double>(
+      {{1, 1, 1}, {257, 10, 1}, {3, 2000, 1}, {4, 7, 9}, {2, 100, 65}, {0, 3, 1}});
+  // A row with -inf (a masked logit) and a row with NaN.
+  Buffer<float> special(std::vector<float>{-INFINITY, 1.0f, 2.0f, NAN, 0.0f, 1.0f});
+  Buffer<float> out(6);
+  cpu_.Softmax(0, kFloat32, false, out.cpu(), special.cpu(), 2, 3, 1);
+  gpu_.Softmax(0, kFloat32, false, out.gpu(), special.gpu(), 2, 3, 1);
+  ExpectNear(out.Cpu(), out.Gpu(), 1e-6, 0.0, Note("softmax of -inf and NaN"));
+  Buffer<int64_t> ints(4);
+  EXPECT_THROW(gpu_.Softmax(0, kInt64, false, ints.gpu(), ints.gpu(), 1, 4, 1), Error);
+}
+
+// ---- bfloat16 and float16 ----------------------------------------------------------------
+
+template <typename T>
+void CudaBackendReducedTest::ExpectReductionsAndSoftmaxMatch() {
+  const std::string dtype = DTypePrefix<T>();
+  const ReduceShape shapes[] = {{1, 1, 1},     {64, 10, 1},  {7, 1000, 1}, {5, 7, 33},
+                                {1, 30001, 1}, {3, 5000, 5}, {1, 1, 1003}, {0, 5, 3}};
+  for (ReduceKind op : {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kMin, ReduceKind::kArgMax,
+                        ReduceKind::kArgMin}) {
+    const bool arg = op == ReduceKind::kArgMax || op == ReduceKind::kArgMin;
+    for (const ReduceShape& s : shapes) {
+      const std::string what =
+          Note(dtype + "reduce op " + std::to_string(static_cast<int>(op)) + " over [" +
+               std::to_string(s.outer) + ", " + std::to_string(s.reduce) + ", " +
+               std::to_string(s.inner) + "]");
+      const int64_t n = s.outer * s.reduce * s.inner, outputs = s.outer * s.inner;
+      Buffer<T> src(op == ReduceKind::kSum
+                        ? RandomReduced<T>(n)
+                        : Rounded<T>(Widened(RandomIntegers<float>(n, -20, 20))));
+      Buffer<float> wide = Wide(src);
+      const std::vector<int64_t> in_shape = {s.outer, s.reduce, s.inner};
+      const std::vector<int64_t> out_shape = {s.outer, s.inner};
+      if (arg) {
+        Buffer<int64_t> dst(outputs);
+        cpu_.Reduce(0, op, dst.CpuView(out_shape), wide.CpuView(in_shape), s.outer, s.reduce,
+                    s.inner);
+        gpu_.Reduce(0, op, dst.GpuView(out_shape), src.GpuView(in_shape), s.outer, s.reduce,
+                    s.inner);
+        ExpectEqual(dst.Cpu(), dst.Gpu(), what);
+        continue;
+      }
+      Buffer<float> expected(outputs);
+      Buffer<T> dst(outputs);
+      cpu_.Reduce(0, op, expected.CpuView(out_shape), wide.CpuView(in_shape), s.outer, s.reduce,
+                  s.inner);
+      gpu_.Reduce(0, op, dst.GpuView(out_shape), src.GpuView(in_shape), s.outer, s.reduce, s.inner);
+      if (op == ReduceKind::kSum) {
+        // Float accumulation in another order than the CPU's double one: float rounding
+        // (relative 6e-8 per addition) of terms up to 2, then one rounding to T either way.
+        ExpectNear(Rounded<T>(expected.Cpu()), dst.Gpu(), Ulp<T>(),
+                   2e-7 * static_cast<double>(s.reduce), what);
+      } else {
+        ExpectBitwiseEqual(Rounded<T>(expected.Cpu()), dst.Gpu(), what);
+      }
+    }
+  }
+  // Softmax and log_softmax over rows and columns, summing in double on both devices.
+  for (bool log : {false, true}) {
+    for (const ReduceShape& s : {ReduceShape{257, 10, 1}, ReduceShape{3, 2000, 1},
+                                 ReduceShape{4, 7, 9}, ReduceShape{2, 100, 65}}) {
+      const std::string what =
+          Note(dtype + (log ? "log_softmax" : "softmax") + " over [" + std::to_string(s.outer) +
+               ", " + std::to_string(s.reduce) + ", " + std::to_string(s.inner) + "]");
+      const int64_t n = s.outer * s.reduce * s.inner;
+      Buffer<T> src(RandomReduced<T>(n, -10.0, 10.0));
+      Buffer<float> wide = Wide(src), expected(n);
+      Buffer<T> dst(n);
+      cpu_.Softmax(0, kFloat32, log, expected.cpu(), wide.cpu(), s.outer, s.reduce, s.inner);
+      gpu_.Softmax(0, DTypeOf<T>::value, log, dst.gpu(), src.gpu(), s.outer, s.reduce, s.inner);
+      ExpectNear(Rounded<T>(expected.Cpu()), dst.Gpu(), Ulp<T>(), 1e-5, what);
+    }
+  }
+}
+
+// GemmEx against the CPU's SGEMM of the widened operands, rounded: both multiply exactly and
+// add in float, in different orders (Note [cudasim GemmEx] in tools/cudasim/cublas.cc), so
+// they agree to one unit of T plus float rounding growing like sqrt(k).
+
+TEST_F(CudaBackendReducedTest, ReductionsAndSoftmaxBFloat16) {
+  ExpectReductionsAndSoftmaxMatch<BFloat16>();
+}
+TEST_F(CudaBackendReducedTest, ReductionsAndSoftmaxFloat16) {
+  ExpectReductionsAndSoftmaxMatch<Half>();
+}
+
+}  // namespace cuda_test
+}  // namespace tandem
