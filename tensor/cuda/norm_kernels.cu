@@ -10,6 +10,7 @@
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/internal/launch_utils.cuh"
 #include "tensor/cuda/kernels.h"
+#include "tensor/kernels/internal/elementwise_math.h"
 
 namespace tandem {
 namespace cuda {

@@ -1,6 +1,6 @@
 // Dtype conversion on the GPU and the 16-bit kernels through float copies (Note [16-bit via
-// float] below), shared by the CUDA kernel files of tensor/cuda (private to them). Include it
-// from a .cu file only, e.g.
+// float] below; WidenedCopy and NarrowInto are in float_copies.cu), shared by the CUDA kernel
+// files of tensor/cuda (private to them). Include it from a .cu file only, e.g.
 //   RunInFloat<T>(context, in, in_n, out, out_n, [&](auto in, auto out) {
 //     MyKernel<Element<decltype(in)>><<<...>>>(in, out);
 //   });
@@ -20,6 +20,13 @@
 
 namespace tandem {
 namespace cuda {
+// Defined in float_copies.cu for BFloat16 and Half, the types RunInFloat copies: a kernel launch
+// must be in a .cu file, the only files the simulator (--config=cudasim) rewrites.
+template <typename T>
+std::shared_ptr<void> WidenedCopy(const LaunchContext& context, const T* src, int64_t n);
+template <typename T>
+void NarrowInto(const LaunchContext& context, T* dst, const void* src, int64_t n);
+
 // Unnamed: each .cu file that includes this gets its own copy of these kernels and helpers,
 // as when all kernels were in one file, so no kernel symbol is shared between files.
 namespace {
@@ -53,22 +60,6 @@ __global__ void Map1ContiguousKernel(Out* dst, const In* src, int64_t n, Fn fn) 
 // kernels), for two extra passes over memory; only average pooling and scatter-add take this
 // path. Workspace blocks go back to the allocator when the launcher returns, while the kernels
 // may still be queued: safe, because it hands them out again only to work on this same stream.
-
-template <typename T>
-std::shared_ptr<void> WidenedCopy(const LaunchContext& context, const T* src, int64_t n) {
-  std::shared_ptr<void> copy = context.workspace->Allocate(n * sizeof(float));
-  Map1ContiguousKernel<<<GridFor(context, n), kThreads, 0, context.stream>>>(
-      static_cast<float*>(copy.get()), src, n, ConvertFn<float, T>{});
-  TANDEM_CUDA_CHECK_LAUNCH(context.device);
-  return copy;
-}
-
-template <typename T>
-void NarrowInto(const LaunchContext& context, T* dst, const void* src, int64_t n) {
-  Map1ContiguousKernel<<<GridFor(context, n), kThreads, 0, context.stream>>>(
-      dst, static_cast<const float*>(src), n, ConvertFn<T, float>{});
-  TANDEM_CUDA_CHECK_LAUNCH(context.device);
-}
 
 // Calls run(in, out) with T's pointers, or for a 16-bit T with float copies (in_n and out_n
 // elements) as above. `run` launches one kernel for the pointers' element type.
