@@ -2,7 +2,7 @@
 //
 // Every kernel runs on the calling thread and splits large loops over the intra-op thread
 // pool of its logical device (ParallelFor), so that cpu:0 and cpu:1 each use their own share
-// of the cores. Elementwise math comes from tensor/elementwise_math.h, shared with the CUDA
+// of the cores. Elementwise math comes from tensor/kernels/internal/elementwise_math.h, shared with the CUDA
 // backend, so that the CPU is an exact oracle for the GPU. GEMM is OpenBLAS, pinned to one
 // thread: parallelism comes from splitting the product over our pool instead, so OpenBLAS's
 // own threads never compete with other logical devices.
@@ -148,82 +148,25 @@ void CheckLayout(const KernelTensor& t, const char* kernel) {
 
 // Calls f(std::integral_constant<Enum, value>) for the runtime `op`, so that the switch
 // inside ApplyUnary/ApplyBinary folds away and each loop is compiled for one function.
+#define TANDEM_UNARY_CASE(name, text, flags) \
+  case UnaryOp::k##name:                     \
+    return f(UnaryTag<UnaryOp::k##name>{});
+#define TANDEM_BINARY_CASE(name, text, flags) \
+  case BinaryOp::k##name:                     \
+    return f(BinaryTag<BinaryOp::k##name>{});
 template <typename F>
 void DispatchUnary(UnaryOp op, F&& f) {
-#define TANDEM_UNARY_CASE(name) \
-  case UnaryOp::name:           \
-    return f(std::integral_constant<UnaryOp, UnaryOp::name>{})
-  switch (op) {
-    TANDEM_UNARY_CASE(kNeg);
-    TANDEM_UNARY_CASE(kExp);
-    TANDEM_UNARY_CASE(kLog);
-    TANDEM_UNARY_CASE(kRelu);
-    TANDEM_UNARY_CASE(kSqrt);
-    TANDEM_UNARY_CASE(kAbs);
-    TANDEM_UNARY_CASE(kTanh);
-    TANDEM_UNARY_CASE(kSigmoid);
-    TANDEM_UNARY_CASE(kSquare);
-    TANDEM_UNARY_CASE(kAddScalar);
-    TANDEM_UNARY_CASE(kMulScalar);
-    TANDEM_UNARY_CASE(kPowScalar);
-    TANDEM_UNARY_CASE(kGeScalar);
-    TANDEM_UNARY_CASE(kGelu);
-    TANDEM_UNARY_CASE(kGeluDerivative);
-    TANDEM_UNARY_CASE(kGeluTanh);
-    TANDEM_UNARY_CASE(kGeluTanhDerivative);
-    TANDEM_UNARY_CASE(kSilu);
-  }
-#undef TANDEM_UNARY_CASE
+  switch (op) { TANDEM_FORALL_UNARY_OPS(TANDEM_UNARY_CASE) }
   TANDEM_FAIL("unknown UnaryOp ", static_cast<int>(op));
 }
 
 template <typename F>
 void DispatchBinary(BinaryOp op, F&& f) {
-#define TANDEM_BINARY_CASE(name) \
-  case BinaryOp::name:           \
-    return f(std::integral_constant<BinaryOp, BinaryOp::name>{})
-  switch (op) {
-    TANDEM_BINARY_CASE(kAdd);
-    TANDEM_BINARY_CASE(kSub);
-    TANDEM_BINARY_CASE(kMul);
-    TANDEM_BINARY_CASE(kDiv);
-    TANDEM_BINARY_CASE(kMaximum);
-    TANDEM_BINARY_CASE(kMinimum);
-    TANDEM_BINARY_CASE(kEq);
-    TANDEM_BINARY_CASE(kNe);
-    TANDEM_BINARY_CASE(kLt);
-    TANDEM_BINARY_CASE(kLe);
-    TANDEM_BINARY_CASE(kGt);
-    TANDEM_BINARY_CASE(kGe);
-    TANDEM_BINARY_CASE(kReluBackward);
-    TANDEM_BINARY_CASE(kTanhBackward);
-    TANDEM_BINARY_CASE(kSigmoidBackward);
-    TANDEM_BINARY_CASE(kGeluBackward);
-    TANDEM_BINARY_CASE(kGeluTanhBackward);
-    TANDEM_BINARY_CASE(kSiluBackward);
-  }
-#undef TANDEM_BINARY_CASE
+  switch (op) { TANDEM_FORALL_BINARY_OPS(TANDEM_BINARY_CASE) }
   TANDEM_FAIL("unknown BinaryOp ", static_cast<int>(op));
 }
-
-bool IsTranscendental(UnaryOp op) {
-  switch (op) {
-    case UnaryOp::kExp:
-    case UnaryOp::kLog:
-    case UnaryOp::kSqrt:
-    case UnaryOp::kTanh:
-    case UnaryOp::kSigmoid:
-    case UnaryOp::kPowScalar:
-    case UnaryOp::kGelu:
-    case UnaryOp::kGeluDerivative:
-    case UnaryOp::kGeluTanh:
-    case UnaryOp::kGeluTanhDerivative:
-    case UnaryOp::kSilu:
-      return true;
-    default:
-      return false;
-  }
-}
+#undef TANDEM_UNARY_CASE
+#undef TANDEM_BINARY_CASE
 
 // ---- Elementwise inner loops ----------------------------------------------------------
 // The unit-stride and broadcast-scalar cases get their own loops so that the compiler
@@ -703,39 +646,29 @@ void ReduceExtremum(int index, void* dst, const T* src, int64_t outer, int64_t r
               });
 }
 
+// Sums, or max/min (kOpArg: their indices) for the kOpMax and kOpMin rows.
+template <ReduceKind kOp, typename T>
+void ReduceOne(int index, void* dst, const T* src, int64_t outer, int64_t reduce,
+               int64_t inner) {
+  constexpr unsigned kFlags = OpFlags(kOp);
+  if constexpr ((kFlags & (kOpMax | kOpMin)) == 0) {
+    ReduceSum(index, static_cast<T*>(dst), src, outer, reduce, inner);
+  } else {
+    ReduceExtremum<(kFlags & kOpMax) != 0, (kFlags & kOpArg) != 0>(index, dst, src, outer,
+                                                                      reduce, inner);
+  }
+}
+
+#define TANDEM_REDUCE_CASE(name, text, flags) \
+  case ReduceKind::k##name:                   \
+    return ReduceOne<ReduceKind::k##name>(index, dst, src, outer, reduce, inner);
 template <typename T>
 void ReduceTyped(int index, ReduceKind op, void* dst, const T* src, int64_t outer, int64_t reduce,
                  int64_t inner) {
-  switch (op) {
-    case ReduceKind::kSum:
-      return ReduceSum(index, static_cast<T*>(dst), src, outer, reduce, inner);
-    case ReduceKind::kMax:
-      return ReduceExtremum<true, false>(index, dst, src, outer, reduce, inner);
-    case ReduceKind::kMin:
-      return ReduceExtremum<false, false>(index, dst, src, outer, reduce, inner);
-    case ReduceKind::kArgMax:
-      return ReduceExtremum<true, true>(index, dst, src, outer, reduce, inner);
-    case ReduceKind::kArgMin:
-      return ReduceExtremum<false, true>(index, dst, src, outer, reduce, inner);
-  }
+  switch (op) { TANDEM_FORALL_REDUCE_KINDS(TANDEM_REDUCE_CASE) }
   TANDEM_FAIL("unknown ReduceKind ", static_cast<int>(op));
 }
-
-const char* ReduceKindName(ReduceKind op) {
-  switch (op) {
-    case ReduceKind::kSum:
-      return "sum";
-    case ReduceKind::kMax:
-      return "max";
-    case ReduceKind::kMin:
-      return "min";
-    case ReduceKind::kArgMax:
-      return "argmax";
-    case ReduceKind::kArgMin:
-      return "argmin";
-  }
-  return "?";
-}
+#undef TANDEM_REDUCE_CASE
 
 // ---- Softmax ----------------------------------------------------------------------------
 
@@ -1105,8 +1038,8 @@ void CpuBackend::Unary(int index, UnaryOp op, const KernelTensor& dst, const Ker
   CheckSameShape(dst, src, "Unary", "an input");
   TANDEM_CHECK(dst.dtype == src.dtype, "CPU Unary expects the output's dtype (", dst.dtype,
                ") to match the input's (", src.dtype, "); convert with Copy first");
-  TANDEM_CHECK(IsFloatingPoint(src.dtype) || UnarySupportsIntegers(op), "CPU Unary: op ",
-               static_cast<int>(op),
+  TANDEM_CHECK(IsFloatingPoint(src.dtype) || UnarySupportsIntegers(op), "CPU Unary: ",
+               OpName(op),
                " is defined for floating types only (integer and bool tensors take neg, abs, "
                "add and mul by a scalar) but got ",
                src.dtype, "; convert the tensor to a floating dtype first");
@@ -1172,8 +1105,8 @@ void CpuBackend::Binary(int index, BinaryOp op, const KernelTensor& dst, const K
                "bool) but got ",
                a.dtype, " and ", b.dtype, " into ", dst.dtype,
                "; convert them to a common dtype first");
-  TANDEM_CHECK(!BinaryIsFloatingOnly(op) || IsFloatingPoint(a.dtype), "CPU Binary: op ",
-               static_cast<int>(op),
+  TANDEM_CHECK(!BinaryIsFloatingOnly(op) || IsFloatingPoint(a.dtype), "CPU Binary: ",
+               OpName(op),
                " (an activation's backward) is defined for floating dtypes "
                "only but got ",
                a.dtype, "; convert the tensors to a floating dtype first");
@@ -1181,7 +1114,7 @@ void CpuBackend::Binary(int index, BinaryOp op, const KernelTensor& dst, const K
     TANDEM_CHECK(op != BinaryOp::kSub,
                  "CPU Binary: subtraction of bool tensors is not supported (as in PyTorch); use "
                  "logical xor (a != b) instead");
-    TANDEM_CHECK(!RejectsBool(op), "CPU Binary: op ", static_cast<int>(op),
+    TANDEM_CHECK(!RejectsBool(op), "CPU Binary: ", OpName(op),
                  " is not defined for bool tensors; convert them to a floating dtype first");
   }
   const int64_t n = dst.numel();
@@ -1257,11 +1190,11 @@ void CpuBackend::Reduce(int index, ReduceKind op, const KernelTensor& dst, const
                " elements but [outer, inner] = [", outer, ", ", inner, "] needs ", outer * inner);
   TANDEM_CHECK(src.is_contiguous() && dst.is_contiguous(),
                "CPU Reduce expects contiguous tensors; call contiguous() first");
-  const bool arg = op == ReduceKind::kArgMax || op == ReduceKind::kArgMin;
-  TANDEM_CHECK(dst.dtype == (arg ? kInt64 : src.dtype), "CPU Reduce ", ReduceKindName(op),
+  const bool arg = IsArgReduction(op);
+  TANDEM_CHECK(dst.dtype == (arg ? kInt64 : src.dtype), "CPU Reduce ", OpName(op),
                " writes ", (arg ? kInt64 : src.dtype), " but the output is ", dst.dtype);
   if (outer * inner == 0) return;
-  TANDEM_CHECK(reduce > 0 || op == ReduceKind::kSum, "CPU Reduce: ", ReduceKindName(op),
+  TANDEM_CHECK(reduce > 0 || op == ReduceKind::kSum, "CPU Reduce: ", OpName(op),
                " of an empty dimension is undefined (the dimension being reduced has size 0); "
                "reduce a non-empty dimension");
   if (reduce == 0) {  // empty sum

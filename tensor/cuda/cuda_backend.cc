@@ -80,22 +80,6 @@ void CheckGeometry(const Conv2dGeometry& g, const char* kernel) {
                g.width + 2 * g.pad_w, " image; use a smaller kernel or more padding");
 }
 
-const char* ReduceKindName(ReduceKind op) {
-  switch (op) {
-    case ReduceKind::kSum:
-      return "sum";
-    case ReduceKind::kMax:
-      return "max";
-    case ReduceKind::kMin:
-      return "min";
-    case ReduceKind::kArgMax:
-      return "argmax";
-    case ReduceKind::kArgMin:
-      return "argmin";
-  }
-  return "?";
-}
-
 // BLAS needs rows that do not overlap, except where a matrix has at most one row (the
 // CPU backend's rule, which cuBLAS shares).
 int64_t LeadingDimension(int64_t rows, int64_t cols, int64_t ld, const char* name) {
@@ -435,10 +419,10 @@ void CudaBackend::Reduce(int index, ReduceKind op, const KernelTensor& dst, cons
   TANDEM_CHECK(src.is_contiguous() && dst.is_contiguous(),
                "CUDA Reduce expects contiguous tensors; call contiguous() first");
   const bool arg = op == ReduceKind::kArgMax || op == ReduceKind::kArgMin;
-  TANDEM_CHECK(dst.dtype == (arg ? kInt64 : src.dtype), "CUDA Reduce ", ReduceKindName(op),
+  TANDEM_CHECK(dst.dtype == (arg ? kInt64 : src.dtype), "CUDA Reduce ", OpName(op),
                " writes ", (arg ? kInt64 : src.dtype), " but the output is ", dst.dtype);
   if (outer * inner == 0) return;
-  TANDEM_CHECK(reduce > 0 || op == ReduceKind::kSum, "CUDA Reduce: ", ReduceKindName(op),
+  TANDEM_CHECK(reduce > 0 || op == ReduceKind::kSum, "CUDA Reduce: ", OpName(op),
                " of an empty dimension is undefined (the dimension being reduced has size 0); "
                "reduce a non-empty dimension");
   DeviceGuard guard(device.physical());

@@ -96,8 +96,7 @@ void CudaBackendTest::ExpectUnaryOpsMatch(const std::vector<int64_t>& sizes,
                                           const std::vector<int64_t>& offsets) {
   const double rtol = Tolerance<T>::kUnaryRtol, atol = Tolerance<T>::kUnaryAtol;
   for (UnaryOp op : kAllUnary) {
-    const bool positive_only =
-        op == UnaryOp::kLog || op == UnaryOp::kSqrt || op == UnaryOp::kPowScalar;
+    const bool positive_only = HasPositiveDomain(op);
     for (int64_t n : sizes) {
       const std::string what =
           Note(DTypePrefix<T>() + "unary op " + std::to_string(static_cast<int>(op)) + " on " +
@@ -136,7 +135,8 @@ TEST_F(CudaBackendTest, UnaryInPlaceAndInt64) {
   cpu_.Unary(0, UnaryOp::kRelu, x.CpuView({n}), x.CpuView({n}), 0.0);
   gpu_.Unary(0, UnaryOp::kRelu, x.GpuView({n}), x.GpuView({n}), 0.0);
   ExpectBitwiseEqual(x.Cpu(), x.Gpu(), Note("in-place relu"));
-  for (UnaryOp op : {UnaryOp::kNeg, UnaryOp::kAbs, UnaryOp::kAddScalar, UnaryOp::kMulScalar}) {
+  for (UnaryOp op : kAllUnary) {
+    if (!UnarySupportsIntegers(op)) continue;
     Buffer<int64_t> src(RandomInts(n, -1000000, 1000000));
     Buffer<int64_t> dst(n);
     cpu_.Unary(0, op, dst.CpuView({n}), src.CpuView({n}), -3.0);
@@ -150,11 +150,11 @@ TEST_F(CudaBackendTest, UnaryInPlaceAndInt64) {
 
 const std::vector<BinaryOp> kAllBinary = AllBinaryOps();
 
-// Binary ops through erf or exp, whose float results CUDA and glibc may round differently (on
-// a GPU; under cudasim they are bitwise equal).
-bool IsTranscendentalOp(BinaryOp op) {
-  return op == BinaryOp::kGeluBackward || op == BinaryOp::kGeluTanhBackward ||
-         op == BinaryOp::kSiluBackward;
+// Ops through erf or exp (IsTranscendental, tensor/runtime/op_tables.h), whose float results
+// CUDA and glibc may round differently (on a GPU; under cudasim they are bitwise equal).
+template <typename Op>
+bool IsTranscendentalOp(Op op) {
+  return IsTranscendental(op);
 }
 
 // Shapes of b relative to a's [rows, cols] output: full, a row, a column, a scalar.
@@ -299,20 +299,11 @@ TEST_F(CudaBackendFloat64Test, CopyConvertsBetweenEveryPairOfDTypes) {
 
 // ---- bfloat16 and float16 ----------------------------------------------------------------
 
-// Transcendental ops, whose float results CUDA and glibc may round differently.
-bool IsTranscendentalOp(UnaryOp op) {
-  return op == UnaryOp::kExp || op == UnaryOp::kLog || op == UnaryOp::kTanh ||
-         op == UnaryOp::kSigmoid || op == UnaryOp::kPowScalar || op == UnaryOp::kGelu ||
-         op == UnaryOp::kGeluDerivative || op == UnaryOp::kSqrt || op == UnaryOp::kGeluTanh ||
-         op == UnaryOp::kGeluTanhDerivative || op == UnaryOp::kSilu;
-}
-
 template <typename T>
 void CudaBackendReducedTest::ExpectElementwiseMatches() {
   const std::string dtype = DTypePrefix<T>();
   for (UnaryOp op : kAllUnary) {
-    const bool positive_only =
-        op == UnaryOp::kLog || op == UnaryOp::kSqrt || op == UnaryOp::kPowScalar;
+    const bool positive_only = HasPositiveDomain(op);
     const double rtol = IsTranscendentalOp(op) ? Ulp<T>() : 0.0;
     for (int64_t n : {0, 1, 7, 1029}) {
       const std::string what = Note(dtype + "unary op " + std::to_string(static_cast<int>(op)) +
@@ -361,7 +352,7 @@ void CudaBackendReducedTest::ExpectElementwiseMatches() {
       } else {
         ExpectBitwiseEqual(Rounded<T>(expected.Cpu()), dst.Gpu(), what);
       }
-      if (op >= BinaryOp::kEq && op <= BinaryOp::kGe) {
+      if (IsComparison(op)) {
         Buffer<uint8_t> mask(n, kBool), expected_mask(n, kBool);
         cpu_.Copy(0, expected_mask.CpuView(shape), expected.CpuView(shape));
         gpu_.Binary(0, op, mask.GpuView(shape), a.GpuView(shape), b.GpuView(shape, b_strides));
@@ -469,7 +460,8 @@ void ExpectIntegralKernelsMatch(Backend& cpu, Backend& gpu, std::mt19937_64& rng
     return v;
   };
   const std::string name = std::string(DTypeName(dtype)) + " ";
-  for (UnaryOp op : {UnaryOp::kNeg, UnaryOp::kAbs, UnaryOp::kAddScalar, UnaryOp::kMulScalar}) {
+  for (UnaryOp op : kAllUnary) {
+    if (!UnarySupportsIntegers(op)) continue;
     Buffer<Storage> src(random(false), dtype), dst(n, dtype);
     if (is_bool && RejectsBool(op)) {  // both backends refuse what PyTorch refuses
       EXPECT_THROW(cpu.Unary(0, op, dst.CpuView({rows, cols}), src.CpuView({rows, cols}), 0.0),
@@ -503,7 +495,7 @@ void ExpectIntegralKernelsMatch(Backend& cpu, Backend& gpu, std::mt19937_64& rng
     gpu.Binary(0, op, dst.GpuView({rows, cols}, {1, rows}), a.GpuView({rows, cols}),
                b.GpuView({rows, cols}));
     ExpectBitwiseEqual(dst.Cpu(), dst.Gpu(), what);
-    if (op >= BinaryOp::kEq && op <= BinaryOp::kGe && !is_bool) {
+    if (IsComparison(op) && !is_bool) {
       // Into bool: the CPU's 1 or 0 in T, converted.
       Buffer<uint8_t> mask(n, kBool), expected(n, kBool);
       cpu.Copy(0, expected.CpuView({rows, cols}, {1, rows}), dst.CpuView({rows, cols}, {1, rows}));
@@ -512,9 +504,8 @@ void ExpectIntegralKernelsMatch(Backend& cpu, Backend& gpu, std::mt19937_64& rng
       ExpectBitwiseEqual(expected.Cpu(), mask.Gpu(), what + " into bool");
     }
   }
-  for (ReduceKind op : {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kMin, ReduceKind::kArgMax,
-                        ReduceKind::kArgMin}) {
-    const bool arg = op == ReduceKind::kArgMax || op == ReduceKind::kArgMin;
+  for (ReduceKind op : AllReduceKinds()) {
+    const bool arg = IsArgReduction(op);
     for (const ReduceShape& s : {ReduceShape{7, 3, 59}, ReduceShape{1, n, 1}}) {
       const std::string what = name + "reduce op " + std::to_string(static_cast<int>(op)) +
                                " over " + std::to_string(s.reduce) + seed_note;
@@ -556,8 +547,8 @@ TEST_F(CudaBackendTest, FloatComparisonsIntoBool) {
   std::vector<float> with_nan = a.Cpu();
   with_nan[5] = NAN;  // NaN compares unequal to everything, itself included
   a.Set(with_nan);
-  for (BinaryOp op :
-       {BinaryOp::kEq, BinaryOp::kNe, BinaryOp::kLt, BinaryOp::kLe, BinaryOp::kGt, BinaryOp::kGe}) {
+  for (BinaryOp op : kAllBinary) {
+    if (!IsComparison(op)) continue;
     Buffer<float> as_float(n);
     Buffer<uint8_t> expected(n, kBool), mask(n, kBool);
     cpu_.Binary(0, op, as_float.CpuView({n}), a.CpuView({n}), b.CpuView({n}));

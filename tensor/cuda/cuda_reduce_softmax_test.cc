@@ -29,9 +29,8 @@ namespace cuda_test {
 // max/min/argmax/argmin of small integers (ties everywhere).
 template <typename T>
 void CudaBackendTest::ExpectReductionsMatch(const std::vector<ReduceShape>& shapes) {
-  for (ReduceKind op : {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kMin, ReduceKind::kArgMax,
-                        ReduceKind::kArgMin}) {
-    const bool arg = op == ReduceKind::kArgMax || op == ReduceKind::kArgMin;
+  for (ReduceKind op : AllReduceKinds()) {
+    const bool arg = IsArgReduction(op);
     for (const ReduceShape& s : shapes) {
       const std::string what =
           Note(DTypePrefix<T>() + "reduce op " + std::to_string(static_cast<int>(op)) + " over [" +
@@ -182,9 +181,8 @@ void CudaBackendReducedTest::ExpectReductionsAndSoftmaxMatch() {
   const std::string dtype = DTypePrefix<T>();
   const ReduceShape shapes[] = {{1, 1, 1},     {64, 10, 1},  {7, 1000, 1}, {5, 7, 33},
                                 {1, 30001, 1}, {3, 5000, 5}, {1, 1, 1003}, {0, 5, 3}};
-  for (ReduceKind op : {ReduceKind::kSum, ReduceKind::kMax, ReduceKind::kMin, ReduceKind::kArgMax,
-                        ReduceKind::kArgMin}) {
-    const bool arg = op == ReduceKind::kArgMax || op == ReduceKind::kArgMin;
+  for (ReduceKind op : AllReduceKinds()) {
+    const bool arg = IsArgReduction(op);
     for (const ReduceShape& s : shapes) {
       const std::string what =
           Note(dtype + "reduce op " + std::to_string(static_cast<int>(op)) + " over [" +

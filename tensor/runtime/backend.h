@@ -26,6 +26,7 @@
 #include "tensor/base/device.h"
 #include "tensor/base/dtype.h"
 #include "tensor/runtime/allocator.h"
+#include "tensor/runtime/op_tables.h"
 #include "tensor/runtime/stream.h"
 
 namespace tandem {
@@ -71,84 +72,8 @@ struct KernelTensor {
   }
 };
 
-// Elementwise functions of one input and an optional scalar parameter `s`.
-// Floating types (float32, float64, bfloat16, float16: the 16-bit ones are loaded as float,
-// computed in float with `s` as float, and rounded once when stored); kNeg, kAbs, kAddScalar,
-// kMulScalar also accept int64, int32, uint8 and bool (computed in int64, converted back:
-// uint8 wraps, bool is "nonzero"), except kNeg on bool, which PyTorch rejects.
-enum class UnaryOp : int8_t {
-  kNeg,             // -x
-  kExp,             // e^x
-  kLog,             // ln x
-  kRelu,            // max(x, 0)
-  kSqrt,            // sqrt x
-  kAbs,             // |x|
-  kTanh,            // tanh x
-  kSigmoid,         // 1 / (1 + e^-x)
-  kSquare,          // x * x
-  kAddScalar,       // x + s
-  kMulScalar,       // x * s
-  kPowScalar,       // x ^ s
-  kGeScalar,        // x >= s ? 1 : 0
-  kGelu,            // x * Phi(x) = x / 2 * (1 + erf(x / sqrt 2))
-  kGeluDerivative,  // Phi(x) + x * phi(x), the derivative of kGelu
-  // GELU's tanh approximation (gelu(x, approximate="tanh")), with
-  // u = sqrt(2 / pi) * (x + 0.044715 x^3): 0.5 x (1 + tanh u), and its derivative.
-  kGeluTanh,
-  kGeluTanhDerivative,
-  kSilu,  // x * sigmoid(x) = x / (1 + e^-x), one rounding (PyTorch's fused silu)
-};
-// Every UnaryOp (their values are 0, 1, ...): for loops over all of them, as the tests do.
-inline constexpr int kNumUnaryOps = static_cast<int>(UnaryOp::kSilu) + 1;
-inline std::vector<UnaryOp> AllUnaryOps() {
-  std::vector<UnaryOp> ops;
-  for (int i = 0; i < kNumUnaryOps; ++i) ops.push_back(static_cast<UnaryOp>(i));
-  return ops;
-}
-
-// Elementwise functions of two inputs of the same dtype (any dtype), written to a dst of that
-// dtype; the 16-bit floats compute in float and round once. The comparisons (kEq .. kGe) give
-// 1 or 0 in that dtype, or true/false into a kBool dst. On bool, as in PyTorch: kAdd is or,
-// kMul and, kMaximum/kMinimum or/and; kSub, kDiv and kReluBackward are rejected.
-enum class BinaryOp : int8_t {
-  kAdd,
-  kSub,
-  kMul,
-  kDiv,
-  kMaximum,
-  kMinimum,
-  kEq,
-  kNe,
-  kLt,
-  kLe,
-  kGt,
-  kGe,
-  kReluBackward,  // 0 if b <= 0 else a (a: incoming gradient, b: relu output; NaN passes)
-  // The other activations' backward, a: incoming gradient; floating dtypes only. Fused so that
-  // a 16-bit gradient is the float formula rounded once, as PyTorch's *_backward kernels.
-  kTanhBackward,      // a * (1 - b^2), b: tanh output
-  kSigmoidBackward,   // a * (1 - b) * b, b: sigmoid output
-  kGeluBackward,      // a * gelu'(b), b: gelu input (exact erf form)
-  kGeluTanhBackward,  // a * gelu_tanh'(b), b: gelu input (tanh approximation)
-  kSiluBackward,      // a * s (1 + b (1 - s)), s = sigmoid(b), b: silu input
-};
-// Every BinaryOp (their values are 0, 1, ...): for loops over all of them, as the tests do.
-inline constexpr int kNumBinaryOps = static_cast<int>(BinaryOp::kSiluBackward) + 1;
-inline std::vector<BinaryOp> AllBinaryOps() {
-  std::vector<BinaryOp> ops;
-  for (int i = 0; i < kNumBinaryOps; ++i) ops.push_back(static_cast<BinaryOp>(i));
-  return ops;
-}
-
-// Reductions over the middle axis (named Kind, not Op: ReduceOp is the collectives' enum,
-// parallel/distributed/process_group.h) of a contiguous [outer, reduce, inner] input into a
-// contiguous [outer, inner] output. kArgMax/kArgMin write int64 indices; the others keep
-// the input's dtype. Ties in arg reductions pick the first index, as PyTorch does; NaN wins
-// max/min/argmax/argmin in every floating type. Sums accumulate in double for every floating
-// type (the 16-bit floats round once, from it) and in int64 for the integers and bool, then
-// convert to the input's dtype (uint8 wraps, bool is "any"): the ops layer widens integer
-// sums to int64 first, as PyTorch's sum does.
-enum class ReduceKind : int8_t { kSum, kMax, kMin, kArgMax, kArgMin };
+// UnaryOp, BinaryOp and ReduceKind, the ops of Unary, Binary and Reduce below: see their
+// tables in tensor/runtime/op_tables.h.
 
 // Describes a 2-D convolution or pooling window over NCHW images. A window's taps are
 // `dilation` apart (it spans dilation * (kernel - 1) + 1 pixels). With ceil_mode the output

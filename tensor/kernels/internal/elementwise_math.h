@@ -13,7 +13,7 @@
 
 #include "tensor/base/half.h"
 #include "tensor/base/philox.h"  // TANDEM_HOST_DEVICE
-#include "tensor/runtime/backend.h"
+#include "tensor/runtime/op_tables.h"
 
 namespace tandem {
 
@@ -35,168 +35,258 @@ TANDEM_HOST_DEVICE float Pow(float x, float y) { return ::powf(x, y); }
 TANDEM_HOST_DEVICE double Pow(double x, double y) { return ::pow(x, y); }
 }  // namespace math
 
-// T is float or double; the constants are rounded to T, so float keeps float arithmetic.
+// Note [Adding an elementwise op] (tensor/runtime/op_tables.h): one function per row of the
+// op tables. UnaryMath(UnaryTag<op>, x, s) is y = op(x, s) for T float or double (the
+// constants are rounded to T, so float keeps float arithmetic) and, for the kOpIntegers rows,
+// int64 (s converted to int64). BinaryMath(BinaryTag<op>, a, b) is op(a, b) for every element
+// type T (the kOpFloatingOnly rows: float and double only); a comparison row is instead its
+// predicate, Compare(BinaryTag<op>, a, b).
+template <UnaryOp kOp>
+using UnaryTag = std::integral_constant<UnaryOp, kOp>;
+template <BinaryOp kOp>
+using BinaryTag = std::integral_constant<BinaryOp, kOp>;
+
+namespace math {
+TANDEM_HOST_DEVICE int64_t Abs(int64_t x) { return x < 0 ? -x : x; }
+}  // namespace math
+
 template <typename T>
-TANDEM_HOST_DEVICE T ApplyUnary(UnaryOp op, T x, T s) {
-  switch (op) {
-    case UnaryOp::kNeg:
-      return -x;
-    case UnaryOp::kExp:
-      return math::Exp(x);
-    case UnaryOp::kLog:
-      return math::Log(x);
-    case UnaryOp::kRelu:
-      // NaN stays NaN, as in PyTorch (a diverging run shows NaN instead of zeros). Written
-      // as max(0, x) in SSE's operand order (maxss returns the second operand when either
-      // is NaN), so compilers emit a branchless maxss/maxps instead of a mispredicted branch
-      // on every other element (5x slower on random data).
-      return T(0) > x ? T(0) : x;
-    case UnaryOp::kSqrt:
-      return math::Sqrt(x);
-    case UnaryOp::kAbs:
-      return math::Abs(x);
-    case UnaryOp::kTanh:
-      return math::Tanh(x);
-    case UnaryOp::kSigmoid:
-      return T(1) / (T(1) + math::Exp(-x));
-    case UnaryOp::kSquare:
-      return x * x;
-    case UnaryOp::kAddScalar:
-      return x + s;
-    case UnaryOp::kMulScalar:
-      return x * s;
-    case UnaryOp::kPowScalar:
-      return math::Pow(x, s);
-    case UnaryOp::kGeScalar:
-      return x >= s ? T(1) : T(0);
-    case UnaryOp::kGelu:
-      return T(0.5) * x * (T(1) + math::Erf(x * T(0.70710678118654752)));
-    case UnaryOp::kGeluDerivative:
-      // Phi(x) + x * phi(x): the normal distribution's CDF and density.
-      return T(0.5) * (T(1) + math::Erf(x * T(0.70710678118654752))) +
-             x * T(0.39894228040143268) * math::Exp(T(-0.5) * x * x);
-    // Note [GELU tanh through exp]: 0.5 (1 + tanh u) = 1 / (1 + e^(-2u)), the same function
-    // through one exp instead of libm's tanh (several times slower per element on the CPU,
-    // where these loops are bound by it). u = sqrt(2 / pi) (x + 0.044715 x^3), with x * x * x
-    // rather than a pow call. As x -> -inf, e^(-2u) overflows to inf and the results go to
-    // 0 (NaN at -inf itself, as 0.5 x (1 + tanh u) gives).
-    case UnaryOp::kGeluTanh: {
-      const T u = T(0.79788456080286536) * (x + T(0.044715) * x * x * x);
-      return x / (T(1) + math::Exp(T(-2) * u));
-    }
-    case UnaryOp::kGeluTanhDerivative: {
-      // With s = 0.5 (1 + tanh u): d/dx x s = s + x ds/du du/dx, ds/du = 2 s (1 - s).
-      const T x2 = x * x;
-      const T s = T(1) / (T(1) + math::Exp(T(-1.5957691216057307) * (x + T(0.044715) * x2 * x)));
-      const T du = T(0.79788456080286536) * (T(1) + T(3 * 0.044715) * x2);
-      return s + T(2) * x * s * (T(1) - s) * du;
-    }
-    case UnaryOp::kSilu:
-      return x / (T(1) + math::Exp(-x));
-  }
-  return T(0);
+TANDEM_HOST_DEVICE T UnaryMath(UnaryTag<UnaryOp::kNeg>, T x, T) {
+  return -x;
+}
+template <typename T>
+TANDEM_HOST_DEVICE T UnaryMath(UnaryTag<UnaryOp::kExp>, T x, T) {
+  return math::Exp(x);
+}
+template <typename T>
+TANDEM_HOST_DEVICE T UnaryMath(UnaryTag<UnaryOp::kLog>, T x, T) {
+  return math::Log(x);
+}
+// NaN stays NaN, as in PyTorch (a diverging run shows NaN instead of zeros). Written as
+// max(0, x) in SSE's operand order (maxss returns the second operand when either is NaN), so
+// compilers emit a branchless maxss/maxps instead of a mispredicted branch on every other
+// element (5x slower on random data).
+template <typename T>
+TANDEM_HOST_DEVICE T UnaryMath(UnaryTag<UnaryOp::kRelu>, T x, T) {
+  return T(0) > x ? T(0) : x;
+}
+template <typename T>
+TANDEM_HOST_DEVICE T UnaryMath(UnaryTag<UnaryOp::kSqrt>, T x, T) {
+  return math::Sqrt(x);
+}
+template <typename T>
+TANDEM_HOST_DEVICE T UnaryMath(UnaryTag<UnaryOp::kAbs>, T x, T) {
+  return math::Abs(x);
+}
+template <typename T>
+TANDEM_HOST_DEVICE T UnaryMath(UnaryTag<UnaryOp::kTanh>, T x, T) {
+  return math::Tanh(x);
+}
+template <typename T>
+TANDEM_HOST_DEVICE T UnaryMath(UnaryTag<UnaryOp::kSigmoid>, T x, T) {
+  return T(1) / (T(1) + math::Exp(-x));
+}
+template <typename T>
+TANDEM_HOST_DEVICE T UnaryMath(UnaryTag<UnaryOp::kSquare>, T x, T) {
+  return x * x;
+}
+template <typename T>
+TANDEM_HOST_DEVICE T UnaryMath(UnaryTag<UnaryOp::kAddScalar>, T x, T s) {
+  return x + s;
+}
+template <typename T>
+TANDEM_HOST_DEVICE T UnaryMath(UnaryTag<UnaryOp::kMulScalar>, T x, T s) {
+  return x * s;
+}
+template <typename T>
+TANDEM_HOST_DEVICE T UnaryMath(UnaryTag<UnaryOp::kPowScalar>, T x, T s) {
+  return math::Pow(x, s);
+}
+template <typename T>
+TANDEM_HOST_DEVICE T UnaryMath(UnaryTag<UnaryOp::kGeScalar>, T x, T s) {
+  return x >= s ? T(1) : T(0);
+}
+template <typename T>
+TANDEM_HOST_DEVICE T UnaryMath(UnaryTag<UnaryOp::kGelu>, T x, T) {
+  return T(0.5) * x * (T(1) + math::Erf(x * T(0.70710678118654752)));
+}
+// Phi(x) + x * phi(x): the normal distribution's CDF and density.
+template <typename T>
+TANDEM_HOST_DEVICE T UnaryMath(UnaryTag<UnaryOp::kGeluDerivative>, T x, T) {
+  return T(0.5) * (T(1) + math::Erf(x * T(0.70710678118654752))) +
+         x * T(0.39894228040143268) * math::Exp(T(-0.5) * x * x);
+}
+// Note [GELU tanh through exp]: 0.5 (1 + tanh u) = 1 / (1 + e^(-2u)), the same function
+// through one exp instead of libm's tanh (several times slower per element on the CPU, where
+// these loops are bound by it). u = sqrt(2 / pi) (x + 0.044715 x^3), with x * x * x rather
+// than a pow call. As x -> -inf, e^(-2u) overflows to inf and the results go to 0 (NaN at
+// -inf itself, as 0.5 x (1 + tanh u) gives).
+template <typename T>
+TANDEM_HOST_DEVICE T UnaryMath(UnaryTag<UnaryOp::kGeluTanh>, T x, T) {
+  const T u = T(0.79788456080286536) * (x + T(0.044715) * x * x * x);
+  return x / (T(1) + math::Exp(T(-2) * u));
+}
+// With s = 0.5 (1 + tanh u): d/dx x s = s + x ds/du du/dx, ds/du = 2 s (1 - s).
+template <typename T>
+TANDEM_HOST_DEVICE T UnaryMath(UnaryTag<UnaryOp::kGeluTanhDerivative>, T x, T) {
+  const T x2 = x * x;
+  const T s = T(1) / (T(1) + math::Exp(T(-1.5957691216057307) * (x + T(0.044715) * x2 * x)));
+  const T du = T(0.79788456080286536) * (T(1) + T(3 * 0.044715) * x2);
+  return s + T(2) * x * s * (T(1) - s) * du;
+}
+template <typename T>
+TANDEM_HOST_DEVICE T UnaryMath(UnaryTag<UnaryOp::kSilu>, T x, T) {
+  return x / (T(1) + math::Exp(-x));
 }
 
-// The integer subset (kNeg, kAbs, kAddScalar, kMulScalar) for any integer type I (int64,
-// int32, uint8, bool); callers reject the others (UnarySupportsIntegers) and reject kNeg on
-// bool, as PyTorch does. The arithmetic is done in int64 and converted back to I, so uint8
-// wraps modulo 256 as in PyTorch and bool gets "nonzero".
+template <typename T>
+TANDEM_HOST_DEVICE T BinaryMath(BinaryTag<BinaryOp::kAdd>, T a, T b) {
+  return a + b;
+}
+template <typename T>
+TANDEM_HOST_DEVICE T BinaryMath(BinaryTag<BinaryOp::kSub>, T a, T b) {
+  return a - b;
+}
+template <typename T>
+TANDEM_HOST_DEVICE T BinaryMath(BinaryTag<BinaryOp::kMul>, T a, T b) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return a && b;  // PyTorch's bool multiplication
+  } else {
+    return a * b;
+  }
+}
+template <typename T>
+TANDEM_HOST_DEVICE T BinaryMath(BinaryTag<BinaryOp::kDiv>, T a, T b) {
+  return a / b;
+}
+// NaN in either operand propagates, as in PyTorch (a != a only for NaN).
+template <typename T>
+TANDEM_HOST_DEVICE T BinaryMath(BinaryTag<BinaryOp::kMaximum>, T a, T b) {
+  return (a != a || a > b) ? a : b;
+}
+template <typename T>
+TANDEM_HOST_DEVICE T BinaryMath(BinaryTag<BinaryOp::kMinimum>, T a, T b) {
+  return (a != a || a < b) ? a : b;
+}
+template <typename T>
+TANDEM_HOST_DEVICE bool Compare(BinaryTag<BinaryOp::kEq>, T a, T b) {
+  return a == b;
+}
+template <typename T>
+TANDEM_HOST_DEVICE bool Compare(BinaryTag<BinaryOp::kNe>, T a, T b) {
+  return a != b;
+}
+template <typename T>
+TANDEM_HOST_DEVICE bool Compare(BinaryTag<BinaryOp::kLt>, T a, T b) {
+  return a < b;
+}
+template <typename T>
+TANDEM_HOST_DEVICE bool Compare(BinaryTag<BinaryOp::kLe>, T a, T b) {
+  return a <= b;
+}
+template <typename T>
+TANDEM_HOST_DEVICE bool Compare(BinaryTag<BinaryOp::kGt>, T a, T b) {
+  return a > b;
+}
+template <typename T>
+TANDEM_HOST_DEVICE bool Compare(BinaryTag<BinaryOp::kGe>, T a, T b) {
+  return a >= b;
+}
+// PyTorch's threshold_backward: the gradient passes unless the output is <= 0, so a NaN
+// output passes it.
+template <typename T>
+TANDEM_HOST_DEVICE T BinaryMath(BinaryTag<BinaryOp::kReluBackward>, T a, T b) {
+  return b <= T(0) ? T(0) : a;
+}
+template <typename T>
+TANDEM_HOST_DEVICE T BinaryMath(BinaryTag<BinaryOp::kTanhBackward>, T a, T b) {
+  return a * (T(1) - b * b);
+}
+template <typename T>
+TANDEM_HOST_DEVICE T BinaryMath(BinaryTag<BinaryOp::kSigmoidBackward>, T a, T b) {
+  return a * ((T(1) - b) * b);
+}
+template <typename T>
+TANDEM_HOST_DEVICE T BinaryMath(BinaryTag<BinaryOp::kGeluBackward>, T a, T b) {
+  return a * UnaryMath(UnaryTag<UnaryOp::kGeluDerivative>{}, b, T(0));
+}
+template <typename T>
+TANDEM_HOST_DEVICE T BinaryMath(BinaryTag<BinaryOp::kGeluTanhBackward>, T a, T b) {
+  return a * UnaryMath(UnaryTag<UnaryOp::kGeluTanhDerivative>{}, b, T(0));
+}
+template <typename T>
+TANDEM_HOST_DEVICE T BinaryMath(BinaryTag<BinaryOp::kSiluBackward>, T a, T b) {
+  const T s = T(1) / (T(1) + math::Exp(-b));
+  return a * (s * (T(1) + b * (T(1) - s)));
+}
+
+// One op for one element type, as the generated switches below call it: the ops a dtype
+// lacks (backends reject those calls first) give 0 instead of instantiating their math.
+template <UnaryOp kOp, typename I>
+TANDEM_HOST_DEVICE I ApplyIntegerUnaryOp(int64_t x, int64_t s) {
+  if constexpr (UnarySupportsIntegers(kOp)) {
+    return static_cast<I>(UnaryMath(UnaryTag<kOp>{}, x, s));
+  } else {
+    return I(0);
+  }
+}
+template <BinaryOp kOp, typename T>
+TANDEM_HOST_DEVICE T ApplyBinaryOp(T a, T b) {
+  if constexpr (IsComparison(kOp)) {
+    return Compare(BinaryTag<kOp>{}, a, b) ? T(1) : T(0);
+  } else if constexpr (BinaryIsFloatingOnly(kOp) && !std::is_floating_point_v<T>) {
+    return T(0);
+  } else {
+    return BinaryMath(BinaryTag<kOp>{}, a, b);
+  }
+}
+template <BinaryOp kOp, typename T>
+TANDEM_HOST_DEVICE bool ApplyComparisonOp(T a, T b) {
+  if constexpr (IsComparison(kOp)) {
+    return Compare(BinaryTag<kOp>{}, a, b);
+  } else {
+    return false;
+  }
+}
+
+// The generated switches: op is a runtime value on the GPU and a constant on the CPU (whose
+// loops are compiled per op, so the switch folds away).
+#define TANDEM_UNARY_CASE(name, text, flags) \
+  case UnaryOp::k##name:                     \
+    return UnaryMath(UnaryTag<UnaryOp::k##name>{}, x, s);
+// T is float or double.
+template <typename T>
+TANDEM_HOST_DEVICE T ApplyUnary(UnaryOp op, T x, T s) {
+  switch (op) { TANDEM_FORALL_UNARY_OPS(TANDEM_UNARY_CASE) }
+  return T(0);
+}
+#undef TANDEM_UNARY_CASE
+
+// The kOpIntegers rows for any integer type I (int64, int32, uint8, bool); callers reject the
+// others (UnarySupportsIntegers) and the kOpRejectsBool rows on bool, as PyTorch does. The
+// arithmetic is done in int64 and converted back to I, so uint8 wraps modulo 256 as in
+// PyTorch and bool gets "nonzero".
+#define TANDEM_UNARY_INTEGER_CASE(name, text, flags) \
+  case UnaryOp::k##name:                             \
+    return ApplyIntegerUnaryOp<UnaryOp::k##name, I>(v, static_cast<int64_t>(s));
 template <typename I, typename S,
           typename = std::enable_if_t<std::is_integral_v<I> && std::is_arithmetic_v<S>>>
 TANDEM_HOST_DEVICE I ApplyUnary(UnaryOp op, I x, S s) {
   const int64_t v = static_cast<int64_t>(x);
-  switch (op) {
-    case UnaryOp::kNeg:
-      return static_cast<I>(-v);
-    case UnaryOp::kAbs:
-      return static_cast<I>(v < 0 ? -v : v);
-    case UnaryOp::kAddScalar:
-      return static_cast<I>(v + static_cast<int64_t>(s));
-    case UnaryOp::kMulScalar:
-      return static_cast<I>(v * static_cast<int64_t>(s));
-    default:
-      return I(0);
-  }
+  switch (op) { TANDEM_FORALL_UNARY_OPS(TANDEM_UNARY_INTEGER_CASE) }
+  return I(0);
 }
+#undef TANDEM_UNARY_INTEGER_CASE
 
-inline constexpr bool UnarySupportsIntegers(UnaryOp op) {
-  return op == UnaryOp::kNeg || op == UnaryOp::kAbs || op == UnaryOp::kAddScalar ||
-         op == UnaryOp::kMulScalar;
-}
-// The older name, for int64 (the same subset).
-inline constexpr bool UnarySupportsInt64(UnaryOp op) { return UnarySupportsIntegers(op); }
-
-// The ops PyTorch refuses on bool tensors (negation, subtraction, division; relu's backward has
-// no bool meaning): every backend checks these, so that both refuse the same calls.
-inline constexpr bool RejectsBool(UnaryOp op) { return op == UnaryOp::kNeg; }
-// The activations' backward ops other than relu's are defined on floating dtypes only.
-inline constexpr bool BinaryIsFloatingOnly(BinaryOp op) {
-  return op == BinaryOp::kTanhBackward || op == BinaryOp::kSigmoidBackward ||
-         op == BinaryOp::kGeluBackward || op == BinaryOp::kGeluTanhBackward ||
-         op == BinaryOp::kSiluBackward;
-}
-inline constexpr bool RejectsBool(BinaryOp op) {
-  return op == BinaryOp::kSub || op == BinaryOp::kDiv || op == BinaryOp::kReluBackward ||
-         BinaryIsFloatingOnly(op);
-}
-
+#define TANDEM_BINARY_CASE(name, text, flags) \
+  case BinaryOp::k##name:                     \
+    return ApplyBinaryOp<BinaryOp::k##name>(a, b);
 template <typename T>
 TANDEM_HOST_DEVICE T ApplyBinary(BinaryOp op, T a, T b) {
-  switch (op) {
-    case BinaryOp::kAdd:
-      return a + b;
-    case BinaryOp::kSub:
-      return a - b;
-    case BinaryOp::kMul:
-      if constexpr (std::is_same_v<T, bool>) {
-        return a && b;  // PyTorch's bool multiplication
-      } else {
-        return a * b;
-      }
-    case BinaryOp::kDiv:
-      return a / b;
-    // NaN in either operand propagates, as in PyTorch (a != a only for NaN).
-    case BinaryOp::kMaximum:
-      return (a != a || a > b) ? a : b;
-    case BinaryOp::kMinimum:
-      return (a != a || a < b) ? a : b;
-    case BinaryOp::kEq:
-      return a == b ? T(1) : T(0);
-    case BinaryOp::kNe:
-      return a != b ? T(1) : T(0);
-    case BinaryOp::kLt:
-      return a < b ? T(1) : T(0);
-    case BinaryOp::kLe:
-      return a <= b ? T(1) : T(0);
-    case BinaryOp::kGt:
-      return a > b ? T(1) : T(0);
-    case BinaryOp::kGe:
-      return a >= b ? T(1) : T(0);
-    case BinaryOp::kReluBackward:
-      // PyTorch's threshold_backward: the gradient passes unless the output is <= 0, so a
-      // NaN output passes it.
-      return b <= T(0) ? T(0) : a;
-    case BinaryOp::kTanhBackward:
-    case BinaryOp::kSigmoidBackward:
-    case BinaryOp::kGeluBackward:
-    case BinaryOp::kGeluTanhBackward:
-    case BinaryOp::kSiluBackward:
-      // Backends refuse these on integers and bool (BinaryIsFloatingOnly).
-      if constexpr (std::is_floating_point_v<T>) {
-        if (op == BinaryOp::kTanhBackward) return a * (T(1) - b * b);
-        if (op == BinaryOp::kSigmoidBackward) return a * ((T(1) - b) * b);
-        if (op == BinaryOp::kSiluBackward) {
-          const T s = T(1) / (T(1) + math::Exp(-b));
-          return a * (s * (T(1) + b * (T(1) - s)));
-        }
-        return a * ApplyUnary<T>(op == BinaryOp::kGeluBackward ? UnaryOp::kGeluDerivative
-                                                               : UnaryOp::kGeluTanhDerivative,
-                                 b, T(0));
-      }
-      break;
-  }
+  switch (op) { TANDEM_FORALL_BINARY_OPS(TANDEM_BINARY_CASE) }
   return T(0);
 }
+#undef TANDEM_BINARY_CASE
 
 // The 16-bit floats: the float function of the values loaded as float, rounded once when
 // stored (PyTorch's opmath). Not ApplyUnary<BFloat16>, which would round the constants
@@ -215,34 +305,19 @@ TANDEM_HOST_DEVICE Half ApplyBinary(BinaryOp op, Half a, Half b) {
   return Half(ApplyBinary<float>(op, static_cast<float>(a), static_cast<float>(b)));
 }
 
-inline constexpr bool IsComparison(BinaryOp op) {
-  return op == BinaryOp::kEq || op == BinaryOp::kNe || op == BinaryOp::kLt || op == BinaryOp::kLe ||
-         op == BinaryOp::kGt || op == BinaryOp::kGe;
-}
-
 // A comparison op (IsComparison) as a bool, for a kBool output. T is any element type; the
 // 16-bit floats compare as float (exact). Other ops give false.
+#define TANDEM_COMPARISON_CASE(name, text, flags) \
+  case BinaryOp::k##name:                         \
+    return ApplyComparisonOp<BinaryOp::k##name>(x, y);
 template <typename T>
 TANDEM_HOST_DEVICE bool ApplyComparison(BinaryOp op, T a, T b) {
   using M = OpMath<T>;
   const M x = static_cast<M>(a), y = static_cast<M>(b);
-  switch (op) {
-    case BinaryOp::kEq:
-      return x == y;
-    case BinaryOp::kNe:
-      return x != y;
-    case BinaryOp::kLt:
-      return x < y;
-    case BinaryOp::kLe:
-      return x <= y;
-    case BinaryOp::kGt:
-      return x > y;
-    case BinaryOp::kGe:
-      return x >= y;
-    default:
-      return false;
-  }
+  switch (op) { TANDEM_FORALL_BINARY_OPS(TANDEM_COMPARISON_CASE) }
+  return false;
 }
+#undef TANDEM_COMPARISON_CASE
 
 }  // namespace tandem
 
