@@ -66,7 +66,8 @@ inline constexpr unsigned kOpMin = 1u << 8;  // keeps the smallest (NaN wins)
   _(GeluTanh, "gelu_tanh", kOpTranscendental)                                            \
   _(GeluTanhDerivative, "gelu_tanh_derivative", kOpTranscendental)                       \
   /* x * sigmoid(x) = x / (1 + e^-x), one rounding (PyTorch's fused silu) */             \
-  _(Silu, "silu", kOpTranscendental)
+  _(Silu, "silu", kOpTranscendental)                                                     \
+  _(Erf, "erf", kOpTranscendental) /* the error function */
 
 // Elementwise functions of two inputs of the same dtype (any dtype), written to a dst of that
 // dtype; the 16-bit floats compute in float and round once. The comparisons give 1 or 0 in

@@ -138,6 +138,10 @@ template <typename T>
 TANDEM_HOST_DEVICE T UnaryMath(UnaryTag<UnaryOp::kSilu>, T x, T) {
   return x / (T(1) + math::Exp(-x));
 }
+template <typename T>
+TANDEM_HOST_DEVICE T UnaryMath(UnaryTag<UnaryOp::kErf>, T x, T) {
+  return math::Erf(x);
+}
 
 template <typename T>
 TANDEM_HOST_DEVICE T BinaryMath(BinaryTag<BinaryOp::kAdd>, T a, T b) {
