@@ -383,8 +383,7 @@ void CudaBackend::Binary(int index, BinaryOp op, const KernelTensor& dst, const 
   CheckLayout(b, "Binary");
   CheckSameShape(dst, a, "Binary", "a first input (already broadcast)");
   CheckSameShape(dst, b, "Binary", "a second input (already broadcast)");
-  const bool comparison = op == BinaryOp::kEq || op == BinaryOp::kNe || op == BinaryOp::kLt ||
-                          op == BinaryOp::kLe || op == BinaryOp::kGt || op == BinaryOp::kGe;
+  const bool comparison = IsComparison(op);
   TANDEM_CHECK(a.dtype == b.dtype && (dst.dtype == a.dtype || (comparison && dst.dtype == kBool)),
                "CUDA Binary expects inputs and output of one dtype (or a bool output for a "
                "comparison) but got ",
@@ -418,7 +417,7 @@ void CudaBackend::Reduce(int index, ReduceKind op, const KernelTensor& dst, cons
                " elements but [outer, inner] = [", outer, ", ", inner, "] needs ", outer * inner);
   TANDEM_CHECK(src.is_contiguous() && dst.is_contiguous(),
                "CUDA Reduce expects contiguous tensors; call contiguous() first");
-  const bool arg = op == ReduceKind::kArgMax || op == ReduceKind::kArgMin;
+  const bool arg = IsArgReduction(op);
   TANDEM_CHECK(dst.dtype == (arg ? kInt64 : src.dtype), "CUDA Reduce ", OpName(op),
                " writes ", (arg ? kInt64 : src.dtype), " but the output is ", dst.dtype);
   if (outer * inner == 0) return;
