@@ -56,6 +56,7 @@ void LRScheduler::Apply() {
   for (size_t g = 0; g < groups.size(); ++g) lrs.push_back(LrAt(last_epoch_, g));
   for (size_t g = 0; g < groups.size(); ++g) groups[g].options().set_lr(lrs[g]);
   last_lrs_ = std::move(lrs);
+  ApplyOther(last_epoch_);
 }
 
 SchedulerState LRScheduler::state_dict() const {
@@ -118,6 +119,31 @@ double StepLR::LrAt(int64_t epoch, size_t group) const {
   return base_lrs_[group] * std::pow(gamma_, static_cast<double>(epoch / step_size_));
 }
 
+// ---- MultiStepLR -----------------------------------------------------------------------
+
+MultiStepLR::MultiStepLR(Optimizer& optimizer, std::vector<int64_t> milestones, double gamma)
+    : LRScheduler(optimizer, "MultiStepLR"), milestones_(std::move(milestones)), gamma_(gamma) {
+  std::sort(milestones_.begin(), milestones_.end());
+  Start();
+}
+
+double MultiStepLR::LrAt(int64_t epoch, size_t group) const {
+  const auto passed = std::upper_bound(milestones_.begin(), milestones_.end(), epoch) -
+                      milestones_.begin();  // PyTorch's bisect_right
+  return base_lrs_[group] * std::pow(gamma_, static_cast<double>(passed));
+}
+
+// ---- ExponentialLR ---------------------------------------------------------------------
+
+ExponentialLR::ExponentialLR(Optimizer& optimizer, double gamma)
+    : LRScheduler(optimizer, "ExponentialLR"), gamma_(gamma) {
+  Start();
+}
+
+double ExponentialLR::LrAt(int64_t epoch, size_t group) const {
+  return base_lrs_[group] * std::pow(gamma_, static_cast<double>(epoch));
+}
+
 // ---- CosineAnnealingLR -----------------------------------------------------------------
 
 CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, int64_t T_max, double eta_min)
@@ -170,28 +196,68 @@ OneCycleLR::OneCycleLR(Optimizer& optimizer, double max_lr, int64_t total_steps,
   TANDEM_CHECK(options.div_factor() > 0.0 && options.final_div_factor() > 0.0,
                "OneCycleLR: div_factor and final_div_factor must be > 0 but are ",
                options.div_factor(), " and ", options.final_div_factor());
+  TANDEM_CHECK(!options.three_phase() || options.pct_start() <= 0.5,
+               "OneCycleLR: with three_phase, pct_start must be <= 0.5 (two phases of that share) "
+               "but is ",
+               options.pct_start());
+  const double total = static_cast<double>(total_steps);
+  phase_ends_.push_back(options.pct_start() * total - 1.0);
+  if (options.three_phase()) phase_ends_.push_back(2.0 * options.pct_start() * total - 2.0);
+  phase_ends_.push_back(total - 1.0);
   std::vector<ParamGroup>& groups = optimizer_.param_groups();
   for (size_t g = 0; g < groups.size(); ++g) {
     base_lrs_[g] = max_lr / options.div_factor();
     groups[g].set_initial_lr(base_lrs_[g]);
+    TANDEM_CHECK(!options.cycle_momentum() || groups[g].options().get_momentum().has_value(),
+                 "OneCycleLR: cycle_momentum is on but the options of parameter group ", g,
+                 " have no momentum; turn it off (OneCycleOptions().cycle_momentum(false))");
   }
   Start();
 }
 
-double OneCycleLR::LrAt(int64_t epoch, size_t group) const {
+double OneCycleLR::Anneal(double start, double end, double pct) const {
+  if (options_.anneal_strategy() == OneCycleOptions::Anneal::kLinear) {
+    return (end - start) * pct + start;
+  }
+  return CosineAnneal(start, end, pct);
+}
+
+OneCycleLR::Phase OneCycleLR::PhaseAt(int64_t epoch) const {
   TANDEM_CHECK(epoch <= total_steps_, "OneCycleLR: tried to step ", epoch,
                " times but total_steps is ", total_steps_,
                "; build the scheduler with total_steps = epochs * batches per epoch");
+  const double step = static_cast<double>(epoch);
+  double start = 0.0;
+  for (size_t i = 0;; ++i) {
+    const double end = phase_ends_[i];
+    if (step <= end || i + 1 == phase_ends_.size()) {
+      // A phase of no length (pct_start * total_steps <= 1) is at its end at once.
+      return {i, end - start > 0.0 ? (step - start) / (end - start) : 1.0};
+    }
+    start = end;
+  }
+}
+
+double OneCycleLR::LrAt(int64_t epoch, size_t group) const {
+  const Phase phase = PhaseAt(epoch);
   const double initial = base_lrs_[group];
   const double min_lr = initial / options_.final_div_factor();
-  const double step = static_cast<double>(epoch);
-  const double warm_end = options_.pct_start() * static_cast<double>(total_steps_) - 1.0;
-  const double last = static_cast<double>(total_steps_) - 1.0;
-  if (step <= warm_end) {
-    return CosineAnneal(initial, max_lr_, warm_end > 0.0 ? step / warm_end : 1.0);
-  }
-  const double span = last - warm_end;
-  return CosineAnneal(max_lr_, min_lr, span > 0.0 ? (step - warm_end) / span : 1.0);
+  // Each phase's (start, end) rate: up, [down to initial,] down to the floor.
+  const double three[3][2] = {{initial, max_lr_}, {max_lr_, initial}, {initial, min_lr}};
+  const double two[2][2] = {{initial, max_lr_}, {max_lr_, min_lr}};
+  const double* ends = options_.three_phase() ? three[phase.index] : two[phase.index];
+  return Anneal(ends[0], ends[1], phase.pct);
+}
+
+void OneCycleLR::ApplyOther(int64_t epoch) {
+  if (!options_.cycle_momentum()) return;
+  const Phase phase = PhaseAt(epoch);
+  const double low = options_.base_momentum(), high = options_.max_momentum();
+  const double three[3][2] = {{high, low}, {low, high}, {high, high}};
+  const double two[2][2] = {{high, low}, {low, high}};
+  const double* ends = options_.three_phase() ? three[phase.index] : two[phase.index];
+  const double momentum = Anneal(ends[0], ends[1], phase.pct);
+  for (ParamGroup& group : optimizer_.param_groups()) group.options().set_momentum(momentum);
 }
 
 // ---- SequentialLR ----------------------------------------------------------------------

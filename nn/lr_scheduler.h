@@ -1,5 +1,6 @@
 // Learning-rate schedulers with PyTorch's closed forms (torch.optim.lr_scheduler): StepLR,
-// CosineAnnealingLR, LinearLR (warm-up), OneCycleLR, and SequentialLR to chain them. A
+// MultiStepLR, ExponentialLR, CosineAnnealingLR, LinearLR (warm-up), OneCycleLR, and
+// SequentialLR to chain them. A
 // scheduler sets the learning rate of every parameter group of an optimizer; building one
 // already sets epoch 0's rate, and step() moves to the next epoch (or batch, for OneCycleLR).
 //
@@ -20,8 +21,7 @@
 // (its "initial_lr": the rate it had when its first scheduler was built), so a resumed run
 // gets exactly the rates of one that never stopped: state_dict() holds the epoch and the
 // base rates; load_state_dict() restores them and sets the optimizer's rates again.
-// Differences from PyTorch: OneCycleLR does not cycle momentum (PyTorch's
-// cycle_momentum=False), and a scheduler that another one changed the rates under (two
+// Difference from PyTorch: a scheduler that another one changed the rates under (two
 // schedulers stepping one optimizer together, other than through SequentialLR) overwrites
 // them instead of compounding.
 #ifndef TANDEM_NN_LR_SCHEDULER_H_
@@ -71,6 +71,9 @@ class LRScheduler {
   // For derived constructors, last: sets epoch 0's rates.
   void Start();
   void Apply();
+  // Called by Apply after the rates are set, for what else a scheduler sets per epoch
+  // (OneCycleLR's momentum).
+  virtual void ApplyOther(int64_t epoch) {}
   friend class SequentialLR;
 
   Optimizer& optimizer_;
@@ -88,6 +91,28 @@ class StepLR : public LRScheduler {
  private:
   double LrAt(int64_t epoch, size_t group) const override;
   int64_t step_size_;
+  double gamma_;
+};
+
+// base_lr * gamma^(number of milestones <= epoch): the rate falls by gamma at each milestone
+// (in any order; a milestone listed twice counts twice, as PyTorch's Counter).
+class MultiStepLR : public LRScheduler {
+ public:
+  MultiStepLR(Optimizer& optimizer, std::vector<int64_t> milestones, double gamma = 0.1);
+
+ private:
+  double LrAt(int64_t epoch, size_t group) const override;
+  std::vector<int64_t> milestones_;  // sorted
+  double gamma_;
+};
+
+// base_lr * gamma^epoch.
+class ExponentialLR : public LRScheduler {
+ public:
+  ExponentialLR(Optimizer& optimizer, double gamma);
+
+ private:
+  double LrAt(int64_t epoch, size_t group) const override;
   double gamma_;
 };
 
@@ -117,16 +142,32 @@ class LinearLR : public LRScheduler {
 };
 
 struct OneCycleOptions {
+  enum class Anneal { kCos, kLinear };
+
   TANDEM_ARG(double, pct_start) = 0.3;
+  // How each phase goes from its start to its end value: cosine (PyTorch's "cos") or linear.
+  TANDEM_ARG(Anneal, anneal_strategy) = Anneal::kCos;
+  // Cycle the momentum (SGD's and RMSprop's momentum, Adam's beta1) inversely to the rate,
+  // between base_momentum and max_momentum: as PyTorch, on by default, and building the
+  // scheduler sets the optimizer's momentum to max_momentum.
+  TANDEM_ARG(bool, cycle_momentum) = true;
+  TANDEM_ARG(double, base_momentum) = 0.85;
+  TANDEM_ARG(double, max_momentum) = 0.95;
   TANDEM_ARG(double, div_factor) = 25.0;
   TANDEM_ARG(double, final_div_factor) = 1e4;
+  // Three phases (up to max_lr, back down to the initial rate, then to the floor) instead of
+  // two, as in fast.ai's and PyTorch's three_phase.
+  TANDEM_ARG(bool, three_phase) = false;
 };
 
-// The 1cycle policy (Smith & Topin), stepped once per batch over total_steps: cosine from
-// max_lr / div_factor up to max_lr over the first pct_start of the steps (up to step
-// pct_start * total_steps - 1), then cosine down to max_lr / div_factor / final_div_factor at
-// step total_steps - 1. Stepping past total_steps throws. The optimizer's own rates are
-// replaced (its groups' initial_lr becomes max_lr / div_factor, as in PyTorch).
+// The 1cycle policy (Smith & Topin), stepped once per batch over total_steps (PyTorch's
+// OneCycleLR): from initial = max_lr / div_factor up to max_lr over the first pct_start of the
+// steps (up to step pct_start * total_steps - 1), then down to initial / final_div_factor at
+// step total_steps - 1; with three_phase, down to initial at step 2 * pct_start * total_steps
+// - 2 and then to the floor. Each phase anneals by anneal_strategy; with cycle_momentum the
+// momentum goes the other way (max_momentum -> base_momentum while the rate rises, back after;
+// the third phase holds max_momentum). Stepping past total_steps throws. The optimizer's own
+// rates are replaced (its groups' initial_lr becomes max_lr / div_factor, as in PyTorch).
 class OneCycleLR : public LRScheduler {
  public:
   OneCycleLR(Optimizer& optimizer, double max_lr, int64_t total_steps,
@@ -134,9 +175,19 @@ class OneCycleLR : public LRScheduler {
 
  private:
   double LrAt(int64_t epoch, size_t group) const override;
+  void ApplyOther(int64_t epoch) override;
+  // The phase that `epoch` is in and how far through it (pct), PyTorch's get_lr loop.
+  struct Phase {
+    size_t index;
+    double pct;
+  };
+  Phase PhaseAt(int64_t epoch) const;
+  double Anneal(double start, double end, double pct) const;
+
   double max_lr_;
   int64_t total_steps_;
   OneCycleOptions options_;
+  std::vector<double> phase_ends_;
 };
 
 // Runs schedulers one after the other: schedulers[0] until epoch milestones[0], then

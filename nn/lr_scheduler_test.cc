@@ -112,6 +112,100 @@ TEST(LrSchedulerTest, OneCycleRisesThenAnnealsToItsFloor) {
   EXPECT_NEAR(custom_rates[99], 0.1 / 1e4, 1e-15);
 }
 
+TEST(LrSchedulerTest, MultiStepLrFallsAtEachMilestone) {
+  // PyTorch's documented example: 0.05 until epoch 30, 0.005 until 80, then 0.0005.
+  SGD sgd({Param()}, SGDOptions(0.05));
+  MultiStepLR scheduler(sgd, /*milestones=*/{30, 80}, /*gamma=*/0.1);
+  const std::vector<double> rates = Rates(sgd, scheduler, 100);
+  for (int epoch = 0; epoch < 100; ++epoch) {
+    EXPECT_NEAR(rates[epoch],
+                epoch < 30   ? 0.05
+                : epoch < 80 ? 0.005
+                             : 0.0005,
+                1e-15)
+        << "epoch " << epoch;
+  }
+  // Milestones in any order; one listed twice falls twice (PyTorch's Counter).
+  SGD other({Param()}, SGDOptions(1.0));
+  MultiStepLR repeated(other, {5, 2, 5}, 0.5);
+  ExpectRates(Rates(other, repeated, 7), {1.0, 1.0, 0.5, 0.5, 0.5, 0.125, 0.125});
+}
+
+TEST(LrSchedulerTest, ExponentialLrMultipliesByGammaEachEpoch) {
+  SGD sgd({Param()}, SGDOptions(0.1));
+  ExponentialLR scheduler(sgd, /*gamma=*/0.9);
+  ExpectRates(Rates(sgd, scheduler, 5), {0.1, 0.09, 0.081, 0.0729, 0.06561});
+}
+
+// PyTorch's OneCycleLR by hand, total_steps 10, max_lr 0.1 (initial 0.004, floor 4e-7),
+// pct_start 0.3: phase ends at steps 2 and 9 (three_phase: 2, 4 and 9).
+double CosAnneal(double start, double end, double pct) {
+  return end + (start - end) / 2.0 * (std::cos(M_PI * pct) + 1.0);
+}
+double LinearAnneal(double start, double end, double pct) { return (end - start) * pct + start; }
+
+TEST(LrSchedulerTest, OneCycleCyclesMomentumInverselyToTheRate) {
+  SGD sgd({Param()}, SGDOptions(1.0).momentum(0.5));
+  OneCycleLR scheduler(sgd, 0.1, 10);  // cycle_momentum is on by default, as in PyTorch
+  std::vector<double> momentum;
+  for (int step = 0; step < 10; ++step) {
+    if (step > 0) scheduler.step();
+    momentum.push_back(sgd.options().momentum());
+  }
+  ExpectRates(momentum,
+              {0.95, 0.9, 0.85, CosAnneal(0.85, 0.95, 1.0 / 7), CosAnneal(0.85, 0.95, 2.0 / 7),
+               CosAnneal(0.85, 0.95, 3.0 / 7), CosAnneal(0.85, 0.95, 4.0 / 7),
+               CosAnneal(0.85, 0.95, 5.0 / 7), CosAnneal(0.85, 0.95, 6.0 / 7), 0.95});
+  // Adam's beta1 cycles; beta2 stays.
+  Adam adam({Param()}, AdamOptions(1.0).betas(0.5, 0.99));
+  OneCycleLR on_adam(adam, 0.1, 10, OneCycleOptions().base_momentum(0.8).max_momentum(0.9));
+  EXPECT_NEAR(std::get<0>(adam.options().betas()), 0.9, 1e-15);
+  on_adam.step();
+  EXPECT_NEAR(std::get<0>(adam.options().betas()), 0.85, 1e-15);
+  EXPECT_EQ(std::get<1>(adam.options().betas()), 0.99);
+  // Off: the momentum is left alone.
+  SGD plain({Param()}, SGDOptions(1.0).momentum(0.5));
+  OneCycleLR without(plain, 0.1, 10, OneCycleOptions().cycle_momentum(false));
+  without.step();
+  EXPECT_EQ(plain.options().momentum(), 0.5);
+}
+
+TEST(LrSchedulerTest, OneCycleAnnealsLinearlyAndInThreePhases) {
+  using Anneal = OneCycleOptions::Anneal;
+  SGD linear_sgd({Param()}, SGDOptions(1.0));
+  OneCycleLR linear(linear_sgd, 0.1, 10, OneCycleOptions().anneal_strategy(Anneal::kLinear));
+  const std::vector<double> linear_rates = Rates(linear_sgd, linear, 10);
+  ExpectRates(linear_rates, {0.004, 0.052, 0.1, LinearAnneal(0.1, 4e-7, 1.0 / 7),
+                             LinearAnneal(0.1, 4e-7, 2.0 / 7), LinearAnneal(0.1, 4e-7, 3.0 / 7),
+                             LinearAnneal(0.1, 4e-7, 4.0 / 7), LinearAnneal(0.1, 4e-7, 5.0 / 7),
+                             LinearAnneal(0.1, 4e-7, 6.0 / 7), 4e-7});
+
+  SGD sgd({Param()}, SGDOptions(1.0).momentum(0.9));
+  OneCycleLR three(sgd, 0.1, 10, OneCycleOptions().three_phase(true));
+  std::vector<double> momentum;
+  std::vector<double> rates;
+  for (int step = 0; step < 10; ++step) {
+    if (step > 0) three.step();
+    rates.push_back(GroupLr(sgd));
+    momentum.push_back(sgd.options().momentum());
+  }
+  ExpectRates(rates, {0.004, 0.052, 0.1, 0.052, 0.004, CosAnneal(0.004, 4e-7, 0.2),
+                      CosAnneal(0.004, 4e-7, 0.4), CosAnneal(0.004, 4e-7, 0.6),
+                      CosAnneal(0.004, 4e-7, 0.8), 4e-7});
+  ExpectRates(momentum, {0.95, 0.9, 0.85, 0.9, 0.95, 0.95, 0.95, 0.95, 0.95, 0.95});
+
+  SGD other({Param()}, SGDOptions(1.0));
+  OneCycleLR three_linear(other, 0.1, 10,
+                          OneCycleOptions().three_phase(true).anneal_strategy(Anneal::kLinear));
+  const std::vector<double> three_linear_rates = Rates(other, three_linear, 10);
+  EXPECT_NEAR(three_linear_rates[3], 0.052, 1e-15);
+  EXPECT_NEAR(three_linear_rates[6], LinearAnneal(0.004, 4e-7, 0.4), 1e-15);
+  EXPECT_THAT(ErrorOf([&] {
+                OneCycleLR(other, 0.1, 10, OneCycleOptions().three_phase(true).pct_start(0.6));
+              }),
+              HasSubstr("pct_start must be <= 0.5"));
+}
+
 TEST(LrSchedulerTest, SequentialLrChainsWarmUpAndCosine) {
   SGD sgd({Param()}, SGDOptions(1.0));
   LinearLR warmup(sgd, /*start_factor=*/0.1, /*end_factor=*/1.0, /*total_iters=*/2);

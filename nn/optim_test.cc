@@ -45,6 +45,7 @@ struct ReferenceSgd {
   void Step(std::vector<double>& w) {
     std::vector<double> g = Gradient(w);
     for (size_t i = 0; i < w.size(); ++i) {
+      if (o.maximize()) g[i] = -g[i];
       g[i] += o.weight_decay() * w[i];
       if (o.momentum() != 0.0) {
         if (buffer.size() < w.size()) buffer.resize(w.size(), NAN);
@@ -62,16 +63,20 @@ struct ReferenceAdam {
   AdamOptions o;
   std::vector<double> m = std::vector<double>(kStart.size(), 0.0);
   std::vector<double> v = std::vector<double>(kStart.size(), 0.0);
+  std::vector<double> v_max = std::vector<double>(kStart.size(), 0.0);
   int t = 0;
   void Step(std::vector<double>& w) {
     std::vector<double> g = Gradient(w);
     ++t;
     for (size_t i = 0; i < w.size(); ++i) {
+      if (o.maximize()) g[i] = -g[i];
       g[i] += o.weight_decay() * w[i];
       m[i] = std::get<0>(o.betas()) * m[i] + (1.0 - std::get<0>(o.betas())) * g[i];
       v[i] = std::get<1>(o.betas()) * v[i] + (1.0 - std::get<1>(o.betas())) * g[i] * g[i];
+      v_max[i] = std::max(v_max[i], v[i]);
       const double m_hat = m[i] / (1.0 - std::pow(std::get<0>(o.betas()), t));
-      const double v_hat = v[i] / (1.0 - std::pow(std::get<1>(o.betas()), t));
+      const double v_hat =
+          (o.amsgrad() ? v_max[i] : v[i]) / (1.0 - std::pow(std::get<1>(o.betas()), t));
       w[i] -= o.lr() * m_hat / (std::sqrt(v_hat) + o.eps());
     }
   }
@@ -82,16 +87,20 @@ struct ReferenceAdamW {
   AdamWOptions o;
   std::vector<double> m = std::vector<double>(kStart.size(), 0.0);
   std::vector<double> v = std::vector<double>(kStart.size(), 0.0);
+  std::vector<double> v_max = std::vector<double>(kStart.size(), 0.0);
   int t = 0;
   void Step(std::vector<double>& w) {
-    const std::vector<double> g = Gradient(w);
+    std::vector<double> g = Gradient(w);
     ++t;
     for (size_t i = 0; i < w.size(); ++i) {
+      if (o.maximize()) g[i] = -g[i];
       w[i] *= 1.0 - o.lr() * o.weight_decay();
       m[i] = std::get<0>(o.betas()) * m[i] + (1.0 - std::get<0>(o.betas())) * g[i];
       v[i] = std::get<1>(o.betas()) * v[i] + (1.0 - std::get<1>(o.betas())) * g[i] * g[i];
+      v_max[i] = std::max(v_max[i], v[i]);
       const double m_hat = m[i] / (1.0 - std::pow(std::get<0>(o.betas()), t));
-      const double v_hat = v[i] / (1.0 - std::pow(std::get<1>(o.betas()), t));
+      const double v_hat =
+          (o.amsgrad() ? v_max[i] : v[i]) / (1.0 - std::pow(std::get<1>(o.betas()), t));
       w[i] -= o.lr() * m_hat / (std::sqrt(v_hat) + o.eps());
     }
   }
@@ -106,6 +115,7 @@ struct ReferenceRmsprop {
   void Step(std::vector<double>& w) {
     std::vector<double> g = Gradient(w);
     for (size_t i = 0; i < w.size(); ++i) {
+      if (o.maximize()) g[i] = -g[i];
       g[i] += o.weight_decay() * w[i];
       v[i] = o.alpha() * v[i] + (1.0 - o.alpha()) * g[i] * g[i];
       double avg;
@@ -634,6 +644,90 @@ TEST_F(OptimTest, FusedAdamAdamWAndRmspropSplitAcrossDevicesWithTheSameResult) {
   ExpectFusedUpdatesMatchAndDoNotDependOnTheSplit([](std::vector<Tensor> params) {
     return std::make_unique<RMSprop>(std::move(params), RMSpropOptions(0.001));
   });
+}
+
+// maximize follows -g: on L it climbs, so it is PyTorch's rule with the gradient negated.
+TEST_F(OptimTest, MaximizeAscendsWithEveryOptimizer) {
+  for (const SGDOptions& options :
+       {SGDOptions(0.05).maximize(true), SGDOptions(0.05).momentum(0.9).maximize(true),
+        SGDOptions(0.05).momentum(0.9).nesterov(true).weight_decay(0.1).maximize(true)}) {
+    SGD sgd({StartingPoint()}, options);
+    ExpectSameTrajectory(sgd, ReferenceSgd{options, {}}, 6);
+  }
+  for (const AdamOptions& options :
+       {AdamOptions(0.05).maximize(true), AdamOptions(0.05).weight_decay(0.1).maximize(true),
+        AdamOptions(0.05).amsgrad(true).maximize(true)}) {
+    Adam adam({StartingPoint()}, options);
+    ExpectSameTrajectory(adam, ReferenceAdam{options}, 8);
+  }
+  const AdamWOptions adamw_options = AdamWOptions(0.05).weight_decay(0.1).maximize(true);
+  AdamW adamw({StartingPoint()}, adamw_options);
+  ExpectSameTrajectory(adamw, ReferenceAdamW{adamw_options}, 8);
+  for (const RMSpropOptions& options :
+       {RMSpropOptions(0.01).maximize(true),
+        RMSpropOptions(0.005).centered(true).momentum(0.5).weight_decay(0.1).maximize(true)}) {
+    RMSprop rmsprop({StartingPoint()}, options);
+    ExpectSameTrajectory(rmsprop, ReferenceRmsprop{options}, 8, 5e-5);
+  }
+  // Maximizing L is minimizing -L, bit for bit (negation is exact).
+  Tensor up = StartingPoint(), down = StartingPoint();
+  SGD ascend({up}, SGDOptions(0.1).momentum(0.9).maximize(true));
+  SGD descend({down}, SGDOptions(0.1).momentum(0.9));
+  Loss(up).backward();
+  (-1.0 * Loss(down)).backward();
+  ascend.step();
+  descend.step();
+  EXPECT_EQ(up.to_vector<float>(), down.to_vector<float>());
+}
+
+// AMSGrad keeps the largest second moment: with a gradient that shrinks, the steps shrink
+// faster than Adam's (whose v forgets the large gradients).
+TEST_F(OptimTest, AmsgradMatchesPyTorchsRuleAndKeepsTheLargestSecondMoment) {
+  for (const AdamOptions& options :
+       {AdamOptions(0.1).amsgrad(true), AdamOptions(0.05).betas(0.8, 0.9).amsgrad(true),
+        AdamOptions(0.05).weight_decay(0.1).amsgrad(true)}) {
+    Adam adam({StartingPoint()}, options);
+    ExpectSameTrajectory(adam, ReferenceAdam{options}, 10);
+  }
+  for (const AdamWOptions& options :
+       {AdamWOptions(0.1).amsgrad(true), AdamWOptions(0.05).betas(0.8, 0.9).amsgrad(true)}) {
+    AdamW adamw({StartingPoint()}, options);
+    ExpectSameTrajectory(adamw, ReferenceAdamW{options}, 10);
+  }
+  // By hand, one element, lr 0.1, betas (0.9, 0.5), eps 0; g = 2 then 0. Step 1: m = 0.2,
+  // v = v_max = 2, and the step is Adam's first, lr * sign(g). Step 2: m = 0.18, v = 1 but
+  // v_max stays 2; bias corrections 1 - 0.9^2 = 0.19 and 1 - 0.5^2 = 0.75, so the step is
+  // lr * (0.18 / 0.19) / sqrt(2 / 0.75) (Adam's would divide by sqrt(1 / 0.75)).
+  Tensor w = from_vector(std::vector<float>{0.0f}, {1});
+  w.set_requires_grad(true);
+  Adam adam({w}, AdamOptions(0.1).betas(0.9, 0.5).eps(0.0).amsgrad(true));
+  (2.0 * w).sum().backward();
+  adam.step();
+  const float after_one = w.to_vector<float>()[0];
+  EXPECT_NEAR(after_one, -0.1, 1e-6);
+  adam.zero_grad();
+  (0.0 * w).sum().backward();
+  adam.step();
+  EXPECT_NEAR(w.to_vector<float>()[0], after_one - 0.1 * (0.18 / 0.19) / std::sqrt(2.0 / 0.75),
+              1e-6);
+  EXPECT_NEAR(adam.max_exp_avg_sq(0).to_vector<float>()[0], 2.0, 1e-6);
+  EXPECT_NEAR(adam.exp_avg_sq(0).to_vector<float>()[0], 1.0, 1e-6);
+}
+
+TEST_F(OptimTest, AmsgradResumesExactlyFromItsStateDict) {
+  ExpectResumesExactly(
+      [](Tensor w) {
+        return std::make_unique<Adam>(std::vector<Tensor>{w}, AdamOptions(0.1).amsgrad(true));
+      },
+      {"state.0.exp_avg", "state.0.exp_avg_sq", "state.0.max_exp_avg_sq", "state.0.step"});
+  Tensor w = StartingPoint();
+  AdamW adamw({w}, AdamWOptions(0.1).amsgrad(true));
+  Steps(adamw, 1);
+  EXPECT_THAT(ErrorOf([&] {
+                adamw.load_state_dict(
+                    {{"state.0.max_exp_avg_sq", adamw.state_dict().at("state.0.max_exp_avg_sq")}});
+              }),
+              HasSubstr("has only some of exp_avg, exp_avg_sq and step"));
 }
 
 TEST_F(OptimTest, AdamWAndRmspropResumeExactlyFromTheirStateDicts) {

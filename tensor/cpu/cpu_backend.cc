@@ -47,7 +47,6 @@
 #include "tensor/cpu/internal/row_norm_kernels.h"
 #include "tensor/kernels/float_conversions.h"
 #include "tensor/kernels/internal/elementwise_math.h"
-#include "tensor/kernels/internal/optimizer_math.h"
 #include "tensor/kernels/internal/pooling_math.h"
 #include "tensor/kernels/internal/strided_layout.h"
 #include "tensor/kernels/vectorized.h"
@@ -334,8 +333,6 @@ class CpuBackend final : public Backend {
               int64_t src_dim, int64_t idx_dim, int64_t inner) override;
   void ScatterAdd(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
                   int64_t outer, int64_t dst_dim, int64_t idx_dim, int64_t inner) override;
-  void FusedOptimizerUpdate(int index, DType dtype,
-                            const std::vector<FusedUpdate>& updates) override;
   void RandomUniform(int index, DType dtype, void* dst, int64_t n, uint64_t seed, uint64_t offset,
                      double low, double high) override;
   void RandomNormal(int index, DType dtype, void* dst, int64_t n, uint64_t seed, uint64_t offset,
@@ -670,161 +667,6 @@ void CpuBackend::RandomNormal(int index, DType dtype, void* dst_data, int64_t n,
                       const float radius = sqrtf(-2.0f * logf(u1));
                       return mean + stddev * (radius * cosf(6.2831853071795864769f * u2));
                     });
-    });
-  });
-}
-
-// ---- Fused optimizer updates ---------------------------------------------------------------
-
-// About 64 KiB of floats: enough work per piece to be worth a thread's wake-up, small enough
-// to balance a model's few large weights over the threads.
-constexpr int64_t kUpdatePieceElements = int64_t{1} << 14;
-
-// Calls update(item, begin, end) over [0, sizes[item]) for every item, in pieces of at most
-// kUpdatePieceElements, spread over the workers of the logical CPU devices (they share host
-// memory; CpuWorkDevices: every configured one unless narrowed) or, with one, over its
-// threads. The pieces are disjoint, and each element's arithmetic does not depend on the
-// split, so the result is the same bit for bit however the pieces fall.
-template <typename F>
-void RunUpdatePieces(const std::vector<int64_t>& sizes, F&& update) {
-  struct Piece {
-    size_t item;
-    int64_t begin, end;
-  };
-  std::vector<Piece> pieces;
-  for (size_t item = 0; item < sizes.size(); ++item) {
-    for (int64_t begin = 0; begin < sizes[item]; begin += kUpdatePieceElements) {
-      pieces.push_back({item, begin, std::min(sizes[item], begin + kUpdatePieceElements)});
-    }
-  }
-  const auto run = [&](int64_t k) {
-    const Piece& piece = pieces[static_cast<size_t>(k)];
-    update(piece.item, piece.begin, piece.end);
-  };
-  const int64_t n = static_cast<int64_t>(pieces.size());
-  if (n <= 1) {
-    for (int64_t k = 0; k < n; ++k) run(k);
-    return;
-  }
-  const std::vector<Device> devices = CpuWorkDevices();
-  if (devices.size() > 1) {
-    RunAcrossDevices(devices, static_cast<int>(n), [&](int k) { run(k); });
-  } else {
-    ParallelFor(devices[0], n, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t k = begin; k < end; ++k) run(k);
-    });
-  }
-}
-
-// The loops over [begin, end) of one tensor, compiled for each combination of flags (so that
-// they vectorise) and for this CPU's vector unit (tensor/kernels/vectorized.h). The pointers
-// are __restrict here, in the loop's own scope: GCC does not carry the element functions'
-// qualifiers into the loop after inlining them, and would keep it scalar.
-template <bool kDecay, bool kMomentum, bool kNesterov, bool kFirst, typename T>
-TANDEM_VECTORIZE void SgdLoop(const TypedUpdate<OpMath<T>>& u, const FusedUpdate& t, int64_t begin,
-                              int64_t end) {
-  T* __restrict p = static_cast<T*>(t.param);
-  const T* __restrict g = static_cast<const T*>(t.grad);
-  T* __restrict b = static_cast<T*>(t.state0);
-  for (int64_t j = begin; j < end; ++j) {
-    SgdElement<kDecay, kMomentum, kNesterov, kFirst>(u, p, g, b, j);
-  }
-}
-
-// SgdLoop for this CPU's vector unit. Vectorized is inside each entry of SgdPiece's table:
-// it inlines what its callable calls, which a call through a pointer is not.
-template <bool kDecay, bool kMomentum, bool kNesterov, bool kFirst, typename T>
-void SgdRun(const TypedUpdate<OpMath<T>>& u, const FusedUpdate& t, int64_t begin, int64_t end) {
-  vec::Vectorized([&] { SgdLoop<kDecay, kMomentum, kNesterov, kFirst, T>(u, t, begin, end); });
-}
-
-template <typename T>
-void SgdPiece(const TypedUpdate<OpMath<T>>& u, const FusedUpdate& t, int64_t begin, int64_t end) {
-  using Loop = void (*)(const TypedUpdate<OpMath<T>>&, const FusedUpdate&, int64_t, int64_t);
-  static constexpr Loop kLoops[16] = {
-      SgdRun<false, false, false, false, T>, SgdRun<false, false, false, true, T>,
-      SgdRun<false, false, true, false, T>,  SgdRun<false, false, true, true, T>,
-      SgdRun<false, true, false, false, T>,  SgdRun<false, true, false, true, T>,
-      SgdRun<false, true, true, false, T>,   SgdRun<false, true, true, true, T>,
-      SgdRun<true, false, false, false, T>,  SgdRun<true, false, false, true, T>,
-      SgdRun<true, false, true, false, T>,   SgdRun<true, false, true, true, T>,
-      SgdRun<true, true, false, false, T>,   SgdRun<true, true, false, true, T>,
-      SgdRun<true, true, true, false, T>,    SgdRun<true, true, true, true, T>,
-  };
-  const bool momentum = t.state0 != nullptr;
-  const Loop loop = kLoops[(t.weight_decay != 0.0) * 8 + momentum * 4 +
-                           (momentum && t.nesterov) * 2 + (momentum && t.first)];
-  loop(u, t, begin, end);
-}
-
-template <bool kL2, typename T>
-TANDEM_VECTORIZE void AdamLoop(const TypedUpdate<OpMath<T>>& u, const FusedUpdate& t, int64_t begin,
-                               int64_t end) {
-  T* __restrict p = static_cast<T*>(t.param);
-  const T* __restrict g = static_cast<const T*>(t.grad);
-  T* __restrict m = static_cast<T*>(t.state0);
-  T* __restrict v = static_cast<T*>(t.state1);
-  for (int64_t j = begin; j < end; ++j) AdamElement<kL2>(u, p, g, m, v, j);
-}
-
-template <bool kMomentum, bool kCentered, typename T>
-TANDEM_VECTORIZE void RmspropLoop(const TypedUpdate<OpMath<T>>& u, const FusedUpdate& t,
-                                  int64_t begin, int64_t end) {
-  T* __restrict p = static_cast<T*>(t.param);
-  const T* __restrict g = static_cast<const T*>(t.grad);
-  T* __restrict v = static_cast<T*>(t.state0);
-  T* __restrict b = static_cast<T*>(t.state1);
-  T* __restrict a = static_cast<T*>(t.state2);
-  for (int64_t j = begin; j < end; ++j) {
-    RmspropElement<kMomentum, kCentered>(u, p, g, v, b, a, j);
-  }
-}
-
-template <typename T>
-void UpdatePiece(const TypedUpdate<OpMath<T>>& u, const FusedUpdate& t, int64_t begin,
-                 int64_t end) {
-  switch (t.kind) {
-    case OptimizerKind::kSgd:
-      return SgdPiece<T>(u, t, begin, end);
-    case OptimizerKind::kAdam:
-      return vec::Vectorized([&] {
-        if (t.l2) {
-          AdamLoop<true, T>(u, t, begin, end);
-        } else {
-          AdamLoop<false, T>(u, t, begin, end);
-        }
-      });
-    case OptimizerKind::kRmsprop:
-      return vec::Vectorized([&] {
-        const bool momentum = t.state1 != nullptr, centered = t.state2 != nullptr;
-        if (momentum && centered) {
-          RmspropLoop<true, true, T>(u, t, begin, end);
-        } else if (momentum) {
-          RmspropLoop<true, false, T>(u, t, begin, end);
-        } else if (centered) {
-          RmspropLoop<false, true, T>(u, t, begin, end);
-        } else {
-          RmspropLoop<false, false, T>(u, t, begin, end);
-        }
-      });
-  }
-}
-
-void CpuBackend::FusedOptimizerUpdate(int index, DType dtype,
-                                      const std::vector<FusedUpdate>& updates) {
-  CheckIndex(index);
-  DispatchAllFloatingTypes(dtype, "CPU FusedOptimizerUpdate", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    // The 16-bit floats compute in float and round each stored value (optimizer_math.h).
-    std::vector<TypedUpdate<OpMath<T>>> typed;
-    std::vector<int64_t> sizes;
-    typed.reserve(updates.size());
-    for (const FusedUpdate& u : updates) {
-      typed.emplace_back(u);
-      sizes.push_back(u.numel);
-    }
-    RunUpdatePieces(sizes, [&](size_t k, int64_t begin, int64_t end) {
-      UpdatePiece<T>(typed[k], updates[k], begin, end);
     });
   });
 }

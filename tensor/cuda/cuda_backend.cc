@@ -204,8 +204,6 @@ class CudaBackend final : public Backend {
               int64_t src_dim, int64_t idx_dim, int64_t inner) override;
   void ScatterAdd(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
                   int64_t outer, int64_t dst_dim, int64_t idx_dim, int64_t inner) override;
-  void FusedOptimizerUpdate(int index, DType dtype,
-                            const std::vector<FusedUpdate>& updates) override;
   void RandomUniform(int index, DType dtype, void* dst, int64_t n, uint64_t seed, uint64_t offset,
                      double low, double high) override;
   void RandomNormal(int index, DType dtype, void* dst, int64_t n, uint64_t seed, uint64_t offset,
@@ -677,35 +675,6 @@ void CudaBackend::ScatterAdd(int index, DType dtype, void* dst, const void* src,
   CudaDevice& device = Device(index);
   DeviceGuard guard(device.physical());
   LaunchScatterAdd(device.Launch(), dtype, dst, src, idx, outer, dst_dim, idx_dim, inner);
-}
-
-// ---- Optimizers ------------------------------------------------------------------------------
-
-// The states each kind reads whatever its flags, checked so that a missing one is an error
-// here rather than a fault on the GPU.
-void CheckFusedUpdate(const FusedUpdate& t, size_t k) {
-  TANDEM_CHECK(t.kind == OptimizerKind::kSgd || t.kind == OptimizerKind::kAdam ||
-                   t.kind == OptimizerKind::kRmsprop,
-               "CUDA FusedOptimizerUpdate: update ", k, " has an unknown optimizer kind ",
-               static_cast<int>(t.kind));
-  TANDEM_CHECK(t.numel >= 0, "CUDA FusedOptimizerUpdate: update ", k,
-               " has a negative element count ", t.numel);
-  if (t.numel == 0) return;
-  TANDEM_CHECK(t.param != nullptr && t.grad != nullptr, "CUDA FusedOptimizerUpdate: update ", k,
-               " of ", t.numel, " elements has no ", t.param == nullptr ? "param" : "grad");
-  TANDEM_CHECK(t.kind != OptimizerKind::kAdam || (t.state0 != nullptr && t.state1 != nullptr),
-               "CUDA FusedOptimizerUpdate: Adam update ", k,
-               " needs exp_avg (state0) and exp_avg_sq (state1)");
-  TANDEM_CHECK(t.kind != OptimizerKind::kRmsprop || t.state0 != nullptr,
-               "CUDA FusedOptimizerUpdate: RMSprop update ", k, " needs square_avg (state0)");
-}
-
-void CudaBackend::FusedOptimizerUpdate(int index, DType dtype,
-                                       const std::vector<FusedUpdate>& updates) {
-  CudaDevice& device = Device(index);
-  for (size_t k = 0; k < updates.size(); ++k) CheckFusedUpdate(updates[k], k);
-  DeviceGuard guard(device.physical());
-  LaunchFusedOptimizerUpdate(device.Launch(), dtype, updates);
 }
 
 // ---- Random numbers --------------------------------------------------------------------------

@@ -239,7 +239,6 @@ struct ReduceShape {
 };
 
 struct GemmCase;
-struct OptimizerCase;  // the fused optimizer tests' flag combinations
 
 class CudaBackendTest : public ::testing::Test {
  protected:
@@ -299,13 +298,6 @@ class CudaBackendTest : public ::testing::Test {
   void ExpectMaxPoolMatches();
   template <typename T>
   void ExpectGatherAndScatterAddColumnsMatch(const std::vector<int64_t>& row_counts);
-  template <typename T>
-  void ExpectFusedUpdatesMatch(const std::vector<std::pair<const OptimizerCase*, int64_t>>& items,
-                               const std::string& what);
-  template <typename T>
-  void ExpectEveryOptimizerCaseMatches();
-
-  void ExpectEveryOptimizerCaseMatches();
 
   std::string Note(const std::string& what) const {
     std::ostringstream out;
@@ -375,8 +367,6 @@ class CudaBackendReducedTest : public CudaBackendTest {
   void ExpectConvolutionAndPoolingMatch();
   template <typename T>
   void ExpectGathersScattersAndRandomMatch();
-  template <typename T>
-  void ExpectFusedUpdatesMatch16();
 };
 
 }  // namespace cuda_test

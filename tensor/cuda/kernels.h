@@ -81,11 +81,6 @@ void LaunchGather(const LaunchContext& context, DType dtype, void* dst, const vo
 void LaunchScatterAdd(const LaunchContext& context, DType dtype, void* dst, const void* src,
                       const int64_t* idx, int64_t outer, int64_t dst_dim, int64_t idx_dim,
                       int64_t inner);
-// One grid-stride launch per non-empty tensor (Note [Fused optimizer updates]). Defined in
-// optimizer_kernels.cu, which nvcc compiles without FMA contraction so that the GPU rounds
-// each step of the update as the CPU backend does.
-void LaunchFusedOptimizerUpdate(const LaunchContext& context, DType dtype,
-                                const std::vector<FusedUpdate>& updates);
 // Computed in float32 whatever the dtype (Note [Random float64] in tensor/runtime/backend.h):
 // float64 widens the float32 draws, bfloat16/float16 round them (so they may reach `high`).
 void LaunchRandomUniform(const LaunchContext& context, DType dtype, void* dst, int64_t n,

@@ -132,34 +132,6 @@ struct Conv2dGeometry {
   }
 };
 
-// One tensor's part of a fused optimizer update (Backend::FusedOptimizerUpdate). Note [Fused
-// optimizer updates]: an optimizer's step is one pass over each parameter that reads its
-// gradient and state and writes both back, instead of the half-dozen elementwise ops (and
-// their temporaries) the update rule would take; every backend implements the same rules
-// (tensor/kernels/internal/optimizer_math.h), so the CPU is the oracle for the GPU. The
-// optimizer computes the per-tensor scalars (bias corrections, the step size) on the host.
-enum class OptimizerKind : int8_t { kSgd, kAdam, kRmsprop };
-struct FusedUpdate {
-  OptimizerKind kind = OptimizerKind::kSgd;
-  int64_t numel = 0;
-  void* param = nullptr;       // contiguous, updated in place
-  const void* grad = nullptr;  // contiguous
-  // SGD: state0 the momentum buffer (null without momentum). Adam: state0 exp_avg, state1
-  // exp_avg_sq. RMSprop: state0 square_avg, state1 the momentum buffer (null without
-  // momentum), state2 grad_avg (null unless centered). All contiguous, of the param's dtype.
-  void* state0 = nullptr;
-  void* state1 = nullptr;
-  void* state2 = nullptr;
-  double lr = 0, momentum = 0, dampening = 0, weight_decay = 0;  // SGD, RMSprop (lr, ...)
-  bool nesterov = false;
-  bool first = false;  // SGD: the momentum buffer starts as this step's gradient
-  double beta1 = 0, beta2 = 0, eps = 0, alpha = 0;  // Adam (betas, eps), RMSprop (alpha, eps)
-  double step_size = 0;                             // Adam: lr / bias_correction1
-  double inv_bc2_sqrt = 0;                          // Adam: 1 / sqrt(bias_correction2)
-  double decay_factor = 1;  // AdamW: 1 - lr * weight_decay (p is scaled first); 1 for Adam
-  bool l2 = false;          // Adam: weight decay added to the gradient
-};
-
 // A backend's event, behind tandem::Event (tensor/runtime/stream.h): a point in one stream's queue,
 // made by Backend::RecordEvent.
 class EventImpl {
@@ -367,11 +339,6 @@ class Backend {
   // inner] (not cleared). Repeated indices accumulate.
   virtual void ScatterAdd(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
                           int64_t outer, int64_t dst_dim, int64_t idx_dim, int64_t inner) = 0;
-  // Applies every update of `updates` (tensors of one floating dtype, all on device
-  // `index`; 16-bit parameters and states are updated in float and rounded when stored); see
-  // Note [Fused optimizer updates]. The updates' tensors are distinct.
-  virtual void FusedOptimizerUpdate(int index, DType dtype,
-                                    const std::vector<FusedUpdate>& updates) = 0;
   // Counter-based random numbers (see tensor/base/philox.h): element i is a pure function of
   // (seed, offset + i), so every backend produces the same numbers for the same request.
   // Uniform in [low, high), or normal(mean, stddev) by Box-Muller. Note [Random float64]:
