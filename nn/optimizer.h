@@ -132,15 +132,6 @@ class Optimizer {
   virtual void CheckOptions(const OptimizerOptions& options) const = 0;
   // Makes room for per-parameter state of `n` parameters (keeping what exists).
   virtual void ResizeState(size_t n) = 0;
-  // Calls fn(group options, i) for each parameter i of each group, in order.
-  template <typename Options, typename Fn>
-  void ForEachParameter(Fn&& fn) {
-    size_t i = 0;
-    for (ParamGroup& group : groups_) {
-      const Options& options = static_cast<const Options&>(group.options());
-      for (size_t k = 0; k < group.params().size(); ++k, ++i) fn(options, i);
-    }
-  }
 
   // For load_state_dict: parameter index and field of "state.<i>.<field>", after checking
   // that the field is one of `fields` and i a parameter; throws otherwise.
