@@ -8,8 +8,6 @@
 
 namespace tandem::nn {
 
-// ---- SGD -------------------------------------------------------------------------------
-
 SGD::SGD(std::vector<Tensor> parameters, const SGDOptions& options)
     : Optimizer("SGD", options.clone()) {
   AddGroups({ParamGroup(std::move(parameters))}, /*from_parameter_list=*/true);
