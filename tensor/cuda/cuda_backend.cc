@@ -416,8 +416,8 @@ void CudaBackend::Reduce(int index, ReduceKind op, const KernelTensor& dst, cons
   TANDEM_CHECK(src.is_contiguous() && dst.is_contiguous(),
                "CUDA Reduce expects contiguous tensors; call contiguous() first");
   const bool arg = IsArgReduction(op);
-  TANDEM_CHECK(dst.dtype == (arg ? kInt64 : src.dtype), "CUDA Reduce ", OpName(op),
-               " writes ", (arg ? kInt64 : src.dtype), " but the output is ", dst.dtype);
+  TANDEM_CHECK(dst.dtype == (arg ? kInt64 : src.dtype), "CUDA Reduce ", OpName(op), " writes ",
+               (arg ? kInt64 : src.dtype), " but the output is ", dst.dtype);
   if (outer * inner == 0) return;
   TANDEM_CHECK(reduce > 0 || op == ReduceKind::kSum, "CUDA Reduce: ", OpName(op),
                " of an empty dimension is undefined (the dimension being reduced has size 0); "

@@ -3,14 +3,14 @@
 
 A gtest target whose every case called GTEST_SKIP (the CUDA tests on a machine without a GPU)
 exits 0, and Bazel reports it PASSED. This script reads each summary line on stdin
-(`//tensor/cuda:cuda_backend_test   PASSED in 2.0s`), finds the target's test.xml files under
+(`//tensor/cuda:cuda_elementwise_test   PASSED in 2.0s`), finds the target's test.xml files under
 the test-log folder (bazel-testlogs/<package>/<name>/[shard_*/]test.xml) and writes the line
 back, with PASSED turned into SKIPPED when no case of the target ran. On stderr it names every
 target that skipped all or some of its cases, with gtest's reason.
 
   bazel test //... 2>&1 | grep -E '^//' | python3 tools/testing/test_cases.py bazel-testlogs
-  # //tensor/cuda:cuda_backend_test  SKIPPED (all 20 cases skipped) in 2.0s
-  # stderr: //tensor/cuda:cuda_backend_test: 20 of 20 cases skipped: no usable CUDA device...
+  # //tensor/cuda:cuda_elementwise_test  SKIPPED (all 20 cases skipped) in 2.0s
+  # stderr: //tensor/cuda:cuda_elementwise_test: 20 of 20 cases skipped: no usable CUDA device...
 
 --require-run: exit 1 when any case of the given targets skipped (for steps where every case
 must run, such as the CUDA simulator's).
