@@ -107,8 +107,9 @@ class Optimizer {
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
   // Adds a group, as torch.optim.Optimizer.add_param_group: its options must be of this
   // optimizer's kind (the defaults when it has none), and none of its parameters may be in
-  // another group already. Its parameters' indices follow the existing ones.
-  void add_param_group(const ParamGroup& group);
+  // another group already. Its parameters' indices follow the existing ones. Virtual so that
+  // a wrapper (parallel::distributed::ZeroRedundancyOptimizer) can place the new parameters.
+  virtual void add_param_group(const ParamGroup& group);
   // The options that groups without their own take.
   const OptimizerOptions& defaults() const { return *defaults_; }
 

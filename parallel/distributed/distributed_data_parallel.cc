@@ -7,6 +7,7 @@
 #include <unordered_set>
 #include <utility>
 
+#include "parallel/distributed/broadcast_coalesced.h"
 #include "parallel/distributed/same_configuration.h"
 #include "tensor/base/error.h"
 #include "tensor/core/autograd.h"
@@ -104,35 +105,6 @@ void CheckSameOptionsEverywhere(ProcessGroup& group, const DistributedDataParall
       Prefix(group) +
           "construct DistributedDataParallel with the same "
           "DistributedDataParallelOptions on every rank");
-}
-
-// Copies rank 0's `tensors` to every rank, one broadcast per dtype.
-void BroadcastCoalesced(ProcessGroup& group, const std::vector<Tensor>& tensors) {
-  NoGradGuard no_grad;
-  for (int code = 0; code < kNumDTypes; ++code) {
-    const DType dtype = static_cast<DType>(code);
-    std::vector<Tensor> mine;
-    int64_t total = 0;
-    for (const Tensor& t : tensors) {
-      if (t.dtype() != dtype) continue;
-      mine.push_back(t);
-      total += t.numel();
-    }
-    if (mine.empty()) continue;
-    Tensor flat = empty({total}, TensorOptions(dtype).device(mine[0].device()));
-    int64_t offset = 0;
-    for (const Tensor& t : mine) {
-      flat.narrow(0, offset, t.numel()).view(t.shape()).copy_(t);
-      offset += t.numel();
-    }
-    group.broadcast(flat, 0)->wait();
-    if (group.rank() == 0) continue;
-    offset = 0;
-    for (Tensor t : mine) {
-      t.copy_(flat.narrow(0, offset, t.numel()).view(t.shape()));
-      offset += t.numel();
-    }
-  }
 }
 
 }  // namespace
