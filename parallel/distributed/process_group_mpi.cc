@@ -162,61 +162,75 @@ struct ProcessGroupMpi::Impl {
     }
   }
 
-  // The tag of an all-reduce's or reduce-scatter's messages: its element count (a
-  // reduce-scatter's per rank; modulo tag_count_modulus, 2^26 with Open MPI's tags: an error
-  // shows larger counts modulo that), collective (bit 4), op (bit 3) and dtype (bits 0-2:
-  // DType's value), so that a receiver can tell a message of a collective that differs from
-  // its own.
+  // The tag of an all-reduce's, reduce-scatter's or all-gather's messages: its element count
+  // (a reduce-scatter's and an all-gather's per rank; modulo tag_count_modulus, 2^25 with Open
+  // MPI's tags: an error shows larger counts modulo that), collective (bits 4-5: Kind), op
+  // (bit 3) and dtype (bits 0-2: DType's value), so that a receiver can tell a message of a
+  // collective that differs from its own.
+  enum Kind { kAllreduceKind = 0, kReduceScatterKind = 1, kAllgatherKind = 2 };
   static constexpr int kTagDTypeMask = 7;
   static constexpr int kTagAverageBit = 8;
-  static constexpr int kTagReduceScatterBit = 16;
-  static constexpr int kTagCountFactor = 32;
-  int AllreduceTag(int64_t numel, DType dtype, ReduceOp op) const {
+  static constexpr int kTagKindShift = 4;
+  static constexpr int kTagCountFactor = 64;
+  int Tag(Kind kind, int64_t numel, DType dtype, ReduceOp op) const {
     static_assert(kNumDTypes <= kTagDTypeMask + 1, "the tag has 3 bits for the dtype");
-    return static_cast<int>((numel % tag_count_modulus) * kTagCountFactor +
-                            (op == ReduceOp::kAverage ? kTagAverageBit : 0) +
-                            static_cast<int>(dtype));
+    return static_cast<int>(
+        (numel % tag_count_modulus) * kTagCountFactor + (kind << kTagKindShift) +
+        (op == ReduceOp::kAverage ? kTagAverageBit : 0) + static_cast<int>(dtype));
+  }
+  int AllreduceTag(int64_t numel, DType dtype, ReduceOp op) const {
+    return Tag(kAllreduceKind, numel, dtype, op);
   }
   int ReduceScatterTag(int64_t numel_per_rank, DType dtype, ReduceOp op) const {
-    return AllreduceTag(numel_per_rank, dtype, op) + kTagReduceScatterBit;
+    return Tag(kReduceScatterKind, numel_per_rank, dtype, op);
+  }
+  int AllgatherTag(int64_t numel_per_rank, DType dtype) const {
+    return Tag(kAllgatherKind, numel_per_rank, dtype, ReduceOp::kSum);
   }
 
-  static const char* TagCollective(int tag) {
-    return (tag & kTagReduceScatterBit) ? "a reduce-scatter" : "an all-reduce";
+  static Kind TagKind(int tag) { return static_cast<Kind>((tag >> kTagKindShift) & 3); }
+  static const char* KindName(Kind kind) {
+    return kind == kReduceScatterKind ? "reduce-scatter"
+           : kind == kAllgatherKind   ? "all-gather"
+                                      : "all-reduce";
   }
 
   std::string DescribeTag(int tag) const {
+    const Kind kind = TagKind(tag);
     return tandem::internal::Concat(
         tag / kTagCountFactor, " ", DTypeName(static_cast<DType>(tag & kTagDTypeMask)),
-        (tag & kTagReduceScatterBit) ? " elements per rank (" : " elements (",
-        (tag & kTagAverageBit) ? "average" : "sum", ")");
+        kind == kAllreduceKind ? " elements" : " elements per rank",
+        kind == kAllgatherKind ? "" : ((tag & kTagAverageBit) ? " (average)" : " (sum)"));
   }
 
-  // Throws the error for a message of a different all-reduce or reduce-scatter (its tag,
-  // `received`, is not `tag`): what each side has, after letting go of the pending requests.
+  // Throws the error for a message of a different collective (its tag, `received`, is not
+  // `tag`): what each side has, after letting go of the pending requests.
   [[noreturn]] void FailMismatch(const MPI_Status& received, int tag, MPI_Request* requests,
                                  int count, const Work& work) {
     Abandon(requests, count, /*point_to_point=*/true);
     const int peer_tag = received.MPI_TAG;
-    if ((peer_tag & kTagReduceScatterBit) != (tag & kTagReduceScatterBit)) {
+    const Kind kind = TagKind(tag);
+    const Kind peer_kind = TagKind(peer_tag);
+    if (kind != peer_kind) {
       TANDEM_FAIL(prefix, work.description(), " failed: the ranks run different collectives: rank ",
-                  rank, " (this rank) runs ", TagCollective(tag), " of ", DescribeTag(tag),
-                  ", rank ", received.MPI_SOURCE, " sent a message of ", TagCollective(peer_tag),
-                  " of ", DescribeTag(peer_tag),
+                  rank, " (this rank) runs ", kind == kReduceScatterKind ? "a " : "an ",
+                  KindName(kind), " of ", DescribeTag(tag), ", rank ", received.MPI_SOURCE,
+                  " sent a message of ", peer_kind == kReduceScatterKind ? "a " : "an ",
+                  KindName(peer_kind), " of ", DescribeTag(peer_tag),
                   "; every rank must issue the same collectives in the same order");
     }
     const char* what = peer_tag / kTagCountFactor == tag / kTagCountFactor
                            ? ((peer_tag & kTagDTypeMask) != (tag & kTagDTypeMask) ? "dtype" : "op")
                            : "size";
-    const bool scatter = (tag & kTagReduceScatterBit) != 0;
-    TANDEM_FAIL(prefix, work.description(), " failed: the ranks disagree on the ", what, " of ",
-                scatter ? "the reduce-scatter" : "the all-reduce", ": rank ", rank,
-                " (this rank) has ", DescribeTag(tag), ", rank ", received.MPI_SOURCE, " sent ",
-                DescribeTag(peer_tag),
-                scatter ? "; every rank must reduce_scatter tensors of the same size and dtype "
-                          "with the same op"
-                        : "; every rank must all-reduce a tensor of the same size and dtype with "
-                          "the same op");
+    TANDEM_FAIL(prefix, work.description(), " failed: the ranks disagree on the ", what, " of the ",
+                KindName(kind), ": rank ", rank, " (this rank) has ", DescribeTag(tag), ", rank ",
+                received.MPI_SOURCE, " sent ", DescribeTag(peer_tag),
+                kind == kReduceScatterKind ? "; every rank must reduce_scatter tensors of the same "
+                                             "size and dtype with the same op"
+                : kind == kAllgatherKind
+                    ? "; every rank must all-gather an input of the same size and dtype"
+                    : "; every rank must all-reduce a tensor of the same size and dtype with the "
+                      "same op");
   }
 
   // After MPI_Testall failed with `rc`: names the cause from the statuses (a message of a
@@ -597,6 +611,51 @@ struct ProcessGroupMpi::Impl {
     }
   }
 
+  // All-gather of `n` elements of `element` bytes per rank: rank r's `input` lands at
+  // output[r * n]. One all-to-all straight into `output` (each rank sends its input to every
+  // peer: the ring's bytes, in one round of latency), in windows of at most kRingPieceBytes (and
+  // max_elements_per_call) elements, two windows in flight. Unlike MPI_Iallgather (libnbc), whose
+  // error on a peer's longer message aborts the job and which takes a shorter one silently, the
+  // messages carry AllgatherTag, which Await checks: ranks that disagree fail naming both sides.
+  void Allgather(const char* input, char* output, int64_t n, DType dtype, int tag,
+                 Clock::time_point deadline, const Work& work) {
+    if (n == 0) return;
+    const size_t element = ElementSize(dtype);
+    std::memcpy(output + rank * n * element, input, n * element);
+    const int peers = size - 1;
+    if (peers == 0) return;
+    const int64_t window =
+        std::max<int64_t>(1, std::min<int64_t>(kRingPieceBytes / static_cast<int64_t>(element),
+                                               options.max_elements_per_call()));
+    auto peer_to = [&](int j) { return (rank + j) % size; };
+    auto peer_from = [&](int j) { return (rank - j + size) % size; };
+    const MPI_Datatype type = MpiType(dtype);
+    const int64_t windows = (n + window - 1) / window;
+    requests.assign(static_cast<size_t>(4 * peers), MPI_REQUEST_NULL);
+    auto post = [&](int64_t k) {
+      const int64_t offset = k * window;
+      const int m = static_cast<int>(std::min(window, n - offset));
+      MPI_Request* posted = requests.data() + (k & 1) * 2 * peers;
+      MpiCallLock lock;
+      for (int j = 1; j <= peers; ++j) {
+        Check(MPI_Irecv(output + (peer_from(j) * n + offset) * element, m, type, peer_from(j),
+                        MPI_ANY_TAG, comm, &posted[j - 1]),
+              "MPI_Irecv", work);
+      }
+      for (int j = 1; j <= peers; ++j) {
+        Check(MPI_Isend(input + offset * element, m, type, peer_to(j), tag, comm,
+                        &posted[peers + j - 1]),
+              "MPI_Isend", work);
+      }
+    };
+    post(0);
+    if (windows > 1) post(1);
+    for (int64_t k = 0; k < windows; ++k) {
+      Await(requests.data() + (k & 1) * 2 * peers, 2 * peers, deadline, work, peers, tag);
+      if (k + 2 < windows) post(k + 2);
+    }
+  }
+
   void CheckTensor(const Tensor& t, const char* collective, const char* role) const {
     TANDEM_CHECK(t.defined(), prefix, collective, ": the ", role, " tensor is undefined");
     TANDEM_CHECK(t.device().type() == DeviceType::kCPU, prefix, collective,
@@ -758,40 +817,12 @@ std::shared_ptr<Work> ProcessGroupMpi::allgather(Tensor output, Tensor input) {
                "allgather: the output must not share storage with the input; gather into a "
                "tensor of its own");
   auto describe = [input] { return tandem::internal::Concat("allgather of ", Elements(input)); };
-  return impl.queue->Enqueue(describe, [&impl, output, input](const Work& work,
-                                                              Clock::time_point deadline) {
-    const int64_t n = input.numel();
-    const char* in = static_cast<const char*>(input.raw_data());
-    char* out = static_cast<char*>(output.raw_data());
-    const size_t element = ElementSize(input.dtype());
-    const MPI_Datatype type = MpiType(input.dtype());
-    const int64_t step = impl.options.max_elements_per_call();
-    for (int64_t offset = 0; offset < n; offset += step) {
-      const int count = static_cast<int>(std::min(step, n - offset));
-      MPI_Request request;
-      if (count == n) {
-        MpiCallLock lock;
-        impl.Check(MPI_Iallgather(in, count, type, out, count, type, impl.comm, &request),
-                   "MPI_Iallgather", work);
-      } else {
-        // Piece `offset` of every rank lands at out[rank * n + offset]: receive one element of
-        // a type of `count` elements whose extent is a whole rank's share.
-        MPI_Datatype piece = MPI_DATATYPE_NULL;
-        MPI_Datatype strided = MPI_DATATYPE_NULL;
-        MpiCallLock lock;
-        impl.Check(MPI_Type_contiguous(count, type, &piece), "MPI_Type_contiguous", work);
-        impl.Check(MPI_Type_create_resized(piece, 0, static_cast<MPI_Aint>(n * element), &strided),
-                   "MPI_Type_create_resized", work);
-        impl.Check(MPI_Type_commit(&strided), "MPI_Type_commit", work);
-        impl.Check(MPI_Iallgather(in + offset * element, count, type, out + offset * element, 1,
-                                  strided, impl.comm, &request),
-                   "MPI_Iallgather", work);
-        MPI_Type_free(&strided);  // freed once the pending call is done with it
-        MPI_Type_free(&piece);
-      }
-      impl.Await(&request, 1, deadline, work);
-    }
-  });
+  return impl.queue->Enqueue(
+      describe, [&impl, output, input](const Work& work, Clock::time_point deadline) {
+        impl.Allgather(static_cast<const char*>(input.raw_data()),
+                       static_cast<char*>(output.raw_data()), input.numel(), input.dtype(),
+                       impl.AllgatherTag(input.numel(), input.dtype()), deadline, work);
+      });
 }
 
 std::shared_ptr<Work> ProcessGroupMpi::reduce_scatter(Tensor output, Tensor input, ReduceOp op) {

@@ -609,6 +609,31 @@ TEST_F(ProcessGroupMpiTest, RanksThatDisagreeOnAReduceScatterFailNamingBothSides
   }
 }
 
+// Ranks that all-gather different sizes or dtypes fail at once on every rank, naming both
+// sides (MPI_Iallgather aborted the job on the rank sent too much, and took too little silently).
+TEST_F(ProcessGroupMpiTest, RanksThatDisagreeOnAnAllgatherFailNamingBothSides) {
+  const int size = Group().size();
+  const int last = size - 1;
+  for (DType last_dtype : {kFloat32, kInt32}) {
+    ProcessGroupMpi fragile(ProcessGroupMpiOptions().timeout(std::chrono::milliseconds(500)));
+    const bool odd = fragile.rank() == last;
+    const int64_t n = odd && last_dtype == kFloat32 ? 5 : 3;
+    const DType dtype = odd ? last_dtype : kFloat32;
+    Tensor output = zeros({n * size}, dtype);
+    const std::string error = ErrorOf([&] { fragile.allgather(output, ones({n}, dtype))->wait(); });
+    const std::string what = last_dtype == kFloat32 ? "size" : "dtype";
+    const std::string theirs = last_dtype == kFloat32 ? "5 float32" : "3 int32";
+    EXPECT_THAT(error, HasSubstr("the ranks disagree on the " + what + " of the all-gather"));
+    EXPECT_THAT(error, HasSubstr("every rank must all-gather an input of the same size and dtype"));
+    if (fragile.rank() == 0) {
+      EXPECT_THAT(error,
+                  HasSubstr("rank 0 (this rank) has 3 float32 elements per rank, rank " +
+                            std::to_string(last) + " sent " + theirs + " elements per rank"));
+    }
+    Group().barrier()->wait();
+  }
+}
+
 // A rank that never joins a reduce_scatter: the others fail after the timeout, naming it.
 TEST_F(ProcessGroupMpiTest, ARankThatSkipsAReduceScatterIsNamedAfterTheTimeout) {
   ProcessGroupMpi fragile(ProcessGroupMpiOptions()

@@ -241,6 +241,7 @@ TEST_F(NcclRanksTest, ReduceScatterMisuseIsAClearErrorOnEveryRank) {
   const std::string rank = tandem::internal::Concat(
       "ProcessGroupNccl rank ", Group()->rank(), " of ", world, " on ", Gpu(), ": reduce_scatter");
   const TensorOptions on_gpu = TensorOptions().device(Gpu());
+  auto on = [](DType dtype) { return TensorOptions().dtype(dtype).device(Gpu()); };
   auto error = [&](Tensor output, Tensor input, ReduceOp op = ReduceOp::kSum) {
     return testing::ErrorOf([&] { Group()->reduce_scatter(output, input, op); });
   };
@@ -251,13 +252,12 @@ TEST_F(NcclRanksTest, ReduceScatterMisuseIsAClearErrorOnEveryRank) {
                         ", not a multiple of the world size; pad the input"));
   EXPECT_THAT(error(zeros({3}, on_gpu), zeros({2 * world}, on_gpu)),
               HasSubstr("; make the output input.numel() / world size = 2 elements"));
-  EXPECT_THAT(error(zeros({2}, on_gpu), zeros({2 * world}, on_gpu.dtype(kFloat64))),
+  EXPECT_THAT(error(zeros({2}, on_gpu), zeros({2 * world}, on(kFloat64))),
               HasSubstr(rank + ": the output must have the input's dtype, but the input is "
                                "float64 and the output float32"));
-  EXPECT_THAT(error(zeros({2}, on_gpu.dtype(kBool)), zeros({2 * world}, on_gpu.dtype(kBool))),
+  EXPECT_THAT(error(zeros({2}, on(kBool)), zeros({2 * world}, on(kBool))),
               HasSubstr(rank + " of bool tensors is not defined"));
-  EXPECT_THAT(error(zeros({2}, on_gpu.dtype(kInt32)), zeros({2 * world}, on_gpu.dtype(kInt32)),
-                    ReduceOp::kAverage),
+  EXPECT_THAT(error(zeros({2}, on(kInt32)), zeros({2 * world}, on(kInt32)), ReduceOp::kAverage),
               HasSubstr(rank + ": average is defined for floating-point tensors but these are "
                                "int32"));
   EXPECT_THAT(error(zeros({2}), zeros({2 * world}, on_gpu)),
