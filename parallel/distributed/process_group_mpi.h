@@ -36,10 +36,13 @@
 // bit-identical sums. bfloat16 and float16 go as 2-byte elements (half of float32's bytes) in
 // a reduce-scatter by all-to-all, where each rank adds its block's contributions in float32
 // and rounds once, then an all-gather: a ring would round each partial sum at every hop.
-// reduce_scatter (every all-reduce dtype) is that reduce-scatter alone, for every dtype: each rank
-// adds its chunk's contributions in rank order (16-bit types in float32, rounded once), its
-// messages tagged as the all-reduce's (ranks that disagree on its size, dtype or op, or that run
-// an all-reduce against it, fail at once naming both sides); see Impl::ReduceScatter. After
+// reduce_scatter (the all-reduce's dtypes) is that reduce-scatter alone: each rank adds its
+// chunk's contributions in rank order (16-bit types in float32, rounded once). allgather (every
+// dtype) is the all-gather alone, straight into the output. Both go in 4 MB windows, the next in
+// flight, and tag their messages as the all-reduce does, with the collective's kind, so that
+// ranks that disagree on the size, dtype or op, or run another of the three, fail at once naming
+// both sides (MPI_Iallgather aborted the job on such a mismatch). Against the bare blocking
+// MPI_Reduce_scatter_block and MPI_Allgather: distributed_benchmark's section 1c. After
 // a timeout the group is unusable: later collectives fail at once, naming the first error. Tensors
 // larger than MPI's int counts are sent in pieces of at most max_elements_per_call. MPI's errors
 // (MPI_ERRORS_RETURN) become tandem::Error naming the rank, the collective and MPI's message.
