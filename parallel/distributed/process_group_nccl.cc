@@ -129,16 +129,33 @@ struct ProcessGroupNccl::Impl {
       }
       const Stream current = CurrentStream(device);
       const Stream side = SideStream(device);
-      side.Wait(current);
+      OnDevice(*work, [&] { side.Wait(current); });
       collective(static_cast<cudaStream_t>(cuda::StreamHandle(side)), side);
-      work->done.Record(side);
-      current.Wait(side);
+      OnDevice(*work, [&] {
+        work->done.Record(side);
+        current.Wait(side);
+      });
       work->sequence = ++issued_count;
       work->deadline = work->Start() + options.timeout();
       pending.push_back(work);
     }
     watchdog_cv.notify_one();
     return work;
+  }
+
+  // Runs a stream call of Issue's. A device that failed (an NCCL kernel that a peer's abort
+  // ended fails as a launch, which CUDA keeps) fails every later call on it, possibly the very
+  // collective being issued, before the watchdog has seen anything: the error then names the
+  // collective and NCCL's reason, if it has one. Called with `mutex` held.
+  template <typename F>
+  void OnDevice(const NcclWork& work, F&& call) const {
+    try {
+      call();
+    } catch (const Error& e) {
+      const std::string nccl = comm != nullptr ? AsyncError() : "";
+      TANDEM_FAIL(prefix, work.description(), " could not be issued: ", e.what(),
+                  nccl.empty() ? "" : "; NCCL reports " + nccl);
+    }
   }
 
   // Called by wait() before it blocks: polls the collective's event until it has finished

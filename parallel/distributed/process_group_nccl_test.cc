@@ -387,9 +387,11 @@ TEST_F(NcclRanksTest, ARankThatSkipsACollectiveIsNamedByTheOthersAfterTheTimeout
   }
   TestGroup()->barrier()->wait();  // rank 1 waits here, outside the NCCL group's collectives
   if (rank == 1) {
-    // The simulated NCCL reports the peers' abort at once; a GPU's NCCL may only leave the
-    // collective waiting, for this rank's own watchdog to time out.
+    // The simulated NCCL reports the peers' abort at once (as the watchdog's "NCCL reports", or,
+    // when it fails the device before this collective is issued, as "could not be issued"); a
+    // GPU's NCCL may only leave the collective waiting, for this rank's own watchdog to time out.
     const std::string error = testing::ErrorOf([&] { fragile.allreduce(t)->wait(); });
+    std::printf("rank 1's error: %s\n", error.c_str());
     EXPECT_THAT(
         error, HasSubstr(tandem::internal::Concat("ProcessGroupNccl rank 1 of ", world, " on ", gpu,
                                                   ": allreduce (sum) of 1000 float32 "
