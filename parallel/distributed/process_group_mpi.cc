@@ -542,8 +542,9 @@ struct ProcessGroupMpi::Impl {
   // rank's `input`, summed in rank order). One all-to-all: each rank sends every peer the
   // peer's chunk and adds the size contributions to its own, in `Acc` (float32 for bfloat16
   // and float16, rounded once, as AllreduceInFloat; the dtype itself otherwise). So the result
-  // is one fixed sum, whatever the world size, and the bytes each rank sends are the ring's,
-  // (size - 1) / size of the input, in one round of latency instead of size - 1. The chunk goes
+  // is the plain sum in rank order (not always allreduce's bits: its ring adds each block in a
+  // rotated order), and the bytes each rank sends are the ring's, (size - 1) / size of the
+  // input, in one round of latency instead of size - 1. The chunk goes
   // in windows of at most kRingPieceBytes (and max_elements_per_call) elements, the next
   // window's messages in flight while the last is added, so that the receive buffer stays at two
   // windows from each peer. The messages carry ReduceScatterTag, which Await checks.
