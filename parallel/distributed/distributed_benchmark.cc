@@ -10,6 +10,10 @@
 //    per all-reduce (nccl-tests' algbw).
 // 1b. DDP's bfloat16 gradient compression against the float32 all-reduce (--nocompression
 //    skips it).
+// 1c. Sharded data parallelism's collectives (--nosharding skips them): reduce_scatter (sum,
+//    float32) against a bare blocking MPI_Reduce_scatter_block, and allgather against a bare
+//    MPI_Allgather, of the same buffers, alternating as in 1; bytes are the whole buffer (the
+//    reduce-scatter's input, the all-gather's output), world size x chunk.
 // 2. A training step (forward, cross-entropy, backward, SGD) of the MLP 784-256-128-10 at
 //    batch 256 per rank and of the CNN at batch 32 per rank, one thread per rank: rank 0
 //    alone on the plain module (the others sleep), every rank on its own plain module at once
@@ -146,6 +150,56 @@ void CompressedAllreduce(ProcessGroupMpi& group) {
     if (group.rank() == 0) {
       std::printf("%10lld %14.1f %14.1f %14.1f %7.2fx\n", static_cast<long long>(bytes), f * 1e6,
                   c * 1e6, Median(wire_times) * 1e6, c / f);
+    }
+  }
+}
+
+// reduce_scatter and allgather (ZeRO's and FSDP's collectives) against the bare MPI calls.
+void ShardingCollectives(ProcessGroupMpi& group) {
+  const int world = group.size();
+  if (group.rank() == 0) {
+    std::printf(
+        "\nreduce_scatter (sum, float32) and allgather, %d ranks: bytes = world x chunk; GB/s "
+        "= bytes / time per call; median of %d blocks each, alternating\n",
+        world, kBandwidthRounds);
+    std::printf("%10s %10s %10s %10s %7s %10s %10s %10s %7s\n", "bytes", "RS MPI us", "RS us",
+                "RS GB/s", "ratio", "AG MPI us", "AG us", "AG GB/s", "ratio");
+  }
+  for (int64_t bytes = 4 << 10; bytes <= (64 << 20); bytes *= 4) {
+    const int64_t chunk = bytes / 4 / world;
+    const int64_t total = chunk * world;
+    Tensor input = full({total}, 1.0 + group.rank());
+    Tensor shard = zeros({chunk});
+    Tensor gathered = zeros({total});
+    const int iters = static_cast<int>(std::clamp<int64_t>((256 << 20) / bytes, 5, 2000));
+    auto bare_scatter = [&] {
+      MPI_Reduce_scatter_block(input.data<float>(), shard.data<float>(), static_cast<int>(chunk),
+                               MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    };
+    auto group_scatter = [&] { group.reduce_scatter(shard, input)->wait(); };
+    auto bare_gather = [&] {
+      MPI_Allgather(shard.data<float>(), static_cast<int>(chunk), MPI_FLOAT, gathered.data<float>(),
+                    static_cast<int>(chunk), MPI_FLOAT, MPI_COMM_WORLD);
+    };
+    auto group_gather = [&] { group.allgather(gathered, shard)->wait(); };
+    TimeBlock(group, 2, bare_scatter);  // warm-up
+    TimeBlock(group, 2, group_scatter);
+    TimeBlock(group, 2, bare_gather);
+    TimeBlock(group, 2, group_gather);
+    std::vector<double> bs, gs, ba, ga;
+    for (int round = 0; round < kBandwidthRounds; ++round) {
+      bs.push_back(TimeBlock(group, iters, bare_scatter));
+      gs.push_back(TimeBlock(group, iters, group_scatter));
+      ba.push_back(TimeBlock(group, iters, bare_gather));
+      ga.push_back(TimeBlock(group, iters, group_gather));
+    }
+    const double b_s = Median(bs), g_s = Median(gs), b_a = Median(ba), g_a = Median(ga);
+    const double real_bytes = static_cast<double>(total) * 4;
+    if (group.rank() == 0) {
+      std::printf("%10lld %10.1f %10.1f %10.2f %6.0f%% %10.1f %10.1f %10.2f %6.0f%%\n",
+                  static_cast<long long>(total * 4), b_s * 1e6, g_s * 1e6, real_bytes / g_s / 1e9,
+                  100.0 * b_s / g_s, b_a * 1e6, g_a * 1e6, real_bytes / g_a / 1e9,
+                  100.0 * b_a / g_a);
     }
   }
 }
@@ -328,6 +382,7 @@ int Main(int argc, char** argv) {
   bool allreduce = true;
   bool train = true;
   bool compression = true;
+  bool sharding = true;
   int steps = 20;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -337,11 +392,15 @@ int Main(int argc, char** argv) {
       train = false;
     } else if (arg == "--nocompression") {
       compression = false;
+    } else if (arg == "--nosharding") {
+      sharding = false;
     } else if (arg.rfind("--steps=", 0) == 0) {
       steps = std::atoi(arg.c_str() + 8);
     } else {
-      std::fprintf(stderr, "usage: %s [--noallreduce] [--nocompression] [--notrain] [--steps=N]\n",
-                   argv[0]);
+      std::fprintf(
+          stderr,
+          "usage: %s [--noallreduce] [--nocompression] [--nosharding] [--notrain] [--steps=N]\n",
+          argv[0]);
       return 1;
     }
   }
@@ -355,6 +414,7 @@ int Main(int argc, char** argv) {
   }
   if (allreduce) AllreduceBandwidth(*group);
   if (compression) CompressedAllreduce(*group);
+  if (sharding) ShardingCollectives(*group);
   if (train) {
     if (group->rank() == 0) std::printf("\n");
     TrainingStep(group, "mlp", 256, steps);

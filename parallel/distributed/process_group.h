@@ -13,6 +13,8 @@
 //   auto group = std::make_shared<parallel::distributed::ProcessGroupMpi>();
 //   Tensor t = full({4}, group->rank());
 //   group->allreduce(t, parallel::distributed::ReduceOp::kSum)->wait();  // 0 + 1 + ... everywhere
+//   Tensor shard = zeros({2});
+//   group->reduce_scatter(shard, full({2 * group->size()}, 1.0))->wait();  // size() everywhere
 //
 //   $ mpirun -np 2 ./my_program
 #ifndef TANDEM_PARALLEL_DISTRIBUTED_PROCESS_GROUP_H_
@@ -120,6 +122,12 @@ class ProcessGroup {
   // torch.distributed.all_gather_into_tensor: `output` (size() * input.numel() elements, of
   // input's dtype) receives every rank's `input`, rank 0's first.
   virtual std::shared_ptr<Work> allgather(Tensor output, Tensor input) = 0;
+  // torch.distributed.reduce_scatter_tensor: `input` (size() * output.numel() elements, of
+  // output's dtype) is cut into size() chunks; rank r's `output` receives the sum (or average)
+  // over the ranks of chunk r. Sharded data parallelism's gradient reduction: each rank ends
+  // with the reduced gradients of its own shard only.
+  virtual std::shared_ptr<Work> reduce_scatter(Tensor output, Tensor input,
+                                               ReduceOp op = ReduceOp::kSum) = 0;
   // Finishes once every rank has called barrier().
   virtual std::shared_ptr<Work> barrier() = 0;
 

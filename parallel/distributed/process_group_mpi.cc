@@ -11,7 +11,9 @@
 #include <iomanip>
 #include <sstream>
 #include <thread>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "parallel/distributed/internal/hang_diagnosis.h"
 #include "parallel/distributed/internal/mpi_calls.h"
@@ -138,8 +140,10 @@ struct ProcessGroupMpi::Impl {
 
   // Names the ranks that did not answer when a collective times out (see Await).
   std::unique_ptr<internal::HangDiagnosis> diagnosis;
-  // All-reduce messages carry a tag of the sender's element count (modulo this), dtype and op.
+  // All-reduce and reduce-scatter messages carry a tag of the sender's element count (modulo
+  // this), dtype, op and collective.
   int64_t tag_count_modulus = 1;
+  std::vector<float> sums;           // the running 16-bit reduce-scatter's float32 sums
   std::vector<MPI_Status> statuses;  // the running exchange's
 
   // A collective that has waited this long also looks, at every 16th poll, for other ranks'
@@ -158,44 +162,80 @@ struct ProcessGroupMpi::Impl {
     }
   }
 
-  // The tag of an all-reduce's messages: its element count (modulo tag_count_modulus, 2^27
-  // with Open MPI's tags: an error shows larger counts modulo that), op (bit 3) and dtype
-  // (bits 0-2: DType's value), so that a receiver can tell a message of an all-reduce that
-  // differs from its own.
+  // The tag of an all-reduce's, reduce-scatter's or all-gather's messages: its element count
+  // (a reduce-scatter's and an all-gather's per rank; modulo tag_count_modulus, 2^25 with Open
+  // MPI's tags: an error shows larger counts modulo that), collective (bits 4-5: Kind), op
+  // (bit 3) and dtype (bits 0-2: DType's value), so that a receiver can tell a message of a
+  // collective that differs from its own.
+  enum Kind { kAllreduceKind = 0, kReduceScatterKind = 1, kAllgatherKind = 2 };
   static constexpr int kTagDTypeMask = 7;
   static constexpr int kTagAverageBit = 8;
-  static constexpr int kTagCountFactor = 16;
-  int AllreduceTag(int64_t numel, DType dtype, ReduceOp op) const {
+  static constexpr int kTagKindShift = 4;
+  static constexpr int kTagCountFactor = 64;
+  int Tag(Kind kind, int64_t numel, DType dtype, ReduceOp op) const {
     static_assert(kNumDTypes <= kTagDTypeMask + 1, "the tag has 3 bits for the dtype");
-    return static_cast<int>((numel % tag_count_modulus) * kTagCountFactor +
-                            (op == ReduceOp::kAverage ? kTagAverageBit : 0) +
-                            static_cast<int>(dtype));
+    return static_cast<int>(
+        (numel % tag_count_modulus) * kTagCountFactor + (kind << kTagKindShift) +
+        (op == ReduceOp::kAverage ? kTagAverageBit : 0) + static_cast<int>(dtype));
+  }
+  int AllreduceTag(int64_t numel, DType dtype, ReduceOp op) const {
+    return Tag(kAllreduceKind, numel, dtype, op);
+  }
+  int ReduceScatterTag(int64_t numel_per_rank, DType dtype, ReduceOp op) const {
+    return Tag(kReduceScatterKind, numel_per_rank, dtype, op);
+  }
+  int AllgatherTag(int64_t numel_per_rank, DType dtype) const {
+    return Tag(kAllgatherKind, numel_per_rank, dtype, ReduceOp::kSum);
   }
 
-  std::string DescribeAllreduceTag(int tag) const {
-    return tandem::internal::Concat(tag / kTagCountFactor, " ",
-                                    DTypeName(static_cast<DType>(tag & kTagDTypeMask)),
-                                    " elements (", (tag & kTagAverageBit) ? "average" : "sum", ")");
+  static Kind TagKind(int tag) { return static_cast<Kind>((tag >> kTagKindShift) & 3); }
+  static const char* KindName(Kind kind) {
+    return kind == kReduceScatterKind ? "reduce-scatter"
+           : kind == kAllgatherKind   ? "all-gather"
+                                      : "all-reduce";
   }
 
-  // Throws the error for a message of a different all-reduce (its tag, `received`, is not
+  std::string DescribeTag(int tag) const {
+    const Kind kind = TagKind(tag);
+    return tandem::internal::Concat(
+        tag / kTagCountFactor, " ", DTypeName(static_cast<DType>(tag & kTagDTypeMask)),
+        kind == kAllreduceKind ? " elements" : " elements per rank",
+        kind == kAllgatherKind ? "" : ((tag & kTagAverageBit) ? " (average)" : " (sum)"));
+  }
+
+  // Throws the error for a message of a different collective (its tag, `received`, is not
   // `tag`): what each side has, after letting go of the pending requests.
   [[noreturn]] void FailMismatch(const MPI_Status& received, int tag, MPI_Request* requests,
                                  int count, const Work& work) {
     Abandon(requests, count, /*point_to_point=*/true);
     const int peer_tag = received.MPI_TAG;
+    const Kind kind = TagKind(tag);
+    const Kind peer_kind = TagKind(peer_tag);
+    if (kind != peer_kind) {
+      TANDEM_FAIL(prefix, work.description(), " failed: the ranks run different collectives: rank ",
+                  rank, " (this rank) runs ", kind == kReduceScatterKind ? "a " : "an ",
+                  KindName(kind), " of ", DescribeTag(tag), ", rank ", received.MPI_SOURCE,
+                  " sent a message of ", peer_kind == kReduceScatterKind ? "a " : "an ",
+                  KindName(peer_kind), " of ", DescribeTag(peer_tag),
+                  "; every rank must issue the same collectives in the same order");
+    }
     const char* what = peer_tag / kTagCountFactor == tag / kTagCountFactor
                            ? ((peer_tag & kTagDTypeMask) != (tag & kTagDTypeMask) ? "dtype" : "op")
                            : "size";
-    TANDEM_FAIL(prefix, work.description(), " failed: the ranks disagree on the ", what,
-                " of the all-reduce: rank ", rank, " (this rank) has ", DescribeAllreduceTag(tag),
-                ", rank ", received.MPI_SOURCE, " sent ", DescribeAllreduceTag(peer_tag),
-                "; every rank must all-reduce a tensor of the same size and dtype with the same "
-                "op");
+    TANDEM_FAIL(prefix, work.description(), " failed: the ranks disagree on the ", what, " of the ",
+                KindName(kind), ": rank ", rank, " (this rank) has ", DescribeTag(tag), ", rank ",
+                received.MPI_SOURCE, " sent ", DescribeTag(peer_tag),
+                kind == kReduceScatterKind ? "; every rank must reduce_scatter tensors of the same "
+                                             "size and dtype with the same op"
+                : kind == kAllgatherKind
+                    ? "; every rank must all-gather an input of the same size and dtype"
+                    : "; every rank must all-reduce a tensor of the same size and dtype with the "
+                      "same op");
   }
 
   // After MPI_Testall failed with `rc`: names the cause from the statuses (a message of a
-  // different all-reduce among the first `receives`, or the first request's own error).
+  // different all-reduce or reduce-scatter among the first `receives`, or the first request's
+  // own error).
   [[noreturn]] void FailFromStatuses(int rc, MPI_Request* requests, int count, int receives,
                                      int tag, const Work& work) {
     if (rc == MPI_ERR_IN_STATUS) {
@@ -498,6 +538,125 @@ struct ProcessGroupMpi::Impl {
     Await(requests.data(), posted, deadline, work, gathers, tag);
   }
 
+  // Reduce-scatter of `chunk` elements per rank: `output` = factor * (chunk `rank` of every
+  // rank's `input`, summed in rank order). One all-to-all: each rank sends every peer the
+  // peer's chunk and adds the size contributions to its own, in `Acc` (float32 for bfloat16
+  // and float16, rounded once, as AllreduceInFloat; the dtype itself otherwise). So the result
+  // is the plain sum in rank order (not always allreduce's bits: its ring adds each block in a
+  // rotated order), and the bytes each rank sends are the ring's, (size - 1) / size of the
+  // input, in one round of latency instead of size - 1. The chunk goes
+  // in windows of at most kRingPieceBytes (and max_elements_per_call) elements, the next
+  // window's messages in flight while the last is added, so that the receive buffer stays at two
+  // windows from each peer. The messages carry ReduceScatterTag, which Await checks.
+  template <typename T, typename Acc>
+  void ReduceScatter(const T* input, T* output, int64_t chunk, Acc factor, int tag,
+                     Clock::time_point deadline, const Work& work) {
+    if (chunk == 0) return;
+    const int peers = size - 1;
+    const int64_t window =
+        std::max<int64_t>(1, std::min<int64_t>(kRingPieceBytes / static_cast<int64_t>(sizeof(T)),
+                                               options.max_elements_per_call()));
+    const int64_t slot = std::min(window, chunk);
+    const size_t scratch_bytes = static_cast<size_t>(2 * peers * slot) * sizeof(T);
+    if (scratch.size() < scratch_bytes) scratch.resize(scratch_bytes);
+    T* const slots[2] = {reinterpret_cast<T*>(scratch.data()),
+                         reinterpret_cast<T*>(scratch.data()) + peers * slot};
+    // Peer `rank + j` receives first from this rank, and this rank from `rank - j`, so that the
+    // ranks do not all send to rank 0 first. Its contribution lands in slot j - 1.
+    auto peer_to = [&](int j) { return (rank + j) % size; };
+    auto peer_from = [&](int j) { return (rank - j + size) % size; };
+    const MPI_Datatype type = MpiType(DTypeOf<T>::value);
+    const int64_t windows = (chunk + window - 1) / window;
+    // Window k's requests (receives first, as Await wants them) at (k & 1) * 2 * peers.
+    requests.assign(static_cast<size_t>(4 * peers), MPI_REQUEST_NULL);
+    auto post = [&](int64_t k) {
+      const int64_t offset = k * window;
+      const int m = static_cast<int>(std::min(window, chunk - offset));
+      MPI_Request* posted = requests.data() + (k & 1) * 2 * peers;
+      MpiCallLock lock;
+      for (int j = 1; j <= peers; ++j) {
+        Check(MPI_Irecv(slots[k & 1] + (j - 1) * slot, m, type, peer_from(j), MPI_ANY_TAG, comm,
+                        &posted[j - 1]),
+              "MPI_Irecv", work);
+      }
+      for (int j = 1; j <= peers; ++j) {
+        Check(MPI_Isend(input + peer_to(j) * chunk + offset, m, type, peer_to(j), tag, comm,
+                        &posted[peers + j - 1]),
+              "MPI_Isend", work);
+      }
+    };
+    std::vector<const T*> parts(static_cast<size_t>(size));
+    if (peers > 0) post(0);
+    for (int64_t k = 0; k < windows; ++k) {
+      const int64_t offset = k * window;
+      const int64_t m = std::min(window, chunk - offset);
+      if (peers > 0) {
+        Await(requests.data() + (k & 1) * 2 * peers, 2 * peers, deadline, work, peers, tag);
+        if (k + 1 < windows) post(k + 1);
+      }
+      parts[rank] = input + rank * chunk + offset;
+      for (int j = 1; j <= peers; ++j) parts[peer_from(j)] = slots[k & 1] + (j - 1) * slot;
+      T* const out = output + offset;
+      if constexpr (std::is_same_v<T, Acc>) {
+        std::copy_n(parts[0], m, out);
+        for (int r = 1; r < size; ++r) ::tandem::vec::AddInto(out, parts[r], m);
+        if (factor != Acc{1}) Scale(out, factor, m);
+      } else {
+        sums.assign(static_cast<size_t>(m), 0.0f);
+        for (int r = 0; r < size; ++r) {
+          const T* in = parts[r];
+          for (int64_t i = 0; i < m; ++i) sums[i] += static_cast<float>(in[i]);
+        }
+        for (int64_t i = 0; i < m; ++i) out[i] = T(sums[i] * factor);
+      }
+    }
+  }
+
+  // All-gather of `n` elements of `element` bytes per rank: rank r's `input` lands at
+  // output[r * n]. One all-to-all straight into `output` (each rank sends its input to every
+  // peer: the ring's bytes, in one round of latency), in windows of at most kRingPieceBytes (and
+  // max_elements_per_call) elements, two windows in flight. Unlike MPI_Iallgather (libnbc), whose
+  // error on a peer's longer message aborts the job and which takes a shorter one silently, the
+  // messages carry AllgatherTag, which Await checks: ranks that disagree fail naming both sides.
+  void Allgather(const char* input, char* output, int64_t n, DType dtype, int tag,
+                 Clock::time_point deadline, const Work& work) {
+    if (n == 0) return;
+    const size_t element = ElementSize(dtype);
+    std::memcpy(output + rank * n * element, input, n * element);
+    const int peers = size - 1;
+    if (peers == 0) return;
+    const int64_t window =
+        std::max<int64_t>(1, std::min<int64_t>(kRingPieceBytes / static_cast<int64_t>(element),
+                                               options.max_elements_per_call()));
+    auto peer_to = [&](int j) { return (rank + j) % size; };
+    auto peer_from = [&](int j) { return (rank - j + size) % size; };
+    const MPI_Datatype type = MpiType(dtype);
+    const int64_t windows = (n + window - 1) / window;
+    requests.assign(static_cast<size_t>(4 * peers), MPI_REQUEST_NULL);
+    auto post = [&](int64_t k) {
+      const int64_t offset = k * window;
+      const int m = static_cast<int>(std::min(window, n - offset));
+      MPI_Request* posted = requests.data() + (k & 1) * 2 * peers;
+      MpiCallLock lock;
+      for (int j = 1; j <= peers; ++j) {
+        Check(MPI_Irecv(output + (peer_from(j) * n + offset) * element, m, type, peer_from(j),
+                        MPI_ANY_TAG, comm, &posted[j - 1]),
+              "MPI_Irecv", work);
+      }
+      for (int j = 1; j <= peers; ++j) {
+        Check(MPI_Isend(input + offset * element, m, type, peer_to(j), tag, comm,
+                        &posted[peers + j - 1]),
+              "MPI_Isend", work);
+      }
+    };
+    post(0);
+    if (windows > 1) post(1);
+    for (int64_t k = 0; k < windows; ++k) {
+      Await(requests.data() + (k & 1) * 2 * peers, 2 * peers, deadline, work, peers, tag);
+      if (k + 2 < windows) post(k + 2);
+    }
+  }
+
   void CheckTensor(const Tensor& t, const char* collective, const char* role) const {
     TANDEM_CHECK(t.defined(), prefix, collective, ": the ", role, " tensor is undefined");
     TANDEM_CHECK(t.device().type() == DeviceType::kCPU, prefix, collective,
@@ -647,47 +806,87 @@ std::shared_ptr<Work> ProcessGroupMpi::allgather(Tensor output, Tensor input) {
   Impl& impl = *impl_;
   impl.CheckTensor(input, "allgather", "input");
   impl.CheckTensor(output, "allgather", "output");
-  TANDEM_CHECK(output.dtype() == input.dtype() && output.numel() == input.numel() * impl.size,
-               impl.prefix, "allgather: the output must hold ", impl.size, " x ", input.numel(),
-               " ", input.dtype(), " elements (world size x input) but holds ", output.numel(), " ",
-               output.dtype(), " elements");
+  TANDEM_CHECK(output.dtype() == input.dtype(), impl.prefix,
+               "allgather: the output must have the input's dtype, but the input is ",
+               input.dtype(), " and the output ", output.dtype(),
+               "; convert one of them with .to(dtype)");
+  TANDEM_CHECK(output.numel() == input.numel() * impl.size, impl.prefix,
+               "allgather: the output must hold world size x input = ", impl.size, " x ",
+               input.numel(), " = ", input.numel() * impl.size, " elements but holds ",
+               output.numel(), "; make it empty({world size * input.numel()})");
   TANDEM_CHECK(!output.shares_storage_with(input), impl.prefix,
-               "allgather: the output must not share storage with the input");
+               "allgather: the output must not share storage with the input; gather into a "
+               "tensor of its own");
   auto describe = [input] { return tandem::internal::Concat("allgather of ", Elements(input)); };
-  return impl.queue->Enqueue(describe, [&impl, output, input](const Work& work,
-                                                              Clock::time_point deadline) {
-    const int64_t n = input.numel();
-    const char* in = static_cast<const char*>(input.raw_data());
-    char* out = static_cast<char*>(output.raw_data());
-    const size_t element = ElementSize(input.dtype());
-    const MPI_Datatype type = MpiType(input.dtype());
-    const int64_t step = impl.options.max_elements_per_call();
-    for (int64_t offset = 0; offset < n; offset += step) {
-      const int count = static_cast<int>(std::min(step, n - offset));
-      MPI_Request request;
-      if (count == n) {
-        MpiCallLock lock;
-        impl.Check(MPI_Iallgather(in, count, type, out, count, type, impl.comm, &request),
-                   "MPI_Iallgather", work);
-      } else {
-        // Piece `offset` of every rank lands at out[rank * n + offset]: receive one element of
-        // a type of `count` elements whose extent is a whole rank's share.
-        MPI_Datatype piece = MPI_DATATYPE_NULL;
-        MPI_Datatype strided = MPI_DATATYPE_NULL;
-        MpiCallLock lock;
-        impl.Check(MPI_Type_contiguous(count, type, &piece), "MPI_Type_contiguous", work);
-        impl.Check(MPI_Type_create_resized(piece, 0, static_cast<MPI_Aint>(n * element), &strided),
-                   "MPI_Type_create_resized", work);
-        impl.Check(MPI_Type_commit(&strided), "MPI_Type_commit", work);
-        impl.Check(MPI_Iallgather(in + offset * element, count, type, out + offset * element, 1,
-                                  strided, impl.comm, &request),
-                   "MPI_Iallgather", work);
-        MPI_Type_free(&strided);  // freed once the pending call is done with it
-        MPI_Type_free(&piece);
-      }
-      impl.Await(&request, 1, deadline, work);
-    }
-  });
+  return impl.queue->Enqueue(
+      describe, [&impl, output, input](const Work& work, Clock::time_point deadline) {
+        impl.Allgather(static_cast<const char*>(input.raw_data()),
+                       static_cast<char*>(output.raw_data()), input.numel(), input.dtype(),
+                       impl.AllgatherTag(input.numel(), input.dtype()), deadline, work);
+      });
+}
+
+std::shared_ptr<Work> ProcessGroupMpi::reduce_scatter(Tensor output, Tensor input, ReduceOp op) {
+  Impl& impl = *impl_;
+  impl.CheckTensor(input, "reduce_scatter", "input");
+  impl.CheckTensor(output, "reduce_scatter", "output");
+  const DType dtype = input.dtype();
+  TANDEM_CHECK(output.dtype() == dtype, impl.prefix,
+               "reduce_scatter: the output must have the input's dtype, but the input is ", dtype,
+               " and the output ", output.dtype(), "; convert one of them with .to(dtype)");
+  TANDEM_CHECK(AllreduceSupports(dtype), impl.prefix,
+               "reduce_scatter takes float32, float64, int64, bfloat16 or float16 tensors but "
+               "these are ",
+               dtype, "; convert them with .to(dtype) (and back afterwards)");
+  TANDEM_CHECK(op != ReduceOp::kAverage || IsFloatingPoint(dtype), impl.prefix,
+               "reduce_scatter: average is defined for floating-point tensors but these are ",
+               dtype, "; use ReduceOp::kSum and divide yourself");
+  const int64_t chunk = output.numel();
+  TANDEM_CHECK(input.numel() == chunk * impl.size, impl.prefix,
+               "reduce_scatter: the input must hold world size x output = ", impl.size, " x ",
+               chunk, " = ", chunk * impl.size, " elements but holds ", input.numel(),
+               input.numel() % impl.size == 0
+                   ? tandem::internal::Concat("; make the output input.numel() / world size = ",
+                                              input.numel() / impl.size, " elements")
+                   : tandem::internal::Concat(", not a multiple of the world size; pad the "
+                                              "input to a multiple of ",
+                                              impl.size, " elements"));
+  TANDEM_CHECK(!output.shares_storage_with(input), impl.prefix,
+               "reduce_scatter: the output must not share storage with the input; reduce into a "
+               "tensor of its own");
+  auto describe = [chunk, size = impl.size, dtype, op] {
+    return tandem::internal::Concat("reduce_scatter (", ReduceOpName(op), ") of ",
+                                    Elements(chunk * size, dtype), ", ", chunk, " per rank");
+  };
+  return impl.queue->Enqueue(
+      describe, [&impl, output, input, op](const Work& work, Clock::time_point deadline) {
+        const int64_t chunk = output.numel();
+        const bool average = op == ReduceOp::kAverage;
+        const float factor = average ? 1.0f / static_cast<float>(impl.size) : 1.0f;
+        const int tag = impl.ReduceScatterTag(chunk, input.dtype(), op);
+        switch (input.dtype()) {
+          case kFloat32:
+            impl.ReduceScatter(input.data<float>(), output.data<float>(), chunk, factor, tag,
+                               deadline, work);
+            break;
+          case kFloat64:
+            impl.ReduceScatter(input.data<double>(), output.data<double>(), chunk,
+                               average ? 1.0 / impl.size : 1.0, tag, deadline, work);
+            break;
+          case kBFloat16:
+            impl.ReduceScatter(input.data<BFloat16>(), output.data<BFloat16>(), chunk, factor, tag,
+                               deadline, work);
+            break;
+          case kFloat16:
+            impl.ReduceScatter(input.data<Half>(), output.data<Half>(), chunk, factor, tag,
+                               deadline, work);
+            break;
+          default:
+            impl.ReduceScatter(input.data<int64_t>(), output.data<int64_t>(), chunk, int64_t{1},
+                               tag, deadline, work);
+            break;
+        }
+      });
 }
 
 std::shared_ptr<Work> ProcessGroupMpi::barrier() {

@@ -35,7 +35,14 @@
 // MPI's MPI_Iallreduce (libnbc) is several times slower on one machine; every rank gets
 // bit-identical sums. bfloat16 and float16 go as 2-byte elements (half of float32's bytes) in
 // a reduce-scatter by all-to-all, where each rank adds its block's contributions in float32
-// and rounds once, then an all-gather: a ring would round each partial sum at every hop. After
+// and rounds once, then an all-gather: a ring would round each partial sum at every hop.
+// reduce_scatter (the all-reduce's dtypes) is that reduce-scatter alone: each rank adds its
+// chunk's contributions in rank order (16-bit types in float32, rounded once). allgather (every
+// dtype) is the all-gather alone, straight into the output. Both go in 4 MB windows, the next in
+// flight, and tag their messages as the all-reduce does, with the collective's kind, so that
+// ranks that disagree on the size, dtype or op, or run another of the three, fail at once naming
+// both sides (MPI_Iallgather aborted the job on such a mismatch). Against the bare blocking
+// MPI_Reduce_scatter_block and MPI_Allgather: distributed_benchmark's section 1c. After
 // a timeout the group is unusable: later collectives fail at once, naming the first error. Tensors
 // larger than MPI's int counts are sent in pieces of at most max_elements_per_call. MPI's errors
 // (MPI_ERRORS_RETURN) become tandem::Error naming the rank, the collective and MPI's message.
@@ -79,6 +86,8 @@ class ProcessGroupMpi final : public ProcessGroup {
   std::shared_ptr<Work> allreduce(Tensor tensor, ReduceOp op = ReduceOp::kSum) override;
   std::shared_ptr<Work> broadcast(Tensor tensor, int root = 0) override;
   std::shared_ptr<Work> allgather(Tensor output, Tensor input) override;
+  std::shared_ptr<Work> reduce_scatter(Tensor output, Tensor input,
+                                       ReduceOp op = ReduceOp::kSum) override;
   std::shared_ptr<Work> barrier() override;
 
  private:

@@ -23,6 +23,7 @@ namespace tandem::parallel::distributed {
 namespace {
 
 using ::tandem::testing::ErrorOf;
+using ::testing::AnyOf;
 using ::testing::HasSubstr;
 
 // Every test needs the MPI job that mpi_test.sh starts; run alone, the binary skips them.
@@ -265,8 +266,13 @@ TEST_F(ProcessGroupMpiTest, MisuseIsAClearErrorOnTheCallingRank) {
     group.allgather(zeros({3}), zeros({2}));
     FAIL() << "a wrong allgather output was accepted";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("world size x input"));
+    EXPECT_THAT(e.what(),
+                HasSubstr("world size x input = " + std::to_string(group.size()) +
+                          " x 2 = " + std::to_string(2 * group.size()) + " elements but holds 3"));
   }
+  EXPECT_THAT(ErrorOf([&] { group.allgather(zeros({2 * group.size()}, kInt64), zeros({2})); }),
+              HasSubstr("allgather: the output must have the input's dtype, but the input is "
+                        "float32 and the output int64"));
   EXPECT_THROW(group.broadcast(zeros({2}), group.size()), Error);
   EXPECT_THROW(group.broadcast(zeros({2}), -1), Error);
   EXPECT_THROW(group.allreduce(Tensor()), Error);
@@ -365,6 +371,295 @@ TEST_F(ProcessGroupMpiTest, BroadcastAndAllgatherMoveEveryDtype) {
   }
 }
 
+// ---- reduce_scatter ------------------------------------------------------------------------
+
+// Rank r's value at global index g of a reduce_scatter input (or an all-gather's), as a double
+// that every dtype below holds exactly once rounded to it: for the integers, exact integers up
+// to 2^43; for the floats, magnitudes from 2^-10 to 2^10 with 8 significant bits, whose float32
+// sums need more bits than float32 keeps, so that adding in another order than rank order
+// shows.
+double ScatterValue(DType dtype, int rank, int64_t g) {
+  if (!IsFloatingPoint(dtype)) {
+    return std::ldexp(static_cast<double>((g * 7919) % 1001 - 500), 33) + g * 3 + rank;
+  }
+  const double mantissa = 1.0 + static_cast<double>((g * 37 + rank * 11) % 128) / 128.0;
+  return std::ldexp((g + rank) % 3 == 0 ? -mantissa : mantissa,
+                    static_cast<int>((g * 7 + rank * 5) % 21) - 10);
+}
+
+Tensor ScatterInput(DType dtype, int rank, int64_t n) {
+  std::vector<double> values(n);
+  for (int64_t g = 0; g < n; ++g) values[g] = ScatterValue(dtype, rank, g);
+  return from_vector(values, {n}).to(dtype);
+}
+
+// What rank `rank` must receive from reduce_scatter: chunk `rank` of every rank's input (as
+// rounded to T), added in rank order in Acc (float32 for the 16-bit types, T otherwise), times
+// `factor`, rounded to T once; as doubles (which hold every T exactly).
+template <typename T, typename Acc>
+std::vector<double> ExpectedScatter(DType dtype, int world, int rank, int64_t chunk, Acc factor) {
+  std::vector<std::vector<double>> inputs;
+  for (int q = 0; q < world; ++q) {
+    inputs.push_back(ScatterInput(dtype, q, world * chunk).to(kFloat64).to_vector<double>());
+  }
+  std::vector<double> want(chunk);
+  for (int64_t i = 0; i < chunk; ++i) {
+    Acc sum = static_cast<Acc>(inputs[0][rank * chunk + i]);
+    for (int q = 1; q < world; ++q) sum += static_cast<Acc>(inputs[q][rank * chunk + i]);
+    if (factor != Acc{1}) sum *= factor;
+    want[i] = static_cast<double>(static_cast<Acc>(T(sum)));
+  }
+  return want;
+}
+
+template <typename T, typename Acc>
+void CheckReduceScatter(ProcessGroup& group, DType dtype, const std::vector<int64_t>& chunks) {
+  const int world = group.size();
+  std::vector<ReduceOp> ops = {ReduceOp::kSum};
+  if (IsFloatingPoint(dtype)) ops.push_back(ReduceOp::kAverage);
+  for (ReduceOp op : ops) {
+    for (int64_t chunk : chunks) {
+      SCOPED_TRACE(tandem::internal::Concat(DTypeName(dtype), " ", ReduceOpName(op), " of ", world,
+                                            " x ", chunk));
+      const Tensor input = ScatterInput(dtype, group.rank(), world * chunk);
+      const Tensor before = input.clone();
+      Tensor output = full({chunk}, 7.0, dtype);
+      std::shared_ptr<Work> work = group.reduce_scatter(output, input, op);
+      work->wait();
+      EXPECT_TRUE(work->is_completed());
+      EXPECT_EQ(output.dtype(), dtype);
+      const Acc factor = op == ReduceOp::kAverage ? Acc(1) / static_cast<Acc>(world) : Acc(1);
+      const std::vector<double> want =
+          ExpectedScatter<T, Acc>(dtype, world, group.rank(), chunk, factor);
+      const std::vector<double> got = output.to(kFloat64).to_vector<double>();
+      int64_t wrong = 0;
+      int64_t first_wrong = -1;
+      for (int64_t i = 0; i < chunk; ++i) {
+        if (got[i] != want[i] && ++wrong == 1) first_wrong = i;
+      }
+      EXPECT_EQ(wrong, 0) << "first at " << first_wrong << ": got "
+                          << (first_wrong >= 0 ? got[first_wrong] : 0) << ", want "
+                          << (first_wrong >= 0 ? want[first_wrong] : 0);
+      EXPECT_EQ(testing::MaxAbsDiff(input, before), 0.0) << "the input was changed";
+    }
+  }
+}
+
+// Chunks of no size, one element, and primes (not multiples of any vector width, piece or rank
+// count), one of them over one 4 MB window of float32.
+TEST_F(ProcessGroupMpiTest, ReduceScatterOfEveryDTypeSumsChunkRankInRankOrder) {
+  ProcessGroupMpi& group = Group();
+  const std::vector<int64_t> chunks = {0, 1, 7, 1009, 65537};
+  CheckReduceScatter<float, float>(group, kFloat32, {0, 1, 7, 1009, 65537, (1 << 20) + 3});
+  CheckReduceScatter<double, double>(group, kFloat64, chunks);
+  CheckReduceScatter<int64_t, int64_t>(group, kInt64, chunks);
+  CheckReduceScatter<BFloat16, float>(group, kBFloat16, chunks);
+  CheckReduceScatter<Half, float>(group, kFloat16, chunks);
+}
+
+// Windows of at most max_elements_per_call elements, the next in flight while one is added:
+// 23 elements per rank in windows of 7 (three and a part), the same results.
+TEST_F(ProcessGroupMpiTest, ReduceScatterInWindowsGivesTheSameResults) {
+  ProcessGroupMpi chunked(
+      ProcessGroupMpiOptions().timeout(std::chrono::seconds(60)).max_elements_per_call(7));
+  CheckReduceScatter<float, float>(chunked, kFloat32, {6, 7, 8, 23});
+  CheckReduceScatter<int64_t, int64_t>(chunked, kInt64, {23});
+  CheckReduceScatter<BFloat16, float>(chunked, kBFloat16, {23});
+}
+
+// ZeRO's step in miniature: reduce_scatter then allgather of the shards give what allreduce
+// gives, issued together with other collectives and waited for in reverse order. Integer
+// values, so that every algorithm's order of additions gives the same sums.
+TEST_F(ProcessGroupMpiTest, ReduceScatterThenAllgatherEqualsAllreduce) {
+  ProcessGroupMpi& group = Group();
+  const int world = group.size();
+  for (int64_t chunk : {int64_t{1}, int64_t{13}, int64_t{4099}}) {
+    std::vector<float> values(world * chunk);
+    for (int64_t g = 0; g < world * chunk; ++g) {
+      values[g] = static_cast<float>((g * 31 + group.rank() * 7) % 1000);
+    }
+    Tensor gradients = from_vector(values, {world * chunk});
+    Tensor reference = gradients.clone();
+    Tensor shard = zeros({chunk});
+    Tensor gathered = zeros({world, chunk});
+    std::vector<std::shared_ptr<Work>> works;
+    works.push_back(group.reduce_scatter(shard, gradients, ReduceOp::kAverage));
+    works.push_back(group.allreduce(reference, ReduceOp::kAverage));
+    works.push_back(group.allgather(gathered, shard));
+    works.push_back(group.barrier());
+    for (auto it = works.rbegin(); it != works.rend(); ++it) (*it)->wait();
+    EXPECT_EQ(gathered.reshape({-1}).to_vector<float>(), reference.to_vector<float>())
+        << "chunk " << chunk;
+  }
+}
+
+TEST_F(ProcessGroupMpiTest, ReduceScatterMisuseIsAClearErrorOnEveryRank) {
+  ProcessGroupMpi& group = Group();
+  const int world = group.size();
+  const std::string rank = "ProcessGroupMpi rank " + std::to_string(group.rank()) + " of " +
+                           std::to_string(world) + ": reduce_scatter";
+  auto error = [&](Tensor output, Tensor input, ReduceOp op = ReduceOp::kSum) {
+    return ErrorOf([&] { group.reduce_scatter(output, input, op); });
+  };
+  EXPECT_THAT(error(zeros({2}), zeros({2 * world + 1})),
+              HasSubstr(rank + ": the input must hold world size x output = " +
+                        std::to_string(world) + " x 2 = " + std::to_string(2 * world) +
+                        " elements but holds " + std::to_string(2 * world + 1) +
+                        ", not a multiple of the world size; pad the input to a multiple of " +
+                        std::to_string(world) + " elements"));
+  EXPECT_THAT(error(zeros({3}), zeros({2 * world})),
+              HasSubstr("but holds " + std::to_string(2 * world) +
+                        "; make the output input.numel() / world size = 2 elements"));
+  EXPECT_THAT(error(zeros({2}), zeros({2 * world}, kFloat64)),
+              HasSubstr(rank + ": the output must have the input's dtype, but the input is "
+                               "float64 and the output float32; convert one of them with "
+                               ".to(dtype)"));
+  EXPECT_THAT(error(zeros({2}, kInt32), zeros({2 * world}, kInt32)),
+              HasSubstr(rank + " takes float32, float64, int64, bfloat16 or float16 tensors but "
+                               "these are int32"));
+  EXPECT_THAT(error(zeros({2}, kInt64), zeros({2 * world}, kInt64), ReduceOp::kAverage),
+              HasSubstr(rank + ": average is defined for floating-point tensors but these are "
+                               "int64; use ReduceOp::kSum"));
+  EXPECT_THAT(error(zeros({2}), zeros({2, world}).t().reshape({world, 2}).t()),
+              HasSubstr(rank + ": the input tensor must be contiguous; call .contiguous()"));
+  EXPECT_THAT(error(zeros({2, 3}).t(), zeros({6 * world})),
+              HasSubstr(rank + ": the output tensor must be contiguous"));
+  EXPECT_THAT(error(Tensor(), zeros({world})),
+              HasSubstr(rank + ": the output tensor is undefined"));
+  Tensor both = zeros({3 * world});
+  EXPECT_THAT(error(both.narrow(0, 0, 3), both),
+              HasSubstr(rank + ": the output must not share storage with the input"));
+  // Nothing was issued: the group still works.
+  Tensor out = zeros({2});
+  group.reduce_scatter(out, ones({2 * world}))->wait();
+  EXPECT_EQ(out.to_vector<float>(), std::vector<float>(2, static_cast<float>(world)));
+}
+
+// Ranks that reduce_scatter different sizes, dtypes or ops, or that run an all-reduce against
+// it, fail at once naming both sides. Every rank receives from every other one, so every rank
+// sees the last rank's difference (except, against an all-reduce on 3 ranks, rank 1, whom the
+// all-reduce's ring does not send to: it times out).
+TEST_F(ProcessGroupMpiTest, RanksThatDisagreeOnAReduceScatterFailNamingBothSides) {
+  const int size = Group().size();
+  const int last = size - 1;
+  struct Case {
+    int64_t chunk, last_chunk;
+    DType last_dtype;
+    ReduceOp last_op;
+    bool last_allreduces;
+    std::string rank0_sees;
+  };
+  const std::string from_last = ", rank " + std::to_string(last) + " sent ";
+  const std::vector<Case> cases = {
+      {2, 4, kFloat32, ReduceOp::kSum, false,
+       "the ranks disagree on the size of the reduce-scatter: rank 0 (this rank) has 2 float32 "
+       "elements per rank (sum)" +
+           from_last + "4 float32 elements per rank (sum)"},
+      {300, 200, kFloat32, ReduceOp::kSum, false,
+       "the ranks disagree on the size of the reduce-scatter: rank 0 (this rank) has 300 float32 "
+       "elements per rank (sum)" +
+           from_last + "200 float32 elements per rank (sum)"},
+      {64, 64, kFloat32, ReduceOp::kAverage, false,
+       "the ranks disagree on the op of the reduce-scatter: rank 0 (this rank) has 64 float32 "
+       "elements per rank (sum)" +
+           from_last + "64 float32 elements per rank (average)"},
+      {64, 64, kBFloat16, ReduceOp::kSum, false,
+       "the ranks disagree on the dtype of the reduce-scatter: rank 0 (this rank) has 64 float32 "
+       "elements per rank (sum)" +
+           from_last + "64 bfloat16 elements per rank (sum)"},
+      {64, 64, kFloat32, ReduceOp::kSum, true,
+       "the ranks run different collectives: rank 0 (this rank) runs a reduce-scatter of 64 "
+       "float32 elements per rank (sum)" +
+           from_last + "a message of an all-reduce of " + std::to_string(64 * size) +
+           " float32 elements (sum); every rank must issue the same collectives in the same "
+           "order"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.rank0_sees);
+    ProcessGroupMpi fragile(ProcessGroupMpiOptions().timeout(std::chrono::milliseconds(500)));
+    const bool odd = fragile.rank() == last;
+    const int64_t chunk = odd ? c.last_chunk : c.chunk;
+    const DType dtype = odd ? c.last_dtype : kFloat32;
+    Tensor input = ones({size * chunk}, dtype);
+    Tensor output = zeros({chunk}, dtype);
+    const std::string error = ErrorOf([&] {
+      if (odd && c.last_allreduces) {
+        fragile.allreduce(input)->wait();
+      } else {
+        fragile.reduce_scatter(output, input, odd ? c.last_op : ReduceOp::kSum)->wait();
+      }
+    });
+    if (c.last_allreduces && size == 3 && fragile.rank() == 1) {
+      EXPECT_THAT(error, HasSubstr("did not finish within 0.5 s"));
+    } else if (c.last_allreduces) {
+      EXPECT_THAT(error, HasSubstr("the ranks run different collectives"));
+    } else {
+      EXPECT_THAT(error, HasSubstr("every rank must reduce_scatter tensors of the same size and "
+                                   "dtype with the same op"));
+    }
+    if (fragile.rank() == 0) EXPECT_THAT(error, HasSubstr(c.rank0_sees));
+    if (odd && !c.last_allreduces) {
+      EXPECT_THAT(error, HasSubstr("rank " + std::to_string(last) + " (this rank) has " +
+                                   std::to_string(c.last_chunk) + " " + DTypeName(c.last_dtype)));
+      // On 3 ranks the first message of the others that arrives names its sender.
+      const std::string sent = " sent " + std::to_string(c.chunk) + " float32";
+      EXPECT_THAT(error, AnyOf(HasSubstr("rank 0" + sent), HasSubstr("rank 1" + sent)));
+    }
+    Group().barrier()->wait();
+  }
+}
+
+// Ranks that all-gather different sizes or dtypes fail at once on every rank, naming both
+// sides (MPI_Iallgather aborted the job on the rank sent too much, and took too little silently).
+TEST_F(ProcessGroupMpiTest, RanksThatDisagreeOnAnAllgatherFailNamingBothSides) {
+  const int size = Group().size();
+  const int last = size - 1;
+  for (DType last_dtype : {kFloat32, kInt32}) {
+    ProcessGroupMpi fragile(ProcessGroupMpiOptions().timeout(std::chrono::milliseconds(500)));
+    const bool odd = fragile.rank() == last;
+    const int64_t n = odd && last_dtype == kFloat32 ? 5 : 3;
+    const DType dtype = odd ? last_dtype : kFloat32;
+    Tensor output = zeros({n * size}, dtype);
+    const std::string error = ErrorOf([&] { fragile.allgather(output, ones({n}, dtype))->wait(); });
+    const std::string what = last_dtype == kFloat32 ? "size" : "dtype";
+    const std::string theirs = last_dtype == kFloat32 ? "5 float32" : "3 int32";
+    EXPECT_THAT(error, HasSubstr("the ranks disagree on the " + what + " of the all-gather"));
+    EXPECT_THAT(error, HasSubstr("every rank must all-gather an input of the same size and dtype"));
+    if (fragile.rank() == 0) {
+      EXPECT_THAT(error,
+                  HasSubstr("rank 0 (this rank) has 3 float32 elements per rank, rank " +
+                            std::to_string(last) + " sent " + theirs + " elements per rank"));
+    }
+    Group().barrier()->wait();
+  }
+}
+
+// A rank that never joins a reduce_scatter: the others fail after the timeout, naming it.
+TEST_F(ProcessGroupMpiTest, ARankThatSkipsAReduceScatterIsNamedAfterTheTimeout) {
+  ProcessGroupMpi fragile(ProcessGroupMpiOptions()
+                              .timeout(std::chrono::milliseconds(1500))
+                              .timeout_name("--collective_timeout"));
+  const int world = fragile.size();
+  if (fragile.rank() != 1) {
+    Tensor output = zeros({5});
+    const std::string error =
+        ErrorOf([&] { fragile.reduce_scatter(output, ones({5 * world}))->wait(); });
+    EXPECT_THAT(
+        error, HasSubstr("rank " + std::to_string(fragile.rank()) + " of " + std::to_string(world) +
+                         ": reduce_scatter (sum) of " + std::to_string(5 * world) +
+                         " float32 elements, 5 per rank did not finish within 1.5 s: rank "
+                         "1 did not answer (stopped, hung or dead"));
+    EXPECT_THAT(error, HasSubstr("raise --collective_timeout if a rank is only slow"));
+    if (world == 3) {
+      EXPECT_THAT(error, HasSubstr("rank " + std::to_string(2 - fragile.rank()) +
+                                   " waits in this collective too"));
+    }
+    EXPECT_THAT(ErrorOf([&] { fragile.reduce_scatter(output, ones({5 * world})); }),
+                HasSubstr("failed earlier"));
+  }
+  Group().barrier()->wait();
+}
+
 // A rank that fails before a collective: the others get an error within the timeout instead
 // of hanging, naming their rank and the collective; the group refuses later collectives.
 TEST_F(ProcessGroupMpiTest, ARankThatThrowsBeforeACollectiveMakesTheOthersFailInTime) {
@@ -451,7 +746,9 @@ TEST_F(ProcessGroupMpiTest, RanksThatDisagreeOnAnAllreduceFailNamingBothSides) {
     } else {
       EXPECT_THAT(error, HasSubstr("did not finish within 0.5 s"));
     }
-    if (fragile.rank() == 0) EXPECT_THAT(error, HasSubstr(c.rank0_sees));
+    if (fragile.rank() == 0) {
+      EXPECT_THAT(error, HasSubstr(c.rank0_sees));
+    }
     if (size == 2 && fragile.rank() == last) {
       EXPECT_THAT(error, HasSubstr("rank 1 (this rank) has " + std::to_string(c.last_numel)));
       EXPECT_THAT(error, HasSubstr("rank 1 (this rank) has " + std::to_string(c.last_numel) + " " +

@@ -129,16 +129,33 @@ struct ProcessGroupNccl::Impl {
       }
       const Stream current = CurrentStream(device);
       const Stream side = SideStream(device);
-      side.Wait(current);
+      OnDevice(*work, [&] { side.Wait(current); });
       collective(static_cast<cudaStream_t>(cuda::StreamHandle(side)), side);
-      work->done.Record(side);
-      current.Wait(side);
+      OnDevice(*work, [&] {
+        work->done.Record(side);
+        current.Wait(side);
+      });
       work->sequence = ++issued_count;
       work->deadline = work->Start() + options.timeout();
       pending.push_back(work);
     }
     watchdog_cv.notify_one();
     return work;
+  }
+
+  // Runs a stream call of Issue's. A device that failed (an NCCL kernel that a peer's abort
+  // ended fails as a launch, which CUDA keeps) fails every later call on it, possibly the very
+  // collective being issued, before the watchdog has seen anything: the error then names the
+  // collective and NCCL's reason, if it has one. Called with `mutex` held.
+  template <typename F>
+  void OnDevice(const NcclWork& work, F&& call) const {
+    try {
+      call();
+    } catch (const Error& e) {
+      const std::string nccl = comm != nullptr ? AsyncError() : "";
+      TANDEM_FAIL(prefix, work.description(), " could not be issued: ", e.what(),
+                  nccl.empty() ? "" : "; NCCL reports " + nccl);
+    }
   }
 
   // Called by wait() before it blocks: polls the collective's event until it has finished
@@ -373,16 +390,60 @@ std::shared_ptr<Work> ProcessGroupNccl::broadcast(Tensor tensor, int root) {
 std::shared_ptr<Work> ProcessGroupNccl::allgather(Tensor output, Tensor input) {
   impl_->CheckTensor(input, "allgather", "input");
   impl_->CheckTensor(output, "allgather", "output");
-  TANDEM_CHECK(output.dtype() == input.dtype() && output.numel() == input.numel() * size(),
-               impl_->prefix, "allgather: the output must hold ", size(), " x ", input.numel(), " ",
-               input.dtype(), " elements (world size x input) but holds ", output.numel(), " ",
-               output.dtype(), " elements");
+  TANDEM_CHECK(output.dtype() == input.dtype(), impl_->prefix,
+               "allgather: the output must have the input's dtype, but the input is ",
+               input.dtype(), " and the output ", output.dtype(),
+               "; convert one of them with .to(dtype)");
+  TANDEM_CHECK(output.numel() == input.numel() * size(), impl_->prefix,
+               "allgather: the output must hold world size x input = ", size(), " x ",
+               input.numel(), " = ", input.numel() * size(), " elements but holds ", output.numel(),
+               "; make it empty({world size * input.numel()})");
   std::string what = tandem::internal::Concat("allgather of ", Elements(input));
   return impl_->Issue(std::move(what), input.numel() > 0, [&](cudaStream_t stream, Stream side) {
     impl_->Check(
         ncclAllGather(input.raw_data(), output.raw_data(), static_cast<size_t>(input.numel()),
                       NcclType(input.dtype()), impl_->comm, stream),
         "ncclAllGather", "allgather");
+    RecordStream(input, side);
+    RecordStream(output, side);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroupNccl::reduce_scatter(Tensor output, Tensor input, ReduceOp op) {
+  impl_->CheckTensor(input, "reduce_scatter", "input");
+  impl_->CheckTensor(output, "reduce_scatter", "output");
+  const DType dtype = input.dtype();
+  TANDEM_CHECK(output.dtype() == dtype, impl_->prefix,
+               "reduce_scatter: the output must have the input's dtype, but the input is ", dtype,
+               " and the output ", output.dtype(), "; convert one of them with .to(dtype)");
+  TANDEM_CHECK(dtype != kBool, impl_->prefix,
+               "reduce_scatter of bool tensors is not defined; convert to uint8 or int32 first");
+  TANDEM_CHECK(op != ReduceOp::kAverage || IsFloatingPoint(dtype), impl_->prefix,
+               "reduce_scatter: average is defined for floating-point tensors but these are ",
+               dtype, "; use ReduceOp::kSum");
+  const int world = size();
+  const int64_t chunk = output.numel();
+  TANDEM_CHECK(input.numel() == chunk * world, impl_->prefix,
+               "reduce_scatter: the input must hold world size x output = ", world, " x ", chunk,
+               " = ", chunk * world, " elements but holds ", input.numel(),
+               input.numel() % world == 0
+                   ? tandem::internal::Concat("; make the output input.numel() / world size = ",
+                                              input.numel() / world, " elements")
+                   : tandem::internal::Concat(", not a multiple of the world size; pad the "
+                                              "input to a multiple of ",
+                                              world, " elements"));
+  // NCCL reduces in place only into the input's own chunk (recvbuff == sendbuff + rank *
+  // recvcount); any other overlap would read what it has already written.
+  TANDEM_CHECK(!output.shares_storage_with(input), impl_->prefix,
+               "reduce_scatter: the output must not share storage with the input; reduce into a "
+               "tensor of its own");
+  std::string what = tandem::internal::Concat("reduce_scatter (", ReduceOpName(op), ") of ",
+                                              Elements(input), ", ", chunk, " per rank");
+  return impl_->Issue(std::move(what), chunk > 0, [&](cudaStream_t stream, Stream side) {
+    impl_->Check(ncclReduceScatter(input.raw_data(), output.raw_data(), static_cast<size_t>(chunk),
+                                   NcclType(dtype), op == ReduceOp::kSum ? ncclSum : ncclAvg,
+                                   impl_->comm, stream),
+                 "ncclReduceScatter", "reduce_scatter");
     RecordStream(input, side);
     RecordStream(output, side);
   });

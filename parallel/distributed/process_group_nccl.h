@@ -60,6 +60,9 @@ class ProcessGroupNccl final : public ProcessGroup {
   std::shared_ptr<Work> allreduce(Tensor tensor, ReduceOp op = ReduceOp::kSum) override;
   std::shared_ptr<Work> broadcast(Tensor tensor, int root = 0) override;
   std::shared_ptr<Work> allgather(Tensor output, Tensor input) override;
+  // Every dtype but bool, as allreduce (NCCL's average: each value times 1 / size, then summed).
+  std::shared_ptr<Work> reduce_scatter(Tensor output, Tensor input,
+                                       ReduceOp op = ReduceOp::kSum) override;
   // An all-reduce of one element; its wait() returns once every rank has reached it.
   std::shared_ptr<Work> barrier() override;
 
