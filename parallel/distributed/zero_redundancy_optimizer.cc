@@ -54,9 +54,7 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<Tensor> parameters,
     : nn::Optimizer(kName, DefaultsOf(factory)),
       process_group_(std::move(process_group)),
       factory_(std::move(factory)) {
-  TANDEM_CHECK(process_group_ != nullptr, kName, ": got a null process group");
-  numel_per_rank_.assign(static_cast<size_t>(process_group_->size()), 0);
-  AddGroups({nn::ParamGroup(std::move(parameters))}, /*from_parameter_list=*/true);
+  Init({nn::ParamGroup(std::move(parameters))}, /*from_parameter_list=*/true);
 }
 
 ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<nn::ParamGroup> groups,
@@ -65,9 +63,13 @@ ZeroRedundancyOptimizer::ZeroRedundancyOptimizer(std::vector<nn::ParamGroup> gro
     : nn::Optimizer(kName, DefaultsOf(factory)),
       process_group_(std::move(process_group)),
       factory_(std::move(factory)) {
+  Init(std::move(groups), /*from_parameter_list=*/false);
+}
+
+void ZeroRedundancyOptimizer::Init(std::vector<nn::ParamGroup> groups, bool from_parameter_list) {
   TANDEM_CHECK(process_group_ != nullptr, kName, ": got a null process group");
   numel_per_rank_.assign(static_cast<size_t>(process_group_->size()), 0);
-  AddGroups(std::move(groups), /*from_parameter_list=*/false);
+  AddGroups(std::move(groups), from_parameter_list);
 }
 
 void ZeroRedundancyOptimizer::CheckOptions(const nn::OptimizerOptions& options) const {

@@ -84,6 +84,8 @@ class ZeroRedundancyOptimizer : public nn::Optimizer {
   void ResizeState(size_t /*n*/) override {}
 
  private:
+  void Init(std::vector<nn::ParamGroup> groups, bool from_parameter_list);
+
   std::shared_ptr<ProcessGroup> process_group_;
   OptimizerFactory factory_;
   std::unique_ptr<nn::Optimizer> local_;
