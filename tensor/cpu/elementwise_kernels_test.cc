@@ -125,7 +125,9 @@ void CheckBinaryAgainstDouble(BinaryOp op) {
       if (row_first) std::swap(x, y);
       ASSERT_TRUE(NearOracle(StoredAs<T>(ApplyBinary<double>(op, x, y)), out[i]))
           << "at " << i << ": " << x << ", " << y;
-      if (IsComparison(op)) ASSERT_EQ(flags[i], ApplyComparison<double>(op, x, y)) << "at " << i;
+      if (IsComparison(op)) {
+        ASSERT_EQ(flags[i], ApplyComparison<double>(op, x, y)) << "at " << i;
+      }
     }
   }
 }
