@@ -18,31 +18,6 @@ namespace {
 
 // ---- Fused row norms and triangles (Note [Fused row norms] in tensor/runtime/backend.h) ------
 
-// Block-wide sum in M (float, or double for float64) through one shared slot per warp; every
-// thread gets the result. Separate from BlockSum (double), so that the 16-bit floats and
-// float32 accumulate in float as the CPU's row norms do.
-template <typename M>
-__device__ M NormBlockSum(M value) {
-  __shared__ M warp_results[kWarpSize];
-  __shared__ M result;
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    value += __shfl_down_sync(kFullMask, value, offset);
-  }
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  if (lane == 0) warp_results[warp] = value;
-  __syncthreads();
-  if (warp == 0) {
-    const int warps = blockDim.x / kWarpSize;
-    value = lane < warps ? warp_results[lane] : M(0);
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-      value += __shfl_down_sync(kFullMask, value, offset);
-    }
-    if (lane == 0) result = value;
-  }
-  __syncthreads();
-  return result;
-}
-
 // One block per row; the block's threads stride along the row (coalesced), which is read
 // twice more from L1/L2 after the first pass.
 template <typename T>
@@ -58,14 +33,14 @@ __global__ void RowNormKernel(bool rms, int64_t rows, int64_t cols, OpMath<T> ep
     if (!rms) {
       M sum = 0;
       for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) sum += static_cast<M>(xr[j]);
-      mean = NormBlockSum(sum) * inv_cols;
+      mean = BlockSum(sum) * inv_cols;
     }
     M squares = 0;
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
       const M d = static_cast<M>(xr[j]) - mean;
       squares += d * d;
     }
-    const M rstd = M(1) / math::Sqrt(NormBlockSum(squares) * inv_cols + eps);
+    const M rstd = M(1) / math::Sqrt(BlockSum(squares) * inv_cols + eps);
     if (threadIdx.x == 0) {
       if (mean_out != nullptr) mean_out[row] = mean;
       rstd_out[row] = rstd;
@@ -97,8 +72,8 @@ __global__ void RowNormBackwardInputKernel(bool rms, int64_t rows, int64_t cols,
       sum_g += g;
       sum_gx += g * (static_cast<M>(xr[j]) - mean) * rstd;
     }
-    const M mean_g = rms ? M(0) : NormBlockSum(sum_g) * inv_cols;
-    const M mean_gx = NormBlockSum(sum_gx) * inv_cols;
+    const M mean_g = rms ? M(0) : BlockSum(sum_g) * inv_cols;
+    const M mean_gx = BlockSum(sum_gx) * inv_cols;
     for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
       const M g = static_cast<M>(gr[j]) * (weight != nullptr ? static_cast<M>(weight[j]) : M(1));
       const M xhat = (static_cast<M>(xr[j]) - mean) * rstd;

@@ -25,7 +25,7 @@ __device__ __forceinline__ T MaxPropagatingNan(T a, T b) {
   return (isnan(a) || a > b) ? a : b;
 }
 
-// Block-wide reductions through one shared slot per warp. Every thread gets the result.
+// Block-wide maximum (NaN wins) through one shared slot per warp, as BlockSum (launch_utils.cuh).
 template <typename T>
 __device__ T BlockMax(T value) {
   __shared__ T warp_results[kWarpSize];
@@ -41,27 +41,6 @@ __device__ T BlockMax(T value) {
     value = lane < warps ? warp_results[lane] : T(-INFINITY);
     for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
       value = MaxPropagatingNan(value, __shfl_down_sync(kFullMask, value, offset));
-    }
-    if (lane == 0) result = value;
-  }
-  __syncthreads();
-  return result;
-}
-
-__device__ double BlockSum(double value) {
-  __shared__ double warp_results[kWarpSize];
-  __shared__ double result;
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    value += __shfl_down_sync(kFullMask, value, offset);
-  }
-  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-  if (lane == 0) warp_results[warp] = value;
-  __syncthreads();
-  if (warp == 0) {
-    const int warps = blockDim.x / kWarpSize;
-    value = lane < warps ? warp_results[lane] : 0.0;
-    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-      value += __shfl_down_sync(kFullMask, value, offset);
     }
     if (lane == 0) result = value;
   }

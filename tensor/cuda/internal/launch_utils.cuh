@@ -84,6 +84,31 @@ DeviceLayout<kArity, Index> ToDevice(const StridedLayout<kArity>& host) {
   return layout;
 }
 
+// Block-wide sum in M (float, or double) through one shared slot per warp; every thread gets
+// the result. blockDim.x is a multiple of kWarpSize. The row norms sum in their OpMath (so the
+// 16-bit floats and float32 accumulate in float as the CPU's do), softmax in double.
+template <typename M>
+__device__ M BlockSum(M value) {
+  __shared__ M warp_results[kWarpSize];
+  __shared__ M result;
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+    value += __shfl_down_sync(kFullMask, value, offset);
+  }
+  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+  if (lane == 0) warp_results[warp] = value;
+  __syncthreads();
+  if (warp == 0) {
+    const int warps = blockDim.x / kWarpSize;
+    value = lane < warps ? warp_results[lane] : M(0);
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+      value += __shfl_down_sync(kFullMask, value, offset);
+    }
+    if (lane == 0) result = value;
+  }
+  __syncthreads();
+  return result;
+}
+
 }  // namespace
 }  // namespace cuda
 }  // namespace tandem
