@@ -13,8 +13,8 @@
 #include <sstream>
 
 #include "tensor/base/atomic_file.h"
+#include "tensor/base/max_dims.h"
 #include "tensor/core/autograd.h"
-#include "tensor/runtime/backend.h"  // kMaxDims
 
 namespace tandem::nn {
 namespace {

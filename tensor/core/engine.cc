@@ -15,6 +15,7 @@
 #include "tensor/core/autograd.h"
 #include "tensor/core/internal/anomaly.h"
 #include "tensor/core/internal/tensor_impl.h"
+#include "tensor/kernels/index_kernels.h"
 #include "tensor/runtime/backend.h"
 #include "tensor/runtime/profiler.h"
 #include "tensor/runtime/threads.h"
@@ -176,10 +177,9 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
   static void ScatterInto(const Tensor& dense, const ScatterGradient& s) {
     const Device device = dense.device();
     if (s.values.numel() == 0) return;
-    GetBackend(device).ScatterAdd(device.index(), dense.dtype(), ToKernel(dense).data,
-                                  ToKernel(s.values).data,
-                                  static_cast<const int64_t*>(ToKernel(s.index).data), s.outer,
-                                  s.dim_size, s.idx_dim, s.inner);
+    ScatterAddKernel(device, dense.dtype(), ToKernel(dense).data, ToKernel(s.values).data,
+                     static_cast<const int64_t*>(ToKernel(s.index).data), s.outer, s.dim_size,
+                     s.idx_dim, s.inner);
   }
 
   // The dense gradient of scattered slices: zeros, then the slices added.

@@ -1,10 +1,11 @@
-// The CPU backend's convolution helpers and pooling kernels
-// (tensor/cpu/internal/conv_pool_kernels.h). Windows that lie inside the image take
+// The CPU backend's convolution helpers (Im2Col, Col2Im: conv2d is im2col + GEMM where oneDNN
+// does not take it) and pooling kernels (tensor/kernels/conv_kernels.h, pooling_kernels.h) over
+// NCHW images split over cpu:`index`'s pool by planes or rows, registered at static
+// initialisation (part of :cpu_backend, which is linked whole). The geometry was checked by the
+// stubs' Run* functions. Windows that lie inside the image take
 // vectorised loops without bounds checks; the border windows take the general ones. Max
 // pooling scans each window in row-major order (NaN wins, ties keep the earlier tap), the same
 // scan in every dtype and on every vector unit.
-#include "tensor/cpu/internal/conv_pool_kernels.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -17,32 +18,17 @@
 #include "tensor/base/error.h"
 #include "tensor/base/half.h"
 #include "tensor/cpu/internal/cpu_loops.h"
+#include "tensor/kernels/conv_kernels.h"
 #include "tensor/kernels/float_conversions.h"
 #include "tensor/kernels/internal/pooling_math.h"
+#include "tensor/kernels/pooling_kernels.h"
 #include "tensor/kernels/vectorized.h"
-#include "tensor/runtime/backend.h"
+#include "tensor/runtime/kernel_stub.h"
 #include "tensor/runtime/threads.h"
 
 namespace tandem {
 namespace cpu_internal {
 namespace {
-
-void CheckGeometry(const Conv2dGeometry& g, const char* kernel) {
-  TANDEM_CHECK(g.batch >= 0 && g.channels >= 0 && g.height >= 0 && g.width >= 0, "CPU ", kernel,
-               " expects non-negative image sizes but got batch=", g.batch,
-               " channels=", g.channels, " height=", g.height, " width=", g.width);
-  TANDEM_CHECK(g.kernel_h > 0 && g.kernel_w > 0 && g.stride_h > 0 && g.stride_w > 0 &&
-                   g.pad_h >= 0 && g.pad_w >= 0 && g.dilation_h > 0 && g.dilation_w > 0,
-               "CPU ", kernel,
-               " expects a positive kernel, stride and dilation and non-negative padding "
-               "but got kernel ",
-               g.kernel_h, "x", g.kernel_w, ", stride ", g.stride_h, "x", g.stride_w, ", padding ",
-               g.pad_h, "x", g.pad_w, ", dilation ", g.dilation_h, "x", g.dilation_w);
-  TANDEM_CHECK(g.height + 2 * g.pad_h >= g.span_h() && g.width + 2 * g.pad_w >= g.span_w(), "CPU ",
-               kernel, ": the ", g.span_h(), "x", g.span_w(),
-               " window (with dilation) is larger than the padded ", g.height + 2 * g.pad_h, "x",
-               g.width + 2 * g.pad_w, " image; use a smaller kernel or more padding");
-}
 
 // The outputs o in [0, count) whose input position o * stride + shift lies in [0, size), as
 // [lo, hi) (empty: lo == hi).
@@ -72,11 +58,11 @@ TANDEM_VECTORIZE inline void CopyInside(const T* __restrict src, int32_t lo, int
 
 void Im2Col(int index, DType dtype, const Conv2dGeometry& g, const void* image_data,
             void* columns_data) {
+  CheckCpuIndex(index);
   DispatchAllFloatingTypes(dtype, "CPU Im2Col", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* image = static_cast<const T*>(image_data);
     T* columns = static_cast<T*>(columns_data);
-    CheckGeometry(g, "Im2Col");
     const int64_t out_h = g.out_h(), out_w = g.out_w();
     const int64_t plane = g.height * g.width, out_plane = out_h * out_w;
     const int64_t window = g.kernel_h * g.kernel_w;
@@ -156,6 +142,7 @@ inline void AddIntoAccumulator(Acc* __restrict out, const T* __restrict in, int6
 
 void Col2Im(int index, DType dtype, const Conv2dGeometry& g, const void* columns_data,
             void* image_data) {
+  CheckCpuIndex(index);
   DispatchAllFloatingTypes(dtype, "CPU Col2Im", [&](auto tag) {
     using T = typename decltype(tag)::type;
     // The 16-bit floats sum each plane in a float buffer and round it once.
@@ -163,7 +150,6 @@ void Col2Im(int index, DType dtype, const Conv2dGeometry& g, const void* columns
     constexpr bool kScratch = !std::is_same_v<Acc, T>;
     const T* columns = static_cast<const T*>(columns_data);
     T* image = static_cast<T*>(image_data);
-    CheckGeometry(g, "Col2Im");
     const int64_t out_h = g.out_h(), out_w = g.out_w();
     const int64_t plane = g.height * g.width, out_plane = out_h * out_w;
     const int64_t window = g.kernel_h * g.kernel_w;
@@ -418,16 +404,11 @@ void MaxPool2dBFloat16(int index, const Conv2dGeometry& g, const BFloat16* input
 
 void MaxPool2d(int index, DType dtype, const Conv2dGeometry& g, const void* input_data,
                void* output_data, int64_t* argmax) {
-  CheckGeometry(g, "MaxPool2d");
-  TANDEM_CHECK(g.pad_h * 2 <= g.kernel_h && g.pad_w * 2 <= g.kernel_w, "CPU MaxPool2d: padding ",
-               g.pad_h, "x", g.pad_w, " must be at most half the kernel ", g.kernel_h, "x",
-               g.kernel_w, " (as in PyTorch), so that every window covers part of the image");
+  CheckCpuIndex(index);
   const int64_t out_h = g.out_h(), out_w = g.out_w();
   const int64_t plane = g.height * g.width, out_plane = out_h * out_w;
   const int64_t planes = g.batch * g.channels;
   if (planes == 0 || out_plane == 0) return;
-  TANDEM_CHECK(plane > 0, "CPU MaxPool2d: cannot pool ", g.height, "x", g.width,
-               " images: every window would lie in the padding; give images at least one pixel");
   // Outputs whose window lies inside horizontally, [lo, hi), take the vectorised row loop.
   const int64_t lo = std::min(out_w, (g.pad_w + g.stride_w - 1) / g.stride_w);
   const int64_t room = g.width + g.pad_w - g.kernel_w;
@@ -526,11 +507,11 @@ void MaxPool2d(int index, DType dtype, const Conv2dGeometry& g, const void* inpu
 
 void MaxPool2dBackward(int index, DType dtype, const Conv2dGeometry& g,
                        const void* grad_output_data, const int64_t* argmax, void* grad_input_data) {
+  CheckCpuIndex(index);
   DispatchAllFloatingTypes(dtype, "CPU MaxPool2dBackward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* grad_output = static_cast<const T*>(grad_output_data);
     T* grad_input = static_cast<T*>(grad_input_data);
-    CheckGeometry(g, "MaxPool2dBackward");
     const int64_t plane = g.height * g.width, out_plane = g.out_h() * g.out_w();
     const int64_t planes = g.batch * g.channels;
     if (planes == 0 || plane == 0) return;
@@ -563,11 +544,11 @@ void MaxPool2dBackward(int index, DType dtype, const Conv2dGeometry& g,
 
 void AvgPool2d(int index, DType dtype, const Conv2dGeometry& g, bool count_include_pad,
                const void* input_data, void* output_data) {
+  CheckCpuIndex(index);
   DispatchAllFloatingTypes(dtype, "CPU AvgPool2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* input = static_cast<const T*>(input_data);
     T* output = static_cast<T*>(output_data);
-    CheckGeometry(g, "AvgPool2d");
     const int64_t out_h = g.out_h(), out_w = g.out_w(), plane = g.height * g.width;
     ForEachPixel(index, g.batch * g.channels, out_h, out_w, g.kernel_h * g.kernel_w,
                  [&](int64_t p, int64_t oy, int64_t ox) {
@@ -579,11 +560,11 @@ void AvgPool2d(int index, DType dtype, const Conv2dGeometry& g, bool count_inclu
 
 void AvgPool2dBackward(int index, DType dtype, const Conv2dGeometry& g, bool count_include_pad,
                        const void* grad_output_data, void* grad_input_data) {
+  CheckCpuIndex(index);
   DispatchAllFloatingTypes(dtype, "CPU AvgPool2dBackward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* grad_output = static_cast<const T*>(grad_output_data);
     T* grad_input = static_cast<T*>(grad_input_data);
-    CheckGeometry(g, "AvgPool2dBackward");
     const int64_t out_h = g.out_h(), out_w = g.out_w(), out_plane = out_h * out_w;
     const int64_t cost = (g.kernel_h / g.stride_h + 1) * (g.kernel_w / g.stride_w + 1);
     ForEachPixel(index, g.batch * g.channels, g.height, g.width, cost,
@@ -596,6 +577,7 @@ void AvgPool2dBackward(int index, DType dtype, const Conv2dGeometry& g, bool cou
 
 void AdaptiveAvgPool2d(int index, DType dtype, int64_t planes, int64_t height, int64_t width,
                        int64_t out_h, int64_t out_w, const void* input_data, void* output_data) {
+  CheckCpuIndex(index);
   DispatchAllFloatingTypes(dtype, "CPU AdaptiveAvgPool2d", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* input = static_cast<const T*>(input_data);
@@ -612,6 +594,7 @@ void AdaptiveAvgPool2d(int index, DType dtype, int64_t planes, int64_t height, i
 void AdaptiveAvgPool2dBackward(int index, DType dtype, int64_t planes, int64_t height,
                                int64_t width, int64_t out_h, int64_t out_w,
                                const void* grad_output_data, void* grad_input_data) {
+  CheckCpuIndex(index);
   DispatchAllFloatingTypes(dtype, "CPU AdaptiveAvgPool2dBackward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* grad_output = static_cast<const T*>(grad_output_data);
@@ -622,6 +605,16 @@ void AdaptiveAvgPool2dBackward(int index, DType dtype, int64_t planes, int64_t h
     });
   });
 }
+
+TANDEM_REGISTER_KERNEL(Im2ColKernel, DeviceType::kCPU, Im2Col);
+TANDEM_REGISTER_KERNEL(Col2ImKernel, DeviceType::kCPU, Col2Im);
+TANDEM_REGISTER_KERNEL(MaxPool2dKernel, DeviceType::kCPU, MaxPool2d);
+TANDEM_REGISTER_KERNEL(MaxPool2dBackwardKernel, DeviceType::kCPU, MaxPool2dBackward);
+TANDEM_REGISTER_KERNEL(AvgPool2dKernel, DeviceType::kCPU, AvgPool2d);
+TANDEM_REGISTER_KERNEL(AvgPool2dBackwardKernel, DeviceType::kCPU, AvgPool2dBackward);
+TANDEM_REGISTER_KERNEL(AdaptiveAvgPool2dKernel, DeviceType::kCPU, AdaptiveAvgPool2d);
+TANDEM_REGISTER_KERNEL(AdaptiveAvgPool2dBackwardKernel, DeviceType::kCPU,
+                       AdaptiveAvgPool2dBackward);
 
 }  // namespace cpu_internal
 }  // namespace tandem

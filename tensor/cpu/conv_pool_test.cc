@@ -20,8 +20,10 @@
 #include "tensor/base/half.h"
 #include "tensor/base/philox.h"
 #include "tensor/cpu/cpu_backend_testing.h"
+#include "tensor/kernels/conv_kernels.h"
 #include "tensor/kernels/float_conversions.h"
 #include "tensor/kernels/internal/elementwise_math.h"
+#include "tensor/kernels/pooling_kernels.h"
 #include "tensor/kernels/vectorized.h"
 #include "tensor/runtime/backend.h"
 #include "tensor/runtime/devices.h"
@@ -92,7 +94,7 @@ TEST(CpuBackendTest, Im2ColMatchesTheDefinition) {
             RandomFloats(g.batch * g.channels * g.height * g.width, -1, 1, 18);
         const std::vector<float> expected = ReferenceIm2Col(g, image);
         std::vector<float> columns(expected.size(), kNaN);
-        Cpu().Im2Col(0, kFloat32, g, image.data(), columns.data());
+        RunIm2Col(Device::Cpu(0), kFloat32, g, image.data(), columns.data());
         ASSERT_EQ(columns, expected);
       }
     }
@@ -110,8 +112,8 @@ TEST(CpuBackendTest, Col2ImIsTheAdjointOfIm2Col) {
         std::vector<float> x = RandomFloats(image_size, -1, 1, 19);
         std::vector<float> y = RandomFloats(column_size, -1, 1, 20);
         std::vector<float> im2col_x(column_size), col2im_y(image_size, kNaN);
-        Cpu().Im2Col(0, kFloat32, g, x.data(), im2col_x.data());
-        Cpu().Col2Im(0, kFloat32, g, y.data(), col2im_y.data());
+        RunIm2Col(Device::Cpu(0), kFloat32, g, x.data(), im2col_x.data());
+        RunCol2Im(Device::Cpu(0), kFloat32, g, y.data(), col2im_y.data());
         // <col2im(y), x> == <y, im2col(x)>
         double lhs = 0, rhs = 0;
         for (int64_t i = 0; i < image_size; ++i) lhs += double{col2im_y[i]} * x[i];
@@ -138,12 +140,12 @@ TEST(CpuBackendTest, Col2ImIsTheAdjointOfIm2Col) {
 
 TEST(CpuBackendTest, Im2ColRejectsBadGeometry) {
   float buffer[16] = {};
-  EXPECT_THROW(
-      Cpu().Im2Col(0, kFloat32, Conv2dGeometry::Make(1, 1, 2, 2, 3, 3, 1, 1, 0, 0), buffer, buffer),
-      Error);
-  EXPECT_THROW(
-      Cpu().Im2Col(0, kFloat32, Conv2dGeometry::Make(1, 1, 4, 4, 2, 2, 0, 1, 0, 0), buffer, buffer),
-      Error);
+  EXPECT_THROW(RunIm2Col(Device::Cpu(0), kFloat32,
+                         Conv2dGeometry::Make(1, 1, 2, 2, 3, 3, 1, 1, 0, 0), buffer, buffer),
+               Error);
+  EXPECT_THROW(RunIm2Col(Device::Cpu(0), kFloat32,
+                         Conv2dGeometry::Make(1, 1, 4, 4, 2, 2, 0, 1, 0, 0), buffer, buffer),
+               Error);
 }
 
 TEST(CpuBackendTest, MaxPoolWithPaddingMatchesTheDefinition) {
@@ -160,7 +162,7 @@ TEST(CpuBackendTest, MaxPoolWithPaddingMatchesTheDefinition) {
       for (float& v : input) v = std::round(v);
       std::vector<float> output(planes * out_plane, kNaN);
       std::vector<int64_t> argmax(planes * out_plane, -1);
-      Cpu().MaxPool2d(0, kFloat32, g, input.data(), output.data(), argmax.data());
+      RunMaxPool2d(Device::Cpu(0), kFloat32, g, input.data(), output.data(), argmax.data());
       for (int64_t p = 0; p < planes; ++p) {
         for (int64_t oy = 0; oy < g.out_h(); ++oy) {
           for (int64_t ox = 0; ox < g.out_w(); ++ox) {
@@ -193,7 +195,8 @@ TEST(CpuBackendTest, MaxPoolWithPaddingMatchesTheDefinition) {
           expected[p * plane + argmax[p * out_plane + o]] += grad_output[p * out_plane + o];
         }
       }
-      Cpu().MaxPool2dBackward(0, kFloat32, g, grad_output.data(), argmax.data(), grad_input.data());
+      RunMaxPool2dBackward(Device::Cpu(0), kFloat32, g, grad_output.data(), argmax.data(),
+                           grad_input.data());
       for (int64_t i = 0; i < planes * plane; ++i) ASSERT_FLOAT_EQ(grad_input[i], expected[i]);
     }
   });
@@ -204,12 +207,13 @@ TEST(CpuBackendTest, MaxPoolPropagatesNaN) {
   std::vector<float> input = {1, kNaN, 3, kNaN};
   float output = 0;
   int64_t argmax = -1;
-  Cpu().MaxPool2d(0, kFloat32, g, input.data(), &output, &argmax);
+  RunMaxPool2d(Device::Cpu(0), kFloat32, g, input.data(), &output, &argmax);
   EXPECT_TRUE(std::isnan(output));
   EXPECT_EQ(argmax, 1);  // the first NaN
-  EXPECT_THROW(Cpu().MaxPool2d(0, kFloat32, Conv2dGeometry::Make(1, 1, 4, 4, 2, 2, 1, 1, 2, 2),
-                               input.data(), &output, &argmax),
-               Error);  // padding beyond half the kernel
+  EXPECT_THROW(
+      RunMaxPool2d(Device::Cpu(0), kFloat32, Conv2dGeometry::Make(1, 1, 4, 4, 2, 2, 1, 1, 2, 2),
+                   input.data(), &output, &argmax),
+      Error);  // padding beyond half the kernel
 }
 
 uint32_t Bits(float v) {
@@ -262,7 +266,7 @@ TEST(CpuBackendTest, MaxPoolMatchesTheScanBitForBitOnEveryVectorUnit) {
       }
       std::vector<float> output(planes * out_plane, 7.0f);
       std::vector<int64_t> argmax(planes * out_plane, -1);
-      Cpu().MaxPool2d(0, kFloat32, g, input.data(), output.data(), argmax.data());
+      RunMaxPool2d(Device::Cpu(0), kFloat32, g, input.data(), output.data(), argmax.data());
       for (int64_t p = 0; p < planes; ++p) {
         for (int64_t oy = 0; oy < out_h; ++oy) {
           for (int64_t ox = 0; ox < out_w; ++ox) {
@@ -303,16 +307,16 @@ TYPED_TEST(ReducedFloatTest, ConvolutionAndPoolingKernelsMatchFloat32) {
   // Im2Col moves values: exact.
   std::vector<float> columns32(columns_size);
   std::vector<T> columns(columns_size);
-  Cpu().Im2Col(0, kFloat32, g, image32.data(), columns32.data());
-  Cpu().Im2Col(0, dtype, g, image.data(), columns.data());
+  RunIm2Col(Device::Cpu(0), kFloat32, g, image32.data(), columns32.data());
+  RunIm2Col(Device::Cpu(0), dtype, g, image.data(), columns.data());
   for (int64_t i = 0; i < columns_size; ++i) ASSERT_TRUE(IsRounded(columns32[i], columns[i]));
   // Col2Im sums each pixel's taps in float, in the float32 kernel's order: rounded once.
   std::vector<T> grad_columns = Rounded<T>(RandomFloats(columns_size, -2, 2, 82));
   const std::vector<float> grad_columns32 = Widened(grad_columns);
   std::vector<float> summed32(image_size);
   std::vector<T> summed(image_size);
-  Cpu().Col2Im(0, kFloat32, g, grad_columns32.data(), summed32.data());
-  Cpu().Col2Im(0, dtype, g, grad_columns.data(), summed.data());
+  RunCol2Im(Device::Cpu(0), kFloat32, g, grad_columns32.data(), summed32.data());
+  RunCol2Im(Device::Cpu(0), dtype, g, grad_columns.data(), summed.data());
   for (int64_t i = 0; i < image_size; ++i) ASSERT_TRUE(IsRounded(summed32[i], summed[i]));
 
   // Max pooling (overlapping windows) and its backward, average pooling and adaptive average
@@ -322,37 +326,39 @@ TYPED_TEST(ReducedFloatTest, ConvolutionAndPoolingKernelsMatchFloat32) {
   std::vector<float> pooled32(out_size);
   std::vector<T> pooled(out_size);
   std::vector<int64_t> at32(out_size), at(out_size);
-  Cpu().MaxPool2d(0, kFloat32, pool, image32.data(), pooled32.data(), at32.data());
-  Cpu().MaxPool2d(0, dtype, pool, image.data(), pooled.data(), at.data());
+  RunMaxPool2d(Device::Cpu(0), kFloat32, pool, image32.data(), pooled32.data(), at32.data());
+  RunMaxPool2d(Device::Cpu(0), dtype, pool, image.data(), pooled.data(), at.data());
   ASSERT_EQ(at, at32);
   for (int64_t i = 0; i < out_size; ++i) ASSERT_TRUE(IsRounded(pooled32[i], pooled[i]));
   std::vector<T> grad_out = Rounded<T>(RandomFloats(out_size, -2, 2, 83));
   const std::vector<float> grad_out32 = Widened(grad_out);
   std::vector<float> grad_in32(image_size);
   std::vector<T> grad_in(image_size);
-  Cpu().MaxPool2dBackward(0, kFloat32, pool, grad_out32.data(), at.data(), grad_in32.data());
-  Cpu().MaxPool2dBackward(0, dtype, pool, grad_out.data(), at.data(), grad_in.data());
+  RunMaxPool2dBackward(Device::Cpu(0), kFloat32, pool, grad_out32.data(), at.data(),
+                       grad_in32.data());
+  RunMaxPool2dBackward(Device::Cpu(0), dtype, pool, grad_out.data(), at.data(), grad_in.data());
   for (int64_t i = 0; i < image_size; ++i) ASSERT_TRUE(IsRounded(grad_in32[i], grad_in[i]));
   for (bool include_pad : {false, true}) {
-    Cpu().AvgPool2d(0, kFloat32, pool, include_pad, image32.data(), pooled32.data());
-    Cpu().AvgPool2d(0, dtype, pool, include_pad, image.data(), pooled.data());
+    RunAvgPool2d(Device::Cpu(0), kFloat32, pool, include_pad, image32.data(), pooled32.data());
+    RunAvgPool2d(Device::Cpu(0), dtype, pool, include_pad, image.data(), pooled.data());
     for (int64_t i = 0; i < out_size; ++i) ASSERT_TRUE(IsRounded(pooled32[i], pooled[i]));
-    Cpu().AvgPool2dBackward(0, kFloat32, pool, include_pad, grad_out32.data(), grad_in32.data());
-    Cpu().AvgPool2dBackward(0, dtype, pool, include_pad, grad_out.data(), grad_in.data());
+    RunAvgPool2dBackward(Device::Cpu(0), kFloat32, pool, include_pad, grad_out32.data(),
+                         grad_in32.data());
+    RunAvgPool2dBackward(Device::Cpu(0), dtype, pool, include_pad, grad_out.data(), grad_in.data());
     for (int64_t i = 0; i < image_size; ++i) ASSERT_TRUE(IsRounded(grad_in32[i], grad_in[i]));
   }
   const int64_t planes = g.batch * g.channels, out_h = 4, out_w = 3;
   std::vector<float> adaptive32(planes * out_h * out_w);
   std::vector<T> adaptive(planes * out_h * out_w);
-  Cpu().AdaptiveAvgPool2d(0, kFloat32, planes, g.height, g.width, out_h, out_w, image32.data(),
-                          adaptive32.data());
-  Cpu().AdaptiveAvgPool2d(0, dtype, planes, g.height, g.width, out_h, out_w, image.data(),
-                          adaptive.data());
+  AdaptiveAvgPool2dKernel(Device::Cpu(0), kFloat32, planes, g.height, g.width, out_h, out_w,
+                          image32.data(), adaptive32.data());
+  AdaptiveAvgPool2dKernel(Device::Cpu(0), dtype, planes, g.height, g.width, out_h, out_w,
+                          image.data(), adaptive.data());
   for (size_t i = 0; i < adaptive.size(); ++i) ASSERT_TRUE(IsRounded(adaptive32[i], adaptive[i]));
   const std::vector<float> adaptive_grad32 = Widened(adaptive);
-  Cpu().AdaptiveAvgPool2dBackward(0, kFloat32, planes, g.height, g.width, out_h, out_w,
+  AdaptiveAvgPool2dBackwardKernel(Device::Cpu(0), kFloat32, planes, g.height, g.width, out_h, out_w,
                                   adaptive_grad32.data(), grad_in32.data());
-  Cpu().AdaptiveAvgPool2dBackward(0, dtype, planes, g.height, g.width, out_h, out_w,
+  AdaptiveAvgPool2dBackwardKernel(Device::Cpu(0), dtype, planes, g.height, g.width, out_h, out_w,
                                   adaptive.data(), grad_in.data());
   for (int64_t i = 0; i < image_size; ++i) ASSERT_TRUE(IsRounded(grad_in32[i], grad_in[i]));
 }
@@ -373,8 +379,8 @@ TEST(BFloat16SelectionTest, TwoByTwoMaxPoolMatchesFloat32) {
     std::vector<float> pooled32(out_size);
     std::vector<BFloat16> pooled(out_size);
     std::vector<int64_t> at32(out_size), at(out_size);
-    Cpu().MaxPool2d(0, kFloat32, g, image32.data(), pooled32.data(), at32.data());
-    Cpu().MaxPool2d(0, kBFloat16, g, image.data(), pooled.data(), at.data());
+    RunMaxPool2d(Device::Cpu(0), kFloat32, g, image32.data(), pooled32.data(), at32.data());
+    RunMaxPool2d(Device::Cpu(0), kBFloat16, g, image.data(), pooled.data(), at.data());
     ASSERT_EQ(at, at32);
     for (int64_t i = 0; i < out_size; ++i) ASSERT_TRUE(IsRounded(pooled32[i], pooled[i])) << i;
   }

@@ -37,17 +37,12 @@
 #include "tensor/base/error.h"
 #include "tensor/base/half.h"
 #include "tensor/base/philox.h"
-#include "tensor/cpu/internal/attention_kernels.h"
-#include "tensor/cpu/internal/conv_pool_kernels.h"
 #include "tensor/cpu/internal/cpu_loops.h"
 #include "tensor/cpu/internal/elementwise_kernels.h"
-#include "tensor/cpu/internal/onednn_conv.h"
 #include "tensor/cpu/internal/onednn_matmul.h"
 #include "tensor/cpu/internal/reduce_kernels.h"
-#include "tensor/cpu/internal/row_norm_kernels.h"
 #include "tensor/kernels/float_conversions.h"
 #include "tensor/kernels/internal/elementwise_math.h"
-#include "tensor/kernels/internal/pooling_math.h"
 #include "tensor/kernels/internal/strided_layout.h"
 #include "tensor/kernels/vectorized.h"
 #include "tensor/runtime/allocator.h"
@@ -230,16 +225,11 @@ class CpuBackend final : public Backend {
     CheckIndex(index);
     cpu_internal::Binary(index, op, dst, a, b);
   }
-  // Reductions and softmax (tensor/cpu/reduce_kernels.cc).
+  // Reductions (tensor/cpu/reduce_kernels.cc).
   void Reduce(int index, ReduceKind op, const KernelTensor& dst, const KernelTensor& src,
               int64_t outer, int64_t reduce, int64_t inner) override {
     CheckIndex(index);
     cpu_internal::Reduce(index, op, dst, src, outer, reduce, inner);
-  }
-  void Softmax(int index, DType dtype, bool log, void* dst, const void* src, int64_t outer,
-               int64_t dim, int64_t inner) override {
-    CheckIndex(index);
-    cpu_internal::Softmax(index, dtype, log, dst, src, outer, dim, inner);
   }
   void Gemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
             double alpha, const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb,
@@ -254,121 +244,10 @@ class CpuBackend final : public Backend {
     return OneDnnGemmFloatOutput(index, dtype, trans_a, trans_b, m, n, k, a, lda, b_dtype, b, ldb,
                                  c, ldc, GetAllocator(index));
   }
-  // Convolution helpers and pooling (tensor/cpu/conv_pool_kernels.cc).
-  void Im2Col(int index, DType dtype, const Conv2dGeometry& g, const void* image,
-              void* columns) override {
-    CheckIndex(index);
-    cpu_internal::Im2Col(index, dtype, g, image, columns);
-  }
-  void Col2Im(int index, DType dtype, const Conv2dGeometry& g, const void* columns,
-              void* image) override {
-    CheckIndex(index);
-    cpu_internal::Col2Im(index, dtype, g, columns, image);
-  }
-  // oneDNN's direct convolution for bfloat16 (and float32 where it measured faster than
-  // im2col + GEMM: OneDnnConvPreferredForFloat32); false sends conv2d to im2col + GEMM.
-  bool Conv2dForward(int index, DType dtype, const Conv2dGeometry& g, int64_t out_channels,
-                     const void* input, const void* weight, const void* bias,
-                     void* output) override {
-    CheckIndex(index);
-    return UseOneDnnConv(dtype, g, out_channels) &&
-           OneDnnConv2dForward(index, dtype, g, out_channels, input, weight, bias, output);
-  }
-  bool Conv2dBackwardData(int index, DType dtype, const Conv2dGeometry& g, int64_t out_channels,
-                          const void* grad_output, const void* weight, void* grad_input) override {
-    CheckIndex(index);
-    return UseOneDnnConv(dtype, g, out_channels) &&
-           OneDnnConv2dBackwardData(index, dtype, g, out_channels, grad_output, weight, grad_input);
-  }
-  bool Conv2dBackwardWeights(int index, DType dtype, const Conv2dGeometry& g, int64_t out_channels,
-                             const void* input, const void* grad_output, void* grad_weight,
-                             void* grad_bias) override {
-    CheckIndex(index);
-    return UseOneDnnConv(dtype, g, out_channels) &&
-           OneDnnConv2dBackwardWeights(index, dtype, g, out_channels, input, grad_output,
-                                       grad_weight, grad_bias);
-  }
-  static bool UseOneDnnConv(DType dtype, const Conv2dGeometry& g, int64_t out_channels) {
-    return dtype == DType::kBFloat16 ||
-           (dtype == DType::kFloat32 && OneDnnConvPreferredForFloat32(g, out_channels));
-  }
-  void MaxPool2d(int index, DType dtype, const Conv2dGeometry& g, const void* input, void* output,
-                 int64_t* argmax) override {
-    CheckIndex(index);
-    cpu_internal::MaxPool2d(index, dtype, g, input, output, argmax);
-  }
-  void MaxPool2dBackward(int index, DType dtype, const Conv2dGeometry& g, const void* grad_output,
-                         const int64_t* argmax, void* grad_input) override {
-    CheckIndex(index);
-    cpu_internal::MaxPool2dBackward(index, dtype, g, grad_output, argmax, grad_input);
-  }
-  void AvgPool2d(int index, DType dtype, const Conv2dGeometry& g, bool count_include_pad,
-                 const void* input, void* output) override {
-    CheckIndex(index);
-    cpu_internal::AvgPool2d(index, dtype, g, count_include_pad, input, output);
-  }
-  void AvgPool2dBackward(int index, DType dtype, const Conv2dGeometry& g, bool count_include_pad,
-                         const void* grad_output, void* grad_input) override {
-    CheckIndex(index);
-    cpu_internal::AvgPool2dBackward(index, dtype, g, count_include_pad, grad_output, grad_input);
-  }
-  void AdaptiveAvgPool2d(int index, DType dtype, int64_t planes, int64_t height, int64_t width,
-                         int64_t out_h, int64_t out_w, const void* input, void* output) override {
-    CheckIndex(index);
-    cpu_internal::AdaptiveAvgPool2d(index, dtype, planes, height, width, out_h, out_w, input,
-                                    output);
-  }
-  void AdaptiveAvgPool2dBackward(int index, DType dtype, int64_t planes, int64_t height,
-                                 int64_t width, int64_t out_h, int64_t out_w,
-                                 const void* grad_output, void* grad_input) override {
-    CheckIndex(index);
-    cpu_internal::AdaptiveAvgPool2dBackward(index, dtype, planes, height, width, out_h, out_w,
-                                            grad_output, grad_input);
-  }
-  void GatherColumns(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
-                     int64_t rows, int64_t cols) override;
-  void ScatterAddColumns(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
-                         int64_t rows, int64_t cols) override;
-  void Gather(int index, DType dtype, void* dst, const void* src, const int64_t* idx, int64_t outer,
-              int64_t src_dim, int64_t idx_dim, int64_t inner) override;
-  void ScatterAdd(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
-                  int64_t outer, int64_t dst_dim, int64_t idx_dim, int64_t inner) override;
   void RandomUniform(int index, DType dtype, void* dst, int64_t n, uint64_t seed, uint64_t offset,
                      double low, double high) override;
   void RandomNormal(int index, DType dtype, void* dst, int64_t n, uint64_t seed, uint64_t offset,
                     double mean, double stddev) override;
-  // Fused row norms (Note [Fused row norms]; tensor/cpu/row_norm_kernels.cc).
-  void RowNorm(int index, DType dtype, bool rms, int64_t rows, int64_t cols, double eps,
-               const void* x, const void* weight, const void* bias, void* y, void* mean,
-               void* rstd) override {
-    CheckIndex(index);
-    cpu_internal::RowNorm(index, dtype, rms, rows, cols, eps, x, weight, bias, y, mean, rstd);
-  }
-  void RowNormBackward(int index, DType dtype, bool rms, int64_t rows, int64_t cols,
-                       const void* grad_y, const void* x, const void* mean, const void* rstd,
-                       const void* weight, void* grad_x, void* grad_weight,
-                       void* grad_bias) override {
-    CheckIndex(index);
-    cpu_internal::RowNormBackward(index, dtype, rms, rows, cols, grad_y, x, mean, rstd, weight,
-                                  grad_x, grad_weight, grad_bias);
-  }
-  void Triangle(int index, DType dtype, bool lower, int64_t diagonal, int64_t batch, int64_t rows,
-                int64_t cols, const void* src, void* dst) override;
-
-  // ---- Fused attention (tensor/cpu/internal/attention_kernels.h) -------------------------
-  void AttentionForward(int index, DType dtype, const AttentionGeometry& g, const void* q,
-                        const void* k, const void* v, const void* mask, void* out,
-                        void* logsumexp) override {
-    CheckIndex(index);
-    CpuAttentionForward(index, dtype, g, q, k, v, mask, out, logsumexp);
-  }
-  void AttentionBackward(int index, DType dtype, const AttentionGeometry& g, const void* q,
-                         const void* k, const void* v, const void* mask, const void* out,
-                         const void* dout, const void* logsumexp, void* dq, void* dk,
-                         void* dv) override {
-    CheckIndex(index);
-    CpuAttentionBackward(index, dtype, g, q, k, v, mask, out, dout, logsumexp, dq, dk, dv);
-  }
 
  private:
   CpuBackend() {
@@ -547,78 +426,6 @@ void CpuBackend::ReducedPrecisionGemmViaFloat(int index, DType dtype, bool trans
   });
 }
 
-void CpuBackend::GatherColumns(int index, DType dtype, void* dst_data, const void* src_data,
-                               const int64_t* idx, int64_t rows, int64_t cols) {
-  CheckIndex(index);
-  DispatchAllFloatingTypes(dtype, "CPU GatherColumns", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* dst = static_cast<T*>(dst_data);
-    const T* src = static_cast<const T*>(src_data);
-    if (rows <= 0) return;
-    ParallelFor(Cpu(index), rows, kElementwiseGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) dst[r] = src[r * cols + idx[r]];
-    });
-  });
-}
-
-void CpuBackend::ScatterAddColumns(int index, DType dtype, void* dst_data, const void* src_data,
-                                   const int64_t* idx, int64_t rows, int64_t cols) {
-  CheckIndex(index);
-  DispatchAllFloatingTypes(dtype, "CPU ScatterAddColumns", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* dst = static_cast<T*>(dst_data);
-    const T* src = static_cast<const T*>(src_data);
-    if (rows <= 0) return;
-    // Row r touches only row r of dst: no two tasks write the same element.
-    ParallelFor(Cpu(index), rows, kElementwiseGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) dst[r * cols + idx[r]] += src[r];
-    });
-  });
-}
-
-void CpuBackend::Gather(int index, DType dtype, void* dst_data, const void* src_data,
-                        const int64_t* idx, int64_t outer, int64_t src_dim, int64_t idx_dim,
-                        int64_t inner) {
-  CheckIndex(index);
-  DispatchAllFloatingTypes(dtype, "CPU Gather", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* dst = static_cast<T*>(dst_data);
-    const T* src = static_cast<const T*>(src_data);
-    const int64_t n = outer * idx_dim * inner;
-    if (n <= 0) return;
-    ParallelFor(Cpu(index), n, kElementwiseGrain, [&](int64_t begin, int64_t end) {
-      for (int64_t e = begin; e < end; ++e) {
-        const int64_t o = e / (idx_dim * inner), i = e % inner;
-        dst[e] = src[(o * src_dim + idx[e]) * inner + i];
-      }
-    });
-  });
-}
-
-void CpuBackend::ScatterAdd(int index, DType dtype, void* dst_data, const void* src_data,
-                            const int64_t* idx, int64_t outer, int64_t dst_dim, int64_t idx_dim,
-                            int64_t inner) {
-  CheckIndex(index);
-  DispatchAllFloatingTypes(dtype, "CPU ScatterAdd", [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    T* dst = static_cast<T*>(dst_data);
-    const T* src = static_cast<const T*>(src_data);
-    if (outer * idx_dim * inner <= 0) return;
-    // Each task owns whole columns (o, i) of dst, so no two tasks write the same element, and
-    // the additions into one element happen in j order: deterministic.
-    ParallelFor(Cpu(index), outer * inner, std::max<int64_t>(1, kElementwiseGrain / idx_dim),
-                [&](int64_t begin, int64_t end) {
-                  for (int64_t column = begin; column < end; ++column) {
-                    const int64_t o = column / inner, i = column % inner;
-                    for (int64_t j = 0; j < idx_dim; ++j) {
-                      const int64_t at = (o * idx_dim + j) * inner + i;
-                      dst[(o * dst_dim + idx[at]) * inner + i] += src[at];
-                    }
-                  }
-                });
-  });
-}
-
 void CpuBackend::RandomUniform(int index, DType dtype, void* dst_data, int64_t n, uint64_t seed,
                                uint64_t offset, double low_value, double high_value) {
   CheckIndex(index);
@@ -669,41 +476,6 @@ void CpuBackend::RandomNormal(int index, DType dtype, void* dst_data, int64_t n,
                     });
     });
   });
-}
-
-// ---- Triangles ---------------------------------------------------------------------------
-
-void CpuBackend::Triangle(int index, DType dtype, bool lower, int64_t diagonal, int64_t batch,
-                          int64_t rows, int64_t cols, const void* src, void* dst) {
-  CheckIndex(index);
-  TANDEM_CHECK(batch >= 0 && rows >= 0 && cols >= 0,
-               "CPU Triangle expects non-negative [batch, rows, cols] but got [", batch, ", ", rows,
-               ", ", cols, "]");
-  const int64_t element = static_cast<int64_t>(ElementSize(dtype));
-  const char* in = static_cast<const char*>(src);
-  char* out = static_cast<char*>(dst);
-  // Every dtype's zero is all zero bits, so one byte-level loop serves them all: copy each
-  // row's kept run, clear the rest.
-  ParallelFor(Cpu(index), batch * rows, std::max<int64_t>(1, kElementwiseGrain / (cols + 1)),
-              [&](int64_t begin, int64_t end) {
-                for (int64_t item = begin; item < end; ++item) {
-                  const int64_t i = item % rows;
-                  const int64_t keep_begin =
-                      lower ? 0 : std::min(cols, std::max<int64_t>(0, i + diagonal));
-                  const int64_t keep_end =
-                      lower ? std::min(cols, std::max<int64_t>(0, i + diagonal + 1)) : cols;
-                  const int64_t row = item * cols * element;
-                  std::memset(out + row, 0, keep_begin * element);
-                  if (keep_end > keep_begin && in != out) {
-                    std::memcpy(out + row + keep_begin * element, in + row + keep_begin * element,
-                                (keep_end - keep_begin) * element);
-                  }
-                  if (keep_end < cols) {
-                    std::memset(out + row + std::max(keep_begin, keep_end) * element, 0,
-                                (cols - std::max(keep_begin, keep_end)) * element);
-                  }
-                }
-              });
 }
 
 BackendRegistration registration(DeviceType::kCPU, &CpuBackend::Instance);

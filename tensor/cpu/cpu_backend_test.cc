@@ -24,6 +24,7 @@
 #include "tensor/base/philox.h"
 #include "tensor/cpu/cpu_backend_testing.h"
 #include "tensor/kernels/float_conversions.h"
+#include "tensor/kernels/index_kernels.h"
 #include "tensor/kernels/internal/elementwise_math.h"
 #include "tensor/kernels/vectorized.h"
 #include "tensor/runtime/backend.h"
@@ -77,15 +78,17 @@ TEST(CpuBackendTest, GatherAndScatterAddColumns) {
     std::vector<float> src = RandomFloats(rows * cols, -1, 1, 23);
     std::vector<int64_t> idx = RandomInts(rows, 0, cols - 1, 24);
     std::vector<float> gathered(rows);
-    Cpu().GatherColumns(0, kFloat32, gathered.data(), src.data(), idx.data(), rows, cols);
+    GatherColumnsKernel(Device::Cpu(0), kFloat32, gathered.data(), src.data(), idx.data(), rows,
+                        cols);
     for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(gathered[r], src[r * cols + idx[r]]);
 
     std::vector<float> dst = src, expected = src;
     for (int64_t r = 0; r < rows; ++r) expected[r * cols + idx[r]] += gathered[r];
-    Cpu().ScatterAddColumns(0, kFloat32, dst.data(), gathered.data(), idx.data(), rows, cols);
+    ScatterAddColumnsKernel(Device::Cpu(0), kFloat32, dst.data(), gathered.data(), idx.data(), rows,
+                            cols);
     ASSERT_EQ(dst, expected);
-    Cpu().GatherColumns(0, kFloat32, nullptr, nullptr, nullptr, 0, cols);
-    Cpu().ScatterAddColumns(0, kFloat32, nullptr, nullptr, nullptr, 0, cols);
+    GatherColumnsKernel(Device::Cpu(0), kFloat32, nullptr, nullptr, nullptr, 0, cols);
+    ScatterAddColumnsKernel(Device::Cpu(0), kFloat32, nullptr, nullptr, nullptr, 0, cols);
   });
 }
 
@@ -186,7 +189,8 @@ TYPED_TEST(ReducedFloatTest, GathersAndScatterAdds) {
   const std::vector<float> src32 = Widened(src);
   std::vector<int64_t> idx = RandomInts(outer * idx_dim * inner, 0, dim - 1, 92);
   std::vector<T> gathered(idx.size());
-  Cpu().Gather(0, dtype, gathered.data(), src.data(), idx.data(), outer, dim, idx_dim, inner);
+  GatherKernel(Device::Cpu(0), dtype, gathered.data(), src.data(), idx.data(), outer, dim, idx_dim,
+               inner);
   for (size_t e = 0; e < idx.size(); ++e) {
     const int64_t o = e / (idx_dim * inner), i = e % inner;
     ASSERT_EQ(gathered[e].bits, src[(o * dim + idx[e]) * inner + i].bits);
@@ -196,9 +200,10 @@ TYPED_TEST(ReducedFloatTest, GathersAndScatterAdds) {
   std::vector<T> dst = src;
   std::vector<float> dst32 = src32;
   const std::vector<float> gathered32 = Widened(gathered);
-  Cpu().ScatterAdd(0, kFloat32, dst32.data(), gathered32.data(), idx.data(), outer, dim, idx_dim,
-                   inner);
-  Cpu().ScatterAdd(0, dtype, dst.data(), gathered.data(), idx.data(), outer, dim, idx_dim, inner);
+  ScatterAddKernel(Device::Cpu(0), kFloat32, dst32.data(), gathered32.data(), idx.data(), outer,
+                   dim, idx_dim, inner);
+  ScatterAddKernel(Device::Cpu(0), dtype, dst.data(), gathered.data(), idx.data(), outer, dim,
+                   idx_dim, inner);
   for (size_t i = 0; i < dst.size(); ++i) ASSERT_TRUE(CloseFor<T>(dst32[i], dst[i], 8.0f)) << i;
   // Columns: one add per element, rounded once.
   const int64_t rows = 1000, cols = 9;
@@ -206,11 +211,14 @@ TYPED_TEST(ReducedFloatTest, GathersAndScatterAdds) {
   std::vector<float> table32 = Widened(table);
   std::vector<int64_t> column = RandomInts(rows, 0, cols - 1, 94);
   std::vector<T> picked(rows);
-  Cpu().GatherColumns(0, dtype, picked.data(), table.data(), column.data(), rows, cols);
+  GatherColumnsKernel(Device::Cpu(0), dtype, picked.data(), table.data(), column.data(), rows,
+                      cols);
   for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(picked[r].bits, table[r * cols + column[r]].bits);
   const std::vector<float> picked32 = Widened(picked);
-  Cpu().ScatterAddColumns(0, kFloat32, table32.data(), picked32.data(), column.data(), rows, cols);
-  Cpu().ScatterAddColumns(0, dtype, table.data(), picked.data(), column.data(), rows, cols);
+  ScatterAddColumnsKernel(Device::Cpu(0), kFloat32, table32.data(), picked32.data(), column.data(),
+                          rows, cols);
+  ScatterAddColumnsKernel(Device::Cpu(0), dtype, table.data(), picked.data(), column.data(), rows,
+                          cols);
   for (size_t i = 0; i < table.size(); ++i) ASSERT_TRUE(IsRounded(table32[i], table[i]));
 }
 

@@ -16,8 +16,10 @@
 #include "tensor/cpu/internal/cpu_loops.h"
 #include "tensor/cpu/internal/elementwise_kernels.h"
 #include "tensor/kernels/float_conversions.h"
+#include "tensor/kernels/softmax_kernels.h"
 #include "tensor/kernels/vectorized.h"
 #include "tensor/runtime/backend.h"
+#include "tensor/runtime/kernel_stub.h"
 #include "tensor/runtime/threads.h"
 
 namespace tandem {
@@ -301,16 +303,16 @@ void Reduce(int index, ReduceKind op, const KernelTensor& dst, const KernelTenso
   });
 }
 
-void Softmax(int index, DType dtype, bool log, void* dst_data, const void* src_data, int64_t outer,
-             int64_t dim, int64_t inner) {
+namespace {
+
+// The sizes were checked by RunSoftmax (tensor/kernels/softmax_kernels.h).
+void CpuSoftmax(int index, DType dtype, bool log, void* dst_data, const void* src_data,
+                int64_t outer, int64_t dim, int64_t inner) {
+  CheckCpuIndex(index);
   DispatchAllFloatingTypes(dtype, "CPU Softmax", [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* dst = static_cast<T*>(dst_data);
     const T* src = static_cast<const T*>(src_data);
-    TANDEM_CHECK(outer >= 0 && dim >= 0 && inner >= 0,
-                 "CPU Softmax expects non-negative "
-                 "[outer, dim, inner] but got [",
-                 outer, ", ", dim, ", ", inner, "]");
     if (outer * dim * inner == 0) return;
     // One row per (outer, inner) pair; rows along `dim` are `inner` apart.
     const int64_t rows = outer * inner;
@@ -324,6 +326,10 @@ void Softmax(int index, DType dtype, bool log, void* dst_data, const void* src_d
                 });
   });
 }
+
+}  // namespace
+
+TANDEM_REGISTER_KERNEL(SoftmaxKernel, DeviceType::kCPU, CpuSoftmax);
 
 }  // namespace cpu_internal
 }  // namespace tandem

@@ -22,6 +22,7 @@
 #include "tensor/cpu/cpu_backend_testing.h"
 #include "tensor/kernels/float_conversions.h"
 #include "tensor/kernels/internal/elementwise_math.h"
+#include "tensor/kernels/softmax_kernels.h"
 #include "tensor/kernels/vectorized.h"
 #include "tensor/runtime/backend.h"
 #include "tensor/runtime/devices.h"
@@ -249,7 +250,7 @@ TEST(CpuBackendTest, SoftmaxAndLogSoftmaxMatchADoubleReference) {
       x[0] = 1000.0f;  // large logits must not overflow
       for (bool log : {false, true}) {
         std::vector<float> out(n, kNaN);
-        Cpu().Softmax(0, kFloat32, log, out.data(), x.data(), c.outer, c.dim, c.inner);
+        RunSoftmax(Device::Cpu(0), kFloat32, log, out.data(), x.data(), c.outer, c.dim, c.inner);
         for (int64_t o = 0; o < c.outer; ++o) {
           for (int64_t j = 0; j < c.inner; ++j) {
             auto at = [&](int64_t i) { return (o * c.dim + i) * c.inner + j; };
@@ -273,9 +274,9 @@ TEST(CpuBackendTest, SoftmaxAndLogSoftmaxMatchADoubleReference) {
   });
   std::vector<float> inf_row = {-kInf, 0.0f, -kInf};
   std::vector<float> out(3);
-  Cpu().Softmax(0, kFloat32, false, out.data(), inf_row.data(), 1, 3, 1);
+  RunSoftmax(Device::Cpu(0), kFloat32, false, out.data(), inf_row.data(), 1, 3, 1);
   EXPECT_EQ(out, (std::vector<float>{0, 1, 0}));
-  Cpu().Softmax(0, kFloat32, true, out.data(), nullptr, 0, 3, 1);  // empty
+  RunSoftmax(Device::Cpu(0), kFloat32, true, out.data(), nullptr, 0, 3, 1);  // empty
 }
 
 TYPED_TEST(ReducedFloatTest, SumsAccumulateWideAndMaxMinPropagateNaN) {
@@ -321,8 +322,8 @@ TYPED_TEST(ReducedFloatTest, SoftmaxMatchesFloat32WithinTolerance) {
     const std::vector<float> x32 = Widened(x);
     std::vector<float> expected(x.size());
     std::vector<T> out(x.size());
-    Cpu().Softmax(0, kFloat32, log, expected.data(), x32.data(), outer, dim, inner);
-    Cpu().Softmax(0, DTypeOf<T>::value, log, out.data(), x.data(), outer, dim, inner);
+    RunSoftmax(Device::Cpu(0), kFloat32, log, expected.data(), x32.data(), outer, dim, inner);
+    RunSoftmax(Device::Cpu(0), DTypeOf<T>::value, log, out.data(), x.data(), outer, dim, inner);
     for (size_t i = 0; i < x.size(); ++i) ASSERT_TRUE(CloseFor<T>(expected[i], out[i])) << i;
   }
 }

@@ -1,9 +1,8 @@
-// The CPU backend's fused row norms (tensor/cpu/internal/row_norm_kernels.h). Each row's
+// The CPU backend's fused row norms (tensor/kernels/norm_kernels.h), registered at static
+// initialisation (part of :cpu_backend, which is linked whole). Each row's
 // statistics are computed in OpMath<T> (the 16-bit floats widened a row at a time); the
 // backward's weight and bias sums add fixed blocks of rows in order, so results do not depend
 // on the number of threads.
-#include "tensor/cpu/internal/row_norm_kernels.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -13,8 +12,9 @@
 #include "tensor/base/half.h"
 #include "tensor/cpu/internal/cpu_loops.h"
 #include "tensor/kernels/float_conversions.h"
+#include "tensor/kernels/norm_kernels.h"
 #include "tensor/kernels/vectorized.h"
-#include "tensor/runtime/backend.h"
+#include "tensor/runtime/kernel_stub.h"
 #include "tensor/runtime/threads.h"
 
 namespace tandem {
@@ -239,19 +239,11 @@ void RowNormBackwardTyped(int index, bool rms, int64_t rows, int64_t cols, const
   if (want_db) finish(partial_db, grad_bias_data);
 }
 
-void CheckRowNormShape(const char* kernel, DType dtype, int64_t rows, int64_t cols) {
-  TANDEM_CHECK(IsFloatingPoint(dtype), "CPU ", kernel,
-               " expects a floating dtype (float32, float64, bfloat16 or float16) but got ", dtype,
-               "; convert the input with .to(kFloat32)");
-  TANDEM_CHECK(rows >= 0 && cols > 0, "CPU ", kernel, " expects rows >= 0 and cols > 0 but got [",
-               rows, ", ", cols, "]; a norm needs at least one element per row");
-}
-
-}  // namespace
-
-void RowNorm(int index, DType dtype, bool rms, int64_t rows, int64_t cols, double eps,
-             const void* x, const void* weight, const void* bias, void* y, void* mean, void* rstd) {
-  CheckRowNormShape("RowNorm", dtype, rows, cols);
+// The arguments were checked by RunRowNorm / RunRowNormBackward (tensor/kernels/norm_kernels.h).
+void CpuRowNorm(int index, DType dtype, bool rms, int64_t rows, int64_t cols, double eps,
+                const void* x, const void* weight, const void* bias, void* y, void* mean,
+                void* rstd) {
+  CheckCpuIndex(index);
   if (rows == 0) return;
   DispatchAllFloatingTypes(dtype, "CPU RowNorm", [&](auto tag) {
     RowNormTyped<typename decltype(tag)::type>(index, rms, rows, cols, eps, x, weight, bias, y,
@@ -259,15 +251,20 @@ void RowNorm(int index, DType dtype, bool rms, int64_t rows, int64_t cols, doubl
   });
 }
 
-void RowNormBackward(int index, DType dtype, bool rms, int64_t rows, int64_t cols,
-                     const void* grad_y, const void* x, const void* mean, const void* rstd,
-                     const void* weight, void* grad_x, void* grad_weight, void* grad_bias) {
-  CheckRowNormShape("RowNormBackward", dtype, rows, cols);
+void CpuRowNormBackward(int index, DType dtype, bool rms, int64_t rows, int64_t cols,
+                        const void* grad_y, const void* x, const void* mean, const void* rstd,
+                        const void* weight, void* grad_x, void* grad_weight, void* grad_bias) {
+  CheckCpuIndex(index);
   DispatchAllFloatingTypes(dtype, "CPU RowNormBackward", [&](auto tag) {
     RowNormBackwardTyped<typename decltype(tag)::type>(
         index, rms, rows, cols, grad_y, x, mean, rstd, weight, grad_x, grad_weight, grad_bias);
   });
 }
+
+}  // namespace
+
+TANDEM_REGISTER_KERNEL(RowNormKernel, DeviceType::kCPU, CpuRowNorm);
+TANDEM_REGISTER_KERNEL(RowNormBackwardKernel, DeviceType::kCPU, CpuRowNormBackward);
 
 }  // namespace cpu_internal
 }  // namespace tandem

@@ -1,5 +1,6 @@
-// Fused attention on CUDA (Note [Fused attention], tensor/runtime/backend.h): LaunchAttention*
-// of kernels.h. The CPU backend's tile loops are the oracle (cuda_fused_attention_test.cc).
+// Fused attention on CUDA (Note [Fused attention], tensor/kernels/attention_kernels.h):
+// LaunchAttention* of kernels.h. The CPU backend's tile loops are the oracle
+// (cuda_fused_attention_test.cc).
 //
 // Each thread owns one row: a query row in the forward and in the dq pass of the backward, a
 // key row in the dk/dv pass. A block's rows keep their own operand and accumulators in shared

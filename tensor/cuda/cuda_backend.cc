@@ -3,8 +3,9 @@
 // Each call makes its device's physical GPU current, validates its arguments (with the
 // CPU backend's messages, so errors read the same on either device), and queues its work
 // on the calling thread's current stream of the device (tensor/runtime/stream.h,
-// tensor/cuda/cuda_device.h). Kernels are in *_kernels.cu; GEMM is cuBLAS. Nothing here waits
-// for the GPU except CopyToHost, pageable CopyFromHost and the Synchronize calls.
+// tensor/cuda/cuda_device.h). Kernels are in *_kernels.cu; GEMM is cuBLAS. The ops' own kernels
+// (KernelStubs, tensor/runtime/kernel_stub.h) are registered by tensor/cuda/*_kernels.cc. Nothing
+// here waits for the GPU except CopyToHost, pageable CopyFromHost and the Synchronize calls.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -61,23 +62,6 @@ void CheckSameShape(const KernelTensor& dst, const KernelTensor& src, const char
   TANDEM_CHECK(same, "CUDA ", kernel, " expects ", what, " of the output's shape ",
                ShapeString(dst), " but got ", ShapeString(src),
                "; broadcast or reshape it before calling the kernel");
-}
-
-void CheckGeometry(const Conv2dGeometry& g, const char* kernel) {
-  TANDEM_CHECK(g.batch >= 0 && g.channels >= 0 && g.height >= 0 && g.width >= 0, "CUDA ", kernel,
-               " expects non-negative image sizes but got batch=", g.batch,
-               " channels=", g.channels, " height=", g.height, " width=", g.width);
-  TANDEM_CHECK(g.kernel_h > 0 && g.kernel_w > 0 && g.stride_h > 0 && g.stride_w > 0 &&
-                   g.pad_h >= 0 && g.pad_w >= 0 && g.dilation_h > 0 && g.dilation_w > 0,
-               "CUDA ", kernel,
-               " expects a positive kernel, stride and dilation and non-negative padding but got "
-               "kernel ",
-               g.kernel_h, "x", g.kernel_w, ", stride ", g.stride_h, "x", g.stride_w, ", padding ",
-               g.pad_h, "x", g.pad_w, ", dilation ", g.dilation_h, "x", g.dilation_w);
-  TANDEM_CHECK(g.height + 2 * g.pad_h >= g.span_h() && g.width + 2 * g.pad_w >= g.span_w(), "CUDA ",
-               kernel, ": the ", g.span_h(), "x", g.span_w(),
-               " window (with dilation) is larger than the padded ", g.height + 2 * g.pad_h, "x",
-               g.width + 2 * g.pad_w, " image; use a smaller kernel or more padding");
 }
 
 // BLAS needs rows that do not overlap, except where a matrix has at most one row (the
@@ -168,8 +152,6 @@ class CudaBackend final : public Backend {
               const KernelTensor& b) override;
   void Reduce(int index, ReduceKind op, const KernelTensor& dst, const KernelTensor& src,
               int64_t outer, int64_t reduce, int64_t inner) override;
-  void Softmax(int index, DType dtype, bool log, void* dst, const void* src, int64_t outer,
-               int64_t dim, int64_t inner) override;
   void Gemm(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
             double alpha, const void* a, int64_t lda, int64_t stride_a, const void* b, int64_t ldb,
             int64_t stride_b, double beta, void* c, int64_t ldc, int64_t stride_c,
@@ -179,54 +161,10 @@ class CudaBackend final : public Backend {
   bool GemmFloatOutput(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
                        int64_t k, const void* a, int64_t lda, DType b_dtype, const void* b,
                        int64_t ldb, float* c, int64_t ldc) override;
-  void Im2Col(int index, DType dtype, const Conv2dGeometry& g, const void* image,
-              void* columns) override;
-  void Col2Im(int index, DType dtype, const Conv2dGeometry& g, const void* columns,
-              void* image) override;
-  void MaxPool2d(int index, DType dtype, const Conv2dGeometry& g, const void* input, void* output,
-                 int64_t* argmax) override;
-  void MaxPool2dBackward(int index, DType dtype, const Conv2dGeometry& g, const void* grad_output,
-                         const int64_t* argmax, void* grad_input) override;
-  void AvgPool2d(int index, DType dtype, const Conv2dGeometry& g, bool count_include_pad,
-                 const void* input, void* output) override;
-  void AvgPool2dBackward(int index, DType dtype, const Conv2dGeometry& g, bool count_include_pad,
-                         const void* grad_output, void* grad_input) override;
-  void AdaptiveAvgPool2d(int index, DType dtype, int64_t planes, int64_t height, int64_t width,
-                         int64_t out_h, int64_t out_w, const void* input, void* output) override;
-  void AdaptiveAvgPool2dBackward(int index, DType dtype, int64_t planes, int64_t height,
-                                 int64_t width, int64_t out_h, int64_t out_w,
-                                 const void* grad_output, void* grad_input) override;
-  void GatherColumns(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
-                     int64_t rows, int64_t cols) override;
-  void ScatterAddColumns(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
-                         int64_t rows, int64_t cols) override;
-  void Gather(int index, DType dtype, void* dst, const void* src, const int64_t* idx, int64_t outer,
-              int64_t src_dim, int64_t idx_dim, int64_t inner) override;
-  void ScatterAdd(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
-                  int64_t outer, int64_t dst_dim, int64_t idx_dim, int64_t inner) override;
   void RandomUniform(int index, DType dtype, void* dst, int64_t n, uint64_t seed, uint64_t offset,
                      double low, double high) override;
   void RandomNormal(int index, DType dtype, void* dst, int64_t n, uint64_t seed, uint64_t offset,
                     double mean, double stddev) override;
-  // Fused row norms and triangles (Note [Fused row norms]).
-  void RowNorm(int index, DType dtype, bool rms, int64_t rows, int64_t cols, double eps,
-               const void* x, const void* weight, const void* bias, void* y, void* mean,
-               void* rstd) override;
-  void RowNormBackward(int index, DType dtype, bool rms, int64_t rows, int64_t cols,
-                       const void* grad_y, const void* x, const void* mean, const void* rstd,
-                       const void* weight, void* grad_x, void* grad_weight,
-                       void* grad_bias) override;
-  void Triangle(int index, DType dtype, bool lower, int64_t diagonal, int64_t batch, int64_t rows,
-                int64_t cols, const void* src, void* dst) override;
-
-  // ---- Fused attention (attention_kernels.cu) ---------------------------------------------
-  void AttentionForward(int index, DType dtype, const AttentionGeometry& g, const void* q,
-                        const void* k, const void* v, const void* mask, void* out,
-                        void* logsumexp) override;
-  void AttentionBackward(int index, DType dtype, const AttentionGeometry& g, const void* q,
-                         const void* k, const void* v, const void* mask, const void* out,
-                         const void* dout, const void* logsumexp, void* dq, void* dk,
-                         void* dv) override;
 
  private:
   CudaBackend() = default;
@@ -426,16 +364,6 @@ void CudaBackend::Reduce(int index, ReduceKind op, const KernelTensor& dst, cons
   LaunchReduce(device.Launch(), op, dst, src, outer, reduce, inner);
 }
 
-void CudaBackend::Softmax(int index, DType dtype, bool log, void* dst, const void* src,
-                          int64_t outer, int64_t dim, int64_t inner) {
-  CudaDevice& device = Device(index);
-  TANDEM_CHECK(outer >= 0 && dim >= 0 && inner >= 0,
-               "CUDA Softmax expects non-negative [outer, dim, inner] but got [", outer, ", ", dim,
-               ", ", inner, "]");
-  DeviceGuard guard(device.physical());
-  LaunchSoftmax(device.Launch(), dtype, log, dst, src, outer, dim, inner);
-}
-
 // ---- GEMM --------------------------------------------------------------------------------------
 
 // cuBLAS's GEMM entry points for T: the one place the backend names a precision. float32 and
@@ -572,111 +500,6 @@ bool CudaBackend::GemmFloatOutput(int index, DType dtype, bool trans_a, bool tra
   return true;
 }
 
-// ---- Convolution, pooling, gather/scatter --------------------------------------------------
-
-void CudaBackend::Im2Col(int index, DType dtype, const Conv2dGeometry& g, const void* image,
-                         void* columns) {
-  CudaDevice& device = Device(index);
-  CheckGeometry(g, "Im2Col");
-  DeviceGuard guard(device.physical());
-  LaunchIm2Col(device.Launch(), dtype, g, image, columns);
-}
-
-void CudaBackend::Col2Im(int index, DType dtype, const Conv2dGeometry& g, const void* columns,
-                         void* image) {
-  CudaDevice& device = Device(index);
-  CheckGeometry(g, "Col2Im");
-  DeviceGuard guard(device.physical());
-  LaunchCol2Im(device.Launch(), dtype, g, columns, image);
-}
-
-void CudaBackend::MaxPool2d(int index, DType dtype, const Conv2dGeometry& g, const void* input,
-                            void* output, int64_t* argmax) {
-  CudaDevice& device = Device(index);
-  CheckGeometry(g, "MaxPool2d");
-  TANDEM_CHECK(g.pad_h * 2 <= g.kernel_h && g.pad_w * 2 <= g.kernel_w, "CUDA MaxPool2d: padding ",
-               g.pad_h, "x", g.pad_w, " must be at most half the kernel ", g.kernel_h, "x",
-               g.kernel_w, " (as in PyTorch), so that every window covers part of the image");
-  const bool has_output = g.batch * g.channels * g.out_h() * g.out_w() > 0;
-  TANDEM_CHECK(!has_output || g.height * g.width > 0, "CUDA MaxPool2d: cannot pool ", g.height, "x",
-               g.width,
-               " images: every window would lie in the padding; give images at least one pixel");
-  DeviceGuard guard(device.physical());
-  LaunchMaxPool2d(device.Launch(), dtype, g, input, output, argmax);
-}
-
-void CudaBackend::MaxPool2dBackward(int index, DType dtype, const Conv2dGeometry& g,
-                                    const void* grad_output, const int64_t* argmax,
-                                    void* grad_input) {
-  CudaDevice& device = Device(index);
-  CheckGeometry(g, "MaxPool2dBackward");
-  DeviceGuard guard(device.physical());
-  LaunchMaxPool2dBackward(device.Launch(), dtype, g, grad_output, argmax, grad_input);
-}
-
-void CudaBackend::AvgPool2d(int index, DType dtype, const Conv2dGeometry& g, bool count_include_pad,
-                            const void* input, void* output) {
-  CudaDevice& device = Device(index);
-  CheckGeometry(g, "AvgPool2d");
-  DeviceGuard guard(device.physical());
-  LaunchAvgPool2d(device.Launch(), dtype, g, count_include_pad, input, output);
-}
-
-void CudaBackend::AvgPool2dBackward(int index, DType dtype, const Conv2dGeometry& g,
-                                    bool count_include_pad, const void* grad_output,
-                                    void* grad_input) {
-  CudaDevice& device = Device(index);
-  CheckGeometry(g, "AvgPool2dBackward");
-  DeviceGuard guard(device.physical());
-  LaunchAvgPool2dBackward(device.Launch(), dtype, g, count_include_pad, grad_output, grad_input);
-}
-
-void CudaBackend::AdaptiveAvgPool2d(int index, DType dtype, int64_t planes, int64_t height,
-                                    int64_t width, int64_t out_h, int64_t out_w, const void* input,
-                                    void* output) {
-  CudaDevice& device = Device(index);
-  DeviceGuard guard(device.physical());
-  LaunchAdaptiveAvgPool2d(device.Launch(), dtype, planes, height, width, out_h, out_w, input,
-                          output);
-}
-
-void CudaBackend::AdaptiveAvgPool2dBackward(int index, DType dtype, int64_t planes, int64_t height,
-                                            int64_t width, int64_t out_h, int64_t out_w,
-                                            const void* grad_output, void* grad_input) {
-  CudaDevice& device = Device(index);
-  DeviceGuard guard(device.physical());
-  LaunchAdaptiveAvgPool2dBackward(device.Launch(), dtype, planes, height, width, out_h, out_w,
-                                  grad_output, grad_input);
-}
-
-void CudaBackend::GatherColumns(int index, DType dtype, void* dst, const void* src,
-                                const int64_t* idx, int64_t rows, int64_t cols) {
-  CudaDevice& device = Device(index);
-  DeviceGuard guard(device.physical());
-  LaunchGatherColumns(device.Launch(), dtype, dst, src, idx, rows, cols);
-}
-
-void CudaBackend::ScatterAddColumns(int index, DType dtype, void* dst, const void* src,
-                                    const int64_t* idx, int64_t rows, int64_t cols) {
-  CudaDevice& device = Device(index);
-  DeviceGuard guard(device.physical());
-  LaunchScatterAddColumns(device.Launch(), dtype, dst, src, idx, rows, cols);
-}
-
-void CudaBackend::Gather(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
-                         int64_t outer, int64_t src_dim, int64_t idx_dim, int64_t inner) {
-  CudaDevice& device = Device(index);
-  DeviceGuard guard(device.physical());
-  LaunchGather(device.Launch(), dtype, dst, src, idx, outer, src_dim, idx_dim, inner);
-}
-
-void CudaBackend::ScatterAdd(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
-                             int64_t outer, int64_t dst_dim, int64_t idx_dim, int64_t inner) {
-  CudaDevice& device = Device(index);
-  DeviceGuard guard(device.physical());
-  LaunchScatterAdd(device.Launch(), dtype, dst, src, idx, outer, dst_dim, idx_dim, inner);
-}
-
 // ---- Random numbers --------------------------------------------------------------------------
 
 void CudaBackend::RandomUniform(int index, DType dtype, void* dst, int64_t n, uint64_t seed,
@@ -691,71 +514,6 @@ void CudaBackend::RandomNormal(int index, DType dtype, void* dst, int64_t n, uin
   CudaDevice& device = Device(index);
   DeviceGuard guard(device.physical());
   LaunchRandomNormal(device.Launch(), dtype, dst, n, seed, offset, mean, stddev);
-}
-
-// ---- Fused row norms and triangles ---------------------------------------------------------
-
-void CudaBackend::RowNorm(int index, DType dtype, bool rms, int64_t rows, int64_t cols, double eps,
-                          const void* x, const void* weight, const void* bias, void* y, void* mean,
-                          void* rstd) {
-  CudaDevice& device = Device(index);
-  TANDEM_CHECK(rows >= 0 && cols > 0, "CUDA RowNorm expects rows >= 0 and cols > 0 but got [", rows,
-               ", ", cols, "]; a norm needs at least one element per row");
-  DeviceGuard guard(device.physical());
-  LaunchRowNorm(device.Launch(), dtype, rms, rows, cols, eps, x, weight, bias, y, mean, rstd);
-}
-
-void CudaBackend::RowNormBackward(int index, DType dtype, bool rms, int64_t rows, int64_t cols,
-                                  const void* grad_y, const void* x, const void* mean,
-                                  const void* rstd, const void* weight, void* grad_x,
-                                  void* grad_weight, void* grad_bias) {
-  CudaDevice& device = Device(index);
-  TANDEM_CHECK(rows >= 0 && cols > 0,
-               "CUDA RowNormBackward expects rows >= 0 and cols > 0 but got [", rows, ", ", cols,
-               "]; a norm needs at least one element per row");
-  DeviceGuard guard(device.physical());
-  LaunchRowNormBackward(device.Launch(), dtype, rms, rows, cols, grad_y, x, mean, rstd, weight,
-                        grad_x, grad_weight, grad_bias);
-}
-
-void CudaBackend::Triangle(int index, DType dtype, bool lower, int64_t diagonal, int64_t batch,
-                           int64_t rows, int64_t cols, const void* src, void* dst) {
-  CudaDevice& device = Device(index);
-  TANDEM_CHECK(batch >= 0 && rows >= 0 && cols >= 0,
-               "CUDA Triangle expects non-negative [batch, rows, cols] but got [", batch, ", ",
-               rows, ", ", cols, "]");
-  DeviceGuard guard(device.physical());
-  LaunchTriangle(device.Launch(), dtype, lower, diagonal, batch, rows, cols, src, dst);
-}
-
-// ---- Fused attention ------------------------------------------------------------------------
-
-void CudaBackend::AttentionForward(int index, DType dtype, const AttentionGeometry& g,
-                                   const void* q, const void* k, const void* v, const void* mask,
-                                   void* out, void* logsumexp) {
-  CudaDevice& device = Device(index);
-  TANDEM_CHECK(
-      g.batch >= 0 && g.query_len >= 0 && g.key_len >= 0 && g.head_dim >= 0 && g.value_dim >= 0,
-      "CUDA AttentionForward expects non-negative sizes but got batch=", g.batch,
-      " query_len=", g.query_len, " key_len=", g.key_len, " head_dim=", g.head_dim,
-      " value_dim=", g.value_dim);
-  DeviceGuard guard(device.physical());
-  LaunchAttentionForward(device.Launch(), dtype, g, q, k, v, mask, out, logsumexp);
-}
-
-void CudaBackend::AttentionBackward(int index, DType dtype, const AttentionGeometry& g,
-                                    const void* q, const void* k, const void* v, const void* mask,
-                                    const void* out, const void* dout, const void* logsumexp,
-                                    void* dq, void* dk, void* dv) {
-  CudaDevice& device = Device(index);
-  TANDEM_CHECK(
-      g.batch >= 0 && g.query_len >= 0 && g.key_len >= 0 && g.head_dim >= 0 && g.value_dim >= 0,
-      "CUDA AttentionBackward expects non-negative sizes but got batch=", g.batch,
-      " query_len=", g.query_len, " key_len=", g.key_len, " head_dim=", g.head_dim,
-      " value_dim=", g.value_dim);
-  DeviceGuard guard(device.physical());
-  LaunchAttentionBackward(device.Launch(), dtype, g, q, k, v, mask, out, dout, logsumexp, dq, dk,
-                          dv);
 }
 
 BackendRegistration registration(DeviceType::kCUDA, &CudaBackend::Instance);

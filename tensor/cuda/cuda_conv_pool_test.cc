@@ -16,7 +16,9 @@
 
 #include "tensor/base/error.h"
 #include "tensor/cuda/cuda_backend_testing.h"
+#include "tensor/kernels/conv_kernels.h"
 #include "tensor/kernels/internal/elementwise_math.h"
+#include "tensor/kernels/pooling_kernels.h"
 #include "tensor/runtime/backend.h"
 
 namespace tandem {
@@ -51,15 +53,15 @@ void CudaBackendTest::ExpectIm2ColAndCol2ImMatch() {
         g.batch * g.channels * g.kernel_h * g.kernel_w * g.out_h() * g.out_w();
     Buffer<T> image(Random<T>(image_size));
     Buffer<T> columns(column_size);
-    cpu_.Im2Col(0, dtype, g, image.cpu(), columns.cpu());
-    gpu_.Im2Col(0, dtype, g, image.gpu(), columns.gpu());
+    RunIm2Col(Device::Cpu(0), dtype, g, image.cpu(), columns.cpu());
+    RunIm2Col(Device::Cuda(0), dtype, g, image.gpu(), columns.gpu());
     ExpectBitwiseEqual(columns.Cpu(), columns.Gpu(),
                        Note(DTypePrefix<T>() + "im2col " + Describe(g)));
     // Col2Im adds in the CPU's order: bitwise equal too.
     Buffer<T> grad_columns(Random<T>(column_size));
     Buffer<T> grad_image(image_size);
-    cpu_.Col2Im(0, dtype, g, grad_columns.cpu(), grad_image.cpu());
-    gpu_.Col2Im(0, dtype, g, grad_columns.gpu(), grad_image.gpu());
+    RunCol2Im(Device::Cpu(0), dtype, g, grad_columns.cpu(), grad_image.cpu());
+    RunCol2Im(Device::Cuda(0), dtype, g, grad_columns.gpu(), grad_image.gpu());
     ExpectBitwiseEqual(grad_image.Cpu(), grad_image.Gpu(),
                        Note(DTypePrefix<T>() + "col2im " + Describe(g)));
   }
@@ -82,14 +84,16 @@ void CudaBackendTest::ExpectMaxPoolMatches() {
     Buffer<T> input(RandomIntegers<T>(input_size, -3, 3));
     Buffer<T> output(output_size);
     Buffer<int64_t> argmax(output_size);
-    cpu_.MaxPool2d(0, dtype, g, input.cpu(), output.cpu(), argmax.cpu());
-    gpu_.MaxPool2d(0, dtype, g, input.gpu(), output.gpu(), argmax.gpu());
+    RunMaxPool2d(Device::Cpu(0), dtype, g, input.cpu(), output.cpu(), argmax.cpu());
+    RunMaxPool2d(Device::Cuda(0), dtype, g, input.gpu(), output.gpu(), argmax.gpu());
     ExpectBitwiseEqual(output.Cpu(), output.Gpu(), Note(what));
     ExpectEqual(argmax.Cpu(), argmax.Gpu(), Note(what + " argmax"));
     Buffer<T> grad_output(Random<T>(output_size));
     Buffer<T> grad_input(input_size);
-    cpu_.MaxPool2dBackward(0, dtype, g, grad_output.cpu(), argmax.cpu(), grad_input.cpu());
-    gpu_.MaxPool2dBackward(0, dtype, g, grad_output.gpu(), argmax.gpu(), grad_input.gpu());
+    RunMaxPool2dBackward(Device::Cpu(0), dtype, g, grad_output.cpu(), argmax.cpu(),
+                         grad_input.cpu());
+    RunMaxPool2dBackward(Device::Cuda(0), dtype, g, grad_output.gpu(), argmax.gpu(),
+                         grad_input.gpu());
     ExpectBitwiseEqual(grad_input.Cpu(), grad_input.Gpu(), Note(what + " backward"));
   }
 }
@@ -114,13 +118,15 @@ TEST_F(CudaBackendFloat64Test, AvgPoolAndAdaptiveAvgPool) {
     for (bool count_include_pad : {false, true}) {
       const std::string how = count_include_pad ? " counting padding" : "";
       Buffer<double> averaged(output_size);
-      cpu_.AvgPool2d(0, kFloat64, g, count_include_pad, image.cpu(), averaged.cpu());
-      gpu_.AvgPool2d(0, kFloat64, g, count_include_pad, image.gpu(), averaged.gpu());
+      RunAvgPool2d(Device::Cpu(0), kFloat64, g, count_include_pad, image.cpu(), averaged.cpu());
+      RunAvgPool2d(Device::Cuda(0), kFloat64, g, count_include_pad, image.gpu(), averaged.gpu());
       ExpectBitwiseEqual(averaged.Cpu(), averaged.Gpu(),
                          Note("float64 avg_pool2d " + Describe(g) + how));
       Buffer<double> avg_grad(image_size);
-      cpu_.AvgPool2dBackward(0, kFloat64, g, count_include_pad, grad_output.cpu(), avg_grad.cpu());
-      gpu_.AvgPool2dBackward(0, kFloat64, g, count_include_pad, grad_output.gpu(), avg_grad.gpu());
+      RunAvgPool2dBackward(Device::Cpu(0), kFloat64, g, count_include_pad, grad_output.cpu(),
+                           avg_grad.cpu());
+      RunAvgPool2dBackward(Device::Cuda(0), kFloat64, g, count_include_pad, grad_output.gpu(),
+                           avg_grad.gpu());
       ExpectBitwiseEqual(avg_grad.Cpu(), avg_grad.Gpu(),
                          Note("float64 avg_pool2d backward " + Describe(g) + how));
     }
@@ -130,16 +136,18 @@ TEST_F(CudaBackendFloat64Test, AvgPoolAndAdaptiveAvgPool) {
     const int64_t planes = 6;
     Buffer<double> input(Random<double>(planes * in * in));
     Buffer<double> output(planes * out * out);
-    cpu_.AdaptiveAvgPool2d(0, kFloat64, planes, in, in, out, out, input.cpu(), output.cpu());
-    gpu_.AdaptiveAvgPool2d(0, kFloat64, planes, in, in, out, out, input.gpu(), output.gpu());
+    AdaptiveAvgPool2dKernel(Device::Cpu(0), kFloat64, planes, in, in, out, out, input.cpu(),
+                            output.cpu());
+    AdaptiveAvgPool2dKernel(Device::Cuda(0), kFloat64, planes, in, in, out, out, input.gpu(),
+                            output.gpu());
     const std::string what = std::to_string(in) + " -> " + std::to_string(out);
     ExpectBitwiseEqual(output.Cpu(), output.Gpu(), Note("float64 adaptive_avg_pool2d " + what));
     Buffer<double> grad_output(Random<double>(planes * out * out));
     Buffer<double> grad_input(planes * in * in);
-    cpu_.AdaptiveAvgPool2dBackward(0, kFloat64, planes, in, in, out, out, grad_output.cpu(),
-                                   grad_input.cpu());
-    gpu_.AdaptiveAvgPool2dBackward(0, kFloat64, planes, in, in, out, out, grad_output.gpu(),
-                                   grad_input.gpu());
+    AdaptiveAvgPool2dBackwardKernel(Device::Cpu(0), kFloat64, planes, in, in, out, out,
+                                    grad_output.cpu(), grad_input.cpu());
+    AdaptiveAvgPool2dBackwardKernel(Device::Cuda(0), kFloat64, planes, in, in, out, out,
+                                    grad_output.gpu(), grad_input.gpu());
     ExpectBitwiseEqual(grad_input.Cpu(), grad_input.Gpu(),
                        Note("float64 adaptive_avg_pool2d backward " + what));
   }
@@ -162,16 +170,16 @@ void CudaBackendReducedTest::ExpectConvolutionAndPoolingMatch() {
     // im2col copies; col2im sums in float in the CPU's order: both bitwise.
     Buffer<T> columns(columns_size);
     Buffer<float> expected_columns(columns_size);
-    cpu_.Im2Col(0, kFloat32, g, wide_image.cpu(), expected_columns.cpu());
-    gpu_.Im2Col(0, dtype, g, image.gpu(), columns.gpu());
+    RunIm2Col(Device::Cpu(0), kFloat32, g, wide_image.cpu(), expected_columns.cpu());
+    RunIm2Col(Device::Cuda(0), dtype, g, image.gpu(), columns.gpu());
     ExpectBitwiseEqual(Rounded<T>(expected_columns.Cpu()), columns.Gpu(),
                        Note(prefix + "im2col" + where));
     Buffer<T> grad_columns(RandomReduced<T>(columns_size));
     Buffer<float> wide_grad_columns = Wide(grad_columns);
     Buffer<T> col2im(image_size);
     Buffer<float> expected_col2im(image_size);
-    cpu_.Col2Im(0, kFloat32, g, wide_grad_columns.cpu(), expected_col2im.cpu());
-    gpu_.Col2Im(0, dtype, g, grad_columns.gpu(), col2im.gpu());
+    RunCol2Im(Device::Cpu(0), kFloat32, g, wide_grad_columns.cpu(), expected_col2im.cpu());
+    RunCol2Im(Device::Cuda(0), dtype, g, grad_columns.gpu(), col2im.gpu());
     ExpectBitwiseEqual(Rounded<T>(expected_col2im.Cpu()), col2im.Gpu(),
                        Note(prefix + "col2im" + where));
     // Max pooling over small integers (ties), forward and backward.
@@ -182,8 +190,9 @@ void CudaBackendReducedTest::ExpectConvolutionAndPoolingMatch() {
     Buffer<float> expected_pooled(output_size);
     Buffer<int64_t> argmax(output_size);
     Buffer<int64_t> expected_argmax(output_size);
-    cpu_.MaxPool2d(0, kFloat32, g, wide_ties.cpu(), expected_pooled.cpu(), expected_argmax.cpu());
-    gpu_.MaxPool2d(0, dtype, g, ties.gpu(), pooled.gpu(), argmax.gpu());
+    RunMaxPool2d(Device::Cpu(0), kFloat32, g, wide_ties.cpu(), expected_pooled.cpu(),
+                 expected_argmax.cpu());
+    RunMaxPool2d(Device::Cuda(0), dtype, g, ties.gpu(), pooled.gpu(), argmax.gpu());
     ExpectBitwiseEqual(Rounded<T>(expected_pooled.Cpu()), pooled.Gpu(),
                        Note(prefix + "max_pool2d" + where));
     ExpectEqual(expected_argmax.Cpu(), argmax.Gpu(), Note(prefix + "max_pool2d argmax" + where));
@@ -191,24 +200,27 @@ void CudaBackendReducedTest::ExpectConvolutionAndPoolingMatch() {
     Buffer<float> wide_grad_output = Wide(grad_output);
     Buffer<T> grad_input(image_size);
     Buffer<float> expected_grad_input(image_size);
-    cpu_.MaxPool2dBackward(0, kFloat32, g, wide_grad_output.cpu(), expected_argmax.cpu(),
-                           expected_grad_input.cpu());
-    gpu_.MaxPool2dBackward(0, dtype, g, grad_output.gpu(), argmax.gpu(), grad_input.gpu());
+    RunMaxPool2dBackward(Device::Cpu(0), kFloat32, g, wide_grad_output.cpu(), expected_argmax.cpu(),
+                         expected_grad_input.cpu());
+    RunMaxPool2dBackward(Device::Cuda(0), dtype, g, grad_output.gpu(), argmax.gpu(),
+                         grad_input.gpu());
     ExpectBitwiseEqual(Rounded<T>(expected_grad_input.Cpu()), grad_input.Gpu(),
                        Note(prefix + "max_pool2d backward" + where));
     for (bool count_include_pad : {false, true}) {
       const std::string how = count_include_pad ? " counting padding" : "";
       Buffer<T> averaged(output_size);
       Buffer<float> expected_averaged(output_size);
-      cpu_.AvgPool2d(0, kFloat32, g, count_include_pad, wide_image.cpu(), expected_averaged.cpu());
-      gpu_.AvgPool2d(0, dtype, g, count_include_pad, image.gpu(), averaged.gpu());
+      RunAvgPool2d(Device::Cpu(0), kFloat32, g, count_include_pad, wide_image.cpu(),
+                   expected_averaged.cpu());
+      RunAvgPool2d(Device::Cuda(0), dtype, g, count_include_pad, image.gpu(), averaged.gpu());
       ExpectBitwiseEqual(Rounded<T>(expected_averaged.Cpu()), averaged.Gpu(),
                          Note(prefix + "avg_pool2d" + where + how));
       Buffer<T> avg_grad(image_size);
       Buffer<float> expected_avg_grad(image_size);
-      cpu_.AvgPool2dBackward(0, kFloat32, g, count_include_pad, wide_grad_output.cpu(),
-                             expected_avg_grad.cpu());
-      gpu_.AvgPool2dBackward(0, dtype, g, count_include_pad, grad_output.gpu(), avg_grad.gpu());
+      RunAvgPool2dBackward(Device::Cpu(0), kFloat32, g, count_include_pad, wide_grad_output.cpu(),
+                           expected_avg_grad.cpu());
+      RunAvgPool2dBackward(Device::Cuda(0), dtype, g, count_include_pad, grad_output.gpu(),
+                           avg_grad.gpu());
       ExpectBitwiseEqual(Rounded<T>(expected_avg_grad.Cpu()), avg_grad.Gpu(),
                          Note(prefix + "avg_pool2d backward" + where + how));
     }
@@ -219,17 +231,19 @@ void CudaBackendReducedTest::ExpectConvolutionAndPoolingMatch() {
     Buffer<T> input(RandomReduced<T>(planes * in * in));
     Buffer<float> wide_input = Wide(input), expected(planes * out * out);
     Buffer<T> output(planes * out * out);
-    cpu_.AdaptiveAvgPool2d(0, kFloat32, planes, in, in, out, out, wide_input.cpu(), expected.cpu());
-    gpu_.AdaptiveAvgPool2d(0, dtype, planes, in, in, out, out, input.gpu(), output.gpu());
+    AdaptiveAvgPool2dKernel(Device::Cpu(0), kFloat32, planes, in, in, out, out, wide_input.cpu(),
+                            expected.cpu());
+    AdaptiveAvgPool2dKernel(Device::Cuda(0), dtype, planes, in, in, out, out, input.gpu(),
+                            output.gpu());
     ExpectBitwiseEqual(Rounded<T>(expected.Cpu()), output.Gpu(),
                        Note(prefix + "adaptive_avg_pool2d" + what));
     Buffer<T> grad_output(RandomReduced<T>(planes * out * out));
     Buffer<float> wide_grad = Wide(grad_output), expected_grad(planes * in * in);
     Buffer<T> grad_input(planes * in * in);
-    cpu_.AdaptiveAvgPool2dBackward(0, kFloat32, planes, in, in, out, out, wide_grad.cpu(),
-                                   expected_grad.cpu());
-    gpu_.AdaptiveAvgPool2dBackward(0, dtype, planes, in, in, out, out, grad_output.gpu(),
-                                   grad_input.gpu());
+    AdaptiveAvgPool2dBackwardKernel(Device::Cpu(0), kFloat32, planes, in, in, out, out,
+                                    wide_grad.cpu(), expected_grad.cpu());
+    AdaptiveAvgPool2dBackwardKernel(Device::Cuda(0), dtype, planes, in, in, out, out,
+                                    grad_output.gpu(), grad_input.gpu());
     ExpectBitwiseEqual(Rounded<T>(expected_grad.Cpu()), grad_input.Gpu(),
                        Note(prefix + "adaptive_avg_pool2d backward" + what));
   }

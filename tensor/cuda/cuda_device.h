@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tensor/cuda/kernels.h"
@@ -164,6 +165,18 @@ class CudaDevices {
   std::mutex peer_mutex_;
   std::vector<std::pair<int, int>> peer_pairs_done_;
 };
+
+// Queues `launch` (a launcher of kernels.h) on logical device `index`: its GPU made current,
+// its LaunchContext (the calling thread's current stream). What each KernelStub registration
+// of tensor/cuda/*_kernels.cc does.
+//
+//   void CudaTriangle(int index, DType dtype, ...) { LaunchOnDevice(index, &LaunchTriangle, ...); }
+template <typename... Params, typename... Args>
+void LaunchOnDevice(int index, void (*launch)(const LaunchContext&, Params...), Args&&... args) {
+  CudaDevice& device = CudaDevices::Get().device(index);
+  DeviceGuard guard(device.physical());
+  launch(device.Launch(), std::forward<Args>(args)...);
+}
 
 }  // namespace cuda
 }  // namespace tandem

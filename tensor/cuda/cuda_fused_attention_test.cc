@@ -16,6 +16,7 @@
 
 #include "tensor/base/error.h"
 #include "tensor/cuda/cuda_backend_testing.h"
+#include "tensor/kernels/attention_kernels.h"
 #include "tensor/kernels/internal/elementwise_math.h"
 #include "tensor/runtime/backend.h"
 
@@ -82,17 +83,19 @@ void ExpectAttentionMatches(Backend& cpu, Backend& gpu, std::mt19937_64& rng,
   Buffer<M> lse(c.batch * c.l, DTypeOf<M>::value, device);
   Buffer<T> dq(c.batch * c.l * c.e, dtype, device), dk(c.batch * c.s * c.e, dtype, device),
       dv(c.batch * c.s * c.ev, dtype, device);
-  cpu.AttentionForward(0, dtype, g, q.cpu(), k.cpu(), v.cpu(), c.mask ? mask.cpu() : nullptr,
-                       out.cpu(), lse.cpu());
-  gpu.AttentionForward(device, dtype, g, q.gpu(), k.gpu(), v.gpu(), c.mask ? mask.gpu() : nullptr,
-                       out.gpu(), lse.gpu());
+  RunAttentionForward(Device::Cpu(0), dtype, g, q.cpu(), k.cpu(), v.cpu(),
+                      c.mask ? mask.cpu() : nullptr, out.cpu(), lse.cpu());
+  RunAttentionForward(Device::Cuda(device), dtype, g, q.gpu(), k.gpu(), v.gpu(),
+                      c.mask ? mask.gpu() : nullptr, out.gpu(), lse.gpu());
   ExpectNear(out.Cpu(), out.Gpu(), rtol, atol, what + " out");
   ExpectNear(lse.Cpu(), lse.Gpu(), rtol, atol, what + " logsumexp");
   // The backward of each device from its own forward: both read out and logsumexp.
-  cpu.AttentionBackward(0, dtype, g, q.cpu(), k.cpu(), v.cpu(), c.mask ? mask.cpu() : nullptr,
-                        out.cpu(), dout.cpu(), lse.cpu(), dq.cpu(), dk.cpu(), dv.cpu());
-  gpu.AttentionBackward(device, dtype, g, q.gpu(), k.gpu(), v.gpu(), c.mask ? mask.gpu() : nullptr,
-                        out.gpu(), dout.gpu(), lse.gpu(), dq.gpu(), dk.gpu(), dv.gpu());
+  RunAttentionBackward(Device::Cpu(0), dtype, g, q.cpu(), k.cpu(), v.cpu(),
+                       c.mask ? mask.cpu() : nullptr, out.cpu(), dout.cpu(), lse.cpu(), dq.cpu(),
+                       dk.cpu(), dv.cpu());
+  RunAttentionBackward(Device::Cuda(device), dtype, g, q.gpu(), k.gpu(), v.gpu(),
+                       c.mask ? mask.gpu() : nullptr, out.gpu(), dout.gpu(), lse.gpu(), dq.gpu(),
+                       dk.gpu(), dv.gpu());
   ExpectNear(dq.Cpu(), dq.Gpu(), rtol, atol, what + " dq");
   ExpectNear(dk.Cpu(), dk.Gpu(), rtol, atol, what + " dk");
   ExpectNear(dv.Cpu(), dv.Gpu(), rtol, atol, what + " dv");
@@ -116,8 +119,8 @@ TEST_F(CudaBackendTest, FusedAttentionMatchesCpu) {
   Buffer<int64_t> ints(4);
   AttentionGeometry g;
   g.batch = g.query_len = g.key_len = g.head_dim = g.value_dim = 1;
-  EXPECT_THROW(gpu_.AttentionForward(0, kInt64, g, ints.gpu(), ints.gpu(), ints.gpu(), nullptr,
-                                     ints.gpu(), ints.gpu()),
+  EXPECT_THROW(RunAttentionForward(Device::Cuda(0), kInt64, g, ints.gpu(), ints.gpu(), ints.gpu(),
+                                   nullptr, ints.gpu(), ints.gpu()),
                Error);
 }
 
@@ -164,7 +167,8 @@ TEST_F(CudaBackendTest, FusedAttentionWithoutSharedMemoryOptInTilesOrSaysWhy) {
   g.scale = 1.0 / 16;
   Buffer<double> x(256, kFloat64, 1), lse(1, kFloat64, 1);
   try {
-    gpu_.AttentionForward(1, kFloat64, g, x.gpu(), x.gpu(), x.gpu(), nullptr, x.gpu(), lse.gpu());
+    RunAttentionForward(Device::Cuda(1), kFloat64, g, x.gpu(), x.gpu(), x.gpu(), nullptr, x.gpu(),
+                        lse.gpu());
     ADD_FAILURE() << "float64 head size 256 ran in 48 KiB of shared memory";
   } catch (const Error& error) {
     const std::string message = error.what();

@@ -17,6 +17,8 @@
 #include "tensor/base/error.h"
 #include "tensor/cuda/cuda_backend_testing.h"
 #include "tensor/kernels/internal/elementwise_math.h"
+#include "tensor/kernels/norm_kernels.h"
+#include "tensor/kernels/triangle_kernels.h"
 #include "tensor/runtime/backend.h"
 
 namespace tandem {
@@ -51,15 +53,15 @@ class CudaFusedNormTest : public CudaBackendReducedTest {
           Buffer<M> mean(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
           const bool has_w = affine >= 1, has_b = affine == 2;
           for (bool gpu : {false, true}) {
-            Backend& backend = gpu ? gpu_ : cpu_;
+            const Device device = gpu ? Device::Cuda() : Device::Cpu();
             auto at = [&](auto& buffer, bool present) -> decltype(buffer.cpu()) {
               return present ? (gpu ? buffer.gpu() : buffer.cpu()) : nullptr;
             };
-            backend.RowNorm(0, dtype, rms, rows, cols, 1e-5, at(x, true), at(weight, has_w),
-                            at(bias, has_b), at(y, true), at(mean, !rms), at(rstd, true));
-            backend.RowNormBackward(0, dtype, rms, rows, cols, at(dy, true), at(x, true),
-                                    at(mean, !rms), at(rstd, true), at(weight, has_w), at(dx, true),
-                                    at(dw, has_w), at(db, has_b));
+            RunRowNorm(device, dtype, rms, rows, cols, 1e-5, at(x, true), at(weight, has_w),
+                       at(bias, has_b), at(y, true), at(mean, !rms), at(rstd, true));
+            RunRowNormBackward(device, dtype, rms, rows, cols, at(dy, true), at(x, true),
+                               at(mean, !rms), at(rstd, true), at(weight, has_w), at(dx, true),
+                               at(dw, has_w), at(db, has_b));
           }
           ExpectNear(y.Cpu(), y.Gpu(), rtol, atol, what + ": y");
           ExpectNear(rstd.Cpu(), rstd.Gpu(), rtol, atol, what + ": rstd");
@@ -86,10 +88,13 @@ class CudaFusedNormTest : public CudaBackendReducedTest {
         std::vector<T> values(n);
         for (size_t i = 0; i < n; ++i) values[i] = static_cast<T>(static_cast<float>(1 + i % 100));
         Buffer<T> src(values, dtype), dst(n, dtype);
-        cpu_.Triangle(0, dtype, lower, diagonal, batch, rows, cols, src.cpu(), dst.cpu());
-        gpu_.Triangle(0, dtype, lower, diagonal, batch, rows, cols, src.gpu(), dst.gpu());
+        RunTriangle(Device::Cpu(0), dtype, lower, diagonal, batch, rows, cols, src.cpu(),
+                    dst.cpu());
+        RunTriangle(Device::Cuda(0), dtype, lower, diagonal, batch, rows, cols, src.gpu(),
+                    dst.gpu());
         ExpectBitwiseEqual(dst.Cpu(), dst.Gpu(), what);
-        gpu_.Triangle(0, dtype, lower, diagonal, batch, rows, cols, src.gpu(), src.gpu());
+        RunTriangle(Device::Cuda(0), dtype, lower, diagonal, batch, rows, cols, src.gpu(),
+                    src.gpu());
         ExpectBitwiseEqual(dst.Cpu(), src.Gpu(), what + " in place");
       }
     }
@@ -114,12 +119,12 @@ TEST_F(CudaFusedNormTest, TrianglesOfEveryElementSize) {
 
 TEST_F(CudaFusedNormTest, BadShapesThrow) {
   Buffer<float> x(4), rstd(1);
-  EXPECT_THROW(gpu_.RowNorm(0, kFloat32, false, 1, 0, 1e-5, x.gpu(), nullptr, nullptr, x.gpu(),
-                            nullptr, rstd.gpu()),
+  EXPECT_THROW(RunRowNorm(Device::Cuda(0), kFloat32, false, 1, 0, 1e-5, x.gpu(), nullptr, nullptr,
+                          x.gpu(), nullptr, rstd.gpu()),
                Error);
   Buffer<int64_t> ints(4);
-  EXPECT_THROW(gpu_.RowNorm(0, kInt64, true, 1, 4, 1e-5, ints.gpu(), nullptr, nullptr, ints.gpu(),
-                            nullptr, rstd.gpu()),
+  EXPECT_THROW(RunRowNorm(Device::Cuda(0), kInt64, true, 1, 4, 1e-5, ints.gpu(), nullptr, nullptr,
+                          ints.gpu(), nullptr, rstd.gpu()),
                Error);
 }
 

@@ -16,6 +16,7 @@
 
 #include "tensor/base/error.h"
 #include "tensor/cuda/cuda_backend_testing.h"
+#include "tensor/kernels/index_kernels.h"
 #include "tensor/kernels/internal/elementwise_math.h"
 #include "tensor/runtime/backend.h"
 
@@ -34,13 +35,13 @@ void CudaBackendTest::ExpectGatherAndScatterAddColumnsMatch(
     Buffer<T> src(Random<T>(rows * cols));
     Buffer<int64_t> idx(RandomInts(rows, 0, cols - 1));
     Buffer<T> gathered(rows);
-    cpu_.GatherColumns(0, dtype, gathered.cpu(), src.cpu(), idx.cpu(), rows, cols);
-    gpu_.GatherColumns(0, dtype, gathered.gpu(), src.gpu(), idx.gpu(), rows, cols);
+    GatherColumnsKernel(Device::Cpu(0), dtype, gathered.cpu(), src.cpu(), idx.cpu(), rows, cols);
+    GatherColumnsKernel(Device::Cuda(0), dtype, gathered.gpu(), src.gpu(), idx.gpu(), rows, cols);
     ExpectBitwiseEqual(gathered.Cpu(), gathered.Gpu(),
                        Note(DTypePrefix<T>() + "gather " + std::to_string(rows)));
     Buffer<T> grad(Random<T>(rows));
-    cpu_.ScatterAddColumns(0, dtype, src.cpu(), grad.cpu(), idx.cpu(), rows, cols);
-    gpu_.ScatterAddColumns(0, dtype, src.gpu(), grad.gpu(), idx.gpu(), rows, cols);
+    ScatterAddColumnsKernel(Device::Cpu(0), dtype, src.cpu(), grad.cpu(), idx.cpu(), rows, cols);
+    ScatterAddColumnsKernel(Device::Cuda(0), dtype, src.gpu(), grad.gpu(), idx.gpu(), rows, cols);
     ExpectBitwiseEqual(src.Cpu(), src.Gpu(),
                        Note(DTypePrefix<T>() + "scatter-add " + std::to_string(rows)));
   }
@@ -93,12 +94,16 @@ TEST_F(CudaBackendFloat64Test, GatherAndScatterAdd) {
   Buffer<double> src(Random<double>(outer * src_dim * inner));
   Buffer<int64_t> idx(RandomInts(outer * idx_dim * inner, 0, src_dim - 1));
   Buffer<double> gathered(outer * idx_dim * inner);
-  cpu_.Gather(0, kFloat64, gathered.cpu(), src.cpu(), idx.cpu(), outer, src_dim, idx_dim, inner);
-  gpu_.Gather(0, kFloat64, gathered.gpu(), src.gpu(), idx.gpu(), outer, src_dim, idx_dim, inner);
+  GatherKernel(Device::Cpu(0), kFloat64, gathered.cpu(), src.cpu(), idx.cpu(), outer, src_dim,
+               idx_dim, inner);
+  GatherKernel(Device::Cuda(0), kFloat64, gathered.gpu(), src.gpu(), idx.gpu(), outer, src_dim,
+               idx_dim, inner);
   ExpectBitwiseEqual(gathered.Cpu(), gathered.Gpu(), Note("float64 gather"));
   Buffer<double> grad(Random<double>(outer * idx_dim * inner));
-  cpu_.ScatterAdd(0, kFloat64, src.cpu(), grad.cpu(), idx.cpu(), outer, src_dim, idx_dim, inner);
-  gpu_.ScatterAdd(0, kFloat64, src.gpu(), grad.gpu(), idx.gpu(), outer, src_dim, idx_dim, inner);
+  ScatterAddKernel(Device::Cpu(0), kFloat64, src.cpu(), grad.cpu(), idx.cpu(), outer, src_dim,
+                   idx_dim, inner);
+  ScatterAddKernel(Device::Cuda(0), kFloat64, src.gpu(), grad.gpu(), idx.gpu(), outer, src_dim,
+                   idx_dim, inner);
   ExpectBitwiseEqual(src.Cpu(), src.Gpu(), Note("float64 scatter-add"));
 }
 
@@ -143,16 +148,18 @@ void CudaBackendReducedTest::ExpectGathersScattersAndRandomMatch() {
   Buffer<int64_t> columns(RandomInts(rows, 0, cols - 1));
   Buffer<T> picked(rows);
   Buffer<float> expected_picked(rows);
-  cpu_.GatherColumns(0, kFloat32, expected_picked.cpu(), wide_matrix.cpu(), columns.cpu(), rows,
-                     cols);
-  gpu_.GatherColumns(0, dtype, picked.gpu(), matrix.gpu(), columns.gpu(), rows, cols);
+  GatherColumnsKernel(Device::Cpu(0), kFloat32, expected_picked.cpu(), wide_matrix.cpu(),
+                      columns.cpu(), rows, cols);
+  GatherColumnsKernel(Device::Cuda(0), dtype, picked.gpu(), matrix.gpu(), columns.gpu(), rows,
+                      cols);
   ExpectBitwiseEqual(Rounded<T>(expected_picked.Cpu()), picked.Gpu(),
                      Note(prefix + "gather columns"));
   Buffer<T> values(RandomReduced<T>(rows));
   Buffer<float> wide_values = Wide(values);
-  cpu_.ScatterAddColumns(0, kFloat32, wide_matrix.cpu(), wide_values.cpu(), columns.cpu(), rows,
-                         cols);
-  gpu_.ScatterAddColumns(0, dtype, matrix.gpu(), values.gpu(), columns.gpu(), rows, cols);
+  ScatterAddColumnsKernel(Device::Cpu(0), kFloat32, wide_matrix.cpu(), wide_values.cpu(),
+                          columns.cpu(), rows, cols);
+  ScatterAddColumnsKernel(Device::Cuda(0), dtype, matrix.gpu(), values.gpu(), columns.gpu(), rows,
+                          cols);
   ExpectBitwiseEqual(Rounded<T>(wide_matrix.Cpu()), matrix.Gpu(),
                      Note(prefix + "scatter-add columns"));
   // torch.gather over the middle axis, and scatter-add with repeated indices: they add in
@@ -163,15 +170,17 @@ void CudaBackendReducedTest::ExpectGathersScattersAndRandomMatch() {
   Buffer<int64_t> idx(RandomInts(outer * idx_dim * inner, 0, src_dim - 1));
   Buffer<T> gathered(outer * idx_dim * inner);
   Buffer<float> expected_gathered(outer * idx_dim * inner);
-  cpu_.Gather(0, kFloat32, expected_gathered.cpu(), wide_src.cpu(), idx.cpu(), outer, src_dim,
-              idx_dim, inner);
-  gpu_.Gather(0, dtype, gathered.gpu(), src.gpu(), idx.gpu(), outer, src_dim, idx_dim, inner);
+  GatherKernel(Device::Cpu(0), kFloat32, expected_gathered.cpu(), wide_src.cpu(), idx.cpu(), outer,
+               src_dim, idx_dim, inner);
+  GatherKernel(Device::Cuda(0), dtype, gathered.gpu(), src.gpu(), idx.gpu(), outer, src_dim,
+               idx_dim, inner);
   ExpectBitwiseEqual(Rounded<T>(expected_gathered.Cpu()), gathered.Gpu(), Note(prefix + "gather"));
   Buffer<T> grad(RandomReduced<T>(outer * idx_dim * inner));
   Buffer<float> wide_grad = Wide(grad);
-  cpu_.ScatterAdd(0, kFloat32, wide_src.cpu(), wide_grad.cpu(), idx.cpu(), outer, src_dim, idx_dim,
-                  inner);
-  gpu_.ScatterAdd(0, dtype, src.gpu(), grad.gpu(), idx.gpu(), outer, src_dim, idx_dim, inner);
+  ScatterAddKernel(Device::Cpu(0), kFloat32, wide_src.cpu(), wide_grad.cpu(), idx.cpu(), outer,
+                   src_dim, idx_dim, inner);
+  ScatterAddKernel(Device::Cuda(0), dtype, src.gpu(), grad.gpu(), idx.gpu(), outer, src_dim,
+                   idx_dim, inner);
   ExpectBitwiseEqual(Rounded<T>(wide_src.Cpu()), src.Gpu(), Note(prefix + "scatter-add"));
   // Random numbers: the float32 draws, rounded (on one device: bitwise; the CPU's normal
   // draws differ from CUDA's in the last float bits, so within one unit of T).

@@ -17,6 +17,7 @@
 #include "tensor/base/error.h"
 #include "tensor/cuda/cuda_backend_testing.h"
 #include "tensor/kernels/internal/elementwise_math.h"
+#include "tensor/kernels/softmax_kernels.h"
 #include "tensor/runtime/backend.h"
 
 namespace tandem {
@@ -145,8 +146,8 @@ void CudaBackendTest::ExpectSoftmaxMatches(const std::vector<ReduceShape>& shape
       Buffer<T> src(Random<T>(n, -10.0, 10.0));
       Buffer<T> dst(n);
       const DType dtype = DTypeOf<T>::value;
-      cpu_.Softmax(0, dtype, log, dst.cpu(), src.cpu(), s.outer, s.reduce, s.inner);
-      gpu_.Softmax(0, dtype, log, dst.gpu(), src.gpu(), s.outer, s.reduce, s.inner);
+      RunSoftmax(Device::Cpu(0), dtype, log, dst.cpu(), src.cpu(), s.outer, s.reduce, s.inner);
+      RunSoftmax(Device::Cuda(0), dtype, log, dst.gpu(), src.gpu(), s.outer, s.reduce, s.inner);
       ExpectNear(dst.Cpu(), dst.Gpu(), Tolerance<T>::kSoftmaxRtol, Tolerance<T>::kSoftmaxAtol,
                  what);
     }
@@ -167,11 +168,11 @@ TEST_F(CudaBackendTest, SoftmaxAndLogSoftmax) {
   // A row with -inf (a masked logit) and a row with NaN.
   Buffer<float> special(std::vector<float>{-INFINITY, 1.0f, 2.0f, NAN, 0.0f, 1.0f});
   Buffer<float> out(6);
-  cpu_.Softmax(0, kFloat32, false, out.cpu(), special.cpu(), 2, 3, 1);
-  gpu_.Softmax(0, kFloat32, false, out.gpu(), special.gpu(), 2, 3, 1);
+  RunSoftmax(Device::Cpu(0), kFloat32, false, out.cpu(), special.cpu(), 2, 3, 1);
+  RunSoftmax(Device::Cuda(0), kFloat32, false, out.gpu(), special.gpu(), 2, 3, 1);
   ExpectNear(out.Cpu(), out.Gpu(), 1e-6, 0.0, Note("softmax of -inf and NaN"));
   Buffer<int64_t> ints(4);
-  EXPECT_THROW(gpu_.Softmax(0, kInt64, false, ints.gpu(), ints.gpu(), 1, 4, 1), Error);
+  EXPECT_THROW(RunSoftmax(Device::Cuda(0), kInt64, false, ints.gpu(), ints.gpu(), 1, 4, 1), Error);
 }
 
 // ---- bfloat16 and float16 ----------------------------------------------------------------
@@ -230,8 +231,10 @@ void CudaBackendReducedTest::ExpectReductionsAndSoftmaxMatch() {
       Buffer<T> src(RandomReduced<T>(n, -10.0, 10.0));
       Buffer<float> wide = Wide(src), expected(n);
       Buffer<T> dst(n);
-      cpu_.Softmax(0, kFloat32, log, expected.cpu(), wide.cpu(), s.outer, s.reduce, s.inner);
-      gpu_.Softmax(0, DTypeOf<T>::value, log, dst.gpu(), src.gpu(), s.outer, s.reduce, s.inner);
+      RunSoftmax(Device::Cpu(0), kFloat32, log, expected.cpu(), wide.cpu(), s.outer, s.reduce,
+                 s.inner);
+      RunSoftmax(Device::Cuda(0), DTypeOf<T>::value, log, dst.gpu(), src.gpu(), s.outer, s.reduce,
+                 s.inner);
       ExpectNear(Rounded<T>(expected.Cpu()), dst.Gpu(), Ulp<T>(), 1e-5, what);
     }
   }

@@ -1,8 +1,9 @@
-// The CUDA kernels behind CudaBackend (internal to tensor/cuda/), one launcher per Backend
-// kernel with the Backend's own arguments plus a LaunchContext. Launchers queue work on the
+// The CUDA kernels behind CudaBackend and the KernelStubs that tensor/cuda/*_kernels.cc register
+// (internal to tensor/cuda/), one launcher per kernel with its own arguments plus a
+// LaunchContext. Launchers queue work on the
 // context's stream and return at once; they launch nothing for empty tensors and check
 // every launch (throwing tandem::Error naming the logical device). Arguments are validated
-// by CudaBackend before it calls them.
+// before: by CudaBackend, or by the stubs' Run* functions (tensor/kernels/*_kernels.h).
 //
 // Numerics follow the CPU backend exactly where the hardware allows: the same scalar math
 // (tensor/kernels/internal/elementwise_math.h), the same Philox streams (bitwise-equal uniforms),
@@ -23,6 +24,8 @@
 #include <vector>
 
 #include "tensor/base/dtype.h"
+#include "tensor/kernels/attention_kernels.h"
+#include "tensor/kernels/conv_geometry.h"
 #include "tensor/runtime/allocator.h"
 #include "tensor/runtime/backend.h"
 
@@ -88,7 +91,7 @@ void LaunchRandomUniform(const LaunchContext& context, DType dtype, void* dst, i
 void LaunchRandomNormal(const LaunchContext& context, DType dtype, void* dst, int64_t n,
                         uint64_t seed, uint64_t offset, double mean, double stddev);
 
-// Fused row norms and triangles (Note [Fused row norms] in tensor/runtime/backend.h). The
+// Fused row norms and triangles (Note [Fused row norms] in tensor/kernels/norm_kernels.h). The
 // backward launches one kernel for grad_x (a block per row) and one for grad_weight/grad_bias
 // (a block per 32 columns), each only when its outputs are wanted.
 void LaunchRowNorm(const LaunchContext& context, DType dtype, bool rms, int64_t rows, int64_t cols,
@@ -106,7 +109,7 @@ void LaunchTriangle(const LaunchContext& context, DType dtype, bool lower, int64
 // `nanoseconds`, to keep a stream busy for a known time.
 void LaunchSpin(const LaunchContext& context, int64_t nanoseconds);
 
-// ---- Fused attention (Note [Fused attention], tensor/runtime/backend.h; attention_kernels.cu)
+// ---- Fused attention (Note [Fused attention], tensor/kernels/attention_kernels.h)
 void LaunchAttentionForward(const LaunchContext& context, DType dtype, const AttentionGeometry& g,
                             const void* q, const void* k, const void* v, const void* mask,
                             void* out, void* logsumexp);

@@ -16,7 +16,7 @@ namespace tandem {
 namespace cuda {
 namespace {
 
-// ---- Fused row norms and triangles (Note [Fused row norms] in tensor/runtime/backend.h) ------
+// ---- Fused row norms and triangles (Note [Fused row norms] in tensor/kernels/norm_kernels.h)
 
 // One block per row; the block's threads stride along the row (coalesced), which is read
 // twice more from L1/L2 after the first pass.

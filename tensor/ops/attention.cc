@@ -8,6 +8,7 @@
 #include "tensor/base/error.h"
 #include "tensor/core/autograd.h"
 #include "tensor/core/internal/tensor_impl.h"
+#include "tensor/kernels/attention_kernels.h"
 #include "tensor/ops/autocast.h"
 #include "tensor/ops/ops.h"
 #include "tensor/runtime/backend.h"
@@ -192,11 +193,9 @@ Tensor FusedAttention(const Tensor& query, const Tensor& key, const Tensor& valu
   const Device device = query.device();
   Tensor out = NewTensor(out_shape, dtype, device);
   const Tensor lse = NewTensor({g.batch, g.query_len}, LogsumexpDType(dtype), device);
-  Backend& backend = GetBackend(device);
-  const int index = device.index();
   const Tensor mask_values = mask.values;
-  backend.AttentionForward(index, dtype, g, Data(q), Data(k), Data(v), Data(mask_values), Data(out),
-                           Data(lse));
+  RunAttentionForward(device, dtype, g, Data(q), Data(k), Data(v), Data(mask_values), Data(out),
+                      Data(lse));
   if (NeedsGrad({query, key, value})) {
     RecordOp("ScaledDotProductAttentionBackward", {query, key, value}, out,
              [g, q, k, v, mask_values, lse, saved_out = out.detach()](const Tensor& grad) {
@@ -205,9 +204,9 @@ Tensor FusedAttention(const Tensor& query, const Tensor& key, const Tensor& valu
                Tensor dq = NewTensor(q.shape(), q.dtype(), dev);
                Tensor dk = NewTensor(k.shape(), k.dtype(), dev);
                Tensor dv = NewTensor(v.shape(), v.dtype(), dev);
-               GetBackend(dev).AttentionBackward(
-                   dev.index(), q.dtype(), g, Data(q), Data(k), Data(v), Data(mask_values),
-                   Data(saved_out), Data(dout), Data(lse), Data(dq), Data(dk), Data(dv));
+               RunAttentionBackward(dev, q.dtype(), g, Data(q), Data(k), Data(v), Data(mask_values),
+                                    Data(saved_out), Data(dout), Data(lse), Data(dq), Data(dk),
+                                    Data(dv));
                return std::vector<Tensor>{dq, dk, dv};
              });
   }

@@ -27,7 +27,7 @@ class Generator;
 // row that may attend nothing gives NaN, as in PyTorch. dropout_p drops attention weights
 // when > 0 (pass 0 when evaluating). Differentiable in q, k, v (and a floating mask).
 //
-// Note [Fused attention] (tensor/runtime/backend.h): on CPU and CUDA the op runs fused
+// Note [Fused attention] (tensor/kernels/attention_kernels.h): on CPU and CUDA the op runs fused
 // kernels that never hold the L x S scores (tiles of keys, online softmax, float
 // accumulation for 16-bit inputs; one autograd node whose backward recomputes the weights
 // from the saved log-sum-exp), when q, k and v share their dtype, device and leading

@@ -8,6 +8,8 @@
 #include "tensor/core/autograd.h"
 #include "tensor/core/internal/tensor_impl.h"
 #include "tensor/core/tensor.h"
+#include "tensor/kernels/conv_kernels.h"
+#include "tensor/kernels/pooling_kernels.h"
 #include "tensor/ops/autocast.h"
 #include "tensor/ops/internal/op_helpers.h"
 #include "tensor/ops/ops.h"
@@ -50,6 +52,7 @@ std::vector<Tensor> PerImageConv2dBackward(const Conv2dGeometry& g, int64_t grou
   Backend& backend = BackendOf(grad_output);
   const DType dtype = grad_output.dtype();
   const int index = IndexOf(grad_output);
+  const Device device = grad_output.device();
   const Tensor grad = ContiguousRaw(grad_output);
   Tensor grad_input, grad_weight, grad_bias;
   if (grad_x) {
@@ -65,12 +68,12 @@ std::vector<Tensor> PerImageConv2dBackward(const Conv2dGeometry& g, int64_t grou
     }
     grad_input =
         NewTensor(Shape{g.batch, g.channels, g.height, g.width}, dtype, grad_output.device());
-    backend.Col2Im(index, dtype, g, DataPtr(grad_columns), DataPtr(grad_input));
+    RunCol2Im(device, dtype, g, DataPtr(grad_columns), DataPtr(grad_input));
   }
   if (grad_w) {
     // Per image: grad_n[group] [O_g, L] · columns_n[group]^T [L, K_g]; summed over images.
     Tensor columns = NewTensor({batch, patch, plane}, dtype, grad_output.device());
-    backend.Im2Col(index, dtype, g, DataPtr(sx), DataPtr(columns));
+    RunIm2Col(device, dtype, g, DataPtr(sx), DataPtr(columns));
     Tensor per_image = NewTensor({batch, out_channels, group_patch}, dtype, grad_output.device());
     for (int64_t group = 0; group < groups; ++group) {
       backend.Gemm(index, dtype, false, true, group_out, group_patch, plane, 1.0f,
@@ -157,6 +160,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
   Backend& backend = BackendOf(x);
   const DType dtype = x.dtype();
   const int index = IndexOf(x);
+  const Device device = x.device();
 
   Tensor out;
   // The backend's own convolution first (oneDNN's on the CPU for bfloat16): im2col's columns
@@ -165,16 +169,18 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
   if (work && groups == 1) {
     const Tensor b = bias.defined() ? ContiguousRaw(bias) : Tensor();
     out = NewTensor({batch, out_channels, oh, ow}, dtype, x.device());
-    direct =
-        backend.Conv2dForward(index, dtype, g, out_channels, DataPtr(x), DataPtr(w),
-                              b.defined() ? static_cast<void*>(DataPtr(b)) : nullptr, DataPtr(out));
+    // Device types without a kernel of their own (CUDA) take im2col + GEMM.
+    const auto conv = Conv2dForwardKernel.Find(device.type());
+    direct = conv != nullptr &&
+             conv(index, dtype, g, out_channels, DataPtr(x), DataPtr(w),
+                  b.defined() ? static_cast<void*>(DataPtr(b)) : nullptr, DataPtr(out));
     if (!direct) out = Tensor();  // not held while the im2col path below runs
   }
   if (direct) {
     // Computed above.
   } else if (work && !g.batch_in_columns) {
     Tensor columns = NewTensor({batch, patch, plane}, x.dtype(), x.device());
-    backend.Im2Col(index, dtype, g, DataPtr(x), DataPtr(columns));
+    RunIm2Col(device, dtype, g, DataPtr(x), DataPtr(columns));
     if (bias.defined()) {
       const Tensor bias_column =
           MakeView(bias, {out_channels, 1}, {bias.strides()[0], 1}, bias.storage_offset());
@@ -193,7 +199,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
     out = ViewRaw(out, {batch, out_channels, oh, ow});
   } else if (work) {
     Tensor columns = NewTensor({patch, batch, plane}, x.dtype(), x.device());
-    backend.Im2Col(index, dtype, g, DataPtr(x), DataPtr(columns));
+    RunIm2Col(device, dtype, g, DataPtr(x), DataPtr(columns));
     // product_g [O_g, N*L] = W_g [O_g, K_g] · columns_g [K_g, N*L], one GEMM per group.
     Tensor product = NewTensor({out_channels, batch, plane}, x.dtype(), x.device());
     backend.Gemm(index, dtype, false, false, group_out, cols, group_patch, 1.0f, DataPtr(w),
@@ -238,6 +244,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
           Backend& backend = BackendOf(grad_output);
           const DType dtype = grad_output.dtype();
           const int index = IndexOf(grad_output);
+          const Device device = grad_output.device();
           if (work && groups == 1) {
             // The backend's own kernels where it has them, as in the forward.
             const Tensor grad = ContiguousRaw(grad_output);
@@ -245,15 +252,18 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
             bool done = true;
             if (grad_x) {
               grad_input = NewTensor(input_shape, dtype, input_device);
-              done = backend.Conv2dBackwardData(index, dtype, g, out_channels, DataPtr(grad),
-                                                DataPtr(sw), DataPtr(grad_input));
+              const auto conv = Conv2dBackwardDataKernel.Find(device.type());
+              done = conv != nullptr && conv(index, dtype, g, out_channels, DataPtr(grad),
+                                             DataPtr(sw), DataPtr(grad_input));
             }
             if (done && grad_w) {
               grad_weight = NewTensor(weight_shape, dtype, input_device);
               if (grad_b) grad_bias = NewTensor({out_channels}, dtype, input_device);
-              done = backend.Conv2dBackwardWeights(
-                  index, dtype, g, out_channels, DataPtr(sx), DataPtr(grad), DataPtr(grad_weight),
-                  grad_b ? static_cast<void*>(DataPtr(grad_bias)) : nullptr);
+              const auto conv = Conv2dBackwardWeightsKernel.Find(device.type());
+              done = conv != nullptr &&
+                     conv(index, dtype, g, out_channels, DataPtr(sx), DataPtr(grad),
+                          DataPtr(grad_weight),
+                          grad_b ? static_cast<void*>(DataPtr(grad_bias)) : nullptr);
             }
             if (done) {
               if (grad_b && !grad_bias.defined()) {
@@ -288,7 +298,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
                            DataPtr(sw), group_patch, group_out * group_patch, DataPtr(grad), cols,
                            group_out * cols, 0.0f, DataPtr(grad_columns), cols, group_patch * cols,
                            groups);
-              backend.Col2Im(index, dtype, g, DataPtr(grad_columns), DataPtr(grad_input));
+              RunCol2Im(device, dtype, g, DataPtr(grad_columns), DataPtr(grad_input));
             }
           }
           if (grad_w) {
@@ -296,7 +306,7 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
               // W_g [O_g, K_g] = grad_g [O_g, N*L] · columns_g^T [N*L, K_g]: the sum over
               // images is the GEMM's inner dimension.
               Tensor columns = NewTensor({patch, batch, plane}, dtype, input_device);
-              backend.Im2Col(index, dtype, g, DataPtr(sx), DataPtr(columns));
+              RunIm2Col(device, dtype, g, DataPtr(sx), DataPtr(columns));
               grad_weight = NewTensor(weight_shape, dtype, input_device);
               backend.Gemm(index, dtype, false, true, group_out, group_patch, cols, 1.0f,
                            DataPtr(grad), cols, group_out * cols, DataPtr(columns), cols,
@@ -360,7 +370,7 @@ Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
   Tensor out = NewTensor(out_shape, x.dtype(), x.device());
   Tensor argmax = NewTensor(out_shape, kInt64, x.device());
   if (out.numel() > 0) {
-    BackendOf(x).MaxPool2d(IndexOf(x), x.dtype(), g, DataPtr(x), DataPtr(out), Int64Ptr(argmax));
+    RunMaxPool2d(x.device(), x.dtype(), g, DataPtr(x), DataPtr(out), Int64Ptr(argmax));
   }
   if (NeedsGrad({input})) {
     Record("MaxPool2dBackward", {input}, out,
@@ -368,8 +378,8 @@ Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
              const Tensor grad = ContiguousRaw(grad_output);
              Tensor grad_input = NewTensor(input_shape, grad.dtype(), grad.device());
              if (grad.numel() > 0) {
-               BackendOf(grad).MaxPool2dBackward(IndexOf(grad), grad.dtype(), g, DataPtr(grad),
-                                                 Int64Ptr(argmax), DataPtr(grad_input));
+               RunMaxPool2dBackward(grad.device(), grad.dtype(), g, DataPtr(grad), Int64Ptr(argmax),
+                                    DataPtr(grad_input));
              } else if (grad_input.numel() > 0) {
                BackendOf(grad).Fill(IndexOf(grad), ToKernel(grad_input), 0.0);
              }
@@ -388,7 +398,7 @@ Tensor avg_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
   Tensor x = ContiguousRaw(input);
   Tensor out = NewTensor(out_shape, x.dtype(), x.device());
   if (out.numel() > 0) {
-    BackendOf(x).AvgPool2d(IndexOf(x), x.dtype(), g, count_include_pad, DataPtr(x), DataPtr(out));
+    RunAvgPool2d(x.device(), x.dtype(), g, count_include_pad, DataPtr(x), DataPtr(out));
   }
   if (NeedsGrad({input})) {
     Record("AvgPool2dBackward", {input}, out,
@@ -396,8 +406,8 @@ Tensor avg_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
              const Tensor grad = ContiguousRaw(grad_output);
              Tensor grad_input = NewTensor(input_shape, grad.dtype(), grad.device());
              if (grad_input.numel() > 0) {
-               BackendOf(grad).AvgPool2dBackward(IndexOf(grad), grad.dtype(), g, count_include_pad,
-                                                 DataPtr(grad), DataPtr(grad_input));
+               RunAvgPool2dBackward(grad.device(), grad.dtype(), g, count_include_pad,
+                                    DataPtr(grad), DataPtr(grad_input));
              }
              return std::vector<Tensor>{grad_input};
            });
@@ -418,8 +428,8 @@ Tensor adaptive_avg_pool2d(const Tensor& input, std::vector<int64_t> output_size
   Tensor x = ContiguousRaw(input);
   Tensor out = NewTensor({input.size(0), input.size(1), out_h, out_w}, x.dtype(), x.device());
   if (planes > 0) {
-    BackendOf(x).AdaptiveAvgPool2d(IndexOf(x), x.dtype(), planes, height, width, out_h, out_w,
-                                   DataPtr(x), DataPtr(out));
+    AdaptiveAvgPool2dKernel(x.device(), x.dtype(), planes, height, width, out_h, out_w, DataPtr(x),
+                            DataPtr(out));
   }
   if (NeedsGrad({input})) {
     Record("AdaptiveAvgPool2dBackward", {input}, out,
@@ -428,9 +438,8 @@ Tensor adaptive_avg_pool2d(const Tensor& input, std::vector<int64_t> output_size
              const Tensor grad = ContiguousRaw(grad_output);
              Tensor grad_input = NewTensor(input_shape, grad.dtype(), grad.device());
              if (planes > 0) {
-               BackendOf(grad).AdaptiveAvgPool2dBackward(IndexOf(grad), grad.dtype(), planes,
-                                                         height, width, out_h, out_w, DataPtr(grad),
-                                                         DataPtr(grad_input));
+               AdaptiveAvgPool2dBackwardKernel(grad.device(), grad.dtype(), planes, height, width,
+                                               out_h, out_w, DataPtr(grad), DataPtr(grad_input));
              }
              return std::vector<Tensor>{grad_input};
            });

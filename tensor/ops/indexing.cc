@@ -13,6 +13,7 @@
 #include "tensor/core/autograd.h"
 #include "tensor/core/internal/tensor_impl.h"
 #include "tensor/core/tensor.h"
+#include "tensor/kernels/index_kernels.h"
 #include "tensor/ops/internal/op_helpers.h"
 #include "tensor/ops/ops.h"
 #include "tensor/runtime/backend.h"
@@ -142,16 +143,16 @@ Tensor gather(const Tensor& input, int64_t dim, const Tensor& index) {
   const int64_t outer = Product(idx_shape, 0, d), inner = Product(idx_shape, d + 1, ndim);
   const int64_t src_dim = in_shape[d], idx_dim = idx_shape[d];
   Tensor out = NewTensor(index.shape(), input.dtype(), input.device());
-  BackendOf(x).Gather(IndexOf(x), x.dtype(), DataPtr(out), DataPtr(x), Int64Ptr(idx), outer,
-                      src_dim, idx_dim, inner);
+  GatherKernel(x.device(), x.dtype(), DataPtr(out), DataPtr(x), Int64Ptr(idx), outer, src_dim,
+               idx_dim, inner);
   if (NeedsGrad({input})) {
     Record("GatherBackward", {input}, out,
            [idx, narrowed, outer, src_dim, idx_dim, inner,
             shape = input.shape()](const Tensor& grad_output) {
              const Tensor grad = ContiguousRaw(grad_output);
              Tensor part = FilledRaw(narrowed, grad.dtype(), grad.device(), 0.0);
-             BackendOf(grad).ScatterAdd(IndexOf(grad), grad.dtype(), DataPtr(part), DataPtr(grad),
-                                        Int64Ptr(idx), outer, src_dim, idx_dim, inner);
+             ScatterAddKernel(grad.device(), grad.dtype(), DataPtr(part), DataPtr(grad),
+                              Int64Ptr(idx), outer, src_dim, idx_dim, inner);
              if (NumElements(narrowed) == NumElements(shape)) {
                return std::vector<Tensor>{ViewRaw(part, shape)};
              }
@@ -187,9 +188,8 @@ class IndexSelectBackward final : public Node {
     const ScatterGradient part = Part(grad_outputs[0]);
     Tensor dense = FilledRaw(shape_, part.values.dtype(), part.values.device(), 0.0);
     if (part.values.numel() > 0) {
-      BackendOf(dense).ScatterAdd(IndexOf(dense), dense.dtype(), DataPtr(dense),
-                                  DataPtr(part.values), Int64Ptr(part.index), outer_, dim_size_,
-                                  idx_dim_, inner_);
+      ScatterAddKernel(dense.device(), dense.dtype(), DataPtr(dense), DataPtr(part.values),
+                       Int64Ptr(part.index), outer_, dim_size_, idx_dim_, inner_);
     }
     return {dense};
   }

@@ -7,6 +7,7 @@
 #include "tensor/core/autograd.h"
 #include "tensor/core/internal/tensor_impl.h"
 #include "tensor/core/tensor.h"
+#include "tensor/kernels/index_kernels.h"
 #include "tensor/ops/autocast.h"
 #include "tensor/ops/internal/op_helpers.h"
 #include "tensor/ops/ops.h"
@@ -36,8 +37,8 @@ Tensor NllLossCore(const Tensor& log_probs, const Tensor& targets) {
   Tensor idx = ContiguousRaw(targets);
   Tensor picked = NewTensor({rows}, lp.dtype(), lp.device());
   if (rows > 0) {
-    BackendOf(lp).GatherColumns(IndexOf(lp), lp.dtype(), DataPtr(picked), DataPtr(lp),
-                                Int64Ptr(idx), rows, cols);
+    GatherColumnsKernel(lp.device(), lp.dtype(), DataPtr(picked), DataPtr(lp), Int64Ptr(idx), rows,
+                        cols);
   }
   // Mean over zero rows is NaN, as in PyTorch.
   const double scale =
@@ -49,8 +50,8 @@ Tensor NllLossCore(const Tensor& log_probs, const Tensor& targets) {
       if (rows > 0) {
         Tensor per_row =
             BroadcastCopyRaw(UnaryRaw(UnaryOp::kMulScalar, grad, scale), {rows}, grad_lp.dtype());
-        BackendOf(grad).ScatterAddColumns(IndexOf(grad), grad_lp.dtype(), DataPtr(grad_lp),
-                                          DataPtr(per_row), Int64Ptr(idx), rows, cols);
+        ScatterAddColumnsKernel(grad.device(), grad_lp.dtype(), DataPtr(grad_lp), DataPtr(per_row),
+                                Int64Ptr(idx), rows, cols);
       }
       return std::vector<Tensor>{grad_lp};
     });
@@ -110,8 +111,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
                             ToKernelBroadcast(per_row, {rows, cols}));
              const Tensor minus =
                  BroadcastCopyRaw(UnaryRaw(UnaryOp::kNeg, per_row, 0.0), {rows}, lp.dtype());
-             backend.ScatterAddColumns(device, lp.dtype(), DataPtr(grad_logits), DataPtr(minus),
-                                       Int64Ptr(idx), rows, cols);
+             ScatterAddColumnsKernel(lp.device(), lp.dtype(), DataPtr(grad_logits), DataPtr(minus),
+                                     Int64Ptr(idx), rows, cols);
              return std::vector<Tensor>{grad_logits};
            });
   }

@@ -1,5 +1,5 @@
 // Fused row normalisations: layer_norm and rms_norm (Note [Fused row norms] in
-// tensor/runtime/backend.h).
+// tensor/kernels/norm_kernels.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -12,6 +12,7 @@
 #include "tensor/core/autograd.h"
 #include "tensor/core/internal/tensor_impl.h"
 #include "tensor/core/tensor.h"
+#include "tensor/kernels/norm_kernels.h"
 #include "tensor/ops/autocast.h"
 #include "tensor/ops/internal/op_helpers.h"
 #include "tensor/ops/ops.h"
@@ -77,8 +78,8 @@ Tensor RowNormImpl(bool rms, const Tensor& input, const std::vector<int64_t>& no
   Tensor mean = rms ? Tensor() : NewTensor({rows}, stat_dtype, x.device());
   Tensor rstd = NewTensor({rows}, stat_dtype, x.device());
   if (rows > 0) {
-    BackendOf(x).RowNorm(IndexOf(x), x.dtype(), rms, rows, cols, eps, DataPtr(x), OptionalData(w),
-                         OptionalData(b), DataPtr(out), OptionalData(mean), DataPtr(rstd));
+    RunRowNorm(x.device(), x.dtype(), rms, rows, cols, eps, DataPtr(x), OptionalData(w),
+               OptionalData(b), DataPtr(out), OptionalData(mean), DataPtr(rstd));
   }
   std::vector<Tensor> inputs = {input};
   if (weight.defined()) inputs.push_back(weight);
@@ -102,10 +103,9 @@ Tensor RowNormImpl(bool rms, const Tensor& input, const std::vector<int64_t>& no
                if (grad_w) dw = FilledRaw(param_shape, sx.dtype(), sx.device(), 0.0);
                if (grad_b) db = FilledRaw(param_shape, sx.dtype(), sx.device(), 0.0);
              } else if (grad_x || grad_w || grad_b) {
-               BackendOf(sx).RowNormBackward(IndexOf(sx), sx.dtype(), rms, rows, cols, DataPtr(dy),
-                                             DataPtr(sx), OptionalData(mean), DataPtr(rstd),
-                                             OptionalData(sw), OptionalData(dx), OptionalData(dw),
-                                             OptionalData(db));
+               RunRowNormBackward(sx.device(), sx.dtype(), rms, rows, cols, DataPtr(dy),
+                                  DataPtr(sx), OptionalData(mean), DataPtr(rstd), OptionalData(sw),
+                                  OptionalData(dx), OptionalData(dw), OptionalData(db));
              }
              std::vector<Tensor> grads = {dx};
              if (has_weight) grads.push_back(dw);

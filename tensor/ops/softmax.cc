@@ -5,6 +5,7 @@
 #include "tensor/core/autograd.h"
 #include "tensor/core/internal/tensor_impl.h"
 #include "tensor/core/tensor.h"
+#include "tensor/kernels/softmax_kernels.h"
 #include "tensor/ops/autocast.h"
 #include "tensor/ops/internal/op_helpers.h"
 #include "tensor/ops/ops.h"
@@ -24,9 +25,8 @@ Tensor SoftmaxImpl(const Tensor& a, int64_t dim, bool log) {
   Tensor out = NewTensor(a.shape(), a.dtype(), a.device());
   if (out.numel() > 0) {
     const auto split = static_cast<size_t>(d);
-    BackendOf(a).Softmax(IndexOf(a), x.dtype(), log, DataPtr(out), DataPtr(x),
-                         Product(shape, 0, split), shape[split],
-                         Product(shape, split + 1, shape.size()));
+    RunSoftmax(a.device(), x.dtype(), log, DataPtr(out), DataPtr(x), Product(shape, 0, split),
+               shape[split], Product(shape, split + 1, shape.size()));
   }
   if (NeedsGrad({a})) {
     Record(log ? "LogSoftmaxBackward" : "SoftmaxBackward", {a}, out,

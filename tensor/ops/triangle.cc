@@ -6,6 +6,7 @@
 #include "tensor/core/autograd.h"
 #include "tensor/core/internal/tensor_impl.h"
 #include "tensor/core/tensor.h"
+#include "tensor/kernels/triangle_kernels.h"
 #include "tensor/ops/internal/op_helpers.h"
 #include "tensor/ops/ops.h"
 #include "tensor/runtime/backend.h"
@@ -25,8 +26,8 @@ Tensor TriangleImpl(bool lower, const Tensor& input, int64_t diagonal, const cha
   const int64_t rows = shape[shape.size() - 2], cols = shape.back();
   Tensor out = NewTensor(shape, x.dtype(), x.device());
   if (out.numel() > 0) {
-    BackendOf(x).Triangle(IndexOf(x), x.dtype(), lower, diagonal, x.numel() / (rows * cols), rows,
-                          cols, DataPtr(x), DataPtr(out));
+    RunTriangle(x.device(), x.dtype(), lower, diagonal, x.numel() / (rows * cols), rows, cols,
+                DataPtr(x), DataPtr(out));
   }
   if (NeedsGrad({input})) {
     Record(lower ? "TrilBackward" : "TriuBackward", {input}, out,

@@ -37,6 +37,11 @@ inline constexpr int64_t kBytesPerCopyChunk = 1 << 20;
 
 inline Device Cpu(int index) { return Device::Cpu(index); }
 
+// The CPU kernels' one check of their device index (every cpu:N with N >= 0 exists).
+inline void CheckCpuIndex(int index) {
+  TANDEM_CHECK(index >= 0, "CPU backend: device index must be >= 0 but got ", index);
+}
+
 // Copies `bytes` bytes split over cpu:`index`'s pool.
 inline void CopyBytes(int index, void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;

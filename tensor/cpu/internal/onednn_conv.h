@@ -19,7 +19,7 @@
 #include <string>
 
 #include "tensor/base/dtype.h"
-#include "tensor/runtime/backend.h"
+#include "tensor/kernels/conv_geometry.h"
 
 namespace tandem {
 

@@ -1,5 +1,5 @@
 // The CPU backend's reductions: every kind of the reduction table (tensor/runtime/op_tables.h)
-// over the middle axis of [outer, reduce, inner], and softmax, split over cpu:`index`'s pool.
+// over the middle axis of [outer, reduce, inner], split over cpu:`index`'s pool.
 // Results do not depend on the split (sums accumulate in double, in fixed blocks).
 // CpuBackend's overrides call these after checking the index. Internal to the CPU backend.
 //
@@ -15,11 +15,10 @@
 namespace tandem {
 namespace cpu_internal {
 
-// Backend::Reduce and Softmax (their contracts are in tensor/runtime/backend.h).
+// Backend::Reduce (its contract is in tensor/runtime/backend.h). reduce_kernels.cc also
+// registers the CPU's SoftmaxKernel (tensor/kernels/softmax_kernels.h).
 void Reduce(int index, ReduceKind op, const KernelTensor& dst, const KernelTensor& src,
             int64_t outer, int64_t reduce, int64_t inner);
-void Softmax(int index, DType dtype, bool log, void* dst, const void* src, int64_t outer,
-             int64_t dim, int64_t inner);
 
 }  // namespace cpu_internal
 }  // namespace tandem

@@ -13,6 +13,7 @@
 
 #include "tensor/base/half.h"
 #include "tensor/base/philox.h"  // TANDEM_HOST_DEVICE
+#include "tensor/kernels/conv_geometry.h"
 #include "tensor/runtime/backend.h"
 
 namespace tandem {

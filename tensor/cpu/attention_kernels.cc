@@ -2,7 +2,10 @@
 // single-threaded GEMM on tiles small enough to stay in L1/L2 (a 64 x 128 score tile is
 // 32 KB in float); the softmax bookkeeping between them is plain loops over the tile.
 // 16-bit operands are converted to float a tile at a time, so the GEMMs are float32's.
-#include "tensor/cpu/internal/attention_kernels.h"
+// Blocks of queries are split over cpu:`index`'s pool; the backward takes one head per work item
+// (each head's dk and dv are summed over all of its query blocks, so splitting a head would need
+// a reduction). Registered at static initialisation (:attention_kernels is linked whole).
+#include "tensor/kernels/attention_kernels.h"
 
 #include <cblas.h>
 
@@ -19,6 +22,7 @@
 #include "tensor/base/philox.h"
 #include "tensor/kernels/float_conversions.h"
 #include "tensor/kernels/vectorized.h"
+#include "tensor/runtime/kernel_stub.h"
 #include "tensor/runtime/threads.h"
 
 namespace tandem {
@@ -392,12 +396,10 @@ void BackwardTyped(int index, const AttentionGeometry& g, const T* q, const T* k
   });
 }
 
-void CheckGeometry(const AttentionGeometry& g, const char* kernel) {
-  TANDEM_CHECK(
-      g.batch >= 0 && g.query_len >= 0 && g.key_len >= 0 && g.head_dim >= 0 && g.value_dim >= 0,
-      "CPU ", kernel, " expects non-negative sizes but got batch=", g.batch,
-      " query_len=", g.query_len, " key_len=", g.key_len, " head_dim=", g.head_dim,
-      " value_dim=", g.value_dim);
+// The sizes' signs were checked by RunAttentionForward / RunAttentionBackward
+// (tensor/kernels/attention_kernels.h); these are the CPU's own limits.
+void CheckGeometry(int index, const AttentionGeometry& g, const char* kernel) {
+  TANDEM_CHECK(index >= 0, "CPU backend: device index must be >= 0 but got ", index);
   constexpr int64_t kIntMax = std::numeric_limits<int>::max();
   TANDEM_CHECK(g.query_len <= kIntMax && g.key_len <= kIntMax && g.head_dim <= kIntMax &&
                    g.value_dim <= kIntMax,
@@ -408,12 +410,10 @@ void CheckGeometry(const AttentionGeometry& g, const char* kernel) {
                ": dropout_p must be in [0, 1) but is ", g.dropout_p);
 }
 
-}  // namespace
-
 void CpuAttentionForward(int index, DType dtype, const AttentionGeometry& g, const void* q,
                          const void* k, const void* v, const void* mask, void* out,
                          void* logsumexp) {
-  CheckGeometry(g, "AttentionForward");
+  CheckGeometry(index, g, "AttentionForward");
   if (g.batch == 0 || g.query_len == 0) return;
   DispatchAllFloatingTypes(dtype, "CPU AttentionForward", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -426,7 +426,7 @@ void CpuAttentionForward(int index, DType dtype, const AttentionGeometry& g, con
 void CpuAttentionBackward(int index, DType dtype, const AttentionGeometry& g, const void* q,
                           const void* k, const void* v, const void* mask, const void* out,
                           const void* dout, const void* logsumexp, void* dq, void* dk, void* dv) {
-  CheckGeometry(g, "AttentionBackward");
+  CheckGeometry(index, g, "AttentionBackward");
   if (g.batch == 0) return;
   DispatchAllFloatingTypes(dtype, "CPU AttentionBackward", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -436,5 +436,10 @@ void CpuAttentionBackward(int index, DType dtype, const AttentionGeometry& g, co
                   static_cast<T*>(dq), static_cast<T*>(dk), static_cast<T*>(dv));
   });
 }
+
+}  // namespace
+
+TANDEM_REGISTER_KERNEL(AttentionForwardKernel, DeviceType::kCPU, CpuAttentionForward);
+TANDEM_REGISTER_KERNEL(AttentionBackwardKernel, DeviceType::kCPU, CpuAttentionBackward);
 
 }  // namespace tandem

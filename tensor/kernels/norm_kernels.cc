@@ -1,0 +1,38 @@
+#include "tensor/kernels/norm_kernels.h"
+
+#include "tensor/base/error.h"
+
+namespace tandem {
+
+TANDEM_DEFINE_KERNEL(RowNormKernel);
+TANDEM_DEFINE_KERNEL(RowNormBackwardKernel);
+
+namespace {
+
+void CheckRowNorm(const char* kernel, Device device, DType dtype, int64_t rows, int64_t cols) {
+  TANDEM_CHECK(IsFloatingPoint(dtype), kernel, " on ", device,
+               " expects a floating dtype (float32, float64, bfloat16 or float16) but got ", dtype,
+               "; convert the input with .to(kFloat32)");
+  TANDEM_CHECK(rows >= 0 && cols > 0, kernel, " on ", device,
+               " expects rows >= 0 and cols > 0 but got [", rows, ", ", cols,
+               "]; a norm needs at least one element per row");
+}
+
+}  // namespace
+
+void RunRowNorm(Device device, DType dtype, bool rms, int64_t rows, int64_t cols, double eps,
+                const void* x, const void* weight, const void* bias, void* y, void* mean,
+                void* rstd) {
+  CheckRowNorm("RowNorm", device, dtype, rows, cols);
+  RowNormKernel(device, dtype, rms, rows, cols, eps, x, weight, bias, y, mean, rstd);
+}
+
+void RunRowNormBackward(Device device, DType dtype, bool rms, int64_t rows, int64_t cols,
+                        const void* grad_y, const void* x, const void* mean, const void* rstd,
+                        const void* weight, void* grad_x, void* grad_weight, void* grad_bias) {
+  CheckRowNorm("RowNormBackward", device, dtype, rows, cols);
+  RowNormBackwardKernel(device, dtype, rms, rows, cols, grad_y, x, mean, rstd, weight, grad_x,
+                        grad_weight, grad_bias);
+}
+
+}  // namespace tandem

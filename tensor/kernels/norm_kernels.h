@@ -1,0 +1,56 @@
+// The fused row-norm kernels of layer_norm and rms_norm (KernelStub,
+// tensor/runtime/kernel_stub.h), over a contiguous [rows, cols] floating input (float32, float64,
+// bfloat16, float16). Each backend registers its kernels beside its code
+// (tensor/cpu/row_norm_kernels.cc, tensor/cuda/norm_kernels.cc); tensor/ops/norm.cc calls
+// RunRowNorm and RunRowNormBackward, which check the arguments once and dispatch on the device's
+// type.
+//
+//   RunRowNorm(x.device(), x.dtype(), /*rms=*/false, rows, cols, 1e-5, x_ptr, weight_ptr,
+//              bias_ptr, y_ptr, mean_ptr, rstd_ptr);
+//
+// Note [Fused row norms]: layer_norm and rms_norm normalise each row of a contiguous
+// [rows, cols] input in one pass over it, instead of the mean, subtraction, square, mean,
+// add, sqrt, division, product and sum that the formula composes (each a full pass and an
+// autograd node). Statistics are computed in OpMath (float for the 16-bit floats, double for
+// float64) by two passes over the row (mean, then the centred variance), and saved as
+// `mean` and `rstd` (contiguous [rows], OpMath's dtype: float32, or float64 for float64
+// inputs) for the backward. LayerNorm: y = (x - mean) * rstd * weight + bias with
+// rstd = 1 / sqrt(biased variance + eps); rms (RMSNorm): mean is not subtracted (nor saved:
+// `mean` may be null) and rstd = 1 / sqrt(mean(x^2) + eps). `weight` and `bias` ([cols],
+// the input's dtype) may each be null (no scale, no shift; RMSNorm has no bias).
+#ifndef TANDEM_TENSOR_KERNELS_NORM_KERNELS_H_
+#define TANDEM_TENSOR_KERNELS_NORM_KERNELS_H_
+
+#include <cstdint>
+
+#include "tensor/base/device.h"
+#include "tensor/base/dtype.h"
+#include "tensor/runtime/kernel_stub.h"
+
+namespace tandem {
+
+TANDEM_DECLARE_KERNEL(RowNormKernel,
+                      void(int index, DType dtype, bool rms, int64_t rows, int64_t cols, double eps,
+                           const void* x, const void* weight, const void* bias, void* y, void* mean,
+                           void* rstd));
+// The backward of RowNorm from the saved statistics, with xhat = (x - mean) * rstd and
+// g = grad_y * weight: grad_x = rstd * (g - mean(g) - xhat * mean(g * xhat)) (rms: without
+// the mean(g) term); grad_weight = sum over rows of grad_y * xhat; grad_bias = sum over rows
+// of grad_y. Each output may be null (not needed); the row sums accumulate in OpMath.
+TANDEM_DECLARE_KERNEL(RowNormBackwardKernel,
+                      void(int index, DType dtype, bool rms, int64_t rows, int64_t cols,
+                           const void* grad_y, const void* x, const void* mean, const void* rstd,
+                           const void* weight, void* grad_x, void* grad_weight, void* grad_bias));
+
+// Check the arguments (a floating dtype, rows >= 0 and cols > 0), throwing tandem::Error naming
+// the kernel and the device, then call the kernel of `device`'s type.
+void RunRowNorm(Device device, DType dtype, bool rms, int64_t rows, int64_t cols, double eps,
+                const void* x, const void* weight, const void* bias, void* y, void* mean,
+                void* rstd);
+void RunRowNormBackward(Device device, DType dtype, bool rms, int64_t rows, int64_t cols,
+                        const void* grad_y, const void* x, const void* mean, const void* rstd,
+                        const void* weight, void* grad_x, void* grad_weight, void* grad_bias);
+
+}  // namespace tandem
+
+#endif  // TANDEM_TENSOR_KERNELS_NORM_KERNELS_H_
