@@ -28,6 +28,9 @@ class DataParallelStrategy : public TrainStrategy {
             "--ddp_compression=", config.ddp_compression,
             " compresses DistributedDataParallel's all-reduce and needs --distributed; "
             "DataParallel reduces its gradients without it: drop the flag or add --distributed");
+    Require(config.sharding == "none", "--sharding=", config.sharding,
+            " shards the optimizer state across the ranks of --distributed; DataParallel keeps "
+            "one optimizer in one process: drop the flag or add --distributed");
     devices_ = ParseDevices(config.devices);
     // Without --devices and --threads on a machine without a GPU, the layout follows the
     // model's size (parallel::ChooseCpuLayout): a logical device per core for models whose

@@ -24,6 +24,7 @@
 #include "parallel/distributed/distributed_data_parallel.h"
 #include "parallel/distributed/process_group_mpi.h"
 #include "parallel/distributed/same_configuration.h"
+#include "parallel/distributed/zero_redundancy_optimizer.h"
 #include "tensor/tensor.h"
 
 namespace tandem::examples {
@@ -99,6 +100,10 @@ class DistributedStrategy : public TrainStrategy {
     Require(optimizer == "sgd" || optimizer == "adam" || optimizer == "adamw",
             "--optimizer must be 'sgd', 'adam' or 'adamw' but is '", optimizer, "'");
     compression_ = ParseDdpCompression(config.ddp_compression);
+    Require(config.sharding == "none" || config.sharding == "zero1",
+            "--sharding must be 'none' (every rank keeps the whole optimizer state) or 'zero1' "
+            "(the state sharded across the ranks) but is '",
+            config.sharding, "'");
     const double timeout_s = config.collective_timeout;
     Require(std::isfinite(timeout_s) && timeout_s >= 0.001 && timeout_s <= 1e6,
             "--collective_timeout must be a number of seconds in [0.001, 1000000] but is ",
@@ -127,10 +132,11 @@ class DistributedStrategy : public TrainStrategy {
     const DType autocast = ParseAutocast(c.autocast);
     return absl::StrFormat(
         "distributed ranks=%d device=%s threads=%d batch_size=%d "
-        "seed=%d lr=%g lr_decay=%s epochs=%d train_limit=%d autocast=%s ddp_compression=%s",
+        "seed=%d lr=%g lr_decay=%s epochs=%d train_limit=%d autocast=%s ddp_compression=%s "
+        "sharding=%s",
         world_, device_.ToString(), threads_, c.task.batch_size, c.task.seed, c.task.lr, c.lr_decay,
         c.epochs, c.task.train_limit, autocast == kFloat32 ? "none" : DTypeName(autocast),
-        compression_ ? DTypeName(*compression_) : "none");
+        compression_ ? DTypeName(*compression_) : "none", c.sharding);
   }
   // Every setting but those that may differ per rank or machine: they change the number of
   // collectives the ranks run (--epochs, --batch_size, --train_limit, --checkpoint's resume)
@@ -156,6 +162,24 @@ class DistributedStrategy : public TrainStrategy {
     }
     const std::string note = examples::RestoreGenerators(state, {device_}, seed);
     return note.empty() ? "" : absl::StrFormat("rank %d: %s", rank_, note);
+  }
+  // --sharding=zero1: ZeRO stage 1 over the same optimizer. Its steps give every rank the
+  // parameters the plain optimizer would, to the bit, so the rest of the loop is unchanged.
+  TrainerOptimizer MakeOptimizer(const TrainConfig& config, nn::Module& model) override {
+    if (config.sharding != "zero1") return TrainStrategy::MakeOptimizer(config, model);
+    const std::string kind = config.task.optimizer;
+    const double lr = config.task.lr, weight_decay = config.weight_decay;
+    auto zero = std::make_unique<distributed::ZeroRedundancyOptimizer>(
+        model.parameters(), group_, [kind, lr, weight_decay](std::vector<nn::ParamGroup> groups) {
+          return examples::MakeOptimizer(kind, std::move(groups), lr, weight_decay);
+        });
+    zero_ = zero.get();
+    return TrainerOptimizer(std::move(zero));
+  }
+  // The lead writes the whole optimizer state, gathered from every rank's share: a
+  // checkpoint of --sharding=zero1 resumes with any number of ranks and with or without it.
+  void BeforeCheckpoint(nn::Optimizer&) override {
+    if (zero_ != nullptr) zero_->consolidate_state_dict(0);
   }
   std::unique_ptr<data::Sampler> MakeSampler(int64_t size, uint64_t seed, int64_t epoch) override {
     auto sampler = std::make_unique<data::DistributedSampler>(size, rank_, world_, true, seed);
@@ -204,6 +228,18 @@ class DistributedStrategy : public TrainStrategy {
     if (compression_) {
       text += absl::StrFormat("Gradients all-reduced in %s (--ddp_compression)\n",
                               DTypeName(*compression_));
+    }
+    if (zero_ != nullptr) {
+      int64_t total = 0;
+      for (int64_t n : zero_->numel_per_rank()) total += n;
+      std::vector<std::string> shares;
+      for (int64_t n : zero_->numel_per_rank()) {
+        shares.push_back(absl::StrFormat("%.1f%%", 100.0 * n / std::max<int64_t>(total, 1)));
+      }
+      text += absl::StrFormat(
+          "Optimizer state sharded across the ranks (--sharding=zero1, ZeroRedundancyOptimizer): "
+          "%s of the %d parameters' state on ranks 0..%d\n",
+          absl::StrJoin(shares, ", "), total, world_ - 1);
     }
     return text;
   }
@@ -263,13 +299,17 @@ class DistributedStrategy : public TrainStrategy {
                            absl::StrJoin(device_names_, separator), batch_size);
   }
   std::vector<std::string> DeviceNames() const override { return device_names_; }
-  std::string JsonExtra() const override { return absl::StrFormat("\"ranks\":%d,", world_); }
+  std::string JsonExtra() const override {
+    return absl::StrFormat("\"ranks\":%d,\"sharding\":\"%s\",", world_,
+                           zero_ != nullptr ? "zero1" : "none");
+  }
 
  private:
   Device device_ = Device::Cpu(0);
   int threads_ = 0, rank_ = 0, world_ = 1;
   bool said_generators_differ_ = false;
   std::optional<DType> compression_;
+  distributed::ZeroRedundancyOptimizer* zero_ = nullptr;  // --sharding=zero1: the optimizer
   std::shared_ptr<distributed::ProcessGroupMpi> group_;
   data::DistributedSampler* sampler_ = nullptr;  // owned by the loader
   std::shared_ptr<nn::Module> model_;

@@ -34,6 +34,14 @@
 // the gradient buckets in that dtype (DistributedDataParallelOptions::gradient_compression).
 //
 //   mpirun -np 2 bazel-bin/examples/train --distributed --autocast=bf16 --ddp_compression=bf16
+//
+// --sharding=zero1 wraps the optimizer in parallel::distributed::ZeroRedundancyOptimizer: each
+// rank keeps the optimizer state of its share of the parameters (1/N of it), steps that share
+// and broadcasts it; the parameters are the plain optimizer's, bit for bit. Its checkpoint holds
+// the whole state, gathered to rank 0, so it resumes with or without --sharding, on any number
+// of ranks.
+//
+//   mpirun -np 2 bazel-bin/examples/train --distributed --optimizer=adamw --sharding=zero1
 #ifndef TANDEM_EXAMPLES_DISTRIBUTED_TRAINING_H_
 #define TANDEM_EXAMPLES_DISTRIBUTED_TRAINING_H_
 

@@ -85,30 +85,39 @@ int64_t SavedActivationsPerSample(const std::string& kind) {
   throw UsageError("--model must be 'mlp', 'cnn' or 'resnet' but is '" + kind + "'");
 }
 
-TrainerOptimizer MakeOptimizer(const std::string& kind, nn::Module& model, double lr,
-                               double weight_decay) {
+TrainerOptimizer::TrainerOptimizer(std::unique_ptr<nn::Optimizer> o) : optimizer(std::move(o)) {
+  nn::Optimizer* raw = optimizer.get();
+  set_lr = [raw](double lr) {
+    for (nn::ParamGroup& group : raw->param_groups()) group.options().set_lr(lr);
+  };
+}
+
+std::unique_ptr<nn::Optimizer> MakeOptimizer(const std::string& kind,
+                                             std::vector<nn::ParamGroup> groups, double lr,
+                                             double weight_decay) {
   Require(std::isfinite(weight_decay) && weight_decay >= 0,
           "--weight_decay must be a finite number of at least 0 but is ", weight_decay,
           "; try --weight_decay=5e-4");
   if (kind == "sgd") {
-    auto sgd = std::make_unique<nn::SGD>(
-        model.parameters(), nn::SGDOptions(lr).momentum(0.9).weight_decay(weight_decay));
-    nn::SGD* raw = sgd.get();
-    return {std::move(sgd), [raw](double v) { raw->options().lr(v); }};
+    return std::make_unique<nn::SGD>(std::move(groups),
+                                     nn::SGDOptions(lr).momentum(0.9).weight_decay(weight_decay));
   }
   if (kind == "adam") {
-    auto adam = std::make_unique<nn::Adam>(model.parameters(),
-                                           nn::AdamOptions(lr).weight_decay(weight_decay));
-    nn::Adam* raw = adam.get();
-    return {std::move(adam), [raw](double v) { raw->options().lr(v); }};
+    return std::make_unique<nn::Adam>(std::move(groups),
+                                      nn::AdamOptions(lr).weight_decay(weight_decay));
   }
   if (kind == "adamw") {
-    auto adamw = std::make_unique<nn::AdamW>(model.parameters(),
-                                             nn::AdamWOptions(lr).weight_decay(weight_decay));
-    nn::AdamW* raw = adamw.get();
-    return {std::move(adamw), [raw](double v) { raw->options().lr(v); }};
+    return std::make_unique<nn::AdamW>(std::move(groups),
+                                       nn::AdamWOptions(lr).weight_decay(weight_decay));
   }
   throw UsageError("--optimizer must be 'sgd', 'adam' or 'adamw' but is '" + kind + "'");
+}
+
+TrainerOptimizer MakeOptimizer(const std::string& kind, nn::Module& model, double lr,
+                               double weight_decay) {
+  std::vector<nn::ParamGroup> groups;
+  groups.emplace_back(model.parameters());
+  return TrainerOptimizer(MakeOptimizer(kind, std::move(groups), lr, weight_decay));
 }
 
 double LearningRate(double peak, const std::string& decay, int epoch, int epochs) {

@@ -46,15 +46,22 @@ std::shared_ptr<nn::Sequential> MakeModel(const std::string& kind);
 // PyTorch's autograd saves for these layers, without max-pool's indices).
 int64_t SavedActivationsPerSample(const std::string& kind);
 
-// An optimizer over a model's parameters and a way to set its learning rate.
+// An optimizer over a model's parameters and a way to set its learning rate (of every group).
 struct TrainerOptimizer {
+  explicit TrainerOptimizer(std::unique_ptr<nn::Optimizer> optimizer = nullptr);
   std::unique_ptr<nn::Optimizer> optimizer;
   std::function<void(double)> set_lr;
 };
 
 // "sgd" (momentum 0.9) or "adam", with L2 `weight_decay` added to the gradients as PyTorch's
-// SGD and Adam do, or "adamw" (the weights decayed by lr * weight_decay, as PyTorch's AdamW).
+// SGD and Adam do, or "adamw" (the weights decayed by lr * weight_decay, as PyTorch's AdamW),
+// over `groups` (groups without options take lr and weight_decay): the trainer's optimizer,
+// and the one a ZeroRedundancyOptimizer wraps over each rank's share.
 // Throws examples::UsageError for another kind or a negative weight decay.
+std::unique_ptr<nn::Optimizer> MakeOptimizer(const std::string& kind,
+                                             std::vector<nn::ParamGroup> groups, double lr,
+                                             double weight_decay);
+// The same over every parameter of `model`.
 TrainerOptimizer MakeOptimizer(const std::string& kind, nn::Module& model, double lr,
                                double weight_decay);
 

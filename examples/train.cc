@@ -113,6 +113,10 @@ ABSL_FLAG(int, top_k, 40, "gpt: sample among the k most likely bytes only");
 ABSL_FLAG(bool, distributed, false,
           "One process per device under mpirun, with DistributedDataParallel: mpirun -np 2 "
           "train --distributed (see examples/distributed_training.h)");
+ABSL_FLAG(std::string, sharding, "none",
+          "With --distributed: none (every rank keeps the whole optimizer state) or zero1 (each "
+          "rank keeps the state of its share of the parameters, steps it and broadcasts it: "
+          "PyTorch's ZeroRedundancyOptimizer; the same numbers, 1/N of the state's memory)");
 ABSL_FLAG(double, collective_timeout, 300,
           "With --distributed: seconds a collective may wait for the other ranks before the run "
           "fails, naming the ranks that did not answer (a stopped, hung or dead rank) and the "
@@ -163,6 +167,7 @@ examples::TrainConfig ConfigFromFlags() {
   c.forward_loss = absl::GetFlag(FLAGS_forward_loss);
   c.autocast = absl::GetFlag(FLAGS_autocast);
   c.ddp_compression = absl::GetFlag(FLAGS_ddp_compression);
+  c.sharding = absl::GetFlag(FLAGS_sharding);
   c.detect_anomaly = absl::GetFlag(FLAGS_detect_anomaly);
   c.checkpoint = absl::GetFlag(FLAGS_checkpoint);
   c.log_csv = absl::GetFlag(FLAGS_log_csv);

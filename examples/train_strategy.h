@@ -19,6 +19,7 @@
 
 #include "data/dataset.h"
 #include "data/sampler.h"
+#include "examples/models.h"
 #include "examples/task.h"
 #include "examples/trainer.h"
 #include "examples/trainer_state.h"
@@ -53,6 +54,12 @@ class TrainStrategy {
 
   // Before the resume: every rank has the same settings (throws when not).
   virtual void AgreeOnSettings(const TrainConfig&) {}
+  // The optimizer over `model`'s parameters (on device()), as --optimizer, --lr and
+  // --weight_decay say; a strategy that shards the optimizer state wraps it.
+  virtual TrainerOptimizer MakeOptimizer(const TrainConfig& config, nn::Module& model) {
+    return examples::MakeOptimizer(config.task.optimizer, model, config.task.lr,
+                                   config.weight_decay);
+  }
   // After a checkpoint's load: restores this process's generators; what it says about them.
   virtual std::string RestoreGenerators(const TrainerState& state, uint64_t seed) = 0;
   // This process's share of each epoch of `size` examples, from `epoch` on.
@@ -85,6 +92,9 @@ class TrainStrategy {
   // Stores the generators a checkpoint keeps in `state` (every rank; `checkpointing`: a
   // checkpoint will be written); a note for the lead to print, or "".
   virtual std::string SaveGenerators(TrainerState* state, bool checkpointing) = 0;
+  // Every rank, before the lead writes a checkpoint of `optimizer`: a sharded optimizer
+  // gathers its state to the lead.
+  virtual void BeforeCheckpoint(nn::Optimizer& /*optimizer*/) {}
   // The model's output for evaluation (the lead alone; in evaluation mode: SetTraining).
   virtual Tensor EvalForward(const Tensor& input) = 0;
   virtual void SetTraining(bool on) = 0;

@@ -97,6 +97,7 @@ std::vector<NamedSetting> NamedSettings(const TrainConfig& c) {
       {"--prompt", t.prompt},
       {"--save", c.save, true},
       {"--seed", absl::StrCat(t.seed)},
+      {"--sharding", c.sharding},
       {"--temperature", absl::StrCat(t.temperature)},
       {"--test_limit", absl::StrCat(t.test_limit)},
       {"--threads", absl::StrCat(c.threads), true},
@@ -131,10 +132,8 @@ int RunTraining(const TrainConfig& given, TrainStrategy& strategy, TrainReporter
   // The model first: a bad device fails here, before the dataset is read.
   manual_seed(t.seed);
   std::shared_ptr<nn::Module> model = task->MakeModel();
-  TrainerOptimizer optimizer;
   try {
     model->to(strategy.device());
-    optimizer = MakeOptimizer(t.optimizer, *model, t.lr, config.weight_decay);
   } catch (const Error& e) {
     throw UsageError("--devices: " + OneLine(e.what()));
   }
@@ -148,6 +147,7 @@ int RunTraining(const TrainConfig& given, TrainStrategy& strategy, TrainReporter
   // The settings first: a rank given another --model or --optimizer would otherwise fail
   // alone, inside the checkpoint's load, instead of every rank naming the setting.
   strategy.AgreeOnSettings(config);
+  TrainerOptimizer optimizer = strategy.MakeOptimizer(config, *model);
   if (t.model == "gpt") {
     // The sizes are checked by the tensors' shapes on load; dropout is not.
     state.settings += absl::StrFormat(" dropout=%g", t.gpt.dropout());
@@ -267,6 +267,7 @@ int RunTraining(const TrainConfig& given, TrainStrategy& strategy, TrainReporter
     state.epochs_done = epoch;
     state.sampler_epoch = strategy.sampler_epoch();
     const std::string generators_note = strategy.SaveGenerators(&state, !config.checkpoint.empty());
+    if (!config.checkpoint.empty()) strategy.BeforeCheckpoint(*optimizer.optimizer);
     if (!lead) continue;
     reporter.EndEpoch();
     reporter.Print(generators_note);

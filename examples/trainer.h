@@ -44,6 +44,7 @@ struct TrainConfig {
   bool forward_loss = true;
   std::string autocast;                  // "", bf16 or fp16
   std::string ddp_compression = "none";  // --distributed only
+  std::string sharding = "none";         // --distributed only: none or zero1
   bool detect_anomaly = false;
   std::string checkpoint, log_csv, plot, save, trace;
   double collective_timeout = 300;  // --distributed only, seconds

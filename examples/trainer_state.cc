@@ -306,12 +306,16 @@ bool LoadTrainerCheckpoint(const std::string& path, nn::Module& model, nn::Optim
     }
   }
   try {
-    const nn::OptimizerState current = optimizer.state_dict();
-    optimizer.load_state_dict(optimizer_state);
+    // The model first, then the optimizer, whose refusal puts the model back from a copy (the
+    // optimizer's own state may not be at hand to put back: a ZeroRedundancyOptimizer's is
+    // spread over the ranks).
+    std::vector<nn::CheckpointEntry> model_before = nn::ModuleCheckpointEntries(model);
+    for (nn::CheckpointEntry& e : model_before) e.value = e.value.detach().clone();
+    nn::LoadModuleEntries(model, model_entries, path);
     try {
-      nn::LoadModuleEntries(model, model_entries, path);
+      optimizer.load_state_dict(optimizer_state);
     } catch (...) {
-      optimizer.load_state_dict(current);
+      nn::LoadModuleEntries(model, model_before, path);
       throw;
     }
   } catch (const Error& e) {

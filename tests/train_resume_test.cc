@@ -271,6 +271,8 @@ TEST_F(TrainResumeTest, BadFlagsAreOneLineErrorsWithExitStatusOne) {
       {"--lr=inf", "--lr must be a positive finite number but is inf"},
       {"--lr=nan", "--lr must be a positive finite number but is nan"},
       {"--lr=-1", "--lr must be a positive finite number but is -1"},
+      {"--sharding=zero1",
+       "--sharding=zero1 shards the optimizer state across the ranks of --distributed"},
       {"--save=/nonexistent-dir/m.ckpt",
        "--save=/nonexistent-dir/m.ckpt: expected an existing "
        "folder '/nonexistent-dir' but it does not exist"},

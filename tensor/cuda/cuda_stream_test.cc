@@ -119,6 +119,11 @@ TEST_F(CudaStreamTest, KernelsUnderAGuardGoToItsStream) {
   Tensor c;
   {
     StreamGuard guard(side);
+    // The first GEMM on a stream allocates (the stream's cuBLAS workspace and its first
+    // blocks, with cudaMalloc), which on an H200 waited for the spin below: done first, so
+    // that what is checked is where the kernels go.
+    (void)matmul(a, b).relu();
+    side.Synchronize();
     cuda::testing::Spin(CurrentStream(kCuda0), kSpinNanoseconds);
     c = matmul(a, b).relu();  // cuBLAS and a kernel, both behind the spin
     EXPECT_FALSE(side.Query());

@@ -164,6 +164,14 @@ def _cuda_library_impl(ctx):
         "-fPIC",
         "--expt-relaxed-constexpr",
         "--extended-lambda",
+        # No contraction of a * b + c into one FMA: every operation rounds once, as on the CPU
+        # (x86-64's baseline has no FMA) and under cudasim (-ffp-contract=off), so the CPU stays
+        # the bit-exact oracle of the kernels. Contraction made LayerNorm's grad_x of a
+        # one-element row 1e-5 instead of 0 on an H200 (fma(dy, w, -round(dy * w)) is the
+        # product's rounding error, times rstd). The kernels that are bound by arithmetic
+        # rather than memory ask for fmaf() where they want it, mirrored by std::fma on the CPU;
+        # cuBLAS and tensor-core instructions are not affected.
+        "-fmad=false",
     ]
     mode = ctx.var.get("COMPILATION_MODE", "fastbuild")
     if mode == "opt":

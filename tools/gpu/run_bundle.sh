@@ -8,6 +8,7 @@
 #   tools/gpu/run_bundle.sh --filter cuda           # binaries whose name matches a regex
 #   tools/gpu/run_bundle.sh --deadline 420          # stop starting binaries after 420 s
 #   tools/gpu/run_bundle.sh --no-benchmarks --test-timeout 60
+#   tools/gpu/run_bundle.sh --exec tools_bench__train_step --devices=cuda:0   # one binary
 #
 # Binaries whose name matches --first (default "cuda") run before the others, tests before
 # benchmarks, so that a deadline cuts the least important runs.
@@ -27,8 +28,10 @@ test_timeout=120
 benchmark_timeout=180
 deadline=0  # seconds; 0: none
 benchmark_min_time="${BENCHMARK_MIN_TIME:-0.05}"
+exec_name=""
 usage="usage: $0 [--filter REGEX] [--first REGEX] [--no-benchmarks] [--test-timeout SECONDS]
-       [--benchmark-timeout SECONDS] [--deadline SECONDS]"
+       [--benchmark-timeout SECONDS] [--deadline SECONDS]
+   or: $0 --exec BINARY [ARGS...]   (one bundled binary, e.g. tools_bench__train_step)"
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --filter) filter="$2"; shift 2 ;;
@@ -37,20 +40,27 @@ while [[ $# -gt 0 ]]; do
     --test-timeout) test_timeout="$2"; shift 2 ;;
     --benchmark-timeout) benchmark_timeout="$2"; shift 2 ;;
     --deadline) deadline="$2"; shift 2 ;;
+    --exec) exec_name="$2"; shift 2; break ;;
     *) echo "$usage" >&2; exit 2 ;;
   esac
 done
 started=$SECONDS
 
 log() { printf '[run_bundle] %s\n' "$*" >&2; }
-[[ -f "$bundle/payload.tar.gz" && -f "$bundle/manifest.tsv" ]] ||
+[[ -f "$bundle/payload.tar.xz" && -f "$bundle/manifest.tsv" ]] ||
   { log "no bundle in $bundle: run tools/gpu/build_bundle.sh first"; exit 2; }
 
 work="$(mktemp -d "${TMPDIR:-/tmp}/tandem-run.XXXXXX")"
 logs="${LOGS:-$work/logs}"
 mkdir -p "$logs"
 trap 'rm -rf "$work/bin" "$work/lib"' EXIT
-tar -C "$work" -xzf "$bundle/payload.tar.gz"
+# xz where the machine has it, else Python's lzma (the GPU machine's image has Python).
+if command -v xz >/dev/null; then
+  xz -dc "$bundle/payload.tar.xz" | tar -C "$work" -xf -
+else
+  python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)' \
+    "$bundle/payload.tar.xz" | tar -C "$work" -xf -
+fi
 sed 's/^/[bundle] /' "$bundle/BUILD_INFO" >&2
 
 # ---- Libraries -------------------------------------------------------------------------------
@@ -98,6 +108,15 @@ if [[ "$loader_mode" == bundled ]]; then
   loader="$(ls "$work"/lib/glibc/ld-linux* | head -n1)"
   launch=("$loader" --library-path "$work/lib/glibc:$LD_LIBRARY_PATH")
   log "starting binaries through the bundled loader ($loader)"
+fi
+
+if [[ -n "$exec_name" ]]; then
+  [[ -x "$work/bin/$exec_name" ]] || {
+    log "no binary $exec_name in the bundle; it has: $(ls "$work/bin" | tr '\n' ' ')"
+    exit 2
+  }
+  "${launch[@]}" "$work/bin/$exec_name" "$@" </dev/null
+  exit $?
 fi
 
 if command -v nvidia-smi >/dev/null; then
