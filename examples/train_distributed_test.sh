@@ -6,6 +6,8 @@
 # rank stopped with SIGSTOP makes the other fail within --collective_timeout, naming it. A
 # job killed in epoch 2 and resumed from its checkpoint ends with the same parameters and
 # random state as the uninterrupted one; a run that learns nothing says it is at chance level.
+# --sharding=zero1 trains the plain optimizer's model, bit for bit, and its checkpoint resumes
+# with or without it and on another number of ranks (3 -> 2, 3 -> 1).
 set -euo pipefail
 train="$1"  # //examples:train_with_test_hooks: the trainer with --kill_in_epoch
 data_dir=/usr/share/datasets/fashion-mnist
@@ -173,6 +175,30 @@ ranks2 "${adam[@]}" --epochs=2 --sharding=zero1 --checkpoint="$logs/plain.ckpt" 
   { echo "FAIL: the zero1 job resuming the plain checkpoint failed"; exit 1; }
 cmp "$logs/zero_then_plain.model" "$logs/plain_then_zero.model" ||
   { echo "FAIL: a zero1 checkpoint resumed without --sharding differs from the reverse"; exit 1; }
+# Another world size: 3 ranks' zero1 checkpoint resumed by 2 ranks re-shards the whole state
+# it holds (the same model with and without --sharding), and by the single-process trainer.
+timeout 300 mpirun --oversubscribe --bind-to none --tag-output -np 3 "$train" "${adam[@]}" \
+  --epochs=1 --sharding=zero1 --checkpoint="$logs/zero3.ckpt" >/dev/null 2>&1 ||
+  { echo "FAIL: the 3-rank --sharding=zero1 job failed"; exit 1; }
+cp "$logs/zero3.ckpt" "$logs/zero3_copy.ckpt"
+cp "$logs/zero3.ckpt" "$logs/zero3_single.ckpt"
+resharded="$(ranks2 "${adam[@]}" --epochs=2 --sharding=zero1 --checkpoint="$logs/zero3.ckpt" \
+  --save="$logs/zero3_then_zero2.model" 2>&1)" ||
+  { echo "$resharded"; echo "FAIL: 2 zero1 ranks did not resume 3 ranks' checkpoint"; exit 1; }
+grep -q 'Resuming from .*zero3.ckpt: 1 of 2 epochs done' <<<"$resharded" &&
+  grep -q 'note: the checkpoint was made with distributed ranks=3' <<<"$resharded" ||
+  { echo "$resharded"; echo "FAIL: the 2-rank resume of 3 ranks' checkpoint did not say so"; exit 1; }
+ranks2 "${adam[@]}" --epochs=2 --checkpoint="$logs/zero3_copy.ckpt" \
+  --save="$logs/zero3_then_plain2.model" >/dev/null 2>&1 ||
+  { echo "FAIL: 2 plain ranks did not resume 3 zero1 ranks' checkpoint"; exit 1; }
+cmp "$logs/zero3_then_zero2.model" "$logs/zero3_then_plain2.model" ||
+  { echo "FAIL: 3 ranks' zero1 checkpoint resumed on 2 differs with and without --sharding"; exit 1; }
+single_resume="$("$train" --devices=cpu:0 --threads=1 --batch_size=64 --train_limit=2048 \
+  --test_limit=500 --workers=0 --optimizer=adam --lr=0.001 --epochs=2 \
+  --checkpoint="$logs/zero3_single.ckpt" 2>&1)" ||
+  { echo "$single_resume"; echo "FAIL: one process did not resume 3 zero1 ranks' checkpoint"; exit 1; }
+grep -q 'Resuming from .*zero3_single.ckpt: 1 of 2 epochs done' <<<"$single_resume" ||
+  { echo "$single_resume"; echo "FAIL: one process did not resume after epoch 1"; exit 1; }
 rc=0
 bad="$(ranks2 "${base[@]}" --sharding=zero3 2>&1)" || rc=$?
 # (each rank stops on its own before the ranks connect; mpirun may end one before it prints)
