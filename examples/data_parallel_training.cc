@@ -31,6 +31,10 @@ class DataParallelStrategy : public TrainStrategy {
     Require(config.sharding == "none", "--sharding=", config.sharding,
             " shards the optimizer state across the ranks of --distributed; DataParallel keeps "
             "one optimizer in one process: drop the flag or add --distributed");
+    Require(!config.sync_bn,
+            "--sync_bn synchronizes BatchNorm across the ranks of --distributed; DataParallel's "
+            "replicas normalise each its own share of the batch: drop the flag or add "
+            "--distributed");
     devices_ = ParseDevices(config.devices);
     // Without --devices and --threads on a machine without a GPU, the layout follows the
     // model's size (parallel::ChooseCpuLayout): a logical device per core for models whose

@@ -24,6 +24,7 @@
 #include "parallel/distributed/distributed_data_parallel.h"
 #include "parallel/distributed/process_group_mpi.h"
 #include "parallel/distributed/same_configuration.h"
+#include "parallel/distributed/sync_batch_norm.h"
 #include "parallel/distributed/zero_redundancy_optimizer.h"
 #include "tensor/tensor.h"
 
@@ -133,10 +134,10 @@ class DistributedStrategy : public TrainStrategy {
     return absl::StrFormat(
         "distributed ranks=%d device=%s threads=%d batch_size=%d "
         "seed=%d lr=%g lr_decay=%s epochs=%d train_limit=%d autocast=%s ddp_compression=%s "
-        "sharding=%s",
+        "sharding=%s sync_bn=%s",
         world_, device_.ToString(), threads_, c.task.batch_size, c.task.seed, c.task.lr, c.lr_decay,
         c.epochs, c.task.train_limit, autocast == kFloat32 ? "none" : DTypeName(autocast),
-        compression_ ? DTypeName(*compression_) : "none", c.sharding);
+        compression_ ? DTypeName(*compression_) : "none", c.sharding, c.sync_bn ? "true" : "false");
   }
   // Every setting but those that may differ per rank or machine: they change the number of
   // collectives the ranks run (--epochs, --batch_size, --train_limit, --checkpoint's resume)
@@ -200,8 +201,14 @@ class DistributedStrategy : public TrainStrategy {
          {"data order (from --checkpoint)", std::to_string(state.sampler_epoch), true}},
         kAdvice);
   }
-  void Wrap(std::shared_ptr<nn::Module> model, const TrainConfig&) override {
+  void Wrap(std::shared_ptr<nn::Module> model, const TrainConfig& config) override {
     model_ = model;
+    if (config.sync_bn) {
+      synchronized_norms_ = distributed::ConvertSyncBatchNorm(*model, group_);
+      Require(synchronized_norms_ > 0,
+              "--sync_bn synchronizes BatchNorm layers but --model=", config.task.model,
+              " has none; drop the flag, or train --model=resnet");
+    }
     ddp_ = std::make_shared<distributed::DistributedDataParallel>(
         model, group_,
         distributed::DistributedDataParallelOptions().gradient_compression(compression_));
@@ -228,6 +235,11 @@ class DistributedStrategy : public TrainStrategy {
     if (compression_) {
       text += absl::StrFormat("Gradients all-reduced in %s (--ddp_compression)\n",
                               DTypeName(*compression_));
+    }
+    if (synchronized_norms_ > 0) {
+      text += absl::StrFormat(
+          "BatchNorm over every rank's batch together (--sync_bn): %d layers synchronized\n",
+          synchronized_norms_);
     }
     if (zero_ != nullptr) {
       int64_t total = 0;
@@ -310,6 +322,7 @@ class DistributedStrategy : public TrainStrategy {
   bool said_generators_differ_ = false;
   std::optional<DType> compression_;
   distributed::ZeroRedundancyOptimizer* zero_ = nullptr;  // --sharding=zero1: the optimizer
+  int synchronized_norms_ = 0;                            // --sync_bn
   std::shared_ptr<distributed::ProcessGroupMpi> group_;
   data::DistributedSampler* sampler_ = nullptr;  // owned by the loader
   std::shared_ptr<nn::Module> model_;

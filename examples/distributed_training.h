@@ -42,6 +42,9 @@
 // of ranks.
 //
 //   mpirun -np 2 bazel-bin/examples/train --distributed --optimizer=adamw --sharding=zero1
+//
+// --sync_bn makes every BatchNorm of the model (--model=resnet) normalise with the
+// statistics of every rank's batch together (parallel::distributed::ConvertSyncBatchNorm).
 #ifndef TANDEM_EXAMPLES_DISTRIBUTED_TRAINING_H_
 #define TANDEM_EXAMPLES_DISTRIBUTED_TRAINING_H_
 

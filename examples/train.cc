@@ -117,6 +117,9 @@ ABSL_FLAG(std::string, sharding, "none",
           "With --distributed: none (every rank keeps the whole optimizer state) or zero1 (each "
           "rank keeps the state of its share of the parameters, steps it and broadcasts it: "
           "PyTorch's ZeroRedundancyOptimizer; the same numbers, 1/N of the state's memory)");
+ABSL_FLAG(bool, sync_bn, false,
+          "With --distributed: batch normalisation over every rank's batch together (PyTorch's "
+          "SyncBatchNorm; for --model=resnet), instead of each rank's own");
 ABSL_FLAG(double, collective_timeout, 300,
           "With --distributed: seconds a collective may wait for the other ranks before the run "
           "fails, naming the ranks that did not answer (a stopped, hung or dead rank) and the "
@@ -168,6 +171,7 @@ examples::TrainConfig ConfigFromFlags() {
   c.autocast = absl::GetFlag(FLAGS_autocast);
   c.ddp_compression = absl::GetFlag(FLAGS_ddp_compression);
   c.sharding = absl::GetFlag(FLAGS_sharding);
+  c.sync_bn = absl::GetFlag(FLAGS_sync_bn);
   c.detect_anomaly = absl::GetFlag(FLAGS_detect_anomaly);
   c.checkpoint = absl::GetFlag(FLAGS_checkpoint);
   c.log_csv = absl::GetFlag(FLAGS_log_csv);

@@ -199,6 +199,17 @@ single_resume="$("$train" --devices=cpu:0 --threads=1 --batch_size=64 --train_li
   { echo "$single_resume"; echo "FAIL: one process did not resume 3 zero1 ranks' checkpoint"; exit 1; }
 grep -q 'Resuming from .*zero3_single.ckpt: 1 of 2 epochs done' <<<"$single_resume" ||
   { echo "$single_resume"; echo "FAIL: one process did not resume after epoch 1"; exit 1; }
+# --sync_bn: the ResNet's BatchNorm layers normalise over both ranks' batches; the MLP has none.
+sync="$(ranks2 --distributed --devices=cpu:0 --threads=1 --model=resnet --epochs=1 \
+  --batch_size=16 --train_limit=128 --test_limit=64 --workers=0 --sync_bn 2>&1)" ||
+  { echo "$sync"; echo "FAIL: the --sync_bn ResNet job failed"; exit 1; }
+grep -qx '\[1,0\]<stdout>:BatchNorm over every rank.s batch together (--sync_bn): [0-9]* layers synchronized' <<<"$sync" &&
+  grep -q '^\[1,0\]<stdout>:{"model":"resnet"' <<<"$sync" ||
+  { echo "$sync"; echo "FAIL: the --sync_bn job did not say it synchronizes BatchNorm"; exit 1; }
+rc=0
+nobn="$(ranks2 "${base[@]}" --sync_bn 2>&1)" || rc=$?
+[[ $rc == 1 ]] && grep -qF -- "--sync_bn synchronizes BatchNorm layers but --model=mlp has none" <<<"$nobn" ||
+  { echo "$nobn"; echo "FAIL: --sync_bn on the MLP was not refused (exit $rc)"; exit 1; }
 rc=0
 bad="$(ranks2 "${base[@]}" --sharding=zero3 2>&1)" || rc=$?
 # (each rank stops on its own before the ranks connect; mpirun may end one before it prints)

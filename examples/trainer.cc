@@ -98,6 +98,7 @@ std::vector<NamedSetting> NamedSettings(const TrainConfig& c) {
       {"--save", c.save, true},
       {"--seed", absl::StrCat(t.seed)},
       {"--sharding", c.sharding},
+      {"--sync_bn", c.sync_bn ? "true" : "false"},
       {"--temperature", absl::StrCat(t.temperature)},
       {"--test_limit", absl::StrCat(t.test_limit)},
       {"--threads", absl::StrCat(c.threads), true},

@@ -45,6 +45,7 @@ struct TrainConfig {
   std::string autocast;                  // "", bf16 or fp16
   std::string ddp_compression = "none";  // --distributed only
   std::string sharding = "none";         // --distributed only: none or zero1
+  bool sync_bn = false;                  // --distributed only
   bool detect_anomaly = false;
   std::string checkpoint, log_csv, plot, save, trace;
   double collective_timeout = 300;  // --distributed only, seconds

@@ -491,7 +491,29 @@ Tensor BatchNormBase<Derived>::Normalize(const Tensor& input) {
 
   const bool use_batch_stats = this->is_training() || !options_.track_running_stats();
   Tensor normalized;
-  if (use_batch_stats) {
+  if (use_batch_stats && cross_replica_sum_) {
+    // Sums over every replica's batch: the channel sums with this replica's count appended,
+    // then the squared deviations from the common mean (two passes, as the local path).
+    const Tensor local = cat(
+        {input.sum(reduce_dims), full({1}, static_cast<double>(per_channel),
+                                      TensorOptions().dtype(input.dtype()).device(input.device()))},
+        0);
+    const Tensor total = cross_replica_sum_(local);
+    const double count = total.narrow(0, c, 1).item();
+    TANDEM_CHECK(count > 1, this->ToString(),
+                 ": Expected more than 1 value per channel over every replica when training, "
+                 "got ",
+                 count, " (this replica's input ", ShapeToString(input.shape()),
+                 "); use larger batches (or call eval() to use the running statistics)");
+    const Tensor mean = (total.narrow(0, 0, c) / count).view(channel_shape);
+    const Tensor centered = input - mean;
+    const Tensor var = (cross_replica_sum_(square(centered).sum(reduce_dims)) / count)
+                           .view(channel_shape);  // biased
+    normalized = centered / sqrt(var + options_.eps());
+    if (this->is_training() && options_.track_running_stats()) {
+      UpdateRunningStats(mean, var, count);
+    }
+  } else if (use_batch_stats) {
     TANDEM_CHECK(per_channel > 1, this->ToString(),
                  ": Expected more than 1 value per channel when training, got input size ",
                  ShapeToString(input.shape()),
@@ -502,15 +524,7 @@ Tensor BatchNormBase<Derived>::Normalize(const Tensor& input) {
     const Tensor var = square(centered).mean(reduce_dims, /*keepdim=*/true);  // biased
     normalized = centered / sqrt(var + options_.eps());
     if (this->is_training() && options_.track_running_stats()) {
-      NoGradGuard no_grad;
-      Tensor count = *num_batches_tracked_;
-      count.add_(1.0);
-      const double factor = options_.momentum() ? *options_.momentum() : 1.0 / count.item();
-      const double unbias = static_cast<double>(per_channel) / (per_channel - 1);
-      Tensor running_mean = *running_mean_;
-      Tensor running_var = *running_var_;
-      running_mean.copy_(running_mean * (1.0 - factor) + mean.detach().view({c}) * factor);
-      running_var.copy_(running_var * (1.0 - factor) + var.detach().view({c}) * (unbias * factor));
+      UpdateRunningStats(mean, var, static_cast<double>(per_channel));
     }
   } else {
     const Tensor mean = running_mean_->view(channel_shape);
@@ -519,6 +533,21 @@ Tensor BatchNormBase<Derived>::Normalize(const Tensor& input) {
   }
   if (!options_.affine()) return normalized;
   return normalized * weight_->view(channel_shape) + bias_->view(channel_shape);
+}
+
+template <typename Derived>
+void BatchNormBase<Derived>::UpdateRunningStats(const Tensor& mean, const Tensor& var,
+                                                double count) {
+  NoGradGuard no_grad;
+  const int64_t c = options_.num_features();
+  Tensor batches = *num_batches_tracked_;
+  batches.add_(1.0);
+  const double factor = options_.momentum() ? *options_.momentum() : 1.0 / batches.item();
+  const double unbias = count / (count - 1);
+  Tensor running_mean = *running_mean_;
+  Tensor running_var = *running_var_;
+  running_mean.copy_(running_mean * (1.0 - factor) + mean.detach().view({c}) * factor);
+  running_var.copy_(running_var * (1.0 - factor) + var.detach().view({c}) * (unbias * factor));
 }
 
 template class BatchNormBase<BatchNorm1d>;

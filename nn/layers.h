@@ -15,6 +15,7 @@
 #define TANDEM_NN_LAYERS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -286,14 +287,25 @@ struct BatchNormOptions {
 // Parameters (affine=true): weight [C] (ones) and bias [C] (zeros). Buffers
 // (track_running_stats=true): running_mean [C] (zeros), running_var [C] (ones),
 // num_batches_tracked (int64 scalar, 0). Built from differentiable ops, so autograd works.
+// With a CrossReplicaSum (set_cross_replica_sum; parallel::distributed::ConvertSyncBatchNorm
+// sets one, PyTorch's SyncBatchNorm) the batch statistics are those of every replica's batch
+// together, and n counts them all.
 //
 //   nn::BatchNorm2d bn(16);
 //   Tensor y = bn.forward(x);   // x [N, 16, H, W]
 //   std::cout << bn;   // BatchNorm2d(16, eps=1e-05, momentum=0.1, affine=True, ...)
+// A differentiable sum of a tensor over every replica that normalises together (each passes
+// its own partial sums and gets the total): what makes a BatchNorm synchronized.
+using CrossReplicaSum = std::function<Tensor(const Tensor&)>;
+
 template <typename Derived>
 class BatchNormBase : public Cloneable<Derived> {
  public:
   explicit BatchNormBase(const BatchNormOptions& options);
+
+  // Training-mode statistics over every replica through `sum` (empty: this batch alone).
+  void set_cross_replica_sum(CrossReplicaSum sum) { cross_replica_sum_ = std::move(sum); }
+  bool synchronized() const { return static_cast<bool>(cross_replica_sum_); }
 
   void reset() override;
   // Running statistics back to zeros, ones and 0 batches (no-op without them).
@@ -318,12 +330,17 @@ class BatchNormBase : public Cloneable<Derived> {
   Tensor Normalize(const Tensor& input);
 
  private:
+  // The running statistics' update from a batch's mean and biased variance over `count`
+  // values per channel (unbiased with count / (count - 1), as PyTorch).
+  void UpdateRunningStats(const Tensor& mean, const Tensor& var, double count);
+
   BatchNormOptions options_;
   Parameter weight_;
   Parameter bias_;
   Buffer running_mean_;
   Buffer running_var_;
   Buffer num_batches_tracked_;
+  CrossReplicaSum cross_replica_sum_;
 };
 
 // Over [N, C] or [N, C, L] inputs.

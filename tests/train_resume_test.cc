@@ -273,6 +273,7 @@ TEST_F(TrainResumeTest, BadFlagsAreOneLineErrorsWithExitStatusOne) {
       {"--lr=-1", "--lr must be a positive finite number but is -1"},
       {"--sharding=zero1",
        "--sharding=zero1 shards the optimizer state across the ranks of --distributed"},
+      {"--sync_bn", "--sync_bn synchronizes BatchNorm across the ranks of --distributed"},
       {"--save=/nonexistent-dir/m.ckpt",
        "--save=/nonexistent-dir/m.ckpt: expected an existing "
        "folder '/nonexistent-dir' but it does not exist"},

@@ -19,7 +19,8 @@
 // the same step under tandem::AutocastGuard next to the float32 step, alternated step by step in
 // one run, and prints both steps' phases, the ratio of the medians with its spread over the
 // alternated pairs, and each step's peak memory above what it held before it.
-// The last line is one JSON object with the figures.
+// On a GPU the phases are the host's time to launch them unless --phase_sync waits for the
+// devices at each phase's end. The last line is one JSON object with the figures.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -45,6 +46,7 @@
 #include "parallel/reference_loop.h"
 #include "tensor/runtime/allocator.h"
 #include "tensor/runtime/profiler.h"
+#include "tensor/runtime/stream.h"
 #include "tensor/runtime/threads.h"
 #include "tensor/tensor.h"
 
@@ -70,6 +72,10 @@ ABSL_FLAG(std::string, trace, "",
 ABSL_FLAG(std::string, autocast, "",
           "bf16 or fp16: also time the step under autocast (fp16 with a GradScaler), alternated "
           "with the float32 step, and print both; empty: float32 only");
+ABSL_FLAG(bool, phase_sync, false,
+          "Wait for every device at each phase's end, so that the phases' times are the "
+          "devices' (on a GPU they are otherwise the host's time to launch the phase, and the "
+          "final loss read waits for the rest); the step then pays 3 waits more");
 ABSL_FLAG(bool, compare, true,
           "With several CPU devices, also time the first device alone and a perfectly parallel "
           "loop, interleaved, and print the speed-ups and their ratio");
@@ -125,6 +131,8 @@ class Trainer {
       : forward_loss_(forward_loss),
         autocast_(autocast),
         device_type_(devices[0].type()),
+        devices_(devices),
+        phase_sync_(absl::GetFlag(FLAGS_phase_sync)),
         scaler_(nn::GradScalerOptions().enabled(autocast == kFloat16)) {
     manual_seed(1);
     if (IsGpt(kind)) {
@@ -182,11 +190,11 @@ class Trainer {
       loss = forward_loss_ ? dp_->forward_loss(*criterion_, x_, y_)
                            : criterion_->forward_tensors({dp_->forward(x_), y_}).at(0);
     }
-    marks[1] = Clock::now();
+    marks[1] = PhaseEnd();
     optimizer_->zero_grad();
-    marks[2] = Clock::now();
+    marks[2] = PhaseEnd();
     scaler_.scale(loss).backward();
-    marks[3] = Clock::now();
+    marks[3] = PhaseEnd();
     scaler_.step(*optimizer_);
     scaler_.update();
     const double value = loss.item();
@@ -195,6 +203,13 @@ class Trainer {
       phase_ms_[k].push_back(1e3 * std::chrono::duration<double>(marks[k + 1] - marks[k]).count());
     }
     return value;
+  }
+  // The end of a phase: now, after waiting for the devices with --phase_sync.
+  Clock::time_point PhaseEnd() const {
+    if (phase_sync_) {
+      for (Device d : devices_) CurrentStream(d).Synchronize();
+    }
+    return Clock::now();
   }
   // Forgets the phase times recorded so far (after warm-up).
   void ClearPhases() {
@@ -216,6 +231,8 @@ class Trainer {
   bool forward_loss_;
   DType autocast_;
   DeviceType device_type_;
+  std::vector<Device> devices_;
+  bool phase_sync_;
   nn::GradScaler scaler_;  // a pass-through unless float16
   std::shared_ptr<nn::Module> model_;
   std::unique_ptr<nn::Optimizer> optimizer_;
@@ -399,7 +416,10 @@ int Run() {
   std::printf("  %-24s %6d %9s %5.2f ms %5.2f ms %5.2f ms %11.0f\n",
               examples::DeviceNames(devices, "+").c_str(), batch, split.c_str(), median, p10, p90,
               samples_per_s);
-  std::printf("\n  where a step's time goes (median of each phase):");
+  std::printf("\n  where a step's time goes (median of each phase%s):",
+              devices[0].is_cuda() && !absl::GetFlag(FLAGS_phase_sync)
+                  ? "; on a GPU the host's time to launch it, --phase_sync for the device's"
+                  : "");
   for (int k = 0; k < Trainer::kPhases; ++k) {
     std::printf("%s %s %.2f ms", k == 0 ? "" : ",", Trainer::kPhaseNames[k],
                 trainer->PhaseMedian(k));
