@@ -21,6 +21,7 @@
 #include "parallel/distributed/distributed_data_parallel.h"
 #include "parallel/distributed/mpi_testing.h"
 #include "parallel/distributed/process_group_mpi.h"
+#include "parallel/distributed/sync_batch_norm.h"
 #include "tensor/cuda/cuda.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
@@ -236,6 +237,47 @@ TEST_F(NcclRanksTest, ReduceScatterThenAllgatherEqualsAllreduce) {
     works.push_back(Group()->allreduce(reference));
     for (auto it = works.rbegin(); it != works.rend(); ++it) (*it)->wait();
     EXPECT_EQ(gathered.to_vector<float>(), reference.to_vector<float>()) << chunk;
+  }
+}
+
+// SyncBatchNorm over NCCL: rank r normalises r + 2 samples on its GPU, and its output, input
+// gradient and running statistics equal a plain BatchNorm over every rank's samples on the CPU
+// (PyTorch's assertion, as sync_batch_norm_test replays it over MPI).
+TEST_F(NcclRanksTest, SyncBatchNormOnTheGpusEqualsBatchNormOverTheWholeBatch) {
+  const int rank = Group()->rank(), world = Group()->size();
+  int64_t offset = 0, total = 0;
+  for (int q = 0; q < world; ++q) {
+    if (q < rank) offset += q + 2;
+    total += q + 2;
+  }
+  const int64_t rows = rank + 2;
+  nn::BatchNorm2d plain(3), synced(3);
+  plain.to(kFloat64);
+  synced.to(kFloat64);
+  synced.to(Gpu());
+  EXPECT_EQ(ConvertSyncBatchNorm(synced, Group()), 1);
+  for (int step = 0; step < 2; ++step) {
+    Generator gen(40 + step);
+    const Tensor all = randn({total, 3, 4, 4}, TensorOptions().dtype(kFloat64), &gen) * 2.0 + 1.0;
+    const Tensor upstream = randn({total, 3, 4, 4}, TensorOptions().dtype(kFloat64), &gen);
+    Tensor x_all = all.clone();
+    x_all.set_requires_grad(true);
+    const Tensor y_all = plain.forward(x_all);
+    (y_all * upstream).sum().backward();
+    Tensor x = all.narrow(0, offset, rows).to(Gpu());
+    x.set_requires_grad(true);
+    const Tensor y = synced.forward(x);
+    (y * upstream.narrow(0, offset, rows).to(Gpu())).sum().backward();
+    EXPECT_LT(testing::MaxAbsDiff(y.to(Device::Cpu(0)), y_all.narrow(0, offset, rows)), 1e-10)
+        << step;
+    EXPECT_LT(
+        testing::MaxAbsDiff(x.grad().to(Device::Cpu(0)), x_all.grad().narrow(0, offset, rows)),
+        1e-10)
+        << step;
+    EXPECT_LT(testing::MaxAbsDiff(synced.running_mean().to(Device::Cpu(0)), plain.running_mean()),
+              1e-10);
+    EXPECT_LT(testing::MaxAbsDiff(synced.running_var().to(Device::Cpu(0)), plain.running_var()),
+              1e-10);
   }
 }
 
