@@ -168,8 +168,8 @@ def _cuda_library_impl(ctx):
         # (x86-64's baseline has no FMA) and under cudasim (-ffp-contract=off), so the CPU stays
         # the bit-exact oracle of the kernels. Contraction made LayerNorm's grad_x of a
         # one-element row 1e-5 instead of 0 on an H200 (fma(dy, w, -round(dy * w)) is the
-        # product's rounding error, times rstd). The kernels that are bound by arithmetic
-        # rather than memory ask for fmaf() where they want it, mirrored by std::fma on the CPU;
+        # product's rounding error, times rstd). A kernel bound by arithmetic rather than
+        # memory can still ask for fmaf() where it wants one, mirrored by std::fma on the CPU;
         # cuBLAS and tensor-core instructions are not affected.
         "-fmad=false",
     ]
