@@ -74,7 +74,23 @@ const Tensor& TensorHandle::get() const {
   TANDEM_CHECK(slot_ != nullptr,
                "this nn::Parameter/nn::Buffer handle refers to nothing: assign it the result of "
                "register_parameter() or register_buffer() (in reset(), for Cloneable modules)");
-  return *slot_;
+  if (slot_->read_hook) slot_->read_hook();
+  return slot_->value;
+}
+
+const Tensor& TensorHandle::peek() const {
+  TANDEM_CHECK(slot_ != nullptr, "this nn::Parameter/nn::Buffer handle refers to nothing");
+  return slot_->value;
+}
+
+void TensorHandle::rebind(Tensor value) const {
+  TANDEM_CHECK(slot_ != nullptr, "this nn::Parameter/nn::Buffer handle refers to nothing");
+  slot_->value = std::move(value);
+}
+
+void TensorHandle::set_read_hook(std::function<void()> hook) const {
+  TANDEM_CHECK(slot_ != nullptr, "this nn::Parameter/nn::Buffer handle refers to nothing");
+  slot_->read_hook = std::move(hook);
 }
 
 Module::Module(std::string name) : explicit_name_(std::move(name)) {}
@@ -121,7 +137,7 @@ Parameter Module::register_parameter(const std::string& name, Tensor tensor, boo
                "' must be a leaf tensor (gradients accumulate in leaves) but is the result of ",
                tensor.grad_fn()->name(), "; register tensor.detach() instead");
   tensor.set_requires_grad(requires_grad);
-  auto slot = std::make_shared<Tensor>(std::move(tensor));
+  auto slot = std::make_shared<TensorSlot>(TensorSlot{std::move(tensor), nullptr});
   parameters_.push_back({name, slot});
   return Parameter(std::move(slot));
 }
@@ -130,7 +146,7 @@ Buffer Module::register_buffer(const std::string& name, Tensor tensor) {
   CheckNewName(name, "buffer");
   TANDEM_CHECK(tensor.defined(), this->name(), ": register_buffer('", name,
                "') was given an undefined tensor");
-  auto slot = std::make_shared<Tensor>(std::move(tensor));
+  auto slot = std::make_shared<TensorSlot>(TensorSlot{std::move(tensor), nullptr});
   buffers_.push_back({name, slot});
   return Buffer(std::move(slot));
 }
@@ -152,7 +168,7 @@ void Module::CollectTensors(Kind kind, const std::string& prefix, bool recurse,
                             std::vector<NamedTensor>& out,
                             std::unordered_set<const TensorImpl*>& seen) const {
   for (const Entry& e : EntriesOf(kind)) {
-    if (seen.insert(e.slot->impl()).second) out.push_back({prefix + e.name, *e.slot});
+    if (seen.insert(e.slot->value.impl()).second) out.push_back({prefix + e.name, e.slot->value});
   }
   if (!recurse) return;
   for (const NamedModule& c : children_) {
@@ -164,6 +180,17 @@ std::vector<NamedTensor> Module::named_parameters(bool recurse) const {
   std::vector<NamedTensor> out;
   std::unordered_set<const TensorImpl*> seen;
   CollectTensors(Kind::kParameter, "", recurse, out, seen);
+  return out;
+}
+
+std::vector<std::pair<std::string, Parameter>> Module::named_parameter_handles() const {
+  std::vector<std::pair<std::string, Parameter>> out;
+  std::function<void(const Module&, const std::string&)> collect = [&](const Module& m,
+                                                                       const std::string& prefix) {
+    for (const Entry& e : m.parameters_) out.emplace_back(prefix + e.name, Parameter(e.slot));
+    for (const NamedModule& c : m.children_) collect(*c.module, prefix + c.name + ".");
+  };
+  collect(*this, "");
   return out;
 }
 
@@ -293,11 +320,11 @@ const Module::Entry& Module::FindEntry(Kind kind, const std::string& dotted_name
 }
 
 Tensor Module::parameter(const std::string& dotted_name) const {
-  return *FindEntry(Kind::kParameter, dotted_name).slot;
+  return FindEntry(Kind::kParameter, dotted_name).slot->value;
 }
 
 Tensor Module::buffer(const std::string& dotted_name) const {
-  return *FindEntry(Kind::kBuffer, dotted_name).slot;
+  return FindEntry(Kind::kBuffer, dotted_name).slot->value;
 }
 
 // ---- State -----------------------------------------------------------------------------
@@ -308,10 +335,10 @@ void Module::train(bool on) {
 }
 
 void Module::PlanConversion(const TensorConversion& convert, CopyMemo& converted,
-                            std::vector<std::pair<std::shared_ptr<Tensor>, Tensor>>& plan) const {
+                            std::vector<std::pair<std::shared_ptr<TensorSlot>, Tensor>>& plan) const {
   for (Kind kind : {Kind::kParameter, Kind::kBuffer}) {
     for (const Entry& e : EntriesOf(kind)) {
-      const Tensor& old = *e.slot;
+      const Tensor& old = e.slot->value;
       auto it = converted.find(old.impl());
       if (it == converted.end()) {
         Tensor copy = convert(old);               // under NoGradGuard: records nothing
@@ -333,9 +360,9 @@ void Module::Convert(const TensorConversion& convert) {
   // Copy everything first and swap in afterwards, so that a failed copy (out of memory)
   // leaves the module as it was.
   CopyMemo converted;
-  std::vector<std::pair<std::shared_ptr<Tensor>, Tensor>> plan;
+  std::vector<std::pair<std::shared_ptr<TensorSlot>, Tensor>> plan;
   PlanConversion(convert, converted, plan);
-  for (auto& [slot, copy] : plan) *slot = std::move(copy);
+  for (auto& [slot, copy] : plan) slot->value = std::move(copy);
 }
 
 void Module::to(Device device) {
@@ -364,7 +391,7 @@ void Module::zero_grad(bool set_to_none) {
 
 void Module::ReplaceEntry(Kind kind, const std::string& dotted_name, Tensor value) {
   const Entry& entry = FindEntry(kind, dotted_name);
-  const Tensor& current = *entry.slot;
+  const Tensor& current = entry.slot->value;
   const char* what = KindName(kind == Kind::kParameter);
   TANDEM_CHECK(value.defined(), name(), ": cannot replace ", what, " '", dotted_name,
                "' with an undefined tensor");
@@ -372,7 +399,7 @@ void Module::ReplaceEntry(Kind kind, const std::string& dotted_name, Tensor valu
                ": cannot replace ", what, " '", dotted_name, "' (", ShapeToString(current.shape()),
                " ", current.dtype(), ") with a tensor of a different shape or dtype (",
                ShapeToString(value.shape()), " ", value.dtype(), ")");
-  *entry.slot = std::move(value);
+  entry.slot->value = std::move(value);
 }
 
 void Module::replace_parameter(const std::string& dotted_name, Tensor value) {
@@ -439,12 +466,12 @@ void Module::CopyStateRecursive(const Module& original, std::optional<Device> de
   for (Kind kind : {Kind::kParameter, Kind::kBuffer}) {
     const char* what = KindName(kind == Kind::kParameter);
     for (const Entry& source_entry : original.EntriesOf(kind)) {
-      const Tensor& source = *source_entry.slot;
+      const Tensor& source = source_entry.slot->value;
       Entry* target = nullptr;
       for (Entry& e : EntriesOf(kind)) {
         if (e.name == source_entry.name) target = &e;
       }
-      const Tensor& rebuilt = *target->slot;
+      const Tensor& rebuilt = target->slot->value;
       // reset() builds floating tensors in the default dtype; a module converted with
       // to(dtype) holds another floating dtype, which the copy takes from the original (as
       // PyTorch replicates a model.half()). Integral tensors must match: to(dtype) keeps them.
@@ -456,7 +483,7 @@ void Module::CopyStateRecursive(const Module& original, std::optional<Device> de
                    ShapeToString(rebuilt.shape()), " ", rebuilt.dtype(),
                    " (was a configuration member changed after construction?)");
       if (clone_shares_tensors) {
-        *target->slot = source;
+        target->slot->value = source;
         continue;
       }
       auto it = copied.find(source.impl());
@@ -467,7 +494,7 @@ void Module::CopyStateRecursive(const Module& original, std::optional<Device> de
         if (source.requires_grad()) copy.set_requires_grad(true);
         it = copied.emplace(source.impl(), std::move(copy)).first;
       }
-      *target->slot = it->second;
+      target->slot->value = it->second;
     }
   }
 
@@ -532,11 +559,11 @@ void Module::BindReplica(const Module& original, const TensorBindings& bindings,
                    path + want[i].name,
                    "' with the module instead of registering its own (a shallow copy?); "
                    "clone() must rebuild the module's registrations");
-      auto it = bindings.find(want[i].slot->impl());
+      auto it = bindings.find(want[i].slot->value.impl());
       TANDEM_CHECK(it != bindings.end(), "replicate: no copy was made of ", what, " '",
                    path + want[i].name, "' of ", original.name(),
                    "; pass a binding for every tensor of named_parameters() and named_buffers()");
-      *have[i].slot = it->second;
+      have[i].slot->value = it->second;
     }
   }
   TANDEM_CHECK(original.children_.size() == children_.size(), problem(), "made ", children_.size(),

@@ -87,6 +87,12 @@ struct NamedModule {
   std::shared_ptr<Module> module;
 };
 
+// One registry entry's tensor, shared by the module and every handle to it.
+struct TensorSlot {
+  Tensor value;
+  std::function<void()> read_hook;  // see TensorHandle::set_read_hook
+};
+
 // A module's handle to one of its registered tensors. It behaves like a pointer to the
 // tensor currently registered under that name: when the module replaces the tensor
 // (to(), replace_parameter(), load), every copy of the handle sees the new one. Only
@@ -101,10 +107,21 @@ class TensorHandle {
   const Tensor* operator->() const { return &get(); }
   const Tensor& get() const;
 
+  // For wrappers that keep a module's parameters elsewhere between forward passes
+  // (FullyShardedDataParallel keeps one shard of them per rank): `hook` runs before every
+  // read through a handle to this entry (a module's forward reads its tensors so) and may
+  // rebind() the entry to what the read should see. nullptr removes it.
+  void set_read_hook(std::function<void()> hook) const;
+  // Makes the entry refer to `value` without the checks of Module::replace_parameter (a
+  // wrapper may bind a bfloat16 copy of a float32 parameter, for mixed precision).
+  void rebind(Tensor value) const;
+  // The tensor, without running the read hook.
+  const Tensor& peek() const;
+
  private:
   friend class Module;
-  explicit TensorHandle(std::shared_ptr<Tensor> slot) : slot_(std::move(slot)) {}
-  std::shared_ptr<Tensor> slot_;
+  explicit TensorHandle(std::shared_ptr<TensorSlot> slot) : slot_(std::move(slot)) {}
+  std::shared_ptr<TensorSlot> slot_;
 };
 
 using Parameter = TensorHandle;
@@ -159,6 +176,10 @@ class Module {
   std::vector<Tensor> buffers(bool recurse = true) const;
   std::vector<NamedTensor> named_buffers(bool recurse = true) const;
   std::vector<std::shared_ptr<Module>> children() const;
+  // The handle of every parameter entry by dotted name, depth first in registration order,
+  // a tensor registered in several places under each of its names (for wrappers that rebind
+  // parameters: see TensorHandle::set_read_hook).
+  std::vector<std::pair<std::string, Parameter>> named_parameter_handles() const;
   const std::vector<NamedModule>& named_children() const { return children_; }
   // This module and all its descendants, pre-order (this first). Non-owning.
   std::vector<Module*> modules();
@@ -258,7 +279,7 @@ class Module {
  private:
   struct Entry {
     std::string name;
-    std::shared_ptr<Tensor> slot;
+    std::shared_ptr<TensorSlot> slot;
   };
   enum class Kind { kParameter, kBuffer };
   // Maps an original tensor to its copy, so that a tensor registered in several places is
@@ -284,7 +305,7 @@ class Module {
   using TensorConversion = std::function<Tensor(const Tensor&)>;
   void Convert(const TensorConversion& convert);
   void PlanConversion(const TensorConversion& convert, CopyMemo& converted,
-                      std::vector<std::pair<std::shared_ptr<Tensor>, Tensor>>& plan) const;
+                      std::vector<std::pair<std::shared_ptr<TensorSlot>, Tensor>>& plan) const;
   void CopyStateRecursive(const Module& original, std::optional<Device> device,
                           const std::string& path, CopyMemo& copied);
   // replicate_structure's second half: binds this copy's entries, module by module.

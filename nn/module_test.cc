@@ -303,6 +303,37 @@ TEST_F(ModuleTest, ReplaceParameterRoutesForwardAndGradientThroughTheNewTensor) 
               HasSubstr("Linear has no parameter 'weights'"));
 }
 
+// What FullyShardedDataParallel relies on: a hook that runs at every read in forward and binds
+// what the read sees, on every name of a tied parameter.
+TEST_F(ModuleTest, ReadHooksBindWhatForwardReads) {
+  auto model = std::make_shared<Sequential>(Linear(3, 2), Linear(2, 2, /*bias=*/false));
+  std::vector<std::pair<std::string, Parameter>> handles = model->named_parameter_handles();
+  std::vector<std::string> names;
+  for (const auto& [name, handle] : handles) names.push_back(name);
+  EXPECT_THAT(names, ElementsAre("0.weight", "0.bias", "1.weight"));
+
+  int reads = 0;
+  const Parameter& weight = handles[0].second;
+  const Tensor bound = full({2, 3}, 0.5);
+  weight.set_read_hook([&] {
+    ++reads;
+    weight.rebind(bound);
+  });
+  EXPECT_EQ(reads, 0);
+  Tensor y = model->forward(ones({1, 3}));
+  const int forward_reads = reads;
+  EXPECT_GT(forward_reads, 0);
+  EXPECT_EQ(weight.peek().impl(), bound.impl());
+  EXPECT_EQ(model->parameter("0.weight").impl(), bound.impl());
+  EXPECT_EQ(reads, forward_reads);  // lookups by name are not forward reads
+  weight.set_read_hook(nullptr);
+  (void)model->forward(ones({1, 3}));
+  EXPECT_EQ(reads, forward_reads);
+  // rebind takes another dtype (a bfloat16 copy for mixed precision); replace_parameter would not.
+  handles[2].second.rebind(zeros({2, 2}, TensorOptions().dtype(kBFloat16)));
+  EXPECT_EQ(model->parameter("1.weight").dtype(), kBFloat16);
+}
+
 TEST_F(ModuleTest, CloneToAnotherDeviceIsADeepCopy) {
   TwoTower model(4, 2);
   model.named_children()[1].module->eval();  // a submodule in its own mode

@@ -282,6 +282,14 @@ bool Tensor::shares_storage_with(const Tensor& other) const {
 
 void* Tensor::raw_data() const {
   CheckDefined("data()");
+  // Note [Released storage]: ReleaseStorage (tensor/core/storage_residency.h) frees a storage's
+  // memory in place and keeps its size; every kernel reaches memory through here.
+  TANDEM_CHECK(impl_->storage->data != nullptr || impl_->storage->bytes == 0,
+               "this ", ShapeToString(shape()), " ", dtype(),
+               " tensor's memory was released (ReleaseStorage): it is a parameter of a fully "
+               "sharded unit outside that unit's forward and backward, or a view of one. Read "
+               "parameters through FullyShardedDataParallel (full_state_dict, or the unit's own "
+               "forward), not from the wrapped module");
   return impl_->data();
 }
 
