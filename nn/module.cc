@@ -334,8 +334,9 @@ void Module::train(bool on) {
   for (const NamedModule& c : children_) c.module->train(on);
 }
 
-void Module::PlanConversion(const TensorConversion& convert, CopyMemo& converted,
-                            std::vector<std::pair<std::shared_ptr<TensorSlot>, Tensor>>& plan) const {
+void Module::PlanConversion(
+    const TensorConversion& convert, CopyMemo& converted,
+    std::vector<std::pair<std::shared_ptr<TensorSlot>, Tensor>>& plan) const {
   for (Kind kind : {Kind::kParameter, Kind::kBuffer}) {
     for (const Entry& e : EntriesOf(kind)) {
       const Tensor& old = e.slot->value;

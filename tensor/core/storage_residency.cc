@@ -22,10 +22,11 @@ void RestoreStorage(const Tensor& tensor, const Tensor& source) {
   const Storage& from = *source.impl()->storage;
   TANDEM_CHECK(from.device == storage.device, "RestoreStorage: the memory must be on ",
                storage.device, " but it is on ", from.device);
-  TANDEM_CHECK(source.impl()->offset == 0 && from.bytes >= storage.bytes,
-               "RestoreStorage: the memory must start at its storage's beginning and hold at least ",
-               storage.bytes, " bytes, but it is at element ", source.impl()->offset, " of ",
-               from.bytes, " bytes");
+  TANDEM_CHECK(
+      source.impl()->offset == 0 && from.bytes >= storage.bytes,
+      "RestoreStorage: the memory must start at its storage's beginning and hold at least ",
+      storage.bytes, " bytes, but it is at element ", source.impl()->offset, " of ", from.bytes,
+      " bytes");
   storage.data = from.data;
 }
 

@@ -11,8 +11,8 @@
 namespace tandem {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::ErrorOf;
+using ::testing::HasSubstr;
 
 TEST(StorageResidencyTest, ViewsSeeTheRestoredMemory) {
   Tensor base = arange(6, TensorOptions().dtype(kFloat32));

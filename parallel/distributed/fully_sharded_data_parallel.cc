@@ -1,0 +1,614 @@
+#include "parallel/distributed/fully_sharded_data_parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+#include <utility>
+
+#include "parallel/distributed/broadcast_coalesced.h"
+#include "parallel/distributed/same_configuration.h"
+#include "tensor/base/error.h"
+#include "tensor/core/autograd.h"
+#include "tensor/core/storage_residency.h"
+
+namespace tandem::parallel::distributed {
+
+const char* ShardingStrategyName(ShardingStrategy strategy) {
+  return strategy == ShardingStrategy::kFullShard ? "FULL_SHARD" : "SHARD_GRAD_OP";
+}
+
+namespace {
+
+std::string Prefix(const ProcessGroup& group) {
+  return tandem::internal::Concat("FullyShardedDataParallel (rank ", group.rank(), " of ",
+                                  group.size(), "): ");
+}
+
+// One tensor of a unit: where it lies in the flat buffer and every handle that reads it.
+struct FlatEntry {
+  std::string name;  // its first name in the wrapped module
+  std::vector<nn::Parameter> handles;
+  Shape shape;
+  int64_t offset = 0;
+  int64_t numel = 0;
+};
+
+// Throws, on every rank alike, naming the first parameter or buffer where the ranks' models
+// differ, or the option they disagree on.
+void CheckSameEverywhere(ProcessGroup& group, const nn::Module& module,
+                         const FullyShardedDataParallelOptions& o,
+                         const std::vector<std::string>& unit_names) {
+  std::vector<Setting> settings;
+  auto dtype_name = [](const std::optional<DType>& d) {
+    return d ? std::string(DTypeName(*d)) : std::string("none");
+  };
+  settings.push_back({"sharding_strategy", ShardingStrategyName(o.sharding_strategy())});
+  settings.push_back({"param_dtype", dtype_name(o.param_dtype())});
+  settings.push_back({"reduce_dtype", dtype_name(o.reduce_dtype())});
+  settings.push_back({"backward_prefetch", o.backward_prefetch() ? "true" : "false"});
+  std::string units;
+  for (const std::string& name : unit_names) units += (units.empty() ? "" : ", ") + name;
+  settings.push_back({"units (auto_wrap_policy)", units});
+  for (const nn::NamedTensor& p : module.named_parameters()) {
+    settings.push_back({"parameter " + p.name,
+                        ShapeToString(p.value.shape()) + " " + DTypeName(p.value.dtype()) +
+                            (p.value.requires_grad() ? "" : " (requires_grad false)"),
+                        true});
+  }
+  for (const nn::NamedTensor& b : module.named_buffers()) {
+    settings.push_back({"buffer " + b.name,
+                        ShapeToString(b.value.shape()) + " " + DTypeName(b.value.dtype()), true});
+  }
+  RequireSameConfiguration(group, settings,
+                           Prefix(group) +
+                               "construct FullyShardedDataParallel on every rank with the same "
+                               "model (parameters and buffers in the same order, shapes and "
+                               "dtypes) and the same FullyShardedDataParallelOptions");
+}
+
+}  // namespace
+
+// One gather of a unit's parameters (a forward's, and the backward that follows it): the
+// gathered flat buffer, released and restored in place, and the views the handles were bound to.
+struct Episode {
+  int unit = 0;
+  Tensor full;
+  // The unit gathered before this one in the same forward: its backward comes right after ours.
+  std::shared_ptr<Episode> previous;
+  // An all-gather of this episode's unit started early (backward prefetch), into `prefetched`.
+  std::shared_ptr<Work> prefetch;
+  Tensor prefetched;
+  uint64_t forward_id = 0;
+};
+
+struct FullyShardedDataParallel::State : std::enable_shared_from_this<State> {
+  struct Unit {
+    std::string name;
+    int parent = -1;  // the enclosing unit (-1 for the root)
+    std::vector<FlatEntry> entries;
+    DType dtype = kFloat32;  // the parameters' and the shard's
+    bool requires_grad = true;
+    int64_t numel = 0, shard_numel = 0;
+    Tensor shard;  // the leaf the optimizer steps, registered with the wrapper
+    std::shared_ptr<Episode> current;
+    Tensor accumulated;  // the unsharded gradient summed under no_sync
+  };
+  // A reduce-scatter in flight, added into its unit's shard gradient at the end of backward.
+  struct Pending {
+    int unit;
+    std::shared_ptr<Work> work;
+    Tensor output;
+    Tensor input;  // kept alive until the work is done
+  };
+
+  std::shared_ptr<ProcessGroup> group;
+  FullyShardedDataParallelOptions options;
+  std::string prefix;
+  std::vector<Unit> units;
+  uint64_t forward_id = 0;
+  std::shared_ptr<Episode> last_gathered;  // in the running forward
+  bool require_sync = true;
+  std::mutex mutex;  // guards pending and callback_queued (backward runs on a device worker)
+  std::vector<Pending> pending;
+  bool callback_queued = false;
+
+  DType compute_dtype(const Unit& u) const { return options.param_dtype().value_or(u.dtype); }
+  DType reduce_dtype(const Unit& u) const {
+    return options.reduce_dtype().value_or(compute_dtype(u));
+  }
+  bool IsAncestor(int maybe_ancestor, int unit) const {
+    for (int u = units[unit].parent; u >= 0; u = units[u].parent) {
+      if (u == maybe_ancestor) return true;
+    }
+    return false;
+  }
+
+  // Starts the all-gather of unit u's shard (in the compute dtype) into a fresh flat buffer.
+  std::pair<std::shared_ptr<Work>, Tensor> StartGather(int u) {
+    NoGradGuard no_grad;
+    const Unit& unit = units[u];
+    Tensor full = empty({unit.shard_numel * group->size()},
+                        TensorOptions().dtype(compute_dtype(unit)).device(unit.shard.device()));
+    Tensor source = unit.shard.detach().to(compute_dtype(unit));
+    return {group->allgather(full, source), full};
+  }
+
+  // The gathered flat buffer for `episode` (its prefetch, or a gather now).
+  Tensor Gather(Episode& episode) {
+    if (episode.prefetch) {
+      episode.prefetch->wait();
+      episode.prefetch.reset();
+      return std::exchange(episode.prefetched, Tensor());
+    }
+    auto [work, full] = StartGather(episode.unit);
+    work->wait();
+    return full;
+  }
+
+  // A forward read of unit u's parameters: gathers it unless this forward already has.
+  void OnRead(int u) {
+    Unit& unit = units[u];
+    if (unit.current && unit.current->forward_id == forward_id &&
+        !IsStorageReleased(unit.current->full)) {
+      return;
+    }
+    const bool recording = GradMode::IsEnabled() && unit.requires_grad;
+    auto episode = std::make_shared<Episode>();
+    episode->unit = u;
+    episode->forward_id = forward_id;
+    episode->previous = last_gathered;
+    {
+      NoGradGuard no_grad;
+      episode->full = Gather(*episode);
+    }
+    std::vector<Tensor> views;
+    views.reserve(unit.entries.size());
+    for (const FlatEntry& e : unit.entries) {
+      views.push_back(MakeView(episode->full, e));
+    }
+    if (recording) {
+      std::vector<Device> devices(views.size(), episode->full.device());
+      RecordMultiOutputOp(std::make_shared<UnitBackward>(shared_from_this(), episode, devices), {},
+                          views);
+    }
+    for (size_t i = 0; i < views.size(); ++i) {
+      for (const nn::Parameter& handle : unit.entries[i].handles) handle.rebind(views[i]);
+    }
+    // The units that this one is not nested in are done with their forward: free them (the
+    // root stays, as PyTorch keeps it, for the start of backward).
+    for (size_t w = 1; w < units.size(); ++w) {
+      Unit& other = units[w];
+      // (Units gathered by an earlier forward wait for that forward's backward.)
+      if (static_cast<int>(w) == u || !other.current || other.current->forward_id != forward_id ||
+          IsAncestor(static_cast<int>(w), u)) {
+        continue;
+      }
+      if (!recording || options.sharding_strategy() == ShardingStrategy::kFullShard) {
+        ReleaseStorage(other.current->full);
+      }
+    }
+    unit.current = episode;
+    last_gathered = episode;
+  }
+
+  static Tensor MakeView(const Tensor& full, const FlatEntry& e) {
+    return full.narrow(0, e.offset, e.numel).view(e.shape);
+  }
+
+  // Makes sure `episode`'s memory is there (its backward comes next).
+  void Restore(Episode& episode) {
+    if (!IsStorageReleased(episode.full)) return;
+    RestoreStorage(episode.full, Gather(episode));
+  }
+
+  // The backward of one gathered unit; runs after every node that used its views and, autograd
+  // running nodes newest first, before every node recorded before the unit was gathered.
+  class UnitBackward final : public Node {
+   public:
+    UnitBackward(std::shared_ptr<State> state, std::shared_ptr<Episode> episode,
+                 std::vector<Device> devices)
+        : Node(devices.at(0), devices), state_(std::move(state)), episode_(std::move(episode)) {}
+    std::string name() const override { return "FullyShardedUnitBackward"; }
+    std::vector<Tensor> Apply(std::vector<Tensor> grads) override {
+      state_->Backward(*episode_, grads);
+      return {};
+    }
+
+   private:
+    std::shared_ptr<State> state_;
+    std::shared_ptr<Episode> episode_;
+  };
+
+  void Backward(Episode& episode, const std::vector<Tensor>& grads) {
+    NoGradGuard no_grad;
+    Unit& unit = units[episode.unit];
+    // The unit gathered before ours runs next: gather it now, and start the one before it.
+    if (const std::shared_ptr<Episode>& previous = episode.previous) {
+      Restore(*previous);
+      const std::shared_ptr<Episode>& before = previous->previous;
+      if (options.backward_prefetch() && before && IsStorageReleased(before->full) &&
+          !before->prefetch) {
+        std::tie(before->prefetch, before->prefetched) = StartGather(before->unit);
+      }
+    }
+    Tensor flat = zeros({unit.shard_numel * group->size()},
+                        TensorOptions().dtype(reduce_dtype(unit)).device(episode.full.device()));
+    for (size_t i = 0; i < grads.size(); ++i) {
+      if (!grads[i].defined()) continue;
+      const FlatEntry& e = unit.entries[i];
+      flat.narrow(0, e.offset, e.numel).copy_(grads[i].reshape({e.numel}));
+    }
+    ReleaseStorage(episode.full);
+    if (!require_sync) {
+      unit.accumulated = unit.accumulated.defined() ? unit.accumulated.add_(flat) : flat;
+      return;
+    }
+    if (unit.accumulated.defined()) {
+      flat.add_(unit.accumulated);
+      unit.accumulated = Tensor();
+    }
+    Tensor output =
+        empty({unit.shard_numel}, TensorOptions().dtype(flat.dtype()).device(flat.device()));
+    std::shared_ptr<Work> work = group->reduce_scatter(output, flat, ReduceOp::kAverage);
+    std::lock_guard<std::mutex> lock(mutex);
+    pending.push_back({episode.unit, std::move(work), output, flat});
+    if (!callback_queued) {
+      callback_queued = true;
+      QueueCallback([self = shared_from_this()] { self->Finish(); });
+    }
+  }
+
+  // The end of a reduced backward: every reduce-scatter's result added to its shard's gradient.
+  void Finish() {
+    NoGradGuard no_grad;
+    std::vector<Pending> done;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      done.swap(pending);
+      callback_queued = false;
+    }
+    for (Pending& p : done) {
+      p.work->wait();
+      Unit& unit = units[p.unit];
+      Tensor grad = p.output.to(unit.dtype);
+      Tensor existing = unit.shard.grad();
+      if (existing.defined()) {
+        existing.add_(grad);
+      } else {
+        unit.shard.set_grad(grad);
+      }
+    }
+  }
+};
+
+FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> module,
+                                                   std::shared_ptr<ProcessGroup> process_group,
+                                                   FullyShardedDataParallelOptions options)
+    : nn::Module("FullyShardedDataParallel"),
+      module_(std::move(module)),
+      process_group_(std::move(process_group)),
+      options_(std::move(options)),
+      state_(std::make_shared<State>()) {
+  TANDEM_CHECK(module_ != nullptr, "FullyShardedDataParallel: the module is null");
+  TANDEM_CHECK(process_group_ != nullptr, "FullyShardedDataParallel: the process group is null");
+  ProcessGroup& group = *process_group_;
+  State& s = *state_;
+  s.group = process_group_;
+  s.options = options_;
+  s.prefix = Prefix(group);
+  const int world = group.size();
+  const Device device = group.device();
+
+  // The units: the root, then every submodule the policy picks, pre-order.
+  s.units.push_back({});
+  std::vector<std::pair<std::string, int>> unit_prefixes;  // "blocks.0." -> unit
+  std::function<void(const nn::Module&, const std::string&, int)> find_units =
+      [&](const nn::Module& m, const std::string& path, int enclosing) {
+        for (const nn::NamedModule& child : m.named_children()) {
+          const std::string name = path.empty() ? child.name : path + "." + child.name;
+          int unit = enclosing;
+          if (options_.auto_wrap_policy() && options_.auto_wrap_policy()(name, *child.module)) {
+            unit = static_cast<int>(s.units.size());
+            s.units.push_back({});
+            s.units.back().name = name;
+            s.units.back().parent = enclosing;
+            unit_prefixes.emplace_back(name + ".", unit);
+          }
+          find_units(*child.module, name, unit);
+        }
+      };
+  find_units(*module_, "", 0);
+  std::vector<std::string> unit_names;
+  for (const State::Unit& u : s.units) unit_names.push_back(u.name.empty() ? "(root)" : u.name);
+  CheckSameEverywhere(group, *module_, options_, unit_names);
+
+  for (const nn::NamedTensor& p : module_->named_parameters()) {
+    TANDEM_CHECK(p.value.device() == device, s.prefix, "parameter ", p.name, " is on ",
+                 p.value.device(), " but the process group's collectives run on ", device,
+                 "; move the model there first (model->to(", device, "))");
+  }
+  {
+    NoGradGuard no_grad;
+    BroadcastCoalesced(group, module_->parameters());
+    BroadcastCoalesced(group, module_->buffers());
+  }
+
+  // Each tensor goes to the innermost unit that holds every name it is registered under.
+  auto unit_of_name = [&](const std::string& name) {
+    int best = 0;
+    size_t best_length = 0;
+    for (const auto& [unit_prefix, unit] : unit_prefixes) {
+      if (name.compare(0, unit_prefix.size(), unit_prefix) == 0 &&
+          unit_prefix.size() > best_length) {
+        best = unit;
+        best_length = unit_prefix.size();
+      }
+    }
+    return best;
+  };
+  auto common_unit = [&](int a, int b) {
+    std::vector<int> chain;
+    for (int u = a; u >= 0; u = s.units[u].parent) chain.push_back(u);
+    for (int u = b; u >= 0; u = s.units[u].parent) {
+      if (std::find(chain.begin(), chain.end(), u) != chain.end()) return u;
+    }
+    return 0;
+  };
+  struct Tied {
+    int unit;
+    FlatEntry entry;
+    Tensor value;
+  };
+  std::vector<Tied> tensors;
+  std::unordered_map<const TensorImpl*, size_t> index_of;
+  for (const auto& [name, handle] : module_->named_parameter_handles()) {
+    const Tensor& value = handle.peek();
+    auto [it, fresh] = index_of.emplace(value.impl(), tensors.size());
+    if (fresh) {
+      FlatEntry entry;
+      entry.name = name;
+      entry.shape = value.shape();
+      entry.numel = value.numel();
+      tensors.push_back({unit_of_name(name), std::move(entry), value});
+    } else {
+      Tied& t = tensors[it->second];
+      t.unit = common_unit(t.unit, unit_of_name(name));
+    }
+    tensors[it->second].entry.handles.push_back(handle);
+  }
+
+  // Flatten, pad and shard each unit; bind the handles to views of the (released) whole.
+  for (size_t u = 0; u < s.units.size(); ++u) {
+    State::Unit& unit = s.units[u];
+    std::vector<Tensor> values;
+    for (Tied& t : tensors) {
+      if (t.unit != static_cast<int>(u)) continue;
+      if (unit.entries.empty()) {
+        unit.dtype = t.value.dtype();
+        unit.requires_grad = t.value.requires_grad();
+      }
+      const std::string where = unit.name.empty() ? "the root unit" : "unit " + unit.name;
+      TANDEM_CHECK(t.value.dtype() == unit.dtype, s.prefix, "the parameters of ", where,
+                   " must share one dtype to be flattened, but ", unit.entries[0].name, " is ",
+                   unit.dtype, " and ", t.entry.name, " is ", t.value.dtype(),
+                   "; convert the model to one dtype (model->to(kFloat32)) or put them in "
+                   "different units (auto_wrap_policy)");
+      TANDEM_CHECK(t.value.requires_grad() == unit.requires_grad, s.prefix, "the parameters of ",
+                   where, " must all require grad or none, but ", t.entry.name,
+                   (t.value.requires_grad() ? " does" : " does not"), " and ", unit.entries[0].name,
+                   (unit.requires_grad ? " does" : " does not"),
+                   "; put frozen parameters in a unit of their own (auto_wrap_policy)");
+      t.entry.offset = unit.numel;
+      unit.numel += t.entry.numel;
+      unit.entries.push_back(t.entry);
+      values.push_back(t.value);
+    }
+    unit.shard_numel = (unit.numel + world - 1) / world;
+    if (unit.entries.empty()) continue;  // a root without parameters of its own
+    NoGradGuard no_grad;
+    Tensor full =
+        zeros({unit.shard_numel * world}, TensorOptions().dtype(unit.dtype).device(device));
+    for (size_t i = 0; i < values.size(); ++i) {
+      full.narrow(0, unit.entries[i].offset, unit.entries[i].numel).copy_(values[i].reshape({-1}));
+    }
+    unit.shard = full.narrow(0, unit.shard_numel * group.rank(), unit.shard_numel).clone();
+    unit.shard =
+        register_parameter("flat_param_" + std::to_string(u), unit.shard, unit.requires_grad)
+            .peek();
+    auto episode = std::make_shared<Episode>();
+    episode->unit = static_cast<int>(u);
+    episode->full = full;
+    for (const FlatEntry& e : unit.entries) {
+      for (const nn::Parameter& handle : e.handles) handle.rebind(State::MakeView(full, e));
+    }
+    ReleaseStorage(full);
+    unit.current = episode;
+  }
+  // From now on a forward's reads gather.
+  std::weak_ptr<State> weak = state_;
+  for (size_t u = 0; u < s.units.size(); ++u) {
+    for (const FlatEntry& e : s.units[u].entries) {
+      for (const nn::Parameter& handle : e.handles) {
+        handle.set_read_hook([weak, u] {
+          if (std::shared_ptr<State> state = weak.lock()) state->OnRead(static_cast<int>(u));
+        });
+      }
+    }
+  }
+  train(module_->is_training());
+}
+
+FullyShardedDataParallel::~FullyShardedDataParallel() {
+  for (const State::Unit& unit : state_->units) {
+    for (const FlatEntry& e : unit.entries) {
+      for (const nn::Parameter& handle : e.handles) handle.set_read_hook(nullptr);
+    }
+  }
+}
+
+std::vector<Tensor> FullyShardedDataParallel::forward_tensors(const std::vector<Tensor>& inputs) {
+  State& s = *state_;
+  ++s.forward_id;
+  s.last_gathered.reset();
+  std::vector<Tensor> cast = inputs;
+  if (const std::optional<DType> dtype = options_.param_dtype()) {
+    for (Tensor& t : cast) {
+      if (t.defined() && IsFloatingPoint(t.dtype())) t = t.to(*dtype);
+    }
+  }
+  std::vector<Tensor> outputs = module_->forward_tensors(cast);
+  if (!GradMode::IsEnabled()) {
+    // No backward follows: free every unit now.
+    for (State::Unit& unit : s.units) {
+      if (unit.current) ReleaseStorage(unit.current->full);
+    }
+  }
+  s.last_gathered.reset();
+  return outputs;
+}
+
+void FullyShardedDataParallel::train(bool on) {
+  nn::Module::train(on);
+  module_->train(on);
+}
+
+FullyShardedDataParallel::NoSyncGuard::NoSyncGuard(FullyShardedDataParallel* fsdp)
+    : fsdp_(fsdp), previous_(fsdp->state_->require_sync) {
+  fsdp_->state_->require_sync = false;
+}
+
+FullyShardedDataParallel::NoSyncGuard::~NoSyncGuard() {
+  if (fsdp_ != nullptr) fsdp_->state_->require_sync = previous_;
+}
+
+FullyShardedDataParallel::NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept
+    : fsdp_(std::exchange(other.fsdp_, nullptr)), previous_(other.previous_) {}
+
+double FullyShardedDataParallel::clip_grad_norm_(double max_norm, double norm_type) {
+  const bool infinity = std::isinf(norm_type) && norm_type > 0;
+  TANDEM_CHECK(infinity || (std::isfinite(norm_type) && norm_type > 0.0), state_->prefix,
+               "clip_grad_norm_: norm_type must be > 0 or infinity but is ", norm_type,
+               "; use 2 for the Euclidean norm");
+  NoGradGuard no_grad;
+  // This rank's part: the largest magnitude, or the sum of |g|^p, in float64.
+  double local = 0.0;
+  for (const State::Unit& unit : state_->units) {
+    if (unit.entries.empty()) continue;
+    const Tensor grad = unit.shard.grad();
+    if (!grad.defined() || grad.numel() == 0) continue;
+    if (infinity) {
+      local = std::max(local, amax(abs(grad.to(kFloat64)), 0).item());
+    } else if (norm_type == 2.0) {
+      local += sum(square(grad.to(kFloat64))).item();
+    } else {
+      local += sum(pow(abs(grad.to(kFloat64)), norm_type)).item();
+    }
+  }
+  ProcessGroup& group = *process_group_;
+  const Device device = group.device();
+  double total;
+  if (infinity) {
+    Tensor all = zeros({group.size()}, TensorOptions(kFloat64).device(device));
+    group.allgather(all, full({1}, local, TensorOptions(kFloat64).device(device)))->wait();
+    total = amax(all, 0).item();
+  } else {
+    Tensor sum_tensor = full({1}, local, TensorOptions(kFloat64).device(device));
+    group.allreduce(sum_tensor, ReduceOp::kSum)->wait();
+    total = std::pow(sum_tensor.item(), 1.0 / norm_type);
+  }
+  const double coef = std::min(max_norm / (total + 1e-6), 1.0);
+  if (coef < 1.0 || std::isnan(coef)) {
+    for (State::Unit& unit : state_->units) {
+      if (unit.entries.empty()) continue;
+      Tensor grad = unit.shard.grad();
+      if (grad.defined()) grad.mul_(coef);
+    }
+  }
+  return total;
+}
+
+std::vector<nn::NamedTensor> FullyShardedDataParallel::full_state_dict() {
+  State& s = *state_;
+  NoGradGuard no_grad;
+  std::vector<nn::NamedTensor> state;
+  for (State::Unit& unit : s.units) {
+    if (unit.entries.empty()) continue;
+    Tensor full = empty({unit.shard_numel * process_group_->size()},
+                        TensorOptions().dtype(unit.dtype).device(unit.shard.device()));
+    process_group_->allgather(full, unit.shard.detach())->wait();
+    for (const FlatEntry& e : unit.entries) state.push_back({e.name, State::MakeView(full, e)});
+  }
+  // The wrapped module's order (named_parameters), then its buffers.
+  std::unordered_map<std::string, Tensor> by_name;
+  for (nn::NamedTensor& t : state) by_name[t.name] = std::move(t.value);
+  std::vector<nn::NamedTensor> ordered;
+  for (const auto& [name, handle] : module_->named_parameter_handles()) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) continue;  // a tied parameter's second name
+    ordered.push_back({name, std::move(it->second)});
+    by_name.erase(it);
+  }
+  for (const nn::NamedTensor& b : module_->named_buffers()) {
+    ordered.push_back({b.name, b.value.clone()});
+  }
+  return ordered;
+}
+
+void FullyShardedDataParallel::load_full_state_dict(const std::vector<nn::NamedTensor>& state) {
+  State& s = *state_;
+  NoGradGuard no_grad;
+  std::unordered_map<std::string, const Tensor*> by_name;
+  for (const nn::NamedTensor& t : state) {
+    TANDEM_CHECK(by_name.emplace(t.name, &t.value).second, s.prefix,
+                 "load_full_state_dict: the state holds '", t.name, "' twice");
+  }
+  // Check everything before changing anything.
+  for (const State::Unit& unit : s.units) {
+    for (const FlatEntry& e : unit.entries) {
+      auto it = by_name.find(e.name);
+      TANDEM_CHECK(it != by_name.end(), s.prefix, "load_full_state_dict: the state has no '",
+                   e.name,
+                   "'; give it a full state dict of this model (full_state_dict(), or "
+                   "the unwrapped module's state_dict())");
+      TANDEM_CHECK(it->second->shape() == e.shape, s.prefix, "load_full_state_dict: '", e.name,
+                   "' is ", ShapeToString(it->second->shape()), " in the state but ",
+                   ShapeToString(e.shape), " in the model");
+    }
+  }
+  std::vector<nn::NamedTensor> buffers;
+  for (const nn::NamedTensor& b : module_->named_buffers()) {
+    auto it = by_name.find(b.name);
+    TANDEM_CHECK(it != by_name.end(), s.prefix, "load_full_state_dict: the state has no buffer '",
+                 b.name, "'");
+    buffers.push_back({b.name, *it->second});
+  }
+  for (State::Unit& unit : s.units) {
+    if (unit.entries.empty()) continue;
+    Tensor full = zeros({unit.shard_numel * process_group_->size()},
+                        TensorOptions().dtype(unit.dtype).device(unit.shard.device()));
+    for (const FlatEntry& e : unit.entries) {
+      full.narrow(0, e.offset, e.numel).copy_(by_name.at(e.name)->reshape({-1}));
+    }
+    unit.shard.detach().copy_(
+        full.narrow(0, unit.shard_numel * process_group_->rank(), unit.shard_numel));
+  }
+  module_->load_state_dict(buffers, /*strict=*/false);
+}
+
+std::vector<FsdpUnitInfo> FullyShardedDataParallel::units() const {
+  std::vector<FsdpUnitInfo> out;
+  for (const State::Unit& unit : state_->units) {
+    FsdpUnitInfo info;
+    info.name = unit.name;
+    for (const FlatEntry& e : unit.entries) info.parameter_names.push_back(e.name);
+    info.numel = unit.numel;
+    info.shard_numel = unit.shard_numel;
+    info.gathered = unit.current && !IsStorageReleased(unit.current->full);
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+}  // namespace tandem::parallel::distributed

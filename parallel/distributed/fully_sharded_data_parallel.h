@@ -1,0 +1,172 @@
+// FullyShardedDataParallel: PyTorch's FSDP (FULL_SHARD and SHARD_GRAD_OP, ZeRO stage 3 and 2) in
+// C++, for models that do not fit whole on every device. The model is cut into units (each
+// submodule the auto-wrap policy picks, and the root: every parameter left over); each unit's
+// parameters are flattened into one buffer, padded to a multiple of the world size and sharded,
+// so that rank r keeps only its 1/N of every unit, and the optimizer steps only that shard. A
+// unit's parameters are all-gathered when its forward reads them and freed again after it, then
+// gathered once more for its backward, whose gradients are reduce-scattered: each rank ends with
+// the averaged gradients of its own shard. With AdamW in float32 that is 16P/N bytes a rank plus
+// the units being computed, against DistributedDataParallel's 16P; the steps equal DDP's.
+//
+//   auto group = std::make_shared<parallel::distributed::ProcessGroupMpi>();
+//   auto model = std::make_shared<examples::Gpt>(config);    // built whole, then sharded
+//   auto fsdp = std::make_shared<parallel::distributed::FullyShardedDataParallel>(
+//       model, group, parallel::distributed::FullyShardedDataParallelOptions().auto_wrap_policy(
+//                         parallel::distributed::ModuleTypeWrapPolicy<nn::TransformerBlock>()));
+//   nn::AdamW optimizer(fsdp->parameters(), nn::AdamWOptions(6e-4));   // the flat shards
+//   Tensor loss = cross_entropy(fsdp->forward(x), y);                  // this rank's batch
+//   optimizer.zero_grad();
+//   loss.backward();              // each rank: the average gradient of its shards
+//   fsdp->clip_grad_norm_(1.0);   // the norm of the whole gradient
+//   optimizer.step();
+//
+//   $ mpirun -np 2 ./train
+//
+// How it works, as PyTorch's FSDP does (and where it differs):
+// - Units are found at construction: the policy is asked about every submodule; a unit holds
+//   the parameters under it that no nested unit holds; a parameter registered under several
+//   names (tied weights) belongs to the innermost unit that holds all of its names. A unit's
+//   parameters must share one dtype and requires_grad.
+// - A module reads its parameters through its handles (nn::Parameter) in forward; FSDP hooks
+//   those reads (TensorHandle::set_read_hook): the first read of a unit in a forward all-gathers
+//   it and binds every handle to a view of the gathered buffer. Under kFullShard the units that
+//   are not enclosing the one just gathered are freed then (ReleaseStorage), except the root:
+//   a transformer holds the root and one block at a time.
+// - The views' gradients meet in one autograd node per gathered unit. Autograd runs nodes
+//   newest first, so the node of the unit gathered after unit u runs after everything of that
+//   later unit and before anything of u: it gathers u again (RestoreStorage: every tensor saved
+//   for backward sees the memory), and already starts the all-gather of the unit before u
+//   (backward_prefetch). Then it flattens the gradients, starts their reduce-scatter (in
+//   reduce_dtype) and frees its unit. The end of backward waits for the reduce-scatters and
+//   adds each into its shard's .grad.
+// - no_sync() keeps the unsharded gradients (one flat buffer per unit) and reduces their sum in
+//   the first backward after it: one reduce-scatter per unit per optimizer step.
+// - Mixed precision (param_dtype): the shards stay in their dtype (float32 master weights),
+//   each gather casts the shard first, floating inputs are cast, gradients are reduced in
+//   reduce_dtype (default: param_dtype) and added to the shards' .grad in the shard dtype.
+// - Buffers are not sharded: every rank keeps them whole (rank 0's values at construction).
+// - Every forward and backward is collective: every rank runs them, the same number of times.
+//   A unit whose parameters get no gradient in a backward must not be followed, in forward
+//   order, by units whose backward needs it gathered again; a second backward through one
+//   forward (retain_graph) is not supported. Reading the wrapped module's parameters outside a
+//   forward throws (their memory is released); use full_state_dict().
+#ifndef TANDEM_PARALLEL_DISTRIBUTED_FULLY_SHARDED_DATA_PARALLEL_H_
+#define TANDEM_PARALLEL_DISTRIBUTED_FULLY_SHARDED_DATA_PARALLEL_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "nn/module.h"
+#include "parallel/distributed/process_group.h"
+#include "tensor/base/arg.h"
+#include "tensor/tensor.h"
+
+namespace tandem::parallel::distributed {
+
+enum class ShardingStrategy {
+  kFullShard,    // parameters, gradients and optimizer state sharded (ZeRO-3)
+  kShardGradOp,  // parameters stay gathered from forward to the unit's backward (ZeRO-2)
+};
+
+const char* ShardingStrategyName(ShardingStrategy strategy);  // "FULL_SHARD", "SHARD_GRAD_OP"
+
+// Picks the submodules that become units of their own, given each one's dotted name.
+using AutoWrapPolicy = std::function<bool(const std::string& name, const nn::Module& module)>;
+
+// Every submodule of one of the types M... becomes a unit (PyTorch's ModuleWrapPolicy).
+template <typename... M>
+AutoWrapPolicy ModuleTypeWrapPolicy() {
+  return [](const std::string&, const nn::Module& module) {
+    return ((dynamic_cast<const M*>(&module) != nullptr) || ...);
+  };
+}
+
+struct FullyShardedDataParallelOptions {
+  TANDEM_ARG(ShardingStrategy, sharding_strategy) = ShardingStrategy::kFullShard;
+  // nullptr: the whole model is one unit.
+  TANDEM_ARG(AutoWrapPolicy, auto_wrap_policy) = nullptr;
+  // Mixed precision: gather parameters (and compute) in this dtype; nullopt: their own.
+  TANDEM_ARG(std::optional<DType>, param_dtype) = std::nullopt;
+  // Reduce-scatter gradients in this dtype; nullopt: param_dtype (or the parameters' dtype).
+  TANDEM_ARG(std::optional<DType>, reduce_dtype) = std::nullopt;
+  // Start the all-gather of the unit after next in backward while this one computes.
+  TANDEM_ARG(bool, backward_prefetch) = true;
+};
+
+// One unit, for inspection and tests.
+struct FsdpUnitInfo {
+  std::string name;                          // the submodule's dotted name; "" for the root
+  std::vector<std::string> parameter_names;  // the wrapped module's names, one per tensor
+  int64_t numel = 0;                         // the unit's parameters together
+  int64_t shard_numel = 0;  // each rank's shard (numel padded to a multiple of the world size)
+  bool gathered = false;    // whether its whole parameters are in memory now
+};
+
+class FullyShardedDataParallel : public nn::Module {
+ public:
+  // Collective: every rank constructs it with the same model (checked, naming the first
+  // difference) and options; rank 0's values are copied to every rank, then each rank keeps
+  // its shards. The model's parameters must be on the process group's device.
+  FullyShardedDataParallel(std::shared_ptr<nn::Module> module,
+                           std::shared_ptr<ProcessGroup> process_group,
+                           FullyShardedDataParallelOptions options = {});
+  ~FullyShardedDataParallel() override;
+
+  // The module's first output (forward_tensors for all of them). Collective.
+  template <typename... Rest,
+            typename = std::enable_if_t<(std::is_convertible_v<const Rest&, const Tensor&> && ...)>>
+  Tensor forward(const Tensor& input, const Rest&... rest) {
+    return forward_tensors({input, rest...}).at(0);
+  }
+  std::vector<Tensor> forward_tensors(const std::vector<Tensor>& inputs) override;
+  void train(bool on = true) override;
+
+  // While a NoSyncGuard lives, backward passes keep each unit's unsharded gradient (summed)
+  // instead of reducing it; the first backward after it reduces the sum.
+  class NoSyncGuard {
+   public:
+    explicit NoSyncGuard(FullyShardedDataParallel* fsdp);
+    ~NoSyncGuard();
+    NoSyncGuard(NoSyncGuard&& other) noexcept;
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
+
+   private:
+    FullyShardedDataParallel* fsdp_;
+    bool previous_;
+  };
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(this); }
+
+  // nn::clip_grad_norm_ over the sharded gradients: the norm of the whole gradient (one
+  // all-reduce), every shard scaled alike. Collective; returns the norm before clipping.
+  double clip_grad_norm_(double max_norm, double norm_type = 2.0);
+
+  // Every parameter whole, by the wrapped module's names (each tensor once, as its
+  // state_dict), then every buffer: what the module alone would hold. Collective; every rank
+  // gets it. load_full_state_dict takes such a state (or the unwrapped module's) on every
+  // rank and keeps this rank's shards.
+  std::vector<nn::NamedTensor> full_state_dict();
+  void load_full_state_dict(const std::vector<nn::NamedTensor>& state);
+
+  const std::shared_ptr<nn::Module>& module() const { return module_; }
+  const std::shared_ptr<ProcessGroup>& process_group() const { return process_group_; }
+  const FullyShardedDataParallelOptions& options() const { return options_; }
+  std::vector<FsdpUnitInfo> units() const;
+
+ private:
+  struct State;
+  std::shared_ptr<nn::Module> module_;
+  std::shared_ptr<ProcessGroup> process_group_;
+  FullyShardedDataParallelOptions options_;
+  std::shared_ptr<State> state_;  // the hooks and nodes hold it weakly or share it
+};
+
+}  // namespace tandem::parallel::distributed
+
+#endif  // TANDEM_PARALLEL_DISTRIBUTED_FULLY_SHARDED_DATA_PARALLEL_H_

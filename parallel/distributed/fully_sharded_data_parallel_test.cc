@@ -1,0 +1,355 @@
+// Runs as an MPI job (mpi_test.sh, 2 and 3 ranks). The oracle is DistributedDataParallel on the
+// same global batch (each rank its own rows): FSDP must give its losses and parameters, to the
+// bit on 2 ranks (a + b is b + a) and within rounding on 3 (DDP's ring adds in a rotated order,
+// the reduce-scatter in rank order). A process group that counts (and delays) the collectives
+// checks what each phase communicates.
+#include "parallel/distributed/fully_sharded_data_parallel.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "nn/nn.h"
+#include "parallel/distributed/distributed_data_parallel.h"
+#include "parallel/distributed/mpi_testing.h"
+#include "tensor/tensor.h"
+#include "tensor/testing.h"
+
+namespace tandem::parallel::distributed {
+namespace {
+
+using testing::ErrorOf;
+using ::testing::HasSubstr;
+using testing::MaxAbsDiff;
+
+class FullyShardedDataParallelTest : public MpiTest {};
+
+// TestGroup(), counting all-gathers and reduce-scatters, and sleeping `delay` (longer on
+// higher ranks) before each, so that a rank that issues them in another order would hang or
+// mix up buffers rather than pass by luck.
+class CountingGroup : public ProcessGroup {
+ public:
+  explicit CountingGroup(std::chrono::milliseconds delay = std::chrono::milliseconds(0))
+      : ProcessGroup(TestGroup()->rank(), TestGroup()->size()), delay_(delay) {}
+  std::string backend() const override { return "mpi"; }
+  std::shared_ptr<Work> allreduce(Tensor tensor, ReduceOp op) override {
+    return TestGroup()->allreduce(tensor, op);
+  }
+  std::shared_ptr<Work> broadcast(Tensor tensor, int root) override {
+    return TestGroup()->broadcast(tensor, root);
+  }
+  std::shared_ptr<Work> allgather(Tensor output, Tensor input) override {
+    ++allgathers;
+    Delay();
+    return TestGroup()->allgather(output, input);
+  }
+  std::shared_ptr<Work> reduce_scatter(Tensor output, Tensor input, ReduceOp op) override {
+    ++reduce_scatters;
+    Delay();
+    return TestGroup()->reduce_scatter(output, input, op);
+  }
+  std::shared_ptr<Work> barrier() override { return TestGroup()->barrier(); }
+
+  std::atomic<int> allgathers{0};
+  std::atomic<int> reduce_scatters{0};
+
+ private:
+  void Delay() const {
+    if (delay_.count() > 0) std::this_thread::sleep_for(delay_ * (1 + rank()));
+  }
+  std::chrono::milliseconds delay_;
+};
+
+// Uneven shapes (105 + 15, 45 + 3, 33 + 11, 99 elements) in nested units: "0", "2" (holding
+// 2.2) and "2.0" inside it; the root keeps the last layer.
+std::shared_ptr<nn::Sequential> MakeModel() {
+  manual_seed(7);
+  return std::make_shared<nn::Sequential>(
+      nn::Linear(7, 15), nn::Tanh(),
+      nn::Sequential(nn::Linear(15, 3), nn::ReLU(), nn::Linear(3, 11)), nn::Tanh(),
+      nn::Linear(11, 9, /*bias=*/false));
+}
+
+FullyShardedDataParallelOptions Units(ShardingStrategy strategy) {
+  return FullyShardedDataParallelOptions().sharding_strategy(strategy).auto_wrap_policy(
+      [](const std::string& name, const nn::Module&) {
+        return name == "0" || name == "2" || name == "2.0";
+      });
+}
+
+struct Batch {
+  Tensor x, y;
+};
+
+// Rank `rank`'s rows of step `step`'s global batch.
+Batch BatchOf(int step, int rank) {
+  Generator gen(100 * step + rank);
+  return {randn({4, 7}, {}, &gen), randn({4, 9}, {}, &gen)};
+}
+
+struct Optim {
+  std::string name;
+  std::function<std::unique_ptr<nn::Optimizer>(std::vector<Tensor>)> make;
+};
+
+std::vector<Optim> Optimizers() {
+  return {{"SGD momentum",
+           [](std::vector<Tensor> p) {
+             return std::make_unique<nn::SGD>(
+                 std::move(p), nn::SGDOptions(0.05).momentum(0.9).weight_decay(1e-3));
+           }},
+          {"AdamW", [](std::vector<Tensor> p) {
+             return std::make_unique<nn::AdamW>(std::move(p),
+                                                nn::AdamWOptions(1e-2).weight_decay(0.1));
+           }}};
+}
+
+// Exact on 2 ranks; on 3 the sums' order differs by a rounding per step.
+double Tolerance() { return TestGroup()->size() == 2 ? 0.0 : 1e-5; }
+
+void ExpectSameModel(FullyShardedDataParallel& fsdp, const nn::Module& reference,
+                     const std::string& what) {
+  const std::vector<nn::NamedTensor> got = fsdp.full_state_dict();
+  const std::vector<nn::NamedTensor> want = reference.state_dict();
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(got[i].name, want[i].name) << what;
+    ASSERT_EQ(got[i].value.shape(), want[i].value.shape()) << what << " " << got[i].name;
+    EXPECT_LE(MaxAbsDiff(got[i].value, want[i].value), Tolerance())
+        << what << ": " << got[i].name << " on rank " << TestGroup()->rank();
+  }
+}
+
+TEST_F(FullyShardedDataParallelTest, EqualsDistributedDataParallel) {
+  const int rank = TestGroup()->rank();
+  for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp}) {
+    for (const Optim& optim : Optimizers()) {
+      for (bool clip : {false, true}) {
+        SCOPED_TRACE(std::string(ShardingStrategyName(strategy)) + " " + optim.name +
+                     (clip ? " clipped" : ""));
+        auto sharded = MakeModel();
+        auto whole = MakeModel();
+        auto group = std::make_shared<CountingGroup>(std::chrono::milliseconds(clip ? 1 : 0));
+        FullyShardedDataParallel fsdp(sharded, group, Units(strategy));
+        DistributedDataParallel ddp(whole, TestGroup());
+        const int gathers_before = group->allgathers.load();
+        auto fsdp_optimizer = optim.make(fsdp.parameters());
+        auto ddp_optimizer = optim.make(whole->parameters());
+        for (int step = 0; step < 10; ++step) {
+          const Batch b = BatchOf(step, rank);
+          fsdp_optimizer->zero_grad();
+          Tensor fsdp_loss = mse_loss(fsdp.forward(b.x), b.y);
+          fsdp_loss.backward();
+          ddp_optimizer->zero_grad();
+          Tensor ddp_loss = mse_loss(ddp.forward(b.x), b.y);
+          ddp_loss.backward();
+          EXPECT_NEAR(fsdp_loss.item(), ddp_loss.item(), Tolerance()) << "step " << step;
+          if (clip) {
+            const double got = fsdp.clip_grad_norm_(0.5);
+            const double want = nn::clip_grad_norm_(whole->parameters(), 0.5);
+            EXPECT_NEAR(got, want, 1e-5 * want) << "step " << step;
+          }
+          fsdp_optimizer->step();
+          ddp_optimizer->step();
+        }
+        // 4 units with parameters: one all-gather each in forward; under FULL_SHARD one more in
+        // backward for each unit freed after forward (all but the root, gathered last); one
+        // reduce-scatter each.
+        const int gathers_per_step = strategy == ShardingStrategy::kFullShard ? 7 : 4;
+        EXPECT_EQ(group->reduce_scatters.load(), 10 * 4);
+        EXPECT_EQ(group->allgathers.load() - gathers_before, 10 * gathers_per_step);
+        ExpectSameModel(fsdp, *whole, "after 10 steps");
+      }
+    }
+  }
+}
+
+TEST_F(FullyShardedDataParallelTest, ShardsAreBalancedAndPadded) {
+  const int world = TestGroup()->size();
+  FullyShardedDataParallel fsdp(MakeModel(), TestGroup(), Units(ShardingStrategy::kFullShard));
+  const std::vector<FsdpUnitInfo> units = fsdp.units();
+  ASSERT_EQ(units.size(), 4u);
+  EXPECT_EQ(units[0].name, "");
+  EXPECT_EQ(units[0].parameter_names, (std::vector<std::string>{"4.weight"}));
+  EXPECT_EQ(units[1].name, "0");
+  EXPECT_EQ(units[2].name, "2");
+  EXPECT_EQ(units[2].parameter_names, (std::vector<std::string>{"2.2.weight", "2.2.bias"}));
+  EXPECT_EQ(units[3].name, "2.0");
+  const std::vector<int64_t> numels = {99, 120, 44, 48};
+  int64_t sharded = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    EXPECT_EQ(units[u].numel, numels[u]) << units[u].name;
+    EXPECT_EQ(units[u].shard_numel, (numels[u] + world - 1) / world) << units[u].name;
+    EXPECT_FALSE(units[u].gathered) << units[u].name;
+    sharded += units[u].shard_numel;
+  }
+  // The optimizer sees only the shards.
+  int64_t stepped = 0;
+  for (const Tensor& p : fsdp.parameters()) stepped += p.numel();
+  EXPECT_EQ(stepped, sharded);
+}
+
+// What is in memory after each phase: FULL_SHARD keeps the root (gathered last here: its
+// backward comes first), SHARD_GRAD_OP every unit until its backward.
+TEST_F(FullyShardedDataParallelTest, UnitsAreFreedAfterForwardAndBackward) {
+  const int rank = TestGroup()->rank();
+  for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp}) {
+    SCOPED_TRACE(ShardingStrategyName(strategy));
+    FullyShardedDataParallel fsdp(MakeModel(), TestGroup(), Units(strategy));
+    const Batch b = BatchOf(0, rank);
+    Tensor loss = mse_loss(fsdp.forward(b.x), b.y);
+    std::vector<bool> gathered;
+    for (const FsdpUnitInfo& u : fsdp.units()) gathered.push_back(u.gathered);
+    if (strategy == ShardingStrategy::kFullShard) {
+      EXPECT_EQ(gathered, (std::vector<bool>{true, false, false, false}));  // root, 0, 2, 2.0
+    } else {
+      EXPECT_EQ(gathered, (std::vector<bool>{true, true, true, true}));
+    }
+    loss.backward();
+    for (const FsdpUnitInfo& u : fsdp.units()) EXPECT_FALSE(u.gathered) << u.name;
+    for (const Tensor& p : fsdp.parameters()) EXPECT_TRUE(p.grad().defined());
+    // Without grad nothing stays gathered after forward.
+    {
+      NoGradGuard no_grad;
+      (void)fsdp.forward(b.x);
+    }
+    for (const FsdpUnitInfo& u : fsdp.units()) EXPECT_FALSE(u.gathered) << u.name;
+  }
+}
+
+TEST_F(FullyShardedDataParallelTest, NoSyncAccumulatesWithOneReduceScatterPerUnit) {
+  const int rank = TestGroup()->rank();
+  for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp}) {
+    SCOPED_TRACE(ShardingStrategyName(strategy));
+    auto sharded = MakeModel();
+    auto whole = MakeModel();
+    auto group = std::make_shared<CountingGroup>();
+    FullyShardedDataParallel fsdp(sharded, group, Units(strategy));
+    DistributedDataParallel ddp(whole, TestGroup());
+    nn::SGD fsdp_optimizer(fsdp.parameters(), nn::SGDOptions(0.1).momentum(0.9));
+    nn::SGD ddp_optimizer(whole->parameters(), nn::SGDOptions(0.1).momentum(0.9));
+    for (int step = 0; step < 3; ++step) {
+      const int before = group->reduce_scatters.load();
+      for (int micro = 0; micro < 3; ++micro) {
+        const Batch b = BatchOf(10 * step + micro, rank);
+        if (micro < 2) {
+          auto fsdp_guard = fsdp.no_sync();
+          auto ddp_guard = ddp.no_sync();
+          mse_loss(fsdp.forward(b.x), b.y).backward();
+          mse_loss(ddp.forward(b.x), b.y).backward();
+        } else {
+          mse_loss(fsdp.forward(b.x), b.y).backward();
+          mse_loss(ddp.forward(b.x), b.y).backward();
+        }
+      }
+      EXPECT_EQ(group->reduce_scatters.load() - before, 4) << "step " << step;
+      fsdp_optimizer.step();
+      ddp_optimizer.step();
+      fsdp_optimizer.zero_grad();
+      ddp_optimizer.zero_grad();
+    }
+    ExpectSameModel(fsdp, *whole, "after 3 accumulated steps");
+  }
+}
+
+// GPT-style tied weights: the same tensor registered in two units goes to the root.
+class TiedModel : public nn::Cloneable<TiedModel> {
+ public:
+  TiedModel() { reset(); }
+  void reset() override {
+    first_ = register_module("first", nn::Linear(6, 6));
+    middle_ = register_module("middle", nn::Linear(6, 6));
+    last_ = register_module("last", nn::Linear(6, 6, /*bias=*/false));
+    last_->replace_parameter("weight", first_->weight());
+  }
+  Tensor forward(const Tensor& x) {
+    return last_->forward(tanh(middle_->forward(tanh(first_->forward(x)))));
+  }
+
+ private:
+  std::shared_ptr<nn::Linear> first_, middle_, last_;
+};
+
+TEST_F(FullyShardedDataParallelTest, TiedParametersTrainAsOne) {
+  const int rank = TestGroup()->rank();
+  manual_seed(3);
+  auto sharded = std::make_shared<TiedModel>();
+  manual_seed(3);
+  auto whole = std::make_shared<TiedModel>();
+  FullyShardedDataParallel fsdp(
+      sharded, TestGroup(),
+      FullyShardedDataParallelOptions().auto_wrap_policy(
+          [](const std::string& name, const nn::Module&) { return name != "middle"; }));
+  const std::vector<FsdpUnitInfo> units = fsdp.units();
+  ASSERT_EQ(units.size(), 3u);
+  EXPECT_EQ(units[0].parameter_names,
+            (std::vector<std::string>{"first.weight", "middle.weight", "middle.bias"}));
+  EXPECT_EQ(units[1].parameter_names, (std::vector<std::string>{"first.bias"}));
+  EXPECT_TRUE(units[2].parameter_names.empty());  // "last" holds only the tied weight
+  DistributedDataParallel ddp(whole, TestGroup());
+  nn::SGD fsdp_optimizer(fsdp.parameters(), nn::SGDOptions(0.1).momentum(0.9));
+  nn::SGD ddp_optimizer(whole->parameters(), nn::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < 5; ++step) {
+    Generator gen(300 + 10 * step + rank);
+    const Tensor x = randn({3, 6}, {}, &gen);
+    fsdp_optimizer.zero_grad();
+    ddp_optimizer.zero_grad();
+    const Tensor fsdp_loss = square(fsdp.forward(x)).mean();
+    const Tensor ddp_loss = square(ddp.forward(x)).mean();
+    EXPECT_NEAR(fsdp_loss.item(), ddp_loss.item(), Tolerance()) << "step " << step;
+    fsdp_loss.backward();
+    ddp_loss.backward();
+    fsdp_optimizer.step();
+    ddp_optimizer.step();
+  }
+  ExpectSameModel(fsdp, *whole, "after 5 steps");
+}
+
+TEST_F(FullyShardedDataParallelTest, ReadingAFreedParameterIsAClearError) {
+  auto model = MakeModel();
+  FullyShardedDataParallel fsdp(model, TestGroup(), Units(ShardingStrategy::kFullShard));
+  EXPECT_THAT(ErrorOf([&] { (void)model->parameters()[0].to_vector<float>(); }),
+              HasSubstr("memory was released (ReleaseStorage): it is a parameter of a fully "
+                        "sharded unit"));
+}
+
+TEST_F(FullyShardedDataParallelTest, RanksWithDifferentModelsAllThrow) {
+  const int rank = TestGroup()->rank();
+  manual_seed(1);
+  auto model = std::make_shared<nn::Sequential>(nn::Linear(4, rank == 1 ? 6 : 5),
+                                                nn::Linear(rank == 1 ? 6 : 5, 2));
+  EXPECT_THAT(ErrorOf([&] { FullyShardedDataParallel fsdp(model, TestGroup()); }),
+              HasSubstr("disagree on parameter 0.weight ([5, 4] float32 on rank"));
+}
+
+TEST_F(FullyShardedDataParallelTest, FullStateDictRoundTrips) {
+  const int rank = TestGroup()->rank();
+  auto sharded = MakeModel();
+  FullyShardedDataParallel fsdp(sharded, TestGroup(), Units(ShardingStrategy::kFullShard));
+  manual_seed(99);
+  auto other = std::make_shared<nn::Sequential>(
+      nn::Linear(7, 15), nn::Tanh(),
+      nn::Sequential(nn::Linear(15, 3), nn::ReLU(), nn::Linear(3, 11)), nn::Tanh(),
+      nn::Linear(11, 9, /*bias=*/false));
+  fsdp.load_full_state_dict(other->state_dict());
+  const std::vector<nn::NamedTensor> got = fsdp.full_state_dict();
+  const std::vector<nn::NamedTensor> want = other->state_dict();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].name, want[i].name);
+    EXPECT_EQ(MaxAbsDiff(got[i].value, want[i].value), 0.0) << got[i].name;
+  }
+  const Batch b = BatchOf(0, rank);
+  EXPECT_EQ(mse_loss(fsdp.forward(b.x), b.y).item(), mse_loss(other->forward(b.x), b.y).item());
+  EXPECT_THAT(ErrorOf([&] { fsdp.load_full_state_dict({}); }),
+              HasSubstr("load_full_state_dict: the state has no '4.weight'"));
+}
+
+}  // namespace
+}  // namespace tandem::parallel::distributed
