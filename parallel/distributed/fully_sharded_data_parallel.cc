@@ -441,9 +441,14 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> m
 }
 
 FullyShardedDataParallel::~FullyShardedDataParallel() {
+  // The state holds the module's handles, whose views' autograd nodes hold the state: detach
+  // the views to break that cycle (a graph still alive keeps its nodes, and they the state).
   for (const State::Unit& unit : state_->units) {
     for (const FlatEntry& e : unit.entries) {
-      for (const nn::Parameter& handle : e.handles) handle.set_read_hook(nullptr);
+      for (const nn::Parameter& handle : e.handles) {
+        handle.set_read_hook(nullptr);
+        handle.rebind(handle.peek().detach());
+      }
     }
   }
 }

@@ -18,6 +18,7 @@
 #include "nn/nn.h"
 #include "parallel/distributed/distributed_data_parallel.h"
 #include "parallel/distributed/mpi_testing.h"
+#include "tensor/runtime/allocator.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
 
@@ -309,6 +310,25 @@ TEST_F(FullyShardedDataParallelTest, TiedParametersTrainAsOne) {
     ddp_optimizer.step();
   }
   ExpectSameModel(fsdp, *whole, "after 5 steps");
+}
+
+// Everything a wrapper and its training allocated is freed with them (the autograd nodes that
+// share the wrapper's state with the module's views form no cycle).
+TEST_F(FullyShardedDataParallelTest, FreesEverythingWhenDestroyed) {
+  const Device cpu = Device::Cpu(0);
+  const int64_t before = GetMemoryStats(cpu).in_use_bytes;
+  {
+    auto model = MakeModel();
+    FullyShardedDataParallel fsdp(model, TestGroup(), Units(ShardingStrategy::kFullShard));
+    nn::AdamW optimizer(fsdp.parameters(), nn::AdamWOptions(1e-2));
+    for (int step = 0; step < 2; ++step) {
+      const Batch b = BatchOf(step, TestGroup()->rank());
+      optimizer.zero_grad();
+      mse_loss(fsdp.forward(b.x), b.y).backward();
+      optimizer.step();
+    }
+  }
+  EXPECT_EQ(GetMemoryStats(cpu).in_use_bytes, before);
 }
 
 TEST_F(FullyShardedDataParallelTest, ReadingAFreedParameterIsAClearError) {

@@ -1,16 +1,20 @@
-// ZeRO-1 (ZeroRedundancyOptimizer) against DistributedDataParallel with the plain optimizer, on
-// the same GPT step with AdamW, side by side under mpirun: each rank's memory and the step time.
+// Sharded data parallelism against DistributedDataParallel with the plain optimizer, on the same
+// GPT step with AdamW, side by side under mpirun: each rank's memory and the step time. The
+// schemes: ddp, zero1 (ZeroRedundancyOptimizer over DDP), shard_grad_op and full
+// (FullyShardedDataParallel, one unit per transformer block, ZeRO-2 and ZeRO-3).
 //
 //   bazel build -c opt //tools/bench:zero_benchmark
 //   mpirun -np 2 --oversubscribe bazel-bin/tools/bench/zero_benchmark --model=gpt2 --rounds=3
 //
-// Each round builds the model afresh for each scheme, alternating which goes first, runs
+// Each round builds the model afresh for each scheme, rotating which goes first, runs
 // --warmup then --steps steps (the step time is the slowest rank's), and reads the allocator
 // after the last optimizer step, before zero_grad: what a rank holds between steps
 // (parameters, gradients, DDP's gradient buckets, optimizer state), the optimizer state alone,
-// and the step's peak. ZeRO's accounting for AdamW in float32 is 16P bytes a rank for DDP and
-// 8P + 8P/N for ZeRO-1 (parameters 4P, gradients 4P, state 8P or 8P/N); Tandem's DDP also
-// holds its gradient buckets (4P more, as PyTorch without gradient_as_bucket_view).
+// and the step's peak. ZeRO's accounting for AdamW in float32 is 16P bytes a rank for DDP,
+// 8P + 8P/N for ZeRO-1 (parameters 4P, gradients 4P, state 8P or 8P/N) and 16P/N between steps
+// for both FSDP strategies; Tandem's DDP also holds its gradient buckets (4P more, as PyTorch
+// without gradient_as_bucket_view). FSDP's peak adds the units gathered at once: the root
+// (embeddings, final norm) and a block or two under full, every unit under shard_grad_op.
 #include <mpi.h>
 
 #include <algorithm>
@@ -24,7 +28,9 @@
 #include "examples/cli.h"
 #include "examples/gpt.h"
 #include "nn/nn.h"
+#include "absl/strings/str_split.h"
 #include "parallel/distributed/distributed_data_parallel.h"
+#include "parallel/distributed/fully_sharded_data_parallel.h"
 #include "parallel/distributed/process_group_mpi.h"
 #include "parallel/distributed/zero_redundancy_optimizer.h"
 #include "tensor/runtime/allocator.h"
@@ -35,12 +41,18 @@ ABSL_FLAG(int64_t, batch_size, 0, "sequences per rank (0: 8 for gpt, 2 for gpt2)
 ABSL_FLAG(int64_t, tokens, 64, "tokens per sequence (at most the context)");
 ABSL_FLAG(int, steps, 3, "timed steps per scheme and round");
 ABSL_FLAG(int, warmup, 1, "untimed steps before them");
-ABSL_FLAG(int, rounds, 3, "rounds; each runs both schemes, alternating which goes first");
+ABSL_FLAG(int, rounds, 3, "rounds; each runs every scheme, rotating which goes first");
+ABSL_FLAG(std::string, schemes, "ddp,zero1,shard_grad_op,full",
+          "the schemes to compare (ddp first: the others' ratios are to it)");
 
 namespace tandem::tools {
 namespace {
 
 using parallel::distributed::DistributedDataParallel;
+using parallel::distributed::FullyShardedDataParallel;
+using parallel::distributed::FullyShardedDataParallelOptions;
+using parallel::distributed::ModuleTypeWrapPolicy;
+using parallel::distributed::ShardingStrategy;
 using parallel::distributed::MakeOptimizerFactory;
 using parallel::distributed::ProcessGroupMpi;
 using parallel::distributed::ZeroRedundancyOptimizer;
@@ -66,22 +78,33 @@ int64_t MaxOverRanks(int64_t value) {
   return most;
 }
 
-Measure Run(const std::shared_ptr<ProcessGroupMpi>& group, bool zero,
+Measure Run(const std::shared_ptr<ProcessGroupMpi>& group, const std::string& scheme,
             const examples::GptConfig& config, const Tensor& x, const Tensor& y) {
   const Device cpu = Device::Cpu(0);
   manual_seed(1);
   auto model = std::make_shared<examples::Gpt>(config);
-  DistributedDataParallel ddp(model, group);
+  std::shared_ptr<nn::Module> wrapper;
+  const bool fsdp = scheme == "full" || scheme == "shard_grad_op";
+  if (fsdp) {
+    wrapper = std::make_shared<FullyShardedDataParallel>(
+        model, group,
+        FullyShardedDataParallelOptions()
+            .sharding_strategy(scheme == "full" ? ShardingStrategy::kFullShard
+                                                : ShardingStrategy::kShardGradOp)
+            .auto_wrap_policy(ModuleTypeWrapPolicy<examples::GptBlock>()));
+  } else {
+    wrapper = std::make_shared<DistributedDataParallel>(model, group);
+  }
   const nn::AdamWOptions adamw = nn::AdamWOptions(6e-4).weight_decay(0.1);
   std::unique_ptr<nn::Optimizer> optimizer;
   ZeroRedundancyOptimizer* sharded = nullptr;
-  if (zero) {
+  if (scheme == "zero1") {
     auto owned = std::make_unique<ZeroRedundancyOptimizer>(model->parameters(), group,
                                                            MakeOptimizerFactory<nn::AdamW>(adamw));
     sharded = owned.get();
     optimizer = std::move(owned);
   } else {
-    optimizer = std::make_unique<nn::AdamW>(model->parameters(), adamw);
+    optimizer = std::make_unique<nn::AdamW>(wrapper->parameters(), adamw);
   }
   const int warmup = absl::GetFlag(FLAGS_warmup), steps = absl::GetFlag(FLAGS_steps);
   std::vector<double> times;
@@ -91,7 +114,7 @@ Measure Run(const std::shared_ptr<ProcessGroupMpi>& group, bool zero,
     optimizer->zero_grad();
     MPI_Barrier(MPI_COMM_WORLD);
     const double start = MPI_Wtime();
-    model->loss(ddp.forward(x), y).backward();
+    model->loss(wrapper->forward_tensors({x})[0], y).backward();
     optimizer->step();
     double seconds = MPI_Wtime() - start;
     MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -158,48 +181,60 @@ int Main() {
         kind.c_str(), static_cast<long long>(parameters), world, static_cast<long long>(batch),
         static_cast<long long>(tokens), absl::GetFlag(FLAGS_warmup), absl::GetFlag(FLAGS_steps),
         absl::GetFlag(FLAGS_rounds));
-    std::printf("  %-6s %-6s %10s %14s %14s %14s\n", "round", "scheme", "step", "held", "opt state",
-                "peak");
+    std::printf("  %-6s %-13s %10s %14s %14s %14s\n", "round", "scheme", "step", "held",
+                "opt state", "peak");
   }
-  std::vector<Measure> ddp, zero;
-  std::vector<double> ratios;
+  const std::vector<std::string> schemes =
+      absl::StrSplit(absl::GetFlag(FLAGS_schemes), ',', absl::SkipEmpty());
+  for (const std::string& scheme : schemes) {
+    examples::Require(scheme == "ddp" || scheme == "zero1" || scheme == "shard_grad_op" ||
+                          scheme == "full",
+                      "--schemes takes ddp, zero1, shard_grad_op and full, but has '", scheme, "'");
+  }
+  examples::Require(!schemes.empty() && schemes[0] == "ddp",
+                    "--schemes must start with ddp (the others are compared with it)");
+  // measures[s][round]
+  std::vector<std::vector<Measure>> measures(schemes.size());
   for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
-    const bool zero_first = round % 2 == 1;
-    Measure d, z;
-    if (zero_first) z = Run(group, true, config, x, y);
-    d = Run(group, false, config, x, y);
-    if (!zero_first) z = Run(group, true, config, x, y);
-    ddp.push_back(d);
-    zero.push_back(z);
-    ratios.push_back(z.step_ms / d.step_ms);
-    if (lead) {
-      for (const auto& [name, m] : {std::pair<const char*, Measure>{"ddp", d}, {"zero1", z}}) {
-        std::printf("  %-6d %-6s %7.1f ms %14s %14s %14s\n", round, name, m.step_ms,
-                    MiB(m.held_bytes).c_str(), MiB(m.state_bytes).c_str(),
+    for (size_t k = 0; k < schemes.size(); ++k) {
+      const size_t s = (k + static_cast<size_t>(round)) % schemes.size();
+      measures[s].push_back(Run(group, schemes[s], config, x, y));
+      if (lead) {
+        const Measure& m = measures[s].back();
+        std::printf("  %-6d %-13s %7.1f ms %14s %14s %14s\n", round, schemes[s].c_str(),
+                    m.step_ms, MiB(m.held_bytes).c_str(), MiB(m.state_bytes).c_str(),
                     MiB(m.peak_bytes).c_str());
+        std::fflush(stdout);
       }
-      std::fflush(stdout);
     }
   }
   if (lead) {
-    std::sort(ratios.begin(), ratios.end());
-    const int64_t p4 = 4 * parameters;
-    const Measure& d = ddp.back();
-    const Measure& z = zero.back();
-    std::printf("\nsummary (%d ranks)\n", world);
-    std::printf("  step time zero1 / ddp: median %.2f (rounds %.2f-%.2f)\n",
-                ratios[ratios.size() / 2], ratios.front(), ratios.back());
-    std::printf("  optimizer state per rank: ddp %s (8P = %s), zero1 %s (8P/N = %s): %.2fx less\n",
-                MiB(d.state_bytes).c_str(), MiB(2 * p4).c_str(), MiB(z.state_bytes).c_str(),
-                MiB(2 * p4 / world).c_str(),
-                static_cast<double>(d.state_bytes) / static_cast<double>(z.state_bytes));
-    std::printf(
-        "  held per rank: ddp %s (%.2fx of 16P + buckets 4P = %s), zero1 %s (%.2fx of "
-        "8P + 8P/N + buckets 4P = %s)\n",
-        MiB(d.held_bytes).c_str(), static_cast<double>(d.held_bytes) / (5.0 * p4),
-        MiB(5 * p4).c_str(), MiB(z.held_bytes).c_str(),
-        static_cast<double>(z.held_bytes) / (3.0 * p4 + 2.0 * p4 / world),
-        MiB(3 * p4 + 2 * p4 / world).c_str());
+    const double p4 = 4.0 * static_cast<double>(parameters);
+    std::printf("\nsummary (%d ranks; P = %lld parameters; formulas for AdamW in float32)\n",
+                world, static_cast<long long>(parameters));
+    for (size_t s = 0; s < schemes.size(); ++s) {
+      // Held between steps: ZeRO's table, plus DDP's gradient buckets (4P) where DDP runs.
+      const std::string& name = schemes[s];
+      const double formula = name == "ddp"     ? 5.0 * p4
+                             : name == "zero1" ? 3.0 * p4 + 2.0 * p4 / world
+                                               : 4.0 * p4 / world;
+      const char* text = name == "ddp"     ? "16P + buckets 4P"
+                         : name == "zero1" ? "8P + 8P/N + buckets 4P"
+                                           : "16P/N";
+      std::vector<double> ratios;
+      for (size_t r = 0; r < measures[s].size(); ++r) {
+        ratios.push_back(measures[s][r].step_ms / measures[0][r].step_ms);
+      }
+      std::sort(ratios.begin(), ratios.end());
+      const Measure& m = measures[s].back();
+      std::printf(
+          "  %-13s step / ddp: median %.2f (rounds %.2f-%.2f); held %s = %.2fx of %s (%s); "
+          "optimizer state %s; peak %s\n",
+          name.c_str(), ratios[ratios.size() / 2], ratios.front(), ratios.back(),
+          MiB(m.held_bytes).c_str(), static_cast<double>(m.held_bytes) / formula, text,
+          MiB(static_cast<int64_t>(formula)).c_str(), MiB(m.state_bytes).c_str(),
+          MiB(m.peak_bytes).c_str());
+    }
   }
   group->barrier()->wait();
   return 0;
@@ -210,7 +245,7 @@ int Main() {
 
 int main(int argc, char** argv) {
   return tandem::examples::RunMain(argc, argv, "zero_benchmark",
-                                   "ZeRO-1 against DDP on a GPT step, under mpirun.\n"
+                                   "Sharded data parallelism (ZeRO-1, FSDP) against DDP on a GPT step, under mpirun.\n"
                                    "  mpirun -np 2 zero_benchmark --model=gpt2 --rounds=3",
                                    [] { return tandem::tools::Main(); });
 }
