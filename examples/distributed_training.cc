@@ -17,11 +17,13 @@
 #include "absl/strings/str_join.h"
 #include "data/distributed_sampler.h"
 #include "examples/cli.h"
+#include "examples/gpt.h"
 #include "examples/train_strategy.h"
 #include "examples/trainer.h"
 #include "examples/trainer_state.h"
 #include "nn/nn.h"
 #include "parallel/distributed/distributed_data_parallel.h"
+#include "parallel/distributed/fully_sharded_data_parallel.h"
 #include "parallel/distributed/process_group_mpi.h"
 #include "parallel/distributed/same_configuration.h"
 #include "parallel/distributed/sync_batch_norm.h"
@@ -69,6 +71,76 @@ std::vector<GeneratorState> GatherGenerators(distributed::ProcessGroup& group, D
   return states;
 }
 
+// --sharding=full and shard_grad_op: FullyShardedDataParallel's strategy.
+std::optional<distributed::ShardingStrategy> FsdpStrategyOf(const std::string& sharding) {
+  if (sharding == "full") return distributed::ShardingStrategy::kFullShard;
+  if (sharding == "shard_grad_op") return distributed::ShardingStrategy::kShardGradOp;
+  return std::nullopt;
+}
+
+// The trainer's optimizer under --sharding=full|shard_grad_op. The trainer makes its optimizer,
+// and loads a checkpoint into it, over the model's parameters before it wraps the model; the flat
+// shards that FullyShardedDataParallel steps exist only once it has (Bind). Until then this one
+// keeps a loaded state. Its state dict is always the plain optimizer's over the model's
+// parameters (gathered by Consolidate, collective), so that checkpoints move between
+// --sharding=none, zero1, shard_grad_op and full, at any number of ranks.
+class FsdpTrainerOptimizer : public nn::Optimizer {
+ public:
+  using Factory = std::function<std::unique_ptr<nn::Optimizer>(std::vector<nn::ParamGroup>)>;
+  FsdpTrainerOptimizer(std::vector<Tensor> parameters, Factory factory)
+      : nn::Optimizer("FullyShardedOptimizer", factory({nn::ParamGroup({})})->defaults().clone()),
+        factory_(std::move(factory)) {
+    AddGroups({nn::ParamGroup(std::move(parameters))}, /*from_parameter_list=*/true);
+  }
+
+  void Bind(distributed::FullyShardedDataParallel* fsdp) {
+    fsdp_ = fsdp;
+    local_ = factory_({nn::ParamGroup(fsdp->parameters())});
+    if (pending_) {
+      local_->load_state_dict(fsdp->shard_optimizer_state(*pending_));
+      pending_.reset();
+    }
+  }
+  void step() override {
+    Require(local_ != nullptr, "internal error: the sharded optimizer stepped before Bind");
+    consolidated_.reset();
+    local_->param_groups()[0].set_options(groups_[0].options().clone());  // the trainer's lr
+    local_->step();
+  }
+  void zero_grad(bool set_to_none = true) override {
+    if (local_ != nullptr) local_->zero_grad(set_to_none);
+  }
+  void Consolidate() { consolidated_ = fsdp_->full_optimizer_state(local_->state_dict()); }
+  nn::OptimizerState state_dict() const override {
+    Require(consolidated_.has_value(),
+            "internal error: the sharded optimizer's state was not consolidated");
+    return *consolidated_;
+  }
+  void load_state_dict(const nn::OptimizerState& state) override {
+    // Checked as the plain optimizer over the model's parameters would check it.
+    factory_({nn::ParamGroup(parameters_)})->load_state_dict(state);
+    if (fsdp_ != nullptr) {
+      local_->load_state_dict(fsdp_->shard_optimizer_state(state));
+    } else {
+      pending_ = state;
+    }
+  }
+
+ protected:
+  void CheckOptions(const nn::OptimizerOptions& options) const override {
+    nn::ParamGroup probe({});
+    probe.set_options(options.clone());
+    factory_({probe});
+  }
+  void ResizeState(size_t) override {}
+
+ private:
+  Factory factory_;
+  distributed::FullyShardedDataParallel* fsdp_ = nullptr;
+  std::unique_ptr<nn::Optimizer> local_;  // over the flat shards
+  std::optional<nn::OptimizerState> pending_, consolidated_;
+};
+
 const char* const kAdvice =
     "start every rank with the same values of these flags (one mpirun command line for all "
     "of them), the same training data and the same checkpoint";
@@ -101,10 +173,21 @@ class DistributedStrategy : public TrainStrategy {
     Require(optimizer == "sgd" || optimizer == "adam" || optimizer == "adamw",
             "--optimizer must be 'sgd', 'adam' or 'adamw' but is '", optimizer, "'");
     compression_ = ParseDdpCompression(config.ddp_compression);
-    Require(config.sharding == "none" || config.sharding == "zero1",
-            "--sharding must be 'none' (every rank keeps the whole optimizer state) or 'zero1' "
-            "(the state sharded across the ranks) but is '",
+    Require(config.sharding == "none" || config.sharding == "zero1" ||
+                FsdpStrategyOf(config.sharding).has_value(),
+            "--sharding must be 'none' (every rank keeps the whole model and optimizer state), "
+            "'zero1' (the optimizer state sharded across the ranks), 'shard_grad_op' (gradients "
+            "too) or 'full' (parameters too) but is '",
             config.sharding, "'");
+    if (FsdpStrategyOf(config.sharding)) {
+      Require(!compression_,
+              "--ddp_compression compresses DistributedDataParallel's all-reduce, "
+              "but --sharding=",
+              config.sharding, " reduce-scatters with FullyShardedDataParallel; drop one of them");
+      Require(ParseAutocast(config.autocast) != kFloat16, "--sharding=", config.sharding,
+              " does not take --autocast=float16 (its GradScaler unscales the model's "
+              "parameters, not the shards); use --autocast=bfloat16");
+    }
     const double timeout_s = config.collective_timeout;
     Require(std::isfinite(timeout_s) && timeout_s >= 0.001 && timeout_s <= 1e6,
             "--collective_timeout must be a number of seconds in [0.001, 1000000] but is ",
@@ -167,9 +250,17 @@ class DistributedStrategy : public TrainStrategy {
   // --sharding=zero1: ZeRO stage 1 over the same optimizer. Its steps give every rank the
   // parameters the plain optimizer would, to the bit, so the rest of the loop is unchanged.
   TrainerOptimizer MakeOptimizer(const TrainConfig& config, nn::Module& model) override {
-    if (config.sharding != "zero1") return TrainStrategy::MakeOptimizer(config, model);
     const std::string kind = config.task.optimizer;
     const double lr = config.task.lr, weight_decay = config.weight_decay;
+    if (FsdpStrategyOf(config.sharding)) {
+      auto sharded = std::make_unique<FsdpTrainerOptimizer>(
+          model.parameters(), [kind, lr, weight_decay](std::vector<nn::ParamGroup> groups) {
+            return examples::MakeOptimizer(kind, std::move(groups), lr, weight_decay);
+          });
+      fsdp_optimizer_ = sharded.get();
+      return TrainerOptimizer(std::move(sharded));
+    }
+    if (config.sharding != "zero1") return TrainStrategy::MakeOptimizer(config, model);
     auto zero = std::make_unique<distributed::ZeroRedundancyOptimizer>(
         model.parameters(), group_, [kind, lr, weight_decay](std::vector<nn::ParamGroup> groups) {
           return examples::MakeOptimizer(kind, std::move(groups), lr, weight_decay);
@@ -181,6 +272,11 @@ class DistributedStrategy : public TrainStrategy {
   // checkpoint of --sharding=zero1 resumes with any number of ranks and with or without it.
   void BeforeCheckpoint(nn::Optimizer&) override {
     if (zero_ != nullptr) zero_->consolidate_state_dict(0);
+    if (fsdp_optimizer_ != nullptr) fsdp_optimizer_->Consolidate();
+  }
+  // The lead evaluates and saves the model alone: under FSDP every rank gathers it whole first.
+  void BeforeLeadAlone() override {
+    if (fsdp_ != nullptr) fsdp_->summon_full_params();
   }
   std::unique_ptr<data::Sampler> MakeSampler(int64_t size, uint64_t seed, int64_t epoch) override {
     auto sampler = std::make_unique<data::DistributedSampler>(size, rank_, world_, true, seed);
@@ -203,15 +299,33 @@ class DistributedStrategy : public TrainStrategy {
   }
   void Wrap(std::shared_ptr<nn::Module> model, const TrainConfig& config) override {
     model_ = model;
+    config_sharding_ = config.sharding;
     if (config.sync_bn) {
       synchronized_norms_ = distributed::ConvertSyncBatchNorm(*model, group_);
       Require(synchronized_norms_ > 0,
               "--sync_bn synchronizes BatchNorm layers but --model=", config.task.model,
               " has none; drop the flag, or train --model=resnet");
     }
-    ddp_ = std::make_shared<distributed::DistributedDataParallel>(
-        model, group_,
-        distributed::DistributedDataParallelOptions().gradient_compression(compression_));
+    if (const auto strategy = FsdpStrategyOf(config.sharding)) {
+      // A transformer block per unit (PyTorch's transformer_auto_wrap_policy); elsewhere each
+      // layer with parameters of its own.
+      distributed::AutoWrapPolicy policy = config.task.model == "gpt"
+                                               ? distributed::ModuleTypeWrapPolicy<GptBlock>()
+                                               : [](const std::string&, const nn::Module& m) {
+                                                   return !m.parameters(false).empty();
+                                                 };
+      fsdp_ = std::make_shared<distributed::FullyShardedDataParallel>(
+          model, group_,
+          distributed::FullyShardedDataParallelOptions()
+              .sharding_strategy(*strategy)
+              .auto_wrap_policy(policy));
+      fsdp_optimizer_->Bind(fsdp_.get());
+      wrapper_ = fsdp_;
+    } else {
+      wrapper_ = std::make_shared<distributed::DistributedDataParallel>(
+          model, group_,
+          distributed::DistributedDataParallelOptions().gradient_compression(compression_));
+    }
     // Every rank's device, for the report.
     Tensor mine =
         from_vector(std::vector<int64_t>{device_.is_cuda() ? 1 : 0, device_.index()}, {2});
@@ -225,8 +339,10 @@ class DistributedStrategy : public TrainStrategy {
   }
   std::string Header(const TrainConfig& config) const override {
     const int64_t batch = config.task.batch_size;
-    std::string text = absl::StrFormat("DistributedDataParallel over %d processes (Open MPI) on %s",
-                                       world_, absl::StrJoin(device_names_, ", "));
+    std::string text =
+        absl::StrFormat("%s over %d processes (Open MPI) on %s",
+                        fsdp_ ? "FullyShardedDataParallel" : "DistributedDataParallel", world_,
+                        absl::StrJoin(device_names_, ", "));
     if (threads_ > 0) {
       text += absl::StrFormat(" (%d thread%s per CPU device)", threads_, threads_ == 1 ? "" : "s");
     }
@@ -253,12 +369,33 @@ class DistributedStrategy : public TrainStrategy {
           "%s of the %d parameters' state on ranks 0..%d\n",
           absl::StrJoin(shares, ", "), total, world_ - 1);
     }
+    if (fsdp_ != nullptr) {
+      int64_t total = 0, shard = 0;
+      for (const distributed::FsdpUnitInfo& u : fsdp_->units()) {
+        total += u.numel;
+        shard += u.shard_numel;
+      }
+      text += absl::StrFormat(
+          "Parameters, gradients and optimizer state sharded across the ranks (--sharding=%s, "
+          "%s): %d units, %d of the %d parameters on each rank\n",
+          config.sharding, distributed::ShardingStrategyName(fsdp_->options().sharding_strategy()),
+          fsdp_->units().size(), shard, total);
+    }
     return text;
   }
   std::string LossWhere(const TrainConfig&) const override { return "in each rank"; }
   std::string WrapperText() const override {
     std::ostringstream out;
-    out << *ddp_;
+    if (fsdp_ != nullptr) {
+      std::vector<std::string> names;
+      for (const distributed::FsdpUnitInfo& u : fsdp_->units()) {
+        names.push_back(u.name.empty() ? "(root)" : u.name);
+      }
+      out << "FullyShardedDataParallel(units: " << absl::StrJoin(names, ", ") << ")\n";
+      out << *model_;
+    } else {
+      out << *wrapper_;
+    }
     return out.str();
   }
   // Plain lines, never a redrawn bar: Open MPI gives every rank's standard output a
@@ -267,7 +404,7 @@ class DistributedStrategy : public TrainStrategy {
   int interactive_bar() const override { return 0; }
   void StartEpoch() override { group_->barrier()->wait(); }  // every rank starts the clock
   Tensor Loss(nn::Module& criterion, const Tensor& input, const Tensor& target) override {
-    return criterion.forward_tensors({ddp_->forward(input), target})[0];
+    return criterion.forward_tensors({wrapper_->forward_tensors({input})[0], target})[0];
   }
   std::vector<double> EpochTotals(double loss_sum, double seen) override {
     return SumOverRanks(*group_, {loss_sum, seen});
@@ -305,15 +442,17 @@ class DistributedStrategy : public TrainStrategy {
       model_->eval();
     }
   }
-  void Finish() override { group_->barrier()->wait(); }
+  void Finish() override {
+    BeforeLeadAlone();  // the lead saves the model (--save)
+    group_->barrier()->wait();
+  }
   std::string Where(int64_t batch_size, const std::string& separator) const override {
     return absl::StrFormat(", %d ranks on %s, batch %d per rank", world_,
                            absl::StrJoin(device_names_, separator), batch_size);
   }
   std::vector<std::string> DeviceNames() const override { return device_names_; }
   std::string JsonExtra() const override {
-    return absl::StrFormat("\"ranks\":%d,\"sharding\":\"%s\",", world_,
-                           zero_ != nullptr ? "zero1" : "none");
+    return absl::StrFormat("\"ranks\":%d,\"sharding\":\"%s\",", world_, config_sharding_);
   }
 
  private:
@@ -326,7 +465,10 @@ class DistributedStrategy : public TrainStrategy {
   std::shared_ptr<distributed::ProcessGroupMpi> group_;
   data::DistributedSampler* sampler_ = nullptr;  // owned by the loader
   std::shared_ptr<nn::Module> model_;
-  std::shared_ptr<distributed::DistributedDataParallel> ddp_;
+  std::shared_ptr<nn::Module> wrapper_;  // DistributedDataParallel, or FullyShardedDataParallel
+  std::shared_ptr<distributed::FullyShardedDataParallel> fsdp_;  // --sharding=shard_grad_op|full
+  FsdpTrainerOptimizer* fsdp_optimizer_ = nullptr;               // its optimizer
+  std::string config_sharding_ = "none";
   std::vector<std::string> device_names_;
 };
 

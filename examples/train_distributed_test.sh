@@ -6,8 +6,9 @@
 # rank stopped with SIGSTOP makes the other fail within --collective_timeout, naming it. A
 # job killed in epoch 2 and resumed from its checkpoint ends with the same parameters and
 # random state as the uninterrupted one; a run that learns nothing says it is at chance level.
-# --sharding=zero1 trains the plain optimizer's model, bit for bit, and its checkpoint resumes
-# with or without it and on another number of ranks (3 -> 2, 3 -> 1).
+# --sharding=zero1, shard_grad_op and full train the plain optimizer's model, bit for bit, and
+# their checkpoints resume with or without sharding; zero1's on another number of ranks (3 -> 2,
+# 3 -> 1).
 set -euo pipefail
 train="$1"  # //examples:train_with_test_hooks: the trainer with --kill_in_epoch
 data_dir=/usr/share/datasets/fashion-mnist
@@ -168,6 +169,29 @@ grep -qE '^\[1,0\]<stdout>:Optimizer state sharded across the ranks \(--sharding
   { echo "$zero"; echo "FAIL: the zero1 job did not say it shards the optimizer state"; exit 1; }
 cmp "$logs/plain.model" "$logs/zero.model" ||
   { echo "FAIL: the --sharding=zero1 job's model differs from the plain optimizer's"; exit 1; }
+# --sharding=shard_grad_op and full (FullyShardedDataParallel: gradients, Adam's moments and,
+# under full, the parameters sharded) train the plain optimizer's model too, bit for bit on 2
+# ranks (the reduce-scatter adds two ranks' gradients as the all-reduce does). Their checkpoints
+# hold the plain optimizer's state: a plain job resumes a full one's as a full job resumes the
+# plain one's.
+cp "$logs/plain.ckpt" "$logs/plain_for_full.ckpt"
+for sharding in shard_grad_op full; do
+  fsdp="$(ranks2 "${adam[@]}" --epochs=1 --sharding=$sharding --checkpoint="$logs/$sharding.ckpt" \
+    --save="$logs/$sharding.model" 2>&1)" ||
+    { echo "$fsdp"; echo "FAIL: the --sharding=$sharding job failed"; exit 1; }
+  grep -qE "^\[1,0\]<stdout>:Parameters, gradients and optimizer state sharded across the ranks \(--sharding=$sharding, (FULL_SHARD|SHARD_GRAD_OP)\): [0-9]+ units" <<<"$fsdp" &&
+    grep -q "^\[1,0\]<stdout>:{\"model\".*\"sharding\":\"$sharding\"" <<<"$fsdp" ||
+    { echo "$fsdp"; echo "FAIL: the --sharding=$sharding job did not say it shards"; exit 1; }
+  cmp "$logs/plain.model" "$logs/$sharding.model" ||
+    { echo "FAIL: the --sharding=$sharding job's model differs from the plain optimizer's"; exit 1; }
+done
+ranks2 "${adam[@]}" --epochs=2 --checkpoint="$logs/full.ckpt" --save="$logs/full_then_plain.model" \
+  >/dev/null 2>&1 || { echo "FAIL: the plain job resuming the --sharding=full checkpoint failed"; exit 1; }
+ranks2 "${adam[@]}" --epochs=2 --sharding=full --checkpoint="$logs/plain_for_full.ckpt" \
+  --save="$logs/plain_then_full.model" >/dev/null 2>&1 ||
+  { echo "FAIL: the --sharding=full job resuming the plain checkpoint failed"; exit 1; }
+cmp "$logs/full_then_plain.model" "$logs/plain_then_full.model" ||
+  { echo "FAIL: a --sharding=full checkpoint resumed without it differs from the reverse"; exit 1; }
 ranks2 "${adam[@]}" --epochs=2 --checkpoint="$logs/zero.ckpt" --save="$logs/zero_then_plain.model" \
   >/dev/null 2>&1 || { echo "FAIL: the plain job resuming the zero1 checkpoint failed"; exit 1; }
 ranks2 "${adam[@]}" --epochs=2 --sharding=zero1 --checkpoint="$logs/plain.ckpt" \
@@ -213,8 +237,12 @@ nobn="$(ranks2 "${base[@]}" --sync_bn 2>&1)" || rc=$?
 rc=0
 bad="$(ranks2 "${base[@]}" --sharding=zero3 2>&1)" || rc=$?
 # (each rank stops on its own before the ranks connect; mpirun may end one before it prints)
-[[ $rc == 1 ]] && grep -qE "^\[1,[01]\]<stderr>:train \(rank [01]\): --sharding must be 'none' \(every rank keeps the whole optimizer state\) or 'zero1' \(the state sharded across the ranks\) but is 'zero3'" <<<"$bad" ||
+[[ $rc == 1 ]] && grep -qE "^\[1,[01]\]<stderr>:train \(rank [01]\): --sharding must be 'none' \(every rank keeps the whole model and optimizer state\), 'zero1' \(the optimizer state sharded across the ranks\), 'shard_grad_op' \(gradients too\) or 'full' \(parameters too\) but is 'zero3'" <<<"$bad" ||
   { echo "$bad"; echo "FAIL: --sharding=zero3 was not refused (exit $rc)"; exit 1; }
+rc=0
+bad="$(ranks2 "${base[@]}" --sharding=full --ddp_compression=bf16 2>&1)" || rc=$?
+[[ $rc == 1 ]] && grep -qF -- "--ddp_compression compresses DistributedDataParallel's all-reduce, but --sharding=full reduce-scatters with FullyShardedDataParallel" <<<"$bad" ||
+  { echo "$bad"; echo "FAIL: --sharding=full with --ddp_compression was not refused (exit $rc)"; exit 1; }
 
 # Ranks that disagree: started as MPMD (one mpirun, two command lines), every rank refuses at
 # start with the same one-line error naming what differs and each rank's value, exit status

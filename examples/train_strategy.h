@@ -95,6 +95,9 @@ class TrainStrategy {
   // Every rank, before the lead writes a checkpoint of `optimizer`: a sharded optimizer
   // gathers its state to the lead.
   virtual void BeforeCheckpoint(nn::Optimizer& /*optimizer*/) {}
+  // Every rank, each epoch, before the lead evaluates and writes files alone: a sharded model
+  // gathers its parameters whole.
+  virtual void BeforeLeadAlone() {}
   // The model's output for evaluation (the lead alone; in evaluation mode: SetTraining).
   virtual Tensor EvalForward(const Tensor& input) = 0;
   virtual void SetTraining(bool on) = 0;

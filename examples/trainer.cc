@@ -269,6 +269,7 @@ int RunTraining(const TrainConfig& given, TrainStrategy& strategy, TrainReporter
     state.sampler_epoch = strategy.sampler_epoch();
     const std::string generators_note = strategy.SaveGenerators(&state, !config.checkpoint.empty());
     if (!config.checkpoint.empty()) strategy.BeforeCheckpoint(*optimizer.optimizer);
+    strategy.BeforeLeadAlone();
     if (!lead) continue;
     reporter.EndEpoch();
     reporter.Print(generators_note);

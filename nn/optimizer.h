@@ -98,7 +98,9 @@ class Optimizer {
 
   virtual void step() = 0;
   // Clears the parameters' gradients (set_to_none: drops them, else fills them with 0).
-  void zero_grad(bool set_to_none = true);
+  // Virtual so that a wrapper that steps other tensors (the trainer's FSDP optimizer steps
+  // flat shards) clears theirs.
+  virtual void zero_grad(bool set_to_none = true);
   // Every parameter, group after group; state entry "state.<i>..." is parameters()[i]'s.
   const std::vector<Tensor>& parameters() const { return parameters_; }
 

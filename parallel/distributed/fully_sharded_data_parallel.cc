@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <unordered_map>
@@ -110,7 +111,8 @@ struct FullyShardedDataParallel::State : std::enable_shared_from_this<State> {
   uint64_t forward_id = 0;
   std::shared_ptr<Episode> last_gathered;  // in the running forward
   bool require_sync = true;
-  std::mutex mutex;  // guards pending and callback_queued (backward runs on a device worker)
+  bool summoned = false;  // summon_full_params: the module holds whole parameters until forward
+  std::mutex mutex;       // guards pending and callback_queued (backward runs on a device worker)
   std::vector<Pending> pending;
   bool callback_queued = false;
 
@@ -149,6 +151,7 @@ struct FullyShardedDataParallel::State : std::enable_shared_from_this<State> {
 
   // A forward read of unit u's parameters: gathers it unless this forward already has.
   void OnRead(int u) {
+    if (summoned) return;
     Unit& unit = units[u];
     if (unit.current && unit.current->forward_id == forward_id &&
         !IsStorageReleased(unit.current->full)) {
@@ -191,6 +194,36 @@ struct FullyShardedDataParallel::State : std::enable_shared_from_this<State> {
     }
     unit.current = episode;
     last_gathered = episode;
+  }
+
+  // Every rank's `shard` of unit u (shard_numel elements, any dtype) in one flat tensor.
+  Tensor GatherWhole(const Unit& unit, const Tensor& shard) {
+    NoGradGuard no_grad;
+    Tensor full = empty({unit.shard_numel * group->size()},
+                        TensorOptions().dtype(shard.dtype()).device(shard.device()));
+    group->allgather(full, shard.detach().contiguous())->wait();
+    return full;
+  }
+
+  // This rank's shard of the flat concatenation of `values` (one per entry, of its shape).
+  Tensor ShardOf(const Unit& unit, const std::vector<Tensor>& values) const {
+    NoGradGuard no_grad;
+    Tensor full = zeros({unit.shard_numel * group->size()},
+                        TensorOptions().dtype(values.at(0).dtype()).device(unit.shard.device()));
+    for (size_t i = 0; i < values.size(); ++i) {
+      const FlatEntry& e = unit.entries[i];
+      full.narrow(0, e.offset, e.numel).copy_(values[i].reshape({-1}));
+    }
+    return full.narrow(0, unit.shard_numel * group->rank(), unit.shard_numel).clone();
+  }
+
+  // The units with parameters, in the order of the wrapper's parameters().
+  std::vector<int> ShardedUnits() const {
+    std::vector<int> out;
+    for (size_t u = 0; u < units.size(); ++u) {
+      if (!units[u].entries.empty()) out.push_back(static_cast<int>(u));
+    }
+    return out;
   }
 
   static Tensor MakeView(const Tensor& full, const FlatEntry& e) {
@@ -455,6 +488,12 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
 
 std::vector<Tensor> FullyShardedDataParallel::forward_tensors(const std::vector<Tensor>& inputs) {
   State& s = *state_;
+  if (s.summoned) {
+    for (State::Unit& unit : s.units) {
+      if (unit.current) ReleaseStorage(unit.current->full);
+    }
+    s.summoned = false;
+  }
   ++s.forward_id;
   s.last_gathered.reset();
   std::vector<Tensor> cast = inputs;
@@ -536,29 +575,121 @@ double FullyShardedDataParallel::clip_grad_norm_(double max_norm, double norm_ty
 
 std::vector<nn::NamedTensor> FullyShardedDataParallel::full_state_dict() {
   State& s = *state_;
-  NoGradGuard no_grad;
-  std::vector<nn::NamedTensor> state;
-  for (State::Unit& unit : s.units) {
-    if (unit.entries.empty()) continue;
-    Tensor full = empty({unit.shard_numel * process_group_->size()},
-                        TensorOptions().dtype(unit.dtype).device(unit.shard.device()));
-    process_group_->allgather(full, unit.shard.detach())->wait();
-    for (const FlatEntry& e : unit.entries) state.push_back({e.name, State::MakeView(full, e)});
+  std::unordered_map<std::string, Tensor> by_name;
+  for (int u : s.ShardedUnits()) {
+    const State::Unit& unit = s.units[u];
+    const Tensor full = s.GatherWhole(unit, unit.shard);
+    for (const FlatEntry& e : unit.entries) by_name[e.name] = State::MakeView(full, e);
   }
   // The wrapped module's order (named_parameters), then its buffers.
-  std::unordered_map<std::string, Tensor> by_name;
-  for (nn::NamedTensor& t : state) by_name[t.name] = std::move(t.value);
   std::vector<nn::NamedTensor> ordered;
-  for (const auto& [name, handle] : module_->named_parameter_handles()) {
-    auto it = by_name.find(name);
-    if (it == by_name.end()) continue;  // a tied parameter's second name
-    ordered.push_back({name, std::move(it->second)});
-    by_name.erase(it);
+  for (const nn::NamedTensor& p : module_->named_parameters()) {
+    ordered.push_back({p.name, by_name.at(p.name)});
   }
   for (const nn::NamedTensor& b : module_->named_buffers()) {
     ordered.push_back({b.name, b.value.clone()});
   }
   return ordered;
+}
+
+void FullyShardedDataParallel::summon_full_params() {
+  State& s = *state_;
+  NoGradGuard no_grad;
+  for (int u : s.ShardedUnits()) {
+    State::Unit& unit = s.units[u];
+    auto episode = std::make_shared<Episode>();
+    episode->unit = u;
+    episode->full = s.GatherWhole(unit, unit.shard);
+    for (const FlatEntry& e : unit.entries) {
+      for (const nn::Parameter& handle : e.handles) {
+        handle.rebind(State::MakeView(episode->full, e));
+      }
+    }
+    if (unit.current) ReleaseStorage(unit.current->full);
+    unit.current = episode;
+  }
+  s.summoned = true;
+}
+
+namespace {
+
+// "state.<index>.<field>" -> {index, field}; throws naming the entry otherwise.
+std::pair<size_t, std::string> SplitStateName(const std::string& prefix, const std::string& name) {
+  const size_t dot = name.find('.', 6);
+  const std::string index = name.substr(6, dot == std::string::npos ? dot : dot - 6);
+  TANDEM_CHECK(name.rfind("state.", 0) == 0 && dot != std::string::npos && !index.empty() &&
+                   index.size() < 10 && index.find_first_not_of("0123456789") == std::string::npos,
+               prefix, "optimizer state entry '", name,
+               "' is not \"state.<parameter index>.<field>\"; pass an optimizer's state_dict()");
+  return {std::stoul(index), name.substr(dot + 1)};
+}
+
+}  // namespace
+
+nn::OptimizerState FullyShardedDataParallel::full_optimizer_state(
+    const nn::OptimizerState& sharded) {
+  State& s = *state_;
+  const std::vector<int> sharded_units = s.ShardedUnits();
+  std::unordered_map<std::string, size_t> index_of;
+  for (const nn::NamedTensor& p : module_->named_parameters()) {
+    index_of.emplace(p.name, index_of.size());
+  }
+  nn::OptimizerState full;
+  for (const auto& [name, value] : sharded) {  // sorted: every rank gathers in one order
+    const auto [k, field] = SplitStateName(s.prefix, name);
+    TANDEM_CHECK(k < sharded_units.size(), s.prefix, "optimizer state entry '", name,
+                 "' is for parameter ", k, " but the wrapper has ", sharded_units.size(),
+                 " (one flat shard per unit with parameters)");
+    const State::Unit& unit = s.units[sharded_units[k]];
+    const bool per_element = value.dim() == 1 && value.numel() == unit.shard_numel;
+    const Tensor whole = per_element ? s.GatherWhole(unit, value) : Tensor();
+    for (const FlatEntry& e : unit.entries) {
+      const std::string key =
+          "state." + std::to_string(index_of.at(e.name)) + "." + std::string(field);
+      full[key] = per_element ? State::MakeView(whole, e).clone() : value.clone();
+    }
+  }
+  return full;
+}
+
+nn::OptimizerState FullyShardedDataParallel::shard_optimizer_state(
+    const nn::OptimizerState& full) const {
+  const State& s = *state_;
+  // The plain state's fields by parameter index.
+  std::map<size_t, std::map<std::string, Tensor>> fields;
+  for (const auto& [name, value] : full) {
+    const auto [index, field] = SplitStateName(s.prefix, name);
+    fields[index][field] = value;
+  }
+  std::unordered_map<std::string, size_t> index_of;
+  for (const nn::NamedTensor& p : module_->named_parameters()) {
+    index_of.emplace(p.name, index_of.size());
+  }
+  nn::OptimizerState sharded;
+  const std::vector<int> sharded_units = s.ShardedUnits();
+  for (size_t k = 0; k < sharded_units.size(); ++k) {
+    const State::Unit& unit = s.units[sharded_units[k]];
+    const auto first = fields.find(index_of.at(unit.entries[0].name));
+    if (first == fields.end()) continue;  // no state yet (a step never taken)
+    for (const auto& [field, sample] : first->second) {
+      std::vector<Tensor> values;
+      bool per_element = IsFloatingPoint(sample.dtype());
+      for (const FlatEntry& e : unit.entries) {
+        const auto it = fields.find(index_of.at(e.name));
+        TANDEM_CHECK(it != fields.end() && it->second.count(field), s.prefix,
+                     "the optimizer state has '", field, "' for ", unit.entries[0].name,
+                     " but not for ", e.name,
+                     ", flattened with it; pass a whole optimizer's "
+                     "state_dict() over module()->parameters()");
+        const Tensor& v = it->second.at(field);
+        per_element = per_element && v.shape() == e.shape;
+        values.push_back(v);
+      }
+      const std::string key = "state." + std::to_string(k) + "." + field;
+      sharded[key] = per_element ? s.ShardOf(unit, values) : sample.clone();
+    }
+  }
+  return sharded;
 }
 
 void FullyShardedDataParallel::load_full_state_dict(const std::vector<nn::NamedTensor>& state) {
@@ -589,15 +720,11 @@ void FullyShardedDataParallel::load_full_state_dict(const std::vector<nn::NamedT
                  b.name, "'");
     buffers.push_back({b.name, *it->second});
   }
-  for (State::Unit& unit : s.units) {
-    if (unit.entries.empty()) continue;
-    Tensor full = zeros({unit.shard_numel * process_group_->size()},
-                        TensorOptions().dtype(unit.dtype).device(unit.shard.device()));
-    for (const FlatEntry& e : unit.entries) {
-      full.narrow(0, e.offset, e.numel).copy_(by_name.at(e.name)->reshape({-1}));
-    }
-    unit.shard.detach().copy_(
-        full.narrow(0, unit.shard_numel * process_group_->rank(), unit.shard_numel));
+  for (int u : s.ShardedUnits()) {
+    State::Unit& unit = s.units[u];
+    std::vector<Tensor> values;
+    for (const FlatEntry& e : unit.entries) values.push_back(by_name.at(e.name)->to(unit.dtype));
+    unit.shard.detach().copy_(s.ShardOf(unit, values));
   }
   module_->load_state_dict(buffers, /*strict=*/false);
 }

@@ -62,6 +62,7 @@
 #include <vector>
 
 #include "nn/module.h"
+#include "nn/optimizer.h"
 #include "parallel/distributed/process_group.h"
 #include "tensor/base/arg.h"
 #include "tensor/tensor.h"
@@ -153,6 +154,23 @@ class FullyShardedDataParallel : public nn::Module {
   // rank and keeps this rank's shards.
   std::vector<nn::NamedTensor> full_state_dict();
   void load_full_state_dict(const std::vector<nn::NamedTensor>& state);
+
+  // PyTorch's summon_full_params, until the next forward through the wrapper: gathers every
+  // unit whole (in the parameters' own dtype) and binds the wrapped module's parameters to it,
+  // as plain tensors, so that the module runs forward, and its state_dict() reads, on one rank
+  // alone (rank 0 evaluating or saving). Collective. The next forward through the wrapper
+  // frees them and shards again.
+  void summon_full_params();
+
+  // PyTorch's FSDP.optim_state_dict: the state of an optimizer over parameters() (the flat
+  // shards, "state.<k>.<field>" for the k-th unit with parameters) as a plain optimizer of the
+  // same kind over the wrapped module's parameters() would hold it ("state.<i>.<field>", i
+  // indexing module()->parameters()): per-element fields gathered and cut per parameter,
+  // scalars (a step count) given to each of the unit's parameters. Collective.
+  nn::OptimizerState full_optimizer_state(const nn::OptimizerState& sharded);
+  // The inverse (optim_state_dict_to_load): this rank's shard of each field of a plain
+  // optimizer's state, to load into an optimizer over parameters(). Not collective.
+  nn::OptimizerState shard_optimizer_state(const nn::OptimizerState& full) const;
 
   const std::shared_ptr<nn::Module>& module() const { return module_; }
   const std::shared_ptr<ProcessGroup>& process_group() const { return process_group_; }

@@ -312,6 +312,68 @@ TEST_F(FullyShardedDataParallelTest, TiedParametersTrainAsOne) {
   ExpectSameModel(fsdp, *whole, "after 5 steps");
 }
 
+// A checkpoint's round trip: the sharded optimizer's state as the plain one's (gathered), loaded
+// back into a fresh wrapper and optimizer, which then step as the plain ones do; and the whole
+// parameters summoned for rank 0 alone (evaluation, saving), then sharded again by a forward.
+TEST_F(FullyShardedDataParallelTest, OptimizerStateAndSummonedParametersRoundTrip) {
+  const int rank = TestGroup()->rank();
+  auto whole = MakeModel();
+  DistributedDataParallel ddp(whole, TestGroup());
+  nn::AdamW ddp_optimizer(whole->parameters(), nn::AdamWOptions(1e-2).weight_decay(0.1));
+  auto sharded = MakeModel();
+  auto fsdp = std::make_unique<FullyShardedDataParallel>(sharded, TestGroup(),
+                                                         Units(ShardingStrategy::kFullShard));
+  auto fsdp_optimizer =
+      std::make_unique<nn::AdamW>(fsdp->parameters(), nn::AdamWOptions(1e-2).weight_decay(0.1));
+  auto train = [&](int step) {
+    const Batch b = BatchOf(step, rank);
+    fsdp_optimizer->zero_grad();
+    ddp_optimizer.zero_grad();
+    mse_loss(fsdp->forward(b.x), b.y).backward();
+    mse_loss(ddp.forward(b.x), b.y).backward();
+    fsdp_optimizer->step();
+    ddp_optimizer.step();
+  };
+  for (int step = 0; step < 3; ++step) train(step);
+
+  const nn::OptimizerState want = ddp_optimizer.state_dict();
+  const nn::OptimizerState got = fsdp->full_optimizer_state(fsdp_optimizer->state_dict());
+  ASSERT_EQ(got.size(), want.size());
+  for (const auto& [name, value] : want) {
+    ASSERT_EQ(got.count(name), 1u) << name;
+    ASSERT_EQ(got.at(name).shape(), value.shape()) << name;
+    EXPECT_LE(MaxAbsDiff(got.at(name).to(kFloat64), value.to(kFloat64)), Tolerance()) << name;
+  }
+
+  // Resume: a fresh model, wrapper and optimizer from the full states.
+  const std::vector<nn::NamedTensor> model_state = fsdp->full_state_dict();
+  fsdp_optimizer.reset();
+  fsdp.reset();
+  manual_seed(123);
+  sharded = MakeModel();
+  sharded->load_state_dict(model_state);
+  fsdp = std::make_unique<FullyShardedDataParallel>(sharded, TestGroup(),
+                                                    Units(ShardingStrategy::kFullShard));
+  fsdp_optimizer =
+      std::make_unique<nn::AdamW>(fsdp->parameters(), nn::AdamWOptions(1e-2).weight_decay(0.1));
+  fsdp_optimizer->load_state_dict(fsdp->shard_optimizer_state(got));
+  for (int step = 3; step < 5; ++step) train(step);
+  ExpectSameModel(*fsdp, *whole, "resumed");
+
+  // Summoned: the wrapped module alone, on rank 0 only, is the whole model.
+  fsdp->summon_full_params();
+  for (const FsdpUnitInfo& u : fsdp->units()) EXPECT_TRUE(u.gathered) << u.name;
+  if (rank == 0) {
+    const Batch b = BatchOf(7, 0);
+    EXPECT_LE(MaxAbsDiff(sharded->forward(b.x), whole->forward(b.x)), Tolerance());
+    const std::vector<nn::NamedTensor> state = sharded->state_dict();
+    EXPECT_EQ(state.size(), whole->state_dict().size());
+  }
+  train(5);  // shards again
+  for (const FsdpUnitInfo& u : fsdp->units()) EXPECT_FALSE(u.gathered) << u.name;
+  ExpectSameModel(*fsdp, *whole, "after the summoned parameters");
+}
+
 // Everything a wrapper and its training allocated is freed with them (the autograd nodes that
 // share the wrapper's state with the module's views form no cycle).
 TEST_F(FullyShardedDataParallelTest, FreesEverythingWhenDestroyed) {
