@@ -2,7 +2,8 @@
 # train --model=gpt --distributed end to end: 2 ranks under mpirun train a tiny GPT on a slice
 # of the fortunes corpus for 2 epochs; the validation loss falls, rank 0 alone prints the
 # sample and the JSON line (with "ranks":2 and "sample"). A job killed in epoch 2 and resumed
-# from its checkpoint ends with the uninterrupted job's model, bit for bit, and its sample.
+# from its checkpoint ends with the uninterrupted job's model, bit for bit, and its sample, as
+# does a job with --sharding=full.
 set -euo pipefail
 train="$1"  # //examples:train_with_test_hooks: the trainer with --kill_in_epoch
 if [[ ! -d /usr/share/games/fortunes ]]; then
@@ -54,4 +55,15 @@ cmp "$logs/gpt_straight.model" "$logs/gpt_resumed.model" ||
 json_resumed="$(grep '^\[1,0\]<stdout>:{"model"' <<<"$resumed" | sed 's/^\[1,0\]<stdout>://')"
 [[ "$(sed 's/.*"sample"//' <<<"$json")" == "$(sed 's/.*"sample"//' <<<"$json_resumed")" ]] ||
   { echo "FAIL: the resumed job sampled other text: $json_resumed"; exit 1; }
+# --sharding=full (FullyShardedDataParallel: a unit per block, the embeddings and the head tied
+# to them in the root) trains the plain job's model, bit for bit, and samples its text.
+full="$(ranks2 "${base[@]}" --sharding=full --save="$logs/gpt_full.model" 2>&1)" ||
+  { echo "$full"; echo "FAIL: the --sharding=full job failed"; exit 1; }
+grep -q '^\[1,0\]<stdout>:Parameters, gradients and optimizer state sharded across the ranks (--sharding=full, FULL_SHARD): 2 units' <<<"$full" ||
+  { echo "$full"; echo "FAIL: the --sharding=full job did not say it shards into 2 units"; exit 1; }
+cmp "$logs/gpt_straight.model" "$logs/gpt_full.model" ||
+  { echo "FAIL: the --sharding=full job's model differs from the plain job's"; exit 1; }
+json_full="$(grep '^\[1,0\]<stdout>:{"model"' <<<"$full" | sed 's/^\[1,0\]<stdout>://')"
+[[ "$(sed 's/.*"sample"//' <<<"$json")" == "$(sed 's/.*"sample"//' <<<"$json_full")" ]] ||
+  { echo "FAIL: the --sharding=full job sampled other text: $json_full"; exit 1; }
 echo "PASS: $json"
