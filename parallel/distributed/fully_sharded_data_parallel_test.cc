@@ -374,6 +374,40 @@ TEST_F(FullyShardedDataParallelTest, OptimizerStateAndSummonedParametersRoundTri
   ExpectSameModel(*fsdp, *whole, "after the summoned parameters");
 }
 
+// Mixed precision: parameters gathered (and the forward run) in bfloat16, gradients reduced in
+// float32 into float32 shards. The oracle: a bfloat16 copy of the model on every rank, its
+// gradients averaged in float32 and applied to the float32 parameters by one SGD step.
+TEST_F(FullyShardedDataParallelTest, MixedPrecisionStepsTheFloat32ShardsWithBFloat16Gradients) {
+  const int rank = TestGroup()->rank();
+  auto sharded = MakeModel();
+  auto master = MakeModel();
+  auto low = MakeModel();
+  low->to(kBFloat16);
+  FullyShardedDataParallel fsdp(sharded, TestGroup(),
+                                Units(ShardingStrategy::kFullShard)
+                                    .param_dtype(kBFloat16)
+                                    .reduce_dtype(kFloat32));
+  nn::SGD optimizer(fsdp.parameters(), nn::SGDOptions(1.0));
+  const Batch b = BatchOf(0, rank);
+  const Tensor out = fsdp.forward(b.x);
+  EXPECT_EQ(out.dtype(), kBFloat16);
+  mse_loss(out, b.y.to(kBFloat16)).backward();
+  optimizer.step();
+  for (const Tensor& p : fsdp.parameters()) EXPECT_EQ(p.dtype(), kFloat32);
+
+  mse_loss(low->forward(b.x.to(kBFloat16)), b.y.to(kBFloat16)).backward();
+  const std::vector<Tensor> low_params = low->parameters();
+  const std::vector<Tensor> master_params = master->parameters();
+  for (size_t i = 0; i < low_params.size(); ++i) {
+    Tensor grad = low_params[i].grad().to(kFloat32).contiguous();
+    TestGroup()->allreduce(grad, ReduceOp::kAverage)->wait();
+    NoGradGuard no_grad;
+    Tensor param = master_params[i];
+    param.sub_(grad);
+  }
+  ExpectSameModel(fsdp, *master, "after a bfloat16 step");
+}
+
 // Everything a wrapper and its training allocated is freed with them (the autograd nodes that
 // share the wrapper's state with the module's views form no cycle).
 TEST_F(FullyShardedDataParallelTest, FreesEverythingWhenDestroyed) {
