@@ -19,6 +19,7 @@
 
 #include "nn/nn.h"
 #include "parallel/distributed/distributed_data_parallel.h"
+#include "parallel/distributed/fully_sharded_data_parallel.h"
 #include "parallel/distributed/mpi_testing.h"
 #include "parallel/distributed/process_group_mpi.h"
 #include "parallel/distributed/sync_batch_norm.h"
@@ -386,6 +387,43 @@ TEST_F(NcclRanksTest, DistributedDataParallelOnCudaEqualsOneProcess) {
         }
       }
     }
+  }
+}
+
+// FullyShardedDataParallel over NCCL (FULL_SHARD, a unit per layer; all-gathers before forward
+// and backward, reduce-scatters in backward, all on the GPUs) trains as DistributedDataParallel
+// over MPI on the CPU does, on the same global batches.
+TEST_F(NcclRanksTest, FullyShardedDataParallelOnCudaEqualsDdpOnTheCpu) {
+  const int world = Group()->size();
+  const int rank = Group()->rank();
+  auto sharded = MakeModel(5);
+  sharded->to(Gpu());
+  FullyShardedDataParallel fsdp(
+      sharded, Group(),
+      FullyShardedDataParallelOptions().auto_wrap_policy(
+          [](const std::string&, const nn::Module& m) { return !m.parameters(false).empty(); }));
+  auto whole = MakeModel(5);
+  DistributedDataParallel ddp(whole, TestGroup());
+  nn::SGD fsdp_optimizer(fsdp.parameters(), nn::SGDOptions(0.1).momentum(0.9));
+  nn::SGD ddp_optimizer(whole->parameters(), nn::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < 3; ++step) {
+    const Batch all = MakeBatch(world, 10 + step);
+    const Tensor x = all.x.narrow(0, rank * kPerRank, kPerRank).contiguous();
+    const Tensor y = all.y.narrow(0, rank * kPerRank, kPerRank).contiguous();
+    fsdp_optimizer.zero_grad();
+    cross_entropy(fsdp.forward(x.to(Gpu())), y.to(Gpu())).backward();
+    fsdp_optimizer.step();
+    ddp_optimizer.zero_grad();
+    cross_entropy(ddp.forward(x), y).backward();
+    ddp_optimizer.step();
+  }
+  const std::vector<nn::NamedTensor> got = fsdp.full_state_dict();
+  const std::vector<nn::NamedTensor> want = whole->state_dict();
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].value.device(), Gpu());
+    EXPECT_LE(testing::MaxAbsDiff(got[i].value.to(Device::Cpu(0)), want[i].value), 1e-5)
+        << got[i].name;
   }
 }
 
