@@ -98,7 +98,7 @@ struct FullyShardedDataParallel::State : std::enable_shared_from_this<State> {
   };
   // A reduce-scatter in flight, added into its unit's shard gradient at the end of backward.
   struct Pending {
-    int unit;
+    int unit = 0;
     std::shared_ptr<Work> work;
     Tensor output;
     Tensor input;  // kept alive until the work is done
@@ -285,24 +285,31 @@ struct FullyShardedDataParallel::State : std::enable_shared_from_this<State> {
     Tensor output =
         empty({unit.shard_numel}, TensorOptions().dtype(flat.dtype()).device(flat.device()));
     std::shared_ptr<Work> work = group->reduce_scatter(output, flat, ReduceOp::kAverage);
-    std::lock_guard<std::mutex> lock(mutex);
-    pending.push_back({episode.unit, std::move(work), output, flat});
-    if (!callback_queued) {
-      callback_queued = true;
-      QueueCallback([self = shared_from_this()] { self->Finish(); });
-    }
-  }
-
-  // The end of a reduced backward: every reduce-scatter's result added to its shard's gradient.
-  void Finish() {
-    NoGradGuard no_grad;
-    std::vector<Pending> done;
     {
       std::lock_guard<std::mutex> lock(mutex);
-      done.swap(pending);
-      callback_queued = false;
+      pending.push_back({episode.unit, std::move(work), output, flat});
+      if (!callback_queued) {
+        callback_queued = true;
+        QueueCallback([self = shared_from_this()] { self->Finish(); });
+      }
     }
-    for (Pending& p : done) {
+    // The reduce-scatters that have finished meanwhile free their unsharded gradients now,
+    // not at the end of backward: the whole gradient is never in memory at once.
+    Drain(/*wait=*/false);
+  }
+
+  // Adds the finished reduce-scatters (all of them, waiting, if `wait`) to their shards'
+  // gradients, in the order they were started.
+  void Drain(bool wait) {
+    NoGradGuard no_grad;
+    for (;;) {
+      Pending p;
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (pending.empty() || (!wait && !pending.front().work->is_completed())) return;
+        p = std::move(pending.front());
+        pending.erase(pending.begin());
+      }
       p.work->wait();
       Unit& unit = units[p.unit];
       Tensor grad = p.output.to(unit.dtype);
@@ -313,6 +320,13 @@ struct FullyShardedDataParallel::State : std::enable_shared_from_this<State> {
         unit.shard.set_grad(grad);
       }
     }
+  }
+
+  // The end of a reduced backward: every reduce-scatter's result added to its shard's gradient.
+  void Finish() {
+    Drain(/*wait=*/true);
+    std::lock_guard<std::mutex> lock(mutex);
+    callback_queued = false;
   }
 };
 

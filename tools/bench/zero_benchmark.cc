@@ -25,10 +25,10 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_split.h"
 #include "examples/cli.h"
 #include "examples/gpt.h"
 #include "nn/nn.h"
-#include "absl/strings/str_split.h"
 #include "parallel/distributed/distributed_data_parallel.h"
 #include "parallel/distributed/fully_sharded_data_parallel.h"
 #include "parallel/distributed/process_group_mpi.h"
@@ -51,10 +51,10 @@ namespace {
 using parallel::distributed::DistributedDataParallel;
 using parallel::distributed::FullyShardedDataParallel;
 using parallel::distributed::FullyShardedDataParallelOptions;
-using parallel::distributed::ModuleTypeWrapPolicy;
-using parallel::distributed::ShardingStrategy;
 using parallel::distributed::MakeOptimizerFactory;
+using parallel::distributed::ModuleTypeWrapPolicy;
 using parallel::distributed::ProcessGroupMpi;
+using parallel::distributed::ShardingStrategy;
 using parallel::distributed::ZeroRedundancyOptimizer;
 
 struct Measure {
@@ -62,6 +62,8 @@ struct Measure {
   int64_t held_bytes = 0;   // in use after the optimizer step (most of any rank)
   int64_t state_bytes = 0;  // optimizer state (most of any rank)
   int64_t peak_bytes = 0;   // the steps' peak (most of any rank)
+  // The last step's peak in forward, backward and the optimizer step (most of any rank).
+  int64_t forward_peak = 0, backward_peak = 0, step_peak = 0;
 };
 
 int64_t StateBytes(const nn::OptimizerState& state) {
@@ -114,14 +116,34 @@ Measure Run(const std::shared_ptr<ProcessGroupMpi>& group, const std::string& sc
     optimizer->zero_grad();
     MPI_Barrier(MPI_COMM_WORLD);
     const double start = MPI_Wtime();
-    model->loss(wrapper->forward_tensors({x})[0], y).backward();
+    const bool last = step + 1 == warmup + steps;
+    int64_t forward_peak = 0, backward_peak = 0, step_peak = 0;
+    auto phase_peak = [&](int64_t* peak) {
+      if (!last) return;
+      *peak = GetMemoryStats(cpu).peak_bytes;
+      m.peak_bytes = std::max(m.peak_bytes, *peak);
+      ResetPeakMemory(cpu);
+    };
+    if (last) {
+      m.peak_bytes = GetMemoryStats(cpu).peak_bytes;
+      ResetPeakMemory(cpu);
+    }
+    Tensor loss = model->loss(wrapper->forward_tensors({x})[0], y);
+    phase_peak(&forward_peak);
+    loss.backward();
+    loss = Tensor();
+    phase_peak(&backward_peak);
     optimizer->step();
+    phase_peak(&step_peak);
     double seconds = MPI_Wtime() - start;
     MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     if (step >= warmup) times.push_back(seconds * 1e3);
-    if (step + 1 == warmup + steps) {
+    if (last) {
       m.held_bytes = MaxOverRanks(GetMemoryStats(cpu).in_use_bytes);
-      m.peak_bytes = MaxOverRanks(GetMemoryStats(cpu).peak_bytes);
+      m.peak_bytes = MaxOverRanks(m.peak_bytes);
+      m.forward_peak = MaxOverRanks(forward_peak);
+      m.backward_peak = MaxOverRanks(backward_peak);
+      m.step_peak = MaxOverRanks(step_peak);
       m.state_bytes = MaxOverRanks(StateBytes(
           sharded != nullptr ? sharded->local_optimizer().state_dict() : optimizer->state_dict()));
     }
@@ -181,15 +203,15 @@ int Main() {
         kind.c_str(), static_cast<long long>(parameters), world, static_cast<long long>(batch),
         static_cast<long long>(tokens), absl::GetFlag(FLAGS_warmup), absl::GetFlag(FLAGS_steps),
         absl::GetFlag(FLAGS_rounds));
-    std::printf("  %-6s %-13s %10s %14s %14s %14s\n", "round", "scheme", "step", "held",
-                "opt state", "peak");
+    std::printf("  %-6s %-13s %10s %14s %14s %14s   %s\n", "round", "scheme", "step", "held",
+                "opt state", "peak", "(peak in forward / backward / optimizer step)");
   }
   const std::vector<std::string> schemes =
       absl::StrSplit(absl::GetFlag(FLAGS_schemes), ',', absl::SkipEmpty());
   for (const std::string& scheme : schemes) {
-    examples::Require(scheme == "ddp" || scheme == "zero1" || scheme == "shard_grad_op" ||
-                          scheme == "full",
-                      "--schemes takes ddp, zero1, shard_grad_op and full, but has '", scheme, "'");
+    examples::Require(
+        scheme == "ddp" || scheme == "zero1" || scheme == "shard_grad_op" || scheme == "full",
+        "--schemes takes ddp, zero1, shard_grad_op and full, but has '", scheme, "'");
   }
   examples::Require(!schemes.empty() && schemes[0] == "ddp",
                     "--schemes must start with ddp (the others are compared with it)");
@@ -201,17 +223,19 @@ int Main() {
       measures[s].push_back(Run(group, schemes[s], config, x, y));
       if (lead) {
         const Measure& m = measures[s].back();
-        std::printf("  %-6d %-13s %7.1f ms %14s %14s %14s\n", round, schemes[s].c_str(),
-                    m.step_ms, MiB(m.held_bytes).c_str(), MiB(m.state_bytes).c_str(),
-                    MiB(m.peak_bytes).c_str());
+        std::printf("  %-6d %-13s %7.1f ms %14s %14s %14s   (%s / %s / %s)\n", round,
+                    schemes[s].c_str(), m.step_ms, MiB(m.held_bytes).c_str(),
+                    MiB(m.state_bytes).c_str(), MiB(m.peak_bytes).c_str(),
+                    MiB(m.forward_peak).c_str(), MiB(m.backward_peak).c_str(),
+                    MiB(m.step_peak).c_str());
         std::fflush(stdout);
       }
     }
   }
   if (lead) {
     const double p4 = 4.0 * static_cast<double>(parameters);
-    std::printf("\nsummary (%d ranks; P = %lld parameters; formulas for AdamW in float32)\n",
-                world, static_cast<long long>(parameters));
+    std::printf("\nsummary (%d ranks; P = %lld parameters; formulas for AdamW in float32)\n", world,
+                static_cast<long long>(parameters));
     for (size_t s = 0; s < schemes.size(); ++s) {
       // Held between steps: ZeRO's table, plus DDP's gradient buckets (4P) where DDP runs.
       const std::string& name = schemes[s];
@@ -244,8 +268,9 @@ int Main() {
 }  // namespace tandem::tools
 
 int main(int argc, char** argv) {
-  return tandem::examples::RunMain(argc, argv, "zero_benchmark",
-                                   "Sharded data parallelism (ZeRO-1, FSDP) against DDP on a GPT step, under mpirun.\n"
-                                   "  mpirun -np 2 zero_benchmark --model=gpt2 --rounds=3",
-                                   [] { return tandem::tools::Main(); });
+  return tandem::examples::RunMain(
+      argc, argv, "zero_benchmark",
+      "Sharded data parallelism (ZeRO-1, FSDP) against DDP on a GPT step, under mpirun.\n"
+      "  mpirun -np 2 zero_benchmark --model=gpt2 --rounds=3",
+      [] { return tandem::tools::Main(); });
 }
