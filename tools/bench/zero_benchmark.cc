@@ -18,6 +18,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -33,6 +34,7 @@
 #include "parallel/distributed/fully_sharded_data_parallel.h"
 #include "parallel/distributed/process_group_mpi.h"
 #include "parallel/distributed/zero_redundancy_optimizer.h"
+#include "tensor/base/error.h"
 #include "tensor/runtime/allocator.h"
 #include "tensor/tensor.h"
 
@@ -42,6 +44,10 @@ ABSL_FLAG(int64_t, tokens, 64, "tokens per sequence (at most the context)");
 ABSL_FLAG(int, steps, 3, "timed steps per scheme and round");
 ABSL_FLAG(int, warmup, 1, "untimed steps before them");
 ABSL_FLAG(int, rounds, 3, "rounds; each runs every scheme, rotating which goes first");
+ABSL_FLAG(int64_t, memory_limit_mib, 0,
+          "instead of timing: the largest GPT (--model's width, as many blocks as fit) that "
+          "trains --warmup + --steps steps under this limit of allocated memory per rank, for "
+          "each scheme");
 ABSL_FLAG(std::string, schemes, "ddp,zero1,shard_grad_op,full",
           "the schemes to compare (ddp first: the others' ratios are to it)");
 
@@ -159,6 +165,81 @@ std::string MiB(int64_t bytes) {
   return text;
 }
 
+// Whether a GPT of `layers` blocks trains under `scheme` within `limit` bytes per rank (every
+// rank's answer: all fit or none). Each try gets a group of its own, in case a rank ran out of
+// memory inside a collective (the ranks allocate alike, so they run out at the same point).
+bool Fits(const std::string& scheme, examples::GptConfig config, int64_t layers, int64_t limit,
+          const Tensor& x, const Tensor& y) {
+  config.n_layer(layers);
+  const Device cpu = Device::Cpu(0);
+  int ok = 1;
+  try {
+    auto group = std::make_shared<ProcessGroupMpi>(
+        parallel::distributed::ProcessGroupMpiOptions().timeout(std::chrono::seconds(120)));
+    SetMemoryLimit(cpu, limit);
+    const Measure m = Run(group, scheme, config, x, y);
+    (void)m;
+  } catch (const Error& e) {
+    ok = 0;
+  }
+  SetMemoryLimit(cpu, 0);
+  MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return ok == 1;
+}
+
+// The parameters of a GPT of `config`'s shape with `layers` blocks (embeddings, blocks, final
+// norm; the head is tied to the token embedding).
+int64_t ParameterCount(const examples::GptConfig& config, int64_t layers) {
+  const int64_t d = config.n_embd(), bias = config.bias() ? 1 : 0;
+  const int64_t block = 2 * (d + bias * d)            // two LayerNorms
+                        + (d * 3 * d + bias * 3 * d)  // attention's q, k, v
+                        + (d * d + bias * d)          // its projection
+                        + (d * 4 * d + bias * 4 * d) + (4 * d * d + bias * d);  // the MLP
+  return (config.vocab_size() + config.block_size()) * d + layers * block + d + bias * d;
+}
+
+// The largest number of blocks that trains under each scheme (doubling, then bisecting).
+int Largest(const std::vector<std::string>& schemes, const examples::GptConfig& config,
+            const Tensor& x, const Tensor& y, int64_t limit, bool lead) {
+  if (lead) {
+    std::printf("\nthe largest GPT of this width that trains under %s per rank:\n",
+                MiB(limit).c_str());
+  }
+  std::vector<int64_t> largest(schemes.size(), 0);
+  for (size_t s = 0; s < schemes.size(); ++s) {
+    auto fits = [&](int64_t layers) {
+      const int64_t parameters = ParameterCount(config, layers);
+      const bool ok = Fits(schemes[s], config, layers, limit, x, y);
+      if (lead) {
+        std::printf("  %-13s %3lld blocks (%lld parameters): %s\n", schemes[s].c_str(),
+                    static_cast<long long>(layers), static_cast<long long>(parameters),
+                    ok ? "trains" : "out of memory");
+        std::fflush(stdout);
+      }
+      if (ok) largest[s] = parameters;
+      return ok;
+    };
+    int64_t good = 0, bad = 1;
+    while (fits(bad)) {
+      good = bad;
+      bad *= 2;
+    }
+    while (bad - good > 1) {
+      const int64_t mid = (good + bad) / 2;
+      (fits(mid) ? good : bad) = mid;
+    }
+  }
+  if (lead) {
+    std::printf("\nsummary: the largest model under %s per rank\n", MiB(limit).c_str());
+    for (size_t s = 0; s < schemes.size(); ++s) {
+      std::printf("  %-13s %lld parameters (%.2fx ddp's)\n", schemes[s].c_str(),
+                  static_cast<long long>(largest[s]),
+                  largest[0] > 0 ? static_cast<double>(largest[s]) / largest[0] : 0.0);
+    }
+  }
+  return 0;
+}
+
 int Main() {
   // One logical CPU device with one thread per rank: the ranks are the parallelism.
   SetCpuDeviceCount(1);
@@ -195,6 +276,10 @@ int Main() {
     manual_seed(1);
     for (const Tensor& p : examples::Gpt(config).parameters()) parameters += p.numel();
   }
+  examples::Require(ParameterCount(config, config.n_layer()) == parameters,
+                    "internal error: ParameterCount gives ",
+                    ParameterCount(config, config.n_layer()), " parameters for a GPT of ",
+                    parameters);
   const int world = group->size();
   if (lead) {
     std::printf(
@@ -203,8 +288,6 @@ int Main() {
         kind.c_str(), static_cast<long long>(parameters), world, static_cast<long long>(batch),
         static_cast<long long>(tokens), absl::GetFlag(FLAGS_warmup), absl::GetFlag(FLAGS_steps),
         absl::GetFlag(FLAGS_rounds));
-    std::printf("  %-6s %-13s %10s %14s %14s %14s   %s\n", "round", "scheme", "step", "held",
-                "opt state", "peak", "(peak in forward / backward / optimizer step)");
   }
   const std::vector<std::string> schemes =
       absl::StrSplit(absl::GetFlag(FLAGS_schemes), ',', absl::SkipEmpty());
@@ -215,6 +298,13 @@ int Main() {
   }
   examples::Require(!schemes.empty() && schemes[0] == "ddp",
                     "--schemes must start with ddp (the others are compared with it)");
+  if (const int64_t limit_mib = absl::GetFlag(FLAGS_memory_limit_mib); limit_mib > 0) {
+    return Largest(schemes, config, x, y, limit_mib << 20, lead);
+  }
+  if (lead) {
+    std::printf("  %-6s %-13s %10s %14s %14s %14s   %s\n", "round", "scheme", "step", "held",
+                "opt state", "peak", "(peak in forward / backward / optimizer step)");
+  }
   // measures[s][round]
   std::vector<std::vector<Measure>> measures(schemes.size());
   for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
