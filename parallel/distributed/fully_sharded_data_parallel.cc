@@ -49,6 +49,7 @@ void CheckSameEverywhere(ProcessGroup& group, const nn::Module& module,
   settings.push_back({"param_dtype", dtype_name(o.param_dtype())});
   settings.push_back({"reduce_dtype", dtype_name(o.reduce_dtype())});
   settings.push_back({"backward_prefetch", o.backward_prefetch() ? "true" : "false"});
+  settings.push_back({"broadcast_buffers", o.broadcast_buffers() ? "true" : "false"});
   std::string units;
   for (const std::string& name : unit_names) units += (units.empty() ? "" : ", ") + name;
   settings.push_back({"units (auto_wrap_policy)", units});
@@ -516,6 +517,13 @@ std::vector<Tensor> FullyShardedDataParallel::forward_tensors(const std::vector<
       if (t.defined() && IsFloatingPoint(t.dtype())) t = t.to(*dtype);
     }
   }
+  if (options_.broadcast_buffers() && is_training() && GradMode::IsEnabled()) {
+    const std::vector<Tensor> buffers = module_->buffers();
+    if (!buffers.empty()) {
+      NoGradGuard no_grad;
+      BroadcastCoalesced(*process_group_, buffers);
+    }
+  }
   std::vector<Tensor> outputs = module_->forward_tensors(cast);
   if (!GradMode::IsEnabled()) {
     // No backward follows: free every unit now.
@@ -600,9 +608,13 @@ std::vector<nn::NamedTensor> FullyShardedDataParallel::full_state_dict() {
   for (const nn::NamedTensor& p : module_->named_parameters()) {
     ordered.push_back({p.name, by_name.at(p.name)});
   }
+  std::vector<Tensor> buffers;
   for (const nn::NamedTensor& b : module_->named_buffers()) {
     ordered.push_back({b.name, b.value.clone()});
+    buffers.push_back(ordered.back().value);
   }
+  NoGradGuard no_grad;
+  BroadcastCoalesced(*process_group_, buffers);  // rank 0's, as a checkpoint keeps them
   return ordered;
 }
 
@@ -748,7 +760,10 @@ std::vector<FsdpUnitInfo> FullyShardedDataParallel::units() const {
   for (const State::Unit& unit : state_->units) {
     FsdpUnitInfo info;
     info.name = unit.name;
-    for (const FlatEntry& e : unit.entries) info.parameter_names.push_back(e.name);
+    for (const FlatEntry& e : unit.entries) {
+      info.parameter_names.push_back(e.name);
+      info.parameter_shapes.push_back(e.shape);
+    }
     info.numel = unit.numel;
     info.shard_numel = unit.shard_numel;
     info.gathered = unit.current && !IsStorageReleased(unit.current->full);

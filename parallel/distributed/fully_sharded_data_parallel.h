@@ -44,7 +44,8 @@
 // - Mixed precision (param_dtype): the shards stay in their dtype (float32 master weights),
 //   each gather casts the shard first, floating inputs are cast, gradients are reduced in
 //   reduce_dtype (default: param_dtype) and added to the shards' .grad in the shard dtype.
-// - Buffers are not sharded: every rank keeps them whole (rank 0's values at construction).
+// - Buffers are not sharded: every rank keeps them whole, rank 0's copied to every rank at
+//   construction and (broadcast_buffers) at each forward in training mode, as DDP does.
 // - Every forward and backward is collective: every rank runs them, the same number of times.
 //   A unit whose parameters get no gradient in a backward must not be followed, in forward
 //   order, by units whose backward needs it gathered again; a second backward through one
@@ -97,12 +98,16 @@ struct FullyShardedDataParallelOptions {
   TANDEM_ARG(std::optional<DType>, reduce_dtype) = std::nullopt;
   // Start the all-gather of the unit after next in backward while this one computes.
   TANDEM_ARG(bool, backward_prefetch) = true;
+  // Copy rank 0's buffers (BatchNorm's running statistics) to every rank at each forward in
+  // training mode, as DistributedDataParallel's broadcast_buffers.
+  TANDEM_ARG(bool, broadcast_buffers) = true;
 };
 
 // One unit, for inspection and tests.
 struct FsdpUnitInfo {
   std::string name;                          // the submodule's dotted name; "" for the root
   std::vector<std::string> parameter_names;  // the wrapped module's names, one per tensor
+  std::vector<Shape> parameter_shapes;       // and their shapes (flattened in this order)
   int64_t numel = 0;                         // the unit's parameters together
   int64_t shard_numel = 0;  // each rank's shard (numel padded to a multiple of the world size)
   bool gathered = false;    // whether its whole parameters are in memory now
@@ -149,7 +154,7 @@ class FullyShardedDataParallel : public nn::Module {
   double clip_grad_norm_(double max_norm, double norm_type = 2.0);
 
   // Every parameter whole, by the wrapped module's names (each tensor once, as its
-  // state_dict), then every buffer: what the module alone would hold. Collective; every rank
+  // state_dict), then every buffer (rank 0's): what the module alone would hold. Collective; every rank
   // gets it. load_full_state_dict takes such a state (or the unwrapped module's) on every
   // rank and keeps this rank's shards.
   std::vector<nn::NamedTensor> full_state_dict();
