@@ -26,6 +26,7 @@
 #include "parallel/distributed/fully_sharded_data_parallel.h"
 #include "parallel/distributed/process_group_mpi.h"
 #include "parallel/distributed/same_configuration.h"
+#include "parallel/distributed/sharded_checkpoint.h"
 #include "parallel/distributed/sync_batch_norm.h"
 #include "parallel/distributed/zero_redundancy_optimizer.h"
 #include "tensor/tensor.h"
@@ -79,11 +80,10 @@ std::optional<distributed::ShardingStrategy> FsdpStrategyOf(const std::string& s
 }
 
 // The trainer's optimizer under --sharding=full|shard_grad_op. The trainer makes its optimizer,
-// and loads a checkpoint into it, over the model's parameters before it wraps the model; the flat
-// shards that FullyShardedDataParallel steps exist only once it has (Bind). Until then this one
-// keeps a loaded state. Its state dict is always the plain optimizer's over the model's
-// parameters (gathered by Consolidate, collective), so that checkpoints move between
-// --sharding=none, zero1, shard_grad_op and full, at any number of ranks.
+// and loads a whole checkpoint into it, over the model's parameters before it wraps the model;
+// the flat shards that FullyShardedDataParallel steps exist only once it has (Bind). Until then
+// this one keeps a loaded state, in the plain optimizer's layout, and hands each rank its shard
+// of it. Its own state is saved sharded (SaveShardedCheckpoint over local()).
 class FsdpTrainerOptimizer : public nn::Optimizer {
  public:
   using Factory = std::function<std::unique_ptr<nn::Optimizer>(std::vector<nn::ParamGroup>)>;
@@ -103,18 +103,18 @@ class FsdpTrainerOptimizer : public nn::Optimizer {
   }
   void step() override {
     Require(local_ != nullptr, "internal error: the sharded optimizer stepped before Bind");
-    consolidated_.reset();
     local_->param_groups()[0].set_options(groups_[0].options().clone());  // the trainer's lr
     local_->step();
   }
   void zero_grad(bool set_to_none = true) override {
     if (local_ != nullptr) local_->zero_grad(set_to_none);
   }
-  void Consolidate() { consolidated_ = fsdp_->full_optimizer_state(local_->state_dict()); }
+  // Sharded checkpoints save and load this one.
+  nn::Optimizer& local() { return *local_; }
   nn::OptimizerState state_dict() const override {
-    Require(consolidated_.has_value(),
-            "internal error: the sharded optimizer's state was not consolidated");
-    return *consolidated_;
+    TANDEM_FAIL(
+        "internal error: the sharded optimizer's state is saved sharded "
+        "(SaveShardedCheckpoint), not by state_dict()");
   }
   void load_state_dict(const nn::OptimizerState& state) override {
     // Checked as the plain optimizer over the model's parameters would check it.
@@ -138,7 +138,7 @@ class FsdpTrainerOptimizer : public nn::Optimizer {
   Factory factory_;
   distributed::FullyShardedDataParallel* fsdp_ = nullptr;
   std::unique_ptr<nn::Optimizer> local_;  // over the flat shards
-  std::optional<nn::OptimizerState> pending_, consolidated_;
+  std::optional<nn::OptimizerState> pending_;
 };
 
 const char* const kAdvice =
@@ -179,6 +179,7 @@ class DistributedStrategy : public TrainStrategy {
             "'zero1' (the optimizer state sharded across the ranks), 'shard_grad_op' (gradients "
             "too) or 'full' (parameters too) but is '",
             config.sharding, "'");
+    config_sharding_ = config.sharding;
     if (FsdpStrategyOf(config.sharding)) {
       Require(!compression_,
               "--ddp_compression compresses DistributedDataParallel's all-reduce, "
@@ -272,11 +273,18 @@ class DistributedStrategy : public TrainStrategy {
   // checkpoint of --sharding=zero1 resumes with any number of ranks and with or without it.
   void BeforeCheckpoint(nn::Optimizer&) override {
     if (zero_ != nullptr) zero_->consolidate_state_dict(0);
-    if (fsdp_optimizer_ != nullptr) fsdp_optimizer_->Consolidate();
   }
   // The lead evaluates and saves the model alone: under FSDP every rank gathers it whole first.
   void BeforeLeadAlone() override {
     if (fsdp_ != nullptr) fsdp_->summon_full_params();
+  }
+  bool ShardsCheckpoints() const override { return FsdpStrategyOf(config_sharding_).has_value(); }
+  void LoadShardedCheckpoint(const std::string& path) override {
+    distributed::LoadShardedCheckpoint(*fsdp_, fsdp_optimizer_->local(), path);
+  }
+  void SaveShardedCheckpoint(const std::string& path,
+                             const std::vector<nn::CheckpointEntry>& entries) override {
+    distributed::SaveShardedCheckpoint(*fsdp_, fsdp_optimizer_->local(), path, entries);
   }
   std::unique_ptr<data::Sampler> MakeSampler(int64_t size, uint64_t seed, int64_t epoch) override {
     auto sampler = std::make_unique<data::DistributedSampler>(size, rank_, world_, true, seed);

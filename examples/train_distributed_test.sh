@@ -6,9 +6,9 @@
 # rank stopped with SIGSTOP makes the other fail within --collective_timeout, naming it. A
 # job killed in epoch 2 and resumed from its checkpoint ends with the same parameters and
 # random state as the uninterrupted one; a run that learns nothing says it is at chance level.
-# --sharding=zero1, shard_grad_op and full train the plain optimizer's model, bit for bit, and
-# their checkpoints resume with or without sharding; zero1's on another number of ranks (3 -> 2,
-# 3 -> 1).
+# --sharding=zero1, shard_grad_op and full train the plain optimizer's model, bit for bit;
+# zero1's checkpoints resume with or without sharding and on another number of ranks (3 -> 2,
+# 3 -> 1), full's sharded ones with full on another number of ranks (2 -> 3).
 set -euo pipefail
 train="$1"  # //examples:train_with_test_hooks: the trainer with --kill_in_epoch
 data_dir=/usr/share/datasets/fashion-mnist
@@ -172,8 +172,9 @@ cmp "$logs/plain.model" "$logs/zero.model" ||
 # --sharding=shard_grad_op and full (FullyShardedDataParallel: gradients, Adam's moments and,
 # under full, the parameters sharded) train the plain optimizer's model too, bit for bit on 2
 # ranks (the reduce-scatter adds two ranks' gradients as the all-reduce does). Their checkpoints
-# hold the plain optimizer's state: a plain job resumes a full one's as a full job resumes the
-# plain one's.
+# are sharded (each rank its file, the --checkpoint file an index written last): a full job
+# resumes its own as it resumes the plain job's whole checkpoint (the same model), 3 ranks
+# resume 2 ranks' (resharded), and a job without sharding refuses it, saying why.
 cp "$logs/plain.ckpt" "$logs/plain_for_full.ckpt"
 for sharding in shard_grad_op full; do
   fsdp="$(ranks2 "${adam[@]}" --epochs=1 --sharding=$sharding --checkpoint="$logs/$sharding.ckpt" \
@@ -185,13 +186,30 @@ for sharding in shard_grad_op full; do
   cmp "$logs/plain.model" "$logs/$sharding.model" ||
     { echo "FAIL: the --sharding=$sharding job's model differs from the plain optimizer's"; exit 1; }
 done
-ranks2 "${adam[@]}" --epochs=2 --checkpoint="$logs/full.ckpt" --save="$logs/full_then_plain.model" \
-  >/dev/null 2>&1 || { echo "FAIL: the plain job resuming the --sharding=full checkpoint failed"; exit 1; }
+ls "$logs"/full.ckpt.*.rank0-of-2 "$logs"/full.ckpt.*.rank1-of-2 >/dev/null ||
+  { ls "$logs"; echo "FAIL: the --sharding=full checkpoint has no shard file per rank"; exit 1; }
+rm -rf "$logs/full3.d" && mkdir "$logs/full3.d" && cp "$logs"/full.ckpt* "$logs/full3.d/"
+ranks2 "${adam[@]}" --epochs=2 --sharding=full --checkpoint="$logs/full.ckpt" \
+  --save="$logs/full_then_full.model" >/dev/null 2>&1 ||
+  { echo "FAIL: the --sharding=full job resuming its sharded checkpoint failed"; exit 1; }
 ranks2 "${adam[@]}" --epochs=2 --sharding=full --checkpoint="$logs/plain_for_full.ckpt" \
   --save="$logs/plain_then_full.model" >/dev/null 2>&1 ||
   { echo "FAIL: the --sharding=full job resuming the plain checkpoint failed"; exit 1; }
-cmp "$logs/full_then_plain.model" "$logs/plain_then_full.model" ||
-  { echo "FAIL: a --sharding=full checkpoint resumed without it differs from the reverse"; exit 1; }
+cmp "$logs/full_then_full.model" "$logs/plain_then_full.model" ||
+  { echo "FAIL: the sharded checkpoint resumed differs from the whole one resumed"; exit 1; }
+rc=0
+refused="$(ranks2 "${adam[@]}" --epochs=2 --checkpoint="$logs/full3.d/full.ckpt" 2>&1)" || rc=$?
+[[ $rc != 0 ]] && grep -qF "is a sharded checkpoint (of --distributed --sharding=full or shard_grad_op" <<<"$refused" ||
+  { echo "$refused"; echo "FAIL: a job without sharding did not refuse the sharded checkpoint (exit $rc)"; exit 1; }
+resharded="$(timeout 300 mpirun --oversubscribe --bind-to none --tag-output -np 3 "$train" \
+  "${adam[@]}" --epochs=2 --sharding=full --checkpoint="$logs/full3.d/full.ckpt" 2>&1)" ||
+  { echo "$resharded"; echo "FAIL: 3 ranks did not resume 2 ranks' sharded checkpoint"; exit 1; }
+grep -q 'Resuming from .*full.ckpt: 1 of 2 epochs done' <<<"$resharded" &&
+  grep -q '^\[1,0\]<stdout>:{"model".*"ranks":3,"sharding":"full"' <<<"$resharded" ||
+  { echo "$resharded"; echo "FAIL: the 3-rank resume of the sharded checkpoint did not say so"; exit 1; }
+ls "$logs"/full3.d/full.ckpt.*.rank2-of-3 >/dev/null &&
+  ! ls "$logs"/full3.d/full.ckpt.*-of-2 >/dev/null 2>&1 ||
+  { ls "$logs/full3.d"; echo "FAIL: the 3-rank save did not replace the 2-rank shard files"; exit 1; }
 ranks2 "${adam[@]}" --epochs=2 --checkpoint="$logs/zero.ckpt" --save="$logs/zero_then_plain.model" \
   >/dev/null 2>&1 || { echo "FAIL: the plain job resuming the zero1 checkpoint failed"; exit 1; }
 ranks2 "${adam[@]}" --epochs=2 --sharding=zero1 --checkpoint="$logs/plain.ckpt" \

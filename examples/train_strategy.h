@@ -98,6 +98,16 @@ class TrainStrategy {
   // Every rank, each epoch, before the lead evaluates and writes files alone: a sharded model
   // gathers its parameters whole.
   virtual void BeforeLeadAlone() {}
+  // Whether checkpoints are sharded (parallel/distributed/sharded_checkpoint.h: every rank
+  // writes its own shard of the model and optimizer state, rank 0 an index holding the
+  // trainer's entries) rather than written whole by the lead.
+  virtual bool ShardsCheckpoints() const { return false; }
+  // Sharded checkpoints, every rank (collective): the model and optimizer from the shards of
+  // the checkpoint at `path` once the model is wrapped; this epoch's, with `entries` (the
+  // trainer's, rank 0's are written), after the lead's evaluation.
+  virtual void LoadShardedCheckpoint(const std::string& /*path*/) {}
+  virtual void SaveShardedCheckpoint(const std::string& /*path*/,
+                                     const std::vector<nn::CheckpointEntry>& /*entries*/) {}
   // The model's output for evaluation (the lead alone; in evaluation mode: SetTraining).
   virtual Tensor EvalForward(const Tensor& input) = 0;
   virtual void SetTraining(bool on) = 0;

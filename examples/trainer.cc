@@ -157,6 +157,13 @@ int RunTraining(const TrainConfig& given, TrainStrategy& strategy, TrainReporter
   const bool resumed =
       !config.checkpoint.empty() &&
       LoadTrainerCheckpoint(config.checkpoint, *model, *optimizer.optimizer, &state, &scaler);
+  if (resumed && state.sharded_model && !strategy.ShardsCheckpoints()) {
+    throw UsageError(absl::StrFormat(
+        "--checkpoint=%s is a sharded checkpoint (of --distributed --sharding=full or "
+        "shard_grad_op: each rank's shard in a file of its own); resume it with one of those, on "
+        "any number of ranks, or pass another --checkpoint path",
+        config.checkpoint));
+  }
   const std::string generator_note = resumed ? strategy.RestoreGenerators(state, t.seed) : "";
 
   task->LoadData(/*with_test=*/lead);
@@ -179,6 +186,7 @@ int RunTraining(const TrainConfig& given, TrainStrategy& strategy, TrainReporter
   // Before the first collective whose number depends on them.
   strategy.AgreeOnData(train_set->size(), steps, state);
   strategy.Wrap(model, config);
+  if (resumed && state.sharded_model) strategy.LoadShardedCheckpoint(config.checkpoint);
 
   std::string header = task->DataLine() + "\n" + strategy.Header(config);
   header +=
@@ -270,7 +278,12 @@ int RunTraining(const TrainConfig& given, TrainStrategy& strategy, TrainReporter
     const std::string generators_note = strategy.SaveGenerators(&state, !config.checkpoint.empty());
     if (!config.checkpoint.empty()) strategy.BeforeCheckpoint(*optimizer.optimizer);
     strategy.BeforeLeadAlone();
-    if (!lead) continue;
+    const bool sharded_checkpoint = !config.checkpoint.empty() && strategy.ShardsCheckpoints();
+    if (!lead) {
+      // Rank 0's part of the sharded save comes after its evaluation, below.
+      if (sharded_checkpoint) strategy.SaveShardedCheckpoint(config.checkpoint, {});
+      continue;
+    }
     reporter.EndEpoch();
     reporter.Print(generators_note);
     EvalTotals test;
@@ -289,7 +302,9 @@ int RunTraining(const TrainConfig& given, TrainStrategy& strategy, TrainReporter
                        task->EpochMetrics(state.history.back()), totals[1] / seconds, seconds,
                        strategy.EpochNote());
     reporter.Print(trace.TakeMessage());
-    if (!config.checkpoint.empty()) {
+    if (sharded_checkpoint) {
+      strategy.SaveShardedCheckpoint(config.checkpoint, TrainerCheckpointEntries(state, &scaler));
+    } else if (!config.checkpoint.empty()) {
       SaveTrainerCheckpoint(config.checkpoint, *model, *optimizer.optimizer, state, &scaler);
     }
     reporter.WriteLogs(state.history, config.log_csv, config.plot,

@@ -23,6 +23,9 @@ namespace {
 constexpr char kModel[] = "model.";
 constexpr char kOptimizer[] = "optimizer.";
 constexpr char kScaler[] = "scaler.";
+// A sharded checkpoint's index (parallel/distributed/sharded_checkpoint.h): its own entries.
+constexpr char kShardedIndex[] = "fsdp.";
+constexpr char kShardedBuffer[] = "buffer.";
 constexpr char kConfig[] = "trainer.config";
 constexpr char kSettings[] = "trainer.settings";
 constexpr char kProgress[] = "trainer.progress";  // [epochs_done, sampler_epoch]
@@ -129,16 +132,9 @@ std::vector<Device> SettingsDevices(const std::string& settings, const std::stri
 
 }  // namespace
 
-void SaveTrainerCheckpoint(const std::string& path, const nn::Module& model,
-                           const nn::Optimizer& optimizer, const TrainerState& state,
-                           const nn::GradScaler* scaler) {
+std::vector<nn::CheckpointEntry> TrainerCheckpointEntries(const TrainerState& state,
+                                                          const nn::GradScaler* scaler) {
   std::vector<nn::CheckpointEntry> entries;
-  for (nn::CheckpointEntry& e : nn::ModuleCheckpointEntries(model)) {
-    entries.push_back({kModel + e.name, e.is_buffer, std::move(e.value)});
-  }
-  for (auto& [name, value] : optimizer.state_dict()) {
-    entries.push_back({kOptimizer + name, true, value});
-  }
   if (scaler != nullptr && scaler->is_enabled()) {
     for (auto& [name, value] : scaler->state_dict()) {
       entries.push_back({kScaler + name, true, value});
@@ -165,6 +161,22 @@ void SaveTrainerCheckpoint(const std::string& path, const nn::Module& model,
   entries.push_back(
       {kHistory, true,
        from_vector(history, {static_cast<int64_t>(state.history.size()), kHistoryColumns})});
+  return entries;
+}
+
+void SaveTrainerCheckpoint(const std::string& path, const nn::Module& model,
+                           const nn::Optimizer& optimizer, const TrainerState& state,
+                           const nn::GradScaler* scaler) {
+  std::vector<nn::CheckpointEntry> entries;
+  for (nn::CheckpointEntry& e : nn::ModuleCheckpointEntries(model)) {
+    entries.push_back({kModel + e.name, e.is_buffer, std::move(e.value)});
+  }
+  for (auto& [name, value] : optimizer.state_dict()) {
+    entries.push_back({kOptimizer + name, true, value});
+  }
+  for (nn::CheckpointEntry& e : TrainerCheckpointEntries(state, scaler)) {
+    entries.push_back(std::move(e));
+  }
   nn::WriteCheckpoint(entries, path);
 }
 
@@ -176,8 +188,11 @@ bool LoadTrainerCheckpoint(const std::string& path, nn::Module& model, nn::Optim
   nn::OptimizerState optimizer_state;
   nn::GradScalerState scaler_state;
   std::map<std::string, Tensor> trainer;
+  bool sharded = false;
   for (nn::CheckpointEntry& e : nn::ReadCheckpoint(path)) {
-    if (StartsWith(e.name, kModel)) {
+    if (StartsWith(e.name, kShardedIndex) || StartsWith(e.name, kShardedBuffer)) {
+      sharded = true;  // a sharded checkpoint's own entries: the strategy reads them
+    } else if (StartsWith(e.name, kModel)) {
       model_entries.push_back({e.name.substr(sizeof kModel - 1), e.is_buffer, e.value});
     } else if (StartsWith(e.name, kOptimizer)) {
       optimizer_state[e.name.substr(sizeof kOptimizer - 1)] = e.value;
@@ -279,6 +294,8 @@ bool LoadTrainerCheckpoint(const std::string& path, nn::Module& model, nn::Optim
                        ") and a resume needs its random state to repeat that run exactly");
     }
   }
+  TANDEM_CHECK(!sharded || (model_entries.empty() && optimizer_state.empty()), "checkpoint '", path,
+               "' holds both a sharded checkpoint's entries and model.* or optimizer.*", kFix);
   const bool has_scaler = scaler != nullptr && scaler->is_enabled();
   if (!scaler_state.empty() && !has_scaler) {
     const auto scale = scaler_state.find("scale");
@@ -305,25 +322,28 @@ bool LoadTrainerCheckpoint(const std::string& path, nn::Module& model, nn::Optim
                   examples::OneLine(e.what()), ")", kFix);
     }
   }
-  try {
-    // The model first, then the optimizer, whose refusal puts the model back from a copy (the
-    // optimizer's own state may not be at hand to put back: a ZeroRedundancyOptimizer's is
-    // spread over the ranks).
-    std::vector<nn::CheckpointEntry> model_before = nn::ModuleCheckpointEntries(model);
-    for (nn::CheckpointEntry& e : model_before) e.value = e.value.detach().clone();
-    nn::LoadModuleEntries(model, model_entries, path);
+  if (!sharded) {
     try {
-      optimizer.load_state_dict(optimizer_state);
-    } catch (...) {
-      nn::LoadModuleEntries(model, model_before, path);
-      throw;
+      // The model first, then the optimizer, whose refusal puts the model back from a copy (the
+      // optimizer's own state may not be at hand to put back: a ZeroRedundancyOptimizer's is
+      // spread over the ranks).
+      std::vector<nn::CheckpointEntry> model_before = nn::ModuleCheckpointEntries(model);
+      for (nn::CheckpointEntry& e : model_before) e.value = e.value.detach().clone();
+      nn::LoadModuleEntries(model, model_entries, path);
+      try {
+        optimizer.load_state_dict(optimizer_state);
+      } catch (...) {
+        nn::LoadModuleEntries(model, model_before, path);
+        throw;
+      }
+    } catch (const Error& e) {
+      if (has_scaler) scaler->load_state_dict(scaler_before);
+      std::string message = e.what();
+      for (char& c : message) c = c == '\n' ? ';' : c;
+      TANDEM_FAIL("checkpoint '", path, "' does not fit this model and optimizer: ", message);
     }
-  } catch (const Error& e) {
-    if (has_scaler) scaler->load_state_dict(scaler_before);
-    std::string message = e.what();
-    for (char& c : message) c = c == '\n' ? ';' : c;
-    TANDEM_FAIL("checkpoint '", path, "' does not fit this model and optimizer: ", message);
   }
+  state->sharded_model = sharded;
   state->settings = settings;
   state->epochs_done = progress[0];
   state->sampler_epoch = progress[1];

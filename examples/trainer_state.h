@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "nn/checkpoint.h"
 #include "nn/grad_scaler.h"
 #include "nn/module.h"
 #include "nn/optim.h"
@@ -50,6 +51,11 @@ struct TrainerState {
   int64_t sampler_epoch = 0;  // data::RandomSampler::epoch() after the last epoch done
   std::vector<std::pair<Device, GeneratorState>> generators;
   std::vector<EpochStats> history;
+  // Set by LoadTrainerCheckpoint for a sharded checkpoint (--sharding=full or shard_grad_op):
+  // its file is the index of parallel/distributed/sharded_checkpoint.h, the trainer's entries
+  // beside its own, and the model and optimizer are in shard files that the strategy loads
+  // once it has wrapped the model; LoadTrainerCheckpoint leaves them as they were.
+  bool sharded_model = false;
 };
 
 // TrainerState::config for a run of `model` with `optimizer` under `autocast` (kFloat32:
@@ -87,6 +93,12 @@ bool AtChanceLevel(double accuracy, double chance, int64_t test_images);
 std::string ChanceLevelWarning(double accuracy, int64_t classes, double majority_share,
                                int64_t test_images, const std::string& optimizer, double lr);
 
+// The trainer's own entries of a checkpoint (trainer.*, and scaler.* for an enabled scaler):
+// SaveTrainerCheckpoint writes them beside the model's and the optimizer's; a sharded
+// checkpoint's index holds them beside its own.
+std::vector<nn::CheckpointEntry> TrainerCheckpointEntries(const TrainerState& state,
+                                                          const nn::GradScaler* scaler = nullptr);
+
 // Writes the checkpoint (atomically: the previous file stays whole if this fails), with
 // `scaler`'s state when it is given and enabled (a disabled scaler has none: nothing is written).
 void SaveTrainerCheckpoint(const std::string& path, const nn::Module& model,
@@ -101,6 +113,7 @@ void SaveTrainerCheckpoint(const std::string& path, const nn::Module& model,
 // devices in trainer.settings, a history row with a NaN or negative loss or an accuracy
 // outside 0..1, an entry of the wrong dtype or shape, text that is not byte codes, an
 // unknown trainer.* entry) throws a one-line tandem::Error naming the file and the entry,
+// (a sharded checkpoint's index loads the trainer's entries alone: see sharded_model)
 // saying what was found and what to do; nothing is changed then.
 //
 // The GradScaler's state must be there exactly when this run has an enabled `scaler` (float16

@@ -106,8 +106,16 @@ std::string Directory(const std::string& path) {
 
 }  // namespace
 
+bool IsShardedCheckpointIndex(const std::vector<nn::CheckpointEntry>& entries) {
+  for (const nn::CheckpointEntry& e : entries) {
+    if (e.name == "fsdp.save_id") return true;
+  }
+  return false;
+}
+
 void SaveShardedCheckpoint(FullyShardedDataParallel& fsdp, const nn::Optimizer& optimizer,
-                           const std::string& path) {
+                           const std::string& path,
+                           const std::vector<nn::CheckpointEntry>& index_extra) {
   ProcessGroup& group = *fsdp.process_group();
   const int rank = group.rank(), world = group.size();
   const std::string what = "SaveShardedCheckpoint(" + path + ")";
@@ -162,7 +170,13 @@ void SaveShardedCheckpoint(FullyShardedDataParallel& fsdp, const nn::Optimizer& 
                                                 {"fsdp.world_size", false, Int64(world)},
                                                 {"fsdp.layout", false, TextTensor(Layout(fsdp))}};
       for (const nn::NamedTensor& b : fsdp.module()->named_buffers()) {
-        index.push_back({b.name, true, b.value.to(Device::Cpu(0)).clone()});
+        index.push_back({"buffer." + b.name, true, b.value.to(Device::Cpu(0)).clone()});
+      }
+      for (const nn::CheckpointEntry& e : index_extra) {
+        TANDEM_CHECK(e.name.rfind("fsdp.", 0) != 0 && e.name.rfind("buffer.", 0) != 0,
+                     "SaveShardedCheckpoint: the extra index entry '", e.name,
+                     "' would clash with the index's own (fsdp.*, buffer.*); rename it");
+        index.push_back(e);
       }
       nn::WriteCheckpoint(index, path);
       // Earlier saves' shard files (any world size) are no longer named by the index.
@@ -279,7 +293,7 @@ void LoadShardedCheckpoint(FullyShardedDataParallel& fsdp, nn::Optimizer& optimi
     }
     std::vector<nn::NamedTensor> buffers;
     for (const nn::NamedTensor& b : fsdp.module()->named_buffers()) {
-      buffers.push_back({b.name, Need(index, b.name, path)});
+      buffers.push_back({b.name, Need(index, "buffer." + b.name, path)});
     }
     fsdp.module()->load_state_dict(buffers, /*strict=*/false);
   } catch (const std::exception& e) {

@@ -16,6 +16,7 @@
 //                                   parameter names and shapes) and the buffers
 //   <path>.<id>.rank<r>-of-<N>      rank r's unpadded part of every unit's flat parameters and
 //                                   per-element optimizer state, and the optimizer's scalars
+// (The index's own entries are named "fsdp.*", its buffers "buffer.<name>".)
 // A load reads the index, then only the shard files it names: a save killed part-way leaves the
 // previous save whole (its index and files), and a save's last step (rank 0) removes the files
 // of earlier saves. A checkpoint loads only into the same model and auto-wrap policy (its
@@ -29,16 +30,24 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "nn/checkpoint.h"
 #include "nn/optimizer.h"
 #include "parallel/distributed/fully_sharded_data_parallel.h"
 
 namespace tandem::parallel::distributed {
 
+// `index_extra`: entries rank 0 adds to the index (a trainer's progress: the index is the
+// save's one commit point); their names must not begin with "fsdp." or "buffer.".
 void SaveShardedCheckpoint(FullyShardedDataParallel& fsdp, const nn::Optimizer& optimizer,
-                           const std::string& path);
+                           const std::string& path,
+                           const std::vector<nn::CheckpointEntry>& index_extra = {});
 void LoadShardedCheckpoint(FullyShardedDataParallel& fsdp, nn::Optimizer& optimizer,
                            const std::string& path);
+
+// Whether `entries` (a checkpoint file's) are a sharded checkpoint's index.
+bool IsShardedCheckpointIndex(const std::vector<nn::CheckpointEntry>& entries);
 
 // "<path>.<save_id>.rank<rank>-of-<world>" (the id in 16 hexadecimal digits).
 std::string ShardFileName(const std::string& path, uint64_t save_id, int rank, int world);

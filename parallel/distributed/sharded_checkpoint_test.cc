@@ -135,6 +135,7 @@ TEST_F(ShardedCheckpointTest, ResumesExactlyAtTheSameWorldSize) {
     if (f.path().filename().string().find(".rank") != std::string::npos) ++shard_files;
   }
   EXPECT_EQ(shard_files, world);
+  TestGroup()->barrier()->wait();  // every rank has counted
   // A second save replaces the first's files.
   SaveShardedCheckpoint(straight, *straight_optimizer, path);
   TestGroup()->barrier()->wait();
