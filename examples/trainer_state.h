@@ -7,7 +7,9 @@
 //
 // One file in nn/checkpoint.h's format, written atomically (a temporary file renamed over
 // the old one), with entries named "model.<name>", "optimizer.<name>", "scaler.<name>" (an
-// enabled GradScaler's state_dict) and "trainer.<what>".
+// enabled GradScaler's state_dict) and "trainer.<what>". Under --sharding=full and shard_grad_op
+// the file is instead a sharded checkpoint's index (parallel/distributed/sharded_checkpoint.h)
+// holding the trainer.* entries, the model and optimizer in a shard file per rank.
 //
 //   examples::TrainerState state{...};
 //   examples::SaveTrainerCheckpoint("/tmp/run.ckpt", *model, *optimizer, state, &scaler);

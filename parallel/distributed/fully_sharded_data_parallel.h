@@ -50,7 +50,8 @@
 //   A unit whose parameters get no gradient in a backward must not be followed, in forward
 //   order, by units whose backward needs it gathered again; a second backward through one
 //   forward (retain_graph) is not supported. Reading the wrapped module's parameters outside a
-//   forward throws (their memory is released); use full_state_dict().
+//   forward throws (their memory is released); use full_state_dict(), summon_full_params(), or
+//   sharded checkpoints (parallel/distributed/sharded_checkpoint.h: no rank holds the whole).
 #ifndef TANDEM_PARALLEL_DISTRIBUTED_FULLY_SHARDED_DATA_PARALLEL_H_
 #define TANDEM_PARALLEL_DISTRIBUTED_FULLY_SHARDED_DATA_PARALLEL_H_
 
