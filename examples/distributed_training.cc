@@ -75,7 +75,9 @@ std::vector<GeneratorState> GatherGenerators(distributed::ProcessGroup& group, D
 // --sharding=full and shard_grad_op: FullyShardedDataParallel's strategy.
 std::optional<distributed::ShardingStrategy> FsdpStrategyOf(const std::string& sharding) {
   if (sharding == "full") return distributed::ShardingStrategy::kFullShard;
-  if (sharding == "shard_grad_op") return distributed::ShardingStrategy::kShardGradOp;
+  if (sharding == "shard_grad_op" || sharding == "zero2") {
+    return distributed::ShardingStrategy::kShardGradOp;
+  }
   return std::nullopt;
 }
 
@@ -176,8 +178,8 @@ class DistributedStrategy : public TrainStrategy {
     Require(config.sharding == "none" || config.sharding == "zero1" ||
                 FsdpStrategyOf(config.sharding).has_value(),
             "--sharding must be 'none' (every rank keeps the whole model and optimizer state), "
-            "'zero1' (the optimizer state sharded across the ranks), 'shard_grad_op' (gradients "
-            "too) or 'full' (parameters too) but is '",
+            "'zero1' (the optimizer state sharded across the ranks), 'zero2' or 'shard_grad_op' "
+            "(gradients too) or 'full' (parameters too) but is '",
             config.sharding, "'");
     config_sharding_ = config.sharding;
     if (FsdpStrategyOf(config.sharding)) {

@@ -43,6 +43,16 @@
 //
 //   mpirun -np 2 bazel-bin/examples/train --distributed --optimizer=adamw --sharding=zero1
 //
+// --sharding=full (FULL_SHARD, ZeRO-3) and zero2 or shard_grad_op (SHARD_GRAD_OP, ZeRO-2) wrap the
+// model in parallel::distributed::FullyShardedDataParallel (a unit per GPT block, else per
+// layer with parameters): each rank keeps 1/N of the gradients, the optimizer state and, under
+// full, the parameters; again the plain optimizer's numbers. Its checkpoints are sharded (each
+// rank writes its shard, rank 0 the --checkpoint file as the index) and resume with full or
+// shard_grad_op on any number of ranks; a whole checkpoint (of none or zero1) resumes too. Rank
+// 0's evaluation and --save gather the whole model on every rank first.
+//
+//   mpirun -np 2 bazel-bin/examples/train --distributed --model=gpt --sharding=full
+//
 // --sync_bn makes every BatchNorm of the model (--model=resnet) normalise with the
 // statistics of every rank's batch together (parallel::distributed::ConvertSyncBatchNorm).
 #ifndef TANDEM_EXAMPLES_DISTRIBUTED_TRAINING_H_

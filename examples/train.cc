@@ -114,9 +114,11 @@ ABSL_FLAG(bool, distributed, false,
           "One process per device under mpirun, with DistributedDataParallel: mpirun -np 2 "
           "train --distributed (see examples/distributed_training.h)");
 ABSL_FLAG(std::string, sharding, "none",
-          "With --distributed: none (every rank keeps the whole optimizer state) or zero1 (each "
-          "rank keeps the state of its share of the parameters, steps it and broadcasts it: "
-          "PyTorch's ZeroRedundancyOptimizer; the same numbers, 1/N of the state's memory)");
+          "With --distributed: none (every rank keeps the whole model and optimizer state), "
+          "zero1 (each rank keeps the state of its share of the parameters, steps it and "
+          "broadcasts it: PyTorch's ZeroRedundancyOptimizer), zero2 or shard_grad_op (FSDP's "
+          "SHARD_GRAD_OP: gradients and state sharded) or full (FSDP's FULL_SHARD: parameters "
+          "too, gathered a unit at a time; sharded checkpoints). The same numbers as none");
 ABSL_FLAG(bool, sync_bn, false,
           "With --distributed: batch normalisation over every rank's batch together (PyTorch's "
           "SyncBatchNorm; for --model=resnet), instead of each rank's own");
