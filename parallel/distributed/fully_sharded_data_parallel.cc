@@ -83,6 +83,9 @@ struct Episode {
   std::shared_ptr<Work> prefetch;
   Tensor prefetched;
   uint64_t forward_id = 0;
+  // Whether its views got a backward node (a unit that requires grad, in grad mode). A frozen
+  // unit's episode has none to gather it again, so it stays gathered until backward ends.
+  bool recorded = false;
 };
 
 struct FullyShardedDataParallel::State : std::enable_shared_from_this<State> {
@@ -158,9 +161,11 @@ struct FullyShardedDataParallel::State : std::enable_shared_from_this<State> {
         !IsStorageReleased(unit.current->full)) {
       return;
     }
-    const bool recording = GradMode::IsEnabled() && unit.requires_grad;
+    const bool backward_follows = GradMode::IsEnabled();
+    const bool recording = backward_follows && unit.requires_grad;
     auto episode = std::make_shared<Episode>();
     episode->unit = u;
+    episode->recorded = recording;
     episode->forward_id = forward_id;
     episode->previous = last_gathered;
     {
@@ -189,7 +194,8 @@ struct FullyShardedDataParallel::State : std::enable_shared_from_this<State> {
           IsAncestor(static_cast<int>(w), u)) {
         continue;
       }
-      if (!recording || options.sharding_strategy() == ShardingStrategy::kFullShard) {
+      if (!backward_follows || (options.sharding_strategy() == ShardingStrategy::kFullShard &&
+                                other.current->recorded)) {
         ReleaseStorage(other.current->full);
       }
     }
@@ -258,12 +264,16 @@ struct FullyShardedDataParallel::State : std::enable_shared_from_this<State> {
   void Backward(Episode& episode, const std::vector<Tensor>& grads) {
     NoGradGuard no_grad;
     Unit& unit = units[episode.unit];
-    // The unit gathered before ours runs next: gather it now, and start the one before it.
-    if (const std::shared_ptr<Episode>& previous = episode.previous) {
+    // The unit gathered before ours runs next: gather it now (and the ones before it up to one
+    // with a backward node of its own: frozen units have none), and start the one before that.
+    Episode* previous = episode.previous.get();
+    for (; previous != nullptr; previous = previous->previous.get()) {
       Restore(*previous);
-      const std::shared_ptr<Episode>& before = previous->previous;
-      if (options.backward_prefetch() && before && IsStorageReleased(before->full) &&
-          !before->prefetch) {
+      if (previous->recorded) break;
+    }
+    if (previous != nullptr && options.backward_prefetch()) {
+      Episode* before = previous->previous.get();
+      if (before != nullptr && IsStorageReleased(before->full) && !before->prefetch) {
         std::tie(before->prefetch, before->prefetched) = StartGather(before->unit);
       }
     }
@@ -326,6 +336,9 @@ struct FullyShardedDataParallel::State : std::enable_shared_from_this<State> {
   // The end of a reduced backward: every reduce-scatter's result added to its shard's gradient.
   void Finish() {
     Drain(/*wait=*/true);
+    for (Unit& unit : units) {  // frozen units stayed gathered for backward
+      if (!unit.requires_grad && unit.current) ReleaseStorage(unit.current->full);
+    }
     std::lock_guard<std::mutex> lock(mutex);
     callback_queued = false;
   }

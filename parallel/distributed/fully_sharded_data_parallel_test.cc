@@ -259,6 +259,48 @@ TEST_F(FullyShardedDataParallelTest, NoSyncAccumulatesWithOneReduceScatterPerUni
   }
 }
 
+// A frozen unit in the middle (fine-tuning): it has no backward node to gather it again, so it
+// stays gathered through backward, and the unit before it is gathered by the one after it.
+TEST_F(FullyShardedDataParallelTest, AFrozenUnitStaysGatheredForBackward) {
+  const int rank = TestGroup()->rank();
+  auto make = [] {
+    auto model = MakeModel();
+    for (Tensor p : model->parameters()) {
+      if (p.shape() == Shape{11, 3} || p.shape() == Shape{11}) p.set_requires_grad(false);  // 2.2
+    }
+    return model;
+  };
+  auto sharded = make();
+  auto whole = make();
+  FullyShardedDataParallel fsdp(sharded, TestGroup(),
+                                FullyShardedDataParallelOptions().auto_wrap_policy(
+                                    [](const std::string& name, const nn::Module&) {
+                                      return name == "0" || name == "2.0" || name == "2.2";
+                                    }));
+  DistributedDataParallel ddp(whole, TestGroup());
+  std::vector<Tensor> trainable;
+  for (const Tensor& p : fsdp.parameters()) {
+    if (p.requires_grad()) trainable.push_back(p);
+  }
+  std::vector<Tensor> whole_trainable;
+  for (const Tensor& p : whole->parameters()) {
+    if (p.requires_grad()) whole_trainable.push_back(p);
+  }
+  nn::SGD fsdp_optimizer(trainable, nn::SGDOptions(0.1).momentum(0.9));
+  nn::SGD ddp_optimizer(whole_trainable, nn::SGDOptions(0.1).momentum(0.9));
+  for (int step = 0; step < 4; ++step) {
+    const Batch b = BatchOf(step, rank);
+    fsdp_optimizer.zero_grad();
+    ddp_optimizer.zero_grad();
+    mse_loss(fsdp.forward(b.x), b.y).backward();
+    mse_loss(ddp.forward(b.x), b.y).backward();
+    fsdp_optimizer.step();
+    ddp_optimizer.step();
+    for (const FsdpUnitInfo& u : fsdp.units()) EXPECT_FALSE(u.gathered) << u.name;
+  }
+  ExpectSameModel(fsdp, *whole, "after 4 steps with a frozen unit");
+}
+
 // GPT-style tied weights: the same tensor registered in two units goes to the root.
 class TiedModel : public nn::Cloneable<TiedModel> {
  public:
@@ -383,10 +425,9 @@ TEST_F(FullyShardedDataParallelTest, MixedPrecisionStepsTheFloat32ShardsWithBFlo
   auto master = MakeModel();
   auto low = MakeModel();
   low->to(kBFloat16);
-  FullyShardedDataParallel fsdp(sharded, TestGroup(),
-                                Units(ShardingStrategy::kFullShard)
-                                    .param_dtype(kBFloat16)
-                                    .reduce_dtype(kFloat32));
+  FullyShardedDataParallel fsdp(
+      sharded, TestGroup(),
+      Units(ShardingStrategy::kFullShard).param_dtype(kBFloat16).reduce_dtype(kFloat32));
   nn::SGD optimizer(fsdp.parameters(), nn::SGDOptions(1.0));
   const Batch b = BatchOf(0, rank);
   const Tensor out = fsdp.forward(b.x);
