@@ -26,7 +26,8 @@
 // - Units are found at construction: the policy is asked about every submodule; a unit holds
 //   the parameters under it that no nested unit holds; a parameter registered under several
 //   names (tied weights) belongs to the innermost unit that holds all of its names. A unit's
-//   parameters must share one dtype and requires_grad.
+//   parameters must share one dtype and requires_grad; a frozen unit (none requires grad)
+//   stays gathered from its forward to the end of backward.
 // - A module reads its parameters through its handles (nn::Parameter) in forward; FSDP hooks
 //   those reads (TensorHandle::set_read_hook): the first read of a unit in a forward all-gathers
 //   it and binds every handle to a view of the gathered buffer. Under kFullShard the units that
