@@ -123,14 +123,26 @@ void ZeroRedundancyOptimizer::step() {
   for (size_t g = 0; g < groups_.size(); ++g) {
     local_->param_groups()[g].set_options(groups_[g].options().clone());
   }
-  local_->step();
-  for (int r = 0; r < process_group_->size(); ++r) {
+  // Every rank's share goes out in rank order. The shares of the ranks before this one are
+  // received while this rank steps its own (the group's thread runs those broadcasts as their
+  // roots finish stepping); its own is sent once stepped.
+  const int rank = process_group_->rank();
+  auto share_of = [&](int r) {
     std::vector<Tensor> share;
     for (size_t i = 0; i < parameters_.size(); ++i) {
       if (owners_[i] == r) share.push_back(parameters_[i]);
     }
-    BroadcastCoalesced(*process_group_, share, r);
+    return share;
+  };
+  std::vector<PendingBroadcast> broadcasts;
+  for (int r = 0; r < rank; ++r) {
+    broadcasts.push_back(StartBroadcastCoalesced(*process_group_, share_of(r), r));
   }
+  local_->step();
+  for (int r = rank; r < process_group_->size(); ++r) {
+    broadcasts.push_back(StartBroadcastCoalesced(*process_group_, share_of(r), r));
+  }
+  for (PendingBroadcast& b : broadcasts) b.Wait();
 }
 
 void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
