@@ -123,26 +123,31 @@ void ZeroRedundancyOptimizer::step() {
   for (size_t g = 0; g < groups_.size(); ++g) {
     local_->param_groups()[g].set_options(groups_[g].options().clone());
   }
-  // Every rank's share goes out in rank order. The shares of the ranks before this one are
-  // received while this rank steps its own (the group's thread runs those broadcasts as their
-  // roots finish stepping); its own is sent once stepped.
+  // Every rank's share goes out in rank order, each parameter straight from its owner's tensor
+  // into the others' (no staging copy). The shares of the ranks before this one are received
+  // while this rank steps its own (the group's thread runs those broadcasts as their roots
+  // finish stepping); its own goes once stepped. A parameter that is not contiguous goes
+  // through BroadcastCoalesced's staging buffer at the end.
   const int rank = process_group_->rank();
-  auto share_of = [&](int r) {
-    std::vector<Tensor> share;
+  std::vector<std::shared_ptr<Work>> works;
+  std::vector<std::vector<Tensor>> staged(static_cast<size_t>(process_group_->size()));
+  auto send = [&](int r) {
     for (size_t i = 0; i < parameters_.size(); ++i) {
-      if (owners_[i] == r) share.push_back(parameters_[i]);
+      if (owners_[i] != r) continue;
+      if (parameters_[i].is_contiguous()) {
+        works.push_back(process_group_->broadcast(parameters_[i].detach(), r));
+      } else {
+        staged[static_cast<size_t>(r)].push_back(parameters_[i]);
+      }
     }
-    return share;
   };
-  std::vector<PendingBroadcast> broadcasts;
-  for (int r = 0; r < rank; ++r) {
-    broadcasts.push_back(StartBroadcastCoalesced(*process_group_, share_of(r), r));
-  }
+  for (int r = 0; r < rank; ++r) send(r);
   local_->step();
-  for (int r = rank; r < process_group_->size(); ++r) {
-    broadcasts.push_back(StartBroadcastCoalesced(*process_group_, share_of(r), r));
+  for (int r = rank; r < process_group_->size(); ++r) send(r);
+  for (const std::shared_ptr<Work>& work : works) work->wait();
+  for (int r = 0; r < process_group_->size(); ++r) {
+    BroadcastCoalesced(*process_group_, staged[static_cast<size_t>(r)], r);
   }
-  for (PendingBroadcast& b : broadcasts) b.Wait();
 }
 
 void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
