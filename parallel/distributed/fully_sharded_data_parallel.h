@@ -12,7 +12,7 @@
 //   auto model = std::make_shared<examples::Gpt>(config);    // built whole, then sharded
 //   auto fsdp = std::make_shared<parallel::distributed::FullyShardedDataParallel>(
 //       model, group, parallel::distributed::FullyShardedDataParallelOptions().auto_wrap_policy(
-//                         parallel::distributed::ModuleTypeWrapPolicy<nn::TransformerBlock>()));
+//                         parallel::distributed::ModuleTypeWrapPolicy<examples::GptBlock>()));
 //   nn::AdamW optimizer(fsdp->parameters(), nn::AdamWOptions(6e-4));   // the flat shards
 //   Tensor loss = cross_entropy(fsdp->forward(x), y);                  // this rank's batch
 //   optimizer.zero_grad();
