@@ -156,9 +156,9 @@ class FullyShardedDataParallel : public nn::Module {
   double clip_grad_norm_(double max_norm, double norm_type = 2.0);
 
   // Every parameter whole, by the wrapped module's names (each tensor once, as its
-  // state_dict), then every buffer (rank 0's): what the module alone would hold. Collective; every rank
-  // gets it. load_full_state_dict takes such a state (or the unwrapped module's) on every
-  // rank and keeps this rank's shards.
+  // state_dict), then every buffer (rank 0's): what the module alone would hold. Collective;
+  // every rank gets it. load_full_state_dict takes such a state (or the unwrapped module's) on
+  // every rank and keeps this rank's shards.
   std::vector<nn::NamedTensor> full_state_dict();
   void load_full_state_dict(const std::vector<nn::NamedTensor>& state);
 
