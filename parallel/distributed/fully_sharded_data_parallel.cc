@@ -333,6 +333,26 @@ struct FullyShardedDataParallel::State : std::enable_shared_from_this<State> {
     }
   }
 
+  // A backward that failed part-way never ran its end-of-pass callback: wait for the
+  // reduce-scatters it left (every rank issued them) and drop them, so that the next backward
+  // queues its own callback and writes its gradients.
+  void AbandonFailedBackward() {
+    std::vector<Pending> stale;
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      if (!callback_queued) return;
+      stale.swap(pending);
+      callback_queued = false;
+    }
+    for (Pending& p : stale) {
+      try {
+        p.work->wait();
+      } catch (const std::exception&) {
+        // The failed pass reported its error; this one is the same collective's.
+      }
+    }
+  }
+
   // The end of a reduced backward: every reduce-scatter's result added to its shard's gradient.
   void Finish() {
     Drain(/*wait=*/true);
@@ -516,6 +536,7 @@ FullyShardedDataParallel::~FullyShardedDataParallel() {
 
 std::vector<Tensor> FullyShardedDataParallel::forward_tensors(const std::vector<Tensor>& inputs) {
   State& s = *state_;
+  s.AbandonFailedBackward();
   if (s.summoned) {
     for (State::Unit& unit : s.units) {
       if (unit.current) ReleaseStorage(unit.current->full);

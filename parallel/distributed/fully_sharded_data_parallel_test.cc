@@ -301,6 +301,40 @@ TEST_F(FullyShardedDataParallelTest, AFrozenUnitStaysGatheredForBackward) {
   ExpectSameModel(fsdp, *whole, "after 4 steps with a frozen unit");
 }
 
+// A backward that throws part-way (here a node before the model, after every unit's
+// reduce-scatter has started) leaves the wrapper ready: the next step equals a fresh wrapper's.
+TEST_F(FullyShardedDataParallelTest, ABackwardThatFailsLeavesTheNextStepWhole) {
+  const int rank = TestGroup()->rank();
+  FullyShardedDataParallel fsdp(MakeModel(), TestGroup(), Units(ShardingStrategy::kFullShard));
+  FullyShardedDataParallel fresh(MakeModel(), TestGroup(), Units(ShardingStrategy::kFullShard));
+  nn::SGD optimizer(fsdp.parameters(), nn::SGDOptions(0.1));
+  nn::SGD fresh_optimizer(fresh.parameters(), nn::SGDOptions(0.1));
+  const Batch b = BatchOf(0, rank);
+  Tensor x = b.x.clone();
+  x.set_requires_grad(true);
+  Tensor boom;
+  {
+    NoGradGuard no_grad;
+    boom = x * 1.0;
+  }
+  RecordOp("Boom", {x}, boom,
+           [](const Tensor&) -> std::vector<Tensor> { TANDEM_FAIL("boom in backward"); });
+  const Tensor loss = mse_loss(fsdp.forward(boom), b.y);
+  EXPECT_THAT(ErrorOf([&] { loss.backward(); }), HasSubstr("boom in backward"));
+  optimizer.zero_grad();
+  const Batch next = BatchOf(1, rank);
+  mse_loss(fsdp.forward(next.x), next.y).backward();
+  mse_loss(fresh.forward(next.x), next.y).backward();
+  for (const Tensor& p : fsdp.parameters()) ASSERT_TRUE(p.grad().defined());
+  optimizer.step();
+  fresh_optimizer.step();
+  const std::vector<nn::NamedTensor> got = fsdp.full_state_dict();
+  const std::vector<nn::NamedTensor> want = fresh.full_state_dict();
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(MaxAbsDiff(got[i].value, want[i].value), 0.0) << got[i].name;
+  }
+}
+
 // GPT-style tied weights: the same tensor registered in two units goes to the root.
 class TiedModel : public nn::Cloneable<TiedModel> {
  public:
