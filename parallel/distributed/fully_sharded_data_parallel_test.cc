@@ -451,8 +451,9 @@ TEST_F(FullyShardedDataParallelTest, OptimizerStateAndSummonedParametersRoundTri
 }
 
 // Mixed precision: parameters gathered (and the forward run) in bfloat16, gradients reduced in
-// float32 into float32 shards. The oracle: a bfloat16 copy of the model on every rank, its
-// gradients averaged in float32 and applied to the float32 parameters by one SGD step.
+// float32 into float32 shards, 10 steps of SGD with momentum. The oracle: on every rank a
+// bfloat16 copy of float32 master parameters, its gradients averaged in float32 and stepped on
+// the masters.
 TEST_F(FullyShardedDataParallelTest, MixedPrecisionStepsTheFloat32ShardsWithBFloat16Gradients) {
   const int rank = TestGroup()->rank();
   auto sharded = MakeModel();
@@ -462,25 +463,38 @@ TEST_F(FullyShardedDataParallelTest, MixedPrecisionStepsTheFloat32ShardsWithBFlo
   FullyShardedDataParallel fsdp(
       sharded, TestGroup(),
       Units(ShardingStrategy::kFullShard).param_dtype(kBFloat16).reduce_dtype(kFloat32));
-  nn::SGD optimizer(fsdp.parameters(), nn::SGDOptions(1.0));
-  const Batch b = BatchOf(0, rank);
-  const Tensor out = fsdp.forward(b.x);
-  EXPECT_EQ(out.dtype(), kBFloat16);
-  mse_loss(out, b.y.to(kBFloat16)).backward();
-  optimizer.step();
+  nn::SGD optimizer(fsdp.parameters(), nn::SGDOptions(0.1).momentum(0.9));
+  nn::SGD master_optimizer(master->parameters(), nn::SGDOptions(0.1).momentum(0.9));
   for (const Tensor& p : fsdp.parameters()) EXPECT_EQ(p.dtype(), kFloat32);
-
-  mse_loss(low->forward(b.x.to(kBFloat16)), b.y.to(kBFloat16)).backward();
   const std::vector<Tensor> low_params = low->parameters();
   const std::vector<Tensor> master_params = master->parameters();
-  for (size_t i = 0; i < low_params.size(); ++i) {
-    Tensor grad = low_params[i].grad().to(kFloat32).contiguous();
-    TestGroup()->allreduce(grad, ReduceOp::kAverage)->wait();
-    NoGradGuard no_grad;
-    Tensor param = master_params[i];
-    param.sub_(grad);
+  for (int step = 0; step < 10; ++step) {
+    const Batch b = BatchOf(step, rank);
+    optimizer.zero_grad();
+    const Tensor out = fsdp.forward(b.x);
+    EXPECT_EQ(out.dtype(), kBFloat16);
+    mse_loss(out, b.y.to(kBFloat16)).backward();
+    optimizer.step();
+
+    {
+      NoGradGuard no_grad;
+      for (size_t i = 0; i < low_params.size(); ++i) {
+        Tensor p = low_params[i];
+        p.copy_(master_params[i].to(kBFloat16));
+      }
+    }
+    low->zero_grad();
+    mse_loss(low->forward(b.x.to(kBFloat16)), b.y.to(kBFloat16)).backward();
+    for (size_t i = 0; i < low_params.size(); ++i) {
+      Tensor grad = low_params[i].grad().to(kFloat32).contiguous();
+      TestGroup()->allreduce(grad, ReduceOp::kAverage)->wait();
+      Tensor p = master_params[i];
+      p.set_grad(grad);
+    }
+    master_optimizer.step();
+    ExpectSameModel(fsdp, *master, "after bfloat16 step " + std::to_string(step));
+    if (HasFailure()) return;
   }
-  ExpectSameModel(fsdp, *master, "after a bfloat16 step");
 }
 
 // Everything a wrapper and its training allocated is freed with them (the autograd nodes that
