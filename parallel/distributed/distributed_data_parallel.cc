@@ -126,6 +126,7 @@ struct DistributedDataParallel::Reducer {
 
   std::shared_ptr<ProcessGroup> group;
   bool find_unused = false;
+  bool grad_as_bucket_view = false;
   std::string prefix;
   std::vector<Tensor> params;  // those that require grad, in registration order
   std::vector<std::string> names;
@@ -149,7 +150,9 @@ struct DistributedDataParallel::Reducer {
     Bucket& bucket = buckets[bucket_of[i]];
     Tensor slot = bucket.flat.narrow(0, offset_in_bucket[i], params[i].numel());
     if (grad.defined()) {
-      slot.view(params[i].shape()).copy_(grad);
+      Tensor view = slot.view(params[i].shape());
+      view.copy_(grad);  // nothing to do when .grad is this view already
+      if (grad_as_bucket_view) params[i].set_grad(view);
     } else {
       slot.zero_();
     }
@@ -271,7 +274,7 @@ struct DistributedDataParallel::Reducer {
       if (grad.defined()) {
         grad.copy_(average);  // from a compressed bucket: converted back
       } else if (average.dtype() == params[i].dtype()) {
-        params[i].set_grad(average.clone());
+        params[i].set_grad(grad_as_bucket_view ? average : average.clone());
       } else {
         params[i].set_grad(average.to(params[i].dtype()));
       }
@@ -297,6 +300,11 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
                "and fp16_compress_hook) but is ",
                DTypeName(*compression),
                "; leave it unset (std::nullopt) to all-reduce the gradients in float32");
+  TANDEM_CHECK(!(compression && options_.gradient_as_bucket_view()), prefix,
+               "gradient_as_bucket_view makes .grad a view of its bucket, but gradient_compression "
+               "keeps the buckets in ",
+               compression ? DTypeName(*compression) : "",
+               " and .grad in float32; use one of them");
   register_module("module", module_);
 
   std::vector<nn::NamedTensor> named = module_->named_parameters();
@@ -315,6 +323,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   Reducer& r = *reducer_;
   r.group = process_group_;
   r.find_unused = options_.find_unused_parameters();
+  r.grad_as_bucket_view = options_.gradient_as_bucket_view();
   r.prefix = prefix;
   for (const nn::NamedTensor& p : named) {
     if (!p.value.requires_grad()) continue;

@@ -40,6 +40,9 @@
 //   sums of its ring at every hop. Expect bfloat16's precision: about 3 significant digits
 //   (float16: about 4, and gradients beyond 65504 become inf: use GradScaler's scale small
 //   enough, or bfloat16).
+// - gradient_as_bucket_view(true) makes each .grad a view of its place in the bucket: the
+//   average is written there by the all-reduce itself, and the gradient tensors that backward
+//   made are freed once copied in (4 bytes a parameter less between steps).
 // - Construction checks that every rank passed the same options (they decide the buckets
 //   and the collectives each backward runs): ranks that disagree all throw, naming them.
 // - In training mode each forward first broadcasts rank 0's buffers (broadcast_buffers,
@@ -72,6 +75,11 @@ struct DistributedDataParallelOptions {
   // (nullopt, the default: float32). .grad stays float32.
   //   DistributedDataParallelOptions().gradient_compression(kBFloat16)
   TANDEM_ARG(std::optional<DType>, gradient_compression) = std::nullopt;
+  // PyTorch's gradient_as_bucket_view: each parameter's .grad becomes a view of its place in
+  // the bucket once its gradient is copied there, so the average lands in .grad without a copy
+  // back and the separate gradient tensors are freed: a rank holds 4P bytes less between steps.
+  // Not with gradient_compression (its buckets are in another dtype than .grad).
+  TANDEM_ARG(bool, gradient_as_bucket_view) = false;
 };
 
 // What the last reduced backward pass spent on communication (for benchmarks).

@@ -15,6 +15,7 @@
 #include "nn/nn.h"
 #include "parallel/distributed/mpi_testing.h"
 #include "parallel/distributed/process_group_mpi.h"
+#include "tensor/runtime/allocator.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
 
@@ -340,6 +341,69 @@ class WithExtra : public nn::Module {
   bool use_extra = false;
   std::shared_ptr<nn::Linear> main_, extra_;
 };
+
+// gradient_as_bucket_view: .grad is a view of the bucket (the parameters of one bucket lie
+// side by side in reverse order), the same numbers as without it through fresh gradients,
+// accumulation into the view and no_sync, and a rank holds one gradient copy (4 bytes a
+// parameter) less after backward.
+TEST_F(DistributedDataParallelTest, GradientAsBucketViewAliasesTheBucketAndSavesACopy) {
+  auto group = Group();
+  const int world = group->size();
+  const int rank = group->rank();
+  auto viewed_model = MakeModel(21, 40);
+  auto plain_model = MakeModel(21, 40);
+  DistributedDataParallel viewed(viewed_model, group,
+                                 DistributedDataParallelOptions().gradient_as_bucket_view(true));
+  DistributedDataParallel plain(plain_model, group);
+  nn::SGD viewed_sgd(viewed_model->parameters(), nn::SGDOptions(0.1).momentum(0.9));
+  nn::SGD plain_sgd(plain_model->parameters(), nn::SGDOptions(0.1).momentum(0.9));
+  const Device cpu = Device::Cpu(0);
+  int64_t numel = 0;
+  for (const Tensor& p : viewed_model->parameters()) numel += p.numel();
+  for (int step = 0; step < 4; ++step) {
+    const Data mine = MakeData(world, 300 + step).Rows(rank * kPerRank, kPerRank);
+    // Step 2 accumulates into last step's gradients (no zero_grad), step 3 through no_sync.
+    if (step != 2) {
+      viewed_sgd.zero_grad();
+      plain_sgd.zero_grad();
+    }
+    if (step == 3) {
+      auto a = viewed.no_sync();
+      auto b = plain.no_sync();
+      cross_entropy(viewed.forward(mine.x), mine.y).backward();
+      cross_entropy(plain.forward(mine.x), mine.y).backward();
+    }
+    const int64_t before = GetMemoryStats(cpu).in_use_bytes;
+    cross_entropy(viewed.forward(mine.x), mine.y).backward();
+    const int64_t viewed_bytes = GetMemoryStats(cpu).in_use_bytes - before;
+    cross_entropy(plain.forward(mine.x), mine.y).backward();
+    const int64_t plain_bytes = GetMemoryStats(cpu).in_use_bytes - before - viewed_bytes;
+    if (step == 0) {
+      EXPECT_EQ(plain_bytes - viewed_bytes, numel * 4) << "a gradient copy less";
+    }
+    ExpectGradsClose(*viewed_model, *plain_model, 1e-30, "step " + std::to_string(step));
+    // One bucket here (bucket_cap_mb 25): the last parameter's gradient first, then backwards.
+    const std::vector<Tensor> params = viewed_model->parameters();
+    for (size_t i = params.size() - 1; i > 0; --i) {
+      EXPECT_EQ(params[i].grad().data_ptr<float>() + params[i].numel(),
+                params[i - 1].grad().data_ptr<float>())
+          << "step " << step << ": parameter " << i - 1 << "'s gradient does not follow " << i
+          << "'s in the bucket";
+    }
+    viewed_sgd.step();
+    plain_sgd.step();
+  }
+  ExpectParamsClose(*viewed_model, *plain_model, 0.0, "after 4 steps");
+  EXPECT_THAT(
+      testing::ErrorOf([&] {
+        DistributedDataParallel both(
+            MakeModel(1), group,
+            DistributedDataParallelOptions().gradient_as_bucket_view(true).gradient_compression(
+                kBFloat16));
+      }),
+      HasSubstr("gradient_as_bucket_view makes .grad a view of its bucket, but "
+                "gradient_compression keeps the buckets in bfloat16"));
+}
 
 TEST_F(DistributedDataParallelTest, AnUnusedParameterIsAClearErrorWithoutFindUnusedParameters) {
   auto group = Group();
