@@ -1,7 +1,8 @@
 // Sharded data parallelism against DistributedDataParallel with the plain optimizer, on the same
 // GPT step with AdamW, side by side under mpirun: each rank's memory and the step time. The
-// schemes: ddp, zero1 (ZeroRedundancyOptimizer over DDP), shard_grad_op and full
-// (FullyShardedDataParallel, one unit per transformer block, ZeRO-2 and ZeRO-3).
+// schemes: ddp, ddp_bucket_view (its gradient_as_bucket_view), zero1 (ZeroRedundancyOptimizer
+// over DDP), shard_grad_op and full (FullyShardedDataParallel, one unit per transformer block:
+// ZeRO-2 and ZeRO-3).
 //
 //   bazel build -c opt //tools/bench:zero_benchmark
 //   mpirun -np 2 --oversubscribe bazel-bin/tools/bench/zero_benchmark --model=gpt2 --rounds=3
@@ -101,7 +102,10 @@ Measure Run(const std::shared_ptr<ProcessGroupMpi>& group, const std::string& sc
                                                 : ShardingStrategy::kShardGradOp)
             .auto_wrap_policy(ModuleTypeWrapPolicy<examples::GptBlock>()));
   } else {
-    wrapper = std::make_shared<DistributedDataParallel>(model, group);
+    wrapper = std::make_shared<DistributedDataParallel>(
+        model, group,
+        parallel::distributed::DistributedDataParallelOptions().gradient_as_bucket_view(
+            scheme == "ddp_bucket_view"));
   }
   const nn::AdamWOptions adamw = nn::AdamWOptions(6e-4).weight_decay(0.1);
   std::unique_ptr<nn::Optimizer> optimizer;
@@ -293,8 +297,10 @@ int Main() {
       absl::StrSplit(absl::GetFlag(FLAGS_schemes), ',', absl::SkipEmpty());
   for (const std::string& scheme : schemes) {
     examples::Require(
-        scheme == "ddp" || scheme == "zero1" || scheme == "shard_grad_op" || scheme == "full",
-        "--schemes takes ddp, zero1, shard_grad_op and full, but has '", scheme, "'");
+        scheme == "ddp" || scheme == "ddp_bucket_view" || scheme == "zero1" ||
+            scheme == "shard_grad_op" || scheme == "full",
+        "--schemes takes ddp, ddp_bucket_view, zero1, shard_grad_op and full, but has '", scheme,
+        "'");
   }
   examples::Require(!schemes.empty() && schemes[0] == "ddp",
                     "--schemes must start with ddp (the others are compared with it)");
@@ -329,12 +335,15 @@ int Main() {
     for (size_t s = 0; s < schemes.size(); ++s) {
       // Held between steps: ZeRO's table, plus DDP's gradient buckets (4P) where DDP runs.
       const std::string& name = schemes[s];
-      const double formula = name == "ddp"     ? 5.0 * p4
-                             : name == "zero1" ? 3.0 * p4 + 2.0 * p4 / world
-                                               : 4.0 * p4 / world;
-      const char* text = name == "ddp"     ? "16P + buckets 4P"
-                         : name == "zero1" ? "8P + 8P/N + buckets 4P"
-                                           : "16P/N";
+      // (gradient_as_bucket_view: .grad lives in the buckets.)
+      const double formula = name == "ddp"               ? 5.0 * p4
+                             : name == "ddp_bucket_view" ? 4.0 * p4
+                             : name == "zero1"           ? 3.0 * p4 + 2.0 * p4 / world
+                                                         : 4.0 * p4 / world;
+      const char* text = name == "ddp"               ? "16P + buckets 4P"
+                         : name == "ddp_bucket_view" ? "16P (.grad in the buckets)"
+                         : name == "zero1"           ? "8P + 8P/N + buckets 4P"
+                                                     : "16P/N";
       std::vector<double> ratios;
       for (size_t r = 0; r < measures[s].size(); ++r) {
         ratios.push_back(measures[s][r].step_ms / measures[0][r].step_ms);
