@@ -262,8 +262,35 @@ struct DistributedDataParallel::Reducer {
     stats.reduced = Clock::now();
     stats.wait_seconds = std::chrono::duration<double>(stats.reduced - start).count();
     stats.buckets = static_cast<int>(buckets.size());
-    std::vector<int64_t> used_anywhere =
-        used.defined() ? used.to_vector<int64_t>() : std::vector<int64_t>(params.size(), 1);
+    WriteAverages(used.defined() ? used.to_vector<int64_t>()
+                                 : std::vector<int64_t>(params.size(), 1));
+  }
+
+  // Join: a rank that has run out of data takes part in one reduction of the others (zeros
+  // from it: the average stays the sum over the ranks that trained, divided by the world size,
+  // as PyTorch's) and writes the averages into .grad.
+  void Shadow() {
+    std::lock_guard<std::mutex> lock(mutex);
+    NoGradGuard no_grad;
+    for (Bucket& bucket : buckets) {
+      bucket.flat.zero_();
+      bucket.work = group->allreduce(bucket.flat, ReduceOp::kAverage);
+    }
+    Tensor used;
+    std::shared_ptr<Work> used_work;
+    if (find_unused) {
+      used = zeros({static_cast<int64_t>(params.size())},
+                   TensorOptions(kInt64).device(group->device()));
+      used_work = group->allreduce(used, ReduceOp::kSum);
+    }
+    for (Bucket& bucket : buckets) bucket.work->wait();
+    if (used_work) used_work->wait();
+    WriteAverages(used.defined() ? used.to(Device::Cpu(0)).to_vector<int64_t>()
+                                 : std::vector<int64_t>(params.size(), 1));
+  }
+
+  // Writes each bucket's averages into the .grad of the parameters some rank used.
+  void WriteAverages(const std::vector<int64_t>& used_anywhere) {
     NoGradGuard no_grad;
     for (size_t i = 0; i < params.size(); ++i) {
       if (used_anywhere[i] == 0) continue;
@@ -374,9 +401,27 @@ void DistributedDataParallel::SyncBuffers() {
   BroadcastCoalesced(*process_group_, buffers);
 }
 
+bool DistributedDataParallel::BroadcastsBuffers() const {
+  return options_.broadcast_buffers() && process_group_->size() > 1 && !module_->buffers().empty();
+}
+
+void DistributedDataParallel::ShadowIteration(bool reduces, bool broadcasts_buffers) {
+  if (broadcasts_buffers) SyncBuffers();
+  if (reduces) reducer_->Shadow();
+}
+
 std::vector<Tensor> DistributedDataParallel::forward_tensors(const std::vector<Tensor>& inputs) {
   // Collectives only in training with grad mode on, so that one rank may evaluate alone.
   const bool training_step = is_training() && GradMode::IsEnabled();
+  if (join_mode_ && training_step) {
+    // Join: the ranks that have run out of data learn what this iteration runs (parallel/
+    // distributed/join.h): [ranks still training, ranks reducing, ranks broadcasting buffers].
+    const bool reduces = require_sync_ && !reducer_->params.empty();
+    Tensor flags =
+        from_vector(std::vector<int64_t>{1, reduces ? 1 : 0, BroadcastsBuffers() ? 1 : 0}, {3})
+            .to(process_group_->device());
+    process_group_->allreduce(flags, ReduceOp::kSum)->wait();
+  }
   if (training_step && options_.broadcast_buffers()) SyncBuffers();
   std::vector<Tensor> outputs = module_->forward_tensors(inputs);
   if (training_step && require_sync_ && !reducer_->params.empty()) reducer_->Prepare(outputs);

@@ -143,14 +143,20 @@ class DistributedDataParallel : public nn::Module {
   ReductionStats last_reduction_stats() const;
 
  private:
+  friend class Join;
   struct Reducer;
   void SyncBuffers();
+  // Whether a training forward broadcasts rank 0's buffers.
+  bool BroadcastsBuffers() const;
+  // Join: one iteration of the other ranks' collectives, on a rank out of data.
+  void ShadowIteration(bool reduces, bool broadcasts_buffers);
 
   std::shared_ptr<nn::Module> module_;
   std::shared_ptr<ProcessGroup> process_group_;
   DistributedDataParallelOptions options_;
   std::shared_ptr<Reducer> reducer_;  // the hooks hold it weakly
   bool require_sync_ = true;
+  bool join_mode_ = false;  // parallel/distributed/join.h
 };
 
 }  // namespace tandem::parallel::distributed
