@@ -8,21 +8,27 @@ namespace tandem {
 namespace data {
 
 DistributedSampler::DistributedSampler(int64_t dataset_size, int rank, int world_size, bool shuffle,
-                                       uint64_t seed, bool drop_last)
+                                       uint64_t seed, bool drop_last, bool even)
     : dataset_size_(dataset_size),
       rank_(rank),
       world_size_(world_size),
       shuffle_(shuffle),
       seed_(seed),
-      drop_last_(drop_last) {
+      drop_last_(drop_last),
+      even_(even) {
   TANDEM_CHECK(world_size >= 1, "DistributedSampler: world_size must be >= 1 but is ", world_size);
   TANDEM_CHECK(rank >= 0 && rank < world_size, "DistributedSampler: rank must be in [0, ",
                world_size, ") (world_size) but is ", rank);
   TANDEM_CHECK(dataset_size >= 0, "DistributedSampler: dataset_size must be >= 0 but is ",
                dataset_size);
-  // PyTorch: drop the tail so that every rank gets the same number, or pad up to it.
-  num_samples_ =
-      drop_last ? dataset_size / world_size : (dataset_size + world_size - 1) / world_size;
+  TANDEM_CHECK(even || !drop_last,
+               "DistributedSampler: drop_last drops the tail to give every rank the same number, "
+               "which even = false does not ask for; pass one of them");
+  // PyTorch: drop the tail so that every rank gets the same number, or pad up to it; not even:
+  // the positions rank, rank + world_size, ... below dataset_size.
+  num_samples_ = !even       ? (dataset_size - rank + world_size - 1) / world_size
+                 : drop_last ? dataset_size / world_size
+                             : (dataset_size + world_size - 1) / world_size;
 }
 
 std::vector<int64_t> DistributedSampler::NextEpoch() { return Indices(epoch_++); }

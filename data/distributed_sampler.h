@@ -32,11 +32,14 @@ namespace data {
 class DistributedSampler : public Sampler {
  public:
   // Throws unless world_size >= 1, 0 <= rank < world_size and dataset_size >= 0.
+  // even = false: every index once an epoch, the ranks' shares differing by one at most (no
+  // padding, no dropping: for uneven inputs under parallel/distributed/join.h); not with
+  // drop_last.
   DistributedSampler(int64_t dataset_size, int rank, int world_size, bool shuffle = true,
-                     uint64_t seed = 0, bool drop_last = false);
+                     uint64_t seed = 0, bool drop_last = false, bool even = true);
 
   // This rank's indices per epoch: ceil(dataset_size / world_size), or with drop_last
-  // floor(dataset_size / world_size).
+  // floor(dataset_size / world_size); not even: the positions rank, rank + world_size, ...
   int64_t size() const override { return num_samples_; }
   // Indices(epoch()), then advances to the next epoch.
   std::vector<int64_t> NextEpoch() override;
@@ -49,8 +52,9 @@ class DistributedSampler : public Sampler {
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
-  // Indices over all ranks per epoch: size() * world_size().
-  int64_t total_size() const { return num_samples_ * world_size_; }
+  // Indices over all ranks per epoch: size() * world_size() (dataset_size when not even).
+  int64_t total_size() const { return even_ ? num_samples_ * world_size_ : dataset_size_; }
+  bool even() const { return even_; }
 
  private:
   int64_t dataset_size_;
@@ -59,6 +63,7 @@ class DistributedSampler : public Sampler {
   bool shuffle_;
   uint64_t seed_;
   bool drop_last_;
+  bool even_;
   int64_t num_samples_;
   int64_t epoch_ = 0;
 };

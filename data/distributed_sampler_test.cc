@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <vector>
 
 #include "data/dataloader.h"
@@ -88,6 +89,31 @@ TEST(DistributedSamplerTest, DropLastDropsTheTailThatDoesNotDivide) {
   EXPECT_EQ(DistributedSampler(2, 1, 3, true, 0, true).size(), 0);
   EXPECT_TRUE(DistributedSampler(2, 1, 3, true, 0, true).Indices(0).empty());
   EXPECT_TRUE(DistributedSampler(0, 1, 3).NextEpoch().empty());
+}
+
+TEST(DistributedSamplerTest, NotEvenSharesEveryIndexOnceWithSharesDifferingByOne) {
+  // 10 over 3 ranks: 4, 3, 3, every index once, nothing padded or dropped.
+  std::vector<int64_t> all;
+  for (int rank = 0; rank < 3; ++rank) {
+    DistributedSampler sampler(10, rank, 3, /*shuffle=*/true, /*seed=*/4, /*drop_last=*/false,
+                               /*even=*/false);
+    EXPECT_EQ(sampler.size(), rank == 0 ? 4 : 3);
+    EXPECT_EQ(sampler.total_size(), 10);
+    const std::vector<int64_t> mine = sampler.Indices(1);
+    EXPECT_EQ(static_cast<int64_t>(mine.size()), sampler.size());
+    all.insert(all.end(), mine.begin(), mine.end());
+  }
+  std::sort(all.begin(), all.end());
+  std::vector<int64_t> every(10);
+  std::iota(every.begin(), every.end(), int64_t{0});
+  EXPECT_EQ(all, every);
+  EXPECT_EQ(DistributedSampler(1, 1, 2, true, 0, false, false).size(), 0);
+  try {
+    DistributedSampler(10, 0, 3, true, 0, true, false);
+    ADD_FAILURE() << "drop_last with even = false was taken";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("drop_last drops the tail"));
+  }
 }
 
 TEST(DistributedSamplerTest, SetEpochReshufflesTheSameWayOnEveryRank) {

@@ -24,6 +24,7 @@
 #include "nn/nn.h"
 #include "parallel/distributed/distributed_data_parallel.h"
 #include "parallel/distributed/fully_sharded_data_parallel.h"
+#include "parallel/distributed/join.h"
 #include "parallel/distributed/process_group_mpi.h"
 #include "parallel/distributed/same_configuration.h"
 #include "parallel/distributed/sharded_checkpoint.h"
@@ -182,6 +183,7 @@ class DistributedStrategy : public TrainStrategy {
             "(gradients too) or 'full' (parameters too) but is '",
             config.sharding, "'");
     config_sharding_ = config.sharding;
+    uneven_ = config.sharding == "none" && !config.sync_bn;
     if (FsdpStrategyOf(config.sharding)) {
       Require(!compression_,
               "--ddp_compression compresses DistributedDataParallel's all-reduce, "
@@ -289,7 +291,10 @@ class DistributedStrategy : public TrainStrategy {
     distributed::SaveShardedCheckpoint(*fsdp_, fsdp_optimizer_->local(), path, entries);
   }
   std::unique_ptr<data::Sampler> MakeSampler(int64_t size, uint64_t seed, int64_t epoch) override {
-    auto sampler = std::make_unique<data::DistributedSampler>(size, rank_, world_, true, seed);
+    // Every example once an epoch, the ranks' step counts evened out by a Join; with sharding or
+    // SyncBatchNorm (collectives a Join does not shadow) equal shares, padded as PyTorch's.
+    auto sampler = std::make_unique<data::DistributedSampler>(size, rank_, world_, true, seed,
+                                                              /*drop_last=*/false, !uneven_);
     sampler->set_epoch(epoch);
     sampler_ = sampler.get();
     return sampler;
@@ -301,8 +306,9 @@ class DistributedStrategy : public TrainStrategy {
     distributed::RequireSameConfiguration(
         *group_,
         {{"training examples", std::to_string(examples), true},
-         {"examples per rank per epoch", std::to_string(sampler_->size()), true},
-         {"steps per epoch", std::to_string(steps), true},
+         // Uneven shares (a Join) differ by one example at most, and their steps by one.
+         {"examples per rank per epoch", uneven_ ? "-" : std::to_string(sampler_->size()), true},
+         {"steps per epoch", uneven_ ? "-" : std::to_string(steps), true},
          {"epochs done (from --checkpoint)", std::to_string(state.epochs_done), true},
          {"data order (from --checkpoint)", std::to_string(state.sampler_epoch), true}},
         kAdvice);
@@ -332,9 +338,11 @@ class DistributedStrategy : public TrainStrategy {
       fsdp_optimizer_->Bind(fsdp_.get());
       wrapper_ = fsdp_;
     } else {
-      wrapper_ = std::make_shared<distributed::DistributedDataParallel>(
+      auto ddp = std::make_shared<distributed::DistributedDataParallel>(
           model, group_,
           distributed::DistributedDataParallelOptions().gradient_compression(compression_));
+      ddp_ = ddp.get();
+      wrapper_ = ddp;
     }
     // Every rank's device, for the report.
     Tensor mine =
@@ -356,8 +364,16 @@ class DistributedStrategy : public TrainStrategy {
     if (threads_ > 0) {
       text += absl::StrFormat(" (%d thread%s per CPU device)", threads_, threads_ == 1 ? "" : "s");
     }
-    text += absl::StrFormat(", batch %d per rank (%d in all), %d examples per rank per epoch\n",
-                            batch, batch * world_, sampler_->size());
+    if (uneven_ && sampler_->total_size() % world_ != 0) {
+      text += absl::StrFormat(
+          ", batch %d per rank (%d in all), %d or %d examples per rank per epoch (each example "
+          "once; a Join evens out the steps)\n",
+          batch, batch * world_, sampler_->total_size() / world_,
+          sampler_->total_size() / world_ + 1);
+    } else {
+      text += absl::StrFormat(", batch %d per rank (%d in all), %d examples per rank per epoch\n",
+                              batch, batch * world_, sampler_->size());
+    }
     if (compression_) {
       text += absl::StrFormat("Gradients all-reduced in %s (--ddp_compression)\n",
                               DTypeName(*compression_));
@@ -413,6 +429,19 @@ class DistributedStrategy : public TrainStrategy {
   // rank cannot tell, and a redrawn bar would fill a log with carriage returns.
   int interactive_bar() const override { return 0; }
   void StartEpoch() override { group_->barrier()->wait(); }  // every rank starts the clock
+  // Ranks with one step more than others: the others shadow it under a Join, running the
+  // trainer's optimizer step on the averaged gradients, so every rank keeps the same model.
+  void BeginSteps(std::function<void()> shadow_step) override {
+    if (uneven_ && ddp_ != nullptr) {
+      join_ = std::make_unique<distributed::Join>(*ddp_, std::move(shadow_step));
+    }
+  }
+  void EndSteps() override {
+    if (join_ != nullptr) {
+      join_->Finish();
+      join_.reset();
+    }
+  }
   Tensor Loss(nn::Module& criterion, const Tensor& input, const Tensor& target) override {
     return criterion.forward_tensors({wrapper_->forward_tensors({input})[0], target})[0];
   }
@@ -479,6 +508,9 @@ class DistributedStrategy : public TrainStrategy {
   std::shared_ptr<distributed::FullyShardedDataParallel> fsdp_;  // --sharding=shard_grad_op|full
   FsdpTrainerOptimizer* fsdp_optimizer_ = nullptr;               // its optimizer
   std::string config_sharding_ = "none";
+  bool uneven_ = false;  // every example once; a Join evens the steps
+  distributed::DistributedDataParallel* ddp_ = nullptr;  // wrapper_, without sharding
+  std::unique_ptr<distributed::Join> join_;              // this epoch's
   std::vector<std::string> device_names_;
 };
 

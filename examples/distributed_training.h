@@ -53,6 +53,11 @@
 //
 //   mpirun -np 2 bazel-bin/examples/train --distributed --model=gpt --sharding=full
 //
+// Data that does not divide evenly over the ranks is used once an epoch (no padding): the
+// ranks' shares differ by one example, and a rank with a step fewer shadows the others' last
+// under a parallel::distributed::Join, taking the same optimizer step. With --sharding or
+// --sync_bn (collectives a Join does not shadow) the shares are padded to be equal instead.
+//
 // --sync_bn makes every BatchNorm of the model (--model=resnet) normalise with the
 // statistics of every rank's batch together (parallel::distributed::ConvertSyncBatchNorm).
 #ifndef TANDEM_EXAMPLES_DISTRIBUTED_TRAINING_H_

@@ -262,6 +262,16 @@ bad="$(ranks2 "${base[@]}" --sharding=full --ddp_compression=bf16 2>&1)" || rc=$
 [[ $rc == 1 ]] && grep -qF -- "--ddp_compression compresses DistributedDataParallel's all-reduce, but --sharding=full reduce-scatters with FullyShardedDataParallel" <<<"$bad" ||
   { echo "$bad"; echo "FAIL: --sharding=full with --ddp_compression was not refused (exit $rc)"; exit 1; }
 
+# Data that does not divide evenly (2049 examples over 2 ranks: 1025 and 1024, 17 and 16 steps)
+# is used once an epoch, not padded: the rank with fewer steps shadows the other's last under a
+# Join (parallel/distributed/join_test checks the numbers), and the job ends, where a rank left
+# waiting would time out.
+uneven="$(ranks2 "${base[@]}" --train_limit=2049 --epochs=2 2>&1)" ||
+  { echo "$uneven"; echo "FAIL: the uneven job failed"; exit 1; }
+grep -q '1024 or 1025 examples per rank per epoch (each example once; a Join evens out the steps)' <<<"$uneven" &&
+  grep -q '^\[1,0\]<stdout>:{"model".*"epochs":2' <<<"$uneven" ||
+  { echo "$uneven"; echo "FAIL: the uneven job did not say it uses every example once"; exit 1; }
+
 # Ranks that disagree: started as MPMD (one mpirun, two command lines), every rank refuses at
 # start with the same one-line error naming what differs and each rank's value, exit status
 # 1, no hang (before: --epochs 3 against 2 waited forever, --batch_size failed with
@@ -288,7 +298,7 @@ mpmd "--lr (0.05 on rank 0, 0.1 on rank 1)" --lr=0.1
 mpmd "--model (mlp on rank 0, cnn on rank 1)" --model=cnn
 mpmd "--sharding (none on rank 0, zero1 on rank 1)" --sharding=zero1
 # Same flags, other data: rank 1 reads a copy of the first 1,000 training images (plain IDX
-# files with their own headers), so the data sizes and the steps per epoch differ.
+# files with their own headers), so the data sizes differ.
 small="$logs/small_data"
 mkdir -p "$small"
 set +o pipefail  # head ends the pipes early
@@ -299,7 +309,7 @@ set +o pipefail  # head ends the pipes early
   zcat "$data_dir/train-labels-idx1-ubyte.gz" | tail -c +9 | head -c 1000; } \
   >"$small/train-labels-idx1-ubyte"
 set -o pipefail
-mpmd "training examples (2048 on rank 0, 1000 on rank 1); examples per rank per epoch (1024 on rank 0, 500 on rank 1); steps per epoch (16 on rank 0, 8 on rank 1)" \
+mpmd "training examples (2048 on rank 0, 1000 on rank 1)" \
   --data_dir="$small"
 # Each rank's own checkpoint path (one per machine), but rank 1's file does not exist: rank 0
 # would resume after epoch 2, rank 1 start from epoch 1.

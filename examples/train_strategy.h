@@ -83,6 +83,11 @@ class TrainStrategy {
 
   // Each epoch: before its first step (ranks start the clock together).
   virtual void StartEpoch() {}
+  // Each epoch, around its steps: `shadow_step` is the trainer's optimizer step, for a rank
+  // that has run out of batches while others still train (it runs it on their averaged
+  // gradients).
+  virtual void BeginSteps(std::function<void()> /*shadow_step*/) {}
+  virtual void EndSteps() {}
   // The loss of one batch.
   virtual Tensor Loss(nn::Module& criterion, const Tensor& input, const Tensor& target) = 0;
   // After each step's optimizer step.

@@ -234,6 +234,10 @@ int RunTraining(const TrainConfig& given, TrainStrategy& strategy, TrainReporter
     reporter.BeginEpoch(absl::StrFormat("epoch %*d/%d", width, epoch, config.epochs), steps,
                         strategy.interactive_bar());
     strategy.StartEpoch();
+    strategy.BeginSteps([&] {
+      scaler.step(*optimizer.optimizer);
+      scaler.update();
+    });
     const auto epoch_start = Clock::now();
     double loss_sum = 0;
     int64_t seen = 0, step = 0;
@@ -270,6 +274,7 @@ int RunTraining(const TrainConfig& given, TrainStrategy& strategy, TrainReporter
       if (lead && config.after_step) config.after_step(epoch, step, steps);
       trace.StepDone();
     }
+    strategy.EndSteps();  // (ranks with fewer batches shadow the others' last steps)
     trace.EpochDone();
     const std::vector<double> totals = strategy.EpochTotals(loss_sum, static_cast<double>(seen));
     const double seconds = SecondsSince(epoch_start);
