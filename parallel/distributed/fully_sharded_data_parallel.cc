@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "parallel/distributed/broadcast_coalesced.h"
+#include "parallel/distributed/internal/optimizer_state_name.h"
 #include "parallel/distributed/same_configuration.h"
 #include "tensor/base/error.h"
 #include "tensor/core/autograd.h"
@@ -131,14 +132,19 @@ struct FullyShardedDataParallel::State : std::enable_shared_from_this<State> {
     return false;
   }
 
-  // Starts the all-gather of unit u's shard (in the compute dtype) into a fresh flat buffer.
+  // Starts the all-gather of every rank's `shard` of `unit` (shard_numel elements, any dtype)
+  // into a fresh flat buffer.
+  std::pair<std::shared_ptr<Work>, Tensor> StartGatherWhole(const Unit& unit, const Tensor& shard) {
+    NoGradGuard no_grad;
+    Tensor full = empty({unit.shard_numel * group->size()},
+                        TensorOptions().dtype(shard.dtype()).device(shard.device()));
+    return {group->allgather(full, shard.detach().contiguous()), full};
+  }
+
+  // The same for unit u's parameters, in the compute dtype.
   std::pair<std::shared_ptr<Work>, Tensor> StartGather(int u) {
     NoGradGuard no_grad;
-    const Unit& unit = units[u];
-    Tensor full = empty({unit.shard_numel * group->size()},
-                        TensorOptions().dtype(compute_dtype(unit)).device(unit.shard.device()));
-    Tensor source = unit.shard.detach().to(compute_dtype(unit));
-    return {group->allgather(full, source), full};
+    return StartGatherWhole(units[u], units[u].shard.detach().to(compute_dtype(units[u])));
   }
 
   // The gathered flat buffer for `episode` (its prefetch, or a gather now).
@@ -203,24 +209,30 @@ struct FullyShardedDataParallel::State : std::enable_shared_from_this<State> {
     last_gathered = episode;
   }
 
-  // Every rank's `shard` of unit u (shard_numel elements, any dtype) in one flat tensor.
+  // Every rank's `shard` of `unit` in one flat tensor.
   Tensor GatherWhole(const Unit& unit, const Tensor& shard) {
-    NoGradGuard no_grad;
-    Tensor full = empty({unit.shard_numel * group->size()},
-                        TensorOptions().dtype(shard.dtype()).device(shard.device()));
-    group->allgather(full, shard.detach().contiguous())->wait();
+    auto [work, full] = StartGatherWhole(unit, shard);
+    work->wait();
     return full;
   }
 
-  // This rank's shard of the flat concatenation of `values` (one per entry, of its shape).
-  Tensor ShardOf(const Unit& unit, const std::vector<Tensor>& values) const {
+  // `values` (one per entry, of its shape; undefined: zeros) in one padded flat tensor.
+  static Tensor Flatten(const Unit& unit, int world, const std::vector<Tensor>& values, DType dtype,
+                        Device device) {
     NoGradGuard no_grad;
-    Tensor full = zeros({unit.shard_numel * group->size()},
-                        TensorOptions().dtype(values.at(0).dtype()).device(unit.shard.device()));
+    Tensor full = zeros({unit.shard_numel * world}, TensorOptions().dtype(dtype).device(device));
     for (size_t i = 0; i < values.size(); ++i) {
+      if (!values[i].defined()) continue;
       const FlatEntry& e = unit.entries[i];
-      full.narrow(0, e.offset, e.numel).copy_(values[i].reshape({-1}));
+      full.narrow(0, e.offset, e.numel).copy_(values[i].reshape({e.numel}));
     }
+    return full;
+  }
+
+  // This rank's shard of `values` flattened.
+  Tensor ShardOf(const Unit& unit, const std::vector<Tensor>& values) const {
+    const Tensor full =
+        Flatten(unit, group->size(), values, values.at(0).dtype(), unit.shard.device());
     return full.narrow(0, unit.shard_numel * group->rank(), unit.shard_numel).clone();
   }
 
@@ -235,6 +247,13 @@ struct FullyShardedDataParallel::State : std::enable_shared_from_this<State> {
 
   static Tensor MakeView(const Tensor& full, const FlatEntry& e) {
     return full.narrow(0, e.offset, e.numel).view(e.shape);
+  }
+
+  // Frees every unit's gathered parameters.
+  void ReleaseAll() {
+    for (Unit& unit : units) {
+      if (unit.current) ReleaseStorage(unit.current->full);
+    }
   }
 
   // Makes sure `episode`'s memory is there (its backward comes next).
@@ -277,13 +296,7 @@ struct FullyShardedDataParallel::State : std::enable_shared_from_this<State> {
         std::tie(before->prefetch, before->prefetched) = StartGather(before->unit);
       }
     }
-    Tensor flat = zeros({unit.shard_numel * group->size()},
-                        TensorOptions().dtype(reduce_dtype(unit)).device(episode.full.device()));
-    for (size_t i = 0; i < grads.size(); ++i) {
-      if (!grads[i].defined()) continue;
-      const FlatEntry& e = unit.entries[i];
-      flat.narrow(0, e.offset, e.numel).copy_(grads[i].reshape({e.numel}));
-    }
+    Tensor flat = Flatten(unit, group->size(), grads, reduce_dtype(unit), episode.full.device());
     ReleaseStorage(episode.full);
     if (!require_sync) {
       unit.accumulated = unit.accumulated.defined() ? unit.accumulated.add_(flat) : flat;
@@ -369,15 +382,13 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> m
                                                    FullyShardedDataParallelOptions options)
     : nn::Module("FullyShardedDataParallel"),
       module_(std::move(module)),
-      process_group_(std::move(process_group)),
-      options_(std::move(options)),
       state_(std::make_shared<State>()) {
   TANDEM_CHECK(module_ != nullptr, "FullyShardedDataParallel: the module is null");
-  TANDEM_CHECK(process_group_ != nullptr, "FullyShardedDataParallel: the process group is null");
-  ProcessGroup& group = *process_group_;
+  TANDEM_CHECK(process_group != nullptr, "FullyShardedDataParallel: the process group is null");
   State& s = *state_;
-  s.group = process_group_;
-  s.options = options_;
+  s.group = std::move(process_group);
+  s.options = std::move(options);
+  ProcessGroup& group = *s.group;
   s.prefix = Prefix(group);
   const int world = group.size();
   const Device device = group.device();
@@ -390,7 +401,8 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> m
         for (const nn::NamedModule& child : m.named_children()) {
           const std::string name = path.empty() ? child.name : path + "." + child.name;
           int unit = enclosing;
-          if (options_.auto_wrap_policy() && options_.auto_wrap_policy()(name, *child.module)) {
+          const AutoWrapPolicy& policy = s.options.auto_wrap_policy();
+          if (policy && policy(name, *child.module)) {
             unit = static_cast<int>(s.units.size());
             s.units.push_back({});
             s.units.back().name = name;
@@ -403,7 +415,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> m
   find_units(*module_, "", 0);
   std::vector<std::string> unit_names;
   for (const State::Unit& u : s.units) unit_names.push_back(u.name.empty() ? "(root)" : u.name);
-  CheckSameEverywhere(group, *module_, options_, unit_names);
+  CheckSameEverywhere(group, *module_, s.options, unit_names);
 
   for (const nn::NamedTensor& p : module_->named_parameters()) {
     TANDEM_CHECK(p.value.device() == device, s.prefix, "parameter ", p.name, " is on ",
@@ -489,11 +501,7 @@ FullyShardedDataParallel::FullyShardedDataParallel(std::shared_ptr<nn::Module> m
     unit.shard_numel = (unit.numel + world - 1) / world;
     if (unit.entries.empty()) continue;  // a root without parameters of its own
     NoGradGuard no_grad;
-    Tensor full =
-        zeros({unit.shard_numel * world}, TensorOptions().dtype(unit.dtype).device(device));
-    for (size_t i = 0; i < values.size(); ++i) {
-      full.narrow(0, unit.entries[i].offset, unit.entries[i].numel).copy_(values[i].reshape({-1}));
-    }
+    Tensor full = State::Flatten(unit, world, values, unit.dtype, device);
     unit.shard = full.narrow(0, unit.shard_numel * group.rank(), unit.shard_numel).clone();
     unit.shard =
         register_parameter("flat_param_" + std::to_string(u), unit.shard, unit.requires_grad)
@@ -538,33 +546,26 @@ std::vector<Tensor> FullyShardedDataParallel::forward_tensors(const std::vector<
   State& s = *state_;
   s.AbandonFailedBackward();
   if (s.summoned) {
-    for (State::Unit& unit : s.units) {
-      if (unit.current) ReleaseStorage(unit.current->full);
-    }
+    s.ReleaseAll();
     s.summoned = false;
   }
   ++s.forward_id;
   s.last_gathered.reset();
   std::vector<Tensor> cast = inputs;
-  if (const std::optional<DType> dtype = options_.param_dtype()) {
+  if (const std::optional<DType> dtype = s.options.param_dtype()) {
     for (Tensor& t : cast) {
       if (t.defined() && IsFloatingPoint(t.dtype())) t = t.to(*dtype);
     }
   }
-  if (options_.broadcast_buffers() && is_training() && GradMode::IsEnabled()) {
+  if (s.options.broadcast_buffers() && is_training() && GradMode::IsEnabled()) {
     const std::vector<Tensor> buffers = module_->buffers();
     if (!buffers.empty()) {
       NoGradGuard no_grad;
-      BroadcastCoalesced(*process_group_, buffers);
+      BroadcastCoalesced(*s.group, buffers);
     }
   }
   std::vector<Tensor> outputs = module_->forward_tensors(cast);
-  if (!GradMode::IsEnabled()) {
-    // No backward follows: free every unit now.
-    for (State::Unit& unit : s.units) {
-      if (unit.current) ReleaseStorage(unit.current->full);
-    }
-  }
+  if (!GradMode::IsEnabled()) s.ReleaseAll();  // no backward follows
   s.last_gathered.reset();
   return outputs;
 }
@@ -606,7 +607,7 @@ double FullyShardedDataParallel::clip_grad_norm_(double max_norm, double norm_ty
       local += sum(pow(abs(grad.to(kFloat64)), norm_type)).item();
     }
   }
-  ProcessGroup& group = *process_group_;
+  ProcessGroup& group = *state_->group;
   const Device device = group.device();
   double total;
   if (infinity) {
@@ -648,7 +649,7 @@ std::vector<nn::NamedTensor> FullyShardedDataParallel::full_state_dict() {
     buffers.push_back(ordered.back().value);
   }
   NoGradGuard no_grad;
-  BroadcastCoalesced(*process_group_, buffers);  // rank 0's, as a checkpoint keeps them
+  BroadcastCoalesced(*s.group, buffers);  // rank 0's, as a checkpoint keeps them
   return ordered;
 }
 
@@ -671,35 +672,23 @@ void FullyShardedDataParallel::summon_full_params() {
   s.summoned = true;
 }
 
-namespace {
-
-// "state.<index>.<field>" -> {index, field}; throws naming the entry otherwise.
-std::pair<size_t, std::string> SplitStateName(const std::string& prefix, const std::string& name) {
-  const size_t dot = name.find('.', 6);
-  const std::string index = name.substr(6, dot == std::string::npos ? dot : dot - 6);
-  TANDEM_CHECK(name.rfind("state.", 0) == 0 && dot != std::string::npos && !index.empty() &&
-                   index.size() < 10 && index.find_first_not_of("0123456789") == std::string::npos,
-               prefix, "optimizer state entry '", name,
-               "' is not \"state.<parameter index>.<field>\"; pass an optimizer's state_dict()");
-  return {std::stoul(index), name.substr(dot + 1)};
+std::unordered_map<std::string, size_t> FullyShardedDataParallel::ParameterIndices() const {
+  std::unordered_map<std::string, size_t> index_of;
+  for (const nn::NamedTensor& p : module_->named_parameters()) {
+    index_of.emplace(p.name, index_of.size());
+  }
+  return index_of;
 }
-
-}  // namespace
 
 nn::OptimizerState FullyShardedDataParallel::full_optimizer_state(
     const nn::OptimizerState& sharded) {
   State& s = *state_;
   const std::vector<int> sharded_units = s.ShardedUnits();
-  std::unordered_map<std::string, size_t> index_of;
-  for (const nn::NamedTensor& p : module_->named_parameters()) {
-    index_of.emplace(p.name, index_of.size());
-  }
+  const std::unordered_map<std::string, size_t> index_of = ParameterIndices();
   nn::OptimizerState full;
   for (const auto& [name, value] : sharded) {  // sorted: every rank gathers in one order
-    const auto [k, field] = SplitStateName(s.prefix, name);
-    TANDEM_CHECK(k < sharded_units.size(), s.prefix, "optimizer state entry '", name,
-                 "' is for parameter ", k, " but the wrapper has ", sharded_units.size(),
-                 " (one flat shard per unit with parameters)");
+    // (One flat shard per unit with parameters.)
+    const auto [k, field] = internal::SplitOptimizerStateName(s.prefix, name, sharded_units.size());
     const State::Unit& unit = s.units[sharded_units[k]];
     const bool per_element = value.dim() == 1 && value.numel() == unit.shard_numel;
     const Tensor whole = per_element ? s.GatherWhole(unit, value) : Tensor();
@@ -716,14 +705,11 @@ nn::OptimizerState FullyShardedDataParallel::shard_optimizer_state(
     const nn::OptimizerState& full) const {
   const State& s = *state_;
   // The plain state's fields by parameter index.
+  const std::unordered_map<std::string, size_t> index_of = ParameterIndices();
   std::map<size_t, std::map<std::string, Tensor>> fields;
   for (const auto& [name, value] : full) {
-    const auto [index, field] = SplitStateName(s.prefix, name);
+    const auto [index, field] = internal::SplitOptimizerStateName(s.prefix, name, index_of.size());
     fields[index][field] = value;
-  }
-  std::unordered_map<std::string, size_t> index_of;
-  for (const nn::NamedTensor& p : module_->named_parameters()) {
-    index_of.emplace(p.name, index_of.size());
   }
   nn::OptimizerState sharded;
   const std::vector<int> sharded_units = s.ShardedUnits();
@@ -787,6 +773,14 @@ void FullyShardedDataParallel::load_full_state_dict(const std::vector<nn::NamedT
     unit.shard.detach().copy_(s.ShardOf(unit, values));
   }
   module_->load_state_dict(buffers, /*strict=*/false);
+}
+
+const std::shared_ptr<ProcessGroup>& FullyShardedDataParallel::process_group() const {
+  return state_->group;
+}
+
+const FullyShardedDataParallelOptions& FullyShardedDataParallel::options() const {
+  return state_->options;
 }
 
 std::vector<FsdpUnitInfo> FullyShardedDataParallel::units() const {

@@ -62,6 +62,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include "nn/module.h"
@@ -180,15 +181,15 @@ class FullyShardedDataParallel : public nn::Module {
   nn::OptimizerState shard_optimizer_state(const nn::OptimizerState& full) const;
 
   const std::shared_ptr<nn::Module>& module() const { return module_; }
-  const std::shared_ptr<ProcessGroup>& process_group() const { return process_group_; }
-  const FullyShardedDataParallelOptions& options() const { return options_; }
+  const std::shared_ptr<ProcessGroup>& process_group() const;
+  const FullyShardedDataParallelOptions& options() const;
   std::vector<FsdpUnitInfo> units() const;
 
  private:
   struct State;
+  // The wrapped module's parameter names -> their indices in module()->parameters().
+  std::unordered_map<std::string, size_t> ParameterIndices() const;
   std::shared_ptr<nn::Module> module_;
-  std::shared_ptr<ProcessGroup> process_group_;
-  FullyShardedDataParallelOptions options_;
   std::shared_ptr<State> state_;  // the hooks and nodes hold it weakly or share it
 };
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "nn/checkpoint.h"
+#include "parallel/distributed/internal/optimizer_state_name.h"
 #include "tensor/base/error.h"
 #include "tensor/base/grad_mode.h"
 
@@ -146,12 +147,9 @@ void SaveShardedCheckpoint(FullyShardedDataParallel& fsdp, const nn::Optimizer& 
                          shards[k].detach().narrow(0, 0, mine).to(Device::Cpu(0)).clone()});
     }
     for (const auto& [name, value] : optimizer.state_dict()) {
-      const size_t dot = name.find('.', 6);
-      const size_t k = std::stoul(name.substr(6, dot - 6));
-      TANDEM_CHECK(name.rfind("state.", 0) == 0 && dot != std::string::npos && k < units.size(),
-                   "the optimizer's state entry '", name,
-                   "' is not of a parameter of the wrapper; pass an optimizer over "
-                   "fsdp.parameters()");
+      // An optimizer over fsdp.parameters(): one flat shard per unit with parameters.
+      const size_t k =
+          internal::SplitOptimizerStateName("the optimizer's ", name, units.size()).first;
       const bool per_element = value.dim() == 1 && value.numel() == units[k].shard_numel;
       const Tensor part =
           per_element ? value.narrow(0, 0, ShardLength(units[k].numel, rank, world)) : value;

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "parallel/distributed/broadcast_coalesced.h"
+#include "parallel/distributed/internal/optimizer_state_name.h"
 #include "tensor/base/error.h"
 #include "tensor/runtime/profiler.h"
 
@@ -23,27 +24,6 @@ std::unique_ptr<nn::OptimizerOptions> DefaultsOf(const OptimizerFactory& factory
   std::unique_ptr<nn::Optimizer> probe = factory({nn::ParamGroup({})});
   TANDEM_CHECK(probe != nullptr, kName, ": the optimizer factory returned null");
   return probe->defaults().clone();
-}
-
-// Parameter index and field of a state entry "state.<i>.<field>".
-std::pair<size_t, std::string> SplitStateName(const std::string& name, size_t parameters) {
-  const size_t dot = name.find('.', 6);
-  size_t index = 0;
-  bool ok =
-      name.rfind("state.", 0) == 0 && dot != std::string::npos && dot > 6 && dot + 1 < name.size();
-  if (ok) {
-    const std::string digits = name.substr(6, dot - 6);
-    ok = std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }) &&
-         digits.size() < 10;
-    if (ok) index = std::stoul(digits);
-  }
-  TANDEM_CHECK(ok, kName, ": state entry \"", name,
-               "\" is not of the form state.<parameter index>.<field>; load a dict from "
-               "state_dict() of this optimizer or of the optimizer it wraps");
-  TANDEM_CHECK(index < parameters, kName, ": state entry \"", name, "\" is for parameter ", index,
-               " but this optimizer has ", parameters,
-               " parameters; load a dict saved over the same parameters");
-  return {index, name.substr(dot + 1)};
 }
 
 }  // namespace
@@ -168,7 +148,8 @@ void ZeroRedundancyOptimizer::consolidate_state_dict(int to) {
     std::string meta;
     if (group.rank() == r) {
       for (const auto& [name, value] : local_->state_dict()) {
-        const auto [local, field] = SplitStateName(name, global_of.size());
+        const auto [local, field] =
+            internal::SplitOptimizerStateName(std::string(kName) + ": ", name, global_of.size());
         names.push_back("state." + std::to_string(global_of[local]) + "." + field);
         tensors.push_back(value.contiguous().to(device));
         std::ostringstream line;
@@ -221,7 +202,8 @@ nn::OptimizerState ZeroRedundancyOptimizer::state_dict() const {
 void ZeroRedundancyOptimizer::load_state_dict(const nn::OptimizerState& state) {
   nn::OptimizerState mine;
   for (const auto& [name, value] : state) {
-    const auto [index, field] = SplitStateName(name, parameters_.size());
+    const auto [index, field] =
+        internal::SplitOptimizerStateName(std::string(kName) + ": ", name, parameters_.size());
     if (owners_[index] != process_group_->rank()) continue;
     mine["state." + std::to_string(local_index_[index]) + "." + field] = value;
   }

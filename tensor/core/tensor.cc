@@ -284,8 +284,8 @@ void* Tensor::raw_data() const {
   CheckDefined("data()");
   // Note [Released storage]: ReleaseStorage (tensor/core/storage_residency.h) frees a storage's
   // memory in place and keeps its size; every kernel reaches memory through here.
-  TANDEM_CHECK(impl_->storage->data != nullptr || impl_->storage->bytes == 0,
-               "this ", ShapeToString(shape()), " ", dtype(),
+  TANDEM_CHECK(impl_->storage->data != nullptr || impl_->storage->bytes == 0, "this ",
+               ShapeToString(shape()), " ", dtype(),
                " tensor's memory was released (ReleaseStorage): it is a parameter of a fully "
                "sharded unit outside that unit's forward and backward, or a view of one. Read "
                "parameters through FullyShardedDataParallel (full_state_dict, or the unit's own "
