@@ -182,7 +182,7 @@ class DistributedStrategy : public TrainStrategy {
             "'zero1' (the optimizer state sharded across the ranks), 'zero2' or 'shard_grad_op' "
             "(gradients too) or 'full' (parameters too) but is '",
             config.sharding, "'");
-    config_sharding_ = config.sharding;
+    sharding_ = config.sharding;
     uneven_ = config.sharding == "none" && !config.sync_bn;
     if (FsdpStrategyOf(config.sharding)) {
       Require(!compression_,
@@ -282,7 +282,7 @@ class DistributedStrategy : public TrainStrategy {
   void BeforeLeadAlone() override {
     if (fsdp_ != nullptr) fsdp_->summon_full_params();
   }
-  bool ShardsCheckpoints() const override { return FsdpStrategyOf(config_sharding_).has_value(); }
+  bool ShardsCheckpoints() const override { return FsdpStrategyOf(sharding_).has_value(); }
   void LoadShardedCheckpoint(const std::string& path) override {
     distributed::LoadShardedCheckpoint(*fsdp_, fsdp_optimizer_->local(), path);
   }
@@ -315,7 +315,6 @@ class DistributedStrategy : public TrainStrategy {
   }
   void Wrap(std::shared_ptr<nn::Module> model, const TrainConfig& config) override {
     model_ = model;
-    config_sharding_ = config.sharding;
     if (config.sync_bn) {
       synchronized_norms_ = distributed::ConvertSyncBatchNorm(*model, group_);
       Require(synchronized_norms_ > 0,
@@ -491,7 +490,7 @@ class DistributedStrategy : public TrainStrategy {
   }
   std::vector<std::string> DeviceNames() const override { return device_names_; }
   std::string JsonExtra() const override {
-    return absl::StrFormat("\"ranks\":%d,\"sharding\":\"%s\",", world_, config_sharding_);
+    return absl::StrFormat("\"ranks\":%d,\"sharding\":\"%s\",", world_, sharding_);
   }
 
  private:
@@ -507,7 +506,7 @@ class DistributedStrategy : public TrainStrategy {
   std::shared_ptr<nn::Module> wrapper_;  // DistributedDataParallel, or FullyShardedDataParallel
   std::shared_ptr<distributed::FullyShardedDataParallel> fsdp_;  // --sharding=shard_grad_op|full
   FsdpTrainerOptimizer* fsdp_optimizer_ = nullptr;               // its optimizer
-  std::string config_sharding_ = "none";
+  std::string sharding_ = "none";
   bool uneven_ = false;  // every example once; a Join evens the steps
   distributed::DistributedDataParallel* ddp_ = nullptr;  // wrapper_, without sharding
   std::unique_ptr<distributed::Join> join_;              // this epoch's

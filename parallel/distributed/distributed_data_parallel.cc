@@ -396,9 +396,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
 DistributedDataParallel::~DistributedDataParallel() = default;
 
 void DistributedDataParallel::SyncBuffers() {
-  std::vector<Tensor> buffers = module_->buffers();
-  if (buffers.empty() || process_group_->size() == 1) return;
-  BroadcastCoalesced(*process_group_, buffers);
+  BroadcastCoalesced(*process_group_, module_->buffers());
 }
 
 bool DistributedDataParallel::BroadcastsBuffers() const {
@@ -422,7 +420,7 @@ std::vector<Tensor> DistributedDataParallel::forward_tensors(const std::vector<T
             .to(process_group_->device());
     process_group_->allreduce(flags, ReduceOp::kSum)->wait();
   }
-  if (training_step && options_.broadcast_buffers()) SyncBuffers();
+  if (training_step && BroadcastsBuffers()) SyncBuffers();
   std::vector<Tensor> outputs = module_->forward_tensors(inputs);
   if (training_step && require_sync_ && !reducer_->params.empty()) reducer_->Prepare(outputs);
   return outputs;

@@ -145,6 +145,7 @@ class DistributedDataParallel : public nn::Module {
  private:
   friend class Join;
   struct Reducer;
+  // Copies rank 0's buffers to every rank (when BroadcastsBuffers).
   void SyncBuffers();
   // Whether a training forward broadcasts rank 0's buffers.
   bool BroadcastsBuffers() const;
