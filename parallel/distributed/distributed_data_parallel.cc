@@ -440,18 +440,4 @@ ReductionStats DistributedDataParallel::last_reduction_stats() const {
   return reducer_->stats;
 }
 
-DistributedDataParallel::NoSyncGuard::NoSyncGuard(DistributedDataParallel* ddp)
-    : ddp_(ddp), previous_(ddp->require_sync_) {
-  ddp_->require_sync_ = false;
-}
-
-DistributedDataParallel::NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept
-    : ddp_(other.ddp_), previous_(other.previous_) {
-  other.ddp_ = nullptr;
-}
-
-DistributedDataParallel::NoSyncGuard::~NoSyncGuard() {
-  if (ddp_ != nullptr) ddp_->require_sync_ = previous_;
-}
-
 }  // namespace tandem::parallel::distributed

@@ -60,6 +60,7 @@
 #include <vector>
 
 #include "nn/module.h"
+#include "parallel/distributed/no_sync_guard.h"
 #include "parallel/distributed/process_group.h"
 #include "tensor/base/arg.h"
 #include "tensor/tensor.h"
@@ -116,24 +117,8 @@ class DistributedDataParallel : public nn::Module {
   }
   std::vector<Tensor> forward_tensors(const std::vector<Tensor>& inputs) override;
 
-  // While a NoSyncGuard lives, forwards do not prepare a reduction: their backward passes
-  // only accumulate into .grad locally.
-  //   { auto guard = ddp.no_sync(); loss1.backward(); }   // local only
-  //   loss2.backward();                                    // reduces the accumulated sum
-  class NoSyncGuard {
-   public:
-    explicit NoSyncGuard(DistributedDataParallel* ddp);
-    ~NoSyncGuard();
-    NoSyncGuard(NoSyncGuard&& other) noexcept;
-    NoSyncGuard(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
-
-   private:
-    DistributedDataParallel* ddp_;
-    bool previous_;
-  };
-  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(this); }
+  // While the guard lives, forwards do not prepare a reduction (no_sync_guard.h).
+  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(&require_sync_); }
 
   const std::shared_ptr<nn::Module>& module() const { return module_; }
   const std::shared_ptr<ProcessGroup>& process_group() const { return process_group_; }

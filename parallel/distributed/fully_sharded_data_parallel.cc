@@ -575,17 +575,7 @@ void FullyShardedDataParallel::train(bool on) {
   module_->train(on);
 }
 
-FullyShardedDataParallel::NoSyncGuard::NoSyncGuard(FullyShardedDataParallel* fsdp)
-    : fsdp_(fsdp), previous_(fsdp->state_->require_sync) {
-  fsdp_->state_->require_sync = false;
-}
-
-FullyShardedDataParallel::NoSyncGuard::~NoSyncGuard() {
-  if (fsdp_ != nullptr) fsdp_->state_->require_sync = previous_;
-}
-
-FullyShardedDataParallel::NoSyncGuard::NoSyncGuard(NoSyncGuard&& other) noexcept
-    : fsdp_(std::exchange(other.fsdp_, nullptr)), previous_(other.previous_) {}
+NoSyncGuard FullyShardedDataParallel::no_sync() { return NoSyncGuard(&state_->require_sync); }
 
 double FullyShardedDataParallel::clip_grad_norm_(double max_norm, double norm_type) {
   const bool infinity = std::isinf(norm_type) && norm_type > 0;

@@ -67,6 +67,7 @@
 
 #include "nn/module.h"
 #include "nn/optimizer.h"
+#include "parallel/distributed/no_sync_guard.h"
 #include "parallel/distributed/process_group.h"
 #include "tensor/base/arg.h"
 #include "tensor/tensor.h"
@@ -135,22 +136,9 @@ class FullyShardedDataParallel : public nn::Module {
   std::vector<Tensor> forward_tensors(const std::vector<Tensor>& inputs) override;
   void train(bool on = true) override;
 
-  // While a NoSyncGuard lives, backward passes keep each unit's unsharded gradient (summed)
-  // instead of reducing it; the first backward after it reduces the sum.
-  class NoSyncGuard {
-   public:
-    explicit NoSyncGuard(FullyShardedDataParallel* fsdp);
-    ~NoSyncGuard();
-    NoSyncGuard(NoSyncGuard&& other) noexcept;
-    NoSyncGuard(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(NoSyncGuard&&) = delete;
-
-   private:
-    FullyShardedDataParallel* fsdp_;
-    bool previous_;
-  };
-  [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(this); }
+  // While the guard lives, backward passes keep each unit's unsharded gradient (summed)
+  // instead of reducing it; the first backward after it reduces the sum (no_sync_guard.h).
+  [[nodiscard]] NoSyncGuard no_sync();
 
   // nn::clip_grad_norm_ over the sharded gradients: the norm of the whole gradient (one
   // all-reduce), every shard scaled alike. Collective; returns the norm before clipping.
