@@ -15,6 +15,7 @@
 #include "examples/train_strategy.h"
 #include "parallel/comm.h"
 #include "parallel/data_parallel.h"
+#include "parallel/sync_batch_norm.h"
 
 namespace tandem::examples {
 namespace {
@@ -31,10 +32,6 @@ class DataParallelStrategy : public TrainStrategy {
     Require(config.sharding == "none", "--sharding=", config.sharding,
             " shards the optimizer state across the ranks of --distributed; DataParallel keeps "
             "one optimizer in one process: drop the flag or add --distributed");
-    Require(!config.sync_bn,
-            "--sync_bn synchronizes BatchNorm across the ranks of --distributed; DataParallel's "
-            "replicas normalise each its own share of the batch: drop the flag or add "
-            "--distributed");
     devices_ = ParseDevices(config.devices);
     // Without --devices and --threads on a machine without a GPU, the layout follows the
     // model's size (parallel::ChooseCpuLayout): a logical device per core for models whose
@@ -84,6 +81,10 @@ class DataParallelStrategy : public TrainStrategy {
       throw UsageError("--devices: " + OneLine(e.what()));
     }
     forward_loss_ = config.forward_loss;
+    if (config.sync_bn) {
+      synchronized_norms_ = parallel::ConvertSyncBatchNorm(*model);
+      RequireSynchronizedNorms(synchronized_norms_, config.task.model);
+    }
   }
   std::string Header(const TrainConfig& config) const override {
     const int64_t batch = config.task.batch_size;
@@ -100,7 +101,14 @@ class DataParallelStrategy : public TrainStrategy {
           " (%d chunk%s for %d devices: the rest idle; use a batch of at least %d)", split.size(),
           split.size() == 1 ? "" : "s", devices_.size(), devices_.size());
     }
-    return text + "\n";
+    text += "\n";
+    if (synchronized_norms_ > 0) {
+      text += absl::StrFormat(
+          "BatchNorm over the whole batch across the devices (--sync_bn): %d layers "
+          "synchronized\n",
+          synchronized_norms_);
+    }
+    return text;
   }
   std::string LossWhere(const TrainConfig& config) const override {
     return config.forward_loss ? "inside the replicas (--forward_loss)"
@@ -161,6 +169,7 @@ class DataParallelStrategy : public TrainStrategy {
   data::RandomSampler* sampler_ = nullptr;  // owned by the loader
   std::shared_ptr<parallel::DataParallel> dp_;
   bool forward_loss_ = true;
+  int synchronized_norms_ = 0;  // --sync_bn
   std::map<std::vector<int64_t>, int64_t> splits_;
 };
 

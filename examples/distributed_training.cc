@@ -317,9 +317,7 @@ class DistributedStrategy : public TrainStrategy {
     model_ = model;
     if (config.sync_bn) {
       synchronized_norms_ = distributed::ConvertSyncBatchNorm(*model, group_);
-      Require(synchronized_norms_ > 0,
-              "--sync_bn synchronizes BatchNorm layers but --model=", config.task.model,
-              " has none; drop the flag, or train --model=resnet");
+      RequireSynchronizedNorms(synchronized_norms_, config.task.model);
     }
     if (const auto strategy = FsdpStrategyOf(config.sharding)) {
       // A transformer block per unit (PyTorch's transformer_auto_wrap_policy); elsewhere each

@@ -120,8 +120,9 @@ ABSL_FLAG(std::string, sharding, "none",
           "SHARD_GRAD_OP: gradients and state sharded) or full (FSDP's FULL_SHARD: parameters "
           "too, gathered a unit at a time; sharded checkpoints). The same numbers as none");
 ABSL_FLAG(bool, sync_bn, false,
-          "With --distributed: batch normalisation over every rank's batch together (PyTorch's "
-          "SyncBatchNorm; for --model=resnet), instead of each rank's own");
+          "Batch normalisation over the whole batch (PyTorch's SyncBatchNorm; for "
+          "--model=resnet): across the ranks with --distributed, else across DataParallel's "
+          "devices, instead of each one's share");
 ABSL_FLAG(double, collective_timeout, 300,
           "With --distributed: seconds a collective may wait for the other ranks before the run "
           "fails, naming the ranks that did not answer (a stopped, hung or dead rank) and the "

@@ -19,6 +19,7 @@
 
 #include "data/dataset.h"
 #include "data/sampler.h"
+#include "examples/cli.h"
 #include "examples/models.h"
 #include "examples/task.h"
 #include "examples/trainer.h"
@@ -129,6 +130,13 @@ class TrainStrategy {
   virtual std::vector<std::string> DeviceNames() const = 0;
   virtual std::string JsonExtra() const { return ""; }
 };
+
+// --sync_bn's check, alike for every strategy: it converted `synchronized` layers of
+// --model=`model`, and none is an error the user fixes.
+inline void RequireSynchronizedNorms(int synchronized, const std::string& model) {
+  Require(synchronized > 0, "--sync_bn synchronizes BatchNorm layers but --model=", model,
+          " has none; drop the flag, or train --model=resnet");
+}
 
 }  // namespace tandem::examples
 

@@ -431,6 +431,14 @@ BatchNormBase<Derived>::BatchNormBase(const BatchNormOptions& options) : options
 }
 
 template <typename Derived>
+void BatchNormBase<Derived>::CopySettingsFrom(const Module& original) {
+  // A clone synchronizes as its original does (DataParallel's replicas of a converted layer).
+  if (const auto* norm = dynamic_cast<const BatchNormBase*>(&original)) {
+    cross_replica_sum_ = norm->cross_replica_sum_;
+  }
+}
+
+template <typename Derived>
 void BatchNormBase<Derived>::reset() {
   const int64_t c = options_.num_features();
   if (options_.affine()) {

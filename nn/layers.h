@@ -308,6 +308,7 @@ class BatchNormBase : public Cloneable<Derived> {
   bool synchronized() const { return static_cast<bool>(cross_replica_sum_); }
 
   void reset() override;
+  void CopySettingsFrom(const Module& original) override;
   // Running statistics back to zeros, ones and 0 batches (no-op without them).
   void reset_running_stats();
   // reset_running_stats(), and weight and bias back to ones and zeros.

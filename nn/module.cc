@@ -518,6 +518,7 @@ void Module::CopyStateRecursive(const Module& original, std::optional<Device> de
     target->module->CopyStateRecursive(*source_child.module, device, child_path + ".", copied);
   }
   training_ = original.training_;
+  CopySettingsFrom(original);
 }
 
 // ---- Replication -----------------------------------------------------------------------

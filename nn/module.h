@@ -263,9 +263,14 @@ class Module {
   // For clone implementations: forgets every registration (the handles held by a derived
   // class keep pointing at the old entries until reset() re-registers).
   void ClearRegistrations();
-  // Copies values and training mode from `original`, which must have the same registered
-  // names, shapes and dtypes; recurses into submodules. Throws naming what differs.
+  // Copies values, training mode and settings (CopySettingsFrom) from `original`, which must
+  // have the same registered names, shapes and dtypes; recurses into submodules. Throws naming
+  // what differs.
   void CopyStateFrom(const Module& original, std::optional<Device> device);
+  // Takes over from `original` (a module of the same type) what a caller set on it after
+  // construction and reset() does not rebuild, so that clones and DataParallel's replicas
+  // of submodules keep it too (a BatchNorm's cross-replica sum). Default: nothing.
+  virtual void CopySettingsFrom(const Module& /*original*/) {}
 
   // RAII marker for cloning().
   class CloningScope {

@@ -8,6 +8,7 @@
 #include "nn/loss.h"
 #include "parallel/comm.h"
 #include "parallel/parallel_apply.h"
+#include "parallel/sync_batch_norm.h"
 #include "parallel/scatter_gather.h"
 #include "tensor/core/autograd.h"
 #include "tensor/runtime/backend.h"
@@ -181,8 +182,11 @@ std::vector<Tensor> DataParallel::forward_tensors(const std::vector<Tensor>& inp
   const Scattered scattered = ScatterAndReplicate(inputs);
   const CommitSourceWritesOnExit commit{*replicator_};
   const size_t n = scattered.per_replica.size();
-  std::vector<std::vector<Tensor>> outputs =
-      parallel_apply(scattered.replicas, scattered.per_replica, scattered.devices);
+  auto group = std::make_shared<ReplicaGroup>(n);  // synchronized BatchNorms meet in it
+  std::vector<std::vector<Tensor>> outputs = ParallelRun(scattered.devices, [&](size_t i) {
+    const ReplicaScope scope(group, i);
+    return scattered.replicas[i]->forward_tensors(scattered.per_replica[i]);
+  });
   const size_t count = outputs[0].size();
   for (size_t i = 1; i < n; ++i) {
     TANDEM_CHECK(outputs[i].size() == count, "DataParallel: replica 0 returned ", count,
@@ -267,7 +271,9 @@ Tensor DataParallel::forward_loss(nn::Module& criterion, const std::vector<Tenso
   }
   const bool chunkable = dynamic_cast<const nn::ChunkableLoss*>(&criterion) != nullptr;
   std::vector<nn::Reduction> reductions(n, nn::Reduction::kMean);
+  auto group = std::make_shared<ReplicaGroup>(n);
   std::vector<std::vector<Tensor>> results = ParallelRun(devices, [&](size_t i) {
+    const ReplicaScope scope(group, i);
     auto [output, target] = output_of(*scattered.replicas[i], scattered.per_replica[i]);
     if (chunkable) {
       const auto* loss = dynamic_cast<const nn::ChunkableLoss*>(criteria[i]);

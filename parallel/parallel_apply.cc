@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <exception>
 #include <future>
+#include <optional>
 #include <string>
 #include <typeinfo>
 
@@ -40,6 +41,16 @@ std::string Demangle(const char* name) {
   } catch (...) {
     std::throw_with_nested(Error("Caught " + type + " in replica " + std::to_string(replica) +
                                  " on device " + device.ToString() + ": " + what));
+  }
+}
+
+bool IsPeerFailure(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const PeerReplicaFailed&) {
+    return true;
+  } catch (...) {
+    return false;
   }
 }
 
@@ -97,9 +108,14 @@ std::vector<std::vector<Tensor>> ParallelRun(
   for (auto& f : pending) {
     if (f.valid()) f.wait();  // every replica stops before anything is rethrown
   }
-  for (size_t i = 0; i < n; ++i) {
-    if (errors[i]) ThrowFromReplica(errors[i], i, devices[i]);
+  std::optional<size_t> failed;
+  for (size_t i = 0; i < n && !failed; ++i) {
+    if (errors[i] && !IsPeerFailure(errors[i])) failed = i;
   }
+  for (size_t i = 0; i < n && !failed; ++i) {
+    if (errors[i]) failed = i;
+  }
+  if (failed) ThrowFromReplica(errors[*failed], *failed, devices[*failed]);
   return outputs;
 }
 

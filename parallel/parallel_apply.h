@@ -34,8 +34,17 @@ std::vector<std::vector<Tensor>> parallel_apply(
     const std::vector<std::shared_ptr<nn::Module>>& modules,
     const std::vector<std::vector<Tensor>>& inputs, const std::vector<Device>& devices = {});
 
+// What a replica throws when it stops only because another replica failed (it waited for the
+// other at a meeting, as synchronized BatchNorm's replicas do): ParallelRun then reports the
+// other replica's error, the cause, whatever the replicas' order.
+class PeerReplicaFailed : public Error {
+ public:
+  using Error::Error;
+};
+
 // The general form: work(i) on devices[i]'s worker for every i, results in order, with the
-// same error handling. (A worker that is the calling thread runs its part inline; a calling
+// same error handling: the first replica's error, in replica order, that is not a
+// PeerReplicaFailed. (A worker that is the calling thread runs its part inline; a calling
 // thread that is no worker runs the first CPU device's part.)
 std::vector<std::vector<Tensor>> ParallelRun(
     const std::vector<Device>& devices,

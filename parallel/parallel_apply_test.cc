@@ -245,6 +245,30 @@ TEST_F(ParallelApplyTest, SeveralFailingReplicasReportTheFirst) {
       StartsWith("Caught std::out_of_range in replica 1 on device cpu:1: one"));
 }
 
+// A replica that stopped only because another failed (PeerReplicaFailed) is not the cause.
+TEST_F(ParallelApplyTest, TheCauseIsReportedBeforeAReplicaThatStoppedForIt) {
+  const std::vector<Device> devices = CpuDevices(3);
+  const auto run = [&](bool peer_failures) {
+    return testing::ErrorOf([&] {
+      ParallelRun(devices, [&](size_t i) -> std::vector<Tensor> {
+        if (i == 2) TANDEM_FAIL("the cause");
+        if (peer_failures) throw PeerReplicaFailed("replica 2 failed");
+        return {};
+      });
+    });
+  };
+  EXPECT_THAT(run(true),
+              StartsWith("Caught tandem::Error in replica 2 on device cpu:2: the cause"));
+  EXPECT_THAT(run(false),
+              StartsWith("Caught tandem::Error in replica 2 on device cpu:2: the cause"));
+  EXPECT_THAT(testing::ErrorOf([&] {
+                ParallelRun(devices, [](size_t i) -> std::vector<Tensor> {
+                  throw PeerReplicaFailed("only peers");
+                });
+              }),
+              StartsWith("Caught tandem::parallel::PeerReplicaFailed in replica 0"));
+}
+
 TEST_F(ParallelApplyTest, ASingleReplicaIsWrappedTheSameWay) {
   const std::vector<Device> devices = {Device::Cpu(2)};
   auto probes = Probes(devices);

@@ -215,6 +215,18 @@ TEST_F(TrainResumeTest, BatchSmallerThanTheDevicesTrainsAndSaysHowItSplit) {
   EXPECT_THAT(r.out, HasSubstr("split 4 x 1+1"));
 }
 
+// --sync_bn without --distributed: the ResNet's BatchNorm layers normalise over the whole batch
+// across DataParallel's devices (parallel/sync_batch_norm_test.cc checks the numbers).
+TEST_F(TrainResumeTest, SyncBatchNormAcrossDataParallelDevicesTrains) {
+  const ProgramResult r = Train("sync_bn",
+                                "--model=resnet --devices=cpu:0,cpu:1 --threads=1 --epochs=1 "
+                                "--batch_size=8 --train_limit=32 --test_limit=16 --sync_bn");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, ::testing::ContainsRegex(
+                         "BatchNorm over the whole batch across the devices \\(--sync_bn\\): "
+                         "[1-9][0-9]* layers synchronized"));
+}
+
 // Test hooks live in //examples:train_with_test_hooks: the shipped trainer's help lists none,
 // and refuses --kill_in_epoch as an unknown flag.
 TEST(TrainHelpTest, TheShippedTrainerHasNoTestHook) {
@@ -273,7 +285,7 @@ TEST_F(TrainResumeTest, BadFlagsAreOneLineErrorsWithExitStatusOne) {
       {"--lr=-1", "--lr must be a positive finite number but is -1"},
       {"--sharding=zero1",
        "--sharding=zero1 shards the optimizer state across the ranks of --distributed"},
-      {"--sync_bn", "--sync_bn synchronizes BatchNorm across the ranks of --distributed"},
+      {"--sync_bn", "--sync_bn synchronizes BatchNorm layers but --model=mlp has none"},
       {"--save=/nonexistent-dir/m.ckpt",
        "--save=/nonexistent-dir/m.ckpt: expected an existing "
        "folder '/nonexistent-dir' but it does not exist"},

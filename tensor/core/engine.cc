@@ -111,6 +111,8 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
     }
   }
 
+  bool failed() const { return failed_.load(); }
+
   void AddCallback(std::function<void()> callback) {
     std::lock_guard<std::mutex> lock(mutex_);
     callbacks_.push_back(std::move(callback));
@@ -475,5 +477,7 @@ void QueueCallback(std::function<void()> callback) {
 }
 
 bool InBackwardPass() { return t_current_task != nullptr; }
+
+bool BackwardPassFailed() { return t_current_task != nullptr && t_current_task->failed(); }
 
 }  // namespace tandem

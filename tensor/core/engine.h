@@ -40,6 +40,11 @@ void QueueCallback(std::function<void()> callback);
 // True on a thread that is running a node (or hook) of a backward pass.
 bool InBackwardPass();
 
+// True on a thread running a node of a backward pass in which some node has already failed:
+// the pass will throw, so a node waiting for another device's node (a meeting of replicas)
+// can stop waiting.
+bool BackwardPassFailed();
+
 }  // namespace tandem
 
 #endif  // TANDEM_TENSOR_CORE_ENGINE_H_
