@@ -183,7 +183,7 @@ class DistributedStrategy : public TrainStrategy {
             "(gradients too) or 'full' (parameters too) but is '",
             config.sharding, "'");
     sharding_ = config.sharding;
-    uneven_ = config.sharding == "none" && !config.sync_bn;
+    uneven_ = (config.sharding == "none" || config.sharding == "zero1") && !config.sync_bn;
     if (FsdpStrategyOf(config.sharding)) {
       Require(!compression_,
               "--ddp_compression compresses DistributedDataParallel's all-reduce, "
@@ -291,8 +291,9 @@ class DistributedStrategy : public TrainStrategy {
     distributed::SaveShardedCheckpoint(*fsdp_, fsdp_optimizer_->local(), path, entries);
   }
   std::unique_ptr<data::Sampler> MakeSampler(int64_t size, uint64_t seed, int64_t epoch) override {
-    // Every example once an epoch, the ranks' step counts evened out by a Join; with sharding or
-    // SyncBatchNorm (collectives a Join does not shadow) equal shares, padded as PyTorch's.
+    // Every example once an epoch, the ranks' step counts evened out by a Join; with fully
+    // sharded units or SyncBatchNorm (collectives a Join does not shadow) equal shares, padded
+    // as PyTorch's.
     auto sampler = std::make_unique<data::DistributedSampler>(size, rank_, world_, true, seed,
                                                               /*drop_last=*/false, !uneven_);
     sampler->set_epoch(epoch);

@@ -19,6 +19,12 @@
 //   }
 //   join.Finish();                          // rank 0 shadows rank 1's 4th step
 //
+// With ZeroRedundancyOptimizer as the optimizer, pass its step as `after_shadow_step`: the
+// shadowing rank's step then sends the shares it owns and receives the others', as the ranks
+// still training expect. FullyShardedDataParallel cannot be joined (nor can PyTorch's): its
+// forward gathers parameters that a finished rank would have to keep serving; give its ranks
+// equal shares (DistributedSampler pads them).
+//
 // Every rank must call Finish() once its loop is done (a rank that throws out of the loop
 // leaves the others to fail at their collective timeout, as without Join). Evaluation forwards
 // (eval mode or grad mode off) take no part.

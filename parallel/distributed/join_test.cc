@@ -1,6 +1,7 @@
-// Runs as an MPI job (mpi_test.sh, 2 and 3 ranks). Rank r trains on 3 + r batches under a Join;
-// the oracle is one process taking the same steps: at step t the gradient is the sum over the
-// ranks that still have a batch, divided by the world size.
+// Runs as an MPI job (mpi_test.sh, 2 and 3 ranks). Rank r trains on 3 + r batches under a Join,
+// with SGD or with ZeroRedundancyOptimizer over SGD; the oracle is one process taking the same
+// steps: at step t the gradient is the sum over the ranks that still have a batch, divided by
+// the world size.
 #include "parallel/distributed/join.h"
 
 #include <gmock/gmock.h>
@@ -12,6 +13,7 @@
 
 #include "nn/nn.h"
 #include "parallel/distributed/mpi_testing.h"
+#include "parallel/distributed/zero_redundancy_optimizer.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
 
@@ -46,12 +48,24 @@ int BatchesOf(int rank) { return 3 + rank; }
 TEST_F(JoinTest, RanksWithMoreBatchesTrainAsOneProcessOverTheSameBatches) {
   const int rank = TestGroup()->rank();
   const int world = TestGroup()->size();
-  for (bool bucket_view : {false, true}) {
-    SCOPED_TRACE(bucket_view ? "gradient_as_bucket_view" : "plain buckets");
+  // The sharded optimizer (ZeRO-1) too: a shadowing rank's step takes part in the broadcasts of
+  // the updated shares, which its owner sends.
+  struct Case {
+    bool bucket_view, zero;
+  };
+  for (const Case c : {Case{false, false}, Case{true, false}, Case{false, true}}) {
+    SCOPED_TRACE(std::string(c.bucket_view ? "gradient_as_bucket_view" : "plain buckets") +
+                 (c.zero ? ", ZeroRedundancyOptimizer" : ", SGD"));
     auto model = MakeModel();
     DistributedDataParallel ddp(
-        model, TestGroup(), DistributedDataParallelOptions().gradient_as_bucket_view(bucket_view));
-    nn::SGD optimizer(model->parameters(), nn::SGDOptions(0.1).momentum(0.9));
+        model, TestGroup(),
+        DistributedDataParallelOptions().gradient_as_bucket_view(c.bucket_view));
+    const nn::SGDOptions sgd = nn::SGDOptions(0.1).momentum(0.9);
+    std::unique_ptr<nn::Optimizer> owned =
+        c.zero ? std::unique_ptr<nn::Optimizer>(std::make_unique<ZeroRedundancyOptimizer>(
+                     model->parameters(), TestGroup(), MakeOptimizerFactory<nn::SGD>(sgd)))
+               : std::make_unique<nn::SGD>(model->parameters(), sgd);
+    nn::Optimizer& optimizer = *owned;
     int shadowed = 0;
     {
       Join join(ddp, [&] {
