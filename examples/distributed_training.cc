@@ -28,6 +28,7 @@
 #include "parallel/distributed/process_group_mpi.h"
 #include "parallel/distributed/same_configuration.h"
 #include "parallel/distributed/sharded_checkpoint.h"
+#include "parallel/distributed/sharded_grad_scaler.h"
 #include "parallel/distributed/sync_batch_norm.h"
 #include "parallel/distributed/zero_redundancy_optimizer.h"
 #include "tensor/tensor.h"
@@ -92,12 +93,15 @@ class FsdpTrainerOptimizer : public nn::Optimizer {
   using Factory = std::function<std::unique_ptr<nn::Optimizer>(std::vector<nn::ParamGroup>)>;
   FsdpTrainerOptimizer(std::vector<Tensor> parameters, Factory factory)
       : nn::Optimizer("FullyShardedOptimizer", factory({nn::ParamGroup({})})->defaults().clone()),
-        factory_(std::move(factory)) {
+        factory_(std::move(factory)),
+        model_parameters_(parameters) {
     AddGroups({nn::ParamGroup(std::move(parameters))}, /*from_parameter_list=*/true);
   }
 
+  // From here on its parameters() are the flat shards, whose gradients a GradScaler unscales.
   void Bind(distributed::FullyShardedDataParallel* fsdp) {
     fsdp_ = fsdp;
+    parameters_ = fsdp->parameters();
     local_ = factory_({nn::ParamGroup(fsdp->parameters())});
     if (pending_) {
       local_->load_state_dict(fsdp->shard_optimizer_state(*pending_));
@@ -121,7 +125,7 @@ class FsdpTrainerOptimizer : public nn::Optimizer {
   }
   void load_state_dict(const nn::OptimizerState& state) override {
     // Checked as the plain optimizer over the model's parameters would check it.
-    factory_({nn::ParamGroup(parameters_)})->load_state_dict(state);
+    factory_({nn::ParamGroup(model_parameters_)})->load_state_dict(state);
     if (fsdp_ != nullptr) {
       local_->load_state_dict(fsdp_->shard_optimizer_state(state));
     } else {
@@ -139,6 +143,7 @@ class FsdpTrainerOptimizer : public nn::Optimizer {
 
  private:
   Factory factory_;
+  std::vector<Tensor> model_parameters_;
   distributed::FullyShardedDataParallel* fsdp_ = nullptr;
   std::unique_ptr<nn::Optimizer> local_;  // over the flat shards
   std::optional<nn::OptimizerState> pending_;
@@ -189,9 +194,6 @@ class DistributedStrategy : public TrainStrategy {
               "--ddp_compression compresses DistributedDataParallel's all-reduce, "
               "but --sharding=",
               config.sharding, " reduce-scatters with FullyShardedDataParallel; drop one of them");
-      Require(ParseAutocast(config.autocast) != kFloat16, "--sharding=", config.sharding,
-              " does not take --autocast=float16 (its GradScaler unscales the model's "
-              "parameters, not the shards); use --autocast=bfloat16");
     }
     const double timeout_s = config.collective_timeout;
     Require(std::isfinite(timeout_s) && timeout_s >= 0.001 && timeout_s <= 1e6,
@@ -289,6 +291,10 @@ class DistributedStrategy : public TrainStrategy {
   void SaveShardedCheckpoint(const std::string& path,
                              const std::vector<nn::CheckpointEntry>& entries) override {
     distributed::SaveShardedCheckpoint(*fsdp_, fsdp_optimizer_->local(), path, entries);
+  }
+  std::unique_ptr<nn::GradScaler> MakeGradScaler(const nn::GradScalerOptions& options) override {
+    if (!FsdpStrategyOf(sharding_)) return TrainStrategy::MakeGradScaler(options);
+    return std::make_unique<distributed::ShardedGradScaler>(group_, options);
   }
   std::unique_ptr<data::Sampler> MakeSampler(int64_t size, uint64_t seed, int64_t epoch) override {
     // Every example once an epoch, the ranks' step counts evened out by a Join; with fully

@@ -186,6 +186,14 @@ for sharding in zero2 full; do
   cmp "$logs/plain.model" "$logs/$sharding.model" ||
     { echo "FAIL: the --sharding=$sharding job's model differs from the plain optimizer's"; exit 1; }
 done
+# --autocast=fp16 under --sharding=full: a ShardedGradScaler unscales each rank's shard and the
+# ranks agree on every skipped step; the model is the plain fp16 job's, bit for bit.
+ranks2 "${base[@]}" --epochs=1 --autocast=fp16 --save="$logs/fp16_plain.model" >/dev/null 2>&1 ||
+  { echo "FAIL: the plain fp16 job failed"; exit 1; }
+fp16_full="$(ranks2 "${base[@]}" --epochs=1 --autocast=fp16 --sharding=full \
+  --save="$logs/fp16_full.model" 2>&1)" || { echo "$fp16_full"; echo "FAIL: the fp16 --sharding=full job failed"; exit 1; }
+cmp "$logs/fp16_plain.model" "$logs/fp16_full.model" ||
+  { echo "FAIL: the fp16 --sharding=full job's model differs from the plain fp16 job's"; exit 1; }
 ls "$logs"/full.ckpt.*.rank0-of-2 "$logs"/full.ckpt.*.rank1-of-2 >/dev/null ||
   { ls "$logs"; echo "FAIL: the --sharding=full checkpoint has no shard file per rank"; exit 1; }
 rm -rf "$logs/full3.d" && mkdir "$logs/full3.d" && cp "$logs"/full.ckpt* "$logs/full3.d/"

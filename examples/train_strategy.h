@@ -55,6 +55,11 @@ class TrainStrategy {
 
   // Before the resume: every rank has the same settings (throws when not).
   virtual void AgreeOnSettings(const TrainConfig&) {}
+  // The loss scaler for float16 (a pass-through unless options.enabled()). A strategy whose
+  // ranks each unscale a shard of the gradients gives one that agrees across them.
+  virtual std::unique_ptr<nn::GradScaler> MakeGradScaler(const nn::GradScalerOptions& options) {
+    return std::make_unique<nn::GradScaler>(options);
+  }
   // The optimizer over `model`'s parameters (on device()), as --optimizer, --lr and
   // --weight_decay say; a strategy that shards the optimizer state wraps it.
   virtual TrainerOptimizer MakeOptimizer(const TrainConfig& config, nn::Module& model) {

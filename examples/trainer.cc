@@ -139,8 +139,11 @@ int RunTraining(const TrainConfig& given, TrainStrategy& strategy, TrainReporter
     throw UsageError("--devices: " + OneLine(e.what()));
   }
   // Loss scaling for float16 (its gradients underflow otherwise); a pass-through otherwise.
-  // Every rank holds the same averaged gradients, so all skip the same steps.
-  nn::GradScaler scaler(nn::GradScalerOptions().enabled(autocast == kFloat16));
+  // Every rank skips the same steps: each holds the same averaged gradients, or (sharded) the
+  // strategy's scaler agrees across them.
+  const std::unique_ptr<nn::GradScaler> owned_scaler =
+      strategy.MakeGradScaler(nn::GradScalerOptions().enabled(autocast == kFloat16));
+  nn::GradScaler& scaler = *owned_scaler;
 
   TrainerState state;
   state.config = TrainerConfig(t.model, t.optimizer, autocast);

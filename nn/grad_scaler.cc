@@ -117,7 +117,7 @@ bool GradScaler::ReadFoundInf(PerOptimizer& state) {
       total = total.defined() ? add(total, host) : host;
     }
     const double value = total.defined() ? total.item() : 0.0;
-    state.found_inf = !(value == 0.0);  // NaN compares unequal
+    state.found_inf = FoundInfAnywhere(!(value == 0.0));  // NaN compares unequal
   }
   return *state.found_inf;
 }

@@ -71,6 +71,7 @@ using GradScalerState = std::map<std::string, Tensor>;
 class GradScaler {
  public:
   explicit GradScaler(const GradScalerOptions& options = GradScalerOptions());
+  virtual ~GradScaler() = default;
 
   // loss * scale, differentiable (the gradients of backward() are scaled alike). A float16
   // or bfloat16 loss is multiplied in float32 (PyTorch's 0-dim promotion): loss * 65536 may
@@ -109,6 +110,13 @@ class GradScaler {
   // empty state (one saved from a disabled scaler); a disabled scaler ignores any state.
   void load_state_dict(const GradScalerState& state);
 
+ protected:
+  // Whether some holder of the gradients found inf or NaN, given what this one found: this
+  // scaler holds them all. ShardedGradScaler (parallel/distributed) asks every rank, each
+  // holding a shard of them. Called once per optimizer per iteration, in step() (or in
+  // update() for an optimizer that was only unscaled).
+  virtual bool FoundInfAnywhere(bool found_here) { return found_here; }
+
  private:
   enum class Stage { kReady, kUnscaled, kStepped };
   struct PerOptimizer {
@@ -118,7 +126,7 @@ class GradScaler {
     std::optional<bool> found_inf;  // read from found_inf_per_device once
   };
 
-  static bool ReadFoundInf(PerOptimizer& state);
+  bool ReadFoundInf(PerOptimizer& state);
 
   GradScalerOptions options_;
   float scale_;  // float32, as PyTorch's scale tensor: the same growth and backoff sequence
