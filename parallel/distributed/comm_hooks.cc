@@ -30,8 +30,8 @@ std::shared_ptr<CommFuture> CommFuture::ThenAsync(
     std::function<std::shared_ptr<CommFuture>(Tensor)> fn) {
   TANDEM_CHECK(fn != nullptr, "CommFuture::ThenAsync: the function is null");
   std::shared_ptr<CommFuture> parent = shared_from_this();
-  return std::shared_ptr<CommFuture>(new CommFuture(
-      [parent, fn = std::move(fn)](std::vector<std::shared_ptr<Work>>& works) {
+  return std::shared_ptr<CommFuture>(
+      new CommFuture([parent, fn = std::move(fn)](std::vector<std::shared_ptr<Work>>& works) {
         const auto collect = [&works](const CommFuture& future) {
           std::lock_guard<std::mutex> lock(future.mutex_);
           works.insert(works.end(), future.works_.begin(), future.works_.end());

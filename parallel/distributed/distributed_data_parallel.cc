@@ -166,8 +166,10 @@ struct DistributedDataParallel::Reducer {
   void Launch(size_t b) {
     GradBucket grad_bucket = MakeGradBucket(b);
     buckets[b].future = hook(grad_bucket);
-    TANDEM_CHECK(buckets[b].future != nullptr, prefix, "the communication hook returned a null "
-                 "future for bucket ", b, "; return the CommFuture of its reduction");
+    TANDEM_CHECK(buckets[b].future != nullptr, prefix,
+                 "the communication hook returned a null "
+                 "future for bucket ",
+                 b, "; return the CommFuture of its reduction");
   }
 
   // Waits for bucket b's hook and returns its result, checked against the bucket.
@@ -179,10 +181,10 @@ struct DistributedDataParallel::Reducer {
                  prefix, "the communication hook's result for bucket ", b, " must be ",
                  ShapeToString(flat.shape()), " ", DTypeName(flat.dtype()), " on ", flat.device(),
                  " (the bucket's buffer) but is ",
-                 result.defined() ? tandem::internal::Concat(ShapeToString(result.shape()), " ",
-                                                             DTypeName(result.dtype()), " on ",
-                                                             result.device())
-                                  : std::string("undefined"),
+                 result.defined()
+                     ? tandem::internal::Concat(ShapeToString(result.shape()), " ",
+                                                DTypeName(result.dtype()), " on ", result.device())
+                     : std::string("undefined"),
                  "; return the reduced buffer (converted back if the hook compressed it)");
     if (grad_as_bucket_view && result.data_ptr() != flat.data_ptr()) {
       NoGradGuard no_grad;
@@ -294,9 +296,8 @@ struct DistributedDataParallel::Reducer {
       if (arrivals[i] == expected_arrivals[i]) MarkReadyLocked(i, grad);
       return;
     }
-    TANDEM_CHECK(!ready[i], prefix,
-                 "Expected to mark a variable ready only once, but parameter ", names[i],
-                 " (index ", i, ") received its gradient ", arrivals[i],
+    TANDEM_CHECK(!ready[i], prefix, "Expected to mark a variable ready only once, but parameter ",
+                 names[i], " (index ", i, ") received its gradient ", arrivals[i],
                  " times in this backward pass: multiple gradient hooks fired for it in one "
                  "iteration. This happens when the same parameters are used by several "
                  "reentrant backward passes (the same layer checkpointed twice, a node that runs "
@@ -323,10 +324,10 @@ struct DistributedDataParallel::Reducer {
     std::vector<std::string> missing;
     for (size_t i = 0; i < params.size(); ++i) {
       if (!ready[i]) {
-        missing.push_back(static_graph ? tandem::internal::Concat(names[i], " (", arrivals[i],
-                                                                  " of ", expected_arrivals[i],
-                                                                  " arrivals)")
-                                       : names[i]);
+        missing.push_back(static_graph
+                              ? tandem::internal::Concat(names[i], " (", arrivals[i], " of ",
+                                                         expected_arrivals[i], " arrivals)")
+                              : names[i]);
       }
     }
     if (!missing.empty()) {
@@ -400,7 +401,7 @@ struct DistributedDataParallel::Reducer {
     for (size_t b = 0; b < buckets.size(); ++b) results.push_back(Result(b));
     if (used_work) used_work->wait();
     WriteAverages(results, used.defined() ? used.to(Device::Cpu(0)).to_vector<int64_t>()
-                                 : std::vector<int64_t>(params.size(), 1));
+                                          : std::vector<int64_t>(params.size(), 1));
   }
 
   // Writes each bucket's reduced gradients (the hooks' results) into the .grad of the

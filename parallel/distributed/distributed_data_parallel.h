@@ -137,10 +137,10 @@ class DistributedDataParallel : public nn::Module {
   //   ddp.register_comm_hook(group, fp16_compress_hook);
   template <typename State, typename Hook>
   void register_comm_hook(std::shared_ptr<State> state, Hook hook) {
-    TANDEM_CHECK(state != nullptr, "register_comm_hook: the state is null (pass the process "
-                                   "group for the stock hooks)");
-    RegisterCommHook(
-        CommHook([state, hook](GradBucket& bucket) { return hook(*state, bucket); }));
+    TANDEM_CHECK(state != nullptr,
+                 "register_comm_hook: the state is null (pass the process "
+                 "group for the stock hooks)");
+    RegisterCommHook(CommHook([state, hook](GradBucket& bucket) { return hook(*state, bucket); }));
   }
 
   // While the guard lives, forwards do not prepare a reduction (no_sync_guard.h).

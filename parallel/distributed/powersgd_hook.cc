@@ -67,9 +67,8 @@ std::shared_ptr<CommFuture> powersgd_hook(PowerSGDState& state, GradBucket& buck
   Tensor before;  // the gradients to send, error included, before compression
   if (o.use_error_feedback()) {
     if (saved.error.defined()) {
-      TANDEM_CHECK(saved.error.numel() == buffer.numel(), "powersgd_hook: bucket ",
-                   bucket.index(), " holds ", buffer.numel(), " elements but held ",
-                   saved.error.numel(),
+      TANDEM_CHECK(saved.error.numel() == buffer.numel(), "powersgd_hook: bucket ", bucket.index(),
+                   " holds ", buffer.numel(), " elements but held ", saved.error.numel(),
                    " last iteration; one PowerSGDState serves one DistributedDataParallel");
       buffer.add_(saved.error);
     }
@@ -85,9 +84,9 @@ std::shared_ptr<CommFuture> powersgd_hook(PowerSGDState& state, GradBucket& buck
     const int64_t n = grad.dim() >= 1 ? grad.shape()[0] : 1;
     const int64_t m = n == 0 ? 0 : grad.numel() / n;
     const int64_t rank = std::min({n, m, o.matrix_approximation_rank()});
-    const bool compress = grad.dim() > 1 && static_cast<double>(n * m) >
-                                                static_cast<double>((n + m) * rank) *
-                                                    o.min_compression_rate();
+    const bool compress =
+        grad.dim() > 1 &&
+        static_cast<double>(n * m) > static_cast<double>((n + m) * rank) * o.min_compression_rate();
     state.numel_before_ += grad.numel();
     if (compress) {
       compressed.push_back(Compressed{grad.view({n, m}), Tensor(), Tensor()});
@@ -102,8 +101,8 @@ std::shared_ptr<CommFuture> powersgd_hook(PowerSGDState& state, GradBucket& buck
 
   // P and Q memories, kept across iterations (Q: the warm start).
   const TensorOptions like = TensorOptions(buffer.dtype()).device(buffer.device());
-  const bool fresh_q = !o.warm_start() || !saved.q_memory.defined() ||
-                       saved.q_memory.numel() != q_numel;
+  const bool fresh_q =
+      !o.warm_start() || !saved.q_memory.defined() || saved.q_memory.numel() != q_numel;
   if (!saved.p_memory.defined() || saved.p_memory.numel() != p_numel) {
     saved.p_memory = zeros({p_numel}, like);
   }
@@ -134,9 +133,9 @@ std::shared_ptr<CommFuture> powersgd_hook(PowerSGDState& state, GradBucket& buck
     plain = CommFuture::FromWork(group.allreduce(batch, ReduceOp::kAverage), batch);
   }
   std::shared_ptr<CommFuture> ps =
-      p_numel > 0 ? CommFuture::FromWork(group.allreduce(saved.p_memory, ReduceOp::kSum),
-                                         saved.p_memory)
-                  : CommFuture::Ready(saved.p_memory);
+      p_numel > 0
+          ? CommFuture::FromWork(group.allreduce(saved.p_memory, ReduceOp::kSum), saved.p_memory)
+          : CommFuture::Ready(saved.p_memory);
 
   ProcessGroup* group_ptr = &group;
   PowerSGDState* state_ptr = &state;
