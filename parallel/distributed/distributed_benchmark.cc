@@ -26,6 +26,10 @@
 //    one machine, so the wait for a slower rank's backward is not counted as communication),
 //    and by how much longer the DDP step is than the no-communication one (which also counts
 //    the CPU that communication takes from backward on a full machine).
+// 3. PowerSGD on the small GPT (--nopowersgd skips it): bytes all-reduced per step (this
+//    rank's all-reduce inputs, counted by a wrapper around the process group) and step time
+//    (forward, loss, backward, AdamW) of DDP against PowerSGD rank 2 (compressing from the
+//    first step), in alternating steps, each side's median and range.
 #include <mpi.h>
 
 #include <algorithm>
@@ -35,11 +39,14 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "examples/gpt.h"
 #include "nn/nn.h"
 #include "parallel/distributed/distributed_data_parallel.h"
+#include "parallel/distributed/powersgd_hook.h"
 #include "parallel/distributed/process_group_mpi.h"
 #include "parallel/reference_loop.h"
 #include "tensor/tensor.h"
@@ -378,11 +385,116 @@ void TrainingStep(const std::shared_ptr<ProcessGroupMpi>& group_ptr, const std::
   }
 }
 
+// --- 3. PowerSGD on the GPT -------------------------------------------------------------------
+
+// A process group that counts the bytes it is given to all-reduce and passes everything on.
+class CountingProcessGroup : public ProcessGroup {
+ public:
+  explicit CountingProcessGroup(std::shared_ptr<ProcessGroup> inner)
+      : ProcessGroup(inner->rank(), inner->size()), inner_(std::move(inner)) {}
+  std::string backend() const override { return inner_->backend(); }
+  Device device() const override { return inner_->device(); }
+  std::shared_ptr<Work> allreduce(Tensor tensor, ReduceOp op) override {
+    allreduced_bytes += tensor.numel() * static_cast<int64_t>(ElementSize(tensor.dtype()));
+    return inner_->allreduce(std::move(tensor), op);
+  }
+  std::shared_ptr<Work> broadcast(Tensor tensor, int root) override {
+    return inner_->broadcast(std::move(tensor), root);
+  }
+  std::shared_ptr<Work> allgather(Tensor output, Tensor input) override {
+    return inner_->allgather(std::move(output), std::move(input));
+  }
+  std::shared_ptr<Work> reduce_scatter(Tensor output, Tensor input, ReduceOp op) override {
+    return inner_->reduce_scatter(std::move(output), std::move(input), op);
+  }
+  std::shared_ptr<Work> barrier() override { return inner_->barrier(); }
+
+  int64_t allreduced_bytes = 0;
+
+ private:
+  std::shared_ptr<ProcessGroup> inner_;
+};
+
+void PowerSgdGpt(const std::shared_ptr<ProcessGroupMpi>& mpi, int64_t batch, int pairs) {
+  const examples::GptConfig config = examples::GptConfig::Small().dropout(0.0);
+  const int64_t tokens = config.block_size();
+  std::mt19937_64 random(100 + mpi->rank());
+  std::vector<int64_t> ids(static_cast<size_t>(batch * (tokens + 1)));
+  for (int64_t& id : ids) id = static_cast<int64_t>(random() % config.vocab_size());
+  const Tensor data = from_vector(ids, {batch, tokens + 1});
+  const Tensor x = data.narrow(1, 0, tokens).contiguous();
+  const Tensor y = data.narrow(1, 1, tokens).contiguous();
+  struct Side {
+    std::string name;
+    std::shared_ptr<CountingProcessGroup> group;
+    std::shared_ptr<examples::Gpt> model;
+    std::shared_ptr<DistributedDataParallel> ddp;
+    std::unique_ptr<nn::AdamW> optimizer;
+    std::vector<double> times, bytes, losses;
+  };
+  std::vector<Side> sides(2);
+  int64_t parameters = 0;
+  for (int k = 0; k < 2; ++k) {
+    Side& side = sides[k];
+    side.name = k == 0 ? "DDP (float32 all-reduce)" : "PowerSGD rank 2";
+    side.group = std::make_shared<CountingProcessGroup>(mpi);
+    manual_seed(5);
+    side.model = std::make_shared<examples::Gpt>(config);
+    side.ddp = std::make_shared<DistributedDataParallel>(side.model, side.group);
+    if (k == 1) {
+      side.ddp->register_comm_hook(
+          std::make_shared<PowerSGDState>(
+              side.group, PowerSGDOptions().matrix_approximation_rank(2).start_powerSGD_iter(0)),
+          powersgd_hook);
+    }
+    side.optimizer = std::make_unique<nn::AdamW>(side.model->parameters(), nn::AdamWOptions(1e-3));
+    parameters = 0;
+    for (const Tensor& p : side.model->parameters()) parameters += p.numel();
+  }
+  // Alternating steps (DDP, PowerSGD, DDP, ...), so that both see the same machine; the first
+  // pair warms up.
+  for (int pair = 0; pair <= pairs; ++pair) {
+    for (Side& side : sides) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      side.group->allreduced_bytes = 0;
+      const Clock::time_point start = Clock::now();
+      side.optimizer->zero_grad();
+      Tensor loss = side.model->loss(side.ddp->forward(x), y);
+      loss.backward();
+      side.optimizer->step();
+      double seconds = Seconds(start);
+      MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      if (pair == 0) continue;
+      side.times.push_back(seconds);
+      side.bytes.push_back(static_cast<double>(side.group->allreduced_bytes));
+      side.losses.push_back(loss.item());
+    }
+  }
+  if (mpi->rank() != 0) return;
+  std::printf(
+      "\nPowerSGD on the small GPT (%lld parameters), batch %lld x %lld tokens per rank, "
+      "%d ranks, %d alternating pairs of steps (AdamW 1e-3):\n",
+      static_cast<long long>(parameters), static_cast<long long>(batch),
+      static_cast<long long>(tokens), mpi->size(), pairs);
+  for (const Side& side : sides) {
+    const auto [fastest, slowest] = std::minmax_element(side.times.begin(), side.times.end());
+    std::printf(
+        "  %-26s %10.0f bytes all-reduced/step   step %7.1f ms (median; %.1f-%.1f)   "
+        "loss %.4f after %d steps\n",
+        side.name.c_str(), Median(side.bytes), 1e3 * Median(side.times), 1e3 * *fastest,
+        1e3 * *slowest, side.losses.back(), pairs + 1);
+  }
+  std::printf("  PowerSGD / DDP: bytes %.4fx, step time %.2fx (medians)\n",
+              Median(sides[1].bytes) / Median(sides[0].bytes),
+              Median(sides[1].times) / Median(sides[0].times));
+}
+
 int Main(int argc, char** argv) {
   bool allreduce = true;
   bool train = true;
   bool compression = true;
   bool sharding = true;
+  bool powersgd = true;
   int steps = 20;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -394,12 +506,15 @@ int Main(int argc, char** argv) {
       compression = false;
     } else if (arg == "--nosharding") {
       sharding = false;
+    } else if (arg == "--nopowersgd") {
+      powersgd = false;
     } else if (arg.rfind("--steps=", 0) == 0) {
       steps = std::atoi(arg.c_str() + 8);
     } else {
       std::fprintf(
           stderr,
-          "usage: %s [--noallreduce] [--nocompression] [--nosharding] [--notrain] [--steps=N]\n",
+          "usage: %s [--noallreduce] [--nocompression] [--nosharding] [--notrain] [--nopowersgd] "
+          "[--steps=N]\n",
           argv[0]);
       return 1;
     }
@@ -420,6 +535,7 @@ int Main(int argc, char** argv) {
     TrainingStep(group, "mlp", 256, steps);
     TrainingStep(group, "cnn", 32, steps / 2);
   }
+  if (powersgd) PowerSgdGpt(group, 8, steps / 2);
   group->barrier()->wait();
   return 0;
 }
