@@ -17,6 +17,7 @@
 
 #include "nn/nn.h"
 #include "parallel/distributed/distributed_data_parallel.h"
+#include "parallel/distributed/join.h"
 #include "parallel/distributed/mpi_testing.h"
 #include "parallel/distributed/powersgd_hook.h"
 #include "parallel/distributed/process_group_mpi.h"
@@ -383,6 +384,44 @@ TEST_F(CommHooksTest, PowerSgdTrainsASmallModelNearTheUncompressedLoss) {
   EXPECT_LT(plain_loss, 0.6 * initial) << "the uncompressed run learns";
   EXPECT_LT(std::abs(psgd_loss - plain_loss), 0.05);
   EXPECT_LT(state->numel_after_compression(), state->numel_before_compression());
+}
+
+// Under Join (uneven inputs) a rank out of data runs the hook on zeros, so that it issues the
+// collectives the others' hooks do: PowerSGD's two all-reduces per bucket keep every rank in
+// step, and the ranks end with the same parameters, to the bit.
+TEST_F(CommHooksTest, AJoinedRankRunsTheHookSoPowerSgdRanksStayInStep) {
+  auto group = TestGroup();
+  const int world = group->size();
+  const int rank = group->rank();
+  auto model = MakeModel(16);
+  DistributedDataParallel ddp(model, group);
+  ddp.register_comm_hook(
+      std::make_shared<PowerSGDState>(group, PowerSGDOptions().start_powerSGD_iter(1)),
+      powersgd_hook);
+  nn::SGD sgd(model->parameters(), nn::SGDOptions(0.1));
+  int shadowed = 0;
+  {
+    Join join(ddp, [&] {
+      sgd.step();
+      sgd.zero_grad();
+    });
+    for (int step = 0; step < 2 + rank; ++step) {
+      const Data mine = MakeData(world, 70 + step).Rows(rank * kPerRank, kPerRank);
+      sgd.zero_grad();
+      cross_entropy(ddp.forward(mine.x), mine.y).backward();
+      sgd.step();
+    }
+    shadowed = join.Finish();
+  }
+  EXPECT_EQ(shadowed, world - 1 - rank);
+  for (const Tensor& p : model->parameters()) {
+    Tensor mine = p.detach().reshape({-1}).contiguous();
+    Tensor everyone = zeros({world * mine.numel()});
+    group->allgather(everyone, mine)->wait();
+    for (int r = 1; r < world; ++r) {
+      EXPECT_EQ(Flat(everyone.narrow(0, r * mine.numel(), mine.numel())), Flat(mine));
+    }
+  }
 }
 
 // Reentrant activation checkpointing in miniature: forward runs `layer` without recording, and
