@@ -89,11 +89,13 @@ std::shared_ptr<CommFuture> CompressHook(DType dtype, ProcessGroup& group, GradB
                "a compression hook all-reduces in float16 or bfloat16, not ", DTypeName(dtype));
   NoGradGuard no_grad;
   Tensor compressed = bucket.buffer().to(dtype);
-  const DType original = bucket.buffer().dtype();
+  // The average is converted back into the bucket's own buffer (no new tensor; under
+  // gradient_as_bucket_view that is .grad already).
   return CommFuture::FromWork(group.allreduce(compressed, ReduceOp::kAverage), compressed)
-      ->Then([original](Tensor reduced) {
+      ->Then([buffer = bucket.buffer()](Tensor reduced) mutable {
         NoGradGuard no_grad;
-        return reduced.to(original);
+        buffer.copy_(reduced);
+        return buffer;
       });
 }
 
