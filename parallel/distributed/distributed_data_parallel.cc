@@ -167,9 +167,8 @@ struct DistributedDataParallel::Reducer {
     GradBucket grad_bucket = MakeGradBucket(b);
     buckets[b].future = hook(grad_bucket);
     TANDEM_CHECK(buckets[b].future != nullptr, prefix,
-                 "the communication hook returned a null "
-                 "future for bucket ",
-                 b, "; return the CommFuture of its reduction");
+                 "the communication hook returned a null future for bucket ", b,
+                 "; return the CommFuture of its reduction");
   }
 
   // Waits for bucket b's hook and returns its result, checked against the bucket.
