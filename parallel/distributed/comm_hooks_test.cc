@@ -473,6 +473,7 @@ class TwiceCheckpointed : public nn::Module {
     return {head_->forward(apply(tanh(apply(inputs[0]))))};
   }
   Tensor forward(const Tensor& x) { return forward_tensors({x})[0]; }
+  void set_checkpoint(bool checkpoint) { checkpoint_ = checkpoint; }
 
  private:
   bool checkpoint_;
@@ -520,6 +521,20 @@ TEST_F(CommHooksTest, AGradientThatArrivesTwiceWithoutStaticGraphIsPyTorchsError
                                "square.weight (index 0) received its gradient 2 times"));
   EXPECT_THAT(error, HasSubstr("construct with DistributedDataParallelOptions()"
                                ".static_graph(true)"));
+}
+
+// static_graph learns the arrivals in the first iteration; a later one with more is refused.
+TEST_F(CommHooksTest, AStaticGraphThatChangesIsAClearError) {
+  auto group = TestGroup();
+  manual_seed(17);
+  auto model = std::make_shared<TwiceCheckpointed>(false);
+  DistributedDataParallel ddp(model, group, DistributedDataParallelOptions().static_graph(true));
+  const Data mine = MakeData(group->size(), 55).Rows(group->rank() * kPerRank, kPerRank);
+  cross_entropy(ddp.forward(mine.x), mine.y).backward();  // one arrival each
+  model->set_checkpoint(true);
+  EXPECT_THAT(testing::ErrorOf([&] { cross_entropy(ddp.forward(mine.x), mine.y).backward(); }),
+              HasSubstr("static_graph: parameter square.weight received its gradient 2 times in "
+                        "this backward pass but 1 times in the first iteration"));
 }
 
 TEST_F(CommHooksTest, HooksRegisteredWronglyOrReturningTheWrongTensorAreClearErrors) {

@@ -84,7 +84,8 @@ struct DistributedDataParallelOptions {
   TANDEM_ARG(bool, find_unused_parameters) = false;
   TANDEM_ARG(bool, broadcast_buffers) = true;
   // All-reduce the gradient buckets in this dtype instead of float32: kBFloat16 or kFloat16
-  // (nullopt, the default: float32). .grad stays float32.
+  // (nullopt, the default: float32). .grad stays float32. Shorthand for registering
+  // bf16_compress_hook or fp16_compress_hook (comm_hooks.h); not with register_comm_hook.
   //   DistributedDataParallelOptions().gradient_compression(kBFloat16)
   TANDEM_ARG(std::optional<DType>, gradient_compression) = std::nullopt;
   // PyTorch's gradient_as_bucket_view: each parameter's .grad becomes a view of its place in
@@ -93,7 +94,9 @@ struct DistributedDataParallelOptions {
   TANDEM_ARG(bool, gradient_as_bucket_view) = false;
   // PyTorch's static_graph: the set of parameters used, and how many times each gradient
   // arrives in a backward, are the same every iteration (learned in the first, which reduces
-  // only at its end). Needed when a gradient arrives more than once in a backward.
+  // only at its end). Needed when a gradient arrives more than once in a backward. The
+  // parameters the first iteration did not use count as unused in every iteration (no need for
+  // find_unused_parameters).
   TANDEM_ARG(bool, static_graph) = false;
 };
 
