@@ -26,6 +26,10 @@
 //    one machine, so the wait for a slower rank's backward is not counted as communication),
 //    and by how much longer the DDP step is than the no-communication one (which also counts
 //    the CPU that communication takes from backward on a full machine).
+// 3. PowerSGD on the small GPT (--nopowersgd skips it): bytes all-reduced per step (this
+//    rank's all-reduce inputs, counted by a wrapper around the process group) and step time
+//    (forward, loss, backward, AdamW) of DDP against PowerSGD rank 2 (compressing from the
+//    first step), in alternating steps, each side's median and range.
 #include <mpi.h>
 
 #include <algorithm>
@@ -35,11 +39,14 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "examples/gpt.h"
 #include "nn/nn.h"
 #include "parallel/distributed/distributed_data_parallel.h"
+#include "parallel/distributed/powersgd_hook.h"
 #include "parallel/distributed/process_group_mpi.h"
 #include "parallel/reference_loop.h"
 #include "tensor/tensor.h"
@@ -114,42 +121,54 @@ void AllreduceBandwidth(ProcessGroupMpi& group) {
 
 // DistributedDataParallel's gradient_compression(kBFloat16) against float32: per all-reduce
 // (average) of n float32 gradients, the float32 all-reduce against the compressed path as DDP
-// runs it (round into a bfloat16 bucket, all-reduce it, convert back), alternating blocks.
+// runs it (bf16_compress_hook: copy into the float32 bucket, cast it to bfloat16, all-reduce,
+// cast back into the bucket, copy into .grad) and against rounding straight into a bfloat16 bucket
+// (what DDP did before compression became a hook), alternating blocks.
 void CompressedAllreduce(ProcessGroupMpi& group) {
   if (group.rank() == 0) {
     std::printf(
         "\nallreduce (average) of float32 gradients, %d ranks: float32 against bfloat16 "
-        "compression (cast, bfloat16 all-reduce summing in float32, cast back); median of %d\n",
+        "compression (bfloat16 all-reduce summing in float32); median of %d\n",
         group.size(), kBandwidthRounds);
-    std::printf("%10s %14s %14s %14s %8s\n", "f32 bytes", "float32 us", "bf16 us", "bf16 wire us",
-                "ratio");
+    std::printf("%10s %14s %14s %14s %14s %8s\n", "f32 bytes", "float32 us", "bf16 hook us",
+                "bf16 bucket us", "bf16 wire us", "ratio");
   }
   for (int64_t bytes = 64 << 10; bytes <= (64 << 20); bytes *= 4) {
     const int64_t n = bytes / 4;
     Tensor grads = full({n}, 0.001 * (group.rank() + 1));
     Tensor plain = grads.clone();
+    Tensor flat = grads.clone();
     Tensor bucket = grads.to(kBFloat16);
     const int iters = static_cast<int>(std::clamp<int64_t>((256 << 20) / bytes, 5, 2000));
     auto float32 = [&] { group.allreduce(plain, ReduceOp::kAverage)->wait(); };
-    auto compressed = [&] {
+    auto hooked = [&] {
+      flat.copy_(grads);
+      Tensor compressed = flat.to(kBFloat16);
+      group.allreduce(compressed, ReduceOp::kAverage)->wait();
+      flat.copy_(compressed);
+      grads.copy_(flat);
+    };
+    auto in_bucket = [&] {
       bucket.copy_(grads);
       group.allreduce(bucket, ReduceOp::kAverage)->wait();
       grads.copy_(bucket);
     };
     auto wire_only = [&] { group.allreduce(bucket, ReduceOp::kAverage)->wait(); };
     TimeBlock(group, 2, float32);
-    TimeBlock(group, 2, compressed);
-    std::vector<double> float_times, compressed_times, wire_times;
+    TimeBlock(group, 2, hooked);
+    TimeBlock(group, 2, in_bucket);
+    std::vector<double> float_times, hooked_times, bucket_times, wire_times;
     for (int round = 0; round < kBandwidthRounds; ++round) {
       float_times.push_back(TimeBlock(group, iters, float32));
-      compressed_times.push_back(TimeBlock(group, iters, compressed));
+      hooked_times.push_back(TimeBlock(group, iters, hooked));
+      bucket_times.push_back(TimeBlock(group, iters, in_bucket));
       wire_times.push_back(TimeBlock(group, iters, wire_only));
     }
     const double f = Median(float_times);
-    const double c = Median(compressed_times);
+    const double c = Median(hooked_times);
     if (group.rank() == 0) {
-      std::printf("%10lld %14.1f %14.1f %14.1f %7.2fx\n", static_cast<long long>(bytes), f * 1e6,
-                  c * 1e6, Median(wire_times) * 1e6, c / f);
+      std::printf("%10lld %14.1f %14.1f %14.1f %14.1f %7.2fx\n", static_cast<long long>(bytes),
+                  f * 1e6, c * 1e6, Median(bucket_times) * 1e6, Median(wire_times) * 1e6, c / f);
     }
   }
 }
@@ -378,11 +397,116 @@ void TrainingStep(const std::shared_ptr<ProcessGroupMpi>& group_ptr, const std::
   }
 }
 
+// --- 3. PowerSGD on the GPT -------------------------------------------------------------------
+
+// A process group that counts the bytes it is given to all-reduce and passes everything on.
+class CountingProcessGroup : public ProcessGroup {
+ public:
+  explicit CountingProcessGroup(std::shared_ptr<ProcessGroup> inner)
+      : ProcessGroup(inner->rank(), inner->size()), inner_(std::move(inner)) {}
+  std::string backend() const override { return inner_->backend(); }
+  Device device() const override { return inner_->device(); }
+  std::shared_ptr<Work> allreduce(Tensor tensor, ReduceOp op) override {
+    allreduced_bytes += tensor.numel() * static_cast<int64_t>(ElementSize(tensor.dtype()));
+    return inner_->allreduce(std::move(tensor), op);
+  }
+  std::shared_ptr<Work> broadcast(Tensor tensor, int root) override {
+    return inner_->broadcast(std::move(tensor), root);
+  }
+  std::shared_ptr<Work> allgather(Tensor output, Tensor input) override {
+    return inner_->allgather(std::move(output), std::move(input));
+  }
+  std::shared_ptr<Work> reduce_scatter(Tensor output, Tensor input, ReduceOp op) override {
+    return inner_->reduce_scatter(std::move(output), std::move(input), op);
+  }
+  std::shared_ptr<Work> barrier() override { return inner_->barrier(); }
+
+  int64_t allreduced_bytes = 0;
+
+ private:
+  std::shared_ptr<ProcessGroup> inner_;
+};
+
+void PowerSgdGpt(const std::shared_ptr<ProcessGroupMpi>& mpi, int64_t batch, int pairs) {
+  const examples::GptConfig config = examples::GptConfig::Small().dropout(0.0);
+  const int64_t tokens = config.block_size();
+  std::mt19937_64 random(100 + mpi->rank());
+  std::vector<int64_t> ids(static_cast<size_t>(batch * (tokens + 1)));
+  for (int64_t& id : ids) id = static_cast<int64_t>(random() % config.vocab_size());
+  const Tensor data = from_vector(ids, {batch, tokens + 1});
+  const Tensor x = data.narrow(1, 0, tokens).contiguous();
+  const Tensor y = data.narrow(1, 1, tokens).contiguous();
+  struct Side {
+    std::string name;
+    std::shared_ptr<CountingProcessGroup> group;
+    std::shared_ptr<examples::Gpt> model;
+    std::shared_ptr<DistributedDataParallel> ddp;
+    std::unique_ptr<nn::AdamW> optimizer;
+    std::vector<double> times, bytes, losses;
+  };
+  std::vector<Side> sides(2);
+  int64_t parameters = 0;
+  for (int k = 0; k < 2; ++k) {
+    Side& side = sides[k];
+    side.name = k == 0 ? "DDP (float32 all-reduce)" : "PowerSGD rank 2";
+    side.group = std::make_shared<CountingProcessGroup>(mpi);
+    manual_seed(5);
+    side.model = std::make_shared<examples::Gpt>(config);
+    side.ddp = std::make_shared<DistributedDataParallel>(side.model, side.group);
+    if (k == 1) {
+      side.ddp->register_comm_hook(
+          std::make_shared<PowerSGDState>(
+              side.group, PowerSGDOptions().matrix_approximation_rank(2).start_powerSGD_iter(0)),
+          powersgd_hook);
+    }
+    side.optimizer = std::make_unique<nn::AdamW>(side.model->parameters(), nn::AdamWOptions(1e-3));
+    parameters = 0;
+    for (const Tensor& p : side.model->parameters()) parameters += p.numel();
+  }
+  // Alternating steps (DDP, PowerSGD, DDP, ...), so that both see the same machine; the first
+  // pair warms up.
+  for (int pair = 0; pair <= pairs; ++pair) {
+    for (Side& side : sides) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      side.group->allreduced_bytes = 0;
+      const Clock::time_point start = Clock::now();
+      side.optimizer->zero_grad();
+      Tensor loss = side.model->loss(side.ddp->forward(x), y);
+      loss.backward();
+      side.optimizer->step();
+      double seconds = Seconds(start);
+      MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      if (pair == 0) continue;
+      side.times.push_back(seconds);
+      side.bytes.push_back(static_cast<double>(side.group->allreduced_bytes));
+      side.losses.push_back(loss.item());
+    }
+  }
+  if (mpi->rank() != 0) return;
+  std::printf(
+      "\nPowerSGD on the small GPT (%lld parameters), batch %lld x %lld tokens per rank, "
+      "%d ranks, %d alternating pairs of steps (AdamW 1e-3):\n",
+      static_cast<long long>(parameters), static_cast<long long>(batch),
+      static_cast<long long>(tokens), mpi->size(), pairs);
+  for (const Side& side : sides) {
+    const auto [fastest, slowest] = std::minmax_element(side.times.begin(), side.times.end());
+    std::printf(
+        "  %-26s %10.0f bytes all-reduced/step   step %7.1f ms (median; %.1f-%.1f)   "
+        "loss %.4f after %d steps\n",
+        side.name.c_str(), Median(side.bytes), 1e3 * Median(side.times), 1e3 * *fastest,
+        1e3 * *slowest, side.losses.back(), pairs + 1);
+  }
+  std::printf("  PowerSGD / DDP: bytes %.4fx, step time %.2fx (medians)\n",
+              Median(sides[1].bytes) / Median(sides[0].bytes),
+              Median(sides[1].times) / Median(sides[0].times));
+}
+
 int Main(int argc, char** argv) {
   bool allreduce = true;
   bool train = true;
   bool compression = true;
   bool sharding = true;
+  bool powersgd = true;
   int steps = 20;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -394,12 +518,15 @@ int Main(int argc, char** argv) {
       compression = false;
     } else if (arg == "--nosharding") {
       sharding = false;
+    } else if (arg == "--nopowersgd") {
+      powersgd = false;
     } else if (arg.rfind("--steps=", 0) == 0) {
       steps = std::atoi(arg.c_str() + 8);
     } else {
       std::fprintf(
           stderr,
-          "usage: %s [--noallreduce] [--nocompression] [--nosharding] [--notrain] [--steps=N]\n",
+          "usage: %s [--noallreduce] [--nocompression] [--nosharding] [--notrain] [--nopowersgd] "
+          "[--steps=N]\n",
           argv[0]);
       return 1;
     }
@@ -420,6 +547,7 @@ int Main(int argc, char** argv) {
     TrainingStep(group, "mlp", 256, steps);
     TrainingStep(group, "cnn", 32, steps / 2);
   }
+  if (powersgd) PowerSgdGpt(group, 8, steps / 2);
   group->barrier()->wait();
   return 0;
 }

@@ -101,6 +101,7 @@ void CheckSameOptionsEverywhere(ProcessGroup& group, const DistributedDataParall
       {{"gradient_compression", compression ? DTypeName(*compression) : std::string("none")},
        {"bucket_cap_mb", cap.str()},
        {"find_unused_parameters", o.find_unused_parameters() ? "true" : "false"},
+       {"static_graph", o.static_graph() ? "true" : "false"},
        {"broadcast_buffers", o.broadcast_buffers() ? "true" : "false"}},
       Prefix(group) +
           "construct DistributedDataParallel with the same "
@@ -119,14 +120,16 @@ double ReductionStats::overlap_fraction() const {
 struct DistributedDataParallel::Reducer {
   struct Bucket {
     std::vector<int> params;  // indices into Reducer::params
-    Tensor flat;      // the bucket's gradients, concatenated (in gradient_compression's dtype)
-    int pending = 0;  // parameters not ready yet in this pass
-    std::shared_ptr<Work> work;
+    Tensor flat;              // the bucket's gradients, concatenated
+    int pending = 0;          // parameters not ready yet in this pass
+    std::shared_ptr<CommFuture> future;
   };
 
   std::shared_ptr<ProcessGroup> group;
+  CommHook hook;  // allreduce_hook unless one was registered
   bool find_unused = false;
   bool grad_as_bucket_view = false;
+  bool static_graph = false;
   std::string prefix;
   std::vector<Tensor> params;  // those that require grad, in registration order
   std::vector<std::string> names;
@@ -140,8 +143,67 @@ struct DistributedDataParallel::Reducer {
   bool callback_queued = false;
   std::vector<char> ready;         // per parameter, in this pass
   std::vector<char> locally_used;  // per parameter, in this pass
-  size_t next_bucket = 0;          // buckets launch in index order
+  std::vector<int> arrivals;       // per parameter: gradient hooks fired in this pass
+  // static_graph: per parameter, how many times its gradient arrived in the first iteration
+  // (empty until that iteration's reduction).
+  std::vector<int> expected_arrivals;
+  size_t next_bucket = 0;  // buckets launch in index order
   ReductionStats stats;
+
+  GradBucket MakeGradBucket(size_t b) const {
+    const Bucket& bucket = buckets[b];
+    std::vector<Tensor> bucket_params;
+    std::vector<int64_t> offsets;
+    for (int i : bucket.params) {
+      bucket_params.push_back(params[i]);
+      offsets.push_back(offset_in_bucket[i]);
+    }
+    return GradBucket(static_cast<int>(b), b + 1 == buckets.size(), bucket.flat,
+                      std::move(bucket_params), std::move(offsets));
+  }
+
+  // Hands bucket b to the hook, which starts its reduction.
+  void Launch(size_t b) {
+    GradBucket grad_bucket = MakeGradBucket(b);
+    buckets[b].future = hook(grad_bucket);
+    TANDEM_CHECK(buckets[b].future != nullptr, prefix,
+                 "the communication hook returned a null future for bucket ", b,
+                 "; return the CommFuture of its reduction");
+  }
+
+  // Waits for bucket b's hook and returns its result, checked against the bucket.
+  Tensor Result(size_t b) {
+    const Tensor& flat = buckets[b].flat;
+    Tensor result = buckets[b].future->wait();
+    TANDEM_CHECK(result.defined() && result.shape() == flat.shape() &&
+                     result.dtype() == flat.dtype() && result.device() == flat.device(),
+                 prefix, "the communication hook's result for bucket ", b, " must be ",
+                 ShapeToString(flat.shape()), " ", DTypeName(flat.dtype()), " on ", flat.device(),
+                 " (the bucket's buffer) but is ",
+                 result.defined()
+                     ? tandem::internal::Concat(ShapeToString(result.shape()), " ",
+                                                DTypeName(result.dtype()), " on ", result.device())
+                     : std::string("undefined"),
+                 "; return the reduced buffer (converted back if the hook compressed it)");
+    if (grad_as_bucket_view && result.data_ptr() != flat.data_ptr()) {
+      NoGradGuard no_grad;
+      Tensor(flat).copy_(result);  // .grad is a view of the bucket
+      return flat;
+    }
+    return result;
+  }
+
+  // Waits for every launched bucket, ignoring their errors (before reporting another one: the
+  // buffers must not be reused while a collective still writes them).
+  void DrainLaunched() {
+    for (Bucket& bucket : buckets) {
+      if (!bucket.future) continue;
+      try {
+        bucket.future->wait();
+      } catch (const std::exception&) {
+      }
+    }
+  }
 
   // Copies parameter i's gradient (zeros if it has none) into its bucket and launches every
   // bucket, in order, that is now complete.
@@ -159,8 +221,7 @@ struct DistributedDataParallel::Reducer {
     ready[i] = 1;
     --bucket.pending;
     while (next_bucket < buckets.size() && buckets[next_bucket].pending == 0) {
-      Bucket& launch = buckets[next_bucket++];
-      launch.work = group->allreduce(launch.flat, ReduceOp::kAverage);
+      Launch(next_bucket++);
     }
   }
 
@@ -177,9 +238,17 @@ struct DistributedDataParallel::Reducer {
     next_bucket = 0;
     std::fill(ready.begin(), ready.end(), 0);
     std::fill(locally_used.begin(), locally_used.end(), 0);
+    std::fill(arrivals.begin(), arrivals.end(), 0);
     for (Bucket& bucket : buckets) {
       bucket.pending = static_cast<int>(bucket.params.size());
-      bucket.work.reset();
+      bucket.future.reset();
+    }
+    if (static_graph) {
+      // The parameters the first iteration did not use are ready at once.
+      for (size_t i = 0; i < expected_arrivals.size(); ++i) {
+        if (expected_arrivals[i] == 0) MarkReadyLocked(static_cast<int>(i), params[i].grad());
+      }
+      return;
     }
     if (!find_unused) return;
     // The parameters the outputs depend on: those whose accumulator the graph reaches.
@@ -205,18 +274,38 @@ struct DistributedDataParallel::Reducer {
   void OnGradReady(int i, const Tensor& grad, const std::weak_ptr<Reducer>& self) {
     std::lock_guard<std::mutex> lock(mutex);
     if (!expect_sync) return;  // no_sync, or a backward not prepared by our forward
-    TANDEM_CHECK(!ready[i], prefix, "parameter ", names[i],
-                 " received a gradient twice in one reduction: a second backward pass through the "
-                 "same forward, or a parameter that find_unused_parameters found unused; run "
-                 "forward again before each backward");
     if (!callback_queued) {
       callback_queued = true;
-      QueueCallback([self] {
+      // On the outermost pass: a gradient may arrive in a backward that a node runs inside
+      // this one (reentrant checkpointing), and the others only after it.
+      QueueCallbackOnOutermostPass([self] {
         if (std::shared_ptr<Reducer> reducer = self.lock()) reducer->Finalize();
       });
     }
     any_ready = true;
     locally_used[i] = 1;
+    ++arrivals[i];
+    if (static_graph) {
+      if (expected_arrivals.empty()) return;  // the first iteration reduces at its end
+      TANDEM_CHECK(arrivals[i] <= expected_arrivals[i], prefix, "static_graph: parameter ",
+                   names[i], " received its gradient ", arrivals[i],
+                   " times in this backward pass but ", expected_arrivals[i],
+                   " times in the first iteration; static_graph expects the same graph every "
+                   "iteration: construct without static_graph if the graph changes");
+      if (arrivals[i] == expected_arrivals[i]) MarkReadyLocked(i, grad);
+      return;
+    }
+    TANDEM_CHECK(!ready[i], prefix, "Expected to mark a variable ready only once, but parameter ",
+                 names[i], " (index ", i, ") received its gradient ", arrivals[i],
+                 " times in this backward pass: multiple gradient hooks fired for it in one "
+                 "iteration. This happens when the same parameters are used by several "
+                 "reentrant backward passes (the same layer checkpointed twice, a node that runs "
+                 "a backward of its own), when a parameter is used outside forward, or when "
+                 "backward runs twice through one forward",
+                 find_unused ? " (or find_unused_parameters found it unused)" : "",
+                 ". If the model's graph is the same every iteration, construct with "
+                 "DistributedDataParallelOptions().static_graph(true) (DDP then waits for every "
+                 "arrival of each gradient); otherwise run forward again before each backward");
     MarkReadyLocked(i, grad);
   }
 
@@ -224,46 +313,69 @@ struct DistributedDataParallel::Reducer {
   void Finalize() {
     std::lock_guard<std::mutex> lock(mutex);
     expect_sync = false;
+    if (static_graph && expected_arrivals.empty()) {
+      // The first iteration: what arrived is the graph; every gradient is complete now.
+      expected_arrivals = arrivals;
+      for (int i = static_cast<int>(params.size()) - 1; i >= 0; --i) {
+        if (!ready[i]) MarkReadyLocked(i, params[i].grad());
+      }
+    }
     std::vector<std::string> missing;
     for (size_t i = 0; i < params.size(); ++i) {
-      if (!ready[i]) missing.push_back(names[i]);
+      if (!ready[i]) {
+        missing.push_back(static_graph
+                              ? tandem::internal::Concat(names[i], " (", arrivals[i], " of ",
+                                                         expected_arrivals[i], " arrivals)")
+                              : names[i]);
+      }
     }
     if (!missing.empty()) {
       // The buckets already launched still write into their buffers: let them finish (every
       // rank launched at least these) before the next forward may reuse the buffers.
-      for (Bucket& bucket : buckets) {
-        if (bucket.work) bucket.work->wait();
-      }
+      DrainLaunched();
       std::ostringstream list;
       for (size_t k = 0; k < missing.size() && k < 5; ++k) list << (k ? ", " : "") << missing[k];
       if (missing.size() > 5) list << " and " << missing.size() - 5 << " more";
       TANDEM_FAIL(prefix, missing.size(),
                   " parameter(s) got no gradient in this backward pass: ", list.str(),
-                  "; their buckets cannot be reduced. If the model has parameters that forward "
-                  "does not always use, pass DistributedDataParallelOptions()"
-                  ".find_unused_parameters(true); otherwise make the loss depend on them");
+                  "; their buckets cannot be reduced. ",
+                  static_graph ? "static_graph expects every gradient to arrive as many times as "
+                                 "in the first iteration; construct without static_graph if the "
+                                 "graph changes"
+                               : "If the model has parameters that forward does not always use, "
+                                 "pass DistributedDataParallelOptions().find_unused_parameters("
+                                 "true); otherwise make the loss depend on them");
     }
     // With find_unused_parameters: which parameters some rank used (the others keep .grad).
+    // (static_graph: the graph's unused parameters, which may differ between ranks too.)
     Tensor used;
     std::shared_ptr<Work> used_work;
-    if (find_unused) {
+    if (find_unused || static_graph) {
       std::vector<int64_t> flags(locally_used.begin(), locally_used.end());
       used = from_vector(flags, {static_cast<int64_t>(flags.size())}).to(group->device());
       used_work = group->allreduce(used, ReduceOp::kSum);
     }
     const Clock::time_point start = Clock::now();
     stats = ReductionStats();
-    for (Bucket& bucket : buckets) {
-      bucket.work->wait();
-      stats.communication_seconds += std::chrono::duration<double>(bucket.work->run_time()).count();
+    std::vector<Tensor> results;
+    try {
+      for (size_t b = 0; b < buckets.size(); ++b) {
+        results.push_back(Result(b));
+        stats.communication_seconds +=
+            std::chrono::duration<double>(buckets[b].future->communication_time()).count();
+      }
+    } catch (...) {
+      DrainLaunched();
+      if (used_work) used_work->wait();
+      throw;
     }
     if (used_work) used_work->wait();
     stats.backward_done = start;
     stats.reduced = Clock::now();
     stats.wait_seconds = std::chrono::duration<double>(stats.reduced - start).count();
     stats.buckets = static_cast<int>(buckets.size());
-    WriteAverages(used.defined() ? used.to_vector<int64_t>()
-                                 : std::vector<int64_t>(params.size(), 1));
+    WriteAverages(results, used.defined() ? used.to(Device::Cpu(0)).to_vector<int64_t>()
+                                          : std::vector<int64_t>(params.size(), 1));
   }
 
   // Join: a rank that has run out of data takes part in one reduction of the others (zeros
@@ -272,34 +384,38 @@ struct DistributedDataParallel::Reducer {
   void Shadow() {
     std::lock_guard<std::mutex> lock(mutex);
     NoGradGuard no_grad;
-    for (Bucket& bucket : buckets) {
-      bucket.flat.zero_();
-      bucket.work = group->allreduce(bucket.flat, ReduceOp::kAverage);
+    // The hooks run on zeros, so that this rank issues the collectives the others do.
+    for (size_t b = 0; b < buckets.size(); ++b) {
+      buckets[b].flat.zero_();
+      Launch(b);
     }
     Tensor used;
     std::shared_ptr<Work> used_work;
-    if (find_unused) {
+    if (find_unused || static_graph) {
       used = zeros({static_cast<int64_t>(params.size())},
                    TensorOptions(kInt64).device(group->device()));
       used_work = group->allreduce(used, ReduceOp::kSum);
     }
-    for (Bucket& bucket : buckets) bucket.work->wait();
+    std::vector<Tensor> results;
+    for (size_t b = 0; b < buckets.size(); ++b) results.push_back(Result(b));
     if (used_work) used_work->wait();
-    WriteAverages(used.defined() ? used.to(Device::Cpu(0)).to_vector<int64_t>()
-                                 : std::vector<int64_t>(params.size(), 1));
+    WriteAverages(results, used.defined() ? used.to(Device::Cpu(0)).to_vector<int64_t>()
+                                          : std::vector<int64_t>(params.size(), 1));
   }
 
-  // Writes each bucket's averages into the .grad of the parameters some rank used.
-  void WriteAverages(const std::vector<int64_t>& used_anywhere) {
+  // Writes each bucket's reduced gradients (the hooks' results) into the .grad of the
+  // parameters some rank used.
+  void WriteAverages(const std::vector<Tensor>& results,
+                     const std::vector<int64_t>& used_anywhere) {
     NoGradGuard no_grad;
     for (size_t i = 0; i < params.size(); ++i) {
       if (used_anywhere[i] == 0) continue;
-      Tensor average = buckets[bucket_of[i]]
-                           .flat.narrow(0, offset_in_bucket[i], params[i].numel())
+      Tensor average = results[bucket_of[i]]
+                           .narrow(0, offset_in_bucket[i], params[i].numel())
                            .view(params[i].shape());
       Tensor grad = params[i].grad();
       if (grad.defined()) {
-        grad.copy_(average);  // from a compressed bucket: converted back
+        grad.copy_(average);  // nothing to do when .grad is this view already
       } else if (average.dtype() == params[i].dtype()) {
         params[i].set_grad(grad_as_bucket_view ? average : average.clone());
       } else {
@@ -327,11 +443,6 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
                "and fp16_compress_hook) but is ",
                DTypeName(*compression),
                "; leave it unset (std::nullopt) to all-reduce the gradients in float32");
-  TANDEM_CHECK(!(compression && options_.gradient_as_bucket_view()), prefix,
-               "gradient_as_bucket_view makes .grad a view of its bucket, but gradient_compression "
-               "keeps the buckets in ",
-               compression ? DTypeName(*compression) : "",
-               " and .grad in float32; use one of them");
   register_module("module", module_);
 
   std::vector<nn::NamedTensor> named = module_->named_parameters();
@@ -349,8 +460,16 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   reducer_ = std::make_shared<Reducer>();
   Reducer& r = *reducer_;
   r.group = process_group_;
+  ProcessGroup* group = process_group_.get();  // the DDP, which holds the reducer, holds it
+  if (compression) {
+    const DType dtype = *compression;
+    r.hook = [group, dtype](GradBucket& bucket) { return CompressHook(dtype, *group, bucket); };
+  } else {
+    r.hook = [group](GradBucket& bucket) { return allreduce_hook(*group, bucket); };
+  }
   r.find_unused = options_.find_unused_parameters();
   r.grad_as_bucket_view = options_.gradient_as_bucket_view();
+  r.static_graph = options_.static_graph();
   r.prefix = prefix;
   for (const nn::NamedTensor& p : named) {
     if (!p.value.requires_grad()) continue;
@@ -362,6 +481,7 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   r.offset_in_bucket.assign(n, 0);
   r.ready.assign(n, 0);
   r.locally_used.assign(n, 0);
+  r.arrivals.assign(n, 0);
   // Buckets in reverse registration order, each closed once it holds bucket_cap_mb; the first
   // closes at 1 MiB already (as in PyTorch), so that reduction starts early in backward.
   const double cap_bytes = options_.bucket_cap_mb() * 1024 * 1024;
@@ -381,9 +501,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   for (Reducer::Bucket& bucket : r.buckets) {
     int64_t total = 0;
     for (int i : bucket.params) total += r.params[i].numel();
-    bucket.flat = zeros(
-        {total},
-        TensorOptions(compression.value_or(kFloat32)).device(r.params[bucket.params[0]].device()));
+    bucket.flat =
+        zeros({total}, TensorOptions(kFloat32).device(r.params[bucket.params[0]].device()));
   }
   std::weak_ptr<Reducer> weak = reducer_;
   for (int i = 0; i < n; ++i) {
@@ -408,7 +527,28 @@ void DistributedDataParallel::ShadowIteration(bool reduces, bool broadcasts_buff
   if (reduces) reducer_->Shadow();
 }
 
+void DistributedDataParallel::RegisterCommHook(CommHook hook) {
+  const std::string prefix = Prefix(*process_group_);
+  TANDEM_CHECK(hook != nullptr, prefix, "register_comm_hook: the hook is empty");
+  TANDEM_CHECK(!options_.gradient_compression(), prefix,
+               "register_comm_hook: this DistributedDataParallel was constructed with "
+               "gradient_compression(",
+               DTypeName(options_.gradient_compression().value_or(kFloat32)),
+               "), which is itself a communication hook; drop gradient_compression and register "
+               "the hook (bf16_compress_hook or fp16_compress_hook for the same effect)");
+  TANDEM_CHECK(!hook_registered_, prefix,
+               "register_comm_hook: a communication hook is registered already; it can be "
+               "registered only once (as in PyTorch)");
+  TANDEM_CHECK(!forwarded_, prefix,
+               "register_comm_hook: called after the first forward; register the hook right "
+               "after constructing DistributedDataParallel, before any forward (as in PyTorch)");
+  std::lock_guard<std::mutex> lock(reducer_->mutex);
+  reducer_->hook = std::move(hook);
+  hook_registered_ = true;
+}
+
 std::vector<Tensor> DistributedDataParallel::forward_tensors(const std::vector<Tensor>& inputs) {
+  forwarded_ = true;
   // Collectives only in training with grad mode on, so that one rank may evaluate alone.
   const bool training_step = is_training() && GradMode::IsEnabled();
   if (join_mode_ && training_step) {

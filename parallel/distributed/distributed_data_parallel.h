@@ -32,14 +32,23 @@
 //   pass, naming it, unless find_unused_parameters: then each forward finds the parameters
 //   its outputs do not depend on and marks them ready at once (a parameter unused on every
 //   rank keeps its .grad untouched).
-// - gradient_compression(kBFloat16) (PyTorch's bf16_compress_hook; kFloat16: fp16_compress_hook)
-//   keeps each bucket in that dtype: gradients are rounded to it as they are copied in, the
-//   all-reduce moves half the bytes of float32, and its average is written back into the
-//   float32 .grad. Over ProcessGroupMpi the sum is taken in float32 and rounded once (each
-//   rank adds its block of every rank's bucket); NCCL adds in float32 but rounds the partial
-//   sums of its ring at every hop. Expect bfloat16's precision: about 3 significant digits
-//   (float16: about 4, and gradients beyond 65504 become inf: use GradScaler's scale small
-//   enough, or bfloat16).
+// - register_comm_hook(state, hook) (before the first forward) replaces the all-reduce of each
+//   bucket with the hook (comm_hooks.h: all-reduce, fp16/bf16 compression, PowerSGD in
+//   powersgd_hook.h, or one's own). The hook starts its collectives when the bucket is ready;
+//   DDP waits for its result at the end of backward and writes it into .grad.
+// - gradient_compression(kBFloat16) is shorthand for bf16_compress_hook (kFloat16:
+//   fp16_compress_hook): each bucket is rounded to that dtype, the all-reduce moves half the
+//   bytes of float32, and its average is written back into the float32 .grad. Over
+//   ProcessGroupMpi the sum is taken in float32 and rounded once (each rank adds its block of
+//   every rank's bucket); NCCL adds in float32 but rounds the partial sums of its ring at every
+//   hop. Expect bfloat16's precision: about 3 significant digits (float16: about 4, and
+//   gradients beyond 65504 become inf: use GradScaler's scale small enough, or bfloat16).
+// - A parameter whose gradient arrives twice in one backward (the same layer checkpointed
+//   twice with reentrant checkpointing, a node that runs a backward of its own) is an error,
+//   PyTorch's "Expected to mark a variable ready only once", unless static_graph: then the
+//   first iteration counts how many times each gradient arrives (and reduces only at its
+//   end), and later iterations reduce a parameter once its count is reached: the sum of its
+//   parts, averaged over the ranks.
 // - gradient_as_bucket_view(true) makes each .grad a view of its place in the bucket: the
 //   average is written there by the all-reduce itself, and the gradient tensors that backward
 //   made are freed once copied in (4 bytes a parameter less between steps).
@@ -60,9 +69,11 @@
 #include <vector>
 
 #include "nn/module.h"
+#include "parallel/distributed/comm_hooks.h"
 #include "parallel/distributed/no_sync_guard.h"
 #include "parallel/distributed/process_group.h"
 #include "tensor/base/arg.h"
+#include "tensor/base/error.h"
 #include "tensor/tensor.h"
 
 namespace tandem::parallel::distributed {
@@ -73,14 +84,20 @@ struct DistributedDataParallelOptions {
   TANDEM_ARG(bool, find_unused_parameters) = false;
   TANDEM_ARG(bool, broadcast_buffers) = true;
   // All-reduce the gradient buckets in this dtype instead of float32: kBFloat16 or kFloat16
-  // (nullopt, the default: float32). .grad stays float32.
+  // (nullopt, the default: float32). .grad stays float32. Shorthand for registering
+  // bf16_compress_hook or fp16_compress_hook (comm_hooks.h); not with register_comm_hook.
   //   DistributedDataParallelOptions().gradient_compression(kBFloat16)
   TANDEM_ARG(std::optional<DType>, gradient_compression) = std::nullopt;
   // PyTorch's gradient_as_bucket_view: each parameter's .grad becomes a view of its place in
   // the bucket once its gradient is copied there, so the average lands in .grad without a copy
   // back and the separate gradient tensors are freed: a rank holds 4P bytes less between steps.
-  // Not with gradient_compression (its buckets are in another dtype than .grad).
   TANDEM_ARG(bool, gradient_as_bucket_view) = false;
+  // PyTorch's static_graph: the set of parameters used, and how many times each gradient
+  // arrives in a backward, are the same every iteration (learned in the first, which reduces
+  // only at its end). Needed when a gradient arrives more than once in a backward. The
+  // parameters the first iteration did not use count as unused in every iteration (no need for
+  // find_unused_parameters).
+  TANDEM_ARG(bool, static_graph) = false;
 };
 
 // What the last reduced backward pass spent on communication (for benchmarks).
@@ -117,6 +134,18 @@ class DistributedDataParallel : public nn::Module {
   }
   std::vector<Tensor> forward_tensors(const std::vector<Tensor>& inputs) override;
 
+  // Reduces each bucket with `hook(*state, bucket)` instead of the plain all-reduce
+  // (comm_hooks.h). Once, before the first forward, on every rank alike, and not with
+  // options().gradient_compression() (itself a hook).
+  //   ddp.register_comm_hook(group, fp16_compress_hook);
+  template <typename State, typename Hook>
+  void register_comm_hook(std::shared_ptr<State> state, Hook hook) {
+    TANDEM_CHECK(state != nullptr,
+                 "register_comm_hook: the state is null (pass the process "
+                 "group for the stock hooks)");
+    RegisterCommHook(CommHook([state, hook](GradBucket& bucket) { return hook(*state, bucket); }));
+  }
+
   // While the guard lives, forwards do not prepare a reduction (no_sync_guard.h).
   [[nodiscard]] NoSyncGuard no_sync() { return NoSyncGuard(&require_sync_); }
 
@@ -130,6 +159,7 @@ class DistributedDataParallel : public nn::Module {
  private:
   friend class Join;
   struct Reducer;
+  void RegisterCommHook(CommHook hook);
   // Copies rank 0's buffers to every rank (when BroadcastsBuffers).
   void SyncBuffers();
   // Whether a training forward broadcasts rank 0's buffers.
@@ -143,6 +173,8 @@ class DistributedDataParallel : public nn::Module {
   std::shared_ptr<Reducer> reducer_;  // the hooks hold it weakly
   bool require_sync_ = true;
   bool join_mode_ = false;  // parallel/distributed/join.h
+  bool hook_registered_ = false;
+  bool forwarded_ = false;
 };
 
 }  // namespace tandem::parallel::distributed

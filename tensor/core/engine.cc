@@ -42,7 +42,10 @@ class CurrentTaskScope {
 // into it has delivered (with or without a gradient), and then runs on its device's worker.
 class GraphTask : public std::enable_shared_from_this<GraphTask> {
  public:
-  GraphTask() : caller_(DeviceWorker::Current()) {}
+  GraphTask() : caller_(DeviceWorker::Current()), outer_(t_current_task) {}
+
+  // The pass whose node started this one (a nested backward), or nullptr.
+  GraphTask* outer() const { return outer_; }
 
   void CountDependencies(const std::vector<Node*>& roots) {
     std::vector<Node*> stack;
@@ -421,6 +424,8 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
   };
 
   DeviceWorker* caller_;
+  // Outlives this pass's run: a nested pass runs inside one of its outer pass's nodes.
+  GraphTask* const outer_;
   std::unordered_map<Node*, std::unique_ptr<NodeState>> states_;  // fixed before Run
   std::vector<std::shared_ptr<Node>> roots_;
   std::atomic<bool> failed_{false};
@@ -474,6 +479,15 @@ void QueueCallback(std::function<void()> callback) {
                "QueueCallback: called outside a backward pass; call it from a node or a "
                "gradient hook while backward() runs");
   t_current_task->AddCallback(std::move(callback));
+}
+
+void QueueCallbackOnOutermostPass(std::function<void()> callback) {
+  TANDEM_CHECK(t_current_task != nullptr,
+               "QueueCallbackOnOutermostPass: called outside a backward pass; call it from a node "
+               "or a gradient hook while backward() runs");
+  GraphTask* task = t_current_task;
+  while (task->outer() != nullptr) task = task->outer();
+  task->AddCallback(std::move(callback));
 }
 
 bool InBackwardPass() { return t_current_task != nullptr; }

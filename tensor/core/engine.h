@@ -37,6 +37,11 @@ void RunBackward(const std::vector<Tensor>& roots, const std::vector<Tensor>& gr
 // backward pass.
 void QueueCallback(std::function<void()> callback);
 
+// QueueCallback on the outermost pass: where a node runs a backward pass of its own (reentrant
+// activation checkpointing), code in the nested pass that must wait for the whole of the
+// outer one (DistributedDataParallel's end-of-backward reduction) queues its callback here.
+void QueueCallbackOnOutermostPass(std::function<void()> callback);
+
 // True on a thread that is running a node (or hook) of a backward pass.
 bool InBackwardPass();
 
