@@ -20,6 +20,7 @@
 #   cluster_mpirun -np 2 --map-by node ./prog    # one rank per host, over TCP
 #   cluster_on 1 ip addr               # a command on host 1 (its hostname: ${CLUSTER_HOSTS[1]})
 #   cluster_link 1 down                # cut host 1's data link (up: restore it)
+#   cluster_remove_host 1              # host 1 crashes for good
 #   cluster_down                       # or let the EXIT trap do it
 #
 # Cleanup never leaves a namespace behind: every name starts with a prefix unique to the run
@@ -225,6 +226,14 @@ cluster_pids() {
   local host="$1"
   if [[ "$host" =~ ^[0-9]+$ ]]; then host="${CLUSTER_HOSTS[$host]:?no such host}"; fi
   ip netns pids "$host"
+}
+
+# cluster_remove_host HOST: the host goes away for good (what runs on it is killed, its
+# namespace deleted), as a machine that crashed: the launch agent no longer reaches it.
+cluster_remove_host() {
+  local host="$1"
+  if [[ "$host" =~ ^[0-9]+$ ]]; then host="${CLUSTER_HOSTS[$host]:?no such host}"; fi
+  _cluster_delete_ns "$host"
 }
 
 # Tears the cluster down (idempotent): kills what runs on its hosts, deletes the namespaces.
