@@ -115,6 +115,7 @@ cluster_up() {
   trap 'cluster_down; exit 143' TERM
   # The watcher: its own session (Bazel's timeout kills the test's process group), its output
   # nowhere (a test's pipes must close when the test ends).
+  # shellcheck disable=SC2016  # expanded by the watcher's shell
   setsid bash -c '
     owner="$1" prefix="$2" dir="$3"
     while kill -0 "$owner" 2>/dev/null; do sleep 1; done
@@ -188,6 +189,7 @@ cluster_on() {
   shift
   if [[ "$host" =~ ^[0-9]+$ ]]; then host="${CLUSTER_HOSTS[$host]:?no such host}"; fi
   if [[ "$host" == login ]]; then host="$CLUSTER_PREFIX-login"; fi
+  # shellcheck disable=SC2016  # expanded by the host's shell
   ip netns exec "$host" unshare --uts -- bash -c 'hostname "$1" && shift && exec "$@"' \
     cluster_on "$host" "$@"
 }

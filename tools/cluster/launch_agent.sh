@@ -17,5 +17,6 @@ if [[ ! "$host" =~ ^tndc[0-9]+x[0-9]+-[a-z0-9]+$ || ! -e "/run/netns/$host" ]]; 
   echo "launch_agent.sh: no host '$host' in a cluster of tools/cluster/cluster.sh (is it up? was the host removed?)" >&2
   exit 255
 fi
+# shellcheck disable=SC2016  # expanded by the host's shell
 exec ip netns exec "$host" unshare --uts -- bash -c 'hostname "$1" && shift && eval "$*"' \
   launch_agent "$host" "$@"

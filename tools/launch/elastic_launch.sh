@@ -95,6 +95,7 @@ while true; do
   # Which hosts still answer? Those that do not are left out from now on.
   left=()
   for host in "${hosts[@]}"; do
+    # shellcheck disable=SC2086  # the agent may carry options ("ssh -o BatchMode=yes")
     if timeout "$check_timeout" $agent "$host" true </dev/null >/dev/null 2>&1; then
       left+=("$host")
     else
