@@ -28,7 +28,8 @@
 # watcher outside the caller's process group that tears the cluster down once the owning
 # shell is gone (even after SIGKILL), and first removes what runs whose owner is dead left.
 # Tearing down kills the processes inside the run's namespaces (they are the run's own), then
-# deletes the namespaces, which deletes their interfaces.
+# deletes the namespaces, which deletes their interfaces, and Open MPI's session folders of the
+# run's hosts.
 #
 # Variables cluster_up sets: CLUSTER_PREFIX, CLUSTER_HOSTS (hostnames, index = host number),
 # CLUSTER_HOSTFILE (one line per host, "slots=" CLUSTER_SLOTS, default 1), CLUSTER_AGENT (the
@@ -77,6 +78,15 @@ cluster_clean_stale() {
       _cluster_delete_ns "$ns"
     fi
   done
+  # Open MPI's session folders (under TMPDIR=/tmp, cluster_mpi_env) of dead runs' hosts: a
+  # daemon killed with its host leaves its own behind.
+  local dir
+  for dir in /tmp/ompi.tndc*; do
+    [[ -d "$dir" ]] || continue
+    owner="${dir#/tmp/ompi.tndc}"
+    owner="${owner%%x*}"
+    if [[ "$owner" =~ ^[0-9]+$ ]] && ! kill -0 "$owner" 2>/dev/null; then rm -rf "$dir"; fi
+  done
 }
 
 _cluster_delete_ns() {
@@ -123,7 +133,7 @@ cluster_up() {
       for pid in $(ip netns pids "$ns"); do kill -KILL "$pid"; done
       ip netns del "$ns"
     done
-    rm -rf "$dir"' cluster-watcher "$$" "$CLUSTER_PREFIX" "$CLUSTER_DIR" \
+    rm -rf "$dir" /tmp/ompi."$prefix"-*' cluster-watcher "$$" "$CLUSTER_PREFIX" "$CLUSTER_DIR" \
     </dev/null >/dev/null 2>&1 &
   disown
   local sw="$CLUSTER_PREFIX-sw"
@@ -245,7 +255,7 @@ cluster_down() {
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^$CLUSTER_PREFIX-" || true); do
     _cluster_delete_ns "$ns"
   done
-  rm -rf "${CLUSTER_DIR:?}"
+  rm -rf "${CLUSTER_DIR:?}" /tmp/ompi."$CLUSTER_PREFIX"-*
   CLUSTER_PREFIX=""
   CLUSTER_HOSTS=()
 }
