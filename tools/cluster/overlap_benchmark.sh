@@ -3,11 +3,13 @@
 # parallel/distributed/distributed_benchmark --overlap (section 3) on two hosts of
 # tools/cluster (one rank each, Open MPI over TCP) at each link rate, as root.
 #
-#   bazel build -c opt //parallel/distributed:distributed_benchmark
 #   bash tools/cluster/overlap_benchmark.sh [MODEL [STEPS [MBITS...]]]   # default: gpt 10 1000 10000
+#
+# It builds the benchmark with -c opt first.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-benchmark="$(realpath bazel-bin/parallel/distributed/distributed_benchmark)"
+bazel build -c opt //parallel/distributed:distributed_benchmark
+benchmark="$(bazel info -c opt bazel-bin)/parallel/distributed/distributed_benchmark"
 model="${1:-gpt}"
 steps="${2:-10}"
 shift $(($# < 2 ? $# : 2))
