@@ -30,6 +30,10 @@
 //    rank's all-reduce inputs, counted by a wrapper around the process group) and step time
 //    (forward, loss, backward, AdamW) of DDP against PowerSGD rank 2 (compressing from the
 //    first step), in alternating steps, each side's median and range.
+// 4. --overlap[=gpt|gpt2] (this section alone): DDP steps of the small GPT (or GPT-2) with
+//    25, 4 and 1 MB buckets in float32 and bfloat16 on a network: time in backward, the
+//    all-reduces alone, what of them backward did not hide. tools/cluster/overlap_benchmark.sh
+//    runs it on two hosts of tools/cluster at 1 and 10 Gbit/s.
 #include <mpi.h>
 
 #include <algorithm>
@@ -39,6 +43,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -501,6 +506,132 @@ void PowerSgdGpt(const std::shared_ptr<ProcessGroupMpi>& mpi, int64_t batch, int
               Median(sides[1].times) / Median(sides[0].times));
 }
 
+// 4. Overlap on a network (--overlap; see tools/cluster/overlap_benchmark.sh, which runs it on
+// two hosts of tools/cluster at 1 and 10 Gbit/s): DDP training steps of a GPT (examples/gpt.h)
+// with each bucket size and gradient dtype of `settings`, reporting per step the time in
+// backward (this rank's, until its last gradient was ready), the buckets' all-reduces run
+// alone (their cost when nothing hides them), how much of them was still to go after the last
+// rank's backward (steady_clock is one clock for all the namespaces of one machine) and the
+// fraction hidden. Self-contained: its own model, data and DDP per setting.
+struct OverlapSetting {
+  const char* name;
+  double bucket_cap_mb;
+  std::optional<DType> compression;
+};
+
+void NetworkOverlap(const std::shared_ptr<ProcessGroupMpi>& group, const std::string& kind,
+                    int steps) {
+  const examples::GptConfig config =
+      kind == "gpt2" ? examples::GptConfig::Gpt2() : examples::GptConfig::Small().dropout(0.0);
+  const int64_t batch = kind == "gpt2" ? 1 : 8, tokens = kind == "gpt2" ? 256 : 128;
+  std::vector<int64_t> ids(batch * (tokens + 1));
+  uint64_t state = 12345 + static_cast<uint64_t>(group->rank());
+  for (int64_t& id : ids) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    id = static_cast<int64_t>((state >> 33) % static_cast<uint64_t>(config.vocab_size()));
+  }
+  const Tensor all = from_vector(ids, {batch, tokens + 1});
+  const Tensor x = all.narrow(1, 0, tokens).contiguous(), y = all.narrow(1, 1, tokens).contiguous();
+  const OverlapSetting settings[] = {
+      {"float32, 25 MB buckets (default)", 25, std::nullopt},
+      {"float32, 1 MB buckets", 1, std::nullopt},
+      {"float32, 4 MB buckets", 4, std::nullopt},
+      {"bf16, 25 MB buckets", 25, kBFloat16},
+      {"bf16, 1 MB buckets", 1, kBFloat16},
+  };
+  char host[MPI_MAX_PROCESSOR_NAME] = {};
+  int length = 0;
+  MPI_Get_processor_name(host, &length);
+  if (group->rank() == 0) {
+    std::printf(
+        "\noverlap: %s, batch %lld x %lld tokens per rank, SGD, %d ranks (rank 0 on %s); per "
+        "step, medians: backward on the slowest rank, the buckets' all-reduces alone, what was "
+        "left of them after the last rank's backward, hidden = 1 - left / alone\n",
+        kind.c_str(), static_cast<long long>(batch), static_cast<long long>(tokens), group->size(),
+        host);
+  }
+  std::map<std::string, double> alone_of;
+  for (const OverlapSetting& setting : settings) {
+    manual_seed(1);
+    auto model = std::make_shared<examples::Gpt>(config);
+    auto ddp =
+        std::make_shared<DistributedDataParallel>(model, group,
+                                                  DistributedDataParallelOptions()
+                                                      .bucket_cap_mb(setting.bucket_cap_mb)
+                                                      .gradient_compression(setting.compression));
+    nn::SGD optimizer(ddp->parameters(), nn::SGDOptions(1e-4));
+    std::vector<double> backward, backward_done, reduced;
+    for (int step = 0; step < steps + 2; ++step) {
+      optimizer.zero_grad();
+      MPI_Barrier(MPI_COMM_WORLD);
+      Tensor loss = model->loss(ddp->forward(x), y);
+      const Clock::time_point backward_start = Clock::now();
+      loss.backward();
+      optimizer.step();
+      if (step < 2) continue;  // warm-up
+      const ReductionStats stats = ddp->last_reduction_stats();
+      backward.push_back(
+          std::chrono::duration<double>(stats.backward_done - backward_start).count());
+      backward_done.push_back(
+          std::chrono::duration<double>(stats.backward_done.time_since_epoch()).count());
+      reduced.push_back(std::chrono::duration<double>(stats.reduced.time_since_epoch()).count());
+    }
+    const int n = static_cast<int>(backward.size());
+    MPI_Allreduce(MPI_IN_PLACE, backward.data(), n, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, backward_done.data(), n, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, reduced.data(), n, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    std::vector<double> left(n);
+    for (int i = 0; i < n; ++i) left[i] = std::max(0.0, reduced[i] - backward_done[i]);
+
+    // The same buckets, in the same dtype, all-reduced alone as DDP issues them.
+    std::map<std::string, int64_t> sizes;
+    for (const nn::NamedTensor& p : model->named_parameters()) sizes[p.name] = p.value.numel();
+    std::vector<Tensor> buckets;
+    for (const std::vector<std::string>& names : ddp->bucket_parameter_names()) {
+      int64_t elements = 0;
+      for (const std::string& name : names) elements += sizes.at(name);
+      buckets.push_back(ones({elements}).to(setting.compression.value_or(kFloat32)));
+    }
+    // The last bucket issued holds the first layers' gradients, ready only when backward ends:
+    // its all-reduce can hide behind nothing, which bounds the fraction hidden.
+    std::string bucket_mb;
+    for (const Tensor& bucket : buckets) {
+      char mb[32];
+      std::snprintf(mb, sizeof(mb), "%s%.2f", bucket_mb.empty() ? "" : "+",
+                    bucket.numel() * 4 / 1e6);
+      bucket_mb += mb;
+    }
+    std::vector<double> alone_times;
+    for (int rep = 0; rep < steps + 2; ++rep) {
+      MPI_Barrier(MPI_COMM_WORLD);
+      const Clock::time_point start = Clock::now();
+      std::vector<std::shared_ptr<Work>> works;
+      for (const Tensor& bucket : buckets) {
+        works.push_back(group->allreduce(bucket, ReduceOp::kAverage));
+      }
+      for (const std::shared_ptr<Work>& work : works) work->wait();
+      double seconds = Seconds(start);
+      MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+      if (rep >= 2) alone_times.push_back(seconds);
+    }
+    const double alone = Median(alone_times), exposed = Median(left);
+    alone_of[setting.name] = alone;
+    if (group->rank() == 0) {
+      std::printf(
+          "  %-34s buckets of %s MB (float32, in issue order): backward %.1f ms, all-reduce "
+          "alone %.1f ms, left after backward %.1f ms, hidden %.0f%%\n",
+          setting.name, bucket_mb.c_str(), Median(backward) * 1e3, alone * 1e3, exposed * 1e3,
+          100 * std::clamp(1 - exposed / alone, 0.0, 1.0));
+    }
+  }
+  if (group->rank() == 0) {
+    std::printf(
+        "  bf16 against float32 communication (buckets alone): %.2fx at 25 MB, %.2fx at 1 MB\n",
+        alone_of["float32, 25 MB buckets (default)"] / alone_of["bf16, 25 MB buckets"],
+        alone_of["float32, 1 MB buckets"] / alone_of["bf16, 1 MB buckets"]);
+  }
+}
+
 int Main(int argc, char** argv) {
   bool allreduce = true;
   bool train = true;
@@ -508,9 +639,12 @@ int Main(int argc, char** argv) {
   bool sharding = true;
   bool powersgd = true;
   int steps = 20;
+  std::string overlap;  // --overlap=gpt or gpt2: section 3 alone
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (arg == "--noallreduce") {
+    if (arg == "--overlap" || arg == "--overlap=gpt" || arg == "--overlap=gpt2") {
+      overlap = arg == "--overlap=gpt2" ? "gpt2" : "gpt";
+    } else if (arg == "--noallreduce") {
       allreduce = false;
     } else if (arg == "--notrain") {
       train = false;
@@ -526,7 +660,7 @@ int Main(int argc, char** argv) {
       std::fprintf(
           stderr,
           "usage: %s [--noallreduce] [--nocompression] [--nosharding] [--notrain] [--nopowersgd] "
-          "[--steps=N]\n",
+          "[--steps=N] [--overlap[=gpt|gpt2]]\n",
           argv[0]);
       return 1;
     }
@@ -538,6 +672,11 @@ int Main(int argc, char** argv) {
   if (group->rank() == 0) {
     std::printf("%d ranks, 1 thread each (plus each group's communication thread)\n\n",
                 group->size());
+  }
+  if (!overlap.empty()) {
+    NetworkOverlap(group, overlap, steps);
+    group->barrier()->wait();
+    return 0;
   }
   if (allreduce) AllreduceBandwidth(*group);
   if (compression) CompressedAllreduce(*group);

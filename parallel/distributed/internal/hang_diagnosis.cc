@@ -18,6 +18,7 @@ using Clock = std::chrono::steady_clock;
 constexpr int kQuestionTag = 1;
 constexpr int kAnswerTag = 2;
 constexpr int kAnswerBytes = 256;  // the collective number, then its description
+constexpr int kHostBytes = 64;     // a host name, cut to 63 characters
 
 }  // namespace
 
@@ -30,6 +31,20 @@ HangDiagnosis::HangDiagnosis(const std::string& owner) {
   MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(control_, &rank_);
   MPI_Comm_size(control_, &size_);
+  // Every rank's host, so that a timeout on several machines names where the silent rank ran.
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int length = 0;
+  MPI_Get_processor_name(name, &length);
+  std::vector<char> names(static_cast<size_t>(size_) * kHostBytes, '\0');
+  std::memcpy(names.data() + static_cast<size_t>(rank_) * kHostBytes, name,
+              std::min<size_t>(static_cast<size_t>(length), kHostBytes - 1));
+  rc = MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, names.data(), kHostBytes, MPI_CHAR,
+                     control_);
+  TANDEM_CHECK(rc == MPI_SUCCESS, owner,
+               ": MPI_Allgather of the ranks' host names failed: ", MpiErrorString(rc));
+  for (int r = 0; r < size_; ++r) hosts_.emplace_back(names.data() + r * kHostBytes);
+  multi_host_ = std::any_of(hosts_.begin(), hosts_.end(),
+                            [&](const std::string& host) { return host != hosts_[0]; });
   rc = MPI_Irecv(&question_in_, 1, MPI_INT64_T, MPI_ANY_SOURCE, kQuestionTag, control_, &question_);
   TANDEM_CHECK(rc == MPI_SUCCESS, owner, ": MPI_Irecv failed: ", MpiErrorString(rc));
 }
@@ -151,8 +166,9 @@ std::string HangDiagnosis::AskWhoWaits(int64_t number, const std::string& descri
     if (sequence == number && theirs == own) {
       alongside.push_back(r);
     } else {
-      elsewhere.push_back(tandem::internal::Concat("rank ", r, " waits in its collective number ",
-                                                   sequence, " (", theirs, ")"));
+      elsewhere.push_back(tandem::internal::Concat(
+          "rank ", r, multi_host_ ? " (on host " + hosts_[r] + ")" : "",
+          " waits in its collective number ", sequence, " (", theirs, ")"));
     }
   }
   if (!silent.empty()) {
@@ -166,10 +182,14 @@ std::string HangDiagnosis::AskWhoWaits(int64_t number, const std::string& descri
     delete[] answers;
   }
   std::ostringstream text;
-  auto ranks = [](const std::vector<int>& list) {
+  // On one machine the host says nothing; across machines it says where to look.
+  auto ranks = [&](const std::vector<int>& list) {
     std::ostringstream out;
     out << (list.size() == 1 ? "rank " : "ranks ");
-    for (size_t i = 0; i < list.size(); ++i) out << (i == 0 ? "" : ", ") << list[i];
+    for (size_t i = 0; i < list.size(); ++i) {
+      out << (i == 0 ? "" : ", ") << list[i];
+      if (multi_host_) out << " (on host " << hosts_[list[i]] << ")";
+    }
     return out.str();
   };
   if (!silent.empty()) {

@@ -4,8 +4,9 @@
 // questions that have come with the collective's number and description, and a rank whose
 // collective timed out asks every other rank and sorts them: did not answer (stopped, hung,
 // dead, or outside this group's collectives), waits in another collective, or waits in this
-// one too. ProcessGroupMpi answers from its polling loop; ProcessGroupNccl's watchdog answers
-// while a collective's GPU work is pending. Not thread-safe: one thread at a time uses it.
+// one too (across several hosts, naming each rank's host). ProcessGroupMpi answers from its
+// polling loop; ProcessGroupNccl's watchdog answers while a collective's GPU work is pending.
+// Not thread-safe: one thread at a time uses it.
 //
 //   internal::HangDiagnosis diagnosis("ProcessGroupNccl");  // collective over MPI_COMM_WORLD
 //   while (!finished()) {
@@ -71,6 +72,8 @@ class HangDiagnosis {
   int64_t question_out_ = 0;                 // this rank's, when it asks (outlives the sends)
   std::vector<Answer> answers_sent_;
   bool abandoned_ = false;
+  std::vector<std::string> hosts_;  // each rank's MPI_Get_processor_name
+  bool multi_host_ = false;         // the ranks run on more than one host
 };
 
 // The error of a collective that did not finish within `timeout`: "<prefix><description> did
