@@ -42,7 +42,17 @@ class CurrentTaskScope {
 // into it has delivered (with or without a gradient), and then runs on its device's worker.
 class GraphTask : public std::enable_shared_from_this<GraphTask> {
  public:
-  GraphTask() : caller_(DeviceWorker::Current()) {}
+  GraphTask() : caller_(DeviceWorker::Current()), outer_(t_current_task) {}
+
+  // The pass whose callbacks this one's callers queue: the outermost. A pass started from
+  // inside a node (activation checkpointing's recomputation, nn/activation_checkpoint.h) is
+  // part of the pass that ran the node, so what its hooks queue (DistributedDataParallel's
+  // wait for every bucket) must wait for the outer pass, not for the end of the nested one.
+  GraphTask* Outermost() {
+    GraphTask* task = this;
+    while (task->outer_ != nullptr) task = task->outer_;
+    return task;
+  }
 
   void CountDependencies(const std::vector<Node*>& roots) {
     std::vector<Node*> stack;
@@ -419,6 +429,8 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
   };
 
   DeviceWorker* caller_;
+  // The pass running the node that started this one (it outlives this one), or null.
+  GraphTask* const outer_;
   std::unordered_map<Node*, std::unique_ptr<NodeState>> states_;  // fixed before Run
   std::vector<std::shared_ptr<Node>> roots_;
   std::atomic<bool> failed_{false};
@@ -471,7 +483,7 @@ void QueueCallback(std::function<void()> callback) {
   TANDEM_CHECK(t_current_task != nullptr,
                "QueueCallback: called outside a backward pass; call it from a node or a "
                "gradient hook while backward() runs");
-  t_current_task->AddCallback(std::move(callback));
+  t_current_task->Outermost()->AddCallback(std::move(callback));
 }
 
 bool InBackwardPass() { return t_current_task != nullptr; }
