@@ -43,6 +43,11 @@
 //     backward says so.
 //   - Backward may run again through the same graph (Tandem frees no graph after backward);
 //     each run recomputes the block.
+//   - Gradients of the block's parameters are accumulated into their .grad by the nested
+//     pass, whatever the outer pass asked for: a gradient function that returns gradients
+//     instead of accumulating them (PyTorch's torch.autograd.grad) sees only the inputs'
+//     gradients through a checkpoint, and the recomputation's graph is not differentiated
+//     again (no double backward through a checkpoint).
 //   - A checkpoint inside a checkpoint works (the inner one recomputes within the outer's
 //     recomputation), with the cost of a third forward.
 // Under NoGradGuard `checkpoint` just calls `fn`. The generators the forward drew from, and
