@@ -202,7 +202,13 @@ Tensor Gpt::forward(const Tensor& tokens) {
                "model with a larger block_size");
   const Tensor positions = arange(t, TensorOptions(kInt64).device(tokens.device()));
   Tensor x = drop_->forward(wte_->forward(tokens) + wpe_->forward(positions));
-  for (const auto& block : blocks_) x = block->forward(x);
+  for (const auto& block : blocks_) {
+    // The closure holds the block itself: a DataParallel replica is gone when backward
+    // recomputes it.
+    x = config_.checkpoint_activations()
+            ? nn::checkpoint([block](const Tensor& h) { return block->forward(h); }, x)
+            : block->forward(x);
+  }
   // The tied head: logits = x wte^T, one product into [B * T, V] whose weight gradient
   // adds into wte's.
   return linear(ln_f_->forward(x), wte_->weight(), Tensor());

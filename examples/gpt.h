@@ -43,6 +43,10 @@ struct GptConfig {
   TANDEM_ARG(int64_t, n_embd) = 128;  // divisible by n_head
   TANDEM_ARG(double, dropout) = 0.0;  // on embeddings, attention weights and residuals
   TANDEM_ARG(bool, bias) = true;      // in the Linear layers and LayerNorms
+  // Runs each block through nn::checkpoint (nn/activation_checkpoint.h): backward recomputes
+  // a block's activations instead of keeping them, for about a third more time per step and
+  // a fraction of the memory (keeps one [B, T, C] input per block). Same gradients.
+  TANDEM_ARG(bool, checkpoint_activations) = false;
 };
 
 // Multi-head causal self-attention: c_attn Linear(C, 3C) gives q, k, v in one product; the

@@ -152,6 +152,39 @@ TEST(GptTest, DataParallelOverTwoDevicesMatchesOneDevice) {
   }
 }
 
+// The gradients of one step with dropout, each block checkpointed or not (same seeds), on one
+// device or through DataParallel over two.
+std::vector<Tensor> StepGradients(bool checkpointed, bool data_parallel) {
+  manual_seed(21);
+  auto model = std::make_shared<Gpt>(Tiny().dropout(0.2).checkpoint_activations(checkpointed));
+  const Tensor tokens = Tokens({3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8}, 4);
+  const Tensor targets = Tokens({1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9}, 4);
+  manual_seed(22);
+  if (data_parallel) {
+    parallel::DataParallel dp(model, {Device::Cpu(0), Device::Cpu(1)});
+    GptLoss criterion;
+    dp.forward_loss(criterion, tokens, targets).backward();
+  } else {
+    model->loss(model->forward(tokens), targets).backward();
+  }
+  std::vector<Tensor> grads;
+  for (const Tensor& p : model->parameters()) grads.push_back(p.grad());
+  return grads;
+}
+
+TEST(GptTest, CheckpointedBlocksGiveThePlainGradientsWithDropout) {
+  for (bool data_parallel : {false, true}) {
+    const std::vector<Tensor> plain = StepGradients(false, data_parallel);
+    const std::vector<Tensor> checkpointed = StepGradients(true, data_parallel);
+    ASSERT_EQ(plain.size(), checkpointed.size());
+    for (size_t i = 0; i < plain.size(); ++i) {
+      ASSERT_TRUE(checkpointed[i].defined()) << i;
+      EXPECT_EQ(::tandem::testing::MaxAbsDiff(plain[i], checkpointed[i]), 0.0)
+          << "parameter " << i << (data_parallel ? " through DataParallel" : "");
+    }
+  }
+}
+
 TEST(GptTest, GenerationIsSeededAndCropsTheContext) {
   manual_seed(7);
   Gpt model(Tiny());

@@ -105,6 +105,9 @@ ABSL_FLAG(int, n_layer, 4, "gpt: transformer blocks");
 ABSL_FLAG(int, n_head, 4, "gpt: attention heads per block (a divisor of --n_embd)");
 ABSL_FLAG(int, n_embd, 128, "gpt: channels");
 ABSL_FLAG(double, dropout, 0.1, "gpt: dropout on embeddings, attention weights and residuals");
+ABSL_FLAG(bool, checkpoint_activations, false,
+          "gpt: recompute each transformer block's activations in backward instead of keeping "
+          "them (nn::checkpoint): less memory for longer contexts, about a third more time");
 ABSL_FLAG(std::string, prompt, "The meaning of life is",
           "gpt: the text the trained model continues at the end");
 ABSL_FLAG(int, max_new_tokens, 200, "gpt: bytes sampled after --prompt");
@@ -153,7 +156,8 @@ examples::TrainConfig ConfigFromFlags() {
               .n_layer(absl::GetFlag(FLAGS_n_layer))
               .n_head(absl::GetFlag(FLAGS_n_head))
               .n_embd(absl::GetFlag(FLAGS_n_embd))
-              .dropout(absl::GetFlag(FLAGS_dropout));
+              .dropout(absl::GetFlag(FLAGS_dropout))
+              .checkpoint_activations(absl::GetFlag(FLAGS_checkpoint_activations));
   o.prompt = absl::GetFlag(FLAGS_prompt);
   o.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   o.temperature = absl::GetFlag(FLAGS_temperature);

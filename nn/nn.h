@@ -9,16 +9,17 @@
 #ifndef TANDEM_NN_NN_H_
 #define TANDEM_NN_NN_H_
 
-#include "nn/attention.h"     // IWYU pragma: export
-#include "nn/checkpoint.h"    // IWYU pragma: export
-#include "nn/clip_grad.h"     // IWYU pragma: export
-#include "nn/grad_scaler.h"   // IWYU pragma: export
-#include "nn/layers.h"        // IWYU pragma: export
-#include "nn/loss.h"          // IWYU pragma: export
-#include "nn/lr_scheduler.h"  // IWYU pragma: export
-#include "nn/module.h"        // IWYU pragma: export
-#include "nn/optim.h"         // IWYU pragma: export
-#include "nn/sequential.h"    // IWYU pragma: export
-#include "nn/transformer.h"   // IWYU pragma: export
+#include "nn/activation_checkpoint.h"  // IWYU pragma: export
+#include "nn/attention.h"              // IWYU pragma: export
+#include "nn/checkpoint.h"             // IWYU pragma: export
+#include "nn/clip_grad.h"              // IWYU pragma: export
+#include "nn/grad_scaler.h"            // IWYU pragma: export
+#include "nn/layers.h"                 // IWYU pragma: export
+#include "nn/loss.h"                   // IWYU pragma: export
+#include "nn/lr_scheduler.h"           // IWYU pragma: export
+#include "nn/module.h"                 // IWYU pragma: export
+#include "nn/optim.h"                  // IWYU pragma: export
+#include "nn/sequential.h"             // IWYU pragma: export
+#include "nn/transformer.h"            // IWYU pragma: export
 
 #endif  // TANDEM_NN_NN_H_

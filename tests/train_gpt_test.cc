@@ -3,7 +3,8 @@
 // of the prompt and the JSON line; a run killed in epoch 2 and restarted from its checkpoint
 // ends with exactly the parameters and AdamW state of a run never interrupted; the same
 // flags print the same sample; bf16 autocast and --trace work, the loss inside the replicas
-// equals the one on the gathered logits; bad GPT flags are one-line errors.
+// equals the one on the gathered logits; --checkpoint_activations trains the same model; bad GPT
+// flags are one-line errors.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -188,6 +189,27 @@ TEST_F(TrainGptTest, AutocastTraceAndTheGatheredLossWork) {
   EXPECT_THAT(gathered.out, HasSubstr("loss on the gathered output"));
   EXPECT_GT(FirstTrainLoss(inside.out), 0);
   EXPECT_NEAR(FirstTrainLoss(inside.out), FirstTrainLoss(gathered.out), 2e-3);
+}
+
+// --checkpoint_activations recomputes each block in backward with the dropout masks of its
+// forward: the same training, to the bit (the same losses and the same sample).
+TEST_F(TrainGptTest, CheckpointedActivationsTrainTheSameModel) {
+  const std::string flags = std::string(kCommon) + " --epochs=1 --dropout=0.1";
+  const ProgramResult plain = Train("gpt_plain", flags);
+  const ProgramResult checkpointed = Train("gpt_checkpointed", flags + " --checkpoint_activations");
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  ASSERT_EQ(checkpointed.exit_code, 0) << checkpointed.err;
+  const auto from_first_epoch = [](const std::string& out) {
+    const std::string text = out.substr(out.find("epoch 1/1  train loss"));
+    return text.substr(0, text.find("Peak memory"));  // losses, accuracy, the sample
+  };
+  EXPECT_EQ(FirstTrainLoss(plain.out), FirstTrainLoss(checkpointed.out));
+  const std::string a = from_first_epoch(plain.out), b = from_first_epoch(checkpointed.out);
+  const auto losses = [](const std::string& text) {  // up to the speed, which varies
+    return text.substr(0, text.find('%') + 1);
+  };
+  EXPECT_EQ(losses(a), losses(b));
+  EXPECT_EQ(a.substr(a.find("Sample (")), b.substr(b.find("Sample (")));
 }
 
 TEST_F(TrainGptTest, BadGptFlagsAreOneLineErrors) {

@@ -276,9 +276,9 @@ struct DistributedDataParallel::Reducer {
     if (!expect_sync) return;  // no_sync, or a backward not prepared by our forward
     if (!callback_queued) {
       callback_queued = true;
-      // On the outermost pass: a gradient may arrive in a backward that a node runs inside
-      // this one (reentrant checkpointing), and the others only after it.
-      QueueCallbackOnOutermostPass([self] {
+      // It runs after the outermost pass (QueueCallback's rule): a gradient may arrive in a
+      // backward that a node runs inside this one (reentrant checkpointing), the others after.
+      QueueCallback([self] {
         if (std::shared_ptr<Reducer> reducer = self.lock()) reducer->Finalize();
       });
     }

@@ -358,32 +358,6 @@ TEST_F(AutogradTest, CallbacksMayQueueCallbacksAndAreSkippedOnFailure) {
   EXPECT_TRUE(order.empty());
 }
 
-// A node that runs a backward pass of its own (reentrant checkpointing): QueueCallback from
-// the nested pass runs at the end of the nested pass, QueueCallbackOnOutermostPass once the
-// outer pass has run every node.
-TEST_F(AutogradTest, AnOutermostCallbackFromANestedPassWaitsForTheOuterPass) {
-  Tensor w = Param({1});
-  std::vector<std::string> order;
-  Tensor inner_input = Param({1});
-  Tensor nested = Probe(inner_input, [&] {
-    QueueCallback([&] { order.push_back("nested pass's callback"); });
-    QueueCallbackOnOutermostPass([&] {
-      order.push_back("outermost callback");
-      EXPECT_TRUE(w.grad().defined()) << "the outer pass's accumulation ran before";
-    });
-  });
-  // w -> "later" -> "runner" (runs the nested backward): backward runs "runner" first.
-  Tensor out = Probe(Probe(w, [&] { order.push_back("later outer node"); }), [&] {
-    order.push_back("outer node");
-    nested.backward(ones({1}));
-  });
-  out.backward(ones({1}));
-  EXPECT_THAT(order, ElementsAre("outer node", "nested pass's callback", "later outer node",
-                                 "outermost callback"));
-  EXPECT_THAT(inner_input.grad().to_vector<float>(), ElementsAre(1));
-  EXPECT_THROW(QueueCallbackOnOutermostPass([] {}), Error);
-}
-
 TEST_F(AutogradTest, TheOriginalExceptionTypeIsNestedInTheError) {
   Tensor w = Param({1, 2});
   Tensor out = Probe(w.to(Device::Cpu(1)), [] { throw std::out_of_range("index 7 of 3"); });

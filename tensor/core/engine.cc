@@ -44,8 +44,15 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
  public:
   GraphTask() : caller_(DeviceWorker::Current()), outer_(t_current_task) {}
 
-  // The pass whose node started this one (a nested backward), or nullptr.
-  GraphTask* outer() const { return outer_; }
+  // The pass whose callbacks this one's callers queue: the outermost. A pass started from
+  // inside a node (activation checkpointing's recomputation, nn/activation_checkpoint.h) is
+  // part of the pass that ran the node, so what its hooks queue (DistributedDataParallel's
+  // wait for every bucket) must wait for the outer pass, not for the end of the nested one.
+  GraphTask* Outermost() {
+    GraphTask* task = this;
+    while (task->outer_ != nullptr) task = task->outer_;
+    return task;
+  }
 
   void CountDependencies(const std::vector<Node*>& roots) {
     std::vector<Node*> stack;
@@ -424,7 +431,7 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
   };
 
   DeviceWorker* caller_;
-  // Outlives this pass's run: a nested pass runs inside one of its outer pass's nodes.
+  // The pass running the node that started this one (it outlives this one), or null.
   GraphTask* const outer_;
   std::unordered_map<Node*, std::unique_ptr<NodeState>> states_;  // fixed before Run
   std::vector<std::shared_ptr<Node>> roots_;
@@ -478,16 +485,7 @@ void QueueCallback(std::function<void()> callback) {
   TANDEM_CHECK(t_current_task != nullptr,
                "QueueCallback: called outside a backward pass; call it from a node or a "
                "gradient hook while backward() runs");
-  t_current_task->AddCallback(std::move(callback));
-}
-
-void QueueCallbackOnOutermostPass(std::function<void()> callback) {
-  TANDEM_CHECK(t_current_task != nullptr,
-               "QueueCallbackOnOutermostPass: called outside a backward pass; call it from a node "
-               "or a gradient hook while backward() runs");
-  GraphTask* task = t_current_task;
-  while (task->outer() != nullptr) task = task->outer();
-  task->AddCallback(std::move(callback));
+  t_current_task->Outermost()->AddCallback(std::move(callback));
 }
 
 bool InBackwardPass() { return t_current_task != nullptr; }

@@ -28,19 +28,17 @@
 
 namespace tandem {
 
-// Runs the backward pass from `roots` with the given gradients (one per root).
+// Runs the backward pass from `roots` with the given gradients (one per root). A node may call
+// it from its Apply (on its device's worker): the nested pass runs that device's nodes on the
+// same thread and the other devices' on their workers, and returns when it is done.
 void RunBackward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads);
 
 // Queues `callback` to run once when the backward pass the calling code is part of has
 // finished, after every node, on the thread that called backward (in the order queued; a
 // callback may queue further ones). Not run if the pass fails. Throws when called outside a
-// backward pass.
+// backward pass. Inside a pass that a node started (a nested RunBackward, as activation
+// checkpointing's recomputation runs), the callback waits for the outermost pass.
 void QueueCallback(std::function<void()> callback);
-
-// QueueCallback on the outermost pass: where a node runs a backward pass of its own (reentrant
-// activation checkpointing), code in the nested pass that must wait for the whole of the
-// outer one (DistributedDataParallel's end-of-backward reduction) queues its callback here.
-void QueueCallbackOnOutermostPass(std::function<void()> callback);
 
 // True on a thread that is running a node (or hook) of a backward pass.
 bool InBackwardPass();

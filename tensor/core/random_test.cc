@@ -264,5 +264,37 @@ TEST_F(RandomTest, ParallelDevicesDrawTheSameNumbersInEveryRun) {
   for (int index = 2; index >= 0; --index) EXPECT_EQ(Step(index), first[index]);
 }
 
+TEST_F(RandomTest, GeneratorRecorderNotesEachGeneratorsStateBeforeItsFirstDraw) {
+  manual_seed(5);
+  Generator own(9);
+  const GeneratorState cpu1_before = default_generator(Device::Cpu(1)).state();
+  const GeneratorState own_before = own.state();
+  Tensor first, again;
+  {
+    GeneratorRecorder outer;
+    {
+      GeneratorRecorder inner;
+      first = rand({6}, TensorOptions().device(Device::Cpu(1)));
+      rand({3}, {}, &own);
+      rand({3}, TensorOptions().device(Device::Cpu(1)));  // a second draw: noted once
+      ASSERT_EQ(inner.uses().size(), 2u);
+      EXPECT_EQ(inner.uses()[0].first, &default_generator(Device::Cpu(1)));
+      EXPECT_EQ(inner.uses()[0].second, cpu1_before);
+      EXPECT_EQ(inner.uses()[1].first, &own);
+      EXPECT_EQ(inner.uses()[1].second, own_before);
+    }
+    EXPECT_EQ(outer.uses().size(), 2u);  // nested recorders note every draw
+    dropout(ones({4}), 0.5, true);       // cpu:0's generator, after the inner one closed
+    ASSERT_EQ(outer.uses().size(), 3u);
+    EXPECT_EQ(outer.uses()[2].first, &default_generator(Device::Cpu(0)));
+  }
+  // Restoring the noted state replays the draw.
+  default_generator(Device::Cpu(1)).set_state(cpu1_before);
+  again = rand({6}, TensorOptions().device(Device::Cpu(1)));
+  EXPECT_EQ(testing::MaxAbsDiff(first, again), 0.0);
+  GeneratorRecorder after;
+  EXPECT_TRUE(after.uses().empty());
+}
+
 }  // namespace
 }  // namespace tandem

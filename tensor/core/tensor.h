@@ -25,6 +25,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tensor/base/device.h"
@@ -377,6 +378,33 @@ class Generator {
   uint64_t seed_;
   const uint64_t base_offset_;
   uint64_t offset_;
+};
+
+// Notes, while it lives, each generator the calling thread draws from (Claim, Reserve: random
+// factories, dropout) and that generator's state before the first draw. Activation
+// checkpointing (nn/activation_checkpoint.h) restores those states to make a recomputed
+// forward draw the numbers the first one drew, whichever generators it used (the devices'
+// default ones, a Dropout's own). Recorders nest: a draw is noted by every open one on the
+// thread. The pointers are the generators' own: they must outlive the use made of them.
+//
+//   GeneratorRecorder recorder;
+//   Tensor y = dropout(x, 0.1, true);
+//   for (const auto& [gen, state] : recorder.uses()) gen->set_state(state);  // replay
+class GeneratorRecorder {
+ public:
+  GeneratorRecorder();
+  ~GeneratorRecorder();
+  GeneratorRecorder(const GeneratorRecorder&) = delete;
+  GeneratorRecorder& operator=(const GeneratorRecorder&) = delete;
+
+  // In order of first use.
+  const std::vector<std::pair<Generator*, GeneratorState>>& uses() const { return uses_; }
+  // Called by Generator::Claim on the drawing thread.
+  static void Note(Generator* generator, const GeneratorState& before);
+
+ private:
+  GeneratorRecorder* previous_;
+  std::vector<std::pair<Generator*, GeneratorState>> uses_;
 };
 
 // Device index i's streams start at counter i << kDeviceOffsetShift: 2^40 (about 10^12)

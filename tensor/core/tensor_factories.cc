@@ -231,11 +231,33 @@ void Generator::set_state(const GeneratorState& state) {
 uint64_t Generator::Reserve(uint64_t n) { return Claim(n).offset; }
 
 GeneratorState Generator::Claim(uint64_t n) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  const GeneratorState claimed{seed_, offset_};
-  // Whole Philox blocks per request, so that requests never share a block.
-  offset_ += (n + 3) / 4 * 4;
+  GeneratorState claimed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    claimed = GeneratorState{seed_, offset_};
+    // Whole Philox blocks per request, so that requests never share a block.
+    offset_ += (n + 3) / 4 * 4;
+  }
+  GeneratorRecorder::Note(this, claimed);
   return claimed;
+}
+
+namespace {
+thread_local GeneratorRecorder* t_generator_recorder = nullptr;
+}  // namespace
+
+GeneratorRecorder::GeneratorRecorder() : previous_(t_generator_recorder) {
+  t_generator_recorder = this;
+}
+
+GeneratorRecorder::~GeneratorRecorder() { t_generator_recorder = previous_; }
+
+void GeneratorRecorder::Note(Generator* generator, const GeneratorState& before) {
+  for (GeneratorRecorder* r = t_generator_recorder; r != nullptr; r = r->previous_) {
+    const bool seen = std::any_of(r->uses_.begin(), r->uses_.end(),
+                                  [&](const auto& use) { return use.first == generator; });
+    if (!seen) r->uses_.emplace_back(generator, before);
+  }
 }
 
 uint64_t DeviceOffsetBase(int device_index) {

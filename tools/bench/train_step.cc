@@ -18,7 +18,11 @@
 // their ratio. With --autocast=bf16 (or fp16, with a GradScaler as PyTorch's AMP recipe) it times
 // the same step under tandem::AutocastGuard next to the float32 step, alternated step by step in
 // one run, and prints both steps' phases, the ratio of the medians with its spread over the
-// alternated pairs, and each step's peak memory above what it held before it.
+// alternated pairs, and each step's peak memory above what it held before it. With
+// --checkpoint_activations (the GPTs) it compares the same way the step whose transformer blocks
+// run through nn::checkpoint with the plain step; --context lengthens the model's context:
+//   bazel run -c opt //tools/bench:train_step -- --model=gpt --context=512 --tokens=512
+//       --batch_size=4 --checkpoint_activations --steps=10      (one command line)
 // On a GPU the phases are the host's time to launch them unless --phase_sync waits for the
 // devices at each phase's end. The last line is one JSON object with the figures.
 #include <algorithm>
@@ -57,6 +61,12 @@ ABSL_FLAG(int, batch_size, 0,
           "Images or sequences per step (split across the devices); 0: 256 images, or 4 "
           "sequences for gpt2 and 16 for gpt");
 ABSL_FLAG(int, tokens, 64, "gpt2 and gpt: tokens per sequence (at most the context)");
+ABSL_FLAG(int, context, 0,
+          "gpt2 and gpt: the model's context (block size), at least --tokens; 0: the model's own "
+          "(1024 for gpt2, 128 for gpt)");
+ABSL_FLAG(bool, checkpoint_activations, false,
+          "gpt2 and gpt: checkpoint each transformer block (nn::checkpoint), and time the step "
+          "against the plain one, alternated, with both steps' peak memory");
 ABSL_FLAG(std::string, devices, "cpu:0",
           "Devices, comma-separated (cpu:0,cpu:1 or cuda:0); empty: every GPU, or a CPU device "
           "per core");
@@ -88,8 +98,14 @@ using examples::Require;
 
 bool IsGpt(const std::string& kind) { return kind == "gpt2" || kind == "gpt"; }
 
+// The model of --model, with --context.
 examples::GptConfig GptConfigOf(const std::string& kind) {
-  return kind == "gpt2" ? examples::GptConfig::Gpt2() : examples::GptConfig::Small();
+  examples::GptConfig config =
+      kind == "gpt2" ? examples::GptConfig::Gpt2() : examples::GptConfig::Small();
+  const int context = absl::GetFlag(FLAGS_context);
+  Require(context >= 0, "--context must be at least 1 (or 0 for the model's own) but is ", context);
+  if (context > 0) config.block_size(context);
+  return config;
 }
 
 // Checks --model; the batch size that 0 stands for.
@@ -125,9 +141,10 @@ double Quantile(std::vector<double> values, double q) {
 class Trainer {
  public:
   // `autocast`: kFloat32 for a plain float32 step, kBFloat16 or kFloat16 for the forward under
-  // AutocastGuard (float16 with a GradScaler).
+  // AutocastGuard (float16 with a GradScaler). `checkpointed`: the GPT's blocks through
+  // nn::checkpoint.
   Trainer(const std::string& kind, const std::vector<Device>& devices, int64_t batch,
-          bool forward_loss, DType autocast = kFloat32)
+          bool forward_loss, DType autocast = kFloat32, bool checkpointed = false)
       : forward_loss_(forward_loss),
         autocast_(autocast),
         device_type_(devices[0].type()),
@@ -136,7 +153,7 @@ class Trainer {
         scaler_(nn::GradScalerOptions().enabled(autocast == kFloat16)) {
     manual_seed(1);
     if (IsGpt(kind)) {
-      const examples::GptConfig config = GptConfigOf(kind);
+      const examples::GptConfig config = GptConfigOf(kind).checkpoint_activations(checkpointed);
       const int64_t tokens = absl::GetFlag(FLAGS_tokens);
       Require(tokens >= 1 && tokens <= config.block_size(), "--tokens must be in [1, ",
               config.block_size(), "] (the context of --model=", kind, ") but is ", tokens);
@@ -268,60 +285,67 @@ int64_t StepPeakAboveStart(Trainer& trainer, const std::vector<Device>& devices)
   return above;
 }
 
-struct AutocastComparison {
-  double ratio_median = 0, ratio_min = 0, ratio_max = 0;  // autocast step / float32 step
-  double autocast_ms = 0, float32_ms = 0;
-  int64_t autocast_peak = 0, float32_peak = 0;
+// Two steps timed against each other: `a` / `b`.
+struct StepComparison {
+  double ratio_median = 0, ratio_min = 0, ratio_max = 0;  // p50, p10, p90 of the pairs' ratios
+  double a_ms = 0, b_ms = 0;
+  int64_t a_peak = 0, b_peak = 0;  // peak memory of a step above what was in use before it
 };
 
-// The autocast step (`amp`, already warmed up) against a float32 step of the same model,
-// alternated step by step so that both see the same machine.
-AutocastComparison CompareWithFloat32(Trainer& amp, const std::string& kind,
-                                      const std::vector<Device>& devices, int64_t batch,
-                                      bool forward_loss, int steps, int warmup,
-                                      const std::string& dtype_name) {
-  Trainer f32(kind, devices, batch, forward_loss);
-  for (int i = 0; i < std::max(warmup, 1); ++i) f32.Step(/*record=*/false);
-  AutocastComparison result;
-  result.autocast_peak = StepPeakAboveStart(amp, devices);
-  result.float32_peak = StepPeakAboveStart(f32, devices);
-  amp.ClearPhases();
-  std::vector<double> amp_ms, f32_ms, ratios;
-  examples::ProgressBar bar(stdout, "vs float32", steps);
+// Step `a` against step `b` (both warmed up), alternated step by step so that both see the same
+// machine; prints both steps' phases, the ratios and their peak memory.
+StepComparison CompareSteps(Trainer& a, Trainer& b, const std::vector<Device>& devices,
+                            int64_t batch, int steps, const std::string& title,
+                            const std::string& a_name, const std::string& b_name) {
+  StepComparison result;
+  result.a_peak = StepPeakAboveStart(a, devices);
+  result.b_peak = StepPeakAboveStart(b, devices);
+  a.ClearPhases();
+  b.ClearPhases();
+  std::vector<double> a_ms, b_ms, ratios;
+  examples::ProgressBar bar(stdout, "vs " + b_name, steps);
   const auto start = Clock::now();
   for (int i = 0; i < steps; ++i) {
     // Alternate which goes first, so that neither always runs right after the other's
     // caches were filled.
-    const bool amp_first = i % 2 == 0;
-    double a = 0, f = 0;
-    if (amp_first) a = TimeIt([&] { amp.Step(); });
-    f = TimeIt([&] { f32.Step(); });
-    if (!amp_first) a = TimeIt([&] { amp.Step(); });
-    amp_ms.push_back(a);
-    f32_ms.push_back(f);
-    ratios.push_back(a / f);
+    const bool a_first = i % 2 == 0;
+    double ta = 0, tb = 0;
+    if (a_first) ta = TimeIt([&] { a.Step(); });
+    tb = TimeIt([&] { b.Step(); });
+    if (!a_first) ta = TimeIt([&] { a.Step(); });
+    a_ms.push_back(ta);
+    b_ms.push_back(tb);
+    ratios.push_back(ta / tb);
     bar.Update(i + 1, static_cast<int64_t>(i + 1) * batch, kNoLoss, SecondsSince(start));
   }
   bar.Finish();
-  result.autocast_ms = Quantile(amp_ms, 0.5);
-  result.float32_ms = Quantile(f32_ms, 0.5);
+  result.a_ms = Quantile(a_ms, 0.5);
+  result.b_ms = Quantile(b_ms, 0.5);
   result.ratio_median = Quantile(ratios, 0.5);
   result.ratio_min = Quantile(ratios, 0.1);
   result.ratio_max = Quantile(ratios, 0.9);
-  std::printf("\nautocast %s against float32 (medians of %d alternated pairs):\n",
-              dtype_name.c_str(), steps);
-  std::printf("  %-28s %10s %10s %8s\n", "", dtype_name.c_str(), "float32", "ratio");
-  std::printf("  %-28s %7.2f ms %7.2f ms %7.2fx  (p10-p90 of the pairs' ratios %.2f-%.2f)\n",
-              "train step", result.autocast_ms, result.float32_ms, result.ratio_median,
-              result.ratio_min, result.ratio_max);
+  std::printf("\n%s (medians of %d alternated pairs):\n", title.c_str(), steps);
+  std::printf("  %-28s %12s %12s %8s\n", "", a_name.c_str(), b_name.c_str(), "ratio");
+  std::printf("  %-28s %9.2f ms %9.2f ms %7.2fx  (p10-p90 of the pairs' ratios %.2f-%.2f)\n",
+              "train step", result.a_ms, result.b_ms, result.ratio_median, result.ratio_min,
+              result.ratio_max);
   for (int k = 0; k < Trainer::kPhases; ++k) {
-    std::printf("  %-28s %7.2f ms %7.2f ms %7.2fx\n", Trainer::kPhaseNames[k], amp.PhaseMedian(k),
-                f32.PhaseMedian(k), amp.PhaseMedian(k) / f32.PhaseMedian(k));
+    std::printf("  %-28s %9.2f ms %9.2f ms %7.2fx\n", Trainer::kPhaseNames[k], a.PhaseMedian(k),
+                b.PhaseMedian(k), a.PhaseMedian(k) / b.PhaseMedian(k));
   }
-  std::printf("  %-28s %10s %10s %7.2fx\n", "peak memory above start",
-              MiB(result.autocast_peak).c_str(), MiB(result.float32_peak).c_str(),
-              static_cast<double>(result.autocast_peak) / result.float32_peak);
+  std::printf("  %-28s %12s %12s %7.2fx\n", "peak memory above start", MiB(result.a_peak).c_str(),
+              MiB(result.b_peak).c_str(), static_cast<double>(result.a_peak) / result.b_peak);
   return result;
+}
+
+// A trainer like the main one but for one difference, warmed up.
+std::unique_ptr<Trainer> WarmTrainer(const std::string& kind, const std::vector<Device>& devices,
+                                     int64_t batch, bool forward_loss, int warmup, DType autocast,
+                                     bool checkpointed) {
+  auto trainer =
+      std::make_unique<Trainer>(kind, devices, batch, forward_loss, autocast, checkpointed);
+  for (int i = 0; i < std::max(warmup, 1); ++i) trainer->Step(/*record=*/false);
+  return trainer;
 }
 
 // --autocast: kFloat32 when empty.
@@ -342,11 +366,18 @@ int Run() {
   const bool forward_loss = absl::GetFlag(FLAGS_forward_loss);
   const std::string autocast_name = absl::GetFlag(FLAGS_autocast);
   const DType autocast = ParseAutocast(autocast_name);
+  const bool checkpointed = absl::GetFlag(FLAGS_checkpoint_activations);
   DefaultBatch(kind);  // checks --model
   Require(absl::GetFlag(FLAGS_batch_size) >= 0, "--batch_size must be at least 1 (or 0 for the ",
           "model's default) but is ", absl::GetFlag(FLAGS_batch_size));
   Require(steps >= 1, "--steps must be at least 1 but is ", steps);
   Require(warmup >= 0, "--warmup must be at least 0 but is ", warmup);
+  Require(!checkpointed || IsGpt(kind),
+          "--checkpoint_activations checkpoints a GPT's transformer blocks: use it with "
+          "--model=gpt or --model=gpt2, not --model=",
+          kind);
+  Require(!checkpointed || autocast == kFloat32,
+          "--checkpoint_activations compares float32 steps: leave --autocast empty");
   examples::RequireWritableFile("--trace", absl::GetFlag(FLAGS_trace));
   const std::vector<Device> devices = examples::ParseDevices(absl::GetFlag(FLAGS_devices));
   const int threads = examples::ConfigureCpuDevices(devices, absl::GetFlag(FLAGS_threads));
@@ -356,7 +387,7 @@ int Run() {
 
   std::unique_ptr<Trainer> trainer;
   try {
-    trainer = std::make_unique<Trainer>(kind, devices, batch, forward_loss, autocast);
+    trainer = std::make_unique<Trainer>(kind, devices, batch, forward_loss, autocast, checkpointed);
   } catch (const Error& e) {
     throw examples::UsageError("--devices: " + examples::OneLine(e.what()));
   }
@@ -371,6 +402,7 @@ int Run() {
               forward_loss ? "inside the replicas" : "on the gathered output",
               IsGpt(kind) ? "AdamW lr 6e-4 weight decay 0.1" : "SGD momentum 0.9",
               warmup_text.c_str(), steps, HardwareCores());
+  if (checkpointed) std::printf("each transformer block checkpointed (nn::checkpoint)\n");
   if (autocast != kFloat32) {
     std::printf("forward under autocast to %s%s\n", DTypeName(autocast),
                 autocast == kFloat16 ? " with a GradScaler" : "");
@@ -439,10 +471,19 @@ int Run() {
       MiB(params).c_str(), MiB(activations).c_str());
   std::printf("  peak / least               %.2fx\n", static_cast<double>(peak) / minimum);
 
-  AutocastComparison amp;
+  StepComparison amp, ckpt;
   if (autocast != kFloat32) {
-    amp = CompareWithFloat32(*trainer, kind, devices, batch, forward_loss, steps, warmup,
-                             DTypeName(autocast));
+    std::unique_ptr<Trainer> f32 =
+        WarmTrainer(kind, devices, batch, forward_loss, warmup, kFloat32, false);
+    amp = CompareSteps(*trainer, *f32, devices, batch, steps,
+                       absl::StrCat("autocast ", DTypeName(autocast), " against float32"),
+                       DTypeName(autocast), "float32");
+  }
+  if (checkpointed) {
+    std::unique_ptr<Trainer> plain =
+        WarmTrainer(kind, devices, batch, forward_loss, warmup, kFloat32, false);
+    ckpt = CompareSteps(*trainer, *plain, devices, batch, steps,
+                        "activation checkpointing against the plain step", "checkpointed", "plain");
   }
 
   double speedup = 0, loop_speedup = 0;
@@ -522,8 +563,16 @@ int Run() {
         ",\"autocast\":\"%s\",\"autocast_ratio\":%.3f,\"autocast_ratio_p10\":%.3f,"
         "\"autocast_ratio_p90\":%.3f,\"autocast_peak_above_start\":%d,"
         "\"float32_peak_above_start\":%d",
-        DTypeName(autocast), amp.ratio_median, amp.ratio_min, amp.ratio_max, amp.autocast_peak,
-        amp.float32_peak);
+        DTypeName(autocast), amp.ratio_median, amp.ratio_min, amp.ratio_max, amp.a_peak,
+        amp.b_peak);
+  }
+  if (checkpointed) {
+    absl::StrAppendFormat(&json,
+                          ",\"context\":%d,\"checkpoint_time_ratio\":%.3f,"
+                          "\"checkpoint_time_ratio_p10\":%.3f,\"checkpoint_time_ratio_p90\":%.3f,"
+                          "\"checkpointed_peak_above_start\":%d,\"plain_peak_above_start\":%d",
+                          GptConfigOf(kind).block_size(), ckpt.ratio_median, ckpt.ratio_min,
+                          ckpt.ratio_max, ckpt.a_peak, ckpt.b_peak);
   }
   std::printf("\n%s}\n", json.c_str());
   return 0;
