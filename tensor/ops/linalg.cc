@@ -92,9 +92,22 @@ Tensor MatmulCore(const Tensor& a, const Tensor& b) {
   Tensor out = MatmulRaw(a, b);
   if (NeedsGrad({a, b})) {
     const bool grad_a = NeedsGrad({a}), grad_b = NeedsGrad({b});
-    Tensor sa = a.detach(), sb = b.detach();
-    Record("MatmulBackward", {a, b}, out, [sa, sb, grad_a, grad_b](const Tensor& grad) {
+    // Saved with their graphs (the node keeps them alive through its edges anyway): under
+    // create_graph the gradients are computed with matmul itself, and differentiate again.
+    Record(
+        "MatmulBackward", {a, b}, out, [sa = a, sb = b, grad_a, grad_b](const Tensor& grad) {
       Tensor da, db;
+      if (CreatingGraph()) {
+        if (grad_a) {
+          da = matmul(grad, sb.transpose(-2, -1));
+          if (sa.dim() == 2 && da.dim() == 3) da = sum(da, {0});
+        }
+        if (grad_b) {
+          db = matmul(sa.transpose(-2, -1), grad);
+          if (sb.dim() == 2 && db.dim() == 3) db = sum(db, {0});
+        }
+        return std::vector<Tensor>{da, db};
+      }
       if (grad_a) {
         // dA = G · B^T, summed over the batch when A was shared by every batch.
         da = MatmulRaw(grad, TransposedRaw(sb));
@@ -113,7 +126,7 @@ Tensor MatmulCore(const Tensor& a, const Tensor& b) {
         }
       }
       return std::vector<Tensor>{da, db};
-    });
+    }, DoubleBackward::kSupported);
   }
   return out;
 }
@@ -336,8 +349,16 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     Record("LinearBackward", inputs, y,
            // Only what the gradients need stays alive until backward: a first layer's input
            // needs no gradient, so its (autocast) weight is not kept.
-           [grad_x, grad_w, has_bias, grad_b, sx = grad_w ? x2.detach() : Tensor(),
-            sw = grad_x ? weight.detach() : Tensor()](const Tensor& grad) {
+           // Saved with their graphs (kept alive through the node's edges anyway): under
+           // create_graph the gradients are computed with matmul, and differentiate again.
+           [grad_x, grad_w, has_bias, grad_b, sx = grad_w ? x2 : Tensor(),
+            sw = grad_x ? weight : Tensor()](const Tensor& grad) {
+             if (CreatingGraph()) {
+               std::vector<Tensor> grads = {grad_x ? matmul(grad, sw) : Tensor(),
+                                            grad_w ? matmul(grad.transpose(0, 1), sx) : Tensor()};
+               if (has_bias) grads.push_back(grad_b ? sum(grad, {0}) : Tensor());
+               return grads;
+             }
              std::vector<Tensor> grads = {grad_x ? MatmulRaw(grad, sw) : Tensor(),
                                           grad_w ? MatmulRaw(TransposedRaw(grad), sx) : Tensor()};
              if (has_bias) {
@@ -346,7 +367,8 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
                                       : Tensor());
              }
              return grads;
-           });
+           },
+           DoubleBackward::kSupported);
   }
   return x.dim() == 2 ? y : y.reshape(out_shape);
 }

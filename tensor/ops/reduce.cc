@@ -19,6 +19,8 @@ namespace {
 // `grad` (of the reduced shape) broadcast back to `input_shape` as a stride-0 view: the
 // engine copies gradients before accumulating into them, so a view saves a full copy.
 Tensor ExpandGradRaw(const Tensor& grad, const Shape& kept_shape, const Shape& input_shape) {
+  // Under create_graph the same view, recorded.
+  if (CreatingGraph()) return grad.reshape(kept_shape).expand(input_shape);
   const Tensor kept = grad.shape() == kept_shape ? grad : ViewRaw(ContiguousRaw(grad), kept_shape);
   const size_t lead = input_shape.size() - kept_shape.size();
   std::vector<int64_t> strides(input_shape.size(), 0);
@@ -48,7 +50,7 @@ Tensor sum(const Tensor& a) {
   if (NeedsGrad({a})) {
     Record("SumBackward", {a}, out, [shape = a.shape()](const Tensor& grad) {
       return std::vector<Tensor>{ExpandGradRaw(grad, {}, shape)};
-    });
+    }, DoubleBackward::kSupported);
   }
   return out;
 }
@@ -63,7 +65,7 @@ Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   if (NeedsGrad({a})) {
     Record("SumBackward", {a}, out, [kept_shape, shape = a.shape()](const Tensor& grad) {
       return std::vector<Tensor>{ExpandGradRaw(grad, kept_shape, shape)};
-    });
+    }, DoubleBackward::kSupported);
   }
   return out;
 }
@@ -102,7 +104,7 @@ Tensor amax(const Tensor& a, int64_t dim, bool keepdim) {
              const Tensor ties = sum(is_max, reduced, /*keepdim=*/true);
              const Tensor g = grad.shape() == kept_shape ? grad : grad.reshape(kept_shape);
              return std::vector<Tensor>{mul(is_max, div(g, ties))};
-           });
+           }, DoubleBackward::kSupported);
   }
   return out;
 }

@@ -33,7 +33,7 @@ Tensor Tensor::expand(const Shape& target) const {
   const Shape original = shape();
   if (NeedsGrad({*this})) {
     Record("ExpandBackward", {*this}, out,
-           [original](const Tensor& g) { return std::vector<Tensor>{sum_to(g, original)}; });
+           [original](const Tensor& g) { return std::vector<Tensor>{sum_to(g, original)}; }, DoubleBackward::kSupported);
   }
   return out;
 }
