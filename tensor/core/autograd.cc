@@ -103,7 +103,8 @@ const char* OpsSupportingDoubleBackward() {
          "maximum, minimum, tanh, sigmoid, relu, gelu (both forms), silu, sum, "
          "mean, amax, softmax, log_softmax, mse_loss, matmul (batched too), "
          "linear, view, reshape, flatten, narrow, select, split, chunk, transpose, permute, "
-         "unsqueeze, squeeze, expand, contiguous, clone, cat, stack, to(device), to(dtype)";
+         "unsqueeze, squeeze, expand, contiguous, clone, cat, stack, to(device), to(dtype), "
+         "DataParallel's scatter, gather and parameter broadcast";
 }
 
 namespace internal {
