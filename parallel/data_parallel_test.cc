@@ -115,15 +115,16 @@ std::vector<Tensor> GradientPenaltyGrads(nn::Module& module,
 TEST_F(DataParallelTest, GradientPenaltyWithCreateGraphMatchesOneDevice) {
   manual_seed(5);
   const Tensor x = randn({6, 10});
-  auto reference = std::make_shared<nn::Sequential>(nn::Linear(10, 16), nn::Tanh(), nn::Linear(16, 4));
+  auto reference =
+      std::make_shared<nn::Sequential>(nn::Linear(10, 16), nn::Tanh(), nn::Linear(16, 4));
   manual_seed(5);
   (void)randn({6, 10});
   auto model = std::make_shared<nn::Sequential>(nn::Linear(10, 16), nn::Tanh(), nn::Linear(16, 4));
   DataParallel dp(model, CpuDevices(2));
   const std::vector<Tensor> want = GradientPenaltyGrads(
       *reference, [&](const Tensor& in) { return reference->forward(in); }, x);
-  const std::vector<Tensor> got =
-      GradientPenaltyGrads(*model, [&](const Tensor& in) { return dp.forward(in); }, x);
+  const std::vector<Tensor> got = GradientPenaltyGrads(
+      *model, [&](const Tensor& in) { return dp.forward(in); }, x);
   ASSERT_EQ(want.size(), got.size());
   for (size_t i = 0; i < want.size(); ++i) {
     SCOPED_TRACE(i);

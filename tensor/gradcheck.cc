@@ -208,14 +208,17 @@ GradCheckResult CheckGradGradients(GradCheckFunction f, std::vector<Tensor> inpu
     const Tensor y = f(x);
     std::vector<Tensor> pieces;
     if (!y.requires_grad()) {  // f ignores its inputs: every gradient is zero
-      for (const Tensor& t : wrt) pieces.push_back(zeros({t.numel()}, TensorOptions(t.device()).dtype(t.dtype())));
+      for (const Tensor& t : wrt)
+        pieces.push_back(zeros({t.numel()}, TensorOptions(t.device()).dtype(t.dtype())));
       return cat(pieces);
     }
     const std::vector<Tensor> grads = autograd::grad({y}, wrt, {in[n]}, /*create_graph=*/true,
                                                      /*retain_graph=*/true, /*allow_unused=*/true);
     for (size_t i = 0; i < grads.size(); ++i) {
-      pieces.push_back(grads[i].defined() ? grads[i].reshape({-1})
-                                          : zeros({wrt[i].numel()}, TensorOptions(wrt[i].device()).dtype(wrt[i].dtype())));
+      pieces.push_back(
+          grads[i].defined()
+              ? grads[i].reshape({-1})
+              : zeros({wrt[i].numel()}, TensorOptions(wrt[i].device()).dtype(wrt[i].dtype())));
     }
     return cat(pieces);
   };

@@ -165,8 +165,7 @@ Tensor SquareWithDetachedSave(const Tensor& x) {
 
 TEST(GradGradCheckTest, CatchesASecondDerivativeThatIsWrong) {
   const Tensor x = Leaf64({3}, 1);
-  EXPECT_GRADGRADIENTS_MATCH([](const std::vector<Tensor>& in) { return mul(in[0], in[0]); },
-                             {x});
+  EXPECT_GRADGRADIENTS_MATCH([](const std::vector<Tensor>& in) { return mul(in[0], in[0]); }, {x});
   const GradCheckResult result = CheckGradGradients(
       [](const std::vector<Tensor>& in) { return SquareWithDetachedSave(in[0]); }, {x});
   EXPECT_FALSE(result.ok);
@@ -184,7 +183,8 @@ struct SecondOrderCase {
 std::vector<SecondOrderCase> SecondOrderCases() {
   const Tensor a = Leaf64({2, 3}, 11), b = Leaf64({2, 3}, 12), row = Leaf64({3}, 13);
   const Tensor positive = Leaf64({2, 3}, 14, 0.5, 2.0);
-  const Tensor m = Leaf64({3, 4}, 15), batch = Leaf64({2, 2, 3}, 16), batch2 = Leaf64({2, 3, 4}, 17);
+  const Tensor m = Leaf64({3, 4}, 15), batch = Leaf64({2, 2, 3}, 16),
+               batch2 = Leaf64({2, 3, 4}, 17);
   const Tensor w = Leaf64({4, 3}, 18), bias = Leaf64({4}, 19);
   using In = const std::vector<Tensor>&;
   return {
@@ -234,10 +234,11 @@ std::vector<SecondOrderCase> SecondOrderCases() {
        },
        {a}},
       {"cat, stack",
-       [](In in) { return square(cat({stack({in[0], in[1]}), in[0].unsqueeze(0)}, 0)); },
+       [](In in) {
+         return square(cat({stack({in[0], in[1]}), in[0].unsqueeze(0)}, 0));
+       },
        {a, b}},
-      {"clone", [](In in) { return square(in[0].clone()); },
-       {a}},
+      {"clone", [](In in) { return square(in[0].clone()); }, {a}},
   };
 }
 

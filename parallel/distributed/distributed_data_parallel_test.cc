@@ -133,8 +133,7 @@ TEST_F(DistributedDataParallelTest, AnInputGradientPenaltyWithCreateGraphEqualsO
     return add(out.mean(), mul(penalty, 10.0));
   };
   critic_loss([&](const Tensor& x) { return ddp.forward(x); }, *model, mine.x).backward();
-  critic_loss([&](const Tensor& x) { return reference->forward(x); }, *reference, all.x)
-      .backward();
+  critic_loss([&](const Tensor& x) { return reference->forward(x); }, *reference, all.x).backward();
   ExpectGradsClose(*model, *reference, 1e-5, "gradient penalty");
 }
 

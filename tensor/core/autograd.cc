@@ -33,8 +33,8 @@ class AccumulateGrad final : public Node {
       if (GradMode::IsEnabled()) {
         // backward(create_graph): .grad keeps the gradient's graph, and a later pass adds out
         // of place so the graph of the earlier one stays valid (as PyTorch's AccumulateGrad).
-        leaf_->grad = leaf_->grad.defined() ? internal::AddGradientsWithGraph(leaf_->grad, grad)
-                                            : grad;
+        leaf_->grad =
+            leaf_->grad.defined() ? internal::AddGradientsWithGraph(leaf_->grad, grad) : grad;
       } else if (!leaf_->grad.defined()) {
         // .grad is accumulated into in place by later passes, so it must own its memory: a
         // gradient nothing else can see (the usual case: a kernel's fresh output) becomes
@@ -85,8 +85,10 @@ class DoubleBackwardRefused final : public Node {
     throw Error("second derivative of " + name_ +
                 " is not supported: its backward is computed with raw kernels, not with "
                 "differentiable ops; compute this gradient without create_graph, or leave " +
-                name_ + " out of the part of the model that is differentiated twice. Ops "
-                "supported twice: " + OpsSupportingDoubleBackward());
+                name_ +
+                " out of the part of the model that is differentiated twice. Ops "
+                "supported twice: " +
+                OpsSupportingDoubleBackward());
   }
   std::string name() const override { return name_ + "DoubleBackwardRefused"; }
 
@@ -159,8 +161,8 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
                          const std::vector<Tensor>& grad_outputs, bool create_graph,
                          bool /*retain_graph: graphs are always kept*/, bool allow_unused) {
   TANDEM_CHECK(!outputs.empty(), "grad: no outputs given; pass the tensors to differentiate");
-  TANDEM_CHECK(grad_outputs.empty() || grad_outputs.size() == outputs.size(), "grad: ",
-               outputs.size(), " outputs but ", grad_outputs.size(),
+  TANDEM_CHECK(grad_outputs.empty() || grad_outputs.size() == outputs.size(),
+               "grad: ", outputs.size(), " outputs but ", grad_outputs.size(),
                " grad_outputs; give one per output, or none for one-element outputs");
   std::vector<Tensor> grads;
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -171,8 +173,7 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
                  "with set_requires_grad(true)");
     Tensor g = grad_outputs.empty() ? Tensor() : grad_outputs[i];
     if (!g.defined()) {
-      TANDEM_CHECK(out.numel() == 1, "grad: output ", i, " has shape ",
-                   ShapeToString(out.shape()),
+      TANDEM_CHECK(out.numel() == 1, "grad: output ", i, " has shape ", ShapeToString(out.shape()),
                    "; grad_outputs must give its gradient (only one-element outputs get an "
                    "implicit 1)");
       g = ones(out.shape(), TensorOptions().device(out.device()).dtype(out.dtype()));

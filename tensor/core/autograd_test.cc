@@ -16,9 +16,9 @@
 namespace tandem {
 namespace {
 
+using ::tandem::testing::ErrorOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using ::tandem::testing::ErrorOf;
 
 Tensor Param(std::vector<float> values, Device device = Device::Cpu(0)) {
   const int64_t n = static_cast<int64_t>(values.size());
@@ -419,7 +419,7 @@ TEST_F(AutogradTest, GradOfNonLeavesRunsOnlyWhatTheyNeed) {
   const Tensor h = Probe(x * 2.0, [&] { upstream_ran = true; });
   const Tensor y = (h * h).sum();
   const std::vector<Tensor> g = autograd::grad({y}, {h});
-  ExpectNear(g[0], {4, 8});  // 2h
+  ExpectNear(g[0], {4, 8});    // 2h
   EXPECT_FALSE(upstream_ran);  // nothing past h runs
   // Inputs at several depths, and an input that is a root itself.
   const std::vector<Tensor> both = autograd::grad({y}, {x, h, y});
@@ -432,7 +432,9 @@ TEST_F(AutogradTest, GradOfNonLeavesRunsOnlyWhatTheyNeed) {
 TEST_F(AutogradTest, GradRefusesBadArgumentsClearly) {
   Tensor x = Param({1, 2}), unused = Param({5});
   const Tensor y = x * 3.0;
-  EXPECT_THAT(ErrorOf([&] { autograd::grad({y.sum()}, {x, unused}); }),
+  EXPECT_THAT(ErrorOf([&] {
+                autograd::grad({y.sum()}, {x, unused});
+              }),
               HasSubstr("grad: input 1 (shape [1]) was not used to compute the outputs, so it "
                         "has no gradient; pass allow_unused = true"));
   const std::vector<Tensor> g =
@@ -445,7 +447,9 @@ TEST_F(AutogradTest, GradRefusesBadArgumentsClearly) {
               HasSubstr("grad: grad_outputs[0] has shape [3] but output 0 has shape [2]"));
   EXPECT_THAT(ErrorOf([&] { autograd::grad({y}, {x}, {ones({2}).to(kInt64)}); }),
               HasSubstr("grad: grad_outputs[0] is int64 and output 0 is float32"));
-  EXPECT_THAT(ErrorOf([&] { autograd::grad({y}, {x}, {ones({2}), ones({2})}); }),
+  EXPECT_THAT(ErrorOf([&] {
+                autograd::grad({y}, {x}, {ones({2}), ones({2})});
+              }),
               HasSubstr("grad: 1 outputs but 2 grad_outputs"));
   EXPECT_THAT(ErrorOf([&] { autograd::grad({y.sum()}, {ones({2})}); }),
               HasSubstr("grad: input 0 (shape [2]) does not require grad"));

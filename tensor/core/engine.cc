@@ -29,30 +29,29 @@ namespace {
 // full-size buffer nothing else holds (as AccumulateGrad steals one), which saves a buffer
 // the size of the gradient wherever gradients fan in (residual streams, tied weights).
 Tensor SumOfRawGradients(const Tensor& a, const Tensor& b) {
-    const Device device = a.device();
-    Backend& backend = GetBackend(device);
-    const DType dtype = PromoteTypes(a.dtype(), b.dtype());
-    for (const Tensor* into : {&a, &b}) {
-      const Tensor& other = into == &a ? b : a;
-      if (into->dtype() == dtype && other.dtype() == dtype && into->shape() == other.shape() &&
-          IsSoleOwner(*into)) {
-        backend.Binary(device.index(), BinaryOp::kAdd, ToKernel(*into), ToKernel(*into),
-                       ToKernel(other));
-        return *into;
-      }
+  const Device device = a.device();
+  Backend& backend = GetBackend(device);
+  const DType dtype = PromoteTypes(a.dtype(), b.dtype());
+  for (const Tensor* into : {&a, &b}) {
+    const Tensor& other = into == &a ? b : a;
+    if (into->dtype() == dtype && other.dtype() == dtype && into->shape() == other.shape() &&
+        IsSoleOwner(*into)) {
+      backend.Binary(device.index(), BinaryOp::kAdd, ToKernel(*into), ToKernel(*into),
+                     ToKernel(other));
+      return *into;
     }
-    const auto in_dtype = [&](const Tensor& t) {
-      if (t.dtype() == dtype) return t;
-      Tensor converted = NewTensor(t.shape(), dtype, device);
-      backend.Copy(device.index(), ToKernel(converted), ToKernel(t));
-      return converted;
-    };
-    const Tensor x = in_dtype(a), y = in_dtype(b);
-    Tensor sum = NewTensor(a.shape(), dtype, device);
-    backend.Binary(device.index(), BinaryOp::kAdd, ToKernel(sum), ToKernel(x), ToKernel(y));
-    return sum;
   }
-
+  const auto in_dtype = [&](const Tensor& t) {
+    if (t.dtype() == dtype) return t;
+    Tensor converted = NewTensor(t.shape(), dtype, device);
+    backend.Copy(device.index(), ToKernel(converted), ToKernel(t));
+    return converted;
+  };
+  const Tensor x = in_dtype(a), y = in_dtype(b);
+  Tensor sum = NewTensor(a.shape(), dtype, device);
+  backend.Binary(device.index(), BinaryOp::kAdd, ToKernel(sum), ToKernel(x), ToKernel(y));
+  return sum;
+}
 
 class GraphTask;
 thread_local GraphTask* t_current_task = nullptr;
@@ -263,7 +262,6 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
     ScatterInto(dense, s);
     return dense;
   }
-
 
   // a + b for two gradients of one slot; under create_graph a sum of gradients with graphs
   // is recorded.
@@ -600,7 +598,10 @@ Tensor AddGradientsWithGraph(const Tensor& a, const Tensor& b) {
   Tensor sum = SumOfRawGradients(a, b);
   RecordOp(
       "AddGradientsBackward", {a, b}, sum,
-      [](const Tensor& g) { return std::vector<Tensor>{g, g}; }, DoubleBackward::kSupported);
+      [](const Tensor& g) {
+        return std::vector<Tensor>{g, g};
+      },
+      DoubleBackward::kSupported);
   return sum;
 }
 

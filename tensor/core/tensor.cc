@@ -375,9 +375,10 @@ Tensor Tensor::to(DType type) const {
   const DType source = dtype();
   // Between floating types the gradient flows back converted (PyTorch's to(dtype) too).
   if (IsFloatingPoint(type) && IsFloatingPoint(source) && NeedsGrad({*this})) {
-    RecordOp("ToDTypeBackward", {*this}, out,
-             [source](const Tensor& g) { return std::vector<Tensor>{g.to(source)}; },
-             DoubleBackward::kSupported);
+    RecordOp(
+        "ToDTypeBackward", {*this}, out,
+        [source](const Tensor& g) { return std::vector<Tensor>{g.to(source)}; },
+        DoubleBackward::kSupported);
   }
   return out;
 }

@@ -103,11 +103,13 @@ Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out = BinaryRaw(BinaryOp::kAdd, p.a, p.b, "add");
   if (NeedsGrad({a, b})) {
     const bool grad_a = NeedsGrad({a}), grad_b = NeedsGrad({b});
-    Record("AddBackward", {a, b}, out,
-           [grad_a, grad_b, sa = a.shape(), sb = b.shape()](const Tensor& grad) {
-             return std::vector<Tensor>{grad_a ? sum_to(grad, sa) : Tensor(),
-                                        grad_b ? sum_to(grad, sb) : Tensor()};
-           }, DoubleBackward::kSupported);
+    Record(
+        "AddBackward", {a, b}, out,
+        [grad_a, grad_b, sa = a.shape(), sb = b.shape()](const Tensor& grad) {
+          return std::vector<Tensor>{grad_a ? sum_to(grad, sa) : Tensor(),
+                                     grad_b ? sum_to(grad, sb) : Tensor()};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }
@@ -120,11 +122,13 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   Tensor out = BinaryRaw(BinaryOp::kSub, p.a, p.b, "sub");
   if (NeedsGrad({a, b})) {
     const bool grad_a = NeedsGrad({a}), grad_b = NeedsGrad({b});
-    Record("SubBackward", {a, b}, out,
-           [grad_a, grad_b, sa = a.shape(), sb = b.shape()](const Tensor& grad) {
-             return std::vector<Tensor>{grad_a ? sum_to(grad, sa) : Tensor(),
-                                        grad_b ? neg(sum_to(grad, sb)) : Tensor()};
-           }, DoubleBackward::kSupported);
+    Record(
+        "SubBackward", {a, b}, out,
+        [grad_a, grad_b, sa = a.shape(), sb = b.shape()](const Tensor& grad) {
+          return std::vector<Tensor>{grad_a ? sum_to(grad, sa) : Tensor(),
+                                     grad_b ? neg(sum_to(grad, sb)) : Tensor()};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }
@@ -134,12 +138,13 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor out = BinaryRaw(BinaryOp::kMul, p.a, p.b, "mul");
   if (NeedsGrad({a, b})) {
     const bool grad_a = NeedsGrad({a}), grad_b = NeedsGrad({b});
-    Record("MulBackward", {a, b}, out,
-           [grad_a, grad_b, sa = p.a, sb = p.b](const Tensor& grad) {
-             return std::vector<Tensor>{grad_a ? sum_to(mul(grad, sb), sa.shape()) : Tensor(),
-                                        grad_b ? sum_to(mul(grad, sa), sb.shape()) : Tensor()};
-           },
-           SupportedIfSame({{p.a, a}, {p.b, b}}));
+    Record(
+        "MulBackward", {a, b}, out,
+        [grad_a, grad_b, sa = p.a, sb = p.b](const Tensor& grad) {
+          return std::vector<Tensor>{grad_a ? sum_to(mul(grad, sb), sa.shape()) : Tensor(),
+                                     grad_b ? sum_to(mul(grad, sa), sb.shape()) : Tensor()};
+        },
+        SupportedIfSame({{p.a, a}, {p.b, b}}));
   }
   return out;
 }
@@ -177,18 +182,20 @@ Tensor MaxMin(const Tensor& a, const Tensor& b, bool is_max) {
   Tensor out = BinaryRaw(is_max ? BinaryOp::kMaximum : BinaryOp::kMinimum, p.a, p.b, name);
   if (NeedsGrad({a, b})) {
     const bool grad_a = NeedsGrad({a}), grad_b = NeedsGrad({b});
-    Record(is_max ? "MaximumBackward" : "MinimumBackward", {a, b}, out,
-           [grad_a, grad_b, is_max, sa = p.a.detach(), sb = p.b.detach()](const Tensor& grad) {
-             // 1/0 masks in the inputs' dtype (not bool: they are arithmetic here).
-             const auto compare = [&](BinaryOp op) { return BinaryRaw(op, sa, sb, "maximum"); };
-             const Tensor half_ties = mul(compare(BinaryOp::kEq), 0.5);
-             const Tensor a_loses = compare(is_max ? BinaryOp::kLt : BinaryOp::kGt);
-             const Tensor b_loses = compare(is_max ? BinaryOp::kGt : BinaryOp::kLt);
-             const Tensor a_wins = 1.0 - add(a_loses, half_ties);
-             const Tensor b_wins = 1.0 - add(b_loses, half_ties);
-             return std::vector<Tensor>{grad_a ? sum_to(mul(grad, a_wins), sa.shape()) : Tensor(),
-                                        grad_b ? sum_to(mul(grad, b_wins), sb.shape()) : Tensor()};
-           }, DoubleBackward::kSupported);
+    Record(
+        is_max ? "MaximumBackward" : "MinimumBackward", {a, b}, out,
+        [grad_a, grad_b, is_max, sa = p.a.detach(), sb = p.b.detach()](const Tensor& grad) {
+          // 1/0 masks in the inputs' dtype (not bool: they are arithmetic here).
+          const auto compare = [&](BinaryOp op) { return BinaryRaw(op, sa, sb, "maximum"); };
+          const Tensor half_ties = mul(compare(BinaryOp::kEq), 0.5);
+          const Tensor a_loses = compare(is_max ? BinaryOp::kLt : BinaryOp::kGt);
+          const Tensor b_loses = compare(is_max ? BinaryOp::kGt : BinaryOp::kLt);
+          const Tensor a_wins = 1.0 - add(a_loses, half_ties);
+          const Tensor b_wins = 1.0 - add(b_loses, half_ties);
+          return std::vector<Tensor>{grad_a ? sum_to(mul(grad, a_wins), sa.shape()) : Tensor(),
+                                     grad_b ? sum_to(mul(grad, b_wins), sb.shape()) : Tensor()};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }
@@ -226,8 +233,9 @@ Tensor add(const Tensor& a, double b) {
   Tensor x = CastRaw(a, ScalarResultType(a.dtype(), b));
   Tensor out = UnaryRaw(UnaryOp::kAddScalar, x, b);
   if (NeedsGrad({a})) {
-    Record("AddScalarBackward", {a}, out,
-           [](const Tensor& grad) { return std::vector<Tensor>{grad}; }, DoubleBackward::kSupported);
+    Record(
+        "AddScalarBackward", {a}, out, [](const Tensor& grad) { return std::vector<Tensor>{grad}; },
+        DoubleBackward::kSupported);
   }
   return out;
 }
@@ -237,8 +245,10 @@ Tensor mul(const Tensor& a, double b) {
   Tensor x = CastRaw(a, ScalarResultType(a.dtype(), b));
   Tensor out = UnaryRaw(UnaryOp::kMulScalar, x, b);
   if (NeedsGrad({a})) {
-    Record("MulScalarBackward", {a}, out,
-           [b](const Tensor& grad) { return std::vector<Tensor>{mul(grad, b)}; }, DoubleBackward::kSupported);
+    Record(
+        "MulScalarBackward", {a}, out,
+        [b](const Tensor& grad) { return std::vector<Tensor>{mul(grad, b)}; },
+        DoubleBackward::kSupported);
   }
   return out;
 }
@@ -260,8 +270,9 @@ Tensor neg(const Tensor& a) {
                "logical_not for a bool tensor or convert it with .to(kInt64) first");
   Tensor out = UnaryRaw(UnaryOp::kNeg, a, 0.0);
   if (NeedsGrad({a})) {
-    Record("NegBackward", {a}, out,
-           [](const Tensor& grad) { return std::vector<Tensor>{neg(grad)}; }, DoubleBackward::kSupported);
+    Record(
+        "NegBackward", {a}, out, [](const Tensor& grad) { return std::vector<Tensor>{neg(grad)}; },
+        DoubleBackward::kSupported);
   }
   return out;
 }
@@ -281,24 +292,26 @@ Tensor log(const Tensor& a) {
 }
 
 Tensor sqrt(const Tensor& a) {
-  return FloatUnaryOp(
-      a, UnaryOp::kSqrt, 0.0, "sqrt", "SqrtBackward",
-      [](const Tensor& grad, const Tensor&, const Tensor& y) {
-        return mul(div(grad, SavedOutput(y)), 0.5);
-      });
+  return FloatUnaryOp(a, UnaryOp::kSqrt, 0.0, "sqrt", "SqrtBackward",
+                      [](const Tensor& grad, const Tensor&, const Tensor& y) {
+                        return mul(div(grad, SavedOutput(y)), 0.5);
+                      });
 }
 
 Tensor abs(const Tensor& a) {
   CheckDefined(a, "abs", "input");
   Tensor out = UnaryRaw(UnaryOp::kAbs, a, 0.0);
   if (NeedsGrad({a})) {
-    Record("AbsBackward", {a}, out, [x = a.detach()](const Tensor& grad) {
-      // sign(x), with sign(0) = 0 as in PyTorch (1/0 masks in x's dtype).
-      const Tensor zero = FilledRaw({}, x.dtype(), x.device(), 0.0);
-      const Tensor sign = sub(BinaryRaw(BinaryOp::kGt, x, zero, "abs backward"),
-                              BinaryRaw(BinaryOp::kLt, x, zero, "abs backward"));
-      return std::vector<Tensor>{mul(grad, sign)};
-    }, DoubleBackward::kSupported);
+    Record(
+        "AbsBackward", {a}, out,
+        [x = a.detach()](const Tensor& grad) {
+          // sign(x), with sign(0) = 0 as in PyTorch (1/0 masks in x's dtype).
+          const Tensor zero = FilledRaw({}, x.dtype(), x.device(), 0.0);
+          const Tensor sign = sub(BinaryRaw(BinaryOp::kGt, x, zero, "abs backward"),
+                                  BinaryRaw(BinaryOp::kLt, x, zero, "abs backward"));
+          return std::vector<Tensor>{mul(grad, sign)};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }

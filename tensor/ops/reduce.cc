@@ -48,9 +48,12 @@ Tensor sum(const Tensor& a) {
   CheckDefined(a, "sum", "input");
   Tensor out = SumAllRaw(SumInput(a));
   if (NeedsGrad({a})) {
-    Record("SumBackward", {a}, out, [shape = a.shape()](const Tensor& grad) {
-      return std::vector<Tensor>{ExpandGradRaw(grad, {}, shape)};
-    }, DoubleBackward::kSupported);
+    Record(
+        "SumBackward", {a}, out,
+        [shape = a.shape()](const Tensor& grad) {
+          return std::vector<Tensor>{ExpandGradRaw(grad, {}, shape)};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }
@@ -63,9 +66,12 @@ Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   Tensor kept = ReduceRaw(SumInput(a), reduced, ReduceKind::kSum, "sum");
   Tensor out = keepdim ? kept : ViewRaw(kept, ReducedShape(a.shape(), reduced, false));
   if (NeedsGrad({a})) {
-    Record("SumBackward", {a}, out, [kept_shape, shape = a.shape()](const Tensor& grad) {
-      return std::vector<Tensor>{ExpandGradRaw(grad, kept_shape, shape)};
-    }, DoubleBackward::kSupported);
+    Record(
+        "SumBackward", {a}, out,
+        [kept_shape, shape = a.shape()](const Tensor& grad) {
+          return std::vector<Tensor>{ExpandGradRaw(grad, kept_shape, shape)};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }
@@ -97,14 +103,16 @@ Tensor amax(const Tensor& a, int64_t dim, bool keepdim) {
   Tensor kept = ReduceRaw(a, reduced, ReduceKind::kMax, "amax");
   Tensor out = keepdim ? kept : ViewRaw(kept, ReducedShape(a.shape(), reduced, false));
   if (NeedsGrad({a})) {
-    Record("AmaxBackward", {a}, out,
-           [kept_shape, reduced, x = a.detach(), m = kept.detach()](const Tensor& grad) {
-             // Ties share the gradient evenly, as PyTorch's amax does (1/0 in x's dtype).
-             const Tensor is_max = BinaryRaw(BinaryOp::kEq, x, m, "amax backward");
-             const Tensor ties = sum(is_max, reduced, /*keepdim=*/true);
-             const Tensor g = grad.shape() == kept_shape ? grad : grad.reshape(kept_shape);
-             return std::vector<Tensor>{mul(is_max, div(g, ties))};
-           }, DoubleBackward::kSupported);
+    Record(
+        "AmaxBackward", {a}, out,
+        [kept_shape, reduced, x = a.detach(), m = kept.detach()](const Tensor& grad) {
+          // Ties share the gradient evenly, as PyTorch's amax does (1/0 in x's dtype).
+          const Tensor is_max = BinaryRaw(BinaryOp::kEq, x, m, "amax backward");
+          const Tensor ties = sum(is_max, reduced, /*keepdim=*/true);
+          const Tensor g = grad.shape() == kept_shape ? grad : grad.reshape(kept_shape);
+          return std::vector<Tensor>{mul(is_max, div(g, ties))};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }
