@@ -201,6 +201,18 @@ std::vector<SecondOrderCase> SecondOrderCases() {
       {"abs", [](In in) { return mul(abs(in[0]), in[0]); }, {positive}},
       {"square", [](In in) { return square(in[0]); }, {a}},
       {"maximum", [](In in) { return mul(maximum(in[0], in[1]), in[0]); }, {a, b}},
+      {"where", [](In in) { return mul(where(gt(in[0], in[1]), in[0], in[1]), in[1]); }, {a, b}},
+      {"masked_fill",
+       [](In in) { return square(masked_fill(in[0], lt(in[0], zeros_like(in[0])), 2.0)); },
+       {a}},
+      {"clamp", [](In in) { return square(clamp(in[0], -0.5, 0.5)); }, {a}},
+      {"dropout",
+       [](In in) {
+         Generator gen(7);
+         return square(dropout(in[0], 0.5, /*training=*/true, &gen));
+       },
+       {a}},
+      {"tril, triu", [](In in) { return square(add(tril(in[0]), triu(in[0], 1))); }, {m}},
       {"tanh", [](In in) { return tanh(in[0]); }, {a}},
       {"sigmoid", [](In in) { return sigmoid(in[0]); }, {a}},
       {"relu", [](In in) { return mul(relu(in[0]), in[0]); }, {a}},

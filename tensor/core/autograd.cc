@@ -102,7 +102,8 @@ thread_local const std::shared_ptr<Node>* t_applying_node = nullptr;
 
 const char* OpsSupportingDoubleBackward() {
   return "add, sub, mul, div (tensor and scalar), neg, pow, exp, log, sqrt, abs, square, "
-         "maximum, minimum, tanh, sigmoid, relu, gelu (both forms), silu, sum, "
+         "maximum, minimum, where, masked_fill, clamp, dropout, tril, triu, tanh, sigmoid, relu, "
+         "gelu (both forms), silu, sum, "
          "mean, amax, softmax, log_softmax, mse_loss, matmul (batched too), "
          "linear, view, reshape, flatten, narrow, select, split, chunk, transpose, permute, "
          "unsqueeze, squeeze, expand, contiguous, clone, cat, stack, to(device), to(dtype), "
