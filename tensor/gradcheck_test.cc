@@ -225,6 +225,15 @@ std::vector<SecondOrderCase> SecondOrderCases() {
       {"amax", [](In in) { return square(amax(in[0], 1)); }, {a}},
       {"softmax", [](In in) { return softmax(in[0], 1); }, {a}},
       {"log_softmax", [](In in) { return log_softmax(in[0], 0); }, {a}},
+      {"layer_norm",
+       [](In in) { return tanh(layer_norm(in[0], {3}, in[1], in[2], 1e-5)); },
+       {batch, row, Leaf64({3}, 20)}},
+      {"layer_norm without parameters",
+       [](In in) {
+         return square(layer_norm(in[0], {2, 3}, Tensor(), Tensor(), 1e-5));
+       },
+       {batch}},
+      {"rms_norm", [](In in) { return tanh(rms_norm(in[0], {3}, in[1], 1e-6)); }, {batch, row}},
       {"mse_loss", [](In in) { return mse_loss(in[0], in[1]); }, {a, b}},
       {"matmul", [](In in) { return matmul(in[0], in[1]); }, {a, m}},
       {"matmul batched", [](In in) { return matmul(in[0], in[1]); }, {batch, batch2}},

@@ -104,7 +104,7 @@ const char* OpsSupportingDoubleBackward() {
   return "add, sub, mul, div (tensor and scalar), neg, pow, exp, log, sqrt, abs, square, "
          "maximum, minimum, where, masked_fill, clamp, dropout, tril, triu, tanh, sigmoid, relu, "
          "gelu (both forms), silu, sum, "
-         "mean, amax, softmax, log_softmax, mse_loss, matmul (batched too), "
+         "mean, amax, softmax, log_softmax, layer_norm, rms_norm, mse_loss, matmul (batched too), "
          "linear, view, reshape, flatten, narrow, select, split, chunk, transpose, permute, "
          "unsqueeze, squeeze, expand, contiguous, clone, cat, stack, to(device), to(dtype), "
          "DataParallel's scatter, gather and parameter broadcast";
