@@ -234,6 +234,11 @@ std::vector<SecondOrderCase> SecondOrderCases() {
        },
        {batch}},
       {"rms_norm", [](In in) { return tanh(rms_norm(in[0], {3}, in[1], 1e-6)); }, {batch, row}},
+      {"cross_entropy",
+       [](In in) {
+         return cross_entropy(in[0], from_vector(std::vector<int64_t>{2, 0}, {2}));
+       },
+       {a}},
       {"mse_loss", [](In in) { return mse_loss(in[0], in[1]); }, {a, b}},
       {"matmul", [](In in) { return matmul(in[0], in[1]); }, {a, m}},
       {"matmul batched", [](In in) { return matmul(in[0], in[1]); }, {batch, batch2}},

@@ -104,7 +104,8 @@ const char* OpsSupportingDoubleBackward() {
   return "add, sub, mul, div (tensor and scalar), neg, pow, exp, log, sqrt, abs, square, "
          "maximum, minimum, where, masked_fill, clamp, dropout, tril, triu, tanh, sigmoid, relu, "
          "gelu (both forms), silu, sum, "
-         "mean, amax, softmax, log_softmax, layer_norm, rms_norm, mse_loss, matmul (batched too), "
+         "mean, amax, softmax, log_softmax, layer_norm, rms_norm, mse_loss, cross_entropy, matmul "
+         "(batched too), "
          "linear, view, reshape, flatten, narrow, select, split, chunk, transpose, permute, "
          "unsqueeze, squeeze, expand, contiguous, clone, cat, stack, to(device), to(dtype), "
          "DataParallel's scatter, gather and parameter broadcast";
@@ -152,6 +153,19 @@ Tensor SavedOutput(const Tensor& saved, uint32_t output_nr) {
   TensorImpl* impl = attached.impl();
   impl->grad_fn = *t_applying_node;
   impl->output_nr = output_nr;
+  impl->requires_grad = true;
+  return attached;
+}
+
+Tensor SavedIntermediate(const Tensor& saved, std::string name, FunctionNode::Backward backward) {
+  if (!GradMode::IsEnabled() || t_applying_node == nullptr || !saved.defined()) return saved;
+  auto node = std::make_shared<FunctionNode>(std::move(name), saved.device(), std::move(backward),
+                                             DoubleBackward::kSupported);
+  node->set_next_edges((*t_applying_node)->next_edges());
+  Tensor attached = saved.detach();
+  TensorImpl* impl = attached.impl();
+  impl->grad_fn = std::move(node);
+  impl->output_nr = 0;
   impl->requires_grad = true;
   return attached;
 }

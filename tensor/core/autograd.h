@@ -197,6 +197,12 @@ void AddGradAccumulatedHook(const Tensor& leaf, std::function<void(const Tensor&
 // (PyTorch's SavedVariable for outputs). Otherwise `saved` as it is.
 Tensor SavedOutput(const Tensor& saved, uint32_t output_nr = 0);
 
+// Inside a node's backward under create_graph: `saved`, a value its forward computed from the
+// node's inputs (a fused op's intermediate, not its output), attached to the graph as a
+// function of those inputs through a node named `name` whose gradient `backward` gives (one
+// per input of the applying node, written with differentiable ops). Otherwise `saved`.
+Tensor SavedIntermediate(const Tensor& saved, std::string name, FunctionNode::Backward backward);
+
 // The ops whose backward can be differentiated again under create_graph, for error messages
 // and the documentation (one list, kept next to the flag the ops set).
 const char* OpsSupportingDoubleBackward();
