@@ -91,6 +91,48 @@ INSTANTIATE_TEST_SUITE_P(DevicesAndBatches, DataParallelEquivalence,
                                   std::to_string(info.param.batch);
                          });
 
+// A gradient penalty (WGAN-GP's on the input, and one on the parameters' gradient) computed
+// with create_graph through DataParallel: the double backward crosses Scatter, the replicas,
+// Gather and the parameters' Broadcast, and must equal the module's on one device.
+std::vector<Tensor> GradientPenaltyGrads(nn::Module& module,
+                                         const std::function<Tensor(const Tensor&)>& forward,
+                                         const Tensor& input) {
+  Tensor x = input.detach().clone();
+  x.set_requires_grad(true);
+  const Tensor loss = square(forward(x)).mean();
+  std::vector<Tensor> wrt = module.parameters();
+  wrt.push_back(x);
+  const std::vector<Tensor> first = autograd::grad({loss}, wrt, {}, /*create_graph=*/true);
+  Tensor penalty = square(sqrt(square(first.back()).sum({1})) - 1.0).mean();
+  for (size_t i = 0; i + 1 < first.size(); ++i) penalty = add(penalty, square(first[i]).sum());
+  EXPECT_FALSE(module.parameters()[0].grad().defined());  // autograd::grad left .grad alone
+  add(loss, mul(penalty, 0.5)).backward();
+  std::vector<Tensor> grads = Grads(module);
+  grads.push_back(x.grad());
+  return grads;
+}
+
+TEST_F(DataParallelTest, GradientPenaltyWithCreateGraphMatchesOneDevice) {
+  manual_seed(5);
+  const Tensor x = randn({6, 10});
+  auto reference =
+      std::make_shared<nn::Sequential>(nn::Linear(10, 16), nn::Tanh(), nn::Linear(16, 4));
+  manual_seed(5);
+  (void)randn({6, 10});
+  auto model = std::make_shared<nn::Sequential>(nn::Linear(10, 16), nn::Tanh(), nn::Linear(16, 4));
+  DataParallel dp(model, CpuDevices(2));
+  const std::vector<Tensor> want = GradientPenaltyGrads(
+      *reference, [&](const Tensor& in) { return reference->forward(in); }, x);
+  const std::vector<Tensor> got = GradientPenaltyGrads(
+      *model, [&](const Tensor& in) { return dp.forward(in); }, x);
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    SCOPED_TRACE(i);
+    ExpectClose(got[i], want[i]);
+    EXPECT_EQ(got[i].device(), Device::Cpu(0));
+  }
+}
+
 TEST_F(DataParallelTest, ChunksFollowTorchChunk) {
   DataParallel dp(Mlp(), CpuDevices(8));
   dp.forward(randn({10, 10}));

@@ -21,6 +21,7 @@ class BroadcastBackward final : public Node {
         bucket_size_(bucket_size) {}
 
   std::vector<Tensor> Apply(std::vector<Tensor> grads) override {
+    if (GradMode::IsEnabled()) return RecordedSums(grads);
     bool complete = true;
     std::vector<std::vector<Tensor>> per_device(num_devices_);
     for (size_t d = 0; d < num_devices_; ++d) {
@@ -41,8 +42,24 @@ class BroadcastBackward final : public Node {
     return sums;
   }
   std::string name() const override { return "BroadcastBackward"; }
+  bool SupportsDoubleBackward() const override { return true; }
 
  private:
+  // Under create_graph (double backward): the same sums with recorded copies and adds, so
+  // the parameters' gradients can be differentiated again.
+  std::vector<Tensor> RecordedSums(const std::vector<Tensor>& grads) const {
+    std::vector<Tensor> sums(bucket_size_);
+    for (size_t b = 0; b < bucket_size_; ++b) {
+      for (size_t d = 0; d < num_devices_; ++d) {
+        const Tensor& g = grads[d * bucket_size_ + b];
+        if (!g.defined()) continue;
+        const Tensor here = g.to(device());
+        sums[b] = sums[b].defined() ? add(sums[b], here) : here;
+      }
+    }
+    return sums;
+  }
+
   static std::vector<Device> OutputDevices(const std::vector<Device>& devices, size_t n) {
     std::vector<Device> out;
     for (Device d : devices) out.insert(out.end(), n, d);

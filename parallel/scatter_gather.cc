@@ -28,9 +28,12 @@ class ScatterBackward final : public Node {
         grads[i] = zeros(chunk_shapes_[i], TensorOptions().device(output_device(i)));
       }
     }
+    // Under create_graph (double backward) the recorded Gather, Scatter's adjoint.
+    if (GradMode::IsEnabled()) return {Gather(grads, device(), dim_)};
     return {gather(grads, device(), dim_)};
   }
   std::string name() const override { return "ScatterBackward"; }
+  bool SupportsDoubleBackward() const override { return true; }
 
  private:
   std::vector<Shape> chunk_shapes_;
@@ -49,13 +52,16 @@ class GatherBackward final : public Node {
         scalars_(scalars) {}
 
   std::vector<Tensor> Apply(std::vector<Tensor> grads) override {
-    std::vector<Tensor> pieces = scatter(grads[0], sources_, sizes_, dim_);
+    // Under create_graph (double backward) the recorded Scatter, Gather's adjoint.
+    std::vector<Tensor> pieces = GradMode::IsEnabled() ? Scatter(grads[0], sources_, sizes_, dim_)
+                                                       : scatter(grads[0], sources_, sizes_, dim_);
     if (scalars_) {
       for (Tensor& piece : pieces) piece = piece.view({});
     }
     return pieces;
   }
   std::string name() const override { return "GatherBackward"; }
+  bool SupportsDoubleBackward() const override { return true; }
 
  private:
   std::vector<Device> sources_;

@@ -17,6 +17,7 @@ namespace {
 constexpr int kMaxReportedMismatches = 5;
 // Fixed so that a failing check fails the same way every run.
 constexpr uint64_t kProjectionSeed = 0x6772616463686bULL;
+constexpr uint64_t kGradOutputSeed = 0x67726164677261ULL;
 
 std::vector<double> HostValues(const Tensor& t) {
   return t.detach().to(kFloat64).contiguous().to_vector<double>();
@@ -167,6 +168,62 @@ GradCheckResult CheckGradients(GradCheckFunction f, std::vector<Tensor> inputs, 
     result.message = message.str();
   }
   return result;
+}
+
+GradCheckResult CheckGradGradients(GradCheckFunction f, std::vector<Tensor> inputs, double eps,
+                                   double atol, double rtol) {
+  TANDEM_CHECK(static_cast<bool>(f), "CheckGradGradients: f is empty");
+  std::vector<bool> checked(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    TANDEM_CHECK(inputs[i].defined(), "CheckGradGradients: input ", i, " is an undefined Tensor");
+    checked[i] = IsFloatingPoint(inputs[i].dtype()) && inputs[i].requires_grad();
+  }
+  Tensor output;
+  {
+    NoGradGuard no_grad;
+    output = f(inputs);
+  }
+  TANDEM_CHECK(output.defined() && IsFloatingPoint(output.dtype()),
+               "CheckGradGradients: f must return a defined floating-point tensor");
+  Generator generator(kGradOutputSeed);
+  Tensor grad_output =
+      randn(output.shape(), TensorOptions(output.device()).dtype(output.dtype()), &generator);
+  grad_output.set_requires_grad(true);
+  const size_t n = inputs.size();
+  // The first-order gradients of f's checked inputs, flattened into one tensor. CheckGradients
+  // calls this with leaves (their graph is what it differentiates) and, for finite
+  // differences, with plain copies under no_grad: those become leaves here.
+  GradCheckFunction first_order = [f, n, checked](const std::vector<Tensor>& in) {
+    AutoGradMode grad_mode(true);
+    std::vector<Tensor> x(in.begin(), in.begin() + static_cast<int64_t>(n));
+    std::vector<Tensor> wrt;
+    for (size_t i = 0; i < n; ++i) {
+      if (!checked[i]) continue;
+      if (!x[i].requires_grad()) {
+        x[i] = x[i].detach();
+        x[i].set_requires_grad(true);
+      }
+      wrt.push_back(x[i]);
+    }
+    const Tensor y = f(x);
+    std::vector<Tensor> pieces;
+    if (!y.requires_grad()) {  // f ignores its inputs: every gradient is zero
+      for (const Tensor& t : wrt)
+        pieces.push_back(zeros({t.numel()}, TensorOptions(t.device()).dtype(t.dtype())));
+      return cat(pieces);
+    }
+    const std::vector<Tensor> grads = autograd::grad({y}, wrt, {in[n]}, /*create_graph=*/true,
+                                                     /*retain_graph=*/true, /*allow_unused=*/true);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      pieces.push_back(
+          grads[i].defined()
+              ? grads[i].reshape({-1})
+              : zeros({wrt[i].numel()}, TensorOptions(wrt[i].device()).dtype(wrt[i].dtype())));
+    }
+    return cat(pieces);
+  };
+  inputs.push_back(grad_output);
+  return CheckGradients(first_order, std::move(inputs), eps, atol, rtol);
 }
 
 }  // namespace tandem

@@ -13,6 +13,13 @@
 // one to roughly 1e-4 of the output's magnitude, so keep float32 checks small (tens of
 // elements per output), well scaled (values of order 1) and away from kinks (relu at 0, ties
 // in max) by more than eps.
+//
+// CheckGradGradients is PyTorch's gradgradcheck: it checks the second derivatives that
+// autograd computes under create_graph, by running CheckGradients on the first-order gradient
+// (autograd::grad(f(x), x, v, create_graph)) as a function of x and of a random
+// grad_output v. Use float64.
+//
+//   EXPECT_GRADGRADIENTS_MATCH([](const std::vector<Tensor>& in) { return tanh(in[0]); }, {x});
 #ifndef TANDEM_TENSOR_GRADCHECK_H_
 #define TANDEM_TENSOR_GRADCHECK_H_
 
@@ -46,6 +53,12 @@ using GradCheckFunction = std::function<Tensor(const std::vector<Tensor>&)>;
 GradCheckResult CheckGradients(GradCheckFunction f, std::vector<Tensor> inputs, double eps = -1.0,
                                double atol = -1.0, double rtol = -1.0);
 
+// Checks autograd's second derivatives of `f` (see above); the tolerances are
+// CheckGradients', applied to the first-order gradient. A failure names the input of the
+// gradient function: 0..n-1 are f's inputs, n is the random grad_output.
+GradCheckResult CheckGradGradients(GradCheckFunction f, std::vector<Tensor> inputs,
+                                   double eps = -1.0, double atol = -1.0, double rtol = -1.0);
+
 }  // namespace tandem
 
 // gtest helpers: EXPECT_GRADIENTS_MATCH(f, inputs[, eps, atol, rtol]). Include gtest first.
@@ -57,5 +70,14 @@ GradCheckResult CheckGradients(GradCheckFunction f, std::vector<Tensor> inputs, 
   } while (false)
 #define EXPECT_GRADIENTS_MATCH(...) TANDEM_GRADIENTS_MATCH_IMPL_(EXPECT_TRUE, __VA_ARGS__)
 #define ASSERT_GRADIENTS_MATCH(...) TANDEM_GRADIENTS_MATCH_IMPL_(ASSERT_TRUE, __VA_ARGS__)
+// EXPECT_GRADGRADIENTS_MATCH(f, inputs[, eps, atol, rtol]): CheckGradGradients.
+#define TANDEM_GRADGRADIENTS_MATCH_IMPL_(check, ...)                        \
+  do {                                                                      \
+    const ::tandem::GradCheckResult tandem_gradcheck_result_ =              \
+        ::tandem::CheckGradGradients(__VA_ARGS__);                          \
+    check(tandem_gradcheck_result_.ok) << tandem_gradcheck_result_.message; \
+  } while (false)
+#define EXPECT_GRADGRADIENTS_MATCH(...) TANDEM_GRADGRADIENTS_MATCH_IMPL_(EXPECT_TRUE, __VA_ARGS__)
+#define ASSERT_GRADGRADIENTS_MATCH(...) TANDEM_GRADGRADIENTS_MATCH_IMPL_(ASSERT_TRUE, __VA_ARGS__)
 
 #endif  // TANDEM_TENSOR_GRADCHECK_H_

@@ -7,6 +7,7 @@
 #include "gtest/gtest.h"
 #include "tensor/core/autograd.h"
 #include "tensor/tensor.h"
+#include "tensor/testing.h"
 
 namespace tandem {
 namespace {
@@ -132,6 +133,164 @@ TEST(GradCheckTest, MacrosReportTheMessage) {
           [](const std::vector<Tensor>& in) { return SquareWithBackward(in[0], 3.0); },
           {Leaf({2}, 10)}),
       "gradient check failed");
+}
+
+// ---- CheckGradGradients (gradgradcheck) ----------------------------------------------------
+
+Tensor Leaf64(const Shape& shape, uint64_t seed, double low = -1.0, double high = 1.0) {
+  Generator gen(seed);
+  Tensor t = add(mul(rand(shape, TensorOptions().dtype(kFloat64), &gen), high - low), low);
+  t.set_requires_grad(true);
+  return t;
+}
+
+// x * x whose backward claims double backward support but saves x detached: its second
+// derivative misses d(2 x grad)/dx = 2 grad, a wrong one that CheckGradGradients must catch.
+Tensor SquareWithDetachedSave(const Tensor& x) {
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = mul(x, x);
+  }
+  if (NeedsGrad({x})) {
+    RecordOp(
+        "DetachedSquareBackward", {x}, out,
+        [x = x.detach()](const Tensor& grad) {
+          return std::vector<Tensor>{mul(grad, mul(x, 2.0))};
+        },
+        DoubleBackward::kSupported);
+  }
+  return out;
+}
+
+TEST(GradGradCheckTest, CatchesASecondDerivativeThatIsWrong) {
+  const Tensor x = Leaf64({3}, 1);
+  EXPECT_GRADGRADIENTS_MATCH([](const std::vector<Tensor>& in) { return mul(in[0], in[0]); }, {x});
+  const GradCheckResult result = CheckGradGradients(
+      [](const std::vector<Tensor>& in) { return SquareWithDetachedSave(in[0]); }, {x});
+  EXPECT_FALSE(result.ok);
+  EXPECT_THAT(result.message, HasSubstr("input 0 [3]"));
+}
+
+struct SecondOrderCase {
+  const char* name;
+  GradCheckFunction f;
+  std::vector<Tensor> inputs;
+};
+
+// Every op whose second derivative is supported (OpsSupportingDoubleBackward), in float64,
+// with inputs that need a gradient in every operand and shapes that broadcast.
+std::vector<SecondOrderCase> SecondOrderCases() {
+  const Tensor a = Leaf64({2, 3}, 11), b = Leaf64({2, 3}, 12), row = Leaf64({3}, 13);
+  const Tensor positive = Leaf64({2, 3}, 14, 0.5, 2.0);
+  const Tensor m = Leaf64({3, 4}, 15), batch = Leaf64({2, 2, 3}, 16),
+               batch2 = Leaf64({2, 3, 4}, 17);
+  const Tensor w = Leaf64({4, 3}, 18), bias = Leaf64({4}, 19);
+  using In = const std::vector<Tensor>&;
+  return {
+      {"add (broadcast)", [](In in) { return mul(add(in[0], in[1]), in[0]); }, {a, row}},
+      {"sub (broadcast)", [](In in) { return mul(sub(in[0], in[1]), in[1]); }, {a, row}},
+      {"mul (broadcast)", [](In in) { return mul(in[0], in[1]); }, {a, row}},
+      {"div", [](In in) { return div(in[0], in[1]); }, {a, positive}},
+      {"scalar ops", [](In in) { return mul(add(mul(in[0], 3.0), 1.0), in[0]); }, {a}},
+      {"neg", [](In in) { return mul(neg(in[0]), in[0]); }, {a}},
+      {"pow", [](In in) { return pow(in[0], 3.0); }, {positive}},
+      {"exp", [](In in) { return exp(in[0]); }, {a}},
+      {"log", [](In in) { return log(in[0]); }, {positive}},
+      {"sqrt", [](In in) { return sqrt(in[0]); }, {positive}},
+      {"abs", [](In in) { return mul(abs(in[0]), in[0]); }, {positive}},
+      {"square", [](In in) { return square(in[0]); }, {a}},
+      {"maximum", [](In in) { return mul(maximum(in[0], in[1]), in[0]); }, {a, b}},
+      {"where", [](In in) { return mul(where(gt(in[0], in[1]), in[0], in[1]), in[1]); }, {a, b}},
+      {"masked_fill",
+       [](In in) { return square(masked_fill(in[0], lt(in[0], zeros_like(in[0])), 2.0)); },
+       {a}},
+      {"clamp", [](In in) { return square(clamp(in[0], -0.5, 0.5)); }, {a}},
+      {"dropout",
+       [](In in) {
+         Generator gen(7);
+         return square(dropout(in[0], 0.5, /*training=*/true, &gen));
+       },
+       {a}},
+      {"tril, triu", [](In in) { return square(add(tril(in[0]), triu(in[0], 1))); }, {m}},
+      {"tanh", [](In in) { return tanh(in[0]); }, {a}},
+      {"sigmoid", [](In in) { return sigmoid(in[0]); }, {a}},
+      {"relu", [](In in) { return mul(relu(in[0]), in[0]); }, {a}},
+      {"gelu", [](In in) { return gelu(in[0]); }, {a}},
+      {"gelu tanh", [](In in) { return gelu(in[0], "tanh"); }, {a}},
+      {"silu", [](In in) { return silu(in[0]); }, {a}},
+      {"sum", [](In in) { return square(sum(in[0])); }, {a}},
+      {"sum dims", [](In in) { return square(sum(in[0], {1}, true)); }, {a}},
+      {"mean", [](In in) { return square(mean(in[0], {0})); }, {a}},
+      {"amax", [](In in) { return square(amax(in[0], 1)); }, {a}},
+      {"softmax", [](In in) { return softmax(in[0], 1); }, {a}},
+      {"log_softmax", [](In in) { return log_softmax(in[0], 0); }, {a}},
+      {"layer_norm",
+       [](In in) { return tanh(layer_norm(in[0], {3}, in[1], in[2], 1e-5)); },
+       {batch, row, Leaf64({3}, 20)}},
+      {"layer_norm without parameters",
+       [](In in) {
+         return square(layer_norm(in[0], {2, 3}, Tensor(), Tensor(), 1e-5));
+       },
+       {batch}},
+      {"rms_norm", [](In in) { return tanh(rms_norm(in[0], {3}, in[1], 1e-6)); }, {batch, row}},
+      {"cross_entropy",
+       [](In in) {
+         return cross_entropy(in[0], from_vector(std::vector<int64_t>{2, 0}, {2}));
+       },
+       {a}},
+      {"mse_loss", [](In in) { return mse_loss(in[0], in[1]); }, {a, b}},
+      {"matmul", [](In in) { return matmul(in[0], in[1]); }, {a, m}},
+      {"matmul batched", [](In in) { return matmul(in[0], in[1]); }, {batch, batch2}},
+      {"matmul batched by 2-d", [](In in) { return matmul(in[0], in[1]); }, {batch, m}},
+      {"linear", [](In in) { return tanh(linear(in[0], in[1], in[2])); }, {batch, w, bias}},
+      {"views",
+       [](In in) {
+         return square(in[0].reshape({3, 2}).transpose(0, 1).unsqueeze(0).squeeze(0).flatten());
+       },
+       {a}},
+      {"permute, expand, contiguous",
+       [](In in) {
+         return square(in[0].permute({1, 0}).unsqueeze(2).expand({3, 2, 2}).contiguous());
+       },
+       {a}},
+      {"narrow, select, split",
+       [](In in) {
+         return mul(in[0].narrow(1, 1, 2), in[0].select(0, 1).split(2, 0)[0].unsqueeze(0));
+       },
+       {a}},
+      {"cat, stack",
+       [](In in) {
+         return square(cat({stack({in[0], in[1]}), in[0].unsqueeze(0)}, 0));
+       },
+       {a, b}},
+      {"clone", [](In in) { return square(in[0].clone()); }, {a}},
+  };
+}
+
+TEST(GradGradCheckTest, EverySupportedOpHasCorrectSecondDerivatives) {
+  for (const SecondOrderCase& c : SecondOrderCases()) {
+    SCOPED_TRACE(c.name);
+    EXPECT_GRADGRADIENTS_MATCH(c.f, c.inputs);
+  }
+}
+
+TEST(GradGradCheckTest, UnsupportedOpsRefuseASecondBackwardByName) {
+  const Tensor x = Leaf64({2, 3}, 21);
+  const Tensor targets = from_vector(std::vector<int64_t>{2, 0}, {2});
+  Tensor loss = nll_loss(log_softmax(x, 1), targets);
+  const Tensor g = autograd::grad({loss}, {x}, {}, /*create_graph=*/true)[0];
+  EXPECT_TRUE(g.requires_grad());
+  try {
+    square(g).sum().backward();
+    FAIL() << "a second backward through nll_loss did not throw";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("second derivative of NllLossBackward is not supported"));
+    EXPECT_THAT(e.what(), HasSubstr("Ops supported twice: add, sub"));
+  }
+  // First-order gradients under create_graph are still right.
+  const Tensor reference = autograd::grad({nll_loss(log_softmax(x, 1), targets)}, {x})[0];
+  EXPECT_EQ(testing::MaxAbsDiff(g, reference), 0.0);
 }
 
 }  // namespace

@@ -105,6 +105,38 @@ TEST_F(DistributedDataParallelTest, GradientsEqualOneProcessOnAllSamples) {
   }
 }
 
+// A gradient penalty on the input (WGAN-GP's: the critic's gradient with respect to each
+// sample, through autograd::grad with create_graph) on 8 samples per rank equals one process's
+// on all 8N. The first-order pass accumulates nothing, so the reducer's hooks fire only in the
+// final backward (as PyTorch's DDP with torch.autograd.grad); a hook that fired in the first
+// pass would fail the final one ("received a gradient twice") or its averages.
+TEST_F(DistributedDataParallelTest, AnInputGradientPenaltyWithCreateGraphEqualsOneProcess) {
+  auto group = Group();
+  const int world = group->size();
+  const auto make = [](uint64_t seed) {
+    manual_seed(seed);
+    return std::make_shared<nn::Sequential>(nn::Linear(kIn, 5), nn::Tanh(), nn::Linear(5, 1));
+  };
+  auto model = make(11 + group->rank());
+  DistributedDataParallel ddp(model, group);
+  auto reference = make(11);
+  const Data all = MakeData(world, 3);
+  const Data mine = all.Rows(group->rank() * kPerRank, kPerRank);
+  const auto critic_loss = [](const std::function<Tensor(const Tensor&)>& critic,
+                              const nn::Module& module, const Tensor& input) {
+    Tensor x = input.detach().clone();
+    x.set_requires_grad(true);
+    const Tensor out = critic(x);
+    const Tensor g = autograd::grad({out.sum()}, {x}, {}, /*create_graph=*/true)[0];
+    for (const Tensor& p : module.parameters()) EXPECT_FALSE(p.grad().defined());
+    const Tensor penalty = square(sqrt(square(g).sum({1})) - 1.0).mean();
+    return add(out.mean(), mul(penalty, 10.0));
+  };
+  critic_loss([&](const Tensor& x) { return ddp.forward(x); }, *model, mine.x).backward();
+  critic_loss([&](const Tensor& x) { return reference->forward(x); }, *reference, all.x).backward();
+  ExpectGradsClose(*model, *reference, 1e-5, "gradient penalty");
+}
+
 // gradient_compression(kBFloat16 or kFloat16): each gradient is round(mean of every rank's
 // gradient rounded to the dtype), the mean taken in float32 (as ProcessGroupMpi's 16-bit
 // all-reduce does), exactly; and so within the dtype's precision of the float32 all-reduce.

@@ -21,6 +21,21 @@
 // broadcast and scatter) derives from Node, gives one output device per output, and
 // records with RecordMultiOutputOp; its Apply receives one gradient slot per output (an
 // undefined Tensor where an output got no gradient).
+//
+// Double backward (create_graph, autograd::grad): under create_graph the engine runs nodes
+// with grad mode on, so a closure written with differentiable ops records the graph of the
+// gradient it computes. A closure opts in with DoubleBackward::kSupported once it is
+// differentiable in everything it depends on: saved inputs kept with their graph (not
+// detached), saved outputs read through SavedOutput. Every other node (raw kernels) still
+// runs, but its gradients then carry a node that refuses a second backward with a clear
+// error, never a silently wrong second derivative:
+//
+//   RecordOp("ExpBackward", {a}, out, [y = out.detach()](const Tensor& grad) {
+//     return std::vector<Tensor>{grad * SavedOutput(y)};
+//   }, DoubleBackward::kSupported);
+//
+//   Tensor g = autograd::grad({loss}, {x}, {}, /*create_graph=*/true)[0];
+//   (loss + g.square().sum()).backward();  // a gradient penalty
 #ifndef TANDEM_TENSOR_CORE_AUTOGRAD_H_
 #define TANDEM_TENSOR_CORE_AUTOGRAD_H_
 
@@ -80,6 +95,10 @@ class Node {
   // of next_edges(); an undefined Tensor where an input gets no gradient.
   virtual std::vector<Tensor> Apply(std::vector<Tensor> grad_outputs) = 0;
   virtual std::string name() const = 0;
+  // Whether Apply is written with differentiable ops, so that the gradients it computes under
+  // create_graph can be differentiated again. A node that says no still runs under
+  // create_graph; its gradients then refuse a second backward (see the header comment).
+  virtual bool SupportsDoubleBackward() const { return false; }
   // What the engine calls: Apply, for a node that may give an input's gradient as scattered
   // slices (ScatterGradient) instead of a dense tensor. `scattered` comes empty; such a node
   // resizes it to one entry per input, and where it sets one, the gradient it returns for
@@ -122,20 +141,31 @@ class Node {
   std::vector<Edge> next_edges_;
 };
 
+// Whether a closure's gradients can be differentiated again (Node::SupportsDoubleBackward).
+enum class DoubleBackward { kRefused, kSupported };
+
 // A single-output Node whose backward is a closure.
 class FunctionNode final : public Node {
  public:
   using Backward = std::function<std::vector<Tensor>(const Tensor&)>;
-  FunctionNode(std::string name, Device device, Backward backward)
-      : Node(device), name_(std::move(name)), backward_(std::move(backward)) {}
+  FunctionNode(std::string name, Device device, Backward backward,
+               DoubleBackward double_backward = DoubleBackward::kRefused)
+      : Node(device),
+        name_(std::move(name)),
+        backward_(std::move(backward)),
+        double_backward_(double_backward) {}
   std::vector<Tensor> Apply(std::vector<Tensor> grad_outputs) override {
     return backward_(grad_outputs[0]);
   }
   std::string name() const override { return name_; }
+  bool SupportsDoubleBackward() const override {
+    return double_backward_ == DoubleBackward::kSupported;
+  }
 
  private:
   std::string name_;
   Backward backward_;
+  DoubleBackward double_backward_;
 };
 
 // True if grad mode is on and any defined input requires grad.
@@ -145,7 +175,8 @@ bool NeedsGrad(const std::vector<Tensor>& inputs);
 // with edges to `inputs`, and marks output as requiring grad.
 void RecordOp(std::shared_ptr<Node> node, const std::vector<Tensor>& inputs, Tensor& output);
 void RecordOp(std::string name, const std::vector<Tensor>& inputs, Tensor& output,
-              FunctionNode::Backward backward);
+              FunctionNode::Backward backward,
+              DoubleBackward double_backward = DoubleBackward::kRefused);
 // Makes `node` the grad_fn of every output (output i is the node's output i; their count
 // and devices must match the node's) with edges to `inputs`. Undefined outputs are skipped.
 void RecordMultiOutputOp(std::shared_ptr<Node> node, const std::vector<Tensor>& inputs,
@@ -159,6 +190,44 @@ Edge GradientEdge(const Tensor& tensor);
 // gradient, on the worker of the leaf's device. This is the gradient-ready point that
 // overlapping communication with backward (DistributedDataParallel) needs.
 void AddGradAccumulatedHook(const Tensor& leaf, std::function<void(const Tensor&)> hook);
+
+// Inside a node's backward: `saved`, an output of that node saved detached when it was
+// recorded (saving it attached would be a reference cycle), as the node's output `output_nr`
+// again when the backward runs under create_graph, so a second derivative flows through it
+// (PyTorch's SavedVariable for outputs). Otherwise `saved` as it is.
+Tensor SavedOutput(const Tensor& saved, uint32_t output_nr = 0);
+
+// Inside a node's backward under create_graph: `saved`, a value its forward computed from the
+// node's inputs (a fused op's intermediate, not its output), attached to the graph as a
+// function of those inputs through a node named `name` whose gradient `backward` gives (one
+// per input of the applying node, written with differentiable ops). Otherwise `saved`.
+Tensor SavedIntermediate(const Tensor& saved, std::string name, FunctionNode::Backward backward);
+
+// The ops whose backward can be differentiated again under create_graph, for error messages
+// and the documentation (one list, kept next to the flag the ops set).
+const char* OpsSupportingDoubleBackward();
+
+namespace autograd {
+
+// The gradients of `outputs` with respect to `inputs` (PyTorch's torch.autograd.grad),
+// returned rather than accumulated into .grad: no input's .grad changes and no
+// gradient-ready hook runs (so DistributedDataParallel does not reduce them). `inputs` may be
+// non-leaves. `grad_outputs` holds one gradient per output (empty: ones for one-element
+// outputs). With `create_graph` the result carries its own graph, for a second derivative
+// (gradient penalties, Hessian-vector products). The graph is always kept after a pass in
+// Tandem (a node's saved tensors go with the node), so `retain_graph` is accepted for
+// PyTorch's signature and a later pass over the same graph works either way. An input no
+// gradient reaches is an error naming it, unless `allow_unused` (then its entry is undefined).
+//
+//   Tensor x = randn({3}, TensorOptions().requires_grad(true));
+//   Tensor y = (x * x * x).sum();
+//   Tensor g = autograd::grad({y}, {x}, {}, /*create_graph=*/true)[0];  // 3x^2
+//   Tensor h = autograd::grad({g.sum()}, {x})[0];                        // 6x
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs = {}, bool create_graph = false,
+                         bool retain_graph = true, bool allow_unused = false);
+
+}  // namespace autograd
 
 // Clears the gradients of `tensors`: drops them (set_to_none, PyTorch's default since 2.0,
 // saves a pass over memory and lets the next backward write fresh ones) or fills them with

@@ -11,10 +11,12 @@
 #include "tensor/runtime/devices.h"
 #include "tensor/runtime/threads.h"
 #include "tensor/tensor.h"
+#include "tensor/testing.h"
 
 namespace tandem {
 namespace {
 
+using ::tandem::testing::ErrorOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -384,6 +386,132 @@ TEST_F(AutogradTest, WorkerTasksRunWithTheCallersGradMode) {
     EXPECT_FALSE(DeviceWorker::For(Device::Cpu(1)).Submit(records).get());
   }
   EXPECT_TRUE(DeviceWorker::For(Device::Cpu(1)).Submit(records).get());
+}
+
+// ---- autograd::grad and create_graph (double backward) ---------------------------------------
+
+std::vector<float> Values(const Tensor& t) { return t.detach().to(kFloat32).to_vector<float>(); }
+
+void ExpectNear(const Tensor& t, const std::vector<float>& expected) {
+  const std::vector<float> got = Values(t);
+  ASSERT_EQ(got.size(), expected.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], expected[i], 1e-5) << "element " << i;
+}
+
+TEST_F(AutogradTest, GradReturnsGradientsAndLeavesDotGradAndHooksAlone) {
+  Tensor x = Param({1, 2, 3});
+  int hook_calls = 0;
+  AddGradAccumulatedHook(x, [&](const Tensor&) { ++hook_calls; });
+  const Tensor y = (x * x * x).sum();
+  const std::vector<Tensor> g = autograd::grad({y}, {x});
+  ExpectNear(g[0], {3, 12, 27});
+  EXPECT_FALSE(g[0].requires_grad());
+  EXPECT_FALSE(x.grad().defined());
+  EXPECT_EQ(hook_calls, 0);
+  y.backward();  // the graph is kept: a later pass over it works, and accumulates
+  ExpectNear(x.grad(), {3, 12, 27});
+  EXPECT_EQ(hook_calls, 1);
+}
+
+TEST_F(AutogradTest, GradOfNonLeavesRunsOnlyWhatTheyNeed) {
+  Tensor x = Param({1, 2});
+  bool upstream_ran = false;
+  const Tensor h = Probe(x * 2.0, [&] { upstream_ran = true; });
+  const Tensor y = (h * h).sum();
+  const std::vector<Tensor> g = autograd::grad({y}, {h});
+  ExpectNear(g[0], {4, 8});    // 2h
+  EXPECT_FALSE(upstream_ran);  // nothing past h runs
+  // Inputs at several depths, and an input that is a root itself.
+  const std::vector<Tensor> both = autograd::grad({y}, {x, h, y});
+  ExpectNear(both[0], {8, 16});
+  ExpectNear(both[1], {4, 8});
+  ExpectNear(both[2], {1});
+  EXPECT_TRUE(upstream_ran);
+}
+
+TEST_F(AutogradTest, GradRefusesBadArgumentsClearly) {
+  Tensor x = Param({1, 2}), unused = Param({5});
+  const Tensor y = x * 3.0;
+  EXPECT_THAT(ErrorOf([&] {
+                autograd::grad({y.sum()}, {x, unused});
+              }),
+              HasSubstr("grad: input 1 (shape [1]) was not used to compute the outputs, so it "
+                        "has no gradient; pass allow_unused = true"));
+  const std::vector<Tensor> g =
+      autograd::grad({y.sum()}, {x, unused}, {}, false, true, /*allow_unused=*/true);
+  ExpectNear(g[0], {3, 3});
+  EXPECT_FALSE(g[1].defined());
+  EXPECT_THAT(ErrorOf([&] { autograd::grad({y}, {x}); }),
+              HasSubstr("grad: output 0 has shape [2]; grad_outputs must give its gradient"));
+  EXPECT_THAT(ErrorOf([&] { autograd::grad({y}, {x}, {ones({3})}); }),
+              HasSubstr("grad: grad_outputs[0] has shape [3] but output 0 has shape [2]"));
+  EXPECT_THAT(ErrorOf([&] { autograd::grad({y}, {x}, {ones({2}).to(kInt64)}); }),
+              HasSubstr("grad: grad_outputs[0] is int64 and output 0 is float32"));
+  EXPECT_THAT(ErrorOf([&] {
+                autograd::grad({y}, {x}, {ones({2}), ones({2})});
+              }),
+              HasSubstr("grad: 1 outputs but 2 grad_outputs"));
+  EXPECT_THAT(ErrorOf([&] { autograd::grad({y.sum()}, {ones({2})}); }),
+              HasSubstr("grad: input 0 (shape [2]) does not require grad"));
+  EXPECT_THAT(ErrorOf([&] { autograd::grad({ones({1})}, {x}); }),
+              HasSubstr("grad: output 0 does not require grad"));
+  // A given grad_output is used as it is.
+  ExpectNear(autograd::grad({y}, {x}, {from_vector(std::vector<float>{1, -2}, {2})})[0], {3, -6});
+}
+
+TEST_F(AutogradTest, HessianVectorProductOfAQuadratic) {
+  // f(x) = 0.5 x^T A x + b^T x with symmetric A: the gradient is A x + b, the Hessian A.
+  const Tensor a = from_vector(std::vector<float>{2, 1, 0, 1, 3, -1, 0, -1, 4}, {3, 3});
+  const Tensor b = from_vector(std::vector<float>{1, -1, 2}, {3});
+  Tensor x = Param({0.5f, -1.0f, 2.0f});
+  const Tensor f = add(mul(matmul(x, matmul(a, x)), 0.5), matmul(b, x));
+  const Tensor g = autograd::grad({f}, {x}, {}, /*create_graph=*/true)[0];
+  EXPECT_TRUE(g.requires_grad());
+  ExpectNear(g, {1, -5.5, 11});  // A x + b, A x = (0, -4.5, 9)
+  const Tensor v = from_vector(std::vector<float>{1, 2, -1}, {3});
+  const Tensor hv = autograd::grad({(g * v).sum()}, {x})[0];
+  ExpectNear(hv, {4, 8, -6});  // A v
+  EXPECT_FALSE(x.grad().defined());
+}
+
+TEST_F(AutogradTest, BackwardWithCreateGraphKeepsTheGradientsGraph) {
+  Tensor x = Param({1, 2});
+  // Two paths into x: the engine's sum of gradients is recorded too.
+  const Tensor y = (x * x * x).sum() + (x * x).sum();
+  y.backward(Tensor(), /*create_graph=*/true);
+  const Tensor first = x.grad();
+  ASSERT_TRUE(first.requires_grad());
+  ExpectNear(first, {5, 16});  // 3x^2 + 2x
+  const Tensor second = autograd::grad({first.sum()}, {x})[0];
+  ExpectNear(second, {8, 14});  // 6x + 2
+  // A second create_graph pass adds out of place, keeping both graphs.
+  y.backward(Tensor(), /*create_graph=*/true);
+  ExpectNear(x.grad(), {10, 32});
+  ExpectNear(autograd::grad({x.grad().sum()}, {x})[0], {16, 28});
+  ExpectNear(first, {5, 16});
+  x.set_grad(Tensor());  // .grad holding x's own graph is a reference cycle (as in PyTorch)
+}
+
+TEST_F(AutogradTest, AGradientPenaltyAcrossDevices) {
+  // x on device 0, its square computed on device 1: the create_graph pass copies gradients
+  // across devices with recorded copies, so the penalty's gradient crosses back.
+  Tensor x = Param({1, -2, 3});
+  const Tensor y = (x.to(Device::Cpu(1)) * x.to(Device::Cpu(1))).sum().to(Device::Cpu(0));
+  const Tensor g = autograd::grad({y}, {x}, {}, /*create_graph=*/true)[0];
+  ExpectNear(g, {2, -4, 6});
+  (y + (g * g).sum()).backward();  // d/dx (x^2 + 4 x^2) = 10 x
+  ExpectNear(x.grad(), {10, -20, 30});
+}
+
+TEST_F(AutogradTest, NodesWithoutDoubleBackwardRefuseOnlyWhenReached) {
+  Tensor x = Param({1, 2});
+  const Tensor y = Probe(x * x, [] {}).sum();  // ProbeBackward: no double backward support
+  const Tensor g = autograd::grad({y}, {x}, {}, /*create_graph=*/true)[0];
+  ExpectNear(g, {2, 4});
+  EXPECT_THAT(ErrorOf([&] { g.sum().backward(); }),
+              HasSubstr("second derivative of ProbeBackward is not supported"));
+  // Without create_graph, nothing changes for such a node.
+  ExpectNear(autograd::grad({y}, {x})[0], {2, 4});
 }
 
 }  // namespace

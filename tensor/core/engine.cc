@@ -14,6 +14,7 @@
 #include "tensor/core/anomaly_mode.h"
 #include "tensor/core/autograd.h"
 #include "tensor/core/internal/anomaly.h"
+#include "tensor/core/internal/autograd_internal.h"
 #include "tensor/core/internal/tensor_impl.h"
 #include "tensor/kernels/index_kernels.h"
 #include "tensor/runtime/backend.h"
@@ -22,6 +23,35 @@
 
 namespace tandem {
 namespace {
+
+// a + b for two gradients of one slot (one shape; either may be a broadcast view), with the
+// backend's kernel: the engine sits below the ops layer. Into `a` or `b` when one is a
+// full-size buffer nothing else holds (as AccumulateGrad steals one), which saves a buffer
+// the size of the gradient wherever gradients fan in (residual streams, tied weights).
+Tensor SumOfRawGradients(const Tensor& a, const Tensor& b) {
+  const Device device = a.device();
+  Backend& backend = GetBackend(device);
+  const DType dtype = PromoteTypes(a.dtype(), b.dtype());
+  for (const Tensor* into : {&a, &b}) {
+    const Tensor& other = into == &a ? b : a;
+    if (into->dtype() == dtype && other.dtype() == dtype && into->shape() == other.shape() &&
+        IsSoleOwner(*into)) {
+      backend.Binary(device.index(), BinaryOp::kAdd, ToKernel(*into), ToKernel(*into),
+                     ToKernel(other));
+      return *into;
+    }
+  }
+  const auto in_dtype = [&](const Tensor& t) {
+    if (t.dtype() == dtype) return t;
+    Tensor converted = NewTensor(t.shape(), dtype, device);
+    backend.Copy(device.index(), ToKernel(converted), ToKernel(t));
+    return converted;
+  };
+  const Tensor x = in_dtype(a), y = in_dtype(b);
+  Tensor sum = NewTensor(a.shape(), dtype, device);
+  backend.Binary(device.index(), BinaryOp::kAdd, ToKernel(sum), ToKernel(x), ToKernel(y));
+  return sum;
+}
 
 class GraphTask;
 thread_local GraphTask* t_current_task = nullptr;
@@ -42,7 +72,8 @@ class CurrentTaskScope {
 // into it has delivered (with or without a gradient), and then runs on its device's worker.
 class GraphTask : public std::enable_shared_from_this<GraphTask> {
  public:
-  GraphTask() : caller_(DeviceWorker::Current()), outer_(t_current_task) {}
+  explicit GraphTask(bool create_graph)
+      : caller_(DeviceWorker::Current()), outer_(t_current_task), create_graph_(create_graph) {}
 
   // The pass whose callbacks this one's callers queue: the outermost. A pass started from
   // inside a node (activation checkpointing's recomputation, nn/activation_checkpoint.h) is
@@ -79,6 +110,45 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
     }
   }
 
+  // Makes the pass capture the gradients that reach `edges` (autograd::grad) instead of
+  // running the whole graph: only the nodes with a path to a captured edge run, so the
+  // accumulators (and their hooks) never do. Call after CountDependencies.
+  void CaptureAt(const std::vector<Edge>& edges) {
+    capturing_ = true;
+    captured_.resize(edges.size());
+    for (size_t i = 0; i < edges.size(); ++i) {
+      captures_[edges[i].node.get()].emplace_back(edges[i].input_nr, i);
+    }
+    // Every node of the pass in topological order (Kahn's, over the counted dependencies);
+    // then, walking it backwards, a node is needed if one of its edges leads to a captured
+    // node or a needed one.
+    std::unordered_map<Node*, int> remaining;
+    std::vector<Node*> order;
+    for (const auto& [node, state] : states_) {
+      remaining[node] = state->dependencies.load(std::memory_order_relaxed);
+      if (remaining[node] == 0) order.push_back(node);
+    }
+    for (size_t i = 0; i < order.size(); ++i) {
+      for (const Edge& edge : order[i]->next_edges()) {
+        if (edge.node && --remaining[edge.node.get()] == 0) order.push_back(edge.node.get());
+      }
+    }
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      for (const Edge& edge : (*it)->next_edges()) {
+        Node* next = edge.node.get();
+        if (next != nullptr && (captures_.count(next) > 0 || needed_.count(next) > 0)) {
+          needed_.insert(*it);
+          break;
+        }
+      }
+    }
+  }
+
+  std::vector<Tensor> TakeCaptured() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return std::move(captured_);
+  }
+
   void AddRoot(const Edge& edge, const Tensor& grad) {
     Deposit(StateOf(edge.node.get()), edge.input_nr, grad);
     roots_.push_back(edge.node);
@@ -96,7 +166,9 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
     for (const auto& root : roots_) {
       NodeState* state = StateOf(root.get());
       if (state->dependencies.load() == 0 && started.insert(root.get()).second) {
-        Dispatch(root, std::move(state->slots));
+        std::vector<std::shared_ptr<Node>> pending;
+        OnReady(root, std::move(state->slots), pending);
+        for (const auto& next : pending) Release(next);
       }
     }
     // The graph (and the tensors its nodes saved) is let go on the caller's thread before
@@ -203,34 +275,13 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
     return dense;
   }
 
-  // a + b for two gradients of one slot (one shape; either may be a broadcast view), with
-  // the backend's kernel: the engine sits below the ops layer. Into `a` or `b` when one is
-  // a full-size buffer nothing else holds (as AccumulateGrad steals one), which saves a
-  // buffer the size of the gradient wherever gradients fan in (residual streams, tied
-  // weights).
-  static Tensor SumOfGradients(const Tensor& a, const Tensor& b) {
-    const Device device = a.device();
-    Backend& backend = GetBackend(device);
-    const DType dtype = PromoteTypes(a.dtype(), b.dtype());
-    for (const Tensor* into : {&a, &b}) {
-      const Tensor& other = into == &a ? b : a;
-      if (into->dtype() == dtype && other.dtype() == dtype && into->shape() == other.shape() &&
-          IsSoleOwner(*into)) {
-        backend.Binary(device.index(), BinaryOp::kAdd, ToKernel(*into), ToKernel(*into),
-                       ToKernel(other));
-        return *into;
-      }
+  // a + b for two gradients of one slot; under create_graph a sum of gradients with graphs
+  // is recorded.
+  Tensor SumOfGradients(const Tensor& a, const Tensor& b) const {
+    if (create_graph_ && (a.requires_grad() || b.requires_grad())) {
+      return internal::AddGradientsWithGraph(a, b);
     }
-    const auto in_dtype = [&](const Tensor& t) {
-      if (t.dtype() == dtype) return t;
-      Tensor converted = NewTensor(t.shape(), dtype, device);
-      backend.Copy(device.index(), ToKernel(converted), ToKernel(t));
-      return converted;
-    };
-    const Tensor x = in_dtype(a), y = in_dtype(b);
-    Tensor sum = NewTensor(a.shape(), dtype, device);
-    backend.Binary(device.index(), BinaryOp::kAdd, ToKernel(sum), ToKernel(x), ToKernel(y));
-    return sum;
+    return SumOfRawGradients(a, b);
   }
 
   // Marks one edge into `next` as delivered. A node whose edges have all delivered is
@@ -248,12 +299,30 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
         std::lock_guard<std::mutex> lock(state->mutex);
         grads = std::move(state->slots);
       }
-      if (std::any_of(grads.begin(), grads.end(), [](const Tensor& g) { return g.defined(); })) {
-        Dispatch(node, std::move(grads));
-      } else {
-        for (const Edge& edge : node->next_edges()) {
-          if (edge.node) pending.push_back(edge.node);
-        }
+      OnReady(std::move(node), std::move(grads), pending);
+    }
+  }
+
+  // A node whose edges have all delivered: captured where autograd::grad asked for its
+  // gradients, then dispatched, or, if no gradient reached any of its outputs, skipped (its
+  // next nodes go to `pending` to be released in turn). A pass that captures runs only the
+  // nodes that lead to a capture.
+  void OnReady(std::shared_ptr<Node> node, std::vector<Tensor> grads,
+               std::vector<std::shared_ptr<Node>>& pending) {
+    if (capturing_) {
+      auto it = captures_.find(node.get());
+      if (it != captures_.end()) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (const auto& [slot, index] : it->second) captured_[index] = grads[slot];
+      }
+      // The nodes after one that is not needed are not needed either: nothing waits on them.
+      if (needed_.count(node.get()) == 0) return;
+    }
+    if (std::any_of(grads.begin(), grads.end(), [](const Tensor& g) { return g.defined(); })) {
+      Dispatch(std::move(node), std::move(grads));
+    } else {
+      for (const Edge& edge : node->next_edges()) {
+        if (edge.node) pending.push_back(edge.node);
       }
     }
   }
@@ -299,18 +368,31 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
     if (!failed_.load()) {
       try {
         CurrentTaskScope current(this);
-        NoGradGuard no_grad;
+        // Under create_graph the node's ops record the gradients' own graph.
+        AutoGradMode grad_mode(create_graph_);
         // A backward computes in the dtypes its forward chose; autocast must not recast it.
         AutocastSuspendGuard no_autocast;
         const bool detect_anomaly = AnomalyMode::IsEnabled();
+        // Under create_graph a node that cannot be differentiated again runs without
+        // recording, and its gradients get a node that refuses a second backward.
+        const bool refuse = create_graph_ && !node->SupportsDoubleBackward();
         std::vector<Tensor> received;
-        if (detect_anomaly) received = grads;
+        if (detect_anomaly || refuse) received = grads;
         std::vector<Tensor> input_grads;
         std::vector<std::optional<ScatterGradient>> scattered;  // a scattering node sizes it
         {
           TANDEM_PROFILE_SCOPE("autograd", node->name());
-          input_grads = node->ApplyScattered(std::move(grads), scattered);
+          internal::ApplyingNodeScope applying(node);
+          if (!create_graph_) {
+            input_grads = node->ApplyScattered(std::move(grads), scattered);
+          } else if (refuse) {
+            NoGradGuard no_grad;
+            input_grads = node->Apply(std::move(grads));
+          } else {
+            input_grads = node->Apply(std::move(grads));  // dense: scattering is not recorded
+          }
         }
+        if (refuse) internal::RefuseDoubleBackward(*node, received, input_grads);
         const auto& edges = node->next_edges();
         TANDEM_CHECK(input_grads.size() == edges.size(), "internal error: ", node->name(),
                      " returned ", input_grads.size(), " gradients for ", edges.size(), " inputs");
@@ -433,7 +515,13 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
   DeviceWorker* caller_;
   // The pass running the node that started this one (it outlives this one), or null.
   GraphTask* const outer_;
+  const bool create_graph_;
   std::unordered_map<Node*, std::unique_ptr<NodeState>> states_;  // fixed before Run
+  // autograd::grad (fixed before Run): the slots captured (node -> (slot, index in
+  // captured_)) and the nodes that lead to one, the only ones run.
+  bool capturing_ = false;
+  std::unordered_map<Node*, std::vector<std::pair<uint32_t, size_t>>> captures_;
+  std::unordered_set<Node*> needed_;
   std::vector<std::shared_ptr<Node>> roots_;
   std::atomic<bool> failed_{false};
 
@@ -449,36 +537,64 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
   std::string failed_node_;
   std::vector<std::function<void()>> callbacks_;
   size_t next_callback_ = 0;
+  std::vector<Tensor> captured_;
 };
 
-}  // namespace
-
-void RunBackward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads) {
-  TANDEM_CHECK(roots.size() == grads.size(), "backward: ", roots.size(), " tensors but ",
+// A pass from `roots` with `grads`, its dependencies counted and its roots fed, not yet run.
+// `what` names the caller in errors.
+std::shared_ptr<GraphTask> PrepareTask(const std::vector<Tensor>& roots,
+                                       const std::vector<Tensor>& grads, bool create_graph,
+                                       const char* what) {
+  TANDEM_CHECK(roots.size() == grads.size(), what, ": ", roots.size(), " tensors but ",
                grads.size(), " gradients");
-  TANDEM_PROFILE_SCOPE("autograd", "backward");
-  auto task = std::make_shared<GraphTask>();
+  auto task = std::make_shared<GraphTask>(create_graph);
   std::vector<Node*> root_nodes;
   std::vector<std::pair<Edge, Tensor>> starts;
   for (size_t i = 0; i < roots.size(); ++i) {
     const Edge edge = GradientEdge(roots[i]);
-    TANDEM_CHECK(edge.node != nullptr, "backward: tensor ", i,
+    TANDEM_CHECK(edge.node != nullptr, what, ": tensor ", i,
                  " does not require grad and has no grad_fn");
-    TANDEM_CHECK(grads[i].defined() && grads[i].shape() == roots[i].shape(),
-                 "backward: the gradient for tensor ", i, " must have shape ",
+    TANDEM_CHECK(grads[i].defined() && grads[i].shape() == roots[i].shape(), what,
+                 ": the gradient for tensor ", i, " must have shape ",
                  ShapeToString(roots[i].shape()));
     root_nodes.push_back(edge.node.get());
-    Tensor grad = grads[i].detach();
+    // Under create_graph a gradient that has a graph keeps it, as in PyTorch.
+    Tensor grad = create_graph ? grads[i] : grads[i].detach();
     const Device target = edge.node->output_device(static_cast<int>(edge.input_nr));
     if (grad.device() != target) grad = grad.to(target);
     starts.emplace_back(edge, grad);
   }
   task->CountDependencies(root_nodes);
   {
-    NoGradGuard no_grad;
+    AutoGradMode grad_mode(create_graph);
     for (auto& [edge, grad] : starts) task->AddRoot(edge, grad);
   }
+  return task;
+}
+
+}  // namespace
+
+void RunBackward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
+                 bool create_graph) {
+  TANDEM_PROFILE_SCOPE("autograd", "backward");
+  PrepareTask(roots, grads, create_graph, "backward")->Run();
+}
+
+std::vector<Tensor> RunBackwardToInputs(const std::vector<Tensor>& roots,
+                                        const std::vector<Tensor>& grads,
+                                        const std::vector<Tensor>& inputs, bool create_graph) {
+  TANDEM_PROFILE_SCOPE("autograd", "grad");
+  std::vector<Edge> edges;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    edges.push_back(GradientEdge(inputs[i]));
+    TANDEM_CHECK(edges.back().node != nullptr, "grad: input ", i,
+                 " does not require grad; only tensors that require grad (or were computed from "
+                 "ones that do) have gradients");
+  }
+  auto task = PrepareTask(roots, grads, create_graph, "grad");
+  task->CaptureAt(edges);
   task->Run();
+  return task->TakeCaptured();
 }
 
 void QueueCallback(std::function<void()> callback) {
@@ -491,5 +607,20 @@ void QueueCallback(std::function<void()> callback) {
 bool InBackwardPass() { return t_current_task != nullptr; }
 
 bool BackwardPassFailed() { return t_current_task != nullptr && t_current_task->failed(); }
+
+namespace internal {
+
+Tensor AddGradientsWithGraph(const Tensor& a, const Tensor& b) {
+  Tensor sum = SumOfRawGradients(a, b);
+  RecordOp(
+      "AddGradientsBackward", {a, b}, sum,
+      [](const Tensor& g) {
+        return std::vector<Tensor>{g, g};
+      },
+      DoubleBackward::kSupported);
+  return sum;
+}
+
+}  // namespace internal
 
 }  // namespace tandem

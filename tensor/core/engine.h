@@ -28,10 +28,20 @@
 
 namespace tandem {
 
-// Runs the backward pass from `roots` with the given gradients (one per root). A node may call
-// it from its Apply (on its device's worker): the nested pass runs that device's nodes on the
-// same thread and the other devices' on their workers, and returns when it is done.
-void RunBackward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads);
+// Runs the backward pass from `roots` with the given gradients (one per root). With
+// `create_graph` the nodes run with grad mode on, so the gradients record a graph of their own
+// (double backward; see tensor/core/autograd.h). A node may call it from its Apply (on its
+// device's worker): the nested pass runs that device's nodes on the same thread and the other
+// devices' on their workers, and returns when it is done.
+void RunBackward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
+                 bool create_graph = false);
+
+// The gradients that reach `inputs` from `roots` (one per input, undefined where none
+// reaches it), as autograd::grad returns them: only the nodes between the roots and the
+// inputs run, and no gradient accumulator, so no .grad changes and no gradient-ready hook runs.
+std::vector<Tensor> RunBackwardToInputs(const std::vector<Tensor>& roots,
+                                        const std::vector<Tensor>& grads,
+                                        const std::vector<Tensor>& inputs, bool create_graph);
 
 // Queues `callback` to run once when the backward pass the calling code is part of has
 // finished, after every node, on the thread that called backward (in the order queued; a

@@ -361,7 +361,8 @@ Tensor Tensor::to(Device target) const {
     // The node runs where the incoming gradient lives: on the target device.
     auto node = std::make_shared<FunctionNode>(
         "ToDeviceBackward", target,
-        [source](const Tensor& g) { return std::vector<Tensor>{g.to(source)}; });
+        [source](const Tensor& g) { return std::vector<Tensor>{g.to(source)}; },
+        DoubleBackward::kSupported);
     RecordOp(node, {*this}, out);
   }
   return out;
@@ -374,8 +375,10 @@ Tensor Tensor::to(DType type) const {
   const DType source = dtype();
   // Between floating types the gradient flows back converted (PyTorch's to(dtype) too).
   if (IsFloatingPoint(type) && IsFloatingPoint(source) && NeedsGrad({*this})) {
-    RecordOp("ToDTypeBackward", {*this}, out,
-             [source](const Tensor& g) { return std::vector<Tensor>{g.to(source)}; });
+    RecordOp(
+        "ToDTypeBackward", {*this}, out,
+        [source](const Tensor& g) { return std::vector<Tensor>{g.to(source)}; },
+        DoubleBackward::kSupported);
   }
   return out;
 }
@@ -518,7 +521,7 @@ void Tensor::set_grad(const Tensor& grad) {
   impl_->grad = grad;
 }
 
-void Tensor::backward(const Tensor& gradient) const {
+void Tensor::backward(const Tensor& gradient, bool create_graph) const {
   CheckDefined("backward()");
   TANDEM_CHECK(requires_grad(), "backward: this tensor does not require grad and has no grad_fn; ",
                "mark an input with set_requires_grad(true) before computing it");
@@ -530,7 +533,7 @@ void Tensor::backward(const Tensor& gradient) const {
   }
   TANDEM_CHECK(grad.shape() == shape(), "backward: the gradient has shape ",
                ShapeToString(grad.shape()), " but the tensor has shape ", ShapeToString(shape()));
-  RunBackward({*this}, {grad.detach()});
+  RunBackward({*this}, {create_graph ? grad : grad.detach()}, create_graph);
 }
 
 const std::shared_ptr<Node>& Tensor::grad_fn() const {

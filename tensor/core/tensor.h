@@ -180,8 +180,12 @@ class Tensor {
   void set_grad(const Tensor& grad);
   // Back-propagates from this tensor. `gradient` defaults to ones for a one-element
   // tensor and must be given otherwise. Each device's part of the graph runs on that
-  // device's worker, so replicas on different devices run in parallel.
-  void backward(const Tensor& gradient = Tensor()) const;
+  // device's worker, so replicas on different devices run in parallel. With
+  // `create_graph` the gradients (and .grad) carry a graph of their own, for a second
+  // derivative; a .grad that holds the graph of its own leaf is a reference cycle, as in
+  // PyTorch, so prefer autograd::grad there (tensor/core/autograd.h). The graph is kept after
+  // a pass either way (a node's saved tensors go with the node).
+  void backward(const Tensor& gradient = Tensor(), bool create_graph = false) const;
   const std::shared_ptr<Node>& grad_fn() const;
 
   // ---- Common ops as methods (see ops.h) -----------------------------------------------

@@ -41,10 +41,13 @@ Shape InferShape(Shape shape, int64_t numel, const Shape& from) {
   return shape;
 }
 
-// Records a backward for a view-like op whose gradient is `backward(grad)`.
+// Records a backward for a view-like op whose gradient is `backward(grad)`, written with
+// differentiable view ops (so double backward is supported).
 Tensor RecordView(const Tensor& input, Tensor out, const char* name,
                   FunctionNode::Backward backward) {
-  if (NeedsGrad({input})) RecordOp(name, {input}, out, std::move(backward));
+  if (NeedsGrad({input})) {
+    RecordOp(name, {input}, out, std::move(backward), DoubleBackward::kSupported);
+  }
   return out;
 }
 
@@ -97,6 +100,20 @@ Tensor Tensor::narrow(int64_t d, int64_t start, int64_t length) const {
   return RecordView(*this, out, "NarrowBackward",
                     [original, device, type, axis, start, length](const Tensor& g) {
                       Tensor grad = zeros(original, TensorOptions().device(device).dtype(type));
+                      if (GradMode::IsEnabled() && g.requires_grad()) {
+                        // create_graph: copy_ records nothing; the gradient is g between zeros.
+                        // Recorded as the adjoint of narrow (a narrow of its gradient).
+                        Tensor padded = grad;
+                        NoGradGuard no_grad;
+                        padded.narrow(axis, start, length).copy_(g);
+                        RecordOp(
+                            "NarrowAdjointBackward", {g}, padded,
+                            [axis, start, length](const Tensor& gg) {
+                              return std::vector<Tensor>{gg.narrow(axis, start, length)};
+                            },
+                            DoubleBackward::kSupported);
+                        return std::vector<Tensor>{padded};
+                      }
                       grad.narrow(axis, start, length).copy_(g);
                       return std::vector<Tensor>{grad};
                     });

@@ -43,9 +43,12 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* gen) {
   Tensor out = CastRaw(BinaryRaw(BinaryOp::kMul, CastRaw(input, mask_dtype), mask, "dropout"),
                        input.dtype());
   if (NeedsGrad({input})) {
-    Record("DropoutBackward", {input}, out, [mask](const Tensor& grad) {
-      return std::vector<Tensor>{mul(grad, mask).to(grad.dtype())};
-    });
+    Record(
+        "DropoutBackward", {input}, out,
+        [mask](const Tensor& grad) {
+          return std::vector<Tensor>{mul(grad, mask).to(grad.dtype())};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }

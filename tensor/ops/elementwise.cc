@@ -33,18 +33,42 @@ Tensor FloatInput(const Tensor& a, const char* op) {
   return IsFloatingPoint(a.dtype()) ? a : CastRaw(a, kFloat32);
 }
 
-// Float unary op `op` whose gradient is grad * derivative(input, output).
+// Float unary op `op` whose gradient is grad * derivative(input, output). `derivative` is
+// written with differentiable ops (on their create_graph path), reading the output through
+// SavedOutput: the input is saved with its graph (it is `a` itself, a floating input needs
+// no conversion), so the node supports double backward.
 template <typename Derivative>
 Tensor FloatUnaryOp(const Tensor& a, UnaryOp op, double scalar, const char* name,
                     const char* node_name, Derivative derivative) {
   Tensor x = FloatInput(a, name);
   Tensor out = UnaryRaw(op, x, scalar);
   if (NeedsGrad({a})) {
-    Tensor saved_in = x.detach();
-    Tensor saved_out = out.detach();
-    Record(node_name, {a}, out, [saved_in, saved_out, derivative](const Tensor& grad) {
-      return std::vector<Tensor>{derivative(grad, saved_in, saved_out)};
-    });
+    Record(
+        node_name, {a}, out,
+        [saved_in = x, saved_out = out.detach(), derivative](const Tensor& grad) {
+          return std::vector<Tensor>{derivative(grad, saved_in, saved_out)};
+        },
+        DoubleBackward::kSupported);
+  }
+  return out;
+}
+
+// gelu'(x) = Phi(x) + x phi(x) as an op of its own (the fused kernel of grad 1), whose
+// derivative phi(x) (2 - x^2) is written with differentiable ops: gelu's backward under
+// create_graph, differentiable to any order.
+Tensor GeluDerivative(const Tensor& x) {
+  Tensor out = BinaryRaw(BinaryOp::kGeluBackward, FilledRaw(x.shape(), x.dtype(), x.device(), 1.0),
+                         x, "gelu backward");
+  if (NeedsGrad({x})) {
+    Record(
+        "GeluDerivativeBackward", {x}, out,
+        [x](const Tensor& grad) {
+          const double inv_sqrt_2pi = 0.3989422804014327;
+          const Tensor x2 = square(x);
+          const Tensor phi = mul(exp(mul(x2, -0.5)), inv_sqrt_2pi);
+          return std::vector<Tensor>{mul(grad, mul(phi, 2.0 - x2))};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }
@@ -79,11 +103,13 @@ Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out = BinaryRaw(BinaryOp::kAdd, p.a, p.b, "add");
   if (NeedsGrad({a, b})) {
     const bool grad_a = NeedsGrad({a}), grad_b = NeedsGrad({b});
-    Record("AddBackward", {a, b}, out,
-           [grad_a, grad_b, sa = a.shape(), sb = b.shape()](const Tensor& grad) {
-             return std::vector<Tensor>{grad_a ? sum_to(grad, sa) : Tensor(),
-                                        grad_b ? sum_to(grad, sb) : Tensor()};
-           });
+    Record(
+        "AddBackward", {a, b}, out,
+        [grad_a, grad_b, sa = a.shape(), sb = b.shape()](const Tensor& grad) {
+          return std::vector<Tensor>{grad_a ? sum_to(grad, sa) : Tensor(),
+                                     grad_b ? sum_to(grad, sb) : Tensor()};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }
@@ -96,11 +122,13 @@ Tensor sub(const Tensor& a, const Tensor& b) {
   Tensor out = BinaryRaw(BinaryOp::kSub, p.a, p.b, "sub");
   if (NeedsGrad({a, b})) {
     const bool grad_a = NeedsGrad({a}), grad_b = NeedsGrad({b});
-    Record("SubBackward", {a, b}, out,
-           [grad_a, grad_b, sa = a.shape(), sb = b.shape()](const Tensor& grad) {
-             return std::vector<Tensor>{grad_a ? sum_to(grad, sa) : Tensor(),
-                                        grad_b ? neg(sum_to(grad, sb)) : Tensor()};
-           });
+    Record(
+        "SubBackward", {a, b}, out,
+        [grad_a, grad_b, sa = a.shape(), sb = b.shape()](const Tensor& grad) {
+          return std::vector<Tensor>{grad_a ? sum_to(grad, sa) : Tensor(),
+                                     grad_b ? neg(sum_to(grad, sb)) : Tensor()};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }
@@ -110,11 +138,13 @@ Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor out = BinaryRaw(BinaryOp::kMul, p.a, p.b, "mul");
   if (NeedsGrad({a, b})) {
     const bool grad_a = NeedsGrad({a}), grad_b = NeedsGrad({b});
-    Record("MulBackward", {a, b}, out,
-           [grad_a, grad_b, sa = p.a.detach(), sb = p.b.detach()](const Tensor& grad) {
-             return std::vector<Tensor>{grad_a ? sum_to(mul(grad, sb), sa.shape()) : Tensor(),
-                                        grad_b ? sum_to(mul(grad, sa), sb.shape()) : Tensor()};
-           });
+    Record(
+        "MulBackward", {a, b}, out,
+        [grad_a, grad_b, sa = p.a, sb = p.b](const Tensor& grad) {
+          return std::vector<Tensor>{grad_a ? sum_to(mul(grad, sb), sa.shape()) : Tensor(),
+                                     grad_b ? sum_to(mul(grad, sa), sb.shape()) : Tensor()};
+        },
+        SupportedIfSame({{p.a, a}, {p.b, b}}));
   }
   return out;
 }
@@ -129,13 +159,14 @@ Tensor div(const Tensor& a, const Tensor& b) {
     const bool grad_a = NeedsGrad({a}), grad_b = NeedsGrad({b});
     Record(
         "DivBackward", {a, b}, out,
-        [grad_a, grad_b, sa = a.shape(), sb = p.b.detach(), so = out.detach()](const Tensor& grad) {
+        [grad_a, grad_b, sa = a.shape(), sb = p.b, so = out.detach()](const Tensor& grad) {
           Tensor grad_over_b = div(grad, sb);
           // d(a/b)/db = -(a/b)/b.
           return std::vector<Tensor>{
               grad_a ? sum_to(grad_over_b, sa) : Tensor(),
-              grad_b ? neg(sum_to(mul(grad_over_b, so), sb.shape())) : Tensor()};
-        });
+              grad_b ? neg(sum_to(mul(grad_over_b, SavedOutput(so)), sb.shape())) : Tensor()};
+        },
+        SupportedIfSame({{p.b, b}}));
   }
   return out;
 }
@@ -151,18 +182,20 @@ Tensor MaxMin(const Tensor& a, const Tensor& b, bool is_max) {
   Tensor out = BinaryRaw(is_max ? BinaryOp::kMaximum : BinaryOp::kMinimum, p.a, p.b, name);
   if (NeedsGrad({a, b})) {
     const bool grad_a = NeedsGrad({a}), grad_b = NeedsGrad({b});
-    Record(is_max ? "MaximumBackward" : "MinimumBackward", {a, b}, out,
-           [grad_a, grad_b, is_max, sa = p.a.detach(), sb = p.b.detach()](const Tensor& grad) {
-             // 1/0 masks in the inputs' dtype (not bool: they are arithmetic here).
-             const auto compare = [&](BinaryOp op) { return BinaryRaw(op, sa, sb, "maximum"); };
-             const Tensor half_ties = mul(compare(BinaryOp::kEq), 0.5);
-             const Tensor a_loses = compare(is_max ? BinaryOp::kLt : BinaryOp::kGt);
-             const Tensor b_loses = compare(is_max ? BinaryOp::kGt : BinaryOp::kLt);
-             const Tensor a_wins = 1.0 - add(a_loses, half_ties);
-             const Tensor b_wins = 1.0 - add(b_loses, half_ties);
-             return std::vector<Tensor>{grad_a ? sum_to(mul(grad, a_wins), sa.shape()) : Tensor(),
-                                        grad_b ? sum_to(mul(grad, b_wins), sb.shape()) : Tensor()};
-           });
+    Record(
+        is_max ? "MaximumBackward" : "MinimumBackward", {a, b}, out,
+        [grad_a, grad_b, is_max, sa = p.a.detach(), sb = p.b.detach()](const Tensor& grad) {
+          // 1/0 masks in the inputs' dtype (not bool: they are arithmetic here).
+          const auto compare = [&](BinaryOp op) { return BinaryRaw(op, sa, sb, "maximum"); };
+          const Tensor half_ties = mul(compare(BinaryOp::kEq), 0.5);
+          const Tensor a_loses = compare(is_max ? BinaryOp::kLt : BinaryOp::kGt);
+          const Tensor b_loses = compare(is_max ? BinaryOp::kGt : BinaryOp::kLt);
+          const Tensor a_wins = 1.0 - add(a_loses, half_ties);
+          const Tensor b_wins = 1.0 - add(b_loses, half_ties);
+          return std::vector<Tensor>{grad_a ? sum_to(mul(grad, a_wins), sa.shape()) : Tensor(),
+                                     grad_b ? sum_to(mul(grad, b_wins), sb.shape()) : Tensor()};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }
@@ -200,8 +233,9 @@ Tensor add(const Tensor& a, double b) {
   Tensor x = CastRaw(a, ScalarResultType(a.dtype(), b));
   Tensor out = UnaryRaw(UnaryOp::kAddScalar, x, b);
   if (NeedsGrad({a})) {
-    Record("AddScalarBackward", {a}, out,
-           [](const Tensor& grad) { return std::vector<Tensor>{grad}; });
+    Record(
+        "AddScalarBackward", {a}, out, [](const Tensor& grad) { return std::vector<Tensor>{grad}; },
+        DoubleBackward::kSupported);
   }
   return out;
 }
@@ -211,8 +245,10 @@ Tensor mul(const Tensor& a, double b) {
   Tensor x = CastRaw(a, ScalarResultType(a.dtype(), b));
   Tensor out = UnaryRaw(UnaryOp::kMulScalar, x, b);
   if (NeedsGrad({a})) {
-    Record("MulScalarBackward", {a}, out,
-           [b](const Tensor& grad) { return std::vector<Tensor>{mul(grad, b)}; });
+    Record(
+        "MulScalarBackward", {a}, out,
+        [b](const Tensor& grad) { return std::vector<Tensor>{mul(grad, b)}; },
+        DoubleBackward::kSupported);
   }
   return out;
 }
@@ -234,8 +270,9 @@ Tensor neg(const Tensor& a) {
                "logical_not for a bool tensor or convert it with .to(kInt64) first");
   Tensor out = UnaryRaw(UnaryOp::kNeg, a, 0.0);
   if (NeedsGrad({a})) {
-    Record("NegBackward", {a}, out,
-           [](const Tensor& grad) { return std::vector<Tensor>{neg(grad)}; });
+    Record(
+        "NegBackward", {a}, out, [](const Tensor& grad) { return std::vector<Tensor>{neg(grad)}; },
+        DoubleBackward::kSupported);
   }
   return out;
 }
@@ -244,7 +281,7 @@ Tensor exp(const Tensor& a) {
   TANDEM_AUTOCAST(kFloat32, exp, a);
   return FloatUnaryOp(
       a, UnaryOp::kExp, 0.0, "exp", "ExpBackward",
-      [](const Tensor& grad, const Tensor&, const Tensor& y) { return mul(grad, y); });
+      [](const Tensor& grad, const Tensor&, const Tensor& y) { return mul(grad, SavedOutput(y)); });
 }
 
 Tensor log(const Tensor& a) {
@@ -255,22 +292,26 @@ Tensor log(const Tensor& a) {
 }
 
 Tensor sqrt(const Tensor& a) {
-  return FloatUnaryOp(
-      a, UnaryOp::kSqrt, 0.0, "sqrt", "SqrtBackward",
-      [](const Tensor& grad, const Tensor&, const Tensor& y) { return mul(div(grad, y), 0.5); });
+  return FloatUnaryOp(a, UnaryOp::kSqrt, 0.0, "sqrt", "SqrtBackward",
+                      [](const Tensor& grad, const Tensor&, const Tensor& y) {
+                        return mul(div(grad, SavedOutput(y)), 0.5);
+                      });
 }
 
 Tensor abs(const Tensor& a) {
   CheckDefined(a, "abs", "input");
   Tensor out = UnaryRaw(UnaryOp::kAbs, a, 0.0);
   if (NeedsGrad({a})) {
-    Record("AbsBackward", {a}, out, [x = a.detach()](const Tensor& grad) {
-      // sign(x), with sign(0) = 0 as in PyTorch (1/0 masks in x's dtype).
-      const Tensor zero = FilledRaw({}, x.dtype(), x.device(), 0.0);
-      const Tensor sign = sub(BinaryRaw(BinaryOp::kGt, x, zero, "abs backward"),
-                              BinaryRaw(BinaryOp::kLt, x, zero, "abs backward"));
-      return std::vector<Tensor>{mul(grad, sign)};
-    });
+    Record(
+        "AbsBackward", {a}, out,
+        [x = a.detach()](const Tensor& grad) {
+          // sign(x), with sign(0) = 0 as in PyTorch (1/0 masks in x's dtype).
+          const Tensor zero = FilledRaw({}, x.dtype(), x.device(), 0.0);
+          const Tensor sign = sub(BinaryRaw(BinaryOp::kGt, x, zero, "abs backward"),
+                                  BinaryRaw(BinaryOp::kLt, x, zero, "abs backward"));
+          return std::vector<Tensor>{mul(grad, sign)};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }
@@ -278,6 +319,7 @@ Tensor abs(const Tensor& a) {
 Tensor tanh(const Tensor& a) {
   return FloatUnaryOp(a, UnaryOp::kTanh, 0.0, "tanh", "TanhBackward",
                       [](const Tensor& grad, const Tensor&, const Tensor& y) {
+                        if (CreatingGraph()) return mul(grad, 1.0 - square(SavedOutput(y)));
                         return BinaryRaw(BinaryOp::kTanhBackward, grad, y, "tanh backward");
                       });
 }
@@ -285,6 +327,10 @@ Tensor tanh(const Tensor& a) {
 Tensor sigmoid(const Tensor& a) {
   return FloatUnaryOp(a, UnaryOp::kSigmoid, 0.0, "sigmoid", "SigmoidBackward",
                       [](const Tensor& grad, const Tensor&, const Tensor& y) {
+                        if (CreatingGraph()) {
+                          const Tensor s = SavedOutput(y);
+                          return mul(grad, mul(s, 1.0 - s));
+                        }
                         return BinaryRaw(BinaryOp::kSigmoidBackward, grad, y, "sigmoid backward");
                       });
 }
@@ -297,11 +343,21 @@ Tensor gelu(const Tensor& a, const std::string& approximate) {
     // One fused elementwise kernel each way (the formula composed is 8 ops with a pow).
     return FloatUnaryOp(a, UnaryOp::kGeluTanh, 0.0, "gelu", "GeluTanhBackward",
                         [](const Tensor& grad, const Tensor& x, const Tensor&) {
+                          if (CreatingGraph()) {
+                            // 0.5 (1 + t) + 0.5 x (1 - t^2) u', u = c (x + k x^3), t = tanh(u).
+                            const double c = 0.7978845608028654, k = 0.044715;
+                            const Tensor x2 = square(x);
+                            const Tensor t = tanh(mul(add(x, mul(mul(x2, x), k)), c));
+                            const Tensor du = mul(add(mul(x2, 3.0 * k), 1.0), c);
+                            return mul(grad, add(mul(add(t, 1.0), 0.5),
+                                                 mul(mul(x, 1.0 - square(t)), mul(du, 0.5))));
+                          }
                           return BinaryRaw(BinaryOp::kGeluTanhBackward, grad, x, "gelu backward");
                         });
   }
   return FloatUnaryOp(a, UnaryOp::kGelu, 0.0, "gelu", "GeluBackward",
                       [](const Tensor& grad, const Tensor& x, const Tensor&) {
+                        if (CreatingGraph()) return mul(grad, GeluDerivative(x));
                         return BinaryRaw(BinaryOp::kGeluBackward, grad, x, "gelu backward");
                       });
 }
@@ -311,6 +367,11 @@ Tensor silu(const Tensor& a) {
   // sigmoid(x) first, and its backward through mul and sigmoid three times more.
   return FloatUnaryOp(a, UnaryOp::kSilu, 0.0, "silu", "SiluBackward",
                       [](const Tensor& grad, const Tensor& x, const Tensor&) {
+                        if (CreatingGraph()) {
+                          // silu'(x) = s (1 + x (1 - s)), s = sigmoid(x).
+                          const Tensor s = sigmoid(x);
+                          return mul(grad, mul(s, add(mul(x, 1.0 - s), 1.0)));
+                        }
                         return BinaryRaw(BinaryOp::kSiluBackward, grad, x, "silu backward");
                       });
 }
@@ -322,9 +383,10 @@ Tensor square(const Tensor& a) {
   Tensor out = IsIntegral(x.dtype()) ? BinaryRaw(BinaryOp::kMul, x, x, "square")
                                      : UnaryRaw(UnaryOp::kSquare, x, 0.0);
   if (NeedsGrad({a})) {
-    Record("SquareBackward", {a}, out, [x = a.detach()](const Tensor& grad) {
-      return std::vector<Tensor>{mul(grad, mul(x, 2.0))};
-    });
+    Record(
+        "SquareBackward", {a}, out,
+        [x = a](const Tensor& grad) { return std::vector<Tensor>{mul(grad, mul(x, 2.0))}; },
+        DoubleBackward::kSupported);
   }
   return out;
 }
@@ -338,10 +400,18 @@ Tensor relu(const Tensor& a) {
   }
   Tensor out = UnaryRaw(UnaryOp::kRelu, a, 0.0);
   if (NeedsGrad({a})) {
-    Record("ReluBackward", {a}, out, [y = out.detach()](const Tensor& grad) {
-      // relu's output is positive exactly where its input is.
-      return std::vector<Tensor>{BinaryRaw(BinaryOp::kReluBackward, grad, y, "relu backward")};
-    });
+    Record(
+        "ReluBackward", {a}, out,
+        [y = out.detach()](const Tensor& grad) {
+          // relu's output is positive exactly where its input is.
+          if (CreatingGraph()) {
+            // The mask is constant almost everywhere: the gradient is linear in grad.
+            const Tensor zero = FilledRaw({}, y.dtype(), y.device(), 0.0);
+            return std::vector<Tensor>{mul(grad, BinaryRaw(BinaryOp::kGt, y, zero, "relu"))};
+          }
+          return std::vector<Tensor>{BinaryRaw(BinaryOp::kReluBackward, grad, y, "relu backward")};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }

@@ -27,6 +27,19 @@ Tensor KeepWhereRaw(const Tensor& x, const Tensor& mask, const char* name) {
   return BinaryRaw(BinaryOp::kReluBackward, x, CastRaw(mask, x.dtype()), name);
 }
 
+// KeepWhereRaw of a gradient in a backward closure; under create_graph recorded, as its own
+// adjoint (masking is diagonal), so where's and clamp's backwards differentiate again.
+Tensor KeepWhere(const Tensor& grad, const Tensor& mask, const char* name) {
+  Tensor out = KeepWhereRaw(grad, mask, name);
+  if (CreatingGraph() && NeedsGrad({grad})) {
+    Record(
+        "KeepWhereBackward", {grad}, out,
+        [mask, name](const Tensor& g) { return std::vector<Tensor>{KeepWhere(g, mask, name)}; },
+        DoubleBackward::kSupported);
+  }
+  return out;
+}
+
 // Checks int64 `index` values lie in [0, size), on any device (two reductions, one read).
 void CheckIndexRange(const Tensor& index, int64_t size, int64_t dim, const char* op) {
   if (index.numel() == 0) return;
@@ -64,12 +77,14 @@ Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
   Tensor out = CastRaw(BinaryRaw(BinaryOp::kAdd, from_a, from_b, "where"), result);
   if (NeedsGrad({a, b})) {
     const bool grad_a = NeedsGrad({a}), grad_b = NeedsGrad({b});
-    Record("WhereBackward", {a, b}, out,
-           [grad_a, grad_b, take_a, take_b, sa = a.shape(), sb = b.shape()](const Tensor& grad) {
-             return std::vector<Tensor>{
-                 grad_a ? sum_to(KeepWhereRaw(grad, take_a, "where backward"), sa) : Tensor(),
-                 grad_b ? sum_to(KeepWhereRaw(grad, take_b, "where backward"), sb) : Tensor()};
-           });
+    Record(
+        "WhereBackward", {a, b}, out,
+        [grad_a, grad_b, take_a, take_b, sa = a.shape(), sb = b.shape()](const Tensor& grad) {
+          return std::vector<Tensor>{
+              grad_a ? sum_to(KeepWhere(grad, take_a, "where backward"), sa) : Tensor(),
+              grad_b ? sum_to(KeepWhere(grad, take_b, "where backward"), sb) : Tensor()};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }
@@ -102,15 +117,20 @@ Tensor clamp(const Tensor& input, std::optional<double> min, std::optional<doubl
   if (max)
     out = BinaryRaw(BinaryOp::kMinimum, out, FilledRaw({}, x.dtype(), x.device(), *max), "clamp");
   if (NeedsGrad({input})) {
-    Record("ClampBackward", {input}, out, [min, max, sx = x.detach()](const Tensor& grad) {
-      // PyTorch: the gradient passes where min <= x <= max (NaN x: nowhere); 1/0 masks in
-      // x's dtype.
-      Tensor inside = ones_like(sx);
-      const auto bound = [&](double v) { return FilledRaw({}, sx.dtype(), sx.device(), v); };
-      if (min) inside = mul(inside, BinaryRaw(BinaryOp::kGe, sx, bound(*min), "clamp backward"));
-      if (max) inside = mul(inside, BinaryRaw(BinaryOp::kLe, sx, bound(*max), "clamp backward"));
-      return std::vector<Tensor>{KeepWhereRaw(grad, inside, "clamp backward")};
-    });
+    Record(
+        "ClampBackward", {input}, out,
+        [min, max, sx = x.detach()](const Tensor& grad) {
+          // PyTorch: the gradient passes where min <= x <= max (NaN x: nowhere); 1/0 masks in
+          // x's dtype.
+          Tensor inside = ones_like(sx);
+          const auto bound = [&](double v) { return FilledRaw({}, sx.dtype(), sx.device(), v); };
+          if (min)
+            inside = mul(inside, BinaryRaw(BinaryOp::kGe, sx, bound(*min), "clamp backward"));
+          if (max)
+            inside = mul(inside, BinaryRaw(BinaryOp::kLe, sx, bound(*max), "clamp backward"));
+          return std::vector<Tensor>{KeepWhere(grad, inside, "clamp backward")};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }

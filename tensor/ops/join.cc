@@ -61,18 +61,25 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
       shapes.push_back(t.shape());
       dtypes.push_back(t.dtype());
     }
-    Record("CatBackward", tensors, out, [d, needed, shapes, dtypes, starts](const Tensor& grad) {
-      std::vector<Tensor> grads(shapes.size());
-      for (size_t i = 0; i < shapes.size(); ++i) {
-        if (!needed[i]) continue;
-        // A view of the gradient's slice (the engine copies before it accumulates), in the
-        // input's own dtype when cat promoted it.
-        grads[i] = CastRaw(MakeView(grad, shapes[i], grad.strides(),
-                                    grad.storage_offset() + starts[i] * grad.strides()[d]),
-                           dtypes[i]);
-      }
-      return grads;
-    });
+    Record(
+        "CatBackward", tensors, out,
+        [d, needed, shapes, dtypes, starts](const Tensor& grad) {
+          std::vector<Tensor> grads(shapes.size());
+          for (size_t i = 0; i < shapes.size(); ++i) {
+            if (!needed[i]) continue;
+            if (CreatingGraph()) {  // the same slice, recorded
+              grads[i] = grad.narrow(d, starts[i], shapes[i][d]).to(dtypes[i]);
+              continue;
+            }
+            // A view of the gradient's slice (the engine copies before it accumulates), in the
+            // input's own dtype when cat promoted it.
+            grads[i] = CastRaw(MakeView(grad, shapes[i], grad.strides(),
+                                        grad.storage_offset() + starts[i] * grad.strides()[d]),
+                               dtypes[i]);
+          }
+          return grads;
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }

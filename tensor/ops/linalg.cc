@@ -92,28 +92,43 @@ Tensor MatmulCore(const Tensor& a, const Tensor& b) {
   Tensor out = MatmulRaw(a, b);
   if (NeedsGrad({a, b})) {
     const bool grad_a = NeedsGrad({a}), grad_b = NeedsGrad({b});
-    Tensor sa = a.detach(), sb = b.detach();
-    Record("MatmulBackward", {a, b}, out, [sa, sb, grad_a, grad_b](const Tensor& grad) {
-      Tensor da, db;
-      if (grad_a) {
-        // dA = G · B^T, summed over the batch when A was shared by every batch.
-        da = MatmulRaw(grad, TransposedRaw(sb));
-        if (sa.dim() == 2 && da.dim() == 3)
-          da = ViewRaw(ReduceRaw(da, {0}, ReduceKind::kSum, "matmul"), sa.shape());
-      }
-      if (grad_b) {
-        if (sb.dim() == 2 && sa.dim() == 3) {
-          // dB = sum_b A_b^T · G_b = A'^T · G' with the batch folded into the rows.
-          const int64_t rows = sa.shape()[0] * sa.shape()[1];
-          Tensor folded_a = ViewRaw(ContiguousRaw(sa), {rows, sa.shape()[2]});
-          Tensor folded_g = ViewRaw(ContiguousRaw(grad), {rows, grad.shape()[2]});
-          db = MatmulRaw(TransposedRaw(folded_a), folded_g);
-        } else {
-          db = MatmulRaw(TransposedRaw(sa), grad);
-        }
-      }
-      return std::vector<Tensor>{da, db};
-    });
+    // Saved with their graphs (the node keeps them alive through its edges anyway): under
+    // create_graph the gradients are computed with matmul itself, and differentiate again.
+    Record(
+        "MatmulBackward", {a, b}, out,
+        [sa = a, sb = b, grad_a, grad_b](const Tensor& grad) {
+          Tensor da, db;
+          if (CreatingGraph()) {
+            if (grad_a) {
+              da = matmul(grad, sb.transpose(-2, -1));
+              if (sa.dim() == 2 && da.dim() == 3) da = sum(da, {0});
+            }
+            if (grad_b) {
+              db = matmul(sa.transpose(-2, -1), grad);
+              if (sb.dim() == 2 && db.dim() == 3) db = sum(db, {0});
+            }
+            return std::vector<Tensor>{da, db};
+          }
+          if (grad_a) {
+            // dA = G · B^T, summed over the batch when A was shared by every batch.
+            da = MatmulRaw(grad, TransposedRaw(sb));
+            if (sa.dim() == 2 && da.dim() == 3)
+              da = ViewRaw(ReduceRaw(da, {0}, ReduceKind::kSum, "matmul"), sa.shape());
+          }
+          if (grad_b) {
+            if (sb.dim() == 2 && sa.dim() == 3) {
+              // dB = sum_b A_b^T · G_b = A'^T · G' with the batch folded into the rows.
+              const int64_t rows = sa.shape()[0] * sa.shape()[1];
+              Tensor folded_a = ViewRaw(ContiguousRaw(sa), {rows, sa.shape()[2]});
+              Tensor folded_g = ViewRaw(ContiguousRaw(grad), {rows, grad.shape()[2]});
+              db = MatmulRaw(TransposedRaw(folded_a), folded_g);
+            } else {
+              db = MatmulRaw(TransposedRaw(sa), grad);
+            }
+          }
+          return std::vector<Tensor>{da, db};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }
@@ -333,20 +348,30 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   if (NeedsGrad(inputs)) {
     const bool grad_x = NeedsGrad({x2}), grad_w = NeedsGrad({weight});
     const bool has_bias = bias.defined(), grad_b = has_bias && NeedsGrad({bias});
-    Record("LinearBackward", inputs, y,
-           // Only what the gradients need stays alive until backward: a first layer's input
-           // needs no gradient, so its (autocast) weight is not kept.
-           [grad_x, grad_w, has_bias, grad_b, sx = grad_w ? x2.detach() : Tensor(),
-            sw = grad_x ? weight.detach() : Tensor()](const Tensor& grad) {
-             std::vector<Tensor> grads = {grad_x ? MatmulRaw(grad, sw) : Tensor(),
-                                          grad_w ? MatmulRaw(TransposedRaw(grad), sx) : Tensor()};
-             if (has_bias) {
-               grads.push_back(grad_b ? ViewRaw(ReduceRaw(grad, {0}, ReduceKind::kSum, "linear"),
-                                                {grad.shape()[1]})
-                                      : Tensor());
-             }
-             return grads;
-           });
+    Record(
+        "LinearBackward", inputs, y,
+        // Only what the gradients need stays alive until backward: a first layer's input
+        // needs no gradient, so its (autocast) weight is not kept.
+        // Saved with their graphs (kept alive through the node's edges anyway): under
+        // create_graph the gradients are computed with matmul, and differentiate again.
+        [grad_x, grad_w, has_bias, grad_b, sx = grad_w ? x2 : Tensor(),
+         sw = grad_x ? weight : Tensor()](const Tensor& grad) {
+          if (CreatingGraph()) {
+            std::vector<Tensor> grads = {grad_x ? matmul(grad, sw) : Tensor(),
+                                         grad_w ? matmul(grad.transpose(0, 1), sx) : Tensor()};
+            if (has_bias) grads.push_back(grad_b ? sum(grad, {0}) : Tensor());
+            return grads;
+          }
+          std::vector<Tensor> grads = {grad_x ? MatmulRaw(grad, sw) : Tensor(),
+                                       grad_w ? MatmulRaw(TransposedRaw(grad), sx) : Tensor()};
+          if (has_bias) {
+            grads.push_back(grad_b ? ViewRaw(ReduceRaw(grad, {0}, ReduceKind::kSum, "linear"),
+                                             {grad.shape()[1]})
+                                   : Tensor());
+          }
+          return grads;
+        },
+        DoubleBackward::kSupported);
   }
   return x.dim() == 2 ? y : y.reshape(out_shape);
 }

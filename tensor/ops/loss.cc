@@ -59,6 +59,24 @@ Tensor NllLossCore(const Tensor& log_probs, const Tensor& targets) {
   return out;
 }
 
+// cross_entropy's gradient (softmax(logits) - onehot(targets)) * grad / rows written with
+// differentiable ops, for backward under create_graph: the saved log-probabilities become a
+// function of the logits again (log_softmax's own backward), so it differentiates further.
+std::vector<Tensor> CrossEntropyBackwardDifferentiable(const Tensor& lp, const Tensor& idx,
+                                                       const Tensor& grad) {
+  const int64_t rows = lp.size(0), cols = lp.size(1);
+  const Tensor log_probs = SavedIntermediate(lp, "LogSoftmaxBackward", [lp](const Tensor& g) {
+    const std::vector<int64_t> dims = {1};
+    return std::vector<Tensor>{sub(g, mul(exp(SavedOutput(lp)), sum(g, dims, true)))};
+  });
+  Tensor onehot = FilledRaw({rows, cols}, lp.dtype(), lp.device(), 0.0);
+  const Tensor ones_per_row = FilledRaw({rows}, lp.dtype(), lp.device(), 1.0);
+  ScatterAddColumnsKernel(lp.device(), lp.dtype(), DataPtr(onehot), DataPtr(ones_per_row),
+                          Int64Ptr(idx), rows, cols);
+  const Tensor scale = mul(grad.to(lp.dtype()), 1.0 / static_cast<double>(rows));
+  return {mul(sub(exp(log_probs), onehot), scale)};
+}
+
 void CheckClassification(const Tensor& scores, const Tensor& targets, const char* op,
                          const char* scores_name) {
   CheckDefined(scores, op, scores_name);
@@ -98,23 +116,26 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
     // element per row, where log_softmax's and nll_loss's backwards took six passes and four
     // [rows, cols] buffers.
     const int64_t rows = logits.size(0), cols = logits.size(1);
-    Record("CrossEntropyBackward", {logits}, out,
-           [lp = log_probs.detach(), idx = ContiguousRaw(targets), rows, cols](const Tensor& grad) {
-             Tensor grad_logits = NewTensor({rows, cols}, lp.dtype(), lp.device());
-             if (grad_logits.numel() == 0) return std::vector<Tensor>{grad_logits};
-             Backend& backend = BackendOf(lp);
-             const int device = IndexOf(lp);
-             const Tensor per_row = UnaryRaw(UnaryOp::kMulScalar, CastRaw(grad, lp.dtype()),
-                                             1.0 / static_cast<double>(rows));
-             backend.Unary(device, UnaryOp::kExp, ToKernel(grad_logits), ToKernel(lp), 0.0);
-             backend.Binary(device, BinaryOp::kMul, ToKernel(grad_logits), ToKernel(grad_logits),
-                            ToKernelBroadcast(per_row, {rows, cols}));
-             const Tensor minus =
-                 BroadcastCopyRaw(UnaryRaw(UnaryOp::kNeg, per_row, 0.0), {rows}, lp.dtype());
-             ScatterAddColumnsKernel(lp.device(), lp.dtype(), DataPtr(grad_logits), DataPtr(minus),
-                                     Int64Ptr(idx), rows, cols);
-             return std::vector<Tensor>{grad_logits};
-           });
+    Record(
+        "CrossEntropyBackward", {logits}, out,
+        [lp = log_probs.detach(), idx = ContiguousRaw(targets), rows, cols](const Tensor& grad) {
+          Tensor grad_logits = NewTensor({rows, cols}, lp.dtype(), lp.device());
+          if (grad_logits.numel() == 0) return std::vector<Tensor>{grad_logits};
+          if (CreatingGraph()) return CrossEntropyBackwardDifferentiable(lp, idx, grad);
+          Backend& backend = BackendOf(lp);
+          const int device = IndexOf(lp);
+          const Tensor per_row = UnaryRaw(UnaryOp::kMulScalar, CastRaw(grad, lp.dtype()),
+                                          1.0 / static_cast<double>(rows));
+          backend.Unary(device, UnaryOp::kExp, ToKernel(grad_logits), ToKernel(lp), 0.0);
+          backend.Binary(device, BinaryOp::kMul, ToKernel(grad_logits), ToKernel(grad_logits),
+                         ToKernelBroadcast(per_row, {rows, cols}));
+          const Tensor minus =
+              BroadcastCopyRaw(UnaryRaw(UnaryOp::kNeg, per_row, 0.0), {rows}, lp.dtype());
+          ScatterAddColumnsKernel(lp.device(), lp.dtype(), DataPtr(grad_logits), DataPtr(minus),
+                                  Int64Ptr(idx), rows, cols);
+          return std::vector<Tensor>{grad_logits};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }

@@ -62,6 +62,36 @@ void* OptionalData(const Tensor& t) {
   return t.defined() ? static_cast<void*>(DataPtr(t)) : nullptr;
 }
 
+// The gradients of layer_norm (rms_norm with `rms`) written with differentiable ops, for
+// backward under create_graph: with xhat = (x - mean) * rstd and g = grad * weight per row,
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) (no mean(g) term for rms_norm),
+// dweight = sum over rows of grad * xhat, dbias = sum over rows of grad.
+std::vector<Tensor> RowNormBackwardDifferentiable(bool rms, int64_t rows, int64_t cols, double eps,
+                                                  bool grad_x, bool grad_w, bool grad_b,
+                                                  bool has_bias, const Tensor& x, const Tensor& w,
+                                                  const Shape& param_shape,
+                                                  const Tensor& grad_output) {
+  const std::vector<int64_t> row = {1};
+  const Tensor x2 = x.reshape({rows, cols});
+  const Tensor grad = grad_output.to(x.dtype()).reshape({rows, cols});
+  const Tensor centred = rms ? x2 : sub(x2, mean(x2, row, true));
+  const Tensor rstd = pow(add(mean(square(centred), row, true), eps), -0.5);
+  const Tensor xhat = mul(centred, rstd);
+  Tensor dx, dw, db;
+  if (grad_x) {
+    const Tensor g = w.defined() ? mul(grad, w.reshape({1, cols})) : grad;
+    Tensor inner = sub(g, mul(xhat, mean(mul(g, xhat), row, true)));
+    if (!rms) inner = sub(inner, mean(g, row, true));
+    dx = mul(inner, rstd).reshape(x.shape());
+  }
+  if (grad_w) dw = sum(mul(grad, xhat), {0}).reshape(param_shape);
+  if (grad_b) db = sum(grad, {0}).reshape(param_shape);
+  std::vector<Tensor> grads = {dx};
+  if (w.defined()) grads.push_back(dw);
+  if (has_bias) grads.push_back(db);
+  return grads;
+}
+
 Tensor RowNormImpl(bool rms, const Tensor& input, const std::vector<int64_t>& normalized_shape,
                    const Tensor& weight, const Tensor& bias, double eps, const char* op,
                    const char* node_name) {
@@ -88,30 +118,38 @@ Tensor RowNormImpl(bool rms, const Tensor& input, const std::vector<int64_t>& no
     const bool grad_x = NeedsGrad({input});
     const bool grad_w = weight.defined() && NeedsGrad({weight});
     const bool grad_b = bias.defined() && NeedsGrad({bias});
-    Record(node_name, inputs, out,
-           [rms, rows, cols, grad_x, grad_w, grad_b, has_weight = weight.defined(),
-            has_bias = bias.defined(), sx = x.detach(), sw = w.defined() ? w.detach() : Tensor(),
-            param_shape = Shape(normalized_shape.begin(), normalized_shape.end()), mean,
-            rstd](const Tensor& grad_output) {
-             const Tensor dy = ContiguousRaw(CastRaw(grad_output, sx.dtype()));
-             Tensor dx, dw, db;
-             if (grad_x) dx = NewTensor(sx.shape(), sx.dtype(), sx.device());
-             if (grad_w) dw = NewTensor(param_shape, sx.dtype(), sx.device());
-             if (grad_b) db = NewTensor(param_shape, sx.dtype(), sx.device());
-             if (rows == 0) {
-               // No rows: the parameters' sums are over nothing.
-               if (grad_w) dw = FilledRaw(param_shape, sx.dtype(), sx.device(), 0.0);
-               if (grad_b) db = FilledRaw(param_shape, sx.dtype(), sx.device(), 0.0);
-             } else if (grad_x || grad_w || grad_b) {
-               RunRowNormBackward(sx.device(), sx.dtype(), rms, rows, cols, DataPtr(dy),
-                                  DataPtr(sx), OptionalData(mean), DataPtr(rstd), OptionalData(sw),
-                                  OptionalData(dx), OptionalData(dw), OptionalData(db));
-             }
-             std::vector<Tensor> grads = {dx};
-             if (has_weight) grads.push_back(dw);
-             if (has_bias) grads.push_back(db);
-             return grads;
-           });
+    // x and w are saved with their graphs (the input and weight themselves when contiguous):
+    // under create_graph the closure writes the same gradients with differentiable ops.
+    Record(
+        node_name, inputs, out,
+        [rms, rows, cols, eps, grad_x, grad_w, grad_b, has_weight = weight.defined(),
+         has_bias = bias.defined(), sx = x, sw = w,
+         param_shape = Shape(normalized_shape.begin(), normalized_shape.end()), mean,
+         rstd](const Tensor& grad_output) {
+          if (CreatingGraph()) {
+            return RowNormBackwardDifferentiable(rms, rows, cols, eps, grad_x, grad_w, grad_b,
+                                                 has_bias, sx, sw, param_shape, grad_output);
+          }
+          const Tensor dy = ContiguousRaw(CastRaw(grad_output, sx.dtype()));
+          Tensor dx, dw, db;
+          if (grad_x) dx = NewTensor(sx.shape(), sx.dtype(), sx.device());
+          if (grad_w) dw = NewTensor(param_shape, sx.dtype(), sx.device());
+          if (grad_b) db = NewTensor(param_shape, sx.dtype(), sx.device());
+          if (rows == 0) {
+            // No rows: the parameters' sums are over nothing.
+            if (grad_w) dw = FilledRaw(param_shape, sx.dtype(), sx.device(), 0.0);
+            if (grad_b) db = FilledRaw(param_shape, sx.dtype(), sx.device(), 0.0);
+          } else if (grad_x || grad_w || grad_b) {
+            RunRowNormBackward(sx.device(), sx.dtype(), rms, rows, cols, DataPtr(dy), DataPtr(sx),
+                               OptionalData(mean), DataPtr(rstd), OptionalData(sw),
+                               OptionalData(dx), OptionalData(dw), OptionalData(db));
+          }
+          std::vector<Tensor> grads = {dx};
+          if (has_weight) grads.push_back(dw);
+          if (has_bias) grads.push_back(db);
+          return grads;
+        },
+        SupportedIfSame({{x, input}, {w, weight}}));
   }
   return out;
 }

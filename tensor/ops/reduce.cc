@@ -19,6 +19,8 @@ namespace {
 // `grad` (of the reduced shape) broadcast back to `input_shape` as a stride-0 view: the
 // engine copies gradients before accumulating into them, so a view saves a full copy.
 Tensor ExpandGradRaw(const Tensor& grad, const Shape& kept_shape, const Shape& input_shape) {
+  // Under create_graph the same view, recorded.
+  if (CreatingGraph()) return grad.reshape(kept_shape).expand(input_shape);
   const Tensor kept = grad.shape() == kept_shape ? grad : ViewRaw(ContiguousRaw(grad), kept_shape);
   const size_t lead = input_shape.size() - kept_shape.size();
   std::vector<int64_t> strides(input_shape.size(), 0);
@@ -46,9 +48,12 @@ Tensor sum(const Tensor& a) {
   CheckDefined(a, "sum", "input");
   Tensor out = SumAllRaw(SumInput(a));
   if (NeedsGrad({a})) {
-    Record("SumBackward", {a}, out, [shape = a.shape()](const Tensor& grad) {
-      return std::vector<Tensor>{ExpandGradRaw(grad, {}, shape)};
-    });
+    Record(
+        "SumBackward", {a}, out,
+        [shape = a.shape()](const Tensor& grad) {
+          return std::vector<Tensor>{ExpandGradRaw(grad, {}, shape)};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }
@@ -61,9 +66,12 @@ Tensor sum(const Tensor& a, const std::vector<int64_t>& dims, bool keepdim) {
   Tensor kept = ReduceRaw(SumInput(a), reduced, ReduceKind::kSum, "sum");
   Tensor out = keepdim ? kept : ViewRaw(kept, ReducedShape(a.shape(), reduced, false));
   if (NeedsGrad({a})) {
-    Record("SumBackward", {a}, out, [kept_shape, shape = a.shape()](const Tensor& grad) {
-      return std::vector<Tensor>{ExpandGradRaw(grad, kept_shape, shape)};
-    });
+    Record(
+        "SumBackward", {a}, out,
+        [kept_shape, shape = a.shape()](const Tensor& grad) {
+          return std::vector<Tensor>{ExpandGradRaw(grad, kept_shape, shape)};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }
@@ -95,14 +103,16 @@ Tensor amax(const Tensor& a, int64_t dim, bool keepdim) {
   Tensor kept = ReduceRaw(a, reduced, ReduceKind::kMax, "amax");
   Tensor out = keepdim ? kept : ViewRaw(kept, ReducedShape(a.shape(), reduced, false));
   if (NeedsGrad({a})) {
-    Record("AmaxBackward", {a}, out,
-           [kept_shape, reduced, x = a.detach(), m = kept.detach()](const Tensor& grad) {
-             // Ties share the gradient evenly, as PyTorch's amax does (1/0 in x's dtype).
-             const Tensor is_max = BinaryRaw(BinaryOp::kEq, x, m, "amax backward");
-             const Tensor ties = sum(is_max, reduced, /*keepdim=*/true);
-             const Tensor g = grad.shape() == kept_shape ? grad : grad.reshape(kept_shape);
-             return std::vector<Tensor>{mul(is_max, div(g, ties))};
-           });
+    Record(
+        "AmaxBackward", {a}, out,
+        [kept_shape, reduced, x = a.detach(), m = kept.detach()](const Tensor& grad) {
+          // Ties share the gradient evenly, as PyTorch's amax does (1/0 in x's dtype).
+          const Tensor is_max = BinaryRaw(BinaryOp::kEq, x, m, "amax backward");
+          const Tensor ties = sum(is_max, reduced, /*keepdim=*/true);
+          const Tensor g = grad.shape() == kept_shape ? grad : grad.reshape(kept_shape);
+          return std::vector<Tensor>{mul(is_max, div(g, ties))};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }

@@ -29,16 +29,19 @@ Tensor SoftmaxImpl(const Tensor& a, int64_t dim, bool log) {
                shape[split], Product(shape, split + 1, shape.size()));
   }
   if (NeedsGrad({a})) {
-    Record(log ? "LogSoftmaxBackward" : "SoftmaxBackward", {a}, out,
-           [log, d, y = out.detach()](const Tensor& grad) {
-             const std::vector<int64_t> dims = {d};
-             if (log) {
-               // d log_softmax: g - softmax * sum(g).
-               return std::vector<Tensor>{sub(grad, mul(exp(y), sum(grad, dims, true)))};
-             }
-             // d softmax: y * (g - sum(g * y)).
-             return std::vector<Tensor>{mul(y, sub(grad, sum(mul(grad, y), dims, true)))};
-           });
+    Record(
+        log ? "LogSoftmaxBackward" : "SoftmaxBackward", {a}, out,
+        [log, d, saved = out.detach()](const Tensor& grad) {
+          const std::vector<int64_t> dims = {d};
+          const Tensor y = SavedOutput(saved);
+          if (log) {
+            // d log_softmax: g - softmax * sum(g).
+            return std::vector<Tensor>{sub(grad, mul(exp(y), sum(grad, dims, true)))};
+          }
+          // d softmax: y * (g - sum(g * y)).
+          return std::vector<Tensor>{mul(y, sub(grad, sum(mul(grad, y), dims, true)))};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }

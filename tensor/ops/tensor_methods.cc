@@ -32,8 +32,10 @@ Tensor Tensor::expand(const Shape& target) const {
   Tensor out = MakeView(*this, s, st, storage_offset());
   const Shape original = shape();
   if (NeedsGrad({*this})) {
-    Record("ExpandBackward", {*this}, out,
-           [original](const Tensor& g) { return std::vector<Tensor>{sum_to(g, original)}; });
+    Record(
+        "ExpandBackward", {*this}, out,
+        [original](const Tensor& g) { return std::vector<Tensor>{sum_to(g, original)}; },
+        DoubleBackward::kSupported);
   }
   return out;
 }

@@ -30,10 +30,12 @@ Tensor TriangleImpl(bool lower, const Tensor& input, int64_t diagonal, const cha
                 DataPtr(x), DataPtr(out));
   }
   if (NeedsGrad({input})) {
-    Record(lower ? "TrilBackward" : "TriuBackward", {input}, out,
-           [lower, diagonal, op](const Tensor& grad) {
-             return std::vector<Tensor>{TriangleImpl(lower, grad, diagonal, op)};
-           });
+    Record(
+        lower ? "TrilBackward" : "TriuBackward", {input}, out,
+        [lower, diagonal, op](const Tensor& grad) {
+          return std::vector<Tensor>{TriangleImpl(lower, grad, diagonal, op)};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }

@@ -10,8 +10,17 @@
 // kernels (never by touching memory from the host, so the same code runs on CUDA) and, when an
 // input needs a gradient, records a backward closure. Backward closures run with grad mode off
 // and are written with these same ops (or raw kernels), so they work on every device too.
-// Functions named *Raw never record autograd; saved tensors are detached so that a node never
-// keeps its inputs' graphs alive through saved values.
+// Functions named *Raw never record autograd; saved outputs are detached (a node holding its
+// own output would be a reference cycle). A closure that is differentiable in everything it
+// reads records with DoubleBackward::kSupported: under create_graph (grad mode on in the
+// backward) its ops then record the gradient's graph. For that it keeps saved inputs
+// undetached (the node already keeps their graphs alive through its edges), reads saved
+// outputs through SavedOutput, and takes a differentiable path where its fast one calls raw
+// kernels:
+//
+//   Record("ExpBackward", {a}, out, [y = out.detach()](const Tensor& grad) {
+//     return std::vector<Tensor>{mul(grad, SavedOutput(y))};
+//   }, DoubleBackward::kSupported);
 #ifndef TANDEM_TENSOR_OPS_INTERNAL_OP_HELPERS_H_
 #define TANDEM_TENSOR_OPS_INTERNAL_OP_HELPERS_H_
 
@@ -126,9 +135,23 @@ Promoted PromoteBinary(const Tensor& a, const Tensor& b, const char* op);
 
 // A node named `name` for `out`, whose gradients `backward` computes from out's gradient.
 template <typename Backward>
-void Record(const char* name, const std::vector<Tensor>& inputs, Tensor& out, Backward backward) {
-  RecordOp(name, inputs, out, FunctionNode::Backward(std::move(backward)));
+void Record(const char* name, const std::vector<Tensor>& inputs, Tensor& out, Backward backward,
+            DoubleBackward double_backward = DoubleBackward::kRefused) {
+  RecordOp(name, inputs, out, FunctionNode::Backward(std::move(backward)), double_backward);
 }
+
+// kSupported when every saved value is its input itself (not a converted copy that lost the
+// input's graph), so a closure written with differentiable ops is differentiable again.
+inline DoubleBackward SupportedIfSame(std::initializer_list<std::pair<Tensor, Tensor>> saved) {
+  for (const auto& [value, input] : saved) {
+    if (value.defined() && value.impl() != input.impl()) return DoubleBackward::kRefused;
+  }
+  return DoubleBackward::kSupported;
+}
+
+// True inside a backward that runs under create_graph: a closure takes its differentiable
+// path then instead of a fused raw kernel.
+inline bool CreatingGraph() { return GradMode::IsEnabled(); }
 
 }  // namespace tandem
 
