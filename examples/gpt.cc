@@ -305,6 +305,18 @@ int64_t Gpt::num_parameters() const {
   return total;
 }
 
+TokenBatch SyntheticTokenBatch(const GptConfig& config, int64_t batch, int64_t tokens,
+                               uint64_t seed, Device device) {
+  std::vector<int64_t> ids(static_cast<size_t>(batch * (tokens + 1)));
+  uint64_t state = seed;
+  for (int64_t& id : ids) {  // a 64-bit linear congruential generator's high bits
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    id = static_cast<int64_t>((state >> 33) % static_cast<uint64_t>(config.vocab_size()));
+  }
+  const Tensor all = from_vector(ids, {batch, tokens + 1}, TensorOptions().device(device));
+  return {all.narrow(1, 0, tokens).contiguous(), all.narrow(1, 1, tokens).contiguous()};
+}
+
 int64_t GptSavedActivations(const GptConfig& config, int64_t batch, int64_t tokens) {
   const int64_t n = batch * tokens, c = config.n_embd();
   const int64_t per_block = n * (16 * c + 4 + config.n_head());

@@ -146,6 +146,14 @@ class GptLoss : public nn::Cloneable<GptLoss> {
 // final LayerNorm's input and output and the logits' softmax (2 C + vocab_size).
 int64_t GptSavedActivations(const GptConfig& config, int64_t batch, int64_t tokens);
 
+// A synthetic batch for timing a GPT without a corpus: `batch` rows of `tokens` ids from a fixed
+// pseudo-random sequence of `seed` (the same on every machine), and as targets the next ids.
+struct TokenBatch {
+  Tensor x, y;  // int64 [batch, tokens]
+};
+TokenBatch SyntheticTokenBatch(const GptConfig& config, int64_t batch, int64_t tokens,
+                               uint64_t seed, Device device = Device::Cpu(0));
+
 }  // namespace tandem::examples
 
 #endif  // TANDEM_EXAMPLES_GPT_H_

@@ -44,7 +44,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -435,12 +434,9 @@ class CountingProcessGroup : public ProcessGroup {
 void PowerSgdGpt(const std::shared_ptr<ProcessGroupMpi>& mpi, int64_t batch, int pairs) {
   const examples::GptConfig config = examples::GptConfig::Small().dropout(0.0);
   const int64_t tokens = config.block_size();
-  std::mt19937_64 random(100 + mpi->rank());
-  std::vector<int64_t> ids(static_cast<size_t>(batch * (tokens + 1)));
-  for (int64_t& id : ids) id = static_cast<int64_t>(random() % config.vocab_size());
-  const Tensor data = from_vector(ids, {batch, tokens + 1});
-  const Tensor x = data.narrow(1, 0, tokens).contiguous();
-  const Tensor y = data.narrow(1, 1, tokens).contiguous();
+  const examples::TokenBatch data = examples::SyntheticTokenBatch(
+      config, batch, tokens, /*seed=*/100 + static_cast<uint64_t>(mpi->rank()));
+  const Tensor &x = data.x, &y = data.y;
   struct Side {
     std::string name;
     std::shared_ptr<CountingProcessGroup> group;
@@ -524,14 +520,9 @@ void NetworkOverlap(const std::shared_ptr<ProcessGroupMpi>& group, const std::st
   const examples::GptConfig config =
       kind == "gpt2" ? examples::GptConfig::Gpt2() : examples::GptConfig::Small().dropout(0.0);
   const int64_t batch = kind == "gpt2" ? 1 : 8, tokens = kind == "gpt2" ? 256 : 128;
-  std::vector<int64_t> ids(batch * (tokens + 1));
-  uint64_t state = 12345 + static_cast<uint64_t>(group->rank());
-  for (int64_t& id : ids) {
-    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-    id = static_cast<int64_t>((state >> 33) % static_cast<uint64_t>(config.vocab_size()));
-  }
-  const Tensor all = from_vector(ids, {batch, tokens + 1});
-  const Tensor x = all.narrow(1, 0, tokens).contiguous(), y = all.narrow(1, 1, tokens).contiguous();
+  const examples::TokenBatch data = examples::SyntheticTokenBatch(
+      config, batch, tokens, /*seed=*/12345 + static_cast<uint64_t>(group->rank()));
+  const Tensor &x = data.x, &y = data.y;
   const OverlapSetting settings[] = {
       {"float32, 25 MB buckets (default)", 25, std::nullopt},
       {"float32, 1 MB buckets", 1, std::nullopt},

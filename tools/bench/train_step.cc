@@ -159,16 +159,10 @@ class Trainer {
               config.block_size(), "] (the context of --model=", kind, ") but is ", tokens);
       model_ = std::make_shared<examples::Gpt>(config);
       criterion_ = std::make_shared<examples::GptLoss>();
-      // A fixed pseudo-random sequence per row; the targets are the next tokens.
-      std::vector<int64_t> ids(batch * (tokens + 1));
-      uint64_t state = 12345;
-      for (int64_t& id : ids) {
-        state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-        id = static_cast<int64_t>((state >> 33) % static_cast<uint64_t>(config.vocab_size()));
-      }
-      const Tensor all = from_vector(ids, {batch, tokens + 1}, TensorOptions().device(devices[0]));
-      x_ = all.narrow(1, 0, tokens).contiguous();
-      y_ = all.narrow(1, 1, tokens).contiguous();
+      const examples::TokenBatch data =
+          examples::SyntheticTokenBatch(config, batch, tokens, /*seed=*/12345, devices[0]);
+      x_ = data.x;
+      y_ = data.y;
     } else {
       model_ = examples::MakeModel(kind);
       criterion_ = std::make_shared<nn::CrossEntropyLoss>();

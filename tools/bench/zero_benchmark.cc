@@ -265,15 +265,10 @@ int Main() {
                         absl::GetFlag(FLAGS_rounds) >= 1,
                     "--steps and --rounds must be >= 1 and --warmup >= 0");
 
-  // Each rank's own batch: a fixed pseudo-random sequence per row, the targets the next tokens.
-  std::vector<int64_t> ids(batch * (tokens + 1));
-  uint64_t state = 12345 + static_cast<uint64_t>(group->rank());
-  for (int64_t& id : ids) {
-    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-    id = static_cast<int64_t>((state >> 33) % static_cast<uint64_t>(config.vocab_size()));
-  }
-  const Tensor all = from_vector(ids, {batch, tokens + 1});
-  const Tensor x = all.narrow(1, 0, tokens).contiguous(), y = all.narrow(1, 1, tokens).contiguous();
+  // Each rank's own batch.
+  const examples::TokenBatch data = examples::SyntheticTokenBatch(
+      config, batch, tokens, /*seed=*/12345 + static_cast<uint64_t>(group->rank()));
+  const Tensor &x = data.x, &y = data.y;
 
   int64_t parameters = 0;
   {
