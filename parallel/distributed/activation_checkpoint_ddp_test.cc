@@ -2,6 +2,7 @@
 // DistributedDataParallel. Each parameter inside a checkpointed layer gets its gradient in the
 // recomputation's nested backward pass, once per checkpoint call, so DDP's hooks see every
 // parameter once and its end-of-backward wait runs after the outer pass.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -72,6 +73,64 @@ TEST_F(ActivationCheckpointDdpTest, EqualsOneProcessOnTheWholeBatchWithoutDropou
   std::vector<Tensor> want;
   for (const Tensor& p : reference.parameters()) want.push_back(p.grad());
   ExpectWithin(ddp, want, 1e-5);
+}
+
+// One layer applied twice, each application checkpointed (weights shared across depth): its
+// parameters get a gradient in each of two nested passes, which DDP takes only under
+// static_graph, as PyTorch's.
+class SharedLayerTwice : public nn::Cloneable<SharedLayerTwice> {
+ public:
+  SharedLayerTwice() { reset(); }
+  void reset() override {
+    layer_ = register_module("layer", nn::Linear(6, 6));
+    head_ = register_module("head", nn::Linear(6, 2));
+  }
+  Tensor forward(const Tensor& x) {
+    const auto layer = layer_;
+    const auto block = [layer](const Tensor& in) { return tanh(layer->forward(in)); };
+    return head_->forward(nn::checkpoint(block, nn::checkpoint(block, x)));
+  }
+
+ private:
+  std::shared_ptr<nn::Linear> layer_, head_;
+};
+
+Tensor MeanSquare(const Tensor& y) { return (y * y).mean(); }
+
+Tensor SharedBatch(int world) {
+  Generator gen(78);
+  return randn({kPerRank * world, 6}, {}, &gen);
+}
+
+TEST_F(ActivationCheckpointDdpTest, TheSameLayerCheckpointedTwiceNeedsStaticGraph) {
+  auto group = TestGroup();
+  const Tensor x = SharedBatch(group->size()).narrow(0, group->rank() * kPerRank, kPerRank);
+  {
+    manual_seed(4);
+    auto model = std::make_shared<SharedLayerTwice>();
+    DistributedDataParallel ddp(model, group);
+    EXPECT_THAT(testing::ErrorOf([&] { MeanSquare(ddp.forward(x)).backward(); }),
+                ::testing::HasSubstr("Expected to mark a variable ready only once"));
+  }
+  manual_seed(4);
+  auto model = std::make_shared<SharedLayerTwice>();
+  DistributedDataParallel ddp(model, group, DistributedDataParallelOptions().static_graph(true));
+  manual_seed(4);
+  SharedLayerTwice reference;
+  nn::SGD optimizer(model->parameters(), nn::SGDOptions(0.1));
+  nn::SGD reference_optimizer(reference.parameters(), nn::SGDOptions(0.1));
+  for (int step = 0; step < 3; ++step) {  // the first records the graph, the others use it
+    optimizer.zero_grad();
+    MeanSquare(ddp.forward(x)).backward();
+    reference_optimizer.zero_grad();
+    MeanSquare(reference.forward(SharedBatch(group->size()))).backward();
+    std::vector<Tensor> got, want;
+    for (const Tensor& p : model->parameters()) got.push_back(p.grad());
+    for (const Tensor& p : reference.parameters()) want.push_back(p.grad());
+    ExpectWithin(got, want, 1e-6);
+    optimizer.step();
+    reference_optimizer.step();
+  }
 }
 
 }  // namespace
