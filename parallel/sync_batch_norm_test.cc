@@ -177,6 +177,42 @@ TEST_F(SyncBatchNormTest, ReplicasOfSubmodulesSynchronizeThroughForwardLoss) {
   }
 }
 
+// Across GPUs (two physical ones, or two logical devices on one; the CUDA simulator's in CI):
+// the partial sums travel between devices, in float32.
+TEST_F(SyncBatchNormTest, CudaReplicasEqualTheWholeBatchOnOneGpu) {
+  if (!::tandem::testing::HasCuda()) GTEST_SKIP() << ::tandem::testing::NoCudaReason();
+  if (DeviceCount(DeviceType::kCUDA) < 2) {
+    GTEST_SKIP() << "needs two CUDA devices (set TANDEM_CUDA_LOGICAL_DEVICES=2)";
+  }
+  Generator gen(5);
+  const Tensor x = randn({5, 4, 3, 2}, {}, &gen) * 3.0 + 1.0;
+  Tensor outputs[2], input_grads[2], weight_grads[2], running_vars[2];
+  for (int synced : {0, 1}) {
+    auto norm = MakeNorm<nn::BatchNorm2d>(4, 1);
+    norm->to(kFloat32);
+    norm->to(Device::Cuda(0));
+    Tensor input = x.to(Device::Cuda(0));
+    input.set_requires_grad(true);
+    Tensor out;
+    if (synced == 1) {
+      ConvertSyncBatchNorm(*norm);
+      DataParallel dp(norm, {Device::Cuda(0), Device::Cuda(1)});
+      out = dp.forward(input);
+    } else {
+      out = norm->forward(input);
+    }
+    (out * out).sum().backward();
+    outputs[synced] = out.detach().to(Device::Cpu(0));
+    input_grads[synced] = input.grad().to(Device::Cpu(0));
+    weight_grads[synced] = norm->weight().grad().to(Device::Cpu(0));
+    running_vars[synced] = norm->running_var().to(Device::Cpu(0));
+  }
+  EXPECT_LE(MaxAbsDiff(outputs[1], outputs[0]), 1e-4);
+  EXPECT_LE(MaxAbsDiff(input_grads[1], input_grads[0]), 1e-3);
+  EXPECT_LE(MaxAbsDiff(weight_grads[1], weight_grads[0]), 1e-3);
+  EXPECT_LE(MaxAbsDiff(running_vars[1], running_vars[0]), 1e-5);
+}
+
 TEST_F(SyncBatchNormTest, EvaluationUsesTheRunningStatistics) {
   Generator gen(4);
   const Tensor x = randn({5, 4, 2, 2}, kF64, &gen);
