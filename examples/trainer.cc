@@ -75,6 +75,7 @@ std::vector<NamedSetting> NamedSettings(const TrainConfig& c) {
       {"--autocast", c.autocast},
       {"--batch_size", absl::StrCat(t.batch_size)},
       {"--checkpoint", c.checkpoint.empty() ? "not given" : "given"},
+      {"--checkpoint_activations", g.checkpoint_activations() ? "true" : "false"},
       {"--collective_timeout", absl::StrCat(c.collective_timeout)},
       {"--context", absl::StrCat(g.block_size())},
       {"--data_dir", t.data_dir, true},
