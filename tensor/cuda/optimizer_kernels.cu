@@ -1,9 +1,10 @@
 // The fused optimizer launchers (optimizer_kernels.h).
 //
-// Each tensor gets its own grid-stride launch of the instantiation of the shared element
-// function (tensor/kernels/internal/optimizer_math.h) that the call's flags pick on the host, so
-// the device loop has no flag branches. A launch per tensor rather than one over a device-side
-// table keeps each kernel to one specialisation, and the launches are queued without waiting.
+// All tensors of a call go into as few launches as their lists need (multi_tensor_apply.h: 59
+// tensors a launch for Adam in float32, 93 for SGD), each an instantiation of the shared
+// element function (tensor/kernels/internal/optimizer_math.h) that the call's flags pick on the
+// host, so the device loop has no flag branches. The element math is the per-tensor path's: a
+// tensor's elements see the same scalars and functions whichever launch and block they land in.
 //
 // This file is its own cuda_library, compiled with --fmad=false: the element functions are
 // written as separate multiplies and adds, which the CPU kernels (the oracle) round one by
@@ -24,6 +25,7 @@
 #include "tensor/base/dtype.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/kernels.h"
+#include "tensor/cuda/multi_tensor_apply.h"
 #include "tensor/cuda/optimizer_kernels.h"
 #include "tensor/kernels/internal/optimizer_math.h"
 
@@ -31,22 +33,17 @@ namespace tandem {
 namespace cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kThreadsPerSm = 2048;
-
-// As in kernels.cu: enough blocks to cover `items`, at most two waves of full SMs.
-int GridFor(const LaunchContext& context, int64_t items) {
-  const int64_t needed = (items + kThreads - 1) / kThreads;
-  const int64_t cap = static_cast<int64_t>(context.num_sms) * (kThreadsPerSm / kThreads) * 2;
-  return static_cast<int>(std::max<int64_t>(1, std::min(needed, cap)));
-}
-
-__device__ __forceinline__ int64_t GlobalThread() {
-  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ int64_t GridThreads() {
-  return static_cast<int64_t>(gridDim.x) * blockDim.x;
-}
+// The lists of one launch: SGD's param, grad and momentum buffer; Adam's param, grad, exp_avg,
+// exp_avg_sq and max_exp_avg_sq with each tensor's step-dependent scalars; RMSprop's param, grad,
+// square_avg, momentum buffer and grad_avg. A list a call's flags do not use holds nulls.
+template <typename M>
+struct AdamStepScalars {
+  M step_size, inv_bc2_sqrt;  // AdamScalars' two members that depend on the tensor's step
+};
+using SgdList = TensorChunkList<3, NoChunkExtra>;
+template <typename T>
+using AdamList = TensorChunkList<5, AdamStepScalars<OpMath<T>>>;
+using RmspropList = TensorChunkList<5, NoChunkExtra>;
 
 // A 16-bit element widened into a float local (zero for a state the update does not read:
 // SGD's buffer on its first step), and stored back rounded.
@@ -55,87 +52,105 @@ __device__ __forceinline__ float Load(const T* x, int64_t j, bool read = true) {
   return read ? static_cast<float>(x[j]) : 0.0f;
 }
 
+template <typename T>
+__device__ __forceinline__ T* At(const void* list_ptr) {
+  return static_cast<T*>(const_cast<void*>(list_ptr));
+}
+
 template <bool kDecay, bool kMomentum, bool kNesterov, bool kFirst, typename T>
-__global__ void SgdKernel(SgdScalars<OpMath<T>> u, T* __restrict__ p, const T* __restrict__ g,
-                          T* __restrict__ b, int64_t n) {
-  for (int64_t j = GlobalThread(); j < n; j += GridThreads()) {
-    if constexpr (kIsReducedFloat<T>) {
-      float pj = Load(p, j), gj = Load(g, j), bj = kMomentum ? Load(b, j, !kFirst) : 0.0f;
-      SgdElement<kDecay, kMomentum, kNesterov, kFirst>(u, &pj, &gj, &bj, 0);
-      p[j] = T(pj);
-      if (kMomentum) b[j] = T(bj);
-    } else {
-      SgdElement<kDecay, kMomentum, kNesterov, kFirst>(u, p, g, b, j);
+__global__ void SgdKernel(SgdScalars<OpMath<T>> u, SgdList list, int64_t chunks) {
+  ForEachChunk(list, chunks, [&](int s, int64_t begin, int64_t end) {
+    T* __restrict__ p = At<T>(list.ptr[0][s]);
+    const T* __restrict__ g = At<T>(list.ptr[1][s]);
+    T* __restrict__ b = At<T>(list.ptr[2][s]);
+    for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
+      if constexpr (kIsReducedFloat<T>) {
+        float pj = Load(p, j), gj = Load(g, j), bj = kMomentum ? Load(b, j, !kFirst) : 0.0f;
+        SgdElement<kDecay, kMomentum, kNesterov, kFirst>(u, &pj, &gj, &bj, 0);
+        p[j] = T(pj);
+        if (kMomentum) b[j] = T(bj);
+      } else {
+        SgdElement<kDecay, kMomentum, kNesterov, kFirst>(u, p, g, b, j);
+      }
     }
-  }
+  });
 }
 
 template <bool kL2, bool kAmsgrad, typename T>
-__global__ void AdamKernel(AdamScalars<OpMath<T>> u, T* __restrict__ p, const T* __restrict__ g,
-                           T* __restrict__ m, T* __restrict__ v, T* __restrict__ vmax, int64_t n) {
-  for (int64_t j = GlobalThread(); j < n; j += GridThreads()) {
-    if constexpr (kIsReducedFloat<T>) {
-      float pj = Load(p, j), gj = Load(g, j), mj = Load(m, j), vj = Load(v, j);
-      float vmaxj = kAmsgrad ? Load(vmax, j) : 0.0f;
-      AdamElement<kL2, kAmsgrad>(u, &pj, &gj, &mj, &vj, &vmaxj, 0);
-      p[j] = T(pj);
-      m[j] = T(mj);
-      v[j] = T(vj);
-      if (kAmsgrad) vmax[j] = T(vmaxj);
-    } else {
-      AdamElement<kL2, kAmsgrad>(u, p, g, m, v, vmax, j);
+__global__ void AdamKernel(AdamScalars<OpMath<T>> common, AdamList<T> list, int64_t chunks) {
+  ForEachChunk(list, chunks, [&](int s, int64_t begin, int64_t end) {
+    AdamScalars<OpMath<T>> u = common;
+    u.step_size = list.extra[s].step_size;
+    u.inv_bc2_sqrt = list.extra[s].inv_bc2_sqrt;
+    T* __restrict__ p = At<T>(list.ptr[0][s]);
+    const T* __restrict__ g = At<T>(list.ptr[1][s]);
+    T* __restrict__ m = At<T>(list.ptr[2][s]);
+    T* __restrict__ v = At<T>(list.ptr[3][s]);
+    T* __restrict__ vmax = At<T>(list.ptr[4][s]);
+    for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
+      if constexpr (kIsReducedFloat<T>) {
+        float pj = Load(p, j), gj = Load(g, j), mj = Load(m, j), vj = Load(v, j);
+        float vmaxj = kAmsgrad ? Load(vmax, j) : 0.0f;
+        AdamElement<kL2, kAmsgrad>(u, &pj, &gj, &mj, &vj, &vmaxj, 0);
+        p[j] = T(pj);
+        m[j] = T(mj);
+        v[j] = T(vj);
+        if (kAmsgrad) vmax[j] = T(vmaxj);
+      } else {
+        AdamElement<kL2, kAmsgrad>(u, p, g, m, v, vmax, j);
+      }
     }
-  }
+  });
 }
 
 template <bool kMomentum, bool kCentered, typename T>
-__global__ void RmspropKernel(RmspropScalars<OpMath<T>> u, T* __restrict__ p,
-                              const T* __restrict__ g, T* __restrict__ v, T* __restrict__ b,
-                              T* __restrict__ a, int64_t n) {
-  for (int64_t j = GlobalThread(); j < n; j += GridThreads()) {
-    if constexpr (kIsReducedFloat<T>) {
-      float pj = Load(p, j), gj = Load(g, j), vj = Load(v, j);
-      float bj = kMomentum ? Load(b, j) : 0.0f, aj = kCentered ? Load(a, j) : 0.0f;
-      RmspropElement<kMomentum, kCentered>(u, &pj, &gj, &vj, &bj, &aj, 0);
-      p[j] = T(pj);
-      v[j] = T(vj);
-      if (kMomentum) b[j] = T(bj);
-      if (kCentered) a[j] = T(aj);
-    } else {
-      RmspropElement<kMomentum, kCentered>(u, p, g, v, b, a, j);
+__global__ void RmspropKernel(RmspropScalars<OpMath<T>> u, RmspropList list, int64_t chunks) {
+  ForEachChunk(list, chunks, [&](int s, int64_t begin, int64_t end) {
+    T* __restrict__ p = At<T>(list.ptr[0][s]);
+    const T* __restrict__ g = At<T>(list.ptr[1][s]);
+    T* __restrict__ v = At<T>(list.ptr[2][s]);
+    T* __restrict__ b = At<T>(list.ptr[3][s]);
+    T* __restrict__ a = At<T>(list.ptr[4][s]);
+    for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
+      if constexpr (kIsReducedFloat<T>) {
+        float pj = Load(p, j), gj = Load(g, j), vj = Load(v, j);
+        float bj = kMomentum ? Load(b, j) : 0.0f, aj = kCentered ? Load(a, j) : 0.0f;
+        RmspropElement<kMomentum, kCentered>(u, &pj, &gj, &vj, &bj, &aj, 0);
+        p[j] = T(pj);
+        v[j] = T(vj);
+        if (kMomentum) b[j] = T(bj);
+        if (kCentered) a[j] = T(aj);
+      } else {
+        RmspropElement<kMomentum, kCentered>(u, p, g, v, b, a, j);
+      }
     }
-  }
+  });
 }
 
 template <bool kDecay, bool kMomentum, bool kNesterov, bool kFirst, typename T>
-void LaunchSgd(const LaunchContext& context, const SgdScalars<OpMath<T>>& u,
-               const FusedSgdTensor& t) {
+void LaunchSgd(const LaunchContext& context, const SgdScalars<OpMath<T>>& u, const SgdList& list,
+               int64_t chunks) {
   SgdKernel<kDecay, kMomentum, kNesterov, kFirst, T>
-      <<<GridFor(context, t.numel), kThreads, 0, context.stream>>>(
-          u, static_cast<T*>(t.param), static_cast<const T*>(t.grad),
-          static_cast<T*>(t.momentum_buffer), t.numel);
+      <<<ChunkGrid(context, chunks), kChunkThreads, 0, context.stream>>>(u, list, chunks);
 }
 
 template <bool kL2, bool kAmsgrad, typename T>
 void LaunchAdam(const LaunchContext& context, const AdamScalars<OpMath<T>>& u,
-                const FusedAdamTensor& t) {
-  AdamKernel<kL2, kAmsgrad, T><<<GridFor(context, t.numel), kThreads, 0, context.stream>>>(
-      u, static_cast<T*>(t.param), static_cast<const T*>(t.grad), static_cast<T*>(t.exp_avg),
-      static_cast<T*>(t.exp_avg_sq), static_cast<T*>(t.max_exp_avg_sq), t.numel);
+                const AdamList<T>& list, int64_t chunks) {
+  AdamKernel<kL2, kAmsgrad, T>
+      <<<ChunkGrid(context, chunks), kChunkThreads, 0, context.stream>>>(u, list, chunks);
 }
 
 template <bool kMomentum, bool kCentered, typename T>
 void LaunchRmsprop(const LaunchContext& context, const RmspropScalars<OpMath<T>>& u,
-                   const FusedRmspropTensor& t) {
+                   const RmspropList& list, int64_t chunks) {
   RmspropKernel<kMomentum, kCentered, T>
-      <<<GridFor(context, t.numel), kThreads, 0, context.stream>>>(
-          u, static_cast<T*>(t.param), static_cast<const T*>(t.grad), static_cast<T*>(t.square_avg),
-          static_cast<T*>(t.momentum_buffer), static_cast<T*>(t.grad_avg), t.numel);
+      <<<ChunkGrid(context, chunks), kChunkThreads, 0, context.stream>>>(u, list, chunks);
 }
 
 template <typename T>
-using SgdLauncher = void (*)(const LaunchContext&, const SgdScalars<OpMath<T>>&,
-                             const FusedSgdTensor&);
+using SgdLauncher = void (*)(const LaunchContext&, const SgdScalars<OpMath<T>>&, const SgdList&,
+                             int64_t);
 
 // The CPU's choice of flags (tensor/cpu/optimizer_kernels.cc): Nesterov and the first step
 // only mean something with momentum (so the six combinations without it that the CPU compiles
@@ -156,6 +171,38 @@ SgdLauncher<T> PickSgd(const FusedSgdOptions& o) {
   return kWithMomentum[decay * 4 + o.nesterov * 2 + o.first_step];
 }
 
+// The lists' slots, from the tensors of each optimizer.
+void FillSgd(SgdList& list, int s, const FusedSgdTensor& t) {
+  list.ptr[0][s] = t.param;
+  list.ptr[1][s] = const_cast<void*>(t.grad);
+  list.ptr[2][s] = t.momentum_buffer;
+}
+
+template <typename T>
+void FillAdam(const FusedAdamOptions& options, AdamList<T>& list, int s, const FusedAdamTensor& t) {
+  list.ptr[0][s] = t.param;
+  list.ptr[1][s] = const_cast<void*>(t.grad);
+  list.ptr[2][s] = t.exp_avg;
+  list.ptr[3][s] = t.exp_avg_sq;
+  list.ptr[4][s] = t.max_exp_avg_sq;
+  const AdamScalars<OpMath<T>> u(options, t.step);  // the host's double math, as the CPU's
+  list.extra[s] = {u.step_size, u.inv_bc2_sqrt};
+}
+
+void FillRmsprop(RmspropList& list, int s, const FusedRmspropTensor& t) {
+  list.ptr[0][s] = t.param;
+  list.ptr[1][s] = const_cast<void*>(t.grad);
+  list.ptr[2][s] = t.square_avg;
+  list.ptr[3][s] = t.momentum_buffer;
+  list.ptr[4][s] = t.grad_avg;
+}
+
+// A launch callback that only counts (PackChunkLists returns the count).
+struct NoLaunch {
+  template <typename List>
+  void operator()(const List&, int64_t) const {}
+};
+
 }  // namespace
 
 void LaunchFusedSgd(const LaunchContext& context, DType dtype, const FusedSgdOptions& options,
@@ -164,11 +211,10 @@ void LaunchFusedSgd(const LaunchContext& context, DType dtype, const FusedSgdOpt
     using T = typename decltype(tag)::type;
     const SgdScalars<OpMath<T>> u(options);
     const SgdLauncher<T> launch = PickSgd<T>(options);
-    for (const FusedSgdTensor& t : tensors) {
-      if (t.numel == 0) continue;
-      launch(context, u, t);
+    PackChunkLists<SgdList>(tensors, FillSgd, [&](const SgdList& list, int64_t chunks) {
+      launch(context, u, list, chunks);
       TANDEM_CUDA_CHECK_LAUNCH(context.device);
-    }
+    });
   });
 }
 
@@ -177,16 +223,22 @@ void LaunchFusedAdam(const LaunchContext& context, DType dtype, const FusedAdamO
   DispatchAllFloatingTypes(dtype, "CUDA FusedAdamKernel", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using Launcher =
-        void (*)(const LaunchContext&, const AdamScalars<OpMath<T>>&, const FusedAdamTensor&);
+        void (*)(const LaunchContext&, const AdamScalars<OpMath<T>>&, const AdamList<T>&, int64_t);
     static constexpr Launcher kLaunchers[4] = {
         LaunchAdam<false, false, T>, LaunchAdam<false, true, T>, LaunchAdam<true, false, T>,
         LaunchAdam<true, true, T>};
     const Launcher launch = kLaunchers[!options.decoupled_weight_decay * 2 + options.amsgrad];
-    for (const FusedAdamTensor& t : tensors) {
-      if (t.numel == 0) continue;
-      launch(context, AdamScalars<OpMath<T>>(options, t.step), t);
-      TANDEM_CUDA_CHECK_LAUNCH(context.device);
-    }
+    // The step-independent scalars; each tensor's list slot carries its bias corrections.
+    const AdamScalars<OpMath<T>> common(options, 1);
+    PackChunkLists<AdamList<T>>(
+        tensors,
+        [&](AdamList<T>& list, int s, const FusedAdamTensor& t) {
+          FillAdam<T>(options, list, s, t);
+        },
+        [&](const AdamList<T>& list, int64_t chunks) {
+          launch(context, common, list, chunks);
+          TANDEM_CUDA_CHECK_LAUNCH(context.device);
+        });
   });
 }
 
@@ -195,19 +247,41 @@ void LaunchFusedRmsprop(const LaunchContext& context, DType dtype,
                         const std::vector<FusedRmspropTensor>& tensors) {
   DispatchAllFloatingTypes(dtype, "CUDA FusedRmspropKernel", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using Launcher =
-        void (*)(const LaunchContext&, const RmspropScalars<OpMath<T>>&, const FusedRmspropTensor&);
+    using Launcher = void (*)(const LaunchContext&, const RmspropScalars<OpMath<T>>&,
+                              const RmspropList&, int64_t);
     static constexpr Launcher kLaunchers[4] = {
         LaunchRmsprop<false, false, T>, LaunchRmsprop<false, true, T>,
         LaunchRmsprop<true, false, T>, LaunchRmsprop<true, true, T>};
     const Launcher launch = kLaunchers[(options.momentum > 0.0) * 2 + options.centered];
     const RmspropScalars<OpMath<T>> u(options);
-    for (const FusedRmspropTensor& t : tensors) {
-      if (t.numel == 0) continue;
-      launch(context, u, t);
+    PackChunkLists<RmspropList>(tensors, FillRmsprop, [&](const RmspropList& list, int64_t chunks) {
+      launch(context, u, list, chunks);
       TANDEM_CUDA_CHECK_LAUNCH(context.device);
-    }
+    });
   });
+}
+
+int64_t CountFusedSgdLaunches(const std::vector<FusedSgdTensor>& tensors) {
+  return PackChunkLists<SgdList>(tensors, FillSgd, NoLaunch());
+}
+
+int64_t CountFusedAdamLaunches(DType dtype, const FusedAdamOptions& options,
+                               const std::vector<FusedAdamTensor>& tensors) {
+  int64_t launches = 0;
+  DispatchAllFloatingTypes(dtype, "CUDA FusedAdamKernel", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    launches = PackChunkLists<AdamList<T>>(
+        tensors,
+        [&](AdamList<T>& list, int s, const FusedAdamTensor& t) {
+          FillAdam<T>(options, list, s, t);
+        },
+        NoLaunch());
+  });
+  return launches;
+}
+
+int64_t CountFusedRmspropLaunches(const std::vector<FusedRmspropTensor>& tensors) {
+  return PackChunkLists<RmspropList>(tensors, FillRmsprop, NoLaunch());
 }
 
 }  // namespace cuda
