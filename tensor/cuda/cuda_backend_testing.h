@@ -362,6 +362,8 @@ class CudaBackendReducedTest : public CudaBackendTest {
   template <typename T>
   void ExpectElementwiseMatches();
   template <typename T>
+  void ExpectPackedMatchesScalar();
+  template <typename T>
   void ExpectReductionsAndSoftmaxMatch();
   template <typename T>
   void ExpectGemmMatches16();

@@ -374,6 +374,74 @@ void CudaBackendReducedTest::ExpectElementwiseMatches() {
   }
 }
 
+// The packed kernels (eight 16-bit elements a 128-bit access) against the scalar ones, bit for
+// bit: the same values once at the start of their buffers (aligned: packed) and once one
+// element in (unaligned: the scalar contiguous kernel), for sizes below, at and around a pack
+// and with a tail; every unary and binary op, and casts to and from float32 and the other 16-bit
+// type.
+template <typename T>
+void CudaBackendReducedTest::ExpectPackedMatchesScalar() {
+  using Other = std::conditional_t<std::is_same_v<T, BFloat16>, Half, BFloat16>;
+  const std::string dtype = DTypePrefix<T>();
+  for (int64_t n : {1, 7, 8, 9, 17, 1029}) {
+    const std::vector<int64_t> shape = {n};
+    const std::vector<T> x = RandomReduced<T>(n, 0.01, 5.0), y = RandomReduced<T>(n, 0.5, 3.0);
+    // Buffers of n + 1 holding the values at offset 0 (aligned) and at offset 1 (unaligned).
+    auto at = [&](const std::vector<T>& values, int64_t offset) {
+      std::vector<T> padded(n + 1, T(0.0f));
+      std::copy(values.begin(), values.end(), padded.begin() + offset);
+      return Buffer<T>(padded);
+    };
+    Buffer<T> a0 = at(x, 0), a1 = at(x, 1), b0 = at(y, 0), b1 = at(y, 1);
+    // Calls run(dst, a, b, offset) on both placements and compares the n results.
+    auto expect_same = [&](auto tag, const std::string& what, auto run) {
+      using Out = typename decltype(tag)::type;
+      Buffer<Out> packed(n + 1), scalar(n + 1);
+      run(packed.GpuView(shape), a0.GpuView(shape), b0.GpuView(shape));
+      run(scalar.GpuView(shape, {}, 1), a1.GpuView(shape, {}, 1), b1.GpuView(shape, {}, 1));
+      const std::vector<Out> p = packed.Gpu(), s = scalar.Gpu();
+      ExpectBitwiseEqual(std::vector<Out>(s.begin() + 1, s.end()),
+                         std::vector<Out>(p.begin(), p.end() - 1),
+                         Note(dtype + what + " on " + std::to_string(n) + " elements"));
+    };
+    for (UnaryOp op : kAllUnary) {
+      expect_same(
+          DTypeTag<T>{}, "unary op " + std::to_string(static_cast<int>(op)),
+          [&](KernelTensor d, KernelTensor a, KernelTensor) { gpu_.Unary(0, op, d, a, 1.5); });
+    }
+    for (BinaryOp op : kAllBinary) {
+      expect_same(
+          DTypeTag<T>{}, "binary op " + std::to_string(static_cast<int>(op)),
+          [&](KernelTensor d, KernelTensor a, KernelTensor b) { gpu_.Binary(0, op, d, a, b); });
+    }
+    expect_same(DTypeTag<float>{}, "cast to float32",
+                [&](KernelTensor d, KernelTensor a, KernelTensor) { gpu_.Copy(0, d, a); });
+    expect_same(DTypeTag<Other>{}, "cast to the other 16-bit type",
+                [&](KernelTensor d, KernelTensor a, KernelTensor) { gpu_.Copy(0, d, a); });
+    // From float32: wide values with bits below the 16-bit mantissa, so that rounding happens.
+    Buffer<float> f0(n + 1), f1(n + 1);
+    {
+      std::vector<float> w = Random<float>(n, -3.0, 3.0), w0(n + 1, 0.0f), w1(n + 1, 0.0f);
+      std::copy(w.begin(), w.end(), w0.begin());
+      std::copy(w.begin(), w.end(), w1.begin() + 1);
+      f0.Set(w0);
+      f1.Set(w1);
+    }
+    Buffer<T> packed(n + 1), scalar(n + 1);
+    gpu_.Copy(0, packed.GpuView(shape), f0.GpuView(shape));
+    gpu_.Copy(0, scalar.GpuView(shape, {}, 1), f1.GpuView(shape, {}, 1));
+    const std::vector<T> p = packed.Gpu(), s = scalar.Gpu();
+    ExpectBitwiseEqual(std::vector<T>(s.begin() + 1, s.end()),
+                       std::vector<T>(p.begin(), p.end() - 1),
+                       Note(dtype + "cast from float32 on " + std::to_string(n) + " elements"));
+  }
+}
+
+TEST_F(CudaBackendReducedTest, PackedBFloat16IsBitwiseScalar) {
+  ExpectPackedMatchesScalar<BFloat16>();
+}
+TEST_F(CudaBackendReducedTest, PackedFloat16IsBitwiseScalar) { ExpectPackedMatchesScalar<Half>(); }
+
 TEST_F(CudaBackendReducedTest, ElementwiseBFloat16) { ExpectElementwiseMatches<BFloat16>(); }
 TEST_F(CudaBackendReducedTest, ElementwiseFloat16) { ExpectElementwiseMatches<Half>(); }
 
