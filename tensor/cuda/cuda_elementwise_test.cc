@@ -377,8 +377,8 @@ void CudaBackendReducedTest::ExpectElementwiseMatches() {
 // The packed kernels (eight 16-bit elements a 128-bit access) against the scalar ones, bit for
 // bit: the same values once at the start of their buffers (aligned: packed) and once one
 // element in (unaligned: the scalar contiguous kernel), for sizes below, at and around a pack
-// and with a tail; every unary and binary op, and casts to and from float32 and the other 16-bit
-// type.
+// and with a tail; every unary and binary op, fills, and casts to and from float32 and the other
+// 16-bit type.
 template <typename T>
 void CudaBackendReducedTest::ExpectPackedMatchesScalar() {
   using Other = std::conditional_t<std::is_same_v<T, BFloat16>, Half, BFloat16>;
@@ -413,6 +413,10 @@ void CudaBackendReducedTest::ExpectPackedMatchesScalar() {
       expect_same(
           DTypeTag<T>{}, "binary op " + std::to_string(static_cast<int>(op)),
           [&](KernelTensor d, KernelTensor a, KernelTensor b) { gpu_.Binary(0, op, d, a, b); });
+    }
+    for (double value : {1.5, -0.1}) {
+      expect_same(DTypeTag<T>{}, "fill with " + std::to_string(value),
+                  [&](KernelTensor d, KernelTensor, KernelTensor) { gpu_.Fill(0, d, value); });
     }
     expect_same(DTypeTag<float>{}, "cast to float32",
                 [&](KernelTensor d, KernelTensor a, KernelTensor) { gpu_.Copy(0, d, a); });

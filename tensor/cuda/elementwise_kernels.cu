@@ -73,28 +73,6 @@ struct BinaryFn {
 // Map0 writes a value, Map1 maps one input, Map2 combines two. Each has a contiguous
 // kernel, a packed (128-bit) kernel for aligned contiguous float operands, and a strided kernel.
 
-template <typename T>
-__global__ void FillContiguousKernel(T* dst, int64_t n, T value) {
-  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) dst[i] = value;
-}
-
-__global__ void FillContiguousVec4Kernel(float* dst, int64_t n, float value) {
-  const int64_t n4 = n / 4;
-  const float4 v = make_float4(value, value, value, value);
-  float4* dst4 = reinterpret_cast<float4*>(dst);
-  for (int64_t i = GlobalThread(); i < n4; i += GridThreads()) dst4[i] = v;
-  for (int64_t i = 4 * n4 + GlobalThread(); i < n; i += GridThreads()) dst[i] = value;
-}
-
-template <typename T, typename Index>
-__global__ void FillStridedKernel(T* dst, DeviceLayout<1, Index> layout, Index n, T value) {
-  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
-    Index offsets[1];
-    layout.Offsets(static_cast<Index>(i), offsets);
-    dst[offsets[0]] = value;
-  }
-}
-
 // A 128-bit access's worth of elements of the narrowest operand (4 for float32, 8 for bfloat16
 // and float16; a float32 operand of a 16-bit op then moves as two 128-bit accesses), or 0 where
 // an operand is not float32 or 16-bit (those take the scalar contiguous kernel).
@@ -112,6 +90,31 @@ struct alignas(sizeof(T) * kN) Pack {
 template <int kN, typename T>
 bool PackAligned(const T* p) {
   return reinterpret_cast<uintptr_t>(p) % (sizeof(T) * kN) == 0;
+}
+
+template <typename T>
+__global__ void FillContiguousKernel(T* dst, int64_t n, T value) {
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) dst[i] = value;
+}
+
+template <int kN, typename T>
+__global__ void FillPackedKernel(T* dst, int64_t n, T value) {
+  const int64_t packs = n / kN;
+  Pack<T, kN> v;
+#pragma unroll
+  for (int k = 0; k < kN; ++k) v.v[k] = value;
+  Pack<T, kN>* dst_packs = reinterpret_cast<Pack<T, kN>*>(dst);
+  for (int64_t i = GlobalThread(); i < packs; i += GridThreads()) dst_packs[i] = v;
+  for (int64_t i = kN * packs + GlobalThread(); i < n; i += GridThreads()) dst[i] = value;
+}
+
+template <typename T, typename Index>
+__global__ void FillStridedKernel(T* dst, DeviceLayout<1, Index> layout, Index n, T value) {
+  for (int64_t i = GlobalThread(); i < n; i += GridThreads()) {
+    Index offsets[1];
+    layout.Offsets(static_cast<Index>(i), offsets);
+    dst[offsets[0]] = value;
+  }
 }
 
 // The contiguous kernels for operands aligned to their Pack: kN elements a thread at a time
@@ -188,10 +191,11 @@ void RunFill(const LaunchContext& context, const KernelTensor& dst, T value) {
       TANDEM_CUDA_CHECK(cudaMemsetAsync(out, 0, n * sizeof(T), context.stream), context.device);
       return;
     }
-    if constexpr (std::is_same_v<T, float>) {
-      if (Aligned16(out)) {
-        FillContiguousVec4Kernel<<<GridFor(context, (n + 3) / 4), kThreads, 0, context.stream>>>(
-            out, n, value);
+    constexpr int kN = kPackOf<T>;
+    if constexpr (kN > 0) {
+      if (PackAligned<kN>(out)) {
+        FillPackedKernel<kN>
+            <<<GridFor(context, (n + kN - 1) / kN), kThreads, 0, context.stream>>>(out, n, value);
         TANDEM_CUDA_CHECK_LAUNCH(context.device);
         return;
       }
