@@ -64,7 +64,7 @@ template <typename List, typename Tensor, typename Fill, typename Launch>
 int64_t PackChunkLists(const std::vector<Tensor>& tensors, Fill&& fill, Launch&& launch) {
   static_assert(sizeof(List) <= kMultiTensorArgBytes - kChunkArgReserve,
                 "a TensorChunkList must leave room for the kernel's other arguments");
-  List list;
+  List list{};  // no indeterminate bytes in the unused slots the launch copies
   list.count = 0;
   int64_t chunks = 0, launches = 0;
   for (const Tensor& t : tensors) {
