@@ -404,6 +404,7 @@ DeviceCounters PrintDeviceWork(const std::vector<DeviceCounters>& counts) {
   std::printf("  %-28s %9lld %11lld %12lld %12lld\n", "step", step.launches, step.host_syncs,
               step.bytes_host_to_device, step.bytes_device_to_host);
   const int top = std::min<int>(absl::GetFlag(FLAGS_top_kernels), step.kernels.size());
+  if (top <= 0) return step;
   std::printf(
       "  top %d of %zu kernels by launches (blocks per launch, least-most; '<2x132' marks grids "
       "under twice an H100's SMs: the element count is not read, so check the work is > 1M; "
