@@ -1,12 +1,14 @@
 // cudasim's counters (tools/cudasim/counters.h) count a known sequence of CUDA calls exactly:
 // kernels per name with their blocks, a cuBLAS GEMM as one launch, the calls that block the host,
-// host<->device bytes; and what fails to launch or launches nothing is not counted.
+// host<->device bytes, an NCCL collective as one launch; and what fails to launch or launches
+// nothing is not counted.
 #include "tools/cudasim/counters.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <nccl.h>
 
 #include <vector>
 
@@ -103,6 +105,33 @@ TEST(CudasimCountersTest, CountsAKnownSequenceExactly) {
   EXPECT_EQ(after.bytes_device_to_host, kN * 4);
   EXPECT_EQ(after.bytes_host_to_device, 0);
   EXPECT_TRUE(after.kernels.empty());
+}
+
+// NCCL launches one kernel per collective; inside a group, when the group ends.
+TEST(CudasimCountersTest, EachNcclCollectiveIsOneLaunch) {
+  ncclComm_t comm = nullptr;
+  const int device = 0;
+  ASSERT_EQ(ncclCommInitAll(&comm, 1, &device), ncclSuccess);
+  float* x = nullptr;
+  ASSERT_EQ(cudaMalloc(&x, 64 * sizeof(float)), cudaSuccess);
+  ASSERT_EQ(cudaMemset(x, 0, 64 * sizeof(float)), cudaSuccess);
+  cudasim::ResetCounters();
+  ASSERT_EQ(ncclGroupStart(), ncclSuccess);
+  ASSERT_EQ(ncclAllReduce(x, x, 64, ncclFloat, ncclSum, comm, nullptr), ncclSuccess);
+  ASSERT_EQ(ncclBroadcast(x, x, 64, ncclFloat, 0, comm, nullptr), ncclSuccess);
+  EXPECT_EQ(cudasim::SnapshotCounters().launches, 0);  // deferred to ncclGroupEnd
+  ASSERT_EQ(ncclGroupEnd(), ncclSuccess);
+  ASSERT_EQ(ncclAllReduce(x, x, 0, ncclFloat, ncclSum, comm, nullptr), ncclSuccess);  // no-op
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const cudasim::Counters counted = cudasim::SnapshotCounters();
+  EXPECT_EQ(counted.launches, 2);
+  EXPECT_EQ(counted.host_syncs, 1);
+  ASSERT_NE(Find(counted, "ncclAllReduce"), nullptr);
+  EXPECT_EQ(Find(counted, "ncclAllReduce")->launches, 1);
+  ASSERT_NE(Find(counted, "ncclBroadcast"), nullptr);
+  EXPECT_EQ(Find(counted, "ncclBroadcast")->launches, 1);
+  ASSERT_EQ(cudaFree(x), cudaSuccess);
+  ASSERT_EQ(ncclCommDestroy(comm), ncclSuccess);
 }
 
 }  // namespace
