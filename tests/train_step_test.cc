@@ -12,6 +12,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
+using ::testing::Not;
 
 using ::tandem::testing::LastLine;
 using ::tandem::testing::ProgramResult;
@@ -67,8 +68,46 @@ TEST(TrainStepTest, TraceShowsTheReplicasAndBackwardOnEachDevicesThread) {
   EXPECT_THAT(bad.err, HasSubstr("--trace"));
 }
 
+TEST(TrainStepTest, GptJsonNamesItsLayersAndCountsNothingOnTheCpu) {
+  const ProgramResult r = Bench(
+      "--model=gpt --n_layer=1 --batch_size=2 --tokens=8 --devices=cpu:0 --threads=1 --steps=1 "
+      "--warmup=0");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(LastLine(r.out), MatchesRegex(".*\"tokens\":8,\"n_layer\":1\\}"));
+  EXPECT_THAT(r.out, Not(HasSubstr("Device work of one step")));
+}
+
+// Under --config=cudasim the simulator counts one step's launches and host syncs; on a real GPU
+// they need CUPTI and are reported as not counted; without CUDA, or a GPU, there is no cuda:0.
+TEST(TrainStepTest, CudaStepCountsLaunchesAndHostSyncs) {
+#if !defined(TANDEM_TEST_CUDASIM) && !defined(TANDEM_TEST_CUDA)
+  GTEST_SKIP() << "built without CUDA: --config=cudasim counts a step's launches";
+#endif
+  const ProgramResult r = Bench(
+      "--model=gpt --n_layer=1 --batch_size=2 --tokens=8 --devices=cuda:0 --steps=1 --warmup=0 "
+      "--top_kernels=3");
+#ifndef TANDEM_TEST_CUDASIM
+  if (r.exit_code == 1 && r.err.find("cuda:0 is not available") != std::string::npos) {
+    GTEST_SKIP() << "CUDA build without a usable GPU: " << r.err;
+  }
+#endif
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("Device work of one step"));
+#ifdef TANDEM_TEST_CUDASIM
+  EXPECT_THAT(r.out, HasSubstr("loss read-back (.item())"));
+  EXPECT_THAT(r.out, HasSubstr("top 3 of "));
+  EXPECT_THAT(r.out, HasSubstr("cublasSgemm"));
+  EXPECT_THAT(LastLine(r.out), MatchesRegex(".*\"n_layer\":1,\"launches_per_step\":[1-9][0-9]*,"
+                                            "\"host_syncs_per_step\":[0-9]+\\}"));
+#else
+  EXPECT_THAT(r.out, HasSubstr("not counted"));
+  EXPECT_THAT(LastLine(r.out), Not(HasSubstr("launches_per_step")));
+#endif
+}
+
 TEST(TrainStepTest, BadFlagsAreOneLineErrors) {
-  for (const char* flags : {"--model=vgg", "--steps=0", "--devices=cpu:0,cpu:0", "--devices=tpu"}) {
+  for (const char* flags : {"--model=vgg", "--steps=0", "--devices=cpu:0,cpu:0", "--devices=tpu",
+                            "--model=gpt --n_layer=-1"}) {
     const ProgramResult r = Bench(flags);
     EXPECT_EQ(r.exit_code, 1) << flags;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << flags << ": " << r.err;

@@ -24,12 +24,20 @@
 //   bazel run -c opt //tools/bench:train_step -- --model=gpt --context=512 --tokens=512
 //       --batch_size=4 --checkpoint_activations --steps=10      (one command line)
 // On a GPU the phases are the host's time to launch them unless --phase_sync waits for the
-// devices at each phase's end. The last line is one JSON object with the figures.
+// devices at each phase's end. On CUDA devices it also counts one step's device work (under
+// --config=cudasim, where the simulator counts; on a real GPU that needs CUPTI and is reported as
+// not counted): launches, host syncs and host<->device bytes per phase, and the kernels by
+// launches with their blocks per launch. --n_layer shrinks a GPT (so that GPT-2's layer shapes
+// fit the simulator; the launches of one layer are the difference between two --n_layer):
+//   bazel run --config=cudasim -c opt //tools/bench:train_step -- --devices=cuda:0
+//       --model=gpt2 --n_layer=1 --batch_size=1 --tokens=16 --steps=1 --warmup=1
+// The last line is one JSON object with the figures.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
 #include <future>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <string>
@@ -53,6 +61,7 @@
 #include "tensor/runtime/stream.h"
 #include "tensor/runtime/threads.h"
 #include "tensor/tensor.h"
+#include "tools/cuda/device_counters.h"
 
 ABSL_FLAG(std::string, model, "mlp",
           "mlp (784-256-128-10), cnn (two conv+pool blocks), resnet, gpt2 (GPT-2 124M) or gpt "
@@ -64,6 +73,10 @@ ABSL_FLAG(int, tokens, 64, "gpt2 and gpt: tokens per sequence (at most the conte
 ABSL_FLAG(int, context, 0,
           "gpt2 and gpt: the model's context (block size), at least --tokens; 0: the model's own "
           "(1024 for gpt2, 128 for gpt)");
+ABSL_FLAG(int, n_layer, 0,
+          "gpt2 and gpt: transformer blocks (0: the model's own, 12 for gpt2); fewer keep the "
+          "layers' shapes in a model small enough for the CUDA simulator");
+ABSL_FLAG(int, top_kernels, 12, "CUDA devices: how many kernels to list by launches per step");
 ABSL_FLAG(bool, checkpoint_activations, false,
           "gpt2 and gpt: checkpoint each transformer block (nn::checkpoint), and time the step "
           "against the plain one, alternated, with both steps' peak memory");
@@ -105,6 +118,7 @@ examples::GptConfig GptConfigOf(const std::string& kind) {
   const int context = absl::GetFlag(FLAGS_context);
   Require(context >= 0, "--context must be at least 1 (or 0 for the model's own) but is ", context);
   if (context > 0) config.block_size(context);
+  if (absl::GetFlag(FLAGS_n_layer) > 0) config.n_layer(absl::GetFlag(FLAGS_n_layer));
   return config;
 }
 
@@ -191,7 +205,17 @@ class Trainer {
 
   // One full step; returns when its work is done (the loss is read back). Records how long
   // each phase took (the loss read-back counts to the optimizer step: it is only a copy).
-  double Step(bool record = true) {
+  // With `counts`, the device counters from the step's start to each phase's end (before
+  // --phase_sync's wait) and, last, to the end of the loss read-back.
+  double Step(bool record = true, std::vector<DeviceCounters>* counts = nullptr) {
+    const auto count = [&] {
+      if (counts != nullptr) counts->push_back(ReadDeviceCounters());
+    };
+    if (counts != nullptr) {
+      Synchronize();  // the previous step's work is not this one's
+      counts->clear();
+      ResetDeviceCounters();
+    }
     Clock::time_point marks[kPhases + 1];
     marks[0] = Clock::now();
     Tensor loss;
@@ -201,14 +225,19 @@ class Trainer {
       loss = forward_loss_ ? dp_->forward_loss(*criterion_, x_, y_)
                            : criterion_->forward_tensors({dp_->forward(x_), y_}).at(0);
     }
+    count();
     marks[1] = PhaseEnd();
     optimizer_->zero_grad();
+    count();
     marks[2] = PhaseEnd();
     scaler_.scale(loss).backward();
+    count();
     marks[3] = PhaseEnd();
     scaler_.step(*optimizer_);
     scaler_.update();
+    count();
     const double value = loss.item();
+    count();
     marks[4] = Clock::now();
     for (int k = 0; record && k < kPhases; ++k) {
       phase_ms_[k].push_back(1e3 * std::chrono::duration<double>(marks[k + 1] - marks[k]).count());
@@ -217,10 +246,11 @@ class Trainer {
   }
   // The end of a phase: now, after waiting for the devices with --phase_sync.
   Clock::time_point PhaseEnd() const {
-    if (phase_sync_) {
-      for (Device d : devices_) CurrentStream(d).Synchronize();
-    }
+    if (phase_sync_) Synchronize();
     return Clock::now();
+  }
+  void Synchronize() const {
+    for (Device d : devices_) CurrentStream(d).Synchronize();
   }
   // Forgets the phase times recorded so far (after warm-up).
   void ClearPhases() {
@@ -342,6 +372,56 @@ std::unique_ptr<Trainer> WarmTrainer(const std::string& kind, const std::vector<
   return trainer;
 }
 
+// An H100's streaming multiprocessors: a kernel with fewer than twice as many blocks leaves some
+// of them idle or with one block each.
+constexpr int kH100Sms = 132;
+
+// Prints what one step asked of the devices, counted from `counts` (Trainer::Step's: one per
+// phase, then the loss read-back), and returns the whole step's counts.
+DeviceCounters PrintDeviceWork(const std::vector<DeviceCounters>& counts) {
+  std::printf("\nDevice work of one step");
+  const DeviceCounters& step = counts.back();
+  if (!step.counted) {
+    std::printf(": %s\n", step.not_counted.c_str());
+    return step;
+  }
+  std::printf(" (counted by the CUDA simulator; cuda:0 has %d SMs, TANDEM_CUDASIM_SMS):\n",
+              step.sm_count);
+  std::printf("  %-28s %9s %11s %12s %12s\n", "", "launches", "host syncs", "bytes H->D",
+              "bytes D->H");
+  static constexpr const char* kCounted[] = {"forward and loss", "zero_grad", "backward",
+                                             "optimizer step", "loss read-back (.item())"};
+  static_assert(std::size(kCounted) == Trainer::kPhases + 1, "a name per counted segment");
+  DeviceCounters before;
+  for (size_t k = 0; k < counts.size(); ++k) {
+    const DeviceCounters& c = counts[k];
+    std::printf("  %-28s %9lld %11lld %12lld %12lld\n", kCounted[k], c.launches - before.launches,
+                c.host_syncs - before.host_syncs,
+                c.bytes_host_to_device - before.bytes_host_to_device,
+                c.bytes_device_to_host - before.bytes_device_to_host);
+    before = c;
+  }
+  std::printf("  %-28s %9lld %11lld %12lld %12lld\n", "step", step.launches, step.host_syncs,
+              step.bytes_host_to_device, step.bytes_device_to_host);
+  const int top = std::min<int>(absl::GetFlag(FLAGS_top_kernels), step.kernels.size());
+  if (top <= 0) return step;
+  std::printf(
+      "  top %d of %zu kernels by launches (blocks per launch, least-most; '<2x132' marks grids "
+      "under twice an H100's SMs: the element count is not read, so check the work is > 1M; "
+      "library calls' grids are cuBLAS's and NCCL's own, '-'):\n",
+      top, step.kernels.size());
+  for (int i = 0; i < top; ++i) {
+    const KernelLaunches& k = step.kernels[i];
+    const std::string blocks =
+        k.max_blocks == 0
+            ? "-"
+            : absl::StrFormat("%lld-%lld x %lld", k.min_blocks, k.max_blocks, k.threads_per_block);
+    std::printf("  %6lld  %-24s %-7s %s\n", k.launches, blocks.c_str(),
+                k.max_blocks > 0 && k.min_blocks < 2 * kH100Sms ? "<2x132" : "", k.name.c_str());
+  }
+  return step;
+}
+
 // --autocast: kFloat32 when empty.
 DType ParseAutocast(const std::string& text) {
   if (text.empty()) return kFloat32;
@@ -366,6 +446,9 @@ int Run() {
           "model's default) but is ", absl::GetFlag(FLAGS_batch_size));
   Require(steps >= 1, "--steps must be at least 1 but is ", steps);
   Require(warmup >= 0, "--warmup must be at least 0 but is ", warmup);
+  Require(absl::GetFlag(FLAGS_n_layer) >= 0,
+          "--n_layer must be at least 1 (or 0 for the model's own) but is ",
+          absl::GetFlag(FLAGS_n_layer));
   Require(!checkpointed || IsGpt(kind),
           "--checkpoint_activations checkpoints a GPT's transformer blocks: use it with "
           "--model=gpt or --model=gpt2, not --model=",
@@ -465,6 +548,13 @@ int Run() {
       MiB(params).c_str(), MiB(activations).c_str());
   std::printf("  peak / least               %.2fx\n", static_cast<double>(peak) / minimum);
 
+  DeviceCounters work;
+  if (devices[0].is_cuda()) {
+    std::vector<DeviceCounters> counts;
+    trainer->Step(/*record=*/false, &counts);
+    work = PrintDeviceWork(counts);
+  }
+
   StepComparison amp, ckpt;
   if (autocast != kFloat32) {
     std::unique_ptr<Trainer> f32 =
@@ -546,7 +636,14 @@ int Run() {
       "\"samples_per_s\":%.1f,\"peak_bytes\":%d,\"min_bytes\":%d",
       kind, batch, absl::StrJoin(quoted, ","), threads, steps, median, p90, samples_per_s, peak,
       minimum);
-  if (IsGpt(kind)) absl::StrAppendFormat(&json, ",\"tokens\":%d", tokens);
+  if (IsGpt(kind)) {
+    absl::StrAppendFormat(&json, ",\"tokens\":%d,\"n_layer\":%d", tokens,
+                          GptConfigOf(kind).n_layer());
+  }
+  if (work.counted) {
+    absl::StrAppendFormat(&json, ",\"launches_per_step\":%d,\"host_syncs_per_step\":%d",
+                          work.launches, work.host_syncs);
+  }
   if (compare) {
     absl::StrAppendFormat(&json, ",\"speedup\":%.3f,\"loop_speedup\":%.3f,\"speedup_ratio\":%.3f",
                           speedup, loop_speedup, speedup / loop_speedup);

@@ -17,6 +17,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "tools/cudasim/counters.h"
 #include "tools/cudasim/float16.h"
 #include "tools/cudasim/runtime_internal.h"
 
@@ -163,10 +164,10 @@ void ColumnMajorGemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int m, int n, int k
 
 // T is float (SGEMM) or double (DGEMM).
 template <typename T>
-cublasStatus_t Queue(cublasHandle_t handle, cublasOperation_t ta, cublasOperation_t tb, int m,
-                     int n, int k, T alpha, const T* a, int lda, long long stride_a, const T* b,
-                     int ldb, long long stride_b, T beta, T* c, int ldc, long long stride_c,
-                     int batch) {
+cublasStatus_t Queue(const char* name, cublasHandle_t handle, cublasOperation_t ta,
+                     cublasOperation_t tb, int m, int n, int k, T alpha, const T* a, int lda,
+                     long long stride_a, const T* b, int ldb, long long stride_b, T beta, T* c,
+                     int ldc, long long stride_c, int batch) {
   const int previous = cudasim::internal::CurrentDevice();
   cudaSetDevice(handle->device);
   cudasim::internal::Stream* stream = cudasim::internal::ResolveStream(handle->stream);
@@ -176,6 +177,7 @@ cublasStatus_t Queue(cublasHandle_t handle, cublasOperation_t ta, cublasOperatio
     return CUBLAS_STATUS_EXECUTION_FAILED;
   }
   if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
+  cudasim::internal::CountLaunch(name, 0, 0);  // cuBLAS launches one kernel per GEMM call
   // The TF32 mode changes single-precision GEMMs only; DGEMM ignores it, as on a GPU.
   const bool tf32 = std::is_same_v<T, float> &&
                     (handle->mode & ~CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) ==
@@ -225,8 +227,8 @@ cublasStatus_t CheckedGemm(const char* name, cublasHandle_t handle, cublasOperat
   const cublasStatus_t status = CheckGemm(name, ta, tb, m, n, k, lda, ldb, ldc);
   if (status != CUBLAS_STATUS_SUCCESS) return status;
   if (batch < 0) return Invalid(std::string(name) + ": batch_count < 0");
-  return Queue(handle, ta, tb, m, n, k, *alpha, a, lda, stride_a, b, ldb, stride_b, *beta, c, ldc,
-               stride_c, batch);
+  return Queue(name, handle, ta, tb, m, n, k, *alpha, a, lda, stride_a, b, ldb, stride_b, *beta, c,
+               ldc, stride_c, batch);
 }
 
 // ---- GemmEx: 16-bit operands, float compute ----
@@ -301,6 +303,7 @@ cublasStatus_t CheckedGemmEx(const char* name, cublasHandle_t handle, cublasOper
     return CUBLAS_STATUS_EXECUTION_FAILED;
   }
   if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
+  cudasim::internal::CountLaunch(name, 0, 0);  // cuBLAS launches one kernel per GEMM call
   const cudaDataType type = a_type;
   const bool float_c = c_type == CUDA_R_32F;
   stream->Enqueue([=] {

@@ -36,6 +36,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "tools/cudasim/counters.h"
 #include "tools/cudasim/float16.h"
 #include "tools/cudasim/runtime_internal.h"
 
@@ -731,7 +732,8 @@ ncclResult_t Launch(ncclComm_t handle, Kind kind, const void* send, void* recv, 
   // A zero count is a no-op that no peer waits for, as in NCCL.
   if (count == 0) return ncclSuccess;
   Call c{{comm->issued++, kind, type, op, root, count}, send, recv};
-  auto launch = [comm, c, s] {
+  auto launch = [comm, c, s, call] {
+    internal::CountLaunch(call, 0, 0);  // NCCL launches one kernel per collective
     s->Enqueue([comm, c] {
       // Tasks of one communicator run in the order issued, whichever streams they are on.
       bool aborted = false;

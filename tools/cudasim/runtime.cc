@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "tools/cudasim/counters.h"
 #include "tools/cudasim/executor.h"
 #include "tools/cudasim/runtime_internal.h"
 
@@ -616,6 +617,7 @@ void EnqueueKernel(const LaunchConfig& config, const char* name, const void* fun
     Fail(cudaErrorInvalidValue, std::string("launch of ") + name + shared_error);
     return;
   }
+  CountLaunch(name, static_cast<long long>(g.x) * g.y * g.z, static_cast<long long>(threads));
   const uint64_t seed = Seed() ^ (stream->NextLaunch() * 0xd1342543de82ef95ull);
   const int device = stream->device();
   std::string label = name;
@@ -766,7 +768,11 @@ cudaError_t QueueCopy(void* dst, const void* src, size_t count, cudaMemcpyKind k
   } else {
     stream->Enqueue([dst, src, count] { std::memmove(dst, src, count); });
   }
-  if (synchronous || (dst_host && !runtime.IsPinned(dst, count))) stream->Synchronize();
+  if (src_host != dst_host) cudasim::internal::CountCopy(static_cast<long long>(count), src_host);
+  if (synchronous || (dst_host && !runtime.IsPinned(dst, count))) {
+    cudasim::internal::CountHostSync();
+    stream->Synchronize();
+  }
   return cudasim::internal::StickyError(stream->device()) != cudaSuccess
              ? Fail(cudasim::internal::StickyError(stream->device()))
              : cudaSuccess;
@@ -916,6 +922,7 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
 
 cudaError_t cudaDeviceSynchronize(void) {
   CUDASIM_ENTER();
+  cudasim::internal::CountHostSync();
   for (Stream* s : Runtime::Get().Streams(tls_device)) s->Synchronize();
   CUDASIM_ENTER();
   return cudaSuccess;
@@ -965,6 +972,7 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
 
 cudaError_t cudaFree(void* ptr) {
   CUDASIM_ENTER();
+  cudasim::internal::CountHostSync();  // cudaFree waits for the device, as on a GPU
   return Runtime::Get().Free(ptr);
 }
 
@@ -988,6 +996,7 @@ cudaError_t cudaFreeHost(void* ptr) {
     return Fail(cudaErrorInvalidValue, "cudaFreeHost(" + Runtime::Get().Describe(ptr) +
                                            "): not a pointer that cudaHostAlloc returned");
   }
+  cudasim::internal::CountHostSync();
   // As on a GPU, freeing pinned memory waits for the work that may still read it.
   for (int d = 0; d < Runtime::Get().count(); ++d) {
     for (Stream* s : Runtime::Get().Streams(d)) s->Synchronize();
@@ -1048,6 +1057,7 @@ cudaError_t cudaMemcpyPeer(void* dst, int dst_device, const void* src, int src_d
                            size_t count) {
   const cudaError_t error = cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, nullptr);
   if (error != cudaSuccess) return error;
+  cudasim::internal::CountHostSync();
   ResolveStream(nullptr)->Synchronize();
   return cudaSuccess;
 }
@@ -1070,6 +1080,7 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t str
 cudaError_t cudaMemset(void* ptr, int value, size_t count) {
   const cudaError_t error = cudaMemsetAsync(ptr, value, count, nullptr);
   if (error != cudaSuccess) return error;
+  cudasim::internal::CountHostSync();
   ResolveStream(nullptr)->Synchronize();
   return cudaSuccess;
 }
@@ -1094,6 +1105,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   CUDASIM_ENTER();
   Stream* s = ResolveStream(stream);
   if (s == nullptr) return Fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize");
+  cudasim::internal::CountHostSync();
   s->Synchronize();
   const cudaError_t sticky = cudasim::internal::StickyError(s->device());
   return sticky == cudaSuccess ? cudaSuccess : Fail(sticky);
@@ -1167,6 +1179,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   CUDASIM_ENTER();
   cudasim::internal::Event* e = cudasim::internal::ResolveEvent(event);
   if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize");
+  cudasim::internal::CountHostSync();
   std::unique_lock<std::mutex> lock(cudasim::internal::EventMutex());
   std::shared_ptr<cudasim::internal::EventRecord> record = e->latest;
   if (record != nullptr) {

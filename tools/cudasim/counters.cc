@@ -1,0 +1,73 @@
+#include "tools/cudasim/counters.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+
+namespace cudasim {
+namespace {
+
+struct State {
+  std::mutex mutex;
+  Counters totals;  // `kernels` unused: see `by_name`
+  std::map<std::string, KernelCount> by_name;
+};
+
+State& Get() {
+  static State* state = new State;  // never destroyed: stream threads may count at exit
+  return *state;
+}
+
+}  // namespace
+
+void ResetCounters() {
+  State& s = Get();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  s.totals = Counters();
+  s.by_name.clear();
+}
+
+Counters SnapshotCounters() {
+  State& s = Get();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  Counters c = s.totals;
+  for (const auto& [name, count] : s.by_name) c.kernels.push_back(count);
+  std::stable_sort(
+      c.kernels.begin(), c.kernels.end(),
+      [](const KernelCount& a, const KernelCount& b) { return a.launches > b.launches; });
+  return c;
+}
+
+namespace internal {
+
+void CountLaunch(const std::string& name, long long blocks, long long threads_per_block) {
+  State& s = Get();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  ++s.totals.launches;
+  KernelCount& k = s.by_name[name];
+  if (k.launches == 0) {
+    k.name = name;
+    k.min_blocks = blocks;
+  }
+  ++k.launches;
+  k.min_blocks = std::min(k.min_blocks, blocks);
+  if (blocks >= k.max_blocks) {
+    k.max_blocks = blocks;
+    k.threads_per_block = threads_per_block;
+  }
+}
+
+void CountHostSync() {
+  State& s = Get();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  ++s.totals.host_syncs;
+}
+
+void CountCopy(long long bytes, bool host_to_device) {
+  State& s = Get();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  (host_to_device ? s.totals.bytes_host_to_device : s.totals.bytes_device_to_host) += bytes;
+}
+
+}  // namespace internal
+}  // namespace cudasim
