@@ -20,7 +20,8 @@ namespace {
 // checks], kernels.h) when it is not. Scatters pass no record: their gather did.
 __device__ inline bool IndexInRange(int64_t value, int64_t size, DeviceAssert* check,
                                     unsigned long long op) {
-  if (value >= 0 && value < size) return true;
+  // One unsigned comparison: a negative value wraps past any size.
+  if (static_cast<uint64_t>(value) < static_cast<uint64_t>(size)) return true;
   if (check != nullptr && atomicCAS(&check->flag, 0, 1) == 0) {
     check->op = op;
     check->value = static_cast<long long>(value);
