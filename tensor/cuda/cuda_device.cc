@@ -240,7 +240,8 @@ void CudaDevice::RaiseDeviceAssert(cudaStream_t stream) {
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(&record, slot, sizeof(record), cudaMemcpyDeviceToHost, stream),
                     index_);
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream), index_);
-  if (record.flag == 0) return;
+  // op == 0: the recording kernel runs on a stream not yet waited for; a later sync raises it.
+  if (record.flag == 0 || record.op == 0) return;
   TANDEM_CUDA_CHECK(cudaMemsetAsync(slot, 0, sizeof(DeviceAssert), stream), index_);
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream), index_);
   TANDEM_FAIL(reinterpret_cast<const char*>(record.op), ": index ", record.value,

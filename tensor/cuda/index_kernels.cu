@@ -23,9 +23,12 @@ __device__ inline bool IndexInRange(int64_t value, int64_t size, DeviceAssert* c
   // One unsigned comparison: a negative value wraps past any size.
   if (static_cast<uint64_t>(value) < static_cast<uint64_t>(size)) return true;
   if (check != nullptr && atomicCAS(&check->flag, 0, 1) == 0) {
-    check->op = op;
     check->value = static_cast<long long>(value);
     check->size = static_cast<long long>(size);
+    // The op last: a host reading the record while this kernel still runs (a sync of another
+    // stream) sees op == 0 and leaves the record for a later synchronization.
+    __threadfence();
+    check->op = op;
   }
   return false;
 }
