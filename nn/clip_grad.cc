@@ -60,9 +60,9 @@ Tensor get_total_norm(const std::vector<Tensor>& tensors, double norm_type,
     if (infinity) {
       part = amax(abs(t).reshape({-1}), 0).to(kFloat64);
     } else if (norm_type == 2.0) {
-      part = pow(sqrt(sum(square(t)).to(kFloat64)), norm_type);
+      part = sum(square(t)).to(kFloat64);  // its square: the root comes once, at the end
     } else if (norm_type == 1.0) {
-      part = pow(sum(abs(t)).to(kFloat64), norm_type);
+      part = sum(abs(t)).to(kFloat64);
     } else {
       part = pow(pow(sum(pow(abs(t), norm_type)).to(kFloat64), 1.0 / norm_type), norm_type);
     }
@@ -74,7 +74,8 @@ Tensor get_total_norm(const std::vector<Tensor>& tensors, double norm_type,
   } else if (infinity) {
     total = amax(stack(parts), 0);
   } else {
-    total = pow(sum(stack(parts)), 1.0 / norm_type);
+    const Tensor summed = sum(stack(parts));
+    total = norm_type == 2.0 ? sqrt(summed) : pow(summed, 1.0 / norm_type);
   }
   if (error_if_nonfinite) CheckFinite(total.item(), norm_type, "get_total_norm");
   return total;
@@ -88,13 +89,18 @@ void clip_grads_with_norm_(const std::vector<Tensor>& parameters, double max_nor
                " but is ", total_norm.defined() ? ShapeToString(total_norm.shape()) : "undefined");
   NoGradGuard no_grad;
   const Tensor coef = ClipCoefficient(total_norm.reshape({}), max_norm);
+  // The coefficient once per device and dtype: float64 for float64 gradients, float32 (their
+  // arithmetic type) for the others; 16-bit gradients are multiplied in float32 and rounded once.
+  std::vector<Tensor> coefs;
   for (const Tensor& p : parameters) {
     if (!p.defined() || !p.grad().defined()) continue;
     Tensor g = p.grad();
-    // The coefficient in the gradient's dtype for float32 and float64; 16-bit gradients
-    // multiply by it in float32 (their arithmetic type) and round once.
     const DType dtype = g.dtype() == kFloat64 ? kFloat64 : kFloat32;
-    const Tensor c = coef.to(g.device()).to(dtype);
+    auto it = std::find_if(coefs.begin(), coefs.end(), [&](const Tensor& c) {
+      return c.device() == g.device() && c.dtype() == dtype;
+    });
+    if (it == coefs.end()) it = coefs.insert(coefs.end(), coef.to(g.device()).to(dtype));
+    const Tensor& c = *it;
     if (g.dtype() == dtype) {
       g.mul_(c);
     } else {

@@ -133,6 +133,19 @@ TEST(NoHostSyncTest, ClipGradNormOnTheDeviceEqualsTheCpuWithoutAHostRead) {
   }
 }
 
+TEST(NoHostSyncTest, ClipGradNormOfBfloat16GradientsOnTheDevice) {
+  TANDEM_SKIP_WITHOUT_CUDA();
+  const std::vector<Tensor> grads = {randn({9, 4}).to(kBFloat16), randn({6}).to(kBFloat16)};
+  const std::vector<Tensor> cpu = WithGradients(grads, Device::Cpu());
+  const std::vector<Tensor> gpu = WithGradients(grads, kGpu);
+  const double want = clip_grad_norm_(cpu, 0.25);
+  EXPECT_NEAR(clip_grad_norm_(gpu, 0.25), want, 1e-6 * want);
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    EXPECT_EQ(gpu[i].grad().dtype(), kBFloat16);
+    EXPECT_LE(MaxAbsDiff(cpu[i].grad().to(kFloat32), gpu[i].grad().to(kFloat32)), 1e-2);
+  }
+}
+
 TEST(NoHostSyncTest, ClipGradNormErrorIfNonfiniteOnTheDevice) {
   TANDEM_SKIP_WITHOUT_CUDA();
   const std::vector<Tensor> params =
