@@ -858,9 +858,14 @@ Tensor Embedding::forward(const Tensor& indices) {
                indices.dtype(), "; convert them with .to(kInt64)");
   CheckSameDevice(indices, *weight_, *this);
   const Tensor flat = indices.reshape({-1});
-  // The indices are read on the host once, to name a bad one and to plan max_norm's and
-  // scale_grad_by_freq's work.
-  const std::vector<int64_t> values = flat.to_vector<int64_t>();
+  // On the CPU, and for max_norm's and scale_grad_by_freq's plans, the indices are read on the
+  // host once, to name a bad one. On a GPU without those options they stay there: the gather
+  // kernel checks them and the next host synchronization reports a bad one (Note [Device-side
+  // index checks], tensor/cuda/kernels.h), so a training step need not wait for the GPU here.
+  const bool read_on_host =
+      flat.device().is_cpu() || options_.max_norm() || options_.scale_grad_by_freq();
+  const std::vector<int64_t> values =
+      read_on_host ? flat.to_vector<int64_t>() : std::vector<int64_t>{};
   for (size_t i = 0; i < values.size(); ++i) {
     TANDEM_CHECK(values[i] >= 0 && values[i] < num_embeddings(), ToString(), ": index ", values[i],
                  " (element ", i, " of the ", ShapeToString(indices.shape()),

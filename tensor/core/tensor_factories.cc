@@ -201,7 +201,13 @@ Tensor arange(int64_t n, const TensorOptions& options) {
   TANDEM_CHECK(n >= 0, "arange: n must be >= 0 but is ", n);
   std::vector<int64_t> values(n);
   std::iota(values.begin(), values.end(), int64_t{0});
-  return from_vector(values, {n}, options);
+  if (options.device_.is_cpu() || options.pinned_ || n == 0) {
+    return from_vector(values, {n}, options);
+  }
+  // For another device, staged in pinned memory: the copy is queued without the host waiting
+  // for it, where a pageable one waits (GPT's forward makes its positions in every step).
+  const Tensor staged = from_vector(values, {n}).pin_memory();
+  return Finish(staged.to(options.device_).to(options.dtype_.value_or(kInt64)), options);
 }
 
 // ---- Random numbers --------------------------------------------------------------------

@@ -79,7 +79,7 @@ TEST(CpuBackendTest, GatherAndScatterAddColumns) {
     std::vector<int64_t> idx = RandomInts(rows, 0, cols - 1, 24);
     std::vector<float> gathered(rows);
     GatherColumnsKernel(Device::Cpu(0), kFloat32, gathered.data(), src.data(), idx.data(), rows,
-                        cols);
+                        cols, "test");
     for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(gathered[r], src[r * cols + idx[r]]);
 
     std::vector<float> dst = src, expected = src;
@@ -87,7 +87,7 @@ TEST(CpuBackendTest, GatherAndScatterAddColumns) {
     ScatterAddColumnsKernel(Device::Cpu(0), kFloat32, dst.data(), gathered.data(), idx.data(), rows,
                             cols);
     ASSERT_EQ(dst, expected);
-    GatherColumnsKernel(Device::Cpu(0), kFloat32, nullptr, nullptr, nullptr, 0, cols);
+    GatherColumnsKernel(Device::Cpu(0), kFloat32, nullptr, nullptr, nullptr, 0, cols, "test");
     ScatterAddColumnsKernel(Device::Cpu(0), kFloat32, nullptr, nullptr, nullptr, 0, cols);
   });
 }
@@ -190,7 +190,7 @@ TYPED_TEST(ReducedFloatTest, GathersAndScatterAdds) {
   std::vector<int64_t> idx = RandomInts(outer * idx_dim * inner, 0, dim - 1, 92);
   std::vector<T> gathered(idx.size());
   GatherKernel(Device::Cpu(0), dtype, gathered.data(), src.data(), idx.data(), outer, dim, idx_dim,
-               inner);
+               inner, "test");
   for (size_t e = 0; e < idx.size(); ++e) {
     const int64_t o = e / (idx_dim * inner), i = e % inner;
     ASSERT_EQ(gathered[e].bits, src[(o * dim + idx[e]) * inner + i].bits);
@@ -211,8 +211,8 @@ TYPED_TEST(ReducedFloatTest, GathersAndScatterAdds) {
   std::vector<float> table32 = Widened(table);
   std::vector<int64_t> column = RandomInts(rows, 0, cols - 1, 94);
   std::vector<T> picked(rows);
-  GatherColumnsKernel(Device::Cpu(0), dtype, picked.data(), table.data(), column.data(), rows,
-                      cols);
+  GatherColumnsKernel(Device::Cpu(0), dtype, picked.data(), table.data(), column.data(), rows, cols,
+                      "test");
   for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(picked[r].bits, table[r * cols + column[r]].bits);
   const std::vector<float> picked32 = Widened(picked);
   ScatterAddColumnsKernel(Device::Cpu(0), kFloat32, table32.data(), picked32.data(), column.data(),

@@ -14,7 +14,7 @@ namespace cpu_internal {
 namespace {
 
 void CpuGatherColumns(int index, DType dtype, void* dst_data, const void* src_data,
-                      const int64_t* idx, int64_t rows, int64_t cols) {
+                      const int64_t* idx, int64_t rows, int64_t cols, const char* /*op*/) {
   CheckCpuIndex(index);
   DispatchAllFloatingTypes(dtype, "CPU GatherColumns", [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -43,7 +43,7 @@ void CpuScatterAddColumns(int index, DType dtype, void* dst_data, const void* sr
 }
 
 void CpuGather(int index, DType dtype, void* dst_data, const void* src_data, const int64_t* idx,
-               int64_t outer, int64_t src_dim, int64_t idx_dim, int64_t inner) {
+               int64_t outer, int64_t src_dim, int64_t idx_dim, int64_t inner, const char* /*op*/) {
   CheckCpuIndex(index);
   DispatchAllFloatingTypes(dtype, "CPU Gather", [&](auto tag) {
     using T = typename decltype(tag)::type;

@@ -35,8 +35,18 @@ std::string UnavailableReason();
 
 // Waits until all work queued on `device` (on every one of its streams) has finished.
 // Throws tandem::Error carrying any asynchronous error a kernel raised (e.g. an illegal
-// address).
+// address), and the first out-of-range index a kernel found since the last synchronization
+// (Note [Device-side index checks] in tensor/cuda/kernels.h; item() and copies to the host
+// raise it too), naming the op; the device stays usable.
 void Synchronize(int device);
+
+// PyTorch's torch.cuda.set_sync_debug_mode("error"): while on, whatever makes the host wait
+// for a CUDA device (a copy to the host such as item(), Synchronize, a copy from pageable host
+// memory) throws tandem::Error naming it instead, so code meant to queue work without waiting
+// (a training step to capture in a CUDA Graph) can be tested for it. Process-wide, off by
+// default.
+void SetSyncDebugError(bool on);
+bool SyncDebugError();
 
 // Whether float32 matrix products may use TF32 tensor cores (about 8x faster on an H200,
 // with 10-bit mantissas for the inputs). Off by default, so that GPU results match the

@@ -37,6 +37,14 @@ namespace cuda {
 namespace {
 
 std::atomic<bool> allow_tf32{false};
+std::atomic<bool> sync_debug_error{false};
+
+// SetSyncDebugError's check, before each wait of the host for `index`.
+void CheckMayWait(const char* what, int index) {
+  TANDEM_CHECK(!sync_debug_error.load(), what, " would make the host wait for ",
+               Device::Cuda(index), " while cuda::SetSyncDebugError(true) forbids it; keep the ",
+               "value on the device, or read it after the section that must not wait");
+}
 
 // ---- Argument checks (the CPU backend's, with "CUDA" in the message) --------------------
 
@@ -116,10 +124,12 @@ class CudaBackend final : public Backend {
   int CreateStream(int index) override { return Device(index).CreateStream(); }
   bool QueryStream(int index, int stream) override;
   void SynchronizeStream(int index, int stream) override {
+    CheckMayWait("a stream synchronization", index);
     CudaDevice& device = Device(index);
     cudaStream_t handle = device.stream(stream);
     DeviceGuard guard(device.physical());
     TANDEM_CUDA_CHECK(cudaStreamSynchronize(handle), index);
+    device.RaiseDeviceAssert(handle);
   }
   std::unique_ptr<EventImpl> RecordEvent(int index, int stream) override {
     CudaDevice& device = Device(index);
@@ -205,11 +215,13 @@ void CudaBackend::StreamWaitEvent(int index, int stream, EventImpl& event) {
 void CudaBackend::CopyToHost(int index, void* dst, const void* src, size_t bytes) {
   CudaDevice& device = Device(index);
   if (bytes == 0) return;
+  CheckMayWait("a copy to the host (item(), to_vector, .to(cpu))", index);
   cudaStream_t stream = device.current_stream();
   DeviceGuard guard(device.physical());
   // Queued behind the kernels that produce `src`; the host waits for the bytes.
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream), index);
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream), index);
+  device.RaiseDeviceAssert(stream);
 }
 
 void CudaBackend::CopyFromHost(int index, void* dst, const void* src, size_t bytes) {
@@ -218,8 +230,10 @@ void CudaBackend::CopyFromHost(int index, void* dst, const void* src, size_t byt
   cudaStream_t stream = device.current_stream();
   DeviceGuard guard(device.physical());
   PinnedHostAllocator& pinned = CudaDevices::Get().pinned();
+  const bool from_pinned = pinned.Contains(src, bytes);
+  if (!from_pinned) CheckMayWait("a copy from pageable host memory", index);
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream), index);
-  if (pinned.Contains(src, bytes)) {
+  if (from_pinned) {
     // Returns at once. The caller may free `src` as soon as we return: the pinned
     // allocator will not hand the block out again until this copy has read it.
     pinned.RecordUse(src, stream, device.physical());
@@ -531,6 +545,8 @@ void Synchronize(int device) { CudaBackend::Instance().Synchronize(device); }
 
 void SetAllowTf32(bool allow) { allow_tf32.store(allow); }
 bool AllowTf32() { return allow_tf32.load(); }
+void SetSyncDebugError(bool on) { sync_debug_error.store(on); }
+bool SyncDebugError() { return sync_debug_error.load(); }
 
 int PhysicalDevice(int device) { return CudaDevices::Get().device(device).physical(); }
 void* Stream(int device) { return CudaDevices::Get().device(device).current_stream(); }

@@ -220,6 +220,36 @@ LaunchContext CudaDevice::Launch() {
   return context;
 }
 
+DeviceAssert* CudaDevice::device_assert() {
+  std::call_once(assert_once_, [this] {
+    DeviceGuard guard(physical_);
+    void* memory = nullptr;
+    TANDEM_CUDA_CHECK(cudaMalloc(&memory, sizeof(DeviceAssert)), index_);
+    TANDEM_CUDA_CHECK(cudaMemset(memory, 0, sizeof(DeviceAssert)), index_);
+    device_assert_.store(static_cast<DeviceAssert*>(memory));
+  });
+  return device_assert_.load();
+}
+
+void CudaDevice::RaiseDeviceAssert(cudaStream_t stream) {
+  DeviceAssert* slot = device_assert_.load();
+  if (slot == nullptr) return;
+  DeviceGuard guard(physical_);
+  DeviceAssert record{};
+  // The host has just waited for `stream`, so this short copy is not a new wait for work.
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(&record, slot, sizeof(record), cudaMemcpyDeviceToHost, stream),
+                    index_);
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream), index_);
+  // op == 0: the recording kernel runs on a stream not yet waited for; a later sync raises it.
+  if (record.flag == 0 || record.op == 0) return;
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(slot, 0, sizeof(DeviceAssert), stream), index_);
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream), index_);
+  TANDEM_FAIL(reinterpret_cast<const char*>(record.op), ": index ", record.value,
+              " is out of range; indices must be in [0, ", record.size, ") (found on ",
+              Device::Cuda(index_), " by a kernel queued before this synchronization, as ",
+              "PyTorch's device-side assert; the device stays usable)");
+}
+
 CudaEvent::CudaEvent(CudaDevice& device, cudaStream_t stream)
     : device_(device), event_(device.AcquireEvent()) {
   DeviceGuard guard(device_.physical());

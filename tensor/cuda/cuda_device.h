@@ -96,6 +96,13 @@ class CudaDevice {
   // What kernel launchers need: the current stream, SM count, the allocator for workspaces.
   LaunchContext Launch();
 
+  // The device's DeviceAssert (Note [Device-side index checks], kernels.h), allocated and
+  // cleared on first use.
+  DeviceAssert* device_assert();
+  // After the host has waited for `stream`: throws the error a kernel recorded in
+  // device_assert(), if any, and clears it. Free when no kernel has asked for the record.
+  void RaiseDeviceAssert(cudaStream_t stream);
+
  private:
   void InitStream();
 
@@ -117,6 +124,8 @@ class CudaDevice {
   cublasMath_t blas_math_mode_ = CUBLAS_DEFAULT_MATH;
   std::mutex blas_mutex_;
   std::unique_ptr<CachingAllocator> allocator_;
+  std::once_flag assert_once_;
+  std::atomic<DeviceAssert*> device_assert_{nullptr};  // never freed: lives as the device
 };
 
 // A backend event of a CUDA device (behind tandem::Event): recorded on a stream of the

@@ -35,8 +35,10 @@ void CudaBackendTest::ExpectGatherAndScatterAddColumnsMatch(
     Buffer<T> src(Random<T>(rows * cols));
     Buffer<int64_t> idx(RandomInts(rows, 0, cols - 1));
     Buffer<T> gathered(rows);
-    GatherColumnsKernel(Device::Cpu(0), dtype, gathered.cpu(), src.cpu(), idx.cpu(), rows, cols);
-    GatherColumnsKernel(Device::Cuda(0), dtype, gathered.gpu(), src.gpu(), idx.gpu(), rows, cols);
+    GatherColumnsKernel(Device::Cpu(0), dtype, gathered.cpu(), src.cpu(), idx.cpu(), rows, cols,
+                        "test");
+    GatherColumnsKernel(Device::Cuda(0), dtype, gathered.gpu(), src.gpu(), idx.gpu(), rows, cols,
+                        "test");
     ExpectBitwiseEqual(gathered.Cpu(), gathered.Gpu(),
                        Note(DTypePrefix<T>() + "gather " + std::to_string(rows)));
     Buffer<T> grad(Random<T>(rows));
@@ -95,9 +97,9 @@ TEST_F(CudaBackendFloat64Test, GatherAndScatterAdd) {
   Buffer<int64_t> idx(RandomInts(outer * idx_dim * inner, 0, src_dim - 1));
   Buffer<double> gathered(outer * idx_dim * inner);
   GatherKernel(Device::Cpu(0), kFloat64, gathered.cpu(), src.cpu(), idx.cpu(), outer, src_dim,
-               idx_dim, inner);
+               idx_dim, inner, "test");
   GatherKernel(Device::Cuda(0), kFloat64, gathered.gpu(), src.gpu(), idx.gpu(), outer, src_dim,
-               idx_dim, inner);
+               idx_dim, inner, "test");
   ExpectBitwiseEqual(gathered.Cpu(), gathered.Gpu(), Note("float64 gather"));
   Buffer<double> grad(Random<double>(outer * idx_dim * inner));
   ScatterAddKernel(Device::Cpu(0), kFloat64, src.cpu(), grad.cpu(), idx.cpu(), outer, src_dim,
@@ -149,9 +151,9 @@ void CudaBackendReducedTest::ExpectGathersScattersAndRandomMatch() {
   Buffer<T> picked(rows);
   Buffer<float> expected_picked(rows);
   GatherColumnsKernel(Device::Cpu(0), kFloat32, expected_picked.cpu(), wide_matrix.cpu(),
-                      columns.cpu(), rows, cols);
-  GatherColumnsKernel(Device::Cuda(0), dtype, picked.gpu(), matrix.gpu(), columns.gpu(), rows,
-                      cols);
+                      columns.cpu(), rows, cols, "test");
+  GatherColumnsKernel(Device::Cuda(0), dtype, picked.gpu(), matrix.gpu(), columns.gpu(), rows, cols,
+                      "test");
   ExpectBitwiseEqual(Rounded<T>(expected_picked.Cpu()), picked.Gpu(),
                      Note(prefix + "gather columns"));
   Buffer<T> values(RandomReduced<T>(rows));
@@ -171,9 +173,9 @@ void CudaBackendReducedTest::ExpectGathersScattersAndRandomMatch() {
   Buffer<T> gathered(outer * idx_dim * inner);
   Buffer<float> expected_gathered(outer * idx_dim * inner);
   GatherKernel(Device::Cpu(0), kFloat32, expected_gathered.cpu(), wide_src.cpu(), idx.cpu(), outer,
-               src_dim, idx_dim, inner);
+               src_dim, idx_dim, inner, "test");
   GatherKernel(Device::Cuda(0), dtype, gathered.gpu(), src.gpu(), idx.gpu(), outer, src_dim,
-               idx_dim, inner);
+               idx_dim, inner, "test");
   ExpectBitwiseEqual(Rounded<T>(expected_gathered.Cpu()), gathered.Gpu(), Note(prefix + "gather"));
   Buffer<T> grad(RandomReduced<T>(outer * idx_dim * inner));
   Buffer<float> wide_grad = Wide(grad);

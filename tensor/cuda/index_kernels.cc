@@ -15,8 +15,9 @@ namespace cuda {
 namespace {
 
 void CudaGatherColumns(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
-                       int64_t rows, int64_t cols) {
-  LaunchOnDevice(index, &LaunchGatherColumns, dtype, dst, src, idx, rows, cols);
+                       int64_t rows, int64_t cols, const char* op) {
+  DeviceAssert* check = CudaDevices::Get().device(index).device_assert();
+  LaunchOnDevice(index, &LaunchGatherColumns, dtype, dst, src, idx, rows, cols, check, op);
 }
 
 void CudaScatterAddColumns(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
@@ -25,8 +26,10 @@ void CudaScatterAddColumns(int index, DType dtype, void* dst, const void* src, c
 }
 
 void CudaGather(int index, DType dtype, void* dst, const void* src, const int64_t* idx,
-                int64_t outer, int64_t src_dim, int64_t idx_dim, int64_t inner) {
-  LaunchOnDevice(index, &LaunchGather, dtype, dst, src, idx, outer, src_dim, idx_dim, inner);
+                int64_t outer, int64_t src_dim, int64_t idx_dim, int64_t inner, const char* op) {
+  DeviceAssert* check = CudaDevices::Get().device(index).device_assert();
+  LaunchOnDevice(index, &LaunchGather, dtype, dst, src, idx, outer, src_dim, idx_dim, inner, check,
+                 op);
 }
 
 void CudaScatterAdd(int index, DType dtype, void* dst, const void* src, const int64_t* idx,

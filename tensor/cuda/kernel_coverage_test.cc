@@ -229,8 +229,8 @@ void KernelCoverageTest::GatherAndScatterAddColumns() {
     const int64_t rows = 9, cols = 5;
     Buffer<T> table(Integers<T>(rows * cols)), picked(rows);
     Buffer<int64_t> idx(RandomInts(rows, 0, cols - 1));
-    GatherColumnsKernel(kCpu, dtype, picked.cpu(), table.cpu(), idx.cpu(), rows, cols);
-    GatherColumnsKernel(kCuda, dtype, picked.gpu(), table.gpu(), idx.gpu(), rows, cols);
+    GatherColumnsKernel(kCpu, dtype, picked.cpu(), table.cpu(), idx.cpu(), rows, cols, "test");
+    GatherColumnsKernel(kCuda, dtype, picked.gpu(), table.gpu(), idx.gpu(), rows, cols, "test");
     ExpectBitwiseEqual(picked.Cpu(), picked.Gpu(), Note(DTypePrefix<T>() + "gather columns"));
     ScatterAddColumnsKernel(kCpu, dtype, table.cpu(), picked.cpu(), idx.cpu(), rows, cols);
     ScatterAddColumnsKernel(kCuda, dtype, table.gpu(), picked.gpu(), idx.gpu(), rows, cols);
@@ -248,8 +248,10 @@ void KernelCoverageTest::GatherAndScatterAdd() {
     // Repeated indices: the scatter-add sums several values into one element (integers, so
     // the order of the additions does not matter).
     Buffer<int64_t> idx(RandomInts(n_idx, 0, dim - 1));
-    GatherKernel(kCpu, dtype, gathered.cpu(), src.cpu(), idx.cpu(), outer, dim, idx_dim, inner);
-    GatherKernel(kCuda, dtype, gathered.gpu(), src.gpu(), idx.gpu(), outer, dim, idx_dim, inner);
+    GatherKernel(kCpu, dtype, gathered.cpu(), src.cpu(), idx.cpu(), outer, dim, idx_dim, inner,
+                 "test");
+    GatherKernel(kCuda, dtype, gathered.gpu(), src.gpu(), idx.gpu(), outer, dim, idx_dim, inner,
+                 "test");
     ExpectBitwiseEqual(gathered.Cpu(), gathered.Gpu(), Note(DTypePrefix<T>() + "gather"));
     ScatterAddKernel(kCpu, dtype, src.cpu(), gathered.cpu(), idx.cpu(), outer, dim, idx_dim, inner);
     ScatterAddKernel(kCuda, dtype, src.gpu(), gathered.gpu(), idx.gpu(), outer, dim, idx_dim,

@@ -74,13 +74,30 @@ void LaunchAdaptiveAvgPool2d(const LaunchContext& context, DType dtype, int64_t 
 void LaunchAdaptiveAvgPool2dBackward(const LaunchContext& context, DType dtype, int64_t planes,
                                      int64_t height, int64_t width, int64_t out_h, int64_t out_w,
                                      const void* grad_output, void* grad_input);
+// Note [Device-side index checks]: kernels that read with an index check its range on the
+// device instead of the host reading the indices back (which would stop the host for every
+// embedding and loss). A bad index is skipped (its output element written 0, its scatter
+// dropped), and the first one is recorded in the device's DeviceAssert, which the backend
+// reads at its next host synchronization (CopyToHost, Synchronize) and raises as a
+// tandem::Error naming the op, as PyTorch reports a device-side assert, but recoverable: the
+// record is cleared when raised. `op` is a string literal (static storage), kept on the
+// device as an integer and only read on the host.
+struct DeviceAssert {
+  int flag;  // 0: clear; 1: set (the first failing thread's atomicCAS wins)
+  int unused;
+  unsigned long long op;  // the const char* of the op's name
+  long long value;        // the bad index
+  long long size;         // indices must be in [0, size)
+};
+
 void LaunchGatherColumns(const LaunchContext& context, DType dtype, void* dst, const void* src,
-                         const int64_t* idx, int64_t rows, int64_t cols);
+                         const int64_t* idx, int64_t rows, int64_t cols, DeviceAssert* check,
+                         const char* op);
 void LaunchScatterAddColumns(const LaunchContext& context, DType dtype, void* dst, const void* src,
                              const int64_t* idx, int64_t rows, int64_t cols);
 void LaunchGather(const LaunchContext& context, DType dtype, void* dst, const void* src,
                   const int64_t* idx, int64_t outer, int64_t src_dim, int64_t idx_dim,
-                  int64_t inner);
+                  int64_t inner, DeviceAssert* check, const char* op);
 void LaunchScatterAdd(const LaunchContext& context, DType dtype, void* dst, const void* src,
                       const int64_t* idx, int64_t outer, int64_t dst_dim, int64_t idx_dim,
                       int64_t inner);

@@ -40,9 +40,11 @@ Tensor KeepWhere(const Tensor& grad, const Tensor& mask, const char* name) {
   return out;
 }
 
-// Checks int64 `index` values lie in [0, size), on any device (two reductions, one read).
+// Checks int64 `index` values lie in [0, size) now, on the CPU (two reductions, one read). On a
+// GPU the kernel checks them and the next host synchronization reports a bad one (Note
+// [Device-side index checks], tensor/cuda/kernels.h): reading them here would stop the host.
 void CheckIndexRange(const Tensor& index, int64_t size, int64_t dim, const char* op) {
-  if (index.numel() == 0) return;
+  if (index.numel() == 0 || !index.device().is_cpu()) return;
   const Tensor flat = ViewRaw(ContiguousRaw(index), {index.numel()});
   const Tensor largest = ViewRaw(ReduceRaw(flat, {0}, ReduceKind::kMax, op), {1});
   const Tensor smallest = ViewRaw(ReduceRaw(flat, {0}, ReduceKind::kMin, op), {1});
@@ -135,7 +137,10 @@ Tensor clamp(const Tensor& input, std::optional<double> min, std::optional<doubl
   return out;
 }
 
-Tensor gather(const Tensor& input, int64_t dim, const Tensor& index) {
+namespace {
+
+// gather, reporting bad indices as `op`'s (a string literal: the device may report it later).
+Tensor Gather(const Tensor& input, int64_t dim, const Tensor& index, const char* op) {
   CheckDefined(input, "gather", "input");
   CheckDefined(index, "gather", "index");
   CheckSameDevice(input, "input", index, "index", "gather");
@@ -151,7 +156,7 @@ Tensor gather(const Tensor& input, int64_t dim, const Tensor& index) {
   TANDEM_CHECK(fits, "gather: index is ", ShapeToString(index.shape()), " and input is ",
                ShapeToString(input.shape()), "; index must have input's number of dimensions and",
                " sizes no larger than input's except along dim ", d);
-  CheckIndexRange(index, in_shape[d], d, "gather");
+  CheckIndexRange(index, in_shape[d], d, op);
   // Input narrowed to index's sizes outside dim, so both are [outer, *, inner].
   Shape narrowed = idx_shape;
   narrowed[d] = in_shape[d];
@@ -164,7 +169,7 @@ Tensor gather(const Tensor& input, int64_t dim, const Tensor& index) {
   const int64_t src_dim = in_shape[d], idx_dim = idx_shape[d];
   Tensor out = NewTensor(index.shape(), input.dtype(), input.device());
   GatherKernel(x.device(), x.dtype(), DataPtr(out), DataPtr(x), Int64Ptr(idx), outer, src_dim,
-               idx_dim, inner);
+               idx_dim, inner, op);
   if (NeedsGrad({input})) {
     Record("GatherBackward", {input}, out,
            [idx, narrowed, outer, src_dim, idx_dim, inner,
@@ -184,6 +189,12 @@ Tensor gather(const Tensor& input, int64_t dim, const Tensor& index) {
            });
   }
   return out;
+}
+
+}  // namespace
+
+Tensor gather(const Tensor& input, int64_t dim, const Tensor& index) {
+  return Gather(input, dim, index, "gather");
 }
 
 namespace {
@@ -260,7 +271,7 @@ Tensor index_select(const Tensor& input, int64_t dim, const Tensor& index) {
   Tensor out;
   {
     NoGradGuard no_grad;  // recorded below, as a node whose gradient scatters
-    out = gather(input, d, expanded);
+    out = Gather(input, d, expanded, "index_select");
   }
   if (NeedsGrad({input})) {
     const int64_t outer = Product(shape, 0, d), inner = Product(shape, d + 1, shape.size());

@@ -17,10 +17,12 @@ namespace tandem {
 
 namespace {
 
-// Checks that int64 `targets` [N] hold class indices in [0, classes), on any device: two
-// reductions and a single two-element read back, not a walk over host memory.
+// Checks that int64 `targets` [N] hold class indices in [0, classes) now, on the CPU: two
+// reductions and a single two-element read. On a GPU the gather kernel checks them and the next
+// host synchronization reports a bad one (Note [Device-side index checks],
+// tensor/cuda/kernels.h): reading them here would stop the host in every training step.
 void CheckTargets(const Tensor& targets, int64_t classes, const char* op) {
-  if (targets.numel() == 0) return;
+  if (targets.numel() == 0 || !targets.device().is_cpu()) return;
   const Tensor largest = ViewRaw(ReduceRaw(targets, {0}, ReduceKind::kMax, op), {1});
   const Tensor smallest = ViewRaw(ReduceRaw(targets, {0}, ReduceKind::kMin, op), {1});
   const std::vector<int64_t> range = cat({smallest, largest}).to_vector<int64_t>();
@@ -30,15 +32,16 @@ void CheckTargets(const Tensor& targets, int64_t classes, const char* op) {
                "(negative ignore_index values are not supported)");
 }
 
-// Mean NLL of `targets` under `log_probs` [N, C]; validated by the caller.
-Tensor NllLossCore(const Tensor& log_probs, const Tensor& targets) {
+// Mean NLL of `targets` under `log_probs` [N, C]; validated by the caller (on the device, as
+// `op`, a string literal).
+Tensor NllLossCore(const Tensor& log_probs, const Tensor& targets, const char* op) {
   const int64_t rows = log_probs.shape()[0], cols = log_probs.shape()[1];
   Tensor lp = ContiguousRaw(log_probs);
   Tensor idx = ContiguousRaw(targets);
   Tensor picked = NewTensor({rows}, lp.dtype(), lp.device());
   if (rows > 0) {
     GatherColumnsKernel(lp.device(), lp.dtype(), DataPtr(picked), DataPtr(lp), Int64Ptr(idx), rows,
-                        cols);
+                        cols, op);
   }
   // Mean over zero rows is NaN, as in PyTorch.
   const double scale =
@@ -98,7 +101,7 @@ void CheckClassification(const Tensor& scores, const Tensor& targets, const char
 Tensor nll_loss(const Tensor& log_probs, const Tensor& targets) {
   TANDEM_AUTOCAST(kFloat32, nll_loss, log_probs, targets);
   CheckClassification(log_probs, targets, "nll_loss", "log_probs");
-  return NllLossCore(log_probs, targets);
+  return NllLossCore(log_probs, targets, "nll_loss");
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
@@ -108,7 +111,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   {
     NoGradGuard no_grad;  // one node for the whole loss, recorded below
     log_probs = log_softmax(logits, 1);
-    out = NllLossCore(log_probs, targets);
+    out = NllLossCore(log_probs, targets, "cross_entropy");
   }
   if (NeedsGrad({logits})) {
     // d loss / d logits = (softmax(logits) - onehot(targets)) * grad / rows, written in two
