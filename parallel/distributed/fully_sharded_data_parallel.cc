@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "nn/clip_grad.h"
 #include "parallel/distributed/broadcast_coalesced.h"
 #include "parallel/distributed/internal/optimizer_state_name.h"
 #include "parallel/distributed/same_configuration.h"
@@ -583,41 +584,36 @@ double FullyShardedDataParallel::clip_grad_norm_(double max_norm, double norm_ty
                "clip_grad_norm_: norm_type must be > 0 or infinity but is ", norm_type,
                "; use 2 for the Euclidean norm");
   NoGradGuard no_grad;
-  // This rank's part: the largest magnitude, or the sum of |g|^p, in float64.
-  double local = 0.0;
+  ProcessGroup& group = *state_->group;
+  const Device device = group.device();
+  // This rank's part, the largest magnitude or the sum of |g|^p in float64, kept on the device:
+  // the only host read is the norm returned at the end (none per unit, on a GPU).
+  Tensor local = zeros({1}, TensorOptions(kFloat64).device(device));
+  std::vector<Tensor> shards;
   for (const State::Unit& unit : state_->units) {
     if (unit.entries.empty()) continue;
     const Tensor grad = unit.shard.grad();
     if (!grad.defined() || grad.numel() == 0) continue;
-    if (infinity) {
-      local = std::max(local, amax(abs(grad.to(kFloat64)), 0).item());
-    } else if (norm_type == 2.0) {
-      local += sum(square(grad.to(kFloat64))).item();
-    } else {
-      local += sum(pow(abs(grad.to(kFloat64)), norm_type)).item();
-    }
+    shards.push_back(unit.shard);
+    const Tensor g = abs(grad.to(kFloat64));
+    const Tensor part = (infinity           ? amax(g, 0)
+                         : norm_type == 2.0 ? sum(square(g))
+                                            : sum(pow(g, norm_type)))
+                            .reshape({1})
+                            .to(device);
+    local = infinity ? maximum(local, part) : local + part;
   }
-  ProcessGroup& group = *state_->group;
-  const Device device = group.device();
-  double total;
+  Tensor total;
   if (infinity) {
     Tensor all = zeros({group.size()}, TensorOptions(kFloat64).device(device));
-    group.allgather(all, full({1}, local, TensorOptions(kFloat64).device(device)))->wait();
-    total = amax(all, 0).item();
+    group.allgather(all, local)->wait();
+    total = amax(all, 0);
   } else {
-    Tensor sum_tensor = full({1}, local, TensorOptions(kFloat64).device(device));
-    group.allreduce(sum_tensor, ReduceOp::kSum)->wait();
-    total = std::pow(sum_tensor.item(), 1.0 / norm_type);
+    group.allreduce(local, ReduceOp::kSum)->wait();
+    total = pow(local, 1.0 / norm_type).reshape({});
   }
-  const double coef = std::min(max_norm / (total + 1e-6), 1.0);
-  if (coef < 1.0 || std::isnan(coef)) {
-    for (State::Unit& unit : state_->units) {
-      if (unit.entries.empty()) continue;
-      Tensor grad = unit.shard.grad();
-      if (grad.defined()) grad.mul_(coef);
-    }
-  }
-  return total;
+  nn::clip_grads_with_norm_(shards, max_norm, total);
+  return total.item();
 }
 
 std::vector<nn::NamedTensor> FullyShardedDataParallel::full_state_dict() {

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <thread>
@@ -168,6 +169,29 @@ TEST_F(FullyShardedDataParallelTest, EqualsDistributedDataParallel) {
         ExpectSameModel(fsdp, *whole, "after 10 steps");
       }
     }
+  }
+}
+
+// Every norm type (the largest magnitude all-gathered, the others' sums of powers all-reduced):
+// the norm of the whole gradient, and the shards clipped as DDP's whole gradients are.
+TEST_F(FullyShardedDataParallelTest, ClipGradNormOfEveryOrderIsTheWholeGradients) {
+  const int rank = TestGroup()->rank();
+  for (double norm_type : {1.0, 2.0, 3.0, static_cast<double>(INFINITY)}) {
+    SCOPED_TRACE("norm_type " + std::to_string(norm_type));
+    auto sharded = MakeModel();
+    auto whole = MakeModel();
+    FullyShardedDataParallel fsdp(sharded, TestGroup(), Units(ShardingStrategy::kFullShard));
+    DistributedDataParallel ddp(whole, TestGroup());
+    const Batch b = BatchOf(0, rank);
+    mse_loss(fsdp.forward(b.x), b.y).backward();
+    mse_loss(ddp.forward(b.x), b.y).backward();
+    const double got = fsdp.clip_grad_norm_(0.05, norm_type);
+    const double want = nn::clip_grad_norm_(whole->parameters(), 0.05, norm_type);
+    EXPECT_NEAR(got, want, 1e-6 * want);
+    EXPECT_GT(want, 0.05) << "the test must clip";
+    nn::SGD(fsdp.parameters(), nn::SGDOptions(1.0)).step();
+    nn::SGD(whole->parameters(), nn::SGDOptions(1.0)).step();
+    ExpectSameModel(fsdp, *whole, "after a clipped step");
   }
 }
 
