@@ -32,6 +32,16 @@ void CheckTargets(const Tensor& targets, int64_t classes, const char* op) {
                "(negative ignore_index values are not supported)");
 }
 
+// [rows, cols] of `like`'s dtype and device: 1 at (i, idx[i]), 0 elsewhere. A constant of the
+// backwards written with differentiable ops (under create_graph).
+Tensor OneHotRaw(const Tensor& idx, int64_t rows, int64_t cols, const Tensor& like) {
+  Tensor onehot = FilledRaw({rows, cols}, like.dtype(), like.device(), 0.0);
+  const Tensor ones_per_row = FilledRaw({rows}, like.dtype(), like.device(), 1.0);
+  ScatterAddColumnsKernel(like.device(), like.dtype(), DataPtr(onehot), DataPtr(ones_per_row),
+                          Int64Ptr(idx), rows, cols);
+  return onehot;
+}
+
 // Mean NLL of `targets` under `log_probs` [N, C]; validated by the caller (on the device, as
 // `op`, a string literal).
 Tensor NllLossCore(const Tensor& log_probs, const Tensor& targets, const char* op) {
@@ -48,16 +58,23 @@ Tensor NllLossCore(const Tensor& log_probs, const Tensor& targets, const char* o
       rows > 0 ? -1.0 / static_cast<double>(rows) : std::numeric_limits<double>::quiet_NaN();
   Tensor out = UnaryRaw(UnaryOp::kMulScalar, SumAllRaw(picked), scale);
   if (NeedsGrad({log_probs})) {
-    Record("NllLossBackward", {log_probs}, out, [idx, rows, cols, scale](const Tensor& grad) {
-      Tensor grad_lp = FilledRaw({rows, cols}, grad.dtype(), grad.device(), 0.0);
-      if (rows > 0) {
-        Tensor per_row =
-            BroadcastCopyRaw(UnaryRaw(UnaryOp::kMulScalar, grad, scale), {rows}, grad_lp.dtype());
-        ScatterAddColumnsKernel(grad.device(), grad_lp.dtype(), DataPtr(grad_lp), DataPtr(per_row),
-                                Int64Ptr(idx), rows, cols);
-      }
-      return std::vector<Tensor>{grad_lp};
-    });
+    Record(
+        "NllLossBackward", {log_probs}, out,
+        [idx, rows, cols, scale](const Tensor& grad) {
+          if (rows > 0 && CreatingGraph()) {
+            // Linear in grad, constant in log_probs: onehot * grad * scale keeps grad's graph.
+            return std::vector<Tensor>{mul(OneHotRaw(idx, rows, cols, grad), mul(grad, scale))};
+          }
+          Tensor grad_lp = FilledRaw({rows, cols}, grad.dtype(), grad.device(), 0.0);
+          if (rows > 0) {
+            Tensor per_row = BroadcastCopyRaw(UnaryRaw(UnaryOp::kMulScalar, grad, scale), {rows},
+                                              grad_lp.dtype());
+            ScatterAddColumnsKernel(grad.device(), grad_lp.dtype(), DataPtr(grad_lp),
+                                    DataPtr(per_row), Int64Ptr(idx), rows, cols);
+          }
+          return std::vector<Tensor>{grad_lp};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }
@@ -72,10 +89,7 @@ std::vector<Tensor> CrossEntropyBackwardDifferentiable(const Tensor& lp, const T
     const std::vector<int64_t> dims = {1};
     return std::vector<Tensor>{sub(g, mul(exp(SavedOutput(lp)), sum(g, dims, true)))};
   });
-  Tensor onehot = FilledRaw({rows, cols}, lp.dtype(), lp.device(), 0.0);
-  const Tensor ones_per_row = FilledRaw({rows}, lp.dtype(), lp.device(), 1.0);
-  ScatterAddColumnsKernel(lp.device(), lp.dtype(), DataPtr(onehot), DataPtr(ones_per_row),
-                          Int64Ptr(idx), rows, cols);
+  const Tensor onehot = OneHotRaw(idx, rows, cols, lp);
   const Tensor scale = mul(grad.to(lp.dtype()), 1.0 / static_cast<double>(rows));
   return {mul(sub(exp(log_probs), onehot), scale)};
 }
