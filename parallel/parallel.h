@@ -8,11 +8,11 @@
 #ifndef TANDEM_PARALLEL_PARALLEL_H_
 #define TANDEM_PARALLEL_PARALLEL_H_
 
-#include "parallel/comm.h"            // IWYU pragma: export
-#include "parallel/data_parallel.h"   // IWYU pragma: export
-#include "parallel/parallel_apply.h"  // IWYU pragma: export
-#include "parallel/replicate.h"       // IWYU pragma: export
-#include "parallel/scatter_gather.h"  // IWYU pragma: export
+#include "parallel/comm.h"             // IWYU pragma: export
+#include "parallel/data_parallel.h"    // IWYU pragma: export
+#include "parallel/parallel_apply.h"   // IWYU pragma: export
+#include "parallel/replicate.h"        // IWYU pragma: export
+#include "parallel/scatter_gather.h"   // IWYU pragma: export
 #include "parallel/sync_batch_norm.h"  // IWYU pragma: export
 
 #endif  // TANDEM_PARALLEL_PARALLEL_H_
