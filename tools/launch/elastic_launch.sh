@@ -20,6 +20,11 @@
 #                        --check_timeout seconds (default: $OMPI_MCA_plm_rsh_agent, else ssh;
 #                        mpirun uses the same agent to start its daemons).
 #   --check_timeout=S    seconds a host has to answer (default 10).
+#   --check_command=CMD  what the host must run successfully to be kept (default `true`: it
+#                        answers). The agent reaches a host over the management network, which
+#                        says nothing of the network MPI moves data over: check that one too,
+#                        e.g. --check_command='ip route get 10.1.0.1' (fails once the host's
+#                        interface towards 10.1.0.0/16 is down) or a ping of its switch.
 #   --mpirun_arg=ARG     one more argument for mpirun (repeatable), e.g. --mpirun_arg=--tag-output.
 # Exit status: 0 once an attempt succeeds; the last attempt's status when the restarts run out
 # or too few hosts are left; 2 for bad usage. Each decision is said on stderr, prefixed
@@ -29,7 +34,7 @@ set -uo pipefail
 say() { echo "elastic_launch: $*" >&2; }
 usage() { say "$*"; say "usage: elastic_launch.sh --hostfile=FILE [options] -- PROGRAM [ARGS...]"; exit 2; }
 
-hostfile="" ranks_per_host=1 max_restarts=3 min_hosts=1 check_timeout=10
+hostfile="" ranks_per_host=1 max_restarts=3 min_hosts=1 check_timeout=10 check_command=true
 agent="${OMPI_MCA_plm_rsh_agent:-ssh}"
 mpirun_args=()
 while [[ $# -gt 0 ]]; do
@@ -40,6 +45,7 @@ while [[ $# -gt 0 ]]; do
     --min_hosts=*) min_hosts="${1#*=}" ;;
     --agent=*) agent="${1#*=}" ;;
     --check_timeout=*) check_timeout="${1#*=}" ;;
+    --check_command=*) check_command="${1#*=}" ;;
     --mpirun_arg=*) mpirun_args+=("${1#*=}") ;;
     --) shift; break ;;
     *) usage "unknown option '$1' (options come before --, the program after)" ;;
@@ -47,6 +53,7 @@ while [[ $# -gt 0 ]]; do
   shift
 done
 [[ $# -gt 0 ]] || usage "no program given after --"
+[[ -n "$check_command" ]] || usage "--check_command is empty (the default is 'true': the host answers)"
 [[ -n "$hostfile" ]] || usage "--hostfile is required"
 [[ -r "$hostfile" ]] || usage "--hostfile=$hostfile cannot be read"
 for number in ranks_per_host max_restarts min_hosts check_timeout; do
@@ -96,10 +103,14 @@ while true; do
   left=()
   for host in "${hosts[@]}"; do
     # shellcheck disable=SC2086  # the agent may carry options ("ssh -o BatchMode=yes")
-    if timeout "$check_timeout" $agent "$host" true </dev/null >/dev/null 2>&1; then
-      left+=("$host")
-    else
+    if ! timeout "$check_timeout" $agent "$host" true </dev/null >/dev/null 2>&1; then
       say "host $host does not answer ($agent $host true, ${check_timeout} s): left out"
+    elif [[ "$check_command" != true ]] &&
+      ! why="$(timeout "$check_timeout" $agent "$host" "$check_command" </dev/null 2>&1)"; then
+      why="${why//$'\n'/ }"
+      say "host $host answers but fails --check_command ($check_command: ${why:-no output}): left out"
+    else
+      left+=("$host")
     fi
   done
   if ((${#left[@]} < min_hosts || ${#left[@]} == 0)); then

@@ -3,8 +3,9 @@
 # rank 1 killed mid-epoch twice, the launcher restarts every rank from the last checkpoint each
 # time and the job ends with the uninterrupted run's model, bit for bit; a host that goes away
 # mid-epoch is left out and the job finishes on the host left (world size 1, the --sharding=full
-# checkpoint resharded), its loss between the uninterrupted 2- and 1-rank runs'. The launcher says
-# each time what it did; bad usage is refused.
+# checkpoint resharded), its loss between the uninterrupted 2- and 1-rank runs'; so is a host
+# whose data link is cut (it still answers; --check_command finds the link down). The launcher
+# says each time what it did; bad usage is refused.
 set -euo pipefail
 train="$(realpath "$1")"  # //examples:train_with_test_hooks
 launch="$(realpath tools/launch/elastic_launch.sh)"
@@ -30,6 +31,7 @@ base=(--distributed --devices=cpu:0 --threads=1 --epochs=3 --batch_size=128 --tr
   --test_limit=500 --workers=0)
 cluster_up 2 1000
 
+launcher_options=()
 # elastic LOG PROGRAM_ARGS...: the launcher on the login host, in the background (job=its pid).
 elastic() {
   local log="$1"
@@ -37,7 +39,7 @@ elastic() {
   (
     cluster_mpi_env
     cluster_on login "$launch" --hostfile="$CLUSTER_HOSTFILE" --max_restarts=3 --check_timeout=5 \
-      --mpirun_arg=--tag-output --mpirun_arg=--oversubscribe --mpirun_arg=--bind-to \
+      "${launcher_options[@]}" --mpirun_arg=--tag-output --mpirun_arg=--oversubscribe --mpirun_arg=--bind-to \
       --mpirun_arg=none -- "$train" "$@"
   ) >"$log" 2>&1 &
   job=$!
@@ -105,6 +107,44 @@ cluster_mpirun -np 2 --map-by node "$train" "${full[@]}" --log_csv="$logs/full_s
 # And on one rank (before the host goes: mpirun starts a daemon on every host listed).
 cluster_mpirun -np 1 "$train" "${full[@]}" --log_csv="$logs/one_rank.csv" >"$logs/one_rank.txt" 2>&1 ||
   { cat "$logs/one_rank.txt"; fail "the 1-rank run failed"; }
+# between_runs CSV: the final train loss of a job whose world size went from 2 ranks to 1 after
+# epoch 1 lies between the uninterrupted 2-rank and 1-rank runs' (5% margin), and its epoch 1 is
+# the 2-rank run's. (--batch_size is per rank: one rank steps with half of two ranks' global
+# batch, twice as often, so the curves at 1 and 2 ranks differ.)
+between_runs() {
+  cat "$1"
+  [[ "$(sed -n 2p "$1" | cut -d, -f2)" == "$(sed -n 2p "$logs/full_straight.csv" | cut -d, -f2)" ]] ||
+    fail "epoch 1 before the world shrank differs from the uninterrupted 2-rank run's"
+  local two one left
+  two="$(tail -1 "$logs/full_straight.csv" | cut -d, -f2)"
+  one="$(tail -1 "$logs/one_rank.csv" | cut -d, -f2)"
+  left="$(tail -1 "$1" | cut -d, -f2)"
+  echo "final train loss: 2 ranks $two, 1 rank $one, 2 ranks then 1 on the host left $left"
+  awk -v a="$two" -v b="$one" -v g="$left" 'BEGIN {
+    lo = (a < b ? a : b) * 0.95; hi = (a > b ? a : b) * 1.05; exit !(g >= lo && g <= hi) }' ||
+    fail "the job on the host left ends at train loss $left, outside [$one, $two] +- 5%"
+}
+
+# Host 1's data link cut in epoch 2 (the host still answers over the management network): rank
+# 0 times out naming it, and --check_command, which checks the data network, leaves host 1 out.
+log="$logs/link_cut.txt"
+launcher_options=("--check_command=ip route get $CLUSTER_DATA_NET.1")
+elastic "$log" "${full[@]}" --checkpoint="$logs/cut.ckpt" --log_csv="$logs/cut.csv" \
+  --collective_timeout=3
+wait_for "$log" '^\[1,0\]<stdout>:epoch 2/3 \[' 1
+cluster_link 1 down
+finish "$log"
+cluster_link 1 up
+launcher_options=()
+grep '^elastic_launch:' "$log"
+for expected in \
+  "elastic_launch: host ${CLUSTER_HOSTS[1]} answers but fails --check_command (ip route get $CLUSTER_DATA_NET.1: RTNETLINK answers: Network is unreachable): left out" \
+  "restarting on the 1 hosts left, 1 ranks instead of 2, from the last checkpoint (restart 1 of 3)" \
+  "Resuming from $logs/cut.ckpt: 1 of 3 epochs done"; do
+  grep -qF "$expected" "$log" || { cat "$log"; fail "expected '$expected'"; }
+done
+between_runs "$logs/cut.csv"
+
 log="$logs/host_gone.txt"
 elastic "$log" "${full[@]}" --checkpoint="$logs/gone.ckpt" --log_csv="$logs/gone.csv"
 wait_for "$log" '^\[1,0\]<stdout>:epoch 2/3 \[' 1
@@ -118,17 +158,5 @@ for expected in \
   "Resuming from $logs/gone.ckpt: 1 of 3 epochs done"; do
   grep -qF "$expected" "$log" || { cat "$log"; fail "expected '$expected'"; }
 done
-# --batch_size is per rank: one rank steps with half of two ranks' global batch, twice as
-# often, so the curves at 1 and 2 ranks differ. The job that lost a host after epoch 1 ends
-# between the uninterrupted 2-rank and 1-rank runs (5% margin); its epoch 1 is the 2-rank run's.
-cat "$logs/gone.csv"
-[[ "$(sed -n 2p "$logs/gone.csv" | cut -d, -f2)" == "$(sed -n 2p "$logs/full_straight.csv" | cut -d, -f2)" ]] ||
-  fail "epoch 1 before the host went away differs from the uninterrupted 2-rank run's"
-two="$(tail -1 "$logs/full_straight.csv" | cut -d, -f2)"
-one="$(tail -1 "$logs/one_rank.csv" | cut -d, -f2)"
-gone="$(tail -1 "$logs/gone.csv" | cut -d, -f2)"
-echo "final train loss: 2 ranks $two, 1 rank $one, 2 ranks then 1 after the host went away $gone"
-awk -v a="$two" -v b="$one" -v g="$gone" 'BEGIN {
-  lo = (a < b ? a : b) * 0.95; hi = (a > b ? a : b) * 1.05; exit !(g >= lo && g <= hi) }' ||
-  fail "the job on the host left ends at train loss $gone, outside [$one, $two] +- 5%"
+between_runs "$logs/gone.csv"
 echo "PASS"
