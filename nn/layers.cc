@@ -747,9 +747,12 @@ Tensor RowNorms(const Tensor& rows, double p) {
 Tensor ScaleGradient(const Tensor& x, const Tensor& factor) {
   if (!NeedsGrad({x})) return x;
   Tensor out = x.detach();
-  RecordOp("EmbeddingScaleGradByFreqBackward", {x}, out, [factor](const Tensor& grad) {
-    return std::vector<Tensor>{mul(grad, factor).to(grad.dtype())};
-  });
+  RecordOp(
+      "EmbeddingScaleGradByFreqBackward", {x}, out,
+      [factor](const Tensor& grad) {
+        return std::vector<Tensor>{mul(grad, factor).to(grad.dtype())};
+      },
+      DoubleBackward::kSupported);
   return out;
 }
 

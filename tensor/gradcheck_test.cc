@@ -186,6 +186,10 @@ std::vector<SecondOrderCase> SecondOrderCases() {
   const Tensor m = Leaf64({3, 4}, 15), batch = Leaf64({2, 2, 3}, 16),
                batch2 = Leaf64({2, 3, 4}, 17);
   const Tensor w = Leaf64({4, 3}, 18), bias = Leaf64({4}, 19);
+  const Tensor image = Leaf64({2, 2, 5, 6}, 21), kernel = Leaf64({4, 2, 2, 3}, 22);
+  const Tensor wide_image = Leaf64({2, 8, 4, 4}, 25);
+  const Tensor gather_index = from_vector(std::vector<int64_t>{2, 0, 2, 1, 1, 0}, {2, 3});
+  const Tensor rows = from_vector(std::vector<int64_t>{2, 0, 2, 1, 2}, {5});
   using In = const std::vector<Tensor>&;
   return {
       {"add (broadcast)", [](In in) { return mul(add(in[0], in[1]), in[0]); }, {a, row}},
@@ -270,6 +274,36 @@ std::vector<SecondOrderCase> SecondOrderCases() {
        },
        {a, b}},
       {"clone", [](In in) { return square(in[0].clone()); }, {a}},
+      {"conv2d (stride, padding, dilation)",
+       [](In in) {
+         return tanh(conv2d(in[0], in[1], in[2], {2, 1}, {1, 1}, {1, 2}, 1));
+       },
+       {image, kernel, Leaf64({4}, 23)}},
+      {"conv2d (groups, no bias)",
+       [](In in) { return square(conv2d(in[0], in[1], Tensor(), {1}, {0}, {1}, 2)); },
+       {image, Leaf64({4, 1, 2, 2}, 24)}},
+      {"conv2d (many rows: one GEMM over the batch)",
+       [](In in) { return tanh(conv2d(in[0], in[1], Tensor(), {1}, {1}, {1}, 1)); },
+       {wide_image, Leaf64({3, 8, 3, 3}, 26)}},
+      {"max_pool2d (overlapping windows)",
+       [](In in) {
+         return square(max_pool2d(square(in[0]), {3, 3}, {1, 1}, {1, 1}));
+       },
+       {image}},
+      {"avg_pool2d",
+       [](In in) {
+         return square(avg_pool2d(in[0], {2, 3}, {1, 2}, {1, 1}, true, false));
+       },
+       {image}},
+      {"adaptive_avg_pool2d",
+       [](In in) {
+         return square(adaptive_avg_pool2d(in[0], {2, 3}));
+       },
+       {image}},
+      {"gather", [gather_index](In in) { return square(gather(in[0], 1, gather_index)); }, {a}},
+      {"index_select (repeated rows, an embedding's lookup)",
+       [rows](In in) { return tanh(mul(index_select(in[0], 0, rows), in[1])); },
+       {m, Leaf64({5, 4}, 27)}},
   };
 }
 
@@ -280,17 +314,31 @@ TEST(GradGradCheckTest, EverySupportedOpHasCorrectSecondDerivatives) {
   }
 }
 
+// An op whose backward is not differentiable again (raw, as a fused kernel's would be).
+Tensor SquareWithoutDoubleBackward(const Tensor& x) {
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = mul(x, x);
+  }
+  if (NeedsGrad({x})) {
+    RecordOp("FusedSquareBackward", {x}, out, [x = x.detach()](const Tensor& grad) {
+      return std::vector<Tensor>{mul(grad, mul(x, 2.0))};
+    });
+  }
+  return out;
+}
+
 TEST(GradGradCheckTest, UnsupportedOpsRefuseASecondBackwardByName) {
   const Tensor x = Leaf64({3, 2}, 21);
-  const Tensor index = from_vector(std::vector<int64_t>{2, 0}, {2});
-  const auto loss_of = [&] { return square(index_select(x, 0, index)).sum(); };
+  const auto loss_of = [&] { return square(SquareWithoutDoubleBackward(x)).sum(); };
   const Tensor g = autograd::grad({loss_of()}, {x}, {}, /*create_graph=*/true)[0];
   EXPECT_TRUE(g.requires_grad());
   try {
     square(g).sum().backward();
-    FAIL() << "a second backward through index_select did not throw";
+    FAIL() << "a second backward through FusedSquareBackward did not throw";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("second derivative of IndexSelectBackward is not supported"));
+    EXPECT_THAT(e.what(), HasSubstr("second derivative of FusedSquareBackward is not supported"));
     EXPECT_THAT(e.what(), HasSubstr("Ops supported twice: add, sub"));
   }
   // First-order gradients under create_graph are still right.
@@ -298,5 +346,28 @@ TEST(GradGradCheckTest, UnsupportedOpsRefuseASecondBackwardByName) {
   EXPECT_EQ(testing::MaxAbsDiff(g, reference), 0.0);
 }
 
+// Third order through the ops whose gradients are their adjoints' adjoints (conv2d's input and
+// weight gradients, pooling's, gather's scatter): d^3/dx^3 of sum(conv(x, w)^3) by hand would
+// be long; instead the second derivative itself is gradchecked.
+TEST(GradGradCheckTest, ConvolutionAndGatherDifferentiateAThirdTime) {
+  const Tensor image = Leaf64({1, 2, 4, 4}, 31), kernel = Leaf64({2, 2, 3, 3}, 32);
+  const Tensor v = Leaf64({1, 2, 4, 4}, 33);
+  // The Hessian-vector product of a conv net's loss, as a function of (x, w): its gradient
+  // is a third derivative of the loss.
+  const GradCheckFunction hvp = [v](const std::vector<Tensor>& in) {
+    // The numerical passes call this with grad mode off and plain inputs: it differentiates
+    // with respect to a leaf of its own then.
+    AutoGradMode grad_mode(true);
+    Tensor x = in[0];
+    if (!x.requires_grad()) {
+      x = in[0].detach();
+      x.set_requires_grad(true);
+    }
+    const Tensor y = max_pool2d(tanh(conv2d(x, in[1], Tensor(), {1}, {1}, {1}, 1)), {2, 2});
+    const Tensor g = autograd::grad({square(y).sum()}, {x}, {}, /*create_graph=*/true)[0];
+    return autograd::grad({mul(g, v).sum()}, {x}, {}, /*create_graph=*/true)[0];
+  };
+  EXPECT_GRADIENTS_MATCH(hvp, {image, kernel});
+}
 }  // namespace
 }  // namespace tandem

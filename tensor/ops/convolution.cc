@@ -92,6 +92,152 @@ std::vector<Tensor> PerImageConv2dBackward(const Conv2dGeometry& g, int64_t grou
   return grads;
 }
 
+// What conv2d's backward needs to know of its forward.
+struct Conv2dSaved {
+  Conv2dGeometry g;
+  int64_t groups, out_channels;
+  bool work;  // a non-empty problem
+  std::vector<int64_t> stride, padding, dilation;
+  Shape input_shape, weight_shape;
+  Device input_device;
+};
+
+// conv2d's gradients with raw kernels: {input's, weight's (, bias's)}, each undefined where
+// not asked for. sx is the contiguous input (for the weight's), sw the contiguous weight (for
+// the input's).
+std::vector<Tensor> Conv2dGradsRaw(const Conv2dSaved& s, bool grad_x, bool grad_w, bool has_bias,
+                                   bool grad_b, const Tensor& sx, const Tensor& sw,
+                                   const Tensor& grad_output) {
+  const int64_t batch = s.g.batch, plane = s.g.out_h() * s.g.out_w();
+  const int64_t patch = s.g.channels * s.g.kernel_h * s.g.kernel_w;
+  const int64_t group_out = s.out_channels / s.groups, group_patch = patch / s.groups;
+  const int64_t cols = batch * plane;
+  Backend& backend = BackendOf(grad_output);
+  const DType dtype = grad_output.dtype();
+  const int index = IndexOf(grad_output);
+  const Device device = grad_output.device();
+  if (s.work && s.groups == 1) {
+    // The backend's own kernels where it has them, as in the forward.
+    const Tensor grad = ContiguousRaw(grad_output);
+    Tensor grad_input, grad_weight, grad_bias;
+    bool done = true;
+    if (grad_x) {
+      grad_input = NewTensor(s.input_shape, dtype, s.input_device);
+      const auto conv = Conv2dBackwardDataKernel.Find(device.type());
+      done = conv != nullptr && conv(index, dtype, s.g, s.out_channels, DataPtr(grad), DataPtr(sw),
+                                     DataPtr(grad_input));
+    }
+    if (done && grad_w) {
+      grad_weight = NewTensor(s.weight_shape, dtype, s.input_device);
+      if (grad_b) grad_bias = NewTensor({s.out_channels}, dtype, s.input_device);
+      const auto conv = Conv2dBackwardWeightsKernel.Find(device.type());
+      done = conv != nullptr &&
+             conv(index, dtype, s.g, s.out_channels, DataPtr(sx), DataPtr(grad),
+                  DataPtr(grad_weight), grad_b ? static_cast<void*>(DataPtr(grad_bias)) : nullptr);
+    }
+    if (done) {
+      if (grad_b && !grad_bias.defined()) {
+        grad_bias =
+            ViewRaw(ReduceRaw(grad, {0, 2, 3}, ReduceKind::kSum, "conv2d"), {s.out_channels});
+      }
+      std::vector<Tensor> grads = {grad_input, grad_weight};
+      if (has_bias) grads.push_back(grad_bias);
+      return grads;
+    }
+  }
+  if (s.work && !s.g.batch_in_columns) {
+    return PerImageConv2dBackward(s.g, s.groups, grad_x, grad_w, has_bias, grad_b, s.out_channels,
+                                  sx, sw, s.weight_shape, grad_output);
+  }
+  // The gradient as [O, N*L], the layout of the forward's product.
+  Tensor grad;
+  if (s.work) {
+    const Tensor g3 = ContiguousRaw(grad_output);
+    grad = ContiguousRaw(MakeView(g3, {s.out_channels, batch, plane},
+                                  {plane, s.out_channels * plane, 1}, g3.storage_offset()));
+  }
+  Tensor grad_input, grad_weight, grad_bias;
+  if (grad_x) {
+    // Col2Im overwrites every element, so only an empty problem needs a fill.
+    grad_input = s.work ? NewTensor(s.input_shape, dtype, s.input_device)
+                        : FilledRaw(s.input_shape, dtype, s.input_device, 0.0);
+    if (s.work) {
+      // columns_g [K_g, N*L] = W_g^T [K_g, O_g] · grad_g [O_g, N*L], then folded back.
+      Tensor grad_columns = NewTensor({patch, batch, plane}, dtype, s.input_device);
+      backend.Gemm(index, dtype, true, false, group_patch, cols, group_out, 1.0f, DataPtr(sw),
+                   group_patch, group_out * group_patch, DataPtr(grad), cols, group_out * cols,
+                   0.0f, DataPtr(grad_columns), cols, group_patch * cols, s.groups);
+      RunCol2Im(device, dtype, s.g, DataPtr(grad_columns), DataPtr(grad_input));
+    }
+  }
+  if (grad_w) {
+    if (s.work) {
+      // W_g [O_g, K_g] = grad_g [O_g, N*L] · columns_g^T [N*L, K_g]: the sum over
+      // images is the GEMM's inner dimension.
+      Tensor columns = NewTensor({patch, batch, plane}, dtype, s.input_device);
+      RunIm2Col(device, dtype, s.g, DataPtr(sx), DataPtr(columns));
+      grad_weight = NewTensor(s.weight_shape, dtype, s.input_device);
+      backend.Gemm(index, dtype, false, true, group_out, group_patch, cols, 1.0f, DataPtr(grad),
+                   cols, group_out * cols, DataPtr(columns), cols, group_patch * cols, 0.0f,
+                   DataPtr(grad_weight), group_patch, group_out * group_patch, s.groups);
+    } else {
+      grad_weight = FilledRaw(s.weight_shape, dtype, s.input_device, 0.0);
+    }
+  }
+  if (grad_b) {
+    grad_bias = s.work
+                    ? ViewRaw(ReduceRaw(grad, {1, 2}, ReduceKind::kSum, "conv2d"), {s.out_channels})
+                    : FilledRaw({s.out_channels}, dtype, s.input_device, 0.0);
+  }
+  std::vector<Tensor> grads = {grad_input, grad_weight};
+  if (has_bias) grads.push_back(grad_bias);
+  return grads;
+}
+
+Tensor Conv2dWeightGrad(const Conv2dSaved& s, const Tensor& input, const Tensor& grad);
+
+// conv2d's gradient with respect to its input (the transposed convolution of `grad` with
+// `weight`), for backward under create_graph. It is linear in both, and <Dx(g, w), u> =
+// <g, conv2d(u, w)>, so its own backward is conv2d for `grad` and the weight's gradient of
+// conv2d(u, .) for `weight`: the three functions differentiate each other to any order.
+Tensor Conv2dInputGrad(const Conv2dSaved& s, const Tensor& grad, const Tensor& weight) {
+  Tensor out =
+      Conv2dGradsRaw(s, true, false, false, false, Tensor(), ContiguousRaw(weight), grad)[0];
+  if (NeedsGrad({grad, weight})) {
+    Record(
+        "Conv2dBackwardBackward", {grad, weight}, out,
+        [s, grad, weight, need_grad = NeedsGrad({grad}),
+         need_weight = NeedsGrad({weight})](const Tensor& u) {
+          return std::vector<Tensor>{
+              need_grad ? conv2d(u, weight, Tensor(), s.stride, s.padding, s.dilation, s.groups)
+                        : Tensor(),
+              need_weight ? Conv2dWeightGrad(s, u, grad) : Tensor()};
+        },
+        DoubleBackward::kSupported);
+  }
+  return out;
+}
+
+// conv2d's gradient with respect to its weight, for backward under create_graph: bilinear in
+// input and grad, with <Dw(x, g), v> = <g, conv2d(x, v)>.
+Tensor Conv2dWeightGrad(const Conv2dSaved& s, const Tensor& input, const Tensor& grad) {
+  Tensor out =
+      Conv2dGradsRaw(s, false, true, false, false, ContiguousRaw(input), Tensor(), grad)[1];
+  if (NeedsGrad({input, grad})) {
+    Record(
+        "Conv2dBackwardBackward", {input, grad}, out,
+        [s, input, grad, need_input = NeedsGrad({input}),
+         need_grad = NeedsGrad({grad})](const Tensor& v) {
+          return std::vector<Tensor>{
+              need_input ? Conv2dInputGrad(s, grad, v) : Tensor(),
+              need_grad ? conv2d(input, v, Tensor(), s.stride, s.padding, s.dilation, s.groups)
+                        : Tensor()};
+        },
+        DoubleBackward::kSupported);
+  }
+  return out;
+}
+
 }  // namespace
 
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
@@ -229,102 +375,34 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias,
   if (NeedsGrad(inputs)) {
     const bool grad_x = NeedsGrad({input}), grad_w = NeedsGrad({weight});
     const bool has_bias = bias.defined(), grad_b = has_bias && NeedsGrad({bias});
-    // Only what the gradients need stays alive until backward: x for the weight's, w for
-    // the input's (an image model's first layer needs no input gradient).
+    const Conv2dSaved saved{g,
+                            groups,
+                            out_channels,
+                            work,
+                            {stride_h, stride_w},
+                            {pad_h, pad_w},
+                            {dilation_h, dilation_w},
+                            input.shape(),
+                            weight.shape(),
+                            input.device()};
+    // Only what the gradients need stays alive until backward: x for the weight's, w for the
+    // input's (an image model's first layer needs no input gradient). They keep their graphs
+    // (x and w are input and weight themselves when those are contiguous), so that under
+    // create_graph the gradients differentiate again.
+    const Tensor sx = grad_w ? x : Tensor(), sw = grad_x ? w : Tensor();
     Record(
         "Conv2dBackward", inputs, out,
-        [g, groups, work, grad_x, grad_w, has_bias, grad_b, out_channels,
-         sx = grad_w ? x.detach() : Tensor(), sw = grad_x ? w.detach() : Tensor(),
-         input_shape = input.shape(), input_device = input.device(),
-         weight_shape = weight.shape()](const Tensor& grad_output) {
-          const int64_t batch = g.batch, plane = g.out_h() * g.out_w();
-          const int64_t patch = g.channels * g.kernel_h * g.kernel_w;
-          const int64_t group_out = out_channels / groups, group_patch = patch / groups;
-          const int64_t cols = batch * plane;
-          Backend& backend = BackendOf(grad_output);
-          const DType dtype = grad_output.dtype();
-          const int index = IndexOf(grad_output);
-          const Device device = grad_output.device();
-          if (work && groups == 1) {
-            // The backend's own kernels where it has them, as in the forward.
-            const Tensor grad = ContiguousRaw(grad_output);
-            Tensor grad_input, grad_weight, grad_bias;
-            bool done = true;
-            if (grad_x) {
-              grad_input = NewTensor(input_shape, dtype, input_device);
-              const auto conv = Conv2dBackwardDataKernel.Find(device.type());
-              done = conv != nullptr && conv(index, dtype, g, out_channels, DataPtr(grad),
-                                             DataPtr(sw), DataPtr(grad_input));
-            }
-            if (done && grad_w) {
-              grad_weight = NewTensor(weight_shape, dtype, input_device);
-              if (grad_b) grad_bias = NewTensor({out_channels}, dtype, input_device);
-              const auto conv = Conv2dBackwardWeightsKernel.Find(device.type());
-              done = conv != nullptr &&
-                     conv(index, dtype, g, out_channels, DataPtr(sx), DataPtr(grad),
-                          DataPtr(grad_weight),
-                          grad_b ? static_cast<void*>(DataPtr(grad_bias)) : nullptr);
-            }
-            if (done) {
-              if (grad_b && !grad_bias.defined()) {
-                grad_bias =
-                    ViewRaw(ReduceRaw(grad, {0, 2, 3}, ReduceKind::kSum, "conv2d"), {out_channels});
-              }
-              std::vector<Tensor> grads = {grad_input, grad_weight};
-              if (has_bias) grads.push_back(grad_bias);
-              return grads;
-            }
+        [saved, grad_x, grad_w, has_bias, grad_b, sx, sw](const Tensor& grad_output) {
+          if (CreatingGraph()) {
+            std::vector<Tensor> grads = {
+                grad_x ? Conv2dInputGrad(saved, grad_output, sw) : Tensor(),
+                grad_w ? Conv2dWeightGrad(saved, sx, grad_output) : Tensor()};
+            if (has_bias) grads.push_back(grad_b ? sum(grad_output, {0, 2, 3}) : Tensor());
+            return grads;
           }
-          if (work && !g.batch_in_columns) {
-            return PerImageConv2dBackward(g, groups, grad_x, grad_w, has_bias, grad_b, out_channels,
-                                          sx, sw, weight_shape, grad_output);
-          }
-          // The gradient as [O, N*L], the layout of the forward's product.
-          Tensor grad;
-          if (work) {
-            const Tensor g3 = ContiguousRaw(grad_output);
-            grad = ContiguousRaw(MakeView(g3, {out_channels, batch, plane},
-                                          {plane, out_channels * plane, 1}, g3.storage_offset()));
-          }
-          Tensor grad_input, grad_weight, grad_bias;
-          if (grad_x) {
-            // Col2Im overwrites every element, so only an empty problem needs a fill.
-            grad_input = work ? NewTensor(input_shape, dtype, input_device)
-                              : FilledRaw(input_shape, dtype, input_device, 0.0);
-            if (work) {
-              // columns_g [K_g, N*L] = W_g^T [K_g, O_g] · grad_g [O_g, N*L], then folded back.
-              Tensor grad_columns = NewTensor({patch, batch, plane}, dtype, input_device);
-              backend.Gemm(index, dtype, true, false, group_patch, cols, group_out, 1.0f,
-                           DataPtr(sw), group_patch, group_out * group_patch, DataPtr(grad), cols,
-                           group_out * cols, 0.0f, DataPtr(grad_columns), cols, group_patch * cols,
-                           groups);
-              RunCol2Im(device, dtype, g, DataPtr(grad_columns), DataPtr(grad_input));
-            }
-          }
-          if (grad_w) {
-            if (work) {
-              // W_g [O_g, K_g] = grad_g [O_g, N*L] · columns_g^T [N*L, K_g]: the sum over
-              // images is the GEMM's inner dimension.
-              Tensor columns = NewTensor({patch, batch, plane}, dtype, input_device);
-              RunIm2Col(device, dtype, g, DataPtr(sx), DataPtr(columns));
-              grad_weight = NewTensor(weight_shape, dtype, input_device);
-              backend.Gemm(index, dtype, false, true, group_out, group_patch, cols, 1.0f,
-                           DataPtr(grad), cols, group_out * cols, DataPtr(columns), cols,
-                           group_patch * cols, 0.0f, DataPtr(grad_weight), group_patch,
-                           group_out * group_patch, groups);
-            } else {
-              grad_weight = FilledRaw(weight_shape, dtype, input_device, 0.0);
-            }
-          }
-          if (grad_b) {
-            grad_bias =
-                work ? ViewRaw(ReduceRaw(grad, {1, 2}, ReduceKind::kSum, "conv2d"), {out_channels})
-                     : FilledRaw({out_channels}, dtype, input_device, 0.0);
-          }
-          std::vector<Tensor> grads = {grad_input, grad_weight};
-          if (has_bias) grads.push_back(grad_bias);
-          return grads;
-        });
+          return Conv2dGradsRaw(saved, grad_x, grad_w, has_bias, grad_b, sx, sw, grad_output);
+        },
+        SupportedIfSame({{sx, input}, {sw, weight}}));
   }
   return out;
 }
@@ -359,6 +437,82 @@ Conv2dGeometry PoolGeometry(const Tensor& input, const std::vector<int64_t>& ker
   return g;
 }
 
+// The pooling gradients are linear in the output's gradient; each is recorded under
+// create_graph with its adjoint as backward (the pooling itself, or for max pooling a gather
+// at the chosen positions), so they differentiate again to any order.
+
+// max_pool2d's gradient: grad_output added at the argmax positions of each plane.
+Tensor MaxPool2dGrad(const Conv2dGeometry& g, const Tensor& argmax, const Shape& input_shape,
+                     const Tensor& grad_output) {
+  const Tensor grad = ContiguousRaw(grad_output);
+  Tensor grad_input = NewTensor(input_shape, grad.dtype(), grad.device());
+  if (grad.numel() > 0) {
+    RunMaxPool2dBackward(grad.device(), grad.dtype(), g, DataPtr(grad), Int64Ptr(argmax),
+                         DataPtr(grad_input));
+  } else if (grad_input.numel() > 0) {
+    BackendOf(grad).Fill(IndexOf(grad), ToKernel(grad_input), 0.0);
+  }
+  if (CreatingGraph() && NeedsGrad({grad_output})) {
+    Record(
+        "MaxPool2dBackwardBackward", {grad_output}, grad_input,
+        [argmax, out_shape = grad_output.shape()](const Tensor& u) {
+          const Shape& o = out_shape;
+          const Tensor planes = u.reshape({u.size(0), u.size(1), u.size(2) * u.size(3)});
+          return std::vector<Tensor>{
+              gather(planes, 2, argmax.reshape({o[0], o[1], o[2] * o[3]})).reshape(o)};
+        },
+        DoubleBackward::kSupported);
+  }
+  return grad_input;
+}
+
+// What avg_pool2d's backward needs to run it again (its adjoint's adjoint).
+struct AvgPoolArgs {
+  Conv2dGeometry g;
+  std::vector<int64_t> kernel_size, stride, padding;
+  bool ceil_mode, count_include_pad;
+};
+
+Tensor AvgPool2dGrad(const AvgPoolArgs& a, const Shape& input_shape, const Tensor& grad_output) {
+  const Tensor grad = ContiguousRaw(grad_output);
+  Tensor grad_input = NewTensor(input_shape, grad.dtype(), grad.device());
+  if (grad_input.numel() > 0) {
+    RunAvgPool2dBackward(grad.device(), grad.dtype(), a.g, a.count_include_pad, DataPtr(grad),
+                         DataPtr(grad_input));
+  }
+  if (CreatingGraph() && NeedsGrad({grad_output})) {
+    Record(
+        "AvgPool2dBackwardBackward", {grad_output}, grad_input,
+        [a](const Tensor& u) {
+          return std::vector<Tensor>{
+              avg_pool2d(u, a.kernel_size, a.stride, a.padding, a.ceil_mode, a.count_include_pad)};
+        },
+        DoubleBackward::kSupported);
+  }
+  return grad_input;
+}
+
+Tensor AdaptiveAvgPool2dGrad(const Shape& input_shape, int64_t out_h, int64_t out_w,
+                             const Tensor& grad_output) {
+  const Tensor grad = ContiguousRaw(grad_output);
+  Tensor grad_input = NewTensor(input_shape, grad.dtype(), grad.device());
+  const int64_t planes = input_shape[0] * input_shape[1];
+  if (planes > 0) {
+    AdaptiveAvgPool2dBackwardKernel(grad.device(), grad.dtype(), planes, input_shape[2],
+                                    input_shape[3], out_h, out_w, DataPtr(grad),
+                                    DataPtr(grad_input));
+  }
+  if (CreatingGraph() && NeedsGrad({grad_output})) {
+    Record(
+        "AdaptiveAvgPool2dBackwardBackward", {grad_output}, grad_input,
+        [out_h, out_w](const Tensor& u) {
+          return std::vector<Tensor>{adaptive_avg_pool2d(u, {out_h, out_w})};
+        },
+        DoubleBackward::kSupported);
+  }
+  return grad_input;
+}
+
 }  // namespace
 
 Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
@@ -373,18 +527,12 @@ Tensor max_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
     RunMaxPool2d(x.device(), x.dtype(), g, DataPtr(x), DataPtr(out), Int64Ptr(argmax));
   }
   if (NeedsGrad({input})) {
-    Record("MaxPool2dBackward", {input}, out,
-           [g, argmax, input_shape = input.shape()](const Tensor& grad_output) {
-             const Tensor grad = ContiguousRaw(grad_output);
-             Tensor grad_input = NewTensor(input_shape, grad.dtype(), grad.device());
-             if (grad.numel() > 0) {
-               RunMaxPool2dBackward(grad.device(), grad.dtype(), g, DataPtr(grad), Int64Ptr(argmax),
-                                    DataPtr(grad_input));
-             } else if (grad_input.numel() > 0) {
-               BackendOf(grad).Fill(IndexOf(grad), ToKernel(grad_input), 0.0);
-             }
-             return std::vector<Tensor>{grad_input};
-           });
+    Record(
+        "MaxPool2dBackward", {input}, out,
+        [g, argmax, input_shape = input.shape()](const Tensor& grad_output) {
+          return std::vector<Tensor>{MaxPool2dGrad(g, argmax, input_shape, grad_output)};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }
@@ -401,16 +549,13 @@ Tensor avg_pool2d(const Tensor& input, std::vector<int64_t> kernel_size,
     RunAvgPool2d(x.device(), x.dtype(), g, count_include_pad, DataPtr(x), DataPtr(out));
   }
   if (NeedsGrad({input})) {
-    Record("AvgPool2dBackward", {input}, out,
-           [g, count_include_pad, input_shape = input.shape()](const Tensor& grad_output) {
-             const Tensor grad = ContiguousRaw(grad_output);
-             Tensor grad_input = NewTensor(input_shape, grad.dtype(), grad.device());
-             if (grad_input.numel() > 0) {
-               RunAvgPool2dBackward(grad.device(), grad.dtype(), g, count_include_pad,
-                                    DataPtr(grad), DataPtr(grad_input));
-             }
-             return std::vector<Tensor>{grad_input};
-           });
+    const AvgPoolArgs args{g, kernel_size, stride, padding, ceil_mode, count_include_pad};
+    Record(
+        "AvgPool2dBackward", {input}, out,
+        [args, input_shape = input.shape()](const Tensor& grad_output) {
+          return std::vector<Tensor>{AvgPool2dGrad(args, input_shape, grad_output)};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }
@@ -432,17 +577,12 @@ Tensor adaptive_avg_pool2d(const Tensor& input, std::vector<int64_t> output_size
                             DataPtr(out));
   }
   if (NeedsGrad({input})) {
-    Record("AdaptiveAvgPool2dBackward", {input}, out,
-           [planes, height, width, out_h = out_h, out_w = out_w,
-            input_shape = input.shape()](const Tensor& grad_output) {
-             const Tensor grad = ContiguousRaw(grad_output);
-             Tensor grad_input = NewTensor(input_shape, grad.dtype(), grad.device());
-             if (planes > 0) {
-               AdaptiveAvgPool2dBackwardKernel(grad.device(), grad.dtype(), planes, height, width,
-                                               out_h, out_w, DataPtr(grad), DataPtr(grad_input));
-             }
-             return std::vector<Tensor>{grad_input};
-           });
+    Record(
+        "AdaptiveAvgPool2dBackward", {input}, out,
+        [input_shape = input.shape(), out_h = out_h, out_w = out_w](const Tensor& grad_output) {
+          return std::vector<Tensor>{AdaptiveAvgPool2dGrad(input_shape, out_h, out_w, grad_output)};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }

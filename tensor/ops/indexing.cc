@@ -139,6 +139,38 @@ Tensor clamp(const Tensor& input, std::optional<double> min, std::optional<doubl
 
 namespace {
 
+Tensor Gather(const Tensor& input, int64_t dim, const Tensor& index, const char* op);
+
+// gather's gradient: grad_output added at the gathered positions of zeros of the input's
+// `shape` (a scatter-add into its `narrowed` part). Linear in grad_output with gather itself as
+// the adjoint, and recorded so under create_graph: gather and index_select (an embedding's
+// lookup) differentiate to any order.
+Tensor GatherGrad(const Tensor& grad_output, const Tensor& idx, int64_t d, const Shape& narrowed,
+                  const Shape& shape, int64_t outer, int64_t src_dim, int64_t idx_dim,
+                  int64_t inner) {
+  const Tensor grad = ContiguousRaw(grad_output);
+  Tensor part = FilledRaw(narrowed, grad.dtype(), grad.device(), 0.0);
+  if (grad.numel() > 0) {
+    ScatterAddKernel(grad.device(), grad.dtype(), DataPtr(part), DataPtr(grad), Int64Ptr(idx),
+                     outer, src_dim, idx_dim, inner);
+  }
+  Tensor full;
+  if (NumElements(narrowed) == NumElements(shape)) {
+    full = ViewRaw(part, shape);
+  } else {
+    full = FilledRaw(shape, grad.dtype(), grad.device(), 0.0);
+    BackendOf(grad).Copy(IndexOf(grad), ToKernel(MakeView(full, narrowed, full.strides(), 0)),
+                         ToKernel(part));
+  }
+  if (CreatingGraph() && NeedsGrad({grad_output})) {
+    Record(
+        "ScatterAddBackward", {grad_output}, full,
+        [idx, d](const Tensor& u) { return std::vector<Tensor>{Gather(u, d, idx, "gather")}; },
+        DoubleBackward::kSupported);
+  }
+  return full;
+}
+
 // gather, reporting bad indices as `op`'s (a string literal: the device may report it later).
 Tensor Gather(const Tensor& input, int64_t dim, const Tensor& index, const char* op) {
   CheckDefined(input, "gather", "input");
@@ -171,22 +203,14 @@ Tensor Gather(const Tensor& input, int64_t dim, const Tensor& index, const char*
   GatherKernel(x.device(), x.dtype(), DataPtr(out), DataPtr(x), Int64Ptr(idx), outer, src_dim,
                idx_dim, inner, op);
   if (NeedsGrad({input})) {
-    Record("GatherBackward", {input}, out,
-           [idx, narrowed, outer, src_dim, idx_dim, inner,
-            shape = input.shape()](const Tensor& grad_output) {
-             const Tensor grad = ContiguousRaw(grad_output);
-             Tensor part = FilledRaw(narrowed, grad.dtype(), grad.device(), 0.0);
-             ScatterAddKernel(grad.device(), grad.dtype(), DataPtr(part), DataPtr(grad),
-                              Int64Ptr(idx), outer, src_dim, idx_dim, inner);
-             if (NumElements(narrowed) == NumElements(shape)) {
-               return std::vector<Tensor>{ViewRaw(part, shape)};
-             }
-             Tensor full = FilledRaw(shape, grad.dtype(), grad.device(), 0.0);
-             BackendOf(grad).Copy(IndexOf(grad),
-                                  ToKernel(MakeView(full, narrowed, full.strides(), 0)),
-                                  ToKernel(part));
-             return std::vector<Tensor>{full};
-           });
+    Record(
+        "GatherBackward", {input}, out,
+        [idx, d, narrowed, outer, src_dim, idx_dim, inner,
+         shape = input.shape()](const Tensor& grad_output) {
+          return std::vector<Tensor>{
+              GatherGrad(grad_output, idx, d, narrowed, shape, outer, src_dim, idx_dim, inner)};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }
@@ -205,10 +229,11 @@ namespace {
 // zero-filling a [V, C] buffer, scattering into it and summing the two.
 class IndexSelectBackward final : public Node {
  public:
-  IndexSelectBackward(Device device, Tensor index, Shape shape, int64_t outer, int64_t dim_size,
-                      int64_t idx_dim, int64_t inner)
+  IndexSelectBackward(Device device, Tensor index, int64_t dim, Shape shape, int64_t outer,
+                      int64_t dim_size, int64_t idx_dim, int64_t inner)
       : Node(device),
         index_(std::move(index)),
+        dim_(dim),
         shape_(std::move(shape)),
         outer_(outer),
         dim_size_(dim_size),
@@ -216,14 +241,11 @@ class IndexSelectBackward final : public Node {
         inner_(inner) {}
 
   std::vector<Tensor> Apply(std::vector<Tensor> grad_outputs) override {
-    const ScatterGradient part = Part(grad_outputs[0]);
-    Tensor dense = FilledRaw(shape_, part.values.dtype(), part.values.device(), 0.0);
-    if (part.values.numel() > 0) {
-      ScatterAddKernel(dense.device(), dense.dtype(), DataPtr(dense), DataPtr(part.values),
-                       Int64Ptr(part.index), outer_, dim_size_, idx_dim_, inner_);
-    }
-    return {dense};
+    return {GatherGrad(grad_outputs[0], index_, dim_, shape_, shape_, outer_, dim_size_, idx_dim_,
+                       inner_)};
   }
+  // The engine calls Apply, not ApplyScattered, under create_graph.
+  bool SupportsDoubleBackward() const override { return true; }
   std::vector<Tensor> ApplyScattered(
       std::vector<Tensor> grad_outputs,
       std::vector<std::optional<ScatterGradient>>& scattered) override {
@@ -246,7 +268,8 @@ class IndexSelectBackward final : public Node {
     return part;
   }
 
-  Tensor index_;  // int64 [outer, idx_dim, inner], contiguous
+  Tensor index_;  // int64, contiguous: the index expanded to the output's shape
+  int64_t dim_;
   Shape shape_;
   int64_t outer_, dim_size_, idx_dim_, inner_;
 };
@@ -277,7 +300,7 @@ Tensor index_select(const Tensor& input, int64_t dim, const Tensor& index) {
     const int64_t outer = Product(shape, 0, d), inner = Product(shape, d + 1, shape.size());
     const int64_t dim_size = input.dim() == 0 ? 1 : input.size(d);
     RecordOp(
-        std::make_shared<IndexSelectBackward>(input.device(), ContiguousRaw(expanded),
+        std::make_shared<IndexSelectBackward>(input.device(), ContiguousRaw(expanded), d,
                                               input.shape(), outer, dim_size, index.numel(), inner),
         {input}, out);
   }
