@@ -179,20 +179,20 @@ TEST(ActivationCheckpointTest, QueuedCallbacksWaitForTheOuterPass) {
 }
 
 TEST(ActivationCheckpointTest, BackwardTwiceRecomputesAndAccumulates) {
-  // Tandem keeps a graph after backward (there is no retain_graph to forget): a second
-  // backward through a checkpoint recomputes again and accumulates, as a plain graph does.
+  // With retain_graph, a second backward through a checkpoint recomputes again and
+  // accumulates, as a plain graph does.
   manual_seed(2);
   Block a;
   Tensor x = randn({4, 8}).set_requires_grad(true);
   manual_seed(8);
   Tensor plain = a(x).sum();
-  plain.backward();
+  plain.backward(Tensor(), /*create_graph=*/false, /*retain_graph=*/true);
   plain.backward();
   const Tensor twice = a.fc1->weight().grad().clone();
   a.fc1->weight().set_grad(Tensor());
   manual_seed(8);
   Tensor ckpt = checkpoint([&](const Tensor& in) { return a(in); }, x).sum();
-  ckpt.backward();
+  ckpt.backward(Tensor(), /*create_graph=*/false, /*retain_graph=*/true);
   ckpt.backward();
   EXPECT_EQ(MaxAbsDiff(twice, a.fc1->weight().grad()), 0.0);
 }

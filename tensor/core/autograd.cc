@@ -173,11 +173,19 @@ Tensor SavedIntermediate(const Tensor& saved, std::string name, FunctionNode::Ba
   return attached;
 }
 
+std::vector<Tensor> FunctionNode::Apply(std::vector<Tensor> grad_outputs) {
+  TANDEM_CHECK(backward_ != nullptr, "Trying to backward through the graph a second time: ", name_,
+               " freed its saved tensors when the first backward through it ended. Pass "
+               "retain_graph=true to that first backward() (or autograd::grad()) if you need to "
+               "backward through the graph a second time, or compute the forward again");
+  return backward_(grad_outputs[0]);
+}
+
 namespace autograd {
 
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
                          const std::vector<Tensor>& grad_outputs, bool create_graph,
-                         bool /*retain_graph: graphs are always kept*/, bool allow_unused) {
+                         std::optional<bool> retain_graph, bool allow_unused) {
   TANDEM_CHECK(!outputs.empty(), "grad: no outputs given; pass the tensors to differentiate");
   TANDEM_CHECK(grad_outputs.empty() || grad_outputs.size() == outputs.size(),
                "grad: ", outputs.size(), " outputs but ", grad_outputs.size(),
@@ -211,7 +219,8 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
                  ") does not require grad; mark it with set_requires_grad(true) before "
                  "computing the outputs from it");
   }
-  std::vector<Tensor> result = RunBackwardToInputs(outputs, grads, inputs, create_graph);
+  std::vector<Tensor> result =
+      RunBackwardToInputs(outputs, grads, inputs, create_graph, retain_graph);
   for (size_t i = 0; i < result.size(); ++i) {
     TANDEM_CHECK(allow_unused || result[i].defined(), "grad: input ", i, " (shape ",
                  ShapeToString(inputs[i].shape()),

@@ -99,6 +99,10 @@ class Node {
   // create_graph can be differentiated again. A node that says no still runs under
   // create_graph; its gradients then refuse a second backward (see the header comment).
   virtual bool SupportsDoubleBackward() const { return false; }
+  // Frees what the node saved for its backward, once a pass that does not retain the graph has
+  // run it (PyTorch's release_variables); running it again must then throw, saying so.
+  // Nodes that save nothing large keep the default.
+  virtual void ReleaseVariables() {}
   // What the engine calls: Apply, for a node that may give an input's gradient as scattered
   // slices (ScatterGradient) instead of a dense tensor. `scattered` comes empty; such a node
   // resizes it to one entry per input, and where it sets one, the gradient it returns for
@@ -154,13 +158,13 @@ class FunctionNode final : public Node {
         name_(std::move(name)),
         backward_(std::move(backward)),
         double_backward_(double_backward) {}
-  std::vector<Tensor> Apply(std::vector<Tensor> grad_outputs) override {
-    return backward_(grad_outputs[0]);
-  }
+  std::vector<Tensor> Apply(std::vector<Tensor> grad_outputs) override;
   std::string name() const override { return name_; }
   bool SupportsDoubleBackward() const override {
     return double_backward_ == DoubleBackward::kSupported;
   }
+  // Drops the closure, and with it the tensors it captured.
+  void ReleaseVariables() override { backward_ = nullptr; }
 
  private:
   std::string name_;
@@ -214,9 +218,9 @@ namespace autograd {
 // gradient-ready hook runs (so DistributedDataParallel does not reduce them). `inputs` may be
 // non-leaves. `grad_outputs` holds one gradient per output (empty: ones for one-element
 // outputs). With `create_graph` the result carries its own graph, for a second derivative
-// (gradient penalties, Hessian-vector products). The graph is always kept after a pass in
-// Tandem (a node's saved tensors go with the node), so `retain_graph` is accepted for
-// PyTorch's signature and a later pass over the same graph works either way. An input no
+// (gradient penalties, Hessian-vector products). Unless `retain_graph` (default:
+// create_graph, as PyTorch's) the nodes that ran free their saved tensors, and a later pass
+// through them throws. An input no
 // gradient reaches is an error naming it, unless `allow_unused` (then its entry is undefined).
 //
 //   Tensor x = randn({3}, TensorOptions().requires_grad(true));
@@ -225,7 +229,8 @@ namespace autograd {
 //   Tensor h = autograd::grad({g.sum()}, {x})[0];                        // 6x
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
                          const std::vector<Tensor>& grad_outputs = {}, bool create_graph = false,
-                         bool retain_graph = true, bool allow_unused = false);
+                         std::optional<bool> retain_graph = std::nullopt,
+                         bool allow_unused = false);
 
 }  // namespace autograd
 

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "tensor/runtime/allocator.h"
 #include "tensor/runtime/devices.h"
 #include "tensor/runtime/threads.h"
 #include "tensor/tensor.h"
@@ -403,12 +404,12 @@ TEST_F(AutogradTest, GradReturnsGradientsAndLeavesDotGradAndHooksAlone) {
   int hook_calls = 0;
   AddGradAccumulatedHook(x, [&](const Tensor&) { ++hook_calls; });
   const Tensor y = (x * x * x).sum();
-  const std::vector<Tensor> g = autograd::grad({y}, {x});
+  const std::vector<Tensor> g = autograd::grad({y}, {x}, {}, false, /*retain_graph=*/true);
   ExpectNear(g[0], {3, 12, 27});
   EXPECT_FALSE(g[0].requires_grad());
   EXPECT_FALSE(x.grad().defined());
   EXPECT_EQ(hook_calls, 0);
-  y.backward();  // the graph is kept: a later pass over it works, and accumulates
+  y.backward();  // the graph was retained: a later pass over it works, and accumulates
   ExpectNear(x.grad(), {3, 12, 27});
   EXPECT_EQ(hook_calls, 1);
 }
@@ -418,7 +419,7 @@ TEST_F(AutogradTest, GradOfNonLeavesRunsOnlyWhatTheyNeed) {
   bool upstream_ran = false;
   const Tensor h = Probe(x * 2.0, [&] { upstream_ran = true; });
   const Tensor y = (h * h).sum();
-  const std::vector<Tensor> g = autograd::grad({y}, {h});
+  const std::vector<Tensor> g = autograd::grad({y}, {h}, {}, false, /*retain_graph=*/true);
   ExpectNear(g[0], {4, 8});    // 2h
   EXPECT_FALSE(upstream_ran);  // nothing past h runs
   // Inputs at several depths, and an input that is a root itself.
@@ -433,7 +434,7 @@ TEST_F(AutogradTest, GradRefusesBadArgumentsClearly) {
   Tensor x = Param({1, 2}), unused = Param({5});
   const Tensor y = x * 3.0;
   EXPECT_THAT(ErrorOf([&] {
-                autograd::grad({y.sum()}, {x, unused});
+                autograd::grad({y.sum()}, {x, unused}, {}, false, /*retain_graph=*/true);
               }),
               HasSubstr("grad: input 1 (shape [1]) was not used to compute the outputs, so it "
                         "has no gradient; pass allow_unused = true"));
@@ -482,7 +483,7 @@ TEST_F(AutogradTest, BackwardWithCreateGraphKeepsTheGradientsGraph) {
   const Tensor first = x.grad();
   ASSERT_TRUE(first.requires_grad());
   ExpectNear(first, {5, 16});  // 3x^2 + 2x
-  const Tensor second = autograd::grad({first.sum()}, {x})[0];
+  const Tensor second = autograd::grad({first.sum()}, {x}, {}, false, /*retain_graph=*/true)[0];
   ExpectNear(second, {8, 14});  // 6x + 2
   // A second create_graph pass adds out of place, keeping both graphs.
   y.backward(Tensor(), /*create_graph=*/true);
@@ -512,6 +513,49 @@ TEST_F(AutogradTest, NodesWithoutDoubleBackwardRefuseOnlyWhenReached) {
               HasSubstr("second derivative of ProbeBackward is not supported"));
   // Without create_graph, nothing changes for such a node.
   ExpectNear(autograd::grad({y}, {x})[0], {2, 4});
+}
+
+TEST_F(AutogradTest, ASecondPassThroughTheGraphNeedsRetainGraph) {
+  Tensor x = Param({1, 2});
+  const Tensor y = (x * x).sum();
+  y.backward(Tensor(), /*create_graph=*/false, /*retain_graph=*/true);
+  y.backward();  // the graph was retained for it
+  ExpectNear(x.grad(), {4, 8});
+  EXPECT_THAT(ErrorOf([&] { y.backward(); }),
+              HasSubstr("Trying to backward through the graph a second time: SumBackward"));
+  EXPECT_THAT(ErrorOf([&] { y.backward(); }), HasSubstr("retain_graph=true"));
+  const Tensor z = (x * x).sum();
+  ExpectNear(autograd::grad({z}, {x})[0], {2, 4});
+  EXPECT_THAT(ErrorOf([&] { autograd::grad({z}, {x}); }), HasSubstr("a second time"));
+  // create_graph retains by default, as in PyTorch.
+  const Tensor w = (x * x * x).sum();
+  const Tensor g = autograd::grad({w}, {x}, {}, /*create_graph=*/true)[0];
+  ExpectNear(autograd::grad({w}, {x})[0], {3, 12});
+  ExpectNear(g, {3, 12});
+}
+
+TEST_F(AutogradTest, SavedTensorsAreFreedAsBackwardGoesUnlessRetained) {
+  // A chain of exp (each saves its output, 1 MB) whose loss stays alive after backward: what
+  // the chain saved is freed by the pass itself, not when the graph goes.
+  const Device cpu = Device::Cpu(0);
+  const auto in_use_after_backward = [&](bool retain_graph) {
+    Tensor x = randn({256, 1024});
+    x.set_requires_grad(true);
+    Tensor h = x;
+    for (int i = 0; i < 8; ++i) h = exp(mul(h, 0.1));
+    const Tensor loss = h.sum();
+    loss.backward(Tensor(), /*create_graph=*/false, retain_graph);
+    x.set_grad(Tensor());
+    h = Tensor();
+    return GetMemoryStats(cpu).in_use_bytes;
+  };
+  const int64_t before = GetMemoryStats(cpu).in_use_bytes;
+  const int64_t retained = in_use_after_backward(true) - before;
+  const int64_t released = in_use_after_backward(false) - before;
+  // Both hold x (1 MB: the graph's accumulator keeps the leaf). Retained: the 8 outputs of exp
+  // too; released: none of them.
+  EXPECT_GE(retained, 9 * (1 << 20)) << retained;
+  EXPECT_LT(released, 2 * (1 << 20)) << released;
 }
 
 }  // namespace

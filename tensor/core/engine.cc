@@ -72,8 +72,11 @@ class CurrentTaskScope {
 // into it has delivered (with or without a gradient), and then runs on its device's worker.
 class GraphTask : public std::enable_shared_from_this<GraphTask> {
  public:
-  explicit GraphTask(bool create_graph)
-      : caller_(DeviceWorker::Current()), outer_(t_current_task), create_graph_(create_graph) {}
+  GraphTask(bool create_graph, bool retain_graph)
+      : caller_(DeviceWorker::Current()),
+        outer_(t_current_task),
+        create_graph_(create_graph),
+        retain_graph_(retain_graph) {}
 
   // The pass whose callbacks this one's callers queue: the outermost. A pass started from
   // inside a node (activation checkpointing's recomputation, nn/activation_checkpoint.h) is
@@ -392,6 +395,9 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
             input_grads = node->Apply(std::move(grads));  // dense: scattering is not recorded
           }
         }
+        // Its saved tensors go now, not when the graph does: a backward's peak then holds
+        // only the activations of the layers still to go (PyTorch's release_variables).
+        if (!retain_graph_) node->ReleaseVariables();
         if (refuse) internal::RefuseDoubleBackward(*node, received, input_grads);
         const auto& edges = node->next_edges();
         TANDEM_CHECK(input_grads.size() == edges.size(), "internal error: ", node->name(),
@@ -516,6 +522,7 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
   // The pass running the node that started this one (it outlives this one), or null.
   GraphTask* const outer_;
   const bool create_graph_;
+  const bool retain_graph_;
   std::unordered_map<Node*, std::unique_ptr<NodeState>> states_;  // fixed before Run
   // autograd::grad (fixed before Run): the slots captured (node -> (slot, index in
   // captured_)) and the nodes that lead to one, the only ones run.
@@ -544,10 +551,10 @@ class GraphTask : public std::enable_shared_from_this<GraphTask> {
 // `what` names the caller in errors.
 std::shared_ptr<GraphTask> PrepareTask(const std::vector<Tensor>& roots,
                                        const std::vector<Tensor>& grads, bool create_graph,
-                                       const char* what) {
+                                       bool retain_graph, const char* what) {
   TANDEM_CHECK(roots.size() == grads.size(), what, ": ", roots.size(), " tensors but ",
                grads.size(), " gradients");
-  auto task = std::make_shared<GraphTask>(create_graph);
+  auto task = std::make_shared<GraphTask>(create_graph, retain_graph);
   std::vector<Node*> root_nodes;
   std::vector<std::pair<Edge, Tensor>> starts;
   for (size_t i = 0; i < roots.size(); ++i) {
@@ -575,14 +582,15 @@ std::shared_ptr<GraphTask> PrepareTask(const std::vector<Tensor>& roots,
 }  // namespace
 
 void RunBackward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
-                 bool create_graph) {
+                 bool create_graph, std::optional<bool> retain_graph) {
   TANDEM_PROFILE_SCOPE("autograd", "backward");
-  PrepareTask(roots, grads, create_graph, "backward")->Run();
+  PrepareTask(roots, grads, create_graph, retain_graph.value_or(create_graph), "backward")->Run();
 }
 
 std::vector<Tensor> RunBackwardToInputs(const std::vector<Tensor>& roots,
                                         const std::vector<Tensor>& grads,
-                                        const std::vector<Tensor>& inputs, bool create_graph) {
+                                        const std::vector<Tensor>& inputs, bool create_graph,
+                                        std::optional<bool> retain_graph) {
   TANDEM_PROFILE_SCOPE("autograd", "grad");
   std::vector<Edge> edges;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -591,7 +599,7 @@ std::vector<Tensor> RunBackwardToInputs(const std::vector<Tensor>& roots,
                  " does not require grad; only tensors that require grad (or were computed from "
                  "ones that do) have gradients");
   }
-  auto task = PrepareTask(roots, grads, create_graph, "grad");
+  auto task = PrepareTask(roots, grads, create_graph, retain_graph.value_or(create_graph), "grad");
   task->CaptureAt(edges);
   task->Run();
   return task->TakeCaptured();

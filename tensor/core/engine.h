@@ -22,6 +22,7 @@
 #define TANDEM_TENSOR_CORE_ENGINE_H_
 
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "tensor/core/tensor.h"
@@ -30,18 +31,21 @@ namespace tandem {
 
 // Runs the backward pass from `roots` with the given gradients (one per root). With
 // `create_graph` the nodes run with grad mode on, so the gradients record a graph of their own
-// (double backward; see tensor/core/autograd.h). A node may call it from its Apply (on its
+// (double backward; see tensor/core/autograd.h). Unless `retain_graph` (default: create_graph,
+// as PyTorch's), each node frees its saved tensors once it has run, and a second pass through
+// it throws. A node may call it from its Apply (on its
 // device's worker): the nested pass runs that device's nodes on the same thread and the other
 // devices' on their workers, and returns when it is done.
 void RunBackward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads,
-                 bool create_graph = false);
+                 bool create_graph = false, std::optional<bool> retain_graph = std::nullopt);
 
 // The gradients that reach `inputs` from `roots` (one per input, undefined where none
 // reaches it), as autograd::grad returns them: only the nodes between the roots and the
 // inputs run, and no gradient accumulator, so no .grad changes and no gradient-ready hook runs.
 std::vector<Tensor> RunBackwardToInputs(const std::vector<Tensor>& roots,
                                         const std::vector<Tensor>& grads,
-                                        const std::vector<Tensor>& inputs, bool create_graph);
+                                        const std::vector<Tensor>& inputs, bool create_graph,
+                                        std::optional<bool> retain_graph = std::nullopt);
 
 // Queues `callback` to run once when the backward pass the calling code is part of has
 // finished, after every node, on the thread that called backward (in the order queued; a

@@ -521,7 +521,8 @@ void Tensor::set_grad(const Tensor& grad) {
   impl_->grad = grad;
 }
 
-void Tensor::backward(const Tensor& gradient, bool create_graph) const {
+void Tensor::backward(const Tensor& gradient, bool create_graph,
+                      std::optional<bool> retain_graph) const {
   CheckDefined("backward()");
   TANDEM_CHECK(requires_grad(), "backward: this tensor does not require grad and has no grad_fn; ",
                "mark an input with set_requires_grad(true) before computing it");
@@ -533,7 +534,7 @@ void Tensor::backward(const Tensor& gradient, bool create_graph) const {
   }
   TANDEM_CHECK(grad.shape() == shape(), "backward: the gradient has shape ",
                ShapeToString(grad.shape()), " but the tensor has shape ", ShapeToString(shape()));
-  RunBackward({*this}, {create_graph ? grad : grad.detach()}, create_graph);
+  RunBackward({*this}, {create_graph ? grad : grad.detach()}, create_graph, retain_graph);
 }
 
 const std::shared_ptr<Node>& Tensor::grad_fn() const {

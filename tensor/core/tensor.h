@@ -183,9 +183,11 @@ class Tensor {
   // device's worker, so replicas on different devices run in parallel. With
   // `create_graph` the gradients (and .grad) carry a graph of their own, for a second
   // derivative; a .grad that holds the graph of its own leaf is a reference cycle, as in
-  // PyTorch, so prefer autograd::grad there (tensor/core/autograd.h). The graph is kept after
-  // a pass either way (a node's saved tensors go with the node).
-  void backward(const Tensor& gradient = Tensor(), bool create_graph = false) const;
+  // PyTorch, so prefer autograd::grad there (tensor/core/autograd.h). Each node frees its
+  // saved tensors once it has run, unless `retain_graph` (default: create_graph, as PyTorch):
+  // a second backward through the same graph needs retain_graph=true in the first.
+  void backward(const Tensor& gradient = Tensor(), bool create_graph = false,
+                std::optional<bool> retain_graph = std::nullopt) const;
   const std::shared_ptr<Node>& grad_fn() const;
 
   // ---- Common ops as methods (see ops.h) -----------------------------------------------
