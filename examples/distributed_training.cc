@@ -452,6 +452,26 @@ class DistributedStrategy : public TrainStrategy {
   std::vector<double> EpochTotals(double loss_sum, double seen) override {
     return SumOverRanks(*group_, {loss_sum, seen});
   }
+  // DDP's all-reduces, this rank's view (no collective): their time on the group's thread,
+  // and how much of it backward hid (the rest, and any wait for a slower rank's backward, is
+  // what the end of backward waited).
+  void StepDone() override {
+    if (ddp_ == nullptr) return;
+    const distributed::ReductionStats stats = ddp_->last_reduction_stats();
+    communication_seconds_ += stats.communication_seconds;
+    wait_seconds_ += stats.wait_seconds;
+    ++reduced_steps_;
+  }
+  std::string EpochNote() override {
+    if (reduced_steps_ == 0 || communication_seconds_ <= 0) return "";
+    const std::string note =
+        absl::StrFormat("  all-reduce %.1f ms/step, %.0f%% hidden behind backward",
+                        communication_seconds_ / reduced_steps_ * 1e3,
+                        100 * std::clamp(1 - wait_seconds_ / communication_seconds_, 0.0, 1.0));
+    communication_seconds_ = wait_seconds_ = 0;
+    reduced_steps_ = 0;
+    return note;
+  }
   // The checkpoint holds rank 0's generator for every rank (see RestoreGenerators): exact
   // while the ranks' states agree, so rank 0 says so (once) when they do not. Only with
   // --checkpoint, whose presence every rank agrees on, so all or none gather.
@@ -515,6 +535,8 @@ class DistributedStrategy : public TrainStrategy {
   bool uneven_ = false;  // every example once; a Join evens the steps
   distributed::DistributedDataParallel* ddp_ = nullptr;  // wrapper_, without sharding
   std::unique_ptr<distributed::Join> join_;              // this epoch's
+  double communication_seconds_ = 0, wait_seconds_ = 0;  // this epoch's all-reduces
+  int64_t reduced_steps_ = 0;
   std::vector<std::string> device_names_;
 };
 

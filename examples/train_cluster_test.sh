@@ -34,6 +34,10 @@ for n in 2 4; do
     --save="$logs/cluster$n.model" 2>&1)" || { echo "$out"; fail "2 hosts x $((n / 2)) ranks failed"; }
   tx1="$(cluster_on 0 cat /sys/class/net/eth0/statistics/tx_bytes)"
   grep -q "^\[1,0\]<stdout>:{\"model\".*\"ranks\":$n" <<<"$out" || { echo "$out"; fail "no JSON line of $n ranks"; }
+  # Each epoch's line says what the all-reduces took over the network and how much of them
+  # backward hid.
+  grep -qE '^\[1,0\]<stdout>:epoch 2/2 .* all-reduce [0-9.]+ ms/step, [0-9]+% hidden behind backward$' <<<"$out" ||
+    { echo "$out"; fail "no all-reduce figures in the epoch line"; }
   cmp "$logs/local$n.model" "$logs/cluster$n.model" ||
     fail "2 hosts x $((n / 2)) ranks trained another model than $n ranks on one host"
   # 2 epochs of 16 or 8 steps, each all-reducing 235146 floats (940 KB): host 0 sends at
