@@ -616,14 +616,21 @@ double FullyShardedDataParallel::clip_grad_norm_(double max_norm, double norm_ty
   return total.item();
 }
 
-std::vector<nn::NamedTensor> FullyShardedDataParallel::full_state_dict() {
+std::vector<nn::NamedTensor> FullyShardedDataParallel::full_state_dict(
+    FullStateDictOptions options) {
   State& s = *state_;
+  const bool keep = !options.rank0_only() || s.group->rank() == 0;
+  auto place = [&](const Tensor& t) { return options.offload_to_cpu() ? t.to(Device::Cpu(0)) : t; };
   std::unordered_map<std::string, Tensor> by_name;
   for (int u : s.ShardedUnits()) {
     const State::Unit& unit = s.units[u];
+    // Every rank takes part in each gather; one that keeps nothing frees the unit here.
     const Tensor full = s.GatherWhole(unit, unit.shard);
-    for (const FlatEntry& e : unit.entries) by_name[e.name] = State::MakeView(full, e);
+    if (!keep) continue;
+    const Tensor kept = place(full);
+    for (const FlatEntry& e : unit.entries) by_name[e.name] = State::MakeView(kept, e);
   }
+  if (!keep) return {};
   // The wrapped module's order (named_parameters), then its buffers.
   std::vector<nn::NamedTensor> ordered;
   for (const nn::NamedTensor& p : module_->named_parameters()) {
@@ -635,7 +642,10 @@ std::vector<nn::NamedTensor> FullyShardedDataParallel::full_state_dict() {
     buffers.push_back(ordered.back().value);
   }
   NoGradGuard no_grad;
-  BroadcastCoalesced(*s.group, buffers);  // rank 0's, as a checkpoint keeps them
+  // Rank 0's, as a checkpoint keeps them (rank 0's own need no collective).
+  if (!options.rank0_only()) BroadcastCoalesced(*s.group, buffers);
+  const size_t parameters = ordered.size() - buffers.size();
+  for (size_t i = parameters; i < ordered.size(); ++i) ordered[i].value = place(ordered[i].value);
   return ordered;
 }
 

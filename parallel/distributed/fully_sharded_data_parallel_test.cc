@@ -8,9 +8,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -578,6 +580,52 @@ TEST_F(FullyShardedDataParallelTest, FullStateDictRoundTrips) {
   EXPECT_EQ(mse_loss(fsdp.forward(b.x), b.y).item(), mse_loss(other->forward(b.x), b.y).item());
   EXPECT_THAT(ErrorOf([&] { fsdp.load_full_state_dict({}); }),
               HasSubstr("load_full_state_dict: the state has no '4.weight'"));
+}
+
+// PyTorch's FullStateDictConfig(offload_to_cpu=True, rank0_only=True), how a model larger than
+// one device is saved: rank 0 gets the state of every rank's plain full_state_dict(); every
+// other rank gets nothing and, by the allocator's statistics, never holds more than the largest
+// unit on top of what it held (the plain one holds them all: the measure can fail).
+TEST_F(FullyShardedDataParallelTest, Rank0OnlyFullStateDictHoldsOneUnitAtATimeElsewhere) {
+  const int rank = TestGroup()->rank();
+  const Device cpu = Device::Cpu(0);
+  manual_seed(3);
+  auto model = std::make_shared<nn::Sequential>(nn::Linear(64, 64), nn::Linear(64, 64),
+                                                nn::Linear(64, 64), nn::Linear(64, 64));
+  FullyShardedDataParallel fsdp(
+      model, TestGroup(),
+      FullyShardedDataParallelOptions().auto_wrap_policy(
+          [](const std::string& name, const nn::Module&) { return name.size() == 1; }));
+  int64_t largest_unit_bytes = 0;
+  for (const FsdpUnitInfo& u : fsdp.units()) {
+    largest_unit_bytes =
+        std::max<int64_t>(largest_unit_bytes, u.shard_numel * TestGroup()->size() * sizeof(float));
+  }
+  ASSERT_GT(largest_unit_bytes, 0);
+  auto peak_above = [&](const std::function<void()>& f) {
+    const int64_t before = GetMemoryStats(cpu).in_use_bytes;
+    ResetPeakMemory(cpu);
+    f();
+    return GetMemoryStats(cpu).peak_bytes - before;
+  };
+  std::vector<nn::NamedTensor> whole;
+  const int64_t plain_peak = peak_above([&] { whole = fsdp.full_state_dict(); });
+  std::vector<nn::NamedTensor> got;
+  const int64_t rank0_only_peak = peak_above([&] {
+    got = fsdp.full_state_dict(FullStateDictOptions().rank0_only(true).offload_to_cpu(true));
+  });
+  EXPECT_GE(plain_peak, 4 * largest_unit_bytes);
+  if (rank != 0) {
+    EXPECT_TRUE(got.empty());
+    EXPECT_LE(rank0_only_peak, largest_unit_bytes) << "rank " << rank;
+    return;
+  }
+  ASSERT_EQ(got.size(), whole.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].name, whole[i].name);
+    EXPECT_EQ(got[i].value.device(), cpu);
+    EXPECT_EQ(MaxAbsDiff(got[i].value, whole[i].value), 0.0) << got[i].name;
+  }
 }
 
 }  // namespace
