@@ -40,6 +40,10 @@
 //   (backward_prefetch). Then it flattens the gradients, starts their reduce-scatter (in
 //   reduce_dtype) and frees its unit. The end of backward waits for the reduce-scatters and
 //   adds each into its shard's .grad.
+// - forward_prefetch: the first forward through the wrapper records the order in which it
+//   gathers the units; each later one, right after gathering a unit, starts the all-gather of
+//   the next in that order, before the unit computes. All-gathers started ahead and not used
+//   by the end of the forward are waited for and dropped.
 // - no_sync() keeps the unsharded gradients (one flat buffer per unit) and reduces their sum in
 //   the first backward after it: one reduce-scatter per unit per optimizer step.
 // - Mixed precision (param_dtype): the shards stay in their dtype (float32 master weights),
@@ -102,6 +106,11 @@ struct FullyShardedDataParallelOptions {
   TANDEM_ARG(std::optional<DType>, reduce_dtype) = std::nullopt;
   // Start the all-gather of the unit after next in backward while this one computes.
   TANDEM_ARG(bool, backward_prefetch) = true;
+  // PyTorch's forward_prefetch: start the all-gather of the unit the forward gathers next
+  // before this one computes (the order recorded by the first forward through the wrapper), so
+  // that it overlaps the compute; a forward then holds one unit more. Off by default, as
+  // PyTorch's: it pays where the all-gather is slow against the unit's compute.
+  TANDEM_ARG(bool, forward_prefetch) = false;
   // Copy rank 0's buffers (BatchNorm's running statistics) to every rank at each forward in
   // training mode, as DistributedDataParallel's broadcast_buffers.
   TANDEM_ARG(bool, broadcast_buffers) = true;

@@ -134,13 +134,15 @@ TEST_F(FullyShardedDataParallelTest, EqualsDistributedDataParallel) {
   const int rank = TestGroup()->rank();
   for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp}) {
     for (const Optim& optim : Optimizers()) {
-      for (bool clip : {false, true}) {
+      for (int variant = 0; variant < 4; ++variant) {
+        const bool clip = variant % 2 == 1, prefetch = variant >= 2;
         SCOPED_TRACE(std::string(ShardingStrategyName(strategy)) + " " + optim.name +
-                     (clip ? " clipped" : ""));
+                     (clip ? " clipped" : "") + (prefetch ? " forward_prefetch" : ""));
         auto sharded = MakeModel();
         auto whole = MakeModel();
-        auto group = std::make_shared<CountingGroup>(std::chrono::milliseconds(clip ? 1 : 0));
-        FullyShardedDataParallel fsdp(sharded, group, Units(strategy));
+        auto group =
+            std::make_shared<CountingGroup>(std::chrono::milliseconds(clip || prefetch ? 1 : 0));
+        FullyShardedDataParallel fsdp(sharded, group, Units(strategy).forward_prefetch(prefetch));
         DistributedDataParallel ddp(whole, TestGroup());
         const int gathers_before = group->allgathers.load();
         auto fsdp_optimizer = optim.make(fsdp.parameters());
@@ -162,9 +164,9 @@ TEST_F(FullyShardedDataParallelTest, EqualsDistributedDataParallel) {
           fsdp_optimizer->step();
           ddp_optimizer->step();
         }
-        // 4 units with parameters: one all-gather each in forward; under FULL_SHARD one more in
-        // backward for each unit freed after forward (all but the root, gathered last); one
-        // reduce-scatter each.
+        // 4 units with parameters: one all-gather each in forward (started ahead or not); under
+        // FULL_SHARD one more in backward for each unit freed after forward (all but the root,
+        // gathered last); one reduce-scatter each.
         const int gathers_per_step = strategy == ShardingStrategy::kFullShard ? 7 : 4;
         EXPECT_EQ(group->reduce_scatters.load(), 10 * 4);
         EXPECT_EQ(group->allgathers.load() - gathers_before, 10 * gathers_per_step);
@@ -626,6 +628,67 @@ TEST_F(FullyShardedDataParallelTest, Rank0OnlyFullStateDictHoldsOneUnitAtATimeEl
     EXPECT_EQ(got[i].value.device(), cpu);
     EXPECT_EQ(MaxAbsDiff(got[i].value, whole[i].value), 0.0) << got[i].name;
   }
+}
+
+// A module that runs `probe` in its forward and passes its input on.
+class Probe : public nn::Module {
+ public:
+  explicit Probe(std::function<void()> probe) : nn::Module("Probe"), probe_(std::move(probe)) {}
+  std::vector<Tensor> forward_tensors(const std::vector<Tensor>& inputs) override {
+    probe_();
+    return inputs;
+  }
+
+ private:
+  std::function<void()> probe_;
+};
+
+// forward_prefetch: after the first forward (which records the order), the second unit's
+// all-gather is issued before the first unit's compute is done (seen from a module between the
+// two), and the delayed all-gathers give the same outputs, gradients and number of all-gathers
+// as without it. Without the option the probe sees only the first unit's.
+TEST_F(FullyShardedDataParallelTest, ForwardPrefetchStartsTheNextUnitsAllGatherBeforeCompute) {
+  const int rank = TestGroup()->rank();
+  std::vector<std::vector<float>> outputs[2];
+  std::vector<std::vector<float>> gradients[2];
+  int gathers[2] = {0, 0};
+  for (bool prefetch : {false, true}) {
+    SCOPED_TRACE(prefetch ? "forward_prefetch" : "without");
+    auto group = std::make_shared<CountingGroup>(std::chrono::milliseconds(2));
+    int at_start = 0, seen = -1;
+    manual_seed(11);
+    auto model = std::make_shared<nn::Sequential>(
+        nn::Linear(7, 15), std::make_shared<Probe>([&] { seen = group->allgathers - at_start; }),
+        nn::Tanh(), nn::Linear(15, 9));
+    FullyShardedDataParallel fsdp(
+        model, group,
+        FullyShardedDataParallelOptions().forward_prefetch(prefetch).auto_wrap_policy(
+            [](const std::string& name, const nn::Module&) { return name == "0" || name == "3"; }));
+    nn::SGD optimizer(fsdp.parameters(), nn::SGDOptions(0.1));
+    const int before = group->allgathers;
+    for (int step = 0; step < 3; ++step) {
+      const Batch b = BatchOf(step, rank);
+      optimizer.zero_grad();
+      at_start = group->allgathers;
+      const Tensor out = fsdp.forward(b.x);
+      EXPECT_EQ(seen, prefetch && step > 0 ? 2 : 1) << "step " << step;
+      outputs[prefetch].push_back(out.to_vector<float>());
+      mse_loss(out, b.y).backward();
+      for (const Tensor& p : fsdp.parameters())
+        gradients[prefetch].push_back(p.grad().to_vector<float>());
+      optimizer.step();
+    }
+    {
+      NoGradGuard no_grad;  // evaluation prefetches too
+      at_start = group->allgathers;
+      outputs[prefetch].push_back(fsdp.forward(BatchOf(9, rank).x).to_vector<float>());
+      EXPECT_EQ(seen, prefetch ? 2 : 1);
+    }
+    gathers[prefetch] = group->allgathers - before;
+  }
+  EXPECT_EQ(outputs[0], outputs[1]);
+  EXPECT_EQ(gradients[0], gradients[1]);
+  EXPECT_EQ(gathers[0], gathers[1]);
 }
 
 }  // namespace
