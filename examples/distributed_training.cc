@@ -149,6 +149,47 @@ class FsdpTrainerOptimizer : public nn::Optimizer {
   std::optional<nn::OptimizerState> pending_;
 };
 
+// A collective evaluation's share of the test set: its batches (of `batch_size`) dealt to the
+// ranks in turn, batch b to rank b % world, so that each batch is the one the lead alone would
+// score. A rank with fewer than the most batches any rank has repeats batch 0 last (its score
+// dropped: the forward only keeps its units' gathers in step with the other ranks').
+class EvalShareSampler : public data::Sampler {
+ public:
+  EvalShareSampler(int64_t size, int64_t batch_size, int rank, int world)
+      : size_(size), batch_size_(batch_size) {
+    const int64_t batches = (size + batch_size - 1) / batch_size;
+    for (int64_t b = rank; b < batches; b += world) own_.push_back(b);
+    steps_ = (batches + world - 1) / world;
+  }
+  int64_t size() const override {
+    int64_t n = 0;
+    for (int64_t b : Batches()) n += std::min(batch_size_, size_ - b * batch_size_);
+    return n;
+  }
+  std::vector<int64_t> NextEpoch() override {
+    std::vector<int64_t> indices;
+    for (int64_t b : Batches()) {
+      for (int64_t i = b * batch_size_; i < std::min(size_, (b + 1) * batch_size_); ++i) {
+        indices.push_back(i);
+      }
+    }
+    return indices;
+  }
+  // The test set's batches this rank scores, in order (the others it runs are padding).
+  int64_t scored() const { return static_cast<int64_t>(own_.size()); }
+  // Batches every rank runs.
+  int64_t steps() const { return steps_; }
+
+ private:
+  std::vector<int64_t> Batches() const {
+    std::vector<int64_t> batches = own_;
+    if (size_ > 0) batches.resize(steps_, 0);
+    return batches;
+  }
+  int64_t size_, batch_size_, steps_ = 0;
+  std::vector<int64_t> own_;
+};
+
 const char* const kAdvice =
     "start every rank with the same values of these flags (one mpirun command line for all "
     "of them), the same training data and the same checkpoint";
@@ -280,9 +321,60 @@ class DistributedStrategy : public TrainStrategy {
   void BeforeCheckpoint(nn::Optimizer&) override {
     if (zero_ != nullptr) zero_->consolidate_state_dict(0);
   }
-  // The lead evaluates and saves the model alone: under FSDP every rank gathers it whole first.
-  void BeforeLeadAlone() override {
-    if (fsdp_ != nullptr) fsdp_->summon_full_params();
+  // Under FSDP no rank holds the whole model: every rank evaluates its share through the
+  // sharded forward (one unit gathered at a time, as in training), samples the report's text
+  // with it, and --save gathers the model unit by unit to rank 0 alone.
+  bool ForwardIsCollective() const override { return FsdpStrategyOf(sharding_).has_value(); }
+  std::unique_ptr<data::Sampler> MakeEvalSampler(int64_t size, int64_t batch_size) override {
+    if (!ForwardIsCollective()) return TrainStrategy::MakeEvalSampler(size, batch_size);
+    auto sampler = std::make_unique<EvalShareSampler>(size, batch_size, rank_, world_);
+    eval_sampler_ = sampler.get();
+    return sampler;
+  }
+  // Each rank scores its batches; the totals of every batch are gathered and added in the
+  // batches' order, as the lead alone adds them (the same sums, to the bit).
+  EvalTotals Evaluate(const Task& task, data::DataLoader& loader,
+                      const std::function<Tensor(const Tensor&)>& forward) override {
+    if (fsdp_ == nullptr) return TrainStrategy::Evaluate(task, loader, forward);
+    NoGradGuard no_grad;
+    const int64_t steps = eval_sampler_->steps();
+    // {loss sum, correct, count} of each batch this rank runs (padding: zeros).
+    Tensor mine = zeros({steps, 3}, TensorOptions(kFloat64).device(group_->device()));
+    int64_t step = 0;
+    for (data::Batch& batch : loader) {
+      const Tensor logits = forward(task.Input(batch));
+      if (step < eval_sampler_->scored()) {
+        const EvalTotals t = ScoreBatch(logits, batch.target());
+        mine.select(0, step).copy_(
+            from_vector(std::vector<double>{t.loss_sum, static_cast<double>(t.correct),
+                                            static_cast<double>(t.count)},
+                        {3}));
+      }
+      ++step;
+    }
+    Require(step == steps, "internal error: evaluated ", step, " batches, expected ", steps);
+    Tensor all = zeros({world_ * steps * 3}, TensorOptions(kFloat64).device(group_->device()));
+    group_->allgather(all, mine.reshape({-1}))->wait();
+    const std::vector<double> v = all.to(Device::Cpu(0)).to_vector<double>();
+    EvalTotals totals;
+    for (int64_t b = 0; b < steps * world_; ++b) {  // batch b: rank b % world, its step b / world
+      const double* t = v.data() + ((b % world_) * steps + b / world_) * 3;
+      totals.Add({t[0], static_cast<int64_t>(t[1]), static_cast<int64_t>(t[2])});
+    }
+    return totals;
+  }
+  std::vector<nn::CheckpointEntry> SaveEntries(const nn::Module& model) override {
+    if (fsdp_ == nullptr) return TrainStrategy::SaveEntries(model);
+    const std::vector<nn::NamedTensor> state = fsdp_->full_state_dict(
+        distributed::FullStateDictOptions().rank0_only(true).offload_to_cpu(true));
+    if (state.empty()) return {};  // not rank 0
+    // Parameters, then buffers, as nn::ModuleCheckpointEntries lists them.
+    const size_t parameters = state.size() - model.named_buffers().size();
+    std::vector<nn::CheckpointEntry> entries;
+    for (size_t i = 0; i < state.size(); ++i) {
+      entries.push_back({state[i].name, i >= parameters, state[i].value});
+    }
+    return entries;
   }
   bool ShardsCheckpoints() const override { return FsdpStrategyOf(sharding_).has_value(); }
   void LoadShardedCheckpoint(const std::string& path) override {
@@ -496,19 +588,12 @@ class DistributedStrategy : public TrainStrategy {
         state->epochs_done, generators[0].seed, generators[0].offset,
         absl::StrJoin(differing, "; "));
   }
-  // Rank 0 alone (no collective).
-  Tensor EvalForward(const Tensor& input) override { return model_->forward_tensors({input})[0]; }
-  void SetTraining(bool on) override {
-    if (on) {
-      model_->train();
-    } else {
-      model_->eval();
-    }
+  // Rank 0 alone (no collective), or under FSDP every rank through the wrapper.
+  Tensor EvalForward(const Tensor& input) override {
+    return evaluated().forward_tensors({input})[0];
   }
-  void Finish() override {
-    BeforeLeadAlone();  // the lead saves the model (--save)
-    group_->barrier()->wait();
-  }
+  void SetTraining(bool on) override { evaluated().train(on); }
+  void Finish() override { group_->barrier()->wait(); }
   std::string Where(int64_t batch_size, const std::string& separator) const override {
     return absl::StrFormat(", %d ranks on %s, batch %d per rank", world_,
                            absl::StrJoin(device_names_, separator), batch_size);
@@ -519,6 +604,9 @@ class DistributedStrategy : public TrainStrategy {
   }
 
  private:
+  // What evaluation runs: the model alone, or the sharded wrapper.
+  nn::Module& evaluated() const { return fsdp_ != nullptr ? *fsdp_ : *model_; }
+
   Device device_ = Device::Cpu(0);
   int threads_ = 0, rank_ = 0, world_ = 1;
   bool said_generators_differ_ = false;
@@ -531,6 +619,7 @@ class DistributedStrategy : public TrainStrategy {
   std::shared_ptr<nn::Module> wrapper_;  // DistributedDataParallel, or FullyShardedDataParallel
   std::shared_ptr<distributed::FullyShardedDataParallel> fsdp_;  // --sharding=shard_grad_op|full
   FsdpTrainerOptimizer* fsdp_optimizer_ = nullptr;               // its optimizer
+  EvalShareSampler* eval_sampler_ = nullptr;  // under FSDP; owned by the test loader
   std::string sharding_ = "none";
   bool uneven_ = false;  // every example once; a Join evens the steps
   distributed::DistributedDataParallel* ddp_ = nullptr;  // wrapper_, without sharding

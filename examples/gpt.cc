@@ -223,7 +223,8 @@ Tensor GptLoss::forward(const Tensor& logits, const Tensor& targets) {
 }
 
 Tensor Gpt::Generate(const Tensor& prompt, int64_t max_new_tokens, double temperature,
-                     std::optional<int64_t> top_k, Generator* gen) {
+                     std::optional<int64_t> top_k, Generator* gen,
+                     const std::function<Tensor(const Tensor&)>& forward) {
   TANDEM_CHECK(prompt.defined() && (prompt.dim() == 1 || prompt.dim() == 2) &&
                    prompt.dtype() == kInt64 && prompt.size(-1) >= 1,
                "Gpt::Generate: expected a non-empty int64 prompt [T] or [B, T] but got ",
@@ -247,7 +248,7 @@ Tensor Gpt::Generate(const Tensor& prompt, int64_t max_new_tokens, double temper
   } restore{this, is_training()};
   eval();
   NoGradGuard no_grad;
-  const Device device = wte_->weight().device();
+  const Device device = this->device();
   const Tensor prompt2 = prompt.dim() == 1 ? prompt.unsqueeze(0) : prompt;
   const int64_t batch = prompt2.size(0);
   std::vector<std::vector<int64_t>> sequences(batch);
@@ -267,7 +268,8 @@ Tensor Gpt::Generate(const Tensor& prompt, int64_t max_new_tokens, double temper
     for (const auto& sequence : sequences) {
       context.insert(context.end(), sequence.end() - window, sequence.end());
     }
-    const Tensor logits = forward(from_vector(context, {batch, window}).to(device));
+    const Tensor tokens = from_vector(context, {batch, window}).to(device);
+    const Tensor logits = forward ? forward(tokens) : this->forward(tokens);
     Tensor last = logits.select(1, window - 1).to(kFloat32) / temperature;  // [B, V]
     if (k < vocab) {
       // Everything below the k-th largest logit is excluded (ties with it stay).

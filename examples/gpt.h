@@ -19,6 +19,7 @@
 #define TANDEM_EXAMPLES_GPT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -109,14 +110,20 @@ class Gpt : public nn::Cloneable<Gpt> {
   // tokens, divides the last logits by temperature (> 0), keeps only the top_k most likely
   // tokens when given, and samples from the softmax with uniform draws from `gen` (the
   // default CPU generator when null). Runs without gradients and in evaluation mode (the
-  // training mode is restored after).
+  // training mode is restored after). `forward`, when given, computes the logits instead of
+  // this model's forward(): a wrapper's (FullyShardedDataParallel's, run on every rank with
+  // the same prompt and generator state, gathers one unit at a time).
   Tensor Generate(const Tensor& prompt, int64_t max_new_tokens, double temperature = 1.0,
-                  std::optional<int64_t> top_k = std::nullopt, Generator* gen = nullptr);
+                  std::optional<int64_t> top_k = std::nullopt, Generator* gen = nullptr,
+                  const std::function<Tensor(const Tensor&)>& forward = nullptr);
 
   // Parameters counted once each (the tied head adds none); GPT-2: 124,439,808.
   int64_t num_parameters() const;
   const GptConfig& config() const { return config_; }
   Tensor wte_weight() const { return wte_->weight(); }
+  // Where its parameters are, read without reading them (a sharded wrapper's read hook would
+  // gather them).
+  Device device() const { return parameter("wte.weight").device(); }
 
  private:
   GptConfig config_;

@@ -230,11 +230,10 @@ class TextTask : public Task {
   std::string Report(const std::vector<EpochStats>&, const std::string&, double) override {
     TANDEM_CHECK(gpt_ != nullptr, "TextTask::Report: MakeModel was not called");
     const std::vector<int64_t> ids = data::TextCorpus::Encode(options_.prompt);
-    const Device device = gpt_->wte_weight().device();
-    const Tensor prompt = from_vector(ids, {static_cast<int64_t>(ids.size())}).to(device);
+    const Tensor prompt = from_vector(ids, {static_cast<int64_t>(ids.size())}).to(gpt_->device());
     Generator gen(options_.seed);
-    const Tensor out =
-        gpt_->Generate(prompt, options_.max_new_tokens, options_.temperature, options_.top_k, &gen);
+    const Tensor out = gpt_->Generate(prompt, options_.max_new_tokens, options_.temperature,
+                                      options_.top_k, &gen, report_forward_);
     sample_ = data::TextCorpus::Decode(out.to(Device::Cpu(0)).to_vector<int64_t>());
     return absl::StrFormat(
         "Sample (--prompt, %d new bytes, temperature %g, top-k %d, seed %d):\n%s\n",

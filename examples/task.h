@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "data/dataloader.h"
@@ -109,6 +110,11 @@ class Task {
   // the prompt by `model` (the trained module MakeModel returned).
   virtual std::string Report(const std::vector<EpochStats>& history, const std::string& optimizer,
                              double lr) = 0;
+  // The forward the report runs instead of the model's own: a sharded wrapper's, whose
+  // forward is collective (every rank then runs Report with the same generator state).
+  void set_report_forward(std::function<Tensor(const Tensor&)> forward) {
+    report_forward_ = std::move(forward);
+  }
   // The JSON line's fields after "batch_size" and before "train_seconds" (each followed by a
   // comma), and the last ones (no trailing comma).
   virtual std::string JsonMetrics(const std::vector<EpochStats>& history) const = 0;
@@ -116,6 +122,7 @@ class Task {
 
  protected:
   std::shared_ptr<const data::Dataset> train_set_, test_set_;
+  std::function<Tensor(const Tensor&)> report_forward_;  // nullptr: the model's own
 };
 
 // The task of resolved `options` (ResolveTaskDefaults first). Throws UsageError for an unknown

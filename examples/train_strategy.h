@@ -106,9 +106,27 @@ class TrainStrategy {
   // Every rank, before the lead writes a checkpoint of `optimizer`: a sharded optimizer
   // gathers its state to the lead.
   virtual void BeforeCheckpoint(nn::Optimizer& /*optimizer*/) {}
-  // Every rank, each epoch, before the lead evaluates and writes files alone: a sharded model
-  // gathers its parameters whole.
-  virtual void BeforeLeadAlone() {}
+  // Whether the model's forward is collective (a sharded model gathers each unit from every
+  // rank as the forward reads it, and no rank ever holds it whole). Then every rank evaluates
+  // its share of the test set, runs the report's forward (the GPT's sample) and takes part in
+  // --save's gathering; otherwise the lead does them alone.
+  virtual bool ForwardIsCollective() const { return false; }
+  // The test set's indices this process evaluates, batched by `batch_size`: all, in order,
+  // unless the forward is collective.
+  virtual std::unique_ptr<data::Sampler> MakeEvalSampler(int64_t size, int64_t /*batch_size*/) {
+    return std::make_unique<data::SequentialSampler>(size);
+  }
+  // The test set's totals (the lead's; a collective forward's ranks each score their share
+  // and add every rank's, in the batches' order: the lead alone would get the same sums).
+  virtual EvalTotals Evaluate(const Task& task, data::DataLoader& loader,
+                              const std::function<Tensor(const Tensor&)>& forward) {
+    return examples::Evaluate(task, loader, forward);
+  }
+  // What --save writes of `model` (the lead writes it; under a collective forward every rank
+  // calls this and the others get nothing).
+  virtual std::vector<nn::CheckpointEntry> SaveEntries(const nn::Module& model) {
+    return nn::ModuleCheckpointEntries(model);
+  }
   // Whether checkpoints are sharded (parallel/distributed/sharded_checkpoint.h: every rank
   // writes its own shard of the model and optimizer state, rank 0 an index holding the
   // trainer's entries) rather than written whole by the lead.
@@ -119,7 +137,8 @@ class TrainStrategy {
   virtual void LoadShardedCheckpoint(const std::string& /*path*/) {}
   virtual void SaveShardedCheckpoint(const std::string& /*path*/,
                                      const std::vector<nn::CheckpointEntry>& /*entries*/) {}
-  // The model's output for evaluation (the lead alone; in evaluation mode: SetTraining).
+  // The model's output for evaluation (the lead alone, or every rank when the forward is
+  // collective; in evaluation mode: SetTraining).
   virtual Tensor EvalForward(const Tensor& input) = 0;
   virtual void SetTraining(bool on) = 0;
   // What the epoch's line adds at its end ("" or "  split ...").

@@ -170,7 +170,10 @@ int RunTraining(const TrainConfig& given, TrainStrategy& strategy, TrainReporter
   }
   const std::string generator_note = resumed ? strategy.RestoreGenerators(state, t.seed) : "";
 
-  task->LoadData(/*with_test=*/lead);
+  // A collective forward (a sharded model) evaluates, samples and saves on every rank.
+  const bool collective = strategy.ForwardIsCollective();
+  const bool evaluates = lead || collective;
+  task->LoadData(/*with_test=*/evaluates);
   const std::shared_ptr<const data::Dataset>& train_set = task->train_set();
   const Device device = strategy.device();
   const auto loader_options = data::DataLoaderOptions()
@@ -181,9 +184,10 @@ int RunTraining(const TrainConfig& given, TrainStrategy& strategy, TrainReporter
       train_set, strategy.MakeSampler(train_set->size(), t.seed, state.sampler_epoch),
       data::DataLoaderOptions(loader_options).batch_size(t.batch_size));
   std::unique_ptr<data::DataLoader> test_loader;
-  if (lead) {
+  if (evaluates) {
     test_loader = std::make_unique<data::DataLoader>(
         task->test_set(),
+        strategy.MakeEvalSampler(task->test_set()->size(), task->eval_batch_size()),
         data::DataLoaderOptions(loader_options).batch_size(task->eval_batch_size()));
   }
   const int64_t steps = train_loader.size();
@@ -286,24 +290,25 @@ int RunTraining(const TrainConfig& given, TrainStrategy& strategy, TrainReporter
     state.sampler_epoch = strategy.sampler_epoch();
     const std::string generators_note = strategy.SaveGenerators(&state, !config.checkpoint.empty());
     if (!config.checkpoint.empty()) strategy.BeforeCheckpoint(*optimizer.optimizer);
-    strategy.BeforeLeadAlone();
     const bool sharded_checkpoint = !config.checkpoint.empty() && strategy.ShardsCheckpoints();
-    if (!lead) {
-      // Rank 0's part of the sharded save comes after its evaluation, below.
-      if (sharded_checkpoint) strategy.SaveShardedCheckpoint(config.checkpoint, {});
-      continue;
+    if (lead) {
+      reporter.EndEpoch();
+      reporter.Print(generators_note);
     }
-    reporter.EndEpoch();
-    reporter.Print(generators_note);
     EvalTotals test;
-    {
-      // The lead alone, in evaluation mode, under the training's autocast.
+    if (evaluates) {
+      // In evaluation mode, under the training's autocast.
       AutocastGuard guard(device.type(), autocast == kFloat32 ? kBFloat16 : autocast,
                           /*enabled=*/autocast != kFloat32);
       strategy.SetTraining(false);
-      test = Evaluate(*task, *test_loader,
-                      [&](const Tensor& input) { return strategy.EvalForward(input); });
+      test = strategy.Evaluate(*task, *test_loader,
+                               [&](const Tensor& input) { return strategy.EvalForward(input); });
       strategy.SetTraining(true);
+    }
+    if (!lead) {
+      // Rank 0's part of the sharded save comes after its epoch line, below.
+      if (sharded_checkpoint) strategy.SaveShardedCheckpoint(config.checkpoint, {});
+      continue;
     }
     state.history.push_back(
         {epoch, totals[0] / totals[1], test.loss(), test.accuracy(), seconds, totals[1] / seconds});
@@ -321,7 +326,17 @@ int RunTraining(const TrainConfig& given, TrainStrategy& strategy, TrainReporter
                                        strategy.Where(t.batch_size, " + ")));
   }
   strategy.Finish();
-  if (!lead) return 0;
+  if (collective) {
+    task->set_report_forward([&](const Tensor& input) { return strategy.EvalForward(input); });
+  }
+  if (!lead) {
+    // The lead's collective work, in its order: the report's forward, then --save's gathers.
+    if (collective) {
+      (void)task->Report(state.history, t.optimizer, t.lr);
+      if (!config.save.empty()) (void)strategy.SaveEntries(*model);
+    }
+    return 0;
+  }
 
   reporter.Summary(t.model, strategy.Where(t.batch_size, ", "), state.history, *task, t.optimizer,
                    t.lr);
@@ -333,7 +348,7 @@ int RunTraining(const TrainConfig& given, TrainStrategy& strategy, TrainReporter
                             devices[i].ToString(), MiB(stats.peak_bytes), MiB(in_use_before[i]));
   }
   if (!config.save.empty()) {
-    nn::SaveCheckpoint(*model, config.save);
+    nn::WriteCheckpoint(strategy.SaveEntries(*model), config.save);
     tail += absl::StrFormat("Model written to %s\n", config.save);
   }
   if (!config.checkpoint.empty()) tail += "Checkpoint: " + config.checkpoint + "\n";

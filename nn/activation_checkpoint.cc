@@ -4,6 +4,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <utility>
 
 #include "tensor/base/autocast_mode.h"
@@ -35,27 +36,39 @@ class ReplayGenerators {
   GeneratorUses present_;
 };
 
+// Stand-ins for `inputs`: detached, requiring grad as the originals do (a pass from outputs
+// computed on them stops there).
+std::vector<Tensor> StandIns(const std::vector<Tensor>& inputs,
+                             const std::vector<bool>& requires_grad) {
+  std::vector<Tensor> leaves;
+  leaves.reserve(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    leaves.push_back(inputs[i].defined() ? inputs[i].detach() : Tensor());
+    if (requires_grad[i]) leaves.back().set_requires_grad(true);
+  }
+  return leaves;
+}
+
 class CheckpointBackward final : public Node {
  public:
   CheckpointBackward(Device device, std::vector<Device> output_devices, CheckpointFunction fn,
                      std::vector<Tensor> inputs, std::vector<bool> input_requires_grad,
-                     GeneratorUses generators, AutocastState autocast)
+                     GeneratorUses generators, AutocastState autocast,
+                     std::vector<std::shared_ptr<Node>> leaf_nodes)
       : Node(device, std::move(output_devices)),
         fn_(fn),
         inputs_(std::move(inputs)),
         input_requires_grad_(std::move(input_requires_grad)),
         generators_(std::move(generators)),
-        autocast_(std::move(autocast)) {}
+        autocast_(std::move(autocast)),
+        leaf_nodes_(std::move(leaf_nodes)) {}
+
+  const std::vector<std::shared_ptr<Node>>& leaf_nodes() const { return leaf_nodes_; }
 
   std::vector<Tensor> Apply(std::vector<Tensor> grad_outputs) override {
     // Leaves standing for the inputs: the nested pass stops at them, and their .grad is what
     // this node hands on to the inputs' own edges.
-    std::vector<Tensor> leaves;
-    leaves.reserve(inputs_.size());
-    for (size_t i = 0; i < inputs_.size(); ++i) {
-      leaves.push_back(inputs_[i].defined() ? inputs_[i].detach() : Tensor());
-      if (input_requires_grad_[i]) leaves.back().set_requires_grad(true);
-    }
+    std::vector<Tensor> leaves = StandIns(inputs_, input_requires_grad_);
     std::vector<Tensor> outputs;
     {
       ReplayGenerators replay(generators_);
@@ -97,21 +110,77 @@ class CheckpointBackward final : public Node {
   std::vector<bool> input_requires_grad_;
   GeneratorUses generators_;
   AutocastState autocast_;
+  std::vector<std::shared_ptr<Node>> leaf_nodes_;  // RecordCheckpointedParameters
 };
 
+thread_local int recording_parameters = 0;
+
+// The accumulators of the leaves other than `stand_ins` that `outputs`' graph reaches, through
+// nested checkpoints too.
+std::vector<std::shared_ptr<Node>> ReachedLeaves(const std::vector<Tensor>& outputs,
+                                                 const std::vector<Tensor>& stand_ins) {
+  std::unordered_set<const Node*> seen, excluded;
+  for (const Tensor& t : stand_ins) {
+    if (const Edge edge = GradientEdge(t); edge.node) excluded.insert(edge.node.get());
+  }
+  std::vector<std::shared_ptr<Node>> stack, leaves;
+  auto visit = [&](const std::shared_ptr<Node>& node) {
+    if (node && seen.insert(node.get()).second) stack.push_back(node);
+  };
+  for (const Tensor& out : outputs) visit(GradientEdge(out).node);
+  while (!stack.empty()) {
+    const std::shared_ptr<Node> node = std::move(stack.back());
+    stack.pop_back();
+    bool has_next = false;
+    for (const Edge& next : node->next_edges()) {
+      has_next = has_next || next.node != nullptr;
+      visit(next.node);
+    }
+    for (const std::shared_ptr<Node>& inner : CheckpointedLeafNodes(*node)) visit(inner);
+    // A node with nowhere to send gradients is a leaf's accumulator (an op is recorded only
+    // when some input requires grad).
+    if (!has_next && !excluded.count(node.get())) leaves.push_back(node);
+  }
+  return leaves;
+}
+
 }  // namespace
+
+RecordCheckpointedParameters::RecordCheckpointedParameters() { ++recording_parameters; }
+RecordCheckpointedParameters::~RecordCheckpointedParameters() { --recording_parameters; }
+bool RecordCheckpointedParameters::active() { return recording_parameters > 0; }
+
+std::vector<std::shared_ptr<Node>> CheckpointedLeafNodes(const Node& node) {
+  const auto* checkpointed = dynamic_cast<const CheckpointBackward*>(&node);
+  return checkpointed != nullptr ? checkpointed->leaf_nodes()
+                                 : std::vector<std::shared_ptr<Node>>{};
+}
 
 std::vector<Tensor> checkpoint(const CheckpointFunction& fn, const std::vector<Tensor>& inputs,
                                const CheckpointOptions& options) {
   TANDEM_CHECK(fn != nullptr, "checkpoint: expected a function but got an empty one");
   if (!GradMode::IsEnabled()) return fn(inputs);  // nothing will be recomputed
+  std::vector<bool> requires_grad;
+  for (const Tensor& input : inputs)
+    requires_grad.push_back(input.defined() && input.requires_grad());
   std::vector<Tensor> outputs;
   GeneratorUses generators;
+  std::vector<std::shared_ptr<Node>> leaf_nodes;
   {
     std::optional<GeneratorRecorder> recorder;
     if (options.preserve_rng_state()) recorder.emplace();
-    NoGradGuard no_grad;
-    outputs = fn(inputs);
+    if (RecordCheckpointedParameters::active()) {
+      // Recorded over stand-ins, to see the leaves; the graph goes with the activations.
+      const std::vector<Tensor> stand_ins = StandIns(inputs, requires_grad);
+      outputs = fn(stand_ins);
+      leaf_nodes = ReachedLeaves(outputs, stand_ins);
+      for (Tensor& out : outputs) {
+        if (out.defined()) out = out.detach();
+      }
+    } else {
+      NoGradGuard no_grad;
+      outputs = fn(inputs);
+    }
     if (recorder) generators = recorder->uses();
   }
   // Floating outputs get the node; the others (indices, masks) have no gradient.
@@ -130,16 +199,12 @@ std::vector<Tensor> checkpoint(const CheckpointFunction& fn, const std::vector<T
   if (first == recorded.end()) return outputs;
   for (const Tensor& t : recorded) output_devices.push_back((t.defined() ? t : *first).device());
   std::vector<Tensor> kept;
-  std::vector<bool> requires_grad;
-  for (const Tensor& input : inputs) {
-    kept.push_back(input.defined() ? input.detach() : Tensor());
-    requires_grad.push_back(input.defined() && input.requires_grad());
-  }
+  for (const Tensor& input : inputs) kept.push_back(input.defined() ? input.detach() : Tensor());
   AutocastState autocast = AutocastMode::GetState();
   autocast.cache.reset();  // the recomputation casts the weights again rather than keep them
-  auto node = std::make_shared<CheckpointBackward>(first->device(), std::move(output_devices), fn,
-                                                   std::move(kept), std::move(requires_grad),
-                                                   std::move(generators), std::move(autocast));
+  auto node = std::make_shared<CheckpointBackward>(
+      first->device(), std::move(output_devices), fn, std::move(kept), std::move(requires_grad),
+      std::move(generators), std::move(autocast), std::move(leaf_nodes));
   RecordMultiOutputOp(std::move(node), inputs, recorded);
   return outputs;
 }

@@ -31,10 +31,17 @@
 // intercepted; recomputing inside one node needs nothing from the ops. What differs from
 // PyTorch's non-reentrant checkpoint:
 //   - The block's inside is not part of the outer graph: a parameter used only inside a
-//     checkpoint is not reachable from the outputs' graph, so DistributedDataParallel's
-//     find_unused_parameters would take it for unused (plain DDP works: each parameter's hook
-//     fires once per checkpoint call, so a layer checkpointed once per forward is fine; one
-//     checkpointed twice in a forward fires twice, which DDP refuses).
+//     checkpoint is not reachable from the outputs' graph. PyTorch's reentrant checkpoint has
+//     this bug under DDP's find_unused_parameters (the parameter is taken for unused, marked
+//     ready at once, then its gradient arrives in backward: an error or a hang), and documents
+//     it. Here a graph walk that must see them (DistributedDataParallel's find_unused_parameters
+//     does) holds a RecordCheckpointedParameters guard around the forward: each checkpoint then
+//     runs its forward recording over stand-ins for the inputs, keeps the gradient accumulators
+//     of the leaves it reached (CheckpointedLeafNodes) and frees that graph with the block's
+//     activations, so the forward holds one block's activations at a time, as the
+//     recomputation does. Plain DDP needs none of it: each parameter's hook fires once per
+//     checkpoint call, so a layer checkpointed once per forward is fine; one checkpointed
+//     twice in a forward fires twice, which DDP refuses without static_graph.
 //   - A gradient with respect to a tensor captured by `fn` (not passed as an input) is
 //     computed by the nested pass, which runs whatever graph lies behind it; pass such tensors
 //     as inputs when they are outputs of other differentiable ops.
@@ -56,6 +63,7 @@
 #define TANDEM_NN_ACTIVATION_CHECKPOINT_H_
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "tensor/base/arg.h"
@@ -80,6 +88,23 @@ std::vector<Tensor> checkpoint(const CheckpointFunction& fn, const std::vector<T
 // The common case: one tensor in, one out.
 Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& input,
                   const CheckpointOptions& options = {});
+
+// While one lives on this thread, checkpoint() records which leaves (parameters) its function
+// reaches, for CheckpointedLeafNodes (see above; it nests).
+class RecordCheckpointedParameters {
+ public:
+  RecordCheckpointedParameters();
+  ~RecordCheckpointedParameters();
+  RecordCheckpointedParameters(const RecordCheckpointedParameters&) = delete;
+  RecordCheckpointedParameters& operator=(const RecordCheckpointedParameters&) = delete;
+  static bool active();
+};
+
+// For a graph walk: the gradient accumulators of the leaves that the checkpoint whose backward
+// node is `node` uses inside (nested checkpoints' too), recorded under
+// RecordCheckpointedParameters; empty for any other node, or one recorded without it. They are
+// the nodes GradientEdge(parameter) gives while the graph lives.
+std::vector<std::shared_ptr<Node>> CheckpointedLeafNodes(const Node& node);
 
 }  // namespace tandem::nn
 

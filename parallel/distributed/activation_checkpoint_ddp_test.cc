@@ -133,5 +133,69 @@ TEST_F(ActivationCheckpointDdpTest, TheSameLayerCheckpointedTwiceNeedsStaticGrap
   }
 }
 
+// A layer used only inside a checkpoint (and, nested, one inside a checkpoint inside it) and
+// one that only rank 0 uses. Under find_unused_parameters DDP walks the outputs' graph to find
+// the unused parameters, and a checkpoint's inside is not in that graph: PyTorch's reentrant
+// checkpoint takes those parameters for unused (marked ready at once, then their gradients
+// arrive: an error or a hang). Here the checkpoint's forward records the leaves its function
+// reaches (nn::RecordCheckpointedParameters), so the walk sees them used.
+class CheckpointedAndUnused : public nn::Cloneable<CheckpointedAndUnused> {
+ public:
+  CheckpointedAndUnused(bool checkpointed, bool nested, bool use_extra)
+      : checkpointed_(checkpointed), nested_(nested), use_extra_(use_extra) {
+    reset();
+  }
+  void reset() override {
+    inner_ = register_module("inner", nn::Linear(6, 6));
+    layer_ = register_module("layer", nn::Linear(6, 6));
+    extra_ = register_module("extra", nn::Linear(6, 6));
+    head_ = register_module("head", nn::Linear(6, 2));
+  }
+  Tensor forward(const Tensor& x) {
+    const auto inner = inner_, layer = layer_;
+    const bool nested = nested_;
+    const auto block = [inner, layer, nested](const Tensor& in) {
+      const auto inner_block = [inner](const Tensor& t) { return tanh(inner->forward(t)); };
+      const Tensor h = nested ? nn::checkpoint(inner_block, in) : inner_block(in);
+      return tanh(layer->forward(h));
+    };
+    Tensor h = checkpointed_ ? nn::checkpoint(block, x) : block(x);
+    if (use_extra_) h = extra_->forward(h);
+    return head_->forward(h);
+  }
+
+ private:
+  bool checkpointed_, nested_, use_extra_;
+  std::shared_ptr<nn::Linear> inner_, layer_, extra_, head_;
+};
+
+TEST_F(ActivationCheckpointDdpTest, FindUnusedParametersSeesTheParametersInsideACheckpoint) {
+  auto group = TestGroup();
+  const int rank = group->rank();
+  const Tensor x = SharedBatch(group->size()).narrow(0, rank * kPerRank, kPerRank);
+  // Every parameter's gradient after each of 3 SGD steps under find_unused_parameters.
+  auto train = [&](bool checkpointed, bool nested) {
+    manual_seed(5);
+    auto model = std::make_shared<CheckpointedAndUnused>(checkpointed, nested, rank == 0);
+    DistributedDataParallel ddp(model, group,
+                                DistributedDataParallelOptions().find_unused_parameters(true));
+    nn::SGD optimizer(model->parameters(), nn::SGDOptions(0.1));
+    std::vector<std::vector<float>> grads;
+    for (int step = 0; step < 3; ++step) {
+      optimizer.zero_grad();
+      MeanSquare(ddp.forward(x)).backward();
+      for (const Tensor& p : model->parameters()) {
+        EXPECT_TRUE(p.grad().defined()) << "step " << step;  // extra: rank 0's, averaged
+        grads.push_back(p.grad().defined() ? p.grad().to_vector<float>() : std::vector<float>());
+      }
+      optimizer.step();
+    }
+    return grads;
+  };
+  const std::vector<std::vector<float>> plain = train(false, false);
+  EXPECT_EQ(train(true, false), plain);
+  EXPECT_EQ(train(true, true), plain);
+}
+
 }  // namespace
 }  // namespace tandem::parallel::distributed

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <unordered_set>
 #include <utility>
 
+#include "nn/activation_checkpoint.h"
 #include "parallel/distributed/broadcast_coalesced.h"
 #include "parallel/distributed/same_configuration.h"
 #include "tensor/base/error.h"
@@ -263,6 +265,11 @@ struct DistributedDataParallel::Reducer {
       stack.pop_back();
       for (const Edge& next : node->next_edges()) {
         if (next.node && seen.insert(next.node.get()).second) stack.push_back(next.node.get());
+      }
+      // A checkpoint's inside is not in the graph: the leaves its forward recorded (the
+      // forward ran under RecordCheckpointedParameters) stand for it.
+      for (const std::shared_ptr<Node>& leaf : nn::CheckpointedLeafNodes(*node)) {
+        if (seen.insert(leaf.get()).second) stack.push_back(leaf.get());
       }
     }
     for (size_t i = 0; i < params.size(); ++i) {
@@ -561,7 +568,15 @@ std::vector<Tensor> DistributedDataParallel::forward_tensors(const std::vector<T
     process_group_->allreduce(flags, ReduceOp::kSum)->wait();
   }
   if (training_step && BroadcastsBuffers()) SyncBuffers();
-  std::vector<Tensor> outputs = module_->forward_tensors(inputs);
+  const bool walks_graph = training_step && require_sync_ && !reducer_->params.empty() &&
+                           reducer_->find_unused && !reducer_->static_graph;
+  std::vector<Tensor> outputs;
+  {
+    // find_unused_parameters must see the parameters used inside nn::checkpoint.
+    std::optional<nn::RecordCheckpointedParameters> record;
+    if (walks_graph) record.emplace();
+    outputs = module_->forward_tensors(inputs);
+  }
   if (training_step && require_sync_ && !reducer_->params.empty()) reducer_->Prepare(outputs);
   return outputs;
 }

@@ -31,7 +31,9 @@
 // - A parameter that got no gradient in a backward pass is an error at the end of that
 //   pass, naming it, unless find_unused_parameters: then each forward finds the parameters
 //   its outputs do not depend on and marks them ready at once (a parameter unused on every
-//   rank keeps its .grad untouched).
+//   rank keeps its .grad untouched). The walk sees inside nn::checkpoint regions: their
+//   forward records then which parameters they use (nn::RecordCheckpointedParameters), where
+//   PyTorch's reentrant checkpoint would hide them and fail.
 // - register_comm_hook(state, hook) (before the first forward) replaces the all-reduce of each
 //   bucket with the hook (comm_hooks.h: all-reduce, fp16/bf16 compression, PowerSGD in
 //   powersgd_hook.h, or one's own). The hook starts its collectives when the bucket is ready;

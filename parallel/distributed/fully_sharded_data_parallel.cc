@@ -51,6 +51,7 @@ void CheckSameEverywhere(ProcessGroup& group, const nn::Module& module,
   settings.push_back({"param_dtype", dtype_name(o.param_dtype())});
   settings.push_back({"reduce_dtype", dtype_name(o.reduce_dtype())});
   settings.push_back({"backward_prefetch", o.backward_prefetch() ? "true" : "false"});
+  settings.push_back({"forward_prefetch", o.forward_prefetch() ? "true" : "false"});
   settings.push_back({"broadcast_buffers", o.broadcast_buffers() ? "true" : "false"});
   std::string units;
   for (const std::string& name : unit_names) units += (units.empty() ? "" : ", ") + name;
@@ -116,6 +117,17 @@ struct FullyShardedDataParallel::State : std::enable_shared_from_this<State> {
   std::vector<Unit> units;
   uint64_t forward_id = 0;
   std::shared_ptr<Episode> last_gathered;  // in the running forward
+  // forward_prefetch: the units a forward gathers, in order, as the first complete forward
+  // recorded them; this forward's gathers so far; the all-gathers started ahead, by unit.
+  std::vector<int> forward_order;
+  bool forward_order_recorded = false;
+  size_t forward_gathers = 0;
+  struct Prefetch {
+    int unit = 0;
+    std::shared_ptr<Work> work;
+    Tensor full;
+  };
+  std::vector<Prefetch> forward_prefetches;
   bool require_sync = true;
   bool summoned = false;  // summon_full_params: the module holds whole parameters until forward
   std::mutex mutex;       // guards pending and callback_queued (backward runs on a device worker)
@@ -177,7 +189,15 @@ struct FullyShardedDataParallel::State : std::enable_shared_from_this<State> {
     episode->previous = last_gathered;
     {
       NoGradGuard no_grad;
+      auto ahead = std::find_if(forward_prefetches.begin(), forward_prefetches.end(),
+                                [u](const Prefetch& p) { return p.unit == u; });
+      if (ahead != forward_prefetches.end()) {
+        episode->prefetch = std::move(ahead->work);
+        episode->prefetched = std::move(ahead->full);
+        forward_prefetches.erase(ahead);
+      }
       episode->full = Gather(*episode);
+      PrefetchNextInForward(u);
     }
     std::vector<Tensor> views;
     views.reserve(unit.entries.size());
@@ -208,6 +228,45 @@ struct FullyShardedDataParallel::State : std::enable_shared_from_this<State> {
     }
     unit.current = episode;
     last_gathered = episode;
+  }
+
+  // After this forward's gather of unit u: records it (the first forward), or starts the
+  // all-gather of the unit the recorded order gathers next, before u computes. Every rank
+  // records the same order (the forward is collective), so they issue the same all-gathers.
+  void PrefetchNextInForward(int u) {
+    if (!options.forward_prefetch()) return;
+    const size_t k = forward_gathers++;
+    if (!forward_order_recorded) {
+      forward_order.push_back(u);
+      return;
+    }
+    if (k + 1 >= forward_order.size()) return;
+    const int next = forward_order[k + 1];
+    for (const Prefetch& p : forward_prefetches) {
+      if (p.unit == next) return;
+    }
+    Prefetch p;
+    p.unit = next;
+    std::tie(p.work, p.full) = StartGather(next);
+    forward_prefetches.push_back(std::move(p));
+  }
+
+  // The start and end of a forward through the wrapper: all-gathers started ahead and not used
+  // (a forward that took another path, or threw) are waited for and dropped; the parameters
+  // may change before the next forward. A forward that completes fixes the order.
+  void BeginForward() {
+    DropForwardPrefetches();
+    forward_gathers = 0;
+    if (!forward_order_recorded) forward_order.clear();
+  }
+  void EndForward() {
+    DropForwardPrefetches();
+    forward_order_recorded = true;
+  }
+  void DropForwardPrefetches() {
+    std::vector<Prefetch> stale;
+    stale.swap(forward_prefetches);
+    for (Prefetch& p : stale) p.work->wait();
   }
 
   // Every rank's `shard` of `unit` in one flat tensor.
@@ -552,6 +611,7 @@ std::vector<Tensor> FullyShardedDataParallel::forward_tensors(const std::vector<
   }
   ++s.forward_id;
   s.last_gathered.reset();
+  s.BeginForward();
   std::vector<Tensor> cast = inputs;
   if (const std::optional<DType> dtype = s.options.param_dtype()) {
     for (Tensor& t : cast) {
@@ -566,6 +626,7 @@ std::vector<Tensor> FullyShardedDataParallel::forward_tensors(const std::vector<
     }
   }
   std::vector<Tensor> outputs = module_->forward_tensors(cast);
+  s.EndForward();
   if (!GradMode::IsEnabled()) s.ReleaseAll();  // no backward follows
   s.last_gathered.reset();
   return outputs;
@@ -616,14 +677,21 @@ double FullyShardedDataParallel::clip_grad_norm_(double max_norm, double norm_ty
   return total.item();
 }
 
-std::vector<nn::NamedTensor> FullyShardedDataParallel::full_state_dict() {
+std::vector<nn::NamedTensor> FullyShardedDataParallel::full_state_dict(
+    FullStateDictOptions options) {
   State& s = *state_;
+  const bool keep = !options.rank0_only() || s.group->rank() == 0;
+  auto place = [&](const Tensor& t) { return options.offload_to_cpu() ? t.to(Device::Cpu(0)) : t; };
   std::unordered_map<std::string, Tensor> by_name;
   for (int u : s.ShardedUnits()) {
     const State::Unit& unit = s.units[u];
+    // Every rank takes part in each gather; one that keeps nothing frees the unit here.
     const Tensor full = s.GatherWhole(unit, unit.shard);
-    for (const FlatEntry& e : unit.entries) by_name[e.name] = State::MakeView(full, e);
+    if (!keep) continue;
+    const Tensor kept = place(full);
+    for (const FlatEntry& e : unit.entries) by_name[e.name] = State::MakeView(kept, e);
   }
+  if (!keep) return {};
   // The wrapped module's order (named_parameters), then its buffers.
   std::vector<nn::NamedTensor> ordered;
   for (const nn::NamedTensor& p : module_->named_parameters()) {
@@ -635,7 +703,10 @@ std::vector<nn::NamedTensor> FullyShardedDataParallel::full_state_dict() {
     buffers.push_back(ordered.back().value);
   }
   NoGradGuard no_grad;
-  BroadcastCoalesced(*s.group, buffers);  // rank 0's, as a checkpoint keeps them
+  // Rank 0's, as a checkpoint keeps them (rank 0's own need no collective).
+  if (!options.rank0_only()) BroadcastCoalesced(*s.group, buffers);
+  const size_t parameters = ordered.size() - buffers.size();
+  for (size_t i = parameters; i < ordered.size(); ++i) ordered[i].value = place(ordered[i].value);
   return ordered;
 }
 

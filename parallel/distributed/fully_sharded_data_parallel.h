@@ -40,6 +40,10 @@
 //   (backward_prefetch). Then it flattens the gradients, starts their reduce-scatter (in
 //   reduce_dtype) and frees its unit. The end of backward waits for the reduce-scatters and
 //   adds each into its shard's .grad.
+// - forward_prefetch: the first forward through the wrapper records the order in which it
+//   gathers the units; each later one, right after gathering a unit, starts the all-gather of
+//   the next in that order, before the unit computes. All-gathers started ahead and not used
+//   by the end of the forward are waited for and dropped.
 // - no_sync() keeps the unsharded gradients (one flat buffer per unit) and reduces their sum in
 //   the first backward after it: one reduce-scatter per unit per optimizer step.
 // - Mixed precision (param_dtype): the shards stay in their dtype (float32 master weights),
@@ -102,9 +106,25 @@ struct FullyShardedDataParallelOptions {
   TANDEM_ARG(std::optional<DType>, reduce_dtype) = std::nullopt;
   // Start the all-gather of the unit after next in backward while this one computes.
   TANDEM_ARG(bool, backward_prefetch) = true;
+  // PyTorch's forward_prefetch: start the all-gather of the unit the forward gathers next
+  // before this one computes (the order recorded by the first forward through the wrapper), so
+  // that it overlaps the compute; a forward then holds one unit more. Off by default, as
+  // PyTorch's: it pays where the all-gather is slow against the unit's compute.
+  TANDEM_ARG(bool, forward_prefetch) = false;
   // Copy rank 0's buffers (BatchNorm's running statistics) to every rank at each forward in
   // training mode, as DistributedDataParallel's broadcast_buffers.
   TANDEM_ARG(bool, broadcast_buffers) = true;
+};
+
+// How full_state_dict gathers (PyTorch's FullStateDictConfig). The defaults give every rank the
+// whole state; rank0_only with offload_to_cpu is how a job larger than one device saves: rank 0
+// collects it in host memory, unit by unit, and no other rank ever holds more than one unit.
+struct FullStateDictOptions {
+  // Only rank 0 gets the state; every other rank takes part in the gathers, keeps nothing and
+  // gets an empty one.
+  TANDEM_ARG(bool, rank0_only) = false;
+  // The values on cpu:0 (each unit copied there as soon as it is gathered).
+  TANDEM_ARG(bool, offload_to_cpu) = false;
 };
 
 // One unit, for inspection and tests.
@@ -145,17 +165,20 @@ class FullyShardedDataParallel : public nn::Module {
   double clip_grad_norm_(double max_norm, double norm_type = 2.0);
 
   // Every parameter whole, by the wrapped module's names (each tensor once, as its
-  // state_dict), then every buffer (rank 0's): what the module alone would hold. Collective;
-  // every rank gets it. load_full_state_dict takes such a state (or the unwrapped module's) on
-  // every rank and keeps this rank's shards.
-  std::vector<nn::NamedTensor> full_state_dict();
+  // state_dict), then every buffer (rank 0's): what the module alone would hold. Collective:
+  // the units are gathered one at a time, each freed before the next unless kept (see
+  // FullStateDictOptions: by default every rank gets it). load_full_state_dict takes such a
+  // state (or the unwrapped module's) on every rank and keeps this rank's shards.
+  std::vector<nn::NamedTensor> full_state_dict(FullStateDictOptions options = {});
   void load_full_state_dict(const std::vector<nn::NamedTensor>& state);
 
   // PyTorch's summon_full_params, until the next forward through the wrapper: gathers every
   // unit whole (in the parameters' own dtype) and binds the wrapped module's parameters to it,
   // as plain tensors, so that the module runs forward, and its state_dict() reads, on one rank
-  // alone (rank 0 evaluating or saving). Collective. The next forward through the wrapper
-  // frees them and shards again.
+  // alone. Collective, and every rank then holds the whole model: to evaluate or sample, run
+  // forward through the wrapper on every rank instead (one unit gathered at a time); to save,
+  // full_state_dict(FullStateDictOptions().rank0_only(true).offload_to_cpu(true)). The next
+  // forward through the wrapper frees them and shards again.
   void summon_full_params();
 
   // PyTorch's FSDP.optim_state_dict: the state of an optimizer over parameters() (the flat

@@ -8,9 +8,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -132,13 +134,15 @@ TEST_F(FullyShardedDataParallelTest, EqualsDistributedDataParallel) {
   const int rank = TestGroup()->rank();
   for (ShardingStrategy strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp}) {
     for (const Optim& optim : Optimizers()) {
-      for (bool clip : {false, true}) {
+      for (int variant = 0; variant < 4; ++variant) {
+        const bool clip = variant % 2 == 1, prefetch = variant >= 2;
         SCOPED_TRACE(std::string(ShardingStrategyName(strategy)) + " " + optim.name +
-                     (clip ? " clipped" : ""));
+                     (clip ? " clipped" : "") + (prefetch ? " forward_prefetch" : ""));
         auto sharded = MakeModel();
         auto whole = MakeModel();
-        auto group = std::make_shared<CountingGroup>(std::chrono::milliseconds(clip ? 1 : 0));
-        FullyShardedDataParallel fsdp(sharded, group, Units(strategy));
+        auto group =
+            std::make_shared<CountingGroup>(std::chrono::milliseconds(clip || prefetch ? 1 : 0));
+        FullyShardedDataParallel fsdp(sharded, group, Units(strategy).forward_prefetch(prefetch));
         DistributedDataParallel ddp(whole, TestGroup());
         const int gathers_before = group->allgathers.load();
         auto fsdp_optimizer = optim.make(fsdp.parameters());
@@ -160,9 +164,9 @@ TEST_F(FullyShardedDataParallelTest, EqualsDistributedDataParallel) {
           fsdp_optimizer->step();
           ddp_optimizer->step();
         }
-        // 4 units with parameters: one all-gather each in forward; under FULL_SHARD one more in
-        // backward for each unit freed after forward (all but the root, gathered last); one
-        // reduce-scatter each.
+        // 4 units with parameters: one all-gather each in forward (started ahead or not); under
+        // FULL_SHARD one more in backward for each unit freed after forward (all but the root,
+        // gathered last); one reduce-scatter each.
         const int gathers_per_step = strategy == ShardingStrategy::kFullShard ? 7 : 4;
         EXPECT_EQ(group->reduce_scatters.load(), 10 * 4);
         EXPECT_EQ(group->allgathers.load() - gathers_before, 10 * gathers_per_step);
@@ -578,6 +582,113 @@ TEST_F(FullyShardedDataParallelTest, FullStateDictRoundTrips) {
   EXPECT_EQ(mse_loss(fsdp.forward(b.x), b.y).item(), mse_loss(other->forward(b.x), b.y).item());
   EXPECT_THAT(ErrorOf([&] { fsdp.load_full_state_dict({}); }),
               HasSubstr("load_full_state_dict: the state has no '4.weight'"));
+}
+
+// PyTorch's FullStateDictConfig(offload_to_cpu=True, rank0_only=True), how a model larger than
+// one device is saved: rank 0 gets the state of every rank's plain full_state_dict(); every
+// other rank gets nothing and, by the allocator's statistics, never holds more than the largest
+// unit on top of what it held (the plain one holds them all: the measure can fail).
+TEST_F(FullyShardedDataParallelTest, Rank0OnlyFullStateDictHoldsOneUnitAtATimeElsewhere) {
+  const int rank = TestGroup()->rank();
+  const Device cpu = Device::Cpu(0);
+  manual_seed(3);
+  auto model = std::make_shared<nn::Sequential>(nn::Linear(64, 64), nn::Linear(64, 64),
+                                                nn::Linear(64, 64), nn::Linear(64, 64));
+  FullyShardedDataParallel fsdp(
+      model, TestGroup(),
+      FullyShardedDataParallelOptions().auto_wrap_policy(
+          [](const std::string& name, const nn::Module&) { return name.size() == 1; }));
+  int64_t largest_unit_bytes = 0;
+  for (const FsdpUnitInfo& u : fsdp.units()) {
+    largest_unit_bytes =
+        std::max<int64_t>(largest_unit_bytes, u.shard_numel * TestGroup()->size() * sizeof(float));
+  }
+  ASSERT_GT(largest_unit_bytes, 0);
+  auto peak_above = [&](const std::function<void()>& f) {
+    const int64_t before = GetMemoryStats(cpu).in_use_bytes;
+    ResetPeakMemory(cpu);
+    f();
+    return GetMemoryStats(cpu).peak_bytes - before;
+  };
+  std::vector<nn::NamedTensor> whole;
+  const int64_t plain_peak = peak_above([&] { whole = fsdp.full_state_dict(); });
+  std::vector<nn::NamedTensor> got;
+  const int64_t rank0_only_peak = peak_above([&] {
+    got = fsdp.full_state_dict(FullStateDictOptions().rank0_only(true).offload_to_cpu(true));
+  });
+  EXPECT_GE(plain_peak, 4 * largest_unit_bytes);
+  if (rank != 0) {
+    EXPECT_TRUE(got.empty());
+    EXPECT_LE(rank0_only_peak, largest_unit_bytes) << "rank " << rank;
+    return;
+  }
+  ASSERT_EQ(got.size(), whole.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].name, whole[i].name);
+    EXPECT_EQ(got[i].value.device(), cpu);
+    EXPECT_EQ(MaxAbsDiff(got[i].value, whole[i].value), 0.0) << got[i].name;
+  }
+}
+
+// A module that runs `probe` in its forward and passes its input on.
+class Probe : public nn::Module {
+ public:
+  explicit Probe(std::function<void()> probe) : nn::Module("Probe"), probe_(std::move(probe)) {}
+  std::vector<Tensor> forward_tensors(const std::vector<Tensor>& inputs) override {
+    probe_();
+    return inputs;
+  }
+
+ private:
+  std::function<void()> probe_;
+};
+
+// forward_prefetch: after the first forward (which records the order), the second unit's
+// all-gather is issued before the first unit's compute is done (seen from a module between the
+// two), and the delayed all-gathers give the same outputs, gradients and number of all-gathers
+// as without it. Without the option the probe sees only the first unit's.
+TEST_F(FullyShardedDataParallelTest, ForwardPrefetchStartsTheNextUnitsAllGatherBeforeCompute) {
+  const int rank = TestGroup()->rank();
+  std::vector<std::vector<float>> outputs[2];
+  std::vector<std::vector<float>> gradients[2];
+  int gathers[2] = {0, 0};
+  for (bool prefetch : {false, true}) {
+    SCOPED_TRACE(prefetch ? "forward_prefetch" : "without");
+    auto group = std::make_shared<CountingGroup>(std::chrono::milliseconds(2));
+    int at_start = 0, seen = -1;
+    manual_seed(11);
+    auto model = std::make_shared<nn::Sequential>(
+        nn::Linear(7, 15), std::make_shared<Probe>([&] { seen = group->allgathers - at_start; }),
+        nn::Tanh(), nn::Linear(15, 9));
+    FullyShardedDataParallel fsdp(
+        model, group,
+        FullyShardedDataParallelOptions().forward_prefetch(prefetch).auto_wrap_policy(
+            [](const std::string& name, const nn::Module&) { return name == "0" || name == "3"; }));
+    nn::SGD optimizer(fsdp.parameters(), nn::SGDOptions(0.1));
+    const int before = group->allgathers;
+    for (int step = 0; step < 3; ++step) {
+      const Batch b = BatchOf(step, rank);
+      optimizer.zero_grad();
+      at_start = group->allgathers;
+      const Tensor out = fsdp.forward(b.x);
+      EXPECT_EQ(seen, prefetch && step > 0 ? 2 : 1) << "step " << step;
+      outputs[prefetch].push_back(out.to_vector<float>());
+      mse_loss(out, b.y).backward();
+      for (const Tensor& p : fsdp.parameters())
+        gradients[prefetch].push_back(p.grad().to_vector<float>());
+      optimizer.step();
+    }
+    {
+      NoGradGuard no_grad;  // evaluation prefetches too
+      at_start = group->allgathers;
+      outputs[prefetch].push_back(fsdp.forward(BatchOf(9, rank).x).to_vector<float>());
+      EXPECT_EQ(seen, prefetch ? 2 : 1);
+    }
+    gathers[prefetch] = group->allgathers - before;
+  }
+  EXPECT_EQ(outputs[0], outputs[1]);
+  EXPECT_EQ(gradients[0], gradients[1]);
+  EXPECT_EQ(gathers[0], gathers[1]);
 }
 
 }  // namespace

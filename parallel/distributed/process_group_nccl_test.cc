@@ -241,9 +241,10 @@ TEST_F(NcclRanksTest, ReduceScatterThenAllgatherEqualsAllreduce) {
   }
 }
 
-// SyncBatchNorm over NCCL: rank r normalises r + 2 samples on its GPU, and its output, input
-// gradient and running statistics equal a plain BatchNorm over every rank's samples on the CPU
-// (PyTorch's assertion, as sync_batch_norm_test replays it over MPI).
+// SyncBatchNorm over NCCL, under DistributedDataParallel: rank r normalises r + 2 samples on its
+// GPU, and its output, input gradient and running statistics equal a plain BatchNorm over every
+// rank's samples on the CPU, and DDP's averaged weight and bias gradients are the plain layer's
+// over the world size (PyTorch's assertion, as sync_batch_norm_test replays it over MPI).
 TEST_F(NcclRanksTest, SyncBatchNormOnTheGpusEqualsBatchNormOverTheWholeBatch) {
   const int rank = Group()->rank(), world = Group()->size();
   int64_t offset = 0, total = 0;
@@ -252,12 +253,26 @@ TEST_F(NcclRanksTest, SyncBatchNormOnTheGpusEqualsBatchNormOverTheWholeBatch) {
     total += q + 2;
   }
   const int64_t rows = rank + 2;
-  nn::BatchNorm2d plain(3), synced(3);
+  nn::BatchNorm2d plain(3);
+  auto synced = std::make_shared<nn::BatchNorm2d>(3);
   plain.to(kFloat64);
-  synced.to(kFloat64);
-  synced.to(Gpu());
-  EXPECT_EQ(ConvertSyncBatchNorm(synced, Group()), 1);
+  synced->to(kFloat64);
+  synced->to(Gpu());
+  {
+    Generator gen(39);  // a weight and bias of their own, alike on every rank
+    NoGradGuard no_grad;
+    const Tensor w = rand({3}, TensorOptions().dtype(kFloat64), &gen) + 0.5;
+    const Tensor b = randn({3}, TensorOptions().dtype(kFloat64), &gen);
+    plain.weight().copy_(w);
+    plain.bias().copy_(b);
+    synced->weight().copy_(w.to(Gpu()));
+    synced->bias().copy_(b.to(Gpu()));
+  }
+  EXPECT_EQ(ConvertSyncBatchNorm(*synced, Group()), 1);
+  DistributedDataParallel ddp(synced, Group());
   for (int step = 0; step < 2; ++step) {
+    plain.zero_grad();
+    synced->zero_grad();
     Generator gen(40 + step);
     const Tensor all = randn({total, 3, 4, 4}, TensorOptions().dtype(kFloat64), &gen) * 2.0 + 1.0;
     const Tensor upstream = randn({total, 3, 4, 4}, TensorOptions().dtype(kFloat64), &gen);
@@ -267,7 +282,7 @@ TEST_F(NcclRanksTest, SyncBatchNormOnTheGpusEqualsBatchNormOverTheWholeBatch) {
     (y_all * upstream).sum().backward();
     Tensor x = all.narrow(0, offset, rows).to(Gpu());
     x.set_requires_grad(true);
-    const Tensor y = synced.forward(x);
+    const Tensor y = ddp.forward(x);
     (y * upstream.narrow(0, offset, rows).to(Gpu())).sum().backward();
     EXPECT_LT(testing::MaxAbsDiff(y.to(Device::Cpu(0)), y_all.narrow(0, offset, rows)), 1e-10)
         << step;
@@ -275,10 +290,18 @@ TEST_F(NcclRanksTest, SyncBatchNormOnTheGpusEqualsBatchNormOverTheWholeBatch) {
         testing::MaxAbsDiff(x.grad().to(Device::Cpu(0)), x_all.grad().narrow(0, offset, rows)),
         1e-10)
         << step;
-    EXPECT_LT(testing::MaxAbsDiff(synced.running_mean().to(Device::Cpu(0)), plain.running_mean()),
+    EXPECT_LT(testing::MaxAbsDiff(synced->running_mean().to(Device::Cpu(0)), plain.running_mean()),
               1e-10);
-    EXPECT_LT(testing::MaxAbsDiff(synced.running_var().to(Device::Cpu(0)), plain.running_var()),
+    EXPECT_LT(testing::MaxAbsDiff(synced->running_var().to(Device::Cpu(0)), plain.running_var()),
               1e-10);
+    // (DDP's buckets are float32: the averaged float64 gradients are rounded to float32.)
+    for (const auto& [got, want] :
+         {std::pair{synced->weight(), plain.weight()}, std::pair{synced->bias(), plain.bias()}}) {
+      EXPECT_LT(testing::MaxAbsDiff(got.grad().to(Device::Cpu(0)) * static_cast<double>(world),
+                                    want.grad()),
+                1e-5)
+          << step;
+    }
   }
 }
 

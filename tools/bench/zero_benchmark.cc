@@ -2,7 +2,7 @@
 // GPT step with AdamW, side by side under mpirun: each rank's memory and the step time. The
 // schemes: ddp, ddp_bucket_view (its gradient_as_bucket_view), zero1 (ZeroRedundancyOptimizer
 // over DDP), shard_grad_op and full (FullyShardedDataParallel, one unit per transformer block:
-// ZeRO-2 and ZeRO-3).
+// ZeRO-2 and ZeRO-3), full_prefetch (full with forward_prefetch).
 //
 //   bazel build -c opt //tools/bench:zero_benchmark
 //   mpirun -np 2 --oversubscribe bazel-bin/tools/bench/zero_benchmark --model=gpt2 --rounds=3
@@ -15,7 +15,8 @@
 // 8P + 8P/N for ZeRO-1 (parameters 4P, gradients 4P, state 8P or 8P/N) and 16P/N between steps
 // for both FSDP strategies; Tandem's DDP also holds its gradient buckets (4P more, as PyTorch
 // without gradient_as_bucket_view). FSDP's peak adds the units gathered at once: the root
-// (embeddings, final norm) and a block or two under full, every unit under shard_grad_op.
+// (embeddings, final norm) and a block or two under full, every unit under shard_grad_op; the
+// summary gives the peak against 16P/N plus one and plus three of the largest unit.
 #include <mpi.h>
 
 #include <algorithm>
@@ -71,6 +72,7 @@ struct Measure {
   int64_t peak_bytes = 0;   // the steps' peak (most of any rank)
   // The last step's peak in forward, backward and the optimizer step (most of any rank).
   int64_t forward_peak = 0, backward_peak = 0, step_peak = 0;
+  int64_t largest_unit_bytes = 0;  // FSDP: its largest unit's parameters, whole
 };
 
 int64_t StateBytes(const nn::OptimizerState& state) {
@@ -93,14 +95,20 @@ Measure Run(const std::shared_ptr<ProcessGroupMpi>& group, const std::string& sc
   manual_seed(1);
   auto model = std::make_shared<examples::Gpt>(config);
   std::shared_ptr<nn::Module> wrapper;
-  const bool fsdp = scheme == "full" || scheme == "shard_grad_op";
+  const bool fsdp = scheme == "full" || scheme == "full_prefetch" || scheme == "shard_grad_op";
+  Measure m;
   if (fsdp) {
-    wrapper = std::make_shared<FullyShardedDataParallel>(
+    auto sharded_model = std::make_shared<FullyShardedDataParallel>(
         model, group,
         FullyShardedDataParallelOptions()
-            .sharding_strategy(scheme == "full" ? ShardingStrategy::kFullShard
-                                                : ShardingStrategy::kShardGradOp)
+            .sharding_strategy(scheme == "shard_grad_op" ? ShardingStrategy::kShardGradOp
+                                                         : ShardingStrategy::kFullShard)
+            .forward_prefetch(scheme == "full_prefetch")
             .auto_wrap_policy(ModuleTypeWrapPolicy<examples::GptBlock>()));
+    for (const auto& unit : sharded_model->units()) {
+      m.largest_unit_bytes = std::max<int64_t>(m.largest_unit_bytes, unit.numel * 4);
+    }
+    wrapper = sharded_model;
   } else {
     wrapper = std::make_shared<DistributedDataParallel>(
         model, group,
@@ -120,7 +128,6 @@ Measure Run(const std::shared_ptr<ProcessGroupMpi>& group, const std::string& sc
   }
   const int warmup = absl::GetFlag(FLAGS_warmup), steps = absl::GetFlag(FLAGS_steps);
   std::vector<double> times;
-  Measure m;
   ResetPeakMemory(cpu);
   for (int step = 0; step < warmup + steps; ++step) {
     optimizer->zero_grad();
@@ -293,9 +300,10 @@ int Main() {
   for (const std::string& scheme : schemes) {
     examples::Require(
         scheme == "ddp" || scheme == "ddp_bucket_view" || scheme == "zero1" ||
-            scheme == "shard_grad_op" || scheme == "full",
-        "--schemes takes ddp, ddp_bucket_view, zero1, shard_grad_op and full, but has '", scheme,
-        "'");
+            scheme == "shard_grad_op" || scheme == "full" || scheme == "full_prefetch",
+        "--schemes takes ddp, ddp_bucket_view, zero1, shard_grad_op, full and full_prefetch, but "
+        "has '",
+        scheme, "'");
   }
   examples::Require(!schemes.empty() && schemes[0] == "ddp",
                     "--schemes must start with ddp (the others are compared with it)");
@@ -352,6 +360,14 @@ int Main() {
           MiB(m.held_bytes).c_str(), static_cast<double>(m.held_bytes) / formula, text,
           MiB(static_cast<int64_t>(formula)).c_str(), MiB(m.state_bytes).c_str(),
           MiB(m.peak_bytes).c_str());
+      if (m.largest_unit_bytes > 0) {
+        const double one = formula + m.largest_unit_bytes,
+                     three = formula + 3.0 * m.largest_unit_bytes;
+        std::printf(
+            "  %-13s peak = %.2fx of 16P/N + 1 largest unit (%s), %.2fx of 16P/N + 3 (%s)\n", "",
+            m.peak_bytes / one, MiB(static_cast<int64_t>(one)).c_str(), m.peak_bytes / three,
+            MiB(static_cast<int64_t>(three)).c_str());
+      }
     }
   }
   group->barrier()->wait();
