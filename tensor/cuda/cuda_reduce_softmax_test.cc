@@ -71,6 +71,8 @@ TEST_F(CudaBackendTest, ReduceFloat) {
       {2, 3000, 300},
       {1, 3000001, 1},  // one row, split over many blocks
       {3, 50000, 5},    // few columns, split
+      {1, 2049, 768},   // a bias gradient: rows split across blocks, then a second pass
+      {2, 1001, 37},    // odd rows and columns, split into chunks that do not divide them
       {1, 1, 100003},   // nothing to reduce
       {0, 5, 3},        // no output
   });
@@ -81,6 +83,7 @@ TEST_F(CudaBackendTest, ReduceFloat) {
                                  {2, 300, 30},
                                  {1, 300001, 1},  // one row, split
                                  {3, 5000, 5},
+                                 {2, 1001, 37},  // column chunks that do not divide the rows
                                  {0, 5, 3}});
 }
 
@@ -180,8 +183,9 @@ TEST_F(CudaBackendTest, SoftmaxAndLogSoftmax) {
 template <typename T>
 void CudaBackendReducedTest::ExpectReductionsAndSoftmaxMatch() {
   const std::string dtype = DTypePrefix<T>();
-  const ReduceShape shapes[] = {{1, 1, 1},     {64, 10, 1},  {7, 1000, 1}, {5, 7, 33},
-                                {1, 30001, 1}, {3, 5000, 5}, {1, 1, 1003}, {0, 5, 3}};
+  const ReduceShape shapes[] = {{1, 1, 1},     {64, 10, 1},   {7, 1000, 1},
+                                {5, 7, 33},    {1, 30001, 1}, {3, 5000, 5},
+                                {2, 1001, 37}, {1, 1, 1003},  {0, 5, 3}};
   for (ReduceKind op : AllReduceKinds()) {
     const bool arg = IsArgReduction(op);
     for (const ReduceShape& s : shapes) {

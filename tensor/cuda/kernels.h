@@ -109,8 +109,9 @@ void LaunchRandomNormal(const LaunchContext& context, DType dtype, void* dst, in
                         uint64_t seed, uint64_t offset, double mean, double stddev);
 
 // Fused row norms and triangles (Note [Fused row norms] in tensor/kernels/norm_kernels.h). The
-// backward launches one kernel for grad_x (a block per row) and one for grad_weight/grad_bias
-// (a block per 32 columns), each only when its outputs are wanted.
+// backward launches one kernel for grad_x (a block per row) and, for grad_weight/grad_bias, a
+// block per 32 columns and chunk of rows plus, when the rows were split, a second pass adding
+// the chunks' sums in order; each only when its outputs are wanted.
 void LaunchRowNorm(const LaunchContext& context, DType dtype, bool rms, int64_t rows, int64_t cols,
                    double eps, const void* x, const void* weight, const void* bias, void* y,
                    void* mean, void* rstd);

@@ -9,6 +9,7 @@
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/internal/launch_utils.cuh"
 #include "tensor/cuda/kernels.h"
+#include "tensor/cuda/launch_work.h"
 #include "tensor/kernels/internal/elementwise_math.h"
 
 namespace tandem {
@@ -125,9 +126,12 @@ void LaunchSoftmax(const LaunchContext& context, DType dtype, bool log, void* ds
       const int threads =
           static_cast<int>(std::min<int64_t>(512, (dim + kWarpSize - 1) / kWarpSize * kWarpSize));
       const int64_t grid = std::min<int64_t>(outer, static_cast<int64_t>(context.num_sms) * 32);
+      internal::RecordLaunchWork("SoftmaxRowsKernel", grid, outer * dim);
       SoftmaxRowsKernel<T>
           <<<static_cast<int>(grid), threads, 0, context.stream>>>(log, out, in, outer, dim);
     } else {
+      internal::RecordLaunchWork("SoftmaxColumnsKernel", GridFor(context, outer * inner),
+                                 outer * dim * inner);
       SoftmaxColumnsKernel<T><<<GridFor(context, outer * inner), kThreads, 0, context.stream>>>(
           log, out, in, outer, dim, inner);
     }
