@@ -174,6 +174,28 @@ TEST_F(CudaBackendTest, SoftmaxAndLogSoftmax) {
   RunSoftmax(Device::Cpu(0), kFloat32, false, out.cpu(), special.cpu(), 2, 3, 1);
   RunSoftmax(Device::Cuda(0), kFloat32, false, out.gpu(), special.gpu(), 2, 3, 1);
   ExpectNear(out.Cpu(), out.Gpu(), 1e-6, 0.0, Note("softmax of -inf and NaN"));
+  // Ascending rows and columns (the online softmax's running maximum grows at every element, so
+  // its sum is rescaled each time) and descending ones (never), over a row and a column layout.
+  for (double step : {0.01, -0.01}) {
+    const int64_t dim = 3001;
+    std::vector<float> ramp(static_cast<size_t>(2 * dim));
+    for (int64_t j = 0; j < dim; ++j) {
+      ramp[j] = static_cast<float>(step * static_cast<double>(j));         // row 0 / column 0
+      ramp[dim + j] = static_cast<float>(-step * static_cast<double>(j));  // row 1
+    }
+    Buffer<float> src(ramp), dst(ramp.size());
+    for (bool log : {false, true}) {
+      for (int64_t inner : {1, 2}) {  // [2, dim] rows, or [1, dim, 2] columns
+        const int64_t outer = inner == 1 ? 2 : 1;
+        RunSoftmax(Device::Cpu(0), kFloat32, log, dst.cpu(), src.cpu(), outer, dim, inner);
+        RunSoftmax(Device::Cuda(0), kFloat32, log, dst.gpu(), src.gpu(), outer, dim, inner);
+        ExpectNear(dst.Cpu(), dst.Gpu(), Tolerance<float>::kSoftmaxRtol,
+                   Tolerance<float>::kSoftmaxAtol,
+                   Note(std::string(log ? "log_softmax" : "softmax") + " of a ramp, step " +
+                        std::to_string(step) + ", inner " + std::to_string(inner)));
+      }
+    }
+  }
   Buffer<int64_t> ints(4);
   EXPECT_THROW(RunSoftmax(Device::Cuda(0), kInt64, false, ints.gpu(), ints.gpu(), 1, 4, 1), Error);
 }
