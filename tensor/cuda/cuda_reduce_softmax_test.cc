@@ -270,6 +270,57 @@ void CudaBackendReducedTest::ExpectReductionsAndSoftmaxMatch() {
 // add in float, in different orders (Note [cudasim GemmEx] in tools/cudasim/cublas.cc), so
 // they agree to one unit of T plus float rounding growing like sqrt(k).
 
+// The fused cross-entropy (Note [Fused cross-entropy]) against the CPU's kernels, every dtype:
+// odd shapes (rows and columns not multiples of a block), a GPT-2 vocabulary, a row with a
+// -inf logit, each row's loss and log-sum-exp and the gradient. On the CPU the loss equals
+// nll_loss(log_softmax) to the bit (tensor/ops/loss_test.cc); here both devices compute the
+// same expressions, the sums in other orders (the online softmax's rescaled terms).
+TEST_F(CudaBackendReducedTest, FusedCrossEntropyIsTheCpus) {
+  auto check = [&](auto tag, int64_t rows, int64_t cols) {
+    using T = decltype(tag);
+    using M = OpMath<T>;
+    const DType dtype = DTypeOf<T>::value;
+    const std::string what = Note(DTypePrefix<T>() + "cross-entropy [" + std::to_string(rows) +
+                                  ", " + std::to_string(cols) + "]");
+    std::vector<float> values = Random<float>(static_cast<size_t>(rows * cols), -8.0, 8.0);
+    if (rows * cols > 1) values[1] = -INFINITY;  // a masked logit in row 0
+    Buffer<T> logits(Rounded<T>(values)), loss(rows), grad_logits(rows * cols);
+    Buffer<T> grad(Rounded<T>(std::vector<float>{0.75f}));
+    Buffer<M> lse(rows);
+    std::vector<int64_t> labels = RandomInts(static_cast<size_t>(rows), 0, cols - 1);
+    if (rows > 0 && cols > 1) labels[0] = 0;  // not the -inf logit: that loss is +inf
+    Buffer<int64_t> targets(labels);
+    for (const bool gpu : {false, true}) {
+      const Device device = gpu ? Device::Cuda(0) : Device::Cpu(0);
+      CrossEntropyForwardKernel(device, dtype, gpu ? loss.gpu() : loss.cpu(),
+                                gpu ? lse.gpu() : lse.cpu(), gpu ? logits.gpu() : logits.cpu(),
+                                gpu ? targets.gpu() : targets.cpu(), rows, cols, "test");
+      CrossEntropyBackwardKernel(device, dtype, gpu ? grad_logits.gpu() : grad_logits.cpu(),
+                                 gpu ? logits.gpu() : logits.cpu(), gpu ? lse.gpu() : lse.cpu(),
+                                 gpu ? targets.gpu() : targets.cpu(), gpu ? grad.gpu() : grad.cpu(),
+                                 1.0 / static_cast<double>(rows), rows, cols);
+    }
+    if constexpr (kIsReducedFloat<T>) {
+      // Float sums in other orders, each result rounded once to T: within a unit of T.
+      ExpectNear(loss.Cpu(), loss.Gpu(), Ulp<T>(), 1e-5, what + ": loss");
+      ExpectNear(lse.Cpu(), lse.Gpu(), 1e-6, 1e-6, what + ": lse");
+      ExpectNear(grad_logits.Cpu(), grad_logits.Gpu(), Ulp<T>(), 1e-6, what + ": grad");
+    } else {
+      constexpr double kRtol = Tolerance<T>::kSoftmaxRtol, kAtol = Tolerance<T>::kSoftmaxAtol;
+      ExpectNear(loss.Cpu(), loss.Gpu(), kRtol, kAtol, what + ": loss");
+      ExpectNear(lse.Cpu(), lse.Gpu(), kRtol, kAtol, what + ": lse");
+      ExpectNear(grad_logits.Cpu(), grad_logits.Gpu(), kRtol, kAtol, what + ": grad");
+    }
+  };
+  for (const auto& [rows, cols] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {7, 10}, {33, 1000}, {3, 50257}, {0, 5}}) {
+    check(float{}, rows, cols);
+    check(double{}, rows, cols);
+    check(BFloat16{}, rows, cols);
+    check(Half{}, rows, cols);
+  }
+}
+
 TEST_F(CudaBackendReducedTest, ReductionsAndSoftmaxBFloat16) {
   ExpectReductionsAndSoftmaxMatch<BFloat16>();
 }

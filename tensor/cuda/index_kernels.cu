@@ -18,23 +18,6 @@ namespace tandem {
 namespace cuda {
 namespace {
 
-// Whether 0 <= value < size; records the first bad value in `check` (Note [Device-side index
-// checks], kernels.h) when it is not. Scatters pass no record: their gather did.
-__device__ inline bool IndexInRange(int64_t value, int64_t size, DeviceAssert* check,
-                                    unsigned long long op) {
-  // One unsigned comparison: a negative value wraps past any size.
-  if (static_cast<uint64_t>(value) < static_cast<uint64_t>(size)) return true;
-  if (check != nullptr && atomicCAS(&check->flag, 0, 1) == 0) {
-    check->value = static_cast<long long>(value);
-    check->size = static_cast<long long>(size);
-    // The op last: a host reading the record while this kernel still runs (a sync of another
-    // stream) sees op == 0 and leaves the record for a later synchronization.
-    __threadfence();
-    check->op = op;
-  }
-  return false;
-}
-
 // ---- Gather / scatter of one column per row -------------------------------------------------
 
 template <typename T>

@@ -157,6 +157,60 @@ __global__ void SoftmaxColumnsKernel(bool log, T* dst, const T* src, int64_t out
   }
 }
 
+// ---- Fused cross-entropy (Note [Fused cross-entropy], tensor/kernels/softmax_kernels.h) ------
+
+// A block per row: the online softmax's maximum and sum, then thread 0 writes the row's
+// log-sum-exp and loss (log_softmax's value at the target, negated, as the CPU computes it).
+template <typename T>
+__global__ void CrossEntropyForwardKernel(T* row_loss, OpMath<T>* lse, const T* logits,
+                                          const int64_t* targets, int64_t rows, int64_t cols,
+                                          DeviceAssert* check, unsigned long long op) {
+  using M = OpMath<T>;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* x = logits + row * cols;
+    OnlineSum<M> online;
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) online.Add(static_cast<M>(x[j]));
+    online = BlockOnlineSum(online);
+    if (threadIdx.x == 0) {
+      const M log_sum = static_cast<M>(::log(online.sum));
+      lse[row] = online.max + log_sum;
+      const int64_t t = targets[row];
+      row_loss[row] = IndexInRange(t, cols, check, op)
+                          ? static_cast<T>(log_sum - (static_cast<M>(x[t]) - online.max))
+                          : T(0);
+    }
+  }
+}
+
+// A block per row: grad_logits = (exp(x - lse) - onehot) * grad[0] * scale, rounded once.
+template <typename T>
+__global__ void CrossEntropyBackwardKernel(T* grad_logits, const T* logits, const OpMath<T>* lse,
+                                           const int64_t* targets, const T* grad, double scale,
+                                           int64_t rows, int64_t cols) {
+  using M = OpMath<T>;
+  const M g = static_cast<M>(static_cast<double>(static_cast<M>(*grad)) * scale);
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const T* x = logits + row * cols;
+    T* dx = grad_logits + row * cols;
+    const M row_lse = lse[row];
+    const int64_t t = targets[row];
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+      const M p = math::Exp(static_cast<M>(x[j]) - row_lse);
+      dx[j] = static_cast<T>((p - (j == t ? M(1) : M(0))) * g);
+    }
+  }
+}
+
+// Threads for a row kernel: a warp per short row (10 classes), up to 512 for long ones.
+int RowThreads(int64_t cols) {
+  return static_cast<int>(std::min<int64_t>(512, (cols + kWarpSize - 1) / kWarpSize * kWarpSize));
+}
+
+// Blocks for a block-per-row kernel: every row, up to 32 a SM (then rows are strided).
+int RowGrid(const LaunchContext& context, int64_t rows) {
+  return static_cast<int>(std::min<int64_t>(rows, static_cast<int64_t>(context.num_sms) * 32));
+}
+
 }  // namespace
 
 void LaunchSoftmax(const LaunchContext& context, DType dtype, bool log, void* dst, const void* src,
@@ -167,19 +221,46 @@ void LaunchSoftmax(const LaunchContext& context, DType dtype, bool log, void* ds
     T* out = static_cast<T*>(dst);
     const T* in = static_cast<const T*>(src);
     if (inner == 1) {
-      // A warp per short row (10 classes), up to 512 threads for long ones.
-      const int threads =
-          static_cast<int>(std::min<int64_t>(512, (dim + kWarpSize - 1) / kWarpSize * kWarpSize));
-      const int64_t grid = std::min<int64_t>(outer, static_cast<int64_t>(context.num_sms) * 32);
+      const int grid = RowGrid(context, outer);
       internal::RecordLaunchWork("SoftmaxRowsKernel", grid, outer * dim);
-      SoftmaxRowsKernel<T>
-          <<<static_cast<int>(grid), threads, 0, context.stream>>>(log, out, in, outer, dim);
+      SoftmaxRowsKernel<T><<<grid, RowThreads(dim), 0, context.stream>>>(log, out, in, outer, dim);
     } else {
       internal::RecordLaunchWork("SoftmaxColumnsKernel", GridFor(context, outer * inner),
                                  outer * dim * inner);
       SoftmaxColumnsKernel<T><<<GridFor(context, outer * inner), kThreads, 0, context.stream>>>(
           log, out, in, outer, dim, inner);
     }
+    TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  });
+}
+
+void LaunchCrossEntropyForward(const LaunchContext& context, DType dtype, void* row_loss, void* lse,
+                               const void* logits, const int64_t* targets, int64_t rows,
+                               int64_t cols, DeviceAssert* check, const char* op) {
+  DispatchAllFloatingTypes(dtype, "CUDA CrossEntropyForward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (rows == 0) return;
+    const int grid = RowGrid(context, rows);
+    internal::RecordLaunchWork("CrossEntropyForwardKernel", grid, rows * cols);
+    CrossEntropyForwardKernel<T><<<grid, RowThreads(cols), 0, context.stream>>>(
+        static_cast<T*>(row_loss), static_cast<OpMath<T>*>(lse), static_cast<const T*>(logits),
+        targets, rows, cols, check, reinterpret_cast<unsigned long long>(op));
+    TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  });
+}
+
+void LaunchCrossEntropyBackward(const LaunchContext& context, DType dtype, void* grad_logits,
+                                const void* logits, const void* lse, const int64_t* targets,
+                                const void* grad, double scale, int64_t rows, int64_t cols) {
+  DispatchAllFloatingTypes(dtype, "CUDA CrossEntropyBackward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (rows * cols == 0) return;
+    const int grid = RowGrid(context, rows);
+    internal::RecordLaunchWork("CrossEntropyBackwardKernel", grid, rows * cols);
+    CrossEntropyBackwardKernel<T><<<grid, RowThreads(cols), 0, context.stream>>>(
+        static_cast<T*>(grad_logits), static_cast<const T*>(logits),
+        static_cast<const OpMath<T>*>(lse), targets, static_cast<const T*>(grad), scale, rows,
+        cols);
     TANDEM_CUDA_CHECK_LAUNCH(context.device);
   });
 }

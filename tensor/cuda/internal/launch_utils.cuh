@@ -1,6 +1,7 @@
 // Launch configuration shared by the CUDA kernel files of tensor/cuda (private to them):
 // block size, GridFor (the grid of a grid-stride loop), GlobalThread/GridThreads, alignment
-// checks, Pack (128-bit loads and stores), and DeviceLayout (a StridedLayout in the kernel's index
+// checks, Pack (128-bit loads and stores), IndexInRange (device-side index checks), and
+// DeviceLayout (a StridedLayout in the kernel's index
 // type). Include it from a .cu file only, e.g.
 //   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) dst[i] = value;
 //   Kernel<<<GridFor(context, n), kThreads, 0, context.stream>>>(...);
@@ -48,6 +49,23 @@ __device__ __forceinline__ int64_t GridThreads() {
 }
 
 inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Whether 0 <= value < size; records the first bad value in `check` (Note [Device-side index
+// checks], kernels.h) when it is not. Scatters pass no record: their gather did.
+__device__ inline bool IndexInRange(int64_t value, int64_t size, DeviceAssert* check,
+                                    unsigned long long op) {
+  // One unsigned comparison: a negative value wraps past any size.
+  if (static_cast<uint64_t>(value) < static_cast<uint64_t>(size)) return true;
+  if (check != nullptr && atomicCAS(&check->flag, 0, 1) == 0) {
+    check->value = static_cast<long long>(value);
+    check->size = static_cast<long long>(size);
+    // The op last: a host reading the record while this kernel still runs (a sync of another
+    // stream) sees op == 0 and leaves the record for a later synchronization.
+    __threadfence();
+    check->op = op;
+  }
+  return false;
+}
 
 // ---- 128-bit accesses -------------------------------------------------------------------
 // A 128-bit access's worth of elements of the narrowest operand (4 for float32, 8 for bfloat16
