@@ -238,18 +238,25 @@ void ReduceTyped(int index, ReduceKind op, void* dst, const T* src, int64_t oute
 
 // ---- Softmax ----------------------------------------------------------------------------
 
-// Softmax of one row of `dim` elements, `stride` apart.
+// The largest of a row of `dim` elements, `stride` apart, in M = OpMath<T> (NaN wins).
+template <typename T>
+OpMath<T> RowMax(const T* src, int64_t dim, int64_t stride) {
+  using M = OpMath<T>;
+  M max_value = -std::numeric_limits<M>::infinity();
+  for (int64_t i = 0; i < dim; ++i) {
+    const M x = static_cast<M>(src[i * stride]);
+    if (Replaces<true>(x, max_value)) max_value = x;
+  }
+  return max_value;
+}
+
 // Softmax of one row of `dim` elements, `stride` apart, computed in M = OpMath<T> (the 16-bit
 // floats load as float and round once, when the result is stored).
 template <typename T>
 void SoftmaxRow(bool log, T* dst, const T* src, int64_t dim, int64_t stride) {
   using M = OpMath<T>;
   const auto at = [&](int64_t i) { return static_cast<M>(src[i * stride]); };
-  M max_value = -std::numeric_limits<M>::infinity();
-  for (int64_t i = 0; i < dim; ++i) {
-    const M x = at(i);
-    if (Replaces<true>(x, max_value)) max_value = x;
-  }
+  const M max_value = RowMax(src, dim, stride);
   double sum = 0.0;
   if (log) {
     for (int64_t i = 0; i < dim; ++i) sum += std::exp(at(i) - max_value);
@@ -327,9 +334,70 @@ void CpuSoftmax(int index, DType dtype, bool log, void* dst_data, const void* sr
   });
 }
 
+// Note [Fused cross-entropy] (tensor/kernels/softmax_kernels.h). Each row's loss is
+// log_softmax's value at the target, negated, computed as SoftmaxRow computes it: log_sum -
+// (x[t] - max), so the loss is the bits of nll_loss(log_softmax(x)).
+void CpuCrossEntropyForward(int index, DType dtype, void* row_loss, void* lse_data,
+                            const void* logits, const int64_t* targets, int64_t rows, int64_t cols,
+                            const char* op) {
+  CheckCpuIndex(index);
+  DispatchAllFloatingTypes(dtype, "CPU CrossEntropyForward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using M = OpMath<T>;
+    const T* x = static_cast<const T*>(logits);
+    T* loss = static_cast<T*>(row_loss);
+    M* lse = static_cast<M*>(lse_data);
+    ParallelFor(Cpu(index), rows,
+                std::max<int64_t>(1, kTranscendentalGrain / std::max<int64_t>(cols, 1)),
+                [&](int64_t begin, int64_t end) {
+                  for (int64_t r = begin; r < end; ++r) {
+                    const T* row = x + r * cols;
+                    const M max_value = RowMax(row, cols, 1);
+                    double sum = 0.0;
+                    for (int64_t c = 0; c < cols; ++c) {
+                      sum += std::exp(static_cast<M>(row[c]) - max_value);
+                    }
+                    const M log_sum = static_cast<M>(std::log(sum));
+                    lse[r] = max_value + log_sum;
+                    const int64_t t = targets[r];
+                    loss[r] = t >= 0 && t < cols
+                                  ? static_cast<T>(log_sum - (static_cast<M>(row[t]) - max_value))
+                                  : T(0);
+                  }
+                });
+  });
+}
+
+void CpuCrossEntropyBackward(int index, DType dtype, void* grad_logits, const void* logits,
+                             const void* lse_data, const int64_t* targets, const void* grad,
+                             double scale, int64_t rows, int64_t cols) {
+  CheckCpuIndex(index);
+  DispatchAllFloatingTypes(dtype, "CPU CrossEntropyBackward", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using M = OpMath<T>;
+    const T* x = static_cast<const T*>(logits);
+    T* dx = static_cast<T*>(grad_logits);
+    const M* lse = static_cast<const M*>(lse_data);
+    const M g = static_cast<M>(static_cast<double>(*static_cast<const T*>(grad)) * scale);
+    ParallelFor(Cpu(index), rows,
+                std::max<int64_t>(1, kTranscendentalGrain / std::max<int64_t>(cols, 1)),
+                [&](int64_t begin, int64_t end) {
+                  for (int64_t r = begin; r < end; ++r) {
+                    const int64_t t = targets[r];
+                    for (int64_t c = 0; c < cols; ++c) {
+                      const M p = std::exp(static_cast<M>(x[r * cols + c]) - lse[r]);
+                      dx[r * cols + c] = static_cast<T>((p - (c == t ? M(1) : M(0))) * g);
+                    }
+                  }
+                });
+  });
+}
+
 }  // namespace
 
 TANDEM_REGISTER_KERNEL(SoftmaxKernel, DeviceType::kCPU, CpuSoftmax);
+TANDEM_REGISTER_KERNEL(CrossEntropyForwardKernel, DeviceType::kCPU, CpuCrossEntropyForward);
+TANDEM_REGISTER_KERNEL(CrossEntropyBackwardKernel, DeviceType::kCPU, CpuCrossEntropyBackward);
 
 }  // namespace cpu_internal
 }  // namespace tandem

@@ -211,6 +211,60 @@ void CudaBackendReducedTest::ExpectGathersScattersAndRandomMatch() {
 // Every optimizer case on 16-bit tensors against the CPU's float32 update of the widened
 // tensors, each param and state rounded: bitwise (optimizer_kernels.cu has no FMA contraction).
 
+// An embedding's backward (Note [Sorted scatter-add], index_kernels.cu): token rows scattered
+// into a table with an index that is the same along the inner axis, many tokens repeated, odd
+// sizes. The segmented sum adds each destination element's terms in the CPU's order: float32
+// and float64 equal the CPU to the bit; 16-bit dtypes add in float and round once, which is
+// the CPU's float32 sum of the widened values, rounded. One row whose index varies along the
+// inner axis takes the column-by-column path, with the same result.
+TEST_F(CudaBackendReducedTest, EmbeddingBackwardScatterAddIsTheCpus) {
+  auto check = [&](auto tag, int64_t outer, int64_t vocab, int64_t tokens, int64_t inner,
+                   bool vary) {
+    using T = decltype(tag);
+    const DType dtype = DTypeOf<T>::value;
+    const std::string what =
+        Note(DTypePrefix<T>() + "embedding backward [" + std::to_string(outer) + ", " +
+             std::to_string(vocab) + ", " + std::to_string(tokens) + ", " + std::to_string(inner) +
+             "]" + (vary ? " varying along inner" : ""));
+    const int64_t n = outer * tokens * inner, table = outer * vocab * inner;
+    const std::vector<int64_t> ids = RandomInts(static_cast<size_t>(outer * tokens), 0, vocab - 1);
+    std::vector<int64_t> expanded(static_cast<size_t>(n));
+    for (int64_t e = 0; e < n; ++e) expanded[e] = ids[e / inner];
+    if (vary) expanded[static_cast<size_t>(n / 2)] = (expanded[n / 2] + 1) % vocab;
+    Buffer<int64_t> idx(expanded);
+    std::vector<float> start = Random<float>(static_cast<size_t>(table));
+    std::vector<float> grad = Random<float>(static_cast<size_t>(n));
+    if constexpr (kIsReducedFloat<T>) {
+      Buffer<T> dst(Rounded<T>(start)), values(Rounded<T>(grad));
+      Buffer<float> wide_dst = Wide(dst), wide_values = Wide(values);
+      ScatterAddKernel(Device::Cpu(0), kFloat32, wide_dst.cpu(), wide_values.cpu(), idx.cpu(),
+                       outer, vocab, tokens, inner);
+      ScatterAddKernel(Device::Cuda(0), dtype, dst.gpu(), values.gpu(), idx.gpu(), outer, vocab,
+                       tokens, inner);
+      ExpectBitwiseEqual(Rounded<T>(wide_dst.Cpu()), dst.Gpu(), what);
+    } else {
+      Buffer<T> dst(std::vector<T>(start.begin(), start.end())),
+          values(std::vector<T>(grad.begin(), grad.end()));
+      ScatterAddKernel(Device::Cpu(0), dtype, dst.cpu(), values.cpu(), idx.cpu(), outer, vocab,
+                       tokens, inner);
+      ScatterAddKernel(Device::Cuda(0), dtype, dst.gpu(), values.gpu(), idx.gpu(), outer, vocab,
+                       tokens, inner);
+      ExpectBitwiseEqual(dst.Cpu(), dst.Gpu(), what);
+    }
+  };
+  auto every_dtype = [&](int64_t outer, int64_t vocab, int64_t tokens, int64_t inner, bool vary) {
+    check(float{}, outer, vocab, tokens, inner, vary);
+    check(double{}, outer, vocab, tokens, inner, vary);
+    check(BFloat16{}, outer, vocab, tokens, inner, vary);
+    check(Half{}, outer, vocab, tokens, inner, vary);
+  };
+  every_dtype(1, 50, 301, 37, false);  // ~6 tokens an id: runs of repeats
+  every_dtype(1, 3, 257, 65, false);   // long runs
+  every_dtype(2, 17, 129, 33, false);  // two slices, each sorted on its own
+  every_dtype(1, 1, 40, 7, false);     // one id: a single run
+  every_dtype(2, 11, 97, 9, true);     // an index varying along the inner axis
+}
+
 TEST_F(CudaBackendReducedTest, GathersScattersAndRandomBFloat16) {
   ExpectGathersScattersAndRandomMatch<BFloat16>();
 }

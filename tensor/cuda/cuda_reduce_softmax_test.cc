@@ -71,6 +71,8 @@ TEST_F(CudaBackendTest, ReduceFloat) {
       {2, 3000, 300},
       {1, 3000001, 1},  // one row, split over many blocks
       {3, 50000, 5},    // few columns, split
+      {1, 2049, 768},   // a bias gradient: rows split across blocks, then a second pass
+      {2, 1001, 37},    // odd rows and columns, split into chunks that do not divide them
       {1, 1, 100003},   // nothing to reduce
       {0, 5, 3},        // no output
   });
@@ -81,6 +83,7 @@ TEST_F(CudaBackendTest, ReduceFloat) {
                                  {2, 300, 30},
                                  {1, 300001, 1},  // one row, split
                                  {3, 5000, 5},
+                                 {2, 1001, 37},  // column chunks that do not divide the rows
                                  {0, 5, 3}});
 }
 
@@ -171,6 +174,28 @@ TEST_F(CudaBackendTest, SoftmaxAndLogSoftmax) {
   RunSoftmax(Device::Cpu(0), kFloat32, false, out.cpu(), special.cpu(), 2, 3, 1);
   RunSoftmax(Device::Cuda(0), kFloat32, false, out.gpu(), special.gpu(), 2, 3, 1);
   ExpectNear(out.Cpu(), out.Gpu(), 1e-6, 0.0, Note("softmax of -inf and NaN"));
+  // Ascending rows and columns (the online softmax's running maximum grows at every element, so
+  // its sum is rescaled each time) and descending ones (never), over a row and a column layout.
+  for (double step : {0.01, -0.01}) {
+    const int64_t dim = 3001;
+    std::vector<float> ramp(static_cast<size_t>(2 * dim));
+    for (int64_t j = 0; j < dim; ++j) {
+      ramp[j] = static_cast<float>(step * static_cast<double>(j));         // row 0 / column 0
+      ramp[dim + j] = static_cast<float>(-step * static_cast<double>(j));  // row 1
+    }
+    Buffer<float> src(ramp), dst(ramp.size());
+    for (bool log : {false, true}) {
+      for (int64_t inner : {1, 2}) {  // [2, dim] rows, or [1, dim, 2] columns
+        const int64_t outer = inner == 1 ? 2 : 1;
+        RunSoftmax(Device::Cpu(0), kFloat32, log, dst.cpu(), src.cpu(), outer, dim, inner);
+        RunSoftmax(Device::Cuda(0), kFloat32, log, dst.gpu(), src.gpu(), outer, dim, inner);
+        ExpectNear(dst.Cpu(), dst.Gpu(), Tolerance<float>::kSoftmaxRtol,
+                   Tolerance<float>::kSoftmaxAtol,
+                   Note(std::string(log ? "log_softmax" : "softmax") + " of a ramp, step " +
+                        std::to_string(step) + ", inner " + std::to_string(inner)));
+      }
+    }
+  }
   Buffer<int64_t> ints(4);
   EXPECT_THROW(RunSoftmax(Device::Cuda(0), kInt64, false, ints.gpu(), ints.gpu(), 1, 4, 1), Error);
 }
@@ -180,8 +205,9 @@ TEST_F(CudaBackendTest, SoftmaxAndLogSoftmax) {
 template <typename T>
 void CudaBackendReducedTest::ExpectReductionsAndSoftmaxMatch() {
   const std::string dtype = DTypePrefix<T>();
-  const ReduceShape shapes[] = {{1, 1, 1},     {64, 10, 1},  {7, 1000, 1}, {5, 7, 33},
-                                {1, 30001, 1}, {3, 5000, 5}, {1, 1, 1003}, {0, 5, 3}};
+  const ReduceShape shapes[] = {{1, 1, 1},     {64, 10, 1},   {7, 1000, 1},
+                                {5, 7, 33},    {1, 30001, 1}, {3, 5000, 5},
+                                {2, 1001, 37}, {1, 1, 1003},  {0, 5, 3}};
   for (ReduceKind op : AllReduceKinds()) {
     const bool arg = IsArgReduction(op);
     for (const ReduceShape& s : shapes) {
@@ -243,6 +269,57 @@ void CudaBackendReducedTest::ExpectReductionsAndSoftmaxMatch() {
 // GemmEx against the CPU's SGEMM of the widened operands, rounded: both multiply exactly and
 // add in float, in different orders (Note [cudasim GemmEx] in tools/cudasim/cublas.cc), so
 // they agree to one unit of T plus float rounding growing like sqrt(k).
+
+// The fused cross-entropy (Note [Fused cross-entropy]) against the CPU's kernels, every dtype:
+// odd shapes (rows and columns not multiples of a block), a GPT-2 vocabulary, a row with a
+// -inf logit, each row's loss and log-sum-exp and the gradient. On the CPU the loss equals
+// nll_loss(log_softmax) to the bit (tensor/ops/loss_test.cc); here both devices compute the
+// same expressions, the sums in other orders (the online softmax's rescaled terms).
+TEST_F(CudaBackendReducedTest, FusedCrossEntropyIsTheCpus) {
+  auto check = [&](auto tag, int64_t rows, int64_t cols) {
+    using T = decltype(tag);
+    using M = OpMath<T>;
+    const DType dtype = DTypeOf<T>::value;
+    const std::string what = Note(DTypePrefix<T>() + "cross-entropy [" + std::to_string(rows) +
+                                  ", " + std::to_string(cols) + "]");
+    std::vector<float> values = Random<float>(static_cast<size_t>(rows * cols), -8.0, 8.0);
+    if (rows * cols > 1) values[1] = -INFINITY;  // a masked logit in row 0
+    Buffer<T> logits(Rounded<T>(values)), loss(rows), grad_logits(rows * cols);
+    Buffer<T> grad(Rounded<T>(std::vector<float>{0.75f}));
+    Buffer<M> lse(rows);
+    std::vector<int64_t> labels = RandomInts(static_cast<size_t>(rows), 0, cols - 1);
+    if (rows > 0 && cols > 1) labels[0] = 0;  // not the -inf logit: that loss is +inf
+    Buffer<int64_t> targets(labels);
+    for (const bool gpu : {false, true}) {
+      const Device device = gpu ? Device::Cuda(0) : Device::Cpu(0);
+      CrossEntropyForwardKernel(device, dtype, gpu ? loss.gpu() : loss.cpu(),
+                                gpu ? lse.gpu() : lse.cpu(), gpu ? logits.gpu() : logits.cpu(),
+                                gpu ? targets.gpu() : targets.cpu(), rows, cols, "test");
+      CrossEntropyBackwardKernel(device, dtype, gpu ? grad_logits.gpu() : grad_logits.cpu(),
+                                 gpu ? logits.gpu() : logits.cpu(), gpu ? lse.gpu() : lse.cpu(),
+                                 gpu ? targets.gpu() : targets.cpu(), gpu ? grad.gpu() : grad.cpu(),
+                                 1.0 / static_cast<double>(rows), rows, cols);
+    }
+    if constexpr (kIsReducedFloat<T>) {
+      // Float sums in other orders, each result rounded once to T: within a unit of T.
+      ExpectNear(loss.Cpu(), loss.Gpu(), Ulp<T>(), 1e-5, what + ": loss");
+      ExpectNear(lse.Cpu(), lse.Gpu(), 1e-6, 1e-6, what + ": lse");
+      ExpectNear(grad_logits.Cpu(), grad_logits.Gpu(), Ulp<T>(), 1e-6, what + ": grad");
+    } else {
+      constexpr double kRtol = Tolerance<T>::kSoftmaxRtol, kAtol = Tolerance<T>::kSoftmaxAtol;
+      ExpectNear(loss.Cpu(), loss.Gpu(), kRtol, kAtol, what + ": loss");
+      ExpectNear(lse.Cpu(), lse.Gpu(), kRtol, kAtol, what + ": lse");
+      ExpectNear(grad_logits.Cpu(), grad_logits.Gpu(), kRtol, kAtol, what + ": grad");
+    }
+  };
+  for (const auto& [rows, cols] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {7, 10}, {33, 1000}, {3, 50257}, {0, 5}}) {
+    check(float{}, rows, cols);
+    check(double{}, rows, cols);
+    check(BFloat16{}, rows, cols);
+    check(Half{}, rows, cols);
+  }
+}
 
 TEST_F(CudaBackendReducedTest, ReductionsAndSoftmaxBFloat16) {
   ExpectReductionsAndSoftmaxMatch<BFloat16>();

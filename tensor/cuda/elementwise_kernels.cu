@@ -14,8 +14,9 @@
 //     index into an offset per operand. Index arithmetic is 32-bit whenever every offset
 //     fits, because 64-bit division is emulated on the GPU and would dominate the loop.
 //
-// The dtype conversions of Copy (ConvertFn) and Map1ContiguousKernel are in
-// internal/float_copies.cuh, which the 16-bit kernels through float copies share.
+// The dtype conversions of Copy (ConvertFn), Map1ContiguousKernel and Map1PackedKernel are in
+// internal/float_copies.cuh, which the 16-bit kernels through float copies share; Pack and
+// kPackOf in internal/launch_utils.cuh.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -73,25 +74,6 @@ struct BinaryFn {
 // Map0 writes a value, Map1 maps one input, Map2 combines two. Each has a contiguous
 // kernel, a packed (128-bit) kernel for aligned contiguous float operands, and a strided kernel.
 
-// A 128-bit access's worth of elements of the narrowest operand (4 for float32, 8 for bfloat16
-// and float16; a float32 operand of a 16-bit op then moves as two 128-bit accesses), or 0 where
-// an operand is not float32 or 16-bit (those take the scalar contiguous kernel).
-template <typename T>
-constexpr bool kPackable = std::is_same_v<T, float> || kIsReducedFloat<T>;
-template <typename... T>
-constexpr int kPackOf = (kPackable<T> && ...) ? static_cast<int>(16 / std::min({sizeof(T)...})) : 0;
-
-// kN elements of T loaded or stored in one (or, for 32 bytes, two) vector accesses.
-template <typename T, int kN>
-struct alignas(sizeof(T) * kN) Pack {
-  T v[kN];
-};
-
-template <int kN, typename T>
-bool PackAligned(const T* p) {
-  return reinterpret_cast<uintptr_t>(p) % (sizeof(T) * kN) == 0;
-}
-
 template <typename T>
 __global__ void FillContiguousKernel(T* dst, int64_t n, T value) {
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) dst[i] = value;
@@ -115,24 +97,6 @@ __global__ void FillStridedKernel(T* dst, DeviceLayout<1, Index> layout, Index n
     layout.Offsets(static_cast<Index>(i), offsets);
     dst[offsets[0]] = value;
   }
-}
-
-// The contiguous kernels for operands aligned to their Pack: kN elements a thread at a time
-// (each through the same fn as the scalar kernel, so the results are its bits), the last
-// n % kN elements a scalar tail.
-template <int kN, typename Out, typename In, typename Fn>
-__global__ void Map1PackedKernel(Out* dst, const In* src, int64_t n, Fn fn) {
-  const int64_t packs = n / kN;
-  const Pack<In, kN>* src_packs = reinterpret_cast<const Pack<In, kN>*>(src);
-  Pack<Out, kN>* dst_packs = reinterpret_cast<Pack<Out, kN>*>(dst);
-  for (int64_t i = GlobalThread(); i < packs; i += GridThreads()) {
-    const Pack<In, kN> x = src_packs[i];
-    Pack<Out, kN> y;
-#pragma unroll
-    for (int k = 0; k < kN; ++k) y.v[k] = fn(x.v[k]);
-    dst_packs[i] = y;
-  }
-  for (int64_t i = kN * packs + GlobalThread(); i < n; i += GridThreads()) dst[i] = fn(src[i]);
 }
 
 template <typename Out, typename In, typename Fn, typename Index>

@@ -3,6 +3,7 @@
 // Indices are range-checked on the device (Note [Device-side index checks], kernels.h).
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 
@@ -11,27 +12,11 @@
 #include "tensor/cuda/internal/float_copies.cuh"
 #include "tensor/cuda/internal/launch_utils.cuh"
 #include "tensor/cuda/kernels.h"
+#include "tensor/cuda/launch_work.h"
 
 namespace tandem {
 namespace cuda {
 namespace {
-
-// Whether 0 <= value < size; records the first bad value in `check` (Note [Device-side index
-// checks], kernels.h) when it is not. Scatters pass no record: their gather did.
-__device__ inline bool IndexInRange(int64_t value, int64_t size, DeviceAssert* check,
-                                    unsigned long long op) {
-  // One unsigned comparison: a negative value wraps past any size.
-  if (static_cast<uint64_t>(value) < static_cast<uint64_t>(size)) return true;
-  if (check != nullptr && atomicCAS(&check->flag, 0, 1) == 0) {
-    check->value = static_cast<long long>(value);
-    check->size = static_cast<long long>(size);
-    // The op last: a host reading the record while this kernel still runs (a sync of another
-    // stream) sees op == 0 and leaves the record for a later synchronization.
-    __threadfence();
-    check->op = op;
-  }
-  return false;
-}
 
 // ---- Gather / scatter of one column per row -------------------------------------------------
 
@@ -88,6 +73,127 @@ __global__ void ScatterAddKernel(Acc* dst, const T* src, const int64_t* idx, int
   }
 }
 
+// ---- Scatter-add as a sorted segmented sum ---------------------------------------------------
+// Note [Sorted scatter-add]: an embedding's backward scatters [tokens, C] gradient rows into
+// [V, C] with an index that is the same along C (index_select's, expanded). ScatterAddKernel
+// has then only C threads (3 blocks for GPT-2's 768), each adding every token's row in turn.
+// Instead the positions j of each outer slice are sorted by (index, j) (SortPositionsKernel:
+// each position's rank is the number of keys before it, a quadratic count that is cheap for
+// the few thousand tokens of a batch and needs no sort library), and a thread per (sorted
+// position, column) that starts a run of equal indices adds that run's rows in j order
+// (SegmentSumKernel): tokens x C threads, and each destination element receives exactly the
+// additions the CPU makes, in the CPU's order, so the result is the CPU's to the bit. An index
+// that differs along the inner axis (torch.gather's general backward) is seen on the device
+// (`varies`), and the same launch then adds column by column in j order as ScatterAddKernel.
+
+// Rank of each position j of outer slice o among its slice's keys (idx[o, j, 0], j), written
+// as order[o, rank] = j, by a warp per position: its lanes count a stripe of the keys each
+// (then add their counts) and compare row j's index along the inner axis (coalesced), setting
+// varies[o] if it is not the same everywhere.
+__global__ void SortPositionsKernel(const int64_t* idx, int64_t outer, int64_t idx_dim,
+                                    int64_t inner, int64_t* order, int* varies) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int64_t warps = GridThreads() / kWarpSize;
+  for (int64_t item = GlobalThread() / kWarpSize; item < outer * idx_dim; item += warps) {
+    const int64_t o = item / idx_dim, j = item % idx_dim;
+    const int64_t* slice = idx + o * idx_dim * inner;
+    const int64_t key = slice[j * inner];
+    int64_t rank = 0;
+    for (int64_t k = lane; k < idx_dim; k += kWarpSize) {
+      const int64_t other = slice[k * inner];
+      rank += other < key || (other == key && k < j);
+    }
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+      rank += __shfl_down_sync(kFullMask, rank, offset);
+    }
+    if (lane == 0) order[o * idx_dim + rank] = j;
+    for (int64_t i = lane; i < inner; i += kWarpSize) {
+      // Every writer stores the same 1: the result does not depend on their order.
+      if (slice[j * inner + i] != key) varies[o] = 1;
+    }
+  }
+}
+
+// Blocks of 128 threads (4 warps, 4 positions) for SortPositionsKernel: a batch of 2048 tokens
+// is then 512 blocks.
+constexpr int kSortThreads = 128;
+
+// A thread per (o, sorted position p, column i); see Note [Sorted scatter-add].
+template <typename Acc, typename T>
+__global__ void SegmentSumKernel(Acc* dst, const T* src, const int64_t* idx, const int64_t* order,
+                                 const int* varies, int64_t outer, int64_t dst_dim, int64_t idx_dim,
+                                 int64_t inner) {
+  const int64_t n = outer * idx_dim * inner;
+  for (int64_t item = GlobalThread(); item < n; item += GridThreads()) {
+    const int64_t i = item % inner, p = (item / inner) % idx_dim, o = item / (idx_dim * inner);
+    const int64_t* slice = idx + o * idx_dim * inner;
+    if (varies[o] != 0) {
+      if (p != 0) continue;  // the column's one thread, as ScatterAddKernel
+      for (int64_t j = 0; j < idx_dim; ++j) {
+        const int64_t at = (o * idx_dim + j) * inner + i;
+        if (!IndexInRange(idx[at], dst_dim, nullptr, 0)) continue;
+        dst[(o * dst_dim + idx[at]) * inner + i] += static_cast<Acc>(src[at]);
+      }
+      continue;
+    }
+    const int64_t* positions = order + o * idx_dim;
+    const int64_t v = slice[positions[p] * inner];
+    if (p > 0 && slice[positions[p - 1] * inner] == v) continue;  // not the run's start
+    if (!IndexInRange(v, dst_dim, nullptr, 0)) continue;
+    Acc& element = dst[(o * dst_dim + v) * inner + i];
+    Acc sum = element;
+    for (int64_t q = p; q < idx_dim && slice[positions[q] * inner] == v; ++q) {
+      sum += static_cast<Acc>(src[(o * idx_dim + positions[q]) * inner + i]);
+    }
+    element = sum;
+  }
+}
+
+// Whether the sorted segmented sum pays: ScatterAddKernel's thread per column would leave the
+// GPU idle, and the quadratic ranking stays small (2^28 key comparisons: 16384 tokens).
+bool UseSortedScatterAdd(const LaunchContext& context, int64_t outer, int64_t idx_dim,
+                         int64_t inner) {
+  const int64_t gpu_threads = static_cast<int64_t>(context.num_sms) * kThreadsPerSm;
+  return idx_dim > 1 && outer * inner < gpu_threads &&
+         outer * idx_dim <= (int64_t{1} << 28) / idx_dim;
+}
+
+// ScatterAddKernel's result, through the sorted segmented sum when it pays. Acc* dst is T's
+// destination or its float copy (16-bit T).
+template <typename Acc, typename T>
+void ScatterAddInto(const LaunchContext& context, Acc* dst, const T* src, const int64_t* idx,
+                    int64_t outer, int64_t dst_dim, int64_t idx_dim, int64_t inner) {
+  const int64_t elements = outer * idx_dim * inner;
+  if (!UseSortedScatterAdd(context, outer, idx_dim, inner)) {
+    const int grid = GridFor(context, outer * inner);
+    internal::RecordLaunchWork("ScatterAddKernel", grid, elements);
+    ScatterAddKernel<Acc, T>
+        <<<grid, kThreads, 0, context.stream>>>(dst, src, idx, outer, dst_dim, idx_dim, inner);
+    TANDEM_CUDA_CHECK_LAUNCH(context.device);
+    return;
+  }
+  // Returned to the allocator at the end of this scope while the kernels may be queued: safe,
+  // as it is handed out again only to later work on this stream.
+  const std::shared_ptr<void> order =
+      context.workspace->Allocate(outer * idx_dim * sizeof(int64_t));
+  const std::shared_ptr<void> varies = context.workspace->Allocate(outer * sizeof(int));
+  int64_t* order_data = static_cast<int64_t*>(order.get());
+  int* varies_data = static_cast<int*>(varies.get());
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(varies_data, 0, outer * sizeof(int), context.stream),
+                    context.device);
+  // Work: the key comparisons and the index reads.
+  const int sort_grid = GridFor(context, outer * idx_dim * kWarpSize, kSortThreads);
+  internal::RecordLaunchWork("SortPositionsKernel", sort_grid, outer * idx_dim * (idx_dim + inner));
+  SortPositionsKernel<<<sort_grid, kSortThreads, 0, context.stream>>>(idx, outer, idx_dim, inner,
+                                                                      order_data, varies_data);
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  const int grid = GridFor(context, elements);
+  internal::RecordLaunchWork("SegmentSumKernel", grid, elements);
+  SegmentSumKernel<Acc, T><<<grid, kThreads, 0, context.stream>>>(
+      dst, src, idx, order_data, varies_data, outer, dst_dim, idx_dim, inner);
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+}
+
 }  // namespace
 
 void LaunchGatherColumns(const LaunchContext& context, DType dtype, void* dst, const void* src,
@@ -96,6 +202,7 @@ void LaunchGatherColumns(const LaunchContext& context, DType dtype, void* dst, c
   DispatchAllFloatingTypes(dtype, "CUDA GatherColumns", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (rows <= 0) return;
+    internal::RecordLaunchWork("GatherColumnsKernel", GridFor(context, rows), rows);
     GatherColumnsKernel<T><<<GridFor(context, rows), kThreads, 0, context.stream>>>(
         static_cast<T*>(dst), static_cast<const T*>(src), idx, rows, cols, check,
         reinterpret_cast<unsigned long long>(op));
@@ -108,6 +215,7 @@ void LaunchScatterAddColumns(const LaunchContext& context, DType dtype, void* ds
   DispatchAllFloatingTypes(dtype, "CUDA ScatterAddColumns", [&](auto tag) {
     using T = typename decltype(tag)::type;
     if (rows <= 0) return;
+    internal::RecordLaunchWork("ScatterAddColumnsKernel", GridFor(context, rows), rows);
     ScatterAddColumnsKernel<T><<<GridFor(context, rows), kThreads, 0, context.stream>>>(
         static_cast<T*>(dst), static_cast<const T*>(src), idx, rows, cols);
     TANDEM_CUDA_CHECK_LAUNCH(context.device);
@@ -121,6 +229,7 @@ void LaunchGather(const LaunchContext& context, DType dtype, void* dst, const vo
     using T = typename decltype(tag)::type;
     const int64_t n = outer * idx_dim * inner;
     if (n <= 0) return;
+    internal::RecordLaunchWork("GatherKernel", GridFor(context, n), n);
     GatherKernel<T><<<GridFor(context, n), kThreads, 0, context.stream>>>(
         static_cast<T*>(dst), static_cast<const T*>(src), idx, outer, src_dim, idx_dim, inner,
         check, reinterpret_cast<unsigned long long>(op));
@@ -139,14 +248,11 @@ void LaunchScatterAdd(const LaunchContext& context, DType dtype, void* dst, cons
       // Into a float copy of dst (Note [16-bit via float]): repeated indices add in float.
       const int64_t n = outer * dst_dim * inner;
       const std::shared_ptr<void> wide = WidenedCopy(context, static_cast<const T*>(dst), n);
-      ScatterAddKernel<float, T><<<GridFor(context, outer * inner), kThreads, 0, context.stream>>>(
-          static_cast<float*>(wide.get()), values, idx, outer, dst_dim, idx_dim, inner);
-      TANDEM_CUDA_CHECK_LAUNCH(context.device);
+      ScatterAddInto(context, static_cast<float*>(wide.get()), values, idx, outer, dst_dim, idx_dim,
+                     inner);
       NarrowInto(context, static_cast<T*>(dst), wide.get(), n);
     } else {
-      ScatterAddKernel<T, T><<<GridFor(context, outer * inner), kThreads, 0, context.stream>>>(
-          static_cast<T*>(dst), values, idx, outer, dst_dim, idx_dim, inner);
-      TANDEM_CUDA_CHECK_LAUNCH(context.device);
+      ScatterAddInto(context, static_cast<T*>(dst), values, idx, outer, dst_dim, idx_dim, inner);
     }
   });
 }

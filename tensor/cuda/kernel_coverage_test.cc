@@ -85,6 +85,7 @@ class KernelCoverageTest : public CudaBackendReducedTest {
   // The rows (see Rows() below).
   void Triangle();
   void Softmax();
+  void CrossEntropy();
   void GatherAndScatterAddColumns();
   void GatherAndScatterAdd();
   void Im2ColAndCol2Im();
@@ -114,6 +115,7 @@ const std::vector<Row>& Rows() {
   static const std::vector<Row> rows = {
       {{"TriangleKernel"}, false, &T::Triangle},
       {{"SoftmaxKernel"}, false, &T::Softmax},
+      {{"CrossEntropyForwardKernel", "CrossEntropyBackwardKernel"}, false, &T::CrossEntropy},
       {{"GatherColumnsKernel", "ScatterAddColumnsKernel"}, false, &T::GatherAndScatterAddColumns},
       {{"GatherKernel", "ScatterAddKernel"}, false, &T::GatherAndScatterAdd},
       {{"Im2ColKernel", "Col2ImKernel"}, false, &T::Im2ColAndCol2Im},
@@ -219,6 +221,32 @@ void KernelCoverageTest::Softmax() {
       SoftmaxKernel(kCuda, dtype, log, y.gpu(), x.gpu(), outer, dim, inner);
       ExpectClose(y, log ? "log_softmax" : "softmax");
     }
+  });
+}
+
+void KernelCoverageTest::CrossEntropy() {
+  ForEachFloatingType([&](auto tag) {
+    using T = typename decltype(tag)::type;
+    using M = OpMath<T>;
+    const DType dtype = DTypeOf<T>::value;
+    const int64_t rows = 5, cols = 37;
+    Buffer<T> logits(Values<T>(rows * cols, -4.0, 4.0)), loss(rows), grad_logits(rows * cols);
+    Buffer<T> grad(Values<T>(1, 0.5, 1.5));
+    Buffer<M> lse(rows);
+    Buffer<int64_t> targets(RandomInts(rows, 0, cols - 1));
+    for (const Device device : {kCpu, kCuda}) {
+      const bool gpu = device.is_cuda();
+      CrossEntropyForwardKernel(device, dtype, gpu ? loss.gpu() : loss.cpu(),
+                                gpu ? lse.gpu() : lse.cpu(), gpu ? logits.gpu() : logits.cpu(),
+                                gpu ? targets.gpu() : targets.cpu(), rows, cols, "test");
+      CrossEntropyBackwardKernel(device, dtype, gpu ? grad_logits.gpu() : grad_logits.cpu(),
+                                 gpu ? logits.gpu() : logits.cpu(), gpu ? lse.gpu() : lse.cpu(),
+                                 gpu ? targets.gpu() : targets.cpu(), gpu ? grad.gpu() : grad.cpu(),
+                                 1.0 / rows, rows, cols);
+    }
+    ExpectClose(loss, "cross-entropy loss");
+    ExpectNear(lse.Cpu(), lse.Gpu(), Rtol<M>(), Atol<M>(), Note(DTypePrefix<T>() + "lse"));
+    ExpectClose(grad_logits, "cross-entropy grad_logits");
   });
 }
 

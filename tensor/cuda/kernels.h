@@ -108,9 +108,20 @@ void LaunchRandomUniform(const LaunchContext& context, DType dtype, void* dst, i
 void LaunchRandomNormal(const LaunchContext& context, DType dtype, void* dst, int64_t n,
                         uint64_t seed, uint64_t offset, double mean, double stddev);
 
+// The fused cross-entropy (Note [Fused cross-entropy], tensor/kernels/softmax_kernels.h): a block
+// per row each way; the forward's online softmax is softmax's (one pass for the maximum and the
+// sum), and a target out of range is recorded in `check` as `op`.
+void LaunchCrossEntropyForward(const LaunchContext& context, DType dtype, void* row_loss, void* lse,
+                               const void* logits, const int64_t* targets, int64_t rows,
+                               int64_t cols, DeviceAssert* check, const char* op);
+void LaunchCrossEntropyBackward(const LaunchContext& context, DType dtype, void* grad_logits,
+                                const void* logits, const void* lse, const int64_t* targets,
+                                const void* grad, double scale, int64_t rows, int64_t cols);
+
 // Fused row norms and triangles (Note [Fused row norms] in tensor/kernels/norm_kernels.h). The
-// backward launches one kernel for grad_x (a block per row) and one for grad_weight/grad_bias
-// (a block per 32 columns), each only when its outputs are wanted.
+// backward launches one kernel for grad_x (a block per row) and, for grad_weight/grad_bias, a
+// block per 32 columns and chunk of rows plus, when the rows were split, a second pass adding
+// the chunks' sums in order; each only when its outputs are wanted.
 void LaunchRowNorm(const LaunchContext& context, DType dtype, bool rms, int64_t rows, int64_t cols,
                    double eps, const void* x, const void* weight, const void* bias, void* y,
                    void* mean, void* rstd);

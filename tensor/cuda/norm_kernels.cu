@@ -5,11 +5,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
+#include <memory>
 
 #include "tensor/base/error.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/internal/launch_utils.cuh"
 #include "tensor/cuda/kernels.h"
+#include "tensor/cuda/launch_work.h"
 #include "tensor/kernels/internal/elementwise_math.h"
 
 namespace tandem {
@@ -19,104 +22,197 @@ namespace {
 // ---- Fused row norms and triangles (Note [Fused row norms] in tensor/kernels/norm_kernels.h)
 
 // One block per row; the block's threads stride along the row (coalesced), which is read
-// twice more from L1/L2 after the first pass.
-template <typename T>
+// twice more from L1/L2 after the first pass. Each thread takes kVec neighbouring elements at
+// a time: 8 16-bit elements in one 128-bit access (Pack) where the rows allow it (see
+// RowsPack), else 1.
+template <typename T, int kVec>
 __global__ void RowNormKernel(bool rms, int64_t rows, int64_t cols, OpMath<T> eps, const T* x,
                               const T* weight, const T* bias, T* y, OpMath<T>* mean_out,
                               OpMath<T>* rstd_out) {
   using M = OpMath<T>;
+  using P = Pack<T, kVec>;
   const M inv_cols = M(1) / static_cast<M>(cols);
+  const int64_t chunks = cols / kVec;
+  const P* w = reinterpret_cast<const P*>(weight);
+  const P* b = reinterpret_cast<const P*>(bias);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const T* xr = x + row * cols;
-    T* yr = y + row * cols;
+    const P* xr = reinterpret_cast<const P*>(x + row * cols);
+    P* yr = reinterpret_cast<P*>(y + row * cols);
     M mean = 0;
     if (!rms) {
       M sum = 0;
-      for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) sum += static_cast<M>(xr[j]);
+      for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+        const P v = xr[c];
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) sum += static_cast<M>(v.v[k]);
+      }
       mean = BlockSum(sum) * inv_cols;
     }
     M squares = 0;
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-      const M d = static_cast<M>(xr[j]) - mean;
-      squares += d * d;
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      const P v = xr[c];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        const M d = static_cast<M>(v.v[k]) - mean;
+        squares += d * d;
+      }
     }
     const M rstd = M(1) / math::Sqrt(BlockSum(squares) * inv_cols + eps);
     if (threadIdx.x == 0) {
       if (mean_out != nullptr) mean_out[row] = mean;
       rstd_out[row] = rstd;
     }
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-      M v = (static_cast<M>(xr[j]) - mean) * rstd;
-      if (weight != nullptr) v *= static_cast<M>(weight[j]);
-      if (bias != nullptr) v += static_cast<M>(bias[j]);
-      yr[j] = static_cast<T>(v);
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      const P v = xr[c];
+      P wv, bv, out;
+      if (w != nullptr) wv = w[c];
+      if (b != nullptr) bv = b[c];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        M value = (static_cast<M>(v.v[k]) - mean) * rstd;
+        if (w != nullptr) value *= static_cast<M>(wv.v[k]);
+        if (b != nullptr) value += static_cast<M>(bv.v[k]);
+        out.v[k] = static_cast<T>(value);
+      }
+      yr[c] = out;
     }
   }
 }
 
-// grad_x, one block per row.
-template <typename T>
+// grad_x, one block per row, kVec elements a thread at a time as RowNormKernel.
+template <typename T, int kVec>
 __global__ void RowNormBackwardInputKernel(bool rms, int64_t rows, int64_t cols, const T* dy,
                                            const T* x, const OpMath<T>* mean_in,
                                            const OpMath<T>* rstd_in, const T* weight, T* dx) {
   using M = OpMath<T>;
+  using P = Pack<T, kVec>;
   const M inv_cols = M(1) / static_cast<M>(cols);
+  const int64_t chunks = cols / kVec;
+  const P* w = reinterpret_cast<const P*>(weight);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const T* xr = x + row * cols;
-    const T* gr = dy + row * cols;
+    const P* xr = reinterpret_cast<const P*>(x + row * cols);
+    const P* gr = reinterpret_cast<const P*>(dy + row * cols);
+    P* dxr = reinterpret_cast<P*>(dx + row * cols);
     const M mean = rms ? M(0) : mean_in[row];
     const M rstd = rstd_in[row];
     M sum_g = 0, sum_gx = 0;
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-      const M g = static_cast<M>(gr[j]) * (weight != nullptr ? static_cast<M>(weight[j]) : M(1));
-      sum_g += g;
-      sum_gx += g * (static_cast<M>(xr[j]) - mean) * rstd;
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      const P xv = xr[c], gv = gr[c];
+      P wv;
+      if (w != nullptr) wv = w[c];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        const M g = static_cast<M>(gv.v[k]) * (w != nullptr ? static_cast<M>(wv.v[k]) : M(1));
+        sum_g += g;
+        sum_gx += g * (static_cast<M>(xv.v[k]) - mean) * rstd;
+      }
     }
     const M mean_g = rms ? M(0) : BlockSum(sum_g) * inv_cols;
     const M mean_gx = BlockSum(sum_gx) * inv_cols;
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-      const M g = static_cast<M>(gr[j]) * (weight != nullptr ? static_cast<M>(weight[j]) : M(1));
-      const M xhat = (static_cast<M>(xr[j]) - mean) * rstd;
-      dx[row * cols + j] = static_cast<T>(rstd * (g - mean_g - xhat * mean_gx));
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      const P xv = xr[c], gv = gr[c];
+      P wv, out;
+      if (w != nullptr) wv = w[c];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        const M g = static_cast<M>(gv.v[k]) * (w != nullptr ? static_cast<M>(wv.v[k]) : M(1));
+        const M xhat = (static_cast<M>(xv.v[k]) - mean) * rstd;
+        out.v[k] = static_cast<T>(rstd * (g - mean_g - xhat * mean_gx));
+      }
+      dxr[c] = out;
     }
   }
 }
 
-constexpr int kNormColumnTile = 32;  // columns per block of the weight/bias sums
-constexpr int kNormRowLanes = 8;     // threads per column, striding over the rows
-
-// grad_weight and grad_bias: a block per 32 columns, 8 threads per column summing every 8th
-// row (neighbouring threads read neighbouring columns: coalesced), then the 8 partial sums
-// added through shared memory.
+// Whether the row kernels may load 16-bit rows through 128-bit Packs (kNormVector<T> elements):
+// rows whose length is a multiple of it and operands aligned to it. Float32 and float64 load
+// one element at a time (kNormVector 1): their row loops are not bound by memory instructions
+// the way 2-byte accesses are.
 template <typename T>
-__global__ void RowNormBackwardParamsKernel(bool rms, int64_t rows, int64_t cols, const T* dy,
-                                            const T* x, const OpMath<T>* mean_in,
-                                            const OpMath<T>* rstd_in, T* dw, T* db) {
+constexpr int kNormVector = kIsReducedFloat<T> ? kPackOf<T> : 1;
+
+template <typename T>
+bool RowsPack(int64_t cols, std::initializer_list<const void*> operands) {
+  constexpr int kN = kNormVector<T>;
+  if (kN == 1 || cols % kN != 0) return false;
+  for (const void* p : operands) {
+    if (p != nullptr && !PackAligned<kN>(static_cast<const T*>(p))) return false;
+  }
+  return true;
+}
+
+constexpr int kNormColumnTile = 32;    // columns per block of the weight/bias sums
+constexpr int kNormRowLanes = 8;       // threads per column, striding over the rows
+constexpr int64_t kNormMinChunk = 64;  // rows per block of a split sum: 8 per thread
+
+// grad_weight and grad_bias over the rows [split * chunk, (split + 1) * chunk) of split
+// blockIdx.y: a block per 32 columns and split, 8 threads per column summing every 8th row
+// (neighbouring threads read neighbouring columns: coalesced), then the 8 partial sums added
+// through shared memory. With one split the block writes dw and db; with more it writes its
+// sums to partial_w/partial_b ([splits, cols] in M) and RowNormParamsFinishKernel adds them.
+// Splitting the rows is what fills the GPU: GPT-2's 768 columns are 24 blocks otherwise.
+template <typename T>
+__global__ void RowNormBackwardParamsKernel(bool rms, int64_t rows, int64_t cols, int64_t chunk,
+                                            const T* dy, const T* x, const OpMath<T>* mean_in,
+                                            const OpMath<T>* rstd_in, T* dw, T* db,
+                                            OpMath<T>* partial_w, OpMath<T>* partial_b) {
   using M = OpMath<T>;
-  __shared__ M partial_w[kNormRowLanes][kNormColumnTile];
-  __shared__ M partial_b[kNormRowLanes][kNormColumnTile];
+  __shared__ M lanes_w[kNormRowLanes][kNormColumnTile];
+  __shared__ M lanes_b[kNormRowLanes][kNormColumnTile];
   const int column_lane = threadIdx.x % kNormColumnTile, row_lane = threadIdx.x / kNormColumnTile;
   const int64_t j = static_cast<int64_t>(blockIdx.x) * kNormColumnTile + column_lane;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * chunk;
+  const int64_t end = min(rows, begin + chunk);
   M sum_w = 0, sum_b = 0;
   if (j < cols) {
-    for (int64_t r = row_lane; r < rows; r += kNormRowLanes) {
+    for (int64_t r = begin + row_lane; r < end; r += kNormRowLanes) {
       const M g = static_cast<M>(dy[r * cols + j]);
       const M mean = rms ? M(0) : mean_in[r];
       sum_w += g * (static_cast<M>(x[r * cols + j]) - mean) * rstd_in[r];
       sum_b += g;
     }
   }
-  partial_w[row_lane][column_lane] = sum_w;
-  partial_b[row_lane][column_lane] = sum_b;
+  lanes_w[row_lane][column_lane] = sum_w;
+  lanes_b[row_lane][column_lane] = sum_b;
   __syncthreads();
   if (row_lane == 0 && j < cols) {
     for (int lane = 1; lane < kNormRowLanes; ++lane) {
-      sum_w += partial_w[lane][column_lane];
-      sum_b += partial_b[lane][column_lane];
+      sum_w += lanes_w[lane][column_lane];
+      sum_b += lanes_b[lane][column_lane];
+    }
+    if (partial_w != nullptr) {
+      partial_w[blockIdx.y * cols + j] = sum_w;
+      partial_b[blockIdx.y * cols + j] = sum_b;
+    } else {
+      if (dw != nullptr) dw[j] = static_cast<T>(sum_w);
+      if (db != nullptr) db[j] = static_cast<T>(sum_b);
+    }
+  }
+}
+
+// The second pass of a split: a thread per column adds its `splits` partial sums in split
+// order (deterministic: no atomics).
+template <typename T>
+__global__ void RowNormParamsFinishKernel(int64_t cols, int64_t splits, const OpMath<T>* partial_w,
+                                          const OpMath<T>* partial_b, T* dw, T* db) {
+  using M = OpMath<T>;
+  for (int64_t j = GlobalThread(); j < cols; j += GridThreads()) {
+    M sum_w = 0, sum_b = 0;
+    for (int64_t s = 0; s < splits; ++s) {
+      sum_w += partial_w[s * cols + j];
+      sum_b += partial_b[s * cols + j];
     }
     if (dw != nullptr) dw[j] = static_cast<T>(sum_w);
     if (db != nullptr) db[j] = static_cast<T>(sum_b);
   }
+}
+
+// Row splits for the parameter sums: enough blocks to occupy every SM fully (8 blocks of 256
+// each), at least kNormMinChunk rows a split.
+int64_t NormParamSplits(const LaunchContext& context, int64_t rows, int64_t tiles) {
+  const int64_t wanted =
+      (static_cast<int64_t>(context.num_sms) * (kThreadsPerSm / kThreads) + tiles - 1) / tiles;
+  return std::max<int64_t>(1, std::min({wanted, rows / kNormMinChunk, int64_t{65535}}));
 }
 
 // Threads for a row kernel: a warp per short row, up to 512 for long ones.
@@ -134,10 +230,22 @@ void LaunchRowNorm(const LaunchContext& context, DType dtype, bool rms, int64_t 
     using M = OpMath<T>;
     if (rows == 0 || cols == 0) return;
     const int64_t grid = std::min<int64_t>(rows, static_cast<int64_t>(context.num_sms) * 32);
-    RowNormKernel<T><<<static_cast<int>(grid), RowThreads(cols), 0, context.stream>>>(
-        rms, rows, cols, static_cast<M>(eps), static_cast<const T*>(x),
-        static_cast<const T*>(weight), static_cast<const T*>(bias), static_cast<T*>(y),
-        static_cast<M*>(mean), static_cast<M*>(rstd));
+    internal::RecordLaunchWork("RowNormKernel", grid, rows * cols);
+    const T* in = static_cast<const T*>(x);
+    const T* w = static_cast<const T*>(weight);
+    const T* b = static_cast<const T*>(bias);
+    T* out = static_cast<T*>(y);
+    constexpr int kVec = kNormVector<T>;
+    if (RowsPack<T>(cols, {in, w, b, out})) {
+      RowNormKernel<T, kVec>
+          <<<static_cast<int>(grid), RowThreads(cols / kVec), 0, context.stream>>>(
+              rms, rows, cols, static_cast<M>(eps), in, w, b, out, static_cast<M*>(mean),
+              static_cast<M*>(rstd));
+    } else {
+      RowNormKernel<T, 1><<<static_cast<int>(grid), RowThreads(cols), 0, context.stream>>>(
+          rms, rows, cols, static_cast<M>(eps), in, w, b, out, static_cast<M*>(mean),
+          static_cast<M*>(rstd));
+    }
     TANDEM_CUDA_CHECK_LAUNCH(context.device);
   });
 }
@@ -156,19 +264,47 @@ void LaunchRowNormBackward(const LaunchContext& context, DType dtype, bool rms, 
     const M* rstd_in = static_cast<const M*>(rstd);
     if (grad_x != nullptr && rows > 0) {
       const int64_t grid = std::min<int64_t>(rows, static_cast<int64_t>(context.num_sms) * 32);
-      RowNormBackwardInputKernel<T>
-          <<<static_cast<int>(grid), RowThreads(cols), 0, context.stream>>>(
-              rms, rows, cols, dy, in, mean_in, rstd_in, static_cast<const T*>(weight),
-              static_cast<T*>(grad_x));
+      internal::RecordLaunchWork("RowNormBackwardInputKernel", grid, rows * cols);
+      const T* w = static_cast<const T*>(weight);
+      T* dx = static_cast<T*>(grad_x);
+      constexpr int kVec = kNormVector<T>;
+      if (RowsPack<T>(cols, {dy, in, w, dx})) {
+        RowNormBackwardInputKernel<T, kVec>
+            <<<static_cast<int>(grid), RowThreads(cols / kVec), 0, context.stream>>>(
+                rms, rows, cols, dy, in, mean_in, rstd_in, w, dx);
+      } else {
+        RowNormBackwardInputKernel<T, 1>
+            <<<static_cast<int>(grid), RowThreads(cols), 0, context.stream>>>(
+                rms, rows, cols, dy, in, mean_in, rstd_in, w, dx);
+      }
       TANDEM_CUDA_CHECK_LAUNCH(context.device);
     }
     if (grad_weight != nullptr || grad_bias != nullptr) {
-      const int64_t grid = (cols + kNormColumnTile - 1) / kNormColumnTile;
+      const int64_t tiles = (cols + kNormColumnTile - 1) / kNormColumnTile;
+      int64_t splits = NormParamSplits(context, rows, tiles);
+      const int64_t chunk = std::max<int64_t>(1, (rows + splits - 1) / splits);
+      splits = std::max<int64_t>(1, (rows + chunk - 1) / chunk);  // no empty split at the end
+      // Returned to the allocator at the end of this scope while the kernels may be queued:
+      // safe, as it is handed out again only to later work on this stream.
+      std::shared_ptr<void> partials =
+          splits > 1 ? context.workspace->Allocate(2 * splits * cols * sizeof(M)) : nullptr;
+      M* partial_w = static_cast<M*>(partials.get());
+      M* partial_b = partial_w == nullptr ? nullptr : partial_w + splits * cols;
+      internal::RecordLaunchWork("RowNormBackwardParamsKernel", tiles * splits, rows * cols);
       RowNormBackwardParamsKernel<T>
-          <<<static_cast<int>(grid), kNormColumnTile * kNormRowLanes, 0, context.stream>>>(
-              rms, rows, cols, dy, in, mean_in, rstd_in, static_cast<T*>(grad_weight),
-              static_cast<T*>(grad_bias));
+          <<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits)),
+             kNormColumnTile * kNormRowLanes, 0, context.stream>>>(
+              rms, rows, cols, chunk, dy, in, mean_in, rstd_in, static_cast<T*>(grad_weight),
+              static_cast<T*>(grad_bias), partial_w, partial_b);
       TANDEM_CUDA_CHECK_LAUNCH(context.device);
+      if (splits > 1) {
+        const int grid = GridFor(context, cols);
+        internal::RecordLaunchWork("RowNormParamsFinishKernel", grid, splits * cols);
+        RowNormParamsFinishKernel<T><<<grid, kThreads, 0, context.stream>>>(
+            cols, splits, partial_w, partial_b, static_cast<T*>(grad_weight),
+            static_cast<T*>(grad_bias));
+        TANDEM_CUDA_CHECK_LAUNCH(context.device);
+      }
     }
   });
 }

@@ -11,6 +11,7 @@
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/internal/launch_utils.cuh"
 #include "tensor/cuda/kernels.h"
+#include "tensor/cuda/launch_work.h"
 
 namespace tandem {
 namespace cuda {
@@ -161,32 +162,45 @@ bool UseWarpPerOutput(int64_t reduce, int64_t inner) { return inner == 1 && redu
 
 // One pass: reduces each `chunk` of the reduced axis (`splits` of them), writing [outer,
 // splits, inner] values and/or indices. With src_index, the index of element r is
-// src_index[...] (the second pass of a split reduction), else r itself.
+// src_index[...] (the second pass of a split reduction), else r itself. `second_pass` only
+// names the launch in the launch-work record (launch_work.h).
 template <typename In, typename Acc, typename Out>
 void ReducePass(const LaunchContext& context, ReduceKind op, const In* src,
                 const int64_t* src_index, int64_t outer, int64_t reduce, int64_t inner,
-                int64_t splits, int64_t chunk, Out* dst_value, int64_t* dst_index) {
+                int64_t splits, int64_t chunk, Out* dst_value, int64_t* dst_index,
+                bool second_pass = false) {
   if (UseWarpPerOutput(reduce, inner)) {
     const int64_t threads = outer * splits * kWarpSize;
-    ReduceRowsKernel<In, Acc, Out><<<GridFor(context, threads), kThreads, 0, context.stream>>>(
+    const int grid = GridFor(context, threads);
+    internal::RecordLaunchWork(second_pass ? "ReduceRowsKernel (second pass)" : "ReduceRowsKernel",
+                               grid, outer * reduce);
+    ReduceRowsKernel<In, Acc, Out><<<grid, kThreads, 0, context.stream>>>(
         op, src, src_index, outer, reduce, splits, chunk, dst_value, dst_index);
   } else {
     const int64_t threads = outer * splits * inner;
-    ReduceColumnsKernel<In, Acc, Out><<<GridFor(context, threads), kThreads, 0, context.stream>>>(
+    const int grid = GridFor(context, threads);
+    internal::RecordLaunchWork(
+        second_pass ? "ReduceColumnsKernel (second pass)" : "ReduceColumnsKernel", grid,
+        outer * reduce * inner);
+    ReduceColumnsKernel<In, Acc, Out><<<grid, kThreads, 0, context.stream>>>(
         op, src, src_index, outer, reduce, inner, splits, chunk, dst_value, dst_index);
   }
   TANDEM_CUDA_CHECK_LAUNCH(context.device);
 }
 
 // How many chunks to cut the reduced axis into: enough that the first pass keeps every SM
-// busy, with chunks of at least kMinChunk elements so the second pass stays small.
+// busy (a bias gradient, [rows, 768] summed over its rows, has only 768 outputs: 3 blocks
+// without a split), with chunks long enough that the second pass stays small: 16 rows for a
+// thread per output (a column's thread then still reads 16 values for each one the second
+// pass reads), 256 elements (8 per lane) for a warp per output.
 int64_t ChooseSplits(const LaunchContext& context, int64_t outputs, int64_t reduce, int64_t inner) {
-  constexpr int64_t kMinChunk = 1024;
-  const int64_t busy_threads = outputs * (UseWarpPerOutput(reduce, inner) ? kWarpSize : 1);
+  const bool warp = UseWarpPerOutput(reduce, inner);
+  const int64_t min_chunk = warp ? 256 : 16;
+  const int64_t busy_threads = outputs * (warp ? kWarpSize : 1);
   const int64_t gpu_threads = static_cast<int64_t>(context.num_sms) * kThreadsPerSm;
-  if (busy_threads >= gpu_threads || reduce < 2 * kMinChunk) return 1;
+  if (busy_threads >= gpu_threads || reduce < 2 * min_chunk) return 1;
   const int64_t wanted = (gpu_threads + busy_threads - 1) / busy_threads;
-  return std::max<int64_t>(1, std::min(wanted, reduce / kMinChunk));
+  return std::max<int64_t>(1, std::min(wanted, reduce / min_chunk));
 }
 
 template <typename In, typename Acc>
@@ -215,7 +229,7 @@ void ReduceTyped(const LaunchContext& context, ReduceKind op, void* dst, const I
   ReducePass<In, Acc, Acc>(context, op, src, nullptr, outer, reduce, inner, splits, chunk,
                            partial_values, partial_indices);
   ReducePass<Acc, Acc, In>(context, op, partial_values, partial_indices, outer, splits, inner, 1,
-                           splits, dst_value, dst_index);
+                           splits, dst_value, dst_index, /*second_pass=*/true);
 }
 
 }  // namespace

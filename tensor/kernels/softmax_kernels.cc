@@ -5,6 +5,8 @@
 namespace tandem {
 
 TANDEM_DEFINE_KERNEL(SoftmaxKernel);
+TANDEM_DEFINE_KERNEL(CrossEntropyForwardKernel);
+TANDEM_DEFINE_KERNEL(CrossEntropyBackwardKernel);
 
 void RunSoftmax(Device device, DType dtype, bool log, void* dst, const void* src, int64_t outer,
                 int64_t dim, int64_t inner) {

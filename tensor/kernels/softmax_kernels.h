@@ -1,6 +1,8 @@
 // The softmax kernel of softmax and log_softmax (KernelStub, tensor/runtime/kernel_stub.h), over
 // the middle axis of a contiguous [outer, dim, inner] floating tensor (float32, float64,
-// bfloat16, float16; the 16-bit ones computed in float). Each backend registers its kernel beside
+// bfloat16, float16; the 16-bit ones computed in float), and the fused cross-entropy's forward
+// and backward (tensor/ops/loss.cc), which keep a log-sum-exp per row instead of the
+// log-probabilities. Each backend registers its kernel beside
 // its code (tensor/cpu/reduce_kernels.cc, tensor/cuda/softmax_kernels.cc); tensor/ops/softmax.cc
 // calls RunSoftmax, which checks the sizes once and dispatches on the device's type.
 //
@@ -20,6 +22,25 @@ namespace tandem {
 TANDEM_DECLARE_KERNEL(SoftmaxKernel,
                       void(int index, DType dtype, bool log, void* dst, const void* src,
                            int64_t outer, int64_t dim, int64_t inner));
+
+// Note [Fused cross-entropy]: over contiguous [rows, cols] logits and int64 targets [rows],
+// the forward writes each row's log-sum-exp `lse` (float32, or float64 for float64 logits:
+// CrossEntropyLseType) and its loss lse - logits[target] (the logits' dtype); the backward
+// writes grad_logits = (exp(logits - lse) - onehot(targets)) * grad[0] * scale, `grad` one
+// element of the logits' dtype on the device, in one pass and rounding once. A target out of
+// [0, cols) gives loss 0 and no onehot term; the forward records it as an index kernel does
+// (Note [Device-side index checks] in tensor/cuda/kernels.h, as `op`; the CPU's caller checks
+// targets before).
+TANDEM_DECLARE_KERNEL(CrossEntropyForwardKernel,
+                      void(int index, DType dtype, void* row_loss, void* lse, const void* logits,
+                           const int64_t* targets, int64_t rows, int64_t cols, const char* op));
+TANDEM_DECLARE_KERNEL(CrossEntropyBackwardKernel,
+                      void(int index, DType dtype, void* grad_logits, const void* logits,
+                           const void* lse, const int64_t* targets, const void* grad, double scale,
+                           int64_t rows, int64_t cols));
+
+// The dtype of a fused cross-entropy's log-sum-exp for `dtype` logits: OpMath's.
+inline DType CrossEntropyLseType(DType dtype) { return dtype == kFloat64 ? kFloat64 : kFloat32; }
 
 // Checks that the sizes are non-negative (tandem::Error naming the device otherwise), then calls
 // the kernel of `device`'s type.

@@ -8,6 +8,7 @@
 #include "tensor/core/internal/tensor_impl.h"
 #include "tensor/core/tensor.h"
 #include "tensor/kernels/index_kernels.h"
+#include "tensor/kernels/softmax_kernels.h"
 #include "tensor/ops/autocast.h"
 #include "tensor/ops/internal/op_helpers.h"
 #include "tensor/ops/ops.h"
@@ -121,35 +122,43 @@ Tensor nll_loss(const Tensor& log_probs, const Tensor& targets) {
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets) {
   TANDEM_AUTOCAST(kFloat32, cross_entropy, logits, targets);
   CheckClassification(logits, targets, "cross_entropy", "logits");
-  Tensor out, log_probs;
-  {
-    NoGradGuard no_grad;  // one node for the whole loss, recorded below
-    log_probs = log_softmax(logits, 1);
-    out = NllLossCore(log_probs, targets, "cross_entropy");
+  // Note [Fused cross-entropy] (tensor/kernels/softmax_kernels.h): one kernel each way. Backward
+  // keeps the logits (which exist already) and a log-sum-exp per row instead of [rows, cols]
+  // log-probabilities (412 MB for GPT-2's vocabulary at 2048 tokens), and computes
+  // (softmax - onehot) * grad / rows in one pass. Each row's loss is log_softmax's value at the
+  // target, negated, so on the CPU the loss is nll_loss(log_softmax(logits))'s to the bit.
+  const int64_t rows = logits.size(0), cols = logits.size(1);
+  const Tensor x = ContiguousRaw(logits).detach();
+  const Tensor idx = ContiguousRaw(targets);
+  Tensor row_loss = NewTensor({rows}, x.dtype(), x.device());
+  Tensor lse = NewTensor({rows}, CrossEntropyLseType(x.dtype()), x.device());
+  if (rows > 0) {
+    CrossEntropyForwardKernel(x.device(), x.dtype(), DataPtr(row_loss), DataPtr(lse), DataPtr(x),
+                              Int64Ptr(idx), rows, cols, "cross_entropy");
   }
+  // Mean over zero rows is NaN, as in PyTorch.
+  const double scale =
+      rows > 0 ? 1.0 / static_cast<double>(rows) : std::numeric_limits<double>::quiet_NaN();
+  Tensor out = UnaryRaw(UnaryOp::kMulScalar, SumAllRaw(row_loss), scale);
   if (NeedsGrad({logits})) {
-    // d loss / d logits = (softmax(logits) - onehot(targets)) * grad / rows, written in two
-    // streaming passes over [rows, cols] (exp, then the scale in place) and a scatter of one
-    // element per row, where log_softmax's and nll_loss's backwards took six passes and four
-    // [rows, cols] buffers.
-    const int64_t rows = logits.size(0), cols = logits.size(1);
     Record(
         "CrossEntropyBackward", {logits}, out,
-        [lp = log_probs.detach(), idx = ContiguousRaw(targets), rows, cols](const Tensor& grad) {
-          Tensor grad_logits = NewTensor({rows, cols}, lp.dtype(), lp.device());
+        [x, lse, idx, rows, cols](const Tensor& grad) {
+          Tensor grad_logits = NewTensor({rows, cols}, x.dtype(), x.device());
           if (grad_logits.numel() == 0) return std::vector<Tensor>{grad_logits};
-          if (CreatingGraph()) return CrossEntropyBackwardDifferentiable(lp, idx, grad);
-          Backend& backend = BackendOf(lp);
-          const int device = IndexOf(lp);
-          const Tensor per_row = UnaryRaw(UnaryOp::kMulScalar, CastRaw(grad, lp.dtype()),
-                                          1.0 / static_cast<double>(rows));
-          backend.Unary(device, UnaryOp::kExp, ToKernel(grad_logits), ToKernel(lp), 0.0);
-          backend.Binary(device, BinaryOp::kMul, ToKernel(grad_logits), ToKernel(grad_logits),
-                         ToKernelBroadcast(per_row, {rows, cols}));
-          const Tensor minus =
-              BroadcastCopyRaw(UnaryRaw(UnaryOp::kNeg, per_row, 0.0), {rows}, lp.dtype());
-          ScatterAddColumnsKernel(lp.device(), lp.dtype(), DataPtr(grad_logits), DataPtr(minus),
-                                  Int64Ptr(idx), rows, cols);
+          if (CreatingGraph()) {
+            // Rare (gradients of gradients): the log-probabilities, recomputed.
+            Tensor log_probs;
+            {
+              NoGradGuard no_grad;
+              log_probs = log_softmax(x, 1);
+            }
+            return CrossEntropyBackwardDifferentiable(log_probs, idx, grad);
+          }
+          const Tensor g = ContiguousRaw(CastRaw(grad, x.dtype()));
+          CrossEntropyBackwardKernel(x.device(), x.dtype(), DataPtr(grad_logits), DataPtr(x),
+                                     DataPtr(lse), Int64Ptr(idx), DataPtr(g),
+                                     1.0 / static_cast<double>(rows), rows, cols);
           return std::vector<Tensor>{grad_logits};
         },
         DoubleBackward::kSupported);

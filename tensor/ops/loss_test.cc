@@ -100,6 +100,30 @@ TEST_F(OpsTest, CrossEntropyAndNllLossMatchTheHostOnRandomInputs) {
   EXPECT_NEAR(cross_entropy(lt_logits, targets).item(), expected, 1e-5);
 }
 
+// cross_entropy runs fused kernels (Note [Fused cross-entropy], softmax_kernels.h) that keep
+// the composed op's values: the loss is nll_loss(log_softmax(x))'s to the bit in every floating
+// dtype, and the gradient (softmax - onehot) / rows is the composed one's within rounding.
+TEST_F(OpsTest, FusedCrossEntropyIsNllLossOfLogSoftmax) {
+  const std::vector<int64_t> labels = {0, 12, 5, 5, 3, 9, 1};
+  const Tensor targets = Labels(labels, {7});
+  for (DType dtype : {kFloat32, kFloat64, kBFloat16, kFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const Tensor logits = mul(Randn({7, 13}, 5), 3.0).to(dtype);
+    Tensor fused_x = Param(logits), composed_x = Param(logits);
+    Tensor fused = cross_entropy(fused_x, targets);
+    Tensor composed = nll_loss(log_softmax(composed_x, 1), targets);
+    EXPECT_EQ(fused.dtype(), dtype);
+    EXPECT_EQ(fused.to(kFloat64).item(), composed.to(kFloat64).item());
+    fused.backward();
+    composed.backward();
+    const double tolerance = dtype == kFloat64 ? 1e-15 : dtype == kFloat32 ? 1e-7 : 1e-2;
+    const std::vector<double> a = fused_x.grad().to(kFloat64).to_vector<double>();
+    const std::vector<double> b = composed_x.grad().to(kFloat64).to_vector<double>();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], tolerance) << "element " << i;
+  }
+}
+
 TEST_F(OpsTest, CrossEntropyStaysFiniteForHugeLogits) {
   const Tensor logits = from_vector(std::vector<float>{1000, -1000, 0, -1000, 1000, 0}, {2, 3});
   const Tensor targets = Labels(std::vector<int64_t>{0, 0}, {2});

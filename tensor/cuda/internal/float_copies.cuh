@@ -52,6 +52,24 @@ __global__ void Map1ContiguousKernel(Out* dst, const In* src, int64_t n, Fn fn) 
   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) dst[i] = fn(src[i]);
 }
 
+// The contiguous kernels for operands aligned to their Pack: kN elements a thread at a time
+// (each through the same fn as the scalar kernel, so the results are its bits), the last
+// n % kN elements a scalar tail.
+template <int kN, typename Out, typename In, typename Fn>
+__global__ void Map1PackedKernel(Out* dst, const In* src, int64_t n, Fn fn) {
+  const int64_t packs = n / kN;
+  const Pack<In, kN>* src_packs = reinterpret_cast<const Pack<In, kN>*>(src);
+  Pack<Out, kN>* dst_packs = reinterpret_cast<Pack<Out, kN>*>(dst);
+  for (int64_t i = GlobalThread(); i < packs; i += GridThreads()) {
+    const Pack<In, kN> x = src_packs[i];
+    Pack<Out, kN> y;
+#pragma unroll
+    for (int k = 0; k < kN; ++k) y.v[k] = fn(x.v[k]);
+    dst_packs[i] = y;
+  }
+  for (int64_t i = kN * packs + GlobalThread(); i < n; i += GridThreads()) dst[i] = fn(src[i]);
+}
+
 // ---- 16-bit kernels through float copies ------------------------------------------------
 // Note [16-bit via float]: kernels whose shared math (pooling_math.h) reads and sums in its
 // element type run for bfloat16/float16 on float copies in workspace memory: the input

@@ -1,7 +1,8 @@
 // Launch configuration shared by the CUDA kernel files of tensor/cuda (private to them):
 // block size, GridFor (the grid of a grid-stride loop), GlobalThread/GridThreads, alignment
-// checks, and DeviceLayout (a StridedLayout in the kernel's index type). Include it from a .cu
-// file only, e.g.
+// checks, Pack (128-bit loads and stores), IndexInRange (device-side index checks), and
+// DeviceLayout (a StridedLayout in the kernel's index
+// type). Include it from a .cu file only, e.g.
 //   for (int64_t i = GlobalThread(); i < n; i += GridThreads()) dst[i] = value;
 //   Kernel<<<GridFor(context, n), kThreads, 0, context.stream>>>(...);
 //
@@ -14,7 +15,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
+#include "tensor/base/half.h"
 #include "tensor/cuda/kernels.h"
 #include "tensor/kernels/internal/strided_layout.h"
 
@@ -46,6 +49,43 @@ __device__ __forceinline__ int64_t GridThreads() {
 }
 
 inline bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Whether 0 <= value < size; records the first bad value in `check` (Note [Device-side index
+// checks], kernels.h) when it is not. Scatters pass no record: their gather did.
+__device__ inline bool IndexInRange(int64_t value, int64_t size, DeviceAssert* check,
+                                    unsigned long long op) {
+  // One unsigned comparison: a negative value wraps past any size.
+  if (static_cast<uint64_t>(value) < static_cast<uint64_t>(size)) return true;
+  if (check != nullptr && atomicCAS(&check->flag, 0, 1) == 0) {
+    check->value = static_cast<long long>(value);
+    check->size = static_cast<long long>(size);
+    // The op last: a host reading the record while this kernel still runs (a sync of another
+    // stream) sees op == 0 and leaves the record for a later synchronization.
+    __threadfence();
+    check->op = op;
+  }
+  return false;
+}
+
+// ---- 128-bit accesses -------------------------------------------------------------------
+// A 128-bit access's worth of elements of the narrowest operand (4 for float32, 8 for bfloat16
+// and float16; a float32 operand of a 16-bit op then moves as two 128-bit accesses), or 0 where
+// an operand is not float32 or 16-bit (those take the scalar contiguous kernel).
+template <typename T>
+constexpr bool kPackable = std::is_same_v<T, float> || kIsReducedFloat<T>;
+template <typename... T>
+constexpr int kPackOf = (kPackable<T> && ...) ? static_cast<int>(16 / std::min({sizeof(T)...})) : 0;
+
+// kN elements of T loaded or stored in one (or, for 32 bytes, two) vector accesses.
+template <typename T, int kN>
+struct alignas(sizeof(T) * kN) Pack {
+  T v[kN];
+};
+
+template <int kN, typename T>
+bool PackAligned(const T* p) {
+  return reinterpret_cast<uintptr_t>(p) % (sizeof(T) * kN) == 0;
+}
 
 // ---- Strided layouts ------------------------------------------------------------------
 
