@@ -116,7 +116,10 @@ void GptMlp::reset() {
 }
 
 Tensor GptMlp::forward(const Tensor& x) {
-  return dropout_->forward(c_proj_->forward(gelu(c_fc_->forward(x), "tanh")));
+  // One GEMM for c_fc, its bias and the GELU where the backend fuses them (Note [Fused
+  // linear_gelu], tensor/ops/linalg.cc); c_fc's forward composed otherwise.
+  return dropout_->forward(
+      c_proj_->forward(linear_gelu(x, c_fc_->weight(), c_fc_->bias(), "tanh")));
 }
 
 // ---- GptBlock ----------------------------------------------------------------------------

@@ -42,6 +42,7 @@ using cudasim::internal::BFloat16ToFloat;
 using cudasim::internal::FloatToBFloat16;
 using cudasim::internal::FloatToHalf;
 using cudasim::internal::HalfToFloat;
+using cudasim::internal::RoundToTf32;
 
 std::mutex& HandlesMutex() {
   static std::mutex* mutex = new std::mutex;
@@ -119,19 +120,6 @@ cublasStatus_t CheckGemm(const char* call, cublasOperation_t ta, cublasOperation
                    ", " + std::to_string(b_rows) + ", " + std::to_string(m));
   }
   return CUBLAS_STATUS_SUCCESS;
-}
-
-// TF32 as the tensor cores take it: float32 rounded (to nearest, ties to even) to 10
-// mantissa bits. Applied to the operands when the handle allows TF32, so that code choosing
-// TF32 sees its precision change here as on a GPU.
-float RoundToTf32(float x) {
-  if (!std::isfinite(x)) return x;
-  uint32_t bits;
-  std::memcpy(&bits, &x, 4);
-  bits += 0x0fffu + ((bits >> 13) & 1u);
-  bits &= ~0x1fffu;
-  std::memcpy(&x, &bits, 4);
-  return x;
 }
 
 // A rounded copy of a column-major rows x cols operand with leading dimension ld.
