@@ -33,6 +33,7 @@
 #include "tensor/runtime/devices.h"
 #include "tensor/runtime/internal/caching_allocator.h"
 #include "tensor/runtime/stream.h"
+#include "tools/cuda/device_counters.h"
 
 namespace tandem {
 namespace cuda {
@@ -298,6 +299,16 @@ void CudaBackend::CopyBetweenDevices(int dst_index, void* dst, int src_index, co
 
 // ---- Elementwise ---------------------------------------------------------------------------
 
+// The device-memory bytes a kernel moves for `t`: each stored element once (a broadcast
+// dimension, stride 0, is read once), for the roofline's counters (DeclareKernelWork).
+double StoredBytes(const KernelTensor& t) {
+  double elements = 1;
+  for (int d = 0; d < t.ndim; ++d) {
+    if (t.strides[d] != 0) elements *= static_cast<double>(t.sizes[d]);
+  }
+  return elements * static_cast<double>(ElementSize(t.dtype));
+}
+
 void CudaBackend::Copy(int index, const KernelTensor& dst, const KernelTensor& src) {
   CudaDevice& device = Device(index);
   CheckLayout(dst, "Copy");
@@ -305,6 +316,7 @@ void CudaBackend::Copy(int index, const KernelTensor& dst, const KernelTensor& s
   CheckSameShape(dst, src, "Copy", "a source");
   DeviceGuard guard(device.physical());
   LaunchCopy(device.Launch(), dst, src);
+  DeclareKernelWork(0, StoredBytes(dst) + StoredBytes(src));
 }
 
 void CudaBackend::Fill(int index, const KernelTensor& dst, double value) {
@@ -312,6 +324,7 @@ void CudaBackend::Fill(int index, const KernelTensor& dst, double value) {
   CheckLayout(dst, "Fill");
   DeviceGuard guard(device.physical());
   LaunchFill(device.Launch(), dst, value);
+  DeclareKernelWork(0, StoredBytes(dst));
 }
 
 void CudaBackend::Unary(int index, UnaryOp op, const KernelTensor& dst, const KernelTensor& src,
@@ -330,6 +343,7 @@ void CudaBackend::Unary(int index, UnaryOp op, const KernelTensor& dst, const Ke
                "logical not (x == false) or convert to an integer dtype first");
   DeviceGuard guard(device.physical());
   LaunchUnary(device.Launch(), op, dst, src, scalar);
+  DeclareKernelWork(static_cast<double>(dst.numel()), StoredBytes(dst) + StoredBytes(src));
 }
 
 void CudaBackend::Binary(int index, BinaryOp op, const KernelTensor& dst, const KernelTensor& a,
@@ -357,6 +371,8 @@ void CudaBackend::Binary(int index, BinaryOp op, const KernelTensor& dst, const 
                "subtraction); convert them to a floating dtype first");
   DeviceGuard guard(device.physical());
   LaunchBinary(device.Launch(), op, dst, a, b);
+  DeclareKernelWork(static_cast<double>(dst.numel()),
+                    StoredBytes(dst) + StoredBytes(a) + StoredBytes(b));
 }
 
 // ---- Reductions ------------------------------------------------------------------------------
@@ -383,6 +399,8 @@ void CudaBackend::Reduce(int index, ReduceKind op, const KernelTensor& dst, cons
                "reduce a non-empty dimension");
   DeviceGuard guard(device.physical());
   LaunchReduce(device.Launch(), op, dst, src, outer, reduce, inner);
+  // Attributed to its last launch where it splits into two passes.
+  DeclareKernelWork(static_cast<double>(src.numel()), StoredBytes(dst) + StoredBytes(src));
 }
 
 // ---- GEMM --------------------------------------------------------------------------------------

@@ -575,6 +575,13 @@ TEST_F(CudaLinearTest, BiasGeluAndBiasGradientAreFusedIntoTheGemm) {
     ASSERT_EQ(forward.kernels.size(), 1u) << Note(with_gelu ? "linear_gelu" : "linear");
     EXPECT_EQ(forward.kernels[0].name, "cublasLtMatmul");
     EXPECT_EQ(forward.launches, 1);
+    // Its work, counted for the roofline: 2 m n k FLOPs; x, W and y, the bias, and under
+    // autograd the GELU's pre-activation, each once.
+    EXPECT_TRUE(forward.kernels[0].work_counted);
+    EXPECT_EQ(forward.kernels[0].math, "fp32");
+    EXPECT_DOUBLE_EQ(forward.kernels[0].flops, 2.0 * 32 * 64 * 48);
+    EXPECT_DOUBLE_EQ(forward.kernels[0].bytes,
+                     4.0 * (32 * 48 + 48 * 64 + 32 * 64 + 64 + (with_gelu ? 32 * 64 : 0)));
     const Tensor g = randn({32, 64}, Device::Cuda(0));
     ResetDeviceCounters();
     y.backward(g);
@@ -622,6 +629,21 @@ TEST_F(CudaLinearTest, AutocastLinearMatchesTheCpu) {
                  Note(std::string("autocast linear ") + names[i] + (grad_x ? " grad_x" : "")));
     }
   }
+}
+
+// The elementwise kernels declare their work at launch (DeclareKernelWork): each stored element
+// once, a broadcast operand's once.
+TEST_F(CudaLinearTest, ElementwiseKernelsDeclareTheirBytes) {
+  const Tensor a = randn({64, 32}, Device::Cuda(0)), b = randn({32}, Device::Cuda(0));
+  cuda::Synchronize(0);
+  ResetDeviceCounters();
+  const Tensor c = a + b;
+  const DeviceCounters counted = ReadDeviceCounters();
+  if (!counted.counted) GTEST_SKIP() << "work is counted under cudasim only";
+  ASSERT_EQ(counted.kernels.size(), 1u);
+  EXPECT_TRUE(counted.kernels[0].work_counted);
+  EXPECT_DOUBLE_EQ(counted.kernels[0].bytes, 4.0 * (64 * 32 * 2 + 32));
+  EXPECT_DOUBLE_EQ(counted.kernels[0].flops, 64.0 * 32);
 }
 
 }  // namespace cuda_test

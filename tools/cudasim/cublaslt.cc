@@ -90,6 +90,7 @@ cublasStatus_t Fail(cublasStatus_t status, const std::string& message) {
 }
 
 bool Is16(int type) { return type == CUDA_R_16BF || type == CUDA_R_16F; }
+double SizeOf(int type) { return type == CUDA_R_64F ? 8 : type == CUDA_R_32F ? 4 : 2; }
 
 double Load(int type, const void* data, size_t at) {
   switch (type) {
@@ -452,6 +453,24 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   }
   if (p.m == 0 || p.n == 0) return CUBLAS_STATUS_SUCCESS;
   cudasim::internal::CountLaunch("cublasLtMatmul", 0, 0);  // one kernel per matmul
+  {
+    // Its work for the counters: 2 m n k FLOPs; A and B read, D written (C read where beta
+    // != 0), the bias (or its gradient) and the GELU's aux buffer as they are used.
+    const double ab = SizeOf(a_layout->type), cd = SizeOf(d_layout->type);
+    const bool reads_c =
+        (desc->compute == CUBLAS_COMPUTE_64F ? *static_cast<const double*>(beta_ptr)
+                                             : *static_cast<const float*>(beta_ptr)) != 0.0;
+    double bytes = ab * (p.m * p.k + p.k * p.n) + cd * p.m * p.n * (reads_c ? 2 : 1);
+    if (HasBias(desc->epilogue)) bytes += SizeOf(p.bias_type) * p.m;
+    if (desc->epilogue == CUBLASLT_EPILOGUE_BGRADB) bytes += SizeOf(p.bias_type) * p.n;
+    if (desc->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) bytes += SizeOf(p.aux_type) * p.m * p.n;
+    const char* math = desc->compute == CUBLAS_COMPUTE_64F             ? "fp64"
+                       : desc->compute == CUBLAS_COMPUTE_32F_FAST_TF32 ? "tf32"
+                       : a_layout->type == CUDA_R_16BF                 ? "bf16"
+                       : a_layout->type == CUDA_R_16F                  ? "fp16"
+                                                                       : "fp32";
+    cudasim::internal::CountWork("cublasLtMatmul", 2.0 * p.m * p.n * p.k, bytes, math);
+  }
   const bool f64 = desc->compute == CUBLAS_COMPUTE_64F;
   const double alpha =
       f64 ? *static_cast<const double*>(alpha_ptr) : *static_cast<const float*>(alpha_ptr);
