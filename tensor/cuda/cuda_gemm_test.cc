@@ -602,32 +602,47 @@ TEST_F(CudaLinearTest, BiasGeluAndBiasGradientAreFusedIntoTheGemm) {
 // (no gradient: the float32 batch's own path) or an activation (with one).
 TEST_F(CudaLinearTest, AutocastLinearMatchesTheCpu) {
   for (bool grad_x : {false, true}) {
-    const Tensor x0 = randn({3, 10, 24}), w0 = randn({40, 24}) * 0.2, b0 = randn({40});
-    const Tensor r0 = randn({3, 10, 40});
-    std::vector<std::vector<float>> results[2];
-    for (int device = 0; device < 2; ++device) {
-      const Device where = device == 0 ? Device::Cpu(0) : Device::Cuda(0);
-      Tensor x = x0.to(where).detach(), w = w0.to(where).detach(), b = b0.to(where).detach();
-      x.set_requires_grad(grad_x);
-      w.set_requires_grad(true);
-      b.set_requires_grad(true);
-      Tensor y;
-      {
-        AutocastGuard autocast(where.type(), kBFloat16);
-        y = linear(x, w, b);
+    // Forward launches on cuda:0 (under cudasim): linear_gelu's equal linear's, the GELU
+    // being in the GEMM's epilogue rather than a kernel of its own.
+    long long forward_launches[2] = {-1, -1};
+    for (bool with_gelu : {false, true}) {
+      const Tensor x0 = randn({3, 10, 24}), w0 = randn({40, 24}) * 0.2, b0 = randn({40});
+      const Tensor r0 = randn({3, 10, 40});
+      std::vector<std::vector<float>> results[2];
+      for (int device = 0; device < 2; ++device) {
+        const Device where = device == 0 ? Device::Cpu(0) : Device::Cuda(0);
+        Tensor x = x0.to(where).detach(), w = w0.to(where).detach(), b = b0.to(where).detach();
+        x.set_requires_grad(grad_x);
+        w.set_requires_grad(true);
+        b.set_requires_grad(true);
+        Tensor y;
+        {
+          AutocastGuard autocast(where.type(), kBFloat16);
+          if (device == 1) {
+            cuda::Synchronize(0);
+            ResetDeviceCounters();
+          }
+          // linear_gelu: fused on cuda:0 (AutocastLinearGelu), composed on the CPU.
+          y = with_gelu ? linear_gelu(x, w, b, "tanh") : linear(x, w, b);
+          if (device == 1 && ReadDeviceCounters().counted) {
+            forward_launches[with_gelu] = ReadDeviceCounters().launches;
+          }
+        }
+        (y.to(kFloat32) * r0.to(where)).sum().backward();
+        std::vector<Tensor> outputs = {y, w.grad(), b.grad()};
+        if (grad_x) outputs.push_back(x.grad());
+        for (const Tensor& t : outputs) {
+          results[device].push_back(t.to(Device::Cpu(0)).to(kFloat32).to_vector<float>());
+        }
       }
-      (y.to(kFloat32) * r0.to(where)).sum().backward();
-      std::vector<Tensor> outputs = {y, w.grad(), b.grad()};
-      if (grad_x) outputs.push_back(x.grad());
-      for (const Tensor& t : outputs) {
-        results[device].push_back(t.to(Device::Cpu(0)).to(kFloat32).to_vector<float>());
+      const char* names[] = {"y", "w.grad", "b.grad", "x.grad"};
+      for (size_t i = 0; i < results[0].size(); ++i) {
+        ExpectNear(results[0][i], results[1][i], 4.0 / 128, 0.05,
+                   Note(std::string(with_gelu ? "autocast linear_gelu " : "autocast linear ") +
+                        names[i] + (grad_x ? " grad_x" : "")));
       }
     }
-    const char* names[] = {"y", "w.grad", "b.grad", "x.grad"};
-    for (size_t i = 0; i < results[0].size(); ++i) {
-      ExpectNear(results[0][i], results[1][i], 4.0 / 128, 0.05,
-                 Note(std::string("autocast linear ") + names[i] + (grad_x ? " grad_x" : "")));
-    }
+    EXPECT_EQ(forward_launches[1], forward_launches[0]) << Note("autocast linear_gelu fused");
   }
 }
 

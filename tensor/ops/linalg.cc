@@ -428,6 +428,66 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   return x.dim() == 2 ? y : y.reshape(out_shape);
 }
 
+namespace {
+
+// linear_gelu under autocast with float32 parameters, as AutocastLinear (Note [Autocast
+// linear]): the weight and bias cast outside the graph, one node whose edges go to the uncast
+// x, weight and bias, the weight's and bias's gradients into float32 (the bias gradient fused
+// into the weight gradient's GEMM). Undefined, having recorded nothing, where the backend does
+// not fuse: the caller composes.
+Tensor AutocastLinearGelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const DType low = AutocastMode::GetDType(weight.device().type());
+  const bool grad_x = NeedsGrad({x}), grad_w = NeedsGrad({weight}), grad_b = NeedsGrad({bias});
+  const bool keep = grad_x || grad_w || grad_b;
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  const int64_t rows = NumElements(Shape(x.shape().begin(), x.shape().end() - 1));
+  const Tensor w_low =
+      autocast::CastWeightOutsideGraph(weight, /*keep=*/grad_x || !GradMode::IsEnabled());
+  const Tensor b_low = autocast::CastWeightOutsideGraph(bias, /*keep=*/true);
+  Tensor x_low;
+  {
+    NoGradGuard no_grad;  // the node is recorded below
+    x_low = x.to(low).reshape({rows, in});
+  }
+  Tensor y = NewTensor({rows, out_features}, low, x.device());
+  const Tensor pre = keep ? NewTensor({rows, out_features}, low, x.device()) : Tensor();
+  const Tensor contiguous_bias = ContiguousRaw(b_low);
+  Backend::GemmEpilogueArgs epilogue;
+  epilogue.kind = Backend::GemmEpilogue::kGeluTanhBias;
+  epilogue.bias = DataPtr(contiguous_bias);
+  if (keep) {
+    epilogue.aux = DataPtr(pre);
+    epilogue.ld_aux = out_features;
+  }
+  if (!GemmWithEpilogueRaw(y, x_low, TransposedRaw(w_low), epilogue)) return Tensor();
+  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+  out_shape.push_back(out_features);
+  if (keep) {
+    Record("AutocastLinearGeluBackward", {x, weight, bias}, y,
+           [grad_x, grad_w, grad_b, pre, rows, out_features, x_dtype = x.dtype(),
+            x_shape = x.shape(), sx = grad_w ? x_low.detach() : Tensor(),
+            sw = grad_x ? w_low : Tensor()](const Tensor& grad_y) {
+             const Tensor g =
+                 BinaryRaw(BinaryOp::kGeluTanhBackward, grad_y.reshape({rows, out_features}), pre,
+                           "linear_gelu backward");
+             Tensor grad_bias;
+             std::vector<Tensor> grads = {
+                 grad_x ? CastRaw(MatmulRaw(g, sw), x_dtype).reshape(x_shape) : Tensor(),
+                 grad_w ? WeightGradRaw(g, sx, kFloat32, grad_b ? &grad_bias : nullptr) : Tensor()};
+             if (grad_b && !grad_bias.defined()) {
+               grad_bias = CastRaw(
+                   ViewRaw(ReduceRaw(g, {0}, ReduceKind::kSum, "linear_gelu"), {out_features}),
+                   kFloat32);
+             }
+             grads.push_back(grad_bias);
+             return grads;
+           });
+  }
+  return y.reshape(out_shape);
+}
+
+}  // namespace
+
 // Note [Fused linear_gelu]: an op of its own rather than an epilogue that linear would pick by
 // looking ahead: the op that fuses must also own the backward, which needs the pre-activation
 // (cuBLASLt's GELU_AUX_BIAS writes it beside the output), not the GELU's output that a separate
@@ -443,8 +503,17 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias,
       approximate, "\"");
   const auto composed = [&] { return gelu(linear(x, weight, bias), approximate); };
   // cuBLASLt's GELU is the tanh form, and its epilogue takes a bias.
-  if (approximate != "tanh" || !x.defined() || !weight.defined() || !bias.defined() ||
-      AutocastMode::IsAnyEnabled()) {
+  if (approximate != "tanh" || !x.defined() || !weight.defined() || !bias.defined()) {
+    return composed();
+  }
+  if (AutocastMode::IsAnyEnabled()) {
+    if (autocast::IsEligible(x) && autocast::IsEligible(weight) && weight.dtype() == kFloat32 &&
+        bias.dtype() == kFloat32 && x.dim() >= 1 && weight.dim() == 2 &&
+        x.size(-1) == weight.size(1) && bias.dim() == 1 && bias.size(0) == weight.size(0) &&
+        x.device() == weight.device() && bias.device() == weight.device() &&
+        !x.device().is_cpu()) {  // the CPU backend fuses no epilogue: spare it the casts
+      if (Tensor y = AutocastLinearGelu(x, weight, bias); y.defined()) return y;
+    }
     return composed();
   }
   const DType dtype = x.dtype();
