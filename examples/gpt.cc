@@ -5,6 +5,7 @@
 #include <limits>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace tandem::examples {
 namespace {
@@ -30,6 +31,8 @@ void CheckConfig(const GptConfig& c) {
                "); e.g. n_embd=", c.n_head() * std::max<int64_t>(1, c.n_embd() / c.n_head()));
   TANDEM_CHECK(c.dropout() >= 0.0 && c.dropout() < 1.0, "GptConfig: dropout must be in [0, 1) ",
                "but is ", c.dropout());
+  TANDEM_CHECK(c.vocab_multiple() >= 1, "GptConfig: vocab_multiple must be >= 1 (1: no padding) ",
+               "but is ", c.vocab_multiple());
 }
 
 nn::Linear MakeLinear(int64_t in, int64_t out, bool bias) { return nn::Linear(in, out, bias); }
@@ -116,7 +119,10 @@ void GptMlp::reset() {
 }
 
 Tensor GptMlp::forward(const Tensor& x) {
-  return dropout_->forward(c_proj_->forward(gelu(c_fc_->forward(x), "tanh")));
+  // One GEMM for c_fc, its bias and the GELU where the backend fuses them (Note [Fused
+  // linear_gelu], tensor/ops/linalg.cc); c_fc's forward composed otherwise.
+  return dropout_->forward(
+      c_proj_->forward(linear_gelu(x, c_fc_->weight(), c_fc_->bias(), "tanh")));
 }
 
 // ---- GptBlock ----------------------------------------------------------------------------
@@ -152,7 +158,7 @@ void Gpt::reset() {
     // reset_parameters() below overwrites every weight with GPT-2's initialisation.
     CloningScope skip_default_init;
     const int64_t c = config_.n_embd();
-    wte_ = register_module("wte", nn::Embedding(config_.vocab_size(), c));
+    wte_ = register_module("wte", nn::Embedding(config_.padded_vocab_size(), c));
     wpe_ = register_module("wpe", nn::Embedding(config_.block_size(), c));
     drop_ = register_module("drop", nn::Dropout(config_.dropout()));
     h_ = register_module("h", nn::ModuleList());
@@ -186,6 +192,13 @@ void Gpt::reset_parameters() {
       FillNormal(param, kInitStd);
     }
   }
+  // The padded rows of wte are zeros (as llm.c pads GPT-2's): never looked up, and their
+  // logits are masked, so they stay what they are but for weight decay.
+  const int64_t vocab = config_.vocab_size(), padding = config_.padded_vocab_size() - vocab;
+  if (padding > 0) {
+    NoGradGuard no_grad;
+    wte_->weight().narrow(0, vocab, padding).zero_();
+  }
 }
 
 Tensor Gpt::forward(const Tensor& tokens) {
@@ -200,6 +213,17 @@ Tensor Gpt::forward(const Tensor& tokens) {
                " tokens does not fit the context of ", config_.block_size(),
                " (block_size); pass at most block_size tokens (crop the oldest) or build the "
                "model with a larger block_size");
+  if (config_.padded_vocab_size() > config_.vocab_size() && tokens.device().is_cpu()) {
+    // wte has rows past the vocabulary (the padding), which its own range check accepts. On a
+    // GPU the tokens stay there (no host sync in a step): a token in the padding reads a zero
+    // row there, and as a target its -inf logit makes the loss inf.
+    const std::vector<int64_t> values = tokens.contiguous().to_vector<int64_t>();
+    for (int64_t v : values) {
+      TANDEM_CHECK(v >= 0 && v < config_.vocab_size(), "Gpt: token ", v,
+                   " is out of range for the vocabulary of ", config_.vocab_size(),
+                   " (vocab_size); tokens must be in [0, vocab_size)");
+    }
+  }
   const Tensor positions = arange(t, TensorOptions(kInt64).device(tokens.device()));
   Tensor x = drop_->forward(wte_->forward(tokens) + wpe_->forward(positions));
   for (const auto& block : blocks_) {
@@ -210,9 +234,27 @@ Tensor Gpt::forward(const Tensor& tokens) {
             : block->forward(x);
   }
   // The tied head: logits = x wte^T, one product into [B * T, V] whose weight gradient
-  // adds into wte's.
-  return linear(ln_f_->forward(x), wte_->weight(), Tensor());
+  // adds into wte's; the padding's mask is its bias (Note [Padded vocabulary]).
+  const int64_t vocab = config_.vocab_size(), padded = config_.padded_vocab_size();
+  const Tensor weight = wte_->weight();
+  if (padded > vocab && (!head_mask_.defined() || head_mask_.device() != weight.device() ||
+                         head_mask_.dtype() != weight.dtype())) {
+    NoGradGuard no_grad;
+    head_mask_ = full({padded}, -std::numeric_limits<double>::infinity(),
+                      TensorOptions(weight.dtype()).device(weight.device()));
+    head_mask_.narrow(0, 0, vocab).zero_();
+  }
+  return linear(ln_f_->forward(x), weight, padded > vocab ? head_mask_ : Tensor());
 }
+
+// Note [Padded vocabulary]: GPT-2's 50257 tokens make the head's GEMM [B T, 50257] and every
+// row of the logits an odd length; padded to 50304 (a multiple of 64) the GEMM's tiles and each
+// row's loads are aligned. The padded columns are masked rather than cut off: a narrow view
+// [.., :vocab] would cost a copy of the whole logits for the loss (its rows no longer
+// contiguous), where a bias of -inf is free in the GEMM's epilogue (Note [cuBLASLt epilogues]).
+// With -inf logits the padding has probability exactly 0: softmax's sum, the log-sum-exp of the
+// loss and the sampling in Generate never see it, and its logits' gradient, softmax - onehot,
+// is exactly 0, so wte's padded rows get no gradient from the head either.
 
 Tensor Gpt::loss(const Tensor& logits, const Tensor& targets) const {
   return TokenCrossEntropy(logits, targets);
@@ -280,7 +322,7 @@ Tensor Gpt::Generate(const Tensor& prompt, int64_t max_new_tokens, double temper
     const std::vector<float> draws = rand({batch}, TensorOptions(), &source).to_vector<float>();
     for (int64_t i = 0; i < batch; ++i) {
       // Inverse CDF; the last token with non-zero probability absorbs rounding.
-      const float* p = probs.data() + i * vocab;
+      const float* p = probs.data() + i * config_.padded_vocab_size();
       double cumulative = 0.0;
       int64_t chosen = -1;
       for (int64_t v = 0; v < vocab; ++v) {
@@ -322,7 +364,7 @@ TokenBatch SyntheticTokenBatch(const GptConfig& config, int64_t batch, int64_t t
 int64_t GptSavedActivations(const GptConfig& config, int64_t batch, int64_t tokens) {
   const int64_t n = batch * tokens, c = config.n_embd();
   const int64_t per_block = n * (16 * c + 4 + config.n_head());
-  return config.n_layer() * per_block + n * (2 * c + config.vocab_size());
+  return config.n_layer() * per_block + n * (2 * c + config.padded_vocab_size());
 }
 
 }  // namespace tandem::examples

@@ -3,6 +3,9 @@
 // self-attention with one fused qkv projection, LayerNorm, MLP with tanh GELU), a final
 // LayerNorm and a head tied to wte (the logits are x wte^T; the head has no weight of its
 // own, so wte's gradient receives both the embedding's rows and the head's full product).
+// The vocabulary is padded to a multiple of 64 (GptConfig::vocab_multiple) as GPT-2
+// implementations pad 50257 to 50304: wte has padded_vocab_size() rows and the logits as many
+// columns, the padded ones -inf (Note [Padded vocabulary], gpt.cc).
 // GPT-2's initialisation: weights normal(0, 0.02), the residual projections normal(0,
 // 0.02 / sqrt(2 n_layer)), biases zero, LayerNorms ones and zeros.
 //
@@ -48,6 +51,19 @@ struct GptConfig {
   // a block's activations instead of keeping them, for about a third more time per step and
   // a fraction of the memory (keeps one [B, T, C] input per block). Same gradients.
   TANDEM_ARG(bool, checkpoint_activations) = false;
+  // The embedding's rows and the logits' columns are padded to a multiple of this (GPT-2:
+  // 50257 -> 50304, nanoGPT's and llm.c's figure): the head's GEMM and the loss's rows then
+  // have a leading dimension a multiple of 64 (aligned, whole tensor-core tiles). The padded
+  // logits are -inf: never sampled, probability exactly 0 in the loss, zero gradient. 1 keeps
+  // the unpadded layout that models saved before the padding have (load_state_dict refuses a
+  // wte of another row count, naming it).
+  TANDEM_ARG(int64_t, vocab_multiple) = 64;
+
+ public:
+  // vocab_size rounded up to a multiple of vocab_multiple.
+  int64_t padded_vocab_size() const {
+    return (vocab_size() + vocab_multiple() - 1) / vocab_multiple() * vocab_multiple();
+  }
 };
 
 // Multi-head causal self-attention: c_attn Linear(C, 3C) gives q, k, v in one product; the
@@ -101,9 +117,10 @@ class Gpt : public nn::Cloneable<Gpt> {
   void reset_parameters();
 
   // int64 tokens [B, T] with 1 <= T <= block_size, each in [0, vocab_size): logits
-  // [B, T, vocab_size] predicting the token after each position.
+  // [B, T, padded_vocab_size] predicting the token after each position (the columns from
+  // vocab_size on are -inf).
   Tensor forward(const Tensor& tokens);
-  // Mean cross-entropy of logits [B, T, V] against int64 targets [B, T].
+  // Mean cross-entropy of logits [B, T, V] (V padded or not) against int64 targets [B, T].
   Tensor loss(const Tensor& logits, const Tensor& targets) const;
   // Appends max_new_tokens sampled tokens to `prompt` (int64 [B, T0] or [T0], T0 >= 1) and
   // returns the whole sequence (same rank). Each step reads at most the last block_size
@@ -117,7 +134,8 @@ class Gpt : public nn::Cloneable<Gpt> {
                   std::optional<int64_t> top_k = std::nullopt, Generator* gen = nullptr,
                   const std::function<Tensor(const Tensor&)>& forward = nullptr);
 
-  // Parameters counted once each (the tied head adds none); GPT-2: 124,439,808.
+  // Parameters counted once each (the tied head adds none); GPT-2: 124,475,904 (124,439,808
+  // and wte's padded rows; 124,439,808 with vocab_multiple(1)).
   int64_t num_parameters() const;
   const GptConfig& config() const { return config_; }
   Tensor wte_weight() const { return wte_->weight(); }
@@ -132,6 +150,10 @@ class Gpt : public nn::Cloneable<Gpt> {
   std::shared_ptr<nn::ModuleList> h_;
   std::vector<std::shared_ptr<GptBlock>> blocks_;
   std::shared_ptr<nn::LayerNorm> ln_f_;
+  // The head's bias: 0 for the vocabulary, -inf for the padding; made on the device on first
+  // use (not a parameter or buffer, so state dictionaries keep their entries). Undefined
+  // without padding.
+  Tensor head_mask_;
 };
 
 // Mean cross-entropy of logits [B, T, V] against int64 targets [B, T] (Gpt::loss), as a
@@ -150,7 +172,7 @@ class GptLoss : public nn::Cloneable<GptLoss> {
 // keeps q, k, v, its output and log-sum-exp, as a fused kernel does): per block and token
 // the two LayerNorms' inputs and outputs and statistics, q k v, the attention's output and
 // log-sum-exp per head, the GELU's input and output (16 C + 4 + n_head floats); then the
-// final LayerNorm's input and output and the logits' softmax (2 C + vocab_size).
+// final LayerNorm's input and output and the logits' softmax (2 C + padded_vocab_size).
 int64_t GptSavedActivations(const GptConfig& config, int64_t batch, int64_t tokens);
 
 // A synthetic batch for timing a GPT without a corpus: `batch` rows of `tokens` ids from a fixed

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "parallel/data_parallel.h"
@@ -28,7 +29,8 @@ TEST(GptTest, ShapesAndNames) {
   manual_seed(1);
   Gpt model(Tiny());
   const Tensor logits = model.forward(Tokens({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 2));
-  EXPECT_EQ(logits.shape(), (Shape{2, 5, 11}));
+  // The vocabulary of 11 padded to 64 (GptConfig::vocab_multiple).
+  EXPECT_EQ(logits.shape(), (Shape{2, 5, 64}));
   const Tensor loss = model.loss(logits, Tokens({2, 3, 4, 5, 6, 7, 8, 9, 10, 0}, 2));
   EXPECT_EQ(loss.dim(), 0);
   // A fresh model predicts nearly uniformly: the loss is close to log(vocab).
@@ -56,7 +58,10 @@ TEST(GptTest, Gpt2PresetHasGpt2sParameterCount) {
   EXPECT_EQ(config.vocab_size(), 50257);
   EXPECT_EQ(config.block_size(), 1024);
   const std::shared_ptr<Gpt> model = UndrawnModel::Build(config);
-  EXPECT_EQ(model->num_parameters(), 124439808);
+  // GPT-2's 124,439,808 and wte's 47 padded rows of 768 (nanoGPT's 50304-token figure).
+  EXPECT_EQ(config.padded_vocab_size(), 50304);
+  EXPECT_EQ(model->num_parameters(), 124439808 + 47 * 768);
+  EXPECT_EQ(UndrawnModel::Build(GptConfig::Gpt2().vocab_multiple(1))->num_parameters(), 124439808);
 }
 
 TEST(GptTest, SmallPresetIsByteLevel) {
@@ -95,7 +100,8 @@ TEST(GptTest, TiedHeadGradientMatchesFiniteDifferences) {
   EXPECT_GRADIENTS_MATCH(
       [&](const std::vector<Tensor>& in) {
         model.replace_parameter("wte.weight", in[0]);
-        return model.forward(tokens);
+        // The padded logits are a constant -inf, which finite differences cannot take.
+        return model.forward(tokens).narrow(2, 0, 11);
       },
       {wte});
 }
@@ -257,9 +263,61 @@ TEST(GptTest, Errors) {
 
 TEST(GptTest, SavedActivationsCountsBlocksAndLogits) {
   const GptConfig config = GptConfig::Gpt2();
-  // 256 tokens: 12 blocks of 256 * (16 * 768 + 4 + 12) floats, then 256 * (2 * 768 + 50257).
+  // 256 tokens: 12 blocks of 256 * (16 * 768 + 4 + 12) floats, then 256 * (2 * 768 + 50304)
+  // (the padded vocabulary's logits).
   EXPECT_EQ(GptSavedActivations(config, 4, 64),
-            12 * 256 * (16 * 768 + 16) + 256 * (2 * 768 + 50257));
+            12 * 256 * (16 * 768 + 16) + 256 * (2 * 768 + 50304));
+}
+
+// Note [Padded vocabulary]: the padded model is the unpadded one with the same weights, its
+// padding never counted: the same loss and the same gradients for every real row, logits
+// of -inf in the padding, zero gradients for wte's padded rows; sampling never picks them.
+// A model saved before the padding (wte of vocab_size rows) is refused by load_state_dict,
+// naming the entry, and loads into a model built with vocab_multiple(1).
+TEST(GptTest, PaddedVocabularyIsNeverSampledNorCountedInTheLoss) {
+  manual_seed(13);
+  Gpt padded(Tiny());
+  Gpt plain(Tiny().vocab_multiple(1));
+  ASSERT_EQ(padded.wte_weight().size(0), 64);
+  ASSERT_EQ(plain.wte_weight().size(0), 11);
+  EXPECT_TRUE(allclose(padded.wte_weight().narrow(0, 11, 53), zeros({53, 8}), 0, 0));
+  // The unpadded model's weights in the padded one (the padding stays zero).
+  const auto state = plain.state_dict();
+  EXPECT_THAT(testing::ErrorOf([&] { padded.load_state_dict(state); }), HasSubstr("wte.weight"));
+  {
+    NoGradGuard no_grad;
+    for (const auto& [name, value] : state) {
+      Tensor own = padded.parameter(name);
+      (name == "wte.weight" ? own.narrow(0, 0, 11) : own).copy_(value);
+    }
+  }
+  const Tensor tokens = Tokens({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 2);
+  const Tensor targets = Tokens({2, 3, 4, 5, 6, 7, 8, 9, 10, 0}, 2);
+  const Tensor logits = padded.forward(tokens);
+  const Tensor plain_logits = plain.forward(tokens);
+  EXPECT_TRUE(allclose(logits.narrow(2, 0, 11), plain_logits, 1e-6, 1e-6));
+  for (float v : logits.narrow(2, 11, 53).contiguous().to_vector<float>()) {
+    EXPECT_EQ(v, -std::numeric_limits<float>::infinity());
+  }
+  const Tensor loss = padded.loss(logits, targets), plain_loss = plain.loss(plain_logits, targets);
+  EXPECT_NEAR(loss.item<float>(), plain_loss.item<float>(), 1e-6);
+  loss.backward();
+  plain_loss.backward();
+  for (const auto& [name, value] : plain.named_parameters()) {
+    const Tensor grad = padded.parameter(name).grad();
+    EXPECT_TRUE(
+        allclose(name == "wte.weight" ? grad.narrow(0, 0, 11) : grad, value.grad(), 1e-5, 1e-6))
+        << name;
+  }
+  EXPECT_TRUE(allclose(padded.wte_weight().grad().narrow(0, 11, 53), zeros({53, 8}), 0, 0));
+  // Sampling at a high temperature (a flat distribution) never leaves the vocabulary.
+  Generator gen(14);
+  for (int64_t v :
+       padded.Generate(Tokens({1}, 1), 60, 50.0, std::nullopt, &gen).to_vector<int64_t>()) {
+    EXPECT_TRUE(v >= 0 && v < 11) << v;
+  }
+  EXPECT_THAT(testing::ErrorOf([&] { Gpt bad(Tiny().vocab_multiple(0)); }),
+              HasSubstr("vocab_multiple must be >= 1"));
 }
 
 }  // namespace

@@ -98,10 +98,17 @@ TEST(TrainStepTest, CudaStepCountsLaunchesAndHostSyncs) {
   EXPECT_THAT(r.out, HasSubstr("top 3 of "));
   EXPECT_THAT(r.out, HasSubstr("cublasSgemm"));
   EXPECT_THAT(LastLine(r.out), MatchesRegex(".*\"n_layer\":1,\"launches_per_step\":[1-9][0-9]*,"
-                                            "\"host_syncs_per_step\":[0-9]+\\}"));
+                                            "\"host_syncs_per_step\":[0-9]+,"
+                                            "\"modelled_h100_ms\":[0-9.]+,"
+                                            "\"roofline_gemm_attention_h100_ms\":[0-9.]+\\}"));
+  // The H100 roofline of the counted kernels, labelled a model.
+  EXPECT_THAT(r.out, HasSubstr("model, not measured"));
+  EXPECT_THAT(r.out, HasSubstr("modelled H100 step: "));
 #else
   EXPECT_THAT(r.out, HasSubstr("not counted"));
   EXPECT_THAT(LastLine(r.out), Not(HasSubstr("launches_per_step")));
+  EXPECT_THAT(LastLine(r.out), Not(HasSubstr("modelled_h100_ms")));
+  EXPECT_THAT(LastLine(r.out), HasSubstr("roofline_gemm_attention_h100_ms"));
 #endif
 }
 

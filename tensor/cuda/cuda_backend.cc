@@ -6,12 +6,14 @@
 // tensor/cuda/cuda_device.h). Kernels are in *_kernels.cu; GEMM is cuBLAS. The ops' own kernels
 // (KernelStubs, tensor/runtime/kernel_stub.h) are registered by tensor/cuda/*_kernels.cc. Nothing
 // here waits for the GPU except CopyToHost, pageable CopyFromHost and the Synchronize calls.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -31,6 +33,7 @@
 #include "tensor/runtime/devices.h"
 #include "tensor/runtime/internal/caching_allocator.h"
 #include "tensor/runtime/stream.h"
+#include "tools/cuda/device_counters.h"
 
 namespace tandem {
 namespace cuda {
@@ -171,6 +174,11 @@ class CudaBackend final : public Backend {
   bool GemmFloatOutput(int index, DType dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
                        int64_t k, const void* a, int64_t lda, DType b_dtype, const void* b,
                        int64_t ldb, float* c, int64_t ldc) override;
+  // cuBLASLt's matmul with the epilogue (Note [cuBLASLt epilogues]); float64 stays on Gemm.
+  bool GemmWithEpilogue(int index, DType dtype, DType c_dtype, bool trans_a, bool trans_b,
+                        int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, const void* b,
+                        int64_t ldb, void* c, int64_t ldc,
+                        const GemmEpilogueArgs& epilogue) override;
   void RandomUniform(int index, DType dtype, void* dst, int64_t n, uint64_t seed, uint64_t offset,
                      double low, double high) override;
   void RandomNormal(int index, DType dtype, void* dst, int64_t n, uint64_t seed, uint64_t offset,
@@ -291,6 +299,16 @@ void CudaBackend::CopyBetweenDevices(int dst_index, void* dst, int src_index, co
 
 // ---- Elementwise ---------------------------------------------------------------------------
 
+// The device-memory bytes a kernel moves for `t`: each stored element once (a broadcast
+// dimension, stride 0, is read once), for the roofline's counters (DeclareKernelWork).
+double StoredBytes(const KernelTensor& t) {
+  double elements = 1;
+  for (int d = 0; d < t.ndim; ++d) {
+    if (t.strides[d] != 0) elements *= static_cast<double>(t.sizes[d]);
+  }
+  return elements * static_cast<double>(ElementSize(t.dtype));
+}
+
 void CudaBackend::Copy(int index, const KernelTensor& dst, const KernelTensor& src) {
   CudaDevice& device = Device(index);
   CheckLayout(dst, "Copy");
@@ -298,6 +316,7 @@ void CudaBackend::Copy(int index, const KernelTensor& dst, const KernelTensor& s
   CheckSameShape(dst, src, "Copy", "a source");
   DeviceGuard guard(device.physical());
   LaunchCopy(device.Launch(), dst, src);
+  DeclareKernelWork(0, StoredBytes(dst) + StoredBytes(src));
 }
 
 void CudaBackend::Fill(int index, const KernelTensor& dst, double value) {
@@ -305,6 +324,7 @@ void CudaBackend::Fill(int index, const KernelTensor& dst, double value) {
   CheckLayout(dst, "Fill");
   DeviceGuard guard(device.physical());
   LaunchFill(device.Launch(), dst, value);
+  DeclareKernelWork(0, StoredBytes(dst));
 }
 
 void CudaBackend::Unary(int index, UnaryOp op, const KernelTensor& dst, const KernelTensor& src,
@@ -323,6 +343,7 @@ void CudaBackend::Unary(int index, UnaryOp op, const KernelTensor& dst, const Ke
                "logical not (x == false) or convert to an integer dtype first");
   DeviceGuard guard(device.physical());
   LaunchUnary(device.Launch(), op, dst, src, scalar);
+  DeclareKernelWork(static_cast<double>(dst.numel()), StoredBytes(dst) + StoredBytes(src));
 }
 
 void CudaBackend::Binary(int index, BinaryOp op, const KernelTensor& dst, const KernelTensor& a,
@@ -350,6 +371,8 @@ void CudaBackend::Binary(int index, BinaryOp op, const KernelTensor& dst, const 
                "subtraction); convert them to a floating dtype first");
   DeviceGuard guard(device.physical());
   LaunchBinary(device.Launch(), op, dst, a, b);
+  DeclareKernelWork(static_cast<double>(dst.numel()),
+                    StoredBytes(dst) + StoredBytes(a) + StoredBytes(b));
 }
 
 // ---- Reductions ------------------------------------------------------------------------------
@@ -376,6 +399,8 @@ void CudaBackend::Reduce(int index, ReduceKind op, const KernelTensor& dst, cons
                "reduce a non-empty dimension");
   DeviceGuard guard(device.physical());
   LaunchReduce(device.Launch(), op, dst, src, outer, reduce, inner);
+  // Attributed to its last launch where it splits into two passes.
+  DeclareKernelWork(static_cast<double>(src.numel()), StoredBytes(dst) + StoredBytes(src));
 }
 
 // ---- GEMM --------------------------------------------------------------------------------------
@@ -510,6 +535,140 @@ bool CudaBackend::GemmFloatOutput(int index, DType dtype, bool trans_a, bool tra
                    static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b, type,
                    static_cast<int>(ldb), a, type, static_cast<int>(lda), &beta, c, CUDA_R_32F,
                    static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+      index);
+  return true;
+}
+
+// Note [cuBLASLt epilogues]: a linear's bias, a GELU after it and its bias gradient are fused
+// into the GEMM through cuBLASLt's epilogues (BIAS, GELU_AUX_BIAS, BGRADB), as PyTorch's
+// addmm/_addmm_activation and its fused linear do: no broadcast copy of the bias and no beta = 1
+// pass over C, no separate pass for the GELU, and no column reduction launched for the bias
+// gradient. float32 computes as CUBLAS_COMPUTE_32F, or 32F_FAST_TF32 when cuda::AllowTf32(); the
+// 16-bit types as COMPUTE_32F with a 16-bit or float32 output. float64 is declined (cuBLASLt's
+// epilogues are not for doubles): the caller composes it from Gemm, legacy cuBLAS's DGEMM. The
+// matmul runs on the current stream with that stream's cuBLAS workspace (Note [cuBLAS workspace
+// per stream], cuda_device.cc): cuBLAS and cuBLASLt calls on one stream are ordered, so they
+// share it safely.
+
+// The device's cuBLASLt handle, created on first use; needs the device's blas_mutex().
+cublasLtHandle_t LtHandle(CudaDevice& device, int index) {
+  // Leaked, like the devices; the map's own mutex, as two devices' calls may create theirs at once.
+  static std::mutex* mutex = new std::mutex;
+  static std::map<CudaDevice*, cublasLtHandle_t>* handles =
+      new std::map<CudaDevice*, cublasLtHandle_t>;
+  std::lock_guard<std::mutex> lock(*mutex);
+  cublasLtHandle_t& handle = (*handles)[&device];
+  if (handle == nullptr) TANDEM_CUBLAS_CHECK(cublasLtCreate(&handle), index);
+  return handle;
+}
+
+cudaDataType CudaType(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return CUDA_R_32F;
+    case DType::kBFloat16:
+      return CUDA_R_16BF;
+    default:
+      return CUDA_R_16F;
+  }
+}
+
+// cuBLASLt's descriptors, destroyed with the call.
+struct LtDescriptors {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulPreference_t preference = nullptr;
+  LtDescriptors() = default;
+  LtDescriptors(const LtDescriptors&) = delete;
+  LtDescriptors& operator=(const LtDescriptors&) = delete;
+  ~LtDescriptors() {
+    if (preference != nullptr) cublasLtMatmulPreferenceDestroy(preference);
+    for (cublasLtMatrixLayout_t layout : {a, b, c}) {
+      if (layout != nullptr) cublasLtMatrixLayoutDestroy(layout);
+    }
+    if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+bool CudaBackend::GemmWithEpilogue(int index, DType dtype, DType c_dtype, bool trans_a,
+                                   bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
+                                   int64_t lda, const void* b, int64_t ldb, void* c, int64_t ldc,
+                                   const GemmEpilogueArgs& epilogue) {
+  const bool reduced = dtype == DType::kBFloat16 || dtype == DType::kFloat16;
+  if (!(dtype == DType::kFloat32 || reduced) ||
+      !(c_dtype == dtype || (reduced && c_dtype == DType::kFloat32))) {
+    return false;
+  }
+  // Empty products, and aux rows cuBLASLt refuses (its ld must be a multiple of 8): composed.
+  if (m <= 0 || n <= 0 || k <= 0) return false;
+  const bool gelu = epilogue.kind == GemmEpilogue::kGeluTanhBias;
+  if (gelu && epilogue.aux != nullptr && (epilogue.ld_aux < n || epilogue.ld_aux % 8 != 0)) {
+    return false;
+  }
+  constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+  if (m > kIntMax || n > kIntMax || k > kIntMax) return false;
+  lda = LeadingDimension(trans_a ? k : m, trans_a ? m : k, lda, "lda");
+  ldb = LeadingDimension(trans_b ? n : k, trans_b ? k : n, ldb, "ldb");
+  ldc = LeadingDimension(m, n, ldc, "ldc");
+  CudaDevice& device = Device(index);
+  DeviceGuard guard(device.physical());
+  const BoundBlas blas = BindBlasForCall(device, lda, ldb, ldc);
+  const cudaStream_t stream = device.current_stream();
+  cublasLtHandle_t lt = LtHandle(device, index);
+  // The row-major C = op(A) op(B) is the column-major C^T = op(B)^T op(A)^T (as in Gemm): B is
+  // cuBLASLt's A, A its B. So a bias over C's columns is a bias over C^T's rows (BIAS), and the
+  // sum over k of the row-major op(A) is the bias gradient of cuBLASLt's B (BGRADB).
+  LtDescriptors d;
+  const cublasComputeType_t compute = dtype == DType::kFloat32 && allow_tf32.load()
+                                          ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                          : CUBLAS_COMPUTE_32F;
+  TANDEM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.desc, compute, CUDA_R_32F), index);
+  const auto set = [&](cublasLtMatmulDescAttributes_t attribute, const auto& value) {
+    TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.desc, attribute, &value, sizeof(value)),
+                        index);
+  };
+  const cublasOperation_t op_lt_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_lt_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  set(CUBLASLT_MATMUL_DESC_TRANSA, op_lt_a);
+  set(CUBLASLT_MATMUL_DESC_TRANSB, op_lt_b);
+  cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_BIAS;
+  if (gelu) kind = epilogue.aux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS;
+  if (epilogue.kind == GemmEpilogue::kBiasGradA) kind = CUBLASLT_EPILOGUE_BGRADB;
+  set(CUBLASLT_MATMUL_DESC_EPILOGUE, kind);
+  const void* bias = kind == CUBLASLT_EPILOGUE_BGRADB ? epilogue.bias_grad : epilogue.bias;
+  TANDEM_CHECK(bias != nullptr, "CUDA GemmWithEpilogue: the epilogue needs its ",
+               kind == CUBLASLT_EPILOGUE_BGRADB ? "bias_grad" : "bias", " pointer");
+  set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  // The bias (or its gradient) is in C's type; cuBLASLt's default is D's, said explicitly.
+  set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(CudaType(c_dtype)));
+  if (kind == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+    set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, epilogue.aux);
+    set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, epilogue.ld_aux);
+  }
+  const cudaDataType ab_type = CudaType(dtype), c_type = CudaType(c_dtype);
+  TANDEM_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&d.a, ab_type, trans_b ? k : n, trans_b ? n : k, ldb), index);
+  TANDEM_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&d.b, ab_type, trans_a ? m : k, trans_a ? k : m, lda), index);
+  TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, c_type, n, m, ldc), index);
+  TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&d.preference), index);
+  const uint64_t workspace_bytes = device.blas_workspace_bytes();
+  TANDEM_CUBLAS_CHECK(
+      cublasLtMatmulPreferenceSetAttribute(d.preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                           &workspace_bytes, sizeof(workspace_bytes)),
+      index);
+  cublasLtMatmulHeuristicResult_t heuristic{};
+  int found = 0;
+  // No algorithm for these pointers' alignment or sizes is not an error: the caller composes.
+  if (cublasLtMatmulAlgoGetHeuristic(lt, d.desc, d.a, d.b, d.c, d.c, d.preference, 1, &heuristic,
+                                     &found) != CUBLAS_STATUS_SUCCESS ||
+      found == 0) {
+    return false;
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  TANDEM_CUBLAS_CHECK(
+      cublasLtMatmul(lt, d.desc, &alpha, b, d.a, a, d.b, &beta, c, d.c, c, d.c, &heuristic.algo,
+                     device.BlasWorkspace(stream), workspace_bytes, stream),
       index);
   return true;
 }

@@ -1,4 +1,5 @@
-// GEMM on CUDA (cuBLAS and the scale helper) against the CPU backend.
+// GEMM on CUDA (cuBLAS, cuBLASLt's epilogues and the scale helper) against the CPU backend, and
+// linear / linear_gelu on CUDA (fused into cuBLASLt where they can be) against the CPU's.
 //
 // Shared fixture and helpers: cuda_backend_testing.h. Skips (with the reason) where there is
 // no usable GPU; set TANDEM_TEST_SEED to replay a run.
@@ -17,7 +18,11 @@
 #include "tensor/base/error.h"
 #include "tensor/cuda/cuda_backend_testing.h"
 #include "tensor/kernels/internal/elementwise_math.h"
+#include "tensor/ops/autocast.h"
+#include "tensor/ops/ops.h"
 #include "tensor/runtime/backend.h"
+#include "tensor/tensor.h"
+#include "tools/cuda/device_counters.h"
 
 namespace tandem {
 namespace cuda_test {
@@ -299,6 +304,361 @@ TEST_F(CudaBackendReducedTest, GemmFloatOutputDeclinesOtherDTypes) {
   EXPECT_FALSE(gpu_.GemmFloatOutput(0, kBFloat16, false, false, 1, 1, 2, a16.gpu(), 2, kFloat32,
                                     b.gpu(), 1, c.gpu(), 1));
   EXPECT_TRUE(std::isnan(c.Gpu()[0])) << "a declined GemmFloatOutput wrote C";
+}
+
+// ---- cuBLASLt epilogues (Note [cuBLASLt epilogues]) -------------------------------------------
+// The oracle: the CPU backend's float32 GEMM of the widened operands, then the epilogue in
+// float on the host (bias added, tanh GELU), rounded once to T; the bias gradient's column
+// sums in double. float32 with TF32 off agrees within float32's GEMM rounding; 16-bit within an
+// ulp of T per element plus the GEMM's rounding (as GemmEx, Note [cudasim GemmEx]).
+
+float GeluTanh(float x) {
+  return 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
+class CudaGemmEpilogueTest : public CudaBackendReducedTest {
+ protected:
+  template <typename T>
+  void ExpectEpiloguesMatch(bool float_output);
+};
+
+template <typename T>
+void CudaGemmEpilogueTest::ExpectEpiloguesMatch(bool float_output) {
+  const DType dtype = DTypeOf<T>::value;
+  const DType c_dtype = float_output ? kFloat32 : dtype;
+  const bool reduced = !std::is_same_v<T, float>;
+  for (const GemmCase& g : {GemmCase{1, 1, 1, 1}, GemmCase{7, 5, 3, 1}, GemmCase{33, 17, 65, 1},
+                            GemmCase{64, 48, 256, 1}, GemmCase{20, 8, 9, 1}}) {
+    for (bool trans_a : {false, true}) {
+      for (bool trans_b : {false, true}) {
+        for (Backend::GemmEpilogue kind :
+             {Backend::GemmEpilogue::kBias, Backend::GemmEpilogue::kGeluTanhBias,
+              Backend::GemmEpilogue::kBiasGradA}) {
+          const std::string what =
+              Note(DTypePrefix<T>() + "gemm epilogue " + std::to_string(static_cast<int>(kind)) +
+                   " m=" + std::to_string(g.m) + " n=" + std::to_string(g.n) +
+                   " k=" + std::to_string(g.k) + (trans_a ? " A^T" : "") + (trans_b ? " B^T" : "") +
+                   (float_output ? " float output" : ""));
+          const int64_t a_rows = trans_a ? g.k : g.m, a_cols = trans_a ? g.m : g.k;
+          const int64_t b_rows = trans_b ? g.n : g.k, b_cols = trans_b ? g.k : g.n;
+          // Padded rows, to test strides; the aux rows a multiple of 8 as cuBLASLt needs.
+          const int64_t lda = a_cols + 3, ldb = b_cols + 1, ldc = g.n + 2;
+          const int64_t ld_aux = (g.n + 7) / 8 * 8;
+          std::vector<T> a_values, b_values, bias_values;
+          if constexpr (std::is_same_v<T, float>) {
+            a_values = Random<float>(a_rows * lda, -1.0, 1.0);
+            b_values = Random<float>(b_rows * ldb, -1.0, 1.0);
+            bias_values = Random<float>(g.n, -1.0, 1.0);
+          } else {
+            a_values = RandomReduced<T>(a_rows * lda, -1.0, 1.0);
+            b_values = RandomReduced<T>(b_rows * ldb, -1.0, 1.0);
+            bias_values = RandomReduced<T>(g.n, -1.0, 1.0);
+          }
+          Buffer<T> a(a_values), b(b_values);
+          const std::vector<float> wa = Widened(a_values), wb = Widened(b_values);
+          Buffer<float> wide_a(wa), wide_b(wb), product(g.m * ldc);
+          cpu_.Gemm(0, kFloat32, trans_a, trans_b, g.m, g.n, g.k, 1.0, wide_a.cpu(), lda, 0,
+                    wide_b.cpu(), ldb, 0, 0.0, product.cpu(), ldc, 0, 1);
+          // The bias (and its gradient) is in C's dtype.
+          std::vector<float> bias_float = Widened(bias_values);
+          Buffer<float> bias32(bias_float), grad32(g.m), out32(g.m * ldc);
+          Buffer<T> bias16(bias_values), grad16(g.m), out16(g.m * ldc), aux16(g.m * ld_aux);
+          Buffer<float> aux32(g.m * ld_aux);
+          const bool f32c = float_output || !reduced;
+          Backend::GemmEpilogueArgs epilogue;
+          epilogue.kind = kind;
+          epilogue.bias = f32c ? static_cast<void*>(bias32.gpu()) : bias16.gpu();
+          epilogue.bias_grad = f32c ? static_cast<void*>(grad32.gpu()) : grad16.gpu();
+          if (kind == Backend::GemmEpilogue::kGeluTanhBias) {
+            epilogue.aux = f32c ? static_cast<void*>(aux32.gpu()) : aux16.gpu();
+            epilogue.ld_aux = ld_aux;
+          }
+          ASSERT_TRUE(gpu_.GemmWithEpilogue(
+              0, dtype, c_dtype, trans_a, trans_b, g.m, g.n, g.k, a.gpu(), lda, b.gpu(), ldb,
+              f32c ? static_cast<void*>(out32.gpu()) : out16.gpu(), ldc, epilogue))
+              << what;
+          // Expected C (and aux), NaN in the padding that must stay unwritten.
+          std::vector<float> expected(g.m * ldc, std::numeric_limits<float>::quiet_NaN());
+          std::vector<float> expected_aux(g.m * ld_aux, std::numeric_limits<float>::quiet_NaN());
+          double atol = 1e-6 + 2e-6 * std::sqrt(static_cast<double>(g.k));
+          for (int64_t i = 0; i < g.m; ++i) {
+            for (int64_t j = 0; j < g.n; ++j) {
+              float pre = product.Cpu()[i * ldc + j];
+              if (kind != Backend::GemmEpilogue::kBiasGradA) pre += bias_float[j];
+              if (!f32c) pre = static_cast<float>(T(pre));
+              expected_aux[i * ld_aux + j] = pre;
+              const float pre_exact =
+                  product.Cpu()[i * ldc + j] +
+                  (kind != Backend::GemmEpilogue::kBiasGradA ? bias_float[j] : 0.0f);
+              expected[i * ldc + j] =
+                  kind == Backend::GemmEpilogue::kGeluTanhBias ? GeluTanh(pre_exact) : pre_exact;
+            }
+          }
+          const double rtol =
+              f32c ? Tolerance<float>::kGemmRtol + Tolerance<float>::kUnaryRtol : 2 * Ulp<T>();
+          if (!f32c) atol += Ulp<T>() * std::sqrt(static_cast<double>(g.k));
+          std::vector<float> got = f32c ? out32.Gpu() : Widened(out16.Gpu());
+          if (!f32c) {
+            for (float& e : expected) e = std::isnan(e) ? e : static_cast<float>(T(e));
+          }
+          ExpectNear(expected, got, rtol, atol, what + " C");
+          if (kind == Backend::GemmEpilogue::kGeluTanhBias) {
+            std::vector<float> aux = f32c ? aux32.Gpu() : Widened(aux16.Gpu());
+            ExpectNear(expected_aux, aux, rtol, atol, what + " aux");
+          }
+          if (kind == Backend::GemmEpilogue::kBiasGradA) {
+            std::vector<float> sums(g.m);
+            for (int64_t i = 0; i < g.m; ++i) {
+              double sum = 0.0;
+              for (int64_t p = 0; p < g.k; ++p) sum += wa[trans_a ? p * lda + i : i * lda + p];
+              sums[i] = static_cast<float>(sum);
+            }
+            const std::vector<float> grad = f32c ? grad32.Gpu() : Widened(grad16.Gpu());
+            ExpectNear(f32c ? sums : Widened(Rounded<T>(sums)), grad, f32c ? 1e-6 : Ulp<T>(),
+                       1e-6 * g.k, what + " bias gradient");
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaGemmEpilogueTest, Float32) { ExpectEpiloguesMatch<float>(false); }
+TEST_F(CudaGemmEpilogueTest, BFloat16) { ExpectEpiloguesMatch<BFloat16>(false); }
+TEST_F(CudaGemmEpilogueTest, Float16) { ExpectEpiloguesMatch<Half>(false); }
+TEST_F(CudaGemmEpilogueTest, BFloat16IntoFloat32) { ExpectEpiloguesMatch<BFloat16>(true); }
+TEST_F(CudaGemmEpilogueTest, Float16IntoFloat32) { ExpectEpiloguesMatch<Half>(true); }
+
+// What cuBLASLt does not take is declined, nothing written, for the caller to compose:
+// float64 (legacy cuBLAS's DGEMM), an aux row stride cuBLASLt refuses, an empty sum.
+TEST_F(CudaGemmEpilogueTest, DeclinesFloat64OddAuxRowsAndEmptySums) {
+  Buffer<double> ad(std::vector<double>{1.0, 2.0}), bd(std::vector<double>{3.0, 4.0});
+  Buffer<double> cd(1), bias_d(std::vector<double>{0.5});
+  Backend::GemmEpilogueArgs epilogue;
+  epilogue.bias = bias_d.gpu();
+  EXPECT_FALSE(gpu_.GemmWithEpilogue(0, kFloat64, kFloat64, false, false, 1, 1, 2, ad.gpu(), 2,
+                                     bd.gpu(), 1, cd.gpu(), 1, epilogue));
+  EXPECT_TRUE(std::isnan(cd.Gpu()[0]));
+  Buffer<float> a(Random<float>(6)), b(Random<float>(6)), c(9), bias(Random<float>(3)), aux(9);
+  epilogue.kind = Backend::GemmEpilogue::kGeluTanhBias;
+  epilogue.bias = bias.gpu();
+  epilogue.aux = aux.gpu();
+  epilogue.ld_aux = 3;  // cuBLASLt wants a multiple of 8
+  EXPECT_FALSE(gpu_.GemmWithEpilogue(0, kFloat32, kFloat32, false, false, 3, 3, 2, a.gpu(), 2,
+                                     b.gpu(), 3, c.gpu(), 3, epilogue));
+  epilogue.aux = nullptr;
+  EXPECT_FALSE(gpu_.GemmWithEpilogue(0, kFloat32, kFloat32, false, false, 3, 3, 0, a.gpu(), 2,
+                                     b.gpu(), 3, c.gpu(), 3, epilogue));
+  for (float x : c.Gpu()) EXPECT_TRUE(std::isnan(x)) << "a declined epilogue GEMM wrote C";
+  // A row stride shorter than the row: the CPU's error, as Gemm's.
+  EXPECT_THROW(gpu_.GemmWithEpilogue(0, kFloat32, kFloat32, false, false, 3, 3, 2, a.gpu(), 1,
+                                     b.gpu(), 3, c.gpu(), 3, epilogue),
+               Error);
+}
+
+// TF32 (cuda::AllowTf32) switches the float32 matmul to CUBLAS_COMPUTE_32F_FAST_TF32: within
+// TF32's rounding of the CPU's float32 result (10 mantissa bits per operand: each product off
+// by at most 2^-10 relative), and visibly less precise than with the switch off.
+TEST_F(CudaGemmEpilogueTest, Tf32SwitchAppliesToTheEpilogueMatmul) {
+  const int64_t m = 64, n = 96, k = 512;
+  Buffer<float> a(Random<float>(m * k, -1.0, 1.0)), b(Random<float>(k * n, -1.0, 1.0));
+  Buffer<float> bias(Random<float>(n, -1.0, 1.0)), c(m * n);
+  cpu_.Gemm(0, kFloat32, false, false, m, n, k, 1.0, a.cpu(), k, 0, b.cpu(), n, 0, 0.0, c.cpu(), n,
+            0, 1);
+  Backend::GemmEpilogueArgs epilogue;
+  epilogue.bias = bias.gpu();
+  const auto run = [&](bool tf32) {
+    cuda::SetAllowTf32(tf32);
+    EXPECT_TRUE(gpu_.GemmWithEpilogue(0, kFloat32, kFloat32, false, false, m, n, k, a.gpu(), k,
+                                      b.gpu(), n, c.gpu(), n, epilogue));
+    cuda::SetAllowTf32(false);
+    return c.Gpu();
+  };
+  ASSERT_FALSE(cuda::AllowTf32());
+  const std::vector<float> fp32 = run(false), tf32 = run(true);
+  double fp32_error = 0.0, tf32_error = 0.0;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double abs_sum = 0.0;
+      for (int64_t p = 0; p < k; ++p) abs_sum += std::fabs(a.Cpu()[i * k + p] * b.Cpu()[p * n + j]);
+      const double expected = static_cast<double>(c.Cpu()[i * n + j]) + bias.Cpu()[j];
+      const double e32 = std::fabs(fp32[i * n + j] - expected);
+      const double etf = std::fabs(tf32[i * n + j] - expected);
+      fp32_error = std::max(fp32_error, e32);
+      tf32_error = std::max(tf32_error, etf);
+      EXPECT_LE(etf, std::ldexp(1.0, -9) * abs_sum + 1e-5)
+          << Note("TF32 element " + std::to_string(i * n + j));
+    }
+  }
+  EXPECT_LT(fp32_error, 1e-4) << Note("float32 epilogue matmul");
+  EXPECT_GT(tf32_error, fp32_error) << Note("allowing TF32 changed nothing");
+}
+
+// ---- linear and linear_gelu on CUDA against the CPU ---------------------------------------------
+
+struct LinearCase {
+  int64_t rows, in, out;
+  bool transposed_x;  // x a transposed view (column-major rows): the GEMM reads it in place
+};
+
+class CudaLinearTest : public CudaBackendTest {
+ protected:
+  // y = f(x W^T + b) on cuda:0 and the CPU, and the gradients of sum(y * r), compared.
+  void ExpectLinearMatches(DType dtype, bool with_gelu, const LinearCase& c) {
+    const std::string what =
+        Note(std::string(with_gelu ? "linear_gelu " : "linear ") + DTypeName(dtype) +
+             " rows=" + std::to_string(c.rows) + " in=" + std::to_string(c.in) +
+             " out=" + std::to_string(c.out) + (c.transposed_x ? " x^T" : ""));
+    Tensor x0 = c.transposed_x ? randn({c.in, c.rows}).t() : randn({c.rows, c.in});
+    const Tensor w0 = randn({c.out, c.in}) * (1.0 / std::sqrt(static_cast<double>(c.in)));
+    const Tensor b0 = randn({c.out}), r0 = randn({c.rows, c.out});
+    std::vector<std::vector<float>> results[2];
+    for (int device = 0; device < 2; ++device) {
+      const Device where = device == 0 ? Device::Cpu(0) : Device::Cuda(0);
+      const auto leaf = [&](const Tensor& t) {
+        Tensor v = t.to(dtype).to(where).detach();
+        v.set_requires_grad(true);
+        return v;
+      };
+      // The transposed view kept on both devices (to() of a view copies it contiguous).
+      Tensor x = c.transposed_x ? leaf(x0.t().contiguous()) : leaf(x0);
+      Tensor w = leaf(w0), b = leaf(b0);
+      const Tensor x_used = c.transposed_x ? x.t() : x;
+      const Tensor y = with_gelu ? linear_gelu(x_used, w, b, "tanh") : linear(x_used, w, b);
+      (y * r0.to(dtype).to(where)).sum().backward();
+      for (const Tensor& t : {y, x.grad(), w.grad(), b.grad()}) {
+        results[device].push_back(t.to(Device::Cpu(0)).to(kFloat32).to_vector<float>());
+      }
+    }
+    const double ulp = dtype == kBFloat16 ? 1.0 / 128 : dtype == kFloat16 ? 1.0 / 1024 : 0.0;
+    const double tol_scale = std::sqrt(static_cast<double>(std::max(c.in, c.rows)));
+    const double rtol = dtype == kFloat64 ? 1e-12 : dtype == kFloat32 ? 2e-5 : 4 * ulp;
+    const double atol = dtype == kFloat64   ? 1e-12
+                        : dtype == kFloat32 ? 4e-6 * tol_scale
+                                            : 4 * ulp * tol_scale;
+    const char* names[] = {"y", "x.grad", "w.grad", "b.grad"};
+    for (int i = 0; i < 4; ++i) {
+      ExpectNear(results[0][i], results[1][i], rtol, atol, what + " " + names[i]);
+    }
+  }
+};
+
+TEST_F(CudaLinearTest, LinearAndLinearGeluMatchTheCpuInEveryDType) {
+  for (DType dtype : {kFloat32, kBFloat16, kFloat16, kFloat64}) {
+    for (bool with_gelu : {false, true}) {
+      // out = 64: the fused GELU (aux rows a multiple of 8); out = 33: linear_gelu composed;
+      // 1-row and 1-column products; a transposed x.
+      for (const LinearCase& c :
+           {LinearCase{16, 24, 64, false}, LinearCase{37, 19, 33, false},
+            LinearCase{1, 5, 8, false}, LinearCase{9, 1, 16, true}, LinearCase{40, 32, 64, true}}) {
+        ExpectLinearMatches(dtype, with_gelu, c);
+      }
+    }
+  }
+}
+
+// Under the simulator the fused paths are counted: a linear's forward is one cuBLASLt matmul (no
+// broadcast copy of the bias), linear_gelu's too (no GELU kernel), and the backward reduces no
+// bias gradient apart (BGRADB in the weight gradient's matmul).
+TEST_F(CudaLinearTest, BiasGeluAndBiasGradientAreFusedIntoTheGemm) {
+  Tensor x = randn({32, 48}, Device::Cuda(0)).detach();
+  x.set_requires_grad(true);
+  Tensor w = randn({64, 48}, Device::Cuda(0)).detach(), b = randn({64}, Device::Cuda(0)).detach();
+  w.set_requires_grad(true);
+  b.set_requires_grad(true);
+  cuda::Synchronize(0);
+  for (bool with_gelu : {false, true}) {
+    ResetDeviceCounters();
+    const Tensor y = with_gelu ? linear_gelu(x, w, b, "tanh") : linear(x, w, b);
+    const DeviceCounters forward = ReadDeviceCounters();
+    if (!forward.counted) GTEST_SKIP() << "launches are counted under cudasim only";
+    ASSERT_EQ(forward.kernels.size(), 1u) << Note(with_gelu ? "linear_gelu" : "linear");
+    EXPECT_EQ(forward.kernels[0].name, "cublasLtMatmul");
+    EXPECT_EQ(forward.launches, 1);
+    // Its work, counted for the roofline: 2 m n k FLOPs; x, W and y, the bias, and under
+    // autograd the GELU's pre-activation, each once.
+    EXPECT_TRUE(forward.kernels[0].work_counted);
+    EXPECT_EQ(forward.kernels[0].math, "fp32");
+    EXPECT_DOUBLE_EQ(forward.kernels[0].flops, 2.0 * 32 * 64 * 48);
+    EXPECT_DOUBLE_EQ(forward.kernels[0].bytes,
+                     4.0 * (32 * 48 + 48 * 64 + 32 * 64 + 64 + (with_gelu ? 32 * 64 : 0)));
+    const Tensor g = randn({32, 64}, Device::Cuda(0));
+    ResetDeviceCounters();
+    y.backward(g);
+    cuda::Synchronize(0);
+    long long lt = 0;
+    for (const KernelLaunches& k : ReadDeviceCounters().kernels) {
+      if (k.name == "cublasLtMatmul") lt += k.launches;
+      EXPECT_EQ(k.name.find("Reduce"), std::string::npos) << "a reduction in backward: " << k.name;
+    }
+    EXPECT_EQ(lt, 1) << "the weight gradient with its bias gradient (BGRADB)";
+  }
+}
+
+// Autocast's float32-weight linear (Note [Autocast linear]) on cuda:0 in bfloat16 against the
+// CPU's: the bias in the forward GEMM, and the weight gradient into float32 with the bias
+// gradient summed in float beside it (BGRADB), where the CPU reduces the bias gradient in
+// bfloat16 and converts it: within a bfloat16 ulp of each other. The 3-D input is the batch
+// (no gradient: the float32 batch's own path) or an activation (with one).
+TEST_F(CudaLinearTest, AutocastLinearMatchesTheCpu) {
+  for (bool grad_x : {false, true}) {
+    // Forward launches on cuda:0 (under cudasim): linear_gelu's equal linear's, the GELU
+    // being in the GEMM's epilogue rather than a kernel of its own.
+    long long forward_launches[2] = {-1, -1};
+    for (bool with_gelu : {false, true}) {
+      const Tensor x0 = randn({3, 10, 24}), w0 = randn({40, 24}) * 0.2, b0 = randn({40});
+      const Tensor r0 = randn({3, 10, 40});
+      std::vector<std::vector<float>> results[2];
+      for (int device = 0; device < 2; ++device) {
+        const Device where = device == 0 ? Device::Cpu(0) : Device::Cuda(0);
+        Tensor x = x0.to(where).detach(), w = w0.to(where).detach(), b = b0.to(where).detach();
+        x.set_requires_grad(grad_x);
+        w.set_requires_grad(true);
+        b.set_requires_grad(true);
+        Tensor y;
+        {
+          AutocastGuard autocast(where.type(), kBFloat16);
+          if (device == 1) {
+            cuda::Synchronize(0);
+            ResetDeviceCounters();
+          }
+          // linear_gelu: fused on cuda:0 (AutocastLinearGelu), composed on the CPU.
+          y = with_gelu ? linear_gelu(x, w, b, "tanh") : linear(x, w, b);
+          if (device == 1 && ReadDeviceCounters().counted) {
+            forward_launches[with_gelu] = ReadDeviceCounters().launches;
+          }
+        }
+        (y.to(kFloat32) * r0.to(where)).sum().backward();
+        std::vector<Tensor> outputs = {y, w.grad(), b.grad()};
+        if (grad_x) outputs.push_back(x.grad());
+        for (const Tensor& t : outputs) {
+          results[device].push_back(t.to(Device::Cpu(0)).to(kFloat32).to_vector<float>());
+        }
+      }
+      const char* names[] = {"y", "w.grad", "b.grad", "x.grad"};
+      for (size_t i = 0; i < results[0].size(); ++i) {
+        ExpectNear(results[0][i], results[1][i], 4.0 / 128, 0.05,
+                   Note(std::string(with_gelu ? "autocast linear_gelu " : "autocast linear ") +
+                        names[i] + (grad_x ? " grad_x" : "")));
+      }
+    }
+    EXPECT_EQ(forward_launches[1], forward_launches[0]) << Note("autocast linear_gelu fused");
+  }
+}
+
+// The elementwise kernels declare their work at launch (DeclareKernelWork): each stored element
+// once, a broadcast operand's once.
+TEST_F(CudaLinearTest, ElementwiseKernelsDeclareTheirBytes) {
+  const Tensor a = randn({64, 32}, Device::Cuda(0)), b = randn({32}, Device::Cuda(0));
+  cuda::Synchronize(0);
+  ResetDeviceCounters();
+  const Tensor c = a + b;
+  const DeviceCounters counted = ReadDeviceCounters();
+  if (!counted.counted) GTEST_SKIP() << "work is counted under cudasim only";
+  ASSERT_EQ(counted.kernels.size(), 1u);
+  EXPECT_TRUE(counted.kernels[0].work_counted);
+  EXPECT_DOUBLE_EQ(counted.kernels[0].bytes, 4.0 * (64 * 32 * 2 + 32));
+  EXPECT_DOUBLE_EQ(counted.kernels[0].flops, 64.0 * 32);
 }
 
 }  // namespace cuda_test

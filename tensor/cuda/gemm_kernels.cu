@@ -8,6 +8,7 @@
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/internal/launch_utils.cuh"
 #include "tensor/cuda/kernels.h"
+#include "tools/cuda/device_counters.h"
 
 namespace tandem {
 namespace cuda {
@@ -39,6 +40,9 @@ void LaunchScaleMatrices(const LaunchContext& context, DType dtype, double beta,
     ScaleMatricesKernel<T><<<GridFor(context, batch * m * n), kThreads, 0, context.stream>>>(
         typed_beta, static_cast<T*>(c), m, n, ldc, stride_c, batch);
     TANDEM_CUDA_CHECK_LAUNCH(context.device);
+    const double elements = static_cast<double>(batch * m * n);
+    // C written, and read unless beta == 0.
+    DeclareKernelWork(elements, elements * sizeof(T) * (typed_beta == OpMath<T>(0) ? 1 : 2));
   });
 }
 

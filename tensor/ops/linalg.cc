@@ -1,6 +1,9 @@
-// Matrix products: matmul, linear and autocast's float32-weight linear (Note [Autocast linear]).
+// Matrix products: matmul, linear (its bias, and linear_gelu's GELU, fused into the GEMM where the
+// backend can: Note [cuBLASLt epilogues]) and autocast's float32-weight linear (Note [Autocast
+// linear]).
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "tensor/base/error.h"
@@ -72,6 +75,19 @@ void GemmIntoRaw(const Tensor& out, const Tensor& a, const Tensor& b, double bet
   BackendOf(out).Gemm(IndexOf(out), out.dtype(), lhs.trans, rhs.trans, m, n, k, 1.0f, lhs.data,
                       lhs.ld, lhs.batch_stride, rhs.data, rhs.ld, rhs.batch_stride, beta,
                       DataPtr(out), n, m * n, batch);
+}
+
+// out (contiguous [m, n], `out_dtype`) = a · b (2-D, a's dtype) with the backend's fused
+// epilogue (Backend::GemmWithEpilogue); false, with nothing written, where it has none.
+bool GemmWithEpilogueRaw(const Tensor& out, const Tensor& a, const Tensor& b,
+                         const Backend::GemmEpilogueArgs& epilogue) {
+  const int64_t m = a.shape()[0], k = a.shape()[1], n = b.shape()[1];
+  if (out.numel() == 0 || k == 0) return false;
+  const GemmOperand lhs = MakeGemmOperand(a);
+  const GemmOperand rhs = MakeGemmOperand(b);
+  return BackendOf(out).GemmWithEpilogue(IndexOf(out), a.dtype(), out.dtype(), lhs.trans, rhs.trans,
+                                         m, n, k, lhs.data, lhs.ld, rhs.data, rhs.ld, DataPtr(out),
+                                         n, epilogue);
 }
 
 Tensor MatmulRaw(const Tensor& a, const Tensor& b) {
@@ -221,6 +237,26 @@ Tensor MatmulIntoFloatRaw(const Tensor& a, const Tensor& b) {
   return CastRaw(MatmulRaw(a, b_low), kFloat32);
 }
 
+// dW = G^T X ([out, in], `dtype`: G's, or float32 for a 16-bit G as MatmulIntoFloatRaw) and, when
+// `grad_bias` is not null, the bias gradient (the column sums of G, [out], `dtype`) fused into the
+// GEMM where the backend can; else dW alone and *grad_bias left undefined for the caller to reduce.
+Tensor WeightGradRaw(const Tensor& grad, const Tensor& x, DType dtype, Tensor* grad_bias) {
+  const int64_t out_features = grad.shape()[1], in = x.shape()[1];
+  if (grad_bias != nullptr && x.dtype() == grad.dtype()) {
+    Tensor dw = NewTensor({out_features, in}, dtype, grad.device());
+    Tensor db = NewTensor({out_features}, dtype, grad.device());
+    Backend::GemmEpilogueArgs epilogue;
+    epilogue.kind = Backend::GemmEpilogue::kBiasGradA;
+    epilogue.bias_grad = DataPtr(db);
+    if (GemmWithEpilogueRaw(dw, TransposedRaw(grad), x, epilogue)) {
+      *grad_bias = db;
+      return dw;
+    }
+  }
+  return dtype == grad.dtype() ? MatmulRaw(TransposedRaw(grad), x)
+                               : MatmulIntoFloatRaw(TransposedRaw(grad), x);
+}
+
 // Note [Autocast linear]: under autocast, linear with a float32 weight is one node whose edges go
 // to the uncast x, weight and bias, where PyTorch records a cast node per operand and a 16-bit
 // linear:
@@ -294,13 +330,18 @@ Tensor AutocastLinear(const Tensor& x, const Tensor& weight, const Tensor& bias)
            const Tensor grad = grad_y.reshape({rows, out_features});
            std::vector<Tensor> grads(2);
            if (grad_x) grads[0] = CastRaw(MatmulRaw(grad, sw), x_dtype).reshape(x_shape);
-           if (grad_w) grads[1] = MatmulIntoFloatRaw(TransposedRaw(grad), sx.reshape({rows, in}));
+           Tensor grad_bias;
+           if (grad_w) {
+             grads[1] = WeightGradRaw(grad, sx.reshape({rows, in}), kFloat32,
+                                      grad_b ? &grad_bias : nullptr);
+           }
            if (has_bias) {
-             grads.push_back(grad_b
-                                 ? CastRaw(ViewRaw(ReduceRaw(grad, {0}, ReduceKind::kSum, "linear"),
-                                                   {out_features}),
-                                           kFloat32)
-                                 : Tensor());
+             if (grad_b && !grad_bias.defined()) {
+               grad_bias = CastRaw(
+                   ViewRaw(ReduceRaw(grad, {0}, ReduceKind::kSum, "linear"), {out_features}),
+                   kFloat32);
+             }
+             grads.push_back(grad_bias);
            }
            return grads;
          });
@@ -339,10 +380,16 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   out_shape.push_back(out_features);
   const Tensor x2 = x.dim() == 2 ? x : x.reshape({rows, in});
 
-  // y = x2 · weight^T (+ bias): the bias is broadcast into y first and Gemm adds onto it.
-  Tensor y = bias.defined() ? BroadcastCopyRaw(bias, {rows, out_features}, x.dtype())
-                            : NewTensor({rows, out_features}, x.dtype(), x.device());
-  GemmIntoRaw(y, x2, TransposedRaw(weight), bias.defined() ? 1.0f : 0.0f);
+  // y = x2 · weight^T (+ bias): the bias in the GEMM's epilogue where the backend fuses it
+  // (Note [cuBLASLt epilogues]), else broadcast into y first for Gemm to add onto.
+  Tensor y = NewTensor({rows, out_features}, x.dtype(), x.device());
+  Backend::GemmEpilogueArgs epilogue;
+  const Tensor contiguous_bias = bias.defined() ? ContiguousRaw(bias) : Tensor();
+  if (bias.defined()) epilogue.bias = DataPtr(contiguous_bias);
+  if (!bias.defined() || !GemmWithEpilogueRaw(y, x2, TransposedRaw(weight), epilogue)) {
+    if (bias.defined()) y = BroadcastCopyRaw(bias, {rows, out_features}, x.dtype());
+    GemmIntoRaw(y, x2, TransposedRaw(weight), bias.defined() ? 1.0f : 0.0f);
+  }
   std::vector<Tensor> inputs = {x2, weight};
   if (bias.defined()) inputs.push_back(bias);
   if (NeedsGrad(inputs)) {
@@ -362,16 +409,156 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
             if (has_bias) grads.push_back(grad_b ? sum(grad, {0}) : Tensor());
             return grads;
           }
-          std::vector<Tensor> grads = {grad_x ? MatmulRaw(grad, sw) : Tensor(),
-                                       grad_w ? MatmulRaw(TransposedRaw(grad), sx) : Tensor()};
+          Tensor grad_bias;
+          std::vector<Tensor> grads = {
+              grad_x ? MatmulRaw(grad, sw) : Tensor(),
+              grad_w ? WeightGradRaw(grad, sx, grad.dtype(), grad_b ? &grad_bias : nullptr)
+                     : Tensor()};
           if (has_bias) {
-            grads.push_back(grad_b ? ViewRaw(ReduceRaw(grad, {0}, ReduceKind::kSum, "linear"),
-                                             {grad.shape()[1]})
-                                   : Tensor());
+            if (grad_b && !grad_bias.defined()) {
+              grad_bias =
+                  ViewRaw(ReduceRaw(grad, {0}, ReduceKind::kSum, "linear"), {grad.shape()[1]});
+            }
+            grads.push_back(grad_bias);
           }
           return grads;
         },
         DoubleBackward::kSupported);
+  }
+  return x.dim() == 2 ? y : y.reshape(out_shape);
+}
+
+namespace {
+
+// linear_gelu under autocast with float32 parameters, as AutocastLinear (Note [Autocast
+// linear]): the weight and bias cast outside the graph, one node whose edges go to the uncast
+// x, weight and bias, the weight's and bias's gradients into float32 (the bias gradient fused
+// into the weight gradient's GEMM). Undefined, having recorded nothing, where the backend does
+// not fuse: the caller composes.
+Tensor AutocastLinearGelu(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const DType low = AutocastMode::GetDType(weight.device().type());
+  const bool grad_x = NeedsGrad({x}), grad_w = NeedsGrad({weight}), grad_b = NeedsGrad({bias});
+  const bool keep = grad_x || grad_w || grad_b;
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  const int64_t rows = NumElements(Shape(x.shape().begin(), x.shape().end() - 1));
+  const Tensor w_low =
+      autocast::CastWeightOutsideGraph(weight, /*keep=*/grad_x || !GradMode::IsEnabled());
+  const Tensor b_low = autocast::CastWeightOutsideGraph(bias, /*keep=*/true);
+  Tensor x_low;
+  {
+    NoGradGuard no_grad;  // the node is recorded below
+    x_low = x.to(low).reshape({rows, in});
+  }
+  Tensor y = NewTensor({rows, out_features}, low, x.device());
+  const Tensor pre = keep ? NewTensor({rows, out_features}, low, x.device()) : Tensor();
+  const Tensor contiguous_bias = ContiguousRaw(b_low);
+  Backend::GemmEpilogueArgs epilogue;
+  epilogue.kind = Backend::GemmEpilogue::kGeluTanhBias;
+  epilogue.bias = DataPtr(contiguous_bias);
+  if (keep) {
+    epilogue.aux = DataPtr(pre);
+    epilogue.ld_aux = out_features;
+  }
+  if (!GemmWithEpilogueRaw(y, x_low, TransposedRaw(w_low), epilogue)) return Tensor();
+  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+  out_shape.push_back(out_features);
+  if (keep) {
+    Record("AutocastLinearGeluBackward", {x, weight, bias}, y,
+           [grad_x, grad_w, grad_b, pre, rows, out_features, x_dtype = x.dtype(),
+            x_shape = x.shape(), sx = grad_w ? x_low.detach() : Tensor(),
+            sw = grad_x ? w_low : Tensor()](const Tensor& grad_y) {
+             const Tensor g =
+                 BinaryRaw(BinaryOp::kGeluTanhBackward, grad_y.reshape({rows, out_features}), pre,
+                           "linear_gelu backward");
+             Tensor grad_bias;
+             std::vector<Tensor> grads = {
+                 grad_x ? CastRaw(MatmulRaw(g, sw), x_dtype).reshape(x_shape) : Tensor(),
+                 grad_w ? WeightGradRaw(g, sx, kFloat32, grad_b ? &grad_bias : nullptr) : Tensor()};
+             if (grad_b && !grad_bias.defined()) {
+               grad_bias = CastRaw(
+                   ViewRaw(ReduceRaw(g, {0}, ReduceKind::kSum, "linear_gelu"), {out_features}),
+                   kFloat32);
+             }
+             grads.push_back(grad_bias);
+             return grads;
+           });
+  }
+  return y.reshape(out_shape);
+}
+
+}  // namespace
+
+// Note [Fused linear_gelu]: an op of its own rather than an epilogue that linear would pick by
+// looking ahead: the op that fuses must also own the backward, which needs the pre-activation
+// (cuBLASLt's GELU_AUX_BIAS writes it beside the output), not the GELU's output that a separate
+// gelu node would save. So one node holds the pre-activation and computes grad * gelu'(pre)
+// then the two GEMMs, the bias gradient fused into the weight gradient's (BGRADB). Everything
+// a fused kernel cannot take is gelu(linear(...)) itself, which also gives linear's messages
+// for bad arguments.
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                   const std::string& approximate) {
+  TANDEM_CHECK(
+      approximate == "none" || approximate == "tanh",
+      "linear_gelu: approximate must be \"none\" (the exact erf form) or \"tanh\" but is \"",
+      approximate, "\"");
+  const auto composed = [&] { return gelu(linear(x, weight, bias), approximate); };
+  // cuBLASLt's GELU is the tanh form, and its epilogue takes a bias.
+  if (approximate != "tanh" || !x.defined() || !weight.defined() || !bias.defined()) {
+    return composed();
+  }
+  if (AutocastMode::IsAnyEnabled()) {
+    if (autocast::IsEligible(x) && autocast::IsEligible(weight) && weight.dtype() == kFloat32 &&
+        bias.dtype() == kFloat32 && x.dim() >= 1 && weight.dim() == 2 &&
+        x.size(-1) == weight.size(1) && bias.dim() == 1 && bias.size(0) == weight.size(0) &&
+        x.device() == weight.device() && bias.device() == weight.device() &&
+        !x.device().is_cpu()) {  // the CPU backend fuses no epilogue: spare it the casts
+      if (Tensor y = AutocastLinearGelu(x, weight, bias); y.defined()) return y;
+    }
+    return composed();
+  }
+  const DType dtype = x.dtype();
+  if ((dtype != kFloat32 && dtype != kBFloat16 && dtype != kFloat16) || weight.dtype() != dtype ||
+      bias.dtype() != dtype || weight.device() != x.device() || bias.device() != x.device() ||
+      weight.dim() != 2 || x.dim() < 1 || x.size(-1) != weight.size(1) || bias.dim() != 1 ||
+      bias.size(0) != weight.size(0)) {
+    return composed();
+  }
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+  const int64_t rows = NumElements(out_shape);
+  out_shape.push_back(out_features);
+  const Tensor x2 = x.dim() == 2 ? x : x.reshape({rows, in});
+  const std::vector<Tensor> inputs = {x2, weight, bias};
+  const bool keep = NeedsGrad(inputs);
+  Tensor y = NewTensor({rows, out_features}, dtype, x.device());
+  const Tensor pre = keep ? NewTensor({rows, out_features}, dtype, x.device()) : Tensor();
+  const Tensor contiguous_bias = ContiguousRaw(bias);
+  Backend::GemmEpilogueArgs epilogue;
+  epilogue.kind = Backend::GemmEpilogue::kGeluTanhBias;
+  epilogue.bias = DataPtr(contiguous_bias);
+  if (keep) {
+    epilogue.aux = DataPtr(pre);
+    epilogue.ld_aux = out_features;
+  }
+  if (!GemmWithEpilogueRaw(y, x2, TransposedRaw(weight), epilogue)) return composed();
+  if (keep) {
+    const bool grad_x = NeedsGrad({x2}), grad_w = NeedsGrad({weight}), grad_b = NeedsGrad({bias});
+    Record(
+        "LinearGeluBackward", inputs, y,
+        [grad_x, grad_w, grad_b, pre, sx = grad_w ? x2 : Tensor(),
+         sw = grad_x ? weight : Tensor()](const Tensor& grad) {
+          const Tensor g =
+              BinaryRaw(BinaryOp::kGeluTanhBackward, grad, pre, "linear_gelu backward");
+          Tensor grad_bias;
+          std::vector<Tensor> grads = {
+              grad_x ? MatmulRaw(g, sw) : Tensor(),
+              grad_w ? WeightGradRaw(g, sx, g.dtype(), grad_b ? &grad_bias : nullptr) : Tensor()};
+          if (grad_b && !grad_bias.defined()) {
+            grad_bias = ViewRaw(ReduceRaw(g, {0}, ReduceKind::kSum, "linear_gelu"), {g.shape()[1]});
+          }
+          grads.push_back(grad_bias);
+          return grads;
+        });
   }
   return x.dim() == 2 ? y : y.reshape(out_shape);
 }

@@ -172,6 +172,31 @@ TEST_F(OpsTest, GradientsOfLinear) {
                          kLinearEps);
 }
 
+// linear_gelu is gelu(linear(...)) wherever it is not fused (the CPU; CUDA's fused form is
+// checked against this in tensor/cuda/cuda_gemm_test.cc): the same values bit for bit and the
+// same gradients, for both GELU forms, with and without a bias.
+TEST_F(OpsTest, LinearGeluIsGeluOfLinear) {
+  const Tensor w = Param64(Randn({3, 4}, 295)), b = Param64(Randn({3}, 296));
+  const Tensor x = Param64(Randn({2, 2, 4}, 297));
+  for (const char* approximate : {"none", "tanh"}) {
+    SCOPED_TRACE(approximate);
+    const Tensor fused = linear_gelu(x.to(kFloat32), w.to(kFloat32), b.to(kFloat32), approximate);
+    const Tensor composed =
+        gelu(linear(x.to(kFloat32), w.to(kFloat32), b.to(kFloat32)), approximate);
+    EXPECT_EQ(fused.to_vector<float>(), composed.to_vector<float>());
+    EXPECT_GRADIENTS_MATCH(
+        [approximate](const Inputs& in) { return linear_gelu(in[0], in[1], in[2], approximate); },
+        {x, w, b}, kLinearEps);
+    EXPECT_GRADIENTS_MATCH(
+        [approximate](const Inputs& in) {
+          return linear_gelu(in[0], in[1], Tensor(), approximate);
+        },
+        {x, w}, kLinearEps);
+  }
+  EXPECT_THAT(ErrorOf([&] { linear_gelu(x, w, b, "fast"); }),
+              ::testing::HasSubstr("linear_gelu: approximate must be \"none\""));
+}
+
 }  // namespace
 }  // namespace ops_testing
 }  // namespace tandem

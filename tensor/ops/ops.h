@@ -120,6 +120,15 @@ Tensor log_softmax(const Tensor& a, int64_t dim);
 Tensor matmul(const Tensor& a, const Tensor& b);
 // x [*, in] · weight[out, in]^T + bias[out].
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
+// gelu(linear(x, weight, bias), approximate), which a backend may compute in one GEMM: with
+// approximate "tanh" and a bias, CUDA fuses the bias and the GELU into cuBLASLt's epilogue
+// (Note [cuBLASLt epilogues]) and keeps the pre-activation for the backward, under autocast too
+// (float32 parameters, as linear's); elsewhere (the CPU, float64, "none") it is the two ops
+// composed. Same values within
+// the GEMM's rounding; its gradient is not differentiated again (create_graph through it fails
+// clearly: use gelu(linear(...)) for second derivatives).
+Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                   const std::string& approximate = "none");
 // Mean negative log-likelihood of int64 class targets [N] under log-probabilities [N, C].
 Tensor nll_loss(const Tensor& log_probs, const Tensor& targets);
 // log_softmax + nll_loss, numerically stable.

@@ -193,6 +193,32 @@ class Backend {
                                int64_t /*ldb*/, float* /*c*/, int64_t /*ldc*/) {
     return false;
   }
+  // One row-major product C = op(A) * op(B) (leading dimensions as Gemm's, alpha 1, beta 0)
+  // with an epilogue fused into the GEMM, as cuBLASLt's:
+  //   kBias          C = op(A) op(B) + bias              bias: [n], C's dtype
+  //   kGeluTanhBias  P = op(A) op(B) + bias, C = gelu_tanh(P), and P stored into `aux` ([m, n],
+  //                  row stride ld_aux, C's dtype) for the backward when aux is given
+  //   kBiasGradA     C = op(A) op(B), and bias_grad[i] = sum_k op(A)[i, k]   bias_grad: [m],
+  //                  c_dtype (a linear's weight gradient dW = G^T X with its bias gradient)
+  // A and B are `dtype`; C is `c_dtype`: dtype, or float32 for 16-bit A and B (as
+  // GemmFloatOutput). Returns false, having written nothing, where the backend has no such kernel
+  // (the default; the CPU composes the same values from Gemm and elementwise kernels, which the
+  // caller then does) or its library declines these arguments.
+  enum class GemmEpilogue { kBias, kGeluTanhBias, kBiasGradA };
+  struct GemmEpilogueArgs {
+    GemmEpilogue kind = GemmEpilogue::kBias;
+    const void* bias = nullptr;
+    void* aux = nullptr;
+    int64_t ld_aux = 0;
+    void* bias_grad = nullptr;
+  };
+  virtual bool GemmWithEpilogue(int /*index*/, DType /*dtype*/, DType /*c_dtype*/, bool /*trans_a*/,
+                                bool /*trans_b*/, int64_t /*m*/, int64_t /*n*/, int64_t /*k*/,
+                                const void* /*a*/, int64_t /*lda*/, const void* /*b*/,
+                                int64_t /*ldb*/, void* /*c*/, int64_t /*ldc*/,
+                                const GemmEpilogueArgs& /*epilogue*/) {
+    return false;
+  }
   // Counter-based random numbers (see tensor/base/philox.h): element i is a pure function of
   // (seed, offset + i), so every backend produces the same numbers for the same request.
   // Uniform in [low, high), or normal(mean, stddev) by Box-Muller. Note [Random float64]:

@@ -31,6 +31,11 @@
 // fit the simulator; the launches of one layer are the difference between two --n_layer):
 //   bazel run --config=cudasim -c opt //tools/bench:train_step -- --devices=cuda:0
 //       --model=gpt2 --n_layer=1 --batch_size=1 --tokens=16 --steps=1 --warmup=1
+// On CUDA devices it then models the step on an H100 SXM by the roofline (tools/bench/roofline.h;
+// a model, labelled so): each counted kernel's bytes and FLOPs at HBM3's bandwidth or its math's
+// peak, their sum ("modelled_h100_ms"), and for the GPTs the ideal of the step's GEMMs and
+// attention at this batch ("roofline_gemm_attention_h100_ms"), next to the measured step on a
+// real GPU.
 // The last line is one JSON object with the figures.
 #include <algorithm>
 #include <chrono>
@@ -61,6 +66,7 @@
 #include "tensor/runtime/stream.h"
 #include "tensor/runtime/threads.h"
 #include "tensor/tensor.h"
+#include "tools/bench/roofline.h"
 #include "tools/cuda/device_counters.h"
 
 ABSL_FLAG(std::string, model, "mlp",
@@ -549,10 +555,17 @@ int Run() {
   std::printf("  peak / least               %.2fx\n", static_cast<double>(peak) / minimum);
 
   DeviceCounters work;
+  std::string roofline_json;
   if (devices[0].is_cuda()) {
     std::vector<DeviceCounters> counts;
     trainer->Step(/*record=*/false, &counts);
     work = PrintDeviceWork(counts);
+    const examples::GptConfig gpt = IsGpt(kind) ? GptConfigOf(kind) : examples::GptConfig();
+    roofline_json = bench::ReportRoofline(work, IsGpt(kind) ? &gpt : nullptr, batch, tokens,
+                                          autocast == kFloat32    ? "fp32"
+                                          : autocast == kBFloat16 ? "bf16"
+                                                                  : "fp16",
+                                          median, !work.counted, absl::GetFlag(FLAGS_top_kernels));
   }
 
   StepComparison amp, ckpt;
@@ -644,6 +657,7 @@ int Run() {
     absl::StrAppendFormat(&json, ",\"launches_per_step\":%d,\"host_syncs_per_step\":%d",
                           work.launches, work.host_syncs);
   }
+  json += roofline_json;
   if (compare) {
     absl::StrAppendFormat(&json, ",\"speedup\":%.3f,\"loop_speedup\":%.3f,\"speedup_ratio\":%.3f",
                           speedup, loop_speedup, speedup / loop_speedup);

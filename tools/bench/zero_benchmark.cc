@@ -206,7 +206,7 @@ int64_t ParameterCount(const examples::GptConfig& config, int64_t layers) {
                         + (d * 3 * d + bias * 3 * d)  // attention's q, k, v
                         + (d * d + bias * d)          // its projection
                         + (d * 4 * d + bias * 4 * d) + (4 * d * d + bias * d);  // the MLP
-  return (config.vocab_size() + config.block_size()) * d + layers * block + d + bias * d;
+  return (config.padded_vocab_size() + config.block_size()) * d + layers * block + d + bias * d;
 }
 
 // The largest number of blocks that trains under each scheme (doubling, then bisecting).

@@ -12,6 +12,10 @@ namespace tandem {
 
 void ResetDeviceCounters() { cudasim::ResetCounters(); }
 
+void DeclareKernelWork(double flops, double bytes, const char* math) {
+  cudasim::DeclareLaunchWork(flops, bytes, math);
+}
+
 DeviceCounters ReadDeviceCounters() {
   const cudasim::Counters c = cudasim::SnapshotCounters();
   DeviceCounters out;
@@ -21,7 +25,8 @@ DeviceCounters ReadDeviceCounters() {
   out.bytes_host_to_device = c.bytes_host_to_device;
   out.bytes_device_to_host = c.bytes_device_to_host;
   for (const cudasim::KernelCount& k : c.kernels) {
-    out.kernels.push_back({k.name, k.launches, k.min_blocks, k.max_blocks, k.threads_per_block});
+    out.kernels.push_back({k.name, k.launches, k.min_blocks, k.max_blocks, k.threads_per_block,
+                           k.work_counted, k.flops, k.bytes, k.math});
   }
   int sms = 0;
   if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess) {
@@ -31,6 +36,8 @@ DeviceCounters ReadDeviceCounters() {
 }
 
 #else
+
+void DeclareKernelWork(double, double, const char*) {}
 
 void ResetDeviceCounters() {}
 

@@ -26,6 +26,13 @@ struct KernelLaunches {
   long long min_blocks = 0;
   long long max_blocks = 0;
   long long threads_per_block = 0;  // of the launch with the most blocks
+  // Its launches' FLOPs and device-memory bytes, where counted (cudasim::KernelCount): GEMMs
+  // exactly, Tandem's kernels as declared with DeclareKernelWork. math: "bf16", "fp16",
+  // "tf32", "fp32", "fp64" or "mixed".
+  bool work_counted = false;
+  double flops = 0;
+  double bytes = 0;
+  std::string math;
 };
 
 struct DeviceCounters {
@@ -38,6 +45,12 @@ struct DeviceCounters {
   std::vector<KernelLaunches> kernels;  // most launches first
   int sm_count = 0;                     // of cuda:0, for judging block counts (0 when not counted)
 };
+
+// Declares the FLOPs and device-memory bytes of the kernel the calling thread launched last
+// (under cudasim; nothing on a GPU). Written once per launcher, after its launch:
+//   LaunchKernel(...);
+//   DeclareKernelWork(n, 2.0 * n * sizeof(float));   // one FLOP and a read and a write each
+void DeclareKernelWork(double flops, double bytes, const char* math = "fp32");
 
 void ResetDeviceCounters();
 DeviceCounters ReadDeviceCounters();

@@ -18,6 +18,21 @@ State& Get() {
   return *state;
 }
 
+// The kernel this host thread launched last and has not declared the work of ("": none).
+thread_local std::string undeclared_launch;
+
+void AddWork(State& s, const std::string& name, double flops, double bytes, const char* math) {
+  KernelCount& k = s.by_name[name];
+  k.flops += flops;
+  k.bytes += bytes;
+  if (!k.work_counted) {
+    k.math = math;
+  } else if (k.math != math) {
+    k.math = "mixed";
+  }
+  k.work_counted = true;
+}
+
 }  // namespace
 
 void ResetCounters() {
@@ -38,6 +53,17 @@ Counters SnapshotCounters() {
   return c;
 }
 
+void DeclareLaunchWork(double flops, double bytes, const char* math) {
+  if (undeclared_launch.empty()) return;
+  State& s = Get();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  // A reset between the launch and its declaration leaves nothing to attribute it to.
+  if (s.by_name.count(undeclared_launch) != 0) {
+    AddWork(s, undeclared_launch, flops, bytes, math);
+  }
+  undeclared_launch.clear();
+}
+
 namespace internal {
 
 void CountLaunch(const std::string& name, long long blocks, long long threads_per_block) {
@@ -50,11 +76,19 @@ void CountLaunch(const std::string& name, long long blocks, long long threads_pe
     k.min_blocks = blocks;
   }
   ++k.launches;
+  undeclared_launch = name;
   k.min_blocks = std::min(k.min_blocks, blocks);
   if (blocks >= k.max_blocks) {
     k.max_blocks = blocks;
     k.threads_per_block = threads_per_block;
   }
+}
+
+void CountWork(const std::string& name, double flops, double bytes, const char* math) {
+  State& s = Get();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  AddWork(s, name, flops, bytes, math);
+  undeclared_launch.clear();
 }
 
 void CountHostSync() {

@@ -28,6 +28,15 @@ struct KernelCount {
   long long min_blocks = 0;
   long long max_blocks = 0;
   long long threads_per_block = 0;  // of the launch with the most blocks
+  // The work of its launches, summed, where counted: exactly for cuBLAS and cuBLASLt GEMMs
+  // (2 m n k FLOPs; A, B, C read where beta != 0, D, and a bias or aux buffer), and as the
+  // launching code declared it (DeclareLaunchWork) for Tandem's kernels. work_counted is false
+  // where none was. `math`: what the FLOPs run on, for a roofline: "bf16"/"fp16" (tensor
+  // cores), "tf32", "fp32" (CUDA cores), "fp64"; "mixed" when its launches differed.
+  bool work_counted = false;
+  double flops = 0;
+  double bytes = 0;
+  std::string math;
 };
 
 struct Counters {
@@ -41,6 +50,11 @@ struct Counters {
   std::vector<KernelCount> kernels;  // most launches first, then by name
 };
 
+// The work (FLOPs, bytes read and written in device memory) of the kernel this host thread
+// launched last, declared by the code that launched it (math as in KernelCount); ignored when
+// this thread launched nothing since its last declaration.
+void DeclareLaunchWork(double flops, double bytes, const char* math = "fp32");
+
 // Zeroes every counter (all simulated devices, all threads).
 void ResetCounters();
 // The counts since the last ResetCounters (or the start of the process).
@@ -50,6 +64,8 @@ namespace internal {
 // The simulator's hooks (runtime.cc, cublas.cc, nccl.cc). `blocks` and `threads_per_block` are 0
 // for library calls.
 void CountLaunch(const std::string& name, long long blocks, long long threads_per_block);
+// The work of one launch of the library call `name` (counted with CountLaunch just before).
+void CountWork(const std::string& name, double flops, double bytes, const char* math);
 void CountHostSync();
 void CountCopy(long long bytes, bool host_to_device);
 }  // namespace internal

@@ -42,6 +42,7 @@ using cudasim::internal::BFloat16ToFloat;
 using cudasim::internal::FloatToBFloat16;
 using cudasim::internal::FloatToHalf;
 using cudasim::internal::HalfToFloat;
+using cudasim::internal::RoundToTf32;
 
 std::mutex& HandlesMutex() {
   static std::mutex* mutex = new std::mutex;
@@ -121,19 +122,6 @@ cublasStatus_t CheckGemm(const char* call, cublasOperation_t ta, cublasOperation
   return CUBLAS_STATUS_SUCCESS;
 }
 
-// TF32 as the tensor cores take it: float32 rounded (to nearest, ties to even) to 10
-// mantissa bits. Applied to the operands when the handle allows TF32, so that code choosing
-// TF32 sees its precision change here as on a GPU.
-float RoundToTf32(float x) {
-  if (!std::isfinite(x)) return x;
-  uint32_t bits;
-  std::memcpy(&bits, &x, 4);
-  bits += 0x0fffu + ((bits >> 13) & 1u);
-  bits &= ~0x1fffu;
-  std::memcpy(&x, &bits, 4);
-  return x;
-}
-
 // A rounded copy of a column-major rows x cols operand with leading dimension ld.
 std::vector<float> Tf32Copy(const float* x, int rows, int cols, int ld) {
   std::vector<float> copy(cols == 0 ? 0 : static_cast<size_t>(ld) * (cols - 1) + rows);
@@ -144,6 +132,17 @@ std::vector<float> Tf32Copy(const float* x, int rows, int cols, int ld) {
     }
   }
   return copy;
+}
+
+// A GEMM's work for the counters (counters.h): 2 m n k FLOPs per product, and its operands
+// read once and C written (and read where beta != 0), as a roofline counts a GEMM.
+double GemmFlops(long long m, long long n, long long k, long long batch) {
+  return 2.0 * m * n * k * batch;
+}
+double GemmBytes(long long m, long long n, long long k, long long batch, size_t ab_size,
+                 size_t c_size, bool reads_c) {
+  return static_cast<double>(batch) * (static_cast<double>(ab_size) * (m * k + k * n) +
+                                       static_cast<double>(c_size) * m * n * (reads_c ? 2 : 1));
 }
 
 CBLAS_TRANSPOSE Trans(cublasOperation_t op) {
@@ -182,6 +181,11 @@ cublasStatus_t Queue(const char* name, cublasHandle_t handle, cublasOperation_t 
   const bool tf32 = std::is_same_v<T, float> &&
                     (handle->mode & ~CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) ==
                         CUBLAS_TF32_TENSOR_OP_MATH;
+  cudasim::internal::CountWork(name, GemmFlops(m, n, k, batch),
+                               GemmBytes(m, n, k, batch, sizeof(T), sizeof(T), beta != T(0)),
+                               std::is_same_v<T, double> ? "fp64"
+                               : tf32                    ? "tf32"
+                                                         : "fp32");
   stream->Enqueue([=] {
     for (int i = 0; i < batch; ++i) {
       T* ci = c + i * stride_c;
@@ -306,6 +310,9 @@ cublasStatus_t CheckedGemmEx(const char* name, cublasHandle_t handle, cublasOper
   cudasim::internal::CountLaunch(name, 0, 0);  // cuBLAS launches one kernel per GEMM call
   const cudaDataType type = a_type;
   const bool float_c = c_type == CUDA_R_32F;
+  cudasim::internal::CountWork(name, GemmFlops(m, n, k, batch),
+                               GemmBytes(m, n, k, batch, 2, float_c ? 4 : 2, beta != 0.0f),
+                               type == CUDA_R_16BF ? "bf16" : "fp16");
   stream->Enqueue([=] {
     const uint16_t* a16 = static_cast<const uint16_t*>(a);
     const uint16_t* b16 = static_cast<const uint16_t*>(b);

@@ -1,8 +1,8 @@
 // cudasim internals: round-to-nearest-even conversions between float and IEEE binary16 or
-// bfloat16 (float's top half), for the simulated libraries that compute 16-bit data in float
-// (cuBLAS's GemmEx, NCCL's reductions). Written here rather than taken from Tandem's
-// tensor/base/half.h so that the simulator checks that header's conversions instead of sharing
-// them. Not for use outside tools/cudasim.
+// bfloat16 (float's top half), and float's rounding to TF32, for the simulated libraries that
+// compute 16-bit data in float (cuBLAS's GemmEx, NCCL's reductions). Written here rather than taken
+// from Tandem's tensor/base/half.h so that the simulator checks that header's conversions instead
+// of sharing them. Not for use outside tools/cudasim.
 //
 //   uint16_t sum = cudasim::internal::FloatToBFloat16(cudasim::internal::BFloat16ToFloat(a) +
 //                                                     cudasim::internal::BFloat16ToFloat(b));
@@ -52,6 +52,18 @@ inline uint16_t FloatToHalf(float f) {
   const uint32_t m = static_cast<uint32_t>(mantissa);
   if (m < 1024) return sign | static_cast<uint16_t>(m);
   return sign | static_cast<uint16_t>(((exponent + 15) << 10) + (m - 1024));
+}
+
+// TF32 as the tensor cores take it: float32 rounded (to nearest, ties to even) to 10 mantissa
+// bits (cuBLAS's CUBLAS_TF32_TENSOR_OP_MATH, cuBLASLt's CUBLAS_COMPUTE_32F_FAST_TF32).
+inline float RoundToTf32(float x) {
+  if (!std::isfinite(x)) return x;
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  bits += 0x0fffu + ((bits >> 13) & 1u);
+  bits &= ~0x1fffu;
+  std::memcpy(&x, &bits, 4);
+  return x;
 }
 
 }  // namespace internal

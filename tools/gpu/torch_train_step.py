@@ -45,7 +45,9 @@ class Block(nn.Module):
 
 
 class Gpt2(nn.Module):
-    def __init__(self, vocab=50257, context=1024, layers=12, heads=12, c=768):
+    # 50257 tokens padded to 50304 (a multiple of 64) as nanoGPT does, and as Tandem's GPT does
+    # (examples/gpt.h, GptConfig::vocab_multiple); the tokens stay below 50257.
+    def __init__(self, vocab=50304, context=1024, layers=12, heads=12, c=768):
         super().__init__()
         self.wte = nn.Embedding(vocab, c)
         self.wpe = nn.Embedding(context, c)

@@ -62,6 +62,7 @@ typedef enum {
   CUBLAS_COMPUTE_16F = 64,
   CUBLAS_COMPUTE_32F = 68,
   CUBLAS_COMPUTE_32F_PEDANTIC = 69,
+  CUBLAS_COMPUTE_32F_FAST_TF32 = 77,  // float32 operands rounded to TF32 (cuBLASLt)
   CUBLAS_COMPUTE_64F = 70,
 } cublasComputeType_t;
 
