@@ -57,6 +57,13 @@ void CountLaunch(const std::string& name, long long blocks, long long threads_pe
   }
 }
 
+void CountGraphLaunch(long long kernels) {
+  State& s = Get();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  ++s.totals.graph_launches;
+  s.totals.graph_kernels += kernels;
+}
+
 void CountHostSync() {
   State& s = Get();
   std::lock_guard<std::mutex> lock(s.mutex);
