@@ -170,6 +170,8 @@ namespace internal {
 // Claim then throws tandem::Error saying `why`. Null allows draws again. Process-wide.
 void SetRandomDrawsForbidden(const char* why);
 const char* RandomDrawsForbidden();
+// Whether a CUDA Graph capture is underway in this process (what sets the above).
+inline bool GraphCaptureUnderway() { return RandomDrawsForbidden() != nullptr; }
 }  // namespace internal
 
 }  // namespace tandem
