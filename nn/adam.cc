@@ -3,9 +3,11 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "tensor/ops/fused_optimizers.h"
 #include "tensor/runtime/profiler.h"
+#include "tensor/runtime/stream.h"
 
 namespace tandem::nn {
 
@@ -30,6 +32,11 @@ FusedAdamOptions FusedOf(const Options& o, bool decoupled) {
 FusedAdamOptions HyperOf(const OptimizerOptions& options) {
   if (const auto* o = dynamic_cast<const AdamOptions*>(&options)) return FusedOf(*o, false);
   return FusedOf(static_cast<const AdamWOptions&>(options), true);
+}
+
+bool CapturableOf(const OptimizerOptions& options) {
+  if (const auto* o = dynamic_cast<const AdamOptions*>(&options)) return o->capturable();
+  return static_cast<const AdamWOptions&>(options).capturable();
 }
 
 }  // namespace
@@ -57,8 +64,10 @@ void AdamBase::step() {
   NoGradGuard no_grad;
   TANDEM_PROFILE_SCOPE("optim", name_ + ".step");
   size_t i = 0;
-  for (ParamGroup& group : groups_) {
-    const FusedAdamOptions o = HyperOf(group.options());
+  if (capturable_state_.size() < groups_.size()) capturable_state_.resize(groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    ParamGroup& group = groups_[g];
+    FusedAdamOptions o = HyperOf(group.options());
     std::vector<Tensor> params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs;
     std::vector<int64_t> steps;
     for (size_t k = 0; k < group.params().size(); ++k, ++i) {
@@ -77,9 +86,68 @@ void AdamBase::step() {
       }
       steps.push_back(++steps_[i]);
     }
-    if (!params.empty())
-      fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, o);
+    if (params.empty()) continue;
+    if (CapturableOf(group.options())) {
+      Tensor& state = CapturableState(g, params, steps.front());
+      if (!tandem::internal::GraphCaptureUnderway()) state.narrow(0, 0, 1).fill_(o.lr);
+      o.capturable_state = static_cast<double*>(state.raw_data());
+    }
+    fused_adam_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, o);
   }
+}
+
+Tensor& AdamBase::CapturableState(size_t g, const std::vector<Tensor>& params, int64_t step) {
+  Tensor& state = capturable_state_[g];
+  const Device device = params.front().device();
+  for (const Tensor& p : params) {
+    TANDEM_CHECK(p.device().is_cuda() && p.device() == device && p.dtype() == params[0].dtype(),
+                 name_, " with capturable(true): parameter group ", g,
+                 " must have all its parameters on one CUDA device in one dtype (its step count "
+                 "and learning rate live there); found ",
+                 p.device(), " ", p.dtype(), " beside ", device, " ", params[0].dtype());
+  }
+  if (state.defined()) {
+    TANDEM_CHECK(state.device() == device, name_, " with capturable(true): parameter group ", g,
+                 " moved from ", state.device(), " to ", device,
+                 "; build the optimizer after moving the model");
+    return state;
+  }
+  TANDEM_CHECK(!tandem::internal::GraphCaptureUnderway(), name_,
+               " with capturable(true): the first step() of parameter group ", g,
+               " makes its device state, which a CUDA Graph capture cannot; run a warm-up step "
+               "before capturing, as torch.cuda.graph requires");
+  // {lr, the step before this one, scratch}: the step kernel advances the count.
+  state =
+      from_vector(std::vector<double>{0.0, static_cast<double>(step - 1), 0.0, 0.0, 0.0}, Shape{5})
+          .to(device);
+  return state;
+}
+
+void AdamBase::SyncLearningRates() {
+  NoGradGuard no_grad;
+  for (size_t g = 0; g < capturable_state_.size() && g < groups_.size(); ++g) {
+    if (!capturable_state_[g].defined()) continue;
+    TANDEM_CHECK(!tandem::internal::GraphCaptureUnderway(), name_,
+                 "::SyncLearningRates during a CUDA Graph capture would freeze the learning rate "
+                 "into the graph; set it between replays");
+    capturable_state_[g].narrow(0, 0, 1).fill_(groups_[g].options().get_lr());
+  }
+}
+
+int64_t AdamBase::StepOf(size_t i) const {
+  size_t first = 0;
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const size_t end = first + groups_[g].params().size();
+    if (i < end) {
+      // A capturable group's count advances on the device (replays do not tell the host).
+      if (g < capturable_state_.size() && capturable_state_[g].defined()) {
+        return static_cast<int64_t>(capturable_state_[g].narrow(0, 1, 1).item());
+      }
+      break;
+    }
+    first = end;
+  }
+  return steps_[i];
 }
 
 OptimizerState AdamBase::state_dict() const {
@@ -90,7 +158,7 @@ OptimizerState AdamBase::state_dict() const {
     const std::string prefix = "state." + std::to_string(i) + ".";
     state[prefix + "exp_avg"] = exp_avg_[i].clone();
     state[prefix + "exp_avg_sq"] = exp_avg_sq_[i].clone();
-    state[prefix + "step"] = from_vector(std::vector<int64_t>{steps_[i]}, Shape{});
+    state[prefix + "step"] = from_vector(std::vector<int64_t>{StepOf(i)}, Shape{});
     if (max_exp_avg_sq_[i].defined()) state[prefix + "max_exp_avg_sq"] = max_exp_avg_sq_[i].clone();
   }
   return state;
@@ -121,6 +189,7 @@ void AdamBase::load_state_dict(const OptimizerState& state) {
                  "max_exp_avg_sq with amsgrad) or none");
   }
   steps_ = std::move(steps);
+  capturable_state_.clear();  // remade from steps_ by the next step()
   exp_avg_ = std::move(exp_avg);
   exp_avg_sq_ = std::move(exp_avg_sq);
   max_exp_avg_sq_ = std::move(max_exp_avg_sq);

@@ -47,6 +47,12 @@ struct AdamOptions : OptimizerOptions {
   TANDEM_ARG(bool, amsgrad) = false;
   // Ascend the objective: the step follows -g (PyTorch's maximize).
   TANDEM_ARG(bool, maximize) = false;
+  // PyTorch's capturable: the step count and learning rate live on the parameters' CUDA device,
+  // read and advanced by the step's kernels, so that the step can be captured in a CUDA Graph
+  // (tensor/cuda/cuda_graph.h) and each replay takes that step's values. The learning rate is
+  // written there by each eager step() and by LR schedulers (Optimizer::SyncLearningRates).
+  // Needs every parameter of a group on one CUDA device, in one dtype.
+  TANDEM_ARG(bool, capturable) = false;
 };
 
 // AdamW's options: Adam's, with weight decay 1e-2 by default (torch.optim.AdamW).
@@ -71,6 +77,7 @@ struct AdamWOptions : OptimizerOptions {
   TANDEM_ARG(double, weight_decay) = 1e-2;
   TANDEM_ARG(bool, amsgrad) = false;
   TANDEM_ARG(bool, maximize) = false;
+  TANDEM_ARG(bool, capturable) = false;  // as AdamOptions::capturable
 };
 
 namespace internal {
@@ -87,6 +94,9 @@ class AdamBase : public Optimizer {
   const Tensor& max_exp_avg_sq(size_t i) const { return max_exp_avg_sq_.at(i); }
   OptimizerState state_dict() const override;
   void load_state_dict(const OptimizerState& state) override;
+  // Capturable groups: writes each group's learning rate into its device state (a kernel; not
+  // during a capture, where the graph must read it instead).
+  void SyncLearningRates() override;
 
  protected:
   AdamBase(std::string name, std::unique_ptr<OptimizerOptions> defaults, bool decoupled)
@@ -96,7 +106,14 @@ class AdamBase : public Optimizer {
   void CheckOptions(const OptimizerOptions& options) const override;
   void ResizeState(size_t n) override;
 
+  // Capturable: group g's {lr, step, scratch} on its device (Note [Capturable Adam]), made by
+  // its first step.
+  Tensor& CapturableState(size_t g, const std::vector<Tensor>& params, int64_t step);
+  // Parameter i's step count: the device's for a capturable group.
+  int64_t StepOf(size_t i) const;
+
   bool decoupled_;
+  std::vector<Tensor> capturable_state_;
   std::vector<int64_t> steps_;
   std::vector<Tensor> exp_avg_;
   std::vector<Tensor> exp_avg_sq_;

@@ -55,6 +55,7 @@ void LRScheduler::Apply() {
   std::vector<double> lrs;
   for (size_t g = 0; g < groups.size(); ++g) lrs.push_back(LrAt(last_epoch_, g));
   for (size_t g = 0; g < groups.size(); ++g) groups[g].options().set_lr(lrs[g]);
+  optimizer_.SyncLearningRates();
   last_lrs_ = std::move(lrs);
   ApplyOther(last_epoch_);
 }

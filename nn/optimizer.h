@@ -101,6 +101,10 @@ class Optimizer {
   // Virtual so that a wrapper that steps other tensors (the trainer's FSDP optimizer steps
   // flat shards) clears theirs.
   virtual void zero_grad(bool set_to_none = true);
+  // For optimizers that keep learning rates in device memory (capturable Adam, for CUDA
+  // Graphs): copies each group's options().get_lr() there. LR schedulers call it after setting
+  // the rates; a no-op for the rest.
+  virtual void SyncLearningRates() {}
   // Every parameter, group after group; state entry "state.<i>..." is parameters()[i]'s.
   const std::vector<Tensor>& parameters() const { return parameters_; }
 

@@ -1,7 +1,6 @@
 // Tensor factories (empty, full, zeros, from_vector, from_blob, arange, ...) and random numbers
 // (Generator, the default generators, rand, randn, uniform, randperm).
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -17,6 +16,7 @@
 #include "tensor/core/tensor.h"
 #include "tensor/runtime/backend.h"
 #include "tensor/runtime/devices.h"
+#include "tensor/runtime/stream.h"
 
 namespace tandem {
 
@@ -237,6 +237,9 @@ void Generator::set_state(const GeneratorState& state) {
 uint64_t Generator::Reserve(uint64_t n) { return Claim(n).offset; }
 
 GeneratorState Generator::Claim(uint64_t n) {
+  const char* forbidden = internal::RandomDrawsForbidden();
+  TANDEM_CHECK(forbidden == nullptr, "a random draw of ", n, " numbers (dropout, rand, ...) ",
+               forbidden);
   GeneratorState claimed;
   {
     std::lock_guard<std::mutex> lock(mutex_);

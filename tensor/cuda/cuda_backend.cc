@@ -25,6 +25,7 @@
 #include "tensor/cuda/cuda.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/cuda_device.h"
+#include "tensor/cuda/cuda_graph.h"
 #include "tensor/cuda/cuda_testing.h"
 #include "tensor/cuda/kernels.h"
 #include "tensor/kernels/internal/elementwise_math.h"
@@ -47,6 +48,11 @@ void CheckMayWait(const char* what, int index) {
   TANDEM_CHECK(!sync_debug_error.load(), what, " would make the host wait for ",
                Device::Cuda(index), " while cuda::SetSyncDebugError(true) forbids it; keep the ",
                "value on the device, or read it after the section that must not wait");
+  const bool capturing = CudaDevices::Get().device(index).allocator().CaptureUnderway();
+  if (capturing) internal::NoteCaptureViolation(index, what);
+  TANDEM_CHECK(!capturing, what, " would make the host wait for ", Device::Cuda(index),
+               " during a CUDA Graph capture, which records work without running it; keep the "
+               "value on the device and read it after replay() (tensor/cuda/cuda_graph.h)");
 }
 
 // ---- Argument checks (the CPU backend's, with "CUDA" in the message) --------------------

@@ -27,7 +27,18 @@ class CudaMemory final : public SystemMemory {
   void* Allocate(size_t bytes, std::string* error) override {
     DeviceGuard guard(device_->physical());
     void* ptr = nullptr;
+    // During a CUDA Graph capture (the allocator's private pool growing) cudaMalloc is one of
+    // the calls a global capture forbids; as PyTorch does, the calling thread relaxes its mode
+    // for it: the graph's replays use the memory and never free it.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(device_->current_stream(), &capture) != cudaSuccess) {
+      cudaGetLastError();
+      capture = cudaStreamCaptureStatusNone;
+    }
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    if (capture != cudaStreamCaptureStatusNone) cudaThreadExchangeStreamCaptureMode(&mode);
     const cudaError_t status = cudaMalloc(&ptr, bytes);
+    if (capture != cudaStreamCaptureStatusNone) cudaThreadExchangeStreamCaptureMode(&mode);
     if (status != cudaSuccess) {
       cudaGetLastError();  // out of memory is not sticky: clear it for later launch checks
       *error = std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status);

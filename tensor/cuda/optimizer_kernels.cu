@@ -76,12 +76,40 @@ __global__ void SgdKernel(SgdScalars<OpMath<T>> u, SgdList list, int64_t chunks)
   });
 }
 
-template <bool kL2, bool kAmsgrad, typename T>
-__global__ void AdamKernel(AdamScalars<OpMath<T>> common, AdamList<T> list, int64_t chunks) {
+// Note [Capturable Adam]: with FusedAdamOptions::capturable_state the step count and the learning
+// rate live in device memory, {lr, step, step_size, inv_bc2_sqrt, decay_factor} as float64, so
+// that a CUDA Graph replays each step with that step's values (PyTorch's capturable=True). One
+// thread advances the step and computes the step-dependent scalars with AdamScalars' double
+// formulas; the update kernels then read them in place of the per-tensor ones. Under cudasim
+// the formulas run on the host's libm, so a capturable step equals the host-computed one bit
+// for bit; on a GPU, CUDA's double pow may differ from glibc's in the last bit of a double,
+// which the rounding to float almost always hides (owed: a check on a GPU).
+__global__ void AdamAdvanceKernel(double* state, double beta1, double beta2, double weight_decay,
+                                  bool decoupled) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  const double lr = state[0];
+  const double step = state[1] + 1.0;
+  state[1] = step;
+  state[2] = lr / (1.0 - pow(beta1, step));
+  state[3] = 1.0 / sqrt(1.0 - pow(beta2, step));
+  state[4] = decoupled ? 1.0 - lr * weight_decay : 1.0;
+}
+
+template <bool kL2, bool kAmsgrad, bool kCapturable, typename T>
+__global__ void AdamKernel(AdamScalars<OpMath<T>> common, AdamList<T> list, int64_t chunks,
+                           const double* capturable_state) {
+  using M = OpMath<T>;
+  if constexpr (kCapturable) {
+    common.step_size = static_cast<M>(capturable_state[2]);
+    common.inv_bc2_sqrt = static_cast<M>(capturable_state[3]);
+    common.decay_factor = static_cast<M>(capturable_state[4]);
+  }
   ForEachChunk(list, chunks, [&](int s, int64_t begin, int64_t end) {
     AdamScalars<OpMath<T>> u = common;
-    u.step_size = list.extra[s].step_size;
-    u.inv_bc2_sqrt = list.extra[s].inv_bc2_sqrt;
+    if constexpr (!kCapturable) {
+      u.step_size = list.extra[s].step_size;
+      u.inv_bc2_sqrt = list.extra[s].inv_bc2_sqrt;
+    }
     T* __restrict__ p = At<T>(list.ptr[0][s]);
     const T* __restrict__ g = At<T>(list.ptr[1][s]);
     T* __restrict__ m = At<T>(list.ptr[2][s]);
@@ -134,11 +162,12 @@ void LaunchSgd(const LaunchContext& context, const SgdScalars<OpMath<T>>& u, con
       <<<ChunkGrid(context, chunks), kChunkThreads, 0, context.stream>>>(u, list, chunks);
 }
 
-template <bool kL2, bool kAmsgrad, typename T>
+template <bool kL2, bool kAmsgrad, bool kCapturable, typename T>
 void LaunchAdam(const LaunchContext& context, const AdamScalars<OpMath<T>>& u,
-                const AdamList<T>& list, int64_t chunks) {
-  AdamKernel<kL2, kAmsgrad, T>
-      <<<ChunkGrid(context, chunks), kChunkThreads, 0, context.stream>>>(u, list, chunks);
+                const AdamList<T>& list, int64_t chunks, const double* capturable_state) {
+  AdamKernel<kL2, kAmsgrad, kCapturable, T>
+      <<<ChunkGrid(context, chunks), kChunkThreads, 0, context.stream>>>(u, list, chunks,
+                                                                         capturable_state);
 }
 
 template <bool kMomentum, bool kCentered, typename T>
@@ -222,12 +251,22 @@ void LaunchFusedAdam(const LaunchContext& context, DType dtype, const FusedAdamO
                      const std::vector<FusedAdamTensor>& tensors) {
   DispatchAllFloatingTypes(dtype, "CUDA FusedAdamKernel", [&](auto tag) {
     using T = typename decltype(tag)::type;
-    using Launcher =
-        void (*)(const LaunchContext&, const AdamScalars<OpMath<T>>&, const AdamList<T>&, int64_t);
-    static constexpr Launcher kLaunchers[4] = {
-        LaunchAdam<false, false, T>, LaunchAdam<false, true, T>, LaunchAdam<true, false, T>,
-        LaunchAdam<true, true, T>};
-    const Launcher launch = kLaunchers[!options.decoupled_weight_decay * 2 + options.amsgrad];
+    using Launcher = void (*)(const LaunchContext&, const AdamScalars<OpMath<T>>&,
+                              const AdamList<T>&, int64_t, const double*);
+    static constexpr Launcher kLaunchers[8] = {
+        LaunchAdam<false, false, false, T>, LaunchAdam<false, true, false, T>,
+        LaunchAdam<true, false, false, T>,  LaunchAdam<true, true, false, T>,
+        LaunchAdam<false, false, true, T>,  LaunchAdam<false, true, true, T>,
+        LaunchAdam<true, false, true, T>,   LaunchAdam<true, true, true, T>};
+    const bool capturable = options.capturable_state != nullptr;
+    const Launcher launch =
+        kLaunchers[capturable * 4 + !options.decoupled_weight_decay * 2 + options.amsgrad];
+    if (capturable) {
+      AdamAdvanceKernel<<<1, 32, 0, context.stream>>>(options.capturable_state, options.beta1,
+                                                      options.beta2, options.weight_decay,
+                                                      options.decoupled_weight_decay);
+      TANDEM_CUDA_CHECK_LAUNCH(context.device);
+    }
     // The step-independent scalars; each tensor's list slot carries its bias corrections.
     const AdamScalars<OpMath<T>> common(options, 1);
     PackChunkLists<AdamList<T>>(
@@ -236,7 +275,7 @@ void LaunchFusedAdam(const LaunchContext& context, DType dtype, const FusedAdamO
           FillAdam<T>(options, list, s, t);
         },
         [&](const AdamList<T>& list, int64_t chunks) {
-          launch(context, common, list, chunks);
+          launch(context, common, list, chunks, options.capturable_state);
           TANDEM_CUDA_CHECK_LAUNCH(context.device);
         });
   });
@@ -277,7 +316,8 @@ int64_t CountFusedAdamLaunches(DType dtype, const FusedAdamOptions& options,
         },
         NoLaunch());
   });
-  return launches;
+  // A capturable step advances its device step count first (Note [Capturable Adam]).
+  return launches + (options.capturable_state != nullptr ? 1 : 0);
 }
 
 int64_t CountFusedRmspropLaunches(const std::vector<FusedRmspropTensor>& tensors) {

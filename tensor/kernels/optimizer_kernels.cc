@@ -50,6 +50,10 @@ void RunFusedAdam(Device device, DType dtype, const FusedAdamOptions& options,
                   const std::vector<FusedAdamTensor>& tensors) {
   constexpr const char* kName = "FusedAdamKernel";
   CheckDType(kName, dtype);
+  TANDEM_CHECK(options.capturable_state == nullptr || device.is_cuda(), kName, " on ", device,
+               ": a capturable step keeps its step count and learning rate in CUDA device memory "
+               "for CUDA Graphs; on ",
+               device, " run it with capturable off");
   for (size_t k = 0; k < tensors.size(); ++k) {
     const FusedAdamTensor& t = tensors[k];
     if (!CheckCommon(kName, t, k)) continue;

@@ -51,6 +51,12 @@ struct FusedAdamOptions {
   bool decoupled_weight_decay = false;
   bool amsgrad = false;
   bool maximize = false;
+  // Capturable (torch.optim.Adam's capturable=True, for CUDA Graphs): five float64 values in
+  // device memory, {lr, step, and three scratch values}. The kernel then advances `step` by one
+  // and reads `lr` there, ignoring `lr` above and each tensor's `step`, so that a replayed
+  // graph takes this step's values (Note [Capturable Adam], tensor/cuda/optimizer_kernels.cu).
+  // CUDA devices only.
+  double* capturable_state = nullptr;
 };
 struct FusedAdamTensor {
   int64_t numel = 0;

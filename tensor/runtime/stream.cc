@@ -1,5 +1,6 @@
 #include "tensor/runtime/stream.h"
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -141,5 +142,14 @@ void Event::Synchronize() const {
 }
 
 void Event::Block(Stream stream) const { stream.Wait(*this); }
+
+namespace internal {
+namespace {
+std::atomic<const char*> random_draws_forbidden{nullptr};
+}  // namespace
+
+void SetRandomDrawsForbidden(const char* why) { random_draws_forbidden.store(why); }
+const char* RandomDrawsForbidden() { return random_draws_forbidden.load(); }
+}  // namespace internal
 
 }  // namespace tandem

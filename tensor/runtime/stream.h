@@ -164,6 +164,16 @@ class Event {
   std::unique_ptr<EventImpl> impl_;
 };
 
+namespace internal {
+// While a CUDA Graph capture is underway (tensor/cuda/cuda_graph.h) a random draw's seed and
+// offset would be frozen into the graph, every replay repeating the same numbers: Generator::
+// Claim then throws tandem::Error saying `why`. Null allows draws again. Process-wide.
+void SetRandomDrawsForbidden(const char* why);
+const char* RandomDrawsForbidden();
+// Whether a CUDA Graph capture is underway in this process (what sets the above).
+inline bool GraphCaptureUnderway() { return RandomDrawsForbidden() != nullptr; }
+}  // namespace internal
+
 }  // namespace tandem
 
 #endif  // TANDEM_TENSOR_RUNTIME_STREAM_H_

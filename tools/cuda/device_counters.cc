@@ -21,6 +21,8 @@ DeviceCounters ReadDeviceCounters() {
   DeviceCounters out;
   out.counted = true;
   out.launches = c.launches;
+  out.graph_launches = c.graph_launches;
+  out.graph_kernels = c.graph_kernels;
   out.host_syncs = c.host_syncs;
   out.bytes_host_to_device = c.bytes_host_to_device;
   out.bytes_device_to_host = c.bytes_device_to_host;

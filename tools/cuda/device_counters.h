@@ -38,7 +38,10 @@ struct KernelLaunches {
 struct DeviceCounters {
   bool counted = false;
   std::string not_counted;  // why, when !counted
-  long long launches = 0;
+  long long launches = 0;   // kernels launched one by one from the host
+  // CUDA Graph launches (one each, however many kernels), and the kernels they ran.
+  long long graph_launches = 0;
+  long long graph_kernels = 0;
   long long host_syncs = 0;
   long long bytes_host_to_device = 0;
   long long bytes_device_to_host = 0;

@@ -91,6 +91,13 @@ void CountWork(const std::string& name, double flops, double bytes, const char* 
   undeclared_launch.clear();
 }
 
+void CountGraphLaunch(long long kernels) {
+  State& s = Get();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  ++s.totals.graph_launches;
+  s.totals.graph_kernels += kernels;
+}
+
 void CountHostSync() {
   State& s = Get();
   std::lock_guard<std::mutex> lock(s.mutex);

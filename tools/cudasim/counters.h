@@ -40,7 +40,12 @@ struct KernelCount {
 };
 
 struct Counters {
+  // Kernels launched from the host, one by one (kernels run by a graph are not among them).
   long long launches = 0;
+  // cudaGraphLaunch calls, each one launch from the host however many kernels it runs, and the
+  // kernels those graphs ran (cuBLAS GEMMs included; copies and memsets not).
+  long long graph_launches = 0;
+  long long graph_kernels = 0;
   // Calls that returned only once a device's work was done: cudaStreamSynchronize,
   // cudaDeviceSynchronize, cudaEventSynchronize, cudaMemcpy, cudaMemset, cudaMemcpyPeer, an
   // asynchronous copy into pageable host memory, cudaFree and cudaFreeHost.
@@ -66,6 +71,7 @@ namespace internal {
 void CountLaunch(const std::string& name, long long blocks, long long threads_per_block);
 // The work of one launch of the library call `name` (counted with CountLaunch just before).
 void CountWork(const std::string& name, double flops, double bytes, const char* math);
+void CountGraphLaunch(long long kernels);
 void CountHostSync();
 void CountCopy(long long bytes, bool host_to_device);
 }  // namespace internal

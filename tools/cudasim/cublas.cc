@@ -176,17 +176,12 @@ cublasStatus_t Queue(const char* name, cublasHandle_t handle, cublasOperation_t 
     return CUBLAS_STATUS_EXECUTION_FAILED;
   }
   if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
-  cudasim::internal::CountLaunch(name, 0, 0);  // cuBLAS launches one kernel per GEMM call
   // The TF32 mode changes single-precision GEMMs only; DGEMM ignores it, as on a GPU.
   const bool tf32 = std::is_same_v<T, float> &&
                     (handle->mode & ~CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) ==
                         CUBLAS_TF32_TENSOR_OP_MATH;
-  cudasim::internal::CountWork(name, GemmFlops(m, n, k, batch),
-                               GemmBytes(m, n, k, batch, sizeof(T), sizeof(T), beta != T(0)),
-                               std::is_same_v<T, double> ? "fp64"
-                               : tf32                    ? "tf32"
-                                                         : "fp32");
-  stream->Enqueue([=] {
+  // cuBLAS launches one kernel per GEMM call.
+  const cudaError_t queued = stream->EnqueueLaunch(name, 0, 0, [=] {
     for (int i = 0; i < batch; ++i) {
       T* ci = c + i * stride_c;
       if (k == 0 || alpha == T(0)) {
@@ -213,7 +208,15 @@ cublasStatus_t Queue(const char* name, cublasHandle_t handle, cublasOperation_t 
       ColumnMajorGemm(Trans(ta), Trans(tb), m, n, k, alpha, ai, lda, bi, ldb, beta, ci, ldc);
     }
   });
-  return CUBLAS_STATUS_SUCCESS;
+  if (queued == cudaSuccess && !stream->capturing()) {
+    cudasim::internal::CountWork(name, GemmFlops(m, n, k, batch),
+                                 GemmBytes(m, n, k, batch, sizeof(T), sizeof(T), beta != T(0)),
+                                 std::is_same_v<T, double> ? "fp64"
+                                 : tf32                    ? "tf32"
+                                                           : "fp32");
+  }
+  // A GEMM captured into an invalidated stream capture fails as cuBLAS's kernel launch would.
+  return queued == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }
 
 // The four GEMM entry points: cuBLAS's argument checks (the handle, then the sizes and leading
@@ -307,13 +310,10 @@ cublasStatus_t CheckedGemmEx(const char* name, cublasHandle_t handle, cublasOper
     return CUBLAS_STATUS_EXECUTION_FAILED;
   }
   if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
-  cudasim::internal::CountLaunch(name, 0, 0);  // cuBLAS launches one kernel per GEMM call
   const cudaDataType type = a_type;
   const bool float_c = c_type == CUDA_R_32F;
-  cudasim::internal::CountWork(name, GemmFlops(m, n, k, batch),
-                               GemmBytes(m, n, k, batch, 2, float_c ? 4 : 2, beta != 0.0f),
-                               type == CUDA_R_16BF ? "bf16" : "fp16");
-  stream->Enqueue([=] {
+  // cuBLAS launches one kernel per GEMM call.
+  const cudaError_t queued = stream->EnqueueLaunch(name, 0, 0, [=] {
     const uint16_t* a16 = static_cast<const uint16_t*>(a);
     const uint16_t* b16 = static_cast<const uint16_t*>(b);
     for (int i = 0; i < batch; ++i) {
@@ -353,7 +353,13 @@ cublasStatus_t CheckedGemmEx(const char* name, cublasHandle_t handle, cublasOper
       }
     }
   });
-  return CUBLAS_STATUS_SUCCESS;
+  if (queued == cudaSuccess && !stream->capturing()) {
+    cudasim::internal::CountWork(name, GemmFlops(m, n, k, batch),
+                                 GemmBytes(m, n, k, batch, 2, float_c ? 4 : 2, beta != 0.0f),
+                                 type == CUDA_R_16BF ? "bf16" : "fp16");
+  }
+  // A GEMM captured into an invalidated stream capture fails as cuBLAS's kernel launch would.
+  return queued == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }
 
 }  // namespace

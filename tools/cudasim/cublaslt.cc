@@ -452,8 +452,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     return CUBLAS_STATUS_EXECUTION_FAILED;
   }
   if (p.m == 0 || p.n == 0) return CUBLAS_STATUS_SUCCESS;
-  cudasim::internal::CountLaunch("cublasLtMatmul", 0, 0);  // one kernel per matmul
-  {
+  // Its work for the counters, declared once the launch is counted (below).
+  const auto count_work = [&] {
     // Its work for the counters: 2 m n k FLOPs; A and B read, D written (C read where beta
     // != 0), the bias (or its gradient) and the GELU's aux buffer as they are used.
     const double ab = SizeOf(a_layout->type), cd = SizeOf(d_layout->type);
@@ -470,7 +470,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
                        : a_layout->type == CUDA_R_16F                  ? "fp16"
                                                                        : "fp32";
     cudasim::internal::CountWork("cublasLtMatmul", 2.0 * p.m * p.n * p.k, bytes, math);
-  }
+  };
   const bool f64 = desc->compute == CUBLAS_COMPUTE_64F;
   const double alpha =
       f64 ? *static_cast<const double*>(alpha_ptr) : *static_cast<const float*>(alpha_ptr);
@@ -479,7 +479,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   const cublasLtMatmulDescOpaque_t e = *desc;  // the call's attributes, as cuBLASLt reads them
   const cublasLtMatrixLayoutOpaque_t la = *a_layout, lb = *b_layout, ld = *d_layout;
   const bool tf32 = desc->compute == CUBLAS_COMPUTE_32F_FAST_TF32;
-  stream->Enqueue([=] {
+  // One kernel per matmul; captured into a CUDA Graph when the stream is capturing.
+  const cudaError_t queued = stream->EnqueueLaunch("cublasLtMatmul", 0, 0, [=] {
     const int64_t m = p.m, n = p.n, k = p.k;
     const int64_t ldd = ld.ld;
     std::vector<double> acc(static_cast<size_t>(ldd * (n - 1) + m), 0.0);
@@ -527,6 +528,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
       }
     }
   });
+  if (queued != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;  // an invalidated capture
+  if (!stream->capturing()) count_work();
   return CUBLAS_STATUS_SUCCESS;
 }
 

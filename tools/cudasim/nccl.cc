@@ -731,6 +731,13 @@ ncclResult_t Launch(ncclComm_t handle, Kind kind, const void* send, void* recv, 
     return Fail(ncclInvalidUsage, std::string(call) + ": the communicator was aborted");
   // A zero count is a no-op that no peer waits for, as in NCCL.
   if (count == 0) return ncclSuccess;
+  // Each collective takes its place in the communicator's order when issued, which a replay
+  // would repeat: not simulated (a GPU's NCCL can be captured).
+  if (s->capturing()) {
+    return Fail(ncclInvalidUsage, std::string(call) +
+                                      ": cudasim does not simulate NCCL collectives captured in a "
+                                      "CUDA Graph");
+  }
   Call c{{comm->issued++, kind, type, op, root, count}, send, recv};
   auto launch = [comm, c, s, call] {
     internal::CountLaunch(call, 0, 0);  // NCCL launches one kernel per collective

@@ -17,6 +17,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tools/cudasim/counters.h"
@@ -425,6 +426,307 @@ Event* ResolveEvent(cudaEvent_t handle) {
 
 bool ValidDevice(int device) { return device >= 0 && device < Runtime::Get().count(); }
 
+// ---- Graphs: stream capture and replay ------------------------------------------------------
+// Note [cudasim graphs]. A capture collects what its streams are given (Stream::Enqueue) as
+// nodes of a graph instead of running it: each node depends on the stream's previous nodes
+// (`tails`), an event recorded in a capturing stream remembers the stream's tails, and a
+// cudaStreamWaitEvent on such an event adds them to the waiting stream's, which joins the
+// capture if it was not in it (CUDA's fork and join). Nodes are only ever appended, so index
+// order is a topological order; cudaGraphInstantiate picks another one, ready nodes in an order
+// shuffled by the seed, so that a replay that only works in issue order (a missing dependency
+// between two streams) fails here as it could on a GPU. A replay runs every node's recorded task
+// again (kernels with the arguments of their capture) as one task of the launching stream.
+
+struct GraphNode {
+  std::function<void()> run;  // null for a node that only orders others
+  std::vector<size_t> deps;
+  bool kernel = false;  // a kernel launch (counted per replay), not a copy or a memset
+  std::string name;
+  long long blocks = 0;
+  long long threads_per_block = 0;
+};
+
+}  // namespace
+}  // namespace internal
+}  // namespace cudasim
+
+struct CUgraph_st {
+  int device = 0;
+  std::vector<cudasim::internal::GraphNode> nodes;
+};
+
+struct CUgraphExec_st {
+  int device = 0;
+  std::shared_ptr<const CUgraph_st> graph;  // a copy: the graph may be destroyed first
+  std::vector<size_t> order;
+  long long kernels = 0;
+};
+
+namespace cudasim {
+namespace internal {
+namespace {
+
+struct Capture {
+  unsigned long long id = 0;
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+  std::thread::id thread;
+  Stream* origin = nullptr;
+  std::unique_ptr<CUgraph_st> graph;
+  std::map<Stream*, std::vector<size_t>> tails;  // every stream in the capture
+  bool ended = false;
+  std::string invalidated;  // why, when it was
+};
+
+// An event recorded in a capturing stream: the stream's tails at that point.
+struct CapturedEvent {
+  std::shared_ptr<Capture> capture;
+  std::vector<size_t> deps;
+};
+
+struct GraphState {
+  std::mutex mutex;
+  std::map<Stream*, std::shared_ptr<Capture>> by_stream;
+  std::vector<std::shared_ptr<Capture>> live;   // begun and not ended
+  std::map<const void*, CapturedEvent> events;  // by event handle
+  std::set<CUgraph_st*> graphs;
+  std::set<CUgraphExec_st*> execs;
+  unsigned long long next_id = 1;
+};
+
+GraphState& Graphs() {
+  static GraphState* state = new GraphState;
+  return *state;
+}
+
+// The calling thread's mode for potentially unsafe calls (cudaThreadExchangeStreamCaptureMode).
+thread_local cudaStreamCaptureMode tls_capture_mode = cudaStreamCaptureModeGlobal;
+
+// Under Graphs().mutex.
+void InvalidateLocked(Capture& capture, const std::string& why) {
+  if (capture.invalidated.empty()) capture.invalidated = why;
+}
+
+void AppendUnique(std::vector<size_t>* to, const std::vector<size_t>& from) {
+  for (size_t node : from) {
+    if (std::find(to->begin(), to->end(), node) == to->end()) to->push_back(node);
+  }
+}
+
+// What Stream::Enqueue does while the stream is capturing. False when the stream is no longer in
+// a capture (it ended meanwhile): the caller queues the task as usual.
+bool CaptureNode(Stream* stream, std::function<void()>* task, std::function<void()>* retired,
+                 const GraphNode* launch, cudaError_t* error) {
+  GraphState& g = Graphs();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  auto it = g.by_stream.find(stream);
+  if (it == g.by_stream.end()) return false;
+  Capture& capture = *it->second;
+  if (!capture.invalidated.empty()) {
+    *error = cudaErrorStreamCaptureInvalidated;
+    return true;
+  }
+  GraphNode node;
+  if (launch != nullptr) node = *launch;
+  if (*retired) {
+    node.run = [run = std::move(*task), done = std::move(*retired)] {
+      if (run) run();
+      done();
+    };
+  } else {
+    node.run = std::move(*task);
+  }
+  std::vector<size_t>& tails = capture.tails[stream];
+  node.deps = tails;
+  capture.graph->nodes.push_back(std::move(node));
+  tails.assign(1, capture.graph->nodes.size() - 1);
+  *error = cudaSuccess;
+  return true;
+}
+
+// For a potentially unsafe call (one that synchronizes with the device or allocates): fails
+// with cudaErrorStreamCaptureUnsupported, invalidating the captures that forbid it, as CUDA
+// does: this thread's own captures unless begun relaxed, and, when this thread's mode is
+// global, other threads' global captures (cudaStreamCaptureMode).
+cudaError_t CheckUnsafeCall(const char* call) {
+  if (tls_capture_mode == cudaStreamCaptureModeRelaxed) return cudaSuccess;
+  GraphState& g = Graphs();
+  std::string which;
+  {
+    std::lock_guard<std::mutex> lock(g.mutex);
+    for (const std::shared_ptr<Capture>& c : g.live) {
+      const bool mine = c->thread == std::this_thread::get_id();
+      const bool forbids = mine ? c->mode != cudaStreamCaptureModeRelaxed
+                                : c->mode == cudaStreamCaptureModeGlobal &&
+                                      tls_capture_mode == cudaStreamCaptureModeGlobal;
+      if (!forbids) continue;
+      InvalidateLocked(*c, std::string(call) + " during the capture");
+      which += (which.empty() ? "" : ", ") + std::to_string(c->id);
+    }
+  }
+  if (which.empty()) return cudaSuccess;
+  return Fail(cudaErrorStreamCaptureUnsupported,
+              std::string(call) + " while a stream is capturing (capture " + which +
+                  ", now invalidated): it would synchronize with or allocate on the device, which "
+                  "a graph cannot record. Allocate and synchronize before cudaStreamBeginCapture, "
+                  "or capture in cudaStreamCaptureModeRelaxed if the call is safe");
+}
+
+// Fails `call` on a stream that is capturing (a synchronize, a query, a pageable copy) and
+// invalidates its capture.
+cudaError_t RefuseInCapture(Stream* stream, const std::string& call, const std::string& why) {
+  GraphState& g = Graphs();
+  unsigned long long id = 0;
+  {
+    std::lock_guard<std::mutex> lock(g.mutex);
+    auto it = g.by_stream.find(stream);
+    if (it == g.by_stream.end()) return cudaSuccess;
+    InvalidateLocked(*it->second, call + " on a capturing stream");
+    id = it->second->id;
+  }
+  return Fail(
+      cudaErrorStreamCaptureUnsupported,
+      call + " on a stream in capture " + std::to_string(id) + " (now invalidated): " + why);
+}
+
+// The capture an event was last recorded in, if that capture has not ended.
+std::shared_ptr<Capture> EventCapture(const void* event) {
+  GraphState& g = Graphs();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  auto it = g.events.find(event);
+  if (it == g.events.end() || it->second.capture->ended) return nullptr;
+  return it->second.capture;
+}
+
+// cudaEventQuery/cudaEventSynchronize on an event recorded in a capture that has not ended.
+cudaError_t RefuseCapturedEvent(const void* event, const char* call) {
+  std::shared_ptr<Capture> capture = EventCapture(event);
+  if (capture == nullptr) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(Graphs().mutex);
+    InvalidateLocked(*capture, std::string(call) + " on an event of the capture");
+  }
+  return Fail(cudaErrorCapturedEvent,
+              std::string(call) + ": the event was last recorded in capture " +
+                  std::to_string(capture->id) +
+                  " (now invalidated), where it stands for a point in a graph, not in time; wait "
+                  "for it with cudaStreamWaitEvent, or query it after cudaGraphLaunch");
+}
+
+// cudaEventRecord into a capturing stream: the event marks the stream's present tails (no node).
+// False when `stream` is not capturing (the event is then recorded as usual, and no longer
+// stands for a point in a capture).
+bool RecordEventInCapture(Event* event, Stream* stream, cudaError_t* result) {
+  GraphState& g = Graphs();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  auto it = g.by_stream.find(stream);
+  if (it == g.by_stream.end()) {
+    g.events.erase(event);
+    return false;
+  }
+  Capture& capture = *it->second;
+  if (!capture.invalidated.empty()) {
+    *result = Fail(cudaErrorStreamCaptureInvalidated);
+    return true;
+  }
+  g.events[event] = CapturedEvent{it->second, capture.tails[stream]};
+  *result = cudaSuccess;
+  return true;
+}
+
+void ForgetCapturedEvent(Event* event) {
+  GraphState& g = Graphs();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  g.events.erase(event);
+}
+
+// cudaStreamWaitEvent where a capture is involved: on an event of a capture, the stream depends
+// on the event's point in the graph (joining the capture if it was not in it); a capturing
+// stream may not wait for work outside its capture. False when no capture is involved.
+bool WaitEventInCapture(Stream* stream, Event* event, cudaError_t* result) {
+  GraphState& g = Graphs();
+  std::string why;
+  cudaError_t error = cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(g.mutex);
+    auto captured = g.events.find(event);
+    if (captured != g.events.end() && captured->second.capture->ended) {
+      g.events.erase(captured);
+      captured = g.events.end();
+    }
+    auto joined = g.by_stream.find(stream);
+    std::shared_ptr<Capture> mine = joined == g.by_stream.end() ? nullptr : joined->second;
+    if (captured == g.events.end()) {
+      if (mine == nullptr) return false;
+      bool recorded = false;
+      {
+        std::lock_guard<std::mutex> event_lock(EventMutex());
+        recorded = event->latest != nullptr;
+      }
+      if (!recorded) {  // an event never recorded stands for no work, as outside a capture
+        *result = cudaSuccess;
+        return true;
+      }
+      InvalidateLocked(*mine, "a wait for an event recorded outside the capture");
+      error = cudaErrorStreamCaptureIsolation;
+      why = "cudaStreamWaitEvent: a stream in capture " + std::to_string(mine->id) +
+            " (now invalidated) waits for an event recorded outside it; only events recorded in "
+            "a stream of the same capture can order captured work (record before "
+            "cudaStreamBeginCapture and wait before it too)";
+    } else {
+      const std::shared_ptr<Capture>& theirs = captured->second.capture;
+      if (mine != nullptr && mine != theirs) {
+        InvalidateLocked(*mine, "a wait that would merge two captures");
+        InvalidateLocked(*theirs, "a wait that would merge two captures");
+        error = cudaErrorStreamCaptureMerge;
+        why = "cudaStreamWaitEvent: a stream in capture " + std::to_string(mine->id) +
+              " waits for an event of capture " + std::to_string(theirs->id) +
+              " (both now invalidated)";
+      } else if (!theirs->invalidated.empty()) {
+        error = cudaErrorStreamCaptureInvalidated;
+      } else {
+        if (mine == nullptr) {
+          g.by_stream[stream] = theirs;
+          theirs->tails[stream] = captured->second.deps;
+          stream->set_capturing(true);
+        } else {
+          AppendUnique(&theirs->tails[stream], captured->second.deps);
+        }
+      }
+    }
+  }
+  *result = error == cudaSuccess ? cudaSuccess : Fail(error, why);
+  return true;
+}
+
+// A topological order of `graph`'s nodes, ready nodes taken in an order shuffled by `seed`.
+std::vector<size_t> ShuffledTopologicalOrder(const CUgraph_st& graph, uint64_t seed) {
+  const size_t n = graph.nodes.size();
+  std::vector<std::vector<size_t>> users(n);
+  std::vector<size_t> waiting(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    for (size_t d : graph.nodes[i].deps) users[d].push_back(i);
+    waiting[i] = graph.nodes[i].deps.size();
+  }
+  std::vector<size_t> ready, order;
+  for (size_t i = 0; i < n; ++i) {
+    if (waiting[i] == 0) ready.push_back(i);
+  }
+  uint64_t state = seed | 1;
+  while (!ready.empty()) {
+    state ^= state << 13;
+    state ^= state >> 7;
+    state ^= state << 17;
+    const size_t pick = static_cast<size_t>(state % ready.size());
+    const size_t node = ready[pick];
+    ready.erase(ready.begin() + static_cast<std::ptrdiff_t>(pick));
+    order.push_back(node);
+    for (size_t user : users[node]) {
+      if (--waiting[user] == 0) ready.push_back(user);
+    }
+  }
+  return order;
+}
+
 }  // namespace
 
 // ---- Stream ---------------------------------------------------------------------------------
@@ -445,13 +747,32 @@ Stream::~Stream() {
   worker_.join();
 }
 
-void Stream::Enqueue(std::function<void()> task, std::function<void()> retired) {
+cudaError_t Stream::Enqueue(std::function<void()> task, std::function<void()> retired) {
+  cudaError_t error = cudaSuccess;
+  if (capturing() && CaptureNode(this, &task, &retired, nullptr, &error)) return error;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     tasks_.push_back({std::move(task), std::move(retired)});
     ++pending_;
   }
   work_.notify_one();
+  return cudaSuccess;
+}
+
+cudaError_t Stream::EnqueueLaunch(const std::string& name, long long blocks,
+                                  long long threads_per_block, std::function<void()> task) {
+  if (capturing()) {
+    GraphNode launch;
+    launch.kernel = true;
+    launch.name = name;
+    launch.blocks = blocks;
+    launch.threads_per_block = threads_per_block;
+    std::function<void()> no_retired;
+    cudaError_t error = cudaSuccess;
+    if (CaptureNode(this, &task, &no_retired, &launch, &error)) return error;
+  }
+  CountLaunch(name, blocks, threads_per_block);
+  return Enqueue(std::move(task));
 }
 
 void Stream::Synchronize() {
@@ -617,11 +938,10 @@ void EnqueueKernel(const LaunchConfig& config, const char* name, const void* fun
     Fail(cudaErrorInvalidValue, std::string("launch of ") + name + shared_error);
     return;
   }
-  CountLaunch(name, static_cast<long long>(g.x) * g.y * g.z, static_cast<long long>(threads));
   const uint64_t seed = Seed() ^ (stream->NextLaunch() * 0xd1342543de82ef95ull);
   const int device = stream->device();
   std::string label = name;
-  stream->Enqueue([config, seed, device, label, body = std::move(thread_body)] {
+  auto task = [config, seed, device, label, body = std::move(thread_body)] {
     if (StickyError(device) != cudaSuccess) return;
     try {
       tls_running_kernel = label.c_str();
@@ -634,7 +954,12 @@ void EnqueueKernel(const LaunchConfig& config, const char* name, const void* fun
       SetStickyError(device, cudaErrorLaunchFailure,
                      label + ": " + error.what() + " (TANDEM_CUDASIM_SEED=" + hex + ")");
     }
-  });
+  };
+  const cudaError_t error = stream->EnqueueLaunch(name, static_cast<long long>(g.x) * g.y * g.z,
+                                                  static_cast<long long>(threads), std::move(task));
+  if (error != cudaSuccess) {
+    Fail(error, std::string("launch of ") + name + " into an invalidated stream capture");
+  }
 }
 
 }  // namespace cudasim
@@ -680,6 +1005,26 @@ constexpr ErrorInfo kErrors[] = {
     {cudaErrorPeerAccessNotEnabled, "cudaErrorPeerAccessNotEnabled",
      "peer access has not been enabled"},
     {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
+    {cudaErrorIllegalState, "cudaErrorIllegalState",
+     "the operation cannot be performed in the present state"},
+    {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
+     "operation not permitted when stream is capturing"},
+    {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
+     "operation failed due to a previous error during capture"},
+    {cudaErrorStreamCaptureMerge, "cudaErrorStreamCaptureMerge",
+     "operation would result in a merge of separate capture sequences"},
+    {cudaErrorStreamCaptureUnmatched, "cudaErrorStreamCaptureUnmatched",
+     "capture was not ended in the same stream as it began"},
+    {cudaErrorStreamCaptureUnjoined, "cudaErrorStreamCaptureUnjoined",
+     "capturing stream has unjoined work"},
+    {cudaErrorStreamCaptureIsolation, "cudaErrorStreamCaptureIsolation",
+     "dependency created on uncaptured work in another stream"},
+    {cudaErrorStreamCaptureImplicit, "cudaErrorStreamCaptureImplicit",
+     "operation would make the legacy stream depend on a capturing blocking stream"},
+    {cudaErrorCapturedEvent, "cudaErrorCapturedEvent",
+     "operation not permitted on an event last recorded in a capturing stream"},
+    {cudaErrorStreamCaptureWrongThread, "cudaErrorStreamCaptureWrongThread",
+     "attempt to terminate a thread-local capture sequence from another thread"},
     {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
 };
 
@@ -761,6 +1106,23 @@ cudaError_t QueueCopy(void* dst, const void* src, size_t count, cudaMemcpyKind k
                         (kind == cudaMemcpyDefault && !runtime.IsDevicePointer(src));
   const bool dst_host = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyHostToHost ||
                         (kind == cudaMemcpyDefault && !runtime.IsDevicePointer(dst));
+  if (stream->capturing()) {
+    const bool src_pageable = src_host && !runtime.IsPinned(src, count);
+    if (src_pageable || (dst_host && !runtime.IsPinned(dst, count))) {
+      return cudasim::internal::RefuseInCapture(
+          stream,
+          "a copy of " + std::to_string(count) + " bytes " + (src_pageable ? "from" : "into") +
+              " pageable host memory",
+          "a graph can only copy device memory or pinned host memory (cudaHostAlloc); stage "
+          "the data in pinned or device memory before the replay");
+    }
+    if (synchronous) {
+      return cudasim::internal::RefuseInCapture(stream, "a synchronous copy",
+                                                "use cudaMemcpyAsync");
+    }
+    const cudaError_t error = stream->Enqueue([dst, src, count] { std::memmove(dst, src, count); });
+    return error == cudaSuccess ? error : Fail(error);
+  }
   if (src_host && !runtime.IsPinned(src, count)) {
     auto staged = std::make_shared<std::vector<unsigned char>>(
         static_cast<const unsigned char*>(src), static_cast<const unsigned char*>(src) + count);
@@ -922,6 +1284,7 @@ cudaError_t cudaFuncSetAttribute(const void* func, cudaFuncAttribute attr, int v
 
 cudaError_t cudaDeviceSynchronize(void) {
   CUDASIM_ENTER();
+  if (cudaError_t e = cudasim::internal::CheckUnsafeCall("cudaDeviceSynchronize")) return e;
   cudasim::internal::CountHostSync();
   for (Stream* s : Runtime::Get().Streams(tls_device)) s->Synchronize();
   CUDASIM_ENTER();
@@ -966,18 +1329,21 @@ cudaError_t cudaRuntimeGetVersion(int* version) {
 
 cudaError_t cudaMalloc(void** ptr, size_t size) {
   CUDASIM_ENTER();
+  if (cudaError_t e = cudasim::internal::CheckUnsafeCall("cudaMalloc")) return e;
   const cudaError_t error = Runtime::Get().Malloc(ptr, size, tls_device);
   return error == cudaSuccess ? error : Fail(error);
 }
 
 cudaError_t cudaFree(void* ptr) {
   CUDASIM_ENTER();
+  if (cudaError_t e = cudasim::internal::CheckUnsafeCall("cudaFree")) return e;
   cudasim::internal::CountHostSync();  // cudaFree waits for the device, as on a GPU
   return Runtime::Get().Free(ptr);
 }
 
 cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int flags) {
   CUDASIM_ENTER();
+  if (cudaError_t e = cudasim::internal::CheckUnsafeCall("cudaHostAlloc")) return e;
   if ((flags & ~0x7u) != 0) return Fail(cudaErrorInvalidValue);
   void* memory = nullptr;
   if (posix_memalign(&memory, 4096, std::max<size_t>(size, 1)) != 0) {
@@ -992,6 +1358,7 @@ cudaError_t cudaMallocHost(void** ptr, size_t size) { return cudaHostAlloc(ptr, 
 
 cudaError_t cudaFreeHost(void* ptr) {
   if (ptr == nullptr) return cudaSuccess;
+  if (cudaError_t e = cudasim::internal::CheckUnsafeCall("cudaFreeHost")) return e;
   if (!Runtime::Get().RemovePinned(ptr)) {
     return Fail(cudaErrorInvalidValue, "cudaFreeHost(" + Runtime::Get().Describe(ptr) +
                                            "): not a pointer that cudaHostAlloc returned");
@@ -1026,6 +1393,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t count, cudaMemcpy
 
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind) {
   CUDASIM_ENTER();
+  if (cudaError_t e = cudasim::internal::CheckUnsafeCall("cudaMemcpy")) return e;
   const cudaError_t error = CheckCopy(dst, src, count, kind, "cudaMemcpy");
   if (error != cudaSuccess) return error;
   return QueueCopy(dst, src, count, kind, ResolveStream(nullptr), true);
@@ -1055,6 +1423,7 @@ cudaError_t cudaMemcpyPeerAsync(void* dst, int dst_device, const void* src, int 
 
 cudaError_t cudaMemcpyPeer(void* dst, int dst_device, const void* src, int src_device,
                            size_t count) {
+  if (cudaError_t e = cudasim::internal::CheckUnsafeCall("cudaMemcpyPeer")) return e;
   const cudaError_t error = cudaMemcpyPeerAsync(dst, dst_device, src, src_device, count, nullptr);
   if (error != cudaSuccess) return error;
   cudasim::internal::CountHostSync();
@@ -1073,11 +1442,12 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t str
                                            ": not that many bytes of device memory from one "
                                            "cudaMalloc");
   }
-  s->Enqueue([ptr, value, count] { std::memset(ptr, value, count); });
-  return cudaSuccess;
+  const cudaError_t error = s->Enqueue([ptr, value, count] { std::memset(ptr, value, count); });
+  return error == cudaSuccess ? error : Fail(error);
 }
 
 cudaError_t cudaMemset(void* ptr, int value, size_t count) {
+  if (cudaError_t e = cudasim::internal::CheckUnsafeCall("cudaMemset")) return e;
   const cudaError_t error = cudaMemsetAsync(ptr, value, count, nullptr);
   if (error != cudaSuccess) return error;
   cudasim::internal::CountHostSync();
@@ -1095,6 +1465,10 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags) 
 cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
 
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  if (Stream* s = ResolveStream(stream); stream != nullptr && s != nullptr && s->capturing()) {
+    return cudasim::internal::RefuseInCapture(s, "cudaStreamDestroy",
+                                              "end the capture (cudaStreamEndCapture) first");
+  }
   if (stream == nullptr || !Runtime::Get().DestroyStream(reinterpret_cast<Stream*>(stream))) {
     return Fail(cudaErrorInvalidResourceHandle, "cudaStreamDestroy: not a stream it created");
   }
@@ -1105,6 +1479,13 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   CUDASIM_ENTER();
   Stream* s = ResolveStream(stream);
   if (s == nullptr) return Fail(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize");
+  if (s->capturing()) {
+    return cudasim::internal::RefuseInCapture(
+        s, "cudaStreamSynchronize",
+        "nothing captured runs before cudaGraphLaunch; synchronize "
+        "after the replay");
+  }
+  if (cudaError_t e = cudasim::internal::CheckUnsafeCall("cudaStreamSynchronize")) return e;
   cudasim::internal::CountHostSync();
   s->Synchronize();
   const cudaError_t sticky = cudasim::internal::StickyError(s->device());
@@ -1115,6 +1496,11 @@ cudaError_t cudaStreamQuery(cudaStream_t stream) {
   CUDASIM_ENTER();
   Stream* s = ResolveStream(stream);
   if (s == nullptr) return Fail(cudaErrorInvalidResourceHandle, "cudaStreamQuery");
+  if (s->capturing()) {
+    return cudasim::internal::RefuseInCapture(s, "cudaStreamQuery",
+                                              "nothing captured runs before cudaGraphLaunch");
+  }
+  if (cudaError_t e = cudasim::internal::CheckUnsafeCall("cudaStreamQuery")) return e;
   return s->Idle() ? cudaSuccess : cudaErrorNotReady;
 }
 
@@ -1139,6 +1525,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t event) {
       return Fail(cudaErrorInvalidResourceHandle, "cudaEventDestroy: not a live event");
     }
   }
+  cudasim::internal::ForgetCapturedEvent(e);
   delete e;  // queued records hold their own state
   return cudaSuccess;
 }
@@ -1149,6 +1536,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: not an event");
   Stream* s = ResolveStream(stream);
   if (s == nullptr) return Fail(cudaErrorInvalidResourceHandle, "cudaEventRecord: not a stream");
+  if (cudaError_t c = cudaSuccess; cudasim::internal::RecordEventInCapture(e, s, &c)) return c;
   auto record = std::make_shared<cudasim::internal::EventRecord>();
   {
     std::lock_guard<std::mutex> lock(cudasim::internal::EventMutex());
@@ -1171,6 +1559,8 @@ cudaError_t cudaEventQuery(cudaEvent_t event) {
   CUDASIM_ENTER();
   cudasim::internal::Event* e = cudasim::internal::ResolveEvent(event);
   if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle, "cudaEventQuery: not an event");
+  if (cudaError_t c = cudasim::internal::RefuseCapturedEvent(e, "cudaEventQuery")) return c;
+  if (cudaError_t c = cudasim::internal::CheckUnsafeCall("cudaEventQuery")) return c;
   std::lock_guard<std::mutex> lock(cudasim::internal::EventMutex());
   return e->latest == nullptr || e->latest->done ? cudaSuccess : cudaErrorNotReady;
 }
@@ -1179,6 +1569,8 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   CUDASIM_ENTER();
   cudasim::internal::Event* e = cudasim::internal::ResolveEvent(event);
   if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize");
+  if (cudaError_t c = cudasim::internal::RefuseCapturedEvent(e, "cudaEventSynchronize")) return c;
+  if (cudaError_t c = cudasim::internal::CheckUnsafeCall("cudaEventSynchronize")) return c;
   cudasim::internal::CountHostSync();
   std::unique_lock<std::mutex> lock(cudasim::internal::EventMutex());
   std::shared_ptr<cudasim::internal::EventRecord> record = e->latest;
@@ -1197,6 +1589,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned
   if (s == nullptr) return Fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: stream");
   cudasim::internal::Event* e = cudasim::internal::ResolveEvent(event);
   if (e == nullptr) return Fail(cudaErrorInvalidResourceHandle, "cudaStreamWaitEvent: event");
+  if (cudaError_t c = cudaSuccess; cudasim::internal::WaitEventInCapture(s, e, &c)) return c;
   std::shared_ptr<cudasim::internal::EventRecord> record;
   {
     std::lock_guard<std::mutex> lock(cudasim::internal::EventMutex());
@@ -1223,6 +1616,248 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
   if (a->latest == nullptr || b->latest == nullptr) return Fail(cudaErrorInvalidResourceHandle);
   if (!a->latest->done || !b->latest->done) return Fail(cudaErrorNotReady);
   *ms = std::chrono::duration<float, std::milli>(b->latest->time - a->latest->time).count();
+  return cudaSuccess;
+}
+
+// ---- Graphs (Note [cudasim graphs]) ----
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode) {
+  CUDASIM_ENTER();
+  using cudasim::internal::Capture;
+  if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
+      mode != cudaStreamCaptureModeRelaxed) {
+    return Fail(cudaErrorInvalidValue, "cudaStreamBeginCapture: mode " + std::to_string(mode) +
+                                           " is not a cudaStreamCaptureMode");
+  }
+  if (stream == nullptr) {
+    return Fail(cudaErrorStreamCaptureUnsupported,
+                "cudaStreamBeginCapture: the legacy default stream cannot capture; capture on a "
+                "stream from cudaStreamCreate");
+  }
+  Stream* s = ResolveStream(stream);
+  if (s == nullptr) return Fail(cudaErrorInvalidResourceHandle, "cudaStreamBeginCapture");
+  auto& g = cudasim::internal::Graphs();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  if (g.by_stream.count(s) != 0) {
+    return Fail(cudaErrorIllegalState, "cudaStreamBeginCapture: the stream is capturing already");
+  }
+  auto capture = std::make_shared<Capture>();
+  capture->id = g.next_id++;
+  capture->mode = mode;
+  capture->thread = std::this_thread::get_id();
+  capture->origin = s;
+  capture->graph = std::make_unique<CUgraph_st>();
+  capture->graph->device = s->device();
+  capture->tails[s] = {};
+  g.by_stream[s] = capture;
+  g.live.push_back(capture);
+  s->set_capturing(true);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph) {
+  CUDASIM_ENTER();
+  if (graph == nullptr) return Fail(cudaErrorInvalidValue, "cudaStreamEndCapture: graph is null");
+  Stream* s = ResolveStream(stream);
+  if (s == nullptr) return Fail(cudaErrorInvalidResourceHandle, "cudaStreamEndCapture");
+  auto& g = cudasim::internal::Graphs();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  auto it = g.by_stream.find(s);
+  if (it == g.by_stream.end()) {
+    return Fail(cudaErrorIllegalState, "cudaStreamEndCapture: the stream is not capturing");
+  }
+  std::shared_ptr<cudasim::internal::Capture> capture = it->second;
+  if (capture->origin != s) {
+    return Fail(cudaErrorStreamCaptureUnmatched,
+                "cudaStreamEndCapture: the stream joined capture " + std::to_string(capture->id) +
+                    " through an event; end it on the stream that began it");
+  }
+  if (capture->mode != cudaStreamCaptureModeRelaxed &&
+      capture->thread != std::this_thread::get_id()) {
+    return Fail(cudaErrorStreamCaptureWrongThread,
+                "cudaStreamEndCapture: capture " + std::to_string(capture->id) +
+                    " was begun on another thread in a mode other than relaxed");
+  }
+  // Every stream that joined must have rejoined the origin stream: its last nodes are the
+  // origin's last nodes or their ancestors.
+  const std::vector<cudasim::internal::GraphNode>& nodes = capture->graph->nodes;
+  std::vector<bool> joined(nodes.size(), false);
+  std::vector<size_t> stack = capture->tails[s];
+  while (!stack.empty()) {
+    const size_t node = stack.back();
+    stack.pop_back();
+    if (joined[node]) continue;
+    joined[node] = true;
+    for (size_t d : nodes[node].deps) stack.push_back(d);
+  }
+  int unjoined = 0;
+  for (const auto& [member, tails] : capture->tails) {
+    for (size_t node : tails) unjoined += joined[node] ? 0 : 1;
+    if (member != s) g.by_stream.erase(member);
+    member->set_capturing(false);
+  }
+  g.by_stream.erase(s);
+  capture->ended = true;
+  g.live.erase(std::find(g.live.begin(), g.live.end(), capture));
+  *graph = nullptr;
+  if (!capture->invalidated.empty()) {
+    return Fail(cudaErrorStreamCaptureInvalidated,
+                "cudaStreamEndCapture: capture " + std::to_string(capture->id) +
+                    " was invalidated by " + capture->invalidated);
+  }
+  if (unjoined != 0) {
+    return Fail(cudaErrorStreamCaptureUnjoined,
+                "cudaStreamEndCapture: " + std::to_string(unjoined) +
+                    " operation(s) on streams that joined capture " + std::to_string(capture->id) +
+                    " are not ordered before its end; record an event after them and "
+                    "cudaStreamWaitEvent on it in the stream that began the capture");
+  }
+  *graph = capture->graph.release();
+  g.graphs.insert(*graph);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, cudaStreamCaptureStatus* status,
+                                     unsigned long long* id_out, cudaGraph_t* graph_out,
+                                     const cudaGraphNode_t** dependencies_out,
+                                     const cudaGraphEdgeData** edgeData_out,
+                                     size_t* numDependencies_out) {
+  CUDASIM_ENTER();
+  if (status == nullptr) return Fail(cudaErrorInvalidValue, "cudaStreamGetCaptureInfo: status");
+  if (dependencies_out != nullptr || edgeData_out != nullptr) {
+    return Fail(cudaErrorInvalidValue,
+                "cudaStreamGetCaptureInfo: cudasim does not return the capture's dependency "
+                "nodes or edges (pass null; numDependencies_out gives their number)");
+  }
+  Stream* s = stream == nullptr ? nullptr : ResolveStream(stream);
+  if (stream != nullptr && s == nullptr) {
+    return Fail(cudaErrorInvalidResourceHandle, "cudaStreamGetCaptureInfo");
+  }
+  auto& g = cudasim::internal::Graphs();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  auto it = s == nullptr ? g.by_stream.end() : g.by_stream.find(s);
+  if (it == g.by_stream.end()) {
+    *status = cudaStreamCaptureStatusNone;
+    return cudaSuccess;
+  }
+  const cudasim::internal::Capture& capture = *it->second;
+  *status = capture.invalidated.empty() ? cudaStreamCaptureStatusActive
+                                        : cudaStreamCaptureStatusInvalidated;
+  if (id_out != nullptr) *id_out = capture.id;
+  if (graph_out != nullptr) *graph_out = capture.graph.get();
+  if (numDependencies_out != nullptr) *numDependencies_out = capture.tails.at(s).size();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status) {
+  return cudaStreamGetCaptureInfo(stream, status);
+}
+
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode) {
+  if (mode == nullptr ||
+      (*mode != cudaStreamCaptureModeGlobal && *mode != cudaStreamCaptureModeThreadLocal &&
+       *mode != cudaStreamCaptureModeRelaxed)) {
+    return Fail(cudaErrorInvalidValue, "cudaThreadExchangeStreamCaptureMode: not a mode");
+  }
+  std::swap(*mode, cudasim::internal::tls_capture_mode);
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t* nodes, size_t* num_nodes) {
+  auto& g = cudasim::internal::Graphs();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  if (g.graphs.count(graph) == 0 || num_nodes == nullptr) {
+    return Fail(cudaErrorInvalidValue, "cudaGraphGetNodes: not a graph, or num_nodes is null");
+  }
+  if (nodes != nullptr) {
+    return Fail(cudaErrorInvalidValue,
+                "cudaGraphGetNodes: cudasim returns only the number of nodes (pass null nodes)");
+  }
+  *num_nodes = graph->nodes.size();
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph,
+                                 unsigned long long flags) {
+  CUDASIM_ENTER();
+  if (exec == nullptr) return Fail(cudaErrorInvalidValue, "cudaGraphInstantiate: exec is null");
+  if (flags != 0) {
+    return Fail(cudaErrorInvalidValue,
+                "cudaGraphInstantiate: cudasim simulates no instantiation flags (got " +
+                    std::to_string(flags) + ")");
+  }
+  auto& g = cudasim::internal::Graphs();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  if (g.graphs.count(graph) == 0) {
+    return Fail(cudaErrorInvalidValue,
+                "cudaGraphInstantiate: not a graph from cudaStreamEndCapture "
+                "(or destroyed already)");
+  }
+  auto* e = new CUgraphExec_st;
+  e->device = graph->device;
+  e->graph = std::make_shared<const CUgraph_st>(*graph);
+  e->order = cudasim::internal::ShuffledTopologicalOrder(
+      *e->graph, cudasim::internal::Seed() ^ (g.next_id++ * 0x9e3779b97f4a7c15ull));
+  for (const cudasim::internal::GraphNode& node : e->graph->nodes) e->kernels += node.kernel;
+  g.execs.insert(e);
+  *exec = e;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  CUDASIM_ENTER();
+  Stream* s = ResolveStream(stream);
+  if (s == nullptr) return Fail(cudaErrorInvalidResourceHandle, "cudaGraphLaunch: stream");
+  std::shared_ptr<const CUgraph_st> graph;
+  std::vector<size_t> order;
+  long long kernels = 0;
+  {
+    auto& g = cudasim::internal::Graphs();
+    std::lock_guard<std::mutex> lock(g.mutex);
+    if (g.execs.count(exec) == 0) {
+      return Fail(cudaErrorInvalidResourceHandle,
+                  "cudaGraphLaunch: not an executable graph from cudaGraphInstantiate (or "
+                  "destroyed already)");
+    }
+    graph = exec->graph;
+    order = exec->order;
+    kernels = exec->kernels;
+  }
+  if (s->capturing()) {
+    return cudasim::internal::RefuseInCapture(
+        s, "cudaGraphLaunch", "cudasim does not simulate a graph launched into a capture");
+  }
+  if (s->device() != graph->device) {
+    return Fail(cudaErrorInvalidValue,
+                "cudaGraphLaunch: the graph was captured on cuda:" + std::to_string(graph->device) +
+                    ", the stream is on cuda:" + std::to_string(s->device()));
+  }
+  cudasim::internal::CountGraphLaunch(kernels);
+  s->Enqueue([graph, order] {
+    for (size_t node : order) {
+      if (graph->nodes[node].run) graph->nodes[node].run();
+    }
+  });
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  auto& g = cudasim::internal::Graphs();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  if (g.execs.erase(exec) == 0) {
+    return Fail(cudaErrorInvalidValue, "cudaGraphExecDestroy: not a live executable graph");
+  }
+  delete exec;  // a launch still queued holds the nodes
+  return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  auto& g = cudasim::internal::Graphs();
+  std::lock_guard<std::mutex> lock(g.mutex);
+  if (g.graphs.erase(graph) == 0) {
+    return Fail(cudaErrorInvalidValue, "cudaGraphDestroy: not a live graph");
+  }
+  delete graph;  // executable graphs hold their own copy
   return cudaSuccess;
 }
 

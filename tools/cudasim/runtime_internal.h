@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -16,7 +17,9 @@
 namespace cudasim {
 namespace internal {
 
-// A stream: one worker thread running its tasks in order.
+// A stream: one worker thread running its tasks in order. While it takes part in a stream
+// capture (cudaStreamBeginCapture, or a cudaStreamWaitEvent on an event recorded in one), what it
+// is given becomes a node of the capture's graph instead (runtime.cc, "Graphs").
 class Stream {
  public:
   Stream(int device, bool is_default);
@@ -29,7 +32,15 @@ class Stream {
   // longer counts as pending: an event's completion is set there, so that whoever sees the
   // event done also sees the stream idle (when nothing came after it), and whoever sees the
   // stream idle sees every event recorded on it done, as on a GPU.
-  void Enqueue(std::function<void()> task, std::function<void()> retired = nullptr);
+  // Returns cudaErrorStreamCaptureInvalidated, without queueing, when the stream's capture
+  // was invalidated.
+  cudaError_t Enqueue(std::function<void()> task, std::function<void()> retired = nullptr);
+  // A kernel (or a library's kernel): counted as launched now, or, captured, each time its
+  // graph is launched.
+  cudaError_t EnqueueLaunch(const std::string& name, long long blocks, long long threads_per_block,
+                            std::function<void()> task);
+  bool capturing() const { return capturing_.load(std::memory_order_acquire); }
+  void set_capturing(bool capturing) { capturing_.store(capturing, std::memory_order_release); }
   void Synchronize();
   bool Idle();
   // A per-stream count of kernel launches, for the seed of each launch's thread order.
@@ -50,6 +61,7 @@ class Stream {
   int64_t pending_ = 0;
   bool stop_ = false;
   uint64_t launches_ = 0;
+  std::atomic<bool> capturing_{false};
   std::thread worker_;
 };
 

@@ -21,8 +21,17 @@ struct CachingAllocator::Block {
   std::vector<Stream> stream_uses;  // other streams (RecordStream)
   std::vector<std::unique_ptr<EventImpl>> pending;  // recorded at free time
   bool small = false;                               // which pool it returns to
+  PrivatePool* private_pool = nullptr;              // a graph's, or null: the shared pools
   Block* prev = nullptr;                            // neighbours within the segment
   Block* next = nullptr;
+};
+
+struct CachingAllocator::PrivatePool {
+  uint64_t id = 0;
+  Pool small;
+  Pool large;
+  int64_t segments = 0;
+  int capturing = 0;  // streams allocating to it now
 };
 
 // Best fit: pools are ordered by stream, then size, then address.
@@ -46,7 +55,15 @@ CachingAllocator::CachingAllocator(Device device, std::unique_ptr<SystemMemory> 
     : device_(device), system_(std::move(system)), counter_(device) {}
 
 CachingAllocator::~CachingAllocator() {
+  std::vector<uint64_t> pools;
+  for (const auto& [id, pool] : private_pools_) pools.push_back(id);
+  for (uint64_t id : pools) {
+    private_pools_.at(id)->capturing = 0;
+    ReleasePrivatePool(id);
+  }
   std::lock_guard<std::mutex> lock(mutex_);
+  capturing_streams_.clear();
+  for (Block* block : deferred_frees_) lost_.push_back(block);
   try {
     ProcessPendingLocked(/*wait=*/true);
   } catch (const std::exception& error) {
@@ -67,12 +84,16 @@ std::shared_ptr<void> CachingAllocator::AllocateOnStream(size_t bytes, int strea
   bool from_system = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!pending_.empty()) ProcessPendingLocked(/*wait=*/false);
+    // Querying events is illegal while a stream captures: blocks wait for the capture's end.
+    if (!pending_.empty() && capturing_streams_.empty()) ProcessPendingLocked(/*wait=*/false);
     counter_.CheckLimit(bytes);
-    Pool& pool = size <= kSmallRequest ? small_pool_ : large_pool_;
+    const bool small = size <= kSmallRequest;
+    const auto capture = capturing_streams_.find(stream);
+    PrivatePool* owner = capture == capturing_streams_.end() ? nullptr : capture->second;
+    Pool& pool = PoolOf(small, owner);
     block = FindFreeBlock(pool, stream, size);
     if (block == nullptr) {
-      block = NewSegment(pool, stream, size, bytes);
+      block = NewSegment(small, owner, stream, size, bytes);
       from_system = true;
     }
     block = SplitIfWorthIt(pool, block, size);
@@ -95,12 +116,26 @@ CachingAllocator::Block* CachingAllocator::FindFreeBlock(Pool& pool, int stream,
   return block;
 }
 
-CachingAllocator::Block* CachingAllocator::NewSegment(Pool& pool, int stream, size_t size,
-                                                      size_t requested) {
+CachingAllocator::Pool& CachingAllocator::PoolOf(bool small, PrivatePool* owner) {
+  if (owner != nullptr) return small ? owner->small : owner->large;
+  return small ? small_pool_ : large_pool_;
+}
+
+CachingAllocator::Block* CachingAllocator::NewSegment(bool small, PrivatePool* owner, int stream,
+                                                      size_t size, size_t requested) {
   const size_t segment = SegmentSize(size);
   std::string error;
   void* ptr = system_->Allocate(segment, &error);
   size_t released = 0;
+  if (ptr == nullptr && !capturing_streams_.empty()) {
+    counter_.ThrowOutOfMemory(
+        requested,
+        internal::Concat(system_->Name(), " of a ", segment, "-byte segment failed (", error,
+                         ") during a CUDA Graph capture, when the allocator may neither wait for "
+                         "nor return cached memory; capture with more memory free (empty the "
+                         "cache before capture_begin) or a smaller batch")
+            .c_str());
+  }
   if (ptr == nullptr) {
     // Cached segments may be what stands in the way: wait for the blocks set aside for other
     // streams, give every unused segment back and try once more.
@@ -122,7 +157,9 @@ CachingAllocator::Block* CachingAllocator::NewSegment(Pool& pool, int stream, si
   block->ptr = static_cast<char*>(ptr);
   block->size = segment;
   block->stream = stream;
-  block->small = &pool == &small_pool_;
+  block->small = small;
+  block->private_pool = owner;
+  if (owner != nullptr) ++owner->segments;
   segments_[reinterpret_cast<uintptr_t>(block->ptr)] = block;
   return block;
 }
@@ -140,6 +177,7 @@ CachingAllocator::Block* CachingAllocator::SplitIfWorthIt(Pool& pool, Block* blo
   rest->size = remaining;
   rest->stream = block->stream;
   rest->small = block->small;
+  rest->private_pool = block->private_pool;
   rest->prev = block;
   rest->next = block->next;
   if (block->next != nullptr) block->next->prev = rest;
@@ -153,6 +191,15 @@ CachingAllocator::Block* CachingAllocator::SplitIfWorthIt(Pool& pool, Block* blo
 // Runs in shared_ptr deleters, so it must not throw.
 void CachingAllocator::Free(Block* block) {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!block->stream_uses.empty() && !capturing_streams_.empty()) {
+    // Its events would be recorded, and later queried, during the capture.
+    deferred_frees_.push_back(block);
+    return;
+  }
+  FreeLocked(block);
+}
+
+void CachingAllocator::FreeLocked(Block* block) {
   if (!block->stream_uses.empty()) {
     try {
       for (Stream stream : block->stream_uses) {
@@ -181,7 +228,7 @@ void CachingAllocator::ReturnToPoolLocked(Block* block) {
   counter_.OnFree(block->requested);
   block->allocated = false;
   block->requested = 0;
-  Pool& pool = block->small ? small_pool_ : large_pool_;
+  Pool& pool = PoolOf(block->small, block->private_pool);
   // Merge with free neighbours so that a segment whose blocks are all free becomes one
   // block again (reusable for any size, and returnable to the system).
   for (Block* neighbour : {block->prev, block->next}) {
@@ -290,6 +337,7 @@ size_t CachingAllocator::ReleaseUnusedSegmentsLocked() {
 
 void CachingAllocator::EmptyCache() {
   std::lock_guard<std::mutex> lock(mutex_);
+  if (!capturing_streams_.empty()) return;  // see the file comment: nothing to do mid-capture
   ProcessPendingLocked(/*wait=*/false);
   ReleaseUnusedSegmentsLocked();
 }
@@ -307,6 +355,74 @@ int64_t CachingAllocator::NumSegments() const {
 int64_t CachingAllocator::NumPendingBlocks() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return static_cast<int64_t>(pending_.size());
+}
+
+uint64_t CachingAllocator::CreatePrivatePool() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto pool = std::make_unique<PrivatePool>();
+  pool->id = next_private_pool_++;
+  const uint64_t id = pool->id;
+  private_pools_[id] = std::move(pool);
+  return id;
+}
+
+void CachingAllocator::BeginAllocateToPool(uint64_t pool, int stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = private_pools_.find(pool);
+  TANDEM_CHECK(it != private_pools_.end(), device_, "'s allocator: private pool ", pool,
+               " does not exist (or was released); create one with CreatePrivatePool");
+  TANDEM_CHECK(capturing_streams_.count(stream) == 0, device_, "'s allocator: stream ", stream,
+               " already allocates to a private pool (one capture per stream at a time)");
+  capturing_streams_[stream] = it->second.get();
+  ++it->second->capturing;
+}
+
+void CachingAllocator::EndAllocateToPool(uint64_t pool) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto it = capturing_streams_.begin(); it != capturing_streams_.end();) {
+    if (it->second->id == pool) {
+      --it->second->capturing;
+      it = capturing_streams_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (!capturing_streams_.empty()) return;
+  std::vector<Block*> deferred;
+  deferred.swap(deferred_frees_);
+  for (Block* block : deferred) FreeLocked(block);
+}
+
+void CachingAllocator::ReleasePrivatePool(uint64_t pool) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = private_pools_.find(pool);
+  if (it == private_pools_.end()) return;
+  PrivatePool* owner = it->second.get();
+  TANDEM_CHECK(owner->capturing == 0, device_, "'s allocator: private pool ", pool,
+               " is released while a capture allocates to it; end the capture first");
+  // Every block of the pool's segments becomes a shared one; the free ones move to the shared
+  // sets, ordered there as any other (their stream is the capture's).
+  for (const auto& [address, first] : segments_) {
+    if (first->private_pool != owner) continue;
+    for (Block* block = first; block != nullptr; block = block->next) block->private_pool = nullptr;
+  }
+  for (Pool* from : {&owner->small, &owner->large}) {
+    Pool& to = from == &owner->small ? small_pool_ : large_pool_;
+    to.insert(from->begin(), from->end());
+    from->clear();
+  }
+  private_pools_.erase(it);
+}
+
+int64_t CachingAllocator::PrivatePoolSegments(uint64_t pool) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = private_pools_.find(pool);
+  return it == private_pools_.end() ? 0 : it->second->segments;
+}
+
+bool CachingAllocator::CaptureUnderway() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return !capturing_streams_.empty();
 }
 
 }  // namespace tandem

@@ -20,6 +20,14 @@
 //     (polled before each allocation; waited for before giving up on an out-of-memory).
 //   - When the system says no, the allocator frees every cached segment that is wholly
 //     unused and tries once more, then throws an out-of-memory tandem::Error.
+//   - Graph-private pools (PyTorch's graph_pool_handle, for CUDA Graphs: tensor/cuda/
+//     cuda_graph.h): while a stream is captured, its allocations come from a pool of their own.
+//     A replay writes every block the capture used, freed or not, so none of them is handed to
+//     anyone else while the graph lives (blocks freed during the capture are reused only by
+//     later allocations of the same capture, which the replay orders the same way); the pool's
+//     memory joins the shared pools when the graph is reset. While any capture is underway the
+//     allocator neither polls nor waits for events nor returns memory to the system (calls that
+//     a capture forbids); frees that would record events wait for the capture's end.
 //
 // The system memory is injected (SystemMemory), which keeps this file free of CUDA: the
 // CPU backend plugs in aligned host memory (HostMemory in allocator.h), the CUDA backend
@@ -113,18 +121,37 @@ class CachingAllocator : public Allocator {
   // Freed blocks waiting for events recorded on other streams before they can be reused.
   int64_t NumPendingBlocks() const;
 
+  // ---- Graph-private pools (see the file comment) ----
+  // A new, empty private pool; returns its id (never 0).
+  uint64_t CreatePrivatePool();
+  // Until EndAllocateToPool, allocations on `stream` come from `pool`. Throws tandem::Error for
+  // an unknown pool or a stream that already allocates to one.
+  void BeginAllocateToPool(uint64_t pool, int stream);
+  void EndAllocateToPool(uint64_t pool);
+  // The graph that used `pool` is gone: the pool's free blocks join the shared pools, and its
+  // blocks still in use join them when freed.
+  void ReleasePrivatePool(uint64_t pool);
+  // Segments taken from the system for `pool` (0 once released or for an unknown pool), and
+  // whether any capture is allocating to a private pool now.
+  int64_t PrivatePoolSegments(uint64_t pool) const;
+  bool CaptureUnderway() const;
+
  private:
   struct Block;
+  struct PrivatePool;
   struct BlockOrder {
     bool operator()(const Block* a, const Block* b) const;
   };
   using Pool = std::set<Block*, BlockOrder>;
 
   Block* FindFreeBlock(Pool& pool, int stream, size_t size);
-  Block* NewSegment(Pool& pool, int stream, size_t size, size_t requested);
+  Block* NewSegment(bool small, PrivatePool* owner, int stream, size_t size, size_t requested);
+  // The free-block set a block returns to (its private pool's, if it has one).
+  Pool& PoolOf(bool small, PrivatePool* owner);
   Block* SplitIfWorthIt(Pool& pool, Block* block, size_t size);
   // The shared_ptr deleter: returns the block to its pool, or sets it aside with events.
   void Free(Block* block);
+  void FreeLocked(Block* block);
   // The rest need mutex_.
   // Returns a freed block to its pool, merged with free neighbours.
   void ReturnToPoolLocked(Block* block);
@@ -146,6 +173,10 @@ class CachingAllocator : public Allocator {
   std::map<uintptr_t, Block*> segments_;  // every segment's first block, by address
   int64_t cached_bytes_ = 0;
   int64_t num_segments_ = 0;
+  std::map<uint64_t, std::unique_ptr<PrivatePool>> private_pools_;
+  uint64_t next_private_pool_ = 1;
+  std::map<int, PrivatePool*> capturing_streams_;  // stream id -> the pool it allocates to
+  std::vector<Block*> deferred_frees_;             // freed during a capture, with events to record
 };
 
 }  // namespace tandem

@@ -541,5 +541,69 @@ TEST_F(CachingAllocatorTest, ConcurrentRecordStreamAndFreesStayConsistent) {
   EXPECT_EQ(allocator_->NumSegments(), 0);
 }
 
+// Graph-private pools: what a capture allocates is nobody else's while the graph lives, even
+// once freed; the capture reuses its own freed blocks; a reset hands the memory back.
+TEST_F(CachingAllocatorTest, PrivatePoolBlocksAreTheCapturesAlone) {
+  log_.stream = 1;
+  std::shared_ptr<void> before = allocator_->Allocate(4096);  // a shared segment, half used
+  const uint64_t pool = allocator_->CreatePrivatePool();
+  EXPECT_NE(pool, 0u);
+  allocator_->BeginAllocateToPool(pool, /*stream=*/1);
+  EXPECT_TRUE(allocator_->CaptureUnderway());
+  std::shared_ptr<void> a = allocator_->Allocate(4096);
+  void* const a_ptr = a.get();
+  EXPECT_EQ(allocator_->PrivatePoolSegments(pool), 1);  // not carved from the shared segment
+  EXPECT_EQ(log_.allocations, 2);
+  a.reset();  // freed during the capture: later allocations of the capture may reuse it
+  std::shared_ptr<void> b = allocator_->Allocate(4096);
+  EXPECT_EQ(b.get(), a_ptr);
+  allocator_->EndAllocateToPool(pool);
+  EXPECT_FALSE(allocator_->CaptureUnderway());
+  b.reset();
+  // After the capture, the graph's blocks (freed or not) are reused by no one else.
+  std::shared_ptr<void> outside = allocator_->Allocate(4096);
+  EXPECT_NE(outside.get(), a_ptr);
+  allocator_->EmptyCache();
+  EXPECT_EQ(allocator_->PrivatePoolSegments(pool), 1);  // not returned to the system either
+  // The reset: its memory joins the shared pools.
+  allocator_->ReleasePrivatePool(pool);
+  EXPECT_EQ(allocator_->PrivatePoolSegments(pool), 0);
+  outside.reset();
+  before.reset();
+  allocator_->EmptyCache();
+  EXPECT_EQ(log_.frees, 2);
+  EXPECT_EQ(allocator_->NumSegments(), 0);
+}
+
+TEST_F(CachingAllocatorTest, DuringACaptureNoEventIsPolledAndNoMemoryReturned) {
+  const Stream comm(kDevice, 2);
+  log_.stream = 1;
+  log_.capacity = 4 * kMiB;
+  std::shared_ptr<void> shared = allocator_->Allocate(4096);
+  allocator_->RecordStream(shared.get(), comm);
+  const uint64_t pool = allocator_->CreatePrivatePool();
+  allocator_->BeginAllocateToPool(pool, 1);
+  shared.reset();  // would record an event on `comm`: deferred to the capture's end
+  EXPECT_EQ(log_.events_recorded, 0);
+  std::shared_ptr<void> in_graph = allocator_->Allocate(4096);  // 2 MiB more: at capacity
+  // Out of memory mid-capture: no waiting on events, no frees; a clear error instead.
+  try {
+    allocator_->Allocate(3 * kMiB);
+    ADD_FAILURE() << "expected an out-of-memory error";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("during a CUDA Graph capture"), std::string::npos)
+        << error.what();
+  }
+  EXPECT_EQ(log_.events_waited, 0);
+  EXPECT_EQ(log_.frees, 0);
+  EXPECT_THROW(allocator_->BeginAllocateToPool(pool, 1), Error);  // one capture per stream
+  EXPECT_THROW(allocator_->ReleasePrivatePool(pool), Error);      // still capturing
+  allocator_->EndAllocateToPool(pool);
+  EXPECT_EQ(log_.events_recorded, 1);  // the deferred free, now
+  in_graph.reset();
+  allocator_->ReleasePrivatePool(pool);
+  EXPECT_THROW(allocator_->BeginAllocateToPool(pool, 1), Error);  // released
+}
+
 }  // namespace
 }  // namespace tandem
