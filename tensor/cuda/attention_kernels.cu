@@ -10,7 +10,10 @@
 // 16-bit types, double for float64) and rounded once on store. The backward is
 // FlashAttention-2's: probabilities recomputed from the saved log-sum-exp, D = rowsum(dout *
 // out); dq and dk/dv are two passes so that no output is accumulated by two blocks.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 
 #include <algorithm>
 #include <cmath>
@@ -347,6 +350,189 @@ __global__ void __launch_bounds__(kMaxRowsPerBlock, 1)
   for (int64_t c = 0; c < ev; ++c) dv[(b * s + j) * ev + c] = static_cast<T>(dv_acc[c * rows + r]);
 }
 
+// ---- Tensor cores (bfloat16 and float16): FlashAttention-2's forward on WMMA tiles ----------
+
+// A block is kTcWarps warps of 16 query rows each; the block walks the keys kTcKeys at a time
+// (K and V tiles in shared memory, shared by its warps). Each warp computes its 16 x kTcKeys
+// scores on tensor cores (S = Q K^T, float accumulation), updates the running max and sum of its
+// rows (one lane a row) and rounds the probabilities to T, rescales its rows of the float output
+// accumulator in shared memory, and adds P V on tensor cores. WMMA's element-to-lane mapping is
+// unspecified, so every row-dependent step goes through shared memory, never through a
+// fragment's x[]. Head and value sizes are padded with zeros to multiples of 16 (WMMA's k).
+constexpr int kTcWarps = 4;
+constexpr int kTcRows = 16 * kTcWarps;
+constexpr int kTcKeys = 32;
+// Larger heads take the scalar path (their tiles would not fit an H100's shared memory).
+constexpr int64_t kTensorCoreMaxHead = 256;
+// Row padding of the shared tiles (16 bytes: rows start in other banks; WMMA needs ldm to be a
+// multiple of 16 bytes and tile pointers 32-byte aligned, which 16-row steps keep).
+constexpr int kSkew16 = 8, kSkew32 = 4;
+
+template <typename T>
+struct TensorCoreType;
+template <>
+struct TensorCoreType<Half> {
+  using type = __half;
+  __device__ static __half Round(float x) { return __float2half(x); }
+};
+template <>
+struct TensorCoreType<BFloat16> {
+  using type = __nv_bfloat16;
+  __device__ static __nv_bfloat16 Round(float x) { return __float2bfloat16(x); }
+};
+
+int RoundUp16(int64_t x) { return static_cast<int>((x + 15) / 16 * 16); }
+
+// Byte offsets of the tensor-core forward's shared memory: q [kTcRows][ld_qk] and k
+// [kTcKeys][ld_qk] and v [kTcKeys][ld_v] in T, the scores [kTcRows][ld_s] and the output
+// accumulator [kTcRows][ld_o] in float, the probabilities [kTcRows][ld_p] in T, and one float
+// per row (the rescaling factor, then 1 / sum).
+struct TensorCoreLayout {
+  int e_pad, ev_pad, ld_qk, ld_v, ld_s, ld_p, ld_o;
+  size_t q, k, v, s, p, o, row, bytes;
+};
+
+TensorCoreLayout PlanTensorCore(int64_t e, int64_t ev) {
+  TensorCoreLayout t;
+  t.e_pad = RoundUp16(e);
+  t.ev_pad = RoundUp16(ev);
+  t.ld_qk = t.e_pad + kSkew16;
+  t.ld_v = t.ev_pad + kSkew16;
+  t.ld_s = kTcKeys + kSkew32;
+  t.ld_p = kTcKeys + kSkew16;
+  t.ld_o = t.ev_pad + kSkew32;
+  size_t at = 0;
+  const auto take = [&at](size_t bytes) {
+    const size_t start = at;
+    at += (bytes + 127) / 128 * 128;
+    return start;
+  };
+  t.q = take(size_t{kTcRows} * t.ld_qk * 2);
+  t.k = take(size_t{kTcKeys} * t.ld_qk * 2);
+  t.v = take(size_t{kTcKeys} * t.ld_v * 2);
+  t.s = take(size_t{kTcRows} * t.ld_s * 4);
+  t.p = take(size_t{kTcRows} * t.ld_p * 2);
+  t.o = take(size_t{kTcRows} * t.ld_o * 4);
+  t.row = take(size_t{kTcRows} * 4);
+  t.bytes = at;
+  return t;
+}
+
+// Copies `rows` rows of `width` elements (row stride `width`) from `src` into shared `dst`
+// (row stride `ld`) as W, zero past `valid` rows and past `width` up to `padded` columns.
+template <typename T, typename W>
+__device__ void LoadPaddedTile(W* dst, int ld, const T* src, int rows, int valid, int64_t width,
+                               int padded) {
+  const W* from = reinterpret_cast<const W*>(src);
+  const W zero = TensorCoreType<T>::Round(0.0f);
+  for (int x = threadIdx.x; x < rows * padded; x += blockDim.x) {
+    const int r = x / padded, c = x % padded;
+    dst[r * ld + c] = r < valid && c < width ? from[r * width + c] : zero;
+  }
+}
+
+// Forward on tensor cores: grid (query blocks of kTcRows, batch), kTcWarps warps.
+template <typename T>
+__global__ void __launch_bounds__(kTcWarps * 32)
+    AttentionForwardTensorCoreKernel(AttentionGeometry g, TensorCoreLayout t, const T* q,
+                                     const T* k, const T* v, const T* mask, T* out, float* lse) {
+  namespace wmma = nvcuda::wmma;
+  using W = typename TensorCoreType<T>::type;
+  extern __shared__ unsigned char shared_raw[];
+  W* q_s = reinterpret_cast<W*>(shared_raw + t.q);
+  W* k_s = reinterpret_cast<W*>(shared_raw + t.k);
+  W* v_s = reinterpret_cast<W*>(shared_raw + t.v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* s_w = reinterpret_cast<float*>(shared_raw + t.s) + warp * 16 * t.ld_s;
+  W* p_w = reinterpret_cast<W*>(shared_raw + t.p) + warp * 16 * t.ld_p;
+  float* o_w = reinterpret_cast<float*>(shared_raw + t.o) + warp * 16 * t.ld_o;
+  float* row_w = reinterpret_cast<float*>(shared_raw + t.row) + warp * 16;
+  const int64_t e = g.head_dim, ev = g.value_dim, l = g.query_len, s = g.key_len;
+  const int64_t b = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * kTcRows;
+  const int64_t warp_i0 = i0 + warp * 16;
+  LoadPaddedTile(q_s, t.ld_qk, q + (b * l + i0) * e, kTcRows,
+                 static_cast<int>(Smaller(kTcRows, l - i0)), e, t.e_pad);
+  for (int x = lane; x < 16 * t.ev_pad; x += 32) o_w[(x / t.ev_pad) * t.ld_o + x % t.ev_pad] = 0;
+  // Lane r < 16 owns row warp_i0 + r's running max and sum.
+  const int64_t i = warp_i0 + lane;
+  float row_max = -INFINITY, row_sum = 0;
+  const int64_t key_end = g.causal ? Smaller(s, i0 + kTcRows) : s;
+  for (int64_t j0 = 0; j0 < key_end; j0 += kTcKeys) {
+    const int valid = static_cast<int>(Smaller(kTcKeys, key_end - j0));
+    __syncthreads();  // the previous tiles are no longer read
+    LoadPaddedTile(k_s, t.ld_qk, k + (b * s + j0) * e, kTcKeys, valid, e, t.e_pad);
+    LoadPaddedTile(v_s, t.ld_v, v + (b * s + j0) * ev, kTcKeys, valid, ev, t.ev_pad);
+    __syncthreads();
+    // Causal: a tile whose first key comes after the warp's last query adds nothing to it.
+    if (g.causal && j0 > warp_i0 + 15) continue;
+    for (int n = 0; n < kTcKeys; n += 16) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::fill_fragment(acc, 0.0f);
+      for (int c = 0; c < t.e_pad; c += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, W, wmma::col_major> kt;
+        wmma::load_matrix_sync(a, q_s + warp * 16 * t.ld_qk + c, t.ld_qk);
+        wmma::load_matrix_sync(kt, k_s + n * t.ld_qk + c, t.ld_qk);
+        wmma::mma_sync(acc, a, kt, acc);
+      }
+      wmma::store_matrix_sync(s_w + n, acc, t.ld_s, wmma::mem_row_major);
+    }
+    __syncwarp();
+    if (lane < 16) {
+      float* score = s_w + lane * t.ld_s;
+      float tile_max = -INFINITY;
+      for (int x = 0; x < kTcKeys; ++x) {
+        score[x] = x < valid && i < l ? MaskedScore(g, mask, b, i, j0 + x, score[x]) : -INFINITY;
+        tile_max = Larger(tile_max, score[x]);
+      }
+      const float new_max = Larger(row_max, tile_max);
+      // Nothing attended yet: the weights are zero and the accumulator stays zero.
+      const float base = new_max == -INFINITY ? 0.0f : new_max;
+      const float correction = math::Exp(row_max - base);
+      float sum = 0;
+      for (int x = 0; x < kTcKeys; ++x) {
+        float p = math::Exp(score[x] - base);
+        sum += p;
+        // After the running sum took the undropped weight: only v's product sees the dropout.
+        if (g.dropout_p > 0 && p != 0.0f) p *= DropoutFactor<float>(g, b, i, j0 + x);
+        p_w[lane * t.ld_p + x] = TensorCoreType<T>::Round(p);
+      }
+      row_sum = row_sum * correction + sum;
+      row_max = new_max;
+      row_w[lane] = correction;
+    }
+    __syncwarp();
+    for (int x = lane; x < 16 * t.ev_pad; x += 32) {
+      const int r = x / t.ev_pad;
+      o_w[r * t.ld_o + x % t.ev_pad] *= row_w[r];
+    }
+    __syncwarp();
+    for (int n = 0; n < t.ev_pad; n += 16) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::load_matrix_sync(acc, o_w + n, t.ld_o, wmma::mem_row_major);
+      for (int x = 0; x < kTcKeys; x += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> p;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, W, wmma::row_major> vt;
+        wmma::load_matrix_sync(p, p_w + x, t.ld_p);
+        wmma::load_matrix_sync(vt, v_s + x * t.ld_v + n, t.ld_v);
+        wmma::mma_sync(acc, p, vt, acc);
+      }
+      wmma::store_matrix_sync(o_w + n, acc, t.ld_o, wmma::mem_row_major);
+    }
+  }
+  __syncwarp();
+  if (lane < 16) {
+    // A row that attended nothing has sum 0: 0 * inf gives NaN outputs, as PyTorch's.
+    row_w[lane] = 1.0f / row_sum;
+    if (i < l) lse[b * l + i] = row_max + math::Log(row_sum);
+  }
+  __syncwarp();
+  for (int x = lane; x < 16 * ev; x += 32) {
+    const int r = static_cast<int>(x / ev), c = static_cast<int>(x % ev);
+    if (warp_i0 + r < l) out[(b * l + warp_i0 + r) * ev + c] = T(o_w[r * t.ld_o + c] * row_w[r]);
+  }
+}
+
 dim3 Grid(int64_t rows, int per_block, int64_t batch, int device) {
   const int64_t blocks = (rows + per_block - 1) / per_block;
   TANDEM_CHECK(batch <= 65535, "CUDA attention on logical device ", device, ": ", batch,
@@ -363,6 +549,20 @@ void LaunchAttentionForward(const LaunchContext& context, DType dtype, const Att
     using T = typename decltype(tag)::type;
     using M = OpMath<T>;
     if (g.batch == 0 || g.query_len == 0) return;
+    if constexpr (kIsReducedFloat<T>) {
+      const TensorCoreLayout t = PlanTensorCore(g.head_dim, g.value_dim);
+      if (g.head_dim <= kTensorCoreMaxHead && g.value_dim <= kTensorCoreMaxHead &&
+          t.bytes <= SharedOptInBytes(context.device)) {
+        const void* kernel = reinterpret_cast<const void*>(&AttentionForwardTensorCoreKernel<T>);
+        OptInSharedMemory(kernel, t.bytes, context.device);
+        AttentionForwardTensorCoreKernel<T><<<Grid(g.query_len, kTcRows, g.batch, context.device),
+                                              kTcWarps * 32, t.bytes, context.stream>>>(
+            g, t, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+            static_cast<const T*>(mask), static_cast<T*>(out), static_cast<float*>(logsumexp));
+        TANDEM_CUDA_CHECK_LAUNCH(context.device);
+        return;
+      }
+    }
     const int64_t width = g.head_dim + g.value_dim;
     const SharedLayout layout{width, kTile * width, sizeof(M)};
     const int rows =
