@@ -10,7 +10,10 @@
 // 16-bit types, double for float64) and rounded once on store. The backward is
 // FlashAttention-2's: probabilities recomputed from the saved log-sum-exp, D = rowsum(dout *
 // out); dq and dk/dv are two passes so that no output is accumulated by two blocks.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <mma.h>
 
 #include <algorithm>
 #include <cmath>
@@ -347,11 +350,461 @@ __global__ void __launch_bounds__(kMaxRowsPerBlock, 1)
   for (int64_t c = 0; c < ev; ++c) dv[(b * s + j) * ev + c] = static_cast<T>(dv_acc[c * rows + r]);
 }
 
+// ---- Tensor cores (bfloat16 and float16): FlashAttention-2's forward on WMMA tiles ----------
+
+// A block is kTcWarps warps of 16 query rows each; the block walks the keys kTcKeys at a time
+// (K and V tiles in shared memory, shared by its warps). Each warp computes its 16 x kTcKeys
+// scores on tensor cores (S = Q K^T, float accumulation), updates the running max and sum of its
+// rows (one lane a row) and rounds the probabilities to T, rescales its rows of the float output
+// accumulator in shared memory, and adds P V on tensor cores. WMMA's element-to-lane mapping is
+// unspecified, so every row-dependent step goes through shared memory, never through a
+// fragment's x[]. Head and value sizes are padded with zeros to multiples of 16 (WMMA's k).
+constexpr int kTcWarps = 4;
+constexpr int kTcRows = 16 * kTcWarps;
+constexpr int kTcKeys = 32;
+// Larger heads take the scalar path (their tiles would not fit an H100's shared memory).
+constexpr int64_t kTensorCoreMaxHead = 256;
+// Row padding of the shared tiles (16 bytes: rows start in other banks; WMMA needs ldm to be a
+// multiple of 16 bytes and tile pointers 32-byte aligned, which 16-row steps keep).
+constexpr int kSkew16 = 8, kSkew32 = 4;
+
+template <typename T>
+struct TensorCoreType;
+template <>
+struct TensorCoreType<Half> {
+  using type = __half;
+  __device__ static __half Round(float x) { return __float2half(x); }
+};
+template <>
+struct TensorCoreType<BFloat16> {
+  using type = __nv_bfloat16;
+  __device__ static __nv_bfloat16 Round(float x) { return __float2bfloat16(x); }
+};
+
+int RoundUp16(int64_t x) { return static_cast<int>((x + 15) / 16 * 16); }
+
+// Byte offsets of the tensor-core forward's shared memory: q [kTcRows][ld_qk] and k
+// [kTcKeys][ld_qk] and v [kTcKeys][ld_v] in T, the scores [kTcRows][ld_s] and the output
+// accumulator [kTcRows][ld_o] in float, the probabilities [kTcRows][ld_p] in T, and one float
+// per row (the rescaling factor, then 1 / sum).
+struct TensorCoreLayout {
+  int e_pad, ev_pad, ld_qk, ld_v, ld_s, ld_p, ld_o;
+  size_t q, k, v, s, p, o, row, bytes;
+};
+
+TensorCoreLayout PlanTensorCore(int64_t e, int64_t ev) {
+  TensorCoreLayout t;
+  t.e_pad = RoundUp16(e);
+  t.ev_pad = RoundUp16(ev);
+  t.ld_qk = t.e_pad + kSkew16;
+  t.ld_v = t.ev_pad + kSkew16;
+  t.ld_s = kTcKeys + kSkew32;
+  t.ld_p = kTcKeys + kSkew16;
+  t.ld_o = t.ev_pad + kSkew32;
+  size_t at = 0;
+  const auto take = [&at](size_t bytes) {
+    const size_t start = at;
+    at += (bytes + 127) / 128 * 128;
+    return start;
+  };
+  t.q = take(size_t{kTcRows} * t.ld_qk * 2);
+  t.k = take(size_t{kTcKeys} * t.ld_qk * 2);
+  t.v = take(size_t{kTcKeys} * t.ld_v * 2);
+  t.s = take(size_t{kTcRows} * t.ld_s * 4);
+  t.p = take(size_t{kTcRows} * t.ld_p * 2);
+  t.o = take(size_t{kTcRows} * t.ld_o * 4);
+  t.row = take(size_t{kTcRows} * 4);
+  t.bytes = at;
+  return t;
+}
+
+// Copies `rows` rows of `width` elements (row stride `width`) from `src` into shared `dst`
+// (row stride `ld`) as W, zero past `valid` rows and past `width` up to `padded` columns.
+template <typename T, typename W>
+__device__ void LoadPaddedTile(W* dst, int ld, const T* src, int rows, int valid, int64_t width,
+                               int padded) {
+  const W* from = reinterpret_cast<const W*>(src);
+  const W zero = TensorCoreType<T>::Round(0.0f);
+  for (int x = threadIdx.x; x < rows * padded; x += blockDim.x) {
+    const int r = x / padded, c = x % padded;
+    dst[r * ld + c] = r < valid && c < width ? from[r * width + c] : zero;
+  }
+}
+
+// Forward on tensor cores: grid (query blocks of kTcRows, batch), kTcWarps warps.
+template <typename T>
+__global__ void __launch_bounds__(kTcWarps * 32)
+    AttentionForwardTensorCoreKernel(AttentionGeometry g, TensorCoreLayout t, const T* q,
+                                     const T* k, const T* v, const T* mask, T* out, float* lse) {
+  namespace wmma = nvcuda::wmma;
+  using W = typename TensorCoreType<T>::type;
+  extern __shared__ unsigned char shared_raw[];
+  W* q_s = reinterpret_cast<W*>(shared_raw + t.q);
+  W* k_s = reinterpret_cast<W*>(shared_raw + t.k);
+  W* v_s = reinterpret_cast<W*>(shared_raw + t.v);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* s_w = reinterpret_cast<float*>(shared_raw + t.s) + warp * 16 * t.ld_s;
+  W* p_w = reinterpret_cast<W*>(shared_raw + t.p) + warp * 16 * t.ld_p;
+  float* o_w = reinterpret_cast<float*>(shared_raw + t.o) + warp * 16 * t.ld_o;
+  float* row_w = reinterpret_cast<float*>(shared_raw + t.row) + warp * 16;
+  const int64_t e = g.head_dim, ev = g.value_dim, l = g.query_len, s = g.key_len;
+  const int64_t b = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * kTcRows;
+  const int64_t warp_i0 = i0 + warp * 16;
+  LoadPaddedTile(q_s, t.ld_qk, q + (b * l + i0) * e, kTcRows,
+                 static_cast<int>(Smaller(kTcRows, l - i0)), e, t.e_pad);
+  for (int x = lane; x < 16 * t.ev_pad; x += 32) o_w[(x / t.ev_pad) * t.ld_o + x % t.ev_pad] = 0;
+  // Lane r < 16 owns row warp_i0 + r's running max and sum.
+  const int64_t i = warp_i0 + lane;
+  float row_max = -INFINITY, row_sum = 0;
+  const int64_t key_end = g.causal ? Smaller(s, i0 + kTcRows) : s;
+  for (int64_t j0 = 0; j0 < key_end; j0 += kTcKeys) {
+    const int valid = static_cast<int>(Smaller(kTcKeys, key_end - j0));
+    __syncthreads();  // the previous tiles are no longer read
+    LoadPaddedTile(k_s, t.ld_qk, k + (b * s + j0) * e, kTcKeys, valid, e, t.e_pad);
+    LoadPaddedTile(v_s, t.ld_v, v + (b * s + j0) * ev, kTcKeys, valid, ev, t.ev_pad);
+    __syncthreads();
+    // Causal: a tile whose first key comes after the warp's last query adds nothing to it.
+    if (g.causal && j0 > warp_i0 + 15) continue;
+    for (int n = 0; n < kTcKeys; n += 16) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::fill_fragment(acc, 0.0f);
+      for (int c = 0; c < t.e_pad; c += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, W, wmma::col_major> kt;
+        wmma::load_matrix_sync(a, q_s + warp * 16 * t.ld_qk + c, t.ld_qk);
+        wmma::load_matrix_sync(kt, k_s + n * t.ld_qk + c, t.ld_qk);
+        wmma::mma_sync(acc, a, kt, acc);
+      }
+      wmma::store_matrix_sync(s_w + n, acc, t.ld_s, wmma::mem_row_major);
+    }
+    __syncwarp();
+    if (lane < 16) {
+      float* score = s_w + lane * t.ld_s;
+      float tile_max = -INFINITY;
+      for (int x = 0; x < kTcKeys; ++x) {
+        score[x] = x < valid && i < l ? MaskedScore(g, mask, b, i, j0 + x, score[x]) : -INFINITY;
+        tile_max = Larger(tile_max, score[x]);
+      }
+      const float new_max = Larger(row_max, tile_max);
+      // Nothing attended yet: the weights are zero and the accumulator stays zero.
+      const float base = new_max == -INFINITY ? 0.0f : new_max;
+      const float correction = math::Exp(row_max - base);
+      float sum = 0;
+      for (int x = 0; x < kTcKeys; ++x) {
+        float p = math::Exp(score[x] - base);
+        sum += p;
+        // After the running sum took the undropped weight: only v's product sees the dropout.
+        if (g.dropout_p > 0 && p != 0.0f) p *= DropoutFactor<float>(g, b, i, j0 + x);
+        p_w[lane * t.ld_p + x] = TensorCoreType<T>::Round(p);
+      }
+      row_sum = row_sum * correction + sum;
+      row_max = new_max;
+      row_w[lane] = correction;
+    }
+    __syncwarp();
+    for (int x = lane; x < 16 * t.ev_pad; x += 32) {
+      const int r = x / t.ev_pad;
+      o_w[r * t.ld_o + x % t.ev_pad] *= row_w[r];
+    }
+    __syncwarp();
+    for (int n = 0; n < t.ev_pad; n += 16) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::load_matrix_sync(acc, o_w + n, t.ld_o, wmma::mem_row_major);
+      for (int x = 0; x < kTcKeys; x += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> p;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, W, wmma::row_major> vt;
+        wmma::load_matrix_sync(p, p_w + x, t.ld_p);
+        wmma::load_matrix_sync(vt, v_s + x * t.ld_v + n, t.ld_v);
+        wmma::mma_sync(acc, p, vt, acc);
+      }
+      wmma::store_matrix_sync(o_w + n, acc, t.ld_o, wmma::mem_row_major);
+    }
+  }
+  __syncwarp();
+  if (lane < 16) {
+    // A row that attended nothing has sum 0: 0 * inf gives NaN outputs, as PyTorch's.
+    row_w[lane] = 1.0f / row_sum;
+    if (i < l) lse[b * l + i] = row_max + math::Log(row_sum);
+  }
+  __syncwarp();
+  for (int x = lane; x < 16 * ev; x += 32) {
+    const int r = static_cast<int>(x / ev), c = static_cast<int>(x % ev);
+    if (warp_i0 + r < l) out[(b * l + warp_i0 + r) * ev + c] = T(o_w[r * t.ld_o + c] * row_w[r]);
+  }
+}
+
+// Byte offsets of the tensor-core backward's shared memory. The block's 16 * warps key rows:
+// k and v in T, the dk and dv accumulators in float. The query tile's kTcKeys rows: q and dout
+// in T, their log-sum-exp and D = dout . out in float. Per warp: S^T and dP^T in float, (P Z)^T
+// and dS^T in T, and a 16 x 16 float tile that carries dq's partial sums to the atomics.
+struct TensorCoreBackwardLayout {
+  int warps, e_pad, ev_pad, ld_qk, ld_v, ld_dk, ld_dv, ld_s, ld_p;
+  size_t k, v, dk, dv, q, dout, lse, delta, warp_bytes, st, dpt, pz, ds, scratch, bytes;
+};
+
+TensorCoreBackwardLayout PlanTensorCoreBackward(int64_t e, int64_t ev, int warps) {
+  TensorCoreBackwardLayout t;
+  t.warps = warps;
+  t.e_pad = RoundUp16(e);
+  t.ev_pad = RoundUp16(ev);
+  t.ld_qk = t.e_pad + kSkew16;
+  t.ld_v = t.ev_pad + kSkew16;
+  t.ld_dk = t.e_pad + kSkew32;
+  t.ld_dv = t.ev_pad + kSkew32;
+  t.ld_s = kTcKeys + kSkew32;
+  t.ld_p = kTcKeys + kSkew16;
+  size_t at = 0;
+  const auto take = [&at](size_t bytes) {
+    const size_t start = at;
+    at += (bytes + 127) / 128 * 128;
+    return start;
+  };
+  const size_t rows = 16 * static_cast<size_t>(warps);
+  t.k = take(rows * t.ld_qk * 2);
+  t.v = take(rows * t.ld_v * 2);
+  t.dk = take(rows * t.ld_dk * 4);
+  t.dv = take(rows * t.ld_dv * 4);
+  t.q = take(size_t{kTcKeys} * t.ld_qk * 2);
+  t.dout = take(size_t{kTcKeys} * t.ld_v * 2);
+  t.lse = take(size_t{kTcKeys} * 4);
+  t.delta = take(size_t{kTcKeys} * 4);
+  const size_t warp_start = at;
+  t.st = take(16 * size_t{kTcKeys + kSkew32} * 4) - warp_start;
+  t.dpt = take(16 * size_t{kTcKeys + kSkew32} * 4) - warp_start;
+  t.pz = take(16 * size_t{kTcKeys + kSkew16} * 2) - warp_start;
+  t.ds = take(16 * size_t{kTcKeys + kSkew16} * 2) - warp_start;
+  t.scratch = take(16 * size_t{16 + kSkew32} * 4) - warp_start;
+  t.warp_bytes = at - warp_start;
+  t.bytes = warp_start + warps * t.warp_bytes;
+  return t;
+}
+
+// Backward on tensor cores (FlashAttention-2's): grid (key blocks of 16 * warps rows, batch).
+// The block walks the queries kTcKeys at a time; per (query tile, key rows of a warp) it
+// computes S^T = K Q^T and dP^T = V dout^T once, the probabilities P from the saved
+// log-sum-exp, and dS = P (Z dP - D) scale; dv += (P Z)^T dout and dk += dS^T q accumulate in
+// shared memory, and dq += dS K goes to `dq_accum` (float) by atomics (Note [Attention dq
+// atomics]).
+template <typename T>
+__global__ void __launch_bounds__(kTcWarps * 32)
+    AttentionBackwardTensorCoreKernel(AttentionGeometry g, TensorCoreBackwardLayout t, const T* q,
+                                      const T* k, const T* v, const T* mask, const T* out,
+                                      const T* dout, const float* lse, float* dq_accum, T* dk,
+                                      T* dv) {
+  namespace wmma = nvcuda::wmma;
+  using W = typename TensorCoreType<T>::type;
+  extern __shared__ unsigned char shared_raw[];
+  W* k_s = reinterpret_cast<W*>(shared_raw + t.k);
+  W* v_s = reinterpret_cast<W*>(shared_raw + t.v);
+  float* dk_s = reinterpret_cast<float*>(shared_raw + t.dk);
+  float* dv_s = reinterpret_cast<float*>(shared_raw + t.dv);
+  W* q_t = reinterpret_cast<W*>(shared_raw + t.q);
+  W* do_t = reinterpret_cast<W*>(shared_raw + t.dout);
+  float* lse_t = reinterpret_cast<float*>(shared_raw + t.lse);
+  float* delta_t = reinterpret_cast<float*>(shared_raw + t.delta);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  unsigned char* warp_raw = shared_raw + (t.bytes - (t.warps - warp) * t.warp_bytes);
+  float* st_w = reinterpret_cast<float*>(warp_raw + t.st);
+  float* dpt_w = reinterpret_cast<float*>(warp_raw + t.dpt);
+  W* pz_w = reinterpret_cast<W*>(warp_raw + t.pz);
+  W* ds_w = reinterpret_cast<W*>(warp_raw + t.ds);
+  float* scratch_w = reinterpret_cast<float*>(warp_raw + t.scratch);
+  const int64_t e = g.head_dim, ev = g.value_dim, l = g.query_len, s = g.key_len;
+  const int rows = 16 * t.warps;
+  const int64_t b = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * rows;
+  const int64_t warp_j0 = j0 + warp * 16;
+  const int valid_keys = static_cast<int>(Smaller(rows, s - j0));
+  LoadPaddedTile(k_s, t.ld_qk, k + (b * s + j0) * e, rows, valid_keys, e, t.e_pad);
+  LoadPaddedTile(v_s, t.ld_v, v + (b * s + j0) * ev, rows, valid_keys, ev, t.ev_pad);
+  for (int x = threadIdx.x; x < rows * t.e_pad; x += blockDim.x)
+    dk_s[(x / t.e_pad) * t.ld_dk + x % t.e_pad] = 0;
+  for (int x = threadIdx.x; x < rows * t.ev_pad; x += blockDim.x)
+    dv_s[(x / t.ev_pad) * t.ld_dv + x % t.ev_pad] = 0;
+  const W* k_w = k_s + warp * 16 * t.ld_qk;
+  const W* v_w = v_s + warp * 16 * t.ld_v;
+  float* dk_w = dk_s + warp * 16 * t.ld_dk;
+  float* dv_w = dv_s + warp * 16 * t.ld_dv;
+  // Causal: queries before the block's first key attend none of its keys.
+  const int64_t query_begin = g.causal ? Smaller(j0, l) : 0;
+  for (int64_t t0 = query_begin; t0 < l; t0 += kTcKeys) {
+    const int valid = static_cast<int>(Smaller(kTcKeys, l - t0));
+    __syncthreads();  // the previous query tile is no longer read
+    LoadPaddedTile(q_t, t.ld_qk, q + (b * l + t0) * e, kTcKeys, valid, e, t.e_pad);
+    LoadPaddedTile(do_t, t.ld_v, dout + (b * l + t0) * ev, kTcKeys, valid, ev, t.ev_pad);
+    // A loop, not the first kTcKeys threads: a block may have fewer.
+    for (int x = threadIdx.x; x < kTcKeys; x += blockDim.x) {
+      float d = 0;
+      if (x < valid) {
+        const int64_t row = (b * l + t0 + x) * ev;
+        for (int64_t c = 0; c < ev; ++c)
+          d += static_cast<float>(dout[row + c]) * static_cast<float>(out[row + c]);
+      }
+      delta_t[x] = d;
+      lse_t[x] = x < valid ? lse[b * l + t0 + x] : 0.0f;
+    }
+    __syncthreads();
+    // Causal: the warp's first key comes after the tile's last query.
+    if (g.causal && warp_j0 > t0 + kTcKeys - 1) continue;
+    if (warp_j0 >= s) continue;
+    for (int n = 0; n < kTcKeys; n += 16) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::fill_fragment(acc, 0.0f);
+      for (int c = 0; c < t.e_pad; c += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, W, wmma::col_major> qt;
+        wmma::load_matrix_sync(a, k_w + c, t.ld_qk);
+        wmma::load_matrix_sync(qt, q_t + n * t.ld_qk + c, t.ld_qk);
+        wmma::mma_sync(acc, a, qt, acc);
+      }
+      wmma::store_matrix_sync(st_w + n, acc, t.ld_s, wmma::mem_row_major);
+      wmma::fill_fragment(acc, 0.0f);
+      for (int c = 0; c < t.ev_pad; c += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, W, wmma::col_major> dot;
+        wmma::load_matrix_sync(a, v_w + c, t.ld_v);
+        wmma::load_matrix_sync(dot, do_t + n * t.ld_v + c, t.ld_v);
+        wmma::mma_sync(acc, a, dot, acc);
+      }
+      wmma::store_matrix_sync(dpt_w + n, acc, t.ld_s, wmma::mem_row_major);
+    }
+    __syncwarp();
+    {
+      // Lane x takes query t0 + x against the warp's 16 keys.
+      const int x = lane;
+      const int64_t i = t0 + x;
+      for (int r = 0; r < 16; ++r) {
+        const int64_t j = warp_j0 + r;
+        float pz = 0, ds = 0;
+        if (x < valid && j < s && !(g.causal && j > i)) {
+          const float p = math::Exp(MaskedScore(g, mask, b, i, j, st_w[r * t.ld_s + x]) - lse_t[x]);
+          const float z = g.dropout_p > 0 && p != 0.0f ? DropoutFactor<float>(g, b, i, j) : 1.0f;
+          pz = p * z;
+          ds = p * (z * dpt_w[r * t.ld_s + x] - delta_t[x]) * static_cast<float>(g.scale);
+        }
+        pz_w[r * t.ld_p + x] = TensorCoreType<T>::Round(pz);
+        ds_w[r * t.ld_p + x] = TensorCoreType<T>::Round(ds);
+      }
+    }
+    __syncwarp();
+    for (int n = 0; n < t.ev_pad; n += 16) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::load_matrix_sync(acc, dv_w + n, t.ld_dv, wmma::mem_row_major);
+      for (int x = 0; x < kTcKeys; x += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, W, wmma::row_major> o;
+        wmma::load_matrix_sync(a, pz_w + x, t.ld_p);
+        wmma::load_matrix_sync(o, do_t + x * t.ld_v + n, t.ld_v);
+        wmma::mma_sync(acc, a, o, acc);
+      }
+      wmma::store_matrix_sync(dv_w + n, acc, t.ld_dv, wmma::mem_row_major);
+    }
+    for (int n = 0; n < t.e_pad; n += 16) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::load_matrix_sync(acc, dk_w + n, t.ld_dk, wmma::mem_row_major);
+      for (int x = 0; x < kTcKeys; x += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, W, wmma::row_major> qm;
+        wmma::load_matrix_sync(a, ds_w + x, t.ld_p);
+        wmma::load_matrix_sync(qm, q_t + x * t.ld_qk + n, t.ld_qk);
+        wmma::mma_sync(acc, a, qm, acc);
+      }
+      wmma::store_matrix_sync(dk_w + n, acc, t.ld_dk, wmma::mem_row_major);
+    }
+    // dq's 16 x 16 tiles: dS (dS^T read column-major) times the warp's 16 rows of k.
+    for (int m = 0; m < kTcKeys && m < valid; m += 16) {
+      for (int n = 0; n < t.e_pad && n < e; n += 16) {
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, W, wmma::col_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, W, wmma::row_major> km;
+        wmma::fill_fragment(acc, 0.0f);
+        wmma::load_matrix_sync(a, ds_w + m, t.ld_p);
+        wmma::load_matrix_sync(km, k_w + n, t.ld_qk);
+        wmma::mma_sync(acc, a, km, acc);
+        wmma::store_matrix_sync(scratch_w, acc, 16 + kSkew32, wmma::mem_row_major);
+        __syncwarp();
+        for (int x = lane; x < 256; x += 32) {
+          const int r = x / 16, c = x % 16;
+          if (m + r < valid && n + c < e) {
+            atomicAdd(&dq_accum[(b * l + t0 + m + r) * e + n + c],
+                      scratch_w[r * (16 + kSkew32) + c]);
+          }
+        }
+        __syncwarp();  // the scratch tile is read before the next store
+      }
+    }
+  }
+  __syncthreads();
+  for (int x = threadIdx.x; x < rows * e; x += blockDim.x) {
+    const int r = static_cast<int>(x / e), c = static_cast<int>(x % e);
+    if (j0 + r < s) dk[(b * s + j0 + r) * e + c] = T(dk_s[r * t.ld_dk + c]);
+  }
+  for (int x = threadIdx.x; x < rows * ev; x += blockDim.x) {
+    const int r = static_cast<int>(x / ev), c = static_cast<int>(x % ev);
+    if (j0 + r < s) dv[(b * s + j0 + r) * ev + c] = T(dv_s[r * t.ld_dv + c]);
+  }
+}
+
+// dq = dq_accum rounded to T.
+template <typename T>
+__global__ void RoundAccumulatedKernel(const float* accum, T* out, int64_t n) {
+  for (int64_t x = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; x < n;
+       x += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[x] = T(accum[x]);
+  }
+}
+
+// Note [Attention dq atomics]: in the tensor-core backward each block owns its key rows (dk and
+// dv are its own sums, written once) but every block adds to every query's dq: FlashAttention-2
+// adds them by float32 atomics into a zeroed buffer and rounds that to T in a small second
+// kernel, and so does this. The alternative, a second pass over the keys per query block, would
+// recompute S and dP a second time, which is what the tensor-core kernels are here to avoid. The
+// price: the order of the float additions depends on the GPU's scheduling, so dq is not bitwise
+// reproducible from run to run on a GPU (within float rounding of the same sum); under cudasim,
+// whose blocks run one at a time in a seeded thread order, it is for a given TANDEM_CUDASIM_SEED.
+
 dim3 Grid(int64_t rows, int per_block, int64_t batch, int device) {
   const int64_t blocks = (rows + per_block - 1) / per_block;
   TANDEM_CHECK(batch <= 65535, "CUDA attention on logical device ", device, ": ", batch,
                " heads exceed the grid's 65535; split the batch");
   return dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(batch));
+}
+
+// The tensor-core backward when its tiles fit the device (with 4 warps, else 2 or 1 per block);
+// false, having launched nothing, when they do not (the scalar kernels take over).
+template <typename T>
+bool LaunchAttentionBackwardTensorCore(const LaunchContext& context, const AttentionGeometry& g,
+                                       const void* q, const void* k, const void* v,
+                                       const void* mask, const void* out, const void* dout,
+                                       const void* logsumexp, void* dq, void* dk, void* dv) {
+  if (g.head_dim > kTensorCoreMaxHead || g.value_dim > kTensorCoreMaxHead) return false;
+  const size_t limit = SharedOptInBytes(context.device);
+  int warps = kTcWarps;
+  while (warps > 1 && PlanTensorCoreBackward(g.head_dim, g.value_dim, warps).bytes > limit) {
+    warps /= 2;
+  }
+  const TensorCoreBackwardLayout t = PlanTensorCoreBackward(g.head_dim, g.value_dim, warps);
+  if (t.bytes > limit) return false;
+  const int64_t dq_elements = g.batch * g.query_len * g.head_dim;
+  // Freed when this function returns, but only work queued later on this stream can reuse it.
+  std::shared_ptr<void> accum_memory =
+      context.workspace->Allocate(static_cast<size_t>(dq_elements) * sizeof(float));
+  float* accum = static_cast<float*>(accum_memory.get());
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(accum, 0, dq_elements * sizeof(float), context.stream),
+                    context.device);
+  const void* kernel = reinterpret_cast<const void*>(&AttentionBackwardTensorCoreKernel<T>);
+  OptInSharedMemory(kernel, t.bytes, context.device);
+  AttentionBackwardTensorCoreKernel<T><<<Grid(g.key_len, 16 * warps, g.batch, context.device),
+                                         32 * warps, t.bytes, context.stream>>>(
+      g, t, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+      static_cast<const T*>(mask), static_cast<const T*>(out), static_cast<const T*>(dout),
+      static_cast<const float*>(logsumexp), accum, static_cast<T*>(dk), static_cast<T*>(dv));
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  const int threads = 256;
+  const int64_t blocks = std::min<int64_t>((dq_elements + threads - 1) / threads, 4096);
+  RoundAccumulatedKernel<T><<<static_cast<unsigned>(blocks), threads, 0, context.stream>>>(
+      accum, static_cast<T*>(dq), dq_elements);
+  TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  return true;
 }
 
 }  // namespace
@@ -363,6 +816,20 @@ void LaunchAttentionForward(const LaunchContext& context, DType dtype, const Att
     using T = typename decltype(tag)::type;
     using M = OpMath<T>;
     if (g.batch == 0 || g.query_len == 0) return;
+    if constexpr (kIsReducedFloat<T>) {
+      const TensorCoreLayout t = PlanTensorCore(g.head_dim, g.value_dim);
+      if (g.head_dim <= kTensorCoreMaxHead && g.value_dim <= kTensorCoreMaxHead &&
+          t.bytes <= SharedOptInBytes(context.device)) {
+        const void* kernel = reinterpret_cast<const void*>(&AttentionForwardTensorCoreKernel<T>);
+        OptInSharedMemory(kernel, t.bytes, context.device);
+        AttentionForwardTensorCoreKernel<T><<<Grid(g.query_len, kTcRows, g.batch, context.device),
+                                              kTcWarps * 32, t.bytes, context.stream>>>(
+            g, t, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+            static_cast<const T*>(mask), static_cast<T*>(out), static_cast<float*>(logsumexp));
+        TANDEM_CUDA_CHECK_LAUNCH(context.device);
+        return;
+      }
+    }
     const int64_t width = g.head_dim + g.value_dim;
     const SharedLayout layout{width, kTile * width, sizeof(M)};
     const int rows =
@@ -394,6 +861,12 @@ void LaunchAttentionBackward(const LaunchContext& context, DType dtype, const At
           cudaMemsetAsync(dv, 0, g.batch * g.key_len * ev * sizeof(T), context.stream),
           context.device);
       return;
+    }
+    if constexpr (kIsReducedFloat<T>) {
+      if (g.key_len > 0 && LaunchAttentionBackwardTensorCore<T>(context, g, q, k, v, mask, out,
+                                                                dout, logsumexp, dq, dk, dv)) {
+        return;
+      }
     }
     // Pass 2 reads the D of every query; the workspace goes back to the allocator when this
     // function returns, but only work queued later on this stream can reuse it.

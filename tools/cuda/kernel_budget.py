@@ -3,12 +3,15 @@
 with `nvcc -Xptxas -v` (the flags of tools/cuda/cuda.bzl under -c opt, what the GPU bundle
 runs), prints a table of each kernel's registers, static shared memory, stack frame and
 theoretical occupancy at its launch block size, and fails on any register spill or
-local-memory stack frame that tools/cuda/kernel_budget_allow.txt does not allow. Run it after
-changing a kernel; .ci/run runs it as a step.
+local-memory stack frame that tools/cuda/kernel_budget_allow.txt does not allow, and on any kernel
+of TENSOR_CORE_KERNELS without a tensor-core instruction (`mma`/`wmma`/`wgmma`) in its PTX (or
+missing from its file). Run it after changing a kernel; .ci/run runs it as a step.
 
   python3 tools/cuda/kernel_budget.py                 # every .cu file, one nvcc per core
   python3 tools/cuda/kernel_budget.py tensor/cuda/attention_kernels.cu
   python3 tools/cuda/kernel_budget.py --ptxas-log saved.txt tensor/cuda/reduce_kernels.cu  # no nvcc
+  python3 tools/cuda/kernel_budget.py --ptxas-log saved.txt --ptx-log saved.ptx \
+      tensor/cuda/attention_kernels.cu   # the tensor-core check too, without nvcc
 
 Exit status: 0 within budget, or skipped (no nvcc: it says so on its last line); 1 over
 budget; 2 a file did not compile or the allow-list is malformed.
@@ -37,6 +40,15 @@ SHARED_PER_SM = 228 * 1024
 SHARED_GRANULARITY = 128
 SHARED_RESERVED_PER_BLOCK = 1024  # the system's share of each block's shared memory on sm_80+
 ASSUMED_BLOCK = 256  # when the launch's block size is not a constant the script can read
+
+# Kernels that must use tensor cores: (file, glob over the kernel's short name). Each must exist
+# when its file is checked and have an mma instruction in its PTX: a change that loses them (a
+# path taken only on the simulator, a type that stops matching WMMA's) fails here, not on a GPU.
+TENSOR_CORE_KERNELS = [
+    ("tensor/cuda/attention_kernels.cu", "Attention*TensorCoreKernel<BFloat16>"),
+    ("tensor/cuda/attention_kernels.cu", "Attention*TensorCoreKernel<Half>"),
+]
+TENSOR_CORE_INSTRUCTION = re.compile(r"\b(?:wmma\.mma|mma\.sync|wgmma\.mma_async)\b")
 
 
 def nvcc_command(source, output, extra_copts):
@@ -81,13 +93,44 @@ def sources():
         return sorted(found)
 
 
-def compile_one(source):
-    """(source, ptxas output, error or None)."""
+def compile_one(source, want_ptx):
+    """(source, ptxas output, PTX or None, error or None); PTX only when `want_ptx`."""
     with tempfile.TemporaryDirectory() as tmp:
         command = nvcc_command(source, os.path.join(tmp, "out.cubin"), cuda_library_copts(source))
         run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
         text = run.stdout + run.stderr
-        return source, text, None if run.returncode == 0 else text
+        if run.returncode != 0:
+            return source, text, None, text
+        if not want_ptx:
+            return source, text, None, None
+        ptx_file = os.path.join(tmp, "out.ptx")
+        command = [a for a in nvcc_command(source, ptx_file, cuda_library_copts(source))
+                   if a not in ("-Xptxas", "-v")]
+        command[command.index("-cubin")] = "-ptx"
+        run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        if run.returncode != 0:
+            return source, text, None, run.stdout + run.stderr
+        with open(ptx_file, encoding="utf-8") as f:
+            return source, text, f.read(), None
+
+
+def ptx_tensor_core_entries(ptx):
+    """Mangled names of the PTX's entry functions, each with whether its body has a
+    tensor-core instruction."""
+    entries = {}
+    parts = re.split(r"\.entry\s+([\w$]+)\s*\(", ptx)
+    for name, body in zip(parts[1::2], parts[2::2]):
+        body = re.split(r"\.(?:entry|func)\s", body, 1)[0]
+        entries[name] = bool(TENSOR_CORE_INSTRUCTION.search(body))
+    return entries
+
+
+def required_tensor_cores(source, extra):
+    """The globs of TENSOR_CORE_KERNELS for `source` (or `extra`, given on the command line)."""
+    if extra:
+        return extra
+    relative = os.path.relpath(source, ROOT)
+    return [glob for path, glob in TENSOR_CORE_KERNELS if path == relative]
 
 
 def parse_ptxas(text):
@@ -244,6 +287,11 @@ def main(argv):
     parser.add_argument("--allow", default=ALLOW_LIST, help="the allow-list file")
     parser.add_argument("--ptxas-log", help="read this saved ptxas output for the one .cu file "
                         "given instead of compiling it")
+    parser.add_argument("--ptx-log", help="with --ptxas-log: that file's saved PTX, for the "
+                        "tensor-core check")
+    parser.add_argument("--require-mma", action="append", default=[], metavar="GLOB",
+                        help="kernels that must have tensor-core instructions, instead of "
+                        "TENSOR_CORE_KERNELS's (repeatable)")
     args = parser.parse_args(argv)
     files = [os.path.abspath(f) for f in args.files] or sources()
     try:
@@ -258,7 +306,12 @@ def main(argv):
                   "found %d" % len(files))
             return 2
         with open(args.ptxas_log, encoding="utf-8") as f:
-            results = [(files[0], f.read(), None)]
+            log = f.read()
+        ptx = None
+        if args.ptx_log:
+            with open(args.ptx_log, encoding="utf-8") as f:
+                ptx = f.read()
+        results = [(files[0], log, ptx, None)]
     else:
         nvcc = nvcc_command("x.cu", "x.cubin", [])[0]
         if not os.access(nvcc, os.X_OK):
@@ -266,20 +319,38 @@ def main(argv):
                   "check the kernels' registers, spills and stack)" % nvcc)
             return 0
         with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
-            results = list(pool.map(compile_one, files))
+            results = list(pool.map(
+                lambda f: compile_one(f, bool(required_tensor_cores(f, args.require_mma))),
+                files))
 
-    failed_compiles = [(s, e) for s, _, e in results if e is not None]
+    failed_compiles = [(s, e) for s, _, _, e in results if e is not None]
     for source, error in failed_compiles:
         print("kernel_budget: nvcc failed on %s:\n%s" % (os.path.relpath(source, ROOT), error))
     if failed_compiles:
         return 2
 
-    rows, over, used_allow = [], [], set()
-    for source, text, _ in results:
+    rows, over, used_allow, no_tensor_cores = [], [], set(), []
+    for source, text, ptx, _ in results:
         with open(source, encoding="utf-8") as f:
             sizes = block_sizes(f.read())
         functions = parse_ptxas(text)
         names = demangle(functions)
+        relative = os.path.relpath(source, ROOT)
+        required = required_tensor_cores(source, args.require_mma)
+        if required and ptx is None:
+            no_tensor_cores.append("%s: no PTX to check %s for tensor-core instructions (pass "
+                                   "--ptx-log with --ptxas-log)" % (relative, ", ".join(required)))
+        elif required:
+            entries = ptx_tensor_core_entries(ptx)
+            shorts = {m: shorten(n) for m, n in demangle(entries).items()}
+            for glob in required:
+                matched = [m for m in entries if fnmatch.fnmatchcase(shorts[m], glob)]
+                if not matched:
+                    no_tensor_cores.append("%s: no kernel matches %s, which must run on tensor "
+                                           "cores" % (relative, glob))
+                no_tensor_cores += ["%s: %s has no mma/wmma instruction in its PTX; it must run on "
+                                    "tensor cores" % (relative, shorts[m])
+                                    for m in matched if not entries[m]]
         for mangled, f in sorted(functions.items(), key=lambda item: names[item[0]]):
             short = shorten(names[mangled])
             threads, how = sizes.get(base_name(short), (ASSUMED_BLOCK, "assumed"))
@@ -321,10 +392,13 @@ def main(argv):
               "constants (unrolled loops), or add `%s  # why` to %s" % (
                   r["name"], r["file"], r["stack"], r["spill_stores"], r["spill_loads"],
                   r["registers"], base_name(r["name"]) + "*", os.path.relpath(args.allow, ROOT)))
+    for message in no_tensor_cores:
+        print("kernel_budget: NO TENSOR CORES: " + message)
     kernels = sum(1 for r in rows if r["entry"])
-    print("kernel_budget: %d kernels in %d files, %d over budget (spill or stack), %d allowed" % (
-        kernels, len(results), len(over), sum(1 for r in rows if "allowed" in r)))
-    return 1 if over else 0
+    print("kernel_budget: %d kernels in %d files, %d over budget (spill or stack), %d allowed, %d "
+          "tensor-core failures" % (kernels, len(results), len(over),
+                                    sum(1 for r in rows if "allowed" in r), len(no_tensor_cores)))
+    return 1 if over or no_tensor_cores else 0
 
 
 if __name__ == "__main__":

@@ -63,4 +63,39 @@ status=$?
 set -e
 [[ "$status" -eq 2 ]] || { echo "expected exit status 2, got $status"; exit 1; }
 grep -q "every allowed spill or stack needs its reason" "$dir/out.txt"
+# Tensor cores: a kernel that must use them passes with an mma instruction in its PTX, and fails
+# without one, or when no kernel matches its glob, or when there is no PTX to look at.
+cat >"$dir/k.ptx" <<'PTX'
+.visible .entry _Z5ScaleIfEvPT_(
+	.param .u64 _Z5ScaleIfEvPT__param_0
+)
+{
+	wmma.mma.sync.aligned.row.col.m16n16k16.f32.bf16.bf16.f32 {%f1}, {%r1}, {%r2}, {%f2};
+	ret;
+}
+.visible .entry _Z4RowsPf(
+	.param .u64 _Z4RowsPf_param_0
+)
+{
+	fma.rn.f32 %f1, %f2, %f3, %f4;
+	ret;
+}
+PTX
+python3 "$script" --allow "$dir/allow.txt" --ptxas-log "$dir/ptxas.txt" --ptx-log "$dir/k.ptx" \
+  --require-mma 'Scale<*>' "$dir/k.cu" >"$dir/out.txt"
+grep -q "0 tensor-core failures" "$dir/out.txt"
+expect_no_tensor_cores() { # message, then the script's extra arguments
+  local message="$1"
+  shift
+  if python3 "$script" --allow "$dir/allow.txt" --ptxas-log "$dir/ptxas.txt" "$@" "$dir/k.cu" \
+    >"$dir/out.txt"; then
+    echo "expected a tensor-core failure: $message"; cat "$dir/out.txt"; exit 1
+  fi
+  grep -q "NO TENSOR CORES: .*$message" "$dir/out.txt" || { cat "$dir/out.txt"; exit 1; }
+}
+expect_no_tensor_cores "Rows has no mma/wmma instruction in its PTX" --ptx-log "$dir/k.ptx" \
+  --require-mma 'Scale<*>' --require-mma 'Rows'
+expect_no_tensor_cores "no kernel matches Attention\*, which must run on tensor cores" \
+  --ptx-log "$dir/k.ptx" --require-mma 'Attention*'
+expect_no_tensor_cores "no PTX to check Scale<\*>" --require-mma 'Scale<*>'
 echo "kernel_budget_test: OK"

@@ -66,10 +66,16 @@ class Executor {
   void RunGrid(dim3 grid, dim3 block, size_t dynamic_shared, uint64_t seed,
                const std::function<void()>& body) {
     body_ = &body;
-    shared_.assign(dynamic_shared, static_cast<unsigned char>(0xcd));
+    // Aligned as a GPU's (128 bytes here; WMMA's loads and stores need 32).
+    constexpr size_t kSharedAlignment = 128;
+    shared_.assign(dynamic_shared + kSharedAlignment, static_cast<unsigned char>(0xcd));
     tls_context.grid_dim = grid;
     tls_context.block_dim = block;
-    tls_context.dynamic_shared = shared_.empty() ? nullptr : shared_.data();
+    const uintptr_t base = reinterpret_cast<uintptr_t>(shared_.data());
+    tls_context.dynamic_shared =
+        dynamic_shared == 0
+            ? nullptr
+            : reinterpret_cast<void*>((base + kSharedAlignment - 1) & ~(kSharedAlignment - 1));
     const int threads = static_cast<int>(block.x * block.y * block.z);
     const int warps = (threads + 31) / 32;
     threads_.resize(threads);
