@@ -190,6 +190,9 @@ std::vector<SecondOrderCase> SecondOrderCases() {
   const Tensor wide_image = Leaf64({2, 8, 4, 4}, 25);
   const Tensor gather_index = from_vector(std::vector<int64_t>{2, 0, 2, 1, 1, 0}, {2, 3});
   const Tensor rows = from_vector(std::vector<int64_t>{2, 0, 2, 1, 2}, {5});
+  const Tensor queries = Leaf64({2, 3, 4}, 28), keys = Leaf64({2, 5, 4}, 29),
+               values = Leaf64({2, 5, 3}, 30);
+  const Tensor key_mask = from_vector(std::vector<uint8_t>{1, 1, 0, 1, 1}, {5}).to(kBool);
   using In = const std::vector<Tensor>&;
   return {
       {"add (broadcast)", [](In in) { return mul(add(in[0], in[1]), in[0]); }, {a, row}},
@@ -300,6 +303,15 @@ std::vector<SecondOrderCase> SecondOrderCases() {
          return square(adaptive_avg_pool2d(in[0], {2, 3}));
        },
        {image}},
+      {"scaled_dot_product_attention (causal)",
+       [](In in) { return scaled_dot_product_attention(in[0], in[1], in[2], Tensor(), 0.0, true); },
+       {queries, keys, values}},
+      {"scaled_dot_product_attention (mask, dropout, scale)",
+       [key_mask](In in) {
+         Generator gen(5);
+         return scaled_dot_product_attention(in[0], in[1], in[2], key_mask, 0.3, false, 0.7, &gen);
+       },
+       {queries, keys, values}},
       {"gather", [gather_index](In in) { return square(gather(in[0], 1, gather_index)); }, {a}},
       {"index_select (repeated rows, an embedding's lookup)",
        [rows](In in) { return tanh(mul(index_select(in[0], 0, rows), in[1])); },

@@ -109,7 +109,8 @@ const char* OpsSupportingDoubleBackward() {
          "matmul "
          "(batched too), "
          "linear, conv2d, max_pool2d, avg_pool2d, adaptive_avg_pool2d, gather, index_select, "
-         "embedding, view, reshape, flatten, narrow, select, split, chunk, transpose, permute, "
+         "embedding, scaled_dot_product_attention, view, reshape, flatten, narrow, select, split, "
+         "chunk, transpose, permute, "
          "unsqueeze, squeeze, expand, contiguous, clone, cat, stack, to(device), to(dtype), "
          "DataParallel's scatter, gather and parameter broadcast";
 }

@@ -10,6 +10,7 @@
 #include "tensor/core/internal/tensor_impl.h"
 #include "tensor/kernels/attention_kernels.h"
 #include "tensor/ops/autocast.h"
+#include "tensor/ops/internal/op_helpers.h"
 #include "tensor/ops/ops.h"
 #include "tensor/runtime/backend.h"
 
@@ -184,8 +185,9 @@ Tensor FusedAttention(const Tensor& query, const Tensor& key, const Tensor& valu
     g.dropout_seed = claimed.seed;
     g.dropout_offset = claimed.offset;
   }
-  const Tensor q = query.detach().contiguous(), k = key.detach().contiguous(),
-               v = value.detach().contiguous();
+  // Kept with their graphs (query itself when contiguous, else a recorded copy of it): under
+  // create_graph the backward recomputes through differentiable ops.
+  const Tensor q = query.contiguous(), k = key.contiguous(), v = value.contiguous();
   Shape out_shape = lead;
   out_shape.push_back(g.query_len);
   out_shape.push_back(g.value_dim);
@@ -197,18 +199,40 @@ Tensor FusedAttention(const Tensor& query, const Tensor& key, const Tensor& valu
   RunAttentionForward(device, dtype, g, Data(q), Data(k), Data(v), Data(mask_values), Data(out),
                       Data(lse));
   if (NeedsGrad({query, key, value})) {
-    RecordOp("ScaledDotProductAttentionBackward", {query, key, value}, out,
-             [g, q, k, v, mask_values, lse, saved_out = out.detach()](const Tensor& grad) {
-               const Tensor dout = grad.detach().contiguous();
-               const Device dev = q.device();
-               Tensor dq = NewTensor(q.shape(), q.dtype(), dev);
-               Tensor dk = NewTensor(k.shape(), k.dtype(), dev);
-               Tensor dv = NewTensor(v.shape(), v.dtype(), dev);
-               RunAttentionBackward(dev, q.dtype(), g, Data(q), Data(k), Data(v), Data(mask_values),
-                                    Data(saved_out), Data(dout), Data(lse), Data(dq), Data(dk),
-                                    Data(dv));
-               return std::vector<Tensor>{dq, dk, dv};
-             });
+    RecordOp(
+        "ScaledDotProductAttentionBackward", {query, key, value}, out,
+        [g, q, k, v, mask_values, lse, dropout_p, saved_out = out.detach()](const Tensor& grad) {
+          if (CreatingGraph()) {
+            // The composed path, drawing the kernel's dropout mask again (its generator state
+            // replayed: both paths take the same counters), differentiated with create_graph:
+            // a gradient that differentiates again, as PyTorch's math backward gives.
+            Generator replay(g.dropout_seed, g.dropout_offset);
+            const Tensor recomputed = internal::ComposedScaledDotProductAttention(
+                q, k, v, mask_values, dropout_p, g.causal, g.scale, &replay);
+            const Tensor saved[3] = {q, k, v};
+            std::vector<Tensor> wrt, grads(3);
+            for (const Tensor& t : saved) {
+              if (t.requires_grad()) wrt.push_back(t);
+            }
+            const std::vector<Tensor> found =
+                autograd::grad({recomputed}, wrt, {grad}, /*create_graph=*/true,
+                               /*retain_graph=*/std::nullopt, /*allow_unused=*/true);
+            for (size_t i = 0, j = 0; i < 3; ++i) {
+              if (saved[i].requires_grad()) grads[i] = found[j++];
+            }
+            return grads;
+          }
+          const Tensor dout = grad.detach().contiguous();
+          const Device dev = q.device();
+          Tensor dq = NewTensor(q.shape(), q.dtype(), dev);
+          Tensor dk = NewTensor(k.shape(), k.dtype(), dev);
+          Tensor dv = NewTensor(v.shape(), v.dtype(), dev);
+          RunAttentionBackward(dev, q.dtype(), g, Data(q), Data(k), Data(v), Data(mask_values),
+                               Data(saved_out), Data(dout), Data(lse), Data(dq), Data(dk),
+                               Data(dv));
+          return std::vector<Tensor>{dq, dk, dv};
+        },
+        DoubleBackward::kSupported);
   }
   return out;
 }
