@@ -531,9 +531,10 @@ TEST_F(FullyShardedDataParallelTest, MixedPrecisionStepsTheFloat32ShardsWithBFlo
 TEST_F(FullyShardedDataParallelTest, FreesEverythingWhenDestroyed) {
   const Device cpu = Device::Cpu(0);
   const int64_t before = GetMemoryStats(cpu).in_use_bytes;
-  {
+  for (bool prefetch : {false, true}) {
     auto model = MakeModel();
-    FullyShardedDataParallel fsdp(model, TestGroup(), Units(ShardingStrategy::kFullShard));
+    FullyShardedDataParallel fsdp(model, TestGroup(),
+                                  Units(ShardingStrategy::kFullShard).forward_prefetch(prefetch));
     nn::AdamW optimizer(fsdp.parameters(), nn::AdamWOptions(1e-2));
     for (int step = 0; step < 2; ++step) {
       const Batch b = BatchOf(step, TestGroup()->rank());
