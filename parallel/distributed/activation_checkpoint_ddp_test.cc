@@ -1,4 +1,4 @@
-// Runs as an MPI job (mpi_test.sh, 2 ranks): activation checkpointing under
+// Runs as an MPI job (mpi_test.sh, 2 and 3 ranks): activation checkpointing under
 // DistributedDataParallel. Each parameter inside a checkpointed layer gets its gradient in the
 // recomputation's nested backward pass, once per checkpoint call, so DDP's hooks see every
 // parameter once and its end-of-backward wait runs after the outer pass.

@@ -6,7 +6,11 @@
 // unit's parameters are all-gathered when its forward reads them and freed again after it, then
 // gathered once more for its backward, whose gradients are reduce-scattered: each rank ends with
 // the averaged gradients of its own shard. With AdamW in float32 that is 16P/N bytes a rank plus
-// the units being computed, against DistributedDataParallel's 16P; the steps equal DDP's.
+// the units being computed, against DistributedDataParallel's 16P; the steps equal DDP's. The
+// units in memory at once: in forward the root and one unit (one more with forward_prefetch);
+// in backward a unit, its unsharded gradient and the flat copy being reduce-scattered, with the
+// next unit gathered ahead (backward_prefetch): up to about 3 of the largest unit (GPT-2 on 2
+// ranks, tools/bench:zero_benchmark: a peak of 0.97-1.01x of 16P/N + 3 x the root).
 //
 //   auto group = std::make_shared<parallel::distributed::ProcessGroupMpi>();
 //   auto model = std::make_shared<examples::Gpt>(config);    // built whole, then sharded

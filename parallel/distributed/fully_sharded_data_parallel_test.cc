@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -530,9 +531,10 @@ TEST_F(FullyShardedDataParallelTest, MixedPrecisionStepsTheFloat32ShardsWithBFlo
 TEST_F(FullyShardedDataParallelTest, FreesEverythingWhenDestroyed) {
   const Device cpu = Device::Cpu(0);
   const int64_t before = GetMemoryStats(cpu).in_use_bytes;
-  {
+  for (bool prefetch : {false, true}) {
     auto model = MakeModel();
-    FullyShardedDataParallel fsdp(model, TestGroup(), Units(ShardingStrategy::kFullShard));
+    FullyShardedDataParallel fsdp(model, TestGroup(),
+                                  Units(ShardingStrategy::kFullShard).forward_prefetch(prefetch));
     nn::AdamW optimizer(fsdp.parameters(), nn::AdamWOptions(1e-2));
     for (int step = 0; step < 2; ++step) {
       const Batch b = BatchOf(step, TestGroup()->rank());
@@ -617,16 +619,43 @@ TEST_F(FullyShardedDataParallelTest, Rank0OnlyFullStateDictHoldsOneUnitAtATimeEl
     got = fsdp.full_state_dict(FullStateDictOptions().rank0_only(true).offload_to_cpu(true));
   });
   EXPECT_GE(plain_peak, 4 * largest_unit_bytes);
+  const std::string dir = ::testing::TempDir() + "/rank0_only";
+  const std::string path = dir + "/model.ckpt";
   if (rank != 0) {
     EXPECT_TRUE(got.empty());
     EXPECT_LE(rank0_only_peak, largest_unit_bytes) << "rank " << rank;
-    return;
+  } else {
+    ASSERT_EQ(got.size(), whole.size());
+    std::vector<nn::CheckpointEntry> entries;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].name, whole[i].name);
+      EXPECT_EQ(got[i].value.device(), cpu);
+      EXPECT_EQ(MaxAbsDiff(got[i].value, whole[i].value), 0.0) << got[i].name;
+      entries.push_back({got[i].name, false, got[i].value});
+    }
+    std::filesystem::remove_all(dir);
+    std::filesystem::create_directories(dir);
+    nn::WriteCheckpoint(entries, path);  // what train --save writes
   }
-  ASSERT_EQ(got.size(), whole.size());
-  for (size_t i = 0; i < got.size(); ++i) {
-    EXPECT_EQ(got[i].name, whole[i].name);
-    EXPECT_EQ(got[i].value.device(), cpu);
-    EXPECT_EQ(MaxAbsDiff(got[i].value, whole[i].value), 0.0) << got[i].name;
+  TestGroup()->barrier()->wait();
+  // The file resumes: a model of other weights loads it on every rank, is sharded again, and
+  // steps as the saved one does.
+  manual_seed(4);
+  auto resumed_model = std::make_shared<nn::Sequential>(nn::Linear(64, 64), nn::Linear(64, 64),
+                                                        nn::Linear(64, 64), nn::Linear(64, 64));
+  nn::LoadCheckpoint(*resumed_model, path);
+  FullyShardedDataParallel resumed(resumed_model, TestGroup(), fsdp.options());
+  Generator gen(5 + rank);
+  const Tensor x = randn({3, 64}, {}, &gen);
+  for (FullyShardedDataParallel* f : {&fsdp, &resumed}) {
+    nn::SGD optimizer(f->parameters(), nn::SGDOptions(0.1));
+    sum(square(f->forward(x))).backward();
+    optimizer.step();
+  }
+  const std::vector<nn::NamedTensor> a = fsdp.full_state_dict(), b = resumed.full_state_dict();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(MaxAbsDiff(a[i].value, b[i].value), 0.0) << a[i].name << " after a step";
   }
 }
 
