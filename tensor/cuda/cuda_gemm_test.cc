@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "tensor/base/error.h"
+#include "tensor/core/autograd.h"
 #include "tensor/cuda/cuda_backend_testing.h"
 #include "tensor/kernels/internal/elementwise_math.h"
 #include "tensor/ops/autocast.h"
@@ -554,6 +555,35 @@ TEST_F(CudaLinearTest, LinearAndLinearGeluMatchTheCpuInEveryDType) {
         ExpectLinearMatches(dtype, with_gelu, c);
       }
     }
+  }
+}
+
+// A gradient penalty through linear_gelu: under create_graph the fused node's backward
+// recomputes through gelu(linear(...)), so the second derivative on cuda:0 (fused forward)
+// matches the CPU's (composed throughout).
+TEST_F(CudaLinearTest, LinearGeluDifferentiatesTwice) {
+  const Tensor x0 = randn({16, 24}), w0 = randn({64, 24}) * 0.2, b0 = randn({64}),
+               r0 = randn({16, 64});
+  std::vector<std::vector<float>> results[2];
+  for (int device = 0; device < 2; ++device) {
+    const Device where = device == 0 ? Device::Cpu(0) : Device::Cuda(0);
+    const auto leaf = [&](const Tensor& t) {
+      Tensor v = t.to(where).detach();
+      v.set_requires_grad(true);
+      return v;
+    };
+    Tensor x = leaf(x0), w = leaf(w0), b = leaf(b0);
+    const Tensor y = linear_gelu(x, w, b, "tanh");
+    const Tensor g =
+        autograd::grad({(y * r0.to(where)).sum()}, {x}, {}, /*create_graph=*/true)[0];
+    (g * g).sum().backward();
+    for (const Tensor& t : {g, x.grad(), w.grad(), b.grad()}) {
+      results[device].push_back(t.to(Device::Cpu(0)).to_vector<float>());
+    }
+  }
+  const char* names[] = {"g", "x.grad", "w.grad", "b.grad"};
+  for (int i = 0; i < 4; ++i) {
+    ExpectNear(results[0][i], results[1][i], 1e-4, 1e-4, std::string("linear_gelu ") + names[i]);
   }
 }
 

@@ -204,23 +204,15 @@ Tensor FusedAttention(const Tensor& query, const Tensor& key, const Tensor& valu
         [g, q, k, v, mask_values, lse, dropout_p, saved_out = out.detach()](const Tensor& grad) {
           if (CreatingGraph()) {
             // The composed path, drawing the kernel's dropout mask again (its generator state
-            // replayed: both paths take the same counters), differentiated with create_graph:
-            // a gradient that differentiates again, as PyTorch's math backward gives.
-            Generator replay(g.dropout_seed, g.dropout_offset);
-            const Tensor recomputed = internal::ComposedScaledDotProductAttention(
-                q, k, v, mask_values, dropout_p, g.causal, g.scale, &replay);
-            const Tensor saved[3] = {q, k, v};
-            std::vector<Tensor> wrt, grads(3);
-            for (const Tensor& t : saved) {
-              if (t.requires_grad()) wrt.push_back(t);
-            }
-            const std::vector<Tensor> found =
-                autograd::grad({recomputed}, wrt, {grad}, /*create_graph=*/true,
-                               /*retain_graph=*/std::nullopt, /*allow_unused=*/true);
-            for (size_t i = 0, j = 0; i < 3; ++i) {
-              if (saved[i].requires_grad()) grads[i] = found[j++];
-            }
-            return grads;
+            // replayed: both paths take the same counters): a gradient that differentiates
+            // again, as PyTorch's math backward gives.
+            return RecomputedGradients(
+                [&] {
+                  Generator replay(g.dropout_seed, g.dropout_offset);
+                  return internal::ComposedScaledDotProductAttention(
+                      q, k, v, mask_values, dropout_p, g.causal, g.scale, &replay);
+                },
+                {q, k, v}, grad);
           }
           const Tensor dout = grad.detach().contiguous();
           const Device dev = q.device();

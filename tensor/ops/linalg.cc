@@ -545,20 +545,24 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias,
     const bool grad_x = NeedsGrad({x2}), grad_w = NeedsGrad({weight}), grad_b = NeedsGrad({bias});
     Record(
         "LinearGeluBackward", inputs, y,
-        [grad_x, grad_w, grad_b, pre, sx = grad_w ? x2 : Tensor(),
-         sw = grad_x ? weight : Tensor()](const Tensor& grad) {
+        [grad_x, grad_w, grad_b, pre, x2, weight, bias](const Tensor& grad) {
+          if (CreatingGraph()) {
+            return RecomputedGradients([&] { return gelu(linear(x2, weight, bias), "tanh"); },
+                                       {x2, weight, bias}, grad);
+          }
           const Tensor g =
               BinaryRaw(BinaryOp::kGeluTanhBackward, grad, pre, "linear_gelu backward");
           Tensor grad_bias;
           std::vector<Tensor> grads = {
-              grad_x ? MatmulRaw(g, sw) : Tensor(),
-              grad_w ? WeightGradRaw(g, sx, g.dtype(), grad_b ? &grad_bias : nullptr) : Tensor()};
+              grad_x ? MatmulRaw(g, weight) : Tensor(),
+              grad_w ? WeightGradRaw(g, x2, g.dtype(), grad_b ? &grad_bias : nullptr) : Tensor()};
           if (grad_b && !grad_bias.defined()) {
             grad_bias = ViewRaw(ReduceRaw(g, {0}, ReduceKind::kSum, "linear_gelu"), {g.shape()[1]});
           }
           grads.push_back(grad_bias);
           return grads;
-        });
+        },
+        DoubleBackward::kSupported);
   }
   return x.dim() == 2 ? y : y.reshape(out_shape);
 }

@@ -184,4 +184,21 @@ Promoted PromoteBinary(const Tensor& a, const Tensor& b, const char* op) {
   return {CastRaw(a, dtype), CastRaw(b, dtype)};
 }
 
+std::vector<Tensor> RecomputedGradients(const std::function<Tensor()>& recompute,
+                                        const std::vector<Tensor>& inputs, const Tensor& grad) {
+  std::vector<Tensor> wrt;
+  for (const Tensor& t : inputs) {
+    if (t.defined() && t.requires_grad()) wrt.push_back(t);
+  }
+  std::vector<Tensor> grads(inputs.size());
+  if (wrt.empty()) return grads;
+  const std::vector<Tensor> found =
+      autograd::grad({recompute()}, wrt, {grad}, /*create_graph=*/true,
+                     /*retain_graph=*/std::nullopt, /*allow_unused=*/true);
+  for (size_t i = 0, j = 0; i < inputs.size(); ++i) {
+    if (inputs[i].defined() && inputs[i].requires_grad()) grads[i] = found[j++];
+  }
+  return grads;
+}
+
 }  // namespace tandem

@@ -25,6 +25,7 @@
 #define TANDEM_TENSOR_OPS_INTERNAL_OP_HELPERS_H_
 
 #include <cstdint>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -152,6 +153,16 @@ inline DoubleBackward SupportedIfSame(std::initializer_list<std::pair<Tensor, Te
 // True inside a backward that runs under create_graph: a closure takes its differentiable
 // path then instead of a fused raw kernel.
 inline bool CreatingGraph() { return GradMode::IsEnabled(); }
+
+// The differentiable path of a fused op's backward under create_graph: the gradients at `grad`
+// of `recompute()` (the op written with differentiable ops, from the saved `inputs`, which keep
+// their graphs) with respect to those inputs, carrying their own graph. An input that needs no
+// gradient gets an undefined one.
+//
+//   if (CreatingGraph()) return RecomputedGradients([&] { return gelu(linear(x, w, b)); },
+//                                                   {x, w, b}, grad);
+std::vector<Tensor> RecomputedGradients(const std::function<Tensor()>& recompute,
+                                        const std::vector<Tensor>& inputs, const Tensor& grad);
 
 }  // namespace tandem
 
