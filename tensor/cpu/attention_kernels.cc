@@ -62,6 +62,42 @@ const C* AsCompute(const T* src, int64_t n, std::vector<C>& scratch) {
   }
 }
 
+// Rows i0 .. i0 + rows - 1 of entry b of an operand (`length` rows of `width` features, laid out
+// as `layout` says: AttentionRows) as contiguous rows of C: the data itself when it already is
+// that, else gathered (and converted) into `scratch`.
+template <typename C, typename T>
+const C* RowsAsCompute(const T* src, const AttentionGeometry& g, const AttentionRows& layout,
+                       int64_t b, int64_t i0, int64_t rows, int64_t length, int64_t width,
+                       std::vector<C>& scratch) {
+  if (layout.batch_stride < 0) {
+    return AsCompute<C>(src + g.row_offset(layout, b, i0, length, width), rows * width, scratch);
+  }
+  scratch.resize(static_cast<size_t>(rows * width));
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* row = src + g.row_offset(layout, b, i0 + r, length, width);
+    if constexpr (std::is_same_v<T, C>) {
+      std::copy(row, row + width, scratch.data() + r * width);
+    } else {
+      vec::ToFloat(row, scratch.data() + r * width, width);
+    }
+  }
+  return scratch.data();
+}
+
+// The inverse for a whole entry: `length` contiguous rows of C stored as T where `layout` says.
+template <typename C, typename T>
+void StoreRows(const C* rows, T* dst, const AttentionGeometry& g, const AttentionRows& layout,
+               int64_t b, int64_t length, int64_t width) {
+  for (int64_t r = 0; r < length; ++r) {
+    T* row = dst + g.row_offset(layout, b, r, length, width);
+    if constexpr (std::is_same_v<T, C>) {
+      std::copy(rows + r * width, rows + (r + 1) * width, row);
+    } else {
+      vec::FromFloat(rows + r * width, row, width);
+    }
+  }
+}
+
 // ---- Row math, written to vectorise (called inside vec::Vectorized) -----------------------
 
 // e^x for x <= 0 (what a softmax exponentiates: score - max) in float without libm, so that a
@@ -232,15 +268,15 @@ void ForwardTyped(int index, const AttentionGeometry& g, const T* q, const T* k,
     for (int64_t item = begin; item < end; ++item) {
       const int64_t b = item / blocks, i0 = (item % blocks) * kQueryBlock;
       const int64_t rows = std::min(kQueryBlock, l - i0);
-      const C* qb = AsCompute<C>(q + (b * l + i0) * e, rows * e, q_scratch);
+      const C* qb = RowsAsCompute<C>(q, g, g.q_rows, b, i0, rows, l, e, q_scratch);
       std::fill(acc.begin(), acc.begin() + rows * ev, C(0));
       std::fill(row_max, row_max + rows, -kInf);
       std::fill(row_sum, row_sum + rows, C(0));
       const int64_t key_end = g.causal ? std::min(s, i0 + rows) : s;
       for (int64_t j0 = 0; j0 < key_end; j0 += kKeyTile) {
         const int64_t cols = std::min(kKeyTile, key_end - j0);
-        const C* kt = AsCompute<C>(k + (b * s + j0) * e, cols * e, k_scratch);
-        const C* vt = AsCompute<C>(v + (b * s + j0) * ev, cols * ev, v_scratch);
+        const C* kt = RowsAsCompute<C>(k, g, g.k_rows, b, j0, cols, s, e, k_scratch);
+        const C* vt = RowsAsCompute<C>(v, g, g.v_rows, b, j0, cols, s, ev, v_scratch);
         Gemm(false, true, rows, cols, e, scale, qb, e, kt, e, C(0), scores.data(), kKeyTile);
         vec::Vectorized([&] {
           for (int64_t r = 0; r < rows; ++r) {
@@ -276,7 +312,7 @@ void ForwardTyped(int index, const AttentionGeometry& g, const T* q, const T* k,
         // A row that attended nothing has sum 0: 0 * inf gives NaN outputs, as PyTorch's.
         const C inv = C(1) / row_sum[r];
         const C* a = acc.data() + r * ev;
-        T* o = out + (b * l + i0 + r) * ev;
+        T* o = out + g.out_row(b, i0 + r);
         for (int64_t c = 0; c < ev; ++c) o[c] = static_cast<T>(a[c] * inv);
         lse[b * l + i0 + r] = row_max[r] + std::log(row_sum[r]);
       }
@@ -289,7 +325,9 @@ void BackwardTyped(int index, const AttentionGeometry& g, const T* q, const T* k
                    const T* mask, const T* out, const T* dout, const OpMath<T>* lse, T* dq, T* dk,
                    T* dv) {
   using C = OpMath<T>;
-  constexpr bool kDirect = std::is_same_v<T, C>;  // accumulate straight into dq, dk, dv
+  // Accumulate straight into dq, dk, dv when they are contiguous C.
+  const bool direct = std::is_same_v<T, C> && g.dq_rows.batch_stride < 0 &&
+                      g.dk_rows.batch_stride < 0 && g.dv_rows.batch_stride < 0;
   const int64_t l = g.query_len, s = g.key_len, e = g.head_dim, ev = g.value_dim;
   const C scale = static_cast<C>(g.scale);
   const bool dropout = g.dropout_p > 0.0;
@@ -305,19 +343,20 @@ void BackwardTyped(int index, const AttentionGeometry& g, const T* q, const T* k
     std::vector<C> pz(dropout ? static_cast<size_t>(kQueryBlock * kKeyTile) : 0);
     std::vector<C> delta(static_cast<size_t>(l));
     for (int64_t b = begin; b < end; ++b) {
-      const C* qh = AsCompute<C>(q + b * l * e, l * e, q_scratch);
-      const C* kh = AsCompute<C>(k + b * s * e, s * e, k_scratch);
-      const C* vh = AsCompute<C>(v + b * s * ev, s * ev, v_scratch);
-      const C* oh = AsCompute<C>(out + b * l * ev, l * ev, o_scratch);
-      const C* doh = AsCompute<C>(dout + b * l * ev, l * ev, do_scratch);
+      const C* qh = RowsAsCompute<C>(q, g, g.q_rows, b, 0, l, l, e, q_scratch);
+      const C* kh = RowsAsCompute<C>(k, g, g.k_rows, b, 0, s, s, e, k_scratch);
+      const C* vh = RowsAsCompute<C>(v, g, g.v_rows, b, 0, s, s, ev, v_scratch);
+      const C* oh = RowsAsCompute<C>(out, g, g.out_rows, b, 0, l, l, ev, o_scratch);
+      const C* doh = RowsAsCompute<C>(dout, g, g.dout_rows, b, 0, l, l, ev, do_scratch);
       const C* lh = lse + b * l;
       C* dqh;
       C* dkh;
       C* dvh;
-      if constexpr (kDirect) {
-        dqh = dq + b * l * e;
-        dkh = dk + b * s * e;
-        dvh = dv + b * s * ev;
+      if (direct) {
+        // T is C here; the casts only compile the branch for the 16-bit types.
+        dqh = reinterpret_cast<C*>(dq + b * l * e);
+        dkh = reinterpret_cast<C*>(dk + b * s * e);
+        dvh = reinterpret_cast<C*>(dv + b * s * ev);
       } else {
         dq_scratch.resize(static_cast<size_t>(l * e));
         dk_scratch.resize(static_cast<size_t>(s * e));
@@ -387,10 +426,10 @@ void BackwardTyped(int index, const AttentionGeometry& g, const T* q, const T* k
                dkh + j0 * e, e);
         }
       }
-      if constexpr (!kDirect) {
-        vec::FromFloat(dqh, dq + b * l * e, l * e);
-        vec::FromFloat(dkh, dk + b * s * e, s * e);
-        vec::FromFloat(dvh, dv + b * s * ev, s * ev);
+      if (!direct) {
+        StoreRows(dqh, dq, g, g.dq_rows, b, l, e);
+        StoreRows(dkh, dk, g, g.dk_rows, b, s, e);
+        StoreRows(dvh, dv, g, g.dv_rows, b, s, ev);
       }
     }
   });

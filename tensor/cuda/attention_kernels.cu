@@ -1,15 +1,34 @@
 // Fused attention on CUDA (Note [Fused attention], tensor/kernels/attention_kernels.h):
 // LaunchAttention* of kernels.h. The CPU backend's tile loops are the oracle
-// (cuda_fused_attention_test.cc).
+// (cuda_fused_attention_test.cc). Operands are read and written through their rows' strides
+// (AttentionRows), so a head split reaches the kernels without a copy.
 //
-// Each thread owns one row: a query row in the forward and in the dq pass of the backward, a
-// key row in the dk/dv pass. A block's rows keep their own operand and accumulators in shared
-// memory, laid out [feature][row] so that the threads of a warp touch consecutive banks, and
-// the block walks the other side's rows a tile at a time through shared memory (loaded once,
-// read by every thread: a broadcast). Everything is computed in OpMath<T> (float for the
-// 16-bit types, double for float64) and rounded once on store. The backward is
+// Two implementations:
+// - bfloat16 and float16, head and value sizes up to 256: FlashAttention-2 on tensor cores
+//   (WMMA 16x16x16 tiles, float accumulation; cudasim's <mma.h> runs them on the CPU). The
+//   forward takes 64 queries a block (a warp per 16) against 32-key tiles with an online
+//   softmax, skipping tiles above the causal diagonal; the backward takes 64 keys a block (fewer
+//   warps when a device's shared memory is smaller) against 32-query tiles, computing S and dP
+//   once per pair, dk and dv in the block, dq by float32 atomics (Note [Attention dq atomics]:
+//   not bitwise reproducible on a GPU). P, P Z and dS are rounded to the 16-bit type before
+//   their products, as in FlashAttention.
+// - float32 and float64 (and the 16-bit types where the tensor-core tiles do not fit the
+//   device's shared memory): the scalar kernels below. float64 has no tensor-core path (an
+//   H100's FP64 tensor cores are DMMA, which WMMA offers only for 8x8x4 doubles: not done);
+//   float32 could use TF32 WMMA under cuda::AllowTf32() but does not yet.
+//
+// Scalar kernels: each thread owns one row: a query row in the forward and in the dq pass of
+// the backward, a key row in the dk/dv pass. A block's rows keep their own operand and
+// accumulators in shared memory, laid out [feature][row] so that the threads of a warp touch
+// consecutive banks, and the block walks the other side's rows a tile at a time through shared
+// memory (loaded once, read by every thread: a broadcast). Everything is computed in OpMath<T>
+// (float for the 16-bit types, double for float64) and rounded once on store. The backward is
 // FlashAttention-2's: probabilities recomputed from the saved log-sum-exp, D = rowsum(dout *
 // out); dq and dk/dv are two passes so that no output is accumulated by two blocks.
+//
+// Dropout, in both: weight (b, i, j) is kept where Philox's uniform for dropout_counter(b, i, j)
+// is >= p (DropoutFactor), the counter and comparison of the CPU kernels, so the same mask bit
+// for bit on every backend and path.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -140,12 +159,13 @@ __device__ __forceinline__ M DropoutFactor(const AttentionGeometry& g, int64_t b
   return static_cast<double>(u) >= g.dropout_p ? static_cast<M>(1.0 / (1.0 - g.dropout_p)) : M(0);
 }
 
-// Copies `rows` rows of `width` elements starting at `src` into shared [row][width] as M,
-// zero past `valid` rows; every thread of the block takes part.
+// Copies `rows` rows of `width` elements, `step` elements apart from `src` on, into shared
+// [row][width] as M, zero past `valid` rows; every thread of the block takes part.
 template <typename T, typename M>
-__device__ void LoadTile(M* dst, const T* src, int rows, int valid, int64_t width) {
+__device__ void LoadTile(M* dst, const T* src, int64_t step, int rows, int valid, int64_t width) {
   for (int64_t x = threadIdx.x; x < rows * width; x += blockDim.x) {
-    dst[x] = x / width < valid ? static_cast<M>(src[x]) : M(0);
+    const int64_t r = x / width;
+    dst[x] = r < valid ? static_cast<M>(src[r * step + x % width]) : M(0);
   }
 }
 
@@ -166,15 +186,15 @@ __global__ void __launch_bounds__(kMaxRowsPerBlock, 1)
   const int64_t b = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * rows, i = i0 + r;
   const bool active = i < l;
   for (int64_t c = 0; c < e; ++c)
-    q_rows[c * rows + r] = active ? static_cast<M>(q[(b * l + i) * e + c]) : M(0);
+    q_rows[c * rows + r] = active ? static_cast<M>(q[g.q_row(b, i) + c]) : M(0);
   for (int64_t c = 0; c < ev; ++c) acc[c * rows + r] = M(0);
   M row_max = -INFINITY, row_sum = 0;
   const int64_t key_end = g.causal ? Smaller(s, i0 + rows) : s;
   for (int64_t j0 = 0; j0 < key_end; j0 += kTile) {
     const int valid = static_cast<int>(Smaller(kTile, key_end - j0));
     __syncthreads();  // the previous tile is no longer read
-    LoadTile(k_tile, k + (b * s + j0) * e, kTile, valid, e);
-    LoadTile(v_tile, v + (b * s + j0) * ev, kTile, valid, ev);
+    LoadTile(k_tile, k + g.k_row(b, j0), g.row_step(g.k_rows, e), kTile, valid, e);
+    LoadTile(v_tile, v + g.v_row(b, j0), g.row_step(g.v_rows, ev), kTile, valid, ev);
     __syncthreads();
     if (!active) continue;
     // The tile's dropout mask as bits, drawn before the scores fill the registers: Philox
@@ -225,7 +245,7 @@ __global__ void __launch_bounds__(kMaxRowsPerBlock, 1)
   // A row that attended nothing has sum 0: 0 * inf gives NaN outputs, as PyTorch's.
   const M inv = M(1) / row_sum;
   for (int64_t c = 0; c < ev; ++c)
-    out[(b * l + i) * ev + c] = static_cast<T>(acc[c * rows + r] * inv);
+    out[g.out_row(b, i) + c] = static_cast<T>(acc[c * rows + r] * inv);
   lse[b * l + i] = row_max + math::Log(row_sum);
 }
 
@@ -250,13 +270,13 @@ __global__ void __launch_bounds__(kMaxRowsPerBlock, 1)
   const bool active = i < l;
   M d = 0;
   for (int64_t c = 0; c < e; ++c) {
-    q_rows[c * rows + r] = active ? static_cast<M>(q[(b * l + i) * e + c]) : M(0);
+    q_rows[c * rows + r] = active ? static_cast<M>(q[g.q_row(b, i) + c]) : M(0);
     dq_acc[c * rows + r] = M(0);
   }
   for (int64_t c = 0; c < ev; ++c) {
-    const M x = active ? static_cast<M>(dout[(b * l + i) * ev + c]) : M(0);
+    const M x = active ? static_cast<M>(dout[g.dout_row(b, i) + c]) : M(0);
     do_rows[c * rows + r] = x;
-    if (active) d += x * static_cast<M>(out[(b * l + i) * ev + c]);
+    if (active) d += x * static_cast<M>(out[g.out_row(b, i) + c]);
   }
   const M row_lse = active ? lse[b * l + i] : M(0);
   if (active) delta[b * l + i] = d;
@@ -264,8 +284,8 @@ __global__ void __launch_bounds__(kMaxRowsPerBlock, 1)
   for (int64_t j0 = 0; j0 < key_end; j0 += kTile) {
     const int valid = static_cast<int>(Smaller(kTile, key_end - j0));
     __syncthreads();
-    LoadTile(k_tile, k + (b * s + j0) * e, kTile, valid, e);
-    LoadTile(v_tile, v + (b * s + j0) * ev, kTile, valid, ev);
+    LoadTile(k_tile, k + g.k_row(b, j0), g.row_step(g.k_rows, e), kTile, valid, e);
+    LoadTile(v_tile, v + g.v_row(b, j0), g.row_step(g.v_rows, ev), kTile, valid, ev);
     __syncthreads();
     if (!active) continue;
     for (int t = 0; t < valid; ++t) {
@@ -281,7 +301,7 @@ __global__ void __launch_bounds__(kMaxRowsPerBlock, 1)
     }
   }
   if (!active) return;
-  for (int64_t c = 0; c < e; ++c) dq[(b * l + i) * e + c] = static_cast<T>(dq_acc[c * rows + r]);
+  for (int64_t c = 0; c < e; ++c) dq[g.dq_row(b, i) + c] = static_cast<T>(dq_acc[c * rows + r]);
 }
 
 // Backward pass 2: grid (key blocks, batch), one thread per key row: dv_j = sum_i p_ij dout_i,
@@ -307,11 +327,11 @@ __global__ void __launch_bounds__(kMaxRowsPerBlock, 1)
   const int64_t b = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * rows, j = j0 + r;
   const bool active = j < s;
   for (int64_t c = 0; c < e; ++c) {
-    k_rows[c * rows + r] = active ? static_cast<M>(k[(b * s + j) * e + c]) : M(0);
+    k_rows[c * rows + r] = active ? static_cast<M>(k[g.k_row(b, j) + c]) : M(0);
     dk_acc[c * rows + r] = M(0);
   }
   for (int64_t c = 0; c < ev; ++c) {
-    v_rows[c * rows + r] = active ? static_cast<M>(v[(b * s + j) * ev + c]) : M(0);
+    v_rows[c * rows + r] = active ? static_cast<M>(v[g.v_row(b, j) + c]) : M(0);
     dv_acc[c * rows + r] = M(0);
   }
   // Causal: queries before the block's first key attend none of its keys.
@@ -319,8 +339,8 @@ __global__ void __launch_bounds__(kMaxRowsPerBlock, 1)
   for (int64_t t0 = query_begin; t0 < l; t0 += kTile) {
     const int valid = static_cast<int>(Smaller(kTile, l - t0));
     __syncthreads();
-    LoadTile(q_tile, q + (b * l + t0) * e, kTile, valid, e);
-    LoadTile(do_tile, dout + (b * l + t0) * ev, kTile, valid, ev);
+    LoadTile(q_tile, q + g.q_row(b, t0), g.row_step(g.q_rows, e), kTile, valid, e);
+    LoadTile(do_tile, dout + g.dout_row(b, t0), g.row_step(g.dout_rows, ev), kTile, valid, ev);
     // A loop, not the first kTile threads: a block of large heads may have fewer rows.
     for (int x = threadIdx.x; x < kTile; x += blockDim.x) {
       lse_tile[x] = x < valid ? lse[b * l + t0 + x] : M(0);
@@ -346,8 +366,8 @@ __global__ void __launch_bounds__(kMaxRowsPerBlock, 1)
     }
   }
   if (!active) return;
-  for (int64_t c = 0; c < e; ++c) dk[(b * s + j) * e + c] = static_cast<T>(dk_acc[c * rows + r]);
-  for (int64_t c = 0; c < ev; ++c) dv[(b * s + j) * ev + c] = static_cast<T>(dv_acc[c * rows + r]);
+  for (int64_t c = 0; c < e; ++c) dk[g.dk_row(b, j) + c] = static_cast<T>(dk_acc[c * rows + r]);
+  for (int64_t c = 0; c < ev; ++c) dv[g.dv_row(b, j) + c] = static_cast<T>(dv_acc[c * rows + r]);
 }
 
 // ---- Tensor cores (bfloat16 and float16): FlashAttention-2's forward on WMMA tiles ----------
@@ -418,16 +438,16 @@ TensorCoreLayout PlanTensorCore(int64_t e, int64_t ev) {
   return t;
 }
 
-// Copies `rows` rows of `width` elements (row stride `width`) from `src` into shared `dst`
+// Copies `rows` rows of `width` elements, `step` elements apart from `src` on, into shared `dst`
 // (row stride `ld`) as W, zero past `valid` rows and past `width` up to `padded` columns.
 template <typename T, typename W>
-__device__ void LoadPaddedTile(W* dst, int ld, const T* src, int rows, int valid, int64_t width,
-                               int padded) {
+__device__ void LoadPaddedTile(W* dst, int ld, const T* src, int64_t step, int rows, int valid,
+                               int64_t width, int padded) {
   const W* from = reinterpret_cast<const W*>(src);
   const W zero = TensorCoreType<T>::Round(0.0f);
   for (int x = threadIdx.x; x < rows * padded; x += blockDim.x) {
     const int r = x / padded, c = x % padded;
-    dst[r * ld + c] = r < valid && c < width ? from[r * width + c] : zero;
+    dst[r * ld + c] = r < valid && c < width ? from[r * step + c] : zero;
   }
 }
 
@@ -450,18 +470,22 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   const int64_t e = g.head_dim, ev = g.value_dim, l = g.query_len, s = g.key_len;
   const int64_t b = blockIdx.y, i0 = static_cast<int64_t>(blockIdx.x) * kTcRows;
   const int64_t warp_i0 = i0 + warp * 16;
-  LoadPaddedTile(q_s, t.ld_qk, q + (b * l + i0) * e, kTcRows,
+  LoadPaddedTile(q_s, t.ld_qk, q + g.q_row(b, i0), g.row_step(g.q_rows, e), kTcRows,
                  static_cast<int>(Smaller(kTcRows, l - i0)), e, t.e_pad);
   for (int x = lane; x < 16 * t.ev_pad; x += 32) o_w[(x / t.ev_pad) * t.ld_o + x % t.ev_pad] = 0;
   // Lane r < 16 owns row warp_i0 + r's running max and sum.
   const int64_t i = warp_i0 + lane;
   float row_max = -INFINITY, row_sum = 0;
   const int64_t key_end = g.causal ? Smaller(s, i0 + kTcRows) : s;
+  // The head's first rows and the steps between rows, once (their offsets divide by heads).
+  const T* k_head = k + g.k_row(b, 0);
+  const T* v_head = v + g.v_row(b, 0);
+  const int64_t k_step = g.row_step(g.k_rows, e), v_step = g.row_step(g.v_rows, ev);
   for (int64_t j0 = 0; j0 < key_end; j0 += kTcKeys) {
     const int valid = static_cast<int>(Smaller(kTcKeys, key_end - j0));
     __syncthreads();  // the previous tiles are no longer read
-    LoadPaddedTile(k_s, t.ld_qk, k + (b * s + j0) * e, kTcKeys, valid, e, t.e_pad);
-    LoadPaddedTile(v_s, t.ld_v, v + (b * s + j0) * ev, kTcKeys, valid, ev, t.ev_pad);
+    LoadPaddedTile(k_s, t.ld_qk, k_head + j0 * k_step, k_step, kTcKeys, valid, e, t.e_pad);
+    LoadPaddedTile(v_s, t.ld_v, v_head + j0 * v_step, v_step, kTcKeys, valid, ev, t.ev_pad);
     __syncthreads();
     // Causal: a tile whose first key comes after the warp's last query adds nothing to it.
     if (g.causal && j0 > warp_i0 + 15) continue;
@@ -527,9 +551,11 @@ __global__ void __launch_bounds__(kTcWarps * 32)
     if (i < l) lse[b * l + i] = row_max + math::Log(row_sum);
   }
   __syncwarp();
+  const int64_t out_head = g.out_row(b, 0), out_step = g.row_step(g.out_rows, ev);
   for (int x = lane; x < 16 * ev; x += 32) {
     const int r = static_cast<int>(x / ev), c = static_cast<int>(x % ev);
-    if (warp_i0 + r < l) out[(b * l + warp_i0 + r) * ev + c] = T(o_w[r * t.ld_o + c] * row_w[r]);
+    if (warp_i0 + r < l)
+      out[out_head + (warp_i0 + r) * out_step + c] = T(o_w[r * t.ld_o + c] * row_w[r]);
   }
 }
 
@@ -614,8 +640,10 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   const int64_t b = blockIdx.y, j0 = static_cast<int64_t>(blockIdx.x) * rows;
   const int64_t warp_j0 = j0 + warp * 16;
   const int valid_keys = static_cast<int>(Smaller(rows, s - j0));
-  LoadPaddedTile(k_s, t.ld_qk, k + (b * s + j0) * e, rows, valid_keys, e, t.e_pad);
-  LoadPaddedTile(v_s, t.ld_v, v + (b * s + j0) * ev, rows, valid_keys, ev, t.ev_pad);
+  LoadPaddedTile(k_s, t.ld_qk, k + g.k_row(b, j0), g.row_step(g.k_rows, e), rows, valid_keys, e,
+                 t.e_pad);
+  LoadPaddedTile(v_s, t.ld_v, v + g.v_row(b, j0), g.row_step(g.v_rows, ev), rows, valid_keys, ev,
+                 t.ev_pad);
   for (int x = threadIdx.x; x < rows * t.e_pad; x += blockDim.x)
     dk_s[(x / t.e_pad) * t.ld_dk + x % t.e_pad] = 0;
   for (int x = threadIdx.x; x < rows * t.ev_pad; x += blockDim.x)
@@ -629,15 +657,18 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   for (int64_t t0 = query_begin; t0 < l; t0 += kTcKeys) {
     const int valid = static_cast<int>(Smaller(kTcKeys, l - t0));
     __syncthreads();  // the previous query tile is no longer read
-    LoadPaddedTile(q_t, t.ld_qk, q + (b * l + t0) * e, kTcKeys, valid, e, t.e_pad);
-    LoadPaddedTile(do_t, t.ld_v, dout + (b * l + t0) * ev, kTcKeys, valid, ev, t.ev_pad);
+    LoadPaddedTile(q_t, t.ld_qk, q + g.q_row(b, t0), g.row_step(g.q_rows, e), kTcKeys, valid, e,
+                   t.e_pad);
+    LoadPaddedTile(do_t, t.ld_v, dout + g.dout_row(b, t0), g.row_step(g.dout_rows, ev), kTcKeys,
+                   valid, ev, t.ev_pad);
     // A loop, not the first kTcKeys threads: a block may have fewer.
     for (int x = threadIdx.x; x < kTcKeys; x += blockDim.x) {
       float d = 0;
       if (x < valid) {
-        const int64_t row = (b * l + t0 + x) * ev;
+        const T* dout_row = dout + g.dout_row(b, t0 + x);
+        const T* out_row = out + g.out_row(b, t0 + x);
         for (int64_t c = 0; c < ev; ++c)
-          d += static_cast<float>(dout[row + c]) * static_cast<float>(out[row + c]);
+          d += static_cast<float>(dout_row[c]) * static_cast<float>(out_row[c]);
       }
       delta_t[x] = d;
       lse_t[x] = x < valid ? lse[b * l + t0 + x] : 0.0f;
@@ -736,20 +767,21 @@ __global__ void __launch_bounds__(kTcWarps * 32)
   __syncthreads();
   for (int x = threadIdx.x; x < rows * e; x += blockDim.x) {
     const int r = static_cast<int>(x / e), c = static_cast<int>(x % e);
-    if (j0 + r < s) dk[(b * s + j0 + r) * e + c] = T(dk_s[r * t.ld_dk + c]);
+    if (j0 + r < s) dk[g.dk_row(b, j0 + r) + c] = T(dk_s[r * t.ld_dk + c]);
   }
   for (int x = threadIdx.x; x < rows * ev; x += blockDim.x) {
     const int r = static_cast<int>(x / ev), c = static_cast<int>(x % ev);
-    if (j0 + r < s) dv[(b * s + j0 + r) * ev + c] = T(dv_s[r * t.ld_dv + c]);
+    if (j0 + r < s) dv[g.dv_row(b, j0 + r) + c] = T(dv_s[r * t.ld_dv + c]);
   }
 }
 
-// dq = dq_accum rounded to T.
+// dq = dq_accum ([batch, query_len, head_dim], contiguous) rounded to T, where g.dq_rows puts it.
 template <typename T>
-__global__ void RoundAccumulatedKernel(const float* accum, T* out, int64_t n) {
+__global__ void RoundAccumulatedKernel(AttentionGeometry g, const float* accum, T* dq, int64_t n) {
   for (int64_t x = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; x < n;
        x += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[x] = T(accum[x]);
+    const int64_t row = x / g.head_dim;
+    dq[g.dq_row(row / g.query_len, row % g.query_len) + x % g.head_dim] = T(accum[x]);
   }
 }
 
@@ -802,7 +834,7 @@ bool LaunchAttentionBackwardTensorCore(const LaunchContext& context, const Atten
   const int threads = 256;
   const int64_t blocks = std::min<int64_t>((dq_elements + threads - 1) / threads, 4096);
   RoundAccumulatedKernel<T><<<static_cast<unsigned>(blocks), threads, 0, context.stream>>>(
-      accum, static_cast<T*>(dq), dq_elements);
+      g, accum, static_cast<T*>(dq), dq_elements);
   TANDEM_CUDA_CHECK_LAUNCH(context.device);
   return true;
 }
@@ -855,6 +887,9 @@ void LaunchAttentionBackward(const LaunchContext& context, DType dtype, const At
     const int64_t e = g.head_dim, ev = g.value_dim;
     if (g.query_len == 0) {
       // No query attends anything: dk and dv are zero (dq is empty).
+      TANDEM_CHECK(g.dk_rows.batch_stride < 0 && g.dv_rows.batch_stride < 0,
+                   "CUDA AttentionBackward: with no queries, dk and dv must be contiguous (they "
+                   "are zeroed as one block each); pass them without AttentionRows");
       TANDEM_CUDA_CHECK(cudaMemsetAsync(dk, 0, g.batch * g.key_len * e * sizeof(T), context.stream),
                         context.device);
       TANDEM_CUDA_CHECK(

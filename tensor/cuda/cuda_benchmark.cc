@@ -5,6 +5,9 @@
 //   - Elementwise add vs a device-to-device cudaMemcpy (GB/s of reads + writes): a
 //     bandwidth-bound kernel should get close to the copy engine.
 //   - Host <-> device copies from pinned and pageable memory (GB/s).
+//   - Fused causal attention at GPT-2's shapes (8 x 12 heads of 1024 tokens) in bfloat16 on
+//     tensor cores, forward and backward (TFLOP/s, counting the causal half of the products as
+//     FlashAttention does: forward 2 GEMMs, backward 5 of their size).
 // Linked into //tensor:tensor_benchmark (and //tensor/cuda:cuda_benchmarks); every
 // benchmark reports an error and skips where there is no usable GPU.
 //
@@ -13,6 +16,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -21,6 +25,7 @@
 #include "tensor/base/device.h"
 #include "tensor/cuda/cuda.h"
 #include "tensor/cuda/cuda_check.h"
+#include "tensor/kernels/attention_kernels.h"
 #include "tensor/runtime/allocator.h"
 #include "tensor/runtime/backend.h"
 
@@ -235,6 +240,58 @@ BENCHMARK(BM_CudaHostToDevice)
 BENCHMARK(BM_CudaDeviceToHost)
     ->Args({64 << 20, 1})
     ->Args({64 << 20, 0})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
+// ---- Attention ---------------------------------------------------------------------------------
+
+// Causal attention over 8 x 12 heads of 1024 tokens with heads of state.range(0), bfloat16; the
+// backward when `backward`. Operands hold ones (the kernels' time does not depend on values).
+void BenchmarkAttention(benchmark::State& state, bool backward) {
+  if (!RequireGpu(state)) return;
+  AttentionGeometry g;
+  g.batch = 8 * 12;
+  g.query_len = g.key_len = 1024;
+  g.head_dim = g.value_dim = state.range(0);
+  g.scale = 1.0 / std::sqrt(static_cast<double>(g.head_dim));
+  g.causal = true;
+  Backend& backend = GetBackend(DeviceType::kCUDA);
+  const int64_t n = g.batch * g.query_len * g.head_dim;
+  // q, k, v, out, dout, dq, dk, dv.
+  std::vector<std::shared_ptr<void>> buffers;
+  std::vector<void*> b;
+  for (int i = 0; i < 8; ++i) {
+    buffers.push_back(DeviceBuffer(n * 2));
+    b.push_back(buffers.back().get());
+    backend.Fill(kDevice, KernelTensor::Vector(b.back(), n, kBFloat16), 1.0);
+  }
+  std::shared_ptr<void> lse = DeviceBuffer(g.batch * g.query_len * sizeof(float));
+  const Device device = Device::Cuda(kDevice);
+  RunAttentionForward(device, kBFloat16, g, b[0], b[1], b[2], nullptr, b[3], lse.get());
+  auto run = [&] {
+    if (backward) {
+      RunAttentionBackward(device, kBFloat16, g, b[0], b[1], b[2], nullptr, b[3], b[4], lse.get(),
+                           b[5], b[6], b[7]);
+    } else {
+      RunAttentionForward(device, kBFloat16, g, b[0], b[1], b[2], nullptr, b[3], lse.get());
+    }
+  };
+  TimeOnStream(state, run);
+  const double gemm = 2.0 * g.batch * g.query_len * g.key_len * g.head_dim / 2;  // causal half
+  SetRate(state, "TFLOP/s", (backward ? 5 : 2) * gemm * 1e-12);
+}
+
+void BM_CudaAttentionForwardBFloat16(benchmark::State& state) { BenchmarkAttention(state, false); }
+void BM_CudaAttentionBackwardBFloat16(benchmark::State& state) { BenchmarkAttention(state, true); }
+
+BENCHMARK(BM_CudaAttentionForwardBFloat16)
+    ->Arg(64)
+    ->Arg(128)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CudaAttentionBackwardBFloat16)
+    ->Arg(64)
+    ->Arg(128)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 

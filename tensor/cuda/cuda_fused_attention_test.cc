@@ -26,12 +26,28 @@ namespace cuda_test {
 // ---- Fused attention (Note [Fused attention])
 // ---------------------------------------------------------------------------------------------
 
+// Tolerances per dtype (relative, absolute), against the CPU oracle, which computes in float
+// (double for float64) and rounds once on store:
+// - float32, float64: the same arithmetic in another order (the scalar kernels): 1e-5, 1e-12.
+// - bfloat16, float16 on tensor cores: the products are exact and accumulate in float, but the
+//   probabilities P (and, in the backward, P Z and dS) are rounded to the 16-bit type before
+//   their products, as FlashAttention does: a relative error of 2^-9 (bfloat16) or 2^-12
+//   (float16) on each weight, on top of the rounding of the result. 1.6e-2 / 2e-2 for bfloat16
+//   and 4e-3 / 4e-3 for float16. bfloat16's
+//   absolute part is 2e-2: dk = dS^T q sums up to 100 queries of dS rounded to bfloat16, an
+//   error of about 2^-9 sum |dS q| that stays when the sum itself cancels to near zero.
+constexpr double kBFloat16Tolerance[2] = {1.6e-2, 2e-2};
+constexpr double kHalfTolerance[2] = {4e-3, 4e-3};
+
 struct AttentionCase {
   int64_t batch, l, s, e, ev;
   bool causal;
   bool mask;               // an additive [batch / mask_heads, l, s] mask with -inf entries
   int64_t mask_heads = 1;  // consecutive heads that share one mask
   double dropout_p = 0.0;  // with Philox seed 1234 and offset 40 (not a block's first counter)
+  // Every operand (q, k, v, out, dout and the gradients) laid out as a head split: [batch / 2,
+  // length, 2 heads, features + 3] (AttentionRows), read and written in place.
+  bool strided = false;
 };
 
 // Forward (out, logsumexp) and backward (dq, dk, dv) of the CUDA kernels on cuda:`device`
@@ -64,14 +80,33 @@ void ExpectAttentionMatches(Backend& cpu, Backend& gpu, std::mt19937_64& rng,
   g.dropout_p = c.dropout_p;
   g.dropout_seed = 1234;
   g.dropout_offset = 40 + 1;
+  // An operand of `length` rows of `width`: its layout and how many elements its buffer holds.
+  const int64_t heads = c.strided ? 2 : 1;
+  const auto layout = [&](AttentionRows* rows, int64_t length, int64_t width) {
+    if (!c.strided) return c.batch * length * width;
+    const int64_t padded = width + 3;
+    rows->batch_stride = length * heads * padded;
+    rows->head_stride = padded;
+    rows->row_stride = heads * padded;
+    return c.batch * length * padded;
+  };
+  g.heads = heads;
+  const int64_t q_size = layout(&g.q_rows, c.l, c.e), k_size = layout(&g.k_rows, c.s, c.e),
+                v_size = layout(&g.v_rows, c.s, c.ev), out_size = layout(&g.out_rows, c.l, c.ev);
+  layout(&g.dout_rows, c.l, c.ev);
+  layout(&g.dq_rows, c.l, c.e);
+  layout(&g.dk_rows, c.s, c.e);
+  layout(&g.dv_rows, c.s, c.ev);
   const std::string what =
       note + " " + DTypePrefix<T>() + "attention batch=" + std::to_string(c.batch) +
       " L=" + std::to_string(c.l) + " S=" + std::to_string(c.s) + " E=" + std::to_string(c.e) +
       " Ev=" + std::to_string(c.ev) + (c.causal ? " causal" : "") + (c.mask ? " mask" : "") +
-      (c.dropout_p > 0 ? " dropout=" + std::to_string(c.dropout_p) : "");
-  Buffer<T> q(random(c.batch * c.l * c.e), dtype, device),
-      k(random(c.batch * c.s * c.e), dtype, device), v(random(c.batch * c.s * c.ev), dtype, device),
-      dout(random(c.batch * c.l * c.ev), dtype, device);
+      (c.dropout_p > 0 ? " dropout=" + std::to_string(c.dropout_p) : "") +
+      (c.strided ? " strided" : "");
+  // Strided outputs' gaps keep the buffers' poison on both devices: a kernel that writes them
+  // differs.
+  Buffer<T> q(random(q_size), dtype, device), k(random(k_size), dtype, device),
+      v(random(v_size), dtype, device), dout(random(out_size), dtype, device);
   const int64_t mask_size = c.batch / c.mask_heads * c.l * c.s;
   std::vector<T> mask_values = random(mask_size);
   for (int64_t i = 0; i < mask_size; ++i) {
@@ -79,17 +114,21 @@ void ExpectAttentionMatches(Backend& cpu, Backend& gpu, std::mt19937_64& rng,
     if (i % c.s != 0 && i % 3 == 1) mask_values[i] = static_cast<T>(-INFINITY);
   }
   Buffer<T> mask(mask_values, dtype, device);
-  Buffer<T> out(c.batch * c.l * c.ev, dtype, device);
+  Buffer<T> out(out_size, dtype, device);
   Buffer<M> lse(c.batch * c.l, DTypeOf<M>::value, device);
-  Buffer<T> dq(c.batch * c.l * c.e, dtype, device), dk(c.batch * c.s * c.e, dtype, device),
-      dv(c.batch * c.s * c.ev, dtype, device);
+  Buffer<T> dq(q_size, dtype, device), dk(k_size, dtype, device), dv(v_size, dtype, device);
   RunAttentionForward(Device::Cpu(0), dtype, g, q.cpu(), k.cpu(), v.cpu(),
                       c.mask ? mask.cpu() : nullptr, out.cpu(), lse.cpu());
   RunAttentionForward(Device::Cuda(device), dtype, g, q.gpu(), k.gpu(), v.gpu(),
                       c.mask ? mask.gpu() : nullptr, out.gpu(), lse.gpu());
   ExpectNear(out.Cpu(), out.Gpu(), rtol, atol, what + " out");
   ExpectNear(lse.Cpu(), lse.Gpu(), rtol, atol, what + " logsumexp");
-  // The backward of each device from its own forward: both read out and logsumexp.
+  // The backward of both devices from the CPU's forward: D = dout . out then agrees exactly. From
+  // each device's own, a gradient that cancels to zero (dq of the first query under the causal
+  // mask, whose only weight is 1) would be the difference of two roundings of out: a bfloat16
+  // ulp of dout . out apart once the tensor cores round P, far above the gradient itself.
+  out.Set(std::vector<T>(out.Cpu()));
+  lse.Set(std::vector<M>(lse.Cpu()));
   RunAttentionBackward(Device::Cpu(0), dtype, g, q.cpu(), k.cpu(), v.cpu(),
                        c.mask ? mask.cpu() : nullptr, out.cpu(), dout.cpu(), lse.cpu(), dq.cpu(),
                        dk.cpu(), dv.cpu());
@@ -113,8 +152,10 @@ TEST_F(CudaBackendTest, FusedAttentionMatchesCpu) {
   for (const AttentionCase& c : cases) {
     ExpectAttentionMatches<float>(cpu_, gpu_, rng_, c, 1e-5, 1e-5, Note(""));
     ExpectAttentionMatches<double>(cpu_, gpu_, rng_, c, 1e-12, 1e-12, Note(""));
-    ExpectAttentionMatches<BFloat16>(cpu_, gpu_, rng_, c, 1.6e-2, 1e-2, Note(""));
-    ExpectAttentionMatches<Half>(cpu_, gpu_, rng_, c, 2e-3, 2e-3, Note(""));
+    ExpectAttentionMatches<BFloat16>(cpu_, gpu_, rng_, c, kBFloat16Tolerance[0],
+                                     kBFloat16Tolerance[1], Note(""));
+    ExpectAttentionMatches<Half>(cpu_, gpu_, rng_, c, kHalfTolerance[0], kHalfTolerance[1],
+                                 Note(""));
   }
   Buffer<int64_t> ints(4);
   AttentionGeometry g;
@@ -138,8 +179,10 @@ TEST_F(CudaBackendTest, FusedAttentionLargeHeadsMatchesCpu) {
   for (const AttentionCase& c : cases) {
     ExpectAttentionMatches<float>(cpu_, gpu_, rng_, c, 1e-5, 1e-5, Note(""));
     ExpectAttentionMatches<double>(cpu_, gpu_, rng_, c, 1e-12, 1e-12, Note(""));
-    ExpectAttentionMatches<BFloat16>(cpu_, gpu_, rng_, c, 1.6e-2, 1e-2, Note(""));
-    ExpectAttentionMatches<Half>(cpu_, gpu_, rng_, c, 2e-3, 2e-3, Note(""));
+    ExpectAttentionMatches<BFloat16>(cpu_, gpu_, rng_, c, kBFloat16Tolerance[0],
+                                     kBFloat16Tolerance[1], Note(""));
+    ExpectAttentionMatches<Half>(cpu_, gpu_, rng_, c, kHalfTolerance[0], kHalfTolerance[1],
+                                 Note(""));
   }
 }
 
@@ -190,7 +233,67 @@ TEST_F(CudaBackendTest, FusedAttentionWithDropoutMatchesCpu) {
   for (const AttentionCase& c : cases) {
     ExpectAttentionMatches<float>(cpu_, gpu_, rng_, c, 1e-5, 1e-5, Note(""));
     ExpectAttentionMatches<double>(cpu_, gpu_, rng_, c, 1e-12, 1e-12, Note(""));
-    ExpectAttentionMatches<BFloat16>(cpu_, gpu_, rng_, c, 1.6e-2, 1e-2, Note(""));
+    ExpectAttentionMatches<BFloat16>(cpu_, gpu_, rng_, c, kBFloat16Tolerance[0],
+                                     kBFloat16Tolerance[1], Note(""));
+    ExpectAttentionMatches<Half>(cpu_, gpu_, rng_, c, kHalfTolerance[0], kHalfTolerance[1],
+                                 Note(""));
+  }
+}
+
+TEST_F(CudaBackendTest, FusedAttentionEveryHeadSizeMaskAndDropoutMatchesCpu) {
+  // The head sizes of the tensor-core kernels (multiples of 16 up to 256, and 80, as in
+  // Phi/StableLM), with and without the causal mask and dropout; 67 queries and 45 keys end on
+  // ragged tiles of every kernel (64 and 32 rows, 16-row warps). Every dtype: bfloat16 and
+  // float16 take the tensor cores, float32 and float64 the scalar kernels (their large heads
+  // without dropout are FusedAttentionLargeHeadsMatchesCpu's, and the simulator is slow).
+  for (const int64_t e : {16, 32, 64, 80, 128, 256}) {
+    for (const bool causal : {false, true}) {
+      for (const double p : {0.0, 0.25}) {
+        const AttentionCase c{1, 67, 45, e, e, causal, false, 1, p};
+        ExpectAttentionMatches<BFloat16>(cpu_, gpu_, rng_, c, kBFloat16Tolerance[0],
+                                         kBFloat16Tolerance[1], Note(""));
+        ExpectAttentionMatches<Half>(cpu_, gpu_, rng_, c, kHalfTolerance[0], kHalfTolerance[1],
+                                     Note(""));
+        if (e <= 32 || p > 0)
+          ExpectAttentionMatches<float>(cpu_, gpu_, rng_, c, 1e-5, 1e-5, Note(""));
+        if (e <= 32) ExpectAttentionMatches<double>(cpu_, gpu_, rng_, c, 1e-12, 1e-12, Note(""));
+      }
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, FusedAttentionTensorCoresWithAMaskAndOddShapesMatchCpu) {
+  // An additive mask with excluded keys (shared by pairs of heads), L < S and L > S under the
+  // causal mask, value sizes that differ from the head size, and sizes below one WMMA tile.
+  const std::vector<AttentionCase> cases = {
+      {4, 33, 70, 48, 24, false, true, 2, 0.0},
+      {2, 100, 17, 24, 40, true, false, 1, 0.1},
+      {2, 17, 100, 64, 64, true, false, 1, 0.0},
+      {3, 1, 5, 8, 8, false, true, 1, 0.3},
+  };
+  for (const AttentionCase& c : cases) {
+    ExpectAttentionMatches<BFloat16>(cpu_, gpu_, rng_, c, kBFloat16Tolerance[0],
+                                     kBFloat16Tolerance[1], Note(""));
+    ExpectAttentionMatches<Half>(cpu_, gpu_, rng_, c, kHalfTolerance[0], kHalfTolerance[1],
+                                 Note(""));
+  }
+}
+
+TEST_F(CudaBackendTest, FusedAttentionReadsAndWritesHeadSplitsInPlace) {
+  // q, k, v, dout read and out, dq, dk, dv written through their rows' strides (a head split
+  // that the op passes without a copy), against the CPU reading the same layout; on the tensor
+  // cores (bfloat16, float16) and the scalar kernels (float32, float64), with ragged tiles.
+  const std::vector<AttentionCase> cases = {
+      {4, 67, 45, 64, 64, true, false, 1, 0.0, true},
+      {2, 33, 70, 80, 48, false, true, 2, 0.2, true},
+  };
+  for (const AttentionCase& c : cases) {
+    ExpectAttentionMatches<BFloat16>(cpu_, gpu_, rng_, c, kBFloat16Tolerance[0],
+                                     kBFloat16Tolerance[1], Note(""));
+    ExpectAttentionMatches<Half>(cpu_, gpu_, rng_, c, kHalfTolerance[0], kHalfTolerance[1],
+                                 Note(""));
+    ExpectAttentionMatches<float>(cpu_, gpu_, rng_, c, 1e-5, 1e-5, Note(""));
+    ExpectAttentionMatches<double>(cpu_, gpu_, rng_, c, 1e-12, 1e-12, Note(""));
   }
 }
 

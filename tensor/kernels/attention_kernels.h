@@ -23,11 +23,21 @@ namespace tandem {
 // Note [Fused attention]: softmax(q k^T * scale + mask) v for `batch` independent heads,
 // computed a tile of keys at a time with an online softmax (running max and sum), so that
 // the query_len x key_len matrix never exists in memory; the backward recomputes the
-// probabilities from the saved log-sum-exp (FlashAttention-2). Operands are contiguous:
-// q [batch, query_len, head_dim], k [batch, key_len, head_dim], v [batch, key_len, value_dim],
-// out [batch, query_len, value_dim], all of one floating dtype; logsumexp [batch, query_len]
-// is float64 for float64 operands and float32 otherwise (the kernels' accumulation type:
-// 16-bit operands load as float, accumulate in float and round once when stored).
+// probabilities from the saved log-sum-exp (FlashAttention-2). Operands are q [batch,
+// query_len, head_dim], k [batch, key_len, head_dim], v [batch, key_len, value_dim], out [batch,
+// query_len, value_dim] (dout, dq, dk, dv as out, q, k, v), all of one floating dtype, each
+// contiguous unless its AttentionRows says where its rows are (a head split [B, L, H, E] read
+// in place as [B * H, L, E]); logsumexp [batch, query_len] is contiguous, float64 for float64
+// operands and float32 otherwise (the kernels' accumulation type: 16-bit operands load as
+// float, accumulate in float and round once when stored).
+//
+// Where an operand's rows are: row i of batch entry b starts at element (b / heads) *
+// batch_stride + (b % heads) * head_stride + i * row_stride, its features contiguous (stride 1).
+// The default, batch_stride < 0, is the contiguous [batch, length, features] layout.
+struct AttentionRows {
+  int64_t batch_stride = -1, head_stride = 0, row_stride = 0;
+};
+
 struct AttentionGeometry {
   int64_t batch = 0, query_len = 0, key_len = 0, head_dim = 0, value_dim = 0;
   double scale = 1.0;
@@ -53,6 +63,45 @@ struct AttentionGeometry {
   uint64_t dropout_seed = 0, dropout_offset = 0;
   constexpr uint64_t dropout_counter(int64_t b, int64_t i, int64_t j) const {
     return dropout_offset + static_cast<uint64_t>((b * query_len + i) * key_len + j);
+  }
+  // The operands' rows (AttentionRows above); `heads` is the batch's inner factor that their
+  // head strides step over.
+  int64_t heads = 1;
+  AttentionRows q_rows, k_rows, v_rows, out_rows, dout_rows, dq_rows, dk_rows, dv_rows;
+  // The offset of row i of entry b in an operand of `length` rows of `width` features.
+  constexpr int64_t row_offset(const AttentionRows& r, int64_t b, int64_t i, int64_t length,
+                               int64_t width) const {
+    return r.batch_stride < 0
+               ? (b * length + i) * width
+               : (b / heads) * r.batch_stride + (b % heads) * r.head_stride + i * r.row_stride;
+  }
+  // The distance between consecutive rows.
+  static constexpr int64_t row_step(const AttentionRows& r, int64_t width) {
+    return r.batch_stride < 0 ? width : r.row_stride;
+  }
+  constexpr int64_t q_row(int64_t b, int64_t i) const {
+    return row_offset(q_rows, b, i, query_len, head_dim);
+  }
+  constexpr int64_t k_row(int64_t b, int64_t j) const {
+    return row_offset(k_rows, b, j, key_len, head_dim);
+  }
+  constexpr int64_t v_row(int64_t b, int64_t j) const {
+    return row_offset(v_rows, b, j, key_len, value_dim);
+  }
+  constexpr int64_t out_row(int64_t b, int64_t i) const {
+    return row_offset(out_rows, b, i, query_len, value_dim);
+  }
+  constexpr int64_t dout_row(int64_t b, int64_t i) const {
+    return row_offset(dout_rows, b, i, query_len, value_dim);
+  }
+  constexpr int64_t dq_row(int64_t b, int64_t i) const {
+    return row_offset(dq_rows, b, i, query_len, head_dim);
+  }
+  constexpr int64_t dk_row(int64_t b, int64_t j) const {
+    return row_offset(dk_rows, b, j, key_len, head_dim);
+  }
+  constexpr int64_t dv_row(int64_t b, int64_t j) const {
+    return row_offset(dv_rows, b, j, key_len, value_dim);
   }
 };
 

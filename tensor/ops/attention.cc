@@ -157,6 +157,52 @@ DType LogsumexpDType(DType dtype) { return dtype == kFloat64 ? kFloat64 : kFloat
 
 void* Data(const Tensor& t) { return t.defined() ? ToKernel(t).data : nullptr; }
 
+// Where `t`'s rows are, for the kernels (AttentionRows): in place when its features are
+// contiguous and its leading dimensions fold into (outer, heads) with one stride for the outer
+// ones, as a head split's transpose of [B, L, H, E] does; otherwise (or when it is contiguous)
+// the contiguous layout. Returns the tensor the kernel reads: `t` itself, or its contiguous copy.
+Tensor KernelRows(const Tensor& t, AttentionRows* rows) {
+  *rows = AttentionRows();
+  const Tensor detached = t.detach();
+  if (detached.is_contiguous()) return detached;
+  const Shape& shape = detached.shape();
+  const std::vector<int64_t> st = detached.strides();
+  const size_t n = shape.size() - 2;  // leading dimensions
+  if (shape.back() > 1 && st.back() != 1) return detached.contiguous();
+  int64_t previous = -1;  // the last outer dimension of more than one element
+  for (size_t d = 0; d + 1 < n; ++d) {
+    if (shape[d] == 1) continue;
+    if (previous >= 0 && st[previous] != st[d] * shape[d]) return detached.contiguous();
+    previous = static_cast<int64_t>(d);
+  }
+  rows->batch_stride = previous >= 0 ? st[previous] : 0;
+  rows->head_stride = n > 0 ? st[n - 1] : 0;
+  rows->row_stride = st[n];
+  return detached;
+}
+
+// A new [lead..., length, width] tensor for an output (out, or the gradient of `like`), laid out
+// as `like` is: when `like` is a head split ([..., H, L, E] viewed from [..., L, H, E]: its heads
+// are closer together than its rows), [..., L, H, width] in memory, so that the head merge after
+// attention (transpose and reshape) is a view and not a copy, as PyTorch's fused attention does.
+Tensor NewLike(const Tensor& like, int64_t width, AttentionRows* rows) {
+  Shape shape = like.shape();
+  shape.back() = width;
+  *rows = AttentionRows();
+  const size_t n = shape.size() - 2;
+  const int64_t heads = n > 0 ? shape[n - 1] : 1, length = shape[n];
+  if (n == 0 || heads == 1 || length == 1 || like.strides()[n - 1] >= like.strides()[n]) {
+    return NewTensor(shape, like.dtype(), like.device());
+  }
+  Shape merged = shape;
+  std::swap(merged[n - 1], merged[n]);  // [..., L, H, width]
+  rows->batch_stride = length * heads * width;
+  rows->head_stride = width;
+  rows->row_stride = heads * width;
+  return NewTensor(merged, like.dtype(), like.device())
+      .transpose(static_cast<int64_t>(n) - 1, static_cast<int64_t>(n));
+}
+
 // The fused kernels: one autograd node whose backward is AttentionBackward.
 Tensor FusedAttention(const Tensor& query, const Tensor& key, const Tensor& value,
                       const KernelMask& mask, bool is_causal, double factor, double dropout_p,
@@ -169,6 +215,7 @@ Tensor FusedAttention(const Tensor& query, const Tensor& key, const Tensor& valu
   g.value_dim = value.size(-1);
   g.batch = 1;
   for (int64_t d : lead) g.batch *= d;
+  g.heads = lead.empty() ? 1 : lead.back();
   g.scale = factor;
   g.causal = is_causal;
   g.mask_heads = mask.heads;
@@ -185,23 +232,23 @@ Tensor FusedAttention(const Tensor& query, const Tensor& key, const Tensor& valu
     g.dropout_seed = claimed.seed;
     g.dropout_offset = claimed.offset;
   }
-  // Kept with their graphs (query itself when contiguous, else a recorded copy of it): under
-  // create_graph the backward recomputes through differentiable ops.
-  const Tensor q = query.contiguous(), k = key.contiguous(), v = value.contiguous();
-  Shape out_shape = lead;
-  out_shape.push_back(g.query_len);
-  out_shape.push_back(g.value_dim);
+  // Read in place (a head split is not copied); the outputs laid out as the inputs.
+  const Tensor q = KernelRows(query, &g.q_rows), k = KernelRows(key, &g.k_rows),
+               v = KernelRows(value, &g.v_rows);
   const DType dtype = query.dtype();
   const Device device = query.device();
-  Tensor out = NewTensor(out_shape, dtype, device);
+  Tensor out = NewLike(q, g.value_dim, &g.out_rows);
   const Tensor lse = NewTensor({g.batch, g.query_len}, LogsumexpDType(dtype), device);
   const Tensor mask_values = mask.values;
   RunAttentionForward(device, dtype, g, Data(q), Data(k), Data(v), Data(mask_values), Data(out),
                       Data(lse));
   if (NeedsGrad({query, key, value})) {
+    // query, key and value themselves (the storage q, k and v read, unless they had to be
+    // copied) for create_graph: the backward then recomputes through differentiable ops.
     RecordOp(
         "ScaledDotProductAttentionBackward", {query, key, value}, out,
-        [g, q, k, v, mask_values, lse, dropout_p, saved_out = out.detach()](const Tensor& grad) {
+        [g, q, k, v, query, key, value, mask_values, lse, dropout_p,
+         saved_out = out.detach()](const Tensor& grad) {
           if (CreatingGraph()) {
             // The composed path, drawing the kernel's dropout mask again (its generator state
             // replayed: both paths take the same counters): a gradient that differentiates
@@ -210,16 +257,17 @@ Tensor FusedAttention(const Tensor& query, const Tensor& key, const Tensor& valu
                 [&] {
                   Generator replay(g.dropout_seed, g.dropout_offset);
                   return internal::ComposedScaledDotProductAttention(
-                      q, k, v, mask_values, dropout_p, g.causal, g.scale, &replay);
+                      query, key, value, mask_values, dropout_p, g.causal, g.scale, &replay);
                 },
-                {q, k, v}, grad);
+                {query, key, value}, grad);
           }
-          const Tensor dout = grad.detach().contiguous();
+          AttentionGeometry gb = g;
+          const Tensor dout = KernelRows(grad, &gb.dout_rows);
           const Device dev = q.device();
-          Tensor dq = NewTensor(q.shape(), q.dtype(), dev);
-          Tensor dk = NewTensor(k.shape(), k.dtype(), dev);
-          Tensor dv = NewTensor(v.shape(), v.dtype(), dev);
-          RunAttentionBackward(dev, q.dtype(), g, Data(q), Data(k), Data(v), Data(mask_values),
+          Tensor dq = NewLike(q, gb.head_dim, &gb.dq_rows);
+          Tensor dk = NewLike(k, gb.head_dim, &gb.dk_rows);
+          Tensor dv = NewLike(v, gb.value_dim, &gb.dv_rows);
+          RunAttentionBackward(dev, q.dtype(), gb, Data(q), Data(k), Data(v), Data(mask_values),
                                Data(saved_out), Data(dout), Data(lse), Data(dq), Data(dk),
                                Data(dv));
           return std::vector<Tensor>{dq, dk, dv};

@@ -259,6 +259,53 @@ TEST(FusedAttentionTest, MaskWhoseHeadsDoNotNestIsCopiedAndStillApplies) {
   EXPECT_LE(Excess(y, expected, 1.3e-6), 1e-5);
 }
 
+TEST(FusedAttentionTest, HeadSplitIsReadInPlaceAndTheOutputMergesWithoutACopy) {
+  // GPT's head split: one [B, L, 3 * H * E] projection narrowed into q, k, v, each reshaped (a
+  // view) to [B, L, H, E] and transposed to [B, H, L, E] (rows 3 * H * E apart, heads E apart).
+  // The kernels read them in place; out comes back laid out as [B, L, H, E], so that
+  // transposing back and merging the heads is a view; the gradient reaches the projection
+  // through the views. Also leading dimensions whose strides do not nest (copied first).
+  const int64_t b = 2, l = 7, h = 3, e = 4;
+  for (const DType dtype : {kFloat64, kFloat32, kBFloat16, kFloat16}) {
+    for (const bool causal : {false, true}) {
+      SCOPED_TRACE(std::string(DTypeName(dtype)) + (causal ? " causal" : ""));
+      const Tensor qkv = Randn({b, l, 3 * h * e}, 60).to(dtype);
+      const Tensor upstream = Randn({b, h, l, e}, 61);
+      // Output and the projection's gradient, fused or composed (in float64).
+      const auto run = [&](bool fused) {
+        Tensor leaf = qkv.detach();
+        leaf.set_requires_grad(true);
+        const auto split = [&](int64_t part) {
+          const Tensor x =
+              leaf.narrow(2, part * h * e, h * e).reshape({b, l, h, e}).transpose(1, 2);
+          EXPECT_FALSE(x.is_contiguous());
+          return fused ? x : x.to(kFloat64);
+        };
+        const Tensor y = fused ? scaled_dot_product_attention(split(0), split(1), split(2),
+                                                              Tensor(), 0.0, causal)
+                               : internal::ComposedScaledDotProductAttention(
+                                     split(0), split(1), split(2), Tensor(), 0.0, causal);
+        sum(mul(y, upstream.to(y.dtype()))).backward();
+        return std::vector<Tensor>{y.detach(), leaf.grad()};
+      };
+      const std::vector<Tensor> fused = run(true), reference = run(false);
+      EXPECT_TRUE(fused[0].transpose(1, 2).is_contiguous());
+      const double atol = dtype == kBFloat16 ? 1e-2 : (dtype == kFloat16 ? 1e-3 : 1e-5);
+      const double rtol = dtype == kBFloat16 ? 1.6e-2 : (dtype == kFloat16 ? 1e-3 : 1.3e-6);
+      EXPECT_LE(Excess(fused[0], reference[0], rtol), atol) << "output";
+      EXPECT_LE(Excess(fused[1], reference[1], rtol), atol) << "the projection's gradient";
+    }
+  }
+  // [2, 3, 2] leading dimensions whose first two strides do not nest: copied, still right.
+  const Tensor q = Randn({3, 2, 2, 5, 4}, 62).transpose(0, 1),
+               k = Randn({3, 2, 2, 6, 4}, 63).transpose(0, 1),
+               v = Randn({3, 2, 2, 6, 3}, 64).transpose(0, 1);
+  const Tensor y = scaled_dot_product_attention(q, k, v, Tensor(), 0.0, true);
+  const Tensor expected = internal::ComposedScaledDotProductAttention(
+      q.to(kFloat64), k.to(kFloat64), v.to(kFloat64), Tensor(), 0.0, true);
+  EXPECT_LE(Excess(y, expected, 1.3e-6), 1e-5);
+}
+
 TEST(FusedAttentionTest, GradientsMatchFiniteDifferencesWithMasks) {
   const Tensor q = Param64(Randn({2, 2, 3, 4}, 30)), k = Param64(Randn({2, 2, 5, 4}, 31)),
                v = Param64(Randn({2, 2, 5, 3}, 32));
