@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <memory>
 #include <stdexcept>
@@ -67,6 +68,10 @@ std::runtime_error Diverged(const TrainConfig& c, double loss, int epoch, int64_
 }
 
 }  // namespace
+
+// Steps between reads of the training loss to the host (RunTraining).
+constexpr int64_t kLossReadSteps = 10;
+constexpr double kNoLoss = std::numeric_limits<double>::quiet_NaN();
 
 std::vector<NamedSetting> NamedSettings(const TrainConfig& c) {
   const TaskOptions& t = c.task;
@@ -247,8 +252,21 @@ int RunTraining(const TrainConfig& given, TrainStrategy& strategy, TrainReporter
       scaler.update();
     });
     const auto epoch_start = Clock::now();
-    double loss_sum = 0;
-    int64_t seen = 0, step = 0;
+    double loss_sum = 0;  // as of the last read of loss_total
+    int64_t seen = 0, seen_read = 0, step = 0;
+    // The losses, times their batch sizes, summed on the device (in float64, as the host summed
+    // them before): read every kLossReadSteps steps and at the epoch's end, since a read makes
+    // the host wait for the device and, each step, would keep a GPU's queue from filling.
+    Tensor loss_total;
+    const auto read_loss = [&] {
+      if (seen_read == seen) return;
+      loss_sum = loss_total.item();
+      seen_read = seen;
+      if (!std::isfinite(loss_sum)) {
+        reporter.EndEpoch();
+        throw Diverged(config, loss_sum, epoch, step, steps);
+      }
+    };
     for (data::Batch& batch : train_loader) {
       TANDEM_PROFILE_SCOPE("step", absl::StrFormat("epoch %d step %d", epoch, step + 1));
       Tensor loss;
@@ -270,18 +288,20 @@ int RunTraining(const TrainConfig& given, TrainStrategy& strategy, TrainReporter
       scaler.step(*optimizer.optimizer);  // skipped on an inf/NaN gradient (float16)
       scaler.update();
       strategy.StepDone();
-      const double loss_value = loss.item();
-      ++step;
-      if (!std::isfinite(loss_value)) {
-        reporter.EndEpoch();
-        throw Diverged(config, loss_value, epoch, step, steps);
+      {
+        NoGradGuard no_grad;
+        const Tensor weighted = loss.detach().to(kFloat64) * static_cast<double>(batch.size());
+        loss_total = loss_total.defined() ? loss_total + weighted : weighted;
       }
-      loss_sum += loss_value * batch.size();
+      ++step;
       seen += batch.size();
-      reporter.Step(step, seen * strategy.world(), loss_sum / seen, SecondsSince(epoch_start));
+      if (step % kLossReadSteps == 0 || step == steps) read_loss();
+      reporter.Step(step, seen * strategy.world(), seen_read > 0 ? loss_sum / seen_read : kNoLoss,
+                    SecondsSince(epoch_start));
       if (lead && config.after_step) config.after_step(epoch, step, steps);
       trace.StepDone();
     }
+    read_loss();
     strategy.EndSteps();  // (ranks with fewer batches shadow the others' last steps)
     trace.EpochDone();
     const std::vector<double> totals = strategy.EpochTotals(loss_sum, static_cast<double>(seen));

@@ -112,6 +112,37 @@ TEST(TrainStepTest, CudaStepCountsLaunchesAndHostSyncs) {
 #endif
 }
 
+// --cuda_graph captures the step once and replays it: the replayed steps' losses equal the same
+// steps run eagerly, bit for bit, for the MLP and the small GPT (both with capturable AdamW).
+TEST(TrainStepTest, CudaGraphReplayEqualsEagerBitForBit) {
+#ifndef TANDEM_TEST_CUDASIM
+  GTEST_SKIP() << "runs under --config=cudasim (on a GPU: owed to the GPU bundle)";
+#endif
+  for (const char* model :
+       {"--model=mlp --batch_size=16", "--model=gpt --n_layer=1 --batch_size=2 --tokens=8"}) {
+    const ProgramResult r =
+        Bench(std::string(model) + " --devices=cuda:0 --steps=3 --warmup=2 --cuda_graph");
+    ASSERT_EQ(r.exit_code, 0) << model << ": " << r.err;
+    EXPECT_THAT(r.out, HasSubstr("losses equal bit for bit")) << model;
+    EXPECT_THAT(LastLine(r.out), MatchesRegex(".*\"cuda_graph\":true,\"replay_equals_eager\":true,"
+                                              "\"launches_per_step\":1,\"host_syncs_per_step\""
+                                              ":[0-9]+,\"eager_launches_per_step\":[1-9][0-9]+,"
+                                              "\"graph_kernels_per_step\":[1-9][0-9]+\\}"))
+        << model;
+  }
+}
+
+TEST(TrainStepTest, CudaGraphRefusesWhatItCannotCapture) {
+  for (const char* flags :
+       {"--cuda_graph --devices=cpu:0", "--cuda_graph --devices=cuda:0 --autocast=fp16",
+        "--cuda_graph --devices=cuda:0 --model=gpt --checkpoint_activations"}) {
+    const ProgramResult r = Bench(flags);
+    EXPECT_EQ(r.exit_code, 1) << flags;
+    EXPECT_THAT(r.err, HasSubstr("--cuda_graph")) << flags;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << flags << ": " << r.err;
+  }
+}
+
 TEST(TrainStepTest, BadFlagsAreOneLineErrors) {
   for (const char* flags : {"--model=vgg", "--steps=0", "--devices=cpu:0,cpu:0", "--devices=tpu",
                             "--model=gpt --n_layer=-1"}) {

@@ -55,6 +55,7 @@ struct CUDAGraph::Impl {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   uint64_t pool = 0;
+  unsigned long long capture_id = 0;  // cudaStreamGetCaptureInfo's, for pinned host blocks
   bool capturing = false;
 
   CudaDevice& cuda_device() const { return CudaDevices::Get().device(device.index()); }
@@ -121,6 +122,9 @@ void CUDAGraph::capture_begin(Device device, CaptureErrorMode mode) {
     TANDEM_CUDA_CHECK(status, device.index());
   }
   impl_->capturing = true;
+  cudaStreamCaptureStatus capture_status = cudaStreamCaptureStatusNone;
+  TANDEM_CUDA_CHECK(cudaStreamGetCaptureInfo(impl_->stream, &capture_status, &impl_->capture_id),
+                    device.index());
   tandem::internal::SetRandomDrawsForbidden(
       "during a CUDA Graph capture: its seed and offset would be frozen into the graph and every "
       "replay would draw the same numbers; Tandem's generator does not read them from device "
@@ -166,7 +170,10 @@ void CUDAGraph::replay() {
 }
 
 void CUDAGraph::reset() {
-  if (impl_->pool == 0 && impl_->exec == nullptr && impl_->graph == nullptr) return;
+  if (impl_->pool == 0 && impl_->exec == nullptr && impl_->graph == nullptr &&
+      impl_->capture_id == 0) {
+    return;
+  }
   impl_->AbandonCapture();
   CudaDevice& cuda_device = impl_->cuda_device();
   {
@@ -179,7 +186,9 @@ void CUDAGraph::reset() {
   impl_->exec = nullptr;
   impl_->graph = nullptr;
   if (impl_->pool != 0) cuda_device.allocator().ReleasePrivatePool(impl_->pool);
+  if (impl_->capture_id != 0) CudaDevices::Get().pinned().ReleaseCapture(impl_->capture_id);
   impl_->pool = 0;
+  impl_->capture_id = 0;
 }
 
 bool CUDAGraph::capturing() const { return impl_->capturing; }

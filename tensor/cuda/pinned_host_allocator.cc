@@ -6,6 +6,7 @@
 
 #include "tensor/base/error.h"
 #include "tensor/cuda/cuda_check.h"
+#include "tensor/runtime/stream.h"
 
 namespace tandem {
 namespace cuda {
@@ -40,7 +41,8 @@ std::shared_ptr<void> PinnedHostAllocator::Allocate(size_t bytes) {
   Block* block = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    CollectFreedLocked();
+    const bool capturing = tandem::internal::GraphCaptureUnderway();
+    if (!capturing) CollectFreedLocked();  // event queries: not during a capture
     auto it = cached_.find(size);
     if (it != cached_.end()) {
       block = it->second;
@@ -48,8 +50,13 @@ std::shared_ptr<void> PinnedHostAllocator::Allocate(size_t bytes) {
       cached_bytes_ -= size;
     } else {
       void* ptr = nullptr;
+      // A capture forbids cudaHostAlloc in its global mode; as the device allocator does, the
+      // thread relaxes its mode for the call (the graph never frees what it reads).
+      cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+      if (capturing) cudaThreadExchangeStreamCaptureMode(&mode);
       // Portable: pinned for every GPU, so any logical device can copy from it.
       cudaError_t error = cudaHostAlloc(&ptr, size, cudaHostAllocPortable);
+      if (capturing) cudaThreadExchangeStreamCaptureMode(&mode);
       if (error != cudaSuccess) {
         cudaGetLastError();  // not sticky: clear it before the retry
         ReleaseCachedLocked();
@@ -67,6 +74,7 @@ std::shared_ptr<void> PinnedHostAllocator::Allocate(size_t bytes) {
       block->ptr = static_cast<char*>(ptr);
       block->size = size;
     }
+    block->freed = false;
     live_[reinterpret_cast<uintptr_t>(block->ptr)] = block;
   }
   return std::shared_ptr<void>(block->ptr, [this, block](void*) { Free(block); });
@@ -90,6 +98,15 @@ void PinnedHostAllocator::RecordUse(const void* ptr, cudaStream_t stream, int ph
                " is not pinned memory of this allocator");
   Block* block = std::prev(it)->second;
   PhysicalDeviceGuard guard(physical_device);
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long capture = 0;
+  TANDEM_CUDA_CHECK(cudaStreamGetCaptureInfo(stream, &status, &capture), kHostSide);
+  if (status != cudaStreamCaptureStatusNone) {
+    // A graph node: every replay reads the block, until the graph is reset.
+    if (block->capture == 0) captured_.push_back(block);
+    block->capture = capture;
+    return;
+  }
   cudaEvent_t event;
   TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), kHostSide);
   const cudaError_t error = cudaEventRecord(event, stream);
@@ -104,7 +121,22 @@ void PinnedHostAllocator::RecordUse(const void* ptr, cudaStream_t stream, int ph
 void PinnedHostAllocator::Free(Block* block) {
   std::lock_guard<std::mutex> lock(mutex_);
   live_.erase(reinterpret_cast<uintptr_t>(block->ptr));
-  freed_.push_back(block);
+  block->freed = true;
+  if (block->capture == 0) freed_.push_back(block);  // else ReleaseCapture hands it on
+}
+
+void PinnedHostAllocator::ReleaseCapture(unsigned long long capture_id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Block*> still;
+  for (Block* block : captured_) {
+    if (block->capture != capture_id) {
+      still.push_back(block);
+      continue;
+    }
+    block->capture = 0;
+    if (block->freed) freed_.push_back(block);
+  }
+  captured_.swap(still);
 }
 
 bool PinnedHostAllocator::UsesCompleteLocked(Block* block) {

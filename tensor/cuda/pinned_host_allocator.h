@@ -13,6 +13,10 @@
 //   std::shared_ptr<void> buffer = pinned.Allocate(bytes);
 //   cudaMemcpyAsync(device_ptr, buffer.get(), bytes, cudaMemcpyHostToDevice, stream);
 //   pinned.RecordUse(buffer.get(), stream, physical_gpu);
+//
+// A copy queued while its stream is captured in a CUDA Graph (tensor/cuda/cuda_graph.h) reads
+// the block at every replay, so such a block is held, whether freed or not, until the graph
+// is reset (ReleaseCapture); during a capture no event is queried (CUDA forbids it).
 #ifndef TANDEM_TENSOR_CUDA_PINNED_HOST_ALLOCATOR_H_
 #define TANDEM_TENSOR_CUDA_PINNED_HOST_ALLOCATOR_H_
 
@@ -49,6 +53,9 @@ class PinnedHostAllocator {
 
   // Frees every cached block whose recorded work has completed.
   void EmptyCache();
+  // The graph of stream capture `capture_id` (cudaStreamGetCaptureInfo's id) is gone: the
+  // blocks its copies read may be reused.
+  void ReleaseCapture(unsigned long long capture_id);
 
   int64_t CachedBytes() const;
 
@@ -57,6 +64,8 @@ class PinnedHostAllocator {
     char* ptr = nullptr;
     size_t size = 0;
     std::vector<cudaEvent_t> pending;  // recorded uses not yet known to be complete
+    unsigned long long capture = 0;    // a capture whose graph reads it, or 0
+    bool freed = false;
   };
 
   void Free(Block* block);
@@ -73,6 +82,7 @@ class PinnedHostAllocator {
   std::map<uintptr_t, Block*> live_;      // by address, for Contains/RecordUse
   std::multimap<size_t, Block*> cached_;  // free and reusable, by size
   std::vector<Block*> freed_;             // free, maybe still read by a copy
+  std::vector<Block*> captured_;          // read by a captured copy (live or freed)
   size_t cached_bytes_ = 0;
 };
 

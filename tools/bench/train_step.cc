@@ -36,6 +36,15 @@
 // peak, their sum ("modelled_h100_ms"), and for the GPTs the ideal of the step's GEMMs and
 // attention at this batch ("roofline_gemm_attention_h100_ms"), next to the measured step on a
 // real GPU.
+// With --cuda_graph (one CUDA device) it captures forward, backward and the optimizer step once
+// in a CUDA Graph (tensor/cuda/cuda_graph.h) after the warm-up, on a side stream, then each step
+// copies the batch into the captured input tensors and replays the graph; every model trains
+// with capturable AdamW then (its step count and learning rate on the device), the GPTs without
+// dropout (the random generator is not graph-safe yet). Beside the timed graph steps it runs the
+// same steps eagerly, checks that both give the same losses bit for bit, and prints the launches
+// of one step both ways:
+//   bazel run --config=cudasim -c opt //tools/bench:train_step -- --devices=cuda:0
+//       --model=gpt --n_layer=1 --batch_size=2 --tokens=16 --steps=3 --warmup=2 --cuda_graph
 // The last line is one JSON object with the figures.
 #include <algorithm>
 #include <chrono>
@@ -61,6 +70,9 @@
 #include "nn/nn.h"
 #include "parallel/data_parallel.h"
 #include "parallel/reference_loop.h"
+#if defined(TANDEM_TRAIN_STEP_CUDA)
+#include "tensor/cuda/cuda_graph.h"
+#endif
 #include "tensor/runtime/allocator.h"
 #include "tensor/runtime/profiler.h"
 #include "tensor/runtime/stream.h"
@@ -105,6 +117,9 @@ ABSL_FLAG(bool, phase_sync, false,
           "Wait for every device at each phase's end, so that the phases' times are the "
           "devices' (on a GPU they are otherwise the host's time to launch the phase, and the "
           "final loss read waits for the rest); the step then pays 3 waits more");
+ABSL_FLAG(bool, cuda_graph, false,
+          "One CUDA device: capture the step in a CUDA Graph after the warm-up and replay it "
+          "(capturable AdamW for every model, no dropout), next to the same steps run eagerly");
 ABSL_FLAG(bool, compare, true,
           "With several CPU devices, also time the first device alone and a perfectly parallel "
           "loop, interleaved, and print the speed-ups and their ratio");
@@ -156,6 +171,18 @@ double Quantile(std::vector<double> values, double q) {
   return values.at(std::min(rank, values.size() - 1));
 }
 
+// --cuda_graph's loss for the image models: the fused cross-entropy op, which checks the labels
+// on the device. (nn::CrossEntropyLoss reads the labels' range to the host to handle
+// ignore_index, which a capture refuses.)
+class DeviceCheckedCrossEntropy : public nn::Cloneable<DeviceCheckedCrossEntropy> {
+ public:
+  void reset() override {}
+  Tensor forward(const Tensor& logits, const Tensor& labels) {
+    return cross_entropy(logits, labels);
+  }
+  void pretty_print(std::ostream& out) const override { out << "DeviceCheckedCrossEntropy()"; }
+};
+
 // One model, its optimizer (SGD, or AdamW for the GPTs) and its DataParallel wrapper, on
 // `devices`.
 class Trainer {
@@ -163,8 +190,11 @@ class Trainer {
   // `autocast`: kFloat32 for a plain float32 step, kBFloat16 or kFloat16 for the forward under
   // AutocastGuard (float16 with a GradScaler). `checkpointed`: the GPT's blocks through
   // nn::checkpoint.
+  // `capturable`: capturable AdamW for every model and no dropout, so that the step can be
+  // captured (CaptureGraph).
   Trainer(const std::string& kind, const std::vector<Device>& devices, int64_t batch,
-          bool forward_loss, DType autocast = kFloat32, bool checkpointed = false)
+          bool forward_loss, DType autocast = kFloat32, bool checkpointed = false,
+          bool capturable = false)
       : forward_loss_(forward_loss),
         autocast_(autocast),
         device_type_(devices[0].type()),
@@ -173,7 +203,8 @@ class Trainer {
         scaler_(nn::GradScalerOptions().enabled(autocast == kFloat16)) {
     manual_seed(1);
     if (IsGpt(kind)) {
-      const examples::GptConfig config = GptConfigOf(kind).checkpoint_activations(checkpointed);
+      examples::GptConfig config = GptConfigOf(kind).checkpoint_activations(checkpointed);
+      if (capturable) config.dropout(0.0);
       const int64_t tokens = absl::GetFlag(FLAGS_tokens);
       Require(tokens >= 1 && tokens <= config.block_size(), "--tokens must be in [1, ",
               config.block_size(), "] (the context of --model=", kind, ") but is ", tokens);
@@ -185,16 +216,21 @@ class Trainer {
       y_ = data.y;
     } else {
       model_ = examples::MakeModel(kind);
-      criterion_ = std::make_shared<nn::CrossEntropyLoss>();
+      if (capturable) {
+        criterion_ = std::make_shared<DeviceCheckedCrossEntropy>();
+      } else {
+        criterion_ = std::make_shared<nn::CrossEntropyLoss>();
+      }
       x_ = randn({batch, 1, 28, 28}, TensorOptions().device(devices[0]));
       std::vector<int64_t> labels(batch);
       for (int64_t i = 0; i < batch; ++i) labels[i] = (i * 7) % 10;
       y_ = from_vector(labels, {batch}, TensorOptions().device(devices[0]));
     }
     model_->to(devices[0]);
-    if (IsGpt(kind)) {
-      optimizer_ = std::make_unique<nn::AdamW>(model_->parameters(),
-                                               nn::AdamWOptions(6e-4).weight_decay(0.1));
+    if (IsGpt(kind) || capturable) {
+      optimizer_ = std::make_unique<nn::AdamW>(
+          model_->parameters(),
+          nn::AdamWOptions(IsGpt(kind) ? 6e-4 : 1e-3).weight_decay(0.1).capturable(capturable));
       optimizer_state_copies_ = 2;  // exp_avg and exp_avg_sq
     } else {
       optimizer_ =
@@ -222,6 +258,9 @@ class Trainer {
       counts->clear();
       ResetDeviceCounters();
     }
+#if defined(TANDEM_TRAIN_STEP_CUDA)
+    if (graph_.captured()) return GraphStep(record, count);
+#endif
     Clock::time_point marks[kPhases + 1];
     marks[0] = Clock::now();
     Tensor loss;
@@ -250,6 +289,40 @@ class Trainer {
     }
     return value;
   }
+  // Captures one step in a CUDA Graph on a side stream after `warmup` eager steps there (as
+  // torch.cuda.graph requires); later Step()s copy the batch into the captured inputs and
+  // replay it. One CUDA device, a capturable trainer.
+  void CaptureGraph(int warmup) {
+#if !defined(TANDEM_TRAIN_STEP_CUDA)
+    (void)warmup;
+    throw examples::UsageError(
+        "--cuda_graph: this build has no CUDA (build with CUDA or "
+        "--config=cudasim)");
+#else
+    const Device device = devices_[0];
+    const Stream side = SideStream(device);
+    side.Wait(CurrentStream(device));
+    // The batch a step copies in: kept apart from the captured inputs, as a loader's would be.
+    batch_x_ = x_.clone();
+    batch_y_ = y_.clone();
+    {
+      StreamGuard guard(side);
+      for (int i = 0; i < std::max(warmup, 1); ++i) Step(/*record=*/false);
+      cuda::CUDAGraphCapture capture(graph_, device);
+      optimizer_->zero_grad();
+      graph_loss_ = dp_->forward_loss(*criterion_, x_, y_);
+      graph_loss_.backward();
+      optimizer_->step();
+    }
+    CurrentStream(device).Wait(side);
+#endif
+  }
+#if defined(TANDEM_TRAIN_STEP_CUDA)
+  int64_t graph_nodes() const { return graph_.num_nodes(); }
+#else
+  int64_t graph_nodes() const { return 0; }
+#endif
+
   // The end of a phase: now, after waiting for the devices with --phase_sync.
   Clock::time_point PhaseEnd() const {
     if (phase_sync_) Synchronize();
@@ -288,6 +361,28 @@ class Trainer {
   std::shared_ptr<nn::Module> criterion_;
   Tensor x_, y_;
   std::vector<double> phase_ms_[kPhases];
+#if defined(TANDEM_TRAIN_STEP_CUDA)
+  cuda::CUDAGraph graph_;
+  Tensor graph_loss_, batch_x_, batch_y_;
+
+  // A captured step: the inputs copied in, one replay, the loss read back. Its time is the
+  // optimizer step's phase (the phases are one launch), the others 0.
+  template <typename Count>
+  double GraphStep(bool record, const Count& count) {
+    const Clock::time_point start = Clock::now();
+    x_.copy_(batch_x_);
+    y_.copy_(batch_y_);
+    count();
+    graph_.replay();
+    count();
+    const double value = graph_loss_.item();
+    count();
+    for (int k = 0; record && k < kPhases; ++k) {
+      phase_ms_[k].push_back(k + 1 < kPhases ? 0.0 : 1e3 * SecondsSince(start));
+    }
+    return value;
+  }
+#endif
 };
 
 constexpr double kNoLoss = std::numeric_limits<double>::quiet_NaN();
@@ -428,6 +523,33 @@ DeviceCounters PrintDeviceWork(const std::vector<DeviceCounters>& counts) {
   return step;
 }
 
+// Prints what one replayed step asked of the device (Trainer::GraphStep's counts: inputs
+// copied, replay, loss read-back) and returns the whole step's counts.
+DeviceCounters PrintGraphWork(const std::vector<DeviceCounters>& counts) {
+  std::printf("\nDevice work of one replayed step");
+  const DeviceCounters& step = counts.back();
+  if (!step.counted) {
+    std::printf(": %s\n", step.not_counted.c_str());
+    return step;
+  }
+  std::printf(" (counted by the CUDA simulator):\n");
+  std::printf("  %-28s %9s %7s %14s %11s %12s %12s\n", "", "launches", "graphs", "graph kernels",
+              "host syncs", "bytes H->D", "bytes D->H");
+  static constexpr const char* kCounted[] = {"inputs copied in", "graph replay",
+                                             "loss read-back (.item())"};
+  DeviceCounters before;
+  for (size_t k = 0; k < counts.size() && k < std::size(kCounted); ++k) {
+    const DeviceCounters& c = counts[k];
+    std::printf("  %-28s %9lld %7lld %14lld %11lld %12lld %12lld\n", kCounted[k],
+                c.launches - before.launches, c.graph_launches - before.graph_launches,
+                c.graph_kernels - before.graph_kernels, c.host_syncs - before.host_syncs,
+                c.bytes_host_to_device - before.bytes_host_to_device,
+                c.bytes_device_to_host - before.bytes_device_to_host);
+    before = c;
+  }
+  return step;
+}
+
 // --autocast: kFloat32 when empty.
 DType ParseAutocast(const std::string& text) {
   if (text.empty()) return kFloat32;
@@ -447,6 +569,7 @@ int Run() {
   const std::string autocast_name = absl::GetFlag(FLAGS_autocast);
   const DType autocast = ParseAutocast(autocast_name);
   const bool checkpointed = absl::GetFlag(FLAGS_checkpoint_activations);
+  const bool cuda_graph = absl::GetFlag(FLAGS_cuda_graph);
   DefaultBatch(kind);  // checks --model
   Require(absl::GetFlag(FLAGS_batch_size) >= 0, "--batch_size must be at least 1 (or 0 for the ",
           "model's default) but is ", absl::GetFlag(FLAGS_batch_size));
@@ -462,7 +585,20 @@ int Run() {
   Require(!checkpointed || autocast == kFloat32,
           "--checkpoint_activations compares float32 steps: leave --autocast empty");
   examples::RequireWritableFile("--trace", absl::GetFlag(FLAGS_trace));
+  Require(!cuda_graph || (autocast == kFloat32 && !checkpointed),
+          "--cuda_graph captures the float32 step: leave --autocast empty (fp16's GradScaler "
+          "reads its inf check to the host) and drop --checkpoint_activations (its recompute "
+          "replays the random generator's state)");
+  Require(!cuda_graph || forward_loss,
+          "--cuda_graph captures DataParallel::forward_loss: keep --forward_loss");
   const std::vector<Device> devices = examples::ParseDevices(absl::GetFlag(FLAGS_devices));
+  if (cuda_graph) {
+    Require(devices.size() == 1 && devices[0].is_cuda(),
+            "--cuda_graph captures the step of one CUDA device (--devices=cuda:0); CPU devices "
+            "run their kernels on the host, with nothing to capture, and DataParallel over "
+            "several devices is not captured; got --devices=",
+            absl::GetFlag(FLAGS_devices));
+  }
   const int threads = examples::ConfigureCpuDevices(devices, absl::GetFlag(FLAGS_threads));
   bool all_cpu = true;
   for (Device d : devices) all_cpu = all_cpu && d.is_cpu();
@@ -470,7 +606,8 @@ int Run() {
 
   std::unique_ptr<Trainer> trainer;
   try {
-    trainer = std::make_unique<Trainer>(kind, devices, batch, forward_loss, autocast, checkpointed);
+    trainer = std::make_unique<Trainer>(kind, devices, batch, forward_loss, autocast, checkpointed,
+                                        cuda_graph);
   } catch (const Error& e) {
     throw examples::UsageError("--devices: " + examples::OneLine(e.what()));
   }
@@ -483,9 +620,15 @@ int Run() {
       warmup > 0 ? absl::StrCat(warmup, " warm-up steps (0.2 s at least)") : "no warm-up";
   std::printf("\nforward, cross-entropy (%s), backward, %s; %s + %d timed steps; %d cores\n",
               forward_loss ? "inside the replicas" : "on the gathered output",
-              IsGpt(kind) ? "AdamW lr 6e-4 weight decay 0.1" : "SGD momentum 0.9",
+              IsGpt(kind)  ? "AdamW lr 6e-4 weight decay 0.1"
+              : cuda_graph ? "AdamW lr 1e-3 weight decay 0.1"
+                           : "SGD momentum 0.9",
               warmup_text.c_str(), steps, HardwareCores());
   if (checkpointed) std::printf("each transformer block checkpointed (nn::checkpoint)\n");
+  if (cuda_graph) {
+    std::printf("captured in a CUDA Graph after the warm-up and replayed (capturable AdamW%s)\n",
+                IsGpt(kind) ? ", dropout 0: the random generator is not graph-safe yet" : "");
+  }
   if (autocast != kFloat32) {
     std::printf("forward under autocast to %s%s\n", DTypeName(autocast),
                 autocast == kFloat16 ? " with a GradScaler" : "");
@@ -496,9 +639,15 @@ int Run() {
   // the thread that woke them, and the kernel moves one to the idle core only after tens of
   // milliseconds (2-device MLP steps took 3.4-4.7 ms for the first 30-70 ms, then 2.0-2.3).
   const auto warmup_start = Clock::now();
+  int warmup_steps = 0;
   for (int i = 0; i < warmup || (warmup > 0 && SecondsSince(warmup_start) < kMinWarmupSeconds);
        ++i) {
     trainer->Step();
+    ++warmup_steps;
+  }
+  if (cuda_graph) {
+    trainer->CaptureGraph(warmup);
+    warmup_steps += std::max(warmup, 1);
   }
   trainer->ClearPhases();
   const std::string split = absl::StrJoin(trainer->last_split(), "+");
@@ -507,14 +656,14 @@ int Run() {
     ResetPeakMemory(d);
     in_use.push_back(GetMemoryStats(d).in_use_bytes);
   }
-  std::vector<double> ms;
+  std::vector<double> ms, losses;
   examples::StepTrace trace(absl::GetFlag(FLAGS_trace), steps);  // written after the last
   examples::ProgressBar bar(stdout, "timing", steps);
   const auto start = Clock::now();
   for (int i = 0; i < steps; ++i) {
     ms.push_back(TimeIt([&] {
       TANDEM_PROFILE_SCOPE("step", "step " + std::to_string(i));
-      trainer->Step();
+      losses.push_back(trainer->Step());
     }));
     trace.StepDone();
     bar.Update(i + 1, static_cast<int64_t>(i + 1) * batch, kNoLoss, SecondsSince(start));
@@ -554,9 +703,35 @@ int Run() {
       MiB(params).c_str(), MiB(activations).c_str());
   std::printf("  peak / least               %.2fx\n", static_cast<double>(peak) / minimum);
 
-  DeviceCounters work;
+  DeviceCounters work, eager_work;
   std::string roofline_json;
-  if (devices[0].is_cuda()) {
+  bool replay_equals_eager = false;
+  if (cuda_graph) {
+    // The same steps eagerly, from the same start: equal losses bit for bit, and the eager step's
+    // launches beside the replay's.
+    std::vector<DeviceCounters> counts;
+    trainer->Step(/*record=*/false, &counts);
+    work = PrintGraphWork(counts);
+    Trainer eager(kind, devices, batch, forward_loss, kFloat32, false, /*capturable=*/true);
+    for (int i = 0; i < warmup_steps; ++i) eager.Step(/*record=*/false);
+    replay_equals_eager = true;
+    for (int i = 0; i < steps; ++i) {
+      const double loss = eager.Step(/*record=*/false);
+      replay_equals_eager = replay_equals_eager && loss == losses[i];
+    }
+    eager.Step(/*record=*/false, &counts);
+    eager_work = counts.back();
+    std::printf("\nReplay against the same %d steps run eagerly: losses %s bit for bit\n", steps,
+                replay_equals_eager ? "equal" : "DIFFER");
+    std::printf("  graph: %lld nodes\n", static_cast<long long>(trainer->graph_nodes()));
+    if (work.counted) {
+      std::printf(
+          "  launches from the host per step: eager %lld, replayed %lld (%lld graph launch%s "
+          "running %lld kernels, %lld other)\n",
+          eager_work.launches, work.launches + work.graph_launches, work.graph_launches,
+          work.graph_launches == 1 ? "" : "es", work.graph_kernels, work.launches);
+    }
+  } else if (devices[0].is_cuda()) {
     std::vector<DeviceCounters> counts;
     trainer->Step(/*record=*/false, &counts);
     work = PrintDeviceWork(counts);
@@ -653,9 +828,17 @@ int Run() {
     absl::StrAppendFormat(&json, ",\"tokens\":%d,\"n_layer\":%d", tokens,
                           GptConfigOf(kind).n_layer());
   }
+  if (cuda_graph) {
+    absl::StrAppendFormat(&json, ",\"cuda_graph\":true,\"replay_equals_eager\":%s",
+                          replay_equals_eager ? "true" : "false");
+  }
   if (work.counted) {
     absl::StrAppendFormat(&json, ",\"launches_per_step\":%d,\"host_syncs_per_step\":%d",
-                          work.launches, work.host_syncs);
+                          work.launches + work.graph_launches, work.host_syncs);
+  }
+  if (cuda_graph && work.counted) {
+    absl::StrAppendFormat(&json, ",\"eager_launches_per_step\":%d,\"graph_kernels_per_step\":%d",
+                          eager_work.launches, work.graph_kernels);
   }
   json += roofline_json;
   if (compare) {
