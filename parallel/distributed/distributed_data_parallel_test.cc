@@ -10,6 +10,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nn/nn.h"
@@ -303,16 +304,18 @@ TEST_F(DistributedDataParallelTest, SmallBucketsHoldEveryParameterOnceInReverseO
 }
 
 // A float64 model is reduced in float64 (its buckets are float64, as PyTorch's): its gradients
-// equal one process's on all samples to float64 precision, where float32 buckets miss by ~1e-8.
+// equal one process's on all samples to float64 precision, where float32 buckets miss by ~1e-8;
+// under gradient_as_bucket_view .grad is a float64 view of the bucket.
 TEST_F(DistributedDataParallelTest, AFloat64ModelIsReducedInFloat64) {
   auto group = Group();
   const int world = group->size();
-  for (double cap_mb : {25.0, 0.00001}) {
-    SCOPED_TRACE(tandem::internal::Concat("bucket_cap_mb ", cap_mb));
+  for (const auto& [cap_mb, view] : {std::pair{25.0, false}, {0.00001, false}, {25.0, true}}) {
+    SCOPED_TRACE(tandem::internal::Concat("bucket_cap_mb ", cap_mb, ", as bucket view ", view));
     auto model = MakeModel(7 + group->rank());
     model->to(kFloat64);
-    DistributedDataParallel ddp(model, group,
-                                DistributedDataParallelOptions().bucket_cap_mb(cap_mb));
+    DistributedDataParallel ddp(
+        model, group,
+        DistributedDataParallelOptions().bucket_cap_mb(cap_mb).gradient_as_bucket_view(view));
     auto reference = MakeModel(7);
     reference->to(kFloat64);
     Data all = MakeData(world, 0);
