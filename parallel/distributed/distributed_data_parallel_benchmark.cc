@@ -5,9 +5,9 @@
 // 4). Run under mpirun; rank 0 prints:
 //
 //   bazel build -c opt //parallel/distributed:distributed_data_parallel_benchmark
-//   mpirun --allow-run-as-root -np 2 --bind-to none \
-//     bazel-bin/parallel/distributed/distributed_data_parallel_benchmark [--steps=30] \
-//     [--dtype=bfloat16|float32|float64]
+//   mpirun --allow-run-as-root -np 2 --bind-to none
+//   bazel-bin/parallel/distributed/distributed_data_parallel_benchmark [--steps=30]
+//   [--dtype=bfloat16|float32|float64]
 #include <mpi.h>
 
 #include <algorithm>
@@ -89,11 +89,11 @@ int Main(int argc, char** argv) {
         "%d ranks, %s MLP 784-1024-1024-10 (%lld parameters), batch %lld per rank, %d steps:\n"
         "  all-reduced per step: %lld bytes (%.2f per parameter); .grad is %s\n"
         "  step: median %.2f ms (range %.2f-%.2f); buckets' all-reduce: median %.2f ms\n",
-        group->size(), DTypeName(dtype).c_str(), static_cast<long long>(parameters),
+        group->size(), DTypeName(dtype), static_cast<long long>(parameters),
         static_cast<long long>(kBatch), steps, static_cast<long long>(bytes),
-        static_cast<double>(bytes) / static_cast<double>(parameters),
-        DTypeName(grad.dtype()).c_str(), times[times.size() / 2] * 1e3, times.front() * 1e3,
-        times.back() * 1e3, communication[communication.size() / 2] * 1e3);
+        static_cast<double>(bytes) / static_cast<double>(parameters), DTypeName(grad.dtype()),
+        times[times.size() / 2] * 1e3, times.front() * 1e3, times.back() * 1e3,
+        communication[communication.size() / 2] * 1e3);
   }
   group->barrier()->wait();
   return 0;
