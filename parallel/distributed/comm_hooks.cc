@@ -87,6 +87,8 @@ std::shared_ptr<CommFuture> allreduce_hook(ProcessGroup& group, GradBucket& buck
 std::shared_ptr<CommFuture> CompressHook(DType dtype, ProcessGroup& group, GradBucket& bucket) {
   TANDEM_CHECK(dtype == kFloat16 || dtype == kBFloat16,
                "a compression hook all-reduces in float16 or bfloat16, not ", DTypeName(dtype));
+  // A bucket in the dtype already (a bfloat16 model's) has nothing to compress.
+  if (bucket.buffer().dtype() == dtype) return allreduce_hook(group, bucket);
   NoGradGuard no_grad;
   Tensor compressed = bucket.buffer().to(dtype);
   // The average is converted back into the bucket's own buffer (no new tensor; under

@@ -102,8 +102,9 @@ using CommHook = std::function<std::shared_ptr<CommFuture>(GradBucket&)>;
 // The stock hooks; their state is the process group to reduce over.
 // All-reduces the buffer (average): what DDP does without a hook, bit for bit.
 std::shared_ptr<CommFuture> allreduce_hook(ProcessGroup& group, GradBucket& bucket);
-// All-reduce (average) in float16, the result converted back to the buffer's dtype: half the
-// bytes; about 4 significant digits, and values beyond 65504 become inf.
+// All-reduce (average) in float16, the result converted back to the buffer's dtype (the
+// parameters': float32, float64, ...): half float32's bytes; about 4 significant digits, and
+// values beyond 65504 become inf. A bucket already in float16 is all-reduced as it is.
 std::shared_ptr<CommFuture> fp16_compress_hook(ProcessGroup& group, GradBucket& bucket);
 // The same in bfloat16: float32's range, about 3 significant digits.
 std::shared_ptr<CommFuture> bf16_compress_hook(ProcessGroup& group, GradBucket& bucket);

@@ -290,6 +290,77 @@ TEST_F(CommHooksTest, PowerSgdIsExactForARankOneGradient) {
   EXPECT_LT(amax(abs(state->error(0)).reshape({-1}), 0).item(), 1e-5) << "nothing was lost";
 }
 
+// PowerSGD works in its bucket's dtype: a float64 rank-one gradient comes back to float64
+// precision, a bfloat16 one to bfloat16's (a few of its 2^-8 steps of the largest element).
+TEST_F(CommHooksTest, PowerSgdWorksInItsBucketsDtype) {
+  auto group = TestGroup();
+  for (DType dtype : {kFloat64, kBFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    manual_seed(8);
+    auto model = std::make_shared<nn::Linear>(12, 10, /*bias=*/false);
+    model->to(dtype);
+    DistributedDataParallel ddp(model, group);
+    auto state = std::make_shared<PowerSGDState>(
+        group, PowerSGDOptions().start_powerSGD_iter(0).min_compression_rate(1));
+    ddp.register_comm_hook(state, powersgd_hook);
+    Generator gen(9);
+    const Tensor u = randn({1, 10}, {}, &gen).to(dtype);
+    const Tensor x = randn({1, 12}, {}, &gen).to(dtype);
+    sum(mul(ddp.forward(x), u)).backward();
+    const Tensor grad = model->parameters()[0].grad();
+    EXPECT_EQ(grad.dtype(), dtype);
+    EXPECT_EQ(state->error(0).dtype(), dtype);
+    const Tensor want = matmul(u.t(), x).to(kFloat64);
+    const double largest = amax(abs(want).reshape({-1}), 0).item();
+    const double tolerance = dtype == kFloat64 ? 1e-12 : 4 * std::ldexp(1.0, -8) * largest;
+    EXPECT_LT(testing::MaxAbsDiff(grad.to(kFloat64), want), tolerance);
+  }
+}
+
+// The compression hooks compress from the bucket's dtype and write the mean back into it: a
+// float64 model's gradients stay float64, within the 16-bit dtype's precision of the float64
+// all-reduce; a bfloat16 bucket under bf16_compress_hook is all-reduced as it is (bit equal
+// to no hook).
+TEST_F(CommHooksTest, CompressHooksCompressFromTheBucketsDtype) {
+  auto group = TestGroup();
+  const int world = group->size();
+  const Data all = MakeData(world, 6);
+  for (DType dtype : {kFloat16, kBFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    auto hooked_model = MakeModel(4);
+    auto plain_model = MakeModel(4);
+    hooked_model->to(kFloat64);
+    plain_model->to(kFloat64);
+    DistributedDataParallel hooked(hooked_model, group);
+    DistributedDataParallel plain(plain_model, group);
+    hooked.register_comm_hook(group, dtype == kFloat16 ? fp16_compress_hook : bf16_compress_hook);
+    const Data mine = all.Rows(group->rank() * kPerRank, kPerRank);
+    cross_entropy(hooked.forward(mine.x.to(kFloat64)), mine.y).backward();
+    cross_entropy(plain.forward(mine.x.to(kFloat64)), mine.y).backward();
+    for (const Tensor& p : hooked_model->parameters()) EXPECT_EQ(p.grad().dtype(), kFloat64);
+    const double epsilon = dtype == kBFloat16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+    const double diff = MaxGradDiff(*hooked_model, *plain_model);
+    EXPECT_LE(diff, 2 * epsilon * MaxAbsGrad(*plain_model));
+    EXPECT_GT(diff, 0.0) << "not compressed";
+  }
+  auto hooked_model = MakeModel(4);
+  auto plain_model = MakeModel(4);
+  hooked_model->to(kBFloat16);
+  plain_model->to(kBFloat16);
+  DistributedDataParallel hooked(hooked_model, group);
+  DistributedDataParallel plain(plain_model, group);
+  hooked.register_comm_hook(group, bf16_compress_hook);
+  Backward(hooked, Data{all.x.to(kBFloat16), all.y}, group->rank());
+  Backward(plain, Data{all.x.to(kBFloat16), all.y}, group->rank());
+  const std::vector<Tensor> got = hooked_model->parameters();
+  const std::vector<Tensor> want = plain_model->parameters();
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].grad().dtype(), kBFloat16);
+    EXPECT_EQ(Flat(got[i].grad().to(kFloat32)), Flat(want[i].grad().to(kFloat32)))
+        << "parameter " << i;
+  }
+}
+
 // Error feedback: what compression lost in a bucket is added to its next gradients, and kept
 // in the state: error_k = (gradient_k + error_{k-1}) - reduced_k, per rank.
 TEST_F(CommHooksTest, PowerSgdErrorFeedbackPersistsAcrossIterations) {

@@ -122,7 +122,7 @@ double ReductionStats::overlap_fraction() const {
 struct DistributedDataParallel::Reducer {
   struct Bucket {
     std::vector<int> params;  // indices into Reducer::params
-    Tensor flat;              // the bucket's gradients, concatenated
+    Tensor flat;              // the bucket's gradients, concatenated, in their dtype
     int pending = 0;          // parameters not ready yet in this pass
     std::shared_ptr<CommFuture> future;
   };
@@ -423,10 +423,9 @@ struct DistributedDataParallel::Reducer {
       Tensor grad = params[i].grad();
       if (grad.defined()) {
         grad.copy_(average);  // nothing to do when .grad is this view already
-      } else if (average.dtype() == params[i].dtype()) {
-        params[i].set_grad(grad_as_bucket_view ? average : average.clone());
       } else {
-        params[i].set_grad(average.to(params[i].dtype()));
+        // The bucket holds the parameter's dtype (Result checked the hook's result against it).
+        params[i].set_grad(grad_as_bucket_view ? average : average.clone());
       }
     }
   }
@@ -449,7 +448,8 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
                "gradient_compression must be bfloat16 or float16 (PyTorch's bf16_compress_hook "
                "and fp16_compress_hook) but is ",
                DTypeName(*compression),
-               "; leave it unset (std::nullopt) to all-reduce the gradients in float32");
+               "; leave it unset (std::nullopt) to all-reduce the gradients in the parameters' "
+               "dtype");
   register_module("module", module_);
 
   std::vector<nn::NamedTensor> named = module_->named_parameters();
@@ -489,27 +489,43 @@ DistributedDataParallel::DistributedDataParallel(std::shared_ptr<nn::Module> mod
   r.ready.assign(n, 0);
   r.locally_used.assign(n, 0);
   r.arrivals.assign(n, 0);
-  // Buckets in reverse registration order, each closed once it holds bucket_cap_mb; the first
-  // closes at 1 MiB already (as in PyTorch), so that reduction starts early in backward.
+  // Buckets in reverse registration order, one dtype per bucket (PyTorch's
+  // compute_bucket_assignment_by_size): each dtype fills its own open bucket, closed once it
+  // holds bucket_cap_mb; the first of each dtype closes at 1 MiB already (as in PyTorch), so
+  // that reduction starts early in backward. Buckets are numbered (and launch) in the order
+  // they were opened. One device per process, so the dtype alone is PyTorch's (dtype, device).
   const double cap_bytes = options_.bucket_cap_mb() * 1024 * 1024;
   const double first_cap_bytes = std::min(cap_bytes, kFirstBucketBytes);
-  int64_t elements = 0;
+  struct OpenBucket {
+    DType dtype;
+    int index;   // into r.buckets
+    int opened;  // buckets of this dtype so far
+    int64_t elements;
+  };
+  std::vector<OpenBucket> open;  // one per dtype met so far
   for (int i = n - 1; i >= 0; --i) {
-    const double cap = r.buckets.size() <= 1 ? first_cap_bytes : cap_bytes;
-    if (r.buckets.empty() || static_cast<double>(elements * sizeof(float)) >= cap) {
+    const DType dtype = r.params[i].dtype();
+    auto it = std::find_if(open.begin(), open.end(),
+                           [dtype](const OpenBucket& o) { return o.dtype == dtype; });
+    if (it == open.end()) it = open.insert(open.end(), OpenBucket{dtype, -1, 0, 0});
+    const double cap = it->opened <= 1 ? first_cap_bytes : cap_bytes;
+    const double bytes = static_cast<double>(it->elements * ElementSize(dtype));
+    if (it->index < 0 || bytes >= cap) {
+      it->index = static_cast<int>(r.buckets.size());
+      ++it->opened;
+      it->elements = 0;
       r.buckets.emplace_back();
-      elements = 0;
     }
-    r.bucket_of[i] = static_cast<int>(r.buckets.size()) - 1;
-    r.offset_in_bucket[i] = elements;
-    r.buckets.back().params.push_back(i);
-    elements += r.params[i].numel();
+    r.bucket_of[i] = it->index;
+    r.offset_in_bucket[i] = it->elements;
+    r.buckets[it->index].params.push_back(i);
+    it->elements += r.params[i].numel();
   }
   for (Reducer::Bucket& bucket : r.buckets) {
     int64_t total = 0;
     for (int i : bucket.params) total += r.params[i].numel();
-    bucket.flat =
-        zeros({total}, TensorOptions(kFloat32).device(r.params[bucket.params[0]].device()));
+    const Tensor& first = r.params[bucket.params[0]];
+    bucket.flat = zeros({total}, TensorOptions(first.dtype()).device(first.device()));
   }
   std::weak_ptr<Reducer> weak = reducer_;
   for (int i = 0; i < n; ++i) {

@@ -21,7 +21,10 @@
 //   then copies rank 0's values to every rank.
 // - Gradients are all-reduced (averaged) in buckets of about bucket_cap_mb (default 25 MB),
 //   filled in reverse registration order (roughly the order backward produces them; the
-//   first bucket holds 1 MiB at most, as in PyTorch, so that reduction starts early). A
+//   first bucket holds 1 MiB at most, as in PyTorch, so that reduction starts early). Each
+//   bucket holds one dtype and is reduced in it, as PyTorch's: a float64 model is averaged in
+//   float64, a bfloat16 one in bfloat16 (2 bytes a gradient), and parameters of different
+//   dtypes fill separate buckets (each dtype its own sequence, its first one 1 MiB). A
 //   bucket is launched on the process group's thread the moment its last gradient has been
 //   accumulated (a gradient-accumulated hook), so communication overlaps the rest of
 //   backward; buckets launch in index order on every rank. At the end of backward (an engine
@@ -40,7 +43,7 @@
 //   DDP waits for its result at the end of backward and writes it into .grad.
 // - gradient_compression(kBFloat16) is shorthand for bf16_compress_hook (kFloat16:
 //   fp16_compress_hook): each bucket is rounded to that dtype, the all-reduce moves half the
-//   bytes of float32, and its average is written back into the float32 .grad. Over
+//   bytes of float32, and its average is written back into the bucket's dtype (.grad's). Over
 //   ProcessGroupMpi the sum is taken in float32 and rounded once (each rank adds its block of
 //   every rank's bucket); NCCL adds in float32 but rounds the partial sums of its ring at every
 //   hop. Expect bfloat16's precision: about 3 significant digits (float16: about 4, and
@@ -53,7 +56,7 @@
 //   parts, averaged over the ranks.
 // - gradient_as_bucket_view(true) makes each .grad a view of its place in the bucket: the
 //   average is written there by the all-reduce itself, and the gradient tensors that backward
-//   made are freed once copied in (4 bytes a parameter less between steps).
+//   made are freed once copied in (a gradient's bytes a parameter less between steps).
 // - Construction checks that every rank passed the same options (they decide the buckets
 //   and the collectives each backward runs): ranks that disagree all throw, naming them.
 // - In training mode each forward first broadcasts rank 0's buffers (broadcast_buffers,
@@ -81,18 +84,20 @@
 namespace tandem::parallel::distributed {
 
 struct DistributedDataParallelOptions {
-  // MiB of gradients per all-reduce bucket (the first: 1 MiB).
+  // MiB of gradients per all-reduce bucket (the first of each dtype: 1 MiB).
   TANDEM_ARG(double, bucket_cap_mb) = 25.0;
   TANDEM_ARG(bool, find_unused_parameters) = false;
   TANDEM_ARG(bool, broadcast_buffers) = true;
-  // All-reduce the gradient buckets in this dtype instead of float32: kBFloat16 or kFloat16
-  // (nullopt, the default: float32). .grad stays float32. Shorthand for registering
+  // All-reduce the gradient buckets in this dtype instead of their parameters' dtype:
+  // kBFloat16 or kFloat16 (nullopt, the default: the parameters' dtype). .grad keeps the
+  // parameters' dtype. Shorthand for registering
   // bf16_compress_hook or fp16_compress_hook (comm_hooks.h); not with register_comm_hook.
   //   DistributedDataParallelOptions().gradient_compression(kBFloat16)
   TANDEM_ARG(std::optional<DType>, gradient_compression) = std::nullopt;
   // PyTorch's gradient_as_bucket_view: each parameter's .grad becomes a view of its place in
   // the bucket once its gradient is copied there, so the average lands in .grad without a copy
-  // back and the separate gradient tensors are freed: a rank holds 4P bytes less between steps.
+  // back and the separate gradient tensors are freed: a rank holds one gradient copy less
+  // between steps (4P bytes for P float32 parameters).
   TANDEM_ARG(bool, gradient_as_bucket_view) = false;
   // PyTorch's static_graph: the set of parameters used, and how many times each gradient
   // arrives in a backward, are the same every iteration (learned in the first, which reduces

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nn/nn.h"
@@ -300,6 +301,147 @@ TEST_F(DistributedDataParallelTest, SmallBucketsHoldEveryParameterOnceInReverseO
   EXPECT_EQ(defaults.bucket_parameter_names(),
             (std::vector<std::vector<std::string>>{{"2.bias", "2.weight"},
                                                    {"1.bias", "1.weight", "0.bias", "0.weight"}}));
+}
+
+// A float64 model is reduced in float64 (its buckets are float64, as PyTorch's): its gradients
+// equal one process's on all samples to float64 precision, where float32 buckets miss by ~1e-8;
+// under gradient_as_bucket_view .grad is a float64 view of the bucket.
+TEST_F(DistributedDataParallelTest, AFloat64ModelIsReducedInFloat64) {
+  auto group = Group();
+  const int world = group->size();
+  for (const auto& [cap_mb, view] : {std::pair{25.0, false}, {0.00001, false}, {25.0, true}}) {
+    SCOPED_TRACE(tandem::internal::Concat("bucket_cap_mb ", cap_mb, ", as bucket view ", view));
+    auto model = MakeModel(7 + group->rank());
+    model->to(kFloat64);
+    DistributedDataParallel ddp(
+        model, group,
+        DistributedDataParallelOptions().bucket_cap_mb(cap_mb).gradient_as_bucket_view(view));
+    auto reference = MakeModel(7);
+    reference->to(kFloat64);
+    Data all = MakeData(world, 0);
+    all.x = all.x.to(kFloat64);
+    const Data mine = all.Rows(group->rank() * kPerRank, kPerRank);
+    cross_entropy(ddp.forward(mine.x), mine.y).backward();
+    cross_entropy(reference->forward(all.x), all.y).backward();
+    for (const Tensor& p : model->parameters()) EXPECT_EQ(p.grad().dtype(), kFloat64);
+    ExpectGradsClose(*model, *reference, 1e-12, "float64");
+  }
+}
+
+// A bfloat16 model's buckets are bfloat16: 2 bytes a gradient go to the all-reduce (float32
+// buckets sent 4), and each gradient is the float32 mean of every rank's bfloat16 gradient
+// rounded once to bfloat16 (ProcessGroupMpi's 16-bit all-reduce sums in float32 and rounds
+// once; NCCL would round each hop's partial sum): the float32-bucket result, rounded. The hook
+// sees the bucket in its own dtype; without a hook DDP reduces it the same way, bit for bit.
+TEST_F(DistributedDataParallelTest, ABFloat16ModelIsReducedInBFloat16) {
+  auto group = Group();
+  const int world = group->size();
+  const auto make = [](uint64_t seed) {
+    auto model = MakeModel(seed);
+    model->to(kBFloat16);
+    return model;
+  };
+  Data all = MakeData(world, 4);
+  all.x = all.x.to(kBFloat16);
+  const Data mine = all.Rows(group->rank() * kPerRank, kPerRank);
+  // Every rank's own gradients, computed here for all ranks.
+  std::vector<std::vector<Tensor>> per_rank;
+  for (int r = 0; r < world; ++r) {
+    auto local = make(3);
+    const Data rows = all.Rows(r * kPerRank, kPerRank);
+    cross_entropy(local->forward(rows.x), rows.y).backward();
+    per_rank.emplace_back();
+    for (const Tensor& p : local->parameters()) per_rank.back().push_back(p.grad());
+  }
+  const float factor = 1.0f / static_cast<float>(world);
+  for (double cap_mb : {25.0, 0.00001}) {
+    SCOPED_TRACE(tandem::internal::Concat("bucket_cap_mb ", cap_mb));
+    const DistributedDataParallelOptions options =
+        DistributedDataParallelOptions().bucket_cap_mb(cap_mb);
+    auto plain_model = make(3);
+    auto hooked_model = make(3);
+    DistributedDataParallel plain(plain_model, group, options);
+    DistributedDataParallel hooked(hooked_model, group, options);
+    std::vector<DType> dtypes;
+    int64_t bytes = 0;
+    hooked.register_comm_hook(group, [&](ProcessGroup& g, GradBucket& bucket) {
+      dtypes.push_back(bucket.buffer().dtype());
+      bytes += bucket.buffer().numel() * static_cast<int64_t>(ElementSize(bucket.buffer().dtype()));
+      return allreduce_hook(g, bucket);
+    });
+    cross_entropy(plain.forward(mine.x), mine.y).backward();
+    cross_entropy(hooked.forward(mine.x), mine.y).backward();
+    int64_t numel = 0;
+    for (const Tensor& p : hooked_model->parameters()) numel += p.numel();
+    EXPECT_EQ(bytes, 2 * numel) << "bytes all-reduced in one backward";
+    EXPECT_EQ(dtypes, std::vector<DType>(plain.bucket_parameter_names().size(), kBFloat16));
+    const std::vector<nn::NamedTensor> got = plain_model->named_parameters();
+    const std::vector<Tensor> got_hooked = hooked_model->parameters();
+    for (size_t k = 0; k < got.size(); ++k) {
+      const Tensor grad = got[k].value.grad();
+      ASSERT_TRUE(grad.defined()) << got[k].name;
+      EXPECT_EQ(grad.dtype(), kBFloat16) << got[k].name;
+      Tensor sum = zeros(grad.shape());
+      for (int r = 0; r < world; ++r) sum = sum + per_rank[r][k].to(kFloat32);
+      const Tensor want = (sum * static_cast<double>(factor)).to(kBFloat16).to(kFloat32);
+      EXPECT_EQ(grad.to(kFloat32).reshape({-1}).to_vector<float>(),
+                want.reshape({-1}).to_vector<float>())
+          << got[k].name;
+      EXPECT_EQ(got_hooked[k].grad().to(kFloat32).reshape({-1}).to_vector<float>(),
+                want.reshape({-1}).to_vector<float>())
+          << got[k].name << " (through allreduce_hook)";
+    }
+  }
+}
+
+// Three layers: float32, float64, float32 (each converts its input to its own dtype).
+class MixedDtypes : public nn::Module {
+ public:
+  explicit MixedDtypes(uint64_t seed) : nn::Module("MixedDtypes") {
+    manual_seed(seed);
+    a_ = register_module("a", std::make_shared<nn::Linear>(kIn, 5));
+    b_ = register_module("b", std::make_shared<nn::Linear>(5, 5));
+    c_ = register_module("c", std::make_shared<nn::Linear>(5, kClasses));
+    b_->to(kFloat64);
+  }
+  std::vector<Tensor> forward_tensors(const std::vector<Tensor>& inputs) override {
+    Tensor h = tanh(a_->forward(inputs[0])).to(kFloat64);
+    return {c_->forward(tanh(b_->forward(h)).to(kFloat32))};
+  }
+  Tensor forward(const Tensor& x) { return forward_tensors({x})[0]; }
+  std::shared_ptr<nn::Linear> a_, b_, c_;
+};
+
+// Parameters of different dtypes never share a bucket (PyTorch's bucket assignment groups by
+// dtype): the float32 layers around the float64 one share one bucket, the float64 layer gets
+// its own, each reduced in its dtype, and the gradients equal one process's.
+TEST_F(DistributedDataParallelTest, ParametersOfTwoDtypesGetABucketEach) {
+  auto group = Group();
+  const int world = group->size();
+  auto model = std::make_shared<MixedDtypes>(5 + group->rank());
+  DistributedDataParallel ddp(model, group);
+  EXPECT_EQ(ddp.bucket_parameter_names(),
+            (std::vector<std::vector<std::string>>{{"c.bias", "c.weight", "a.bias", "a.weight"},
+                                                   {"b.bias", "b.weight"}}));
+  std::vector<DType> dtypes;
+  ddp.register_comm_hook(group, [&](ProcessGroup& g, GradBucket& bucket) {
+    dtypes.push_back(bucket.buffer().dtype());
+    return allreduce_hook(g, bucket);
+  });
+  auto reference = std::make_shared<MixedDtypes>(5);
+  const Data all = MakeData(world, 5);
+  const Data mine = all.Rows(group->rank() * kPerRank, kPerRank);
+  cross_entropy(ddp.forward(mine.x), mine.y).backward();
+  cross_entropy(reference->forward(all.x), all.y).backward();
+  EXPECT_EQ(dtypes, (std::vector<DType>{kFloat32, kFloat64}));
+  for (const nn::NamedTensor& p : model->named_parameters()) {
+    EXPECT_EQ(p.value.grad().dtype(), p.value.dtype()) << p.name;
+  }
+  ExpectGradsClose(*model, *reference, 1e-5, "mixed dtypes");
+  // Tiny buckets: one per parameter, whatever its dtype.
+  DistributedDataParallel small(model, group,
+                                DistributedDataParallelOptions().bucket_cap_mb(0.00001));
+  EXPECT_EQ(small.bucket_parameter_names().size(), 6u);
 }
 
 TEST_F(DistributedDataParallelTest, TwentySgdStepsTrackOneProcess) {

@@ -9,6 +9,8 @@
 // begins each iteration's power step from the last iteration's Q. Q starts from a generator
 // seeded with random_seed, so it is the same on every rank. The first start_powerSGD_iter
 // iterations all-reduce plainly (PyTorch's advice: compress after the warm-up of training).
+// It works in its bucket's dtype (DDP's buckets hold their parameters' dtype): P, Q and the
+// error of a float64 bucket are float64, of a bfloat16 one bfloat16 (bfloat16's precision).
 //
 //   auto state = std::make_shared<PowerSGDState>(
 //       group, PowerSGDOptions().matrix_approximation_rank(2).start_powerSGD_iter(10));
