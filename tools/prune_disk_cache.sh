@@ -27,11 +27,12 @@ if ((total <= cap)); then
   exit 0
 fi
 before=$total
-find "$dir" -type f -printf '%T@ %s %p\n' | sort -n | while read -r _ size path; do
-  ((total <= cap)) && break
+# (A process substitution: leaving the loop early must not fail the script on sort's SIGPIPE.)
+while read -r _ size path; do
+  ((total > cap)) || break
   rm -f -- "$path"
   total=$((total - size))
-done
+done < <(find "$dir" -type f -printf '%T@ %s %p\n' | sort -n)
 after=0
 while read -r _ size _; do after=$((after + size)); done < <(find "$dir" -type f -printf '%T@ %s %p\n')
 echo "prune_disk_cache: $dir went from $((before >> 20)) MB to $((after >> 20)) MB (cap $cap_mb MB)"

@@ -16,6 +16,15 @@ out="$(bash "$prune" --dir="$dir" --cap_mb=2)"
 echo "$out"
 [[ "$(ls "$dir/cas")" == "$(printf 'f3\nf4')" ]] || fail "expected the two newest files to stay, found: $(ls "$dir/cas")"
 grep -q "went from 4 MB to 2 MB (cap 2 MB)" <<<"$out" || fail "unexpected report: $out"
+# Thousands of entries (3000 KB), most of them kept under a 2 MB cap: the script stops early
+# and still succeeds.
+many="$dir/many"
+mkdir -p "$many"
+for i in $(seq 3000); do head -c 1024 /dev/zero >"$many/entry_with_a_long_name_$i"; done
+touch -d "1 day ago" "$many/entry_with_a_long_name_1"
+bash "$prune" --dir="$many" --cap_mb=2 || fail "pruning a large cache failed (exit $?)"
+[[ ! -e "$many/entry_with_a_long_name_1" && "$(ls "$many" | wc -l)" == 2048 ]] ||
+  fail "expected the oldest entries to go until 2048 KB were left, found $(ls "$many" | wc -l)"
 rc=0
 bash "$prune" --dir="$dir" --cap_mb=lots 2>/dev/null || rc=$?
 [[ $rc == 2 ]] || fail "a bad --cap_mb was not refused (exit $rc)"
