@@ -88,13 +88,11 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
                ": expected an input [B, T, ", config_.n_embd(), "] but got ",
                x.defined() ? ShapeToString(x.shape()) : std::string("an undefined tensor"));
   const int64_t b = x.size(0), t = x.size(1), c = config_.n_embd(), h = config_.n_head();
-  const Tensor qkv = c_attn_->forward(x);  // [B, T, 3C]
-  // [B, T, C] -> [B, H, T, C / H]: each head a strided view, no copy.
-  const auto heads = [&](int64_t index) {
-    return qkv.narrow(2, index * c, c).reshape({b, t, h, c / h}).transpose(1, 2);
-  };
+  // [B, T, 3C] -> q, k, v [B, H, T, C / H], contiguous as the attention kernels read them: one
+  // copy, and one node whose backward writes the packed gradient (split_heads, ops.h).
+  const std::vector<Tensor> qkv = split_heads(c_attn_->forward(x), 3, h);
   const double p = is_training() ? config_.dropout() : 0.0;
-  const Tensor y = scaled_dot_product_attention(heads(0), heads(1), heads(2), Tensor(), p,
+  const Tensor y = scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], Tensor(), p,
                                                 /*is_causal=*/true);
   return resid_dropout_->forward(c_proj_->forward(y.transpose(1, 2).reshape({b, t, c})));
 }
@@ -140,8 +138,9 @@ void GptBlock::reset() {
 }
 
 Tensor GptBlock::forward(const Tensor& x) {
-  const Tensor y = x + attn_->forward(ln_1_->forward(x));
-  return y + mlp_->forward(ln_2_->forward(y));
+  // The attention's residual add and ln_2 in one kernel each way (add_layer_norm, ops.h).
+  const auto [y, h] = ln_2_->forward_with_residual(x, attn_->forward(ln_1_->forward(x)));
+  return y + mlp_->forward(h);
 }
 
 // ---- Gpt ---------------------------------------------------------------------------------
