@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -138,9 +139,20 @@ void GptBlock::reset() {
 }
 
 Tensor GptBlock::forward(const Tensor& x) {
-  // The attention's residual add and ln_2 in one kernel each way (add_layer_norm, ops.h).
-  const auto [y, h] = ln_2_->forward_with_residual(x, attn_->forward(ln_1_->forward(x)));
-  return y + mlp_->forward(h);
+  const auto [stream, mlp] = forward_pending(x, Tensor());
+  return stream + mlp;
+}
+
+std::pair<Tensor, Tensor> GptBlock::forward_pending(const Tensor& x, const Tensor& pending) {
+  // Each residual add in the kernel of the norm after it (add_layer_norm, ops.h).
+  Tensor stream = x, h;
+  if (pending.defined()) {
+    std::tie(stream, h) = ln_1_->forward_with_residual(x, pending);
+  } else {
+    h = ln_1_->forward(x);
+  }
+  const auto [y, h2] = ln_2_->forward_with_residual(stream, attn_->forward(h));
+  return {y, mlp_->forward(h2)};
 }
 
 // ---- Gpt ---------------------------------------------------------------------------------
@@ -225,12 +237,18 @@ Tensor Gpt::forward(const Tensor& tokens) {
   }
   const Tensor positions = arange(t, TensorOptions(kInt64).device(tokens.device()));
   Tensor x = drop_->forward(wte_->forward(tokens) + wpe_->forward(positions));
+  // Without checkpoints each block's last residual add is left pending and fused into the next
+  // norm (GptBlock::forward_pending); a checkpointed block keeps the one tensor between blocks
+  // that checkpoint saves.
+  Tensor pending;
   for (const auto& block : blocks_) {
     // The closure holds the block itself: a DataParallel replica is gone when backward
     // recomputes it.
-    x = config_.checkpoint_activations()
-            ? nn::checkpoint([block](const Tensor& h) { return block->forward(h); }, x)
-            : block->forward(x);
+    if (config_.checkpoint_activations()) {
+      x = nn::checkpoint([block](const Tensor& h) { return block->forward(h); }, x);
+    } else {
+      std::tie(x, pending) = block->forward_pending(x, pending);
+    }
   }
   // The tied head: logits = x wte^T, one product into [B * T, V] whose weight gradient
   // adds into wte's; the padding's mask is its bias (Note [Padded vocabulary]).
@@ -243,7 +261,9 @@ Tensor Gpt::forward(const Tensor& tokens) {
                       TensorOptions(weight.dtype()).device(weight.device()));
     head_mask_.narrow(0, 0, vocab).zero_();
   }
-  return linear(ln_f_->forward(x), weight, padded > vocab ? head_mask_ : Tensor());
+  const Tensor h =
+      pending.defined() ? ln_f_->forward_with_residual(x, pending).second : ln_f_->forward(x);
+  return linear(h, weight, padded > vocab ? head_mask_ : Tensor());
 }
 
 // Note [Padded vocabulary]: GPT-2's 50257 tokens make the head's GEMM [B T, 50257] and every
