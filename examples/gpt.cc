@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -88,13 +89,11 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
                ": expected an input [B, T, ", config_.n_embd(), "] but got ",
                x.defined() ? ShapeToString(x.shape()) : std::string("an undefined tensor"));
   const int64_t b = x.size(0), t = x.size(1), c = config_.n_embd(), h = config_.n_head();
-  const Tensor qkv = c_attn_->forward(x);  // [B, T, 3C]
-  // [B, T, C] -> [B, H, T, C / H]: each head a strided view, no copy.
-  const auto heads = [&](int64_t index) {
-    return qkv.narrow(2, index * c, c).reshape({b, t, h, c / h}).transpose(1, 2);
-  };
+  // [B, T, 3C] -> q, k, v [B, H, T, C / H], contiguous as the attention kernels read them: one
+  // copy, and one node whose backward writes the packed gradient (split_heads, ops.h).
+  const std::vector<Tensor> qkv = split_heads(c_attn_->forward(x), 3, h);
   const double p = is_training() ? config_.dropout() : 0.0;
-  const Tensor y = scaled_dot_product_attention(heads(0), heads(1), heads(2), Tensor(), p,
+  const Tensor y = scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], Tensor(), p,
                                                 /*is_causal=*/true);
   return resid_dropout_->forward(c_proj_->forward(y.transpose(1, 2).reshape({b, t, c})));
 }
@@ -140,8 +139,20 @@ void GptBlock::reset() {
 }
 
 Tensor GptBlock::forward(const Tensor& x) {
-  const Tensor y = x + attn_->forward(ln_1_->forward(x));
-  return y + mlp_->forward(ln_2_->forward(y));
+  const auto [stream, mlp] = forward_pending(x, Tensor());
+  return stream + mlp;
+}
+
+std::pair<Tensor, Tensor> GptBlock::forward_pending(const Tensor& x, const Tensor& pending) {
+  // Each residual add in the kernel of the norm after it (add_layer_norm, ops.h).
+  Tensor stream = x, h;
+  if (pending.defined()) {
+    std::tie(stream, h) = ln_1_->forward_with_residual(x, pending);
+  } else {
+    h = ln_1_->forward(x);
+  }
+  const auto [y, h2] = ln_2_->forward_with_residual(stream, attn_->forward(h));
+  return {y, mlp_->forward(h2)};
 }
 
 // ---- Gpt ---------------------------------------------------------------------------------
@@ -226,12 +237,18 @@ Tensor Gpt::forward(const Tensor& tokens) {
   }
   const Tensor positions = arange(t, TensorOptions(kInt64).device(tokens.device()));
   Tensor x = drop_->forward(wte_->forward(tokens) + wpe_->forward(positions));
+  // Without checkpoints each block's last residual add is left pending and fused into the next
+  // norm (GptBlock::forward_pending); a checkpointed block keeps the one tensor between blocks
+  // that checkpoint saves.
+  Tensor pending;
   for (const auto& block : blocks_) {
     // The closure holds the block itself: a DataParallel replica is gone when backward
     // recomputes it.
-    x = config_.checkpoint_activations()
-            ? nn::checkpoint([block](const Tensor& h) { return block->forward(h); }, x)
-            : block->forward(x);
+    if (config_.checkpoint_activations()) {
+      x = nn::checkpoint([block](const Tensor& h) { return block->forward(h); }, x);
+    } else {
+      std::tie(x, pending) = block->forward_pending(x, pending);
+    }
   }
   // The tied head: logits = x wte^T, one product into [B * T, V] whose weight gradient
   // adds into wte's; the padding's mask is its bias (Note [Padded vocabulary]).
@@ -244,7 +261,9 @@ Tensor Gpt::forward(const Tensor& tokens) {
                       TensorOptions(weight.dtype()).device(weight.device()));
     head_mask_.narrow(0, 0, vocab).zero_();
   }
-  return linear(ln_f_->forward(x), weight, padded > vocab ? head_mask_ : Tensor());
+  const Tensor h =
+      pending.defined() ? ln_f_->forward_with_residual(x, pending).second : ln_f_->forward(x);
+  return linear(h, weight, padded > vocab ? head_mask_ : Tensor());
 }
 
 // Note [Padded vocabulary]: GPT-2's 50257 tokens make the head's GEMM [B T, 50257] and every

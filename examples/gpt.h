@@ -101,6 +101,11 @@ class GptBlock : public nn::Cloneable<GptBlock> {
   explicit GptBlock(const GptConfig& config);
   void reset() override;
   Tensor forward(const Tensor& x);
+  // forward(x + pending) as {stream, mlp}, their sum the block's output, so that the next
+  // block's ln_1 (or the head's ln_f) adds them in its own kernel (add_layer_norm): the residual
+  // adds of a chain of blocks fused into the norms after them. pending may be undefined (none).
+  //   auto [stream, pending] = block->forward_pending(x, Tensor());
+  std::pair<Tensor, Tensor> forward_pending(const Tensor& x, const Tensor& pending);
 
  private:
   GptConfig config_;

@@ -191,6 +191,29 @@ TEST(GptTest, CheckpointedBlocksGiveThePlainGradientsWithDropout) {
   }
 }
 
+// The chained form Gpt::forward uses: the block's output left as {stream, mlp} for the next
+// norm to add (add_layer_norm), equal to forward of the sum, with the same gradients.
+TEST(GptTest, ForwardPendingIsTheBlockOfTheSum) {
+  GptBlock block(Tiny());
+  Generator gen(5);
+  Tensor x = randn({2, 3, 8}, {}, &gen), pending = randn({2, 3, 8}, {}, &gen);
+  x.set_requires_grad(true);
+  pending.set_requires_grad(true);
+  const auto [stream, mlp] = block.forward_pending(x, pending);
+  const Tensor chained = stream + mlp;
+  const Tensor plain = block.forward(x + pending);
+  EXPECT_EQ(::tandem::testing::MaxAbsDiff(chained, plain), 0.0);
+  const Tensor weights = randn({2, 3, 8}, {}, &gen);
+  const std::vector<Tensor> g_chained = autograd::grad({(chained * weights).sum()}, {x, pending});
+  const std::vector<Tensor> g_plain = autograd::grad({(plain * weights).sum()}, {x, pending});
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_LT(::tandem::testing::MaxAbsDiff(g_chained[i], g_plain[i]), 1e-6) << i;
+  }
+  // No pending residual: the block itself, split before its last add.
+  const auto [alone, alone_mlp] = block.forward_pending(x, Tensor());
+  EXPECT_EQ(::tandem::testing::MaxAbsDiff(alone + alone_mlp, block.forward(x)), 0.0);
+}
+
 TEST(GptTest, GenerationIsSeededAndCropsTheContext) {
   manual_seed(7);
   Gpt model(Tiny());

@@ -651,6 +651,13 @@ Tensor LayerNorm::forward(const Tensor& input) {
   return layer_norm(input, normalized_shape_, weight(), bias(), eps_);
 }
 
+std::pair<Tensor, Tensor> LayerNorm::forward_with_residual(const Tensor& input,
+                                                           const Tensor& residual) {
+  CheckDefinedInput(input, *this);
+  CheckDefinedInput(residual, *this);
+  return add_layer_norm(input, residual, normalized_shape_, weight(), bias(), eps_);
+}
+
 void LayerNorm::pretty_print(std::ostream& out) const {
   // normalized_shape prints as a Python tuple: (64,) or (3, 4).
   out << "(";

@@ -384,6 +384,10 @@ class LayerNorm : public Cloneable<LayerNorm> {
   // Weight back to ones, bias to zeros.
   void reset_parameters();
   Tensor forward(const Tensor& input);
+  // {input + residual, forward(input + residual)} in one kernel each way (add_layer_norm,
+  // tensor/ops/ops.h): a transformer block's residual add and the norm after it.
+  //   auto [stream, h] = ln_2.forward_with_residual(x, attn_out);
+  std::pair<Tensor, Tensor> forward_with_residual(const Tensor& input, const Tensor& residual);
   void pretty_print(std::ostream& out) const override;
 
   const std::vector<int64_t>& normalized_shape() const { return normalized_shape_; }

@@ -356,6 +356,29 @@ TEST_F(LayersTest, LayerNormNormalizesTheLastDimensions) {
       plain, [&](const Tensor& input) { return plain.forward(input); }, randn({3, 4}));
 }
 
+// The residual add fused in (add_layer_norm): the sum and forward of the sum, with the layer's
+// parameters (and their gradients) in it.
+TEST_F(LayersTest, LayerNormForwardWithResidualIsForwardOfTheSum) {
+  LayerNorm norm({4}, 1e-3);
+  {
+    NoGradGuard no_grad;
+    Tensor(norm.weight()).copy_(randn({4}));
+    Tensor(norm.bias()).copy_(randn({4}));
+  }
+  const Tensor x = randn({2, 3, 4}), r = randn({2, 3, 4});
+  const auto [sum, y] = norm.forward_with_residual(x, r);
+  EXPECT_TRUE(allclose(sum, x + r, 0.0, 0.0));
+  EXPECT_TRUE(allclose(y, norm.forward(x + r), 0.0, 0.0));
+  ExpectLayerGradients(
+      norm,
+      [&](const Tensor& input) {
+        const auto [stream, h] = norm.forward_with_residual(input, input * 2.0);
+        return stream * h;
+      },
+      randn({3, 4}));
+  EXPECT_THAT(ErrorOf([&] { norm.forward_with_residual(x, Tensor()); }), HasSubstr("LayerNorm"));
+}
+
 TEST_F(LayersTest, LayerNormPrintsAndNamesItselfOnBadInput) {
   EXPECT_EQ(LayerNorm({64}).ToString(), "LayerNorm((64,), eps=1e-05, elementwise_affine=True)");
   EXPECT_EQ(LayerNorm({3, 4}, 0.001, false).ToString(),

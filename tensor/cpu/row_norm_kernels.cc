@@ -144,11 +144,13 @@ TANDEM_VECTORIZE inline void NormBackwardRow(bool rms, const M* __restrict x,
 
 template <typename T>
 void RowNormTyped(int index, bool rms, int64_t rows, int64_t cols, double eps, const void* x_data,
-                  const void* weight_data, const void* bias_data, void* y_data, void* mean_data,
-                  void* rstd_data) {
+                  const void* residual_data, const void* weight_data, const void* bias_data,
+                  void* y_data, void* sum_data, void* mean_data, void* rstd_data) {
   using M = OpMath<T>;
   const T* x = static_cast<const T*>(x_data);
+  const T* residual = static_cast<const T*>(residual_data);
   T* y = static_cast<T*>(y_data);
+  T* sum = static_cast<T*>(sum_data);
   M* mean_out = static_cast<M*>(mean_data);
   M* rstd_out = static_cast<M*>(rstd_data);
   const std::vector<M> weight = VectorAsMath<T>(weight_data, cols);
@@ -162,7 +164,15 @@ void RowNormTyped(int index, bool rms, int64_t rows, int64_t cols, double eps, c
                 std::vector<M> out(cols);
                 vec::Vectorized([&] {
                   for (int64_t r = begin; r < end; ++r) {
-                    const M* xs = RowAsMath(x + r * cols, cols, in_buffer.data());
+                    if (residual != nullptr) {
+                      // Note [Fused residual norm]: the sum rounded to T, then normalised.
+                      for (int64_t j = 0; j < cols; ++j) {
+                        sum[r * cols + j] = static_cast<T>(static_cast<M>(x[r * cols + j]) +
+                                                           static_cast<M>(residual[r * cols + j]));
+                      }
+                    }
+                    const T* row = (residual != nullptr ? sum : x) + r * cols;
+                    const M* xs = RowAsMath(row, cols, in_buffer.data());
                     const M mean = rms ? M(0) : SumLanes(xs, cols) * inv_cols;
                     const M var = SumSquaredLanes(xs, mean, cols) * inv_cols;
                     const M rstd = M(1) / std::sqrt(var + static_cast<M>(eps));
@@ -177,15 +187,16 @@ void RowNormTyped(int index, bool rms, int64_t rows, int64_t cols, double eps, c
 
 template <typename T>
 void RowNormBackwardTyped(int index, bool rms, int64_t rows, int64_t cols, const void* grad_data,
-                          const void* x_data, const void* mean_data, const void* rstd_data,
-                          const void* weight_data, void* grad_x_data, void* grad_weight_data,
-                          void* grad_bias_data) {
+                          const void* grad_sum_data, const void* x_data, const void* mean_data,
+                          const void* rstd_data, const void* weight_data, void* grad_x_data,
+                          void* grad_weight_data, void* grad_bias_data) {
   using M = OpMath<T>;
   const T* dy = static_cast<const T*>(grad_data);
   const T* x = static_cast<const T*>(x_data);
   const M* mean_in = static_cast<const M*>(mean_data);
   const M* rstd_in = static_cast<const M*>(rstd_data);
   T* dx = static_cast<T*>(grad_x_data);
+  const T* dsum = static_cast<const T*>(grad_sum_data);
   const std::vector<M> weight = VectorAsMath<T>(weight_data, cols);
   const M* w = weight.empty() ? nullptr : weight.data();
   const bool want_dw = grad_weight_data != nullptr, want_db = grad_bias_data != nullptr;
@@ -210,6 +221,10 @@ void RowNormBackwardTyped(int index, bool rms, int64_t rows, int64_t cols, const
                       const M* gy = RowAsMath(dy + r * cols, cols, dy_buffer.data());
                       NormBackwardRow(rms, xs, gy, w, rms ? M(0) : mean_in[r], rstd_in[r], cols,
                                       dx != nullptr, xhat.data(), g.data(), dw, db);
+                      if (dsum != nullptr) {  // Note [Fused residual norm]
+                        const T* through = dsum + r * cols;
+                        for (int64_t j = 0; j < cols; ++j) g[j] += static_cast<M>(through[j]);
+                      }
                       if (dx != nullptr) StoreRow<T>(g.data(), cols, dx + r * cols);
                     }
                   });
@@ -241,23 +256,25 @@ void RowNormBackwardTyped(int index, bool rms, int64_t rows, int64_t cols, const
 
 // The arguments were checked by RunRowNorm / RunRowNormBackward (tensor/kernels/norm_kernels.h).
 void CpuRowNorm(int index, DType dtype, bool rms, int64_t rows, int64_t cols, double eps,
-                const void* x, const void* weight, const void* bias, void* y, void* mean,
-                void* rstd) {
+                const void* x, const void* residual, const void* weight, const void* bias, void* y,
+                void* sum, void* mean, void* rstd) {
   CheckCpuIndex(index);
   if (rows == 0) return;
   DispatchAllFloatingTypes(dtype, "CPU RowNorm", [&](auto tag) {
-    RowNormTyped<typename decltype(tag)::type>(index, rms, rows, cols, eps, x, weight, bias, y,
-                                               mean, rstd);
+    RowNormTyped<typename decltype(tag)::type>(index, rms, rows, cols, eps, x, residual, weight,
+                                               bias, y, sum, mean, rstd);
   });
 }
 
 void CpuRowNormBackward(int index, DType dtype, bool rms, int64_t rows, int64_t cols,
-                        const void* grad_y, const void* x, const void* mean, const void* rstd,
-                        const void* weight, void* grad_x, void* grad_weight, void* grad_bias) {
+                        const void* grad_y, const void* grad_sum, const void* x, const void* mean,
+                        const void* rstd, const void* weight, void* grad_x, void* grad_weight,
+                        void* grad_bias) {
   CheckCpuIndex(index);
   DispatchAllFloatingTypes(dtype, "CPU RowNormBackward", [&](auto tag) {
-    RowNormBackwardTyped<typename decltype(tag)::type>(
-        index, rms, rows, cols, grad_y, x, mean, rstd, weight, grad_x, grad_weight, grad_bias);
+    RowNormBackwardTyped<typename decltype(tag)::type>(index, rms, rows, cols, grad_y, grad_sum, x,
+                                                       mean, rstd, weight, grad_x, grad_weight,
+                                                       grad_bias);
   });
 }
 

@@ -30,7 +30,8 @@ namespace cuda_test {
 class CudaFusedNormTest : public CudaBackendReducedTest {
  protected:
   // RowNorm and RowNormBackward of every flavour (layer/RMS norm; no affine, weight only,
-  // weight and bias) on the CPU and the GPU, the same T on both: outputs, saved statistics and
+  // weight and bias; with and without a fused residual, Note [Fused residual norm]) on the CPU
+  // and the GPU, the same T on both: outputs, saved statistics and
   // gradients within `rtol`/`atol` (both sum in OpMath, in different orders).
   template <typename T>
   void ExpectRowNormsMatch(double rtol, double atol) {
@@ -44,30 +45,37 @@ class CudaFusedNormTest : public CudaBackendReducedTest {
         {1, 1}, {3, 7}, {70, 768}, {5, 1500}, {33, 40}, {1000, 40}, {517, 130}, {0, 4}};
     for (const auto& [rows, cols] : shapes) {
       for (bool rms : {false, true}) {
-        for (int affine = 0; affine < 3; ++affine) {
-          if (rms && affine == 2) continue;  // RMSNorm has no bias
+        for (int affine = 0; affine < 6; ++affine) {
+          const bool fused = affine >= 3;        // the same three flavours with a residual
+          if (rms && affine % 3 == 2) continue;  // RMSNorm has no bias
           const std::string what =
               Note(DTypePrefix<T>() + (rms ? "rms" : "layer") + " norm [" + std::to_string(rows) +
-                   ", " + std::to_string(cols) + "] affine " + std::to_string(affine));
+                   ", " + std::to_string(cols) + "] affine " + std::to_string(affine % 3) +
+                   (fused ? " with a residual" : ""));
           const size_t n = static_cast<size_t>(rows * cols), c = static_cast<size_t>(cols);
           // Off-centre rows: the variance must be taken about the mean.
           Buffer<T> x(RandomReduced<T>(n, 1.0, 5.0)), weight(RandomReduced<T>(c)),
-              bias(RandomReduced<T>(c)), dy(RandomReduced<T>(n));
-          Buffer<T> y(n), dx(n), dw(c), db(c);
+              bias(RandomReduced<T>(c)), dy(RandomReduced<T>(n)), residual(RandomReduced<T>(n)),
+              dsum(RandomReduced<T>(n));
+          Buffer<T> y(n), sum(n), dx(n), dw(c), db(c);
           Buffer<M> mean(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
-          const bool has_w = affine >= 1, has_b = affine == 2;
+          const bool has_w = affine % 3 >= 1, has_b = affine % 3 == 2;
           for (bool gpu : {false, true}) {
             const Device device = gpu ? Device::Cuda() : Device::Cpu();
             auto at = [&](auto& buffer, bool present) -> decltype(buffer.cpu()) {
               return present ? (gpu ? buffer.gpu() : buffer.cpu()) : nullptr;
             };
-            RunRowNorm(device, dtype, rms, rows, cols, 1e-5, at(x, true), at(weight, has_w),
-                       at(bias, has_b), at(y, true), at(mean, !rms), at(rstd, true));
-            RunRowNormBackward(device, dtype, rms, rows, cols, at(dy, true), at(x, true),
-                               at(mean, !rms), at(rstd, true), at(weight, has_w), at(dx, true),
-                               at(dw, has_w), at(db, has_b));
+            RunRowNorm(device, dtype, rms, rows, cols, 1e-5, at(x, true), at(residual, fused),
+                       at(weight, has_w), at(bias, has_b), at(y, true), at(sum, fused),
+                       at(mean, !rms), at(rstd, true));
+            // The backward normalises what the forward did: the sum when fused.
+            RunRowNormBackward(device, dtype, rms, rows, cols, at(dy, true), at(dsum, fused),
+                               fused ? at(sum, true) : at(x, true), at(mean, !rms), at(rstd, true),
+                               at(weight, has_w), at(dx, true), at(dw, has_w), at(db, has_b));
           }
           ExpectNear(y.Cpu(), y.Gpu(), rtol, atol, what + ": y");
+          // The sum is rounded once on both: the same bits.
+          if (fused) ExpectNear(sum.Cpu(), sum.Gpu(), 0.0, 0.0, what + ": sum");
           ExpectNear(rstd.Cpu(), rstd.Gpu(), rtol, atol, what + ": rstd");
           if (!rms) ExpectNear(mean.Cpu(), mean.Gpu(), rtol, atol, what + ": mean");
           ExpectNear(dx.Cpu(), dx.Gpu(), rtol, atol, what + ": grad_x");
@@ -124,11 +132,18 @@ TEST_F(CudaFusedNormTest, TrianglesOfEveryElementSize) {
 TEST_F(CudaFusedNormTest, BadShapesThrow) {
   Buffer<float> x(4), rstd(1);
   EXPECT_THROW(RunRowNorm(Device::Cuda(0), kFloat32, false, 1, 0, 1e-5, x.gpu(), nullptr, nullptr,
-                          x.gpu(), nullptr, rstd.gpu()),
+                          nullptr, x.gpu(), nullptr, nullptr, rstd.gpu()),
                Error);
   Buffer<int64_t> ints(4);
   EXPECT_THROW(RunRowNorm(Device::Cuda(0), kInt64, true, 1, 4, 1e-5, ints.gpu(), nullptr, nullptr,
-                          ints.gpu(), nullptr, rstd.gpu()),
+                          nullptr, ints.gpu(), nullptr, nullptr, rstd.gpu()),
+               Error);
+  // A residual needs a sum to write (Note [Fused residual norm]), and grad_sum a grad_x.
+  EXPECT_THROW(RunRowNorm(Device::Cuda(0), kFloat32, false, 1, 4, 1e-5, x.gpu(), x.gpu(), nullptr,
+                          nullptr, x.gpu(), nullptr, nullptr, rstd.gpu()),
+               Error);
+  EXPECT_THROW(RunRowNormBackward(Device::Cuda(0), kFloat32, true, 1, 4, x.gpu(), x.gpu(), x.gpu(),
+                                  nullptr, rstd.gpu(), nullptr, nullptr, x.gpu(), nullptr),
                Error);
 }
 

@@ -13,6 +13,7 @@
 #include "tensor/cuda/internal/launch_utils.cuh"
 #include "tensor/cuda/kernels.h"
 #include "tensor/cuda/launch_work.h"
+#include "tools/cuda/device_counters.h"
 
 namespace tandem {
 namespace cuda {
@@ -158,6 +159,17 @@ bool UseSortedScatterAdd(const LaunchContext& context, int64_t outer, int64_t id
          outer * idx_dim <= (int64_t{1} << 28) / idx_dim;
 }
 
+// The work of a scatter-add pass: each of the outer * idx_dim * inner values read (T) and added
+// into its destination (Acc, read and written); an index per (outer, position).
+template <typename Acc, typename T>
+void DeclareScatterWork(int64_t outer, int64_t idx_dim, int64_t inner) {
+  const double elements = static_cast<double>(outer * idx_dim * inner);
+  DeclareKernelWork(elements,
+                    elements * (sizeof(T) + 2 * sizeof(Acc)) +
+                        static_cast<double>(outer * idx_dim) * sizeof(int64_t),
+                    RooflineMath(sizeof(Acc)));
+}
+
 // ScatterAddKernel's result, through the sorted segmented sum when it pays. Acc* dst is T's
 // destination or its float copy (16-bit T).
 template <typename Acc, typename T>
@@ -170,6 +182,8 @@ void ScatterAddInto(const LaunchContext& context, Acc* dst, const T* src, const 
     ScatterAddKernel<Acc, T>
         <<<grid, kThreads, 0, context.stream>>>(dst, src, idx, outer, dst_dim, idx_dim, inner);
     TANDEM_CUDA_CHECK_LAUNCH(context.device);
+    // Each value read and added into its destination (read and written); the indices once.
+    DeclareScatterWork<Acc, T>(outer, idx_dim, inner);
     return;
   }
   // Returned to the allocator at the end of this scope while the kernels may be queued: safe,
@@ -187,11 +201,15 @@ void ScatterAddInto(const LaunchContext& context, Acc* dst, const T* src, const 
   SortPositionsKernel<<<sort_grid, kSortThreads, 0, context.stream>>>(idx, outer, idx_dim, inner,
                                                                       order_data, varies_data);
   TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  // A key comparison per pair of positions (from cache); the indices read, the order written.
+  DeclareKernelWork(static_cast<double>(outer * idx_dim) * idx_dim,
+                    2.0 * outer * idx_dim * sizeof(int64_t) + outer * sizeof(int));
   const int grid = GridFor(context, elements);
   internal::RecordLaunchWork("SegmentSumKernel", grid, elements);
   SegmentSumKernel<Acc, T><<<grid, kThreads, 0, context.stream>>>(
       dst, src, idx, order_data, varies_data, outer, dst_dim, idx_dim, inner);
   TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  DeclareScatterWork<Acc, T>(outer, idx_dim, inner);
 }
 
 }  // namespace
@@ -207,6 +225,8 @@ void LaunchGatherColumns(const LaunchContext& context, DType dtype, void* dst, c
         static_cast<T*>(dst), static_cast<const T*>(src), idx, rows, cols, check,
         reinterpret_cast<unsigned long long>(op));
     TANDEM_CUDA_CHECK_LAUNCH(context.device);
+    // An index and a value read and a value written a row.
+    DeclareKernelWork(0, static_cast<double>(rows) * (sizeof(int64_t) + 2 * sizeof(T)));
   });
 }
 
@@ -219,6 +239,9 @@ void LaunchScatterAddColumns(const LaunchContext& context, DType dtype, void* ds
     ScatterAddColumnsKernel<T><<<GridFor(context, rows), kThreads, 0, context.stream>>>(
         static_cast<T*>(dst), static_cast<const T*>(src), idx, rows, cols);
     TANDEM_CUDA_CHECK_LAUNCH(context.device);
+    // An index and a value read and one destination value read and written a row.
+    DeclareKernelWork(static_cast<double>(rows),
+                      static_cast<double>(rows) * (sizeof(int64_t) + 3 * sizeof(T)));
   });
 }
 
@@ -234,6 +257,9 @@ void LaunchGather(const LaunchContext& context, DType dtype, void* dst, const vo
         static_cast<T*>(dst), static_cast<const T*>(src), idx, outer, src_dim, idx_dim, inner,
         check, reinterpret_cast<unsigned long long>(op));
     TANDEM_CUDA_CHECK_LAUNCH(context.device);
+    // Each element read and written; an index per (outer, position).
+    DeclareKernelWork(0,
+                      2.0 * n * sizeof(T) + static_cast<double>(outer * idx_dim) * sizeof(int64_t));
   });
 }
 

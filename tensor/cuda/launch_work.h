@@ -39,6 +39,10 @@ void StartRecordingLaunchWork();
 // Stops and returns what was recorded, by kernel name.
 std::vector<LaunchWork> StopRecordingLaunchWork();
 
+// The math DeclareKernelWork (tools/cuda/device_counters.h) names for a kernel that computes in
+// floats of `opmath_bytes` (sizeof(OpMath<T>)): "fp64" for double, else "fp32" (CUDA cores).
+constexpr const char* RooflineMath(int opmath_bytes) { return opmath_bytes == 8 ? "fp64" : "fp32"; }
+
 namespace internal {
 // Called by launchers for each launch: its grid's blocks and the elements it reads.
 void RecordLaunchWork(const char* kernel, long long blocks, long long elements);

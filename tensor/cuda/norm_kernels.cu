@@ -14,6 +14,7 @@
 #include "tensor/cuda/kernels.h"
 #include "tensor/cuda/launch_work.h"
 #include "tensor/kernels/internal/elementwise_math.h"
+#include "tools/cuda/device_counters.h"
 
 namespace tandem {
 namespace cuda {
@@ -27,8 +28,8 @@ namespace {
 // RowsPack), else 1.
 template <typename T, int kVec>
 __global__ void RowNormKernel(bool rms, int64_t rows, int64_t cols, OpMath<T> eps, const T* x,
-                              const T* weight, const T* bias, T* y, OpMath<T>* mean_out,
-                              OpMath<T>* rstd_out) {
+                              const T* residual, const T* weight, const T* bias, T* y, T* sum,
+                              OpMath<T>* mean_out, OpMath<T>* rstd_out) {
   using M = OpMath<T>;
   using P = Pack<T, kVec>;
   const M inv_cols = M(1) / static_cast<M>(cols);
@@ -38,6 +39,22 @@ __global__ void RowNormKernel(bool rms, int64_t rows, int64_t cols, OpMath<T> ep
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const P* xr = reinterpret_cast<const P*>(x + row * cols);
     P* yr = reinterpret_cast<P*>(y + row * cols);
+    if (residual != nullptr) {
+      // Note [Fused residual norm]: the rounded sum written, then normalised. Each thread reads
+      // back only the chunks it wrote, so no barrier is needed before the passes below.
+      const P* rr = reinterpret_cast<const P*>(residual + row * cols);
+      P* sr = reinterpret_cast<P*>(sum + row * cols);
+      for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+        const P a = xr[c], b = rr[c];
+        P s;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+          s.v[k] = static_cast<T>(static_cast<M>(a.v[k]) + static_cast<M>(b.v[k]));
+        }
+        sr[c] = s;
+      }
+      xr = sr;
+    }
     M mean = 0;
     if (!rms) {
       M sum = 0;
@@ -82,7 +99,7 @@ __global__ void RowNormKernel(bool rms, int64_t rows, int64_t cols, OpMath<T> ep
 // grad_x, one block per row, kVec elements a thread at a time as RowNormKernel.
 template <typename T, int kVec>
 __global__ void RowNormBackwardInputKernel(bool rms, int64_t rows, int64_t cols, const T* dy,
-                                           const T* x, const OpMath<T>* mean_in,
+                                           const T* dsum, const T* x, const OpMath<T>* mean_in,
                                            const OpMath<T>* rstd_in, const T* weight, T* dx) {
   using M = OpMath<T>;
   using P = Pack<T, kVec>;
@@ -93,6 +110,7 @@ __global__ void RowNormBackwardInputKernel(bool rms, int64_t rows, int64_t cols,
     const P* xr = reinterpret_cast<const P*>(x + row * cols);
     const P* gr = reinterpret_cast<const P*>(dy + row * cols);
     P* dxr = reinterpret_cast<P*>(dx + row * cols);
+    const P* dsr = dsum == nullptr ? nullptr : reinterpret_cast<const P*>(dsum + row * cols);
     const M mean = rms ? M(0) : mean_in[row];
     const M rstd = rstd_in[row];
     M sum_g = 0, sum_gx = 0;
@@ -111,13 +129,15 @@ __global__ void RowNormBackwardInputKernel(bool rms, int64_t rows, int64_t cols,
     const M mean_gx = BlockSum(sum_gx) * inv_cols;
     for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
       const P xv = xr[c], gv = gr[c];
-      P wv, out;
+      P wv, sv, out;
       if (w != nullptr) wv = w[c];
+      if (dsr != nullptr) sv = dsr[c];
 #pragma unroll
       for (int k = 0; k < kVec; ++k) {
         const M g = static_cast<M>(gv.v[k]) * (w != nullptr ? static_cast<M>(wv.v[k]) : M(1));
         const M xhat = (static_cast<M>(xv.v[k]) - mean) * rstd;
-        out.v[k] = static_cast<T>(rstd * (g - mean_g - xhat * mean_gx));
+        const M through = dsr != nullptr ? static_cast<M>(sv.v[k]) : M(0);
+        out.v[k] = static_cast<T>(through + rstd * (g - mean_g - xhat * mean_gx));
       }
       dxr[c] = out;
     }
@@ -223,8 +243,8 @@ int RowThreads(int64_t cols) {
 }  // namespace
 
 void LaunchRowNorm(const LaunchContext& context, DType dtype, bool rms, int64_t rows, int64_t cols,
-                   double eps, const void* x, const void* weight, const void* bias, void* y,
-                   void* mean, void* rstd) {
+                   double eps, const void* x, const void* residual, const void* weight,
+                   const void* bias, void* y, void* sum, void* mean, void* rstd) {
   DispatchAllFloatingTypes(dtype, "CUDA RowNorm", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using M = OpMath<T>;
@@ -232,28 +252,39 @@ void LaunchRowNorm(const LaunchContext& context, DType dtype, bool rms, int64_t 
     const int64_t grid = std::min<int64_t>(rows, static_cast<int64_t>(context.num_sms) * 32);
     internal::RecordLaunchWork("RowNormKernel", grid, rows * cols);
     const T* in = static_cast<const T*>(x);
+    const T* r = static_cast<const T*>(residual);
     const T* w = static_cast<const T*>(weight);
     const T* b = static_cast<const T*>(bias);
     T* out = static_cast<T*>(y);
+    T* s = static_cast<T*>(sum);
     constexpr int kVec = kNormVector<T>;
-    if (RowsPack<T>(cols, {in, w, b, out})) {
+    if (RowsPack<T>(cols, {in, r, w, b, out, s})) {
       RowNormKernel<T, kVec>
           <<<static_cast<int>(grid), RowThreads(cols / kVec), 0, context.stream>>>(
-              rms, rows, cols, static_cast<M>(eps), in, w, b, out, static_cast<M*>(mean),
+              rms, rows, cols, static_cast<M>(eps), in, r, w, b, out, s, static_cast<M*>(mean),
               static_cast<M*>(rstd));
     } else {
       RowNormKernel<T, 1><<<static_cast<int>(grid), RowThreads(cols), 0, context.stream>>>(
-          rms, rows, cols, static_cast<M>(eps), in, w, b, out, static_cast<M*>(mean),
+          rms, rows, cols, static_cast<M>(eps), in, r, w, b, out, s, static_cast<M*>(mean),
           static_cast<M*>(rstd));
     }
     TANDEM_CUDA_CHECK_LAUNCH(context.device);
+    // x read (its later passes hit L1) and y written; the parameters; the saved statistics.
+    // About 8 FLOPs an element: the two sums, then centre, scale, weight and bias.
+    const double elements = static_cast<double>(rows * cols);
+    // With a residual: it is read too and the sum written (its reads back hit L1).
+    DeclareKernelWork(
+        8 * elements + (r != nullptr ? elements : 0),
+        ((r != nullptr ? 4 : 2) * elements + cols * ((w != nullptr) + (b != nullptr))) * sizeof(T) +
+            rows * sizeof(M) * (mean != nullptr ? 2 : 1),
+        RooflineMath(sizeof(M)));
   });
 }
 
 void LaunchRowNormBackward(const LaunchContext& context, DType dtype, bool rms, int64_t rows,
-                           int64_t cols, const void* grad_y, const void* x, const void* mean,
-                           const void* rstd, const void* weight, void* grad_x, void* grad_weight,
-                           void* grad_bias) {
+                           int64_t cols, const void* grad_y, const void* grad_sum, const void* x,
+                           const void* mean, const void* rstd, const void* weight, void* grad_x,
+                           void* grad_weight, void* grad_bias) {
   DispatchAllFloatingTypes(dtype, "CUDA RowNormBackward", [&](auto tag) {
     using T = typename decltype(tag)::type;
     using M = OpMath<T>;
@@ -266,18 +297,26 @@ void LaunchRowNormBackward(const LaunchContext& context, DType dtype, bool rms, 
       const int64_t grid = std::min<int64_t>(rows, static_cast<int64_t>(context.num_sms) * 32);
       internal::RecordLaunchWork("RowNormBackwardInputKernel", grid, rows * cols);
       const T* w = static_cast<const T*>(weight);
+      const T* dsum = static_cast<const T*>(grad_sum);
       T* dx = static_cast<T*>(grad_x);
       constexpr int kVec = kNormVector<T>;
-      if (RowsPack<T>(cols, {dy, in, w, dx})) {
+      if (RowsPack<T>(cols, {dy, dsum, in, w, dx})) {
         RowNormBackwardInputKernel<T, kVec>
             <<<static_cast<int>(grid), RowThreads(cols / kVec), 0, context.stream>>>(
-                rms, rows, cols, dy, in, mean_in, rstd_in, w, dx);
+                rms, rows, cols, dy, dsum, in, mean_in, rstd_in, w, dx);
       } else {
         RowNormBackwardInputKernel<T, 1>
             <<<static_cast<int>(grid), RowThreads(cols), 0, context.stream>>>(
-                rms, rows, cols, dy, in, mean_in, rstd_in, w, dx);
+                rms, rows, cols, dy, dsum, in, mean_in, rstd_in, w, dx);
       }
       TANDEM_CUDA_CHECK_LAUNCH(context.device);
+      // dy and x read (twice, the second time from L1), dx written; about 12 FLOPs an element.
+      const double elements = static_cast<double>(rows * cols);
+      DeclareKernelWork(
+          12 * elements,
+          ((dsum != nullptr ? 4 : 3) * elements + (w != nullptr ? cols : 0)) * sizeof(T) +
+              rows * sizeof(M) * (mean_in != nullptr ? 2 : 1),
+          RooflineMath(sizeof(M)));
     }
     if (grad_weight != nullptr || grad_bias != nullptr) {
       const int64_t tiles = (cols + kNormColumnTile - 1) / kNormColumnTile;
@@ -297,6 +336,12 @@ void LaunchRowNormBackward(const LaunchContext& context, DType dtype, bool rms, 
               rms, rows, cols, chunk, dy, in, mean_in, rstd_in, static_cast<T*>(grad_weight),
               static_cast<T*>(grad_bias), partial_w, partial_b);
       TANDEM_CUDA_CHECK_LAUNCH(context.device);
+      // dy and x read once, a sum per split and column written; 5 FLOPs an element.
+      const double elements = static_cast<double>(rows * cols);
+      DeclareKernelWork(5 * elements,
+                        2 * elements * sizeof(T) + rows * sizeof(M) * (mean_in != nullptr ? 2 : 1) +
+                            2.0 * splits * cols * (splits > 1 ? sizeof(M) : sizeof(T)),
+                        RooflineMath(sizeof(M)));
       if (splits > 1) {
         const int grid = GridFor(context, cols);
         internal::RecordLaunchWork("RowNormParamsFinishKernel", grid, splits * cols);
@@ -304,6 +349,9 @@ void LaunchRowNormBackward(const LaunchContext& context, DType dtype, bool rms, 
             cols, splits, partial_w, partial_b, static_cast<T*>(grad_weight),
             static_cast<T*>(grad_bias));
         TANDEM_CUDA_CHECK_LAUNCH(context.device);
+        DeclareKernelWork(2.0 * splits * cols,
+                          2.0 * splits * cols * sizeof(M) + 2.0 * cols * sizeof(T),
+                          RooflineMath(sizeof(M)));
       }
     }
   });

@@ -11,6 +11,7 @@
 #include "tensor/cuda/kernels.h"
 #include "tensor/cuda/launch_work.h"
 #include "tensor/kernels/internal/elementwise_math.h"
+#include "tools/cuda/device_counters.h"
 
 namespace tandem {
 namespace cuda {
@@ -231,6 +232,10 @@ void LaunchSoftmax(const LaunchContext& context, DType dtype, bool log, void* ds
           log, out, in, outer, dim, inner);
     }
     TANDEM_CUDA_CHECK_LAUNCH(context.device);
+    // Two reads of the input (the online maximum and sum, then the output) and a write; an
+    // exp, a rescale and a division (or log) an element, about 6 FLOPs.
+    const double elements = static_cast<double>(outer * dim * inner);
+    DeclareKernelWork(6 * elements, 3 * elements * sizeof(T), RooflineMath(sizeof(OpMath<T>)));
   });
 }
 
@@ -239,6 +244,7 @@ void LaunchCrossEntropyForward(const LaunchContext& context, DType dtype, void* 
                                int64_t cols, DeviceAssert* check, const char* op) {
   DispatchAllFloatingTypes(dtype, "CUDA CrossEntropyForward", [&](auto tag) {
     using T = typename decltype(tag)::type;
+    using M = OpMath<T>;
     if (rows == 0) return;
     const int grid = RowGrid(context, rows);
     internal::RecordLaunchWork("CrossEntropyForwardKernel", grid, rows * cols);
@@ -246,6 +252,11 @@ void LaunchCrossEntropyForward(const LaunchContext& context, DType dtype, void* 
         static_cast<T*>(row_loss), static_cast<OpMath<T>*>(lse), static_cast<const T*>(logits),
         targets, rows, cols, check, reinterpret_cast<unsigned long long>(op));
     TANDEM_CUDA_CHECK_LAUNCH(context.device);
+    // The logits read once (the online softmax), a target, loss and log-sum-exp a row.
+    const double elements = static_cast<double>(rows * cols);
+    DeclareKernelWork(4 * elements,
+                      elements * sizeof(T) + rows * (sizeof(int64_t) + sizeof(T) + sizeof(M)),
+                      RooflineMath(sizeof(M)));
   });
 }
 
@@ -262,6 +273,12 @@ void LaunchCrossEntropyBackward(const LaunchContext& context, DType dtype, void*
         static_cast<const OpMath<T>*>(lse), targets, static_cast<const T*>(grad), scale, rows,
         cols);
     TANDEM_CUDA_CHECK_LAUNCH(context.device);
+    // The logits read and their gradient written; an exp and a scale an element.
+    const double elements = static_cast<double>(rows * cols);
+    DeclareKernelWork(
+        4 * elements,
+        2 * elements * sizeof(T) + rows * (sizeof(int64_t) + sizeof(OpMath<T>)) + sizeof(T),
+        RooflineMath(sizeof(OpMath<T>)));
   });
 }
 

@@ -21,18 +21,25 @@ void CheckRowNorm(const char* kernel, Device device, DType dtype, int64_t rows, 
 }  // namespace
 
 void RunRowNorm(Device device, DType dtype, bool rms, int64_t rows, int64_t cols, double eps,
-                const void* x, const void* weight, const void* bias, void* y, void* mean,
-                void* rstd) {
+                const void* x, const void* residual, const void* weight, const void* bias, void* y,
+                void* sum, void* mean, void* rstd) {
   CheckRowNorm("RowNorm", device, dtype, rows, cols);
-  RowNormKernel(device, dtype, rms, rows, cols, eps, x, weight, bias, y, mean, rstd);
+  TANDEM_CHECK((residual == nullptr) == (sum == nullptr), "RowNorm on ", device,
+               " expects a residual and a sum output together (Note [Fused residual norm]) but "
+               "got ",
+               residual == nullptr ? "only a sum" : "only a residual");
+  RowNormKernel(device, dtype, rms, rows, cols, eps, x, residual, weight, bias, y, sum, mean, rstd);
 }
 
 void RunRowNormBackward(Device device, DType dtype, bool rms, int64_t rows, int64_t cols,
-                        const void* grad_y, const void* x, const void* mean, const void* rstd,
-                        const void* weight, void* grad_x, void* grad_weight, void* grad_bias) {
+                        const void* grad_y, const void* grad_sum, const void* x, const void* mean,
+                        const void* rstd, const void* weight, void* grad_x, void* grad_weight,
+                        void* grad_bias) {
   CheckRowNorm("RowNormBackward", device, dtype, rows, cols);
-  RowNormBackwardKernel(device, dtype, rms, rows, cols, grad_y, x, mean, rstd, weight, grad_x,
-                        grad_weight, grad_bias);
+  TANDEM_CHECK(grad_sum == nullptr || grad_x != nullptr, "RowNormBackward on ", device,
+               " got grad_sum without grad_x to add it into; pass grad_x");
+  RowNormBackwardKernel(device, dtype, rms, rows, cols, grad_y, grad_sum, x, mean, rstd, weight,
+                        grad_x, grad_weight, grad_bias);
 }
 
 }  // namespace tandem

@@ -5,8 +5,9 @@
 // RunRowNorm and RunRowNormBackward, which check the arguments once and dispatch on the device's
 // type.
 //
-//   RunRowNorm(x.device(), x.dtype(), /*rms=*/false, rows, cols, 1e-5, x_ptr, weight_ptr,
-//              bias_ptr, y_ptr, mean_ptr, rstd_ptr);
+//   RunRowNorm(x.device(), x.dtype(), /*rms=*/false, rows, cols, 1e-5, x_ptr,
+//              /*residual=*/nullptr, weight_ptr, bias_ptr, y_ptr, /*sum=*/nullptr, mean_ptr,
+//              rstd_ptr);
 //
 // Note [Fused row norms]: layer_norm and rms_norm normalise each row of a contiguous
 // [rows, cols] input in one pass over it, instead of the mean, subtraction, square, mean,
@@ -18,6 +19,13 @@
 // rstd = 1 / sqrt(biased variance + eps); rms (RMSNorm): mean is not subtracted (nor saved:
 // `mean` may be null) and rstd = 1 / sqrt(mean(x^2) + eps). `weight` and `bias` ([cols],
 // the input's dtype) may each be null (no scale, no shift; RMSNorm has no bias).
+//
+// Note [Fused residual norm]: with `residual` (contiguous [rows, cols], the input's dtype) the
+// kernel first adds it to x, writes the sum (rounded to the dtype) to `sum` and normalises that
+// sum, as llm.c's fused_residual_forward: a transformer's residual add and the next block's
+// norm in one pass instead of two launches. Its backward takes `grad_sum`, the gradient that
+// reached the sum directly (the residual stream), and adds it into grad_x, which is then the
+// gradient of both x and residual: the add of the two gradients that autograd would launch.
 #ifndef TANDEM_TENSOR_KERNELS_NORM_KERNELS_H_
 #define TANDEM_TENSOR_KERNELS_NORM_KERNELS_H_
 
@@ -31,25 +39,28 @@ namespace tandem {
 
 TANDEM_DECLARE_KERNEL(RowNormKernel,
                       void(int index, DType dtype, bool rms, int64_t rows, int64_t cols, double eps,
-                           const void* x, const void* weight, const void* bias, void* y, void* mean,
-                           void* rstd));
+                           const void* x, const void* residual, const void* weight,
+                           const void* bias, void* y, void* sum, void* mean, void* rstd));
 // The backward of RowNorm from the saved statistics, with xhat = (x - mean) * rstd and
 // g = grad_y * weight: grad_x = rstd * (g - mean(g) - xhat * mean(g * xhat)) (rms: without
-// the mean(g) term); grad_weight = sum over rows of grad_y * xhat; grad_bias = sum over rows
-// of grad_y. Each output may be null (not needed); the row sums accumulate in OpMath.
+// the mean(g) term), plus grad_sum where it is not null (Note [Fused residual norm]);
+// grad_weight = sum over rows of grad_y * xhat; grad_bias = sum over rows of grad_y. Each
+// output may be null (not needed); the row sums accumulate in OpMath.
 TANDEM_DECLARE_KERNEL(RowNormBackwardKernel,
                       void(int index, DType dtype, bool rms, int64_t rows, int64_t cols,
-                           const void* grad_y, const void* x, const void* mean, const void* rstd,
-                           const void* weight, void* grad_x, void* grad_weight, void* grad_bias));
+                           const void* grad_y, const void* grad_sum, const void* x,
+                           const void* mean, const void* rstd, const void* weight, void* grad_x,
+                           void* grad_weight, void* grad_bias));
 
 // Check the arguments (a floating dtype, rows >= 0 and cols > 0), throwing tandem::Error naming
 // the kernel and the device, then call the kernel of `device`'s type.
 void RunRowNorm(Device device, DType dtype, bool rms, int64_t rows, int64_t cols, double eps,
-                const void* x, const void* weight, const void* bias, void* y, void* mean,
-                void* rstd);
+                const void* x, const void* residual, const void* weight, const void* bias, void* y,
+                void* sum, void* mean, void* rstd);
 void RunRowNormBackward(Device device, DType dtype, bool rms, int64_t rows, int64_t cols,
-                        const void* grad_y, const void* x, const void* mean, const void* rstd,
-                        const void* weight, void* grad_x, void* grad_weight, void* grad_bias);
+                        const void* grad_y, const void* grad_sum, const void* x, const void* mean,
+                        const void* rstd, const void* weight, void* grad_x, void* grad_weight,
+                        void* grad_bias);
 
 }  // namespace tandem
 

@@ -1,5 +1,8 @@
-// Joining tensors along a dimension: cat and stack.
+// Joining tensors along a dimension, cat and stack, and split_heads, a join's adjoint.
 #include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "tensor/base/error.h"
@@ -97,6 +100,84 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
   unsqueezed.reserve(tensors.size());
   for (const Tensor& t : tensors) unsqueezed.push_back(t.unsqueeze(d));
   return cat(unsqueezed, d);
+}
+
+namespace {
+
+// split_heads's node: one output per part, one input (the packed tensor).
+class SplitHeadsBackward final : public Node {
+ public:
+  SplitHeadsBackward(Device device, Shape packed_shape, DType dtype, int64_t parts, int64_t n_head)
+      : Node(device, std::vector<Device>(static_cast<size_t>(parts), device)),
+        packed_shape_(std::move(packed_shape)),
+        dtype_(dtype),
+        parts_(parts),
+        n_head_(n_head) {}
+
+  std::vector<Tensor> Apply(std::vector<Tensor> grads) override {
+    const int64_t b = packed_shape_[0], t = packed_shape_[1];
+    const int64_t d = packed_shape_[2] / (parts_ * n_head_);
+    const TensorOptions options = TensorOptions(dtype_).device(device());
+    if (CreatingGraph()) {
+      // With differentiable ops: the parts stacked [parts, B, H, T, D], then packed back.
+      std::vector<Tensor> full;
+      for (const Tensor& g : grads) {
+        full.push_back(g.defined() ? g : zeros({b, n_head_, t, d}, options));
+      }
+      return {stack(full, 0).permute({1, 3, 0, 2, 4}).reshape(packed_shape_)};
+    }
+    NoGradGuard no_grad;
+    Tensor packed = empty(packed_shape_, options);
+    const Tensor parts = packed.view({b, t, parts_, n_head_, d});
+    for (int64_t i = 0; i < parts_; ++i) {
+      Tensor slot = parts.select(2, i).transpose(1, 2);  // [B, H, T, D], strided
+      if (grads[i].defined()) {
+        slot.copy_(grads[i]);
+      } else {
+        slot.zero_();
+      }
+    }
+    return {packed};
+  }
+  std::string name() const override { return "SplitHeadsBackward"; }
+  bool SupportsDoubleBackward() const override { return true; }
+
+ private:
+  Shape packed_shape_;
+  DType dtype_;
+  int64_t parts_, n_head_;
+};
+
+}  // namespace
+
+std::vector<Tensor> split_heads(const Tensor& packed, int64_t parts, int64_t n_head) {
+  CheckDefined(packed, "split_heads", "packed");
+  TANDEM_CHECK(packed.dim() == 3, "split_heads: expected packed [B, T, parts * n_head * D] but ",
+               "got ", ShapeToString(packed.shape()), "; reshape it to three dimensions first");
+  TANDEM_CHECK(parts >= 1 && n_head >= 1, "split_heads: parts and n_head must be >= 1 but are ",
+               parts, " and ", n_head);
+  TANDEM_CHECK(packed.size(2) % (parts * n_head) == 0, "split_heads: the last dimension of ",
+               ShapeToString(packed.shape()),
+               " must be a multiple of parts * n_head = ", parts * n_head, " (", parts,
+               " parts of ", n_head, " heads); check n_head");
+  const int64_t b = packed.size(0), t = packed.size(1), d = packed.size(2) / (parts * n_head);
+  Tensor all;
+  {
+    NoGradGuard no_grad;  // one node for all the parts, recorded below
+    // [B, T, parts, H, D] -> [parts, B, H, T, D] in one copy: each part a contiguous block.
+    all = packed.reshape({b, t, parts, n_head, d}).permute({2, 0, 3, 1, 4}).contiguous();
+  }
+  std::vector<Tensor> outputs;
+  for (int64_t i = 0; i < parts; ++i) {
+    // detach: the node becomes their grad_fn, not the view of `all`.
+    outputs.push_back(all.select(0, i).detach());
+  }
+  if (NeedsGrad({packed})) {
+    RecordMultiOutputOp(std::make_shared<SplitHeadsBackward>(packed.device(), packed.shape(),
+                                                             packed.dtype(), parts, n_head),
+                        {packed}, outputs);
+  }
+  return outputs;
 }
 
 }  // namespace tandem

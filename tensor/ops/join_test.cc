@@ -1,4 +1,4 @@
-// Tests of cat and stack (tensor/ops/join.cc).
+// Tests of cat, stack and split_heads (tensor/ops/join.cc).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -112,6 +112,77 @@ TEST_F(OpsTest, GradientsOfCatAndStack) {
         },
         {a, c}, kLinearEps);
   }
+}
+
+// split_heads as it is written without it: narrow, reshape, transpose and contiguous per part.
+std::vector<Tensor> ComposedSplitHeads(const Tensor& packed, int64_t parts, int64_t n_head) {
+  const int64_t b = packed.size(0), t = packed.size(1), width = packed.size(2) / parts;
+  std::vector<Tensor> out;
+  for (int64_t i = 0; i < parts; ++i) {
+    out.push_back(packed.narrow(2, i * width, width)
+                      .reshape({b, t, n_head, width / n_head})
+                      .transpose(1, 2)
+                      .contiguous());
+  }
+  return out;
+}
+
+TEST_F(OpsTest, SplitHeadsEqualsTheComposedSplitInEveryDtype) {
+  for (DType dtype : {kFloat32, kFloat64, kBFloat16, kFloat16}) {
+    for (const auto& [parts, n_head] : {std::pair<int64_t, int64_t>{3, 2}, {1, 4}, {2, 1}}) {
+      SCOPED_TRACE(::testing::Message() << dtype << " parts " << parts << " n_head " << n_head);
+      const Tensor source = Randn({2, 5, parts * n_head * 3}, 431).to(dtype);
+      const Tensor a = Param(source), b = Param(source);
+      const std::vector<Tensor> fused = split_heads(a, parts, n_head);
+      const std::vector<Tensor> composed = ComposedSplitHeads(b, parts, n_head);
+      ASSERT_EQ(fused.size(), static_cast<size_t>(parts));
+      Generator gen(432);
+      Tensor loss_a = zeros({}, TensorOptions(dtype)), loss_b = zeros({}, TensorOptions(dtype));
+      for (int64_t i = 0; i < parts; ++i) {
+        EXPECT_EQ(fused[i].shape(), (Shape{2, n_head, 5, 3}));
+        EXPECT_TRUE(fused[i].is_contiguous());
+        EXPECT_EQ(fused[i].dtype(), dtype);
+        EXPECT_TRUE(allclose(fused[i], composed[i], 0.0, 0.0));  // copies: exact
+        if (i == 1) continue;  // a part without a gradient: zeros in its slot
+        const Tensor weight = randn(fused[i].shape(), {}, &gen).to(dtype);
+        loss_a = loss_a + (fused[i] * weight).sum();
+        loss_b = loss_b + (composed[i] * weight).sum();
+      }
+      loss_a.backward();
+      loss_b.backward();
+      EXPECT_TRUE(allclose(a.grad(), b.grad(), 0.0, 0.0));
+    }
+  }
+}
+
+TEST_F(OpsTest, GradientsOfSplitHeads) {
+  const Tensor packed = Param64(Randn({2, 3, 12}, 433));
+  EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return stack(split_heads(in[0], 3, 2)); }, {packed},
+                         kLinearEps);
+  EXPECT_GRADIENTS_MATCH([](const Inputs& in) { return split_heads(in[0], 2, 3)[1]; }, {packed},
+                         kLinearEps);
+  EXPECT_GRADGRADIENTS_MATCH(
+      [](const Inputs& in) {
+        const std::vector<Tensor> p = split_heads(in[0], 3, 2);
+        return p[0] * p[2];
+      },
+      {packed});
+}
+
+TEST_F(OpsTest, SplitHeadsRejectsShapesThatDoNotSplit) {
+  EXPECT_THAT(ErrorOf([] {
+                split_heads(zeros({2, 12}), 3, 2);
+              }),
+              HasSubstr("expected packed [B, T, parts * n_head * D]"));
+  EXPECT_THAT(ErrorOf([] {
+                split_heads(zeros({1, 2, 10}), 3, 2);
+              }),
+              HasSubstr("must be a multiple of parts * n_head = 6"));
+  EXPECT_THAT(ErrorOf([] {
+                split_heads(zeros({1, 2, 6}), 0, 2);
+              }),
+              HasSubstr("parts and n_head must be >= 1"));
+  EXPECT_THAT(ErrorOf([] { split_heads(Tensor(), 3, 2); }), HasSubstr("split_heads"));
 }
 
 }  // namespace

@@ -1,10 +1,12 @@
-// Fused row normalisations: layer_norm and rms_norm (Note [Fused row norms] in
-// tensor/kernels/norm_kernels.h).
+// Fused row normalisations: layer_norm, rms_norm and add_layer_norm (Notes [Fused row norms]
+// and [Fused residual norm] in tensor/kernels/norm_kernels.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -108,8 +110,8 @@ Tensor RowNormImpl(bool rms, const Tensor& input, const std::vector<int64_t>& no
   Tensor mean = rms ? Tensor() : NewTensor({rows}, stat_dtype, x.device());
   Tensor rstd = NewTensor({rows}, stat_dtype, x.device());
   if (rows > 0) {
-    RunRowNorm(x.device(), x.dtype(), rms, rows, cols, eps, DataPtr(x), OptionalData(w),
-               OptionalData(b), DataPtr(out), OptionalData(mean), DataPtr(rstd));
+    RunRowNorm(x.device(), x.dtype(), rms, rows, cols, eps, DataPtr(x), nullptr, OptionalData(w),
+               OptionalData(b), DataPtr(out), nullptr, OptionalData(mean), DataPtr(rstd));
   }
   std::vector<Tensor> inputs = {input};
   if (weight.defined()) inputs.push_back(weight);
@@ -140,8 +142,8 @@ Tensor RowNormImpl(bool rms, const Tensor& input, const std::vector<int64_t>& no
             if (grad_w) dw = FilledRaw(param_shape, sx.dtype(), sx.device(), 0.0);
             if (grad_b) db = FilledRaw(param_shape, sx.dtype(), sx.device(), 0.0);
           } else if (grad_x || grad_w || grad_b) {
-            RunRowNormBackward(sx.device(), sx.dtype(), rms, rows, cols, DataPtr(dy), DataPtr(sx),
-                               OptionalData(mean), DataPtr(rstd), OptionalData(sw),
+            RunRowNormBackward(sx.device(), sx.dtype(), rms, rows, cols, DataPtr(dy), nullptr,
+                               DataPtr(sx), OptionalData(mean), DataPtr(rstd), OptionalData(sw),
                                OptionalData(dx), OptionalData(dw), OptionalData(db));
           }
           std::vector<Tensor> grads = {dx};
@@ -154,7 +156,126 @@ Tensor RowNormImpl(bool rms, const Tensor& input, const std::vector<int64_t>& no
   return out;
 }
 
+// add_layer_norm's node: outputs {sum, y}; inputs {input, residual[, weight][, bias]}.
+class AddLayerNormBackward final : public Node {
+ public:
+  struct Saved {
+    int64_t rows = 0, cols = 0;
+    double eps = 0;
+    bool grad_x = false, grad_w = false, grad_b = false, has_bias = false;
+    Shape param_shape;
+    Tensor sum, weight, mean, rstd;  // sum detached (an output); weight with its graph
+  };
+  AddLayerNormBackward(Device device, Saved saved)
+      : Node(device, {device, device}), saved_(std::move(saved)) {}
+
+  std::vector<Tensor> Apply(std::vector<Tensor> grads) override {
+    TANDEM_CHECK(saved_.sum.defined(),
+                 "Trying to backward through the graph a second time: ", name(),
+                 " freed its saved tensors when the first backward through it ended. ",
+                 "Pass retain_graph=true to the first backward to keep them");
+    const Saved& s = saved_;
+    const Tensor& grad_sum = grads[0];
+    const Tensor& grad_y = grads[1];
+    Tensor dx, dw, db;
+    if (!grad_y.defined()) {
+      dx = grad_sum;  // only the stream's gradient: the add passes it through
+    } else if (CreatingGraph()) {
+      const std::vector<Tensor> ln = RowNormBackwardDifferentiable(
+          false, s.rows, s.cols, s.eps, s.grad_x, s.grad_w, s.grad_b, s.has_bias,
+          SavedOutput(s.sum, 0), s.weight, s.param_shape, grad_y);
+      dx = ln[0];
+      if (dx.defined() && grad_sum.defined()) dx = add(dx, grad_sum);
+      if (s.weight.defined()) dw = ln[1];
+      if (s.has_bias) db = ln.back();
+    } else {
+      const DType dtype = s.sum.dtype();
+      const Device device = s.sum.device();
+      const Tensor dy = ContiguousRaw(CastRaw(grad_y, dtype));
+      const Tensor ds =
+          s.grad_x && grad_sum.defined() ? ContiguousRaw(CastRaw(grad_sum, dtype)) : Tensor();
+      if (s.grad_x) dx = NewTensor(s.sum.shape(), dtype, device);
+      if (s.grad_w) dw = NewTensor(s.param_shape, dtype, device);
+      if (s.grad_b) db = NewTensor(s.param_shape, dtype, device);
+      if (s.rows == 0) {
+        if (s.grad_w) dw = FilledRaw(s.param_shape, dtype, device, 0.0);
+        if (s.grad_b) db = FilledRaw(s.param_shape, dtype, device, 0.0);
+      } else if (s.grad_x || s.grad_w || s.grad_b) {
+        RunRowNormBackward(device, dtype, false, s.rows, s.cols, DataPtr(dy), OptionalData(ds),
+                           DataPtr(s.sum), DataPtr(s.mean), DataPtr(s.rstd), OptionalData(s.weight),
+                           OptionalData(dx), OptionalData(dw), OptionalData(db));
+      }
+    }
+    // The sum's gradient is both addends'.
+    std::vector<Tensor> out = {dx, dx};
+    if (s.weight.defined()) out.push_back(dw);
+    if (s.has_bias) out.push_back(db);
+    return out;
+  }
+  std::string name() const override { return "AddLayerNormBackward"; }
+  bool SupportsDoubleBackward() const override { return true; }
+  void ReleaseVariables() override { saved_ = Saved(); }
+
+ private:
+  Saved saved_;
+};
+
 }  // namespace
+
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& input, const Tensor& residual,
+                                         const std::vector<int64_t>& normalized_shape,
+                                         const Tensor& weight, const Tensor& bias, double eps) {
+  TANDEM_AUTOCAST(kFloat32, add_layer_norm, input, residual, normalized_shape, weight, bias, eps);
+  CheckDefined(input, "add_layer_norm", "input");
+  CheckDefined(residual, "add_layer_norm", "residual");
+  if (input.shape() != residual.shape() || input.dtype() != residual.dtype() ||
+      input.device() != residual.device()) {
+    // Broadcasting, promotion and the errors are add's and layer_norm's.
+    const Tensor sum = add(input, residual);
+    return {sum, layer_norm(sum, normalized_shape, weight, bias, eps)};
+  }
+  CheckFloat(residual, "add_layer_norm", "residual");
+  const int64_t cols = NormalizedCols(input, normalized_shape, weight, bias, "add_layer_norm");
+  TANDEM_CHECK(eps >= 0.0 && std::isfinite(eps),
+               "add_layer_norm: eps must be a finite value >= 0 but is ", eps);
+  const Tensor x = ContiguousRaw(input), r = ContiguousRaw(residual);
+  const Tensor w = weight.defined() ? ContiguousRaw(weight) : Tensor();
+  const Tensor b = bias.defined() ? ContiguousRaw(bias) : Tensor();
+  const int64_t rows = x.numel() / cols;
+  const DType stat_dtype = x.dtype() == kFloat64 ? kFloat64 : kFloat32;
+  Tensor sum = NewTensor(x.shape(), x.dtype(), x.device());
+  Tensor out = NewTensor(x.shape(), x.dtype(), x.device());
+  Tensor mean = NewTensor({rows}, stat_dtype, x.device());
+  Tensor rstd = NewTensor({rows}, stat_dtype, x.device());
+  if (rows > 0) {
+    RunRowNorm(x.device(), x.dtype(), false, rows, cols, eps, DataPtr(x), DataPtr(r),
+               OptionalData(w), OptionalData(b), DataPtr(out), DataPtr(sum), DataPtr(mean),
+               DataPtr(rstd));
+  }
+  std::vector<Tensor> inputs = {input, residual};
+  if (weight.defined()) inputs.push_back(weight);
+  if (bias.defined()) inputs.push_back(bias);
+  if (NeedsGrad(inputs)) {
+    AddLayerNormBackward::Saved saved;
+    saved.rows = rows;
+    saved.cols = cols;
+    saved.eps = eps;
+    saved.grad_x = NeedsGrad({input, residual});
+    saved.grad_w = weight.defined() && NeedsGrad({weight});
+    saved.grad_b = bias.defined() && NeedsGrad({bias});
+    saved.has_bias = bias.defined();
+    saved.param_shape = Shape(normalized_shape.begin(), normalized_shape.end());
+    saved.sum = sum.detach();  // an output: saved detached (no cycle), as SavedOutput expects
+    saved.weight = w;          // with its graph (weight itself when contiguous)
+    saved.mean = mean;
+    saved.rstd = rstd;
+    std::vector<Tensor> outputs = {sum, out};
+    RecordMultiOutputOp(std::make_shared<AddLayerNormBackward>(x.device(), std::move(saved)),
+                        inputs, outputs);
+    return {outputs[0], outputs[1]};
+  }
+  return {sum, out};
+}
 
 Tensor layer_norm(const Tensor& input, const std::vector<int64_t>& normalized_shape,
                   const Tensor& weight, const Tensor& bias, double eps) {

@@ -171,6 +171,109 @@ TEST(NormTest, LayerNormOfNoRows) {
   EXPECT_EQ(Doubles(w.grad()), (std::vector<double>{0, 0, 0, 0}));
 }
 
+// ---- add_layer_norm (Note [Fused residual norm]) ---------------------------------------
+
+// The fused op against add then layer_norm, in every floating dtype: the sum and the norm the
+// same values (one rounding of the sum on both, then the same kernel); the gradients of input,
+// residual, weight and bias within two units in the dtype's last place of add then layer_norm
+// in float64 on the same values (the fused backward rounds once where the composed one rounds
+// the norm's gradient before adding the stream's: it is the more accurate of the two).
+TEST(NormTest, AddLayerNormEqualsAddThenLayerNormInEveryDtype) {
+  for (DType dtype : {kFloat32, kFloat64, kBFloat16, kFloat16}) {
+    SCOPED_TRACE(::testing::Message() << dtype);
+    Inputs fused, oracle;
+    for (uint64_t seed : {21, 22, 23, 24}) {
+      const Tensor t =
+          (seed <= 22 ? Randn({3, 5, 40}, seed, 1.0, 2.0) : Randn({40}, seed)).to(dtype).detach();
+      fused.push_back(t.detach());
+      oracle.push_back(t.to(kFloat64).detach());
+      fused.back().set_requires_grad(true);
+      oracle.back().set_requires_grad(true);
+    }
+    const auto [sum, y] = add_layer_norm(fused[0], fused[1], {40}, fused[2], fused[3], 1e-5);
+    EXPECT_EQ(sum.dtype(), dtype);
+    EXPECT_EQ(y.dtype(), dtype);
+    {
+      NoGradGuard no_grad;
+      const Tensor sum_c = add(fused[0], fused[1]);
+      ExpectNear(sum, Doubles(sum_c), 0.0);
+      ExpectNear(y, Doubles(layer_norm(sum_c, {40}, fused[2], fused[3], 1e-5)), 0.0);
+    }
+    // Both outputs get a gradient, as a block's stream and its norm do.
+    const Tensor g_sum = Randn({3, 5, 40}, 25).to(dtype), g_y = Randn({3, 5, 40}, 26).to(dtype);
+    (sum * g_sum + y * g_y).sum().backward();
+    // The oracle normalises the sum rounded to the dtype, as the op does, its gradient the
+    // identity's.
+    const Tensor exact = add(oracle[0], oracle[1]);
+    const Tensor sum64 = exact + (exact.detach().to(dtype).to(kFloat64) - exact.detach());
+    const Tensor y64 = layer_norm(sum64, {40}, oracle[2], oracle[3], 1e-5);
+    (sum64 * g_sum.to(kFloat64) + y64 * g_y.to(kFloat64)).sum().backward();
+    const double ulp = dtype == kBFloat16  ? 0x1p-8
+                       : dtype == kFloat16 ? 0x1p-11
+                       : dtype == kFloat32 ? 0x1p-24
+                                           : 0x1p-53;
+    for (int i = 0; i < 4; ++i) {
+      SCOPED_TRACE(::testing::Message() << "gradient of input " << i);
+      ASSERT_TRUE(fused[i].grad().defined());
+      EXPECT_EQ(fused[i].grad().dtype(), dtype);
+      const std::vector<double> got = Doubles(fused[i].grad()), want = Doubles(oracle[i].grad());
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t k = 0; k < got.size(); ++k) {
+        EXPECT_NEAR(got[k], want[k], 1e-5 + 2 * ulp * std::abs(want[k])) << "at " << k;
+      }
+    }
+  }
+}
+
+TEST(NormTest, AddLayerNormGradientsMatchFiniteDifferences) {
+  const Tensor x = Param64(Randn({3, 2, 4}, 31)), r = Param64(Randn({3, 2, 4}, 32));
+  const Tensor w = Param64(Randn({4}, 33)), b = Param64(Randn({4}, 34));
+  // Each output alone, and both (the stream's gradient added into the norm's).
+  for (int which : {0, 1, 2}) {
+    SCOPED_TRACE(::testing::Message() << "output " << which);
+    const auto f = [which](const Inputs& in) {
+      const auto [sum, y] = add_layer_norm(in[0], in[1], {4}, in[2], in[3], 1e-5);
+      return which == 0 ? sum : which == 1 ? y : sum * 0.5 + y;
+    };
+    EXPECT_GRADIENTS_MATCH(f, {x, r, w, b});
+    EXPECT_GRADGRADIENTS_MATCH(f, {x, r, w, b});
+  }
+  EXPECT_GRADIENTS_MATCH(
+      [](const Inputs& in) {
+        const auto [sum, y] = add_layer_norm(in[0], in[1], {2, 4}, Tensor(), Tensor(), 1e-3);
+        return y * sum;
+      },
+      {x, r});
+}
+
+TEST(NormTest, AddLayerNormComposesWhatItDoesNotFuseAndChecksItsArguments) {
+  // A broadcast residual and mixed dtypes go through add and layer_norm.
+  const Tensor x = Randn({2, 3, 4}, 41), row = Randn({4}, 42);
+  const auto [sum, y] = add_layer_norm(x, row, {4}, Tensor(), Tensor(), 1e-5);
+  ExpectNear(sum, Doubles(add(x, row)), 0.0);
+  ExpectNear(y, Doubles(layer_norm(add(x, row), {4}, Tensor(), Tensor(), 1e-5)), 0.0);
+  const auto [sum64, y64] = add_layer_norm(x.to(kFloat64), x, {4}, Tensor(), Tensor(), 1e-5);
+  EXPECT_EQ(y64.dtype(), kFloat64);
+  EXPECT_THAT(ErrorOf([&] { add_layer_norm(x, Tensor(), {4}, Tensor(), Tensor()); }),
+              HasSubstr("add_layer_norm"));
+  EXPECT_THAT(ErrorOf([&] { add_layer_norm(x, x, {3}, Tensor(), Tensor()); }),
+              HasSubstr("add_layer_norm: normalized_shape [3] must equal the last 1 dimension(s)"));
+  EXPECT_THAT(ErrorOf([&] { add_layer_norm(x, x, {4}, Tensor(), Tensor(), -1.0); }),
+              HasSubstr("eps must be a finite value >= 0"));
+  const Tensor ints = zeros({2, 4}, TensorOptions(kInt64));
+  EXPECT_THAT(ErrorOf([&] { add_layer_norm(ints, ints, {4}, Tensor(), Tensor()); }),
+              HasSubstr("add_layer_norm"));
+}
+
+TEST(NormTest, AddLayerNormRefusesASecondBackwardAfterFreeing) {
+  Tensor x = Randn({2, 4}, 51).detach();
+  x.set_requires_grad(true);
+  const auto [sum, y] = add_layer_norm(x, x, {4}, Tensor(), Tensor());
+  const Tensor loss = (sum + y).sum();
+  loss.backward();
+  EXPECT_THAT(ErrorOf([&] { loss.backward(); }), HasSubstr("a second time"));
+}
+
 // ---- rms_norm --------------------------------------------------------------------------
 
 TEST(NormTest, RmsNormMatchesTheHost) {

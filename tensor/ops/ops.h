@@ -166,6 +166,17 @@ Tensor dropout(const Tensor& input, double p, bool training, Generator* gen = nu
 //   Tensor y = layer_norm(x, {768}, gamma, beta, 1e-5);   // x [B, T, 768]
 Tensor layer_norm(const Tensor& input, const std::vector<int64_t>& normalized_shape,
                   const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// {input + residual, layer_norm(input + residual, ...)}: a transformer's residual add and the
+// next norm in one kernel forward (it writes the sum and normalises it, as llm.c's
+// fused_residual_forward) and one backward (the gradient reaching the sum added into the
+// norm's input gradient, which autograd would add in a kernel of its own): Note [Fused residual
+// norm], tensor/kernels/norm_kernels.h. input and residual of one shape (else composed: add,
+// then layer_norm). Differentiable (twice); float32 under autocast, as layer_norm.
+//   auto [stream, h] = add_layer_norm(x, attn_out, {768}, gamma, beta);   // x + attn_out, ln
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& input, const Tensor& residual,
+                                         const std::vector<int64_t>& normalized_shape,
+                                         const Tensor& weight, const Tensor& bias,
+                                         double eps = 1e-5);
 // torch.nn.functional.rms_norm: y = x / sqrt(mean(x^2) + eps) * weight over the last
 // dimensions; eps defaults, as PyTorch's, to the machine epsilon of the type it computes in:
 // float64's for float64, float32's otherwise (the 16-bit floats compute in float).
@@ -213,6 +224,14 @@ std::pair<Tensor, Tensor> topk(const Tensor& input, int64_t k, int64_t dim = -1,
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 // Joins along a new dimension. Differentiable.
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+// The heads of `parts` projections packed side by side in the last dimension of `packed`
+// [B, T, parts * n_head * D] (a fused QKV projection's output), each as a contiguous
+// [B, n_head, T, D] tensor. Equal to narrow(2, i * n_head * D, n_head * D), reshape to
+// [B, T, n_head, D], transpose(1, 2) and contiguous() per part, in one copy for all the parts
+// instead of one each, and its backward writes the packed gradient in `parts` copies where the
+// narrows' fill zeros, copy and add up their parts. Differentiable (twice).
+//   const std::vector<Tensor> qkv = split_heads(c_attn(x), /*parts=*/3, n_head);  // q, k, v
+std::vector<Tensor> split_heads(const Tensor& packed, int64_t parts, int64_t n_head);
 
 // True when both have the same shape and |a - b| <= atol + rtol * |b| everywhere.
 bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8);

@@ -133,6 +133,15 @@ std::vector<DeviceCase> DeviceCases() {
        {b, Randn({5}, 424)},
        [](const Inputs& in) { return matmul(in[0], in[1]); }},
       {"linear", {a, w, bias}, [](const Inputs& in) { return linear(in[0], in[1], in[2]); }},
+      {"add_layer_norm",
+       {x3, Randn({2, 3, 4}, 441), Randn({4}, 442), Randn({4}, 443)},
+       [](const Inputs& in) {
+         const auto [sum, y] = add_layer_norm(in[0], in[1], {4}, in[2], in[3], 1e-5);
+         return sum * 0.5 + y;
+       }},
+      {"split_heads",
+       {Randn({2, 3, 12}, 440)},
+       [](const Inputs& in) { return stack(split_heads(in[0], 3, 2)); }},
       {"linear 3d no bias",
        {Randn({2, 3, 5}, 425), w},
        [](const Inputs& in) { return linear(in[0], in[1], Tensor()); }},
