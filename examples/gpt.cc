@@ -89,8 +89,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
                ": expected an input [B, T, ", config_.n_embd(), "] but got ",
                x.defined() ? ShapeToString(x.shape()) : std::string("an undefined tensor"));
   const int64_t b = x.size(0), t = x.size(1), c = config_.n_embd(), h = config_.n_head();
-  // [B, T, 3C] -> q, k, v [B, H, T, C / H], contiguous as the attention kernels read them: one
-  // copy, and one node whose backward writes the packed gradient (split_heads, ops.h).
+  // [B, T, 3C] -> q, k, v [B, H, T, C / H]: views the attention kernels read in place, and one
+  // node whose backward writes the packed gradient (split_heads, ops.h).
   const std::vector<Tensor> qkv = split_heads(c_attn_->forward(x), 3, h);
   const double p = is_training() ? config_.dropout() : 0.0;
   const Tensor y = scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], Tensor(), p,

@@ -164,13 +164,14 @@ std::vector<Tensor> split_heads(const Tensor& packed, int64_t parts, int64_t n_h
   Tensor all;
   {
     NoGradGuard no_grad;  // one node for all the parts, recorded below
-    // [B, T, parts, H, D] -> [parts, B, H, T, D] in one copy: each part a contiguous block.
-    all = packed.reshape({b, t, parts, n_head, d}).permute({2, 0, 3, 1, 4}).contiguous();
+    // Views of packed [B, T, parts, H, D], no copy: attention reads them in place as
+    // [B, H, T, D] and lays its output out as they are, so the head merge after it is a view.
+    all = packed.reshape({b, t, parts, n_head, d});
   }
   std::vector<Tensor> outputs;
   for (int64_t i = 0; i < parts; ++i) {
     // detach: the node becomes their grad_fn, not the view of `all`.
-    outputs.push_back(all.select(0, i).detach());
+    outputs.push_back(all.select(2, i).transpose(1, 2).detach());
   }
   if (NeedsGrad({packed})) {
     RecordMultiOutputOp(std::make_shared<SplitHeadsBackward>(packed.device(), packed.shape(),

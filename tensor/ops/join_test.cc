@@ -140,7 +140,9 @@ TEST_F(OpsTest, SplitHeadsEqualsTheComposedSplitInEveryDtype) {
       Tensor loss_a = zeros({}, TensorOptions(dtype)), loss_b = zeros({}, TensorOptions(dtype));
       for (int64_t i = 0; i < parts; ++i) {
         EXPECT_EQ(fused[i].shape(), (Shape{2, n_head, 5, 3}));
-        EXPECT_TRUE(fused[i].is_contiguous());
+        // A [B, H, T, D] view of packed [B, T, parts, H, D].
+        EXPECT_EQ(fused[i].strides(),
+                  (std::vector<int64_t>{5 * parts * n_head * 3, 3, parts * n_head * 3, 1}));
         EXPECT_EQ(fused[i].dtype(), dtype);
         EXPECT_TRUE(allclose(fused[i], composed[i], 0.0, 0.0));  // copies: exact
         if (i == 1) continue;  // a part without a gradient: zeros in its slot

@@ -225,11 +225,12 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 // Joins along a new dimension. Differentiable.
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
 // The heads of `parts` projections packed side by side in the last dimension of `packed`
-// [B, T, parts * n_head * D] (a fused QKV projection's output), each as a contiguous
-// [B, n_head, T, D] tensor. Equal to narrow(2, i * n_head * D, n_head * D), reshape to
-// [B, T, n_head, D], transpose(1, 2) and contiguous() per part, in one copy for all the parts
-// instead of one each, and its backward writes the packed gradient in `parts` copies where the
-// narrows' fill zeros, copy and add up their parts. Differentiable (twice).
+// [B, T, parts * n_head * D] (a fused QKV projection's output), each as a [B, n_head, T, D]
+// view of `packed`, no copy (scaled_dot_product_attention reads such views in place and lays its
+// output out as they are, so that the head merge after it is a view too). Equal to narrow(2,
+// i * n_head * D, n_head * D), reshape to [B, T, n_head, D] and transpose(1, 2) per part, but
+// one node for all the parts, whose backward writes the packed gradient in `parts` copies where
+// the narrows' fill zeros, copy and add up their parts. Differentiable (twice).
 //   const std::vector<Tensor> qkv = split_heads(c_attn(x), /*parts=*/3, n_head);  // q, k, v
 std::vector<Tensor> split_heads(const Tensor& packed, int64_t parts, int64_t n_head);
 
