@@ -86,7 +86,7 @@ TEST(Gpt2GridFillTest, NoLaunchOfMoreThan1MElementsHasFewerBlocksThanTwiceTheSms
     EXPECT_EQ(launched.count(name), 1u) << name << " recorded but not counted by the simulator";
   }
   for (const char* name :
-       {"ReduceColumnsKernel", "RowNormBackwardParamsKernel", "SegmentSumKernel"}) {
+       {"ReduceColumnsKernel", "RowNormBackwardFusedKernel", "SegmentSumKernel"}) {
     EXPECT_EQ(declared.count(name), 1u) << name << " did not run in the step";
   }
   std::printf("step: %lld launches, %lld host syncs\n", counted.launches, counted.host_syncs);

@@ -119,14 +119,14 @@ std::vector<Optim> Optimizers() {
 double Tolerance() { return TestGroup()->size() == 2 ? 0.0 : 1e-5; }
 
 void ExpectSameModel(FullyShardedDataParallel& fsdp, const nn::Module& reference,
-                     const std::string& what) {
+                     const std::string& what, double tolerance = Tolerance()) {
   const std::vector<nn::NamedTensor> got = fsdp.full_state_dict();
   const std::vector<nn::NamedTensor> want = reference.state_dict();
   ASSERT_EQ(got.size(), want.size()) << what;
   for (size_t i = 0; i < got.size(); ++i) {
     ASSERT_EQ(got[i].name, want[i].name) << what;
     ASSERT_EQ(got[i].value.shape(), want[i].value.shape()) << what << " " << got[i].name;
-    EXPECT_LE(MaxAbsDiff(got[i].value, want[i].value), Tolerance())
+    EXPECT_LE(MaxAbsDiff(got[i].value, want[i].value), tolerance)
         << what << ": " << got[i].name << " on rank " << TestGroup()->rank();
   }
 }
@@ -196,7 +196,9 @@ TEST_F(FullyShardedDataParallelTest, ClipGradNormOfEveryOrderIsTheWholeGradients
     EXPECT_GT(want, 0.05) << "the test must clip";
     nn::SGD(fsdp.parameters(), nn::SGDOptions(1.0)).step();
     nn::SGD(whole->parameters(), nn::SGDOptions(1.0)).step();
-    ExpectSameModel(fsdp, *whole, "after a clipped step");
+    // The norm is summed in another order (each shard, then the ranks), so the clip
+    // coefficient, and with it each parameter, may differ by a rounding.
+    ExpectSameModel(fsdp, *whole, "after a clipped step", std::max(Tolerance(), 1e-6));
   }
 }
 

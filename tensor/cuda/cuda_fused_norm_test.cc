@@ -37,12 +37,15 @@ class CudaFusedNormTest : public CudaBackendReducedTest {
   void ExpectRowNormsMatch(double rtol, double atol) {
     using M = OpMath<T>;
     const DType dtype = DTypeOf<T>::value;
-    // {1000, 40} and {517, 130}: the weight/bias sums split their rows across blocks (chunks
-    // that do not divide the rows), then add the chunks in a second pass. 16-bit rows of a
-    // multiple of 8 ({70, 768}, {33, 40}, {1000, 40}) load through 128-bit packs, the others
-    // one element at a time.
+    // With grad_x, one kernel takes all three gradients, its blocks' column sums added in a
+    // second pass; rows whose two sums pass 46 KiB ({130, 6000}) go the two-kernel way,
+    // as do the weight and bias gradients alone (checked below): {1000, 40} and {517, 130} split
+    // their rows across blocks (chunks that do not divide the rows), then add the chunks in a
+    // second pass. 16-bit rows of a multiple of 8 ({70, 768}, {33, 40}, {1000, 40}) load through
+    // 128-bit packs, the others one element at a time.
     const std::vector<std::pair<int64_t, int64_t>> shapes = {
-        {1, 1}, {3, 7}, {70, 768}, {5, 1500}, {33, 40}, {1000, 40}, {517, 130}, {0, 4}};
+        {1, 1},    {3, 7},     {70, 768},  {5, 1500}, {33, 40},
+        {1000, 40}, {517, 130}, {130, 6000}, {0, 4}};
     for (const auto& [rows, cols] : shapes) {
       for (bool rms : {false, true}) {
         for (int affine = 0; affine < 6; ++affine) {
@@ -57,7 +60,7 @@ class CudaFusedNormTest : public CudaBackendReducedTest {
           Buffer<T> x(RandomReduced<T>(n, 1.0, 5.0)), weight(RandomReduced<T>(c)),
               bias(RandomReduced<T>(c)), dy(RandomReduced<T>(n)), residual(RandomReduced<T>(n)),
               dsum(RandomReduced<T>(n));
-          Buffer<T> y(n), sum(n), dx(n), dw(c), db(c);
+          Buffer<T> y(n), sum(n), dx(n), dw(c), db(c), dw_alone(c), db_alone(c);
           Buffer<M> mean(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
           const bool has_w = affine % 3 >= 1, has_b = affine % 3 == 2;
           for (bool gpu : {false, true}) {
@@ -72,6 +75,11 @@ class CudaFusedNormTest : public CudaBackendReducedTest {
             RunRowNormBackward(device, dtype, rms, rows, cols, at(dy, true), at(dsum, fused),
                                fused ? at(sum, true) : at(x, true), at(mean, !rms), at(rstd, true),
                                at(weight, has_w), at(dx, true), at(dw, has_w), at(db, has_b));
+            // The weight's and bias's gradients without grad_x (an input that needs none).
+            RunRowNormBackward(device, dtype, rms, rows, cols, at(dy, true), nullptr,
+                               fused ? at(sum, true) : at(x, true), at(mean, !rms), at(rstd, true),
+                               at(weight, has_w), nullptr, at(dw_alone, has_w),
+                               at(db_alone, has_b));
           }
           ExpectNear(y.Cpu(), y.Gpu(), rtol, atol, what + ": y");
           // The sum is rounded once on both: the same bits.
@@ -83,6 +91,12 @@ class CudaFusedNormTest : public CudaBackendReducedTest {
           const double sum_atol = atol * std::sqrt(static_cast<double>(rows) + 1.0);
           if (has_w) ExpectNear(dw.Cpu(), dw.Gpu(), rtol, sum_atol, what + ": grad_weight");
           if (has_b) ExpectNear(db.Cpu(), db.Gpu(), rtol, sum_atol, what + ": grad_bias");
+          if (has_w) {
+            ExpectNear(dw.Cpu(), dw_alone.Gpu(), rtol, sum_atol, what + ": grad_weight alone");
+          }
+          if (has_b) {
+            ExpectNear(db.Cpu(), db_alone.Gpu(), rtol, sum_atol, what + ": grad_bias alone");
+          }
         }
       }
     }

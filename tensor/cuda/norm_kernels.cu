@@ -144,6 +144,80 @@ __global__ void RowNormBackwardInputKernel(bool rms, int64_t rows, int64_t cols,
   }
 }
 
+// grad_x and the weight's and bias's gradients in one pass over dy and x (llm.c's LayerNorm
+// backward): block blockIdx.x takes the rows [blockIdx.x * chunk, + chunk), each with all its
+// threads as RowNormBackwardInputKernel does, and each thread also adds dy * xhat and dy of its
+// own columns (the same ones every row: no races, no atomics) into shared memory, [2][cols] in M.
+// The block's sums go to partial_w/partial_b ([blocks, cols]); RowNormParamsFinishKernel adds
+// them in block order, so the result is deterministic.
+template <typename T, int kVec>
+__global__ void RowNormBackwardFusedKernel(bool rms, int64_t rows, int64_t cols, int64_t chunk,
+                                           const T* dy, const T* dsum, const T* x,
+                                           const OpMath<T>* mean_in, const OpMath<T>* rstd_in,
+                                           const T* weight, T* dx, OpMath<T>* partial_w,
+                                           OpMath<T>* partial_b) {
+  using M = OpMath<T>;
+  using P = Pack<T, kVec>;
+  extern __shared__ unsigned char shared_raw[];
+  M* acc_w = reinterpret_cast<M*>(shared_raw);
+  M* acc_b = acc_w + cols;
+  const M inv_cols = M(1) / static_cast<M>(cols);
+  const int64_t chunks = cols / kVec;
+  const P* w = reinterpret_cast<const P*>(weight);
+  for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) acc_w[c * kVec + k] = acc_b[c * kVec + k] = M(0);
+  }
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * chunk;
+  const int64_t end = min(rows, begin + chunk);
+  for (int64_t row = begin; row < end; ++row) {
+    const P* xr = reinterpret_cast<const P*>(x + row * cols);
+    const P* gr = reinterpret_cast<const P*>(dy + row * cols);
+    P* dxr = reinterpret_cast<P*>(dx + row * cols);
+    const P* dsr = dsum == nullptr ? nullptr : reinterpret_cast<const P*>(dsum + row * cols);
+    const M mean = rms ? M(0) : mean_in[row];
+    const M rstd = rstd_in[row];
+    M sum_g = 0, sum_gx = 0;
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      const P xv = xr[c], gv = gr[c];
+      P wv;
+      if (w != nullptr) wv = w[c];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        const M g = static_cast<M>(gv.v[k]) * (w != nullptr ? static_cast<M>(wv.v[k]) : M(1));
+        sum_g += g;
+        sum_gx += g * (static_cast<M>(xv.v[k]) - mean) * rstd;
+      }
+    }
+    const M mean_g = rms ? M(0) : BlockSum(sum_g) * inv_cols;
+    const M mean_gx = BlockSum(sum_gx) * inv_cols;
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+      const P xv = xr[c], gv = gr[c];
+      P wv, sv, out;
+      if (w != nullptr) wv = w[c];
+      if (dsr != nullptr) sv = dsr[c];
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) {
+        const M dyv = static_cast<M>(gv.v[k]);
+        const M g = dyv * (w != nullptr ? static_cast<M>(wv.v[k]) : M(1));
+        const M xhat = (static_cast<M>(xv.v[k]) - mean) * rstd;
+        const M through = dsr != nullptr ? static_cast<M>(sv.v[k]) : M(0);
+        out.v[k] = static_cast<T>(through + rstd * (g - mean_g - xhat * mean_gx));
+        acc_w[c * kVec + k] += dyv * xhat;
+        acc_b[c * kVec + k] += dyv;
+      }
+      dxr[c] = out;
+    }
+  }
+  for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+      partial_w[blockIdx.x * cols + c * kVec + k] = acc_w[c * kVec + k];
+      partial_b[blockIdx.x * cols + c * kVec + k] = acc_b[c * kVec + k];
+    }
+  }
+}
+
 // Whether the row kernels may load 16-bit rows through 128-bit Packs (kNormVector<T> elements):
 // rows whose length is a multiple of it and operands aligned to it. Float32 and float64 load
 // one element at a time (kNormVector 1): their row loops are not bound by memory instructions
@@ -164,6 +238,9 @@ bool RowsPack(int64_t cols, std::initializer_list<const void*> operands) {
 constexpr int kNormColumnTile = 32;    // columns per block of the weight/bias sums
 constexpr int kNormRowLanes = 8;       // threads per column, striding over the rows
 constexpr int64_t kNormMinChunk = 64;  // rows per block of a split sum: 8 per thread
+// The fused backward's column sums live in static-launch shared memory (no opt-in): rows of up to
+// 5,888 float (2,944 double) columns; longer ones take the two kernels.
+constexpr size_t kNormFusedSharedBytes = 46 * 1024;  // BlockSum's slots fit beside them
 
 // grad_weight and grad_bias over the rows [split * chunk, (split + 1) * chunk) of split
 // blockIdx.y: a block per 32 columns and split, 8 threads per column summing every 8th row
@@ -210,17 +287,32 @@ __global__ void RowNormBackwardParamsKernel(bool rms, int64_t rows, int64_t cols
   }
 }
 
-// The second pass of a split: a thread per column adds its `splits` partial sums in split
-// order (deterministic: no atomics).
+// The second pass of a split: the `splits` partial sums of each column added, a block per 32
+// columns with 8 threads per column (each the splits s = lane mod 8, in order) whose sums are then
+// added lane by lane: a fixed order, so deterministic (no atomics), and 8 loads in flight per
+// column where one thread per column would wait on each in turn.
 template <typename T>
 __global__ void RowNormParamsFinishKernel(int64_t cols, int64_t splits, const OpMath<T>* partial_w,
                                           const OpMath<T>* partial_b, T* dw, T* db) {
   using M = OpMath<T>;
-  for (int64_t j = GlobalThread(); j < cols; j += GridThreads()) {
-    M sum_w = 0, sum_b = 0;
-    for (int64_t s = 0; s < splits; ++s) {
+  __shared__ M lanes_w[kNormRowLanes][kNormColumnTile];
+  __shared__ M lanes_b[kNormRowLanes][kNormColumnTile];
+  const int column_lane = threadIdx.x % kNormColumnTile, row_lane = threadIdx.x / kNormColumnTile;
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * kNormColumnTile + column_lane;
+  M sum_w = 0, sum_b = 0;
+  if (j < cols) {
+    for (int64_t s = row_lane; s < splits; s += kNormRowLanes) {
       sum_w += partial_w[s * cols + j];
       sum_b += partial_b[s * cols + j];
+    }
+  }
+  lanes_w[row_lane][column_lane] = sum_w;
+  lanes_b[row_lane][column_lane] = sum_b;
+  __syncthreads();
+  if (row_lane == 0 && j < cols) {
+    for (int lane = 1; lane < kNormRowLanes; ++lane) {
+      sum_w += lanes_w[lane][column_lane];
+      sum_b += lanes_b[lane][column_lane];
     }
     if (dw != nullptr) dw[j] = static_cast<T>(sum_w);
     if (db != nullptr) db[j] = static_cast<T>(sum_b);
@@ -293,14 +385,69 @@ void LaunchRowNormBackward(const LaunchContext& context, DType dtype, bool rms, 
     const T* in = static_cast<const T*>(x);
     const M* mean_in = static_cast<const M*>(mean);
     const M* rstd_in = static_cast<const M*>(rstd);
-    if (grad_x != nullptr && rows > 0) {
+    const T* w = static_cast<const T*>(weight);
+    const T* dsum = static_cast<const T*>(grad_sum);
+    T* dx = static_cast<T*>(grad_x);
+    T* dw = static_cast<T*>(grad_weight);
+    T* db = static_cast<T*>(grad_bias);
+    const double elements = static_cast<double>(rows * cols);
+    const double statistics_bytes = rows * sizeof(M) * (mean_in != nullptr ? 2 : 1);
+    constexpr int kVec = kNormVector<T>;
+    const bool pack = RowsPack<T>(cols, {dy, dsum, in, w, dx});
+    // The blocks' partial sums of the weight's and bias's gradients added in block order.
+    const auto finish = [&](int64_t splits, const M* partial_w, const M* partial_b) {
+      const int64_t tiles = (cols + kNormColumnTile - 1) / kNormColumnTile;
+      internal::RecordLaunchWork("RowNormParamsFinishKernel", tiles, splits * cols);
+      RowNormParamsFinishKernel<T>
+          <<<static_cast<unsigned>(tiles), kNormColumnTile * kNormRowLanes, 0, context.stream>>>(
+              cols, splits, partial_w, partial_b, dw, db);
+      TANDEM_CUDA_CHECK_LAUNCH(context.device);
+      DeclareKernelWork(2.0 * splits * cols, 2.0 * splits * cols * sizeof(M) + 2.0 * cols * sizeof(T),
+                        RooflineMath(sizeof(M)));
+    };
+    const size_t fused_shared = 2 * static_cast<size_t>(cols) * sizeof(M);
+    if (dx != nullptr && rows > 0 && (dw != nullptr || db != nullptr) &&
+        fused_shared <= kNormFusedSharedBytes) {
+      // Both: one pass over dy and x for all three (RowNormBackwardFusedKernel), a full wave of
+      // blocks, then the blocks' sums added.
+      const int threads = RowThreads(pack ? cols / kVec : cols);
+      int64_t blocks = std::min<int64_t>(
+          rows, static_cast<int64_t>(context.num_sms) * std::max(1, kThreadsPerSm / threads));
+      const int64_t chunk = (rows + blocks - 1) / blocks;
+      blocks = (rows + chunk - 1) / chunk;  // no empty block at the end
+      // Returned to the allocator at the end of this scope while the kernels may be queued:
+      // safe, as it is handed out again only to later work on this stream.
+      const std::shared_ptr<void> partials =
+          context.workspace->Allocate(2 * blocks * cols * sizeof(M));
+      M* partial_w = static_cast<M*>(partials.get());
+      M* partial_b = partial_w + blocks * cols;
+      internal::RecordLaunchWork("RowNormBackwardFusedKernel", blocks, rows * cols);
+      if (pack) {
+        RowNormBackwardFusedKernel<T, kVec>
+            <<<static_cast<unsigned>(blocks), threads, fused_shared, context.stream>>>(
+                rms, rows, cols, chunk, dy, dsum, in, mean_in, rstd_in, w, dx, partial_w,
+                partial_b);
+      } else {
+        RowNormBackwardFusedKernel<T, 1>
+            <<<static_cast<unsigned>(blocks), threads, fused_shared, context.stream>>>(
+                rms, rows, cols, chunk, dy, dsum, in, mean_in, rstd_in, w, dx, partial_w,
+                partial_b);
+      }
+      TANDEM_CUDA_CHECK_LAUNCH(context.device);
+      // dy and x read (twice, the second time from L1), dx written, a sum per block and column;
+      // about 16 FLOPs an element.
+      DeclareKernelWork(16 * elements,
+                        ((dsum != nullptr ? 4 : 3) * elements + (w != nullptr ? cols : 0)) *
+                                sizeof(T) +
+                            statistics_bytes + 2.0 * blocks * cols * sizeof(M),
+                        RooflineMath(sizeof(M)));
+      finish(blocks, partial_w, partial_b);
+      return;
+    }
+    if (dx != nullptr && rows > 0) {
       const int64_t grid = std::min<int64_t>(rows, static_cast<int64_t>(context.num_sms) * 32);
       internal::RecordLaunchWork("RowNormBackwardInputKernel", grid, rows * cols);
-      const T* w = static_cast<const T*>(weight);
-      const T* dsum = static_cast<const T*>(grad_sum);
-      T* dx = static_cast<T*>(grad_x);
-      constexpr int kVec = kNormVector<T>;
-      if (RowsPack<T>(cols, {dy, dsum, in, w, dx})) {
+      if (pack) {
         RowNormBackwardInputKernel<T, kVec>
             <<<static_cast<int>(grid), RowThreads(cols / kVec), 0, context.stream>>>(
                 rms, rows, cols, dy, dsum, in, mean_in, rstd_in, w, dx);
@@ -311,14 +458,13 @@ void LaunchRowNormBackward(const LaunchContext& context, DType dtype, bool rms, 
       }
       TANDEM_CUDA_CHECK_LAUNCH(context.device);
       // dy and x read (twice, the second time from L1), dx written; about 12 FLOPs an element.
-      const double elements = static_cast<double>(rows * cols);
       DeclareKernelWork(
           12 * elements,
           ((dsum != nullptr ? 4 : 3) * elements + (w != nullptr ? cols : 0)) * sizeof(T) +
-              rows * sizeof(M) * (mean_in != nullptr ? 2 : 1),
+              statistics_bytes,
           RooflineMath(sizeof(M)));
     }
-    if (grad_weight != nullptr || grad_bias != nullptr) {
+    if (dw != nullptr || db != nullptr) {
       const int64_t tiles = (cols + kNormColumnTile - 1) / kNormColumnTile;
       int64_t splits = NormParamSplits(context, rows, tiles);
       const int64_t chunk = std::max<int64_t>(1, (rows + splits - 1) / splits);
@@ -333,26 +479,14 @@ void LaunchRowNormBackward(const LaunchContext& context, DType dtype, bool rms, 
       RowNormBackwardParamsKernel<T>
           <<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits)),
              kNormColumnTile * kNormRowLanes, 0, context.stream>>>(
-              rms, rows, cols, chunk, dy, in, mean_in, rstd_in, static_cast<T*>(grad_weight),
-              static_cast<T*>(grad_bias), partial_w, partial_b);
+              rms, rows, cols, chunk, dy, in, mean_in, rstd_in, dw, db, partial_w, partial_b);
       TANDEM_CUDA_CHECK_LAUNCH(context.device);
       // dy and x read once, a sum per split and column written; 5 FLOPs an element.
-      const double elements = static_cast<double>(rows * cols);
       DeclareKernelWork(5 * elements,
-                        2 * elements * sizeof(T) + rows * sizeof(M) * (mean_in != nullptr ? 2 : 1) +
+                        2 * elements * sizeof(T) + statistics_bytes +
                             2.0 * splits * cols * (splits > 1 ? sizeof(M) : sizeof(T)),
                         RooflineMath(sizeof(M)));
-      if (splits > 1) {
-        const int grid = GridFor(context, cols);
-        internal::RecordLaunchWork("RowNormParamsFinishKernel", grid, splits * cols);
-        RowNormParamsFinishKernel<T><<<grid, kThreads, 0, context.stream>>>(
-            cols, splits, partial_w, partial_b, static_cast<T*>(grad_weight),
-            static_cast<T*>(grad_bias));
-        TANDEM_CUDA_CHECK_LAUNCH(context.device);
-        DeclareKernelWork(2.0 * splits * cols,
-                          2.0 * splits * cols * sizeof(M) + 2.0 * cols * sizeof(T),
-                          RooflineMath(sizeof(M)));
-      }
+      if (splits > 1) finish(splits, partial_w, partial_b);
     }
   });
 }

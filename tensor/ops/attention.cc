@@ -203,6 +203,50 @@ Tensor NewLike(const Tensor& like, int64_t width, AttentionRows* rows) {
       .transpose(static_cast<int64_t>(n) - 1, static_cast<int64_t>(n));
 }
 
+// Gradients for `parts` (the q, k and v the kernels read) that tile one dense block as the parts
+// do: when they are views of one storage with equal shapes and strides, evenly spaced, and
+// together cover a block of memory with no gap or overlap (a packed [B, L, 3, H, E] projection
+// split into heads), one new block laid out the same and a view of it for each part, so that
+// the packed gradient needs no copy (split_heads's backward takes the block as it is). Empty
+// when they do not tile: each gradient is then allocated alone.
+std::vector<Tensor> NewTiledLike(const std::vector<Tensor>& parts) {
+  const Tensor& first = parts.front();
+  std::vector<int64_t> offsets;
+  for (const Tensor& p : parts) {
+    if (!first.shares_storage_with(p) || p.dtype() != first.dtype() ||
+        p.shape() != first.shape() || p.strides() != first.strides()) {
+      return {};
+    }
+    offsets.push_back(p.storage_offset());
+  }
+  const int64_t lowest = *std::min_element(offsets.begin(), offsets.end());
+  std::vector<int64_t> sorted = offsets;
+  std::sort(sorted.begin(), sorted.end());
+  const int64_t spacing = sorted.size() > 1 ? sorted[1] - sorted[0] : 0;
+  // The parts as one tensor [parts, ...]: dense when its (size, stride) pairs of more than one
+  // element, sorted by stride, each step exactly over the ones before.
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  if (sorted.size() > 1) dims.emplace_back(spacing, static_cast<int64_t>(sorted.size()));
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    if (sorted[i] - sorted[i - 1] != spacing) return {};
+  }
+  for (int64_t d = 0; d < first.dim(); ++d) {
+    if (first.size(d) > 1) dims.emplace_back(first.strides()[static_cast<size_t>(d)], first.size(d));
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t extent = 1;
+  for (const auto& [stride, size] : dims) {
+    if (stride != extent) return {};
+    extent *= size;
+  }
+  const Tensor block = NewTensor({extent}, first.dtype(), first.device());
+  std::vector<Tensor> views;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    views.push_back(MakeView(block, first.shape(), first.strides(), offsets[i] - lowest));
+  }
+  return views;
+}
+
 // The fused kernels: one autograd node whose backward is AttentionBackward.
 Tensor FusedAttention(const Tensor& query, const Tensor& key, const Tensor& value,
                       const KernelMask& mask, bool is_causal, double factor, double dropout_p,
@@ -264,9 +308,16 @@ Tensor FusedAttention(const Tensor& query, const Tensor& key, const Tensor& valu
           AttentionGeometry gb = g;
           const Tensor dout = KernelRows(grad, &gb.dout_rows);
           const Device dev = q.device();
-          Tensor dq = NewLike(q, gb.head_dim, &gb.dq_rows);
-          Tensor dk = NewLike(k, gb.head_dim, &gb.dk_rows);
-          Tensor dv = NewLike(v, gb.value_dim, &gb.dv_rows);
+          Tensor dq, dk, dv;
+          if (std::vector<Tensor> tiled = NewTiledLike({q, k, v}); !tiled.empty()) {
+            // Laid out as q, k and v are, so their rows are theirs.
+            dq = tiled[0], dk = tiled[1], dv = tiled[2];
+            gb.dq_rows = g.q_rows, gb.dk_rows = g.k_rows, gb.dv_rows = g.v_rows;
+          } else {
+            dq = NewLike(q, gb.head_dim, &gb.dq_rows);
+            dk = NewLike(k, gb.head_dim, &gb.dk_rows);
+            dv = NewLike(v, gb.value_dim, &gb.dv_rows);
+          }
           RunAttentionBackward(dev, q.dtype(), gb, Data(q), Data(k), Data(v), Data(mask_values),
                                Data(saved_out), Data(dout), Data(lse), Data(dq), Data(dk),
                                Data(dv));

@@ -127,6 +127,7 @@ class SplitHeadsBackward final : public Node {
       return {stack(full, 0).permute({1, 3, 0, 2, 4}).reshape(packed_shape_)};
     }
     NoGradGuard no_grad;
+    if (Tensor packed = PackedBlock(grads); packed.defined()) return {packed};
     Tensor packed = empty(packed_shape_, options);
     const Tensor parts = packed.view({b, t, parts_, n_head_, d});
     for (int64_t i = 0; i < parts_; ++i) {
@@ -143,6 +144,29 @@ class SplitHeadsBackward final : public Node {
   bool SupportsDoubleBackward() const override { return true; }
 
  private:
+  // The packed gradient itself when the parts' gradients are views of one block laid out as
+  // `packed` is (attention's backward writes them so: NewTiledLike in attention.cc), so that
+  // nothing is copied; undefined otherwise.
+  Tensor PackedBlock(const std::vector<Tensor>& grads) const {
+    const int64_t b = packed_shape_[0], t = packed_shape_[1], width = packed_shape_[2];
+    const int64_t d = width / (parts_ * n_head_);
+    const Shape part_shape = {b, n_head_, t, d};
+    const std::vector<int64_t> part_strides = {t * width, d, width, 1};  // of a contiguous pack
+    if (!grads[0].defined()) return Tensor();
+    const int64_t base = grads[0].storage_offset();
+    for (int64_t i = 0; i < parts_; ++i) {
+      const Tensor& g = grads[static_cast<size_t>(i)];
+      if (!g.defined() || !g.shares_storage_with(grads[0]) || g.dtype() != dtype_ ||
+          g.shape() != part_shape || g.storage_offset() != base + i * n_head_ * d) {
+        return Tensor();
+      }
+      for (size_t k = 0; k < part_shape.size(); ++k) {
+        if (part_shape[k] > 1 && g.strides()[k] != part_strides[k]) return Tensor();
+      }
+    }
+    return MakeView(grads[0], packed_shape_, ContiguousStrides(packed_shape_), base);
+  }
+
   Shape packed_shape_;
   DType dtype_;
   int64_t parts_, n_head_;

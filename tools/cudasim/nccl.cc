@@ -33,6 +33,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -409,6 +410,11 @@ void FailEverywhere(RankComm& comm, const std::string& message) {
 }
 
 std::string FailureOf(const Header& h) {
+  // The failing rank writes its message between storing 1 and 2: wait out that short window
+  // (bounded, in case that rank died inside it) so that the peers name the cause.
+  for (int i = 0; i < 1000000 && h.failed.load(std::memory_order_acquire) == 1; ++i) {
+    std::this_thread::yield();
+  }
   return h.failed.load(std::memory_order_acquire) == 2 ? std::string(h.failure)
                                                        : std::string("a rank failed");
 }
