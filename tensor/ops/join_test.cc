@@ -171,6 +171,21 @@ TEST_F(OpsTest, GradientsOfSplitHeads) {
       {packed});
 }
 
+// Attention writes the gradients of q, k and v as views of one block laid out as the packed
+// tensor, and split_heads's backward takes that block as the packed gradient without a copy:
+// the result must still be the gradient, with and without the causal mask.
+TEST_F(OpsTest, GradientsOfSplitHeadsThroughAttention) {
+  const Tensor packed = Param64(Randn({2, 5, 24}, 434));
+  for (bool causal : {false, true}) {
+    EXPECT_GRADIENTS_MATCH(
+        [causal](const Inputs& in) {
+          const std::vector<Tensor> p = split_heads(in[0], 3, 2);
+          return scaled_dot_product_attention(p[0], p[1], p[2], Tensor(), 0.0, causal);
+        },
+        {packed}, kLinearEps);
+  }
+}
+
 TEST_F(OpsTest, SplitHeadsRejectsShapesThatDoNotSplit) {
   EXPECT_THAT(ErrorOf([] {
                 split_heads(zeros({2, 12}), 3, 2);
