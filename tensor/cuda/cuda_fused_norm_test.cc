@@ -43,9 +43,9 @@ class CudaFusedNormTest : public CudaBackendReducedTest {
     // their rows across blocks (chunks that do not divide the rows), then add the chunks in a
     // second pass. 16-bit rows of a multiple of 8 ({70, 768}, {33, 40}, {1000, 40}) load through
     // 128-bit packs, the others one element at a time.
-    const std::vector<std::pair<int64_t, int64_t>> shapes = {
-        {1, 1},    {3, 7},     {70, 768},  {5, 1500}, {33, 40},
-        {1000, 40}, {517, 130}, {130, 6000}, {0, 4}};
+    const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},     {3, 7},      {70, 768},
+                                                             {5, 1500},  {33, 40},    {1000, 40},
+                                                             {517, 130}, {130, 6000}, {0, 4}};
     for (const auto& [rows, cols] : shapes) {
       for (bool rms : {false, true}) {
         for (int affine = 0; affine < 6; ++affine) {

@@ -402,7 +402,8 @@ void LaunchRowNormBackward(const LaunchContext& context, DType dtype, bool rms, 
           <<<static_cast<unsigned>(tiles), kNormColumnTile * kNormRowLanes, 0, context.stream>>>(
               cols, splits, partial_w, partial_b, dw, db);
       TANDEM_CUDA_CHECK_LAUNCH(context.device);
-      DeclareKernelWork(2.0 * splits * cols, 2.0 * splits * cols * sizeof(M) + 2.0 * cols * sizeof(T),
+      DeclareKernelWork(2.0 * splits * cols,
+                        2.0 * splits * cols * sizeof(M) + 2.0 * cols * sizeof(T),
                         RooflineMath(sizeof(M)));
     };
     const size_t fused_shared = 2 * static_cast<size_t>(cols) * sizeof(M);
@@ -436,11 +437,11 @@ void LaunchRowNormBackward(const LaunchContext& context, DType dtype, bool rms, 
       TANDEM_CUDA_CHECK_LAUNCH(context.device);
       // dy and x read (twice, the second time from L1), dx written, a sum per block and column;
       // about 16 FLOPs an element.
-      DeclareKernelWork(16 * elements,
-                        ((dsum != nullptr ? 4 : 3) * elements + (w != nullptr ? cols : 0)) *
-                                sizeof(T) +
-                            statistics_bytes + 2.0 * blocks * cols * sizeof(M),
-                        RooflineMath(sizeof(M)));
+      DeclareKernelWork(
+          16 * elements,
+          ((dsum != nullptr ? 4 : 3) * elements + (w != nullptr ? cols : 0)) * sizeof(T) +
+              statistics_bytes + 2.0 * blocks * cols * sizeof(M),
+          RooflineMath(sizeof(M)));
       finish(blocks, partial_w, partial_b);
       return;
     }

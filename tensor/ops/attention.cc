@@ -213,8 +213,8 @@ std::vector<Tensor> NewTiledLike(const std::vector<Tensor>& parts) {
   const Tensor& first = parts.front();
   std::vector<int64_t> offsets;
   for (const Tensor& p : parts) {
-    if (!first.shares_storage_with(p) || p.dtype() != first.dtype() ||
-        p.shape() != first.shape() || p.strides() != first.strides()) {
+    if (!first.shares_storage_with(p) || p.dtype() != first.dtype() || p.shape() != first.shape() ||
+        p.strides() != first.strides()) {
       return {};
     }
     offsets.push_back(p.storage_offset());
@@ -231,7 +231,9 @@ std::vector<Tensor> NewTiledLike(const std::vector<Tensor>& parts) {
     if (sorted[i] - sorted[i - 1] != spacing) return {};
   }
   for (int64_t d = 0; d < first.dim(); ++d) {
-    if (first.size(d) > 1) dims.emplace_back(first.strides()[static_cast<size_t>(d)], first.size(d));
+    if (first.size(d) > 1) {
+      dims.emplace_back(first.strides()[static_cast<size_t>(d)], first.size(d));
+    }
   }
   std::sort(dims.begin(), dims.end());
   int64_t extent = 1;
