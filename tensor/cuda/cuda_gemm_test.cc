@@ -574,8 +574,7 @@ TEST_F(CudaLinearTest, LinearGeluDifferentiatesTwice) {
     };
     Tensor x = leaf(x0), w = leaf(w0), b = leaf(b0);
     const Tensor y = linear_gelu(x, w, b, "tanh");
-    const Tensor g =
-        autograd::grad({(y * r0.to(where)).sum()}, {x}, {}, /*create_graph=*/true)[0];
+    const Tensor g = autograd::grad({(y * r0.to(where)).sum()}, {x}, {}, /*create_graph=*/true)[0];
     (g * g).sum().backward();
     for (const Tensor& t : {g, x.grad(), w.grad(), b.grad()}) {
       results[device].push_back(t.to(Device::Cpu(0)).to_vector<float>());

@@ -96,66 +96,18 @@ __global__ void RowNormKernel(bool rms, int64_t rows, int64_t cols, OpMath<T> ep
   }
 }
 
-// grad_x, one block per row, kVec elements a thread at a time as RowNormKernel.
-template <typename T, int kVec>
-__global__ void RowNormBackwardInputKernel(bool rms, int64_t rows, int64_t cols, const T* dy,
-                                           const T* dsum, const T* x, const OpMath<T>* mean_in,
-                                           const OpMath<T>* rstd_in, const T* weight, T* dx) {
-  using M = OpMath<T>;
-  using P = Pack<T, kVec>;
-  const M inv_cols = M(1) / static_cast<M>(cols);
-  const int64_t chunks = cols / kVec;
-  const P* w = reinterpret_cast<const P*>(weight);
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-    const P* xr = reinterpret_cast<const P*>(x + row * cols);
-    const P* gr = reinterpret_cast<const P*>(dy + row * cols);
-    P* dxr = reinterpret_cast<P*>(dx + row * cols);
-    const P* dsr = dsum == nullptr ? nullptr : reinterpret_cast<const P*>(dsum + row * cols);
-    const M mean = rms ? M(0) : mean_in[row];
-    const M rstd = rstd_in[row];
-    M sum_g = 0, sum_gx = 0;
-    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
-      const P xv = xr[c], gv = gr[c];
-      P wv;
-      if (w != nullptr) wv = w[c];
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        const M g = static_cast<M>(gv.v[k]) * (w != nullptr ? static_cast<M>(wv.v[k]) : M(1));
-        sum_g += g;
-        sum_gx += g * (static_cast<M>(xv.v[k]) - mean) * rstd;
-      }
-    }
-    const M mean_g = rms ? M(0) : BlockSum(sum_g) * inv_cols;
-    const M mean_gx = BlockSum(sum_gx) * inv_cols;
-    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
-      const P xv = xr[c], gv = gr[c];
-      P wv, sv, out;
-      if (w != nullptr) wv = w[c];
-      if (dsr != nullptr) sv = dsr[c];
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) {
-        const M g = static_cast<M>(gv.v[k]) * (w != nullptr ? static_cast<M>(wv.v[k]) : M(1));
-        const M xhat = (static_cast<M>(xv.v[k]) - mean) * rstd;
-        const M through = dsr != nullptr ? static_cast<M>(sv.v[k]) : M(0);
-        out.v[k] = static_cast<T>(through + rstd * (g - mean_g - xhat * mean_gx));
-      }
-      dxr[c] = out;
-    }
-  }
-}
-
-// grad_x and the weight's and bias's gradients in one pass over dy and x (llm.c's LayerNorm
-// backward): block blockIdx.x takes the rows [blockIdx.x * chunk, + chunk), each with all its
-// threads as RowNormBackwardInputKernel does, and each thread also adds dy * xhat and dy of its
-// own columns (the same ones every row: no races, no atomics) into shared memory, [2][cols] in M.
-// The block's sums go to partial_w/partial_b ([blocks, cols]); RowNormParamsFinishKernel adds
-// them in block order, so the result is deterministic.
-template <typename T, int kVec>
-__global__ void RowNormBackwardFusedKernel(bool rms, int64_t rows, int64_t cols, int64_t chunk,
-                                           const T* dy, const T* dsum, const T* x,
-                                           const OpMath<T>* mean_in, const OpMath<T>* rstd_in,
-                                           const T* weight, T* dx, OpMath<T>* partial_w,
-                                           OpMath<T>* partial_b) {
+// grad_x, and with kSums the weight's and bias's gradients in the same pass over dy and x (llm.c's
+// LayerNorm backward), kVec elements a thread at a time as RowNormKernel: block blockIdx.x takes
+// the rows [blockIdx.x * chunk, + chunk), each with all its threads. With kSums each thread also
+// adds dy * xhat and dy of its own columns (the same ones every row: no races, no atomics) into
+// shared memory, [2][cols] in M, and the block's sums go to partial_w/partial_b ([blocks, cols]);
+// RowNormParamsFinishKernel adds them in block order, so the result is deterministic.
+template <typename T, int kVec, bool kSums>
+__global__ void RowNormBackwardKernel(bool rms, int64_t rows, int64_t cols, int64_t chunk,
+                                      const T* dy, const T* dsum, const T* x,
+                                      const OpMath<T>* mean_in, const OpMath<T>* rstd_in,
+                                      const T* weight, T* dx, OpMath<T>* partial_w,
+                                      OpMath<T>* partial_b) {
   using M = OpMath<T>;
   using P = Pack<T, kVec>;
   extern __shared__ unsigned char shared_raw[];
@@ -164,9 +116,11 @@ __global__ void RowNormBackwardFusedKernel(bool rms, int64_t rows, int64_t cols,
   const M inv_cols = M(1) / static_cast<M>(cols);
   const int64_t chunks = cols / kVec;
   const P* w = reinterpret_cast<const P*>(weight);
-  for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
+  if (kSums) {
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) acc_w[c * kVec + k] = acc_b[c * kVec + k] = M(0);
+      for (int k = 0; k < kVec; ++k) acc_w[c * kVec + k] = acc_b[c * kVec + k] = M(0);
+    }
   }
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * chunk;
   const int64_t end = min(rows, begin + chunk);
@@ -203,12 +157,15 @@ __global__ void RowNormBackwardFusedKernel(bool rms, int64_t rows, int64_t cols,
         const M xhat = (static_cast<M>(xv.v[k]) - mean) * rstd;
         const M through = dsr != nullptr ? static_cast<M>(sv.v[k]) : M(0);
         out.v[k] = static_cast<T>(through + rstd * (g - mean_g - xhat * mean_gx));
-        acc_w[c * kVec + k] += dyv * xhat;
-        acc_b[c * kVec + k] += dyv;
+        if (kSums) {
+          acc_w[c * kVec + k] += dyv * xhat;
+          acc_b[c * kVec + k] += dyv;
+        }
       }
       dxr[c] = out;
     }
   }
+  if (!kSums) return;
   for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
@@ -216,6 +173,18 @@ __global__ void RowNormBackwardFusedKernel(bool rms, int64_t rows, int64_t cols,
       partial_b[blockIdx.x * cols + c * kVec + k] = acc_b[c * kVec + k];
     }
   }
+}
+
+// RowNormBackwardKernel's launch, one function per instantiation, so that the launcher can pick
+// one through a pointer.
+template <typename T, int kVec, bool kSums>
+void LaunchRowNormBackwardKernel(const LaunchContext& context, unsigned blocks, int threads,
+                                 size_t shared, bool rms, int64_t rows, int64_t cols, int64_t chunk,
+                                 const T* dy, const T* dsum, const T* x, const OpMath<T>* mean,
+                                 const OpMath<T>* rstd, const T* weight, T* dx,
+                                 OpMath<T>* partial_w, OpMath<T>* partial_b) {
+  RowNormBackwardKernel<T, kVec, kSums><<<blocks, threads, shared, context.stream>>>(
+      rms, rows, cols, chunk, dy, dsum, x, mean, rstd, weight, dx, partial_w, partial_b);
 }
 
 // Whether the row kernels may load 16-bit rows through 128-bit Packs (kNormVector<T> elements):
@@ -406,64 +375,51 @@ void LaunchRowNormBackward(const LaunchContext& context, DType dtype, bool rms, 
                         2.0 * splits * cols * sizeof(M) + 2.0 * cols * sizeof(T),
                         RooflineMath(sizeof(M)));
     };
-    const size_t fused_shared = 2 * static_cast<size_t>(cols) * sizeof(M);
-    if (dx != nullptr && rows > 0 && (dw != nullptr || db != nullptr) &&
-        fused_shared <= kNormFusedSharedBytes) {
-      // Both: one pass over dy and x for all three (RowNormBackwardFusedKernel), a full wave of
-      // blocks, then the blocks' sums added.
-      const int threads = RowThreads(pack ? cols / kVec : cols);
-      int64_t blocks = std::min<int64_t>(
-          rows, static_cast<int64_t>(context.num_sms) * std::max(1, kThreadsPerSm / threads));
+    // grad_x (and, with `sums`, the blocks' column sums of the weight's and bias's gradients) over
+    // `blocks` blocks of consecutive rows: RowNormBackwardKernel.
+    const auto backward = [&](bool sums, int64_t blocks, M* partial_w, M* partial_b) {
       const int64_t chunk = (rows + blocks - 1) / blocks;
       blocks = (rows + chunk - 1) / chunk;  // no empty block at the end
+      const int threads = RowThreads(pack ? cols / kVec : cols);
+      const size_t shared = sums ? 2 * static_cast<size_t>(cols) * sizeof(M) : 0;
+      internal::RecordLaunchWork("RowNormBackwardKernel", blocks, rows * cols);
+      using Launcher =
+          void (*)(const LaunchContext&, unsigned, int, size_t, bool, int64_t, int64_t, int64_t,
+                   const T*, const T*, const T*, const M*, const M*, const T*, T*, M*, M*);
+      const Launcher launch = pack ? (sums ? LaunchRowNormBackwardKernel<T, kVec, true>
+                                           : LaunchRowNormBackwardKernel<T, kVec, false>)
+                                   : (sums ? LaunchRowNormBackwardKernel<T, 1, true>
+                                           : LaunchRowNormBackwardKernel<T, 1, false>);
+      launch(context, static_cast<unsigned>(blocks), threads, shared, rms, rows, cols, chunk, dy,
+             dsum, in, mean_in, rstd_in, w, dx, partial_w, partial_b);
+      TANDEM_CUDA_CHECK_LAUNCH(context.device);
+      // dy and x read (twice, the second time from L1), dx written, with `sums` a sum per block
+      // and column; about 12 FLOPs an element, 16 with the sums.
+      DeclareKernelWork(
+          (sums ? 16 : 12) * elements,
+          ((dsum != nullptr ? 4 : 3) * elements + (w != nullptr ? cols : 0)) * sizeof(T) +
+              statistics_bytes + (sums ? 2.0 * blocks * cols * sizeof(M) : 0.0),
+          RooflineMath(sizeof(M)));
+      return blocks;
+    };
+    if (dx != nullptr && rows > 0 && (dw != nullptr || db != nullptr) &&
+        2 * static_cast<size_t>(cols) * sizeof(M) <= kNormFusedSharedBytes) {
+      // All three in one pass over dy and x, a full wave of blocks, then the blocks' sums added.
+      const int threads = RowThreads(pack ? cols / kVec : cols);
+      const int64_t wave = std::min<int64_t>(
+          rows, static_cast<int64_t>(context.num_sms) * std::max(1, kThreadsPerSm / threads));
       // Returned to the allocator at the end of this scope while the kernels may be queued:
       // safe, as it is handed out again only to later work on this stream.
       const std::shared_ptr<void> partials =
-          context.workspace->Allocate(2 * blocks * cols * sizeof(M));
+          context.workspace->Allocate(2 * wave * cols * sizeof(M));
       M* partial_w = static_cast<M*>(partials.get());
-      M* partial_b = partial_w + blocks * cols;
-      internal::RecordLaunchWork("RowNormBackwardFusedKernel", blocks, rows * cols);
-      if (pack) {
-        RowNormBackwardFusedKernel<T, kVec>
-            <<<static_cast<unsigned>(blocks), threads, fused_shared, context.stream>>>(
-                rms, rows, cols, chunk, dy, dsum, in, mean_in, rstd_in, w, dx, partial_w,
-                partial_b);
-      } else {
-        RowNormBackwardFusedKernel<T, 1>
-            <<<static_cast<unsigned>(blocks), threads, fused_shared, context.stream>>>(
-                rms, rows, cols, chunk, dy, dsum, in, mean_in, rstd_in, w, dx, partial_w,
-                partial_b);
-      }
-      TANDEM_CUDA_CHECK_LAUNCH(context.device);
-      // dy and x read (twice, the second time from L1), dx written, a sum per block and column;
-      // about 16 FLOPs an element.
-      DeclareKernelWork(
-          16 * elements,
-          ((dsum != nullptr ? 4 : 3) * elements + (w != nullptr ? cols : 0)) * sizeof(T) +
-              statistics_bytes + 2.0 * blocks * cols * sizeof(M),
-          RooflineMath(sizeof(M)));
-      finish(blocks, partial_w, partial_b);
+      const int64_t blocks = backward(true, wave, partial_w, partial_w + wave * cols);
+      finish(blocks, partial_w, partial_w + wave * cols);
       return;
     }
     if (dx != nullptr && rows > 0) {
-      const int64_t grid = std::min<int64_t>(rows, static_cast<int64_t>(context.num_sms) * 32);
-      internal::RecordLaunchWork("RowNormBackwardInputKernel", grid, rows * cols);
-      if (pack) {
-        RowNormBackwardInputKernel<T, kVec>
-            <<<static_cast<int>(grid), RowThreads(cols / kVec), 0, context.stream>>>(
-                rms, rows, cols, dy, dsum, in, mean_in, rstd_in, w, dx);
-      } else {
-        RowNormBackwardInputKernel<T, 1>
-            <<<static_cast<int>(grid), RowThreads(cols), 0, context.stream>>>(
-                rms, rows, cols, dy, dsum, in, mean_in, rstd_in, w, dx);
-      }
-      TANDEM_CUDA_CHECK_LAUNCH(context.device);
-      // dy and x read (twice, the second time from L1), dx written; about 12 FLOPs an element.
-      DeclareKernelWork(
-          12 * elements,
-          ((dsum != nullptr ? 4 : 3) * elements + (w != nullptr ? cols : 0)) * sizeof(T) +
-              statistics_bytes,
-          RooflineMath(sizeof(M)));
+      backward(false, std::min<int64_t>(rows, static_cast<int64_t>(context.num_sms) * 32), nullptr,
+               nullptr);
     }
     if (dw != nullptr || db != nullptr) {
       const int64_t tiles = (cols + kNormColumnTile - 1) / kNormColumnTile;

@@ -430,6 +430,45 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
 
 namespace {
 
+// y = gelu_tanh(x · weight^T + bias) ([rows, out], x's dtype) in one GEMM (GELU_AUX_BIAS),
+// with the pre-activation that the backward needs written beside it when `keep`. False, having
+// computed nothing, where the backend does not fuse.
+bool GeluLinearGemm(const Tensor& x, const Tensor& weight, const Tensor& bias, bool keep, Tensor* y,
+                    Tensor* pre) {
+  const int64_t rows = x.shape()[0], out_features = weight.size(0);
+  *y = NewTensor({rows, out_features}, x.dtype(), x.device());
+  *pre = keep ? NewTensor({rows, out_features}, x.dtype(), x.device()) : Tensor();
+  const Tensor contiguous_bias = ContiguousRaw(bias);
+  Backend::GemmEpilogueArgs epilogue;
+  epilogue.kind = Backend::GemmEpilogue::kGeluTanhBias;
+  epilogue.bias = DataPtr(contiguous_bias);
+  if (keep) {
+    epilogue.aux = DataPtr(*pre);
+    epilogue.ld_aux = out_features;
+  }
+  return GemmWithEpilogueRaw(*y, x, TransposedRaw(weight), epilogue);
+}
+
+// The gradients of GeluLinearGemm's y from `grad` ([rows, out]) and the saved pre-activation:
+// x's in `x_dtype`, the weight's and bias's in `param_dtype` (float32 under autocast: the 16-bit
+// GEMM's sums never rounded to 16 bits), the bias's fused into the weight gradient's GEMM where
+// the backend can. Undefined where not wanted.
+std::vector<Tensor> GeluLinearGradients(const Tensor& grad, const Tensor& pre, const Tensor& x,
+                                        const Tensor& weight, bool grad_x, bool grad_w, bool grad_b,
+                                        DType x_dtype, DType param_dtype) {
+  const Tensor g = BinaryRaw(BinaryOp::kGeluTanhBackward, grad, pre, "linear_gelu backward");
+  Tensor grad_bias;
+  std::vector<Tensor> grads = {
+      grad_x ? CastRaw(MatmulRaw(g, weight), x_dtype) : Tensor(),
+      grad_w ? WeightGradRaw(g, x, param_dtype, grad_b ? &grad_bias : nullptr) : Tensor()};
+  if (grad_b && !grad_bias.defined()) {
+    grad_bias = CastRaw(ViewRaw(ReduceRaw(g, {0}, ReduceKind::kSum, "linear_gelu"), {g.shape()[1]}),
+                        param_dtype);
+  }
+  grads.push_back(grad_bias);
+  return grads;
+}
+
 // linear_gelu under autocast with float32 parameters, as AutocastLinear (Note [Autocast
 // linear]): the weight and bias cast outside the graph, one node whose edges go to the uncast
 // x, weight and bias, the weight's and bias's gradients into float32 (the bias gradient fused
@@ -449,17 +488,8 @@ Tensor AutocastLinearGelu(const Tensor& x, const Tensor& weight, const Tensor& b
     NoGradGuard no_grad;  // the node is recorded below
     x_low = x.to(low).reshape({rows, in});
   }
-  Tensor y = NewTensor({rows, out_features}, low, x.device());
-  const Tensor pre = keep ? NewTensor({rows, out_features}, low, x.device()) : Tensor();
-  const Tensor contiguous_bias = ContiguousRaw(b_low);
-  Backend::GemmEpilogueArgs epilogue;
-  epilogue.kind = Backend::GemmEpilogue::kGeluTanhBias;
-  epilogue.bias = DataPtr(contiguous_bias);
-  if (keep) {
-    epilogue.aux = DataPtr(pre);
-    epilogue.ld_aux = out_features;
-  }
-  if (!GemmWithEpilogueRaw(y, x_low, TransposedRaw(w_low), epilogue)) return Tensor();
+  Tensor y, pre;
+  if (!GeluLinearGemm(x_low, w_low, b_low, keep, &y, &pre)) return Tensor();
   Shape out_shape(x.shape().begin(), x.shape().end() - 1);
   out_shape.push_back(out_features);
   if (keep) {
@@ -467,19 +497,10 @@ Tensor AutocastLinearGelu(const Tensor& x, const Tensor& weight, const Tensor& b
            [grad_x, grad_w, grad_b, pre, rows, out_features, x_dtype = x.dtype(),
             x_shape = x.shape(), sx = grad_w ? x_low.detach() : Tensor(),
             sw = grad_x ? w_low : Tensor()](const Tensor& grad_y) {
-             const Tensor g =
-                 BinaryRaw(BinaryOp::kGeluTanhBackward, grad_y.reshape({rows, out_features}), pre,
-                           "linear_gelu backward");
-             Tensor grad_bias;
-             std::vector<Tensor> grads = {
-                 grad_x ? CastRaw(MatmulRaw(g, sw), x_dtype).reshape(x_shape) : Tensor(),
-                 grad_w ? WeightGradRaw(g, sx, kFloat32, grad_b ? &grad_bias : nullptr) : Tensor()};
-             if (grad_b && !grad_bias.defined()) {
-               grad_bias = CastRaw(
-                   ViewRaw(ReduceRaw(g, {0}, ReduceKind::kSum, "linear_gelu"), {out_features}),
-                   kFloat32);
-             }
-             grads.push_back(grad_bias);
+             std::vector<Tensor> grads =
+                 GeluLinearGradients(grad_y.reshape({rows, out_features}), pre, sx, sw, grad_x,
+                                     grad_w, grad_b, x_dtype, kFloat32);
+             if (grads[0].defined()) grads[0] = grads[0].reshape(x_shape);
              return grads;
            });
   }
@@ -530,17 +551,8 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias,
   const Tensor x2 = x.dim() == 2 ? x : x.reshape({rows, in});
   const std::vector<Tensor> inputs = {x2, weight, bias};
   const bool keep = NeedsGrad(inputs);
-  Tensor y = NewTensor({rows, out_features}, dtype, x.device());
-  const Tensor pre = keep ? NewTensor({rows, out_features}, dtype, x.device()) : Tensor();
-  const Tensor contiguous_bias = ContiguousRaw(bias);
-  Backend::GemmEpilogueArgs epilogue;
-  epilogue.kind = Backend::GemmEpilogue::kGeluTanhBias;
-  epilogue.bias = DataPtr(contiguous_bias);
-  if (keep) {
-    epilogue.aux = DataPtr(pre);
-    epilogue.ld_aux = out_features;
-  }
-  if (!GemmWithEpilogueRaw(y, x2, TransposedRaw(weight), epilogue)) return composed();
+  Tensor y, pre;
+  if (!GeluLinearGemm(x2, weight, bias, keep, &y, &pre)) return composed();
   if (keep) {
     const bool grad_x = NeedsGrad({x2}), grad_w = NeedsGrad({weight}), grad_b = NeedsGrad({bias});
     Record(
@@ -550,17 +562,8 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias,
             return RecomputedGradients([&] { return gelu(linear(x2, weight, bias), "tanh"); },
                                        {x2, weight, bias}, grad);
           }
-          const Tensor g =
-              BinaryRaw(BinaryOp::kGeluTanhBackward, grad, pre, "linear_gelu backward");
-          Tensor grad_bias;
-          std::vector<Tensor> grads = {
-              grad_x ? MatmulRaw(g, weight) : Tensor(),
-              grad_w ? WeightGradRaw(g, x2, g.dtype(), grad_b ? &grad_bias : nullptr) : Tensor()};
-          if (grad_b && !grad_bias.defined()) {
-            grad_bias = ViewRaw(ReduceRaw(g, {0}, ReduceKind::kSum, "linear_gelu"), {g.shape()[1]});
-          }
-          grads.push_back(grad_bias);
-          return grads;
+          return GeluLinearGradients(grad, pre, x2, weight, grad_x, grad_w, grad_b, grad.dtype(),
+                                     grad.dtype());
         },
         DoubleBackward::kSupported);
   }

@@ -453,8 +453,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
   }
   if (p.m == 0 || p.n == 0) return CUBLAS_STATUS_SUCCESS;
   const auto count_work = [&] {
-    // Its work for the counters (once the launch is counted, below): 2 m n k FLOPs; A and B read, D written (C read where beta
-    // != 0), the bias (or its gradient) and the GELU's aux buffer as they are used.
+    // Its work for the counters (once the launch is counted, below): 2 m n k FLOPs; A and B read,
+    // D written (C read where beta != 0), the bias (or its gradient) and the GELU's aux buffer as
+    // they are used.
     const double ab = SizeOf(a_layout->type), cd = SizeOf(d_layout->type);
     const bool reads_c =
         (desc->compute == CUBLAS_COMPUTE_64F ? *static_cast<const double*>(beta_ptr)
