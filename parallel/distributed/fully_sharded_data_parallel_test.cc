@@ -609,8 +609,11 @@ TEST_F(FullyShardedDataParallelTest, Rank0OnlyFullStateDictHoldsOneUnitAtATimeEl
   }
   ASSERT_GT(largest_unit_bytes, 0);
   auto peak_above = [&](const std::function<void()>& f) {
-    const int64_t before = GetMemoryStats(cpu).in_use_bytes;
+    // Every collective queued before (the constructor's) finished and its buffers released, so
+    // that no free lands inside the measure and hides what f holds; the baseline read at the reset.
+    TestGroup()->barrier()->wait();
     ResetPeakMemory(cpu);
+    const int64_t before = GetMemoryStats(cpu).in_use_bytes;
     f();
     return GetMemoryStats(cpu).peak_bytes - before;
   };
