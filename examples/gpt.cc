@@ -118,10 +118,11 @@ void GptMlp::reset() {
 }
 
 Tensor GptMlp::forward(const Tensor& x) {
-  // One GEMM for c_fc, its bias and the GELU where the backend fuses them (Note [Fused
-  // linear_gelu], tensor/ops/linalg.cc); c_fc's forward composed otherwise.
+  // c_fc, the GELU and c_proj as one op: where the backend fuses, one GEMM for c_fc with its bias
+  // and the GELU, and in backward one for the gradient through c_proj and the GELU with c_fc's
+  // bias gradient (Note [Fused MLP], tensor/ops/linalg.cc); composed otherwise.
   return dropout_->forward(
-      c_proj_->forward(linear_gelu(x, c_fc_->weight(), c_fc_->bias(), "tanh")));
+      linear_gelu_linear(x, c_fc_->weight(), c_fc_->bias(), c_proj_->weight(), c_proj_->bias()));
 }
 
 // ---- GptBlock ----------------------------------------------------------------------------

@@ -608,9 +608,13 @@ bool CudaBackend::GemmWithEpilogue(int index, DType dtype, DType c_dtype, bool t
   // Empty products, and aux rows cuBLASLt refuses (its ld must be a multiple of 8): composed.
   if (m <= 0 || n <= 0 || k <= 0) return false;
   const bool gelu = epilogue.kind == GemmEpilogue::kGeluTanhBias;
-  if (gelu && epilogue.aux != nullptr && (epilogue.ld_aux < n || epilogue.ld_aux % 8 != 0)) {
+  const bool dgelu = epilogue.kind == GemmEpilogue::kDGeluTanhBiasGrad;
+  if ((gelu || dgelu) && epilogue.aux != nullptr &&
+      (epilogue.ld_aux < n || epilogue.ld_aux % 8 != 0)) {
     return false;
   }
+  if (dgelu && (epilogue.aux == nullptr || c_dtype != dtype)) return false;
+  const DType bias_dtype = dgelu && epilogue.float_bias_grad ? DType::kFloat32 : c_dtype;
   constexpr int64_t kIntMax = std::numeric_limits<int>::max();
   if (m > kIntMax || n > kIntMax || k > kIntMax) return false;
   lda = LeadingDimension(trans_a ? k : m, trans_a ? m : k, lda, "lda");
@@ -640,14 +644,19 @@ bool CudaBackend::GemmWithEpilogue(int index, DType dtype, DType c_dtype, bool t
   cublasLtEpilogue_t kind = CUBLASLT_EPILOGUE_BIAS;
   if (gelu) kind = epilogue.aux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS;
   if (epilogue.kind == GemmEpilogue::kBiasGradA) kind = CUBLASLT_EPILOGUE_BGRADB;
+  // DGELU_BGRAD's bias gradient is over D's rows, which are C's columns: the bias gradient of
+  // the linear whose GELU output multiplied into op(B).
+  if (dgelu) kind = CUBLASLT_EPILOGUE_DGELU_BGRAD;
   set(CUBLASLT_MATMUL_DESC_EPILOGUE, kind);
-  const void* bias = kind == CUBLASLT_EPILOGUE_BGRADB ? epilogue.bias_grad : epilogue.bias;
+  const bool bias_grad = kind == CUBLASLT_EPILOGUE_BGRADB || dgelu;
+  const void* bias = bias_grad ? epilogue.bias_grad : epilogue.bias;
   TANDEM_CHECK(bias != nullptr, "CUDA GemmWithEpilogue: the epilogue needs its ",
-               kind == CUBLASLT_EPILOGUE_BGRADB ? "bias_grad" : "bias", " pointer");
+               bias_grad ? "bias_grad" : "bias", " pointer");
   set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
-  // The bias (or its gradient) is in C's type; cuBLASLt's default is D's, said explicitly.
-  set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(CudaType(c_dtype)));
-  if (kind == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+  // The bias (or its gradient) is in C's type unless asked in float32; cuBLASLt's default is
+  // D's, said explicitly.
+  set(CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, static_cast<int32_t>(CudaType(bias_dtype)));
+  if (kind == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || dgelu) {
     set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, epilogue.aux);
     set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, epilogue.ld_aux);
   }

@@ -317,11 +317,86 @@ float GeluTanh(float x) {
   return 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
+// d gelu_tanh(x) / dx, as the CPU's kGeluTanhBackward computes it.
+float GeluTanhDerivative(float x) {
+  return UnaryMath(UnaryTag<UnaryOp::kGeluTanhDerivative>{}, x, 0.0f);
+}
+
 class CudaGemmEpilogueTest : public CudaBackendReducedTest {
  protected:
   template <typename T>
   void ExpectEpiloguesMatch(bool float_output);
+  template <typename T>
+  void ExpectGeluGradientMatches(bool float_bias_grad);
 };
+
+// kDGeluTanhBiasGrad: C = (op(A) op(B)) * gelu_tanh'(aux) in T and the bias gradient, C's column
+// sums, in T or float32, against the oracle's float product, derivative and double sums.
+template <typename T>
+void CudaGemmEpilogueTest::ExpectGeluGradientMatches(bool float_bias_grad) {
+  const DType dtype = DTypeOf<T>::value;
+  const bool reduced = !std::is_same_v<T, float>;
+  for (const GemmCase& g : {GemmCase{1, 8, 1, 1}, GemmCase{7, 16, 3, 1}, GemmCase{33, 24, 65, 1},
+                            GemmCase{64, 48, 256, 1}}) {
+    for (bool trans_a : {false, true}) {
+      for (bool trans_b : {false, true}) {
+        const std::string what =
+            Note(DTypePrefix<T>() + "gemm DGELU_BGRAD m=" + std::to_string(g.m) + " n=" +
+                 std::to_string(g.n) + " k=" + std::to_string(g.k) + (trans_a ? " A^T" : "") +
+                 (trans_b ? " B^T" : "") + (float_bias_grad ? " float bias gradient" : ""));
+        const int64_t a_rows = trans_a ? g.k : g.m, a_cols = trans_a ? g.m : g.k;
+        const int64_t b_rows = trans_b ? g.n : g.k, b_cols = trans_b ? g.k : g.n;
+        const int64_t lda = a_cols + 3, ldb = b_cols + 1, ldc = g.n + 2, ld_aux = g.n + 8;
+        const auto values = [&](int64_t n) {
+          if constexpr (std::is_same_v<T, float>) {
+            return Random<float>(n, -1.0, 1.0);
+          } else {
+            return RandomReduced<T>(n, -1.0, 1.0);
+          }
+        };
+        const std::vector<T> a_values = values(a_rows * lda), b_values = values(b_rows * ldb);
+        const std::vector<T> aux_values = values(g.m * ld_aux);
+        Buffer<T> a(a_values), b(b_values), aux(aux_values), out(g.m * ldc), grad(g.n);
+        Buffer<float> grad32(g.n);
+        Buffer<float> wide_a(Widened(a_values)), wide_b(Widened(b_values)), product(g.m * ldc);
+        cpu_.Gemm(0, kFloat32, trans_a, trans_b, g.m, g.n, g.k, 1.0, wide_a.cpu(), lda, 0,
+                  wide_b.cpu(), ldb, 0, 0.0, product.cpu(), ldc, 0, 1);
+        Backend::GemmEpilogueArgs epilogue;
+        epilogue.kind = Backend::GemmEpilogue::kDGeluTanhBiasGrad;
+        epilogue.aux = aux.gpu();
+        epilogue.ld_aux = ld_aux;
+        epilogue.bias_grad = float_bias_grad ? static_cast<void*>(grad32.gpu()) : grad.gpu();
+        epilogue.float_bias_grad = float_bias_grad;
+        ASSERT_TRUE(gpu_.GemmWithEpilogue(0, dtype, dtype, trans_a, trans_b, g.m, g.n, g.k, a.gpu(),
+                                          lda, b.gpu(), ldb, out.gpu(), ldc, epilogue))
+            << what;
+        const std::vector<float> wide_aux = Widened(aux_values);
+        std::vector<float> expected(g.m * ldc, std::numeric_limits<float>::quiet_NaN());
+        std::vector<double> sums(g.n, 0.0);
+        for (int64_t i = 0; i < g.m; ++i) {
+          for (int64_t j = 0; j < g.n; ++j) {
+            const float value =
+                product.Cpu()[i * ldc + j] * GeluTanhDerivative(wide_aux[i * ld_aux + j]);
+            expected[i * ldc + j] = value;
+            sums[j] += value;
+          }
+        }
+        double atol = 1e-6 + 4e-6 * std::sqrt(static_cast<double>(g.k));
+        if (reduced) {
+          atol += Ulp<T>() * std::sqrt(static_cast<double>(g.k));
+          for (float& e : expected) e = std::isnan(e) ? e : static_cast<float>(T(e));
+        }
+        const double rtol = reduced ? 2 * Ulp<T>() : 1e-5;
+        ExpectNear(expected, Widened(out.Gpu()), rtol, atol, what + " C");
+        const std::vector<float> expected_sums(sums.begin(), sums.end());
+        const std::vector<float> got_sums = float_bias_grad ? grad32.Gpu() : Widened(grad.Gpu());
+        ExpectNear(float_bias_grad || !reduced ? expected_sums : Widened(Rounded<T>(expected_sums)),
+                   got_sums, reduced && !float_bias_grad ? Ulp<T>() : 1e-5, atol * g.m,
+                   what + " bias gradient");
+      }
+    }
+  }
+}
 
 template <typename T>
 void CudaGemmEpilogueTest::ExpectEpiloguesMatch(bool float_output) {
@@ -429,6 +504,12 @@ TEST_F(CudaGemmEpilogueTest, BFloat16) { ExpectEpiloguesMatch<BFloat16>(false); 
 TEST_F(CudaGemmEpilogueTest, Float16) { ExpectEpiloguesMatch<Half>(false); }
 TEST_F(CudaGemmEpilogueTest, BFloat16IntoFloat32) { ExpectEpiloguesMatch<BFloat16>(true); }
 TEST_F(CudaGemmEpilogueTest, Float16IntoFloat32) { ExpectEpiloguesMatch<Half>(true); }
+TEST_F(CudaGemmEpilogueTest, GeluGradientFloat32) { ExpectGeluGradientMatches<float>(false); }
+TEST_F(CudaGemmEpilogueTest, GeluGradientBFloat16) { ExpectGeluGradientMatches<BFloat16>(false); }
+TEST_F(CudaGemmEpilogueTest, GeluGradientFloat16) { ExpectGeluGradientMatches<Half>(false); }
+TEST_F(CudaGemmEpilogueTest, GeluGradientBFloat16WithFloatBiasGradient) {
+  ExpectGeluGradientMatches<BFloat16>(true);
+}
 
 // What cuBLASLt does not take is declined, nothing written, for the caller to compose:
 // float64 (legacy cuBLAS's DGEMM), an aux row stride cuBLASLt refuses, an empty sum.
@@ -672,6 +753,131 @@ TEST_F(CudaLinearTest, AutocastLinearMatchesTheCpu) {
       }
     }
     EXPECT_EQ(forward_launches[1], forward_launches[0]) << Note("autocast linear_gelu fused");
+  }
+}
+
+// ---- linear_gelu_linear (Note [Fused MLP]) on CUDA against the CPU -----------------------------
+
+struct MlpCase {
+  int64_t rows, in, hidden, out;
+  bool proj_bias;
+};
+
+// y = linear_gelu_linear(x, ...) and the gradients of sum(y * r) for x and the four parameters on
+// `where`, as float32 vectors; under autocast to bfloat16 when `autocast`.
+std::vector<std::vector<float>> MlpResults(const Device& where, DType dtype, bool autocast,
+                                           const MlpCase& c, bool create_graph = false) {
+  manual_seed(11);
+  const Tensor x0 = randn({2, c.rows, c.in});
+  const Tensor w1 = randn({c.hidden, c.in}) * (1.0 / std::sqrt(static_cast<double>(c.in)));
+  const Tensor b1 = randn({c.hidden});
+  const Tensor w2 = randn({c.out, c.hidden}) * (1.0 / std::sqrt(static_cast<double>(c.hidden)));
+  const Tensor b2 = randn({c.out}), r0 = randn({2, c.rows, c.out});
+  const auto leaf = [&](const Tensor& t) {
+    Tensor v = t.to(dtype).to(where).detach();
+    v.set_requires_grad(true);
+    return v;
+  };
+  std::vector<Tensor> params = {leaf(x0), leaf(w1), leaf(b1), leaf(w2)};
+  if (c.proj_bias) params.push_back(leaf(b2));
+  Tensor y;
+  {
+    AutocastGuard guard(where.type(), kBFloat16, /*enabled=*/autocast);
+    y = linear_gelu_linear(params[0], params[1], params[2], params[3],
+                           c.proj_bias ? params[4] : Tensor());
+  }
+  const Tensor loss = (y.to(dtype) * r0.to(dtype).to(where)).sum();
+  std::vector<std::vector<float>> results = {y.to(Device::Cpu(0)).to(kFloat32).to_vector<float>()};
+  if (create_graph) {
+    // A gradient penalty: the gradient of x, then backward through it.
+    const Tensor g = autograd::grad({loss}, {params[0]}, {}, /*create_graph=*/true)[0];
+    (g * g).sum().backward();
+    results.push_back(g.to(Device::Cpu(0)).to(kFloat32).to_vector<float>());
+  } else {
+    loss.backward();
+  }
+  for (const Tensor& p : params) {
+    // Undefined where the result does not depend on it (proj's bias under the penalty).
+    results.push_back(p.grad().defined()
+                          ? p.grad().to(Device::Cpu(0)).to(kFloat32).to_vector<float>()
+                          : std::vector<float>());
+  }
+  return results;
+}
+
+// The fused MLP on cuda:0 (hidden a multiple of 8: the GELU's aux rows as cuBLASLt takes them)
+// and composed (hidden 20: linear_gelu composed, so the op too) against the CPU's composed ops, in
+// every dtype, with and without proj's bias.
+TEST_F(CudaLinearTest, LinearGeluLinearMatchesTheCpuInEveryDType) {
+  for (DType dtype : {kFloat32, kBFloat16, kFloat16, kFloat64}) {
+    for (const MlpCase& c :
+         {MlpCase{8, 16, 64, 16, true}, MlpCase{5, 12, 32, 7, false}, MlpCase{3, 9, 20, 6, true}}) {
+      const std::string what =
+          Note(std::string("linear_gelu_linear ") + DTypeName(dtype) +
+               " hidden=" + std::to_string(c.hidden) + (c.proj_bias ? "" : " no proj bias"));
+      const auto cpu = MlpResults(Device::Cpu(0), dtype, false, c);
+      const auto gpu = MlpResults(Device::Cuda(0), dtype, false, c);
+      const double ulp = dtype == kBFloat16 ? 1.0 / 128 : dtype == kFloat16 ? 1.0 / 1024 : 0.0;
+      const double rtol = dtype == kFloat64 ? 1e-12 : dtype == kFloat32 ? 2e-5 : 4 * ulp;
+      const double atol = dtype == kFloat64 ? 1e-12 : dtype == kFloat32 ? 4e-5 : 16 * ulp;
+      const char* names[] = {
+          "y", "x.grad", "fc_weight.grad", "fc_bias.grad", "proj_weight.grad", "proj_bias.grad"};
+      ASSERT_EQ(cpu.size(), gpu.size());
+      for (size_t i = 0; i < cpu.size(); ++i)
+        ExpectNear(cpu[i], gpu[i], rtol, atol, what + names[i]);
+    }
+  }
+}
+
+// Under autocast (float32 parameters, bfloat16 GEMMs) the fused node's gradients, the parameters'
+// in float32, against the CPU's composed autocast ops: within bfloat16's rounding.
+TEST_F(CudaLinearTest, AutocastLinearGeluLinearMatchesTheCpu) {
+  const MlpCase c{8, 16, 64, 16, true};
+  const auto cpu = MlpResults(Device::Cpu(0), kFloat32, true, c);
+  const auto gpu = MlpResults(Device::Cuda(0), kFloat32, true, c);
+  const char* names[] = {
+      "y", "x.grad", "fc_weight.grad", "fc_bias.grad", "proj_weight.grad", "proj_bias.grad"};
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    ExpectNear(cpu[i], gpu[i], 4.0 / 128, 0.05, Note(std::string("autocast MLP ") + names[i]));
+  }
+}
+
+// A gradient penalty through the fused MLP: under create_graph its backward recomputes through
+// the composed ops, so cuda:0 matches the CPU to second order.
+TEST_F(CudaLinearTest, LinearGeluLinearDifferentiatesTwice) {
+  const MlpCase c{8, 16, 64, 16, true};
+  const auto cpu = MlpResults(Device::Cpu(0), kFloat32, false, c, /*create_graph=*/true);
+  const auto gpu = MlpResults(Device::Cuda(0), kFloat32, false, c, /*create_graph=*/true);
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    ExpectNear(cpu[i], gpu[i], 1e-4, 1e-4,
+               Note("MLP gradient penalty, result " + std::to_string(i)));
+  }
+}
+
+// Counted under the simulator: the fused MLP's forward is two cuBLASLt matmuls and its backward
+// four GEMMs and nothing else (no GELU gradient pass, no bias reduction).
+TEST_F(CudaLinearTest, LinearGeluLinearBackwardIsFourGemms) {
+  Tensor x = randn({32, 48}, Device::Cuda(0)).detach();
+  x.set_requires_grad(true);
+  std::vector<Tensor> params = {randn({64, 48}, Device::Cuda(0)), randn({64}, Device::Cuda(0)),
+                                randn({48, 64}, Device::Cuda(0)), randn({48}, Device::Cuda(0))};
+  for (Tensor& p : params) p = p.detach().set_requires_grad(true);
+  cuda::Synchronize(0);
+  ResetDeviceCounters();
+  const Tensor y = linear_gelu_linear(x, params[0], params[1], params[2], params[3]);
+  const DeviceCounters forward = ReadDeviceCounters();
+  if (!forward.counted) GTEST_SKIP() << "launches are counted under cudasim only";
+  EXPECT_EQ(forward.launches, 2);
+  const Tensor g = randn({32, 48}, Device::Cuda(0));
+  cuda::Synchronize(0);
+  ResetDeviceCounters();
+  y.backward(g);
+  cuda::Synchronize(0);
+  const DeviceCounters backward = ReadDeviceCounters();
+  EXPECT_EQ(backward.launches, 4);
+  for (const KernelLaunches& k : backward.kernels) {
+    EXPECT_EQ(k.name.rfind("cublas", 0), 0u)
+        << "a kernel other than a GEMM in backward: " << k.name;
   }
 }
 

@@ -348,6 +348,21 @@ Tensor AutocastLinear(const Tensor& x, const Tensor& weight, const Tensor& bias)
   return y;
 }
 
+// y = x2 · weight^T (+ bias) ([rows, out], x2's dtype): the bias in the GEMM's epilogue where the
+// backend fuses it (Note [cuBLASLt epilogues]), else broadcast into y first for Gemm to add onto.
+Tensor LinearGemmRaw(const Tensor& x2, const Tensor& weight, const Tensor& bias) {
+  const int64_t rows = x2.shape()[0], out_features = weight.size(0);
+  Tensor y = NewTensor({rows, out_features}, x2.dtype(), x2.device());
+  Backend::GemmEpilogueArgs epilogue;
+  const Tensor contiguous_bias = bias.defined() ? ContiguousRaw(bias) : Tensor();
+  if (bias.defined()) epilogue.bias = DataPtr(contiguous_bias);
+  if (!bias.defined() || !GemmWithEpilogueRaw(y, x2, TransposedRaw(weight), epilogue)) {
+    if (bias.defined()) y = BroadcastCopyRaw(bias, {rows, out_features}, x2.dtype());
+    GemmIntoRaw(y, x2, TransposedRaw(weight), bias.defined() ? 1.0f : 0.0f);
+  }
+  return y;
+}
+
 }  // namespace
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
@@ -379,17 +394,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   const int64_t rows = NumElements(out_shape);
   out_shape.push_back(out_features);
   const Tensor x2 = x.dim() == 2 ? x : x.reshape({rows, in});
-
-  // y = x2 · weight^T (+ bias): the bias in the GEMM's epilogue where the backend fuses it
-  // (Note [cuBLASLt epilogues]), else broadcast into y first for Gemm to add onto.
-  Tensor y = NewTensor({rows, out_features}, x.dtype(), x.device());
-  Backend::GemmEpilogueArgs epilogue;
-  const Tensor contiguous_bias = bias.defined() ? ContiguousRaw(bias) : Tensor();
-  if (bias.defined()) epilogue.bias = DataPtr(contiguous_bias);
-  if (!bias.defined() || !GemmWithEpilogueRaw(y, x2, TransposedRaw(weight), epilogue)) {
-    if (bias.defined()) y = BroadcastCopyRaw(bias, {rows, out_features}, x.dtype());
-    GemmIntoRaw(y, x2, TransposedRaw(weight), bias.defined() ? 1.0f : 0.0f);
-  }
+  Tensor y = LinearGemmRaw(x2, weight, bias);
   std::vector<Tensor> inputs = {x2, weight};
   if (bias.defined()) inputs.push_back(bias);
   if (NeedsGrad(inputs)) {
@@ -449,24 +454,58 @@ bool GeluLinearGemm(const Tensor& x, const Tensor& weight, const Tensor& bias, b
   return GemmWithEpilogueRaw(*y, x, TransposedRaw(weight), epilogue);
 }
 
-// The gradients of GeluLinearGemm's y from `grad` ([rows, out]) and the saved pre-activation:
-// x's in `x_dtype`, the weight's and bias's in `param_dtype` (float32 under autocast: the 16-bit
-// GEMM's sums never rounded to 16 bits), the bias's fused into the weight gradient's GEMM where
-// the backend can. Undefined where not wanted.
-std::vector<Tensor> GeluLinearGradients(const Tensor& grad, const Tensor& pre, const Tensor& x,
-                                        const Tensor& weight, bool grad_x, bool grad_w, bool grad_b,
-                                        DType x_dtype, DType param_dtype) {
-  const Tensor g = BinaryRaw(BinaryOp::kGeluTanhBackward, grad, pre, "linear_gelu backward");
-  Tensor grad_bias;
+// The gradients of x · weight^T + bias from g ([rows, out]), the gradient of that product: x's in
+// `x_dtype`, the weight's and bias's in `param_dtype` (float32 under autocast: the 16-bit GEMM's
+// sums never rounded to 16 bits). `grad_bias` where the caller's GEMM already summed it
+// (DGELU_BGRAD), else fused into the weight gradient's GEMM where the backend can. Undefined where
+// not wanted.
+std::vector<Tensor> PreActivationGradients(const Tensor& g, Tensor grad_bias, const Tensor& x,
+                                           const Tensor& weight, bool grad_x, bool grad_w,
+                                           bool grad_b, DType x_dtype, DType param_dtype) {
+  const bool sum_bias = grad_b && !grad_bias.defined();
   std::vector<Tensor> grads = {
       grad_x ? CastRaw(MatmulRaw(g, weight), x_dtype) : Tensor(),
-      grad_w ? WeightGradRaw(g, x, param_dtype, grad_b ? &grad_bias : nullptr) : Tensor()};
+      grad_w ? WeightGradRaw(g, x, param_dtype, sum_bias ? &grad_bias : nullptr) : Tensor()};
   if (grad_b && !grad_bias.defined()) {
     grad_bias = CastRaw(ViewRaw(ReduceRaw(g, {0}, ReduceKind::kSum, "linear_gelu"), {g.shape()[1]}),
                         param_dtype);
   }
-  grads.push_back(grad_bias);
+  grads.push_back(grad_b ? grad_bias : Tensor());
   return grads;
+}
+
+// The gradients of GeluLinearGemm's y from `grad` ([rows, out]) and the saved pre-activation, as
+// PreActivationGradients's.
+std::vector<Tensor> GeluLinearGradients(const Tensor& grad, const Tensor& pre, const Tensor& x,
+                                        const Tensor& weight, bool grad_x, bool grad_w, bool grad_b,
+                                        DType x_dtype, DType param_dtype) {
+  return PreActivationGradients(
+      BinaryRaw(BinaryOp::kGeluTanhBackward, grad, pre, "linear_gelu backward"), Tensor(), x,
+      weight, grad_x, grad_w, grad_b, x_dtype, param_dtype);
+}
+
+// g = (grad · weight) * gelu_tanh'(pre) ([rows, hidden], grad's dtype; grad [rows, out], weight
+// [out, hidden], pre GeluLinearGemm's) and the bias gradient of the GELU's linear, the column sums
+// of g ([hidden], `bias_dtype`), in one GEMM (DGELU_BGRAD). Where the backend does not fuse, the
+// GEMM and then the GELU's gradient, and *grad_bias undefined for the caller to sum.
+Tensor GeluGradientThroughLinear(const Tensor& grad, const Tensor& weight, const Tensor& pre,
+                                 DType bias_dtype, Tensor* grad_bias) {
+  const int64_t rows = grad.shape()[0], hidden = weight.size(1);
+  Tensor g = NewTensor({rows, hidden}, grad.dtype(), grad.device());
+  Tensor db = NewTensor({hidden}, bias_dtype, grad.device());
+  Backend::GemmEpilogueArgs epilogue;
+  epilogue.kind = Backend::GemmEpilogue::kDGeluTanhBiasGrad;
+  epilogue.aux = DataPtr(pre);
+  epilogue.ld_aux = hidden;
+  epilogue.bias_grad = DataPtr(db);
+  epilogue.float_bias_grad = bias_dtype != grad.dtype();
+  if (GemmWithEpilogueRaw(g, grad, weight, epilogue)) {
+    *grad_bias = db;
+    return g;
+  }
+  *grad_bias = Tensor();
+  return BinaryRaw(BinaryOp::kGeluTanhBackward, MatmulRaw(grad, weight), pre,
+                   "linear_gelu_linear backward");
 }
 
 // linear_gelu under autocast with float32 parameters, as AutocastLinear (Note [Autocast
@@ -503,6 +542,98 @@ Tensor AutocastLinearGelu(const Tensor& x, const Tensor& weight, const Tensor& b
              if (grads[0].defined()) grads[0] = grads[0].reshape(x_shape);
              return grads;
            });
+  }
+  return y.reshape(out_shape);
+}
+
+// What linear_gelu_linear's node saves and which gradients it computes: the same in float32,
+// 16 bits and under autocast, where the parameters' gradients come out in float32.
+struct MlpSaved {
+  bool grad_x, grad_fc_w, grad_fc_b, grad_proj_w, grad_proj_b, has_proj_bias;
+  Tensor x, fc_weight, pre, h, proj_weight;  // x [rows, in], pre and h [rows, hidden]
+  DType x_dtype, param_dtype;
+};
+
+// The gradients of linear_gelu_linear's y ([rows, out]) for x, fc's weight and bias, proj's weight
+// (and bias): proj's weight gradient with its bias gradient in one GEMM (BGRADB), the gradient
+// through proj and the GELU with fc's bias gradient in one (DGELU_BGRAD), then fc's weight and
+// x's: four GEMMs and no pass of their own over the hidden activations.
+std::vector<Tensor> MlpGradients(const MlpSaved& s, const Tensor& grad) {
+  Tensor grad_proj_b;
+  const Tensor grad_proj_w = s.grad_proj_w ? WeightGradRaw(grad, s.h, s.param_dtype,
+                                                           s.grad_proj_b ? &grad_proj_b : nullptr)
+                                           : Tensor();
+  if (s.grad_proj_b && !grad_proj_b.defined()) {
+    grad_proj_b = CastRaw(
+        ViewRaw(ReduceRaw(grad, {0}, ReduceKind::kSum, "linear_gelu_linear"), {grad.shape()[1]}),
+        s.param_dtype);
+  }
+  std::vector<Tensor> grads(3);
+  if (s.grad_x || s.grad_fc_w || s.grad_fc_b) {
+    Tensor grad_fc_b;
+    const Tensor g =
+        GeluGradientThroughLinear(grad, s.proj_weight, s.pre, s.param_dtype, &grad_fc_b);
+    grads = PreActivationGradients(g, grad_fc_b, s.x, s.fc_weight, s.grad_x, s.grad_fc_w,
+                                   s.grad_fc_b, s.x_dtype, s.param_dtype);
+  }
+  grads.push_back(grad_proj_w);
+  if (s.has_proj_bias) grads.push_back(grad_proj_b);
+  return grads;
+}
+
+// linear_gelu_linear under autocast with float32 parameters, as AutocastLinearGelu: the four
+// parameters cast outside the graph, one node whose edges go to the uncast ones. Undefined,
+// having recorded nothing, where the backend does not fuse: the caller composes.
+Tensor AutocastLinearGeluLinear(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias,
+                                const Tensor& proj_weight, const Tensor& proj_bias) {
+  const DType low = AutocastMode::GetDType(fc_weight.device().type());
+  const bool has_proj_bias = proj_bias.defined();
+  std::vector<Tensor> inputs = {x, fc_weight, fc_bias, proj_weight};
+  if (has_proj_bias) inputs.push_back(proj_bias);
+  const bool keep = NeedsGrad(inputs);
+  const int64_t in = fc_weight.size(1), out_features = proj_weight.size(0);
+  const int64_t rows = NumElements(Shape(x.shape().begin(), x.shape().end() - 1));
+  const bool grad_x = NeedsGrad({x});
+  const Tensor fc_w_low =
+      autocast::CastWeightOutsideGraph(fc_weight, /*keep=*/grad_x || !GradMode::IsEnabled());
+  const Tensor fc_b_low = autocast::CastWeightOutsideGraph(fc_bias, /*keep=*/true);
+  const Tensor proj_w_low = autocast::CastWeightOutsideGraph(proj_weight, /*keep=*/true);
+  const Tensor proj_b_low =
+      has_proj_bias ? autocast::CastWeightOutsideGraph(proj_bias, /*keep=*/true) : Tensor();
+  Tensor x_low;
+  {
+    NoGradGuard no_grad;  // the node is recorded below
+    x_low = x.to(low).reshape({rows, in});
+  }
+  Tensor h, pre;
+  if (!GeluLinearGemm(x_low, fc_w_low, fc_b_low, keep, &h, &pre)) return Tensor();
+  Tensor y = LinearGemmRaw(h, proj_w_low, proj_b_low);
+  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+  out_shape.push_back(out_features);
+  if (keep) {
+    MlpSaved saved{grad_x,
+                   NeedsGrad({fc_weight}),
+                   NeedsGrad({fc_bias}),
+                   NeedsGrad({proj_weight}),
+                   has_proj_bias && NeedsGrad({proj_bias}),
+                   has_proj_bias,
+                   Tensor(),
+                   Tensor(),
+                   pre,
+                   Tensor(),
+                   proj_w_low,
+                   x.dtype(),
+                   kFloat32};
+    if (saved.grad_fc_w) saved.x = x_low.detach();
+    if (saved.grad_x) saved.fc_weight = fc_w_low;
+    if (saved.grad_proj_w) saved.h = h;
+    Record(
+        "AutocastLinearGeluLinearBackward", inputs, y,
+        [saved = std::move(saved), rows, out_features, x_shape = x.shape()](const Tensor& grad_y) {
+          std::vector<Tensor> grads = MlpGradients(saved, grad_y.reshape({rows, out_features}));
+          if (grads[0].defined()) grads[0] = grads[0].reshape(x_shape);
+          return grads;
+        });
   }
   return y.reshape(out_shape);
 }
@@ -564,6 +695,95 @@ Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias,
           }
           return GeluLinearGradients(grad, pre, x2, weight, grad_x, grad_w, grad_b, grad.dtype(),
                                      grad.dtype());
+        },
+        DoubleBackward::kSupported);
+  }
+  return x.dim() == 2 ? y : y.reshape(out_shape);
+}
+
+// Note [Fused MLP]: linear_gelu_linear is a transformer's MLP, linear(linear_gelu(x, fc), proj),
+// as one node, for its backward: the gradient reaching the GELU's output is proj's input gradient,
+// a GEMM, and cuBLASLt's DGELU_BGRAD epilogue multiplies it by gelu'(pre) and sums fc's bias
+// gradient in that same GEMM. Two nodes cannot do that: proj's node would have to know that its
+// input came out of a GELU, and the GELU's node would receive a gradient already through it. One
+// node saves x, the pre-activation and the GELU's output, and the backward is four GEMMs (proj's
+// weight with its bias gradient, the gradient through proj and the GELU with fc's bias gradient,
+// fc's weight, x's) where the two nodes took four GEMMs and a pass over the [rows, 4 n_embd]
+// activations. Everything the fused GEMMs cannot take is the two ops composed.
+Tensor linear_gelu_linear(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias,
+                          const Tensor& proj_weight, const Tensor& proj_bias) {
+  const auto composed = [&] {
+    return linear(linear_gelu(x, fc_weight, fc_bias, "tanh"), proj_weight, proj_bias);
+  };
+  if (!x.defined() || !fc_weight.defined() || !fc_bias.defined() || !proj_weight.defined()) {
+    return composed();
+  }
+  const bool has_proj_bias = proj_bias.defined();
+  // The shapes and devices that the fused path takes; anything else gets linear's messages.
+  const bool shapes =
+      x.dim() >= 1 && fc_weight.dim() == 2 && x.size(-1) == fc_weight.size(1) &&
+      fc_bias.dim() == 1 && fc_bias.size(0) == fc_weight.size(0) && proj_weight.dim() == 2 &&
+      proj_weight.size(1) == fc_weight.size(0) &&
+      (!has_proj_bias || (proj_bias.dim() == 1 && proj_bias.size(0) == proj_weight.size(0))) &&
+      fc_weight.device() == x.device() && fc_bias.device() == x.device() &&
+      proj_weight.device() == x.device() && (!has_proj_bias || proj_bias.device() == x.device()) &&
+      !x.device().is_cpu();  // the CPU backend fuses no epilogue
+  if (!shapes) return composed();
+  const auto all_dtype = [&](DType dtype) {
+    return fc_weight.dtype() == dtype && fc_bias.dtype() == dtype && proj_weight.dtype() == dtype &&
+           (!has_proj_bias || proj_bias.dtype() == dtype);
+  };
+  if (AutocastMode::IsAnyEnabled()) {
+    if (autocast::IsEligible(x) && autocast::IsEligible(fc_weight) && all_dtype(kFloat32)) {
+      if (Tensor y = AutocastLinearGeluLinear(x, fc_weight, fc_bias, proj_weight, proj_bias);
+          y.defined()) {
+        return y;
+      }
+    }
+    return composed();
+  }
+  const DType dtype = x.dtype();
+  if ((dtype != kFloat32 && dtype != kBFloat16 && dtype != kFloat16) || !all_dtype(dtype)) {
+    return composed();
+  }
+  const int64_t in = fc_weight.size(1), out_features = proj_weight.size(0);
+  Shape out_shape(x.shape().begin(), x.shape().end() - 1);
+  const int64_t rows = NumElements(out_shape);
+  out_shape.push_back(out_features);
+  const Tensor x2 = x.dim() == 2 ? x : x.reshape({rows, in});
+  std::vector<Tensor> inputs = {x2, fc_weight, fc_bias, proj_weight};
+  if (has_proj_bias) inputs.push_back(proj_bias);
+  const bool keep = NeedsGrad(inputs);
+  Tensor h, pre;
+  if (!GeluLinearGemm(x2, fc_weight, fc_bias, keep, &h, &pre)) return composed();
+  Tensor y = LinearGemmRaw(h, proj_weight, proj_bias);
+  if (keep) {
+    MlpSaved saved{NeedsGrad({x2}),
+                   NeedsGrad({fc_weight}),
+                   NeedsGrad({fc_bias}),
+                   NeedsGrad({proj_weight}),
+                   has_proj_bias && NeedsGrad({proj_bias}),
+                   has_proj_bias,
+                   x2,
+                   fc_weight,
+                   pre,
+                   Tensor(),
+                   proj_weight,
+                   dtype,
+                   dtype};
+    if (saved.grad_proj_w) saved.h = h;
+    Record(
+        "LinearGeluLinearBackward", inputs, y,
+        [saved = std::move(saved), inputs](const Tensor& grad) {
+          if (CreatingGraph()) {
+            return RecomputedGradients(
+                [&] {
+                  return linear(gelu(linear(inputs[0], inputs[1], inputs[2]), "tanh"), inputs[3],
+                                inputs.size() > 4 ? inputs[4] : Tensor());
+                },
+                inputs, grad);
+          }
+          return MlpGradients(saved, grad);
         },
         DoubleBackward::kSupported);
   }

@@ -197,6 +197,28 @@ TEST_F(OpsTest, LinearGeluIsGeluOfLinear) {
               ::testing::HasSubstr("linear_gelu: approximate must be \"none\""));
 }
 
+// linear_gelu_linear is linear(linear_gelu(..., "tanh"), ...) wherever it is not fused (the CPU;
+// CUDA's fused form is checked against this in tensor/cuda/cuda_gemm_test.cc): the same values bit
+// for bit, the same gradients with and without proj's bias, and linear's messages for bad shapes.
+TEST_F(OpsTest, LinearGeluLinearIsTheComposedMlp) {
+  const Tensor w1 = Param64(Randn({6, 4}, 301)), b1 = Param64(Randn({6}, 302));
+  const Tensor w2 = Param64(Randn({3, 6}, 303)), b2 = Param64(Randn({3}, 304));
+  const Tensor x = Param64(Randn({2, 2, 4}, 305));
+  const auto f32 = [](const Tensor& t) { return t.to(kFloat32); };
+  const Tensor fused = linear_gelu_linear(f32(x), f32(w1), f32(b1), f32(w2), f32(b2));
+  const Tensor composed = linear(gelu(linear(f32(x), f32(w1), f32(b1)), "tanh"), f32(w2), f32(b2));
+  EXPECT_EQ(fused.shape(), (Shape{2, 2, 3}));
+  EXPECT_EQ(fused.to_vector<float>(), composed.to_vector<float>());
+  EXPECT_GRADIENTS_MATCH(
+      [](const Inputs& in) { return linear_gelu_linear(in[0], in[1], in[2], in[3], in[4]); },
+      {x, w1, b1, w2, b2}, 1e-4);
+  EXPECT_GRADIENTS_MATCH(
+      [](const Inputs& in) { return linear_gelu_linear(in[0], in[1], in[2], in[3], Tensor()); },
+      {x, w1, b1, w2}, 1e-4);
+  EXPECT_THAT(ErrorOf([&] { linear_gelu_linear(x, w1, b1, w1, b2); }),
+              ::testing::HasSubstr("linear: x is [2, 2, 6] and weight is [6, 4]"));
+}
+
 }  // namespace
 }  // namespace ops_testing
 }  // namespace tandem

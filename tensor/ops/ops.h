@@ -124,11 +124,18 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias);
 // approximate "tanh" and a bias, CUDA fuses the bias and the GELU into cuBLASLt's epilogue
 // (Note [cuBLASLt epilogues]) and keeps the pre-activation for the backward, under autocast too
 // (float32 parameters, as linear's); elsewhere (the CPU, float64, "none") it is the two ops
-// composed. Same values within
-// the GEMM's rounding; its gradient is not differentiated again (create_graph through it fails
-// clearly: use gelu(linear(...)) for second derivatives).
+// composed. Same values within the GEMM's rounding; differentiable to any order (under
+// create_graph the backward recomputes through the composed ops).
 Tensor linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias,
                    const std::string& approximate = "none");
+// A transformer's MLP, linear(linear_gelu(x, fc_weight, fc_bias, "tanh"), proj_weight,
+// proj_bias) (proj_bias may be undefined), as one op so that CUDA computes the gradient through
+// proj and the GELU, and fc's bias gradient, in one cuBLASLt GEMM (DGELU_BGRAD; Note [Fused MLP]):
+// one pass over the [*, hidden] activations fewer per backward. Same values within the GEMMs'
+// rounding, under autocast too; elsewhere (the CPU, float64) the ops composed.
+//   Tensor y = linear_gelu_linear(x, fc->weight(), fc->bias(), proj->weight(), proj->bias());
+Tensor linear_gelu_linear(const Tensor& x, const Tensor& fc_weight, const Tensor& fc_bias,
+                          const Tensor& proj_weight, const Tensor& proj_bias);
 // Mean negative log-likelihood of int64 class targets [N] under log-probabilities [N, C].
 Tensor nll_loss(const Tensor& log_probs, const Tensor& targets);
 // log_softmax + nll_loss, numerically stable.

@@ -200,17 +200,22 @@ class Backend {
   //                  row stride ld_aux, C's dtype) for the backward when aux is given
   //   kBiasGradA     C = op(A) op(B), and bias_grad[i] = sum_k op(A)[i, k]   bias_grad: [m],
   //                  c_dtype (a linear's weight gradient dW = G^T X with its bias gradient)
+  //   kDGeluTanhBiasGrad  C = op(A) op(B) * gelu_tanh'(aux), aux as kGeluTanhBias stored it, and
+  //                  bias_grad[j] = sum_i C[i, j]   bias_grad: [n], c_dtype or, with
+  //                  float_bias_grad, float32 (the gradient of kGeluTanhBias's pre-activation
+  //                  and bias from the next linear's: one GEMM instead of a GEMM and a pass)
   // A and B are `dtype`; C is `c_dtype`: dtype, or float32 for 16-bit A and B (as
   // GemmFloatOutput). Returns false, having written nothing, where the backend has no such kernel
   // (the default; the CPU composes the same values from Gemm and elementwise kernels, which the
   // caller then does) or its library declines these arguments.
-  enum class GemmEpilogue { kBias, kGeluTanhBias, kBiasGradA };
+  enum class GemmEpilogue { kBias, kGeluTanhBias, kBiasGradA, kDGeluTanhBiasGrad };
   struct GemmEpilogueArgs {
     GemmEpilogue kind = GemmEpilogue::kBias;
     const void* bias = nullptr;
     void* aux = nullptr;
     int64_t ld_aux = 0;
     void* bias_grad = nullptr;
+    bool float_bias_grad = false;  // kDGeluTanhBiasGrad's bias_grad in float32, C 16-bit
   };
   virtual bool GemmWithEpilogue(int /*index*/, DType /*dtype*/, DType /*c_dtype*/, bool /*trans_a*/,
                                 bool /*trans_b*/, int64_t /*m*/, int64_t /*n*/, int64_t /*k*/,

@@ -1,5 +1,6 @@
 // cudasim's cuBLASLt: cublasLtMatmul with its argument checks and column-major semantics, the
-// epilogues Tandem uses (bias, GELU with and without its auxiliary output, bias gradient), on
+// epilogues Tandem uses (bias, GELU with and without its auxiliary output, bias gradient, GELU
+// gradient with the bias gradient), on
 // the CPU and queued on the call's stream like cuBLASLt's one kernel per matmul.
 //
 // Note [cudasim cuBLASLt]: the simulator's definition of a matmul, which the backend's tests hold
@@ -8,7 +9,10 @@
 // the widened copies, then per element of D: pre = alpha * (A B) + beta * C + bias[row], stored
 // to the epilogue's auxiliary buffer (GELU_AUX_BIAS, in D's type) and D = gelu_tanh(pre) (GELU
 // epilogues) or pre, each rounded once to D's type. BGRADB's bias gradient is the sum over k of
-// op(B)'s widened (not TF32-rounded) elements, in order, in float. A GPU computes the same values
+// op(B)'s widened (not TF32-rounded) elements, in order, in float. DGELU_BGRAD: D = pre *
+// gelu_tanh'(aux) in float (aux the GELU's input that GELU_AUX_BIAS stored, the derivative as
+// Tandem's kGeluTanhDerivative), rounded once to D's type, and bias[row] the sum over D's columns
+// of those float values, in order. A GPU computes the same values
 // in its own order of additions, so the two agree within the type's rounding, not bitwise (as
 // Note [cudasim GemmEx]). Stricter than a GPU: an epilogue with 64F compute, an auxiliary
 // leading dimension that is not a multiple of 8, and anything not modelled fail with
@@ -129,6 +133,14 @@ bool HasBias(cublasLtEpilogue_t e) {
 bool IsGelu(cublasLtEpilogue_t e) {
   return e == CUBLASLT_EPILOGUE_GELU_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
 }
+// Epilogues that write a bias gradient to the bias pointer.
+bool HasBiasGrad(cublasLtEpilogue_t e) {
+  return e == CUBLASLT_EPILOGUE_BGRADB || e == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+}
+// Epilogues with an auxiliary matrix of D's shape (written by GELU_AUX_BIAS, read by DGELU_BGRAD).
+bool HasAux(cublasLtEpilogue_t e) {
+  return e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS || e == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+}
 
 // The problem's sizes, once checked.
 struct Problem {
@@ -187,10 +199,10 @@ cublasStatus_t Check(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a, cublas
     }
   }
   const cublasLtEpilogue_t e = desc->epilogue;
-  if (e != CUBLASLT_EPILOGUE_DEFAULT && !HasBias(e) && e != CUBLASLT_EPILOGUE_BGRADB) {
-    return Fail(CUBLAS_STATUS_NOT_SUPPORTED,
-                "cublasLtMatmul: epilogue " + Str(e) +
-                    ": cudasim models DEFAULT, BIAS, GELU_BIAS, GELU_AUX_BIAS and BGRADB");
+  if (e != CUBLASLT_EPILOGUE_DEFAULT && !HasBias(e) && !HasBiasGrad(e)) {
+    return Fail(CUBLAS_STATUS_NOT_SUPPORTED, "cublasLtMatmul: epilogue " + Str(e) +
+                                                 ": cudasim models DEFAULT, BIAS, GELU_BIAS, "
+                                                 "GELU_AUX_BIAS, BGRADB and DGELU_BGRAD");
   }
   if (e != CUBLASLT_EPILOGUE_DEFAULT && f64) {
     return Fail(CUBLAS_STATUS_NOT_SUPPORTED, "cublasLtMatmul: epilogue " + Str(e) +
@@ -202,7 +214,7 @@ cublasStatus_t Check(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a, cublas
   problem->k = k;
   problem->bias_type = desc->bias_type == -1 ? cd : desc->bias_type;
   problem->aux_type = desc->aux_type == -1 ? cd : desc->aux_type;
-  if (HasBias(e) || e == CUBLASLT_EPILOGUE_BGRADB) {
+  if (HasBias(e) || HasBiasGrad(e)) {
     if (desc->bias == nullptr) {
       return Fail(CUBLAS_STATUS_INVALID_VALUE, "cublasLtMatmul: epilogue " + Str(e) +
                                                    " without CUBLASLT_MATMUL_DESC_BIAS_POINTER");
@@ -213,11 +225,12 @@ cublasStatus_t Check(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a, cublas
                       ": expected D's type, or 32F with 16-bit A and B");
     }
   }
-  if (e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
+  if (HasAux(e)) {
     if (desc->aux == nullptr || desc->aux_ld < m || desc->aux_ld % 8 != 0) {
       return Fail(CUBLAS_STATUS_INVALID_VALUE,
-                  "cublasLtMatmul: GELU_AUX_BIAS needs CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER "
-                  "and an EPILOGUE_AUX_LD of at least m = " +
+                  "cublasLtMatmul: epilogue " + Str(e) +
+                      " needs CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER and an EPILOGUE_AUX_LD of "
+                      "at least m = " +
                       Str(m) + " and a multiple of 8, but got ld " + Str(desc->aux_ld));
     }
     if (problem->aux_type != cd) {
@@ -244,6 +257,15 @@ std::vector<double> Widened(int type, const void* x, int64_t rows, int64_t cols,
 float GeluTanh(float x) {
   const float kSqrt2OverPi = 0.7978845608028654f;
   return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + 0.044715f * x * x * x)));
+}
+
+// d gelu_tanh(x) / dx, as Tandem's kGeluTanhDerivative computes it in float (the logistic form of
+// 0.5 (1 + tanh u)).
+float GeluTanhDerivative(float x) {
+  const float x2 = x * x;
+  const float s = 1.0f / (1.0f + std::exp(-1.5957691216057307f * (x + 0.044715f * x2 * x)));
+  const float du = 0.79788456080286536f * (1.0f + 3.0f * 0.044715f * x2);
+  return s + 2.0f * x * s * (1.0f - s) * du;
 }
 
 }  // namespace
@@ -463,7 +485,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
     double bytes = ab * (p.m * p.k + p.k * p.n) + cd * p.m * p.n * (reads_c ? 2 : 1);
     if (HasBias(desc->epilogue)) bytes += SizeOf(p.bias_type) * p.m;
     if (desc->epilogue == CUBLASLT_EPILOGUE_BGRADB) bytes += SizeOf(p.bias_type) * p.n;
-    if (desc->epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) bytes += SizeOf(p.aux_type) * p.m * p.n;
+    if (desc->epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD) bytes += SizeOf(p.bias_type) * p.m;
+    if (HasAux(desc->epilogue)) bytes += SizeOf(p.aux_type) * p.m * p.n;
     const char* math = desc->compute == CUBLAS_COMPUTE_64F             ? "fp64"
                        : desc->compute == CUBLAS_COMPUTE_32F_FAST_TF32 ? "tf32"
                        : a_layout->type == CUDA_R_16BF                 ? "bf16"
@@ -501,6 +524,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
         acc.assign(acc32.begin(), acc32.end());
       }
     }
+    const bool dgelu = e.epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+    std::vector<float> dgelu_sums(dgelu ? m : 0, 0.0f);
     for (int64_t col = 0; col < n; ++col) {
       for (int64_t row = 0; row < m; ++row) {
         const size_t at = static_cast<size_t>(col * ldd + row);
@@ -509,11 +534,21 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc
         if (beta != 0.0) pre += beta * Load(ld.type, c, at);
         if (HasBias(e.epilogue)) pre += Load(p.bias_type, e.bias, row);
         if (!f64) pre = static_cast<float>(pre);
-        if (e.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) {
-          Store(p.aux_type, e.aux, static_cast<size_t>(col * e.aux_ld + row), pre);
+        const size_t aux_at = static_cast<size_t>(col * e.aux_ld + row);
+        if (e.epilogue == CUBLASLT_EPILOGUE_GELU_AUX_BIAS) Store(p.aux_type, e.aux, aux_at, pre);
+        if (dgelu) {
+          const float grad =
+              static_cast<float>(pre) *
+              GeluTanhDerivative(static_cast<float>(Load(p.aux_type, e.aux, aux_at)));
+          dgelu_sums[row] += grad;
+          Store(ld.type, d, at, grad);
+          continue;
         }
         Store(ld.type, d, at, IsGelu(e.epilogue) ? GeluTanh(static_cast<float>(pre)) : pre);
       }
+    }
+    for (int64_t row = 0; row < static_cast<int64_t>(dgelu_sums.size()); ++row) {
+      Store(p.bias_type, e.bias, static_cast<size_t>(row), dgelu_sums[row]);
     }
     if (e.epilogue == CUBLASLT_EPILOGUE_BGRADB) {
       // The bias gradient of B: op(B)'s columns summed over k, in float.

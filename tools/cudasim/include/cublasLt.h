@@ -2,9 +2,9 @@
 // attributes, matrix layouts, preferences and the heuristic, cublasLtMatmul with a workspace),
 // with cuBLASLt's names, signatures and enum values and its column-major semantics, computed on
 // the CPU on the given stream (tools/cudasim/cublaslt.cc). Epilogues modelled: DEFAULT, BIAS,
-// GELU_BIAS, GELU_AUX_BIAS and BGRADB; compute types 32F, 32F_FAST_TF32 (operands rounded to
-// TF32) and 64F. Under --config=cudasim `@local_cuda//:cublas` (which links -lcublasLt with a
-// toolkit) resolves to //tools/cudasim:cublas, which provides these.
+// GELU_BIAS, GELU_AUX_BIAS, BGRADB and DGELU_BGRAD; compute types 32F, 32F_FAST_TF32 (operands
+// rounded to TF32) and 64F. Under --config=cudasim `@local_cuda//:cublas` (which links -lcublasLt
+// with a toolkit) resolves to //tools/cudasim:cublas, which provides these.
 //
 //   cublasLtHandle_t lt;
 //   cublasLtCreate(&lt);
