@@ -739,10 +739,8 @@ void Spin(tandem::Stream stream, int64_t nanoseconds) {
                "cuda::testing::Spin expects a CUDA stream and a non-negative duration but got ",
                stream, " and ", nanoseconds, " ns");
   CudaDevice& device = CudaDevices::Get().device(stream.device().index());
-  LaunchContext context = device.Launch();
-  context.stream = device.stream(stream.id());
   DeviceGuard guard(device.physical());
-  LaunchSpin(context, nanoseconds);
+  LaunchSpin(device.Launch(stream.id()), nanoseconds);
 }
 
 }  // namespace testing

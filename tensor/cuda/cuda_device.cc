@@ -122,6 +122,7 @@ void CudaDevice::InitStream() {
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking), index_);
   TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms_, cudaDevAttrMultiProcessorCount, physical_),
                     index_);
+  semaphores_[0].store(AcquireSemaphores(compute));
   streams_[0].store(compute);
   num_streams_.store(1);
 }
@@ -151,6 +152,7 @@ int CudaDevice::CreateStream() {
   DeviceGuard guard(physical_);
   cudaStream_t created = nullptr;
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking), index_);
+  semaphores_[id].store(AcquireSemaphores(created), std::memory_order_relaxed);
   streams_[id].store(created, std::memory_order_relaxed);
   num_streams_.store(id + 1, std::memory_order_release);
   return id;
@@ -222,13 +224,49 @@ void* CudaDevice::BlasWorkspace(cudaStream_t stream) {
   return workspace;
 }
 
-LaunchContext CudaDevice::Launch() {
+LaunchContext CudaDevice::Launch(int stream_id) {
   LaunchContext context;
-  context.stream = current_stream();
+  context.stream = stream(stream_id);  // checks the id
   context.device = index_;
   context.num_sms = num_sms_;
   context.workspace = allocator_.get();
+  context.semaphores = semaphores_[stream_id].load(std::memory_order_acquire);
   return context;
+}
+
+unsigned* CudaDevice::AcquireSemaphores(cudaStream_t stream) {
+  {
+    std::lock_guard<std::mutex> lock(semaphores_mutex_);
+    if (!free_semaphores_.empty()) {
+      unsigned* semaphores = free_semaphores_.back();
+      free_semaphores_.pop_back();
+      return semaphores;
+    }
+  }
+  DeviceGuard guard(physical_);
+  // A side stream may be created while another thread captures in global mode, which would
+  // refuse the allocation (and invalidate its capture): relaxed, as CudaMemory does.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  TANDEM_CUDA_CHECK(cudaThreadExchangeStreamCaptureMode(&mode), index_);
+  void* memory = nullptr;
+  const cudaError_t status = cudaMalloc(&memory, kStreamSemaphores * sizeof(unsigned));
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  TANDEM_CUDA_CHECK(status, index_);
+  // On the stream, not cudaMemset: that one runs on the legacy stream, which a non-blocking
+  // stream's kernels do not wait for.
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(memory, 0, kStreamSemaphores * sizeof(unsigned), stream),
+                    index_);
+  return static_cast<unsigned*>(memory);
+}
+
+void CudaDevice::ReleaseSemaphores(unsigned* semaphores) {
+  std::lock_guard<std::mutex> lock(semaphores_mutex_);
+  free_semaphores_.push_back(semaphores);
+}
+
+unsigned* CudaDevice::ExchangeSemaphores(int stream_id, unsigned* semaphores) {
+  stream(stream_id);  // checks the id
+  return semaphores_[stream_id].exchange(semaphores, std::memory_order_acq_rel);
 }
 
 DeviceAssert* CudaDevice::device_assert() {

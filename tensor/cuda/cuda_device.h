@@ -93,8 +93,19 @@ class CudaDevice {
   cublasMath_t& blas_math_mode() { return blas_math_mode_; }
 
   CachingAllocator& allocator() { return *allocator_; }
-  // What kernel launchers need: the current stream, SM count, the allocator for workspaces.
-  LaunchContext Launch();
+  // What kernel launchers need: the current stream (or stream `stream_id`), SM count, the
+  // allocator for workspaces, the stream's semaphores.
+  LaunchContext Launch() { return Launch(current_stream_id()); }
+  LaunchContext Launch(int stream_id);
+
+  // A set of kStreamSemaphores zeroed counters (Note [Stream semaphores]): one the device had
+  // free, else a new one, zeroed on `stream` (work queued there later finds it zero; work on
+  // other streams must wait for the stream first). `stream` must not be capturing.
+  unsigned* AcquireSemaphores(cudaStream_t stream);
+  // Gives back a set that no queued work uses any longer (left zero, as every user leaves it).
+  void ReleaseSemaphores(unsigned* semaphores);
+  // Makes `semaphores` the ones launches on stream `stream_id` get; returns the ones they got.
+  unsigned* ExchangeSemaphores(int stream_id, unsigned* semaphores);
 
   // The device's DeviceAssert (Note [Device-side index checks], kernels.h), allocated and
   // cleared on first use.
@@ -111,6 +122,23 @@ class CudaDevice {
   std::once_flag stream_once_;
   // streams_[0, num_streams_) exist; written under streams_mutex_, read without a lock.
   std::atomic<cudaStream_t> streams_[1 + kMaxSideStreams] = {};
+  // Note [Stream semaphores]: kernels whose blocks count each other's arrivals, so that the
+  // last to arrive finishes the reduction in the same launch (LaunchRowNormBackward), need
+  // counters that are zero when they start. A memset before each would be one more launch per
+  // use, and one more node in every captured graph; a set allocated lazily at its first use
+  // could be allocated during a capture, which forbids cudaMalloc. So each stream owns a set,
+  // allocated and zeroed when the stream is created, and every kernel that uses it leaves it
+  // zero. One set per stream suffices because the kernels of a stream run one after another,
+  // never two at once, and a graph replays its nodes in the order of their stream at capture.
+  // A graph is replayed on whichever stream is current, possibly alongside later work of the
+  // stream it was captured on, so CUDAGraph gives its capture a set of its own
+  // (ExchangeSemaphores); replays of one graph must not overlap, as they already must not for
+  // its memory pool. (A side stream joined into a capture by an event keeps its own set in the
+  // graph: replays must not overlap that stream's eager work.) semaphores_[id] is stream id's:
+  // set when the stream is created, swapped only while a graph captures it.
+  std::atomic<unsigned*> semaphores_[1 + kMaxSideStreams] = {};
+  std::mutex semaphores_mutex_;
+  std::vector<unsigned*> free_semaphores_;  // never freed: live as the device
   std::atomic<int> num_streams_{0};
   std::mutex streams_mutex_;
   int num_sms_ = 1;

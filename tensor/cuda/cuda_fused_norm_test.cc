@@ -20,6 +20,7 @@
 #include "tensor/kernels/norm_kernels.h"
 #include "tensor/kernels/triangle_kernels.h"
 #include "tensor/runtime/backend.h"
+#include "tensor/runtime/stream.h"
 
 namespace tandem {
 namespace cuda_test {
@@ -37,15 +38,16 @@ class CudaFusedNormTest : public CudaBackendReducedTest {
   void ExpectRowNormsMatch(double rtol, double atol) {
     using M = OpMath<T>;
     const DType dtype = DTypeOf<T>::value;
-    // With grad_x, one kernel takes all three gradients, its blocks' column sums added in a
-    // second pass; rows whose two sums pass 46 KiB ({130, 6000}) go the two-kernel way,
-    // as do the weight and bias gradients alone (checked below): {1000, 40} and {517, 130} split
-    // their rows across blocks (chunks that do not divide the rows), then add the chunks in a
-    // second pass. 16-bit rows of a multiple of 8 ({70, 768}, {33, 40}, {1000, 40}) load through
-    // 128-bit packs, the others one element at a time.
-    const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},     {3, 7},      {70, 768},
-                                                             {5, 1500},  {33, 40},    {1000, 40},
-                                                             {517, 130}, {130, 6000}, {0, 4}};
+    // With grad_x, one launch takes all three gradients, its blocks' column sums added by the
+    // blocks that finish last (Note [One-launch column sums]; {1000, 40} and {4096, 16} have
+    // more blocks than groups); rows whose two sums pass 46 KiB ({130, 6000}) go the two-kernel
+    // way, as do the weight and bias gradients alone (checked below): {1000, 40} and {517, 130}
+    // split their rows across blocks (chunks that do not divide the rows), then add the chunks
+    // in a second pass. 16-bit rows of a multiple of 8 ({70, 768}, {33, 40}, {1000, 40},
+    // {4096, 16}) load through 128-bit packs, the others one element at a time.
+    const std::vector<std::pair<int64_t, int64_t>> shapes = {
+        {1, 1},     {3, 7},     {70, 768},  {5, 1500},   {33, 40},
+        {1000, 40}, {4096, 16}, {517, 130}, {130, 6000}, {0, 4}};
     for (const auto& [rows, cols] : shapes) {
       for (bool rms : {false, true}) {
         for (int affine = 0; affine < 6; ++affine) {
@@ -102,6 +104,62 @@ class CudaFusedNormTest : public CudaBackendReducedTest {
     }
   }
 
+  // Note [One-launch column sums]: the fused backward's last blocks add the column sums on
+  // counters that each launch must leave at zero for the next, in a fixed order. The same call
+  // again on the compute stream, then on side streams `a` and `b` at once (each its own
+  // counters), gives the first call's bits. On the simulator's 4 SMs {1000, 40} is 125 float
+  // blocks in 12 groups of 11 (the last of 4) and 250 16-bit ones in 16 of 16 (the last of
+  // 10); {4096, 16} is 256 blocks in 16 groups of 16.
+  template <typename T>
+  void ExpectFusedBackwardRepeats(Stream a, Stream b) {
+    using M = OpMath<T>;
+    const DType dtype = DTypeOf<T>::value;
+    const Device gpu = Device::Cuda(0);
+    for (const auto& [rows, cols] :
+         std::vector<std::pair<int64_t, int64_t>>{{1000, 40}, {4096, 16}, {70, 768}}) {
+      const std::string what = DTypePrefix<T>() + "layer norm backward [" + std::to_string(rows) +
+                               ", " + std::to_string(cols) + "]";
+      const size_t n = static_cast<size_t>(rows * cols), c = static_cast<size_t>(cols);
+      Buffer<T> x(RandomReduced<T>(n, 1.0, 5.0)), weight(RandomReduced<T>(c)),
+          bias(RandomReduced<T>(c)), dy(RandomReduced<T>(n)), y(n);
+      Buffer<M> mean(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
+      RunRowNorm(gpu, dtype, false, rows, cols, 1e-5, x.gpu(), nullptr, weight.gpu(), bias.gpu(),
+                 y.gpu(), nullptr, mean.gpu(), rstd.gpu());
+      constexpr int kCalls = 4;  // compute stream twice, then a and b
+      std::vector<Buffer<T>> dx, dw, db;
+      for (int i = 0; i < kCalls; ++i) {
+        dx.emplace_back(n);
+        dw.emplace_back(c);
+        db.emplace_back(c);
+      }
+      const auto backward = [&](int i) {
+        RunRowNormBackward(gpu, dtype, false, rows, cols, dy.gpu(), nullptr, x.gpu(), mean.gpu(),
+                           rstd.gpu(), weight.gpu(), dx[i].gpu(), dw[i].gpu(), db[i].gpu());
+      };
+      backward(0);
+      backward(1);
+      const Stream compute = CurrentStream(gpu);
+      a.Wait(compute);
+      b.Wait(compute);
+      {
+        StreamGuard guard(a);
+        backward(2);
+      }
+      {
+        StreamGuard guard(b);
+        backward(3);
+      }
+      compute.Wait(a);
+      compute.Wait(b);
+      for (int i = 1; i < kCalls; ++i) {
+        const std::string call = what + ", call " + std::to_string(i);
+        ExpectBitwiseEqual(dx[0].Gpu(), dx[i].Gpu(), Note(call + ": grad_x"));
+        ExpectBitwiseEqual(dw[0].Gpu(), dw[i].Gpu(), Note(call + ": grad_weight"));
+        ExpectBitwiseEqual(db[0].Gpu(), db[i].Gpu(), Note(call + ": grad_bias"));
+      }
+    }
+  }
+
   // Triangle moves bits: exactly the CPU's, in place too, for each element size.
   template <typename T>
   void ExpectTrianglesMatch(DType dtype) {
@@ -134,6 +192,15 @@ TEST_F(CudaFusedNormTest, RowNormsBFloat16) {
   ExpectRowNormsMatch<BFloat16>(2 * Ulp<BFloat16>(), 1e-3);
 }
 TEST_F(CudaFusedNormTest, RowNormsFloat16) { ExpectRowNormsMatch<Half>(2 * Ulp<Half>(), 1e-4); }
+
+TEST_F(CudaFusedNormTest, FusedBackwardRepeatsBitForBitAcrossCallsAndStreams) {
+  // Created once for every dtype: a device has at most 32 side streams.
+  const Stream a = CreateStream(Device::Cuda(0)), b = CreateStream(Device::Cuda(0));
+  ExpectFusedBackwardRepeats<float>(a, b);
+  ExpectFusedBackwardRepeats<double>(a, b);
+  ExpectFusedBackwardRepeats<BFloat16>(a, b);
+  ExpectFusedBackwardRepeats<Half>(a, b);
+}
 
 TEST_F(CudaFusedNormTest, TrianglesOfEveryElementSize) {
   ExpectTrianglesMatch<uint8_t>(kBool);

@@ -57,8 +57,18 @@ struct CUDAGraph::Impl {
   uint64_t pool = 0;
   unsigned long long capture_id = 0;  // cudaStreamGetCaptureInfo's, for pinned host blocks
   bool capturing = false;
+  // The graph's own counters for its kernels (Note [Stream semaphores], cuda_device.h): the
+  // replays may run on another stream than the capture's, alongside that one's later work.
+  unsigned* semaphores = nullptr;
+  unsigned* stream_semaphores = nullptr;  // the stream's, given back when the capture ends
 
   CudaDevice& cuda_device() const { return CudaDevices::Get().device(device.index()); }
+
+  void RestoreStreamSemaphores() {
+    if (stream_semaphores == nullptr) return;
+    cuda_device().ExchangeSemaphores(stream_id, stream_semaphores);
+    stream_semaphores = nullptr;
+  }
 
   // Ends a capture that is underway, keeping nothing of it; returns the capture's error.
   cudaError_t AbandonCapture() {
@@ -71,6 +81,7 @@ struct CUDAGraph::Impl {
       cudaGetLastError();  // the capture's error is reported by the caller, not the next launch
       tandem::internal::SetRandomDrawsForbidden(nullptr);
       cuda_device().allocator().EndAllocateToPool(pool);
+      RestoreStreamSemaphores();
       capturing = false;
     }
     return status;
@@ -103,19 +114,25 @@ void CUDAGraph::capture_begin(Device device, CaptureErrorMode mode) {
                "work stays out of the graph");
   DeviceGuard guard(cuda_device.physical());
   TakeViolation(device.index());
-  // Work queued before the capture must not be running when the graph's pool is carved out.
-  Synchronize(device.index());
   impl_->device = device;
   impl_->stream_id = stream_id;
   impl_->stream = cuda_device.stream(stream_id);
+  // Zeroed on the stream, which the synchronization below waits for.
+  impl_->semaphores = cuda_device.AcquireSemaphores(impl_->stream);
+  // Work queued before the capture must not be running when the graph's pool is carved out.
+  Synchronize(device.index());
   impl_->pool = cuda_device.allocator().CreatePrivatePool();
   cuda_device.allocator().BeginAllocateToPool(impl_->pool, stream_id);
+  impl_->stream_semaphores = cuda_device.ExchangeSemaphores(stream_id, impl_->semaphores);
   const cudaStreamCaptureMode cuda_mode =
       mode == CaptureErrorMode::kGlobal        ? cudaStreamCaptureModeGlobal
       : mode == CaptureErrorMode::kThreadLocal ? cudaStreamCaptureModeThreadLocal
                                                : cudaStreamCaptureModeRelaxed;
   const cudaError_t status = cudaStreamBeginCapture(impl_->stream, cuda_mode);
   if (status != cudaSuccess) {
+    impl_->RestoreStreamSemaphores();
+    cuda_device.ReleaseSemaphores(impl_->semaphores);
+    impl_->semaphores = nullptr;
     cuda_device.allocator().EndAllocateToPool(impl_->pool);
     cuda_device.allocator().ReleasePrivatePool(impl_->pool);
     impl_->pool = 0;
@@ -141,6 +158,7 @@ void CUDAGraph::capture_end() {
   cudaGetLastError();
   tandem::internal::SetRandomDrawsForbidden(nullptr);
   cuda_device.allocator().EndAllocateToPool(impl_->pool);
+  impl_->RestoreStreamSemaphores();
   impl_->capturing = false;
   const std::string violation = TakeViolation(impl_->device.index());
   if (status != cudaSuccess || !violation.empty()) {
@@ -171,7 +189,7 @@ void CUDAGraph::replay() {
 
 void CUDAGraph::reset() {
   if (impl_->pool == 0 && impl_->exec == nullptr && impl_->graph == nullptr &&
-      impl_->capture_id == 0) {
+      impl_->capture_id == 0 && impl_->semaphores == nullptr) {
     return;
   }
   impl_->AbandonCapture();
@@ -187,8 +205,11 @@ void CUDAGraph::reset() {
   impl_->graph = nullptr;
   if (impl_->pool != 0) cuda_device.allocator().ReleasePrivatePool(impl_->pool);
   if (impl_->capture_id != 0) CudaDevices::Get().pinned().ReleaseCapture(impl_->capture_id);
+  // No replay is queued any more (synchronized above), and each left the counters zero.
+  if (impl_->semaphores != nullptr) cuda_device.ReleaseSemaphores(impl_->semaphores);
   impl_->pool = 0;
   impl_->capture_id = 0;
+  impl_->semaphores = nullptr;
 }
 
 bool CUDAGraph::capturing() const { return impl_->capturing; }

@@ -39,14 +39,16 @@ std::string ErrorOf(const std::function<void()>& f) {
   return "(no error)";
 }
 
-// A two-layer MLP trained by plain gradient descent, its gradients set to none before each
-// step (so that backward allocates them: in a capture, from the graph's pool).
+// A two-layer MLP with a LayerNorm trained by plain gradient descent, its gradients set to none
+// before each step (so that backward allocates them: in a capture, from the graph's pool). The
+// norm's backward is one launch whose blocks count arrivals on the capture's own counters
+// (Note [Stream semaphores], cuda_device.h), replayed on another stream.
 struct Mlp {
   std::vector<Tensor> params;
 
   explicit Mlp(Device device) {
     manual_seed(7);
-    for (const Shape& shape : {Shape{6, 16}, Shape{16}, Shape{16, 3}}) {
+    for (const Shape& shape : {Shape{6, 16}, Shape{16}, Shape{16, 3}, Shape{16}, Shape{16}}) {
       Tensor p = (randn(shape) * 0.3).to(device);
       p.set_requires_grad(true);
       params.push_back(p);
@@ -55,7 +57,8 @@ struct Mlp {
 
   Tensor Step(const Tensor& x, const Tensor& y) {
     for (Tensor& p : params) p.set_grad(Tensor());
-    const Tensor hidden = relu(matmul(x, params[0]) + params[1]);
+    const Tensor hidden =
+        relu(layer_norm(matmul(x, params[0]) + params[1], {16}, params[3], params[4]));
     const Tensor loss = mse_loss(matmul(hidden, params[2]), y);
     loss.backward();
     NoGradGuard no_grad;

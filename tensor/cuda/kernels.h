@@ -32,11 +32,18 @@
 namespace tandem {
 namespace cuda {
 
+// Counters of each stream (LaunchContext::semaphores), for kernels whose blocks count each
+// other's arrivals (a "last block finishes" reduction) in the same launch.
+inline constexpr int kStreamSemaphores = 64;
+
 struct LaunchContext {
   cudaStream_t stream = nullptr;
   int device = 0;                  // logical device index, for error messages
   int num_sms = 1;                 // streaming multiprocessors: sizes grids and reduction splits
   Allocator* workspace = nullptr;  // device memory for temporaries (split reductions)
+  // kStreamSemaphores zeroed counters owned by `stream`; a kernel that uses them leaves them
+  // zero (Note [Stream semaphores], cuda_device.h). Null where the context was built by hand.
+  unsigned* semaphores = nullptr;
 };
 
 void LaunchCopy(const LaunchContext& context, const KernelTensor& dst, const KernelTensor& src);
@@ -119,10 +126,12 @@ void LaunchCrossEntropyBackward(const LaunchContext& context, DType dtype, void*
                                 const void* grad, double scale, int64_t rows, int64_t cols);
 
 // Fused row norms and triangles (Note [Fused row norms] in tensor/kernels/norm_kernels.h). The
-// backward launches one kernel for grad_x (a block per row) and, for grad_weight/grad_bias, a
-// block per 32 columns and chunk of rows plus, when the rows were split, a second pass adding
-// the chunks' sums in order; each only when its outputs are wanted. With a residual (and
-// grad_sum) they are Note [Fused residual norm]'s, in the same launches.
+// backward with grad_x and grad_weight/grad_bias is one launch (blocks of rows whose column sums
+// the last blocks to finish add in a fixed order, on context.semaphores) where a block's column
+// sums fit its shared memory. Otherwise it launches one kernel for grad_x (blocks of rows) and,
+// for grad_weight/grad_bias, a block per 32 columns and chunk of rows plus, when the rows were
+// split, a second pass adding the chunks' sums in order; each only when its outputs are wanted.
+// With a residual (and grad_sum) they are Note [Fused residual norm]'s, in the same launches.
 void LaunchRowNorm(const LaunchContext& context, DType dtype, bool rms, int64_t rows, int64_t cols,
                    double eps, const void* x, const void* residual, const void* weight,
                    const void* bias, void* y, void* sum, void* mean, void* rstd);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <utility>
 
 #include "tensor/base/error.h"
 #include "tensor/cuda/cuda_check.h"
@@ -96,18 +97,94 @@ __global__ void RowNormKernel(bool rms, int64_t rows, int64_t cols, OpMath<T> ep
   }
 }
 
+// Where RowNormBackwardKernel<..., kSums = true> puts its column sums and how its blocks add
+// them (Note [One-launch column sums]).
+template <typename T>
+struct RowNormSums {
+  OpMath<T>* partial_w = nullptr;  // [blocks, cols]: each block's sums of dy * xhat
+  OpMath<T>* partial_b = nullptr;  // [blocks, cols]: each block's sums of dy
+  OpMath<T>* group_w = nullptr;    // [groups, cols]: each group's blocks' sums added
+  OpMath<T>* group_b = nullptr;
+  int64_t group_size = 1;          // consecutive blocks a group (the last one may have fewer)
+  unsigned* semaphores = nullptr;  // [groups + 1], zero: each group's arrivals, then the groups'
+  T* dw = nullptr;                 // either may be null
+  T* db = nullptr;
+};
+
+// out[j] = the sum of the `n` rows of in (row stride `cols`) at column j, for the weight's and the
+// bias's sums, by every thread of the block: 32 columns at a time, blockDim.x / 32 lanes per
+// column, lane l adding rows l, l + lanes, ... in order, then the lanes added in order through
+// `scratch` (2 * blockDim.x of M). A fixed order, so the same bits whatever ran before; and
+// loads of several rows in flight per column where one thread per column would wait on each in
+// turn. Out is M, or T (rounded once; a null output is skipped).
+template <typename M, typename Out>
+__device__ void SumRowsInOrder(int64_t n, int64_t cols, const M* in_w, const M* in_b, Out* out_w,
+                               Out* out_b, M* scratch) {
+  const int lanes = blockDim.x / kWarpSize;
+  const int column_lane = threadIdx.x % kWarpSize, row_lane = threadIdx.x / kWarpSize;
+  M* lanes_w = scratch;
+  M* lanes_b = scratch + blockDim.x;
+  for (int64_t tile = 0; tile < cols; tile += kWarpSize) {
+    const int64_t j = tile + column_lane;
+    M sum_w = 0, sum_b = 0;
+    if (j < cols) {
+      for (int64_t r = row_lane; r < n; r += lanes) {
+        sum_w += in_w[r * cols + j];
+        sum_b += in_b[r * cols + j];
+      }
+    }
+    lanes_w[threadIdx.x] = sum_w;
+    lanes_b[threadIdx.x] = sum_b;
+    __syncthreads();
+    if (row_lane == 0 && j < cols) {
+      for (int lane = 1; lane < lanes; ++lane) {
+        sum_w += lanes_w[lane * kWarpSize + column_lane];
+        sum_b += lanes_b[lane * kWarpSize + column_lane];
+      }
+      if (out_w != nullptr) out_w[j] = static_cast<Out>(sum_w);
+      if (out_b != nullptr) out_b[j] = static_cast<Out>(sum_b);
+    }
+    __syncthreads();  // the lanes' slots are the next tile's
+  }
+}
+
+// Whether the calling block is the last of `expected` to arrive at *counter, told to the whole
+// block; each block calls it once per counter, after its writes that the last one reads. The
+// fence before the count makes those writes visible device-wide before the count is; the one
+// after it (in the last block) orders the reads that follow after every other block's count.
+__device__ bool LastToArrive(unsigned* counter, unsigned expected) {
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    last = atomicAdd(counter, 1u) + 1 == expected;
+    __threadfence();
+  }
+  __syncthreads();
+  return last;
+}
+
 // grad_x, and with kSums the weight's and bias's gradients in the same pass over dy and x (llm.c's
 // LayerNorm backward), kVec elements a thread at a time as RowNormKernel: block blockIdx.x takes
 // the rows [blockIdx.x * chunk, + chunk), each with all its threads. With kSums each thread also
 // adds dy * xhat and dy of its own columns (the same ones every row: no races, no atomics) into
-// shared memory, [2][cols] in M, and the block's sums go to partial_w/partial_b ([blocks, cols]);
-// RowNormParamsFinishKernel adds them in block order, so the result is deterministic.
+// shared memory, [2][cols] in M, and the block's sums go to sums.partial_w/partial_b.
+//
+// Note [One-launch column sums]: the blocks' sums are added in the same launch by the blocks that
+// finish last, in a fixed order, so the result has the same bits whichever blocks finish first.
+// The blocks form groups of group_size consecutive ones (about sqrt(blocks) groups of
+// sqrt(blocks)): the last block of a group to finish adds the group's rows in block order into
+// its group row; the last group to finish adds the group rows in group order into dw and db.
+// Two levels keep the tail short: one finishing block adding every block's row would read
+// blocks x cols alone while the rest of the GPU idles. The counters are the stream's
+// (LaunchContext::semaphores, Note [Stream semaphores] in cuda_device.h): zero when the kernel
+// starts without a memset launch, because each finishing block puts back to zero the counter it
+// completed.
 template <typename T, int kVec, bool kSums>
 __global__ void RowNormBackwardKernel(bool rms, int64_t rows, int64_t cols, int64_t chunk,
                                       const T* dy, const T* dsum, const T* x,
                                       const OpMath<T>* mean_in, const OpMath<T>* rstd_in,
-                                      const T* weight, T* dx, OpMath<T>* partial_w,
-                                      OpMath<T>* partial_b) {
+                                      const T* weight, T* dx, RowNormSums<T> sums) {
   using M = OpMath<T>;
   using P = Pack<T, kVec>;
   extern __shared__ unsigned char shared_raw[];
@@ -169,10 +246,24 @@ __global__ void RowNormBackwardKernel(bool rms, int64_t rows, int64_t cols, int6
   for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
 #pragma unroll
     for (int k = 0; k < kVec; ++k) {
-      partial_w[blockIdx.x * cols + c * kVec + k] = acc_w[c * kVec + k];
-      partial_b[blockIdx.x * cols + c * kVec + k] = acc_b[c * kVec + k];
+      sums.partial_w[blockIdx.x * cols + c * kVec + k] = acc_w[c * kVec + k];
+      sums.partial_b[blockIdx.x * cols + c * kVec + k] = acc_b[c * kVec + k];
     }
   }
+  // Note [One-launch column sums]. Past the first barrier of LastToArrive the accumulators are
+  // in global memory, so their shared memory is the finishing sums' scratch.
+  const int64_t group = blockIdx.x / sums.group_size;
+  const int64_t first = group * sums.group_size;
+  const int64_t members = min(sums.group_size, static_cast<int64_t>(gridDim.x) - first);
+  const int64_t groups = (gridDim.x + sums.group_size - 1) / sums.group_size;
+  if (!LastToArrive(&sums.semaphores[group], static_cast<unsigned>(members))) return;
+  SumRowsInOrder(members, cols, sums.partial_w + first * cols, sums.partial_b + first * cols,
+                 sums.group_w + group * cols, sums.group_b + group * cols, acc_w);
+  // Every block of the group has counted: none reads this counter again in this launch.
+  if (threadIdx.x == 0) sums.semaphores[group] = 0;
+  if (!LastToArrive(&sums.semaphores[groups], static_cast<unsigned>(groups))) return;
+  SumRowsInOrder(groups, cols, sums.group_w, sums.group_b, sums.dw, sums.db, acc_w);
+  if (threadIdx.x == 0) sums.semaphores[groups] = 0;
 }
 
 // RowNormBackwardKernel's launch, one function per instantiation, so that the launcher can pick
@@ -182,9 +273,9 @@ void LaunchRowNormBackwardKernel(const LaunchContext& context, unsigned blocks, 
                                  size_t shared, bool rms, int64_t rows, int64_t cols, int64_t chunk,
                                  const T* dy, const T* dsum, const T* x, const OpMath<T>* mean,
                                  const OpMath<T>* rstd, const T* weight, T* dx,
-                                 OpMath<T>* partial_w, OpMath<T>* partial_b) {
+                                 const RowNormSums<T>& sums) {
   RowNormBackwardKernel<T, kVec, kSums><<<blocks, threads, shared, context.stream>>>(
-      rms, rows, cols, chunk, dy, dsum, x, mean, rstd, weight, dx, partial_w, partial_b);
+      rms, rows, cols, chunk, dy, dsum, x, mean, rstd, weight, dx, sums);
 }
 
 // Whether the row kernels may load 16-bit rows through 128-bit Packs (kNormVector<T> elements):
@@ -375,51 +466,80 @@ void LaunchRowNormBackward(const LaunchContext& context, DType dtype, bool rms, 
                         2.0 * splits * cols * sizeof(M) + 2.0 * cols * sizeof(T),
                         RooflineMath(sizeof(M)));
     };
-    // grad_x (and, with `sums`, the blocks' column sums of the weight's and bias's gradients) over
-    // `blocks` blocks of consecutive rows: RowNormBackwardKernel.
-    const auto backward = [&](bool sums, int64_t blocks, M* partial_w, M* partial_b) {
-      const int64_t chunk = (rows + blocks - 1) / blocks;
-      blocks = (rows + chunk - 1) / chunk;  // no empty block at the end
-      const int threads = RowThreads(pack ? cols / kVec : cols);
-      const size_t shared = sums ? 2 * static_cast<size_t>(cols) * sizeof(M) : 0;
+    const int threads = RowThreads(pack ? cols / kVec : cols);
+    // grad_x, and with `sums` the weight's and bias's gradients (Note [One-launch column sums]),
+    // over `blocks` blocks of `chunk` consecutive rows: RowNormBackwardKernel.
+    const auto backward = [&](int64_t chunk, int64_t blocks, const RowNormSums<T>* sums,
+                              size_t shared) {
       internal::RecordLaunchWork("RowNormBackwardKernel", blocks, rows * cols);
-      using Launcher =
-          void (*)(const LaunchContext&, unsigned, int, size_t, bool, int64_t, int64_t, int64_t,
-                   const T*, const T*, const T*, const M*, const M*, const T*, T*, M*, M*);
-      const Launcher launch = pack ? (sums ? LaunchRowNormBackwardKernel<T, kVec, true>
-                                           : LaunchRowNormBackwardKernel<T, kVec, false>)
-                                   : (sums ? LaunchRowNormBackwardKernel<T, 1, true>
-                                           : LaunchRowNormBackwardKernel<T, 1, false>);
+      using Launcher = void (*)(const LaunchContext&, unsigned, int, size_t, bool, int64_t, int64_t,
+                                int64_t, const T*, const T*, const T*, const M*, const M*, const T*,
+                                T*, const RowNormSums<T>&);
+      const Launcher launch = pack ? (sums != nullptr ? LaunchRowNormBackwardKernel<T, kVec, true>
+                                                      : LaunchRowNormBackwardKernel<T, kVec, false>)
+                                   : (sums != nullptr ? LaunchRowNormBackwardKernel<T, 1, true>
+                                                      : LaunchRowNormBackwardKernel<T, 1, false>);
       launch(context, static_cast<unsigned>(blocks), threads, shared, rms, rows, cols, chunk, dy,
-             dsum, in, mean_in, rstd_in, w, dx, partial_w, partial_b);
+             dsum, in, mean_in, rstd_in, w, dx, sums != nullptr ? *sums : RowNormSums<T>{});
       TANDEM_CUDA_CHECK_LAUNCH(context.device);
-      // dy and x read (twice, the second time from L1), dx written, with `sums` a sum per block
-      // and column; about 12 FLOPs an element, 16 with the sums.
-      DeclareKernelWork(
-          (sums ? 16 : 12) * elements,
-          ((dsum != nullptr ? 4 : 3) * elements + (w != nullptr ? cols : 0)) * sizeof(T) +
-              statistics_bytes + (sums ? 2.0 * blocks * cols * sizeof(M) : 0.0),
-          RooflineMath(sizeof(M)));
-      return blocks;
     };
+    // Rows a block for about `wanted` blocks, and the blocks (none empty at the end).
+    const auto split = [&](int64_t wanted) {
+      const int64_t chunk = (rows + wanted - 1) / wanted;
+      return std::make_pair(chunk, (rows + chunk - 1) / chunk);
+    };
+    // dy and x read (twice, the second time from L1), dx written; about 12 FLOPs an element.
+    const double backward_flops = 12 * elements;
+    const double backward_bytes =
+        ((dsum != nullptr ? 4 : 3) * elements + (w != nullptr ? cols : 0)) * sizeof(T) +
+        statistics_bytes;
     if (dx != nullptr && rows > 0 && (dw != nullptr || db != nullptr) &&
         2 * static_cast<size_t>(cols) * sizeof(M) <= kNormFusedSharedBytes) {
-      // All three in one pass over dy and x, a full wave of blocks, then the blocks' sums added.
-      const int threads = RowThreads(pack ? cols / kVec : cols);
+      // All three in one launch over a full wave of blocks (Note [One-launch column sums]).
+      TANDEM_CHECK(context.semaphores != nullptr,
+                   "CUDA RowNormBackward: the launch context has no stream semaphores, which the "
+                   "one-launch weight and bias gradients count on; expected the LaunchContext of "
+                   "CudaDevice::Launch() (or set LaunchContext::semaphores to the stream's)");
       const int64_t wave = std::min<int64_t>(
           rows, static_cast<int64_t>(context.num_sms) * std::max(1, kThreadsPerSm / threads));
-      // Returned to the allocator at the end of this scope while the kernels may be queued:
-      // safe, as it is handed out again only to later work on this stream.
+      const auto [chunk, blocks] = split(wave);
+      // About sqrt(blocks) groups of about sqrt(blocks) blocks, so that each of the two finishing
+      // steps adds about sqrt(blocks) rows; one counter a group and one for the groups.
+      const int64_t wanted_groups = std::min<int64_t>(
+          kStreamSemaphores - 1,
+          static_cast<int64_t>(std::ceil(std::sqrt(static_cast<double>(blocks)))));
+      RowNormSums<T> sums;
+      sums.group_size = (blocks + wanted_groups - 1) / wanted_groups;
+      const int64_t groups = (blocks + sums.group_size - 1) / sums.group_size;
+      // Returned to the allocator at the end of this scope while the kernel may be queued: safe,
+      // as it is handed out again only to later work on this stream.
       const std::shared_ptr<void> partials =
-          context.workspace->Allocate(2 * wave * cols * sizeof(M));
-      M* partial_w = static_cast<M*>(partials.get());
-      const int64_t blocks = backward(true, wave, partial_w, partial_w + wave * cols);
-      finish(blocks, partial_w, partial_w + wave * cols);
+          context.workspace->Allocate(2 * (blocks + groups) * cols * sizeof(M));
+      sums.partial_w = static_cast<M*>(partials.get());
+      sums.partial_b = sums.partial_w + blocks * cols;
+      sums.group_w = sums.partial_b + blocks * cols;
+      sums.group_b = sums.group_w + groups * cols;
+      sums.semaphores = context.semaphores;
+      sums.dw = dw;
+      sums.db = db;
+      // The column sums while the rows run; then the finishing sums' lanes (SumRowsInOrder),
+      // which may need more for short rows.
+      const size_t shared = 2 * std::max<size_t>(cols, threads) * sizeof(M);
+      backward(chunk, blocks, &sums, shared);
+      // With the sums: 4 FLOPs more an element; each block's sums written and read back, then
+      // each group's, and the gradients written; an add for each of those reads.
+      const double sum_rows = static_cast<double>(blocks + groups);
+      DeclareKernelWork(backward_flops + 4 * elements + 2.0 * sum_rows * cols,
+                        backward_bytes + 4.0 * sum_rows * cols * sizeof(M) +
+                            ((dw != nullptr) + (db != nullptr)) * cols * sizeof(T),
+                        RooflineMath(sizeof(M)));
       return;
     }
     if (dx != nullptr && rows > 0) {
-      backward(false, std::min<int64_t>(rows, static_cast<int64_t>(context.num_sms) * 32), nullptr,
-               nullptr);
+      const auto [chunk, blocks] =
+          split(std::min<int64_t>(rows, static_cast<int64_t>(context.num_sms) * 32));
+      backward(chunk, blocks, nullptr, 0);
+      DeclareKernelWork(backward_flops, backward_bytes, RooflineMath(sizeof(M)));
     }
     if (dw != nullptr || db != nullptr) {
       const int64_t tiles = (cols + kNormColumnTile - 1) / kNormColumnTile;
