@@ -345,26 +345,24 @@ void CpuCrossEntropyForward(int index, DType dtype, void* row_loss, void* lse_da
     using T = typename decltype(tag)::type;
     using M = OpMath<T>;
     const T* x = static_cast<const T*>(logits);
-    T* loss = static_cast<T*>(row_loss);
+    M* loss = static_cast<M*>(row_loss);
     M* lse = static_cast<M*>(lse_data);
-    ParallelFor(Cpu(index), rows,
-                std::max<int64_t>(1, kTranscendentalGrain / std::max<int64_t>(cols, 1)),
-                [&](int64_t begin, int64_t end) {
-                  for (int64_t r = begin; r < end; ++r) {
-                    const T* row = x + r * cols;
-                    const M max_value = RowMax(row, cols, 1);
-                    double sum = 0.0;
-                    for (int64_t c = 0; c < cols; ++c) {
-                      sum += std::exp(static_cast<M>(row[c]) - max_value);
-                    }
-                    const M log_sum = static_cast<M>(std::log(sum));
-                    lse[r] = max_value + log_sum;
-                    const int64_t t = targets[r];
-                    loss[r] = t >= 0 && t < cols
-                                  ? static_cast<T>(log_sum - (static_cast<M>(row[t]) - max_value))
-                                  : T(0);
-                  }
-                });
+    ParallelFor(
+        Cpu(index), rows, std::max<int64_t>(1, kTranscendentalGrain / std::max<int64_t>(cols, 1)),
+        [&](int64_t begin, int64_t end) {
+          for (int64_t r = begin; r < end; ++r) {
+            const T* row = x + r * cols;
+            const M max_value = RowMax(row, cols, 1);
+            double sum = 0.0;
+            for (int64_t c = 0; c < cols; ++c) {
+              sum += std::exp(static_cast<M>(row[c]) - max_value);
+            }
+            const M log_sum = static_cast<M>(std::log(sum));
+            lse[r] = max_value + log_sum;
+            const int64_t t = targets[r];
+            loss[r] = t >= 0 && t < cols ? log_sum - (static_cast<M>(row[t]) - max_value) : M(0);
+          }
+        });
   });
 }
 
@@ -378,7 +376,7 @@ void CpuCrossEntropyBackward(int index, DType dtype, void* grad_logits, const vo
     const T* x = static_cast<const T*>(logits);
     T* dx = static_cast<T*>(grad_logits);
     const M* lse = static_cast<const M*>(lse_data);
-    const M g = static_cast<M>(static_cast<double>(*static_cast<const T*>(grad)) * scale);
+    const M g = static_cast<M>(static_cast<double>(*static_cast<const M*>(grad)) * scale);
     ParallelFor(Cpu(index), rows,
                 std::max<int64_t>(1, kTranscendentalGrain / std::max<int64_t>(cols, 1)),
                 [&](int64_t begin, int64_t end) {

@@ -881,6 +881,45 @@ TEST_F(CudaLinearTest, LinearGeluLinearBackwardIsFourGemms) {
   }
 }
 
+// Note [Autocast cross-entropy] on cuda:0: bfloat16 logits are read by the fused kernels
+// themselves, one launch fewer each way than casting them to float32 first, and the loss and the
+// logits' gradient are the cast path's to the bit.
+TEST_F(CudaLinearTest, AutocastCrossEntropyReadsSixteenBitLogits) {
+  manual_seed(3);
+  const Tensor x0 = (randn({33, 1000}) * 4.0).to(kBFloat16).to(Device::Cuda(0));
+  std::vector<int64_t> classes(33);
+  for (size_t i = 0; i < classes.size(); ++i) classes[i] = static_cast<int64_t>(i * 37 % 1000);
+  const Tensor labels = from_vector(classes, {33}, Device::Cuda(0));
+  std::vector<float> losses[2], grads[2];
+  long long launches[2][2] = {{-1, -1}, {-1, -1}};  // [cast first][forward, backward]
+  for (int cast_first = 0; cast_first < 2; ++cast_first) {
+    Tensor x = x0.detach();
+    x.set_requires_grad(true);
+    cuda::Synchronize(0);
+    ResetDeviceCounters();
+    Tensor loss;
+    {
+      AutocastGuard autocast(DeviceType::kCUDA, kBFloat16);
+      loss = cross_entropy(cast_first ? x.to(kFloat32) : x, labels);
+    }
+    launches[cast_first][0] = ReadDeviceCounters().launches;
+    ResetDeviceCounters();
+    loss.backward();
+    cuda::Synchronize(0);
+    launches[cast_first][1] = ReadDeviceCounters().launches;
+    EXPECT_EQ(loss.dtype(), kFloat32);
+    EXPECT_EQ(x.grad().dtype(), kBFloat16);
+    losses[cast_first] = loss.to(Device::Cpu(0)).to_vector<float>();
+    grads[cast_first] = x.grad().to(Device::Cpu(0)).to(kFloat32).to_vector<float>();
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(grads[0], grads[1]);
+  if (ReadDeviceCounters().counted) {
+    EXPECT_EQ(launches[0][0], launches[1][0] - 1) << "forward: no cast of the logits";
+    EXPECT_EQ(launches[0][1], launches[1][1] - 1) << "backward: no cast of their gradient";
+  }
+}
+
 // The elementwise kernels declare their work at launch (DeclareKernelWork): each stored element
 // once, a broadcast operand's once.
 TEST_F(CudaLinearTest, ElementwiseKernelsDeclareTheirBytes) {

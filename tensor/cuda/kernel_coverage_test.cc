@@ -230,9 +230,8 @@ void KernelCoverageTest::CrossEntropy() {
     using M = OpMath<T>;
     const DType dtype = DTypeOf<T>::value;
     const int64_t rows = 5, cols = 37;
-    Buffer<T> logits(Values<T>(rows * cols, -4.0, 4.0)), loss(rows), grad_logits(rows * cols);
-    Buffer<T> grad(Values<T>(1, 0.5, 1.5));
-    Buffer<M> lse(rows);
+    Buffer<T> logits(Values<T>(rows * cols, -4.0, 4.0)), grad_logits(rows * cols);
+    Buffer<M> loss(rows), lse(rows), grad(Values<M>(1, 0.5, 1.5));
     Buffer<int64_t> targets(RandomInts(rows, 0, cols - 1));
     for (const Device device : {kCpu, kCuda}) {
       const bool gpu = device.is_cuda();

@@ -163,7 +163,7 @@ __global__ void SoftmaxColumnsKernel(bool log, T* dst, const T* src, int64_t out
 // A block per row: the online softmax's maximum and sum, then thread 0 writes the row's
 // log-sum-exp and loss (log_softmax's value at the target, negated, as the CPU computes it).
 template <typename T>
-__global__ void CrossEntropyForwardKernel(T* row_loss, OpMath<T>* lse, const T* logits,
+__global__ void CrossEntropyForwardKernel(OpMath<T>* row_loss, OpMath<T>* lse, const T* logits,
                                           const int64_t* targets, int64_t rows, int64_t cols,
                                           DeviceAssert* check, unsigned long long op) {
   using M = OpMath<T>;
@@ -176,9 +176,8 @@ __global__ void CrossEntropyForwardKernel(T* row_loss, OpMath<T>* lse, const T* 
       const M log_sum = static_cast<M>(::log(online.sum));
       lse[row] = online.max + log_sum;
       const int64_t t = targets[row];
-      row_loss[row] = IndexInRange(t, cols, check, op)
-                          ? static_cast<T>(log_sum - (static_cast<M>(x[t]) - online.max))
-                          : T(0);
+      row_loss[row] =
+          IndexInRange(t, cols, check, op) ? log_sum - (static_cast<M>(x[t]) - online.max) : M(0);
     }
   }
 }
@@ -186,10 +185,10 @@ __global__ void CrossEntropyForwardKernel(T* row_loss, OpMath<T>* lse, const T* 
 // A block per row: grad_logits = (exp(x - lse) - onehot) * grad[0] * scale, rounded once.
 template <typename T>
 __global__ void CrossEntropyBackwardKernel(T* grad_logits, const T* logits, const OpMath<T>* lse,
-                                           const int64_t* targets, const T* grad, double scale,
-                                           int64_t rows, int64_t cols) {
+                                           const int64_t* targets, const OpMath<T>* grad,
+                                           double scale, int64_t rows, int64_t cols) {
   using M = OpMath<T>;
-  const M g = static_cast<M>(static_cast<double>(static_cast<M>(*grad)) * scale);
+  const M g = static_cast<M>(static_cast<double>(*grad) * scale);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const T* x = logits + row * cols;
     T* dx = grad_logits + row * cols;
@@ -249,13 +248,12 @@ void LaunchCrossEntropyForward(const LaunchContext& context, DType dtype, void* 
     const int grid = RowGrid(context, rows);
     internal::RecordLaunchWork("CrossEntropyForwardKernel", grid, rows * cols);
     CrossEntropyForwardKernel<T><<<grid, RowThreads(cols), 0, context.stream>>>(
-        static_cast<T*>(row_loss), static_cast<OpMath<T>*>(lse), static_cast<const T*>(logits),
-        targets, rows, cols, check, reinterpret_cast<unsigned long long>(op));
+        static_cast<M*>(row_loss), static_cast<M*>(lse), static_cast<const T*>(logits), targets,
+        rows, cols, check, reinterpret_cast<unsigned long long>(op));
     TANDEM_CUDA_CHECK_LAUNCH(context.device);
     // The logits read once (the online softmax), a target, loss and log-sum-exp a row.
     const double elements = static_cast<double>(rows * cols);
-    DeclareKernelWork(4 * elements,
-                      elements * sizeof(T) + rows * (sizeof(int64_t) + sizeof(T) + sizeof(M)),
+    DeclareKernelWork(4 * elements, elements * sizeof(T) + rows * (sizeof(int64_t) + 2 * sizeof(M)),
                       RooflineMath(sizeof(M)));
   });
 }
@@ -270,14 +268,14 @@ void LaunchCrossEntropyBackward(const LaunchContext& context, DType dtype, void*
     internal::RecordLaunchWork("CrossEntropyBackwardKernel", grid, rows * cols);
     CrossEntropyBackwardKernel<T><<<grid, RowThreads(cols), 0, context.stream>>>(
         static_cast<T*>(grad_logits), static_cast<const T*>(logits),
-        static_cast<const OpMath<T>*>(lse), targets, static_cast<const T*>(grad), scale, rows,
-        cols);
+        static_cast<const OpMath<T>*>(lse), targets, static_cast<const OpMath<T>*>(grad), scale,
+        rows, cols);
     TANDEM_CUDA_CHECK_LAUNCH(context.device);
     // The logits read and their gradient written; an exp and a scale an element.
     const double elements = static_cast<double>(rows * cols);
     DeclareKernelWork(
         4 * elements,
-        2 * elements * sizeof(T) + rows * (sizeof(int64_t) + sizeof(OpMath<T>)) + sizeof(T),
+        2 * elements * sizeof(T) + rows * (sizeof(int64_t) + sizeof(OpMath<T>)) + sizeof(OpMath<T>),
         RooflineMath(sizeof(OpMath<T>)));
   });
 }

@@ -24,11 +24,13 @@ TANDEM_DECLARE_KERNEL(SoftmaxKernel,
                            int64_t outer, int64_t dim, int64_t inner));
 
 // Note [Fused cross-entropy]: over contiguous [rows, cols] logits and int64 targets [rows],
-// the forward writes each row's log-sum-exp `lse` (float32, or float64 for float64 logits:
-// CrossEntropyLseType) and its loss lse - logits[target] (the logits' dtype); the backward
-// writes grad_logits = (exp(logits - lse) - onehot(targets)) * grad[0] * scale, `grad` one
-// element of the logits' dtype on the device, in one pass and rounding once. A target out of
-// [0, cols) gives loss 0 and no onehot term; the forward records it as an index kernel does
+// the forward writes each row's log-sum-exp `lse` and its loss lse - logits[target], both in
+// float32 (float64 for float64 logits: CrossEntropyLseType, the type the kernels compute in);
+// the backward writes grad_logits = (exp(logits - lse) - onehot(targets)) * grad[0] * scale in
+// the logits' dtype, `grad` one element of CrossEntropyLseType on the device, in one pass and
+// rounding once. 16-bit logits are widened as they are read, so the results are those of the
+// logits cast to float32 first, the gradient rounded once (Note [Autocast cross-entropy]). A target
+// out of [0, cols) gives loss 0 and no onehot term; the forward records it as an index kernel does
 // (Note [Device-side index checks] in tensor/cuda/kernels.h, as `op`; the CPU's caller checks
 // targets before).
 TANDEM_DECLARE_KERNEL(CrossEntropyForwardKernel,

@@ -119,6 +119,33 @@ TEST(AutocastTest, Float32ListRunsInFloat32) {
   EXPECT_EQ(softmax(x32.to(kFloat16), 0).dtype(), kFloat32);
 }
 
+// Note [Autocast cross-entropy]: 16-bit logits are widened inside the fused kernels instead of
+// cast first; the loss and the logits' gradient are the cast path's to the bit, in both 16-bit
+// dtypes, on every device autocast runs on (CUDA's in tensor/cuda/cuda_reduce_softmax_test.cc).
+TEST(AutocastTest, CrossEntropyOfSixteenBitLogitsIsTheCastLogitsToTheBit) {
+  manual_seed(2);
+  const Tensor labels = from_vector(std::vector<int64_t>{0, 6, 2, 1, 6}, {5});
+  for (DType dtype : {kBFloat16, kFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const Tensor x0 = (randn({5, 7}) * 3.0).to(dtype);
+    Tensor widened = x0.detach(), cast = x0.detach();
+    widened.set_requires_grad(true);
+    cast.set_requires_grad(true);
+    Tensor loss_widened, loss_cast;
+    {
+      AutocastGuard autocast(kCPU, dtype);
+      loss_widened = cross_entropy(widened, labels);
+      loss_cast = cross_entropy(cast.to(kFloat32), labels);
+    }
+    EXPECT_EQ(loss_widened.dtype(), kFloat32);
+    EXPECT_EQ(loss_widened.to_vector<float>(), loss_cast.to_vector<float>());
+    (loss_widened * 3.0).backward();
+    (loss_cast * 3.0).backward();
+    EXPECT_EQ(widened.grad().dtype(), dtype);
+    EXPECT_EQ(MaxAbsDiff(widened.grad(), cast.grad()), 0.0);
+  }
+}
+
 TEST(AutocastTest, OtherOpsRunInTheirInputsDType) {
   const Tensor x = randn({3, 4}).to(kBFloat16);
   AutocastGuard autocast(kCPU);
