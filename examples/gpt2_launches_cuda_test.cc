@@ -24,6 +24,7 @@ namespace tandem::examples {
 namespace {
 
 constexpr long long kLayerLaunches = 19;
+constexpr long long kAutocastLayerLaunches = 99;
 
 struct StepLaunches {
   long long forward_backward = 0;            // forward, loss and backward
@@ -32,8 +33,8 @@ struct StepLaunches {
 };
 
 // The second of two training steps (the first allocates AdamW's state) of a GPT with GPT-2's
-// layer shapes and `layers` layers, counted.
-StepLaunches CountStep(int layers) {
+// layer shapes and `layers` layers, counted; forward and loss under bfloat16 autocast when asked.
+StepLaunches CountStep(int layers, bool autocast = false) {
   manual_seed(5);
   const GptConfig config =
       GptConfig::Gpt2().n_layer(layers).vocab_size(512).block_size(16).dropout(0.0);
@@ -44,7 +45,11 @@ StepLaunches CountStep(int layers) {
   for (int step = 0; step < 2; ++step) {
     const TokenBatch batch = SyntheticTokenBatch(config, 1, 16, step, Device::Cuda(0));
     ResetDeviceCounters();
-    Tensor loss = model->loss(model->forward(batch.x), batch.y);
+    Tensor loss;
+    {
+      AutocastGuard guard(DeviceType::kCUDA, kBFloat16, /*enabled=*/autocast);
+      loss = model->loss(model->forward(batch.x), batch.y);
+    }
     loss.backward();
     const DeviceCounters pass = ReadDeviceCounters();
     ResetDeviceCounters();
@@ -59,12 +64,8 @@ StepLaunches CountStep(int layers) {
   return counted;
 }
 
-TEST(Gpt2LaunchesTest, ALayerLaunchesNoMoreThanCountedAndAdamWAtMost4) {
-  if (!cuda::IsAvailable()) GTEST_SKIP() << cuda::UnavailableReason();
-  if (const DeviceCounters probe = ReadDeviceCounters(); !probe.counted) {
-    GTEST_SKIP() << probe.not_counted;
-  }
-  const StepLaunches one = CountStep(1), two = CountStep(2);
+// A layer's launches (two layers' step minus one layer's), printed by kernel.
+long long LayerLaunches(const StepLaunches& one, const StepLaunches& two) {
   const long long per_layer = two.forward_backward - one.forward_backward;
   std::printf("forward and backward: %lld launches with 1 layer, %lld with 2; a layer: %lld\n",
               one.forward_backward, two.forward_backward, per_layer);
@@ -73,12 +74,34 @@ TEST(Gpt2LaunchesTest, ALayerLaunchesNoMoreThanCountedAndAdamWAtMost4) {
     const long long layer = launches - (it == one.kernels.end() ? 0 : it->second);
     if (layer != 0) std::printf("  %3lld  %s\n", layer, name.c_str());
   }
+  return per_layer;
+}
+
+bool Counted() {
+  if (!cuda::IsAvailable()) return false;
+  return ReadDeviceCounters().counted;
+}
+
+TEST(Gpt2LaunchesTest, ALayerLaunchesNoMoreThanCountedAndAdamWAtMost4) {
+  if (!Counted()) GTEST_SKIP() << "launches are counted under the CUDA simulator only";
+  const StepLaunches one = CountStep(1), two = CountStep(2);
+  const long long per_layer = LayerLaunches(one, two);
   std::printf("AdamW step: %lld launches (%lld with 1 layer)\n", two.optimizer, one.optimizer);
   EXPECT_GT(per_layer, 0);
   EXPECT_LE(per_layer, kLayerLaunches)
       << "launches per GPT-2 layer (forward and backward); the kernels "
          "above are the layer's";
   EXPECT_LE(two.optimizer, 4) << "launches of AdamW's step over every parameter";
+}
+
+// Under bfloat16 autocast the layer launches its float32 kernels plus the casts autocast makes:
+// each linear's weight and bias cast to bfloat16 once a step (8), and the activations cast around
+// the float32 norms (8). The bound is what it takes now, so that a cast more fails.
+TEST(Gpt2LaunchesTest, UnderAutocastALayerLaunchesItsKernelsAndItsCasts) {
+  if (!Counted()) GTEST_SKIP() << "launches are counted under the CUDA simulator only";
+  const long long per_layer = LayerLaunches(CountStep(1, true), CountStep(2, true));
+  EXPECT_GT(per_layer, 0);
+  EXPECT_LE(per_layer, kAutocastLayerLaunches) << "launches per GPT-2 layer under bf16 autocast";
 }
 
 }  // namespace
