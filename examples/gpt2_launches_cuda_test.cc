@@ -24,7 +24,7 @@ namespace tandem::examples {
 namespace {
 
 constexpr long long kLayerLaunches = 19;
-constexpr long long kAutocastLayerLaunches = 99;
+constexpr long long kAutocastLayerLaunches = 35;
 
 struct StepLaunches {
   long long forward_backward = 0;            // forward, loss and backward
