@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "tensor/ops/autocast_weights.h"
+
 namespace tandem::examples {
 namespace {
 
@@ -213,6 +215,23 @@ void Gpt::reset_parameters() {
   }
 }
 
+std::vector<Tensor> Gpt::GemmWeights() const {
+  // Read by name, without the parameters' read hooks: a sharded wrapper's hook would gather
+  // every unit at once (FullyShardedDataParallel's parameters are views with a graph or
+  // detached ones, which CastWeights skips either way).
+  std::vector<Tensor> weights;
+  const bool bias = config_.bias();
+  for (int64_t i = 0; i < config_.n_layer(); ++i) {
+    const std::string block = "h." + std::to_string(i) + ".";
+    for (const char* linear : {"attn.c_attn.", "attn.c_proj.", "mlp.c_fc.", "mlp.c_proj."}) {
+      weights.push_back(parameter(block + linear + "weight"));
+      if (bias) weights.push_back(parameter(block + linear + "bias"));
+    }
+  }
+  weights.push_back(parameter("wte.weight"));  // the tied head's weight
+  return weights;
+}
+
 Tensor Gpt::forward(const Tensor& tokens) {
   TANDEM_CHECK(tokens.defined(), "Gpt: the tokens tensor is undefined");
   TANDEM_CHECK(tokens.dim() == 2 && tokens.dtype() == kInt64,
@@ -235,6 +254,12 @@ Tensor Gpt::forward(const Tensor& tokens) {
                    " is out of range for the vocabulary of ", config_.vocab_size(),
                    " (vocab_size); tokens must be in [0, vocab_size)");
     }
+  }
+  if (AutocastMode::IsEnabled(tokens.device().type())) {
+    // Under autocast every GEMM casts its float32 weight and bias to the 16-bit dtype: 8 casts
+    // a block and wte's for the head, each its own launch. One multi-tensor launch casts them
+    // all into the guard's weight cache, where the linears find them (autocast_weights.h).
+    autocast::CastWeights(GemmWeights());
   }
   const Tensor positions = arange(t, TensorOptions(kInt64).device(tokens.device()));
   Tensor x = drop_->forward(wte_->forward(tokens) + wpe_->forward(positions));

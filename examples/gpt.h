@@ -155,6 +155,10 @@ class Gpt : public nn::Cloneable<Gpt> {
   std::shared_ptr<nn::ModuleList> h_;
   std::vector<std::shared_ptr<GptBlock>> blocks_;
   std::shared_ptr<nn::LayerNorm> ln_f_;
+  // The tensors the GEMMs of forward() cast under autocast: each block's c_attn, attn.c_proj,
+  // c_fc and mlp.c_proj weights and biases, and wte's (the tied head); not the norms' or wpe's.
+  std::vector<Tensor> GemmWeights() const;
+
   // The head's bias: 0 for the vocabulary, -inf for the padding; made on the device on first
   // use (not a parameter or buffer, so state dictionaries keep their entries). Undefined
   // without padding.

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "tensor/base/half.h"
 #include "tensor/cuda/cuda_backend_testing.h"
 #include "tensor/kernels/attention_kernels.h"
+#include "tensor/kernels/cast_kernels.h"
 #include "tensor/kernels/conv_kernels.h"
 #include "tensor/kernels/index_kernels.h"
 #include "tensor/kernels/norm_kernels.h"
@@ -99,6 +101,7 @@ class KernelCoverageTest : public CudaBackendReducedTest {
   void FusedSgd() { FusedOptimizer(testing::OptimizerCase::Kind::kSgd); }
   void FusedAdam() { FusedOptimizer(testing::OptimizerCase::Kind::kAdam); }
   void FusedRmsprop() { FusedOptimizer(testing::OptimizerCase::Kind::kRmsprop); }
+  void ForeachCast();
 };
 
 // One row: the stubs it runs (several when a forward and its backward share inputs), and
@@ -130,6 +133,7 @@ const std::vector<Row>& Rows() {
       {{"FusedSgdKernel"}, false, &T::FusedSgd},
       {{"FusedAdamKernel"}, false, &T::FusedAdam},
       {{"FusedRmspropKernel"}, false, &T::FusedRmsprop},
+      {{"ForeachCastKernel"}, false, &T::ForeachCast},
   };
   return rows;
 }
@@ -544,6 +548,53 @@ void KernelCoverageTest::FusedOptimizer(testing::OptimizerCase::Kind kind) {
       }
     }
   }
+}
+
+// The multi-tensor cast is bitwise the CPU's (both round to nearest even as Tensor::to does):
+// a few tensors, one of them empty and one of more than a chunk, with ties, subnormals,
+// overflow to infinity and NaN among random values, to bfloat16 and to float16.
+void KernelCoverageTest::ForeachCast() {
+  const std::vector<int64_t> sizes = {300, 0, 1, 70000};
+  std::vector<std::vector<float>> values;
+  for (int64_t n : sizes) {
+    std::vector<float> v = Random<float>(static_cast<size_t>(n), -70000.0, 70000.0);
+    const float specials[] = {1.00390625f,   65520.0f,
+                              1e-40f,        -5.9604645e-8f,
+                              3.3895314e38f, std::numeric_limits<float>::quiet_NaN(),
+                              -0.0f};
+    for (size_t i = 0; i < v.size() && i < 7; ++i) v[i * v.size() / 7] = specials[i];
+    values.push_back(std::move(v));
+  }
+  for (DType dtype : {kBFloat16, kFloat16}) {
+    std::vector<Tensor> cpu_src, gpu_src, cpu_dst, gpu_dst;
+    std::vector<ForeachCastTensor> on_cpu, on_gpu;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      const int64_t n = sizes[k];
+      cpu_src.push_back(from_vector(values[k], {n}));
+      gpu_src.push_back(cpu_src.back().to(kCuda));
+      cpu_dst.push_back(empty({n}, TensorOptions(dtype)));
+      gpu_dst.push_back(empty({n}, TensorOptions(dtype).device(kCuda)));
+      on_cpu.push_back({n, cpu_src.back().data_ptr(), cpu_dst.back().data_ptr()});
+      on_gpu.push_back({n, gpu_src.back().data_ptr(), gpu_dst.back().data_ptr()});
+    }
+    RunForeachCast(kCpu, kFloat32, dtype, on_cpu);
+    RunForeachCast(kCuda, kFloat32, dtype, on_gpu);
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      const Tensor a = cpu_dst[k], b = gpu_dst[k].to(kCpu), to = cpu_src[k].to(dtype);
+      const size_t bytes = a.numel() * ElementSize(dtype);
+      EXPECT_EQ(std::memcmp(a.data_ptr(), b.data_ptr(), bytes), 0)
+          << DTypeName(dtype) << " tensor " << k << ": the GPU's cast differs from the CPU's";
+      EXPECT_EQ(std::memcmp(a.data_ptr(), to.data_ptr(), bytes), 0)
+          << DTypeName(dtype) << " tensor " << k << ": the cast differs from Tensor::to's";
+    }
+  }
+  std::string error;
+  try {
+    RunForeachCast(kCuda, kFloat64, kBFloat16, {});
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_NE(error.find("float32 to bfloat16 or float16"), std::string::npos) << error;
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <map>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 #include "tensor/base/error.h"
@@ -141,6 +142,34 @@ Tensor CastWeightOutsideGraph(const Tensor& weight, bool keep) {
   if (keep && cache != nullptr) cast = cache->Insert(weight, target, std::move(cast));
   return cast.detach();
 }
+
+// The weight cache's two hooks for autocast::CastWeights (tensor/ops/autocast_weights.cc,
+// which declares them): no header, because a new header in :ops would be among the compile
+// inputs of everything that depends on //tensor.
+namespace internal {
+
+// The dtype `weight` would be cached as, when the live cache would hold its cast and holds none
+// yet (CastWeightOutsideGraph's rule: a float32 leaf that requires grad, eligible on its
+// device); else nullopt.
+std::optional<DType> UncachedWeightCastDType(const Tensor& weight) {
+  if (!IsEligible(weight)) return std::nullopt;
+  const DType target = AutocastMode::GetDType(weight.device().type());
+  WeightCastCache* cache = CacheFor(weight);
+  if (cache == nullptr || weight.dtype() == target) return std::nullopt;
+  if (cache->Find(weight, target, /*outside_graph=*/true).defined()) return std::nullopt;
+  return target;
+}
+
+// Caches `cast` as CastWeightOutsideGraph caches one: made without a graph. Does nothing
+// without a live cache.
+void InsertWeightCastOutsideGraph(const Tensor& weight, DType target, Tensor cast) {
+  WeightCastCache* cache = LiveCache();
+  if (cache == nullptr) return;
+  NoGradGuard no_grad;
+  cache->Insert(weight, target, std::move(cast));
+}
+
+}  // namespace internal
 
 Tensor CastToFloat32(const Tensor& t) {
   return IsEligible(t) && t.dtype() != kFloat32 ? t.to(kFloat32) : t;

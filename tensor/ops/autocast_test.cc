@@ -7,11 +7,14 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstring>
 #include <future>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "tensor/core/autograd.h"
+#include "tensor/ops/autocast_weights.h"
 #include "tensor/runtime/allocator.h"
 #include "tensor/runtime/threads.h"
 #include "tensor/tensor.h"
@@ -534,6 +537,137 @@ TEST(AutocastTest, ATaskThatOutlivesTheGuardCastsUncached) {
   const auto [dtype, cached] = late.get();
   EXPECT_EQ(dtype, kBFloat16);  // the task still runs under the state it was posted with
   EXPECT_EQ(cached, 0u);        // but the closed cache keeps nothing
+}
+
+// ---- autocast::CastWeights ----------------------------------------------------------------
+
+// Whether a and b hold the same bytes (same dtype and shape).
+bool SameBits(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype() || a.shape() != b.shape()) return false;
+  const Tensor x = a.contiguous(), y = b.contiguous();
+  return std::memcmp(x.data_ptr(), y.data_ptr(), x.numel() * ElementSize(x.dtype())) == 0;
+}
+
+// A float32 parameter whose values include what rounding can get wrong: ties to even, values
+// that round up to the next binade or to infinity, subnormals, infinities and NaN.
+Tensor AwkwardParam(int64_t n, uint64_t seed) {
+  manual_seed(seed);
+  std::vector<float> values = mul(randn({n}), 3.0).to_vector<float>();
+  const float specials[] = {1.00390625f,  // a bfloat16 tie
+                            1.01171875f,
+                            65520.0f,  // rounds to float16's infinity
+                            3.3895314e38f,
+                            1e-40f,
+                            -1e-42f,
+                            5.9604645e-8f,
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(),
+                            -0.0f};
+  for (size_t i = 0; i < sizeof(specials) / sizeof(specials[0]); ++i) values[i * 7] = specials[i];
+  Tensor p = from_vector(values, {n});
+  p.set_requires_grad(true);
+  return p;
+}
+
+TEST(AutocastCastWeightsTest, FillsTheCacheWithTheCastsToTheBit) {
+  for (DType dtype : {kBFloat16, kFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    // 70,000 elements: more than one piece of the CPU kernel's split.
+    const Tensor big = AwkwardParam(70000, 1), small = AwkwardParam(97, 2);
+    const Tensor w = Param({5, 6}, 3);
+    AutocastGuard autocast(kCPU, dtype);
+    autocast::CastWeights({big, small, w, big});  // big twice: cast once
+    EXPECT_EQ(autocast::CachedCastCount(), 3u);
+    for (const Tensor& p : {big, small, w}) {
+      const Tensor cached = autocast::CastWeightOutsideGraph(p, /*keep=*/true);
+      EXPECT_EQ(autocast::CachedCastCount(), 3u) << "the linear ops find the cast";
+      EXPECT_EQ(cached.dtype(), dtype);
+      EXPECT_FALSE(cached.requires_grad());
+      NoGradGuard no_grad;
+      EXPECT_TRUE(SameBits(cached, p.to(dtype))) << "differs from Tensor::to's rounding";
+    }
+    autocast::CastWeights({big, small, w});  // cached already: nothing more
+    EXPECT_EQ(autocast::CachedCastCount(), 3u);
+  }
+}
+
+TEST(AutocastCastWeightsTest, SkipsWhatTheCacheDoesNotHold) {
+  const Tensor w = Param({4, 3}, 6);
+  Tensor wide = randn({4, 3}).to(kFloat64).detach();
+  wide.set_requires_grad(true);
+  const Tensor frozen = randn({4, 3});  // requires no grad
+  const Tensor non_leaf = mul(w, 2.0);
+  const Tensor half = Param({4, 3}, 7).to(kBFloat16).detach();
+  AutocastGuard autocast(kCPU);
+  autocast::CastWeights({wide, frozen, non_leaf, half, Tensor()});
+  EXPECT_EQ(autocast::CachedCastCount(), 0u);
+  autocast::CastWeights({w});
+  EXPECT_EQ(autocast::CachedCastCount(), 1u);
+}
+
+TEST(AutocastCastWeightsTest, CastsAStridedWeightOnItsOwn) {
+  manual_seed(8);
+  Tensor strided = randn({6, 5}).t().detach();  // a leaf view with transposed strides
+  strided.set_requires_grad(true);
+  ASSERT_FALSE(strided.is_contiguous());
+  AutocastGuard autocast(kCPU);
+  autocast::CastWeights({strided});
+  EXPECT_EQ(autocast::CachedCastCount(), 1u);
+  NoGradGuard no_grad;
+  EXPECT_TRUE(SameBits(autocast::CastWeightOutsideGraph(strided, true), strided.to(kBFloat16)));
+}
+
+TEST(AutocastCastWeightsTest, DoesNothingOutsideAGuardOrWithTheCacheOff) {
+  const Tensor w = Param({4, 3}, 9);
+  autocast::CastWeights({w});
+  EXPECT_EQ(autocast::CachedCastCount(), 0u);
+  {
+    AutocastGuard autocast(kCPU, kBFloat16, /*enabled=*/true, /*cache_enabled=*/false);
+    autocast::CastWeights({w});
+    EXPECT_EQ(autocast::CachedCastCount(), 0u);
+  }
+  {
+    AutocastGuard autocast(kCUDA);  // on for CUDA only: a CPU weight is not cast
+    autocast::CastWeights({w});
+    EXPECT_EQ(autocast::CachedCastCount(), 0u);
+  }
+}
+
+TEST(AutocastCastWeightsTest, LinearsGiveTheSameOutputAndGradients) {
+  const Tensor w1 = Param({16, 10}, 10), b1 = Param({16}, 11);
+  const Tensor w2 = Param({3, 16}, 12), b2 = Param({3}, 13);
+  manual_seed(14);
+  const Tensor x = randn({8, 10});
+  const Tensor labels = from_vector(std::vector<int64_t>{0, 1, 2, 0, 1, 2, 2, 1}, {8});
+  const std::vector<Tensor> params = {w1, b1, w2, b2};
+  const auto run = [&](bool cast_first, std::vector<Tensor>* grads) {
+    Tensor loss, logits;
+    {
+      AutocastGuard autocast(kCPU);
+      if (cast_first) {
+        autocast::CastWeights(params);
+        EXPECT_EQ(autocast::CachedCastCount(), 4u);
+      }
+      logits = linear(relu(linear(x, w1, b1)), w2, b2);
+      loss = cross_entropy(logits, labels);
+      if (cast_first) EXPECT_EQ(autocast::CachedCastCount(), 4u) << "no cast of their own";
+    }
+    loss.backward();
+    for (Tensor p : params) {
+      grads->push_back(p.grad());
+      p.set_grad(Tensor());
+    }
+    return logits;
+  };
+  std::vector<Tensor> plain, cast;
+  const Tensor expected = run(false, &plain);
+  const Tensor logits = run(true, &cast);
+  EXPECT_TRUE(SameBits(logits, expected));
+  for (size_t i = 0; i < params.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_TRUE(SameBits(cast[i], plain[i]));
+  }
 }
 
 }  // namespace
