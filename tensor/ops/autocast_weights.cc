@@ -10,7 +10,7 @@
 #include "tensor/base/dtype.h"
 #include "tensor/base/grad_mode.h"
 #include "tensor/kernels/cast_kernels.h"
-#include "tensor/tensor.h"
+#include "tensor/core/tensor.h"
 
 namespace tandem {
 namespace autocast {
