@@ -9,8 +9,8 @@
 #include "tensor/base/device.h"
 #include "tensor/base/dtype.h"
 #include "tensor/base/grad_mode.h"
-#include "tensor/kernels/cast_kernels.h"
 #include "tensor/core/tensor.h"
+#include "tensor/kernels/cast_kernels.h"
 
 namespace tandem {
 namespace autocast {
