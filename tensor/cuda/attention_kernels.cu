@@ -40,6 +40,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 
 #include "tensor/base/error.h"
@@ -47,7 +48,9 @@
 #include "tensor/base/philox.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/kernels.h"
+#include "tensor/cuda/launch_work.h"
 #include "tensor/kernels/internal/elementwise_math.h"
+#include "tools/cuda/device_counters.h"
 
 namespace tandem {
 namespace cuda {
@@ -794,6 +797,140 @@ __global__ void RoundAccumulatedKernel(AttentionGeometry g, const float* accum, 
 // reproducible from run to run on a GPU (within float rounding of the same sum); under cudasim,
 // whose blocks run one at a time in a seeded thread order, it is for a given TANDEM_CUDASIM_SEED.
 
+// ---- Declared work (DeclareKernelWork, tools/cuda/device_counters.h) ---------------------
+// Each launch declares what its loops compute and the device memory it moves, for the roofline
+// of //tools/bench:train_step, which sets these launches against the ideal causal attention
+// (GptGemmAndAttentionRoofline: the pairs on or below the diagonal only).
+// - FLOPs: 2 per multiply-add of the products, over the tiles the kernels visit. A tile that
+//   reaches the causal diagonal is computed whole (its scores above the diagonal are masked
+//   after the product), so a causal launch counts more than half of the full count; the tensor
+//   cores also multiply their zero padding (head sizes up to multiples of 16, ragged tiles) and
+//   run the forward's warps past the last query, which take tensor-core time all the same. The
+//   softmax's exps, rescaling and masks (a few operations a score, against 2 (E + Ev) in the
+//   products, on other units than the tensor cores) are left out.
+// - Bytes: each operand's elements once (strided rows are read in place: elements, not strides).
+//   Every block re-reads the other side's rows a tile at a time; those re-reads are counted as
+//   L2 hits (the blocks of one head are adjacent in the grid and run together), i.e. once.
+
+int64_t RoundUpTo(int64_t x, int64_t multiple) { return (x + multiple - 1) / multiple * multiple; }
+
+// `rows` rows of `width` elements in every head, in bytes.
+double OperandBytes(const AttentionGeometry& g, int64_t rows, int64_t width, size_t element_bytes) {
+  return static_cast<double>(g.batch) * rows * width * element_bytes;
+}
+
+// The (query, key) pairs a causal attention attends: query i the keys 0..i.
+double CausalPairs(int64_t l, int64_t s) {
+  const double m = static_cast<double>(std::min(l, s));
+  return m * (m + 1) / 2 + static_cast<double>(l - std::min(l, s)) * s;
+}
+
+// The mask's distinct elements that the scores read, in bytes: none above the causal diagonal
+// (MaskedScore does not read them), one copy along a broadcast (zero) stride.
+double MaskBytes(const AttentionGeometry& g, const void* mask, size_t element_bytes) {
+  if (mask == nullptr) return 0;
+  const int64_t l = g.query_len, s = g.key_len;
+  const double groups =
+      (g.mask_batch_stride == 0
+           ? 1.0
+           : static_cast<double>(RoundUpTo(g.batch, g.mask_heads) / g.mask_heads)) *
+      (g.mask_head_stride == 0 ? 1.0 : static_cast<double>(std::min(g.mask_heads, g.batch)));
+  const double per_group = g.mask_row_stride == 0
+                               ? static_cast<double>(g.causal ? std::min(l, s) : s)
+                               : (g.causal ? CausalPairs(l, s) : static_cast<double>(l) * s);
+  return groups * per_group * element_bytes;
+}
+
+// The keys a forward (or the dq pass) with blocks of `rows` queries reads: under the causal
+// mask the last block stops at its last row.
+int64_t KeysRead(const AttentionGeometry& g, int64_t rows) {
+  return g.causal ? std::min(g.key_len, RoundUpTo(g.query_len, rows)) : g.key_len;
+}
+
+// A forward's: q read and out and the log-sum-exp written, once; k and v up to `keys`, once.
+double ForwardBytes(const AttentionGeometry& g, int64_t keys, const void* mask,
+                    size_t element_bytes, size_t lse_bytes) {
+  return OperandBytes(g, g.query_len, g.head_dim + g.value_dim, element_bytes) +
+         OperandBytes(g, g.query_len, 1, lse_bytes) +
+         OperandBytes(g, keys, g.head_dim + g.value_dim, element_bytes) +
+         MaskBytes(g, mask, element_bytes);
+}
+
+template <typename T>
+constexpr const char* TensorCoreMath() {
+  return std::is_same_v<T, BFloat16> ? "bf16" : "fp16";
+}
+
+// The tensor-core forward: per warp of 16 queries and tile of kTcKeys keys it visits, S = Q K^T
+// over the padded head size and O += P V over the padded value size.
+double TensorCoreForwardFlops(const AttentionGeometry& g, const TensorCoreLayout& t) {
+  int64_t warp_tiles = 0;
+  for (int64_t i0 = 0; i0 < g.query_len; i0 += kTcRows) {
+    const int64_t key_end = g.causal ? std::min(g.key_len, i0 + kTcRows) : g.key_len;
+    for (int64_t warp_i0 = i0; warp_i0 < i0 + kTcRows; warp_i0 += 16) {
+      // Causal: the warp skips the tiles that start after its last query.
+      const int64_t end = g.causal ? std::min(key_end, warp_i0 + 16) : key_end;
+      warp_tiles += (end + kTcKeys - 1) / kTcKeys;
+    }
+  }
+  return 2.0 * g.batch * warp_tiles * 16 * kTcKeys * (t.e_pad + t.ev_pad);
+}
+
+// The tensor-core backward: per warp of 16 keys and tile of kTcKeys queries it visits, S^T =
+// K Q^T, dP^T = V dout^T, dv += (P Z)^T dout and dk += dS^T q over whole tiles, and dq += dS K
+// over the tile's 16-query steps (the last one ragged).
+double TensorCoreBackwardFlops(const AttentionGeometry& g, const TensorCoreBackwardLayout& t) {
+  const int64_t l = g.query_len, rows = 16 * t.warps;
+  double per_head = 0;
+  for (int64_t j0 = 0; j0 < g.key_len; j0 += rows) {
+    const int64_t query_begin = g.causal ? std::min(j0, l) : 0;
+    const int64_t tiles = (l - query_begin + kTcKeys - 1) / kTcKeys;
+    for (int64_t warp_j0 = j0; warp_j0 < std::min(j0 + rows, g.key_len); warp_j0 += 16) {
+      // Causal: the warp skips the leading tiles whose last query comes before its first key.
+      const int64_t skipped = g.causal ? std::min(tiles, (warp_j0 - query_begin) / kTcKeys) : 0;
+      const int64_t visited = tiles - skipped;
+      if (visited == 0) continue;
+      const int64_t last_valid = l - (query_begin + (tiles - 1) * kTcKeys);
+      per_head += 2.0 * 16 *
+                  (visited * 2 * kTcKeys * (t.e_pad + t.ev_pad) +
+                   ((visited - 1) * kTcKeys + RoundUpTo(last_valid, 16)) * t.e_pad);
+    }
+  }
+  return g.batch * per_head;
+}
+
+// The scalar forward, blocks of `rows` queries: each query's dot products with the keys up to
+// its block's end, and P V over whole kTile tiles.
+double ScalarForwardFlops(const AttentionGeometry& g, int rows) {
+  double per_head = 0;
+  for (int64_t i0 = 0; i0 < g.query_len; i0 += rows) {
+    const int64_t key_end = g.causal ? std::min(g.key_len, i0 + rows) : g.key_len;
+    const int64_t queries = std::min<int64_t>(rows, g.query_len - i0);
+    per_head += 2.0 * queries * (g.head_dim * key_end + g.value_dim * RoundUpTo(key_end, kTile));
+  }
+  return g.batch * per_head;
+}
+
+// The scalar backward's dq pass: each query's D = dout . out, then per key up to its block's
+// end S, dP and dq's term (S and dP are computed again in the dk/dv pass).
+double ScalarBackwardQueryFlops(const AttentionGeometry& g, int rows) {
+  double per_head = 0;
+  for (int64_t i0 = 0; i0 < g.query_len; i0 += rows) {
+    const int64_t key_end = g.causal ? std::min(g.key_len, i0 + rows) : g.key_len;
+    const int64_t queries = std::min<int64_t>(rows, g.query_len - i0);
+    per_head += 2.0 * queries * (g.value_dim + key_end * (2 * g.head_dim + g.value_dim));
+  }
+  return g.batch * per_head;
+}
+
+// The scalar backward's dk/dv pass: S, dP, dv's and dk's terms per attended pair (it skips the
+// pairs above the causal diagonal one by one).
+double ScalarBackwardKeyFlops(const AttentionGeometry& g) {
+  const double pairs =
+      g.causal ? CausalPairs(g.query_len, g.key_len) : static_cast<double>(g.query_len) * g.key_len;
+  return 2.0 * g.batch * pairs * (2 * g.head_dim + 2 * g.value_dim);
+}
+
 dim3 Grid(int64_t rows, int per_block, int64_t batch, int device) {
   const int64_t blocks = (rows + per_block - 1) / per_block;
   TANDEM_CHECK(batch <= 65535, "CUDA attention on logical device ", device, ": ", batch,
@@ -825,17 +962,34 @@ bool LaunchAttentionBackwardTensorCore(const LaunchContext& context, const Atten
                     context.device);
   const void* kernel = reinterpret_cast<const void*>(&AttentionBackwardTensorCoreKernel<T>);
   OptInSharedMemory(kernel, t.bytes, context.device);
-  AttentionBackwardTensorCoreKernel<T><<<Grid(g.key_len, 16 * warps, g.batch, context.device),
-                                         32 * warps, t.bytes, context.stream>>>(
+  const dim3 grid = Grid(g.key_len, 16 * warps, g.batch, context.device);
+  const int64_t e = g.head_dim, ev = g.value_dim, l = g.query_len, s = g.key_len;
+  internal::RecordLaunchWork("AttentionBackwardTensorCoreKernel", int64_t{grid.x} * grid.y,
+                             g.batch * (l * (e + 2 * ev) + s * (e + ev)));
+  AttentionBackwardTensorCoreKernel<T><<<grid, 32 * warps, t.bytes, context.stream>>>(
       g, t, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
       static_cast<const T*>(mask), static_cast<const T*>(out), static_cast<const T*>(dout),
       static_cast<const float*>(logsumexp), accum, static_cast<T*>(dk), static_cast<T*>(dv));
   TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  // q, out and dout (D = dout . out, which every key block recomputes from L2) and the
+  // log-sum-exp read; k and v read and dk and dv written once; the float32 dq accumulator read
+  // and written by the atomics, and zeroed by the memset above, which the counters do not see
+  // as a launch of its own.
+  DeclareKernelWork(TensorCoreBackwardFlops(g, t),
+                    OperandBytes(g, l, e + 2 * ev, sizeof(T)) +
+                        OperandBytes(g, l, 1, sizeof(float)) +
+                        OperandBytes(g, s, 2 * (e + ev), sizeof(T)) +
+                        MaskBytes(g, mask, sizeof(T)) + 3 * OperandBytes(g, l, e, sizeof(float)),
+                    TensorCoreMath<T>());
   const int threads = 256;
   const int64_t blocks = std::min<int64_t>((dq_elements + threads - 1) / threads, 4096);
+  internal::RecordLaunchWork("RoundAccumulatedKernel", blocks, dq_elements);
   RoundAccumulatedKernel<T><<<static_cast<unsigned>(blocks), threads, 0, context.stream>>>(
       g, accum, static_cast<T*>(dq), dq_elements);
   TANDEM_CUDA_CHECK_LAUNCH(context.device);
+  // A conversion an element: the float32 sums read, dq written.
+  DeclareKernelWork(static_cast<double>(dq_elements),
+                    static_cast<double>(dq_elements) * (sizeof(float) + sizeof(T)));
   return true;
 }
 
@@ -848,31 +1002,42 @@ void LaunchAttentionForward(const LaunchContext& context, DType dtype, const Att
     using T = typename decltype(tag)::type;
     using M = OpMath<T>;
     if (g.batch == 0 || g.query_len == 0) return;
+    const int64_t width = g.head_dim + g.value_dim;
     if constexpr (kIsReducedFloat<T>) {
       const TensorCoreLayout t = PlanTensorCore(g.head_dim, g.value_dim);
       if (g.head_dim <= kTensorCoreMaxHead && g.value_dim <= kTensorCoreMaxHead &&
           t.bytes <= SharedOptInBytes(context.device)) {
         const void* kernel = reinterpret_cast<const void*>(&AttentionForwardTensorCoreKernel<T>);
         OptInSharedMemory(kernel, t.bytes, context.device);
-        AttentionForwardTensorCoreKernel<T><<<Grid(g.query_len, kTcRows, g.batch, context.device),
-                                              kTcWarps * 32, t.bytes, context.stream>>>(
+        const dim3 grid = Grid(g.query_len, kTcRows, g.batch, context.device);
+        const int64_t keys = KeysRead(g, kTcRows);
+        internal::RecordLaunchWork("AttentionForwardTensorCoreKernel", int64_t{grid.x} * grid.y,
+                                   g.batch * (g.query_len * g.head_dim + keys * width));
+        AttentionForwardTensorCoreKernel<T><<<grid, kTcWarps * 32, t.bytes, context.stream>>>(
             g, t, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
             static_cast<const T*>(mask), static_cast<T*>(out), static_cast<float*>(logsumexp));
         TANDEM_CUDA_CHECK_LAUNCH(context.device);
+        DeclareKernelWork(TensorCoreForwardFlops(g, t),
+                          ForwardBytes(g, keys, mask, sizeof(T), sizeof(float)),
+                          TensorCoreMath<T>());
         return;
       }
     }
-    const int64_t width = g.head_dim + g.value_dim;
     const SharedLayout layout{width, kTile * width, sizeof(M)};
     const int rows =
         PlanRows("AttentionForward", reinterpret_cast<const void*>(&AttentionForwardKernel<T>),
                  layout, g, dtype, context.device);
     const size_t shared = layout.Bytes(rows);
-    AttentionForwardKernel<T>
-        <<<Grid(g.query_len, rows, g.batch, context.device), rows, shared, context.stream>>>(
-            g, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-            static_cast<const T*>(mask), static_cast<T*>(out), static_cast<M*>(logsumexp));
+    const dim3 grid = Grid(g.query_len, rows, g.batch, context.device);
+    const int64_t keys = KeysRead(g, rows);
+    internal::RecordLaunchWork("AttentionForwardKernel", int64_t{grid.x} * grid.y,
+                               g.batch * (g.query_len * g.head_dim + keys * width));
+    AttentionForwardKernel<T><<<grid, rows, shared, context.stream>>>(
+        g, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+        static_cast<const T*>(mask), static_cast<T*>(out), static_cast<M*>(logsumexp));
     TANDEM_CUDA_CHECK_LAUNCH(context.device);
+    DeclareKernelWork(ScalarForwardFlops(g, rows),
+                      ForwardBytes(g, keys, mask, sizeof(T), sizeof(M)), RooflineMath(sizeof(M)));
   });
 }
 
@@ -884,7 +1049,7 @@ void LaunchAttentionBackward(const LaunchContext& context, DType dtype, const At
     using T = typename decltype(tag)::type;
     using M = OpMath<T>;
     if (g.batch == 0) return;
-    const int64_t e = g.head_dim, ev = g.value_dim;
+    const int64_t e = g.head_dim, ev = g.value_dim, l = g.query_len, s = g.key_len;
     if (g.query_len == 0) {
       // No query attends anything: dk and dv are zero (dq is empty).
       TANDEM_CHECK(g.dk_rows.batch_stride < 0 && g.dv_rows.batch_stride < 0,
@@ -920,11 +1085,21 @@ void LaunchAttentionBackward(const LaunchContext& context, DType dtype, const At
                                 reinterpret_cast<const void*>(&AttentionBackwardQueryKernel<T>),
                                 layout, g, dtype, context.device);
       const size_t shared = layout.Bytes(rows);
-      AttentionBackwardQueryKernel<T>
-          <<<Grid(g.query_len, rows, g.batch, context.device), rows, shared, context.stream>>>(
-              g, typed_q, typed_k, typed_v, typed_mask, static_cast<const T*>(out), typed_dout, lse,
-              delta, static_cast<T*>(dq));
+      const dim3 grid = Grid(l, rows, g.batch, context.device);
+      const int64_t keys = KeysRead(g, rows);
+      internal::RecordLaunchWork("AttentionBackwardQueryKernel", int64_t{grid.x} * grid.y,
+                                 g.batch * (l * (e + 2 * ev) + keys * (e + ev)));
+      AttentionBackwardQueryKernel<T><<<grid, rows, shared, context.stream>>>(
+          g, typed_q, typed_k, typed_v, typed_mask, static_cast<const T*>(out), typed_dout, lse,
+          delta, static_cast<T*>(dq));
       TANDEM_CUDA_CHECK_LAUNCH(context.device);
+      // q, out, dout and the log-sum-exp read and dq and D written, once; k and v up to the
+      // last block's keys, once.
+      DeclareKernelWork(
+          ScalarBackwardQueryFlops(g, rows),
+          OperandBytes(g, l, 2 * e + 2 * ev, sizeof(T)) + OperandBytes(g, l, 2, sizeof(M)) +
+              OperandBytes(g, keys, e + ev, sizeof(T)) + MaskBytes(g, mask, sizeof(T)),
+          RooflineMath(sizeof(M)));
     }
     if (g.key_len == 0) return;
     {
@@ -933,11 +1108,20 @@ void LaunchAttentionBackward(const LaunchContext& context, DType dtype, const At
                                 reinterpret_cast<const void*>(&AttentionBackwardKeyKernel<T>),
                                 layout, g, dtype, context.device);
       const size_t shared = layout.Bytes(rows);
-      AttentionBackwardKeyKernel<T>
-          <<<Grid(g.key_len, rows, g.batch, context.device), rows, shared, context.stream>>>(
-              g, typed_q, typed_k, typed_v, typed_mask, typed_dout, lse, delta, static_cast<T*>(dk),
-              static_cast<T*>(dv));
+      const dim3 grid = Grid(s, rows, g.batch, context.device);
+      internal::RecordLaunchWork("AttentionBackwardKeyKernel", int64_t{grid.x} * grid.y,
+                                 g.batch * (l * (e + ev) + s * (e + ev)));
+      AttentionBackwardKeyKernel<T><<<grid, rows, shared, context.stream>>>(
+          g, typed_q, typed_k, typed_v, typed_mask, typed_dout, lse, delta, static_cast<T*>(dk),
+          static_cast<T*>(dv));
       TANDEM_CUDA_CHECK_LAUNCH(context.device);
+      // k and v read and dk and dv written; q, dout, the log-sum-exp and D read, once (the
+      // first key block reads every query).
+      DeclareKernelWork(ScalarBackwardKeyFlops(g),
+                        OperandBytes(g, s, 2 * (e + ev), sizeof(T)) +
+                            OperandBytes(g, l, e + ev, sizeof(T)) +
+                            OperandBytes(g, l, 2, sizeof(M)) + MaskBytes(g, mask, sizeof(T)),
+                        RooflineMath(sizeof(M)));
     }
   });
 }

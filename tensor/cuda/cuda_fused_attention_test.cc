@@ -10,15 +10,19 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "tensor/base/error.h"
+#include "tensor/cuda/cuda.h"
 #include "tensor/cuda/cuda_backend_testing.h"
 #include "tensor/kernels/attention_kernels.h"
 #include "tensor/kernels/internal/elementwise_math.h"
 #include "tensor/runtime/backend.h"
+#include "tools/cuda/device_counters.h"
 
 namespace tandem {
 namespace cuda_test {
@@ -294,6 +298,142 @@ TEST_F(CudaBackendTest, FusedAttentionReadsAndWritesHeadSplitsInPlace) {
                                  Note(""));
     ExpectAttentionMatches<float>(cpu_, gpu_, rng_, c, 1e-5, 1e-5, Note(""));
     ExpectAttentionMatches<double>(cpu_, gpu_, rng_, c, 1e-12, 1e-12, Note(""));
+  }
+}
+
+// ---- Declared work (DeclareKernelWork), counted under cudasim ----------------------------------
+
+// "AttentionForwardKernel<float> (tensor/cuda/attention_kernels.cu:1020)" -> its kernel's name.
+std::string KernelBaseName(const std::string& counted) {
+  return counted.substr(0, counted.find_first_of("< "));
+}
+
+// Runs the forward, then the backward, of attention in T on cuda:0 and checks what each launch
+// declared: FLOPs between the products of the pairs attended (under the causal mask the pairs on
+// or below the diagonal, the roofline's ideal) and those of every pair (the kernels compute the
+// tiles that reach the diagonal whole, and skip the others); each operand's bytes at least once.
+// `aligned`: sizes that are whole tiles of every kernel (64 queries or keys, 16 features), where
+// a non-causal launch computes exactly every pair and the upper bound holds; otherwise the
+// tensor cores also multiply their padding, so only the lower bound is checked.
+template <typename T>
+void ExpectAttentionDeclaresWork(std::mt19937_64& rng, int64_t batch, int64_t l, int64_t s,
+                                 int64_t e, int64_t ev, bool causal, bool aligned) {
+  using M = OpMath<T>;
+  const DType dtype = DTypeOf<T>::value;
+  constexpr bool kTensorCores = !std::is_same_v<T, float> && !std::is_same_v<T, double>;
+  const std::string what = std::string(DTypePrefix<T>()) + "attention L=" + std::to_string(l) +
+                           " S=" + std::to_string(s) + " E=" + std::to_string(e) +
+                           (causal ? " causal" : "");
+  std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+  const auto random = [&](int64_t n) {
+    std::vector<T> values(static_cast<size_t>(n));
+    for (T& v : values) v = static_cast<T>(dist(rng));
+    return values;
+  };
+  AttentionGeometry g;
+  g.batch = batch;
+  g.query_len = l;
+  g.key_len = s;
+  g.head_dim = e;
+  g.value_dim = ev;
+  g.scale = 1.0 / std::sqrt(static_cast<double>(e));
+  g.causal = causal;
+  Buffer<T> q(random(batch * l * e), dtype), k(random(batch * s * e), dtype),
+      v(random(batch * s * ev), dtype), dout(random(batch * l * ev), dtype);
+  Buffer<T> out(batch * l * ev, dtype), dq(batch * l * e, dtype), dk(batch * s * e, dtype),
+      dv(batch * s * ev, dtype);
+  Buffer<M> lse(batch * l, DTypeOf<M>::value);
+
+  // Pairs (query, key) attended, and all of them.
+  double ideal_pairs = 0;
+  for (int64_t i = 0; i < l; ++i) ideal_pairs += causal ? std::min(i + 1, s) : s;
+  ideal_pairs *= batch;
+  const double all_pairs = static_cast<double>(batch) * l * s;
+  // Per kernel: the FLOPs of its products per pair, and of its work per query.
+  struct Products {
+    double per_pair, per_query;
+  };
+  const std::map<std::string, Products> products = {
+      {"AttentionForwardTensorCoreKernel", {2.0 * (e + ev), 0}},  // S = Q K^T, O = P V
+      {"AttentionForwardKernel", {2.0 * (e + ev), 0}},
+      // S and dP, then dv, dk and dq.
+      {"AttentionBackwardTensorCoreKernel", {2.0 * (3 * e + 2 * ev), 0}},
+      // S, dP and dq; D = dout . out a query.
+      {"AttentionBackwardQueryKernel", {2.0 * (2 * e + ev), 2.0 * ev}},
+      // S and dP again, dv and dk.
+      {"AttentionBackwardKeyKernel", {2.0 * (2 * e + 2 * ev), 0}},
+  };
+  const std::string math = !kTensorCores ? "fp32" : std::is_same_v<T, BFloat16> ? "bf16" : "fp16";
+  const auto check = [&](const char* pass, const std::vector<std::string>& expected,
+                         double min_bytes) {
+    const DeviceCounters counted = ReadDeviceCounters();
+    std::vector<std::string> launched;
+    double bytes = 0;
+    for (const KernelLaunches& kernel : counted.kernels) {
+      const std::string name = KernelBaseName(kernel.name);
+      const std::string at = what + " " + pass + ": " + kernel.name;
+      launched.push_back(name);
+      EXPECT_EQ(kernel.launches, 1) << at;
+      EXPECT_TRUE(kernel.work_counted) << at;
+      bytes += kernel.bytes;
+      if (name == "RoundAccumulatedKernel") {
+        // dq's float32 sums rounded to T: a conversion an element.
+        EXPECT_EQ(kernel.math, "fp32") << at;
+        EXPECT_DOUBLE_EQ(kernel.flops, static_cast<double>(batch) * l * e) << at;
+        EXPECT_DOUBLE_EQ(kernel.bytes, static_cast<double>(batch) * l * e * (4 + sizeof(T))) << at;
+        continue;
+      }
+      const auto it = products.find(name);
+      ASSERT_NE(it, products.end()) << at;
+      EXPECT_EQ(kernel.math, math) << at;
+      const double extra = it->second.per_query * batch * l;
+      EXPECT_GE(kernel.flops, it->second.per_pair * ideal_pairs + extra) << at;
+      if (!aligned) continue;
+      if (causal) {
+        EXPECT_LT(kernel.flops, it->second.per_pair * all_pairs + extra) << at;
+      } else {
+        EXPECT_DOUBLE_EQ(kernel.flops, it->second.per_pair * all_pairs + extra) << at;
+      }
+    }
+    std::sort(launched.begin(), launched.end());
+    EXPECT_EQ(launched, expected) << what << " " << pass;
+    EXPECT_GE(bytes, min_bytes) << what << " " << pass;
+  };
+
+  cuda::Synchronize(0);
+  ResetDeviceCounters();
+  RunAttentionForward(Device::Cuda(0), dtype, g, q.gpu(), k.gpu(), v.gpu(), nullptr, out.gpu(),
+                      lse.gpu());
+  // q, k and v read, out and the log-sum-exp written: no less.
+  check("forward", {kTensorCores ? "AttentionForwardTensorCoreKernel" : "AttentionForwardKernel"},
+        batch * ((l + s) * (e + ev) * sizeof(T) + l * sizeof(M)));
+  cuda::Synchronize(0);
+  ResetDeviceCounters();
+  RunAttentionBackward(Device::Cuda(0), dtype, g, q.gpu(), k.gpu(), v.gpu(), nullptr, out.gpu(),
+                       dout.gpu(), lse.gpu(), dq.gpu(), dk.gpu(), dv.gpu());
+  // q, k, v, out, dout and the log-sum-exp read, dq, dk and dv written; on the tensor cores also
+  // dq's float32 sums, zeroed, added to, rounded.
+  const double operands = batch * (((l + s) * (e + ev) + l * ev) * sizeof(T) + l * sizeof(M) +
+                                   (l + s) * e * sizeof(T) + s * ev * sizeof(T));
+  if constexpr (kTensorCores) {
+    check("backward", {"AttentionBackwardTensorCoreKernel", "RoundAccumulatedKernel"},
+          operands + 4.0 * batch * l * e * sizeof(float));
+  } else {
+    check("backward", {"AttentionBackwardKeyKernel", "AttentionBackwardQueryKernel"}, operands);
+  }
+  cuda::Synchronize(0);
+}
+
+TEST_F(CudaBackendTest, FusedAttentionDeclaresItsWork) {
+  if (!ReadDeviceCounters().counted) GTEST_SKIP() << "work is counted under cudasim only";
+  for (const bool causal : {false, true}) {
+    // Whole tiles of every kernel: the FLOPs between the ideal and every pair's.
+    ExpectAttentionDeclaresWork<BFloat16>(rng_, 2, 128, 128, 32, 32, causal, true);
+    ExpectAttentionDeclaresWork<float>(rng_, 2, 128, 128, 32, 32, causal, true);
+    ExpectAttentionDeclaresWork<Half>(rng_, 1, 64, 64, 16, 16, causal, true);
+    // Ragged tiles, padded heads, L > S: at least the ideal.
+    ExpectAttentionDeclaresWork<BFloat16>(rng_, 1, 70, 45, 24, 40, causal, false);
+    ExpectAttentionDeclaresWork<float>(rng_, 1, 70, 45, 24, 40, causal, false);
   }
 }
 
