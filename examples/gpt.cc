@@ -147,7 +147,9 @@ Tensor GptBlock::forward(const Tensor& x) {
 }
 
 std::pair<Tensor, Tensor> GptBlock::forward_pending(const Tensor& x, const Tensor& pending) {
-  // Each residual add in the kernel of the norm after it (add_layer_norm, ops.h).
+  // Each residual add in the kernel of the norm after it (add_layer_norm, ops.h); under autocast
+  // that kernel reads the 16-bit branch and writes the next GEMM's 16-bit input, with no cast
+  // between them (Note [Autocast residual norm]).
   Tensor stream = x, h;
   if (pending.defined()) {
     std::tie(stream, h) = ln_1_->forward_with_residual(x, pending);

@@ -24,7 +24,7 @@ namespace tandem::examples {
 namespace {
 
 constexpr long long kLayerLaunches = 19;
-constexpr long long kAutocastLayerLaunches = 27;
+constexpr long long kAutocastLayerLaunches = 19;
 
 struct StepLaunches {
   long long forward_backward = 0;            // forward, loss and backward
@@ -94,12 +94,13 @@ TEST(Gpt2LaunchesTest, ALayerLaunchesNoMoreThanCountedAndAdamWAtMost4) {
   EXPECT_LE(two.optimizer, 4) << "launches of AdamW's step over every parameter";
 }
 
-// Under bfloat16 autocast the layer launches its float32 kernels plus the casts autocast makes
-// around the float32 norms (8 activations). Its linears' weights and biases are cast too, but
-// Gpt::forward casts every layer's in one multi-tensor launch a step (autocast::CastWeights),
-// which cancels in the difference between two layers and one (35 with a cast launch per weight).
-// The bound is what it takes now, so that a cast more fails.
-TEST(Gpt2LaunchesTest, UnderAutocastALayerLaunchesItsKernelsAndItsCasts) {
+// Under bfloat16 autocast a layer launches what it launches in float32, and no cast: the norms
+// read the 16-bit branch and write their output in bfloat16 for the GEMMs (Note [Autocast residual
+// norm]; 8 casts a layer before), and Gpt::forward casts every layer's weights and biases in one
+// multi-tensor launch a step (autocast::CastWeights), which cancels in the difference between
+// two layers and one (8 cast launches a layer before). The bound is what it takes now, so that a
+// cast more fails.
+TEST(Gpt2LaunchesTest, UnderAutocastALayerLaunchesItsKernelsAndNoCast) {
   if (!Counted()) GTEST_SKIP() << "launches are counted under the CUDA simulator only";
   const long long per_layer = LayerLaunches(CountStep(1, true), CountStep(2, true));
   EXPECT_GT(per_layer, 0);

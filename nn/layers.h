@@ -385,7 +385,8 @@ class LayerNorm : public Cloneable<LayerNorm> {
   void reset_parameters();
   Tensor forward(const Tensor& input);
   // {input + residual, forward(input + residual)} in one kernel each way (add_layer_norm,
-  // tensor/ops/ops.h): a transformer block's residual add and the norm after it.
+  // tensor/ops/ops.h): a transformer block's residual add and the norm after it. Under autocast
+  // the sum is float32 and the normalised output in the autocast dtype (add_layer_norm).
   //   auto [stream, h] = ln_2.forward_with_residual(x, attn_out);
   std::pair<Tensor, Tensor> forward_with_residual(const Tensor& input, const Tensor& residual);
   void pretty_print(std::ostream& out) const override;

@@ -6,12 +6,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "tensor/base/error.h"
 #include "tensor/base/half.h"
 #include "tensor/cpu/internal/cpu_loops.h"
 #include "tensor/kernels/float_conversions.h"
+#include "tensor/kernels/internal/row_norm_types.h"
 #include "tensor/kernels/norm_kernels.h"
 #include "tensor/kernels/vectorized.h"
 #include "tensor/runtime/kernel_stub.h"
@@ -142,14 +144,16 @@ TANDEM_VECTORIZE inline void NormBackwardRow(bool rms, const M* __restrict x,
   for (int64_t k = 0; k < n; ++k) g[k] = rstd * (g[k] - mean_g - xhat[k] * mean_gx);
 }
 
-template <typename T>
+// T: x, the sum, the parameters; L: the residual and y (Note [Autocast residual norm]).
+template <typename T, typename L>
 void RowNormTyped(int index, bool rms, int64_t rows, int64_t cols, double eps, const void* x_data,
                   const void* residual_data, const void* weight_data, const void* bias_data,
                   void* y_data, void* sum_data, void* mean_data, void* rstd_data) {
   using M = OpMath<T>;
+  static_assert(std::is_same_v<M, OpMath<L>>, "T and L must compute in the same OpMath");
   const T* x = static_cast<const T*>(x_data);
-  const T* residual = static_cast<const T*>(residual_data);
-  T* y = static_cast<T*>(y_data);
+  const L* residual = static_cast<const L*>(residual_data);
+  L* y = static_cast<L*>(y_data);
   T* sum = static_cast<T*>(sum_data);
   M* mean_out = static_cast<M*>(mean_data);
   M* rstd_out = static_cast<M*>(rstd_data);
@@ -179,19 +183,23 @@ void RowNormTyped(int index, bool rms, int64_t rows, int64_t cols, double eps, c
                     if (mean_out != nullptr) mean_out[r] = mean;
                     rstd_out[r] = rstd;
                     NormalizeRow(xs, mean, rstd, w, b, cols, out.data());
-                    StoreRow<T>(out.data(), cols, y + r * cols);
+                    StoreRow<L>(out.data(), cols, y + r * cols);
                   }
                 });
               });
 }
 
-template <typename T>
+// T: x, grad_sum, grad_x, the parameters; L: grad_y and grad_residual (Note [Autocast residual
+// norm]).
+template <typename T, typename L>
 void RowNormBackwardTyped(int index, bool rms, int64_t rows, int64_t cols, const void* grad_data,
                           const void* grad_sum_data, const void* x_data, const void* mean_data,
                           const void* rstd_data, const void* weight_data, void* grad_x_data,
-                          void* grad_weight_data, void* grad_bias_data) {
+                          void* grad_residual_data, void* grad_weight_data, void* grad_bias_data) {
   using M = OpMath<T>;
-  const T* dy = static_cast<const T*>(grad_data);
+  static_assert(std::is_same_v<M, OpMath<L>>, "T and L must compute in the same OpMath");
+  const L* dy = static_cast<const L*>(grad_data);
+  L* dresidual = static_cast<L*>(grad_residual_data);
   const T* x = static_cast<const T*>(x_data);
   const M* mean_in = static_cast<const M*>(mean_data);
   const M* rstd_in = static_cast<const M*>(rstd_data);
@@ -206,8 +214,8 @@ void RowNormBackwardTyped(int index, bool rms, int64_t rows, int64_t cols, const
   ParallelFor(Cpu(index), blocks,
               std::max<int64_t>(1, kElementwiseGrain / (8 * kNormRowBlock * cols)),
               [&](int64_t block_begin, int64_t block_end) {
-                const bool reduced = kIsReducedFloat<T>;
-                std::vector<M> x_buffer(reduced ? cols : 0), dy_buffer(reduced ? cols : 0);
+                std::vector<M> x_buffer(kIsReducedFloat<T> ? cols : 0);
+                std::vector<M> dy_buffer(kIsReducedFloat<L> ? cols : 0);
                 std::vector<M> xhat(cols), g(cols);
                 for (int64_t block = block_begin; block < block_end; ++block) {
                   M* dw = want_dw ? partial_dw.data() + block * cols : nullptr;
@@ -226,6 +234,9 @@ void RowNormBackwardTyped(int index, bool rms, int64_t rows, int64_t cols, const
                         for (int64_t j = 0; j < cols; ++j) g[j] += static_cast<M>(through[j]);
                       }
                       if (dx != nullptr) StoreRow<T>(g.data(), cols, dx + r * cols);
+                      if (dresidual != nullptr) {
+                        StoreRow<L>(g.data(), cols, dresidual + r * cols);
+                      }
                     }
                   });
                 }
@@ -255,26 +266,26 @@ void RowNormBackwardTyped(int index, bool rms, int64_t rows, int64_t cols, const
 }
 
 // The arguments were checked by RunRowNorm / RunRowNormBackward (tensor/kernels/norm_kernels.h).
-void CpuRowNorm(int index, DType dtype, bool rms, int64_t rows, int64_t cols, double eps,
-                const void* x, const void* residual, const void* weight, const void* bias, void* y,
-                void* sum, void* mean, void* rstd) {
+void CpuRowNorm(int index, DType dtype, DType io_dtype, bool rms, int64_t rows, int64_t cols,
+                double eps, const void* x, const void* residual, const void* weight,
+                const void* bias, void* y, void* sum, void* mean, void* rstd) {
   CheckCpuIndex(index);
   if (rows == 0) return;
-  DispatchAllFloatingTypes(dtype, "CPU RowNorm", [&](auto tag) {
-    RowNormTyped<typename decltype(tag)::type>(index, rms, rows, cols, eps, x, residual, weight,
-                                               bias, y, sum, mean, rstd);
+  DispatchRowNormTypes(dtype, io_dtype, "CPU RowNorm", [&](auto t, auto l) {
+    RowNormTyped<typename decltype(t)::type, typename decltype(l)::type>(
+        index, rms, rows, cols, eps, x, residual, weight, bias, y, sum, mean, rstd);
   });
 }
 
-void CpuRowNormBackward(int index, DType dtype, bool rms, int64_t rows, int64_t cols,
-                        const void* grad_y, const void* grad_sum, const void* x, const void* mean,
-                        const void* rstd, const void* weight, void* grad_x, void* grad_weight,
-                        void* grad_bias) {
+void CpuRowNormBackward(int index, DType dtype, DType io_dtype, bool rms, int64_t rows,
+                        int64_t cols, const void* grad_y, const void* grad_sum, const void* x,
+                        const void* mean, const void* rstd, const void* weight, void* grad_x,
+                        void* grad_residual, void* grad_weight, void* grad_bias) {
   CheckCpuIndex(index);
-  DispatchAllFloatingTypes(dtype, "CPU RowNormBackward", [&](auto tag) {
-    RowNormBackwardTyped<typename decltype(tag)::type>(index, rms, rows, cols, grad_y, grad_sum, x,
-                                                       mean, rstd, weight, grad_x, grad_weight,
-                                                       grad_bias);
+  DispatchRowNormTypes(dtype, io_dtype, "CPU RowNormBackward", [&](auto t, auto l) {
+    RowNormBackwardTyped<typename decltype(t)::type, typename decltype(l)::type>(
+        index, rms, rows, cols, grad_y, grad_sum, x, mean, rstd, weight, grad_x, grad_residual,
+        grad_weight, grad_bias);
   });
 }
 

@@ -11,16 +11,20 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "tensor/base/error.h"
+#include "tensor/core/autograd.h"
 #include "tensor/cuda/cuda_backend_testing.h"
 #include "tensor/kernels/internal/elementwise_math.h"
 #include "tensor/kernels/norm_kernels.h"
 #include "tensor/kernels/triangle_kernels.h"
 #include "tensor/runtime/backend.h"
 #include "tensor/runtime/stream.h"
+#include "tensor/tensor.h"
+#include "tools/cuda/device_counters.h"
 
 namespace tandem {
 namespace cuda_test {
@@ -33,11 +37,13 @@ class CudaFusedNormTest : public CudaBackendReducedTest {
   // RowNorm and RowNormBackward of every flavour (layer/RMS norm; no affine, weight only,
   // weight and bias; with and without a fused residual, Note [Fused residual norm]) on the CPU
   // and the GPU, the same T on both: outputs, saved statistics and
-  // gradients within `rtol`/`atol` (both sum in OpMath, in different orders).
-  template <typename T>
+  // gradients within `rtol`/`atol` (both sum in OpMath, in different orders). With L other than
+  // T the residual, y, dy and the residual's gradient are L (Note [Autocast residual norm]).
+  template <typename T, typename L = T>
   void ExpectRowNormsMatch(double rtol, double atol) {
     using M = OpMath<T>;
-    const DType dtype = DTypeOf<T>::value;
+    const DType dtype = DTypeOf<T>::value, io_dtype = DTypeOf<L>::value;
+    const bool mixed = dtype != io_dtype;
     // With grad_x, one launch takes all three gradients, its blocks' column sums added by the
     // blocks that finish last (Note [One-launch column sums]; {1000, 40} and {4096, 16} have
     // more blocks than groups); rows whose two sums pass 46 KiB ({130, 6000}) go the two-kernel
@@ -54,15 +60,15 @@ class CudaFusedNormTest : public CudaBackendReducedTest {
           const bool fused = affine >= 3;        // the same three flavours with a residual
           if (rms && affine % 3 == 2) continue;  // RMSNorm has no bias
           const std::string what =
-              Note(DTypePrefix<T>() + (rms ? "rms" : "layer") + " norm [" + std::to_string(rows) +
+              Note(DTypePrefix<T>() + (mixed ? DTypePrefix<L>() + "i/o " : "") + (rms ? "rms" : "layer") + " norm [" + std::to_string(rows) +
                    ", " + std::to_string(cols) + "] affine " + std::to_string(affine % 3) +
                    (fused ? " with a residual" : ""));
           const size_t n = static_cast<size_t>(rows * cols), c = static_cast<size_t>(cols);
           // Off-centre rows: the variance must be taken about the mean.
           Buffer<T> x(RandomReduced<T>(n, 1.0, 5.0)), weight(RandomReduced<T>(c)),
-              bias(RandomReduced<T>(c)), dy(RandomReduced<T>(n)), residual(RandomReduced<T>(n)),
-              dsum(RandomReduced<T>(n));
-          Buffer<T> y(n), sum(n), dx(n), dw(c), db(c), dw_alone(c), db_alone(c);
+              bias(RandomReduced<T>(c)), dsum(RandomReduced<T>(n));
+          Buffer<L> dy(RandomReduced<L>(n)), residual(RandomReduced<L>(n)), y(n), dres(n);
+          Buffer<T> sum(n), dx(n), dw(c), db(c), dw_alone(c), db_alone(c);
           Buffer<M> mean(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
           const bool has_w = affine % 3 >= 1, has_b = affine % 3 == 2;
           for (bool gpu : {false, true}) {
@@ -70,25 +76,35 @@ class CudaFusedNormTest : public CudaBackendReducedTest {
             auto at = [&](auto& buffer, bool present) -> decltype(buffer.cpu()) {
               return present ? (gpu ? buffer.gpu() : buffer.cpu()) : nullptr;
             };
-            RunRowNorm(device, dtype, rms, rows, cols, 1e-5, at(x, true), at(residual, fused),
+            RunRowNorm(device, dtype, io_dtype, rms, rows, cols, 1e-5, at(x, true),
+                       at(residual, fused),
                        at(weight, has_w), at(bias, has_b), at(y, true), at(sum, fused),
                        at(mean, !rms), at(rstd, true));
             // The backward normalises what the forward did: the sum when fused.
-            RunRowNormBackward(device, dtype, rms, rows, cols, at(dy, true), at(dsum, fused),
-                               fused ? at(sum, true) : at(x, true), at(mean, !rms), at(rstd, true),
-                               at(weight, has_w), at(dx, true), at(dw, has_w), at(db, has_b));
+            RunRowNormBackward(device, dtype, io_dtype, rms, rows, cols, at(dy, true),
+                               at(dsum, fused), fused ? at(sum, true) : at(x, true),
+                               at(mean, !rms), at(rstd, true), at(weight, has_w), at(dx, true),
+                               at(dres, mixed), at(dw, has_w), at(db, has_b));
             // The weight's and bias's gradients without grad_x (an input that needs none).
-            RunRowNormBackward(device, dtype, rms, rows, cols, at(dy, true), nullptr,
+            RunRowNormBackward(device, dtype, io_dtype, rms, rows, cols, at(dy, true), nullptr,
                                fused ? at(sum, true) : at(x, true), at(mean, !rms), at(rstd, true),
-                               at(weight, has_w), nullptr, at(dw_alone, has_w),
+                               at(weight, has_w), nullptr, nullptr, at(dw_alone, has_w),
                                at(db_alone, has_b));
           }
-          ExpectNear(y.Cpu(), y.Gpu(), rtol, atol, what + ": y");
+          // y rounded to L: an ulp of L apart where the two sums' orders tip a rounding.
+          ExpectNear(y.Cpu(), y.Gpu(), std::max(rtol, 2 * Ulp<L>()), atol, what + ": y");
           // The sum is rounded once on both: the same bits.
           if (fused) ExpectNear(sum.Cpu(), sum.Gpu(), 0.0, 0.0, what + ": sum");
           ExpectNear(rstd.Cpu(), rstd.Gpu(), rtol, atol, what + ": rstd");
           if (!rms) ExpectNear(mean.Cpu(), mean.Gpu(), rtol, atol, what + ": mean");
           ExpectNear(dx.Cpu(), dx.Gpu(), rtol, atol, what + ": grad_x");
+          if (mixed) {
+            // grad_x rounded once to L on each device, beside grad_x.
+            ExpectBitwiseEqual(Rounded<L>(dx.Cpu()), dres.Cpu(), what + ": grad_residual (cpu)");
+            ExpectBitwiseEqual(Rounded<L>(dx.Gpu()), dres.Gpu(), what + ": grad_residual (cuda)");
+            ExpectNear(dres.Cpu(), dres.Gpu(), std::max(rtol, 2 * Ulp<L>()), atol,
+                       what + ": grad_residual");
+          }
           // Sums over the rows: their rounding grows with the row count.
           const double sum_atol = atol * std::sqrt(static_cast<double>(rows) + 1.0);
           if (has_w) ExpectNear(dw.Cpu(), dw.Gpu(), rtol, sum_atol, what + ": grad_weight");
@@ -123,8 +139,8 @@ class CudaFusedNormTest : public CudaBackendReducedTest {
       Buffer<T> x(RandomReduced<T>(n, 1.0, 5.0)), weight(RandomReduced<T>(c)),
           bias(RandomReduced<T>(c)), dy(RandomReduced<T>(n)), y(n);
       Buffer<M> mean(static_cast<size_t>(rows)), rstd(static_cast<size_t>(rows));
-      RunRowNorm(gpu, dtype, false, rows, cols, 1e-5, x.gpu(), nullptr, weight.gpu(), bias.gpu(),
-                 y.gpu(), nullptr, mean.gpu(), rstd.gpu());
+      RunRowNorm(gpu, dtype, dtype, false, rows, cols, 1e-5, x.gpu(), nullptr, weight.gpu(),
+                 bias.gpu(), y.gpu(), nullptr, mean.gpu(), rstd.gpu());
       constexpr int kCalls = 4;  // compute stream twice, then a and b
       std::vector<Buffer<T>> dx, dw, db;
       for (int i = 0; i < kCalls; ++i) {
@@ -133,8 +149,9 @@ class CudaFusedNormTest : public CudaBackendReducedTest {
         db.emplace_back(c);
       }
       const auto backward = [&](int i) {
-        RunRowNormBackward(gpu, dtype, false, rows, cols, dy.gpu(), nullptr, x.gpu(), mean.gpu(),
-                           rstd.gpu(), weight.gpu(), dx[i].gpu(), dw[i].gpu(), db[i].gpu());
+        RunRowNormBackward(gpu, dtype, dtype, false, rows, cols, dy.gpu(), nullptr, x.gpu(),
+                           mean.gpu(), rstd.gpu(), weight.gpu(), dx[i].gpu(), nullptr, dw[i].gpu(),
+                           db[i].gpu());
       };
       backward(0);
       backward(1);
@@ -192,6 +209,83 @@ TEST_F(CudaFusedNormTest, RowNormsBFloat16) {
   ExpectRowNormsMatch<BFloat16>(2 * Ulp<BFloat16>(), 1e-3);
 }
 TEST_F(CudaFusedNormTest, RowNormsFloat16) { ExpectRowNormsMatch<Half>(2 * Ulp<Half>(), 1e-4); }
+// Note [Autocast residual norm]: float32 with 16-bit i/o.
+TEST_F(CudaFusedNormTest, RowNormsFloat32WithBFloat16Io) {
+  ExpectRowNormsMatch<float, BFloat16>(1e-4, 1e-5);
+}
+TEST_F(CudaFusedNormTest, RowNormsFloat32WithFloat16Io) {
+  ExpectRowNormsMatch<float, Half>(1e-4, 1e-5);
+}
+
+// Note [Autocast residual norm] through add_layer_norm on cuda:0: under bf16 autocast a float32
+// stream and a bfloat16 branch give the bits of the branch cast up, a float32 add_layer_norm and
+// y cast down, forward and backward, in 2 launches where those take 4 (the two casts forward, and
+// in backward y's cast's and the residual's); and within bfloat16 rounding of the CPU's.
+TEST_F(CudaFusedNormTest, AutocastAddLayerNormIsItsCastsBitForBitWithoutTheirLaunches) {
+  manual_seed(7);
+  const Tensor x0 = randn({4, 6, 64}) + 1.5, r0 = randn({4, 6, 64}).to(kBFloat16);
+  const Tensor w0 = randn({64}), b0 = randn({64});
+  const Tensor g_sum = randn({4, 6, 64}), g_y = randn({4, 6, 64}).to(kBFloat16);
+  // {sum, y, grad x, grad residual, grad weight, grad bias} as float32 vectors on the host, and
+  // the launches forward and backward (on cuda:0 under cudasim), of the fused path (`fused`) or
+  // of its casts.
+  const auto run = [&](const Device& where, bool fused, long long* launches) {
+    std::vector<Tensor> in = {x0.to(where), r0.to(where), w0.to(where), b0.to(where)};
+    for (Tensor& t : in) {
+      t = t.detach();
+      t.set_requires_grad(true);
+    }
+    const bool count = where.is_cuda() && ReadDeviceCounters().counted;
+    if (count) {
+      cuda::Synchronize(0);
+      ResetDeviceCounters();
+    }
+    Tensor sum, y;
+    if (fused) {
+      AutocastGuard autocast(where.type(), kBFloat16);
+      std::tie(sum, y) = add_layer_norm(in[0], in[1], {64}, in[2], in[3], 1e-5);
+    } else {
+      Tensor y32;
+      std::tie(sum, y32) = add_layer_norm(in[0], in[1].to(kFloat32), {64}, in[2], in[3], 1e-5);
+      y = y32.to(kBFloat16);
+    }
+    const Tensor gs = g_sum.to(where), gy = g_y.to(where);
+    if (count) {
+      launches[0] = ReadDeviceCounters().launches;
+      cuda::Synchronize(0);
+      ResetDeviceCounters();
+    }
+    const std::vector<Tensor> grads = autograd::grad({sum, y}, in, {gs, gy});
+    if (count) {
+      cuda::Synchronize(0);
+      launches[1] = ReadDeviceCounters().launches;
+    }
+    std::vector<std::vector<float>> out;
+    for (const Tensor& t : {sum, y, grads[0], grads[1], grads[2], grads[3]}) {
+      EXPECT_TRUE(t.defined());
+      out.push_back(t.to(Device::Cpu(0)).to(kFloat32).contiguous().to_vector<float>());
+    }
+    EXPECT_EQ(y.dtype(), kBFloat16);
+    EXPECT_EQ(grads[1].dtype(), kBFloat16);
+    return out;
+  };
+  long long fused_launches[2] = {-1, -1}, cast_launches[2] = {-1, -1};
+  const auto fused = run(Device::Cuda(0), true, fused_launches);
+  const auto cast = run(Device::Cuda(0), false, cast_launches);
+  const auto cpu = run(Device::Cpu(0), true, nullptr);
+  const char* names[] = {"sum", "y", "grad x", "grad residual", "grad weight", "grad bias"};
+  for (size_t i = 0; i < fused.size(); ++i) {
+    ExpectBitwiseEqual(cast[i], fused[i], Note(std::string("autocast add_layer_norm ") + names[i]));
+    // Sums over 24 rows and 64 columns in other orders; y and the residual's gradient rounded.
+    ExpectNear(cpu[i], fused[i], 2 * Ulp<BFloat16>(), 1e-3,
+               Note(std::string("autocast add_layer_norm against the cpu: ") + names[i]));
+  }
+  if (fused_launches[0] >= 0) {
+    EXPECT_EQ(fused_launches[0], 1) << "forward: the norm alone";
+    EXPECT_EQ(cast_launches[0], fused_launches[0] + 2) << "forward: the two casts gone";
+    EXPECT_EQ(cast_launches[1], fused_launches[1] + 2) << "backward: the two casts gone";
+  }
+}
 
 TEST_F(CudaFusedNormTest, FusedBackwardRepeatsBitForBitAcrossCallsAndStreams) {
   // Created once for every dtype: a device has at most 32 side streams.
@@ -212,19 +306,32 @@ TEST_F(CudaFusedNormTest, TrianglesOfEveryElementSize) {
 
 TEST_F(CudaFusedNormTest, BadShapesThrow) {
   Buffer<float> x(4), rstd(1);
-  EXPECT_THROW(RunRowNorm(Device::Cuda(0), kFloat32, false, 1, 0, 1e-5, x.gpu(), nullptr, nullptr,
+  const Device gpu = Device::Cuda(0);
+  EXPECT_THROW(RunRowNorm(gpu, kFloat32, kFloat32, false, 1, 0, 1e-5, x.gpu(), nullptr, nullptr,
                           nullptr, x.gpu(), nullptr, nullptr, rstd.gpu()),
                Error);
   Buffer<int64_t> ints(4);
-  EXPECT_THROW(RunRowNorm(Device::Cuda(0), kInt64, true, 1, 4, 1e-5, ints.gpu(), nullptr, nullptr,
+  EXPECT_THROW(RunRowNorm(gpu, kInt64, kInt64, true, 1, 4, 1e-5, ints.gpu(), nullptr, nullptr,
                           nullptr, ints.gpu(), nullptr, nullptr, rstd.gpu()),
                Error);
   // A residual needs a sum to write (Note [Fused residual norm]), and grad_sum a grad_x.
-  EXPECT_THROW(RunRowNorm(Device::Cuda(0), kFloat32, false, 1, 4, 1e-5, x.gpu(), x.gpu(), nullptr,
+  EXPECT_THROW(RunRowNorm(gpu, kFloat32, kFloat32, false, 1, 4, 1e-5, x.gpu(), x.gpu(), nullptr,
                           nullptr, x.gpu(), nullptr, nullptr, rstd.gpu()),
                Error);
-  EXPECT_THROW(RunRowNormBackward(Device::Cuda(0), kFloat32, true, 1, 4, x.gpu(), x.gpu(), x.gpu(),
-                                  nullptr, rstd.gpu(), nullptr, nullptr, x.gpu(), nullptr),
+  EXPECT_THROW(RunRowNormBackward(gpu, kFloat32, kFloat32, true, 1, 4, x.gpu(), x.gpu(), x.gpu(),
+                                  nullptr, rstd.gpu(), nullptr, nullptr, nullptr, x.gpu(), nullptr),
+               Error);
+  // 16-bit i/o only beside float32 (Note [Autocast residual norm]), and grad_residual is
+  // grad_x rounded: not without grad_x.
+  try {
+    RunRowNorm(gpu, kFloat64, kBFloat16, true, 1, 4, 1e-5, x.gpu(), nullptr, nullptr, nullptr,
+               x.gpu(), nullptr, nullptr, rstd.gpu());
+    ADD_FAILURE() << "float64 with bfloat16 i/o was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("io_dtype"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(RunRowNormBackward(gpu, kFloat32, kBFloat16, true, 1, 4, x.gpu(), nullptr, x.gpu(),
+                                  nullptr, rstd.gpu(), nullptr, nullptr, x.gpu(), nullptr, nullptr),
                Error);
 }
 

@@ -472,16 +472,16 @@ void KernelCoverageTest::RowNorms() {
     for (bool rms : {false, true}) {
       const std::string what = rms ? "rms_norm " : "layer_norm ";
       T* no_bias = nullptr;
-      RowNormKernel(kCpu, dtype, rms, rows, cols, 1e-5, x.cpu(), nullptr, weight.cpu(),
+      RowNormKernel(kCpu, dtype, dtype, rms, rows, cols, 1e-5, x.cpu(), nullptr, weight.cpu(),
                     rms ? no_bias : bias.cpu(), y.cpu(), nullptr, mean.cpu(), rstd.cpu());
-      RowNormKernel(kCuda, dtype, rms, rows, cols, 1e-5, x.gpu(), nullptr, weight.gpu(),
+      RowNormKernel(kCuda, dtype, dtype, rms, rows, cols, 1e-5, x.gpu(), nullptr, weight.gpu(),
                     rms ? no_bias : bias.gpu(), y.gpu(), nullptr, mean.gpu(), rstd.gpu());
       ExpectClose(y, what + "y");
       ExpectNear(rstd.Cpu(), rstd.Gpu(), Rtol<M>(), Atol<M>(), Note(what + "rstd"));
-      RowNormBackwardKernel(kCpu, dtype, rms, rows, cols, dy.cpu(), nullptr, x.cpu(), mean.cpu(),
-                            rstd.cpu(), weight.cpu(), dx.cpu(), dw.cpu(), db.cpu());
-      RowNormBackwardKernel(kCuda, dtype, rms, rows, cols, dy.gpu(), nullptr, x.gpu(), mean.gpu(),
-                            rstd.gpu(), weight.gpu(), dx.gpu(), dw.gpu(), db.gpu());
+      RowNormBackwardKernel(kCpu, dtype, dtype, rms, rows, cols, dy.cpu(), nullptr, x.cpu(), mean.cpu(),
+                            rstd.cpu(), weight.cpu(), dx.cpu(), nullptr, dw.cpu(), db.cpu());
+      RowNormBackwardKernel(kCuda, dtype, dtype, rms, rows, cols, dy.gpu(), nullptr, x.gpu(), mean.gpu(),
+                            rstd.gpu(), weight.gpu(), dx.gpu(), nullptr, dw.gpu(), db.gpu());
       // The 16-bit gradients round values that cancel: an ulp of their inputs' size.
       ExpectNear(dx.Cpu(), dx.Gpu(), Rtol<T>(), 4 * Atol<T>(), Note(what + "grad_x"));
       ExpectNear(dw.Cpu(), dw.Gpu(), Rtol<T>(), 4 * Atol<T>(), Note(what + "grad_weight"));

@@ -132,13 +132,15 @@ void LaunchCrossEntropyBackward(const LaunchContext& context, DType dtype, void*
 // for grad_weight/grad_bias, a block per 32 columns and chunk of rows plus, when the rows were
 // split, a second pass adding the chunks' sums in order; each only when its outputs are wanted.
 // With a residual (and grad_sum) they are Note [Fused residual norm]'s, in the same launches.
-void LaunchRowNorm(const LaunchContext& context, DType dtype, bool rms, int64_t rows, int64_t cols,
-                   double eps, const void* x, const void* residual, const void* weight,
-                   const void* bias, void* y, void* sum, void* mean, void* rstd);
-void LaunchRowNormBackward(const LaunchContext& context, DType dtype, bool rms, int64_t rows,
-                           int64_t cols, const void* grad_y, const void* grad_sum, const void* x,
-                           const void* mean, const void* rstd, const void* weight, void* grad_x,
-                           void* grad_weight, void* grad_bias);
+// The residual, y, grad_y and grad_residual in io_dtype (Note [Autocast residual norm]).
+void LaunchRowNorm(const LaunchContext& context, DType dtype, DType io_dtype, bool rms,
+                   int64_t rows, int64_t cols, double eps, const void* x, const void* residual,
+                   const void* weight, const void* bias, void* y, void* sum, void* mean,
+                   void* rstd);
+void LaunchRowNormBackward(const LaunchContext& context, DType dtype, DType io_dtype, bool rms,
+                           int64_t rows, int64_t cols, const void* grad_y, const void* grad_sum,
+                           const void* x, const void* mean, const void* rstd, const void* weight,
+                           void* grad_x, void* grad_residual, void* grad_weight, void* grad_bias);
 // Any dtype (the kernel moves bits of the element's size).
 void LaunchTriangle(const LaunchContext& context, DType dtype, bool lower, int64_t diagonal,
                     int64_t batch, int64_t rows, int64_t cols, const void* src, void* dst);

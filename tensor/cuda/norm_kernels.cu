@@ -15,6 +15,7 @@
 #include "tensor/cuda/kernels.h"
 #include "tensor/cuda/launch_work.h"
 #include "tensor/kernels/internal/elementwise_math.h"
+#include "tensor/kernels/internal/row_norm_types.h"
 #include "tools/cuda/device_counters.h"
 
 namespace tandem {
@@ -26,27 +27,30 @@ namespace {
 // One block per row; the block's threads stride along the row (coalesced), which is read
 // twice more from L1/L2 after the first pass. Each thread takes kVec neighbouring elements at
 // a time: 8 16-bit elements in one 128-bit access (Pack) where the rows allow it (see
-// RowsPack), else 1.
-template <typename T, int kVec>
+// RowsPack), else 1. T is x's, the sum's and the parameters' type, L the residual's and y's
+// (Note [Autocast residual norm]).
+template <typename T, typename L, int kVec>
 __global__ void RowNormKernel(bool rms, int64_t rows, int64_t cols, OpMath<T> eps, const T* x,
-                              const T* residual, const T* weight, const T* bias, T* y, T* sum,
+                              const L* residual, const T* weight, const T* bias, L* y, T* sum,
                               OpMath<T>* mean_out, OpMath<T>* rstd_out) {
   using M = OpMath<T>;
   using P = Pack<T, kVec>;
+  using PL = Pack<L, kVec>;
   const M inv_cols = M(1) / static_cast<M>(cols);
   const int64_t chunks = cols / kVec;
   const P* w = reinterpret_cast<const P*>(weight);
   const P* b = reinterpret_cast<const P*>(bias);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const P* xr = reinterpret_cast<const P*>(x + row * cols);
-    P* yr = reinterpret_cast<P*>(y + row * cols);
+    PL* yr = reinterpret_cast<PL*>(y + row * cols);
     if (residual != nullptr) {
       // Note [Fused residual norm]: the rounded sum written, then normalised. Each thread reads
       // back only the chunks it wrote, so no barrier is needed before the passes below.
-      const P* rr = reinterpret_cast<const P*>(residual + row * cols);
+      const PL* rr = reinterpret_cast<const PL*>(residual + row * cols);
       P* sr = reinterpret_cast<P*>(sum + row * cols);
       for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
-        const P a = xr[c], b = rr[c];
+        const P a = xr[c];
+        const PL b = rr[c];
         P s;
 #pragma unroll
         for (int k = 0; k < kVec; ++k) {
@@ -82,7 +86,8 @@ __global__ void RowNormKernel(bool rms, int64_t rows, int64_t cols, OpMath<T> ep
     }
     for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
       const P v = xr[c];
-      P wv, bv, out;
+      P wv, bv;
+      PL out;
       if (w != nullptr) wv = w[c];
       if (b != nullptr) bv = b[c];
 #pragma unroll
@@ -90,7 +95,7 @@ __global__ void RowNormKernel(bool rms, int64_t rows, int64_t cols, OpMath<T> ep
         M value = (static_cast<M>(v.v[k]) - mean) * rstd;
         if (w != nullptr) value *= static_cast<M>(wv.v[k]);
         if (b != nullptr) value += static_cast<M>(bv.v[k]);
-        out.v[k] = static_cast<T>(value);
+        out.v[k] = static_cast<L>(value);
       }
       yr[c] = out;
     }
@@ -179,14 +184,15 @@ __device__ bool LastToArrive(unsigned* counter, unsigned expected) {
 // blocks x cols alone while the rest of the GPU idles. The counters are the stream's
 // (LaunchContext::semaphores, Note [Stream semaphores] in cuda_device.h): zero when the kernel
 // starts without a memset launch, because each finishing block puts back to zero the counter it
-// completed.
-template <typename T, int kVec, bool kSums>
+// completed. dy and dresidual (null, or grad_x rounded to L) are L (Note [Autocast residual norm]).
+template <typename T, typename L, int kVec, bool kSums>
 __global__ void RowNormBackwardKernel(bool rms, int64_t rows, int64_t cols, int64_t chunk,
-                                      const T* dy, const T* dsum, const T* x,
+                                      const L* dy, const T* dsum, const T* x,
                                       const OpMath<T>* mean_in, const OpMath<T>* rstd_in,
-                                      const T* weight, T* dx, RowNormSums<T> sums) {
+                                      const T* weight, T* dx, L* dresidual, RowNormSums<T> sums) {
   using M = OpMath<T>;
   using P = Pack<T, kVec>;
+  using PL = Pack<L, kVec>;
   extern __shared__ unsigned char shared_raw[];
   M* acc_w = reinterpret_cast<M*>(shared_raw);
   M* acc_b = acc_w + cols;
@@ -203,14 +209,16 @@ __global__ void RowNormBackwardKernel(bool rms, int64_t rows, int64_t cols, int6
   const int64_t end = min(rows, begin + chunk);
   for (int64_t row = begin; row < end; ++row) {
     const P* xr = reinterpret_cast<const P*>(x + row * cols);
-    const P* gr = reinterpret_cast<const P*>(dy + row * cols);
+    const PL* gr = reinterpret_cast<const PL*>(dy + row * cols);
     P* dxr = reinterpret_cast<P*>(dx + row * cols);
+    PL* drr = dresidual == nullptr ? nullptr : reinterpret_cast<PL*>(dresidual + row * cols);
     const P* dsr = dsum == nullptr ? nullptr : reinterpret_cast<const P*>(dsum + row * cols);
     const M mean = rms ? M(0) : mean_in[row];
     const M rstd = rstd_in[row];
     M sum_g = 0, sum_gx = 0;
     for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
-      const P xv = xr[c], gv = gr[c];
+      const P xv = xr[c];
+      const PL gv = gr[c];
       P wv;
       if (w != nullptr) wv = w[c];
 #pragma unroll
@@ -223,8 +231,10 @@ __global__ void RowNormBackwardKernel(bool rms, int64_t rows, int64_t cols, int6
     const M mean_g = rms ? M(0) : BlockSum(sum_g) * inv_cols;
     const M mean_gx = BlockSum(sum_gx) * inv_cols;
     for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) {
-      const P xv = xr[c], gv = gr[c];
+      const P xv = xr[c];
+      const PL gv = gr[c];
       P wv, sv, out;
+      PL rounded;
       if (w != nullptr) wv = w[c];
       if (dsr != nullptr) sv = dsr[c];
 #pragma unroll
@@ -233,13 +243,16 @@ __global__ void RowNormBackwardKernel(bool rms, int64_t rows, int64_t cols, int6
         const M g = dyv * (w != nullptr ? static_cast<M>(wv.v[k]) : M(1));
         const M xhat = (static_cast<M>(xv.v[k]) - mean) * rstd;
         const M through = dsr != nullptr ? static_cast<M>(sv.v[k]) : M(0);
-        out.v[k] = static_cast<T>(through + rstd * (g - mean_g - xhat * mean_gx));
+        const M grad = through + rstd * (g - mean_g - xhat * mean_gx);
+        out.v[k] = static_cast<T>(grad);
+        rounded.v[k] = static_cast<L>(grad);
         if (kSums) {
           acc_w[c * kVec + k] += dyv * xhat;
           acc_b[c * kVec + k] += dyv;
         }
       }
       dxr[c] = out;
+      if (drr != nullptr) drr[c] = rounded;
     }
   }
   if (!kSums) return;
@@ -268,14 +281,14 @@ __global__ void RowNormBackwardKernel(bool rms, int64_t rows, int64_t cols, int6
 
 // RowNormBackwardKernel's launch, one function per instantiation, so that the launcher can pick
 // one through a pointer.
-template <typename T, int kVec, bool kSums>
+template <typename T, typename L, int kVec, bool kSums>
 void LaunchRowNormBackwardKernel(const LaunchContext& context, unsigned blocks, int threads,
                                  size_t shared, bool rms, int64_t rows, int64_t cols, int64_t chunk,
-                                 const T* dy, const T* dsum, const T* x, const OpMath<T>* mean,
-                                 const OpMath<T>* rstd, const T* weight, T* dx,
+                                 const L* dy, const T* dsum, const T* x, const OpMath<T>* mean,
+                                 const OpMath<T>* rstd, const T* weight, T* dx, L* dresidual,
                                  const RowNormSums<T>& sums) {
-  RowNormBackwardKernel<T, kVec, kSums><<<blocks, threads, shared, context.stream>>>(
-      rms, rows, cols, chunk, dy, dsum, x, mean, rstd, weight, dx, sums);
+  RowNormBackwardKernel<T, L, kVec, kSums><<<blocks, threads, shared, context.stream>>>(
+      rms, rows, cols, chunk, dy, dsum, x, mean, rstd, weight, dx, dresidual, sums);
 }
 
 // Whether the row kernels may load 16-bit rows through 128-bit Packs (kNormVector<T> elements):
@@ -284,13 +297,23 @@ void LaunchRowNormBackwardKernel(const LaunchContext& context, unsigned blocks, 
 // the way 2-byte accesses are.
 template <typename T>
 constexpr int kNormVector = kIsReducedFloat<T> ? kPackOf<T> : 1;
+// A norm with 16-bit i/o (Note [Autocast residual norm]) packs as its 16-bit operands: 8
+// elements, 32 bytes of its float32 ones.
+template <typename T, typename L>
+constexpr int kNormPairVector = std::max(kNormVector<T>, kNormVector<L>);
 
-template <typename T>
-bool RowsPack(int64_t cols, std::initializer_list<const void*> operands) {
-  constexpr int kN = kNormVector<T>;
+// Whether every operand of T (`t_operands`) and of L (`l_operands`) is aligned to a Pack of
+// kNormPairVector<T, L> elements and the rows are whole Packs.
+template <typename T, typename L>
+bool RowsPack(int64_t cols, std::initializer_list<const void*> t_operands,
+              std::initializer_list<const void*> l_operands) {
+  constexpr int kN = kNormPairVector<T, L>;
   if (kN == 1 || cols % kN != 0) return false;
-  for (const void* p : operands) {
+  for (const void* p : t_operands) {
     if (p != nullptr && !PackAligned<kN>(static_cast<const T*>(p))) return false;
+  }
+  for (const void* p : l_operands) {
+    if (p != nullptr && !PackAligned<kN>(static_cast<const L*>(p))) return false;
   }
   return true;
 }
@@ -308,9 +331,9 @@ constexpr size_t kNormFusedSharedBytes = 46 * 1024;  // BlockSum's slots fit bes
 // through shared memory. With one split the block writes dw and db; with more it writes its
 // sums to partial_w/partial_b ([splits, cols] in M) and RowNormParamsFinishKernel adds them.
 // Splitting the rows is what fills the GPU: GPT-2's 768 columns are 24 blocks otherwise.
-template <typename T>
+template <typename T, typename L>
 __global__ void RowNormBackwardParamsKernel(bool rms, int64_t rows, int64_t cols, int64_t chunk,
-                                            const T* dy, const T* x, const OpMath<T>* mean_in,
+                                            const L* dy, const T* x, const OpMath<T>* mean_in,
                                             const OpMath<T>* rstd_in, T* dw, T* db,
                                             OpMath<T>* partial_w, OpMath<T>* partial_b) {
   using M = OpMath<T>;
@@ -394,29 +417,31 @@ int RowThreads(int64_t cols) {
 
 }  // namespace
 
-void LaunchRowNorm(const LaunchContext& context, DType dtype, bool rms, int64_t rows, int64_t cols,
-                   double eps, const void* x, const void* residual, const void* weight,
-                   const void* bias, void* y, void* sum, void* mean, void* rstd) {
-  DispatchAllFloatingTypes(dtype, "CUDA RowNorm", [&](auto tag) {
-    using T = typename decltype(tag)::type;
+void LaunchRowNorm(const LaunchContext& context, DType dtype, DType io_dtype, bool rms,
+                   int64_t rows, int64_t cols, double eps, const void* x, const void* residual,
+                   const void* weight, const void* bias, void* y, void* sum, void* mean,
+                   void* rstd) {
+  DispatchRowNormTypes(dtype, io_dtype, "CUDA RowNorm", [&](auto t_tag, auto l_tag) {
+    using T = typename decltype(t_tag)::type;
+    using L = typename decltype(l_tag)::type;
     using M = OpMath<T>;
     if (rows == 0 || cols == 0) return;
     const int64_t grid = std::min<int64_t>(rows, static_cast<int64_t>(context.num_sms) * 32);
     internal::RecordLaunchWork("RowNormKernel", grid, rows * cols);
     const T* in = static_cast<const T*>(x);
-    const T* r = static_cast<const T*>(residual);
+    const L* r = static_cast<const L*>(residual);
     const T* w = static_cast<const T*>(weight);
     const T* b = static_cast<const T*>(bias);
-    T* out = static_cast<T*>(y);
+    L* out = static_cast<L*>(y);
     T* s = static_cast<T*>(sum);
-    constexpr int kVec = kNormVector<T>;
-    if (RowsPack<T>(cols, {in, r, w, b, out, s})) {
-      RowNormKernel<T, kVec>
+    constexpr int kVec = kNormPairVector<T, L>;
+    if (RowsPack<T, L>(cols, {in, w, b, s}, {r, out})) {
+      RowNormKernel<T, L, kVec>
           <<<static_cast<int>(grid), RowThreads(cols / kVec), 0, context.stream>>>(
               rms, rows, cols, static_cast<M>(eps), in, r, w, b, out, s, static_cast<M*>(mean),
               static_cast<M*>(rstd));
     } else {
-      RowNormKernel<T, 1><<<static_cast<int>(grid), RowThreads(cols), 0, context.stream>>>(
+      RowNormKernel<T, L, 1><<<static_cast<int>(grid), RowThreads(cols), 0, context.stream>>>(
           rms, rows, cols, static_cast<M>(eps), in, r, w, b, out, s, static_cast<M*>(mean),
           static_cast<M*>(rstd));
     }
@@ -425,23 +450,26 @@ void LaunchRowNorm(const LaunchContext& context, DType dtype, bool rms, int64_t 
     // About 8 FLOPs an element: the two sums, then centre, scale, weight and bias.
     const double elements = static_cast<double>(rows * cols);
     // With a residual: it is read too and the sum written (its reads back hit L1).
-    DeclareKernelWork(
-        8 * elements + (r != nullptr ? elements : 0),
-        ((r != nullptr ? 4 : 2) * elements + cols * ((w != nullptr) + (b != nullptr))) * sizeof(T) +
-            rows * sizeof(M) * (mean != nullptr ? 2 : 1),
-        RooflineMath(sizeof(M)));
+    const double t_bytes =
+        ((r != nullptr ? 2 : 1) * elements + cols * ((w != nullptr) + (b != nullptr))) * sizeof(T);
+    const double l_bytes = (r != nullptr ? 2 : 1) * elements * sizeof(L);
+    DeclareKernelWork(8 * elements + (r != nullptr ? elements : 0),
+                      t_bytes + l_bytes + rows * sizeof(M) * (mean != nullptr ? 2 : 1),
+                      RooflineMath(sizeof(M)));
   });
 }
 
-void LaunchRowNormBackward(const LaunchContext& context, DType dtype, bool rms, int64_t rows,
-                           int64_t cols, const void* grad_y, const void* grad_sum, const void* x,
-                           const void* mean, const void* rstd, const void* weight, void* grad_x,
-                           void* grad_weight, void* grad_bias) {
-  DispatchAllFloatingTypes(dtype, "CUDA RowNormBackward", [&](auto tag) {
-    using T = typename decltype(tag)::type;
+void LaunchRowNormBackward(const LaunchContext& context, DType dtype, DType io_dtype, bool rms,
+                           int64_t rows, int64_t cols, const void* grad_y, const void* grad_sum,
+                           const void* x, const void* mean, const void* rstd, const void* weight,
+                           void* grad_x, void* grad_residual, void* grad_weight, void* grad_bias) {
+  DispatchRowNormTypes(dtype, io_dtype, "CUDA RowNormBackward", [&](auto t_tag, auto l_tag) {
+    using T = typename decltype(t_tag)::type;
+    using L = typename decltype(l_tag)::type;
     using M = OpMath<T>;
     if (cols == 0) return;
-    const T* dy = static_cast<const T*>(grad_y);
+    const L* dy = static_cast<const L*>(grad_y);
+    L* dresidual = static_cast<L*>(grad_residual);
     const T* in = static_cast<const T*>(x);
     const M* mean_in = static_cast<const M*>(mean);
     const M* rstd_in = static_cast<const M*>(rstd);
@@ -452,8 +480,8 @@ void LaunchRowNormBackward(const LaunchContext& context, DType dtype, bool rms, 
     T* db = static_cast<T*>(grad_bias);
     const double elements = static_cast<double>(rows * cols);
     const double statistics_bytes = rows * sizeof(M) * (mean_in != nullptr ? 2 : 1);
-    constexpr int kVec = kNormVector<T>;
-    const bool pack = RowsPack<T>(cols, {dy, dsum, in, w, dx});
+    constexpr int kVec = kNormPairVector<T, L>;
+    const bool pack = RowsPack<T, L>(cols, {dsum, in, w, dx}, {dy, dresidual});
     // The blocks' partial sums of the weight's and bias's gradients added in block order.
     const auto finish = [&](int64_t splits, const M* partial_w, const M* partial_b) {
       const int64_t tiles = (cols + kNormColumnTile - 1) / kNormColumnTile;
@@ -473,14 +501,16 @@ void LaunchRowNormBackward(const LaunchContext& context, DType dtype, bool rms, 
                               size_t shared) {
       internal::RecordLaunchWork("RowNormBackwardKernel", blocks, rows * cols);
       using Launcher = void (*)(const LaunchContext&, unsigned, int, size_t, bool, int64_t, int64_t,
-                                int64_t, const T*, const T*, const T*, const M*, const M*, const T*,
-                                T*, const RowNormSums<T>&);
-      const Launcher launch = pack ? (sums != nullptr ? LaunchRowNormBackwardKernel<T, kVec, true>
-                                                      : LaunchRowNormBackwardKernel<T, kVec, false>)
-                                   : (sums != nullptr ? LaunchRowNormBackwardKernel<T, 1, true>
-                                                      : LaunchRowNormBackwardKernel<T, 1, false>);
+                                int64_t, const L*, const T*, const T*, const M*, const M*, const T*,
+                                T*, L*, const RowNormSums<T>&);
+      const Launcher launch =
+          pack ? (sums != nullptr ? LaunchRowNormBackwardKernel<T, L, kVec, true>
+                                  : LaunchRowNormBackwardKernel<T, L, kVec, false>)
+               : (sums != nullptr ? LaunchRowNormBackwardKernel<T, L, 1, true>
+                                  : LaunchRowNormBackwardKernel<T, L, 1, false>);
       launch(context, static_cast<unsigned>(blocks), threads, shared, rms, rows, cols, chunk, dy,
-             dsum, in, mean_in, rstd_in, w, dx, sums != nullptr ? *sums : RowNormSums<T>{});
+             dsum, in, mean_in, rstd_in, w, dx, dresidual,
+             sums != nullptr ? *sums : RowNormSums<T>{});
       TANDEM_CUDA_CHECK_LAUNCH(context.device);
     };
     // Rows a block for about `wanted` blocks, and the blocks (none empty at the end).
@@ -488,11 +518,12 @@ void LaunchRowNormBackward(const LaunchContext& context, DType dtype, bool rms, 
       const int64_t chunk = (rows + wanted - 1) / wanted;
       return std::make_pair(chunk, (rows + chunk - 1) / chunk);
     };
-    // dy and x read (twice, the second time from L1), dx written; about 12 FLOPs an element.
+    // dy and x read (twice, the second time from L1), dx (and its rounding for a 16-bit
+    // residual) written; about 12 FLOPs an element.
     const double backward_flops = 12 * elements;
     const double backward_bytes =
-        ((dsum != nullptr ? 4 : 3) * elements + (w != nullptr ? cols : 0)) * sizeof(T) +
-        statistics_bytes;
+        ((dsum != nullptr ? 3 : 2) * elements + (w != nullptr ? cols : 0)) * sizeof(T) +
+        (dresidual != nullptr ? 2 : 1) * elements * sizeof(L) + statistics_bytes;
     if (dx != nullptr && rows > 0 && (dw != nullptr || db != nullptr) &&
         2 * static_cast<size_t>(cols) * sizeof(M) <= kNormFusedSharedBytes) {
       // All three in one launch over a full wave of blocks (Note [One-launch column sums]).
@@ -553,14 +584,14 @@ void LaunchRowNormBackward(const LaunchContext& context, DType dtype, bool rms, 
       M* partial_w = static_cast<M*>(partials.get());
       M* partial_b = partial_w == nullptr ? nullptr : partial_w + splits * cols;
       internal::RecordLaunchWork("RowNormBackwardParamsKernel", tiles * splits, rows * cols);
-      RowNormBackwardParamsKernel<T>
+      RowNormBackwardParamsKernel<T, L>
           <<<dim3(static_cast<unsigned>(tiles), static_cast<unsigned>(splits)),
              kNormColumnTile * kNormRowLanes, 0, context.stream>>>(
               rms, rows, cols, chunk, dy, in, mean_in, rstd_in, dw, db, partial_w, partial_b);
       TANDEM_CUDA_CHECK_LAUNCH(context.device);
       // dy and x read once, a sum per split and column written; 5 FLOPs an element.
       DeclareKernelWork(5 * elements,
-                        2 * elements * sizeof(T) + statistics_bytes +
+                        elements * (sizeof(T) + sizeof(L)) + statistics_bytes +
                             2.0 * splits * cols * (splits > 1 ? sizeof(M) : sizeof(T)),
                         RooflineMath(sizeof(M)));
       if (splits > 1) finish(splits, partial_w, partial_b);

@@ -143,14 +143,8 @@ Tensor CastWeightOutsideGraph(const Tensor& weight, bool keep) {
   return cast.detach();
 }
 
-// The weight cache's two hooks for autocast::CastWeights (tensor/ops/autocast_weights.cc,
-// which declares them): no header, because a new header in :ops would be among the compile
-// inputs of everything that depends on //tensor.
 namespace internal {
 
-// The dtype `weight` would be cached as, when the live cache would hold its cast and holds none
-// yet (CastWeightOutsideGraph's rule: a float32 leaf that requires grad, eligible on its
-// device); else nullopt.
 std::optional<DType> UncachedWeightCastDType(const Tensor& weight) {
   if (!IsEligible(weight)) return std::nullopt;
   const DType target = AutocastMode::GetDType(weight.device().type());
@@ -160,8 +154,6 @@ std::optional<DType> UncachedWeightCastDType(const Tensor& weight) {
   return target;
 }
 
-// Caches `cast` as CastWeightOutsideGraph caches one: made without a graph. Does nothing
-// without a live cache.
 void InsertWeightCastOutsideGraph(const Tensor& weight, DType target, Tensor cast) {
   WeightCastCache* cache = LiveCache();
   if (cache == nullptr) return;

@@ -15,6 +15,8 @@
 //   lower precision (cast to the guard's dtype): matmul, linear, conv2d;
 //   float32: softmax, log_softmax, exp, log, pow, sum (and so mean), nll_loss, cross_entropy,
 //     mse_loss, the losses of nn/loss.h, and the norms of nn/layers.h (BatchNorm, LayerNorm);
+//   add_layer_norm (Tandem's, not PyTorch's): float32, its normalised output in the guard's
+//     dtype for the GEMM after it (ops.h);
 //   promote (to the widest floating dtype among the inputs): cat (and so stack);
 //   every other op runs in the dtype of its inputs (binary ops promote as always).
 // Only floating tensors on the guarded device type are cast; float64 and integer tensors are
@@ -95,6 +97,17 @@ std::vector<Tensor> Promote(const std::vector<Tensor>& tensors);
 
 // How many casts the weight cache live on this thread holds (0 outside any guard).
 size_t CachedCastCount();
+
+namespace internal {
+// The weight cache's hooks for autocast::CastWeights (tensor/ops/autocast_weights.h), which casts
+// many weights in one launch. The dtype `weight` would be cached as, when the live cache would
+// hold its cast and holds none yet (CastWeightOutsideGraph's rule: a float32 leaf that requires
+// grad, eligible on its device); else nullopt.
+std::optional<DType> UncachedWeightCastDType(const Tensor& weight);
+// Caches `cast` as CastWeightOutsideGraph caches one: made without a graph. Does nothing
+// without a live cache.
+void InsertWeightCastOutsideGraph(const Tensor& weight, DType target, Tensor cast);
+}  // namespace internal
 
 // ---- What TANDEM_AUTOCAST (below) expands to ----------------------------------------------
 

@@ -11,6 +11,7 @@
 #include <future>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "tensor/core/autograd.h"
@@ -147,6 +148,54 @@ TEST(AutocastTest, CrossEntropyOfSixteenBitLogitsIsTheCastLogitsToTheBit) {
     EXPECT_EQ(widened.grad().dtype(), dtype);
     EXPECT_EQ(MaxAbsDiff(widened.grad(), cast.grad()), 0.0);
   }
+}
+
+// Note [Autocast residual norm]: under autocast a float32 stream and a 16-bit branch in, the
+// float32 sum and the 16-bit normalised output out, with the bits of casting the branch up,
+// norming in float32 and casting y down (the path without the fused i/o), forward and backward.
+TEST(AutocastTest, AddLayerNormEqualsItsCastsBitForBit) {
+  for (DType lower : {kBFloat16, kFloat16}) {
+    SCOPED_TRACE(::testing::Message() << lower);
+    std::vector<Tensor> fused, cast;
+    for (uint64_t seed : {61, 62, 63, 64}) {
+      manual_seed(seed);
+      const Tensor t = seed <= 62 ? randn({3, 5, 40}) + 2.0 : randn({40});
+      // The residual (seed 62) comes from a 16-bit GEMM; the rest are float32.
+      const Tensor leaf = (seed == 62 ? t.to(lower) : t).detach();
+      fused.push_back(leaf.detach());
+      cast.push_back(leaf.detach());
+      fused.back().set_requires_grad(true);
+      cast.back().set_requires_grad(true);
+    }
+    manual_seed(65);
+    const Tensor g_sum = randn({3, 5, 40}), g_y = randn({3, 5, 40}).to(lower);
+    Tensor sum, y;
+    {
+      AutocastGuard autocast(kCPU, lower);
+      std::tie(sum, y) = add_layer_norm(fused[0], fused[1], {40}, fused[2], fused[3], 1e-5);
+    }
+    EXPECT_EQ(sum.dtype(), kFloat32);
+    EXPECT_EQ(y.dtype(), lower);
+    // Both outputs get a gradient, as a block's stream and its norm do.
+    ((sum * g_sum).sum() + (y.to(kFloat32) * g_y.to(kFloat32)).sum()).backward();
+    const auto [sum_c, y32] =
+        add_layer_norm(cast[0], cast[1].to(kFloat32), {40}, cast[2], cast[3], 1e-5);
+    ((sum_c * g_sum).sum() + (y32.to(lower).to(kFloat32) * g_y.to(kFloat32)).sum()).backward();
+    EXPECT_EQ(MaxAbsDiff(sum, sum_c), 0.0);
+    EXPECT_EQ(MaxAbsDiff(y, y32.to(lower)), 0.0);
+    for (int i = 0; i < 4; ++i) {
+      SCOPED_TRACE(::testing::Message() << "gradient of input " << i);
+      ASSERT_TRUE(fused[i].grad().defined());
+      EXPECT_EQ(fused[i].grad().dtype(), fused[i].dtype());
+      EXPECT_EQ(MaxAbsDiff(fused[i].grad(), cast[i].grad()), 0.0);
+    }
+  }
+  // A float32 residual under autocast: y is still in the autocast dtype.
+  const Tensor x = randn({2, 8}), r = randn({2, 8});
+  AutocastGuard autocast(kCPU, kBFloat16);
+  const auto [sum, y] = add_layer_norm(x, r, {8}, Tensor(), Tensor());
+  EXPECT_EQ(sum.dtype(), kFloat32);
+  EXPECT_EQ(y.dtype(), kBFloat16);
 }
 
 TEST(AutocastTest, OtherOpsRunInTheirInputsDType) {

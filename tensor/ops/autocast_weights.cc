@@ -11,18 +11,10 @@
 #include "tensor/base/grad_mode.h"
 #include "tensor/core/tensor.h"
 #include "tensor/kernels/cast_kernels.h"
+#include "tensor/ops/autocast.h"
 
 namespace tandem {
 namespace autocast {
-namespace internal {
-
-// The weight cache's hooks, defined in autocast.cc beside the cache (its anonymous namespace).
-// Declared here rather than in a header of :ops, so that no new header joins the compile
-// inputs of everything that depends on //tensor.
-std::optional<DType> UncachedWeightCastDType(const Tensor& weight);
-void InsertWeightCastOutsideGraph(const Tensor& weight, DType target, Tensor cast);
-
-}  // namespace internal
 
 void CastWeights(const std::vector<Tensor>& weights) {
   // One ForeachCastKernel call per device and dtype: a call takes one device's pointers.

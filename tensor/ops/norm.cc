@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "tensor/base/autocast_mode.h"
 #include "tensor/base/error.h"
 #include "tensor/core/autograd.h"
 #include "tensor/core/internal/tensor_impl.h"
@@ -110,8 +111,9 @@ Tensor RowNormImpl(bool rms, const Tensor& input, const std::vector<int64_t>& no
   Tensor mean = rms ? Tensor() : NewTensor({rows}, stat_dtype, x.device());
   Tensor rstd = NewTensor({rows}, stat_dtype, x.device());
   if (rows > 0) {
-    RunRowNorm(x.device(), x.dtype(), rms, rows, cols, eps, DataPtr(x), nullptr, OptionalData(w),
-               OptionalData(b), DataPtr(out), nullptr, OptionalData(mean), DataPtr(rstd));
+    RunRowNorm(x.device(), x.dtype(), x.dtype(), rms, rows, cols, eps, DataPtr(x), nullptr,
+               OptionalData(w), OptionalData(b), DataPtr(out), nullptr, OptionalData(mean),
+               DataPtr(rstd));
   }
   std::vector<Tensor> inputs = {input};
   if (weight.defined()) inputs.push_back(weight);
@@ -142,9 +144,10 @@ Tensor RowNormImpl(bool rms, const Tensor& input, const std::vector<int64_t>& no
             if (grad_w) dw = FilledRaw(param_shape, sx.dtype(), sx.device(), 0.0);
             if (grad_b) db = FilledRaw(param_shape, sx.dtype(), sx.device(), 0.0);
           } else if (grad_x || grad_w || grad_b) {
-            RunRowNormBackward(sx.device(), sx.dtype(), rms, rows, cols, DataPtr(dy), nullptr,
-                               DataPtr(sx), OptionalData(mean), DataPtr(rstd), OptionalData(sw),
-                               OptionalData(dx), OptionalData(dw), OptionalData(db));
+            RunRowNormBackward(sx.device(), sx.dtype(), sx.dtype(), rms, rows, cols, DataPtr(dy),
+                               nullptr, DataPtr(sx), OptionalData(mean), DataPtr(rstd),
+                               OptionalData(sw), OptionalData(dx), nullptr, OptionalData(dw),
+                               OptionalData(db));
           }
           std::vector<Tensor> grads = {dx};
           if (has_weight) grads.push_back(dw);
@@ -156,12 +159,15 @@ Tensor RowNormImpl(bool rms, const Tensor& input, const std::vector<int64_t>& no
   return out;
 }
 
-// add_layer_norm's node: outputs {sum, y}; inputs {input, residual[, weight][, bias]}.
+// add_layer_norm's node: outputs {sum, y}; inputs {input, residual[, weight][, bias]}. With a
+// 16-bit residual under autocast (Note [Autocast residual norm]) y and its gradient are in the
+// residual's dtype, and the kernel writes the residual's gradient rounded beside the input's.
 class AddLayerNormBackward final : public Node {
  public:
   struct Saved {
     int64_t rows = 0, cols = 0;
     double eps = 0;
+    DType io_dtype = kFloat32;  // the residual's and y's
     bool grad_x = false, grad_w = false, grad_b = false, has_bias = false;
     Shape param_shape;
     Tensor sum, weight, mean, rstd;  // sum detached (an output); weight with its graph
@@ -177,7 +183,7 @@ class AddLayerNormBackward final : public Node {
     const Saved& s = saved_;
     const Tensor& grad_sum = grads[0];
     const Tensor& grad_y = grads[1];
-    Tensor dx, dw, db;
+    Tensor dx, dres, dw, db;
     if (!grad_y.defined()) {
       dx = grad_sum;  // only the stream's gradient: the add passes it through
     } else if (CreatingGraph()) {
@@ -191,23 +197,26 @@ class AddLayerNormBackward final : public Node {
     } else {
       const DType dtype = s.sum.dtype();
       const Device device = s.sum.device();
-      const Tensor dy = ContiguousRaw(CastRaw(grad_y, dtype));
+      const Tensor dy = ContiguousRaw(CastRaw(grad_y, s.io_dtype));
       const Tensor ds =
           s.grad_x && grad_sum.defined() ? ContiguousRaw(CastRaw(grad_sum, dtype)) : Tensor();
       if (s.grad_x) dx = NewTensor(s.sum.shape(), dtype, device);
+      if (s.grad_x && s.io_dtype != dtype) dres = NewTensor(s.sum.shape(), s.io_dtype, device);
       if (s.grad_w) dw = NewTensor(s.param_shape, dtype, device);
       if (s.grad_b) db = NewTensor(s.param_shape, dtype, device);
       if (s.rows == 0) {
         if (s.grad_w) dw = FilledRaw(s.param_shape, dtype, device, 0.0);
         if (s.grad_b) db = FilledRaw(s.param_shape, dtype, device, 0.0);
       } else if (s.grad_x || s.grad_w || s.grad_b) {
-        RunRowNormBackward(device, dtype, false, s.rows, s.cols, DataPtr(dy), OptionalData(ds),
-                           DataPtr(s.sum), DataPtr(s.mean), DataPtr(s.rstd), OptionalData(s.weight),
-                           OptionalData(dx), OptionalData(dw), OptionalData(db));
+        RunRowNormBackward(device, dtype, s.io_dtype, false, s.rows, s.cols, DataPtr(dy),
+                           OptionalData(ds), DataPtr(s.sum), DataPtr(s.mean), DataPtr(s.rstd),
+                           OptionalData(s.weight), OptionalData(dx), OptionalData(dres),
+                           OptionalData(dw), OptionalData(db));
       }
     }
-    // The sum's gradient is both addends'.
-    std::vector<Tensor> out = {dx, dx};
+    // The sum's gradient is both addends' (the engine casts it for a residual of another dtype
+    // where the kernel did not write it rounded).
+    std::vector<Tensor> out = {dx, dres.defined() ? dres : dx};
     if (s.weight.defined()) out.push_back(dw);
     if (s.has_bias) out.push_back(db);
     return out;
@@ -220,16 +229,19 @@ class AddLayerNormBackward final : public Node {
   Saved saved_;
 };
 
-}  // namespace
-
-std::pair<Tensor, Tensor> add_layer_norm(const Tensor& input, const Tensor& residual,
-                                         const std::vector<int64_t>& normalized_shape,
-                                         const Tensor& weight, const Tensor& bias, double eps) {
-  TANDEM_AUTOCAST(kFloat32, add_layer_norm, input, residual, normalized_shape, weight, bias, eps);
+// add_layer_norm without autocast's casts. `io` allows a residual of another dtype than the
+// input's where the kernel takes the pair (Note [Autocast residual norm]): y is then in the
+// residual's dtype. Anything else of another shape, dtype or device composes add and layer_norm.
+std::pair<Tensor, Tensor> AddLayerNormImpl(const Tensor& input, const Tensor& residual,
+                                           const std::vector<int64_t>& normalized_shape,
+                                           const Tensor& weight, const Tensor& bias, double eps,
+                                           bool io) {
   CheckDefined(input, "add_layer_norm", "input");
   CheckDefined(residual, "add_layer_norm", "residual");
-  if (input.shape() != residual.shape() || input.dtype() != residual.dtype() ||
-      input.device() != residual.device()) {
+  const bool dtypes_fuse = input.dtype() == residual.dtype() ||
+                           (io && IsFloatingPoint(input.dtype()) &&
+                            RowNormTakesIoDType(input.dtype(), residual.dtype()));
+  if (input.shape() != residual.shape() || !dtypes_fuse || input.device() != residual.device()) {
     // Broadcasting, promotion and the errors are add's and layer_norm's.
     const Tensor sum = add(input, residual);
     return {sum, layer_norm(sum, normalized_shape, weight, bias, eps)};
@@ -244,11 +256,11 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& input, const Tensor& resi
   const int64_t rows = x.numel() / cols;
   const DType stat_dtype = x.dtype() == kFloat64 ? kFloat64 : kFloat32;
   Tensor sum = NewTensor(x.shape(), x.dtype(), x.device());
-  Tensor out = NewTensor(x.shape(), x.dtype(), x.device());
+  Tensor out = NewTensor(x.shape(), r.dtype(), x.device());
   Tensor mean = NewTensor({rows}, stat_dtype, x.device());
   Tensor rstd = NewTensor({rows}, stat_dtype, x.device());
   if (rows > 0) {
-    RunRowNorm(x.device(), x.dtype(), false, rows, cols, eps, DataPtr(x), DataPtr(r),
+    RunRowNorm(x.device(), x.dtype(), r.dtype(), false, rows, cols, eps, DataPtr(x), DataPtr(r),
                OptionalData(w), OptionalData(b), DataPtr(out), DataPtr(sum), DataPtr(mean),
                DataPtr(rstd));
   }
@@ -260,6 +272,7 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& input, const Tensor& resi
     saved.rows = rows;
     saved.cols = cols;
     saved.eps = eps;
+    saved.io_dtype = r.dtype();
     saved.grad_x = NeedsGrad({input, residual});
     saved.grad_w = weight.defined() && NeedsGrad({weight});
     saved.grad_b = bias.defined() && NeedsGrad({bias});
@@ -275,6 +288,29 @@ std::pair<Tensor, Tensor> add_layer_norm(const Tensor& input, const Tensor& resi
     return {outputs[0], outputs[1]};
   }
   return {sum, out};
+}
+
+}  // namespace
+
+std::pair<Tensor, Tensor> add_layer_norm(const Tensor& input, const Tensor& residual,
+                                         const std::vector<int64_t>& normalized_shape,
+                                         const Tensor& weight, const Tensor& bias, double eps) {
+  CheckDefined(input, "add_layer_norm", "input");
+  if (!AutocastMode::IsEnabled(input.device().type()) || !autocast::IsEligible(input)) {
+    return AddLayerNormImpl(input, residual, normalized_shape, weight, bias, eps, false);
+  }
+  // Note [Autocast residual norm]: the stream and the statistics in float32, y in the autocast
+  // dtype for the GEMM that reads it; a 16-bit residual read as it is, without its cast.
+  const DType lower = AutocastMode::GetDType(input.device().type());
+  const auto to_float = [](const Tensor& t) {
+    return t.defined() ? autocast::CastToFloat32(t) : t;
+  };
+  const Tensor x = to_float(input);
+  const Tensor r = residual.defined() && residual.dtype() == lower ? residual : to_float(residual);
+  auto [sum, y] = AddLayerNormImpl(x, r, normalized_shape, to_float(weight), to_float(bias), eps,
+                                   /*io=*/true);
+  if (y.dtype() != lower) y = y.to(lower);
+  return {sum, y};
 }
 
 Tensor layer_norm(const Tensor& input, const std::vector<int64_t>& normalized_shape,

@@ -178,7 +178,10 @@ Tensor layer_norm(const Tensor& input, const std::vector<int64_t>& normalized_sh
 // fused_residual_forward) and one backward (the gradient reaching the sum added into the
 // norm's input gradient, which autograd would add in a kernel of its own): Note [Fused residual
 // norm], tensor/kernels/norm_kernels.h. input and residual of one shape (else composed: add,
-// then layer_norm). Differentiable (twice); float32 under autocast, as layer_norm.
+// then layer_norm). Differentiable (twice). Under autocast it computes in float32 as layer_norm
+// does, returns the sum in float32 and y in the autocast dtype, for the GEMM that reads it, and
+// reads a residual in that dtype without casting it: the bits of casting the residual up, norming
+// in float32 and casting y down, with none of the casts' launches (Note [Autocast residual norm]).
 //   auto [stream, h] = add_layer_norm(x, attn_out, {768}, gamma, beta);   // x + attn_out, ln
 std::pair<Tensor, Tensor> add_layer_norm(const Tensor& input, const Tensor& residual,
                                          const std::vector<int64_t>& normalized_shape,
