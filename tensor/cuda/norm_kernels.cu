@@ -26,8 +26,7 @@ namespace {
 
 // One block per row; the block's threads stride along the row (coalesced), which is read
 // twice more from L1/L2 after the first pass. Each thread takes kVec neighbouring elements at
-// a time: 8 16-bit elements in one 128-bit access (Pack) where the rows allow it (see
-// RowsPack), else 1. T is x's, the sum's and the parameters' type, L the residual's and y's
+// a time: 8 (kNormVector) where the rows allow it (see RowsPack), else 1. T is x's, the sum's and the parameters' type, L the residual's and y's
 // (Note [Autocast residual norm]).
 template <typename T, typename L, int kVec>
 __global__ void RowNormKernel(bool rms, int64_t rows, int64_t cols, OpMath<T> eps, const T* x,
@@ -291,14 +290,15 @@ void LaunchRowNormBackwardKernel(const LaunchContext& context, unsigned blocks, 
       rms, rows, cols, chunk, dy, dsum, x, mean, rstd, weight, dx, dresidual, sums);
 }
 
-// Whether the row kernels may load 16-bit rows through 128-bit Packs (kNormVector<T> elements):
-// rows whose length is a multiple of it and operands aligned to it. Float32 and float64 load
-// one element at a time (kNormVector 1): their row loops are not bound by memory instructions
-// the way 2-byte accesses are.
+// The elements a thread of the row kernels takes at a time (a Pack) where the rows allow it
+// (RowsPack): 8 for the 16-bit floats (one 128-bit access) and for float32 (two), 1 for float64.
+// Float32 packs as the 16-bit floats do so that a norm with 16-bit i/o (Note [Autocast residual
+// norm]) splits its rows over the same threads, and so adds its sums in the same order, as the
+// float32 norm between casts: the two give the same bits on a GPU as on the CPU. (Float32 rows
+// are not bound by memory instructions the way 2-byte accesses are; float64's, of 8-byte
+// elements, load one at a time.)
 template <typename T>
-constexpr int kNormVector = kIsReducedFloat<T> ? kPackOf<T> : 1;
-// A norm with 16-bit i/o (Note [Autocast residual norm]) packs as its 16-bit operands: 8
-// elements, 32 bytes of its float32 ones.
+constexpr int kNormVector = sizeof(T) <= 4 ? 8 : 1;
 template <typename T, typename L>
 constexpr int kNormPairVector = std::max(kNormVector<T>, kNormVector<L>);
 
