@@ -61,8 +61,9 @@ class CudaFusedNormTest : public CudaBackendReducedTest {
           const bool fused = affine >= 3;        // the same three flavours with a residual
           if (rms && affine % 3 == 2) continue;  // RMSNorm has no bias
           const std::string what =
-              Note(DTypePrefix<T>() + (mixed ? DTypePrefix<L>() + "i/o " : "") + (rms ? "rms" : "layer") + " norm [" + std::to_string(rows) +
-                   ", " + std::to_string(cols) + "] affine " + std::to_string(affine % 3) +
+              Note(DTypePrefix<T>() + (mixed ? DTypePrefix<L>() + "i/o " : "") +
+                   (rms ? "rms" : "layer") + " norm [" + std::to_string(rows) + ", " +
+                   std::to_string(cols) + "] affine " + std::to_string(affine % 3) +
                    (fused ? " with a residual" : ""));
           const size_t n = static_cast<size_t>(rows * cols), c = static_cast<size_t>(cols);
           // Off-centre rows: the variance must be taken about the mean.
@@ -78,14 +79,13 @@ class CudaFusedNormTest : public CudaBackendReducedTest {
               return present ? (gpu ? buffer.gpu() : buffer.cpu()) : nullptr;
             };
             RunRowNorm(device, dtype, io_dtype, rms, rows, cols, 1e-5, at(x, true),
-                       at(residual, fused),
-                       at(weight, has_w), at(bias, has_b), at(y, true), at(sum, fused),
-                       at(mean, !rms), at(rstd, true));
+                       at(residual, fused), at(weight, has_w), at(bias, has_b), at(y, true),
+                       at(sum, fused), at(mean, !rms), at(rstd, true));
             // The backward normalises what the forward did: the sum when fused.
             RunRowNormBackward(device, dtype, io_dtype, rms, rows, cols, at(dy, true),
-                               at(dsum, fused), fused ? at(sum, true) : at(x, true),
-                               at(mean, !rms), at(rstd, true), at(weight, has_w), at(dx, true),
-                               at(dres, mixed), at(dw, has_w), at(db, has_b));
+                               at(dsum, fused), fused ? at(sum, true) : at(x, true), at(mean, !rms),
+                               at(rstd, true), at(weight, has_w), at(dx, true), at(dres, mixed),
+                               at(dw, has_w), at(db, has_b));
             // The weight's and bias's gradients without grad_x (an input that needs none).
             RunRowNormBackward(device, dtype, io_dtype, rms, rows, cols, at(dy, true), nullptr,
                                fused ? at(sum, true) : at(x, true), at(mean, !rms), at(rstd, true),

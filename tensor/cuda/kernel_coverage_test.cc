@@ -478,10 +478,12 @@ void KernelCoverageTest::RowNorms() {
                     rms ? no_bias : bias.gpu(), y.gpu(), nullptr, mean.gpu(), rstd.gpu());
       ExpectClose(y, what + "y");
       ExpectNear(rstd.Cpu(), rstd.Gpu(), Rtol<M>(), Atol<M>(), Note(what + "rstd"));
-      RowNormBackwardKernel(kCpu, dtype, dtype, rms, rows, cols, dy.cpu(), nullptr, x.cpu(), mean.cpu(),
-                            rstd.cpu(), weight.cpu(), dx.cpu(), nullptr, dw.cpu(), db.cpu());
-      RowNormBackwardKernel(kCuda, dtype, dtype, rms, rows, cols, dy.gpu(), nullptr, x.gpu(), mean.gpu(),
-                            rstd.gpu(), weight.gpu(), dx.gpu(), nullptr, dw.gpu(), db.gpu());
+      RowNormBackwardKernel(kCpu, dtype, dtype, rms, rows, cols, dy.cpu(), nullptr, x.cpu(),
+                            mean.cpu(), rstd.cpu(), weight.cpu(), dx.cpu(), nullptr, dw.cpu(),
+                            db.cpu());
+      RowNormBackwardKernel(kCuda, dtype, dtype, rms, rows, cols, dy.gpu(), nullptr, x.gpu(),
+                            mean.gpu(), rstd.gpu(), weight.gpu(), dx.gpu(), nullptr, dw.gpu(),
+                            db.gpu());
       // The 16-bit gradients round values that cancel: an ulp of their inputs' size.
       ExpectNear(dx.Cpu(), dx.Gpu(), Rtol<T>(), 4 * Atol<T>(), Note(what + "grad_x"));
       ExpectNear(dw.Cpu(), dw.Gpu(), Rtol<T>(), 4 * Atol<T>(), Note(what + "grad_weight"));

@@ -26,8 +26,8 @@ namespace {
 
 // One block per row; the block's threads stride along the row (coalesced), which is read
 // twice more from L1/L2 after the first pass. Each thread takes kVec neighbouring elements at
-// a time: 8 (kNormVector) where the rows allow it (see RowsPack), else 1. T is x's, the sum's and the parameters' type, L the residual's and y's
-// (Note [Autocast residual norm]).
+// a time: 8 (kNormVector) where the rows allow it (see RowsPack), else 1. T is x's, the sum's and
+// the parameters' type, L the residual's and y's (Note [Autocast residual norm]).
 template <typename T, typename L, int kVec>
 __global__ void RowNormKernel(bool rms, int64_t rows, int64_t cols, OpMath<T> eps, const T* x,
                               const L* residual, const T* weight, const T* bias, L* y, T* sum,

@@ -48,8 +48,9 @@ namespace tandem {
 
 TANDEM_DECLARE_KERNEL(RowNormKernel,
                       void(int index, DType dtype, DType io_dtype, bool rms, int64_t rows,
-                           int64_t cols, double eps, const void* x, const void* residual, const void* weight,
-                           const void* bias, void* y, void* sum, void* mean, void* rstd));
+                           int64_t cols, double eps, const void* x, const void* residual,
+                           const void* weight, const void* bias, void* y, void* sum, void* mean,
+                           void* rstd));
 // The backward of RowNorm from the saved statistics, with xhat = (x - mean) * rstd and
 // g = grad_y * weight: grad_x = rstd * (g - mean(g) - xhat * mean(g * xhat)) (rms: without
 // the mean(g) term), plus grad_sum where it is not null (Note [Fused residual norm]);

@@ -238,9 +238,9 @@ std::pair<Tensor, Tensor> AddLayerNormImpl(const Tensor& input, const Tensor& re
                                            bool io) {
   CheckDefined(input, "add_layer_norm", "input");
   CheckDefined(residual, "add_layer_norm", "residual");
-  const bool dtypes_fuse = input.dtype() == residual.dtype() ||
-                           (io && IsFloatingPoint(input.dtype()) &&
-                            RowNormTakesIoDType(input.dtype(), residual.dtype()));
+  const bool dtypes_fuse =
+      input.dtype() == residual.dtype() || (io && IsFloatingPoint(input.dtype()) &&
+                                            RowNormTakesIoDType(input.dtype(), residual.dtype()));
   if (input.shape() != residual.shape() || !dtypes_fuse || input.device() != residual.device()) {
     // Broadcasting, promotion and the errors are add's and layer_norm's.
     const Tensor sum = add(input, residual);
