@@ -38,7 +38,8 @@
 // real GPU.
 // Simulating every kernel of GPT-2's own step (12 layers, batch 8 x 1024) takes hours; the
 // simulator's model-only mode counts the same launches and work without running the kernels and
-// GEMMs (tools/cudasim/README.md), so the roofline model of the full step takes minutes:
+// GEMMs (tools/cudasim/README.md), so the roofline model of the full step takes a minute; the
+// simulated device's memory is the host's (13 GB for this step), hence the cap:
 //   TANDEM_CUDASIM_MODEL_ONLY=1 TANDEM_CUDASIM_SMS=132 TANDEM_CUDASIM_MEMORY_MIB=16000
 //   bazel run --config=cudasim -c opt //tools/bench:train_step -- --devices=cuda:0
 //       --model=gpt2 --batch_size=8 --tokens=1024 --steps=1 --warmup=1 --autocast=bf16
