@@ -665,7 +665,7 @@ int Run() {
     if (autocast == kFloat16) {
       std::printf(
           "  fp16: the GradScaler's inf check is not computed either, so whether the optimizer "
-          "step runs (and is counted) rests on garbage; use --autocast=bf16 for counts\n");
+          "step runs (and is counted) rests on an uncomputed flag; bf16's counts do not\n");
     }
   }
   std::fflush(stdout);
