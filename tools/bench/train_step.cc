@@ -36,6 +36,15 @@
 // peak, their sum ("modelled_h100_ms"), and for the GPTs the ideal of the step's GEMMs and
 // attention at this batch ("roofline_gemm_attention_h100_ms"), next to the measured step on a
 // real GPU.
+// Simulating every kernel of GPT-2's own step (12 layers, batch 8 x 1024) takes hours; the
+// simulator's model-only mode counts the same launches and work without running the kernels and
+// GEMMs (tools/cudasim/README.md), so the roofline model of the full step takes a minute; the
+// simulated device's memory is the host's (13 GB for this step), hence the cap:
+//   TANDEM_CUDASIM_MODEL_ONLY=1 TANDEM_CUDASIM_SMS=132 TANDEM_CUDASIM_MEMORY_MIB=16000
+//   bazel run --config=cudasim -c opt //tools/bench:train_step -- --devices=cuda:0
+//       --model=gpt2 --batch_size=8 --tokens=1024 --steps=1 --warmup=1 --autocast=bf16
+// Its counts and modelled_h100_ms are those of a full simulation; its losses are not computed
+// (the device's memory keeps whatever it held), and its times are the simulator's host time.
 // With --cuda_graph (one CUDA device) it captures forward, backward and the optimizer step once
 // in a CUDA Graph (tensor/cuda/cuda_graph.h) after the warm-up, on a side stream, then each step
 // copies the batch into the captured input tensors and replays the graph; every model trains
@@ -80,6 +89,9 @@
 #include "tensor/tensor.h"
 #include "tools/bench/roofline.h"
 #include "tools/cuda/device_counters.h"
+#if defined(TANDEM_TRAIN_STEP_CUDASIM)
+#include "tools/cudasim/counters.h"
+#endif
 
 ABSL_FLAG(std::string, model, "mlp",
           "mlp (784-256-128-10), cnn (two conv+pool blocks), resnet, gpt2 (GPT-2 124M) or gpt "
@@ -131,6 +143,17 @@ using Clock = std::chrono::steady_clock;
 using examples::Require;
 
 bool IsGpt(const std::string& kind) { return kind == "gpt2" || kind == "gpt"; }
+
+// Whether the CUDA simulator counts kernels and GEMMs without running them
+// (TANDEM_CUDASIM_MODEL_ONLY=1): the CUDA devices' losses are then garbage, never to be compared
+// or checked, while their counts and the roofline model stay exact.
+bool CudasimModelOnly() {
+#if defined(TANDEM_TRAIN_STEP_CUDASIM)
+  return cudasim::ModelOnly();
+#else
+  return false;
+#endif
+}
 
 // The model of --model, with --context.
 examples::GptConfig GptConfigOf(const std::string& kind) {
@@ -603,6 +626,7 @@ int Run() {
   bool all_cpu = true;
   for (Device d : devices) all_cpu = all_cpu && d.is_cpu();
   const bool compare = absl::GetFlag(FLAGS_compare) && devices.size() > 1 && all_cpu;
+  const bool model_only = !all_cpu && CudasimModelOnly();
 
   std::unique_ptr<Trainer> trainer;
   try {
@@ -632,6 +656,17 @@ int Run() {
   if (autocast != kFloat32) {
     std::printf("forward under autocast to %s%s\n", DTypeName(autocast),
                 autocast == kFloat16 ? " with a GradScaler" : "");
+  }
+  if (model_only) {
+    std::printf(
+        "model-only (TANDEM_CUDASIM_MODEL_ONLY=1): kernels and GEMMs are counted, not run; loss: "
+        "not computed (model-only); times are the simulator's host time; launches, work and the "
+        "H100 model are exact\n");
+    if (autocast == kFloat16) {
+      std::printf(
+          "  fp16: the GradScaler's inf check is not computed either, so whether the optimizer "
+          "step runs (and is counted) rests on an uncomputed flag; bf16's counts do not\n");
+    }
   }
   std::fflush(stdout);
 
@@ -721,8 +756,15 @@ int Run() {
     }
     eager.Step(/*record=*/false, &counts);
     eager_work = counts.back();
-    std::printf("\nReplay against the same %d steps run eagerly: losses %s bit for bit\n", steps,
-                replay_equals_eager ? "equal" : "DIFFER");
+    if (model_only) {
+      std::printf(
+          "\nReplay against the same %d steps run eagerly: losses not computed "
+          "(model-only), not compared\n",
+          steps);
+    } else {
+      std::printf("\nReplay against the same %d steps run eagerly: losses %s bit for bit\n", steps,
+                  replay_equals_eager ? "equal" : "DIFFER");
+    }
     std::printf("  graph: %lld nodes\n", static_cast<long long>(trainer->graph_nodes()));
     if (work.counted) {
       std::printf(
@@ -828,9 +870,12 @@ int Run() {
     absl::StrAppendFormat(&json, ",\"tokens\":%d,\"n_layer\":%d", tokens,
                           GptConfigOf(kind).n_layer());
   }
+  if (model_only) json += ",\"model_only\":true";
   if (cuda_graph) {
     absl::StrAppendFormat(&json, ",\"cuda_graph\":true,\"replay_equals_eager\":%s",
-                          replay_equals_eager ? "true" : "false");
+                          model_only            ? "null"
+                          : replay_equals_eager ? "true"
+                                                : "false");
   }
   if (work.counted) {
     absl::StrAppendFormat(&json, ",\"launches_per_step\":%d,\"host_syncs_per_step\":%d",

@@ -65,6 +65,19 @@ void ResetCounters();
 // The counts since the last ResetCounters (or the start of the process).
 Counters SnapshotCounters();
 
+// Model-only mode (TANDEM_CUDASIM_MODEL_ONLY=1, read at the first CUDA call; or SetModelOnly):
+// kernels and cuBLAS/cuBLASLt GEMMs are checked, counted (launches, blocks, declared and GEMM
+// work) and captured into graphs exactly as otherwise, but their bodies do not run, so that a
+// step at a real GPU's shapes can be counted and modelled in seconds. Copies, memsets, events,
+// host functions and NCCL collectives still run. Device results are MEANINGLESS then: memory
+// keeps whatever it held (cudaMalloc's NaN fill, the last copy into it), so a loss read back, a
+// found-inf flag or anything computed on the device is garbage. For counting and roofline
+// models only; never for a test of values. A launch runs or not as the mode was when the host
+// launched it (a graph: when the host launched the graph). Prints one line to stderr, once per
+// process, when the mode is first on.
+void SetModelOnly(bool on);
+bool ModelOnly();
+
 namespace internal {
 // The simulator's hooks (runtime.cc, cublas.cc, nccl.cc). `blocks` and `threads_per_block` are 0
 // for library calls.

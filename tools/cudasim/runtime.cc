@@ -99,6 +99,31 @@ const Settings& GetSettings() {
   return *settings;
 }
 
+// Note [cudasim model-only mode]: TANDEM_CUDASIM_MODEL_ONLY=1 (or SetModelOnly) skips the bodies
+// of kernels and cuBLAS/cuBLASLt GEMMs, so that a step at a GPU's shapes (GPT-2 124M, batch 8 x
+// 1024) can be counted and modelled in seconds instead of hours of fibers. Everything the
+// counters see is decided on the host before a body would run (the launch's checks, its grid,
+// its declared or computed work, a capture's nodes), so the counts are those of a full run.
+// Whether a launch runs is decided when the host launches it (a graph replay: when the host
+// launches the graph), not when its stream gets to it, so that toggling the mode between two
+// launches acts on the launches, whatever the stream is still doing. NCCL collectives still
+// run: they cost copies, not FLOPs, and their cross-rank checks meet in their rendezvous, which
+// every rank must reach.
+std::atomic<bool>& ModelOnlyFlag() {
+  static std::atomic<bool>* flag =
+      new std::atomic<bool>(EnvInt("TANDEM_CUDASIM_MODEL_ONLY", 0, 0, 1) != 0);
+  return *flag;
+}
+
+void AnnounceModelOnly() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::fprintf(stderr,
+                 "cudasim: TANDEM_CUDASIM_MODEL_ONLY=1: kernels and GEMMs are counted, not run; "
+                 "device results are meaningless\n");
+  });
+}
+
 struct Allocation {
   uintptr_t begin;
   size_t size;
@@ -357,6 +382,7 @@ class Runtime {
  private:
   Runtime() {
     for (int i = 0; i < kMaxDevices; ++i) devices_.push_back(std::make_unique<DeviceState>());
+    if (ModelOnlyFlag().load()) AnnounceModelOnly();  // once, at the first CUDA call
   }
 
   std::vector<std::unique_ptr<DeviceState>> devices_;
@@ -761,6 +787,8 @@ cudaError_t Stream::Enqueue(std::function<void()> task, std::function<void()> re
 
 cudaError_t Stream::EnqueueLaunch(const std::string& name, long long blocks,
                                   long long threads_per_block, std::function<void()> task) {
+  // Note [cudasim model-only mode]: counted and captured as ever, with nothing to run.
+  if (ModelOnly()) task = nullptr;
   if (capturing()) {
     GraphNode launch;
     launch.kernel = true;
@@ -961,6 +989,13 @@ void EnqueueKernel(const LaunchConfig& config, const char* name, const void* fun
     Fail(error, std::string("launch of ") + name + " into an invalidated stream capture");
   }
 }
+
+void SetModelOnly(bool on) {
+  internal::ModelOnlyFlag().store(on);
+  if (on) internal::AnnounceModelOnly();
+}
+
+bool ModelOnly() { return internal::ModelOnlyFlag().load(std::memory_order_relaxed); }
 
 }  // namespace cudasim
 
@@ -1833,9 +1868,13 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
                     ", the stream is on cuda:" + std::to_string(s->device()));
   }
   cudasim::internal::CountGraphLaunch(kernels);
-  s->Enqueue([graph, order] {
+  // Note [cudasim model-only mode]: a graph captured with the mode off runs no kernels either
+  // when it is launched with the mode on; its copies and memsets still run.
+  const bool skip_kernels = cudasim::ModelOnly();
+  s->Enqueue([graph, order, skip_kernels] {
     for (size_t node : order) {
-      if (graph->nodes[node].run) graph->nodes[node].run();
+      const cudasim::internal::GraphNode& n = graph->nodes[node];
+      if (n.run && !(skip_kernels && n.kernel)) n.run();
     }
   });
   return cudaSuccess;
