@@ -47,13 +47,6 @@ void FillCast(CastList& list, int s, const ForeachCastTensor& t) {
   list.ptr[1][s] = t.dst;
 }
 
-// The elements of a list's tensors.
-int64_t ListElements(const CastList& list) {
-  int64_t n = 0;
-  for (int s = 0; s < list.count; ++s) n += list.numel[s];
-  return n;
-}
-
 struct NoLaunch {
   void operator()(const CastList&, int64_t) const {}
 };

@@ -88,6 +88,14 @@ int64_t PackChunkLists(const std::vector<Tensor>& tensors, Fill&& fill, Launch&&
   return launches;
 }
 
+// The elements of a list's tensors (a tensor is never split across two lists).
+template <typename List>
+int64_t ListElements(const List& list) {
+  int64_t n = 0;
+  for (int s = 0; s < list.count; ++s) n += list.numel[s];
+  return n;
+}
+
 // Blocks for a launch over `chunks` chunks: one per chunk, at most two waves of full SMs (the
 // rest grid-stride), as the elementwise kernels size theirs.
 inline int ChunkGrid(const LaunchContext& context, int64_t chunks) {

@@ -25,9 +25,11 @@
 #include "tensor/base/dtype.h"
 #include "tensor/cuda/cuda_check.h"
 #include "tensor/cuda/kernels.h"
+#include "tensor/cuda/launch_work.h"
 #include "tensor/cuda/multi_tensor_apply.h"
 #include "tensor/cuda/optimizer_kernels.h"
 #include "tensor/kernels/internal/optimizer_math.h"
+#include "tools/cuda/device_counters.h"
 
 namespace tandem {
 namespace cuda {
@@ -226,6 +228,20 @@ void FillRmsprop(RmspropList& list, int s, const FusedRmspropTensor& t) {
   list.ptr[4][s] = t.grad_avg;
 }
 
+// Declares a multi-tensor update's work for the roofline (tools/cuda/device_counters.h): each
+// element's `tensors` state tensors (the parameter, its gradient and the update's buffers) read
+// and `written` of them written once, and about `flops` FLOPs an element in OpMath<T>. An
+// optimizer step moves its state once: it is memory-bound on any GPU.
+template <typename T, typename List>
+void DeclareUpdateWork(const char* kernel, const LaunchContext& context, const List& list,
+                       int64_t chunks, int read, int written, double flops) {
+  const double elements = static_cast<double>(ListElements(list));
+  internal::RecordLaunchWork(kernel, ChunkGrid(context, chunks),
+                             static_cast<long long>(elements));
+  DeclareKernelWork(flops * elements, elements * (read + written) * sizeof(T),
+                    RooflineMath(sizeof(OpMath<T>)));
+}
+
 // A launch callback that only counts (PackChunkLists returns the count).
 struct NoLaunch {
   template <typename List>
@@ -240,9 +256,13 @@ void LaunchFusedSgd(const LaunchContext& context, DType dtype, const FusedSgdOpt
     using T = typename decltype(tag)::type;
     const SgdScalars<OpMath<T>> u(options);
     const SgdLauncher<T> launch = PickSgd<T>(options);
+    // p and g read, p written; with momentum its buffer read (but on the first step) and written.
+    const bool buffer = options.momentum != 0.0;
+    const int read = 2 + (buffer && !options.first_step), written = 1 + buffer;
     PackChunkLists<SgdList>(tensors, FillSgd, [&](const SgdList& list, int64_t chunks) {
       launch(context, u, list, chunks);
       TANDEM_CUDA_CHECK_LAUNCH(context.device);
+      DeclareUpdateWork<T>("SgdKernel", context, list, chunks, read, written, 4);
     });
   });
 }
@@ -266,6 +286,8 @@ void LaunchFusedAdam(const LaunchContext& context, DType dtype, const FusedAdamO
                                                       options.beta2, options.weight_decay,
                                                       options.decoupled_weight_decay);
       TANDEM_CUDA_CHECK_LAUNCH(context.device);
+      // The step and the rate's few doubles, read and written.
+      DeclareKernelWork(16, 8 * sizeof(double), "fp64");
     }
     // The step-independent scalars; each tensor's list slot carries its bias corrections.
     const AdamScalars<OpMath<T>> common(options, 1);
@@ -277,6 +299,10 @@ void LaunchFusedAdam(const LaunchContext& context, DType dtype, const FusedAdamO
         [&](const AdamList<T>& list, int64_t chunks) {
           launch(context, common, list, chunks, options.capturable_state);
           TANDEM_CUDA_CHECK_LAUNCH(context.device);
+          // p, g, exp_avg, exp_avg_sq (and max_exp_avg_sq) read; all but g written; the two
+          // moments, the square root, the division and the decay: about 15 FLOPs an element.
+          DeclareUpdateWork<T>("AdamKernel", context, list, chunks, 4 + options.amsgrad,
+                               3 + options.amsgrad, 15);
         });
   });
 }
@@ -293,9 +319,13 @@ void LaunchFusedRmsprop(const LaunchContext& context, DType dtype,
         LaunchRmsprop<true, false, T>, LaunchRmsprop<true, true, T>};
     const Launcher launch = kLaunchers[(options.momentum > 0.0) * 2 + options.centered];
     const RmspropScalars<OpMath<T>> u(options);
+    // p, g and square_avg, with momentum its buffer, centered the gradients' average: read and
+    // (but g) written.
+    const int buffers = 1 + (options.momentum > 0.0) + options.centered;
     PackChunkLists<RmspropList>(tensors, FillRmsprop, [&](const RmspropList& list, int64_t chunks) {
       launch(context, u, list, chunks);
       TANDEM_CUDA_CHECK_LAUNCH(context.device);
+      DeclareUpdateWork<T>("RmspropKernel", context, list, chunks, 2 + buffers, 1 + buffers, 10);
     });
   });
 }

@@ -68,13 +68,16 @@ GptIdealStep GptGemmAndAttentionRoofline(const examples::GptConfig& config, int6
 
 // train_step's report for a step on a CUDA device: the counted kernels' model (PrintRoofline;
 // under the simulator), and for a GPT (`gpt` non-null) the ideal of its GEMMs and attention at
-// `batch` x `tokens` in `math` next to the modelled step (their ratio: the target is
-// within 1.5x) and next to `measured_ms` when the step ran on a real GPU (`on_gpu`). Returns
-// the JSON fields it adds to train_step's line: "modelled_h100_ms" where counted,
-// "roofline_gemm_attention_h100_ms" for a GPT.
-std::string ReportRoofline(const DeviceCounters& work, const examples::GptConfig* gpt,
-                           int64_t batch, int64_t tokens, const std::string& math,
-                           double measured_ms, bool on_gpu, int rows);
+// `batch` x `tokens` in `math` next to the modelled step and next to `measured_ms` when the step
+// ran on a real GPU (`on_gpu`). `through_backward` (may be null) is the step's counts up to the
+// end of its backward: its model is the ideal's scope (forward and backward), whose ratio to the
+// ideal is the target (within 1.5x); the rest (the optimizer) is printed beside it.
+// Returns the JSON fields it adds to train_step's line: "modelled_h100_ms" where counted,
+// "modelled_forward_backward_h100_ms" with through_backward, "roofline_gemm_attention_h100_ms"
+// for a GPT.
+std::string ReportRoofline(const DeviceCounters& work, const DeviceCounters* through_backward,
+                           const examples::GptConfig* gpt, int64_t batch, int64_t tokens,
+                           const std::string& math, double measured_ms, bool on_gpu, int rows);
 
 }  // namespace tandem::bench
 

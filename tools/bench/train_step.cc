@@ -33,9 +33,10 @@
 //       --model=gpt2 --n_layer=1 --batch_size=1 --tokens=16 --steps=1 --warmup=1
 // On CUDA devices it then models the step on an H100 SXM by the roofline (tools/bench/roofline.h;
 // a model, labelled so): each counted kernel's bytes and FLOPs at HBM3's bandwidth or its math's
-// peak, their sum ("modelled_h100_ms"), and for the GPTs the ideal of the step's GEMMs and
-// attention at this batch ("roofline_gemm_attention_h100_ms"), next to the measured step on a
-// real GPU.
+// peak, their sum ("modelled_h100_ms"; forward and backward alone:
+// "modelled_forward_backward_h100_ms"), and for the GPTs the ideal of the forward and backward's
+// GEMMs and attention at this batch ("roofline_gemm_attention_h100_ms"), next to the measured
+// step on a real GPU.
 // Simulating every kernel of GPT-2's own step (12 layers, batch 8 x 1024) takes hours; the
 // simulator's model-only mode counts the same launches and work without running the kernels and
 // GEMMs (tools/cudasim/README.md), so the roofline model of the full step takes a minute; the
@@ -778,11 +779,13 @@ int Run() {
     trainer->Step(/*record=*/false, &counts);
     work = PrintDeviceWork(counts);
     const examples::GptConfig gpt = IsGpt(kind) ? GptConfigOf(kind) : examples::GptConfig();
-    roofline_json = bench::ReportRoofline(work, IsGpt(kind) ? &gpt : nullptr, batch, tokens,
-                                          autocast == kFloat32    ? "fp32"
-                                          : autocast == kBFloat16 ? "bf16"
-                                                                  : "fp16",
-                                          median, !work.counted, absl::GetFlag(FLAGS_top_kernels));
+    // counts[2]: from the step's start to its backward's end (Trainer::Step's phases).
+    roofline_json = bench::ReportRoofline(
+        work, &counts[2], IsGpt(kind) ? &gpt : nullptr, batch, tokens,
+        autocast == kFloat32    ? "fp32"
+        : autocast == kBFloat16 ? "bf16"
+                                : "fp16",
+        median, !work.counted, absl::GetFlag(FLAGS_top_kernels));
   }
 
   StepComparison amp, ckpt;
