@@ -10,6 +10,8 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,6 +20,7 @@
 #include "tensor/ops/fused_optimizers_testing.h"
 #include "tensor/tensor.h"
 #include "tensor/testing.h"
+#include "tools/cuda/device_counters.h"
 
 namespace tandem {
 namespace {
@@ -162,6 +165,57 @@ TEST_F(FusedOptimizersCudaTest, GptTwoAdamWStepIsThreeLaunches) {
     EXPECT_EQ(cuda::CountFusedAdamLaunches(dtype, adamw, tensors), 3) << DTypeName(dtype);
   }
   EXPECT_EQ(cuda::CountFusedAdamLaunches(kFloat64, adamw, tensors), 3);  // 53 a list
+}
+
+// Each update declares its work for train_step's roofline (tools/cuda/device_counters.h): the
+// elements' state read and written once, in the dtype's bytes. Counted under cudasim only.
+TEST_F(FusedOptimizersCudaTest, UpdatesDeclareTheStateTheyMove) {
+  const Device gpu = Device::Cuda(0);
+  // The work of the one kernel `step` launches on cuda:0, or nullopt where nothing is counted.
+  const auto work_of = [&](const std::function<void()>& step) -> std::optional<KernelLaunches> {
+    cuda::Synchronize(0);
+    ResetDeviceCounters();
+    step();
+    cuda::Synchronize(0);
+    const DeviceCounters c = ReadDeviceCounters();
+    if (!c.counted) return std::nullopt;
+    EXPECT_EQ(c.kernels.size(), 1u);
+    return c.kernels.empty() ? std::nullopt : std::optional<KernelLaunches>(c.kernels[0]);
+  };
+  const std::vector<int64_t> sizes = {1000, 37, 4096};
+  const double elements = 1000 + 37 + 4096;
+  for (DType dtype : {kFloat32, kBFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const auto make = [&] {
+      std::vector<Tensor> list;
+      for (int64_t n : sizes) list.push_back(zeros({n}, TensorOptions(dtype).device(gpu)));
+      return list;
+    };
+    const std::vector<Tensor> p = make(), g = make(), m = make(), v = make(), vmax = make();
+    const double bytes = static_cast<double>(ElementSize(dtype));
+    for (bool amsgrad : {false, true}) {
+      FusedAdamOptions adam;
+      adam.amsgrad = amsgrad;
+      const auto k = work_of([&] { fused_adam_(p, g, m, v, vmax, {1, 1, 1}, adam); });
+      if (!k) GTEST_SKIP() << "launches are counted under the CUDA simulator only";
+      EXPECT_TRUE(k->work_counted) << k->name;
+      EXPECT_EQ(k->math, "fp32");
+      // p, g, m, v (and the max) read; all but g written.
+      EXPECT_EQ(k->bytes, elements * bytes * (amsgrad ? 9 : 7)) << k->name;
+    }
+    FusedSgdOptions sgd;
+    sgd.momentum = 0.9;
+    for (bool first : {true, false}) {
+      sgd.first_step = first;
+      const auto k = work_of([&] { fused_sgd_(p, g, m, sgd); });
+      // p and g read, p and the buffer written; the buffer read but on its first step.
+      EXPECT_EQ(k->bytes, elements * bytes * (first ? 4 : 5));
+    }
+    FusedRmspropOptions rmsprop;
+    rmsprop.centered = true;
+    const auto k = work_of([&] { fused_rmsprop_(p, g, m, {}, v, rmsprop); });
+    EXPECT_EQ(k->bytes, elements * bytes * 7);  // p, g, square and gradient averages; g not written
+  }
 }
 
 TEST_F(FusedOptimizersCudaTest, EdgeCases) {
