@@ -899,28 +899,32 @@ double TensorCoreBackwardFlops(const AttentionGeometry& g, const TensorCoreBackw
   return g.batch * per_head;
 }
 
-// The scalar forward, blocks of `rows` queries: each query's dot products with the keys up to
-// its block's end, and P V over whole kTile tiles.
-double ScalarForwardFlops(const AttentionGeometry& g, int rows) {
+// The sum of per_block(queries, key_end) over the blocks of `rows` queries, for every head: a
+// block's queries, and the keys it reaches (under the causal mask, up to its last query's).
+template <typename PerBlock>
+double OverQueryBlocks(const AttentionGeometry& g, int rows, PerBlock per_block) {
   double per_head = 0;
   for (int64_t i0 = 0; i0 < g.query_len; i0 += rows) {
     const int64_t key_end = g.causal ? std::min(g.key_len, i0 + rows) : g.key_len;
-    const int64_t queries = std::min<int64_t>(rows, g.query_len - i0);
-    per_head += 2.0 * queries * (g.head_dim * key_end + g.value_dim * RoundUpTo(key_end, kTile));
+    per_head += per_block(static_cast<double>(std::min<int64_t>(rows, g.query_len - i0)), key_end);
   }
   return g.batch * per_head;
+}
+
+// The scalar forward, blocks of `rows` queries: each query's dot products with the keys up to
+// its block's end, and P V over whole kTile tiles.
+double ScalarForwardFlops(const AttentionGeometry& g, int rows) {
+  return OverQueryBlocks(g, rows, [&](double queries, int64_t key_end) {
+    return 2.0 * queries * (g.head_dim * key_end + g.value_dim * RoundUpTo(key_end, kTile));
+  });
 }
 
 // The scalar backward's dq pass: each query's D = dout . out, then per key up to its block's
 // end S, dP and dq's term (S and dP are computed again in the dk/dv pass).
 double ScalarBackwardQueryFlops(const AttentionGeometry& g, int rows) {
-  double per_head = 0;
-  for (int64_t i0 = 0; i0 < g.query_len; i0 += rows) {
-    const int64_t key_end = g.causal ? std::min(g.key_len, i0 + rows) : g.key_len;
-    const int64_t queries = std::min<int64_t>(rows, g.query_len - i0);
-    per_head += 2.0 * queries * (g.value_dim + key_end * (2 * g.head_dim + g.value_dim));
-  }
-  return g.batch * per_head;
+  return OverQueryBlocks(g, rows, [&](double queries, int64_t key_end) {
+    return 2.0 * queries * (g.value_dim + key_end * (2 * g.head_dim + g.value_dim));
+  });
 }
 
 // The scalar backward's dk/dv pass: S, dP, dv's and dk's terms per attended pair (it skips the
