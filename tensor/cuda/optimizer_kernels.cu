@@ -236,8 +236,7 @@ template <typename T, typename List>
 void DeclareUpdateWork(const char* kernel, const LaunchContext& context, const List& list,
                        int64_t chunks, int read, int written, double flops) {
   const double elements = static_cast<double>(ListElements(list));
-  internal::RecordLaunchWork(kernel, ChunkGrid(context, chunks),
-                             static_cast<long long>(elements));
+  internal::RecordLaunchWork(kernel, ChunkGrid(context, chunks), static_cast<long long>(elements));
   DeclareKernelWork(flops * elements, elements * (read + written) * sizeof(T),
                     RooflineMath(sizeof(OpMath<T>)));
 }

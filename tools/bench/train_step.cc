@@ -780,12 +780,12 @@ int Run() {
     work = PrintDeviceWork(counts);
     const examples::GptConfig gpt = IsGpt(kind) ? GptConfigOf(kind) : examples::GptConfig();
     // counts[2]: from the step's start to its backward's end (Trainer::Step's phases).
-    roofline_json = bench::ReportRoofline(
-        work, &counts[2], IsGpt(kind) ? &gpt : nullptr, batch, tokens,
-        autocast == kFloat32    ? "fp32"
-        : autocast == kBFloat16 ? "bf16"
-                                : "fp16",
-        median, !work.counted, absl::GetFlag(FLAGS_top_kernels));
+    roofline_json =
+        bench::ReportRoofline(work, &counts[2], IsGpt(kind) ? &gpt : nullptr, batch, tokens,
+                              autocast == kFloat32    ? "fp32"
+                              : autocast == kBFloat16 ? "bf16"
+                                                      : "fp16",
+                              median, !work.counted, absl::GetFlag(FLAGS_top_kernels));
   }
 
   StepComparison amp, ckpt;
