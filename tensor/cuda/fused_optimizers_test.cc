@@ -66,8 +66,8 @@ void ExpectBitwiseTheCpus(const OptimizerCase& c, const std::vector<int64_t>& si
   }
 }
 
-// Each case on tensors of several sizes in one call (one past 65536, several not multiples of
-// the block, an empty one), in float32 and float64.
+// Each case on tensors of several sizes in one call (one of several chunks, several not multiples
+// of the block, an empty one), in float32 and float64.
 TEST_F(FusedOptimizersCudaTest, EveryCaseIsBitwiseTheCpus) {
   for (DType dtype : {kFloat32, kFloat64}) {
     for (const OptimizerCase& c : AllOptimizerCases()) {
@@ -98,11 +98,11 @@ CaseTensors Only(const CaseTensors& t, size_t k) {
   return one;
 }
 
-// Odd sizes (1, 7, one past a 65536-element chunk, an empty one) and 100 small tensors: more
+// Odd sizes (1, 7, one past a 16384-element chunk, an empty one) and 100 small tensors: more
 // than one launch's list for every optimizer, so tensors land in different launches, slots and
 // blocks. One multi-tensor call equals the CPU and one call per tensor, bit for bit.
 TEST_F(FusedOptimizersCudaTest, ManyTensorsInFewLaunchesAreBitwiseOneByOneAndTheCpus) {
-  std::vector<int64_t> sizes = {1, 7, 65537, 0, 255};
+  std::vector<int64_t> sizes = {1, 7, 16385, 0, 255};
   for (int k = 0; k < 100; ++k) sizes.push_back((k * 37) % 97 + 1);
   std::vector<FusedSgdTensor> sgd(sizes.size());
   std::vector<FusedRmspropTensor> rmsprop(sizes.size());

@@ -28,9 +28,12 @@
 namespace tandem {
 namespace cuda {
 
-// Elements per chunk, as PyTorch's: 256 per thread of a 256-thread block, enough to hide the
-// chunk lookup and keep each block streaming.
-constexpr int64_t kMultiTensorChunk = 65536;
+// Elements per chunk: 64 per thread of a 256-thread block, enough to hide the chunk lookup (a
+// binary search over at most a list's tensors) and keep each block streaming. A quarter of
+// PyTorch's 65536, so that a launch of a few million elements still has a block for every SM
+// twice over (a 13.5M-element AdamW step: 823 blocks where 65536 gave 216 on 132 SMs;
+// //examples:gpt2_grid_fill_cuda_test).
+constexpr int64_t kMultiTensorChunk = 16384;
 constexpr int kChunkThreads = 256;
 // The kernel parameter space every CUDA GPU and driver accepts (4 KiB; CUDA 12.1 allows 32 KiB
 // on Volta and later, but only with a new enough driver). A list leaves kChunkArgReserve
