@@ -268,6 +268,7 @@ class Trainer {
   static constexpr int kPhases = 4;
   static constexpr const char* kPhaseNames[kPhases] = {"forward and loss", "zero_grad", "backward",
                                                        "optimizer step"};
+  static constexpr int kBackwardPhase = 2;  // kPhaseNames' "backward"
 
   // One full step; returns when its work is done (the loss is read back). Records how long
   // each phase took (the loss read-back counts to the optimizer step: it is only a copy).
@@ -779,24 +780,28 @@ int Run() {
     trainer->Step(/*record=*/false, &counts);
     work = PrintDeviceWork(counts);
     const examples::GptConfig gpt = IsGpt(kind) ? GptConfigOf(kind) : examples::GptConfig();
-    // counts[2]: from the step's start to its backward's end (Trainer::Step's phases).
-    roofline_json =
-        bench::ReportRoofline(work, &counts[2], IsGpt(kind) ? &gpt : nullptr, batch, tokens,
-                              autocast == kFloat32    ? "fp32"
-                              : autocast == kBFloat16 ? "bf16"
-                                                      : "fp16",
-                              median, !work.counted, absl::GetFlag(FLAGS_top_kernels));
+    // From the step's start to its backward's end: the ideal's scope.
+    roofline_json = bench::ReportRoofline(work, &counts[Trainer::kBackwardPhase],
+                                          IsGpt(kind) ? &gpt : nullptr, batch, tokens,
+                                          autocast == kFloat32    ? "fp32"
+                                          : autocast == kBFloat16 ? "bf16"
+                                                                  : "fp16",
+                                          median, !work.counted, absl::GetFlag(FLAGS_top_kernels));
   }
 
+  // Model-only mode's times are the simulator's host time: nothing to compare.
+  if (model_only && (autocast != kFloat32 || checkpointed)) {
+    std::printf("\nNo timed comparison (autocast, checkpointing) in model-only mode\n");
+  }
   StepComparison amp, ckpt;
-  if (autocast != kFloat32) {
+  if (autocast != kFloat32 && !model_only) {
     std::unique_ptr<Trainer> f32 =
         WarmTrainer(kind, devices, batch, forward_loss, warmup, kFloat32, false);
     amp = CompareSteps(*trainer, *f32, devices, batch, steps,
                        absl::StrCat("autocast ", DTypeName(autocast), " against float32"),
                        DTypeName(autocast), "float32");
   }
-  if (checkpointed) {
+  if (checkpointed && !model_only) {
     std::unique_ptr<Trainer> plain =
         WarmTrainer(kind, devices, batch, forward_loss, warmup, kFloat32, false);
     ckpt = CompareSteps(*trainer, *plain, devices, batch, steps,
@@ -893,7 +898,9 @@ int Run() {
     absl::StrAppendFormat(&json, ",\"speedup\":%.3f,\"loop_speedup\":%.3f,\"speedup_ratio\":%.3f",
                           speedup, loop_speedup, speedup / loop_speedup);
   }
-  if (autocast != kFloat32) {
+  if (autocast != kFloat32 && model_only) {
+    absl::StrAppendFormat(&json, ",\"autocast\":\"%s\"", DTypeName(autocast));
+  } else if (autocast != kFloat32) {
     absl::StrAppendFormat(
         &json,
         ",\"autocast\":\"%s\",\"autocast_ratio\":%.3f,\"autocast_ratio_p10\":%.3f,"
@@ -902,7 +909,9 @@ int Run() {
         DTypeName(autocast), amp.ratio_median, amp.ratio_min, amp.ratio_max, amp.a_peak,
         amp.b_peak);
   }
-  if (checkpointed) {
+  if (checkpointed && model_only) {
+    absl::StrAppendFormat(&json, ",\"context\":%d", GptConfigOf(kind).block_size());
+  } else if (checkpointed) {
     absl::StrAppendFormat(&json,
                           ",\"context\":%d,\"checkpoint_time_ratio\":%.3f,"
                           "\"checkpoint_time_ratio_p10\":%.3f,\"checkpoint_time_ratio_p90\":%.3f,"
